@@ -1,0 +1,34 @@
+// CPU kernel tables: one per instruction set, chosen at run time. Every table must agree
+// with the scalar reference (tests/engine/kernel_conformance_test.cpp checks by NMSE).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/model/ggml_types.h"
+
+namespace kvfs::cpu {
+
+inline constexpr int kNumGgmlTypes = 32;  // ggml type ids are below this
+
+// The type activations are quantized to before a dot product with a weight row of type t,
+// as the reference engine does (so results match it closely):
+// F32 -> F32, F16 -> F16, BF16 -> BF16, Q4_0/Q5_0/Q8_0 -> Q8_0, Q4_1/Q5_1 -> Q8_1,
+// Q4_K/Q5_K/Q6_K -> Q8_K.
+GgmlType VecDotType(GgmlType weight_type);
+
+// Bytes of a row of n activations quantized to VecDotType(t) (Q8_K rows include the float
+// scale and the 16 block sums).
+int64_t QuantizedActivationRowBytes(GgmlType weight_type, int64_t n);
+
+using QuantizeRowFn = void (*)(const float* x, void* dst, int64_t n);
+using VecDotFn = float (*)(const void* weight_row, const void* activation_row, int64_t n);
+
+struct KernelTable {
+  const char* name;                         // "scalar", "avx2", "avx512"
+  QuantizeRowFn quantize_row[kNumGgmlTypes];  // indexed by the WEIGHT type id
+  VecDotFn vec_dot[kNumGgmlTypes];            // indexed by the weight type id
+};
+
+const KernelTable& ScalarKernels();
+
+}  // namespace kvfs::cpu

@@ -1,0 +1,46 @@
+// Chat templates: the family is recognised from tokenizer.chat_template (a Jinja string we do
+// not execute) and each family's format is written out in code.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/model/gguf.h"
+#include "engine/model/tokenizer.h"
+
+namespace kvfs {
+
+enum class ChatFamily { kRaw, kChatml, kLlama2, kLlama3, kMistral, kGemma, kPhi3, kZephyr };
+std::string_view ChatFamilyName(ChatFamily family);
+// Recognises the family from a template's text; kRaw when nothing matches or it is empty.
+ChatFamily DetectChatFamily(std::string_view jinja_template);
+
+struct ChatMessage {
+  std::string role;     // "system", "user" or "assistant"
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // From the model's metadata (kRaw when there is no template).
+  static ChatTemplate FromGguf(const GgufFile& gguf, const Tokenizer& tokenizer);
+  ChatTemplate(ChatFamily family, const Tokenizer* tokenizer);
+
+  ChatFamily family() const { return family_; }
+  // The prompt text for these messages; with add_generation_prompt the assistant header for
+  // the next reply is appended. Raw mode concatenates contents (system first) unchanged.
+  // The text contains the family's special tokens as text: encode it with parse_special=true.
+  std::string Format(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // Tokens that end an assistant turn for this family (e.g. <|im_end|>, <|eot_id|>), plus EOS.
+  std::vector<TokenId> EndOfTurnTokens() const;
+  // Textual end-of-turn markers, for models whose vocab lacks them as single tokens.
+  std::vector<std::string> StopStrings() const;
+
+ private:
+  ChatFamily family_;
+  const Tokenizer* tokenizer_;
+};
+
+}  // namespace kvfs

@@ -1,0 +1,116 @@
+// GGUF reader (versions 2 and 3). The file is mmapped read-only; every count, offset, size,
+// alignment and type is validated while parsing, so a GgufFile that exists is safe to use:
+// tensor data pointers lie inside the mapping and strings are within bounds.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/model/ggml_types.h"
+
+namespace kvfs {
+
+// On-disk value type ids of GGUF metadata (gguf spec); do not renumber.
+enum class GgufValueType : uint32_t {
+  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
+  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+};
+std::string_view GgufValueTypeName(GgufValueType type);
+
+// A metadata array. Elements are read on demand from the mapping; string arrays keep a
+// pre-validated view per element.
+class GgufArray {
+ public:
+  GgufValueType elem_type() const { return elem_type_; }
+  uint64_t size() const { return count_; }
+  bool is_integer() const;
+  bool is_float() const { return elem_type_ == GgufValueType::kF32 || elem_type_ == GgufValueType::kF64; }
+  // Element access; the caller checks elem_type first (asserts otherwise).
+  int64_t int_at(uint64_t i) const;
+  double float_at(uint64_t i) const;
+  std::string_view string_at(uint64_t i) const { return strings_[i]; }
+
+ private:
+  friend class GgufParser;
+  GgufValueType elem_type_ = GgufValueType::kU8;
+  uint64_t count_ = 0;
+  const uint8_t* data_ = nullptr;          // fixed-size element data (not for strings)
+  std::vector<std::string_view> strings_;  // string elements
+};
+
+struct GgufValue {
+  GgufValueType type;
+  // uint64_t for unsigned ints and bool, int64_t for signed, double for floats.
+  std::variant<uint64_t, int64_t, double, std::string_view, GgufArray> value;
+};
+
+struct GgufTensor {
+  std::string name;
+  GgmlType type;
+  int n_dims;                // 1..4
+  int64_t ne[4];             // ne[0] = elements per row (contiguous), unused dims are 1
+  uint64_t file_offset;      // absolute offset of the data in the file
+  uint64_t n_bytes;          // exact size of the data
+  const uint8_t* data;       // into the mapping
+  int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+  int64_t n_rows() const { return ne[1] * ne[2] * ne[3]; }
+};
+
+class GgufFile {
+ public:
+  // Maps and parses a file. Errors name the file and what is wrong, with byte offsets.
+  static Result<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  // Parses an in-memory image (the bytes must outlive the GgufFile). Used by the fuzzer.
+  static Result<std::unique_ptr<GgufFile>> Parse(std::span<const uint8_t> bytes);
+
+  ~GgufFile();
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
+
+  uint32_t version() const { return version_; }
+  uint64_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }
+  std::span<const uint8_t> bytes() const { return bytes_; }
+
+  // Metadata in file order.
+  const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kvs_; }
+  const GgufValue* Find(std::string_view key) const;
+  // Typed getters: nullopt when absent or of an incompatible type (any integer type is
+  // accepted where an integer is asked for, as long as the value fits).
+  std::optional<int64_t> GetInt(std::string_view key) const;
+  std::optional<double> GetFloat(std::string_view key) const;  // float or integer
+  std::optional<bool> GetBool(std::string_view key) const;
+  std::optional<std::string_view> GetString(std::string_view key) const;
+  const GgufArray* GetArray(std::string_view key) const;
+
+  const std::vector<GgufTensor>& tensors() const { return tensors_; }
+  const GgufTensor* FindTensor(std::string_view name) const;
+
+ private:
+  friend class GgufParser;
+  GgufFile() = default;
+
+  void* map_ = nullptr;  // non-null when we own an mmap
+  size_t map_size_ = 0;
+  std::span<const uint8_t> bytes_;
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  std::vector<std::pair<std::string, GgufValue>> kvs_;
+  std::map<std::string, size_t, std::less<>> kv_index_;
+  std::vector<GgufTensor> tensors_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;
+};
+
+// Renders a value for `kvfs inspect`: arrays show their type, length and first elements.
+std::string GgufValueToString(const GgufValue& value, size_t max_array_elems = 8);
+
+}  // namespace kvfs

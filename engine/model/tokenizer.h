@@ -1,0 +1,77 @@
+// Tokenizers built from GGUF metadata (tokenizer.ggml.*): SentencePiece-style ("llama") and
+// byte-level BPE ("gpt2") with the pre-tokenizer named by tokenizer.ggml.pre.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/model/gguf.h"
+
+namespace kvfs {
+
+using TokenId = int32_t;
+inline constexpr TokenId kNoToken = -1;
+
+// tokenizer.ggml.token_type values (llama.cpp's llama_token_type); do not renumber.
+enum class TokenAttr : int32_t {
+  kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6,
+};
+
+class Tokenizer {
+ public:
+  // Errors: missing or inconsistent tokenizer metadata, unsupported model or pre-tokenizer.
+  static Result<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& gguf);
+  virtual ~Tokenizer() = default;
+
+  // add_special: prepend BOS / append EOS as the metadata says (add_bos_token/add_eos_token,
+  // with the llama.cpp defaults when absent). parse_special: text spelling a control or
+  // user-defined token becomes that token instead of being split.
+  virtual std::vector<TokenId> Encode(std::string_view text, bool add_special,
+                                      bool parse_special) const = 0;
+
+  // The bytes a token stands for (SPM: '▁' -> ' ', <0xNN> -> that byte; BPE: the byte-level
+  // alphabet mapped back to bytes). Control tokens give "" unless render_special.
+  virtual std::string TokenToPiece(TokenId id, bool render_special = false) const = 0;
+
+  int32_t n_vocab() const { return static_cast<int32_t>(tokens_.size()); }
+  std::string_view token_text(TokenId id) const { return tokens_[id]; }
+  TokenAttr token_attr(TokenId id) const { return attrs_[id]; }
+  // Token id for an exact vocabulary entry, or kNoToken.
+  TokenId Find(std::string_view text) const;
+
+  TokenId bos() const { return bos_; }
+  TokenId eos() const { return eos_; }
+  TokenId eot() const { return eot_; }  // end-of-turn, if the vocab has one (else kNoToken)
+  bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
+  // End-of-generation tokens: eos, eot and the other stop tokens the vocab defines.
+  const std::vector<TokenId>& eog_tokens() const { return eog_; }
+  bool IsEog(TokenId id) const;
+
+ protected:
+  std::vector<std::string> tokens_;
+  std::vector<TokenAttr> attrs_;
+  TokenId bos_ = kNoToken, eos_ = kNoToken, eot_ = kNoToken;
+  bool add_bos_ = false, add_eos_ = false;
+  std::vector<TokenId> eog_;
+  // ... implementations add their own state (maps, merges).
+};
+
+// Decodes a token stream incrementally without ever emitting half a UTF-8 character: bytes of
+// an incomplete sequence are held back until it completes (or Flush()).
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  std::string Push(TokenId id);  // complete characters now available
+  std::string Flush();           // whatever is held back (invalid tails become U+FFFD)
+
+ private:
+  const Tokenizer& tokenizer_;
+  std::string pending_;
+};
+
+}  // namespace kvfs

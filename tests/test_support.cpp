@@ -1,0 +1,37 @@
+#include "tests/test_support.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+
+namespace kvfs::testing {
+
+std::string SharedDir() {
+  if (const char* env = std::getenv("KVFS_TEST_DATA"); env != nullptr && *env != '\0') return env;
+  return std::string(KVFS_SOURCE_DIR) + "/../shared";
+}
+
+std::string TestModelsDir() {
+  if (const char* env = std::getenv("KVFS_TEST_MODELS"); env != nullptr && *env != '\0') return env;
+  return KVFS_DEFAULT_TEST_MODELS;
+}
+
+bool InCi() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && std::string(ci) == "true";
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace kvfs::testing

@@ -1,0 +1,10 @@
+// Subcommands of the kvfs CLI. Each returns the process exit status: 0 ok, 1 runtime failure,
+// 2 bad usage or bad input (one clear line on stderr).
+#pragma once
+
+namespace kvfs::cli {
+
+int Inspect(int argc, char** argv);
+int Run(int argc, char** argv);
+
+}  // namespace kvfs::cli

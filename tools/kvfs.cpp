@@ -1,0 +1,35 @@
+// kvfs: the command-line tool. Subcommands live in cmd_*.cpp; this file only dispatches.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tools/commands.h"
+
+namespace {
+void Usage(FILE* out) {
+  std::fputs(
+      "usage: kvfs COMMAND [ARGS]\n"
+      "commands:\n"
+      "  run      generate a continuation:  kvfs run -m MODEL (-p TEXT | -f FILE) [-n N] ...\n"
+      "  inspect  print a GGUF file's metadata and tensor table:  kvfs inspect MODEL\n"
+      "run 'kvfs COMMAND --help' for a command's options\n",
+      out);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    Usage(stderr);
+    return 2;
+  }
+  std::string cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    Usage(stdout);
+    return 0;
+  }
+  if (cmd == "inspect") return kvfs::cli::Inspect(argc - 1, argv + 1);
+  if (cmd == "run") return kvfs::cli::Run(argc - 1, argv + 1);
+  std::fprintf(stderr, "kvfs: unknown command '%s'\n", cmd.c_str());
+  Usage(stderr);
+  return 2;
+}
