@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -58,7 +59,10 @@ class Tokenizer {
   TokenId bos_ = kNoToken, eos_ = kNoToken, eot_ = kNoToken;
   bool add_bos_ = false, add_eos_ = false;
   std::vector<TokenId> eog_;
-  // ... implementations add their own state (maps, merges).
+  std::unordered_map<std::string_view, TokenId> index_;  // token text -> id (views into tokens_)
+  // Fills index_ from tokens_; call once tokens_ is final. Duplicates keep the lowest id.
+  void BuildIndex();
+  // Implementations add their own state (merges, scores).
 };
 
 // Decodes a token stream incrementally without ever emitting half a UTF-8 character: bytes of
