@@ -1,8 +1,154 @@
+// kvfs run: load a model, encode a prompt (through the chat template unless --raw), generate.
 #include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/backend/backend.h"
+#include "engine/runtime/generate.h"
+#include "tools/args.h"
 #include "tools/commands.h"
+
 namespace kvfs::cli {
-int Run(int argc, char** argv) {
-  std::fputs("kvfs run: not built yet\n", stderr);
-  return 1;
+
+namespace {
+
+constexpr const char* kRunUsage =
+    "usage: kvfs run -m MODEL (-p TEXT | -f FILE) [options]\n"
+    "  -m MODEL            GGUF model file\n"
+    "  -p TEXT | -f FILE   the prompt, inline or from a file\n"
+    "  -n N                tokens to generate (default 128)\n"
+    "  -c CTX              context size in tokens (default: the model's, at most 4096)\n"
+    "  -t THREADS          CPU threads (default: all cores)\n"
+    "  --temp T            temperature; 0 = greedy (default 0.8)\n"
+    "  --seed S            sampling seed (default: random)\n"
+    "  --top-k K --top-p P --min-p P --repeat-penalty R   sampling filters (40, 0.95, 0.05, 1.0)\n"
+    "  --system TEXT       system prompt (chat mode)\n"
+    "  --raw               no chat template: the prompt is the model's input text as is\n"
+    "  --ignore-eos        keep generating past end-of-generation tokens\n"
+    "  --token-ids         print the prompt's token ids, then the generated ids (two lines)\n"
+    "  --logits-out FILE   write the logits of every prompt position (float32 LE, n_tokens x n_vocab)\n"
+    "  --verbose           timings and model summary on stderr\n";
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvfs run: %s\n", message.c_str());
+  return 2;
 }
+
+std::string JoinIds(const std::vector<TokenId>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+  return s;
+}
+
+}  // namespace
+
+int Run(int argc, char** argv) {
+  Args args(argc, argv,
+            {"-m", "-p", "-f", "-n", "-c", "-t", "--temp", "--seed", "--top-k", "--top-p", "--min-p",
+             "--repeat-penalty", "--system", "--logits-out"},
+            {"--raw", "--ignore-eos", "--token-ids", "--verbose", "-h", "--help"});
+  if (args.has("-h") || args.has("--help")) {
+    std::fputs(kRunUsage, stdout);
+    return 0;
+  }
+  if (!args.error().empty()) return Fail(args.error() + "\n" + kRunUsage);
+  if (!args.has("-m")) return Fail("missing -m MODEL");
+  if (args.has("-p") == args.has("-f")) return Fail("give exactly one of -p TEXT or -f FILE");
+
+  const int n_predict = static_cast<int>(args.get_int("-n", 128, 0, 1 << 20));
+  const int64_t ctx_arg = args.get_int("-c", 0, 0, 1 << 24);
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n_threads = static_cast<int>(args.get_int("-t", hw, 1, 1024));
+  GenerateOptions gen;
+  gen.max_tokens = n_predict;
+  gen.sampling.temperature = static_cast<float>(args.get_double("--temp", 0.8, 0.0, 100.0));
+  gen.sampling.top_k = static_cast<int>(args.get_int("--top-k", 40, 0, 1 << 30));
+  gen.sampling.top_p = static_cast<float>(args.get_double("--top-p", 0.95, 0.0, 1.0));
+  gen.sampling.min_p = static_cast<float>(args.get_double("--min-p", 0.05, 0.0, 1.0));
+  gen.sampling.repeat_penalty = static_cast<float>(args.get_double("--repeat-penalty", 1.0, 0.0, 100.0));
+  gen.sampling.seed = args.get_u64("--seed", std::random_device{}());
+  gen.stop_at_eog = !args.has("--ignore-eos");
+  if (!args.error().empty()) return Fail(args.error());
+
+  std::string prompt;
+  if (auto p = args.get("-p")) {
+    prompt = *p;
+  } else {
+    std::ifstream in(*args.get("-f"), std::ios::binary);
+    if (!in) return Fail(fmt::format("cannot read prompt file {}", *args.get("-f")));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    prompt = ss.str();
+  }
+
+  spdlog::set_level(args.has("--verbose") ? spdlog::level::info : spdlog::level::warn);
+  auto model_or = Model::Load(*args.get("-m"));
+  if (!model_or.ok()) return Fail(model_or.status().message());
+  const Model& model = **model_or;
+  const HParams& hp = model.hparams();
+  const int64_t n_ctx = ctx_arg > 0 ? ctx_arg : std::min<int64_t>(hp.n_ctx_train, 4096);
+
+  // Chat mode wraps the prompt as a user turn; raw mode feeds the text as is.
+  const ChatTemplate& chat = model.chat_template();
+  const bool use_chat = !args.has("--raw") && chat.family() != ChatFamily::kRaw;
+  std::vector<TokenId> tokens;
+  if (use_chat) {
+    std::vector<ChatMessage> messages;
+    if (auto sys = args.get("--system")) messages.push_back({"system", *sys});
+    messages.push_back({"user", prompt});
+    tokens = model.tokenizer().Encode(chat.Format(messages, true), true, true);
+    gen.stop_strings = chat.StopStrings();
+  } else {
+    tokens = model.tokenizer().Encode(prompt, true, false);
+  }
+  if (tokens.empty()) return Fail("the prompt encodes to no tokens");
+  if (static_cast<int64_t>(tokens.size()) > n_ctx) {
+    return Fail(fmt::format("the prompt has {} tokens, more than the context size {} (use -c)", tokens.size(), n_ctx));
+  }
+
+  KvLayout layout{hp.n_layer, hp.n_head_kv, hp.head_dim, 256};
+  SequenceKv kv(layout, n_ctx);
+  auto backend = MakeCpuBackend(model, CpuOptions{n_threads});
+  gen.prompt_all_logits = args.has("--logits-out");
+  const bool ids_only = args.has("--token-ids");
+
+  auto result = Generate(*backend, model, kv, tokens, gen, [&](std::string_view text) {
+    if (ids_only) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  });
+  if (!result.ok()) {
+    std::fprintf(stderr, "kvfs run: %s\n", result.status().message().c_str());
+    return result.status().code() == StatusCode::kOutOfRange ? 2 : 1;
+  }
+  if (ids_only) {
+    std::printf("%s\n%s\n", JoinIds(tokens).c_str(), JoinIds(result->generated).c_str());
+  } else {
+    std::fputc('\n', stdout);
+  }
+  if (auto path = args.get("--logits-out")) {
+    std::ofstream out(*path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(result->prompt_logits.data()),
+              static_cast<std::streamsize>(result->prompt_logits.size() * sizeof(float)));
+    if (!out) {
+      std::fprintf(stderr, "kvfs run: cannot write %s\n", path->c_str());
+      return 1;
+    }
+  }
+  if (args.has("--verbose")) {
+    const double pp = tokens.size() / std::max(1e-9, result->prefill_seconds);
+    const double tg = result->generated.size() / std::max(1e-9, result->decode_seconds);
+    std::fprintf(stderr, "prompt %zu tokens %.1f t/s | generated %zu tokens %.1f t/s | stop: %s\n",
+                 tokens.size(), pp, result->generated.size(), tg,
+                 std::string(StopReasonName(result->reason)).c_str());
+  }
+  return 0;
+}
+
 }  // namespace kvfs::cli

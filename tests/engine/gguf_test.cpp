@@ -1,8 +1,164 @@
 #include "engine/model/gguf.h"
+
+#include <random>
+
+#include "tests/gguf_builder.h"
 #include "tests/test_support.h"
-TEST(Gguf, OpensStories) {
-  std::string path = kvfs::testing::SharedDir() + "/models/stories260K.gguf";
-  KVFS_REQUIRE_DATA(path);
-  auto f = kvfs::GgufFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status().message();
+
+namespace kvfs {
+namespace {
+
+using testing::GgufBuilder;
+
+std::vector<uint8_t> F32Data(std::initializer_list<float> v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  std::memcpy(out.data(), std::data(v), out.size());
+  return out;
 }
+
+GgufBuilder SmallValid() {
+  GgufBuilder b;
+  b.AddString("general.architecture", "llama");
+  b.AddU32("llama.block_count", 2);
+  b.AddF32("llama.eps", 1e-5f);
+  b.AddBool("flag", true);
+  b.AddStringArray("tokenizer.ggml.tokens", {"a", "bc", ""});
+  b.AddI32Array("ints", {-1, 2, 3});
+  b.AddTensor("w", 0, {2, 2}, F32Data({1, 2, 3, 4}));
+  b.AddTensor("v", 1, {4}, std::vector<uint8_t>(8, 0));
+  return b;
+}
+
+TEST(GgufReader, ParsesMetadataAndTensors) {
+  auto bytes = SmallValid().Build();
+  auto f = GgufFile::Parse(bytes);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ((*f)->version(), 3u);
+  EXPECT_EQ(*(*f)->GetString("general.architecture"), "llama");
+  EXPECT_EQ(*(*f)->GetInt("llama.block_count"), 2);
+  EXPECT_FLOAT_EQ(static_cast<float>(*(*f)->GetFloat("llama.eps")), 1e-5f);
+  EXPECT_EQ(*(*f)->GetBool("flag"), true);
+  EXPECT_FALSE((*f)->GetInt("flag").has_value());  // a bool is not an integer
+  EXPECT_FALSE((*f)->GetString("llama.block_count").has_value());
+  const GgufArray* toks = (*f)->GetArray("tokenizer.ggml.tokens");
+  ASSERT_NE(toks, nullptr);
+  ASSERT_EQ(toks->size(), 3u);
+  EXPECT_EQ(toks->string_at(1), "bc");
+  EXPECT_EQ(toks->string_at(2), "");
+  const GgufArray* ints = (*f)->GetArray("ints");
+  ASSERT_NE(ints, nullptr);
+  EXPECT_EQ(ints->int_at(0), -1);
+  const GgufTensor* w = (*f)->FindTensor("w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->n_bytes, 16u);
+  EXPECT_EQ(w->ne[0], 2);
+  EXPECT_EQ(w->ne[1], 2);
+  float x;
+  std::memcpy(&x, w->data + 12, 4);
+  EXPECT_EQ(x, 4.0f);
+  EXPECT_EQ((*f)->FindTensor("v")->n_bytes, 8u);
+  EXPECT_EQ(w->file_offset % 32, 0u);
+}
+
+TEST(GgufReader, Version2IsAccepted) {
+  GgufBuilder b(2);
+  b.AddU32("x", 1);
+  auto bytes = b.Build();
+  EXPECT_TRUE(GgufFile::Parse(bytes).ok());
+}
+
+// Each malformation must give an error whose message names the problem.
+struct BadCase {
+  const char* name;
+  std::vector<uint8_t> bytes;
+  const char* expect_in_message;
+};
+
+void Poke32(std::vector<uint8_t>& b, size_t at, uint32_t v) { std::memcpy(&b[at], &v, 4); }
+void Poke64(std::vector<uint8_t>& b, size_t at, uint64_t v) { std::memcpy(&b[at], &v, 8); }
+
+TEST(GgufReader, RejectsMalformedHeaders) {
+  std::vector<BadCase> cases;
+  auto good = SmallValid().Build();
+  { auto b = good; b[0] = 'X'; cases.push_back({"bad magic", b, "magic"}); }
+  { auto b = good; Poke32(b, 4, 1); cases.push_back({"version 1", b, "version 1"}); }
+  { auto b = good; Poke32(b, 4, 4); cases.push_back({"version 4", b, "version 4"}); }
+  { auto b = good; Poke64(b, 8, 1ull << 40); cases.push_back({"huge tensor count", b, "tensor count"}); }
+  { auto b = good; Poke64(b, 16, 1ull << 40); cases.push_back({"huge kv count", b, "metadata count"}); }
+  { auto b = good; Poke64(b, 24, 1ull << 50); cases.push_back({"huge key length", b, "length"}); }
+  { auto b = good; b.resize(30); cases.push_back({"truncated header", b, "truncated"}); }
+  { auto b = good; b.resize(b.size() - 20); cases.push_back({"truncated data", b, "outside"}); }
+  {
+    GgufBuilder g; g.AddTensor("w", 2, {33, 1}, std::vector<uint8_t>(18, 0));  // Q4_0 needs rows of 32k
+    cases.push_back({"row not multiple of block", g.Build(), "multiple"});
+  }
+  { GgufBuilder g; g.AddTensor("w", 99, {4}, std::vector<uint8_t>(16, 0)); cases.push_back({"unknown type", g.Build(), "unknown ggml type"}); }
+  { GgufBuilder g; g.AddTensor("w", 0, {4, 0}, {}); cases.push_back({"zero dim", g.Build(), "dimension"}); }
+  { GgufBuilder g; g.AddTensor("w", 0, {1, 1, 1, 1, 1}, std::vector<uint8_t>(4, 0)); cases.push_back({"5 dims", g.Build(), "dimensions"}); }
+  { GgufBuilder g; g.AddTensor("w", 0, {1ull << 39, 1ull << 39}, {}); cases.push_back({"overflow", g.Build(), "overflow"}); }
+  {
+    GgufBuilder g; g.AddTensor("w", 0, {4}, std::vector<uint8_t>(16, 0)); g.AddTensor("w", 0, {4}, std::vector<uint8_t>(16, 0));
+    cases.push_back({"duplicate tensor", g.Build(), "twice"});
+  }
+  { GgufBuilder g; g.AddU32("k", 1); g.AddU32("k", 2); cases.push_back({"duplicate key", g.Build(), "twice"}); }
+  { GgufBuilder g; g.AddU32("general.alignment", 3); cases.push_back({"bad alignment", g.Build(), "power of two"}); }
+  { GgufBuilder g; g.AddBool("b", true); auto b = g.Build(); b.back() = 7; cases.push_back({"bad bool", b, "bool"}); }
+  {
+    GgufBuilder g; g.AddU32("k", 1); auto b = g.Build();
+    Poke32(b, 24 + 8 + 1, 77);  // the value type of "k"
+    cases.push_back({"unknown value type", b, "unknown value type"});
+  }
+  {
+    // Tensor offset not aligned: patch the offset field of the only tensor.
+    GgufBuilder g; g.AddTensor("w", 0, {4}, std::vector<uint8_t>(16, 0)); auto b = g.Build();
+    Poke64(b, 24 + 8 + 1 + 4 + 8 + 4, 4);
+    cases.push_back({"unaligned offset", b, "alignment"});
+  }
+  for (const BadCase& c : cases) {
+    auto f = GgufFile::Parse(c.bytes);
+    ASSERT_FALSE(f.ok()) << c.name;
+    EXPECT_NE(f.status().message().find(c.expect_in_message), std::string::npos)
+        << c.name << ": " << f.status().message();
+  }
+}
+
+// Every prefix of a valid file and random byte flips: errors or success, never a crash
+// (ASan/UBSan builds make out-of-bounds reads fatal).
+TEST(GgufReader, SurvivesTruncationAndCorruption) {
+  auto good = SmallValid().Build();
+  for (size_t n = 0; n < good.size(); ++n) {
+    std::vector<uint8_t> prefix(good.begin(), good.begin() + n);
+    EXPECT_FALSE(GgufFile::Parse(prefix).ok()) << "prefix of " << n << " bytes parsed";
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 3000; ++i) {
+    auto b = good;
+    for (int k = 0; k < 3; ++k) b[rng() % b.size()] = static_cast<uint8_t>(rng());
+    auto f = GgufFile::Parse(b);
+    if (f.ok()) {
+      for (const GgufTensor& t : (*f)->tensors()) {
+        ASSERT_LE(t.file_offset + t.n_bytes, b.size());
+      }
+    }
+  }
+}
+
+TEST(GgufReader, OpenReportsMissingFileAndGarbage) {
+  auto missing = GgufFile::Open("/nonexistent/model.gguf");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/nonexistent/model.gguf"), std::string::npos);
+}
+
+TEST(GgufReader, OpensStories260K) {
+  std::string path = testing::SharedDir() + "/models/stories260K.gguf";
+  KVFS_REQUIRE_DATA(path);
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ((*f)->tensors().size(), 48u);
+  EXPECT_EQ(*(*f)->GetInt("llama.block_count"), 5);
+  EXPECT_EQ((*f)->GetArray("tokenizer.ggml.tokens")->size(), 512u);
+}
+
+}  // namespace
+}  // namespace kvfs

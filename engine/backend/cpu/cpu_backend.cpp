@@ -1,0 +1,232 @@
+// The CPU forward pass over a batch of sequences (llama and qwen2 architectures).
+// All new tokens of all sequences form one activation matrix of T rows, so every weight matrix
+// is read once per pass; attention runs per sequence over its own KV blocks.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <spdlog/fmt/fmt.h>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernel_select.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/backend/cpu/ops.h"
+#include "engine/core/thread_pool.h"
+#include "engine/model/quants.h"
+
+namespace kvfs {
+namespace {
+
+// Activations quantized for one weight type's dot product. Matrices that share an input and a
+// type (q/k/v, gate/up) quantize it once: the caller says when the input is unchanged.
+struct QuantizedInput {
+  bool valid = false;
+  GgmlType vec_dot_type = GgmlType::kF32;
+  int64_t rows = 0;
+  int64_t row_bytes = 0;
+  std::vector<uint8_t> data;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Model& model, const CpuOptions& options)
+      : model_(model), hp_(model.hparams()), kernels_(options.kernels != nullptr ? *options.kernels : cpu::DefaultKernelTable()), pool_(options.n_threads) {}
+
+  const char* name() const override { return "cpu"; }
+  Status Forward(std::span<const SequenceStep> steps, Logits& out) override;
+
+ private:
+  // y[t][r] = W.row(r) . x[t] for t < T, r < W.n_out. same_input: x is the input of the
+  // previous MatMul, unchanged, so its quantized form can be reused if the type matches.
+  void MatMul(const Matrix& w, const float* x, int64_t T, float* y, bool same_input = false);
+  const QuantizedInput& Quantize(const Matrix& w, const float* x, int64_t T, bool same_input);
+  void Attention(int64_t layer, std::span<const SequenceStep> steps, int64_t T);
+
+  const Model& model_;
+  const HParams& hp_;
+  const cpu::KernelTable& kernels_;
+  ThreadPool pool_;
+
+  // Per-token bookkeeping for the current pass.
+  std::vector<int64_t> token_pos_;   // [T] position of each token in its sequence
+  std::vector<int32_t> token_seq_;   // [T] index of its step
+  // Activations, row-major [T][width].
+  std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, hidden_;
+  std::vector<float> rope_cos_, rope_sin_;  // [T][n_rot/2]
+  QuantizedInput qin_;
+  std::vector<std::vector<float>> scores_;  // per thread, attention scores scratch
+};
+
+const QuantizedInput& CpuBackend::Quantize(const Matrix& w, const float* x, int64_t T, bool same_input) {
+  const GgmlType vdt = cpu::VecDotType(w.type);
+  if (same_input && qin_.valid && qin_.vec_dot_type == vdt && qin_.rows == T) return qin_;
+  qin_.valid = true;
+  qin_.vec_dot_type = vdt;
+  qin_.rows = T;
+  qin_.row_bytes = cpu::QuantizedActivationRowBytes(w.type, w.n_in);
+  qin_.data.resize(static_cast<size_t>(qin_.row_bytes * T));
+  const cpu::QuantizeRowFn quantize = kernels_.quantize_row[static_cast<int>(w.type)];
+  pool_.Run([&](int ith, int nth) {
+    auto [t0, t1] = SplitRange(T, ith, nth);
+    for (int64_t t = t0; t < t1; ++t) quantize(x + t * w.n_in, qin_.data.data() + t * qin_.row_bytes, w.n_in);
+  });
+  return qin_;
+}
+
+void CpuBackend::MatMul(const Matrix& w, const float* x, int64_t T, float* y, bool same_input) {
+  const QuantizedInput& in = Quantize(w, x, T, same_input);
+  const cpu::VecDotFn dot = kernels_.vec_dot[static_cast<int>(w.type)];
+  pool_.Run([&](int ith, int nth) {
+    auto [r0, r1] = SplitRange(w.n_out, ith, nth);
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* row = w.row(r);
+      for (int64_t t = 0; t < T; ++t) y[t * w.n_out + r] = dot(row, in.data.data() + t * in.row_bytes, w.n_in);
+    }
+  });
+}
+
+void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, int64_t T) {
+  const int64_t hd = hp_.head_dim, n_head = hp_.n_head, group = hp_.n_head / hp_.n_head_kv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  pool_.Run([&](int ith, int nth) {
+    std::vector<float>& scores = scores_[ith];
+    auto [i0, i1] = SplitRange(T * n_head, ith, nth);
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
+      const SequenceKv& kv = *steps[token_seq_[t]].kv;
+      const int64_t n_ctx = token_pos_[t] + 1;  // causal: positions 0..pos
+      const float* q = q_.data() + t * hp_.n_embd_q() + h * hd;
+      if (static_cast<int64_t>(scores.size()) < n_ctx) scores.resize(n_ctx);
+      for (int64_t p = 0; p < n_ctx; ++p) {
+        const uint16_t* k = kv.k_row(layer, kvh, p);
+        float s = 0.0f;
+        for (int64_t d = 0; d < hd; ++d) s += q[d] * Fp16ToFp32(k[d]);
+        scores[p] = s * scale;
+      }
+      cpu::Softmax(scores.data(), n_ctx);
+      float* o = att_.data() + t * hp_.n_embd_q() + h * hd;
+      std::fill(o, o + hd, 0.0f);
+      for (int64_t p = 0; p < n_ctx; ++p) {
+        const uint16_t* v = kv.v_row(layer, kvh, p);
+        const float a = scores[p];
+        for (int64_t d = 0; d < hd; ++d) o[d] += a * Fp16ToFp32(v[d]);
+      }
+    }
+  });
+}
+
+Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
+  const ModelWeights& w = model_.weights();
+  const int64_t n_embd = hp_.n_embd, n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv();
+
+  // Validate and reserve every sequence first so a failure leaves all of them untouched.
+  int64_t T = 0, n_out_rows = 0;
+  for (const SequenceStep& s : steps) {
+    if (s.kv == nullptr || s.tokens.empty()) return InvalidArgument("empty step in a batch");
+    for (TokenId id : s.tokens) {
+      if (id < 0 || id >= hp_.n_vocab) return InvalidArgument(fmt::format("token id {} out of range", id));
+    }
+    KVFS_RETURN_IF_ERROR(s.kv->Reserve(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size())));
+    T += static_cast<int64_t>(s.tokens.size());
+    n_out_rows += s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+  }
+  token_pos_.resize(T);
+  token_seq_.resize(T);
+  std::vector<int64_t> out_rows;  // token index of each logits row
+  out.first_row.clear();
+  {
+    int64_t t = 0;
+    for (size_t si = 0; si < steps.size(); ++si) {
+      const SequenceStep& s = steps[si];
+      out.first_row.push_back(static_cast<int64_t>(out_rows.size()));
+      for (size_t j = 0; j < s.tokens.size(); ++j, ++t) {
+        token_pos_[t] = s.kv->n_tokens() + static_cast<int64_t>(j);
+        token_seq_[t] = static_cast<int32_t>(si);
+        if (s.all_logits || j + 1 == s.tokens.size()) out_rows.push_back(t);
+      }
+    }
+  }
+
+  x_.resize(T * n_embd);
+  xb_.resize(T * std::max(n_embd, n_q));
+  q_.resize(T * n_q);
+  k_.resize(T * n_kv);
+  v_.resize(T * n_kv);
+  att_.resize(T * n_q);
+  gate_.resize(T * hp_.n_ff);
+  up_.resize(T * hp_.n_ff);
+  hidden_.resize(T * hp_.n_ff);
+  scores_.resize(pool_.size());
+
+  // Token embeddings: dequantize the rows.
+  {
+    int64_t t = 0;
+    for (const SequenceStep& s : steps) {
+      for (TokenId id : s.tokens) DequantizeRow(w.token_embd.type, w.token_embd.row(id), &x_[t++ * n_embd], n_embd);
+    }
+  }
+
+  // RoPE angles per token (shared by every layer).
+  const int64_t half = hp_.n_rot / 2;
+  cpu::RopeParams rope{hp_.n_rot, hp_.head_dim, hp_.rope_freq_base, hp_.rope_freq_scale, hp_.rope_style,
+                       w.rope_freqs.empty() ? nullptr : w.rope_freqs.data};
+  rope_cos_.resize(T * half);
+  rope_sin_.resize(T * half);
+  for (int64_t t = 0; t < T; ++t) cpu::RopeAngles(rope, token_pos_[t], &rope_cos_[t * half], &rope_sin_[t * half]);
+
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    const LayerWeights& l = w.layers[il];
+    for (int64_t t = 0; t < T; ++t) cpu::RmsNorm(&x_[t * n_embd], l.attn_norm.data, &xb_[t * n_embd], n_embd, hp_.rms_eps);
+    MatMul(l.wq, xb_.data(), T, q_.data());
+    MatMul(l.wk, xb_.data(), T, k_.data(), /*same_input=*/true);
+    MatMul(l.wv, xb_.data(), T, v_.data(), /*same_input=*/true);
+    for (int64_t t = 0; t < T; ++t) {
+      if (!l.bq.empty()) {
+        for (int64_t i = 0; i < n_q; ++i) q_[t * n_q + i] += l.bq.data[i];
+        for (int64_t i = 0; i < n_kv; ++i) k_[t * n_kv + i] += l.bk.data[i];
+        for (int64_t i = 0; i < n_kv; ++i) v_[t * n_kv + i] += l.bv.data[i];
+      }
+      cpu::RopeApply(rope, &rope_cos_[t * half], &rope_sin_[t * half], &q_[t * n_q], hp_.n_head);
+      cpu::RopeApply(rope, &rope_cos_[t * half], &rope_sin_[t * half], &k_[t * n_kv], hp_.n_head_kv);
+      // Store K and V (f16) at the token's position before attention reads them.
+      SequenceKv& kv = *steps[token_seq_[t]].kv;
+      for (int64_t h = 0; h < hp_.n_head_kv; ++h) {
+        uint16_t* kr = kv.k_row(il, h, token_pos_[t]);
+        uint16_t* vr = kv.v_row(il, h, token_pos_[t]);
+        for (int64_t d = 0; d < hp_.head_dim; ++d) {
+          kr[d] = Fp32ToFp16(k_[t * n_kv + h * hp_.head_dim + d]);
+          vr[d] = Fp32ToFp16(v_[t * n_kv + h * hp_.head_dim + d]);
+        }
+      }
+    }
+    Attention(il, steps, T);
+    MatMul(l.wo, att_.data(), T, xb_.data());
+    for (int64_t i = 0; i < T * n_embd; ++i) x_[i] += xb_[i];
+
+    for (int64_t t = 0; t < T; ++t) cpu::RmsNorm(&x_[t * n_embd], l.ffn_norm.data, &xb_[t * n_embd], n_embd, hp_.rms_eps);
+    MatMul(l.w_gate, xb_.data(), T, gate_.data());
+    MatMul(l.w_up, xb_.data(), T, up_.data(), /*same_input=*/true);
+    cpu::SwiGlu(gate_.data(), up_.data(), hidden_.data(), T * hp_.n_ff);
+    MatMul(l.w_down, hidden_.data(), T, xb_.data());
+    for (int64_t i = 0; i < T * n_embd; ++i) x_[i] += xb_[i];
+  }
+
+  // Final norm and output projection, only for the rows whose logits are wanted.
+  const int64_t R = static_cast<int64_t>(out_rows.size());
+  std::vector<float> xn(R * n_embd);
+  for (int64_t r = 0; r < R; ++r) cpu::RmsNorm(&x_[out_rows[r] * n_embd], w.output_norm.data, &xn[r * n_embd], n_embd, hp_.rms_eps);
+  out.n_vocab = hp_.n_vocab;
+  out.data.resize(R * hp_.n_vocab);
+  MatMul(w.output, xn.data(), R, out.data.data());
+
+  for (const SequenceStep& s : steps) s.kv->SetTokens(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(const Model& model, const CpuOptions& options) {
+  return std::make_unique<CpuBackend>(model, options);
+}
+
+}  // namespace kvfs

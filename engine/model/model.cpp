@@ -1,0 +1,41 @@
+#include "engine/model/model.h"
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+namespace kvfs {
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+  std::unique_ptr<Model> m(new Model());
+  m->path_ = path;
+  KVFS_ASSIGN_OR_RETURN(m->gguf_, GgufFile::Open(path));
+  auto with_path = [&](const Status& s) { return s.WithContext(path); };
+
+  auto hp = ReadHParams(*m->gguf_);
+  if (!hp.ok()) return with_path(hp.status());
+  m->hparams_ = *hp;
+  const GgufTensor* embd = m->gguf_->FindTensor("token_embd.weight");
+  if (embd == nullptr) return with_path(Corrupt("missing tensor token_embd.weight"));
+  m->hparams_.n_vocab = embd->ne[1];
+
+  auto weights = BindWeights(*m->gguf_, m->hparams_);
+  if (!weights.ok()) return with_path(weights.status());
+  m->weights_ = std::move(weights).value();
+
+  auto tok = Tokenizer::FromGguf(*m->gguf_);
+  if (!tok.ok()) return with_path(tok.status());
+  m->tokenizer_ = std::move(tok).value();
+  if (m->tokenizer_->n_vocab() > m->hparams_.n_vocab) {
+    return with_path(Corrupt(fmt::format("the tokenizer has {} tokens but token_embd.weight only {} rows",
+                                         m->tokenizer_->n_vocab(), m->hparams_.n_vocab)));
+  }
+  m->chat_template_ = std::make_unique<ChatTemplate>(ChatTemplate::FromGguf(*m->gguf_, *m->tokenizer_));
+  return m;
+}
+
+std::string Model::name() const {
+  if (auto n = gguf_->GetString("general.name")) return std::string(*n);
+  return path_;
+}
+
+}  // namespace kvfs
