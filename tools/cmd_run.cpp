@@ -57,7 +57,7 @@ int Run(int argc, char** argv) {
     std::fputs(kRunUsage, stdout);
     return 0;
   }
-  if (!args.error().empty()) return Fail(args.error() + "\n" + kRunUsage);
+  if (!args.error().empty()) return Fail(args.error() + " (see kvfs run --help)");
   if (!args.has("-m")) return Fail("missing -m MODEL");
   if (args.has("-p") == args.has("-f")) return Fail("give exactly one of -p TEXT or -f FILE");
 
