@@ -1,0 +1,102 @@
+#include "engine/model/model.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "tests/gguf_builder.h"
+#include "tests/test_support.h"
+
+namespace kvfs {
+namespace {
+
+// Writes bytes to a temp file removed at scope exit.
+class TempFile {
+ public:
+  explicit TempFile(const std::vector<uint8_t>& bytes) {
+    char tmpl[] = "/tmp/kvfs_model_test_XXXXXX";
+    int fd = mkstemp(tmpl);
+    path_ = tmpl;
+    FILE* f = fdopen(fd, "wb");
+    fwrite(bytes.data(), 1, bytes.size(), f);
+    fclose(f);
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::vector<uint8_t> Seed(const std::string& name) {
+  std::string s = testing::ReadFile(std::string(KVFS_SOURCE_DIR) + "/fuzz/corpus/gguf/" + name);
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+TEST(ModelLoad, LoadsTinySeedModels) {
+  for (const char* name : {"tiny-llama-spm.gguf", "tiny-qwen2-bpe.gguf"}) {
+    TempFile f(Seed(name));
+    auto m = Model::Load(f.path());
+    ASSERT_TRUE(m.ok()) << name << ": " << m.status().message();
+    EXPECT_EQ((*m)->hparams().n_embd, 8);
+    EXPECT_EQ((*m)->hparams().n_head_kv, 1);
+    EXPECT_EQ((*m)->hparams().head_dim, 4);
+  }
+}
+
+TEST(ModelLoad, ReadsStoriesHyperParameters) {
+  const std::string path = testing::SharedDir() + "/models/stories260K.gguf";
+  KVFS_REQUIRE_DATA(path);
+  auto m = Model::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  const HParams& hp = (*m)->hparams();
+  EXPECT_EQ(hp.arch, Architecture::kLlama);
+  EXPECT_EQ(hp.n_vocab, 512);
+  EXPECT_EQ(hp.n_embd, 64);
+  EXPECT_EQ(hp.n_layer, 5);
+  EXPECT_EQ(hp.n_head, 8);
+  EXPECT_EQ(hp.n_head_kv, 4);
+  EXPECT_EQ(hp.head_dim, 8);
+  EXPECT_EQ(hp.n_ff, 172);
+  EXPECT_FALSE((*m)->weights().tied_output);
+}
+
+TEST(ModelLoad, UnsupportedArchitectureIsNamed) {
+  testing::GgufBuilder b;
+  b.AddString("general.architecture", "mamba");
+  TempFile f(b.Build());
+  auto m = Model::Load(f.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(m.status().message().find("unsupported architecture mamba"), std::string::npos) << m.status().message();
+}
+
+TEST(ModelLoad, MissingTensorAndBadShapeAreNamed) {
+  // Drop a tensor name by renaming it (same length): the loader must name the missing tensor.
+  auto bytes = Seed("tiny-llama-spm.gguf");
+  std::string s(bytes.begin(), bytes.end());
+  size_t at = s.find("blk.0.ffn_up.weight");
+  ASSERT_NE(at, std::string::npos);
+  s.replace(at, 19, "blk.0.ffn_xx.weight");
+  TempFile f(std::vector<uint8_t>(s.begin(), s.end()));
+  auto m = Model::Load(f.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("missing tensor blk.0.ffn_up.weight"), std::string::npos) << m.status().message();
+}
+
+TEST(ModelLoad, InconsistentHeadCountsAreRejected) {
+  auto bytes = Seed("tiny-llama-spm.gguf");
+  std::string s(bytes.begin(), bytes.end());
+  // head_count_kv = 3 does not divide head_count = 2.
+  const std::string key = "llama.attention.head_count_kv";
+  size_t at = s.find(key);
+  ASSERT_NE(at, std::string::npos);
+  uint32_t three = 3;
+  std::memcpy(&s[at + key.size() + 4], &three, 4);
+  TempFile f(std::vector<uint8_t>(s.begin(), s.end()));
+  auto m = Model::Load(f.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("head_count"), std::string::npos) << m.status().message();
+}
+
+}  // namespace
+}  // namespace kvfs
