@@ -6,5 +6,6 @@ namespace kvfs::cli {
 
 int Inspect(int argc, char** argv);
 int Run(int argc, char** argv);
+int Bench(int argc, char** argv);
 
 }  // namespace kvfs::cli

@@ -1,0 +1,205 @@
+// kvfs bench: prompt processing (pp) and generation (tg) speed after DEPTH tokens of context,
+// like the reference's llama-bench, plus decode bandwidth against the machine's read bandwidth
+// measured in the same run.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernel_select.h"
+#include "engine/core/thread_pool.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+
+namespace kvfs::cli {
+
+namespace {
+
+constexpr const char* kBenchUsage =
+    "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16] [--json]\n"
+    "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
+    "  both after -d tokens already in the context; median and range over -r repetitions.\n";
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+Stats Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  Stats s;
+  if (v.empty()) return s;
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  return s;
+}
+
+// Read bandwidth of this machine with n_threads: each thread sums its share of a buffer much
+// larger than the caches; best of several passes (GB/s).
+double MeasureReadBandwidth(ThreadPool& pool) {
+  const size_t bytes = size_t{1} << 30;
+  std::vector<uint64_t> buf(bytes / 8);
+  pool.Run([&](int ith, int nth) {
+    auto [b, e] = SplitRange(static_cast<int64_t>(buf.size()), ith, nth);
+    for (int64_t i = b; i < e; ++i) buf[i] = static_cast<uint64_t>(i);
+  });
+  double best = 0;
+  std::vector<uint64_t> sums(pool.size());
+  for (int pass = 0; pass < 5; ++pass) {
+    auto t0 = Clock::now();
+    pool.Run([&](int ith, int nth) {
+      auto [b, e] = SplitRange(static_cast<int64_t>(buf.size()), ith, nth);
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t i = b;
+      for (; i + 4 <= e; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      for (; i < e; ++i) s0 += buf[i];
+      sums[ith] = s0 + s1 + s2 + s3;
+    });
+    best = std::max(best, bytes / Seconds(t0, Clock::now()) / 1e9);
+  }
+  volatile uint64_t sink = sums[0];
+  (void)sink;
+  return best;
+}
+
+int64_t ResidentBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+int Fail(const std::string& m) {
+  std::fprintf(stderr, "kvfs bench: %s\n", m.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int Bench(int argc, char** argv) {
+  Args args(argc, argv, {"-m", "-p", "-n", "-d", "-t", "-r", "--kv"}, {"--json", "-h", "--help"});
+  if (args.has("-h") || args.has("--help")) {
+    std::fputs(kBenchUsage, stdout);
+    return 0;
+  }
+  if (!args.error().empty()) return Fail(args.error() + " (see kvfs bench --help)");
+  if (!args.has("-m")) return Fail("missing -m MODEL");
+  const int64_t n_pp = args.get_int("-p", 512, 0, 1 << 20);
+  const int64_t n_tg = args.get_int("-n", 128, 0, 1 << 20);
+  const int64_t depth = args.get_int("-d", 0, 0, 1 << 24);
+  const int n_threads = static_cast<int>(args.get_int("-t", std::max(1u, std::thread::hardware_concurrency()), 1, 1024));
+  const int reps = static_cast<int>(args.get_int("-r", 3, 1, 1000));
+  const std::string kv_type = args.get("--kv").value_or("f16");
+  if (!args.error().empty()) return Fail(args.error());
+  if (kv_type != "f16") return Fail("--kv " + kv_type + " is not available yet (f16)");
+
+  spdlog::set_level(spdlog::level::warn);
+  const int64_t rss0 = ResidentBytes();
+  auto t_load = Clock::now();
+  auto model_or = Model::Load(*args.get("-m"));
+  if (!model_or.ok()) return Fail(model_or.status().message());
+  const Model& model = **model_or;
+  const double load_seconds = Seconds(t_load, Clock::now());
+  const HParams& hp = model.hparams();
+  const int64_t n_ctx = depth + std::max(n_pp, n_tg) + 1;
+  const cpu::KernelTable& table = cpu::DefaultKernelTable();
+  auto backend = MakeCpuBackend(model, CpuOptions{n_threads, &table});
+  KvLayout layout{hp.n_layer, hp.n_head_kv, hp.head_dim, 256};
+
+  std::mt19937 rng(1234);
+  auto random_tokens = [&](int64_t n) {
+    std::vector<TokenId> t(n);
+    for (auto& x : t) x = static_cast<TokenId>(rng() % hp.n_vocab);
+    return t;
+  };
+  // Fills the context to `depth` (untimed), in chunks of 512 like a real prefill.
+  auto fill = [&](SequenceKv& kv) -> Status {
+    Logits logits;
+    for (int64_t at = 0; at < depth; at += 512) {
+      auto toks = random_tokens(std::min<int64_t>(512, depth - at));
+      SequenceStep s{&kv, toks, false};
+      KVFS_RETURN_IF_ERROR(backend->Forward(std::span<const SequenceStep>(&s, 1), logits));
+    }
+    return Status::Ok();
+  };
+
+  std::vector<double> pp_rates, tg_rates;
+  Logits logits;
+  for (int r = 0; r < reps; ++r) {
+    if (n_pp > 0) {
+      SequenceKv kv(layout, n_ctx);
+      if (Status s = fill(kv); !s.ok()) return Fail(s.message());
+      auto toks = random_tokens(n_pp);
+      SequenceStep step{&kv, toks, false};
+      auto t0 = Clock::now();
+      if (Status s = backend->Forward(std::span<const SequenceStep>(&step, 1), logits); !s.ok()) return Fail(s.message());
+      pp_rates.push_back(n_pp / Seconds(t0, Clock::now()));
+    }
+    if (n_tg > 0) {
+      SequenceKv kv(layout, n_ctx);
+      if (Status s = fill(kv); !s.ok()) return Fail(s.message());
+      TokenId tok = static_cast<TokenId>(rng() % hp.n_vocab);
+      auto t0 = Clock::now();
+      for (int64_t i = 0; i < n_tg; ++i) {
+        SequenceStep step{&kv, std::span<const TokenId>(&tok, 1), false};
+        if (Status s = backend->Forward(std::span<const SequenceStep>(&step, 1), logits); !s.ok()) return Fail(s.message());
+        tok = static_cast<TokenId>(rng() % hp.n_vocab);
+      }
+      tg_rates.push_back(n_tg / Seconds(t0, Clock::now()));
+    }
+  }
+  const int64_t rss = ResidentBytes();
+
+  ThreadPool bw_pool(n_threads);
+  const double read_gbs = MeasureReadBandwidth(bw_pool);
+  // Bytes read per generated token: every weight except the embedding table (one row is read)
+  // and, at the mean depth of the tg run, the f16 K and V of every layer.
+  const ModelWeights& w = model.weights();
+  const double embd_bytes = static_cast<double>(w.token_embd.row_bytes * w.token_embd.n_out);
+  const double weight_bytes = w.total_bytes - (w.tied_output ? 0.0 : embd_bytes);
+  const double kv_bytes = 2.0 * hp.n_layer * hp.n_embd_kv() * 2.0 * (depth + n_tg / 2.0);
+  const Stats pp = Summarize(pp_rates), tg = Summarize(tg_rates);
+  const double decode_gbs = (weight_bytes + kv_bytes) * tg.median / 1e9;
+
+  if (args.has("--json")) {
+    nlohmann::json j = {{"model", model.path()}, {"model_bytes", w.total_bytes}, {"threads", n_threads},
+                        {"kernels", table.name}, {"kv", kv_type}, {"depth", depth}, {"reps", reps},
+                        {"load_seconds", load_seconds}, {"resident_bytes", rss}, {"resident_bytes_before_load", rss0},
+                        {"pp", {{"tokens", n_pp}, {"median", pp.median}, {"min", pp.min}, {"max", pp.max}}},
+                        {"tg", {{"tokens", n_tg}, {"median", tg.median}, {"min", tg.min}, {"max", tg.max}}},
+                        {"decode_bytes_per_token", weight_bytes + kv_bytes}, {"decode_gbs", decode_gbs},
+                        {"read_bandwidth_gbs", read_gbs}, {"decode_bandwidth_fraction", decode_gbs / read_gbs}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  fmt::print("model {}  {:.1f} MiB weights  load {:.2f} s  resident {:.1f} MiB  kernels {}  threads {}  kv {}\n",
+             model.path(), w.total_bytes / 1048576.0, load_seconds, rss / 1048576.0, table.name, n_threads, kv_type);
+  fmt::print("| test | t/s median | min | max |\n|---|---|---|---|\n");
+  const std::string at = depth > 0 ? fmt::format(" @ d{}", depth) : "";
+  if (n_pp > 0) fmt::print("| pp{}{} | {:.2f} | {:.2f} | {:.2f} |\n", n_pp, at, pp.median, pp.min, pp.max);
+  if (n_tg > 0) fmt::print("| tg{}{} | {:.2f} | {:.2f} | {:.2f} |\n", n_tg, at, tg.median, tg.min, tg.max);
+  if (n_tg > 0) {
+    fmt::print("decode reads {:.1f} MB/token -> {:.1f} GB/s = {:.0f}% of the measured read bandwidth {:.1f} GB/s\n",
+               (weight_bytes + kv_bytes) / 1e6, decode_gbs, 100.0 * decode_gbs / read_gbs, read_gbs);
+  }
+  return 0;
+}
+
+}  // namespace kvfs::cli
