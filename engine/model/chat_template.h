@@ -32,6 +32,8 @@ class ChatTemplate {
   // The prompt text for these messages; with add_generation_prompt the assistant header for
   // the next reply is appended. Raw mode concatenates contents (system first) unchanged.
   // The text contains the family's special tokens as text: encode it with parse_special=true.
+  // The leading BOS is not part of it (Encode's add_special adds it); see chat_template.cpp
+  // for each family's exact layout and the Mistral spacing variant chosen.
   std::string Format(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
   // Tokens that end an assistant turn for this family (e.g. <|im_end|>, <|eot_id|>), plus EOS.
   std::vector<TokenId> EndOfTurnTokens() const;

@@ -19,7 +19,7 @@ struct SamplerParams {
   float top_p = 0.95f;          // >= 1: off
   float min_p = 0.05f;          // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off. Applied to tokens in the last repeat_last_n
-  int repeat_last_n = 64;
+  int repeat_last_n = 64;       // 0: off; < 0: the whole history
   uint64_t seed = 0;
 };
 
@@ -28,6 +28,7 @@ class Sampler {
   explicit Sampler(const SamplerParams& params);
   // Picks the next token from logits (n_vocab). history = tokens so far (for the penalty).
   // Order: repetition penalty, then greedy or top-k -> temperature -> softmax -> top-p -> min-p.
+  // Each filter keeps at least one token. Empty logits give kNoToken.
   TokenId Sample(std::span<const float> logits, std::span<const TokenId> history);
   const SamplerParams& params() const { return params_; }
 
@@ -35,19 +36,23 @@ class Sampler {
   SamplerParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, TokenId>> candidates_;  // scratch
+  std::vector<std::pair<float, TokenId>> selection_;   // scratch for the top-p boundary search
+  std::vector<TokenId> recent_;                        // scratch: distinct recent tokens (penalty)
 };
 
 enum class StopReason { kNone, kEndOfGeneration, kMaxTokens, kStopString };
 std::string_view StopReasonName(StopReason reason);
 
 // Tracks the generated text and decides when to stop. Text matching a stop string is held
-// back from the output until it is known not to be a stop string.
+// back from the output until it is known not to be a stop string. max_tokens <= 0: no limit.
+// n_generated counts the tokens pushed up to and including the one that stopped it (eog too).
 class StopChecker {
  public:
   StopChecker(std::vector<TokenId> eog_tokens, int max_tokens, std::vector<std::string> stop_strings);
   // Feeds one generated token and its decoded text (complete UTF-8 characters). Returns the
   // text that may be emitted now; reason() becomes non-kNone when generation must stop (the
-  // stop string itself and any eog token are not emitted).
+  // stop string itself and any eog token are not emitted). When it stops for an eog token or
+  // max tokens, the held-back text is returned with it. After the stop, Push returns "".
   std::string Push(TokenId token, std::string_view text);
   // Text still held back, to emit when generation ends for another reason.
   std::string Flush();
