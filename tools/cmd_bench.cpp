@@ -24,7 +24,7 @@ namespace kvfs::cli {
 namespace {
 
 constexpr const char* kBenchUsage =
-    "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16] [--json]\n"
+    "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4] [--kv-rotate on|off] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n";
 
@@ -94,7 +94,7 @@ int Fail(const std::string& m) {
 }  // namespace
 
 int Bench(int argc, char** argv) {
-  Args args(argc, argv, {"-m", "-p", "-n", "-d", "-t", "-r", "--kv"}, {"--json", "-h", "--help"});
+  Args args(argc, argv, {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate"}, {"--json", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -108,7 +108,6 @@ int Bench(int argc, char** argv) {
   const int reps = static_cast<int>(args.get_int("-r", 3, 1, 1000));
   const std::string kv_type = args.get("--kv").value_or("f16");
   if (!args.error().empty()) return Fail(args.error());
-  if (kv_type != "f16") return Fail("--kv " + kv_type + " is not available yet (f16)");
 
   spdlog::set_level(spdlog::level::warn);
   const int64_t rss0 = ResidentBytes();
@@ -121,7 +120,9 @@ int Bench(int argc, char** argv) {
   const int64_t n_ctx = depth + std::max(n_pp, n_tg) + 1;
   const cpu::KernelTable& table = cpu::DefaultKernelTable();
   auto backend = MakeCpuBackend(model, CpuOptions{n_threads, &table});
-  KvLayout layout{hp.n_layer, hp.n_head_kv, hp.head_dim, 256};
+  auto kv_format = MakeKvFormat(kv_type, args.get("--kv-rotate").value_or(""), hp.n_head_kv, hp.head_dim);
+  if (!kv_format.ok()) return Fail(kv_format.status().message());
+  const KvLayout layout = KvLayoutFor(hp, *kv_format);
 
   std::mt19937 rng(1234);
   auto random_tokens = [&](int64_t n) {
@@ -170,11 +171,11 @@ int Bench(int argc, char** argv) {
   ThreadPool bw_pool(n_threads);
   const double read_gbs = MeasureReadBandwidth(bw_pool);
   // Bytes read per generated token: every weight except the embedding table (one row is read)
-  // and, at the mean depth of the tg run, the f16 K and V of every layer.
+  // and, at the mean depth of the tg run, the encoded K and V rows of every layer.
   const ModelWeights& w = model.weights();
   const double embd_bytes = static_cast<double>(w.token_embd.row_bytes * w.token_embd.n_out);
   const double weight_bytes = w.total_bytes - (w.tied_output ? 0.0 : embd_bytes);
-  const double kv_bytes = 2.0 * hp.n_layer * hp.n_embd_kv() * 2.0 * (depth + n_tg / 2.0);
+  const double kv_bytes = 2.0 * hp.n_layer * layout.row_bytes() * (depth + n_tg / 2.0);
   const Stats pp = Summarize(pp_rates), tg = Summarize(tg_rates);
   const double decode_gbs = (weight_bytes + kv_bytes) * tg.median / 1e9;
 

@@ -29,6 +29,8 @@ constexpr const char* kRunUsage =
     "  --seed S            sampling seed (default: random)\n"
     "  --top-k K --top-p P --min-p P --repeat-penalty R   sampling filters (40, 0.95, 0.05, 1.0)\n"
     "  --system TEXT       system prompt (chat mode)\n"
+    "  --kv f16|q8|q4      KV cache format (default f16)\n"
+    "  --kv-rotate on|off  Walsh-Hadamard rotation of quantized KV (default on where head_dim is a power of two)\n"
     "  --raw               no chat template: the prompt is the model's input text as is\n"
     "  --ignore-eos        keep generating past end-of-generation tokens\n"
     "  --token-ids         print the prompt's token ids, then the generated ids (two lines)\n"
@@ -51,7 +53,7 @@ std::string JoinIds(const std::vector<TokenId>& ids) {
 int Run(int argc, char** argv) {
   Args args(argc, argv,
             {"-m", "-p", "-f", "-n", "-c", "-t", "--temp", "--seed", "--top-k", "--top-p", "--min-p",
-             "--repeat-penalty", "--system", "--logits-out"},
+             "--repeat-penalty", "--system", "--logits-out", "--kv", "--kv-rotate"},
             {"--raw", "--ignore-eos", "--token-ids", "--verbose", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kRunUsage, stdout);
@@ -112,8 +114,10 @@ int Run(int argc, char** argv) {
     return Fail(fmt::format("the prompt has {} tokens, more than the context size {} (use -c)", tokens.size(), n_ctx));
   }
 
-  KvLayout layout{hp.n_layer, hp.n_head_kv, hp.head_dim, 256};
-  SequenceKv kv(layout, n_ctx);
+  auto kv_format = MakeKvFormat(args.get("--kv").value_or("f16"), args.get("--kv-rotate").value_or(""),
+                                hp.n_head_kv, hp.head_dim);
+  if (!kv_format.ok()) return Fail(kv_format.status().message());
+  SequenceKv kv(KvLayoutFor(hp, *kv_format), n_ctx);
   auto backend = MakeCpuBackend(model, CpuOptions{n_threads});
   gen.prompt_all_logits = args.has("--logits-out");
   const bool ids_only = args.has("--token-ids");

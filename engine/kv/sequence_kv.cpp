@@ -12,7 +12,7 @@ SequenceKv::SequenceKv(const KvLayout& layout, int64_t max_tokens)
     : layout_(layout), max_tokens_(max_tokens) {}
 
 SequenceKv::~SequenceKv() {
-  for (uint16_t* b : blocks_) {
+  for (uint8_t* b : blocks_) {
     // Zeroed before release: a conversation's attention state must not linger in freed memory.
     std::memset(b, 0, static_cast<size_t>(layout_.block_bytes()));
     std::free(b);
@@ -28,7 +28,7 @@ Status SequenceKv::Reserve(int64_t n) {
   while (static_cast<int64_t>(blocks_.size()) < need) {
     void* p = std::aligned_alloc(64, bytes);
     if (p == nullptr) return Status(StatusCode::kResourceExhausted, "out of memory for KV blocks");
-    blocks_.push_back(static_cast<uint16_t*>(p));
+    blocks_.push_back(static_cast<uint8_t*>(p));
   }
   return Status::Ok();
 }

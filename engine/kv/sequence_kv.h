@@ -1,13 +1,15 @@
 // Per-sequence KV storage, paged in blocks of `block_tokens` positions that hold every layer.
-// This is the f16 format of the engine foundation; the quantized formats and the shared block
-// pool (DESIGN section 2) build on the same block geometry.
+// Within a block, each layer has a K plane and a V plane of block_tokens rows; a row is one
+// token's K (or V) vector, n_head_kv * head_dim values, encoded in the KV format (kv_format.h).
+// Blocks become the unit of sharing and persistence in the block pool (DESIGN section 2).
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "engine/core/status.h"
+#include "engine/kv/kv_format.h"
+#include "engine/model/hparams.h"
 
 namespace kvfs {
 
@@ -16,10 +18,17 @@ struct KvLayout {
   int64_t n_head_kv = 0;
   int64_t head_dim = 0;
   int64_t block_tokens = 256;
-  // Elements of one plane (K or V of one layer) in one block: [n_head_kv][block_tokens][head_dim].
-  int64_t plane_elems() const { return n_head_kv * block_tokens * head_dim; }
-  int64_t block_bytes() const { return n_layer * 2 * plane_elems() * 2; }  // f16
+  KvFormat format;
+  int64_t row_values() const { return n_head_kv * head_dim; }
+  int64_t row_bytes() const { return format.RowBytes(row_values()); }
+  int64_t plane_bytes() const { return block_tokens * row_bytes(); }
+  int64_t block_bytes() const { return n_layer * 2 * plane_bytes(); }
 };
+
+// The layout for a model's geometry in the given format.
+inline KvLayout KvLayoutFor(const HParams& hp, const KvFormat& format, int64_t block_tokens = 256) {
+  return KvLayout{hp.n_layer, hp.n_head_kv, hp.head_dim, block_tokens, format};
+}
 
 class SequenceKv {
  public:
@@ -40,29 +49,22 @@ class SequenceKv {
   // Forgets positions >= n (keeps the memory).
   void Truncate(int64_t n) { if (n < n_tokens_) n_tokens_ = n; }
 
-  // K or V of (layer, kv head) for `pos`: head_dim f16 values. Positions within one block are
-  // consecutive rows, so attention walks a block's keys contiguously.
-  uint16_t* k_row(int64_t layer, int64_t head, int64_t pos) { return row(layer, 0, head, pos); }
-  uint16_t* v_row(int64_t layer, int64_t head, int64_t pos) { return row(layer, 1, head, pos); }
-  const uint16_t* k_row(int64_t layer, int64_t head, int64_t pos) const {
-    return const_cast<SequenceKv*>(this)->row(layer, 0, head, pos);
-  }
-  const uint16_t* v_row(int64_t layer, int64_t head, int64_t pos) const {
-    return const_cast<SequenceKv*>(this)->row(layer, 1, head, pos);
-  }
+  // The encoded K or V row of `pos` in `layer`.
+  uint8_t* k_row(int64_t layer, int64_t pos) { return row(layer, 0, pos); }
+  uint8_t* v_row(int64_t layer, int64_t pos) { return row(layer, 1, pos); }
+  const uint8_t* k_row(int64_t layer, int64_t pos) const { return const_cast<SequenceKv*>(this)->row(layer, 0, pos); }
+  const uint8_t* v_row(int64_t layer, int64_t pos) const { return const_cast<SequenceKv*>(this)->row(layer, 1, pos); }
 
  private:
-  uint16_t* row(int64_t layer, int kv, int64_t head, int64_t pos) {
+  uint8_t* row(int64_t layer, int kv, int64_t pos) {
     const int64_t b = pos / layout_.block_tokens;
-    const int64_t in_block = pos % layout_.block_tokens;
-    return blocks_[b] + (layer * 2 + kv) * layout_.plane_elems() +
-           (head * layout_.block_tokens + in_block) * layout_.head_dim;
+    return blocks_[b] + (layer * 2 + kv) * layout_.plane_bytes() + (pos % layout_.block_tokens) * layout_.row_bytes();
   }
 
   KvLayout layout_;
   int64_t max_tokens_;
   int64_t n_tokens_ = 0;
-  std::vector<uint16_t*> blocks_;  // owned, 64-byte aligned
+  std::vector<uint8_t*> blocks_;  // owned, 64-byte aligned
 };
 
 }  // namespace kvfs

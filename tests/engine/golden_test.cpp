@@ -74,7 +74,9 @@ TEST_P(GoldenTest, MatchesReference) {
 
   // Prompt logits, every position.
   const json& cfg = g["configs"]["f16"];
-  KvLayout layout{model.hparams().n_layer, model.hparams().n_head_kv, model.hparams().head_dim, 256};
+  auto f16 = MakeKvFormat("f16", "", model.hparams().n_head_kv, model.hparams().head_dim);
+  ASSERT_TRUE(f16.ok());
+  const KvLayout layout = KvLayoutFor(model.hparams(), *f16);
   SequenceKv kv(layout, 2048);
   auto backend = MakeCpuBackend(model, CpuOptions{2, table});
   SequenceStep step{&kv, tokens, true};
@@ -113,7 +115,7 @@ TEST_P(GoldenTest, MatchesReference) {
   if (cfg.contains("all_logits_file")) {
     const std::vector<float> all = ReadFloats(testing::SharedDir() + "/golden/" + cfg["all_logits_file"].get<std::string>());
     ASSERT_EQ(static_cast<int64_t>(all.size()), n * n_vocab);
-    for (int64_t j = 0; j < n * n_vocab; ++j) max_err = std::max(max_err, std::fabs(logits.data[j] - all[j]));
+    for (int64_t j = 0; j < n * n_vocab; ++j) max_err = std::max(max_err, static_cast<double>(std::fabs(logits.data[j] - all[j])));
   }
   std::printf("[golden] %s %s table=%s max|dlogit|=%.4f rms(last)=%.4f top1 checked=%d\n", c.label.c_str(),
               c.prompt.c_str(), c.table.c_str(), max_err, rms_last, top1_checked);

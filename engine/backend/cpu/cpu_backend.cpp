@@ -54,7 +54,10 @@ class CpuBackend final : public Backend {
   std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, hidden_;
   std::vector<float> rope_cos_, rope_sin_;  // [T][n_rot/2]
   QuantizedInput qin_;
-  std::vector<std::vector<float>> scores_;  // per thread, attention scores scratch
+  struct AttentionScratch {
+    std::vector<float> q, out, row, scores;  // [group*hd], [group*hd], [hd], [group*n_ctx]
+  };
+  std::vector<AttentionScratch> scratch_;  // one per thread
 };
 
 const QuantizedInput& CpuBackend::Quantize(const Matrix& w, const float* x, int64_t T, bool same_input) {
@@ -86,30 +89,49 @@ void CpuBackend::MatMul(const Matrix& w, const float* x, int64_t T, float* y, bo
 }
 
 void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, int64_t T) {
-  const int64_t hd = hp_.head_dim, n_head = hp_.n_head, group = hp_.n_head / hp_.n_head_kv;
+  const int64_t hd = hp_.head_dim, n_head_kv = hp_.n_head_kv, group = hp_.n_head / hp_.n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // One work item = one token x one KV head: each K/V row slice is decoded once and used by
+  // every query head of the group (grouped-query attention).
   pool_.Run([&](int ith, int nth) {
-    std::vector<float>& scores = scores_[ith];
-    auto [i0, i1] = SplitRange(T * n_head, ith, nth);
+    AttentionScratch& sc = scratch_[ith];
+    auto [i0, i1] = SplitRange(T * n_head_kv, ith, nth);
     for (int64_t item = i0; item < i1; ++item) {
-      const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
+      const int64_t t = item / n_head_kv, kvh = item % n_head_kv;
       const SequenceKv& kv = *steps[token_seq_[t]].kv;
+      const KvFormat& fmt = kv.layout().format;
       const int64_t n_ctx = token_pos_[t] + 1;  // causal: positions 0..pos
-      const float* q = q_.data() + t * hp_.n_embd_q() + h * hd;
-      if (static_cast<int64_t>(scores.size()) < n_ctx) scores.resize(n_ctx);
-      for (int64_t p = 0; p < n_ctx; ++p) {
-        const uint16_t* k = kv.k_row(layer, kvh, p);
-        float s = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) s += q[d] * Fp16ToFp32(k[d]);
-        scores[p] = s * scale;
+      sc.q.resize(group * hd);
+      sc.out.assign(group * hd, 0.0f);
+      sc.row.resize(hd);
+      sc.scores.resize(group * n_ctx);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* q = q_.data() + t * hp_.n_embd_q() + (kvh * group + g) * hd;
+        std::copy(q, q + hd, sc.q.begin() + g * hd);
+        if (fmt.rotate) HadamardTransform(sc.q.data() + g * hd, hd);
       }
-      cpu::Softmax(scores.data(), n_ctx);
-      float* o = att_.data() + t * hp_.n_embd_q() + h * hd;
-      std::fill(o, o + hd, 0.0f);
       for (int64_t p = 0; p < n_ctx; ++p) {
-        const uint16_t* v = kv.v_row(layer, kvh, p);
-        const float a = scores[p];
-        for (int64_t d = 0; d < hd; ++d) o[d] += a * Fp16ToFp32(v[d]);
+        KvDequantize(fmt, kv.k_row(layer, p), kvh * hd, hd, sc.row.data());
+        for (int64_t g = 0; g < group; ++g) {
+          const float* q = sc.q.data() + g * hd;
+          float s = 0.0f;
+          for (int64_t d = 0; d < hd; ++d) s += q[d] * sc.row[d];
+          sc.scores[g * n_ctx + p] = s * scale;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) cpu::Softmax(sc.scores.data() + g * n_ctx, n_ctx);
+      for (int64_t p = 0; p < n_ctx; ++p) {
+        KvDequantize(fmt, kv.v_row(layer, p), kvh * hd, hd, sc.row.data());
+        for (int64_t g = 0; g < group; ++g) {
+          const float a = sc.scores[g * n_ctx + p];
+          float* o = sc.out.data() + g * hd;
+          for (int64_t d = 0; d < hd; ++d) o[d] += a * sc.row[d];
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* o = sc.out.data() + g * hd;
+        if (fmt.rotate) HadamardTransform(o, hd);  // H is its own inverse
+        std::copy(o, o + hd, att_.data() + t * hp_.n_embd_q() + (kvh * group + g) * hd);
       }
     }
   });
@@ -123,6 +145,10 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
   int64_t T = 0, n_out_rows = 0;
   for (const SequenceStep& s : steps) {
     if (s.kv == nullptr || s.tokens.empty()) return InvalidArgument("empty step in a batch");
+    const KvLayout& kl = s.kv->layout();
+    if (kl.n_layer != hp_.n_layer || kl.n_head_kv != hp_.n_head_kv || kl.head_dim != hp_.head_dim) {
+      return InvalidArgument("KV layout does not match the model");
+    }
     for (TokenId id : s.tokens) {
       if (id < 0 || id >= hp_.n_vocab) return InvalidArgument(fmt::format("token id {} out of range", id));
     }
@@ -156,7 +182,7 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
   gate_.resize(T * hp_.n_ff);
   up_.resize(T * hp_.n_ff);
   hidden_.resize(T * hp_.n_ff);
-  scores_.resize(pool_.size());
+  scratch_.resize(pool_.size());
 
   // Token embeddings: dequantize the rows.
   {
@@ -188,16 +214,20 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
       }
       cpu::RopeApply(rope, &rope_cos_[t * half], &rope_sin_[t * half], &q_[t * n_q], hp_.n_head);
       cpu::RopeApply(rope, &rope_cos_[t * half], &rope_sin_[t * half], &k_[t * n_kv], hp_.n_head_kv);
-      // Store K and V (f16) at the token's position before attention reads them.
+      // Encode K and V into the sequence's format at the token's position before attention
+      // reads them (rotated per head first when the format rotates).
       SequenceKv& kv = *steps[token_seq_[t]].kv;
-      for (int64_t h = 0; h < hp_.n_head_kv; ++h) {
-        uint16_t* kr = kv.k_row(il, h, token_pos_[t]);
-        uint16_t* vr = kv.v_row(il, h, token_pos_[t]);
-        for (int64_t d = 0; d < hp_.head_dim; ++d) {
-          kr[d] = Fp32ToFp16(k_[t * n_kv + h * hp_.head_dim + d]);
-          vr[d] = Fp32ToFp16(v_[t * n_kv + h * hp_.head_dim + d]);
+      const KvFormat& fmt = kv.layout().format;
+      float* kt = &k_[t * n_kv];
+      float* vt = &v_[t * n_kv];
+      if (fmt.rotate) {
+        for (int64_t h = 0; h < hp_.n_head_kv; ++h) {
+          HadamardTransform(kt + h * hp_.head_dim, hp_.head_dim);
+          HadamardTransform(vt + h * hp_.head_dim, hp_.head_dim);
         }
       }
+      KvQuantizeRow(fmt, kt, kv.k_row(il, token_pos_[t]), n_kv);
+      KvQuantizeRow(fmt, vt, kv.v_row(il, token_pos_[t]), n_kv);
     }
     Attention(il, steps, T);
     MatMul(l.wo, att_.data(), T, xb_.data());
