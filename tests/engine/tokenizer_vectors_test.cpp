@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -119,6 +120,29 @@ TEST_P(VocabVectors, DecodeRoundTrip) {
       decoded.erase(0, 1);
     }
     EXPECT_EQ(decoded, text) << GetParam();
+  }
+}
+
+// Arbitrary bytes (invalid UTF-8, fragments of special tokens) never crash and give ids in
+// range, with and without parse_special.
+TEST_P(VocabVectors, ArbitraryBytesAreSafe) {
+  const std::string path = VocabDir() + "/ggml-vocab-" + GetParam() + ".gguf";
+  KVFS_REQUIRE_DATA(path);
+  Loaded l = Load(path);
+  ASSERT_NE(l.tok, nullptr);
+  const std::string alphabet = "<|>_endoftxim s\n\t'0123456789\xE2\x96\x81\xC3\xA4\xF0\x9F";
+  std::mt19937 rng(3);
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string s(rng() % 40, '\0');
+    for (char& c : s) {
+      c = (rng() % 2) ? alphabet[rng() % alphabet.size()] : static_cast<char>(rng() % 256);
+    }
+    for (bool special : {false, true}) {
+      for (TokenId id : l.tok->Encode(s, special, special)) {
+        ASSERT_GE(id, 0);
+        ASSERT_LT(id, l.tok->n_vocab());
+      }
+    }
   }
 }
 
