@@ -86,8 +86,8 @@ TEST(GgufReader, RejectsMalformedHeaders) {
   { auto b = good; Poke64(b, 8, 1ull << 40); cases.push_back({"huge tensor count", b, "tensor count"}); }
   { auto b = good; Poke64(b, 16, 1ull << 40); cases.push_back({"huge kv count", b, "metadata count"}); }
   { auto b = good; Poke64(b, 24, 1ull << 50); cases.push_back({"huge key length", b, "length"}); }
-  { auto b = good; b.resize(30); cases.push_back({"truncated header", b, "truncated"}); }
-  { auto b = good; b.resize(b.size() - 20); cases.push_back({"truncated data", b, "outside"}); }
+  { auto b = good; b.resize(30); cases.push_back({"truncated header", b, "cannot fit"}); }
+  { auto b = good; b.resize(b.size() - 40); cases.push_back({"truncated data", b, "outside"}); }
   {
     GgufBuilder g; g.AddTensor("w", 2, {33, 1}, std::vector<uint8_t>(18, 0));  // Q4_0 needs rows of 32k
     cases.push_back({"row not multiple of block", g.Build(), "multiple"});
@@ -102,7 +102,7 @@ TEST(GgufReader, RejectsMalformedHeaders) {
   }
   { GgufBuilder g; g.AddU32("k", 1); g.AddU32("k", 2); cases.push_back({"duplicate key", g.Build(), "twice"}); }
   { GgufBuilder g; g.AddU32("general.alignment", 3); cases.push_back({"bad alignment", g.Build(), "power of two"}); }
-  { GgufBuilder g; g.AddBool("b", true); auto b = g.Build(); b.back() = 7; cases.push_back({"bad bool", b, "bool"}); }
+  { GgufBuilder g; g.AddBool("b", true); auto b = g.Build(); b[24 + 8 + 1 + 4] = 7; cases.push_back({"bad bool", b, "bool"}); }
   {
     GgufBuilder g; g.AddU32("k", 1); auto b = g.Build();
     Poke32(b, 24 + 8 + 1, 77);  // the value type of "k"
@@ -126,7 +126,11 @@ TEST(GgufReader, RejectsMalformedHeaders) {
 // (ASan/UBSan builds make out-of-bounds reads fatal).
 TEST(GgufReader, SurvivesTruncationAndCorruption) {
   auto good = SmallValid().Build();
-  for (size_t n = 0; n < good.size(); ++n) {
+  // Every prefix that cuts into the header or any tensor's data must be refused (only the
+  // alignment padding after the last tensor may be missing).
+  uint64_t data_end = 0;
+  for (const GgufTensor& t : (*GgufFile::Parse(good))->tensors()) data_end = std::max(data_end, t.file_offset + t.n_bytes);
+  for (size_t n = 0; n < data_end; ++n) {
     std::vector<uint8_t> prefix(good.begin(), good.begin() + n);
     EXPECT_FALSE(GgufFile::Parse(prefix).ok()) << "prefix of " << n << " bytes parsed";
   }

@@ -63,12 +63,13 @@ TEST(KernelScalarTable, EntriesAndActivationTypes) {
   EXPECT_EQ(QuantizedActivationRowBytes(GgmlType::kQ6_K, 512), 584);
 }
 
-// Q8_0: d = amax/127, q = roundf(x * (1/d)) (halves away from zero), d stored as fp16.
+// Q8_0: d = amax/127, q = x * (127/amax) rounded half to even, d stored as fp16.
 // Q8_1: the same codes plus s = fp16(d * sum(q)).
 TEST(KernelScalarQuantize, Q8_0AndQ8_1ExactCodes) {
   std::vector<float> x(64, 0.0f);  // second block stays all zero
   const float in[10] = {63.5f, -63.5f, 1.25f, -1.25f, 0.75f, 0.2f, -0.3f, 10.0f, 0.25f, -0.25f};
-  const int8_t want[10] = {127, -127, 3, -3, 2, 0, -1, 20, 1, -1};
+  // id = 127 / amax = 2 exactly; halves round to even (x86 reference quantizer).
+  const int8_t want[10] = {127, -127, 2, -2, 2, 0, -1, 20, 0, 0};
   for (int i = 0; i < 10; ++i) x[i] = in[i];
 
   std::vector<uint8_t> q0(68 + 1);  // +1: write at an odd address

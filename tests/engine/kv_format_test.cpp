@@ -1,6 +1,7 @@
 #include "engine/kv/kv_format.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include <gtest/gtest.h>

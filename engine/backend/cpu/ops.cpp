@@ -6,7 +6,7 @@ namespace kvfs::cpu {
 
 void RmsNorm(const float* x, const float* w, float* y, int64_t n, float eps) {
   double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);  // float square, double sum (as the reference)
   const float mean = static_cast<float>(sum / static_cast<double>(n));
   const float scale = 1.0f / std::sqrt(mean + eps);
   for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
@@ -41,22 +41,49 @@ void RopeApply(const RopeParams& p, const float* cos_t, const float* sin_t, floa
   }
 }
 
+float ExpPoly(float x) {
+  // n = round(x / ln2) via the 1.5*2^23 shift trick; b = x - n*ln2 with ln2 split in two.
+  const float shift = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, shift);
+  const float n = z - shift;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  if (std::fabs(n) > 192.0f) return n > 0.0f ? INFINITY : 0.0f;
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  return std::ldexp(j, static_cast<int>(n));
+}
+
 void Softmax(float* x, int64_t n) {
   float max = x[0];
   for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
+  // Sum in chunks of 16 (each reduced pairwise in float) accumulated in double: the
+  // reference's order, so normalised weights round to f16 the same way.
   double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);
-    sum += x[i];
+  for (int64_t i = 0; i < n; i += 16) {
+    float lanes[16] = {};
+    for (int64_t l = 0; l < 16 && i + l < n; ++l) lanes[l] = x[i + l] = ExpPoly(x[i + l] - max);
+    for (int width = 8; width >= 1; width /= 2) {
+      for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    }
+    sum += lanes[0];
   }
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+void SwiGlu(const float* gate, const float* up, float* out, int64_t n, int64_t n_rows) {
+  const int64_t vec_end = n / 16 * 16;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* g_row = gate + r * n;
+    const float* u_row = up + r * n;
+    float* o_row = out + r * n;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = g_row[i];
+      const float e = i < vec_end ? ExpPoly(-g) : std::exp(-g);
+      o_row[i] = g / (1.0f + e) * u_row[i];
+    }
   }
 }
 
