@@ -1,6 +1,10 @@
 #include "engine/model/fingerprint.h"
 
 #include <algorithm>
+#include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <xxhash.h>
 
@@ -68,16 +72,28 @@ std::string ModelFingerprint(const GgufFile& file, const FingerprintOptions& opt
     const uint64_t budget = options.max_total_sample_bytes / (3 * tensors.size());
     if (budget < sample) sample = std::max(budget, std::min(kMinSample, sample));
   }
+  // The regions to hash, in file order.
+  std::vector<std::pair<const uint8_t*, uint64_t>> regions;
   for (const GgufTensor& t : tensors) {
     const uint64_t n = t.n_bytes;
     if (n <= 3 * sample) {
-      h.Bytes(t.data, n);
-      continue;
+      regions.emplace_back(t.data, n);
+    } else {
+      regions.emplace_back(t.data, sample);
+      regions.emplace_back(t.data + (n - sample) / 2, sample);
+      regions.emplace_back(t.data + n - sample, sample);
     }
-    h.Bytes(t.data, sample);
-    h.Bytes(t.data + (n - sample) / 2, sample);
-    h.Bytes(t.data + n - sample, sample);
   }
+  // From a cold page cache each region would be one synchronous page-fault read (~1 ms on an
+  // SSD: 0.8 s for an 8B model's ~900 regions). Ask for all of them up front so the reads are
+  // queued together; this is only advice, so errors are ignored.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  for (const auto& [p, n] : regions) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+    (void)::posix_madvise(reinterpret_cast<void*>(start), reinterpret_cast<uintptr_t>(p) + n - start,
+                          POSIX_MADV_WILLNEED);
+  }
+  for (const auto& [p, n] : regions) h.Bytes(p, n);
   return h.Hex();
 }
 

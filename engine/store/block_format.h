@@ -62,8 +62,8 @@ inline constexpr uint64_t kMaxRawPayloadBytes = uint64_t{1} << 30;
 // Compression is kept only when it saves at least this fraction of the raw bytes; otherwise
 // the block is stored raw and a load is one pread plus a checksum. Measured (bench/
 // kvfs_store_bench, TinyLlama KV shape, zstd -3): f16 saves 6%, q8 16%, q4 10%, random 4-bit
-// 0%, while decompressing runs at ~1 GB/s against ~6 GB/s for reading and verifying a raw block
-// from the page cache (an agent of 4096 q4 tokens: 36 ms compressed vs 4 ms raw). Real KV does
+// 0%, while decompressing runs at ~1 GB/s against ~8 GB/s for reading and verifying a raw block
+// from the page cache (an agent of 4096 q4 tokens: 23-34 ms compressed vs ~3 ms raw). Real KV does
 // not save enough to pay for that, so only payloads that shrink by a quarter (padding, zeros,
 // structured test data) are stored compressed. StoreOptions can lower it to trade load time
 // for disk space.

@@ -308,6 +308,17 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   }
 
   std::unique_lock lock(mu_);
+  // Refuse early, before writing anything, when the new files clearly cannot fit (an upper
+  // bound: blocks not yet stored, the tail, the manifest, with the manifest's temp copy).
+  uint64_t needed = 0;
+  for (const NewBlock& b : new_blocks)
+    if (!present_.count(b.hash)) needed += kBlockHeaderBytes + b.payload.size();
+  if (tail) needed += kBlockHeaderBytes + tail->payload.size();
+  needed += 2 * (64 * manifest.tokens.size() + 4096);
+  for (const auto& t : manifest.conversation) needed += 2 * (2 * t.text.size() + t.role.size());
+  if (auto free = fs_.FreeBytes(dir_); free.ok() && *free < needed)
+    return Status(StatusCode::kNoSpace, "committing a turn of " + agent + " needs about " + std::to_string(needed) +
+                                            " bytes, " + std::to_string(*free) + " are free in " + dir_);
   std::set<BlockHash> incoming;
   for (const NewBlock& b : new_blocks) incoming.insert(b.hash);
   for (const BlockHash& h : manifest.blocks)

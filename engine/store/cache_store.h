@@ -124,7 +124,8 @@ class CacheStore {
   // Commits one turn of `agent`: writes the blocks of `new_blocks` not already stored, the tail
   // (if any) and then the manifest. `manifest` carries everything but turn, timestamps and
   // tail, which the store fills in; every hash in manifest.blocks must be stored already or be
-  // in new_blocks. On any error the previous manifest and every stored block are intact (the
+  // in new_blocks. A turn that clearly cannot fit in the free space fails with kNoSpace before
+  // anything is written. On any error the previous manifest and every stored block are intact (the
   // agent stays at its previous turn) and the error is returned (kNoSpace for a full disk).
   Result<CommitReport> CommitTurn(const std::string& agent, Manifest manifest, std::span<const NewBlock> new_blocks,
                                   std::optional<TailData> tail);

@@ -324,7 +324,12 @@ Result<bool> FaultInjectingFileSystem::IsDir(const std::string& path) {
 Result<uint64_t> FaultInjectingFileSystem::FreeBytes(const std::string& path) {
   std::lock_guard lock(mu_);
   KVFS_RETURN_IF_ERROR(CheckAlive(path));
-  return uint64_t{1} << 40;
+  return free_bytes_;
+}
+
+void FaultInjectingFileSystem::SetFreeBytes(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  free_bytes_ = bytes;
 }
 
 std::vector<std::string> FaultInjectingFileSystem::ListFilesRecursive(const std::string& dir) {

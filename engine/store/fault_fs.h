@@ -68,6 +68,8 @@ class FaultInjectingFileSystem final : public FileSystem {
   // bytes alike, like a bit flip on the medium).
   Status FlipByte(const std::string& path, uint64_t offset, uint8_t mask = 0x01);
   Status Truncate(const std::string& path, uint64_t length);
+  // What FreeBytes reports (default 1 TiB); it does not limit writes (FailAt does that).
+  void SetFreeBytes(uint64_t bytes);
   // The log of mutating operations so far ("write /s/x.tmp", ...), for test failure messages.
   std::vector<std::string> op_log() const;
 
@@ -119,6 +121,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   StatusCode fault_code_ = StatusCode::kIoError;
   uint32_t sticky_ops_ = 0;
   bool sticky_active_ = false;
+  uint64_t free_bytes_ = uint64_t{1} << 40;
 };
 
 }  // namespace kvfs::store

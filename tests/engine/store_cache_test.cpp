@@ -110,6 +110,20 @@ TEST(StoreCache, CommitRejectsInconsistentInput) {
   EXPECT_TRUE(fs.ListFilesRecursive("/store").empty());
 }
 
+TEST(StoreCache, TurnThatCannotFitFailsBeforeWriting) {
+  FaultInjectingFileSystem fs;
+  auto store = OpenOk("/store", fs);
+  SimAgent a("a");
+  AgentState s1 = a.Extend(Range(1, 10), "a");
+  ASSERT_TRUE(Commit(*store, s1).ok());
+  fs.SetFreeBytes(1000);
+  fs.ResetOpCount();
+  auto r = Commit(*store, a.Extend(Range(20, 10), "b"));
+  EXPECT_EQ(r.status().code(), StatusCode::kNoSpace);
+  EXPECT_EQ(fs.op_count(), 0u);  // nothing was touched
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), s1));
+}
+
 TEST(StoreCache, SharedPrefixBlocksAreWrittenOnce) {
   FaultInjectingFileSystem fs;
   auto store = OpenOk("/store", fs);
