@@ -66,19 +66,47 @@ inline float ExpPolyInline(float x) {
   return n < -192.0f ? 0.0f : (n > 192.0f ? INFINITY : r);
 }
 
-// Runtime-dispatched element loops (GCC picks the clone by cpuid at load time).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void ExpShifted(const float* x, float shift, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = ExpPolyInline(x[i] - shift);
+// Element loops compiled three times (AVX-512, AVX2+FMA, baseline) and chosen once by cpuid.
+// Every variant performs the same IEEE operations, so results are bit-identical. (Not
+// target_clones: its ifunc resolvers run before sanitizer runtimes initialise.)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2")
+namespace avx512 {
+#include "engine/backend/cpu/element_loops.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+#include "engine/backend/cpu/element_loops.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+namespace baseline {
+#include "engine/backend/cpu/element_loops.inc"
+}  // namespace baseline
+
+struct ElementLoops {
+  void (*exp_shifted)(const float*, float, float*, int64_t);
+  void (*swiglu)(const float*, const float*, float*, int64_t);
+};
+
+const ElementLoops& Loops() {
+  static const ElementLoops loops = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      return ElementLoops{avx512::ExpShifted, avx512::SwiGluPoly};
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      return ElementLoops{avx2::ExpShifted, avx2::SwiGluPoly};
+    }
+    return ElementLoops{baseline::ExpShifted, baseline::SwiGluPoly};
+  }();
+  return loops;
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void SwiGluPoly(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + ExpPolyInline(-g)) * up[i];
-  }
-}
+void ExpShifted(const float* x, float shift, float* y, int64_t n) { Loops().exp_shifted(x, shift, y, n); }
+void SwiGluPoly(const float* gate, const float* up, float* out, int64_t n) { Loops().swiglu(gate, up, out, n); }
 
 }  // namespace
 
