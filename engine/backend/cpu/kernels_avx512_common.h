@@ -91,18 +91,26 @@ struct Step8 {
   }
 };
 
-// Which byte of the step output byte j (0..63) of block pair p comes from.
+// Which byte of the step output byte j (0..63) of unit p comes from. Pair kinds fill a zmm
+// from blocks 2p, 2p+1 (32 bytes each); quad kinds from blocks 4p..4p+3 (16 bytes each).
 enum class Pick {
   kNatural,  // 32 bytes at kOff of each block: block 2p then 2p+1 (Q8 codes)
   kDupQs,    // 16 bytes at kOff of each block, twice: [qs, qs] per block (nibbles unpacked later)
   kQhBytes,  // byte (e / 8) of the 4 bytes at kOff, for element e of each block (5th bits)
+  kQuadLo,   // bytes 0..15 at kOff of blocks 4p..4p+3 (nibbles: elements 0..15 and 16..31)
+  kQuadQhLo, // for element e < 16 of each of 4 blocks: byte e / 8 of its 4 bytes of 5th bits
+  kQuadQhHi, // the same for element 16 + e: byte 2 + e / 8
 };
 constexpr int PickSource(Pick pick, int stride, int off, int p, int j) {
   const int block = 2 * p + j / 32, e = j % 32;
+  const int qblock = 4 * p + j / 16, qe = j % 16;
   switch (pick) {
     case Pick::kNatural: return block * stride + off + e;
     case Pick::kDupQs: return block * stride + off + (e % 16);
     case Pick::kQhBytes: return block * stride + off + e / 8;
+    case Pick::kQuadLo: return qblock * stride + off + qe;
+    case Pick::kQuadQhLo: return qblock * stride + off + qe / 8;
+    case Pick::kQuadQhHi: return qblock * stride + off + 2 + qe / 8;
   }
   return 0;
 }
@@ -230,6 +238,14 @@ constexpr Vec64 kQhBit = MakeQhBit();
 
 inline __m512i UnpackDupNibbles(__m512i dup) {
   return _mm512_and_si512(_mm512_srlv_epi16(dup, Load(kDupShift)), _mm512_set1_epi8(0x0F));
+}
+
+// Float lanes 4l..4l+3 = scale of block 4q + l, from 8 per-block scales (quad layout).
+template <int kQuad>
+inline __m512 SpreadQuad(__m256 s8) {
+  const __m512i idx = _mm512_add_epi32(_mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2),
+                                       _mm512_set1_epi32(4 * kQuad));
+  return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(s8));
 }
 
 // Float lanes 0..7 = scale of block 2p, 8..15 = block 2p+1, from 8 per-block scales.

@@ -6,10 +6,13 @@
 // dpbusd(q, a) - off * sum(a). Each block's exact int32 sum is then scaled in float, as the
 // scalar reference does; only the float summation order differs.
 //
-// Decode (few tokens): row kernels load 8 blocks at a time with whole-zmm loads and pick codes
-// and scales out with byte/word permutes (a block is 18..36 bytes, unaligned).
+// vec_dot: row kernels load 8 blocks at a time with whole-zmm loads and pick codes and scales
+// out with byte/word permutes (a block is 18..36 bytes, unaligned).
+// Decode (few tokens): the same weight unpacking against activations prepared once per call.
 // Prefill (many tokens): panel kernels, see kernels_avx512_common.h.
 #include "engine/backend/cpu/kernels_avx512_common.h"
+
+#include <type_traits>
 
 namespace kvfs::cpu {
 namespace {
@@ -132,15 +135,185 @@ float VecDot(const void* w, const void* a, int64_t n) {
   return out[0];
 }
 
+// ------------------------------------------------------------------------------------------
+// Decode path of matmul_tile: the few tokens' activations are first rearranged once per call
+// ("prepared") into the layout the unpacked weights come in, with their per-block scale and
+// offset term spread over the int32 lanes, so that the per-row work is only: unpack the weight
+// codes, two vpdpbusd per 4 blocks (Q8_0: one per 2 blocks), int->float, two multiplies.
+//
+// Nibble formats use the quad layout: a zmm holds bytes 0..15 (low nibbles: elements 0..15,
+// high nibbles: 16..31) of 4 blocks, so one permute of the raw blocks and an and / shift+and
+// give the codes of 4 blocks; lanes 4b..4b+3 of the int32 sums belong to block b.
+
+struct alignas(64) QuadUnit {  // 4 blocks of one token
+  int8_t lo[64];               // elements 0..15 of blocks 0..3
+  int8_t hi[64];               // elements 16..31
+  int32_t corr[16];            // -offset * (per-lane sum of codes): exact int offset term
+  float da[16];                // activation block scale, per lane
+  float c[16];                 // formats with a min: s / 4 per lane (4 lanes add up to s)
+};
+struct alignas(64) PairUnit {  // Q8_0: 2 blocks of one token, natural order
+  int8_t codes[64];
+  int32_t corr[16];
+  float da[16];
+};
+template <class L>
+using PUnit = std::conditional_t<L::kQ8, PairUnit, QuadUnit>;
+template <class L>
+constexpr int kUnitsPerStep = L::kQ8 ? 4 : 2;  // per 8 blocks
+
+constexpr int kPrepBytes = 48 * 1024;  // stack space for prepared activations
+
+template <class L>
+void PrepareStep(const uint8_t* x, PUnit<L>* u) {
+  Step8<L::kA> as;
+  as.Load(x);
+  const __m256 da8 = PickHalves<L::kA, 0>(as);
+  if constexpr (L::kQ8) {
+    const __m512i off = _mm512_set1_epi8(static_cast<char>(0x80));
+    auto one = [&](auto pair, PairUnit& pu) {
+      constexpr int kP = decltype(pair)::value;
+      const __m512i a = PickPair<L::kA, Pick::kNatural, L::kAQs, kP>(as);
+      _mm512_store_si512(pu.codes, a);
+      _mm512_store_si512(pu.corr, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, a)));
+      _mm512_store_ps(pu.da, SpreadPair<kP>(da8));
+    };
+    one(std::integral_constant<int, 0>{}, u[0]);
+    one(std::integral_constant<int, 1>{}, u[1]);
+    one(std::integral_constant<int, 2>{}, u[2]);
+    one(std::integral_constant<int, 3>{}, u[3]);
+  } else {
+    auto one = [&](auto quad, QuadUnit& qu) {
+      constexpr int kQ = decltype(quad)::value;
+      // Blocks 4q..4q+3 as two natural pairs, then their 16-byte halves regrouped.
+      const __m512i p0 = PickPair<L::kA, Pick::kNatural, L::kAQs, 2 * kQ>(as);
+      const __m512i p1 = PickPair<L::kA, Pick::kNatural, L::kAQs, 2 * kQ + 1>(as);
+      const __m512i lo = _mm512_shuffle_i64x2(p0, p1, 0x88);
+      const __m512i hi = _mm512_shuffle_i64x2(p0, p1, 0xDD);
+      _mm512_store_si512(qu.lo, lo);
+      _mm512_store_si512(qu.hi, hi);
+      _mm512_store_ps(qu.da, SpreadQuad<kQ>(da8));
+      if constexpr (L::kMin) {
+        _mm512_store_si512(qu.corr, _mm512_setzero_si512());
+        _mm512_store_ps(qu.c, _mm512_mul_ps(SpreadQuad<kQ>(PickHalves<L::kA, L::kAS>(as)), _mm512_set1_ps(0.25f)));
+      } else {
+        const __m512i off = _mm512_set1_epi8(static_cast<char>(L::kOffset));
+        const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), off, lo), off, hi);
+        _mm512_store_si512(qu.corr, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+      }
+    };
+    one(std::integral_constant<int, 0>{}, u[0]);
+    one(std::integral_constant<int, 1>{}, u[1]);
+  }
+}
+
+// Blocks [b0, b0 + 8 * steps) of one activation row; blocks past nb read as zero.
+template <class L>
+void Prepare(const uint8_t* x, int64_t b0, int64_t steps, int64_t nb, PUnit<L>* out) {
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t b = b0 + 8 * s;
+    if (b + 8 <= nb) {
+      PrepareStep<L>(x + b * L::kA, out + s * kUnitsPerStep<L>);
+    } else {
+      alignas(64) uint8_t tail[8 * L::kA] = {};
+      std::memcpy(tail, x + b * L::kA, static_cast<size_t>((nb - b) * L::kA));
+      PrepareStep<L>(tail, out + s * kUnitsPerStep<L>);
+    }
+  }
+}
+
+// 8 weight blocks against NT tokens' prepared units.
 template <class L, int NT>
-void RowsTokens(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x, int64_t x_row_bytes,
-                int64_t nb, float* y, int64_t y_stride) {
-  const uint8_t* xs[NT];
-  for (int t = 0; t < NT; ++t) xs[t] = x + t * x_row_bytes;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    float out[NT];
-    RowDot<L, NT>(w_rows + r * w_row_bytes, xs, nb, out);
-    for (int t = 0; t < NT; ++t) y[t * y_stride + r] = out[t];
+inline void PStep(const uint8_t* w, const PUnit<L>* const (&pu)[NT], __m512 (&acc)[2][NT]) {
+  Step8<L::kW> ws;
+  ws.Load(w);
+  const __m256 dw = PickHalves<L::kW, 0>(ws);
+  if constexpr (L::kQ8) {
+    const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i c[4] = {_mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 0>(ws), x80),
+                          _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 1>(ws), x80),
+                          _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 2>(ws), x80),
+                          _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 3>(ws), x80)};
+    const __m512 s[4] = {SpreadPair<0>(dw), SpreadPair<1>(dw), SpreadPair<2>(dw), SpreadPair<3>(dw)};
+    for (int t = 0; t < NT; ++t) {
+      for (int p = 0; p < 4; ++p) {
+        const PairUnit& u = pu[t][p];
+        const __m512i isum = _mm512_dpbusd_epi32(_mm512_load_si512(u.corr), c[p], _mm512_load_si512(u.codes));
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_load_ps(u.da));
+        acc[p % 2][t] = _mm512_fmadd_ps(f, s[p], acc[p % 2][t]);
+      }
+    }
+  } else {
+    __m512i lo[2], hi[2];
+    auto unpack = [&](auto quad) {
+      constexpr int kQ = decltype(quad)::value;
+      const __m512i q = PickPair<L::kW, Pick::kQuadLo, L::kQs, kQ>(ws);
+      lo[kQ] = _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
+      hi[kQ] = _mm512_and_si512(_mm512_srli_epi16(q, 4), _mm512_set1_epi8(0x0F));
+      if constexpr (L::kQh >= 0) {
+        const __m512i bit = Load(kQhBit), sixteen = _mm512_set1_epi8(16);
+        const __mmask64 ml = _mm512_test_epi8_mask(PickPair<L::kW, Pick::kQuadQhLo, L::kQh, kQ>(ws), bit);
+        const __mmask64 mh = _mm512_test_epi8_mask(PickPair<L::kW, Pick::kQuadQhHi, L::kQh, kQ>(ws), bit);
+        lo[kQ] = _mm512_mask_add_epi8(lo[kQ], ml, lo[kQ], sixteen);
+        hi[kQ] = _mm512_mask_add_epi8(hi[kQ], mh, hi[kQ], sixteen);
+      }
+    };
+    unpack(std::integral_constant<int, 0>{});
+    unpack(std::integral_constant<int, 1>{});
+    const __m512 s[2] = {SpreadQuad<0>(dw), SpreadQuad<1>(dw)};
+    __m512 m[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    if constexpr (L::kMin) {
+      const __m256 m8 = PickHalves<L::kW, L::kM>(ws);
+      m[0] = SpreadQuad<0>(m8);
+      m[1] = SpreadQuad<1>(m8);
+    }
+    for (int t = 0; t < NT; ++t) {
+      for (int q = 0; q < 2; ++q) {
+        const QuadUnit& u = pu[t][q];
+        const __m512i init = L::kMin ? _mm512_setzero_si512() : _mm512_load_si512(u.corr);
+        __m512i isum = _mm512_dpbusd_epi32(init, lo[q], _mm512_load_si512(u.lo));
+        isum = _mm512_dpbusd_epi32(isum, hi[q], _mm512_load_si512(u.hi));
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_load_ps(u.da));
+        acc[q][t] = _mm512_fmadd_ps(f, s[q], acc[q][t]);  // one chain per quad: shorter latency
+        if constexpr (L::kMin) acc[q][t] = _mm512_fmadd_ps(m[q], _mm512_load_ps(u.c), acc[q][t]);
+      }
+    }
+  }
+}
+
+// Rows x NT tokens through prepared activations, K in chunks that fit the stack buffer.
+template <class L, int NT>
+void PRowsTokens(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x, int64_t x_row_bytes,
+                 int64_t nb, float* y, int64_t y_stride) {
+  constexpr int64_t kStepBytes = kUnitsPerStep<L> * static_cast<int64_t>(sizeof(PUnit<L>));
+  constexpr int64_t kChunkSteps = kPrepBytes / (NT * kStepBytes);
+  static_assert(kChunkSteps >= 1);
+  alignas(64) PUnit<L> prep[NT][kChunkSteps * kUnitsPerStep<L>];
+  const int64_t nsteps = (nb + 7) / 8;
+  for (int64_t s0 = 0; s0 < nsteps; s0 += kChunkSteps) {
+    const int64_t steps = nsteps - s0 < kChunkSteps ? nsteps - s0 : kChunkSteps;
+    for (int t = 0; t < NT; ++t) Prepare<L>(x + t * x_row_bytes, 8 * s0, steps, nb, prep[t]);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const uint8_t* w = w_rows + r * w_row_bytes;
+      __m512 acc[2][NT];
+      for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+      for (int64_t s = 0; s < steps; ++s) {
+        const int64_t b = 8 * (s0 + s);
+        const PUnit<L>* pu[NT];
+        for (int t = 0; t < NT; ++t) pu[t] = prep[t] + s * kUnitsPerStep<L>;
+        if (b + 8 <= nb) {
+          PStep<L, NT>(w + b * L::kW, pu, acc);
+        } else {
+          alignas(64) uint8_t tail[8 * L::kW] = {};  // zero scales: the padding adds nothing
+          std::memcpy(tail, w + b * L::kW, static_cast<size_t>((nb - b) * L::kW));
+          PStep<L, NT>(tail, pu, acc);
+        }
+      }
+      for (int t = 0; t < NT; ++t) {
+        const float v = HSum(_mm512_add_ps(acc[0][t], acc[1][t]));
+        y[t * y_stride + r] = s0 == 0 ? v : y[t * y_stride + r] + v;
+      }
+    }
   }
 }
 
@@ -313,14 +486,14 @@ void Tile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint
   }
   int64_t t = 0;
   for (; t + 4 <= n_tokens; t += 4) {
-    RowsTokens<L, 4>(w_rows, w_row_bytes, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb, y + t * y_stride, y_stride);
+    PRowsTokens<L, 4>(w_rows, w_row_bytes, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb, y + t * y_stride, y_stride);
   }
   const uint8_t* xt = x_quant + t * x_row_bytes;
   float* yt = y + t * y_stride;
   switch (n_tokens - t) {
-    case 3: RowsTokens<L, 3>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-    case 2: RowsTokens<L, 2>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-    case 1: RowsTokens<L, 1>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
+    case 3: PRowsTokens<L, 3>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
+    case 2: PRowsTokens<L, 2>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
+    case 1: PRowsTokens<L, 1>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
     default: break;
   }
 }
