@@ -232,7 +232,30 @@ float FloatVecDot(const void* w, const void* a, int64_t n) {
   return y;
 }
 
-// Rows in pairs x tokens in pairs (16 ymm registers: 8 accumulators, loads and converts).
+// Rows in pairs x tokens [t_begin, t_end) in pairs (16 ymm registers: 8 accumulators, loads
+// and converts).
+template <FloatFmt F>
+void FloatTileBlock(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant,
+                    int64_t x_row_bytes, int64_t t_begin, int64_t t_end, int64_t n_in, float* y, int64_t y_stride) {
+  for (int64_t r = 0; r < n_rows; r += 2) {
+    const uint8_t* w = w_rows + r * w_row_bytes;
+    for (int64_t t = t_begin; t < t_end; t += 2) {
+      const uint8_t* x = x_quant + t * x_row_bytes;
+      float* yt = y + t * y_stride + r;
+      const bool two_rows = r + 1 < n_rows, two_tokens = t + 1 < t_end;
+      if (two_rows && two_tokens) {
+        FloatBlock<F, 2, 2>(w, w_row_bytes, x, x_row_bytes, n_in, yt, y_stride);
+      } else if (two_rows) {
+        FloatBlock<F, 2, 1>(w, w_row_bytes, x, x_row_bytes, n_in, yt, y_stride);
+      } else if (two_tokens) {
+        FloatBlock<F, 1, 2>(w, w_row_bytes, x, x_row_bytes, n_in, yt, y_stride);
+      } else {
+        FloatBlock<F, 1, 1>(w, w_row_bytes, x, x_row_bytes, n_in, yt, y_stride);
+      }
+    }
+  }
+}
+
 template <FloatFmt F>
 void FloatTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant,
                int64_t x_row_bytes, int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
@@ -244,22 +267,11 @@ void FloatTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const
     }
     return;
   }
-  for (int64_t r = 0; r < n_rows; r += 2) {
-    const uint8_t* w = w_rows + r * w_row_bytes;
-    for (int64_t t = 0; t < n_tokens; t += 2) {
-      const uint8_t* x = x_quant + t * x_row_bytes;
-      float* yt = y + t * y_stride + r;
-      const bool two_rows = r + 1 < n_rows, two_tokens = t + 1 < n_tokens;
-      if (two_rows && two_tokens) {
-        FloatBlock<F, 2, 2>(w, w_row_bytes, x, x_row_bytes, n_in, yt, y_stride);
-      } else if (two_rows) {
-        FloatBlock<F, 2, 1>(w, w_row_bytes, x, x_row_bytes, n_in, yt, y_stride);
-      } else if (two_tokens) {
-        FloatBlock<F, 1, 2>(w, w_row_bytes, x, x_row_bytes, n_in, yt, y_stride);
-      } else {
-        FloatBlock<F, 1, 1>(w, w_row_bytes, x, x_row_bytes, n_in, yt, y_stride);
-      }
-    }
+  // Tokens in blocks whose activations stay in L2 while every row pair passes over them.
+  const int64_t block = n_in * kElemBytes<F> > 8192 ? 16 : 64;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
+    const int64_t t_end = n_tokens - t0 < block ? n_tokens : t0 + block;
+    FloatTileBlock<F>(w_rows, w_row_bytes, n_rows, x_quant, x_row_bytes, t0, t_end, n_in, y, y_stride);
   }
 }
 

@@ -149,15 +149,18 @@ void FloatBlock(const uint8_t* w, int64_t w_row_bytes, const uint8_t* x, int64_t
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+  // Full steps with plain loads (masked loads are slow on some cores), then a masked tail.
+  auto step = [&](int64_t i, __mmask16 m) {
     __m512 wv[R];
     for (int r = 0; r < R; ++r) wv[r] = Load16<F>(w + r * w_row_bytes + i * kElemBytes<F>, m);
     for (int t = 0; t < NT; ++t) {
       const __m512 xv = Load16<F>(x + t * x_row_bytes + i * kElemBytes<F>, m);
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
     }
-  }
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) step(i, 0xFFFF);
+  if (i < n) step(i, static_cast<__mmask16>((1u << (n - i)) - 1));
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < NT; ++t) y[t * y_stride + r] = HSum(acc[r][t]);
   }
@@ -172,15 +175,21 @@ void Bf16Block(const uint8_t* w, int64_t w_row_bytes, const uint8_t* x, int64_t 
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  for (int64_t i = 0; i < n; i += 32) {
-    const __mmask32 m = n - i >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((1ull << (n - i)) - 1);
+  auto step = [&](int64_t i, __mmask32 m, bool full) {
     __m512bh wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * w_row_bytes + 2 * i);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = w + r * w_row_bytes + 2 * i;
+      wv[r] = (__m512bh)(full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(m, p));
+    }
     for (int t = 0; t < NT; ++t) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * x_row_bytes + 2 * i);
+      const uint8_t* p = x + t * x_row_bytes + 2 * i;
+      const __m512bh xv = (__m512bh)(full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(m, p));
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
     }
-  }
+  };
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) step(i, 0xFFFFFFFFu, true);
+  if (i < n) step(i, static_cast<__mmask32>((1ull << (n - i)) - 1), false);
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < NT; ++t) y[t * y_stride + r] = HSum(acc[r][t]);
   }
@@ -252,12 +261,19 @@ void FloatTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const
     }
     return;
   }
-  int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) {
-    FloatRows<F, 4>(w_rows + r * w_row_bytes, w_row_bytes, x_quant, x_row_bytes, n_tokens, n_in, y + r, y_stride);
-  }
-  for (; r < n_rows; ++r) {
-    FloatRows<F, 1>(w_rows + r * w_row_bytes, w_row_bytes, x_quant, x_row_bytes, n_tokens, n_in, y + r, y_stride);
+  // Tokens in blocks whose activations stay in L2 while every row group passes over them.
+  const int64_t block = n_in * kElemBytes<F> > 8192 ? 16 : 64;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
+    const int64_t nt = n_tokens - t0 < block ? n_tokens - t0 : block;
+    const uint8_t* x = x_quant + t0 * x_row_bytes;
+    float* yb = y + t0 * y_stride;
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+      FloatRows<F, 4>(w_rows + r * w_row_bytes, w_row_bytes, x, x_row_bytes, nt, n_in, yb + r, y_stride);
+    }
+    for (; r < n_rows; ++r) {
+      FloatRows<F, 1>(w_rows + r * w_row_bytes, w_row_bytes, x, x_row_bytes, nt, n_in, yb + r, y_stride);
+    }
   }
 }
 
