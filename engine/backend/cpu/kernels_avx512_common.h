@@ -46,10 +46,14 @@ void TileQ6_K(KVFS_TILE_ARGS);
 namespace kvfs::cpu {
 namespace {  // NOLINT: internal linkage on purpose (see the top of the file)
 
-// Below this many tokens a tile runs the row kernels (weights unpacked in registers, applied to
-// up to 4 tokens); from it on, the panel kernels (weights unpacked once into a cache-resident
-// transposed panel, reused by many tokens) win. Measured with bench_kernels.
-constexpr int64_t kPanelMinTokens = 6;
+// Below these many tokens a tile runs the row kernels (weights unpacked in registers, applied
+// to up to 4 tokens); from there on the panel kernels (weights unpacked once into a cache-resident
+// transposed panel, reused by many tokens) are faster. Measured on Zen 5 (128 x 2048 weights):
+// the 32-element formats cross over at 5-6 tokens, Q4_K/Q5_K at 6, Q6_K (costlier to unpack
+// into a panel) at about 12.
+constexpr int64_t kPanelMinTokens = 5;
+constexpr int64_t kPanelMinTokensK = 6;
+constexpr int64_t kPanelMinTokensQ6K = 12;
 
 inline float HalfToFloat(const uint8_t* p) {
   uint16_t h;

@@ -354,7 +354,7 @@ template <KFmt F>
 void KTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
            int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
   const int64_t nsb = n_in / kQK_K;
-  if (n_tokens >= kPanelMinTokens) {
+  if (n_tokens >= (F == KFmt::kQ6K ? kPanelMinTokensQ6K : kPanelMinTokensK)) {
     KPanelTile<F>(w_rows, w_row_bytes, n_rows, x_quant, x_row_bytes, n_tokens, nsb, y, y_stride);
     return;
   }
