@@ -7,6 +7,7 @@
 // so only the dot product is under test; quantize_row is compared on its own.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -179,6 +180,25 @@ TEST(KernelConformance, TablesAreComplete) {
   }
   for (GgmlType t : kTypes) EXPECT_NE(ScalarKernels().matmul_tile[Id(t)], nullptr) << Name(t);
   if (SimdTables().empty()) GTEST_SKIP() << "this CPU runs no SIMD table";
+}
+
+TEST(KernelConformance, Selection) {
+  const std::vector<std::string> names = AllKernelTableNames();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.front(), "scalar");
+  EXPECT_EQ(KernelTableByName("scalar"), &ScalarKernels());
+  EXPECT_EQ(KernelTableByName("no-such-table"), nullptr);
+  // Without KVFS_CPU the default is the fastest table this CPU supports (the last one listed).
+  std::string best;
+  for (const std::string& n : names) {
+    if (const KernelTable* t = KernelTableByName(n)) {
+      EXPECT_STREQ(t->name, n.c_str());
+      best = n;
+    }
+  }
+  const char* forced = std::getenv("KVFS_CPU");
+  if (forced == nullptr || *forced == '\0') EXPECT_EQ(DefaultKernelTable().name, best);
+  std::printf("[conformance] tables: %zu compiled, default %s\n", names.size(), DefaultKernelTable().name);
 }
 
 TEST(KernelConformance, QuantizeRow) {
