@@ -163,6 +163,7 @@ template <class L>
 constexpr int kUnitsPerStep = L::kQ8 ? 4 : 2;  // per 8 blocks
 
 constexpr int kPrepBytes = 48 * 1024;  // stack space for prepared activations
+constexpr int kPrefetchAhead = 2048;   // bytes of weights prefetched ahead in the decode path
 
 template <class L>
 void PrepareStep(const uint8_t* x, PUnit<L>* u) {
@@ -222,61 +223,121 @@ void Prepare(const uint8_t* x, int64_t b0, int64_t steps, int64_t nb, PUnit<L>* 
   }
 }
 
-// 8 weight blocks against NT tokens' prepared units.
-template <class L, int NT>
-inline void PStep(const uint8_t* w, const PUnit<L>* const (&pu)[NT], __m512 (&acc)[2][NT]) {
-  Step8<L::kW> ws;
-  ws.Load(w);
-  const __m256 dw = PickHalves<L::kW, 0>(ws);
+// 8 blocks of R weight rows against NT tokens' prepared units. Several rows at once share
+// each activation load and give the core independent weight streams to overlap.
+template <class L, int R, int NT>
+inline void PStep(const uint8_t* const (&w)[R], const PUnit<L>* const (&pu)[NT], __m512 (&acc)[2][R][NT]) {
   if constexpr (L::kQ8) {
     const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i c[4] = {_mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 0>(ws), x80),
-                          _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 1>(ws), x80),
-                          _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 2>(ws), x80),
-                          _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 3>(ws), x80)};
-    const __m512 s[4] = {SpreadPair<0>(dw), SpreadPair<1>(dw), SpreadPair<2>(dw), SpreadPair<3>(dw)};
+    __m512i c[R][4];
+    __m512 s[R][4];
+    for (int r = 0; r < R; ++r) {
+      Step8<L::kW> ws;
+      ws.Load(w[r]);
+      const __m256 dw = PickHalves<L::kW, 0>(ws);
+      c[r][0] = _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 0>(ws), x80);
+      c[r][1] = _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 1>(ws), x80);
+      c[r][2] = _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 2>(ws), x80);
+      c[r][3] = _mm512_xor_si512(PickPair<L::kW, Pick::kNatural, L::kQs, 3>(ws), x80);
+      s[r][0] = SpreadPair<0>(dw);
+      s[r][1] = SpreadPair<1>(dw);
+      s[r][2] = SpreadPair<2>(dw);
+      s[r][3] = SpreadPair<3>(dw);
+    }
     for (int t = 0; t < NT; ++t) {
       for (int p = 0; p < 4; ++p) {
         const PairUnit& u = pu[t][p];
-        const __m512i isum = _mm512_dpbusd_epi32(_mm512_load_si512(u.corr), c[p], _mm512_load_si512(u.codes));
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_load_ps(u.da));
-        acc[p % 2][t] = _mm512_fmadd_ps(f, s[p], acc[p % 2][t]);
+        const __m512i corr = _mm512_load_si512(u.corr), a = _mm512_load_si512(u.codes);
+        const __m512 da = _mm512_load_ps(u.da);
+        for (int r = 0; r < R; ++r) {
+          const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, c[r][p], a)), da);
+          acc[p % 2][r][t] = _mm512_fmadd_ps(f, s[r][p], acc[p % 2][r][t]);
+        }
       }
     }
   } else {
-    __m512i lo[2], hi[2];
-    auto unpack = [&](auto quad) {
-      constexpr int kQ = decltype(quad)::value;
-      const __m512i q = PickPair<L::kW, Pick::kQuadLo, L::kQs, kQ>(ws);
-      lo[kQ] = _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
-      hi[kQ] = _mm512_and_si512(_mm512_srli_epi16(q, 4), _mm512_set1_epi8(0x0F));
-      if constexpr (L::kQh >= 0) {
-        const __m512i bit = Load(kQhBit), sixteen = _mm512_set1_epi8(16);
-        const __mmask64 ml = _mm512_test_epi8_mask(PickPair<L::kW, Pick::kQuadQhLo, L::kQh, kQ>(ws), bit);
-        const __mmask64 mh = _mm512_test_epi8_mask(PickPair<L::kW, Pick::kQuadQhHi, L::kQh, kQ>(ws), bit);
-        lo[kQ] = _mm512_mask_add_epi8(lo[kQ], ml, lo[kQ], sixteen);
-        hi[kQ] = _mm512_mask_add_epi8(hi[kQ], mh, hi[kQ], sixteen);
+    __m512i lo[R][2], hi[R][2];
+    __m512 s[R][2], m[R][2];
+    for (int r = 0; r < R; ++r) {
+      Step8<L::kW> ws;
+      ws.Load(w[r]);
+      auto unpack = [&](auto quad) {
+        constexpr int kQ = decltype(quad)::value;
+        const __m512i q = PickPair<L::kW, Pick::kQuadLo, L::kQs, kQ>(ws);
+        lo[r][kQ] = _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
+        hi[r][kQ] = _mm512_and_si512(_mm512_srli_epi16(q, 4), _mm512_set1_epi8(0x0F));
+        if constexpr (L::kQh >= 0) {
+          const __m512i bit = Load(kQhBit), sixteen = _mm512_set1_epi8(16);
+          const __mmask64 ml = _mm512_test_epi8_mask(PickPair<L::kW, Pick::kQuadQhLo, L::kQh, kQ>(ws), bit);
+          const __mmask64 mh = _mm512_test_epi8_mask(PickPair<L::kW, Pick::kQuadQhHi, L::kQh, kQ>(ws), bit);
+          lo[r][kQ] = _mm512_mask_add_epi8(lo[r][kQ], ml, lo[r][kQ], sixteen);
+          hi[r][kQ] = _mm512_mask_add_epi8(hi[r][kQ], mh, hi[r][kQ], sixteen);
+        }
+      };
+      unpack(std::integral_constant<int, 0>{});
+      unpack(std::integral_constant<int, 1>{});
+      const __m256 dw = PickHalves<L::kW, 0>(ws);
+      s[r][0] = SpreadQuad<0>(dw);
+      s[r][1] = SpreadQuad<1>(dw);
+      if constexpr (L::kMin) {
+        const __m256 m8 = PickHalves<L::kW, L::kM>(ws);
+        m[r][0] = SpreadQuad<0>(m8);
+        m[r][1] = SpreadQuad<1>(m8);
       }
-    };
-    unpack(std::integral_constant<int, 0>{});
-    unpack(std::integral_constant<int, 1>{});
-    const __m512 s[2] = {SpreadQuad<0>(dw), SpreadQuad<1>(dw)};
-    __m512 m[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    if constexpr (L::kMin) {
-      const __m256 m8 = PickHalves<L::kW, L::kM>(ws);
-      m[0] = SpreadQuad<0>(m8);
-      m[1] = SpreadQuad<1>(m8);
     }
     for (int t = 0; t < NT; ++t) {
       for (int q = 0; q < 2; ++q) {
         const QuadUnit& u = pu[t][q];
         const __m512i init = L::kMin ? _mm512_setzero_si512() : _mm512_load_si512(u.corr);
-        __m512i isum = _mm512_dpbusd_epi32(init, lo[q], _mm512_load_si512(u.lo));
-        isum = _mm512_dpbusd_epi32(isum, hi[q], _mm512_load_si512(u.hi));
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_load_ps(u.da));
-        acc[q][t] = _mm512_fmadd_ps(f, s[q], acc[q][t]);  // one chain per quad: shorter latency
-        if constexpr (L::kMin) acc[q][t] = _mm512_fmadd_ps(m[q], _mm512_load_ps(u.c), acc[q][t]);
+        const __m512i alo = _mm512_load_si512(u.lo), ahi = _mm512_load_si512(u.hi);
+        const __m512 da = _mm512_load_ps(u.da);
+        for (int r = 0; r < R; ++r) {
+          const __m512i isum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo[r][q], alo), hi[r][q], ahi);
+          const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), da);
+          acc[q][r][t] = _mm512_fmadd_ps(f, s[r][q], acc[q][r][t]);  // a chain per quad: shorter
+          if constexpr (L::kMin) acc[q][r][t] = _mm512_fmadd_ps(m[r][q], _mm512_load_ps(u.c), acc[q][r][t]);
+        }
       }
+    }
+  }
+}
+
+// R rows (from r0) x NT tokens over prepared steps [s0, s0 + steps).
+template <class L, int R, int NT>
+inline void PRows(const uint8_t* w_rows, int64_t w_row_bytes, int64_t r0, const PUnit<L> (*prep)[kPrepBytes / sizeof(PUnit<L>)],
+                  int64_t s0, int64_t steps, int64_t nb, float* y, int64_t y_stride) {
+  __m512 acc[2][R][NT];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < NT; ++t) acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t b = 8 * (s0 + s);
+    const PUnit<L>* pu[NT];
+    for (int t = 0; t < NT; ++t) pu[t] = prep[t] + s * kUnitsPerStep<L>;
+    const uint8_t* w[R];
+    alignas(64) uint8_t tail[R][8 * L::kW];
+    for (int r = 0; r < R; ++r) {
+      w[r] = w_rows + (r0 + r) * w_row_bytes + b * L::kW;
+      if (b + 8 <= nb) {
+        // Software prefetch a little ahead of each stream (rows are contiguous, so this runs
+        // into the next rows): keeps more DRAM requests in flight than the hardware
+        // prefetchers alone do.
+        for (int l = 0; l < 8 * L::kW; l += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(w[r] + kPrefetchAhead + l), _MM_HINT_T0);
+        }
+      } else {  // zero-padded copy of the last 1..7 blocks: zero scales add nothing
+        std::memset(tail[r], 0, sizeof(tail[r]));
+        std::memcpy(tail[r], w[r], static_cast<size_t>((nb - b) * L::kW));
+        w[r] = tail[r];
+      }
+    }
+    PStep<L, R, NT>(w, pu, acc);
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < NT; ++t) {
+      const float v = HSum(_mm512_add_ps(acc[0][r][t], acc[1][r][t]));
+      float& out = y[t * y_stride + r0 + r];
+      out = s0 == 0 ? v : out + v;
     }
   }
 }
@@ -285,35 +346,19 @@ inline void PStep(const uint8_t* w, const PUnit<L>* const (&pu)[NT], __m512 (&ac
 template <class L, int NT>
 void PRowsTokens(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x, int64_t x_row_bytes,
                  int64_t nb, float* y, int64_t y_stride) {
+  constexpr int64_t kUnits = kPrepBytes / sizeof(PUnit<L>);  // per token, at most
   constexpr int64_t kStepBytes = kUnitsPerStep<L> * static_cast<int64_t>(sizeof(PUnit<L>));
   constexpr int64_t kChunkSteps = kPrepBytes / (NT * kStepBytes);
   static_assert(kChunkSteps >= 1);
-  alignas(64) PUnit<L> prep[NT][kChunkSteps * kUnitsPerStep<L>];
+  constexpr int kR = NT <= 2 ? 2 : 1;  // rows per pass (registers: 2 rows x 4 tokens spill)
+  alignas(64) PUnit<L> prep[NT][kUnits];
   const int64_t nsteps = (nb + 7) / 8;
   for (int64_t s0 = 0; s0 < nsteps; s0 += kChunkSteps) {
     const int64_t steps = nsteps - s0 < kChunkSteps ? nsteps - s0 : kChunkSteps;
     for (int t = 0; t < NT; ++t) Prepare<L>(x + t * x_row_bytes, 8 * s0, steps, nb, prep[t]);
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const uint8_t* w = w_rows + r * w_row_bytes;
-      __m512 acc[2][NT];
-      for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
-      for (int64_t s = 0; s < steps; ++s) {
-        const int64_t b = 8 * (s0 + s);
-        const PUnit<L>* pu[NT];
-        for (int t = 0; t < NT; ++t) pu[t] = prep[t] + s * kUnitsPerStep<L>;
-        if (b + 8 <= nb) {
-          PStep<L, NT>(w + b * L::kW, pu, acc);
-        } else {
-          alignas(64) uint8_t tail[8 * L::kW] = {};  // zero scales: the padding adds nothing
-          std::memcpy(tail, w + b * L::kW, static_cast<size_t>((nb - b) * L::kW));
-          PStep<L, NT>(tail, pu, acc);
-        }
-      }
-      for (int t = 0; t < NT; ++t) {
-        const float v = HSum(_mm512_add_ps(acc[0][t], acc[1][t]));
-        y[t * y_stride + r] = s0 == 0 ? v : y[t * y_stride + r] + v;
-      }
-    }
+    int64_t r = 0;
+    for (; r + kR <= n_rows; r += kR) PRows<L, kR, NT>(w_rows, w_row_bytes, r, prep, s0, steps, nb, y, y_stride);
+    for (; r < n_rows; ++r) PRows<L, 1, NT>(w_rows, w_row_bytes, r, prep, s0, steps, nb, y, y_stride);
   }
 }
 
