@@ -1,5 +1,8 @@
-// CPU kernel tables: one per instruction set, chosen at run time. Every table must agree
-// with the scalar reference (tests/engine/kernel_conformance_test.cpp checks by NMSE).
+// CPU kernel tables: one per instruction set, chosen at run time by kernel_select.cpp (cpuid,
+// or KVFS_CPU=scalar|avx2|avx512). kernels_scalar.cpp is the reference; kernels_avx2*.cpp and
+// kernels_avx512*.cpp are compiled with their own ISA flags. Every table must agree with the
+// scalar reference (tests/engine/kernel_conformance_test.cpp checks by NMSE; the activation
+// quantizers give identical codes).
 #pragma once
 
 #include <cstdint>
