@@ -2,16 +2,29 @@
 
 namespace kvfs {
 
+namespace {
+
+// Polling: pause-spin for ~10 us, then yield (so that, with more threads than cores, a
+// descheduled thread gets the core), then, for workers, sleep.
+constexpr int kPauseIterations = 2000;
+constexpr int kSpinIterations = 4000;
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  wake_.notify_all();
+  stop_.store(true);
+  generation_.fetch_add(1);
+  generation_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
@@ -20,35 +33,47 @@ void ThreadPool::Run(const std::function<void(int, int)>& fn) {
     fn(0, 1);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    task_ = &fn;
-    pending_ = n_threads_ - 1;
-    ++generation_;
-  }
-  wake_.notify_all();
+  task_ = &fn;
+  pending_.store(n_threads_ - 1);
+  generation_.fetch_add(1);  // seq_cst: publishes task_ and pending_
+  if (sleepers_.load() > 0) generation_.notify_all();
   fn(0, n_threads_);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [this] { return pending_ == 0; });
+  int spins = 0;
+  while (pending_.load(std::memory_order_acquire) != 0) {
+    if (++spins < kPauseIterations) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   task_ = nullptr;
 }
 
 void ThreadPool::WorkerLoop(int ith) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int, int)>* task;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      task = task_;
+    uint64_t gen;
+    int spins = 0;
+    while ((gen = generation_.load(std::memory_order_acquire)) == seen) {
+      if (++spins < kPauseIterations) {
+        CpuRelax();
+        continue;
+      }
+      if (spins < kSpinIterations) {
+        std::this_thread::yield();
+        continue;
+      }
+      // A sleeper registers before re-checking, and Run() bumps the generation before
+      // reading sleepers_, so either Run() sees the sleeper or the sleeper sees the bump.
+      sleepers_.fetch_add(1);
+      generation_.wait(seen);
+      sleepers_.fetch_sub(1);
+      spins = 0;
     }
-    (*task)(ith, n_threads_);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_.notify_one();
-    }
+    seen = gen;
+    if (stop_.load()) return;
+    (*task_)(ith, n_threads_);
+    pending_.fetch_sub(1, std::memory_order_release);
   }
 }
 

@@ -129,7 +129,9 @@ TEST(GgufReader, SurvivesTruncationAndCorruption) {
   // Every prefix that cuts into the header or any tensor's data must be refused (only the
   // alignment padding after the last tensor may be missing).
   uint64_t data_end = 0;
-  for (const GgufTensor& t : (*GgufFile::Parse(good))->tensors()) data_end = std::max(data_end, t.file_offset + t.n_bytes);
+  auto parsed = GgufFile::Parse(good);
+  ASSERT_TRUE(parsed.ok());
+  for (const GgufTensor& t : (*parsed)->tensors()) data_end = std::max(data_end, t.file_offset + t.n_bytes);
   for (size_t n = 0; n < data_end; ++n) {
     std::vector<uint8_t> prefix(good.begin(), good.begin() + n);
     EXPECT_FALSE(GgufFile::Parse(prefix).ok()) << "prefix of " << n << " bytes parsed";

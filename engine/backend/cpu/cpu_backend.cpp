@@ -8,6 +8,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu/attention.h"
 #include "engine/backend/cpu/kernel_select.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/ops.h"
@@ -30,7 +31,9 @@ struct QuantizedInput {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const Model& model, const CpuOptions& options)
-      : model_(model), hp_(model.hparams()), kernels_(options.kernels != nullptr ? *options.kernels : cpu::DefaultKernelTable()), pool_(options.n_threads) {}
+      : model_(model), hp_(model.hparams()), kernels_(options.kernels != nullptr ? *options.kernels : cpu::DefaultKernelTable()),
+        attn_(cpu::AttentionKernelsFor(kernels_.name)),
+        pool_(options.n_threads) {}
 
   const char* name() const override { return "cpu"; }
   Status Forward(std::span<const SequenceStep> steps, Logits& out) override;
@@ -45,6 +48,7 @@ class CpuBackend final : public Backend {
   const Model& model_;
   const HParams& hp_;
   const cpu::KernelTable& kernels_;
+  const cpu::AttentionKernels& attn_;
   ThreadPool pool_;
 
   // Per-token bookkeeping for the current pass.
@@ -55,8 +59,15 @@ class CpuBackend final : public Backend {
   std::vector<float> rope_cos_, rope_sin_;  // [T][n_rot/2]
   QuantizedInput qin_;
   struct AttentionScratch {
-    std::vector<float> q, out, row, scores, lanes;  // [group*hd], [group*hd], [hd], [group*n_ctx], [group*hd*16]
+    std::vector<float> q, out, scores;  // [nq][hd], [nq][hd], [nq][n_ctx] for one work item
   };
+  // Attention work item: (step, KV head, tile of consecutive new tokens of that step).
+  struct AttentionItem {
+    int32_t step;
+    int32_t kv_head;
+    int64_t t0, n;  // first token index into the batch, and count
+  };
+  std::vector<AttentionItem> attn_items_;
   std::vector<AttentionScratch> scratch_;  // one per thread
 };
 
@@ -92,68 +103,76 @@ void CpuBackend::MatMul(const Matrix& w, const float* x, int64_t T, float* y, bo
 void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, int64_t T) {
   const int64_t hd = hp_.head_dim, n_head_kv = hp_.n_head_kv, group = hp_.n_head / hp_.n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // One work item = one token x one KV head: each K/V row slice is decoded once and used by
-  // every query head of the group (grouped-query attention).
+  // Work items: (step, KV head, tile of up to kTile consecutive new tokens). Each K/V row
+  // slice is decoded once per item and used by every query of the tile and of the head group.
+  constexpr int64_t kTile = 16;
+  std::vector<AttentionItem>& items = attn_items_;
+  items.clear();
+  for (int64_t t = 0; t < T;) {
+    const int32_t si = token_seq_[t];
+    int64_t end = t;
+    while (end < T && token_seq_[end] == si) ++end;
+    for (int64_t t0 = t; t0 < end; t0 += kTile) {
+      for (int32_t h = 0; h < n_head_kv; ++h) items.push_back({si, h, t0, std::min(kTile, end - t0)});
+    }
+    t = end;
+  }
   pool_.Run([&](int ith, int nth) {
     AttentionScratch& sc = scratch_[ith];
-    auto [i0, i1] = SplitRange(T * n_head_kv, ith, nth);
-    for (int64_t item = i0; item < i1; ++item) {
-      const int64_t t = item / n_head_kv, kvh = item % n_head_kv;
-      const SequenceKv& kv = *steps[token_seq_[t]].kv;
+    auto [i0, i1] = SplitRange(static_cast<int64_t>(items.size()), ith, nth);
+    for (int64_t it = i0; it < i1; ++it) {
+      const AttentionItem& item = items[it];
+      const SequenceKv& kv = *steps[item.step].kv;
       const KvFormat& fmt = kv.layout().format;
-      const int64_t n_ctx = token_pos_[t] + 1;  // causal: positions 0..pos
-      // With an f16 cache, Q and the attention weights are rounded to f16 before their dot
-      // products with K and V, as the reference engine's f16 path does (its dot products
-      // take f16 on both sides); logits then agree with it to ~0.01 instead of ~0.05.
-      const bool round_f16 = fmt.type == KvType::kF16;
-      sc.q.resize(group * hd);
-      sc.out.assign(group * hd, 0.0f);
-      sc.row.resize(hd);
-      sc.scores.resize(group * n_ctx);
-      for (int64_t g = 0; g < group; ++g) {
-        const float* q = q_.data() + t * hp_.n_embd_q() + (kvh * group + g) * hd;
-        std::copy(q, q + hd, sc.q.begin() + g * hd);
-        if (fmt.rotate) HadamardTransform(sc.q.data() + g * hd, hd);
-        if (round_f16) {
-          for (int64_t d = 0; d < hd; ++d) sc.q[g * hd + d] = Fp16ToFp32(Fp32ToFp16(sc.q[g * hd + d]));
-        }
-      }
-      for (int64_t p = 0; p < n_ctx; ++p) {
-        KvDequantize(fmt, kv.k_row(layer, p), kvh * hd, hd, sc.row.data());
+      const int64_t nq = item.n * group;
+      const int64_t n_ctx = token_pos_[item.t0 + item.n - 1] + 1;  // the last query sees the most
+      sc.q.resize(nq * hd);
+      sc.out.assign(nq * hd, 0.0f);
+      sc.scores.assign(nq * n_ctx, 0.0f);
+      for (int64_t j = 0; j < item.n; ++j) {
         for (int64_t g = 0; g < group; ++g) {
-          const float* q = sc.q.data() + g * hd;
-          float s = 0.0f;
-          for (int64_t d = 0; d < hd; ++d) s += q[d] * sc.row[d];
-          sc.scores[g * n_ctx + p] = s * scale;
+          float* qd = sc.q.data() + (j * group + g) * hd;
+          const float* qs = q_.data() + (item.t0 + j) * hp_.n_embd_q() + (item.kv_head * group + g) * hd;
+          std::copy(qs, qs + hd, qd);
+          if (fmt.rotate) HadamardTransform(qd, hd);
+          // With an f16 cache, Q is rounded to f16 as the reference's f16 path does.
+          if (fmt.type == KvType::kF16) {
+            for (int64_t d = 0; d < hd; ++d) qd[d] = Fp16ToFp32(Fp32ToFp16(qd[d]));
+          }
         }
       }
-      for (int64_t g = 0; g < group; ++g) cpu::Softmax(sc.scores.data() + g * n_ctx, n_ctx);
-      if (round_f16) {
-        for (float& a : sc.scores) a = Fp16ToFp32(Fp32ToFp16(a));
+      // Scores block by block (rows of one block are contiguous).
+      const int64_t B = kv.layout().block_tokens, row_bytes = kv.layout().row_bytes();
+      for (int64_t p0 = 0; p0 < n_ctx; p0 += B - p0 % B) {
+        const int64_t n_rows = std::min(B - p0 % B, n_ctx - p0);
+        cpu::KvRows rows{kv.k_row(layer, p0), row_bytes, n_rows, item.kv_head, hd};
+        attn_.dot_rows(fmt, rows, sc.q.data(), nq, sc.scores.data() + p0, n_ctx);
       }
-      // 16 interleaved partial sums per output, reduced pairwise at the end (the order of a
-      // 16-lane FMA loop): keeps long sums as close to the reference as its f16 rounding.
-      sc.lanes.assign(group * hd * 16, 0.0f);
-      for (int64_t p = 0; p < n_ctx; ++p) {
-        KvDequantize(fmt, kv.v_row(layer, p), kvh * hd, hd, sc.row.data());
-        const int64_t lane = p % 16;
+      // Causal softmax per query: query j of the tile sees positions 0..pos(j).
+      for (int64_t j = 0; j < item.n; ++j) {
+        const int64_t visible = token_pos_[item.t0 + j] + 1;
         for (int64_t g = 0; g < group; ++g) {
-          const float a = sc.scores[g * n_ctx + p];
-          float* acc = sc.lanes.data() + g * hd * 16;
-          for (int64_t d = 0; d < hd; ++d) acc[d * 16 + lane] = std::fma(a, sc.row[d], acc[d * 16 + lane]);
+          float* srow = sc.scores.data() + (j * group + g) * n_ctx;
+          for (int64_t p = 0; p < visible; ++p) srow[p] *= scale;
+          cpu::Softmax(srow, visible);
+          std::fill(srow + visible, srow + n_ctx, 0.0f);
+          // The reference's f16 path rounds the weights to f16 before multiplying V.
+          if (fmt.type == KvType::kF16) {
+            for (int64_t p = 0; p < visible; ++p) srow[p] = Fp16ToFp32(Fp32ToFp16(srow[p]));
+          }
         }
       }
-      for (int64_t i = 0; i < group * hd; ++i) {
-        float* a = sc.lanes.data() + i * 16;
-        for (int width = 8; width >= 1; width /= 2) {
-          for (int k = 0; k < width; ++k) a[k] += a[k + width];
-        }
-        sc.out[i] = a[0];
+      for (int64_t p0 = 0; p0 < n_ctx; p0 += B - p0 % B) {
+        const int64_t n_rows = std::min(B - p0 % B, n_ctx - p0);
+        cpu::KvRows rows{kv.v_row(layer, p0), row_bytes, n_rows, item.kv_head, hd};
+        attn_.axpy_rows(fmt, rows, sc.scores.data() + p0, nq, n_ctx, sc.out.data());
       }
-      for (int64_t g = 0; g < group; ++g) {
-        float* o = sc.out.data() + g * hd;
-        if (fmt.rotate) HadamardTransform(o, hd);  // H is its own inverse
-        std::copy(o, o + hd, att_.data() + t * hp_.n_embd_q() + (kvh * group + g) * hd);
+      for (int64_t j = 0; j < item.n; ++j) {
+        for (int64_t g = 0; g < group; ++g) {
+          float* o = sc.out.data() + (j * group + g) * hd;
+          if (fmt.rotate) HadamardTransform(o, hd);  // H is its own inverse
+          std::copy(o, o + hd, att_.data() + (item.t0 + j) * hp_.n_embd_q() + (item.kv_head * group + g) * hd);
+        }
       }
     }
   });

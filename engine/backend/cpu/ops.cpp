@@ -1,6 +1,7 @@
 #include "engine/backend/cpu/ops.h"
 
 #include <cmath>
+#include <cstdint>
 
 namespace kvfs::cpu {
 
@@ -41,29 +42,58 @@ void RopeApply(const RopeParams& p, const float* cos_t, const float* sin_t, floa
   }
 }
 
-float ExpPoly(float x) {
-  // n = round(x / ln2) via the 1.5*2^23 shift trick; b = x - n*ln2 with ln2 split in two.
-  const float shift = 0x1.8p23f;
+namespace {
+
+// The body of ExpPoly, written so that loops over it vectorise: every step is an IEEE operation
+// (fma, multiply, select, bit cast) with the same result in any vector width, so every clone
+// below computes bit-identical values.
+inline float ExpPolyInline(float x) {
+  const float shift = 0x1.8p23f;  // adding it rounds to an integer (|x / ln2| < 2^22)
   const float z = std::fma(x, 0x1.715476p+0f, shift);
   const float n = z - shift;
   const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
-  if (std::fabs(n) > 192.0f) return n > 0.0f ? INFINITY : 0.0f;
   const float u = b * b;
   const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
                                     std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
                            u, std::fma(0x1.ffffecp-1f, b, 1.0f));
-  return std::ldexp(j, static_cast<int>(n));
+  // 2^n in two normal factors, so results down to the subnormal range stay right.
+  const float nc = n < -192.0f ? -192.0f : (n > 192.0f ? 192.0f : n);
+  const int32_t n1 = static_cast<int32_t>(nc) / 2;
+  const int32_t n2 = static_cast<int32_t>(nc) - n1;
+  const float s1 = __builtin_bit_cast(float, (n1 + 127) << 23);
+  const float s2 = __builtin_bit_cast(float, (n2 + 127) << 23);
+  const float r = j * s1 * s2;
+  return n < -192.0f ? 0.0f : (n > 192.0f ? INFINITY : r);
 }
+
+// Runtime-dispatched element loops (GCC picks the clone by cpuid at load time).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void ExpShifted(const float* x, float shift, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = ExpPolyInline(x[i] - shift);
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void SwiGluPoly(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + ExpPolyInline(-g)) * up[i];
+  }
+}
+
+}  // namespace
+
+float ExpPoly(float x) { return ExpPolyInline(x); }
 
 void Softmax(float* x, int64_t n) {
   float max = x[0];
   for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
   // Sum in chunks of 16 (each reduced pairwise in float) accumulated in double: the
   // reference's order, so normalised weights round to f16 the same way.
+  ExpShifted(x, max, x, n);
   double sum = 0.0;
   for (int64_t i = 0; i < n; i += 16) {
     float lanes[16] = {};
-    for (int64_t l = 0; l < 16 && i + l < n; ++l) lanes[l] = x[i + l] = ExpPoly(x[i + l] - max);
+    for (int64_t l = 0; l < 16 && i + l < n; ++l) lanes[l] = x[i + l];
     for (int width = 8; width >= 1; width /= 2) {
       for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
     }
@@ -79,10 +109,10 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n, int64_t n
     const float* g_row = gate + r * n;
     const float* u_row = up + r * n;
     float* o_row = out + r * n;
-    for (int64_t i = 0; i < n; ++i) {
+    SwiGluPoly(g_row, u_row, o_row, vec_end);
+    for (int64_t i = vec_end; i < n; ++i) {
       const float g = g_row[i];
-      const float e = i < vec_end ? ExpPoly(-g) : std::exp(-g);
-      o_row[i] = g / (1.0f + e) * u_row[i];
+      o_row[i] = g / (1.0f + std::exp(-g)) * u_row[i];
     }
   }
 }

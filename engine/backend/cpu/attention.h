@@ -1,0 +1,43 @@
+// Attention kernels over encoded KV rows (kv_format.h), one table per instruction set like the
+// matrix kernels. They read K and V in their stored format and decode inside the kernel: a
+// quantized cache is never expanded into a full-precision copy.
+//
+// Rows: `rows` points at n_rows consecutive encoded rows (row_bytes apart: one KV block's
+// plane, or part of one). A row holds every KV head; a kernel reads the slice of one head:
+// values [head * hd, (head + 1) * hd).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/kv/kv_format.h"
+
+namespace kvfs::cpu {
+
+struct KvRows {
+  const uint8_t* rows;  // first row
+  int64_t row_bytes;    // stride between rows
+  int64_t n_rows;
+  int64_t head;         // which head's slice
+  int64_t hd;           // head_dim
+};
+
+// scores[i * s_stride + p] = dot(q[i * hd .. (i+1) * hd), K row p's head slice), i < nq, p < n_rows.
+using KvDotRowsFn = void (*)(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, float* scores,
+                             int64_t s_stride);
+// out[i * hd + d] += sum_p w[i * w_stride + p] * V row p's head slice [d], i < nq.
+using KvAxpyRowsFn = void (*)(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride,
+                              float* out);
+
+struct AttentionKernels {
+  const char* name;
+  KvDotRowsFn dot_rows;
+  KvAxpyRowsFn axpy_rows;
+};
+
+const AttentionKernels& ScalarAttentionKernels();
+// The attention table matching a matrix kernel table name ("scalar", "avx2", "avx512"); the
+// scalar one when there is no specialised table for that name.
+const AttentionKernels& AttentionKernelsFor(const std::string& table_name);
+
+}  // namespace kvfs::cpu

@@ -1,0 +1,396 @@
+#include "engine/store/cache_store.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+namespace kvfs::store {
+namespace {
+
+std::string ParentDir(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return p.substr(0, slash);
+}
+
+bool IsLowerHex(std::string_view s) {
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// "<32 hex>.kvb" inside blocks/<hh>/ -> the hash; nullopt for anything else.
+std::optional<BlockHash> ParseBlockFileName(std::string_view subdir, std::string_view name) {
+  if (name.size() != 32 + kBlockSuffix.size() || !name.ends_with(kBlockSuffix)) return std::nullopt;
+  std::string_view hex = name.substr(0, 32);
+  if (!IsHex128(hex) || hex.substr(0, 2) != subdir) return std::nullopt;
+  return BlockHashFromHex(hex);
+}
+
+std::string AsString(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+}  // namespace
+
+size_t LoadedAgent::cached_tokens() const {
+  size_t n = blocks.size() * manifest.block_size;
+  if (tail && manifest.tail) n += manifest.tail->n_tokens;
+  return n;
+}
+
+CacheStore::CacheStore(std::string dir, FileSystem& fs, StoreOptions options)
+    : dir_(std::move(dir)),
+      blocks_dir_(JoinPath(dir_, kBlocksDir)),
+      agents_dir_(JoinPath(dir_, kAgentsDir)),
+      fs_(fs),
+      options_(std::move(options)) {}
+
+Result<std::unique_ptr<CacheStore>> CacheStore::Open(const std::string& dir, FileSystem& fs, StoreOptions options) {
+  if (dir.empty()) return InvalidArgument("cache store directory is empty");
+  std::unique_ptr<CacheStore> store(new CacheStore(dir, fs, std::move(options)));
+  KVFS_RETURN_IF_ERROR(store->Init().WithContext("opening cache store " + dir));
+  return store;
+}
+
+int64_t CacheStore::Now() const {
+  if (options_.now_ms) return options_.now_ms();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string CacheStore::AgentDir(const std::string& name) const { return JoinPath(agents_dir_, name); }
+std::string CacheStore::BlockSubdir(const BlockHash& hash) const { return JoinPath(blocks_dir_, ToHex(hash).substr(0, 2)); }
+std::string CacheStore::BlockPath(const BlockHash& hash) const {
+  return JoinPath(BlockSubdir(hash), ToHex(hash) + std::string(kBlockSuffix));
+}
+
+Status CacheStore::Init() {
+  std::unique_lock lock(mu_);
+  auto is_dir = fs_.IsDir(dir_);
+  if (!is_dir.ok()) {
+    if (is_dir.status().code() != StatusCode::kNotFound) return is_dir.status();
+    KVFS_RETURN_IF_ERROR(fs_.MakeDir(dir_));
+    KVFS_RETURN_IF_ERROR(fs_.SyncDir(ParentDir(dir_)));
+  } else if (!*is_dir) {
+    return InvalidArgument(dir_ + " exists and is not a directory");
+  }
+  KVFS_RETURN_IF_ERROR(fs_.MakeDir(blocks_dir_));
+  KVFS_RETURN_IF_ERROR(fs_.MakeDir(agents_dir_));
+  KVFS_RETURN_IF_ERROR(fs_.SyncDir(dir_));
+  KVFS_RETURN_IF_ERROR(ScanAgents());
+  KVFS_RETURN_IF_ERROR(ScanBlocks());
+  for (const auto& [hash, count] : refs_)
+    if (!present_.count(hash)) ++open_report_.missing_blocks;
+  if (broken_.empty()) {
+    EraseReport gc;
+    KVFS_RETURN_IF_ERROR(CollectOrphanBlocks(&gc));
+    open_report_.orphan_blocks_removed = gc.blocks_freed;
+    open_report_.bytes_removed += gc.bytes_freed;
+  } else {
+    open_report_.orphan_collection_skipped = true;
+  }
+  const OpenReport& r = open_report_;
+  if (r.temp_files_removed + r.orphan_blocks_removed + r.orphan_tails_removed + r.incomplete_agents_removed +
+          r.erasures_completed > 0)
+    spdlog::info("cache store {}: removed {} temp files, {} orphan blocks, {} orphan tails, {} incomplete agents; "
+                 "finished {} erasures ({} bytes)",
+                 dir_, r.temp_files_removed, r.orphan_blocks_removed, r.orphan_tails_removed,
+                 r.incomplete_agents_removed, r.erasures_completed, r.bytes_removed);
+  for (const std::string& b : r.broken_agents) spdlog::warn("cache store {}: unreadable manifest: {}", dir_, b);
+  if (r.missing_blocks > 0)
+    spdlog::warn("cache store {}: {} referenced blocks are missing; those caches will be rebuilt", dir_, r.missing_blocks);
+  return Status::Ok();
+}
+
+Status CacheStore::ScanAgents() {
+  KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs_.ListDir(agents_dir_));
+  size_t files = 0;
+  for (const DirEntry& e : entries) {
+    const std::string path = JoinPath(agents_dir_, e.name);
+    if (e.is_dir && e.name.starts_with(kErasePrefix)) {
+      KVFS_RETURN_IF_ERROR(PurgeDir(path, &open_report_.bytes_removed, &files));
+      ++open_report_.erasures_completed;
+      continue;
+    }
+    if (!e.is_dir && e.name.ends_with(kTempSuffix)) {
+      KVFS_RETURN_IF_ERROR(ShredFile(path, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+      continue;
+    }
+    if (!e.is_dir || !IsValidAgentName(e.name)) {
+      open_report_.unknown_files.push_back(path);
+      continue;
+    }
+    KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> files_in, fs_.ListDir(path));
+    const bool has_manifest = std::any_of(files_in.begin(), files_in.end(),
+                                          [](const DirEntry& f) { return !f.is_dir && f.name == kManifestName; });
+    if (!has_manifest) {  // the first turn never committed: the agent does not exist
+      KVFS_RETURN_IF_ERROR(PurgeDir(path, &open_report_.bytes_removed, &files));
+      ++open_report_.incomplete_agents_removed;
+      continue;
+    }
+    const std::string manifest_path = JoinPath(path, kManifestName);
+    Result<Manifest> m = Corrupt("unread");
+    if (auto bytes = fs_.ReadFile(manifest_path); bytes.ok()) m = ParseManifest(AsString(*bytes), manifest_path);
+    else m = bytes.status();
+    if (m.ok() && m->name != e.name)
+      m = Corrupt(manifest_path + ": field \"name\": \"" + m->name + "\" does not match the directory");
+    if (!m.ok()) {
+      broken_[e.name] = m.status().message();
+      open_report_.broken_agents.push_back(e.name + ": " + m.status().message());
+    } else {
+      agents_[e.name] = AgentInfo{m->blocks, m->tail, m->turn, m->created_ms};
+      AddRefs(m->blocks);
+    }
+    for (const DirEntry& f : files_in) {
+      const std::string fpath = JoinPath(path, f.name);
+      if (f.is_dir) {
+        open_report_.unknown_files.push_back(fpath);
+      } else if (f.name.ends_with(kTempSuffix)) {
+        KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+      } else if (IsTailFileName(f.name)) {
+        // A broken manifest might name any tail: keep them all until it is erased or replaced.
+        if (m.ok() && !(m->tail && m->tail->file == f.name))
+          KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.orphan_tails_removed));
+      } else if (f.name != kManifestName) {
+        open_report_.unknown_files.push_back(fpath);
+      }
+    }
+    // Make durable what we rely on: after a kill -9 the visible entries may not be yet.
+    KVFS_RETURN_IF_ERROR(fs_.SyncDir(path));
+  }
+  return fs_.SyncDir(agents_dir_);
+}
+
+Status CacheStore::ScanBlocks() {
+  KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs_.ListDir(blocks_dir_));
+  for (const DirEntry& e : entries) {
+    const std::string path = JoinPath(blocks_dir_, e.name);
+    if (!e.is_dir) {
+      if (e.name.ends_with(kTempSuffix))
+        KVFS_RETURN_IF_ERROR(ShredFile(path, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+      else
+        open_report_.unknown_files.push_back(path);
+      continue;
+    }
+    if (e.name.size() != 2 || !IsLowerHex(e.name)) {
+      open_report_.unknown_files.push_back(path);
+      continue;
+    }
+    KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> files, fs_.ListDir(path));
+    for (const DirEntry& f : files) {
+      const std::string fpath = JoinPath(path, f.name);
+      if (!f.is_dir && f.name.ends_with(kTempSuffix)) {
+        KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+      } else if (auto hash = ParseBlockFileName(e.name, f.name); hash && !f.is_dir) {
+        KVFS_ASSIGN_OR_RETURN(present_[*hash], fs_.FileSize(fpath));
+      } else {
+        open_report_.unknown_files.push_back(fpath);
+      }
+    }
+    KVFS_RETURN_IF_ERROR(fs_.SyncDir(path));
+    block_subdirs_.insert(e.name);
+  }
+  return fs_.SyncDir(blocks_dir_);
+}
+
+Status CacheStore::CollectOrphanBlocks(EraseReport* report) {
+  std::set<std::string> touched;
+  for (auto it = present_.begin(); it != present_.end();) {
+    if (refs_.count(it->first)) {
+      ++it;
+      continue;
+    }
+    KVFS_RETURN_IF_ERROR(ShredFile(BlockPath(it->first), &report->bytes_freed, &report->files_removed));
+    ++report->blocks_freed;
+    touched.insert(BlockSubdir(it->first));
+    it = present_.erase(it);
+  }
+  for (const std::string& d : touched) KVFS_RETURN_IF_ERROR(fs_.SyncDir(d));
+  return Status::Ok();
+}
+
+Status CacheStore::ShredFile(const std::string& path, uint64_t* bytes, size_t* files) {
+  KVFS_ASSIGN_OR_RETURN(uint64_t size, fs_.FileSize(path));
+  KVFS_RETURN_IF_ERROR(fs_.OverwriteWithZeros(path));
+  KVFS_RETURN_IF_ERROR(fs_.SyncFile(path));
+  KVFS_RETURN_IF_ERROR(fs_.Unlink(path));
+  *bytes += size;
+  ++*files;
+  return Status::Ok();
+}
+
+Status CacheStore::PurgeDir(const std::string& dir, uint64_t* bytes, size_t* files) {
+  KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs_.ListDir(dir));
+  for (const DirEntry& e : entries) {
+    const std::string path = JoinPath(dir, e.name);
+    KVFS_RETURN_IF_ERROR(e.is_dir ? PurgeDir(path, bytes, files) : ShredFile(path, bytes, files));
+  }
+  KVFS_RETURN_IF_ERROR(fs_.RemoveDir(dir));
+  return fs_.SyncDir(ParentDir(dir));
+}
+
+void CacheStore::AddRefs(const std::vector<BlockHash>& blocks) {
+  for (const BlockHash& h : std::set<BlockHash>(blocks.begin(), blocks.end())) ++refs_[h];
+}
+
+std::vector<BlockHash> CacheStore::DropRefs(const std::vector<BlockHash>& blocks) {
+  std::vector<BlockHash> freed;
+  for (const BlockHash& h : std::set<BlockHash>(blocks.begin(), blocks.end())) {
+    auto it = refs_.find(h);
+    if (it == refs_.end()) continue;
+    if (--it->second == 0) {
+      refs_.erase(it);
+      freed.push_back(h);
+    }
+  }
+  return freed;
+}
+
+Status CacheStore::WriteBlock(const NewBlock& block, uint64_t* bytes_written) {
+  const std::string subdir = BlockSubdir(block.hash);
+  const std::string hh = ToHex(block.hash).substr(0, 2);
+  if (!block_subdirs_.count(hh)) {
+    KVFS_RETURN_IF_ERROR(fs_.MakeDir(subdir));
+    KVFS_RETURN_IF_ERROR(fs_.SyncDir(blocks_dir_));
+    block_subdirs_.insert(hh);
+  }
+  KVFS_ASSIGN_OR_RETURN(std::vector<uint8_t> image, EncodeBlockFile(BlockKind::kBlock, block.hash, block.kv_format,
+                                                                    block.n_tokens, block.payload, options_.encode));
+  KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, subdir, ToHex(block.hash) + std::string(kBlockSuffix), image));
+  present_[block.hash] = image.size();
+  *bytes_written += image.size();
+  return Status::Ok();
+}
+
+Status CacheStore::PublishManifest(const std::string& agent_dir, const std::string& bytes,
+                                   const std::optional<std::vector<uint8_t>>& previous) {
+  const std::string final_path = JoinPath(agent_dir, kManifestName);
+  const std::string tmp_path = final_path + std::string(kTempSuffix);
+  const auto data = std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  Status st = fs_.WriteFile(tmp_path, data);
+  if (st.ok()) st = fs_.SyncFile(tmp_path);
+  if (st.ok()) st = fs_.Rename(tmp_path, final_path);
+  if (!st.ok()) {
+    (void)fs_.Unlink(tmp_path);
+    return st;
+  }
+  st = fs_.SyncDir(agent_dir);
+  if (st.ok()) return st;
+  // The new manifest is visible but its rename may not be durable: put the old one back so
+  // that an error return really means "still at the previous turn".
+  Status rollback = previous ? WriteFileAtomic(fs_, agent_dir, std::string(kManifestName), *previous)
+                             : fs_.Unlink(final_path);
+  if (rollback.ok() && !previous) rollback = fs_.SyncDir(agent_dir);
+  if (!rollback.ok())
+    return Internal("committing " + final_path + " failed (" + st.message() + ") and so did restoring the previous "
+                    "manifest (" + rollback.message() + "); the agent may be at either turn");
+  return st;
+}
+
+Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest manifest,
+                                            std::span<const NewBlock> new_blocks, std::optional<TailData> tail) {
+  if (!IsValidAgentName(agent)) return InvalidArgument("invalid agent name \"" + agent + "\"");
+  if (manifest.name.empty()) manifest.name = agent;
+  if (manifest.name != agent) return InvalidArgument("manifest name \"" + manifest.name + "\" is not " + agent);
+  if (tail && tail->n_tokens == 0) tail.reset();
+  if (tail && tail->n_tokens >= manifest.block_size)
+    return InvalidArgument("tail of " + std::to_string(tail->n_tokens) + " tokens is not a partial block");
+  const std::set<BlockHash> named(manifest.blocks.begin(), manifest.blocks.end());
+  for (const NewBlock& b : new_blocks) {
+    if (!named.count(b.hash)) return InvalidArgument("new block " + ToHex(b.hash) + " is not in the manifest");
+    if (b.n_tokens != manifest.block_size)
+      return InvalidArgument("new block " + ToHex(b.hash) + " holds " + std::to_string(b.n_tokens) +
+                             " tokens, block size is " + std::to_string(manifest.block_size));
+  }
+
+  std::unique_lock lock(mu_);
+  // Refuse early, before writing anything, when the new files clearly cannot fit (an upper
+  // bound: blocks not yet stored, the tail, the manifest, with the manifest's temp copy).
+  uint64_t needed = 0;
+  for (const NewBlock& b : new_blocks)
+    if (!present_.count(b.hash)) needed += kBlockHeaderBytes + b.payload.size();
+  if (tail) needed += kBlockHeaderBytes + tail->payload.size();
+  needed += 2 * (64 * manifest.tokens.size() + 4096);
+  for (const auto& t : manifest.conversation) needed += 2 * (2 * t.text.size() + t.role.size());
+  if (auto free = fs_.FreeBytes(dir_); free.ok() && *free < needed)
+    return Status(StatusCode::kNoSpace, "committing a turn of " + agent + " needs about " + std::to_string(needed) +
+                                            " bytes, " + std::to_string(*free) + " are free in " + dir_);
+  std::set<BlockHash> incoming;
+  for (const NewBlock& b : new_blocks) incoming.insert(b.hash);
+  for (const BlockHash& h : manifest.blocks)
+    if (!present_.count(h) && !incoming.count(h))
+      return InvalidArgument("manifest names block " + ToHex(h) + ", which is neither stored nor new in this turn");
+  const auto prev_it = agents_.find(agent);
+  const std::optional<AgentInfo> prev =
+      prev_it == agents_.end() ? std::nullopt : std::optional<AgentInfo>(prev_it->second);
+  const bool was_broken = broken_.count(agent) > 0;
+  const int64_t now = Now();
+  manifest.turn = prev ? prev->turn + 1 : 1;
+  manifest.created_ms = prev ? prev->created_ms : now;
+  manifest.updated_ms = now;
+  manifest.tail.reset();
+  if (tail) manifest.tail = TailRef{TailFileName(manifest.turn), tail->n_tokens};
+  KVFS_ASSIGN_OR_RETURN(std::string manifest_bytes, SerializeManifest(manifest));
+
+  const std::string adir = AgentDir(agent);
+  std::optional<std::vector<uint8_t>> previous;
+  if (prev || was_broken) {
+    KVFS_ASSIGN_OR_RETURN(previous, fs_.ReadFile(JoinPath(adir, kManifestName)));
+  } else {
+    KVFS_RETURN_IF_ERROR(fs_.MakeDir(adir));
+    KVFS_RETURN_IF_ERROR(fs_.SyncDir(agents_dir_));
+  }
+
+  CommitReport report;
+  for (const NewBlock& b : new_blocks) {
+    if (present_.count(b.hash)) {
+      ++report.blocks_already_present;
+      continue;
+    }
+    KVFS_RETURN_IF_ERROR(WriteBlock(b, &report.bytes_written).WithContext("writing a block of agent " + agent));
+    ++report.blocks_written;
+  }
+  if (tail) {
+    KVFS_ASSIGN_OR_RETURN(std::vector<uint8_t> image, EncodeBlockFile(BlockKind::kTail, BlockHash{}, tail->kv_format,
+                                                                      tail->n_tokens, tail->payload, options_.encode));
+    KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, adir, manifest.tail->file, image).WithContext("writing the tail of " + agent));
+    report.bytes_written += image.size();
+  }
+  Status published = PublishManifest(adir, manifest_bytes, previous);
+  if (!published.ok()) {
+    if (published.code() == StatusCode::kInternal) {
+      // Unknown outcome: follow what is on disk so that refcounts match the visible manifest.
+      auto bytes = fs_.ReadFile(JoinPath(adir, kManifestName));
+      auto m = bytes.ok() ? ParseManifest(AsString(*bytes), adir) : Result<Manifest>(bytes.status());
+      if (m.ok() && m->turn == manifest.turn) {
+        if (prev) DropRefs(prev->blocks);
+        AddRefs(manifest.blocks);
+        agents_[agent] = AgentInfo{manifest.blocks, manifest.tail, manifest.turn, manifest.created_ms};
+        broken_.erase(agent);
+      }
+    }
+    return published.WithContext("committing turn " + std::to_string(manifest.turn) + " of agent " + agent);
+  }
+  report.bytes_written += manifest_bytes.size();
+
+  // Committed. Swap the references, then remove what nothing names any more (best effort: a
+  // failure or crash here only leaves garbage that Open collects).
+  AddRefs(manifest.blocks);
+  std::vector<BlockHash> unreferenced = prev ? DropRefs(prev->blocks) : std::vector<BlockHash>{};
+  agents_[agent] = AgentInfo{manifest.blocks, manifest.tail, manifest.turn, manifest.created_ms};
+  broken_.erase(agent);
+  uint64_t bytes = 0;
+  size_t files = 0;
+  if (prev && prev->tail) (void)ShredFile(JoinPath(adir, prev->tail->file), &bytes, &files);
+  for (const BlockHash& h : unreferenced) {
+    if (present_.count(h) && ShredFile(BlockPath(h), &bytes, &files).ok()) present_.erase(h);
+  }
+  report.manifest = std::move(manifest);
+  return report;
+}
+
+}  // namespace kvfs::store

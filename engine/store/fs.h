@@ -1,0 +1,96 @@
+// The file-system seam of the cache store. Every byte the store puts on disk goes through this
+// interface, so tests can swap in FaultInjectingFileSystem (fault_fs.h) and fail or "crash" at
+// any mutating operation. The interface is path-based and deliberately small: only what the
+// store's crash-safe protocol needs (write, fsync, rename, fsync of the directory).
+//
+// Durability contract (POSIX, as ext4 honours it and as the fault-injecting model enforces):
+// file data survives a power loss only after SyncFile; a create, rename, unlink or mkdir survives
+// only after SyncDir of the directory holding the entry.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/status.h"
+
+namespace kvfs::store {
+
+struct DirEntry {
+  std::string name;
+  bool is_dir = false;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+
+  // --- mutating operations (each one is a numbered step for fault injection) ---
+  // Creates or truncates `path` and writes `data` in full. Not durable until SyncFile (data)
+  // and SyncDir of the parent (the directory entry).
+  virtual Status WriteFile(const std::string& path, std::span<const uint8_t> data) = 0;
+  // Overwrites the existing file's current contents with zeros in place (same length, no
+  // truncation), so that an unlink afterwards does not leave the old bytes in those blocks.
+  virtual Status OverwriteWithZeros(const std::string& path) = 0;
+  virtual Status SyncFile(const std::string& path) = 0;
+  // Atomically replaces `to` (if any) with `from` (same file system).
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  virtual Status Unlink(const std::string& path) = 0;
+  // Creates a directory; Ok if it already exists as a directory.
+  virtual Status MakeDir(const std::string& path) = 0;
+  virtual Status RemoveDir(const std::string& path) = 0;  // must be empty
+  virtual Status SyncDir(const std::string& path) = 0;
+
+  // --- read-only operations ---
+  virtual Result<std::vector<uint8_t>> ReadFile(const std::string& path) = 0;
+  // Fills `dst` from `offset` (pread), so a payload can land straight in its final buffer; a
+  // file too short for that is kCorrupt.
+  virtual Status ReadAt(const std::string& path, uint64_t offset, std::span<uint8_t> dst) = 0;
+  virtual Result<std::vector<DirEntry>> ListDir(const std::string& path) = 0;
+  virtual Result<uint64_t> FileSize(const std::string& path) = 0;
+  // kNotFound when absent; other errors are real failures.
+  virtual Result<bool> IsDir(const std::string& path) = 0;
+  // Bytes available to an unprivileged writer (statvfs f_bavail * f_frsize).
+  virtual Result<uint64_t> FreeBytes(const std::string& path) = 0;
+};
+
+// The real thing: open/write/fsync/rename/unlink on the host file system. Stateless, so one
+// instance may be shared by any number of threads. EINTR and short writes are retried.
+class PosixFileSystem final : public FileSystem {
+ public:
+  Status WriteFile(const std::string& path, std::span<const uint8_t> data) override;
+  Status OverwriteWithZeros(const std::string& path) override;
+  Status SyncFile(const std::string& path) override;
+  Status Rename(const std::string& from, const std::string& to) override;
+  Status Unlink(const std::string& path) override;
+  Status MakeDir(const std::string& path) override;
+  Status RemoveDir(const std::string& path) override;
+  Status SyncDir(const std::string& path) override;
+  Result<std::vector<uint8_t>> ReadFile(const std::string& path) override;
+  Status ReadAt(const std::string& path, uint64_t offset, std::span<uint8_t> dst) override;
+  Result<std::vector<DirEntry>> ListDir(const std::string& path) override;
+  Result<uint64_t> FileSize(const std::string& path) override;
+  Result<bool> IsDir(const std::string& path) override;
+  Result<uint64_t> FreeBytes(const std::string& path) override;
+};
+
+// Maps an errno to a Status naming the operation and path: ENOSPC/EDQUOT -> kNoSpace,
+// ENOENT -> kNotFound, everything else -> kIoError.
+Status ErrnoStatus(int err, std::string_view op, const std::string& path);
+
+// Joins path components with exactly one '/'.
+std::string JoinPath(std::string_view a, std::string_view b);
+
+// Publishes `data` as `dir/name` crash-safely: write `dir/name.tmp`, fsync it, rename over
+// `dir/name`, fsync `dir`. After an Ok return the new contents are durable; after an error or a
+// crash at any step, `dir/name` is either its old contents or the new ones (a stray `.tmp` may
+// be left for the store's Open to remove). On error the temp file is unlinked (best effort).
+Status WriteFileAtomic(FileSystem& fs, const std::string& dir, const std::string& name,
+                       std::span<const uint8_t> data);
+
+// Suffix of temp files; any name ending in it is garbage from an interrupted write.
+inline constexpr std::string_view kTempSuffix = ".tmp";
+
+}  // namespace kvfs::store

@@ -1,0 +1,411 @@
+// CacheStore: round trips, sharing, corruption handling, fingerprints, erasure, concurrency.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "engine/store/cache_store.h"
+#include "tests/engine/store_test_util.h"
+
+namespace kvfs::store {
+namespace {
+
+using testing::AgentState;
+using testing::Commit;
+using testing::ExpectedFiles;
+using testing::LoadedIs;
+using testing::ListTree;
+using testing::SimAgent;
+using testing::kFingerprint;
+
+StoreOptions FixedClock() {
+  StoreOptions o;
+  auto t = std::make_shared<std::atomic<int64_t>>(1700000000000);
+  o.now_ms = [t] { return t->fetch_add(1000); };
+  return o;
+}
+
+std::vector<int32_t> Range(int32_t from, int32_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = from + i;
+  return v;
+}
+
+std::unique_ptr<CacheStore> OpenOk(const std::string& dir, FileSystem& fs) {
+  auto s = CacheStore::Open(dir, fs, FixedClock());
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+TEST(StoreCache, RoundTripOnDisk) {
+  testing::TempDir tmp;
+  PosixFileSystem fs;
+  const std::string dir = tmp.path() + "/store";
+  SimAgent alice("alice");
+  AgentState t1 = alice.Extend(Range(100, 10), "hello");
+  AgentState t2 = alice.Extend(Range(200, 7), "more");
+  {
+    auto store = OpenOk(dir, fs);
+    auto r1 = Commit(*store, t1);
+    ASSERT_TRUE(r1.ok()) << r1.status().message();
+    EXPECT_EQ(r1->blocks_written, 2u);
+    EXPECT_EQ(r1->manifest.turn, 1u);
+    EXPECT_EQ(r1->manifest.tail->file, "tail.1.kvt");
+    auto r2 = Commit(*store, t2);
+    ASSERT_TRUE(r2.ok()) << r2.status().message();
+    EXPECT_EQ(r2->blocks_written, 2u);          // only the new ones
+    EXPECT_EQ(r2->blocks_already_present, 2u);
+    EXPECT_EQ(r2->manifest.turn, 2u);
+    EXPECT_EQ(r2->manifest.created_ms, r1->manifest.created_ms);
+    EXPECT_GT(r2->manifest.updated_ms, r1->manifest.updated_ms);
+    auto loaded = store->LoadAgent("alice", kFingerprint);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    EXPECT_TRUE(LoadedIs(*loaded, t2));
+    EXPECT_EQ(loaded->cached_tokens(), 17u);
+    EXPECT_EQ(loaded->kv_format_id, testing::kKvFormatId);
+  }
+  // Reopen: same state, the old tail is gone, no garbage.
+  auto store = OpenOk(dir, fs);
+  EXPECT_EQ(store->open_report().temp_files_removed + store->open_report().orphan_blocks_removed +
+                store->open_report().orphan_tails_removed,
+            0u);
+  auto loaded = store->LoadAgent("alice", kFingerprint);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_TRUE(LoadedIs(*loaded, t2));
+  EXPECT_EQ(loaded->manifest.turn, 2u);
+  std::set<std::string> files;
+  for (const std::string& f : ListTree(dir))
+    if (f.back() != '/') files.insert(dir + f);
+  EXPECT_EQ(files, ExpectedFiles(dir, {loaded->manifest}));
+  EXPECT_EQ(store->ListAgents(), std::vector<std::string>{"alice"});
+  EXPECT_EQ(store->Stats().blocks, 4u);
+  for (size_t i = 0; i < t2.blocks.size(); ++i) {
+    EXPECT_EQ(*store->ReadBlock(t2.manifest.blocks[i]), t2.blocks[i]);
+    std::vector<uint8_t> into(t2.blocks[i].size());
+    ASSERT_TRUE(store->ReadBlockInto(t2.manifest.blocks[i], into).ok());
+    EXPECT_EQ(into, t2.blocks[i]);
+    std::vector<uint8_t> wrong(into.size() + 1);
+    EXPECT_EQ(store->ReadBlockInto(t2.manifest.blocks[i], wrong).code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(store->ReadBlock(BlockHash{5, 5}).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->LoadAgent("nobody", kFingerprint).status().code(), StatusCode::kNotFound);
+}
+
+TEST(StoreCache, CommitRejectsInconsistentInput) {
+  FaultInjectingFileSystem fs;
+  auto store = OpenOk("/store", fs);
+  SimAgent a("a");
+  AgentState s = a.Extend(Range(1, 9), "x");
+  std::vector<NewBlock> blocks = testing::AllBlocks(s);
+  // A block the manifest names but nobody supplies.
+  EXPECT_EQ(store->CommitTurn("a", s.manifest, std::span(blocks).first(1), testing::TailOf(s)).status().code(),
+            StatusCode::kInvalidArgument);
+  // A block of the wrong size, a name mismatch, an invalid name.
+  std::vector<NewBlock> wrong = blocks;
+  wrong[0].n_tokens = 3;
+  EXPECT_FALSE(store->CommitTurn("a", s.manifest, wrong, testing::TailOf(s)).ok());
+  EXPECT_FALSE(store->CommitTurn("b", s.manifest, blocks, testing::TailOf(s)).ok());
+  EXPECT_FALSE(store->CommitTurn("../x", s.manifest, blocks, testing::TailOf(s)).ok());
+  EXPECT_TRUE(store->ListAgents().empty());
+  EXPECT_TRUE(fs.ListFilesRecursive("/store").empty());
+}
+
+TEST(StoreCache, TurnThatCannotFitFailsBeforeWriting) {
+  FaultInjectingFileSystem fs;
+  auto store = OpenOk("/store", fs);
+  SimAgent a("a");
+  AgentState s1 = a.Extend(Range(1, 10), "a");
+  ASSERT_TRUE(Commit(*store, s1).ok());
+  fs.SetFreeBytes(1000);
+  fs.ResetOpCount();
+  auto r = Commit(*store, a.Extend(Range(20, 10), "b"));
+  EXPECT_EQ(r.status().code(), StatusCode::kNoSpace);
+  EXPECT_EQ(fs.op_count(), 0u);  // nothing was touched
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), s1));
+}
+
+TEST(StoreCache, SharedPrefixBlocksAreWrittenOnce) {
+  FaultInjectingFileSystem fs;
+  auto store = OpenOk("/store", fs);
+  SimAgent a("a"), b("b");
+  AgentState sa = a.Extend(Range(1, 12), "shared prefix then a");
+  AgentState sb = b.Extend(Range(1, 8), "shared");
+  sb = b.Extend(Range(50, 6), "then b");
+  ASSERT_TRUE(Commit(*store, sa).ok());
+  auto rb = Commit(*store, sb);
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(rb->blocks_already_present, 2u);
+  EXPECT_EQ(rb->blocks_written, 1u);
+  EXPECT_EQ(store->Stats().blocks, 4u);
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), sa));
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("b", kFingerprint), sb));
+}
+
+TEST(StoreCache, DivergedTurnFreesUnreferencedBlocks) {
+  FaultInjectingFileSystem fs;
+  auto store = OpenOk("/store", fs);
+  SimAgent a("a");
+  ASSERT_TRUE(Commit(*store, a.Extend(Range(1, 16), "four blocks")).ok());
+  AgentState s2 = a.Diverge(8, Range(90, 5), "rewrote the end");
+  auto r = Commit(*store, s2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(store->Stats().blocks, 3u);  // 2 kept + 1 new; the 2 old ones removed
+  std::vector<Manifest> ms = {r->manifest};
+  auto files = fs.ListFilesRecursive("/store");
+  EXPECT_EQ(std::set<std::string>(files.begin(), files.end()), ExpectedFiles("/store", ms));
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), s2));
+}
+
+TEST(StoreCache, CorruptBlockIsDroppedAndRebuildIndexReported) {
+  FaultInjectingFileSystem fs;
+  SimAgent a("a"), b("b");
+  AgentState sa = a.Extend(Range(1, 18), "a");  // 4 blocks + tail of 2
+  AgentState sb = b.Extend(Range(500, 5), "b");
+  auto store = OpenOk("/store", fs);
+  ASSERT_TRUE(Commit(*store, sa).ok());
+  ASSERT_TRUE(Commit(*store, sb).ok());
+  const std::string hex = ToHex(sa.manifest.blocks[2]);
+  const std::string path = "/store/blocks/" + hex.substr(0, 2) + "/" + hex + ".kvb";
+  ASSERT_TRUE(fs.FlipByte(path, kBlockHeaderBytes + 10).ok());
+
+  auto loaded = store->LoadAgent("a", kFingerprint);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  ASSERT_TRUE(loaded->rebuild_from_block.has_value());
+  EXPECT_EQ(*loaded->rebuild_from_block, 2u);
+  EXPECT_EQ(loaded->blocks.size(), 2u);
+  EXPECT_FALSE(loaded->tail.has_value());
+  EXPECT_EQ(loaded->cached_tokens(), 8u);
+  ASSERT_EQ(loaded->problems.size(), 1u);
+  EXPECT_NE(loaded->problems[0].find(path), std::string::npos) << loaded->problems[0];
+  EXPECT_NE(loaded->problems[0].find("checksum"), std::string::npos) << loaded->problems[0];
+  EXPECT_EQ(fs.FileSize(path).status().code(), StatusCode::kNotFound);  // dropped
+  EXPECT_FALSE(store->HasBlock(sa.manifest.blocks[2]));
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("b", kFingerprint), sb));  // other agents unaffected
+
+  // The caller recomputes from block 2 and commits; the same hash is written again.
+  auto again = store->LoadAgent("a", kFingerprint);
+  EXPECT_EQ(*again->rebuild_from_block, 2u);  // missing now, still reported
+  std::vector<NewBlock> redo = {{sa.manifest.blocks[2], testing::kKvFormatId, 4, sa.blocks[2]}};
+  ASSERT_TRUE(store->CommitTurn("a", sa.manifest, redo, testing::TailOf(sa)).ok());
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), sa));
+}
+
+TEST(StoreCache, TruncatedTailAndBlockFiles) {
+  FaultInjectingFileSystem fs;
+  SimAgent a("a");
+  AgentState sa = a.Extend(Range(1, 10), "a");
+  auto store = OpenOk("/store", fs);
+  auto r = Commit(*store, sa);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(fs.Truncate("/store/agents/a/" + r->manifest.tail->file, 30).ok());
+  auto loaded = store->LoadAgent("a", kFingerprint);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->rebuild_from_block, std::optional<size_t>(2));  // only the tail is bad
+  EXPECT_EQ(loaded->blocks.size(), 2u);
+  EXPECT_NE(loaded->problems[0].find("truncated"), std::string::npos) << loaded->problems[0];
+
+  const std::string hex = ToHex(sa.manifest.blocks[0]);
+  ASSERT_TRUE(fs.Truncate("/store/blocks/" + hex.substr(0, 2) + "/" + hex + ".kvb", kBlockHeaderBytes + 5).ok());
+  loaded = store->LoadAgent("a", kFingerprint);
+  EXPECT_EQ(loaded->rebuild_from_block, std::optional<size_t>(0));
+  EXPECT_TRUE(loaded->blocks.empty());
+  EXPECT_EQ(store->ReadBlock(sa.manifest.blocks[0]).status().code(), StatusCode::kNotFound);  // dropped
+}
+
+TEST(StoreCache, GarbageManifestIsAClearErrorAndOthersAreUnaffected) {
+  FaultInjectingFileSystem fs;
+  SimAgent a("a"), b("b");
+  AgentState sa = a.Extend(Range(1, 10), "a");
+  AgentState sb = b.Extend(Range(1, 4), "b");
+  sb = b.Extend(Range(70, 5), "shares one block with a");
+  {
+    auto store = OpenOk("/store", fs);
+    ASSERT_TRUE(Commit(*store, sa).ok());
+    ASSERT_TRUE(Commit(*store, sb).ok());
+  }
+  ASSERT_TRUE(fs.WriteFile("/store/agents/a/manifest.json", std::vector<uint8_t>{'{', '"', 'x'}).ok());
+  auto store = OpenOk("/store", fs);
+  ASSERT_EQ(store->open_report().broken_agents.size(), 1u);
+  EXPECT_NE(store->open_report().broken_agents[0].find("malformed JSON"), std::string::npos);
+  EXPECT_TRUE(store->open_report().orphan_collection_skipped);
+  EXPECT_EQ(store->ListAgents(), (std::vector<std::string>{"a", "b"}));
+  auto la = store->LoadAgent("a", kFingerprint);
+  EXPECT_EQ(la.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(la.status().message().find("/store/agents/a/manifest.json"), std::string::npos) << la.status().message();
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("b", kFingerprint), sb));
+  // a's blocks are still there (the broken manifest may name them) until a is erased.
+  for (const BlockHash& h : sa.manifest.blocks) EXPECT_TRUE(store->HasBlock(h));
+  auto erased = store->EraseAgent("a");
+  ASSERT_TRUE(erased.ok()) << erased.status().message();
+  EXPECT_EQ(erased->blocks_freed, 1u);  // a's unshared block, collected once no manifest is broken
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("b", kFingerprint), sb));
+  auto files = fs.ListFilesRecursive("/store");
+  EXPECT_EQ(std::set<std::string>(files.begin(), files.end()),
+            ExpectedFiles("/store", {store->LoadAgent("b", kFingerprint)->manifest}));
+}
+
+TEST(StoreCache, OtherFingerprintIsNeverLoaded) {
+  FaultInjectingFileSystem fs;
+  SimAgent a("a");
+  AgentState sa = a.Extend(Range(1, 10), "a");
+  auto store = OpenOk("/store", fs);
+  ASSERT_TRUE(Commit(*store, sa).ok());
+  auto loaded = store->LoadAgent("a", "ffffffffffffffffffffffffffffffff");
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_TRUE(loaded->fingerprint_mismatch);
+  EXPECT_EQ(loaded->rebuild_from_block, std::optional<size_t>(0));
+  EXPECT_TRUE(loaded->blocks.empty());
+  EXPECT_FALSE(loaded->tail.has_value());
+  EXPECT_EQ(loaded->manifest.conversation, sa.manifest.conversation);  // the text, for the rebuild
+  EXPECT_EQ(store->Stats().blocks, 2u);                                // nothing dropped
+}
+
+TEST(StoreCache, OpenRemovesCrashLeftovers) {
+  FaultInjectingFileSystem fs;
+  SimAgent a("a");
+  AgentState sa = a.Extend(Range(1, 10), "a");
+  {
+    auto store = OpenOk("/store", fs);
+    ASSERT_TRUE(Commit(*store, sa).ok());
+  }
+  std::vector<uint8_t> junk(100, 1);
+  ASSERT_TRUE(fs.WriteFile("/store/agents/a/manifest.json.tmp", junk).ok());
+  ASSERT_TRUE(fs.WriteFile("/store/agents/a/tail.9.kvt", junk).ok());
+  ASSERT_TRUE(fs.MakeDir("/store/blocks/ab").ok());
+  ASSERT_TRUE(fs.WriteFile("/store/blocks/ab/" + std::string(32, 'a').replace(0, 2, "ab") + ".kvb", junk).ok());
+  ASSERT_TRUE(fs.WriteFile("/store/blocks/ab/x.kvb.tmp", junk).ok());
+  ASSERT_TRUE(fs.MakeDir("/store/agents/ghost").ok());  // first turn never committed
+  ASSERT_TRUE(fs.WriteFile("/store/agents/ghost/tail.1.kvt", junk).ok());
+  ASSERT_TRUE(fs.MakeDir("/store/agents/.erase.old").ok());  // erasure interrupted
+  ASSERT_TRUE(fs.WriteFile("/store/agents/.erase.old/manifest.json", junk).ok());
+  ASSERT_TRUE(fs.WriteFile("/store/agents/README", junk).ok());
+  auto store = OpenOk("/store", fs);
+  const OpenReport& r = store->open_report();
+  EXPECT_EQ(r.temp_files_removed, 2u);
+  EXPECT_EQ(r.orphan_tails_removed, 1u);
+  EXPECT_EQ(r.orphan_blocks_removed, 1u);
+  EXPECT_EQ(r.incomplete_agents_removed, 1u);
+  EXPECT_EQ(r.erasures_completed, 1u);
+  EXPECT_EQ(r.bytes_removed, 600u);
+  EXPECT_EQ(r.unknown_files, std::vector<std::string>{"/store/agents/README"});
+  auto files = fs.ListFilesRecursive("/store");
+  std::set<std::string> expect = ExpectedFiles("/store", {store->LoadAgent("a", kFingerprint)->manifest});
+  expect.insert("/store/agents/README");
+  EXPECT_EQ(std::set<std::string>(files.begin(), files.end()), expect);
+}
+
+TEST(StoreCache, ErasureKeepsSharedBlocksAndLeavesNothingOfTheAgent) {
+  testing::TempDir tmp;
+  PosixFileSystem fs;
+  const std::string dir = tmp.path() + "/store";
+  SimAgent alice("alice"), bob("bob");
+  AgentState sa = alice.Extend(Range(1, 8), "shared");
+  sa = alice.Extend(Range(300, 14), "alice's own");  // blocks: 2 shared + 3 own, tail of 2
+  AgentState sb = bob.Extend(Range(1, 9), "bob");    // blocks: 2 shared, tail of 1
+  auto store = OpenOk(dir, fs);
+  ASSERT_TRUE(Commit(*store, sa).ok());
+  ASSERT_TRUE(Commit(*store, sb).ok());
+  const std::set<std::string> before = ListTree(dir);
+  uint64_t alice_bytes = 0;
+  size_t alice_files = 0;
+  std::set<std::string> alice_only;
+  for (const std::string& f : before) {
+    const bool own_block =
+        std::any_of(sa.manifest.blocks.begin() + 2, sa.manifest.blocks.end(),
+                    [&](const BlockHash& h) { return f.find(ToHex(h)) != std::string::npos; });
+    if (f.back() != '/' && (f.starts_with("/agents/alice/") || own_block)) {
+      alice_bytes += std::filesystem::file_size(dir + f);
+      ++alice_files;
+      alice_only.insert(f);
+    }
+  }
+  ASSERT_EQ(alice_files, 5u);  // manifest, tail, 3 own blocks
+
+  auto report = store->EraseAgent("alice");
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->blocks_freed, 3u);
+  EXPECT_EQ(report->blocks_kept_shared, 2u);
+  EXPECT_EQ(report->files_removed, alice_files);
+  EXPECT_EQ(report->bytes_freed, alice_bytes);
+
+  const std::set<std::string> after = ListTree(dir);
+  for (const std::string& f : after) {
+    EXPECT_EQ(f.find("alice"), std::string::npos) << f;
+    EXPECT_EQ(f.find(".erase"), std::string::npos) << f;
+    EXPECT_EQ(alice_only.count(f), 0u) << f;
+  }
+  for (const std::string& f : before) {
+    if (!alice_only.count(f) && f != "/agents/alice/") {
+      EXPECT_EQ(after.count(f), 1u) << f;
+    }
+  }
+  EXPECT_EQ(store->ListAgents(), std::vector<std::string>{"bob"});
+  EXPECT_EQ(store->LoadAgent("alice", kFingerprint).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("bob", kFingerprint), sb));
+  EXPECT_EQ(store->EraseAgent("alice").status().code(), StatusCode::kNotFound);
+  // Reopened, bob's blocks are still referenced and nothing is collected.
+  store.reset();
+  store = OpenOk(dir, fs);
+  EXPECT_EQ(store->open_report().orphan_blocks_removed, 0u);
+  EXPECT_EQ(ListTree(dir), after);
+}
+
+// Every file erasure removes is overwritten with zeros and fsynced before its unlink.
+TEST(StoreCache, ErasureOverwritesBeforeUnlink) {
+  FaultInjectingFileSystem fs;
+  SimAgent a("a");
+  auto store = OpenOk("/store", fs);
+  ASSERT_TRUE(Commit(*store, a.Extend(Range(1, 10), "a")).ok());
+  fs.ResetOpCount();
+  auto report = store->EraseAgent("a");
+  ASSERT_TRUE(report.ok());
+  const std::vector<std::string> log = fs.op_log();
+  size_t unlinks = 0;
+  for (size_t i = 0; i < log.size(); ++i) {
+    if (!log[i].starts_with("unlink ")) continue;
+    ++unlinks;
+    const std::string path = log[i].substr(7);
+    ASSERT_GE(i, 2u);
+    EXPECT_EQ(log[i - 2], "overwrite " + path);
+    EXPECT_EQ(log[i - 1], "fsync " + path);
+  }
+  EXPECT_EQ(unlinks, report->files_removed);
+  EXPECT_EQ(unlinks, 4u);  // manifest, tail, 2 blocks
+  EXPECT_TRUE(fs.ListFilesRecursive("/store").empty());
+}
+
+// Concurrent turns of different agents with loads, reads and listings (run under TSan too).
+TEST(StoreCache, ConcurrentAgents) {
+  FaultInjectingFileSystem fs;
+  auto store = OpenOk("/store", fs);
+  constexpr int kAgents = 4, kTurns = 12;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kAgents; ++t) {
+    threads.emplace_back([&, t] {
+      SimAgent sim("agent" + std::to_string(t));
+      for (int turn = 0; turn < kTurns; ++turn) {
+        // The first 8 tokens are shared by every agent.
+        AgentState s = turn == 0 ? sim.Extend(Range(1, 8), "shared") : sim.Extend(Range(1000 * t + 10 * turn, 3), "x");
+        if (!Commit(*store, s).ok()) ++failures;
+        auto l = store->LoadAgent(sim.name(), kFingerprint);
+        if (!l.ok() || !LoadedIs(*l, s)) ++failures;
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    for (int i = 0; i < 200; ++i) {
+      (void)store->ListAgents();
+      (void)store->Stats();
+    }
+  });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(store->ListAgents().size(), static_cast<size_t>(kAgents));
+  auto e = store->EraseAgent("agent0");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->blocks_kept_shared, 2u);
+}
+
+}  // namespace
+}  // namespace kvfs::store
