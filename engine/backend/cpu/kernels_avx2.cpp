@@ -237,12 +237,15 @@ float FloatVecDot(const void* w, const void* a, int64_t n) {
 template <FloatFmt F>
 void FloatTileBlock(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant,
                     int64_t x_row_bytes, int64_t t_begin, int64_t t_end, int64_t n_in, float* y, int64_t y_stride) {
-  for (int64_t r = 0; r < n_rows; r += 2) {
+  // Decode (a token or two) streams one row at a time: rows in lockstep are separate DRAM
+  // streams a row apart, measured slower (see kernels_avx512.cpp).
+  const int64_t row_step = t_end - t_begin > 2 ? 2 : 1;
+  for (int64_t r = 0; r < n_rows; r += row_step) {
     const uint8_t* w = w_rows + r * w_row_bytes;
     for (int64_t t = t_begin; t < t_end; t += 2) {
       const uint8_t* x = x_quant + t * x_row_bytes;
       float* yt = y + t * y_stride + r;
-      const bool two_rows = r + 1 < n_rows, two_tokens = t + 1 < t_end;
+      const bool two_rows = row_step == 2 && r + 1 < n_rows, two_tokens = t + 1 < t_end;
       if (two_rows && two_tokens) {
         FloatBlock<F, 2, 2>(w, w_row_bytes, x, x_row_bytes, n_in, yt, y_stride);
       } else if (two_rows) {
