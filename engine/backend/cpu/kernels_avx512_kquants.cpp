@@ -12,7 +12,6 @@
 namespace kvfs::cpu {
 namespace {
 
-constexpr int kPrefetchAheadK = 2048;  // bytes of weights prefetched ahead in the row kernels
 constexpr int kQ8KBytes = 292;  // float d, int8 qs[256], int16 bsums[16]
 constexpr int kQ8KQs = 4;
 constexpr int kQ8KSums = 260;
@@ -150,10 +149,6 @@ void KRowDot(const uint8_t* w, const uint8_t* const (&x)[NT], int64_t nsb, float
     accm[t] = _mm256_setzero_ps();
   }
   for (int64_t i = 0; i < nsb; ++i) {
-    // Software prefetch ahead of the weight stream (see the legacy decode path).
-    for (int l = 0; l < kBlockBytes<F>; l += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + i * kBlockBytes<F> + kPrefetchAheadK + l), _MM_HINT_T0);
-    }
     KWeights k;
     LoadKWeights<F>(w + i * kBlockBytes<F>, k);
     for (int t = 0; t < NT; ++t) KBlockDot<F>(k, x[t] + i * kQ8KBytes, acc[t], accm[t]);

@@ -163,7 +163,6 @@ template <class L>
 constexpr int kUnitsPerStep = L::kQ8 ? 4 : 2;  // per 8 blocks
 
 constexpr int kPrepBytes = 48 * 1024;  // stack space for prepared activations
-constexpr int kPrefetchAhead = 2048;   // bytes of weights prefetched ahead in the decode path
 
 template <class L>
 void PrepareStep(const uint8_t* x, PUnit<L>* u) {
@@ -223,8 +222,8 @@ void Prepare(const uint8_t* x, int64_t b0, int64_t steps, int64_t nb, PUnit<L>* 
   }
 }
 
-// 8 blocks of R weight rows against NT tokens' prepared units. Several rows at once share
-// each activation load and give the core independent weight streams to overlap.
+// 8 blocks of R weight rows against NT tokens' prepared units (rows share each activation
+// load).
 template <class L, int R, int NT>
 inline void PStep(const uint8_t* const (&w)[R], const PUnit<L>* const (&pu)[NT], __m512 (&acc)[2][R][NT]) {
   if constexpr (L::kQ8) {
@@ -318,14 +317,7 @@ inline void PRows(const uint8_t* w_rows, int64_t w_row_bytes, int64_t r0, const 
     alignas(64) uint8_t tail[R][8 * L::kW];
     for (int r = 0; r < R; ++r) {
       w[r] = w_rows + (r0 + r) * w_row_bytes + b * L::kW;
-      if (b + 8 <= nb) {
-        // Software prefetch a little ahead of each stream (rows are contiguous, so this runs
-        // into the next rows): keeps more DRAM requests in flight than the hardware
-        // prefetchers alone do.
-        for (int l = 0; l < 8 * L::kW; l += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(w[r] + kPrefetchAhead + l), _MM_HINT_T0);
-        }
-      } else {  // zero-padded copy of the last 1..7 blocks: zero scales add nothing
+      if (b + 8 > nb) {  // zero-padded copy of the last 1..7 blocks: zero scales add nothing
         std::memset(tail[r], 0, sizeof(tail[r]));
         std::memcpy(tail[r], w[r], static_cast<size_t>((nb - b) * L::kW));
         w[r] = tail[r];
@@ -350,7 +342,10 @@ void PRowsTokens(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, con
   constexpr int64_t kStepBytes = kUnitsPerStep<L> * static_cast<int64_t>(sizeof(PUnit<L>));
   constexpr int64_t kChunkSteps = kPrepBytes / (NT * kStepBytes);
   static_assert(kChunkSteps >= 1);
-  constexpr int kR = NT <= 2 ? 2 : 1;  // rows per pass (registers: 2 rows x 4 tokens spill)
+  // Rows per pass. 1: on Zen 5 two rows in lockstep (two DRAM streams sharing the activation
+  // loads) measured slower from DRAM (~17 vs ~30 GB/s on one thread) though a little faster
+  // from cache; decode reads from DRAM.
+  constexpr int kR = 1;
   alignas(64) PUnit<L> prep[NT][kUnits];
   const int64_t nsteps = (nb + 7) / 8;
   for (int64_t s0 = 0; s0 < nsteps; s0 += kChunkSteps) {
