@@ -89,13 +89,14 @@ const QuantizedInput& CpuBackend::Quantize(const Matrix& w, const float* x, int6
 
 void CpuBackend::MatMul(const Matrix& w, const float* x, int64_t T, float* y, bool same_input) {
   const QuantizedInput& in = Quantize(w, x, T, same_input);
-  const cpu::VecDotFn dot = kernels_.vec_dot[static_cast<int>(w.type)];
+  const cpu::MatMulTileFn tile = kernels_.matmul_tile[static_cast<int>(w.type)];
+  // Threads take whole 32-row units (the SIMD tiles' panel height) and all T tokens; the tile
+  // blocks rows, K and tokens itself so each unpacked weight block is reused across tokens.
+  constexpr int64_t kRowUnit = 32;
   pool_.Run([&](int ith, int nth) {
-    auto [r0, r1] = SplitRange(w.n_out, ith, nth);
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* row = w.row(r);
-      for (int64_t t = 0; t < T; ++t) y[t * w.n_out + r] = dot(row, in.data.data() + t * in.row_bytes, w.n_in);
-    }
+    auto [u0, u1] = SplitRange((w.n_out + kRowUnit - 1) / kRowUnit, ith, nth);
+    const int64_t r0 = u0 * kRowUnit, r1 = std::min(u1 * kRowUnit, w.n_out);
+    if (r1 > r0) tile(w.row(r0), w.row_bytes, r1 - r0, in.data.data(), in.row_bytes, T, w.n_in, y + r0, w.n_out);
   });
 }
 

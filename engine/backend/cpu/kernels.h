@@ -1,5 +1,8 @@
-// CPU kernel tables: one per instruction set, chosen at run time. Every table must agree
-// with the scalar reference (tests/engine/kernel_conformance_test.cpp checks by NMSE).
+// CPU kernel tables: one per instruction set, chosen at run time by kernel_select.cpp (cpuid,
+// or KVFS_CPU=scalar|avx2|avx512). kernels_scalar.cpp is the reference; kernels_avx2*.cpp and
+// kernels_avx512*.cpp are compiled with their own ISA flags. Every table must agree with the
+// scalar reference (tests/engine/kernel_conformance_test.cpp checks by NMSE; the activation
+// quantizers give identical codes).
 #pragma once
 
 #include <cstdint>
@@ -23,12 +26,29 @@ int64_t QuantizedActivationRowBytes(GgmlType weight_type, int64_t n);
 using QuantizeRowFn = void (*)(const float* x, void* dst, int64_t n);
 using VecDotFn = float (*)(const void* weight_row, const void* activation_row, int64_t n);
 
+// Many rows times many tokens (prefill, and batched decode):
+//   y[t * y_stride + r] = vec_dot(w_rows + r * w_row_bytes, x_quant + t * x_row_bytes, n_in)
+// for r < n_rows, t < n_tokens. x_quant holds rows quantized by quantize_row of the same weight
+// type. Faster tables reuse each weight block, once loaded (and unpacked), across several tokens
+// and rows; results agree with vec_dot up to float rounding (summation order), not bit for bit.
+// No alignment is assumed for any pointer or stride.
+using MatMulTileFn = void (*)(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows,
+                              const uint8_t* x_quant, int64_t x_row_bytes, int64_t n_tokens,
+                              int64_t n_in, float* y, int64_t y_stride);
+
 struct KernelTable {
   const char* name;                         // "scalar", "avx2", "avx512"
   QuantizeRowFn quantize_row[kNumGgmlTypes];  // indexed by the WEIGHT type id
   VecDotFn vec_dot[kNumGgmlTypes];            // indexed by the weight type id
+  MatMulTileFn matmul_tile[kNumGgmlTypes];    // indexed by the weight type id
 };
 
 const KernelTable& ScalarKernels();
+#if defined(KVFS_X86_KERNELS)
+// Built from files compiled with AVX2+FMA+F16C and AVX-512 flags: only call these after
+// kernel_select.cpp has checked cpuid (KernelTableByName / DefaultKernelTable do).
+const KernelTable& Avx2Kernels();
+const KernelTable& Avx512Kernels();
+#endif
 
 }  // namespace kvfs::cpu

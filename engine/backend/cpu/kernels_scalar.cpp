@@ -319,25 +319,40 @@ float VecDotQ6_K(const void* w, const void* a, int64_t n) {
 }
 
 // ------------------------------------------------------------------------------------------
+// Multi-row, multi-token products: the reference is one vec_dot per (row, token).
+
+template <VecDotFn kDot>
+void MatMulTileByVecDot(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows,
+                        const uint8_t* x_quant, int64_t x_row_bytes, int64_t n_tokens,
+                        int64_t n_in, float* y, int64_t y_stride) {
+  for (int64_t r = 0; r < n_rows; ++r) {  // row outer: it stays in cache across tokens
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      y[t * y_stride + r] = kDot(w_rows + r * w_row_bytes, x_quant + t * x_row_bytes, n_in);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
 
 KernelTable MakeScalarTable() {
   KernelTable t{};
   t.name = "scalar";
-  auto set = [&t](GgmlType type, QuantizeRowFn q, VecDotFn dot) {
+  auto set = [&t](GgmlType type, QuantizeRowFn q, VecDotFn dot, MatMulTileFn tile) {
     t.quantize_row[static_cast<uint32_t>(type)] = q;
     t.vec_dot[static_cast<uint32_t>(type)] = dot;
+    t.matmul_tile[static_cast<uint32_t>(type)] = tile;
   };
-  set(GgmlType::kF32, QuantizeF32, VecDotF32);
-  set(GgmlType::kF16, QuantizeF16, VecDotF16);
-  set(GgmlType::kBF16, QuantizeBf16, VecDotBf16);
-  set(GgmlType::kQ4_0, QuantizeQ8_0, VecDotQ4_0);
-  set(GgmlType::kQ4_1, QuantizeQ8_1, VecDotQ4_1);
-  set(GgmlType::kQ5_0, QuantizeQ8_0, VecDotQ5_0);
-  set(GgmlType::kQ5_1, QuantizeQ8_1, VecDotQ5_1);
-  set(GgmlType::kQ8_0, QuantizeQ8_0, VecDotQ8_0);
-  set(GgmlType::kQ4_K, QuantizeQ8_K, VecDotQ4_K);
-  set(GgmlType::kQ5_K, QuantizeQ8_K, VecDotQ5_K);
-  set(GgmlType::kQ6_K, QuantizeQ8_K, VecDotQ6_K);
+  set(GgmlType::kF32, QuantizeF32, VecDotF32, MatMulTileByVecDot<VecDotF32>);
+  set(GgmlType::kF16, QuantizeF16, VecDotF16, MatMulTileByVecDot<VecDotF16>);
+  set(GgmlType::kBF16, QuantizeBf16, VecDotBf16, MatMulTileByVecDot<VecDotBf16>);
+  set(GgmlType::kQ4_0, QuantizeQ8_0, VecDotQ4_0, MatMulTileByVecDot<VecDotQ4_0>);
+  set(GgmlType::kQ4_1, QuantizeQ8_1, VecDotQ4_1, MatMulTileByVecDot<VecDotQ4_1>);
+  set(GgmlType::kQ5_0, QuantizeQ8_0, VecDotQ5_0, MatMulTileByVecDot<VecDotQ5_0>);
+  set(GgmlType::kQ5_1, QuantizeQ8_1, VecDotQ5_1, MatMulTileByVecDot<VecDotQ5_1>);
+  set(GgmlType::kQ8_0, QuantizeQ8_0, VecDotQ8_0, MatMulTileByVecDot<VecDotQ8_0>);
+  set(GgmlType::kQ4_K, QuantizeQ8_K, VecDotQ4_K, MatMulTileByVecDot<VecDotQ4_K>);
+  set(GgmlType::kQ5_K, QuantizeQ8_K, VecDotQ5_K, MatMulTileByVecDot<VecDotQ5_K>);
+  set(GgmlType::kQ6_K, QuantizeQ8_K, VecDotQ6_K, MatMulTileByVecDot<VecDotQ6_K>);
   return t;
 }
 

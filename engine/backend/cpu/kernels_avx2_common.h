@@ -1,0 +1,83 @@
+// Shared pieces of the AVX2 kernel files (kernels_avx2*.cpp, compiled with -mavx2 -mfma
+// -mf16c). Include ONLY from those files: every helper has internal linkage so the linker can
+// never pick an AVX2 copy of an inline function for a portable caller, and no std:: function
+// template is called at run time.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "engine/backend/cpu/kernels.h"
+#include "engine/model/quant_blocks.h"
+
+namespace kvfs::cpu::avx2 {
+
+void QuantizeQ8_0(const float* x, void* dst, int64_t n);
+void QuantizeQ8_1(const float* x, void* dst, int64_t n);
+void QuantizeQ8_K(const float* x, void* dst, int64_t n);
+
+float VecDotQ4_0(const void* w, const void* a, int64_t n);
+float VecDotQ4_1(const void* w, const void* a, int64_t n);
+float VecDotQ5_0(const void* w, const void* a, int64_t n);
+float VecDotQ5_1(const void* w, const void* a, int64_t n);
+float VecDotQ8_0(const void* w, const void* a, int64_t n);
+float VecDotQ4_K(const void* w, const void* a, int64_t n);
+float VecDotQ5_K(const void* w, const void* a, int64_t n);
+float VecDotQ6_K(const void* w, const void* a, int64_t n);
+
+#define KVFS_AVX2_TILE_ARGS                                                                 \
+  const uint8_t *w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t *x_quant,      \
+      int64_t x_row_bytes, int64_t n_tokens, int64_t n_in, float *y, int64_t y_stride
+void TileQ4_0(KVFS_AVX2_TILE_ARGS);
+void TileQ4_1(KVFS_AVX2_TILE_ARGS);
+void TileQ5_0(KVFS_AVX2_TILE_ARGS);
+void TileQ5_1(KVFS_AVX2_TILE_ARGS);
+void TileQ8_0(KVFS_AVX2_TILE_ARGS);
+void TileQ4_K(KVFS_AVX2_TILE_ARGS);
+void TileQ5_K(KVFS_AVX2_TILE_ARGS);
+void TileQ6_K(KVFS_AVX2_TILE_ARGS);
+
+}  // namespace kvfs::cpu::avx2
+
+namespace kvfs::cpu {
+namespace {  // NOLINT: internal linkage on purpose
+
+inline float HalfToFloat(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof(h));
+  return _cvtsh_ss(h);
+}
+inline float LoadF32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline __m256i LoadU256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m128i LoadU128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+// Pairwise tree over 8 lanes (l += l+4, l += l+2, l += l+1), the tail of the scalar F32 order.
+inline float HSum8(__m256 v) {
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+inline int32_t HSumI32x8(__m256i v) {
+  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+  return _mm_cvtsi128_si32(q);
+}
+
+// sum over pairs of u8 x s8 products -> 8 int32 lanes (maddubs then madd with ones; the int16
+// pair sums cannot saturate for codes below 128 against activations in -127..127).
+inline __m256i DotU8S8(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+// The same for signed x signed: |w| against a with w's sign.
+inline __m256i DotS8S8(__m256i w, __m256i a) { return DotU8S8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)); }
+
+}  // namespace
+}  // namespace kvfs::cpu

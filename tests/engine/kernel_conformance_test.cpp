@@ -1,0 +1,338 @@
+// Every kernel table this CPU supports against the scalar reference, per weight type and op:
+// quantize_row (codes and scales), vec_dot and matmul_tile (odd row counts, 1..17 tokens and
+// beyond the tiles' internal blockings), on random blocks with sane fp16 scales. Errors are
+// measured as NMSE = sum (a - b)^2 / sum b^2 against the scalar results and printed.
+//
+// Dot products are compared on the SAME quantized activations (made by the scalar quantizer),
+// so only the dot product is under test; quantize_row is compared on its own.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/backend/cpu/kernel_select.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/model/quants.h"
+
+namespace kvfs::cpu {
+namespace {
+
+constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,
+                               GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+                               GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+uint32_t Id(GgmlType t) { return static_cast<uint32_t>(t); }
+std::string Name(GgmlType t) { return std::string(GgmlTypeInfo(Id(t))->name); }
+int64_t BlockElems(GgmlType t) { return GgmlTypeInfo(Id(t))->block_elems; }
+bool IsFloat(GgmlType t) { return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16; }
+
+// NMSE bounds. Integer paths sum each block (sub-block) exactly in int32 like the reference;
+// only the float accumulation of the block terms is reordered (~1e-7 relative per term).
+// Float types reorder the whole sum (F32 rows keep the reference order exactly).
+double Bound(GgmlType t) { return IsFloat(t) ? 1e-9 : 1e-10; }
+
+// The SIMD tables of this build that this CPU can run.
+std::vector<const KernelTable*> SimdTables() {
+  std::vector<const KernelTable*> out;
+  for (const std::string& name : AllKernelTableNames()) {
+    if (name == "scalar") continue;
+    if (const KernelTable* t = KernelTableByName(name)) out.push_back(t);
+  }
+  return out;
+}
+
+void PutHalf(uint8_t* p, float v) {
+  const uint16_t h = Fp32ToFp16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// n_rows rows of n elements of type t: random bytes, with every scale field set to a sane
+// fp16 (random bytes could be NaN or huge) and float types drawn from N(0, 1).
+std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::mt19937& rng) {
+  const int64_t row_bytes = RowBytes(t, n);
+  std::vector<uint8_t> w(static_cast<size_t>(row_bytes * n_rows));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> mag(0.5f, 2.0f);
+  const int64_t nb = n / BlockElems(t), bb = GgmlTypeInfo(Id(t))->block_bytes;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    uint8_t* row = w.data() + r * row_bytes;
+    for (int64_t i = 0; i < nb; ++i) {
+      uint8_t* b = row + i * bb;
+      switch (t) {
+        case GgmlType::kF32: {
+          const float v = normal(rng);
+          std::memcpy(b, &v, 4);
+          break;
+        }
+        case GgmlType::kF16: PutHalf(b, normal(rng)); break;
+        case GgmlType::kBF16: {
+          const uint16_t h = Fp32ToBf16(normal(rng));
+          std::memcpy(b, &h, 2);
+          break;
+        }
+        case GgmlType::kQ4_0:
+        case GgmlType::kQ5_0:
+        case GgmlType::kQ8_0: PutHalf(b, 0.01f * mag(rng)); break;
+        case GgmlType::kQ4_1:
+        case GgmlType::kQ5_1:
+          PutHalf(b, 0.01f * mag(rng));
+          PutHalf(b + 2, -0.1f * mag(rng));
+          break;
+        case GgmlType::kQ4_K:
+        case GgmlType::kQ5_K:
+          PutHalf(b, 0.001f * mag(rng));
+          PutHalf(b + 2, 0.001f * mag(rng));
+          break;
+        case GgmlType::kQ6_K: PutHalf(b + 208, 0.001f * mag(rng)); break;
+        default: break;
+      }
+    }
+  }
+  return w;
+}
+
+// Activations: N(0, 1) scaled per 32 elements by 10^U(-2, 2), one all-zero block and one block
+// of exact halves at unit scale (rounding ties) when n allows.
+std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
+  std::vector<float> x(static_cast<size_t>(n));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> expo(-2.0f, 2.0f);
+  for (int64_t i = 0; i < n; i += 32) {
+    const float s = std::pow(10.0f, expo(rng));
+    for (int64_t j = i; j < std::min(n, i + 32); ++j) x[j] = s * normal(rng);
+  }
+  if (n >= 96) {
+    for (int64_t j = 32; j < 64; ++j) x[j] = 0.0f;
+    // amax 127 makes the Q8_0 scale factor exactly 1, so these halves are rounding ties.
+    for (int64_t j = 64; j < 96; ++j) x[j] = (j % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(j % 7));
+    x[64] = -127.0f;
+  }
+  return x;
+}
+
+double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return den > 0.0 ? num / den : num;
+}
+
+// Codes and scales of a quantized activation row, decoded for comparison.
+struct Decoded {
+  std::vector<int> codes;
+  std::vector<float> scales;  // d per block (Q8_0/Q8_1/Q8_K), s too for Q8_1, bsums for Q8_K
+};
+Decoded DecodeActivations(GgmlType vdt, const uint8_t* p, int64_t n) {
+  Decoded d;
+  auto half = [](const uint8_t* q) {
+    uint16_t h;
+    std::memcpy(&h, q, 2);
+    return Fp16ToFp32(h);
+  };
+  if (vdt == GgmlType::kQ8_0 || vdt == GgmlType::kQ8_1) {
+    const int bytes = vdt == GgmlType::kQ8_0 ? 34 : 36, qs = bytes - 32;
+    for (int64_t i = 0; i < n / 32; ++i) {
+      const uint8_t* b = p + i * bytes;
+      d.scales.push_back(half(b));
+      if (vdt == GgmlType::kQ8_1) d.scales.push_back(half(b + 2));
+      for (int j = 0; j < 32; ++j) d.codes.push_back(static_cast<int8_t>(b[qs + j]));
+    }
+  } else if (vdt == GgmlType::kQ8_K) {
+    for (int64_t i = 0; i < n / 256; ++i) {
+      const uint8_t* b = p + i * 292;
+      float s;
+      std::memcpy(&s, b, 4);
+      d.scales.push_back(s);
+      for (int j = 0; j < 256; ++j) d.codes.push_back(static_cast<int8_t>(b[4 + j]));
+      for (int j = 0; j < 16; ++j) {
+        int16_t v;
+        std::memcpy(&v, b + 260 + 2 * j, 2);
+        d.scales.push_back(v);
+      }
+    }
+  }
+  return d;
+}
+
+std::vector<int64_t> Lengths(GgmlType t) {
+  if (IsFloat(t)) return {1, 15, 16, 17, 64, 100, 256, 1000};
+  if (BlockElems(t) == 32) return {32, 7 * 32, 8 * 32, 9 * 32, 17 * 32, 71 * 32};
+  return {256, 2 * 256, 3 * 256, 9 * 256};
+}
+
+TEST(KernelConformance, TablesAreComplete) {
+  for (const KernelTable* k : SimdTables()) {
+    for (GgmlType t : kTypes) {
+      EXPECT_NE(k->quantize_row[Id(t)], nullptr) << k->name << " " << Name(t);
+      EXPECT_NE(k->vec_dot[Id(t)], nullptr) << k->name << " " << Name(t);
+      EXPECT_NE(k->matmul_tile[Id(t)], nullptr) << k->name << " " << Name(t);
+    }
+  }
+  for (GgmlType t : kTypes) EXPECT_NE(ScalarKernels().matmul_tile[Id(t)], nullptr) << Name(t);
+  if (SimdTables().empty()) GTEST_SKIP() << "this CPU runs no SIMD table";
+}
+
+TEST(KernelConformance, Selection) {
+  const std::vector<std::string> names = AllKernelTableNames();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.front(), "scalar");
+  EXPECT_EQ(KernelTableByName("scalar"), &ScalarKernels());
+  EXPECT_EQ(KernelTableByName("no-such-table"), nullptr);
+  // Without KVFS_CPU the default is the fastest table this CPU supports (the last one listed).
+  std::string best;
+  for (const std::string& n : names) {
+    if (const KernelTable* t = KernelTableByName(n)) {
+      EXPECT_STREQ(t->name, n.c_str());
+      best = n;
+    }
+  }
+  const char* forced = std::getenv("KVFS_CPU");
+  if (forced == nullptr || *forced == '\0') EXPECT_EQ(DefaultKernelTable().name, best);
+  std::printf("[conformance] tables: %zu compiled, default %s\n", names.size(), DefaultKernelTable().name);
+}
+
+TEST(KernelConformance, QuantizeRow) {
+  std::mt19937 rng(1234);
+  const KernelTable& ref = ScalarKernels();
+  for (const KernelTable* k : SimdTables()) {
+    for (GgmlType t : kTypes) {
+      const GgmlType vdt = VecDotType(t);
+      int64_t differing = 0, total = 0;
+      double scale_rel = 0.0;
+      for (int64_t n : Lengths(t)) {
+        const std::vector<float> x = RandomActivations(n, rng);
+        const int64_t bytes = QuantizedActivationRowBytes(t, n);
+        // One guard byte each side; the row starts at an odd address (no alignment assumed).
+        std::vector<uint8_t> a(static_cast<size_t>(bytes + 2), 0xAA), b(static_cast<size_t>(bytes + 2), 0xAA);
+        ref.quantize_row[Id(t)](x.data(), a.data() + 1, n);
+        k->quantize_row[Id(t)](x.data(), b.data() + 1, n);
+        EXPECT_TRUE(b.front() == 0xAA && b.back() == 0xAA) << k->name << " " << Name(t) << " wrote outside the row";
+        if (IsFloat(t)) {
+          // Plain conversions: identical bits.
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size())) << k->name << " " << Name(t) << " n=" << n;
+          continue;
+        }
+        const Decoded da = DecodeActivations(vdt, a.data() + 1, n), db = DecodeActivations(vdt, b.data() + 1, n);
+        ASSERT_EQ(da.codes.size(), db.codes.size());
+        for (size_t i = 0; i < da.codes.size(); ++i) {
+          EXPECT_LE(std::abs(da.codes[i] - db.codes[i]), 1) << k->name << " " << Name(t) << " n=" << n << " i=" << i;
+          differing += da.codes[i] != db.codes[i];
+        }
+        total += static_cast<int64_t>(da.codes.size());
+        ASSERT_EQ(da.scales.size(), db.scales.size());
+        for (size_t i = 0; i < da.scales.size(); ++i) {
+          const double rel = std::fabs(da.scales[i] - db.scales[i]) / std::max(1e-30, std::fabs(static_cast<double>(da.scales[i])));
+          scale_rel = std::max(scale_rel, rel);
+        }
+      }
+      if (!IsFloat(t)) {
+        std::printf("[conformance] quantize_row %-6s %-5s -> %-4s codes differing: %lld of %lld, max scale rel diff %.2e\n",
+                    k->name, Name(t).c_str(), Name(vdt).c_str(), static_cast<long long>(differing),
+                    static_cast<long long>(total), scale_rel);
+        // Ties may round differently in principle; these tables reproduce the scalar codes.
+        EXPECT_EQ(differing, 0) << k->name << " " << Name(t);
+        EXPECT_LE(scale_rel, 1e-6) << k->name << " " << Name(t);
+      } else {
+        std::printf("[conformance] quantize_row %-6s %-5s identical bytes\n", k->name, Name(t).c_str());
+      }
+    }
+  }
+}
+
+TEST(KernelConformance, VecDot) {
+  std::mt19937 rng(99);
+  const KernelTable& ref = ScalarKernels();
+  for (const KernelTable* k : SimdTables()) {
+    for (GgmlType t : kTypes) {
+      double worst = 0.0;
+      for (int64_t n : Lengths(t)) {
+        const int64_t rows = 13;
+        const std::vector<uint8_t> w = RandomWeights(t, rows, n, rng);
+        const int64_t rb = RowBytes(t, n);
+        const std::vector<float> x = RandomActivations(n, rng);
+        std::vector<uint8_t> q(static_cast<size_t>(QuantizedActivationRowBytes(t, n)));
+        ref.quantize_row[Id(t)](x.data(), q.data(), n);
+        std::vector<float> want(rows), got(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          want[r] = ref.vec_dot[Id(t)](w.data() + r * rb, q.data(), n);
+          got[r] = k->vec_dot[Id(t)](w.data() + r * rb, q.data(), n);
+        }
+        const double e = Nmse(got, want);
+        EXPECT_LE(e, Bound(t)) << k->name << " " << Name(t) << " n=" << n;
+        worst = std::max(worst, e);
+      }
+      std::printf("[conformance] vec_dot      %-6s %-5s NMSE %.3e (bound %.0e)\n", k->name, Name(t).c_str(), worst, Bound(t));
+    }
+  }
+}
+
+// One matmul_tile call against vec_dot of the scalar table, on every (row, token); y has a
+// wider stride than n_rows and its padding must stay untouched.
+double TileNmse(const KernelTable& k, GgmlType t, int64_t n_rows, int64_t n_tokens, int64_t n, std::mt19937& rng) {
+  const KernelTable& ref = ScalarKernels();
+  const std::vector<uint8_t> w = RandomWeights(t, n_rows, n, rng);
+  const int64_t rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n);
+  std::vector<uint8_t> q(static_cast<size_t>(qb * n_tokens));
+  for (int64_t tok = 0; tok < n_tokens; ++tok) {
+    const std::vector<float> x = RandomActivations(n, rng);
+    ref.quantize_row[Id(t)](x.data(), q.data() + tok * qb, n);
+  }
+  const int64_t stride = n_rows + 3;
+  const float kSentinel = -12345.0f;
+  std::vector<float> y(static_cast<size_t>(stride * n_tokens), kSentinel), want, got;
+  k.matmul_tile[Id(t)](w.data(), rb, n_rows, q.data(), qb, n_tokens, n, y.data(), stride);
+  for (int64_t tok = 0; tok < n_tokens; ++tok) {
+    for (int64_t r = 0; r < stride; ++r) {
+      const float v = y[tok * stride + r];
+      if (r >= n_rows) {
+        EXPECT_EQ(v, kSentinel) << k.name << " " << Name(t) << " wrote padding at token " << tok << " row " << r;
+        continue;
+      }
+      got.push_back(v);
+      want.push_back(ref.vec_dot[Id(t)](w.data() + r * rb, q.data() + tok * qb, n));
+    }
+  }
+  return Nmse(got, want);
+}
+
+TEST(KernelConformance, MatMulTile) {
+  std::mt19937 rng(7);
+  std::vector<const KernelTable*> tables = SimdTables();
+  tables.push_back(&ScalarKernels());  // the reference tile (a loop of vec_dot) too
+  for (const KernelTable* k : tables) {
+    for (GgmlType t : kTypes) {
+      const int64_t be = BlockElems(t);
+      const int64_t n = IsFloat(t) ? 80 : (be == 32 ? 9 * 32 : 2 * 256);
+      double worst = 0.0;
+      // Rows: fewer than, not a multiple of, and more than the 32-row panels / 4-row groups.
+      for (int64_t rows : {1, 5, 33, 70}) {
+        for (int64_t tokens = 1; tokens <= 17; ++tokens) {
+          const double e = TileNmse(*k, t, rows, tokens, n, rng);
+          EXPECT_LE(e, Bound(t)) << k->name << " " << Name(t) << " rows=" << rows << " tokens=" << tokens;
+          worst = std::max(worst, e);
+        }
+      }
+      // Past the internal blockings: K chunks of 512, token blocks of 128; odd lengths.
+      const int64_t n_big = IsFloat(t) ? 1000 : (be == 32 ? 41 * 32 : 5 * 256);
+      for (int64_t tokens : {130, 3}) {
+        const double e = TileNmse(*k, t, 37, tokens, n_big, rng);
+        EXPECT_LE(e, Bound(t)) << k->name << " " << Name(t) << " big, tokens=" << tokens;
+        worst = std::max(worst, e);
+      }
+      std::printf("[conformance] matmul_tile  %-6s %-5s NMSE %.3e (bound %.0e)\n", k->name, Name(t).c_str(), worst, Bound(t));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvfs::cpu
