@@ -197,7 +197,9 @@ TEST(KernelConformance, Selection) {
     }
   }
   const char* forced = std::getenv("KVFS_CPU");
-  if (forced == nullptr || *forced == '\0') EXPECT_EQ(DefaultKernelTable().name, best);
+  if (forced == nullptr || *forced == '\0') {
+    EXPECT_EQ(DefaultKernelTable().name, best);
+  }
   std::printf("[conformance] tables: %zu compiled, default %s\n", names.size(), DefaultKernelTable().name);
 }
 
