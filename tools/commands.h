@@ -7,5 +7,6 @@ namespace kvfs::cli {
 int Inspect(int argc, char** argv);
 int Run(int argc, char** argv);
 int Bench(int argc, char** argv);
+int Perplexity(int argc, char** argv);
 
 }  // namespace kvfs::cli

@@ -10,9 +10,11 @@ void Usage(FILE* out) {
   std::fputs(
       "usage: kvfs COMMAND [ARGS]\n"
       "commands:\n"
-      "  run      generate a continuation:  kvfs run -m MODEL (-p TEXT | -f FILE) [-n N] ...\n"
-      "  bench    speed: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t 2] [-r 3] [--json]\n"
-      "  inspect  print a GGUF file's metadata and tensor table:  kvfs inspect MODEL\n"
+      "  run         generate a continuation:  kvfs run -m MODEL (-p TEXT | -f FILE) [-n N] ...\n"
+      "  perplexity  quality of a KV format:  kvfs perplexity -m MODEL -f TEXT [-c 512] [--kv f16|q8|q4]\n"
+      "              [--kv-rotate on|off] [--kl-divergence] [--chunks N] [--json]\n"
+      "  bench       speed: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t 2] [-r 3] [--json]\n"
+      "  inspect     print a GGUF file's metadata and tensor table:  kvfs inspect MODEL\n"
       "run 'kvfs COMMAND --help' for a command's options\n",
       out);
 }
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
   if (cmd == "inspect") return kvfs::cli::Inspect(argc - 1, argv + 1);
   if (cmd == "run") return kvfs::cli::Run(argc - 1, argv + 1);
   if (cmd == "bench") return kvfs::cli::Bench(argc - 1, argv + 1);
+  if (cmd == "perplexity") return kvfs::cli::Perplexity(argc - 1, argv + 1);
   std::fprintf(stderr, "kvfs: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);
   return 2;
