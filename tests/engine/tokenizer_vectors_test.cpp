@@ -211,28 +211,18 @@ TEST(TokenizerGolden, MatchesReference) {
   std::printf("[ golden   ] %d reference tokenizations checked\n", checked);
 }
 
-// Encoding is linear-ish: 100 KB of prose well within budget for each algorithm.
-TEST(TokenizerSpeed, HundredKilobytes) {
+// Long text round-trips (speed is measured by bench/bench_tokenizer, not here).
+TEST(TokenizerLongText, HundredKilobytesRoundTrip) {
   const std::string corpus = SharedDir() + "/corpus/wiki.test.head256k.txt";
   KVFS_REQUIRE_DATA(corpus);
   const std::string text = ReadFile(corpus).substr(0, 100 * 1024);
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  constexpr double kLimitMs = 5000;  // instrumented builds are many times slower
-#else
-  constexpr double kLimitMs = 250;  // target is < 100 ms; slack for a loaded machine
-#endif
   for (const char* name : {"llama-spm", "gpt-2", "deepseek-llm", "mpt"}) {
     const std::string path = VocabDir() + "/ggml-vocab-" + name + ".gguf";
     KVFS_REQUIRE_DATA(path);
     Loaded l = Load(path);
     ASSERT_NE(l.tok, nullptr);
-    const auto t0 = std::chrono::steady_clock::now();
     const auto ids = l.tok->Encode(text, false, false);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("[ speed    ] %s: %zu bytes -> %zu tokens in %.1f ms\n", name, text.size(),
-                ids.size(), ms);
-    EXPECT_LT(ms, kLimitMs) << name;
+    EXPECT_GT(ids.size(), text.size() / 8) << name;
     EXPECT_EQ(Decode(*l.tok, ids).size(), text.size() + (std::string(name) == "llama-spm"));
   }
 }
