@@ -37,7 +37,19 @@ struct AttentionKernels {
 
 const AttentionKernels& ScalarAttentionKernels();
 // The attention table matching a matrix kernel table name ("scalar", "avx2", "avx512"); the
-// scalar one when there is no specialised table for that name.
+// scalar one when there is no specialised table for that name or this CPU lacks its ISA.
+// Debugging knob: KVFS_ATTN=scalar|avx2|avx512 in the environment overrides the name (an
+// unsupported choice falls back as above), so the SIMD attention kernels can be run end to end
+// (golden tests, kvfs bench) under any matrix kernel table.
 const AttentionKernels& AttentionKernelsFor(const std::string& table_name);
+// The attention table of that name if this build has it and this CPU can run it, else null.
+const AttentionKernels* AttentionKernelsByName(const std::string& name);
+
+#if defined(__x86_64__) || defined(_M_X64)
+// The SIMD tables themselves (attention_avx2.cpp, attention_avx512.cpp). Compiled with their
+// ISA flags: call only after the matching cpuid check (AttentionKernelsByName does it).
+const AttentionKernels& Avx2AttentionKernels();
+const AttentionKernels& Avx512AttentionKernels();
+#endif
 
 }  // namespace kvfs::cpu

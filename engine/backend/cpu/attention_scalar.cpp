@@ -2,6 +2,7 @@
 // path accumulates the weighted sum of V in 16 interleaved partial sums reduced pairwise
 // (the order of the reference engine's f16 GEMM), which keeps long contexts closest to it.
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "engine/backend/cpu/attention.h"
@@ -51,9 +52,26 @@ const AttentionKernels& ScalarAttentionKernels() {
   return table;
 }
 
+const AttentionKernels* AttentionKernelsByName(const std::string& name) {
+  if (name == "scalar") return &ScalarAttentionKernels();
+#if defined(__x86_64__) || defined(_M_X64)
+  // The same feature sets the files are compiled for (engine/CMakeLists.txt).
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (name == "avx2" && avx2) return &Avx2AttentionKernels();
+  if (name == "avx512" && avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return &Avx512AttentionKernels();
+  }
+#endif
+  return nullptr;
+}
+
 const AttentionKernels& AttentionKernelsFor(const std::string& table_name) {
-  (void)table_name;  // specialised tables register here as they are added
-  return ScalarAttentionKernels();
+  if (const char* forced = std::getenv("KVFS_ATTN"); forced != nullptr && *forced != '\0') {
+    if (const AttentionKernels* table = AttentionKernelsByName(forced)) return *table;
+  }
+  const AttentionKernels* table = AttentionKernelsByName(table_name);
+  return table != nullptr ? *table : ScalarAttentionKernels();
 }
 
 }  // namespace kvfs::cpu
