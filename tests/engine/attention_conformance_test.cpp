@@ -5,6 +5,7 @@
 // normalised mean squared error (printed), bounded far below any quantization error.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -184,6 +185,36 @@ TEST_P(AttentionConformanceTest, EveryHeadOfARow) {
       EXPECT_LE(Nmse(o_got, o_ref), kMaxNmse) << TypeName(type) << " head " << head;
     }
   }
+}
+
+// The softmax must give the scalar table's bits exactly (the golden tests' f16 path rounds the
+// weights to f16, and equal inputs must round alike), including exponentials that underflow to
+// subnormals or zero and tails that are not a multiple of the vector width.
+TEST_P(AttentionConformanceTest, SoftmaxIsBitExact) {
+  const AttentionKernels* table = AttentionKernelsByName(GetParam());
+  if (table == nullptr) GTEST_SKIP() << "attention table " << GetParam() << " not supported by this CPU";
+  const AttentionKernels& ref = ScalarAttentionKernels();
+  std::mt19937 rng(5);
+  int64_t rows = 0, mismatches = 0;
+  for (int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 100, 255, 256, 1000, 3500}) {
+    for (float spread : {0.5f, 8.0f, 60.0f, 400.0f, 2000.0f}) {  // 400, 2000: exp underflows
+      for (bool round_f16 : {false, true}) {
+        std::uniform_real_distribution<float> uni(-spread, spread);
+        const int64_t n_total = n + 5;
+        std::vector<float> a(n_total);
+        for (float& x : a) x = uni(rng);
+        std::vector<float> b = a;
+        const float scale = 0.125f;
+        ref.softmax(a.data(), n, n_total, scale, round_f16);
+        table->softmax(b.data(), n, n_total, scale, round_f16);
+        for (int64_t i = 0; i < n_total; ++i) mismatches += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        ++rows;
+      }
+    }
+  }
+  std::printf("[attention] %s softmax: %lld rows, %lld values differ in any bit\n", table->name,
+              static_cast<long long>(rows), static_cast<long long>(mismatches));
+  EXPECT_EQ(mismatches, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(AttentionConformance, AttentionConformanceTest, ::testing::Values("avx2", "avx512"),

@@ -29,10 +29,17 @@ using KvDotRowsFn = void (*)(const KvFormat& f, const KvRows& k, const float* q,
 using KvAxpyRowsFn = void (*)(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride,
                               float* out);
 
+// One query's attention weights, in place: s[p] = softmax(scale * s[p]) over p < n (the
+// positions it may see), each rounded to f16 and back when round_f16 (the reference's f16 path
+// multiplies V by f16 weights), and s[p] = 0 for n <= p < n_total. Every table computes exactly
+// what cpu::Softmax (ops.h) does, bit for bit: same exp polynomial, same summation order.
+using KvSoftmaxFn = void (*)(float* s, int64_t n, int64_t n_total, float scale, bool round_f16);
+
 struct AttentionKernels {
   const char* name;
   KvDotRowsFn dot_rows;
   KvAxpyRowsFn axpy_rows;
+  KvSoftmaxFn softmax;
 };
 
 const AttentionKernels& ScalarAttentionKernels();

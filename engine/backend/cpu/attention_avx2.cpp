@@ -26,13 +26,68 @@ struct Avx2 {
   static V Load(const float* p) { return _mm256_loadu_ps(p); }
   static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void StoreN(float* p, V v, int n) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane), v);
+    if (n == 8) Store(p, v);
+    else _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), v);
   }
   static V Bcast(float x) { return _mm256_set1_ps(x); }
   static V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V Max(V a, V b) { return _mm256_max_ps(a, b); }
+  static __m256i Mask(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+  // The first n lanes (n <= 8) of p, zeros after; never reads past p + n.
+  static V LoadN(const float* p, int n) { return n == 8 ? Load(p) : _mm256_maskload_ps(p, Mask(n)); }
+  // Lanes < n from a, the others from b.
+  static V Select(int n, V a, V b) { return n == 8 ? a : _mm256_blendv_ps(b, a, _mm256_castsi256_ps(Mask(n))); }
+  static float ReduceMax(V v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  }
+  // lanes[l] += lanes[l + w] for w = 8, 4, 2, 1 over a chunk of 16 held in e[0], e[1]
+  // (cpu::Softmax's order); returns lanes[0].
+  static float PairwiseSum16(const V* e) {
+    const __m256 a = _mm256_add_ps(e[0], e[1]);
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+  }
+  static V RoundF16(V x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  // 2^k as a float, for -126 <= k <= 127.
+  static V Pow2(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
+  // cpu::ExpPoly lane by lane, with the same fused and unfused operations in the same order.
+  // ldexp(j, n) is j * 2^n, one rounding, when 2^n is a normal float; beyond that range it is
+  // done in two steps whose first is exact (j * 2^(n -+ 100) stays normal), so still one rounding.
+  static V Exp(V x) {
+    const V shift = Bcast(0x1.8p23f);
+    const V z = _mm256_fmadd_ps(x, Bcast(0x1.715476p+0f), shift);
+    const V n = _mm256_sub_ps(z, shift);
+    const V b = _mm256_fnmadd_ps(n, Bcast(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, Bcast(0x1.62e4p-1f), x));
+    const V u = _mm256_mul_ps(b, b);
+    const V j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(Bcast(0x1.0e4020p-7f), b, Bcast(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(Bcast(0x1.555e66p-3f), b, Bcast(0x1.fffdb6p-2f))),
+        u, _mm256_fmadd_ps(Bcast(0x1.ffffecp-1f), b, Bcast(1.0f)));
+    // |n| > 192 is settled below; clamp first so the integer conversion stays in range.
+    const V nc = _mm256_min_ps(_mm256_max_ps(n, Bcast(-192.0f)), Bcast(192.0f));
+    const __m256i k = _mm256_cvtps_epi32(nc);  // exact: nc is an integer
+    V r = _mm256_mul_ps(j, Pow2(k));
+    const __m256i low = _mm256_cmpgt_epi32(_mm256_set1_epi32(-126), k);
+    const __m256i high = _mm256_cmpgt_epi32(k, _mm256_set1_epi32(127));
+    if (!_mm256_testz_si256(_mm256_or_si256(low, high), _mm256_or_si256(low, high))) {
+      const V r_low = _mm256_mul_ps(_mm256_mul_ps(j, Pow2(_mm256_add_epi32(k, _mm256_set1_epi32(100)))), Bcast(0x1p-100f));
+      const V r_high = _mm256_mul_ps(_mm256_mul_ps(j, Pow2(_mm256_sub_epi32(k, _mm256_set1_epi32(100)))), Bcast(0x1p100f));
+      r = _mm256_blendv_ps(r, r_low, _mm256_castsi256_ps(low));
+      r = _mm256_blendv_ps(r, r_high, _mm256_castsi256_ps(high));
+    }
+    const V big = _mm256_cmp_ps(_mm256_andnot_ps(Bcast(-0.0f), n), Bcast(192.0f), _CMP_GT_OQ);
+    if (_mm256_movemask_ps(big) != 0) {
+      const V inf_or_zero = _mm256_and_ps(_mm256_cmp_ps(n, Zero(), _CMP_GT_OQ), Bcast(__builtin_inff()));
+      r = _mm256_blendv_ps(r, inf_or_zero, big);
+    }
+    return r;
+  }
 
   static V LoadF16(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static V LoadI8(const uint8_t* p) {
@@ -72,7 +127,8 @@ struct Avx2 {
 
 #include "engine/backend/cpu/attention_simd_impl.h"
 
-constexpr AttentionKernels kAvx2Table{"avx2", &detail::DotRowsAny<Avx2>, &detail::AxpyRowsAny<Avx2>};
+constexpr AttentionKernels kAvx2Table{"avx2", &detail::DotRowsAny<Avx2>, &detail::AxpyRowsAny<Avx2>,
+                                      &detail::SoftmaxRow<Avx2>};
 
 }  // namespace
 

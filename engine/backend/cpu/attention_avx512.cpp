@@ -25,11 +25,50 @@ struct Avx512 {
   static V Zero() { return _mm512_setzero_ps(); }
   static V Load(const float* p) { return _mm512_loadu_ps(p); }
   static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static void StoreN(float* p, V v, int n) { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v); }
+  static void StoreN(float* p, V v, int n) {
+    if (n == 16) Store(p, v);
+    else _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
+  }
   static V Bcast(float x) { return _mm512_set1_ps(x); }
   static V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V Max(V a, V b) { return _mm512_max_ps(a, b); }
+  static __mmask16 Mask(int n) { return static_cast<__mmask16>((1u << n) - 1); }
+  // The first n lanes (n <= 16) of p, zeros after; never reads past p + n.
+  static V LoadN(const float* p, int n) { return n == 16 ? Load(p) : _mm512_maskz_loadu_ps(Mask(n), p); }
+  // Lanes < n from a, the others from b.
+  static V Select(int n, V a, V b) { return n == 16 ? a : _mm512_mask_mov_ps(b, Mask(n), a); }
+  static float ReduceMax(V v) { return _mm512_reduce_max_ps(v); }
+  // lanes[l] += lanes[l + w] for w = 8, 4, 2, 1 (cpu::Softmax's order); returns lanes[0].
+  static float PairwiseSum16(const V* e) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(e[0]), _mm512_extractf32x8_ps(e[0], 1));
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+  }
+  static V RoundF16(V x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  // cpu::ExpPoly lane by lane, with the same fused and unfused operations in the same order;
+  // scalef is ldexp (one rounding, subnormal results included).
+  static V Exp(V x) {
+    const V shift = Bcast(0x1.8p23f);
+    const V z = _mm512_fmadd_ps(x, Bcast(0x1.715476p+0f), shift);
+    const V n = _mm512_sub_ps(z, shift);
+    const V b = _mm512_fnmadd_ps(n, Bcast(0x1.7f7d1cp-20f), _mm512_fnmadd_ps(n, Bcast(0x1.62e4p-1f), x));
+    const V u = _mm512_mul_ps(b, b);
+    const V j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(Bcast(0x1.0e4020p-7f), b, Bcast(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(Bcast(0x1.555e66p-3f), b, Bcast(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(Bcast(0x1.ffffecp-1f), b, Bcast(1.0f)));
+    V r = _mm512_scalef_ps(j, n);
+    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), Bcast(192.0f), _CMP_GT_OQ);
+    if (big != 0) {
+      const __mmask16 pos = _mm512_cmp_ps_mask(n, Zero(), _CMP_GT_OQ);
+      r = _mm512_mask_mov_ps(r, big, _mm512_mask_mov_ps(Zero(), pos, Bcast(__builtin_inff())));
+    }
+    return r;
+  }
 
   static V LoadF16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static V LoadI8(const uint8_t* p) {
@@ -76,7 +115,8 @@ struct Avx512 {
 
 #include "engine/backend/cpu/attention_simd_impl.h"
 
-constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::AxpyRowsAny<Avx512>};
+constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::AxpyRowsAny<Avx512>,
+                                        &detail::SoftmaxRow<Avx512>};
 
 }  // namespace
 

@@ -7,6 +7,11 @@
 
 #include "engine/backend/cpu/attention.h"
 
+#include <algorithm>
+
+#include "engine/backend/cpu/ops.h"
+#include "engine/model/quants.h"
+
 namespace kvfs::cpu {
 
 namespace {
@@ -45,10 +50,19 @@ void AxpyRowsScalar(const KvFormat& f, const KvRows& v, const float* w, int64_t 
   }
 }
 
+void SoftmaxScalar(float* s, int64_t n, int64_t n_total, float scale, bool round_f16) {
+  for (int64_t p = 0; p < n; ++p) s[p] *= scale;
+  Softmax(s, n);
+  std::fill(s + n, s + n_total, 0.0f);
+  if (round_f16) {
+    for (int64_t p = 0; p < n; ++p) s[p] = Fp16ToFp32(Fp32ToFp16(s[p]));
+  }
+}
+
 }  // namespace
 
 const AttentionKernels& ScalarAttentionKernels() {
-  static const AttentionKernels table{"scalar", &DotRowsScalar, &AxpyRowsScalar};
+  static const AttentionKernels table{"scalar", &DotRowsScalar, &AxpyRowsScalar, &SoftmaxScalar};
   return table;
 }
 

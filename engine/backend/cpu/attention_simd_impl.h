@@ -223,6 +223,50 @@ void AxpyRows(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, in
   }
 }
 
+// The softmax of attention.h, vectorised: exactly cpu::Softmax's arithmetic (T::Exp is the same
+// polynomial with the same roundings; sums are taken per chunk of 16 values reduced pairwise in
+// float, then accumulated in double), so every table gives the same bits.
+template <class T>
+void SoftmaxRow(float* s, int64_t n, int64_t n_total, float scale, bool round_f16) {
+  using V = typename T::V;
+  constexpr int W = T::W;
+  const V vscale = T::Bcast(scale);
+  // Pass 1: scale, and the maximum (masked lanes of the tail read as -inf).
+  V vmax = T::Bcast(-__builtin_inff());
+  for (int64_t i = 0; i < n; i += W) {
+    const int r = static_cast<int>(Min64(W, n - i));
+    const V x = T::Mul(T::LoadN(s + i, r), vscale);
+    T::StoreN(s + i, x, r);
+    vmax = T::Max(vmax, T::Select(r, x, T::Bcast(-__builtin_inff())));
+  }
+  const V m = T::Bcast(T::ReduceMax(vmax));
+  // Pass 2: exponentials and their sum, in the reference's chunks of 16.
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; i += 16) {
+    V e[16 / W];
+    for (int k = 0; k < 16 / W; ++k) {
+      const int64_t off = i + k * W;
+      const int r = off >= n ? 0 : static_cast<int>(Min64(W, n - off));
+      if (r == 0) {
+        e[k] = T::Zero();
+        continue;
+      }
+      e[k] = T::Select(r, T::Exp(T::Sub(T::LoadN(s + off, r), m)), T::Zero());
+      T::StoreN(s + off, e[k], r);
+    }
+    sum += static_cast<double>(T::PairwiseSum16(e));
+  }
+  // Pass 3: normalise (and round to f16 for the f16 path); zero what this query may not see.
+  const V inv = T::Bcast(static_cast<float>(1.0 / sum));
+  for (int64_t i = 0; i < n; i += W) {
+    const int r = static_cast<int>(Min64(W, n - i));
+    V x = T::Mul(T::LoadN(s + i, r), inv);
+    if (round_f16) x = T::RoundF16(x);
+    T::StoreN(s + i, x, r);
+  }
+  for (int64_t i = n; i < n_total; ++i) s[i] = 0.0f;
+}
+
 template <class T>
 void DotRowsAny(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, float* scores, int64_t s_stride) {
   if (!FastPathOk<T>(f, k.hd)) return ScalarAttentionKernels().dot_rows(f, k, q, nq, scores, s_stride);

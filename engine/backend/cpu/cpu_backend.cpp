@@ -151,14 +151,8 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
       for (int64_t j = 0; j < item.n; ++j) {
         const int64_t visible = token_pos_[item.t0 + j] + 1;
         for (int64_t g = 0; g < group; ++g) {
-          float* srow = sc.scores.data() + (j * group + g) * n_ctx;
-          for (int64_t p = 0; p < visible; ++p) srow[p] *= scale;
-          cpu::Softmax(srow, visible);
-          std::fill(srow + visible, srow + n_ctx, 0.0f);
           // The reference's f16 path rounds the weights to f16 before multiplying V.
-          if (fmt.type == KvType::kF16) {
-            for (int64_t p = 0; p < visible; ++p) srow[p] = Fp16ToFp32(Fp32ToFp16(srow[p]));
-          }
+          attn_.softmax(sc.scores.data() + (j * group + g) * n_ctx, visible, n_ctx, scale, fmt.type == KvType::kF16);
         }
       }
       for (int64_t p0 = 0; p0 < n_ctx; p0 += B - p0 % B) {
