@@ -222,6 +222,26 @@ TEST_P(AttentionConformanceTest, SoftmaxIsBitExact) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// f16 rounding of queries: the same bits as Fp16ToFp32(Fp32ToFp16(x)) over normal, subnormal,
+// overflowing and exactly-halfway values, at every tail length.
+TEST_P(AttentionConformanceTest, RoundF16IsBitExact) {
+  const AttentionKernels* table = AttentionKernelsByName(GetParam());
+  if (table == nullptr) GTEST_SKIP() << "attention table " << GetParam() << " not supported by this CPU";
+  std::mt19937 rng(11);
+  std::vector<float> x;
+  for (float mag : {1e-7f, 1e-5f, 0.01f, 1.0f, 300.0f, 60000.0f, 70000.0f}) {
+    std::uniform_real_distribution<float> uni(-mag, mag);
+    for (int i = 0; i < 200; ++i) x.push_back(uni(rng));
+  }
+  for (int i = 0; i < 100; ++i) x.push_back(1.0f + (2 * i + 1) * 0x1p-11f);  // halfway between two halfs
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{15}, int64_t{17}, static_cast<int64_t>(x.size())}) {
+    std::vector<float> a(x.begin(), x.begin() + n), b = a;
+    ScalarAttentionKernels().round_f16(a.data(), n);
+    table->round_f16(b.data(), n);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0) << "n=" << n;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AttentionConformance, AttentionConformanceTest, ::testing::Values("avx2", "avx512"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

@@ -35,11 +35,15 @@ using KvAxpyRowsFn = void (*)(const KvFormat& f, const KvRows& v, const float* w
 // what cpu::Softmax (ops.h) does, bit for bit: same exp polynomial, same summation order.
 using KvSoftmaxFn = void (*)(float* s, int64_t n, int64_t n_total, float scale, bool round_f16);
 
+// x[i] = f32(f16(x[i])) for i < n, rounding to nearest even (queries for an f16 cache).
+using RoundF16Fn = void (*)(float* x, int64_t n);
+
 struct AttentionKernels {
   const char* name;
   KvDotRowsFn dot_rows;
   KvAxpyRowsFn axpy_rows;
   KvSoftmaxFn softmax;
+  RoundF16Fn round_f16;
 };
 
 const AttentionKernels& ScalarAttentionKernels();

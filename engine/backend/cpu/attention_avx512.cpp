@@ -116,7 +116,7 @@ struct Avx512 {
 #include "engine/backend/cpu/attention_simd_impl.h"
 
 constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::AxpyRowsAny<Avx512>,
-                                        &detail::SoftmaxRow<Avx512>};
+                                        &detail::SoftmaxRow<Avx512>, &detail::RoundF16<Avx512>};
 
 }  // namespace
 

@@ -50,19 +50,21 @@ void AxpyRowsScalar(const KvFormat& f, const KvRows& v, const float* w, int64_t 
   }
 }
 
+void RoundF16Scalar(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
+}
+
 void SoftmaxScalar(float* s, int64_t n, int64_t n_total, float scale, bool round_f16) {
   for (int64_t p = 0; p < n; ++p) s[p] *= scale;
   Softmax(s, n);
   std::fill(s + n, s + n_total, 0.0f);
-  if (round_f16) {
-    for (int64_t p = 0; p < n; ++p) s[p] = Fp16ToFp32(Fp32ToFp16(s[p]));
-  }
+  if (round_f16) RoundF16Scalar(s, n);
 }
 
 }  // namespace
 
 const AttentionKernels& ScalarAttentionKernels() {
-  static const AttentionKernels table{"scalar", &DotRowsScalar, &AxpyRowsScalar, &SoftmaxScalar};
+  static const AttentionKernels table{"scalar", &DotRowsScalar, &AxpyRowsScalar, &SoftmaxScalar, &RoundF16Scalar};
   return table;
 }
 

@@ -297,6 +297,14 @@ void SoftmaxRow(float* s, int64_t n, int64_t n_total, float scale, bool round_f1
 }
 
 template <class T>
+void RoundF16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += T::W) {
+    const int r = static_cast<int>(Min64(T::W, n - i));
+    T::StoreN(x + i, T::RoundF16(T::LoadN(x + i, r)), r);
+  }
+}
+
+template <class T>
 void DotRowsAny(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, float* scores, int64_t s_stride) {
   if (!FastPathOk<T>(f, k.hd)) return ScalarAttentionKernels().dot_rows(f, k, q, nq, scores, s_stride);
   switch (f.type) {

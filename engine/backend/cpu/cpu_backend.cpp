@@ -127,7 +127,7 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
       const int64_t n_ctx = token_pos_[item.t0 + item.n - 1] + 1;  // the last query sees the most
       sc.q.resize(nq * hd);
       sc.out.assign(nq * hd, 0.0f);
-      sc.scores.assign(nq * n_ctx, 0.0f);
+      sc.scores.resize(nq * n_ctx);  // no zeroing: dot_rows writes every score, softmax every weight
       for (int64_t j = 0; j < item.n; ++j) {
         for (int64_t g = 0; g < group; ++g) {
           float* qd = sc.q.data() + (j * group + g) * hd;
@@ -135,9 +135,7 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
           std::copy(qs, qs + hd, qd);
           if (fmt.rotate) HadamardTransform(qd, hd);
           // With an f16 cache, Q is rounded to f16 as the reference's f16 path does.
-          if (fmt.type == KvType::kF16) {
-            for (int64_t d = 0; d < hd; ++d) qd[d] = Fp16ToFp32(Fp32ToFp16(qd[d]));
-          }
+          if (fmt.type == KvType::kF16) attn_.round_f16(qd, hd);
         }
       }
       // Scores block by block (rows of one block are contiguous).
