@@ -242,6 +242,19 @@ TEST_P(AttentionConformanceTest, RoundF16IsBitExact) {
   }
 }
 
+TEST_P(AttentionConformanceTest, HadamardIsBitExact) {
+  const AttentionKernels* table = AttentionKernelsByName(GetParam());
+  if (table == nullptr) GTEST_SKIP() << "attention table " << GetParam() << " not supported by this CPU";
+  std::mt19937 rng(13);
+  for (int64_t n : {2, 8, 16, 32, 64, 128, 256, 512}) {
+    const std::vector<float> x = RandomVector(n, rng, false);
+    std::vector<float> a = x, b = x;
+    HadamardTransform(a.data(), n);
+    table->hadamard(b.data(), n);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0) << "n=" << n;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AttentionConformance, AttentionConformanceTest, ::testing::Values("avx2", "avx512"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

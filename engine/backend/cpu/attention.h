@@ -38,12 +38,17 @@ using KvSoftmaxFn = void (*)(float* s, int64_t n, int64_t n_total, float scale, 
 // x[i] = f32(f16(x[i])) for i < n, rounding to nearest even (queries for an f16 cache).
 using RoundF16Fn = void (*)(float* x, int64_t n);
 
+// HadamardTransform (kv_format.h) of n values in place, bit for bit (rotating queries and
+// outputs of a rotated cache).
+using HadamardFn = void (*)(float* x, int64_t n);
+
 struct AttentionKernels {
   const char* name;
   KvDotRowsFn dot_rows;
   KvAxpyRowsFn axpy_rows;
   KvSoftmaxFn softmax;
   RoundF16Fn round_f16;
+  HadamardFn hadamard;
 };
 
 const AttentionKernels& ScalarAttentionKernels();

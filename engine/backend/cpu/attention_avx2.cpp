@@ -53,6 +53,24 @@ struct Avx2 {
     const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
     return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
   }
+  // One Hadamard stage of span len (1, 2, 4) inside the vector: lane i gets x[i] + x[i + len]
+  // where bit len of i is clear, x[i - len] - x[i] where it is set.
+  static V Butterfly(V x, int len) {
+    switch (len) {
+      case 1: {
+        const V p = _mm256_permute_ps(x, 0xB1);
+        return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xAA);
+      }
+      case 2: {
+        const V p = _mm256_permute_ps(x, 0x4E);
+        return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xCC);
+      }
+      default: {
+        const V p = _mm256_permute2f128_ps(x, x, 0x01);
+        return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xF0);
+      }
+    }
+  }
   static V RoundF16(V x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
   // 2^k as a float, for -126 <= k <= 127.
   static V Pow2(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
@@ -128,7 +146,8 @@ struct Avx2 {
 #include "engine/backend/cpu/attention_simd_impl.h"
 
 constexpr AttentionKernels kAvx2Table{"avx2", &detail::DotRowsAny<Avx2>, &detail::AxpyRowsAny<Avx2>,
-                                      &detail::SoftmaxRow<Avx2>, &detail::RoundF16<Avx2>};
+                                      &detail::SoftmaxRow<Avx2>, &detail::RoundF16<Avx2>,
+                                      &detail::Hadamard<Avx2>};
 
 }  // namespace
 

@@ -48,6 +48,19 @@ struct Avx512 {
     const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
     return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
   }
+  // One Hadamard stage of span len (1, 2, 4, 8) inside the vector: lane i gets x[i] + x[i + len]
+  // where bit len of i is clear, x[i - len] - x[i] where it is set.
+  static V Butterfly(V x, int len) {
+    V p;
+    __mmask16 hi;
+    switch (len) {
+      case 1: p = _mm512_permute_ps(x, 0xB1); hi = 0xAAAA; break;
+      case 2: p = _mm512_permute_ps(x, 0x4E); hi = 0xCCCC; break;
+      case 4: p = _mm512_shuffle_f32x4(x, x, 0xB1); hi = 0xF0F0; break;
+      default: p = _mm512_shuffle_f32x4(x, x, 0x4E); hi = 0xFF00; break;
+    }
+    return _mm512_mask_sub_ps(_mm512_add_ps(x, p), hi, p, x);
+  }
   static V RoundF16(V x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
   // cpu::ExpPoly lane by lane, with the same fused and unfused operations in the same order;
   // scalef is ldexp (one rounding, subnormal results included).
@@ -116,7 +129,8 @@ struct Avx512 {
 #include "engine/backend/cpu/attention_simd_impl.h"
 
 constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::AxpyRowsAny<Avx512>,
-                                        &detail::SoftmaxRow<Avx512>, &detail::RoundF16<Avx512>};
+                                        &detail::SoftmaxRow<Avx512>, &detail::RoundF16<Avx512>,
+                                        &detail::Hadamard<Avx512>};
 
 }  // namespace
 

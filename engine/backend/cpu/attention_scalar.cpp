@@ -64,7 +64,8 @@ void SoftmaxScalar(float* s, int64_t n, int64_t n_total, float scale, bool round
 }  // namespace
 
 const AttentionKernels& ScalarAttentionKernels() {
-  static const AttentionKernels table{"scalar", &DotRowsScalar, &AxpyRowsScalar, &SoftmaxScalar, &RoundF16Scalar};
+  static const AttentionKernels table{"scalar", &DotRowsScalar, &AxpyRowsScalar, &SoftmaxScalar, &RoundF16Scalar,
+                                      &HadamardTransform};
   return table;
 }
 

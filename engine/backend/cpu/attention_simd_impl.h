@@ -304,6 +304,43 @@ void RoundF16(float* x, int64_t n) {
   }
 }
 
+// HadamardTransform's butterflies in its order (stages of growing span, a + b then a - b, the
+// scale last), so the results are its bits: spans below W inside each vector, the rest across
+// the NV vectors (a compile-time count, so they stay in registers).
+template <class T, int NV>
+void HadamardN(float* x, int64_t n) {
+  constexpr int W = T::W;
+  typename T::V v[NV];
+  for (int k = 0; k < NV; ++k) v[k] = T::Load(x + k * W);
+  for (int len = 1; len < W; len <<= 1) {
+    for (int k = 0; k < NV; ++k) v[k] = T::Butterfly(v[k], len);
+  }
+  for (int len = 1; len < NV; len <<= 1) {
+    for (int i = 0; i < NV; i += 2 * len) {
+      for (int j = i; j < i + len; ++j) {
+        const typename T::V a = v[j], b = v[j + len];
+        v[j] = T::Add(a, b);
+        v[j + len] = T::Sub(a, b);
+      }
+    }
+  }
+  const typename T::V norm = T::Bcast(1.0f / __builtin_sqrtf(static_cast<float>(n)));
+  for (int k = 0; k < NV; ++k) T::Store(x + k * W, T::Mul(v[k], norm));
+}
+
+// Lengths of 1 to 16 vectors; others go to the scalar function.
+template <class T>
+void Hadamard(float* x, int64_t n) {
+  switch (n / T::W * (n % T::W == 0 ? 1 : 0)) {
+    case 1: return HadamardN<T, 1>(x, n);
+    case 2: return HadamardN<T, 2>(x, n);
+    case 4: return HadamardN<T, 4>(x, n);
+    case 8: return HadamardN<T, 8>(x, n);
+    case 16: return HadamardN<T, 16>(x, n);
+    default: return HadamardTransform(x, n);
+  }
+}
+
 template <class T>
 void DotRowsAny(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, float* scores, int64_t s_stride) {
   if (!FastPathOk<T>(f, k.hd)) return ScalarAttentionKernels().dot_rows(f, k, q, nq, scores, s_stride);

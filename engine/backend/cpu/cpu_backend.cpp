@@ -133,7 +133,7 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
           float* qd = sc.q.data() + (j * group + g) * hd;
           const float* qs = q_.data() + (item.t0 + j) * hp_.n_embd_q() + (item.kv_head * group + g) * hd;
           std::copy(qs, qs + hd, qd);
-          if (fmt.rotate) HadamardTransform(qd, hd);
+          if (fmt.rotate) attn_.hadamard(qd, hd);
           // With an f16 cache, Q is rounded to f16 as the reference's f16 path does.
           if (fmt.type == KvType::kF16) attn_.round_f16(qd, hd);
         }
@@ -161,7 +161,7 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
       for (int64_t j = 0; j < item.n; ++j) {
         for (int64_t g = 0; g < group; ++g) {
           float* o = sc.out.data() + (j * group + g) * hd;
-          if (fmt.rotate) HadamardTransform(o, hd);  // H is its own inverse
+          if (fmt.rotate) attn_.hadamard(o, hd);  // H is its own inverse
           std::copy(o, o + hd, att_.data() + (item.t0 + j) * hp_.n_embd_q() + (item.kv_head * group + g) * hd);
         }
       }
