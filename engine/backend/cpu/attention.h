@@ -29,15 +29,43 @@ using KvDotRowsFn = void (*)(const KvFormat& f, const KvRows& k, const float* q,
 using KvAxpyRowsFn = void (*)(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride,
                               float* out);
 
+// One query's attention weights, in place: s[p] = softmax(scale * s[p]) over p < n (the
+// positions it may see), each rounded to f16 and back when round_f16 (the reference's f16 path
+// multiplies V by f16 weights), and s[p] = 0 for n <= p < n_total. Every table computes exactly
+// what cpu::Softmax (ops.h) does, bit for bit: same exp polynomial, same summation order.
+using KvSoftmaxFn = void (*)(float* s, int64_t n, int64_t n_total, float scale, bool round_f16);
+
+// x[i] = f32(f16(x[i])) for i < n, rounding to nearest even (queries for an f16 cache).
+using RoundF16Fn = void (*)(float* x, int64_t n);
+
+// HadamardTransform (kv_format.h) of n values in place, bit for bit (rotating queries and
+// outputs of a rotated cache).
+using HadamardFn = void (*)(float* x, int64_t n);
+
 struct AttentionKernels {
   const char* name;
   KvDotRowsFn dot_rows;
   KvAxpyRowsFn axpy_rows;
+  KvSoftmaxFn softmax;
+  RoundF16Fn round_f16;
+  HadamardFn hadamard;
 };
 
 const AttentionKernels& ScalarAttentionKernels();
 // The attention table matching a matrix kernel table name ("scalar", "avx2", "avx512"); the
-// scalar one when there is no specialised table for that name.
+// scalar one when there is no specialised table for that name or this CPU lacks its ISA.
+// Debugging knob: KVFS_ATTN=scalar|avx2|avx512 in the environment overrides the name (an
+// unsupported choice falls back as above), so the SIMD attention kernels can be run end to end
+// (golden tests, kvfs bench) under any matrix kernel table.
 const AttentionKernels& AttentionKernelsFor(const std::string& table_name);
+// The attention table of that name if this build has it and this CPU can run it, else null.
+const AttentionKernels* AttentionKernelsByName(const std::string& name);
+
+#if defined(__x86_64__) || defined(_M_X64)
+// The SIMD tables themselves (attention_avx2.cpp, attention_avx512.cpp). Compiled with their
+// ISA flags: call only after the matching cpuid check (AttentionKernelsByName does it).
+const AttentionKernels& Avx2AttentionKernels();
+const AttentionKernels& Avx512AttentionKernels();
+#endif
 
 }  // namespace kvfs::cpu

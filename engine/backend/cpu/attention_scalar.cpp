@@ -2,9 +2,15 @@
 // path accumulates the weighted sum of V in 16 interleaved partial sums reduced pairwise
 // (the order of the reference engine's f16 GEMM), which keeps long contexts closest to it.
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "engine/backend/cpu/attention.h"
+
+#include <algorithm>
+
+#include "engine/backend/cpu/ops.h"
+#include "engine/model/quants.h"
 
 namespace kvfs::cpu {
 
@@ -44,16 +50,45 @@ void AxpyRowsScalar(const KvFormat& f, const KvRows& v, const float* w, int64_t 
   }
 }
 
+void RoundF16Scalar(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
+}
+
+void SoftmaxScalar(float* s, int64_t n, int64_t n_total, float scale, bool round_f16) {
+  for (int64_t p = 0; p < n; ++p) s[p] *= scale;
+  Softmax(s, n);
+  std::fill(s + n, s + n_total, 0.0f);
+  if (round_f16) RoundF16Scalar(s, n);
+}
+
 }  // namespace
 
 const AttentionKernels& ScalarAttentionKernels() {
-  static const AttentionKernels table{"scalar", &DotRowsScalar, &AxpyRowsScalar};
+  static const AttentionKernels table{"scalar", &DotRowsScalar, &AxpyRowsScalar, &SoftmaxScalar, &RoundF16Scalar,
+                                      &HadamardTransform};
   return table;
 }
 
+const AttentionKernels* AttentionKernelsByName(const std::string& name) {
+  if (name == "scalar") return &ScalarAttentionKernels();
+#if defined(__x86_64__) || defined(_M_X64)
+  // The same feature sets the files are compiled for (engine/CMakeLists.txt).
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (name == "avx2" && avx2) return &Avx2AttentionKernels();
+  if (name == "avx512" && avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return &Avx512AttentionKernels();
+  }
+#endif
+  return nullptr;
+}
+
 const AttentionKernels& AttentionKernelsFor(const std::string& table_name) {
-  (void)table_name;  // specialised tables register here as they are added
-  return ScalarAttentionKernels();
+  if (const char* forced = std::getenv("KVFS_ATTN"); forced != nullptr && *forced != '\0') {
+    if (const AttentionKernels* table = AttentionKernelsByName(forced)) return *table;
+  }
+  const AttentionKernels* table = AttentionKernelsByName(table_name);
+  return table != nullptr ? *table : ScalarAttentionKernels();
 }
 
 }  // namespace kvfs::cpu

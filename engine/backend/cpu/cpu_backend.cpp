@@ -128,17 +128,15 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
       const int64_t n_ctx = token_pos_[item.t0 + item.n - 1] + 1;  // the last query sees the most
       sc.q.resize(nq * hd);
       sc.out.assign(nq * hd, 0.0f);
-      sc.scores.assign(nq * n_ctx, 0.0f);
+      sc.scores.resize(nq * n_ctx);  // no zeroing: dot_rows writes every score, softmax every weight
       for (int64_t j = 0; j < item.n; ++j) {
         for (int64_t g = 0; g < group; ++g) {
           float* qd = sc.q.data() + (j * group + g) * hd;
           const float* qs = q_.data() + (item.t0 + j) * hp_.n_embd_q() + (item.kv_head * group + g) * hd;
           std::copy(qs, qs + hd, qd);
-          if (fmt.rotate) HadamardTransform(qd, hd);
+          if (fmt.rotate) attn_.hadamard(qd, hd);
           // With an f16 cache, Q is rounded to f16 as the reference's f16 path does.
-          if (fmt.type == KvType::kF16) {
-            for (int64_t d = 0; d < hd; ++d) qd[d] = Fp16ToFp32(Fp32ToFp16(qd[d]));
-          }
+          if (fmt.type == KvType::kF16) attn_.round_f16(qd, hd);
         }
       }
       // Scores block by block (rows of one block are contiguous).
@@ -152,14 +150,8 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
       for (int64_t j = 0; j < item.n; ++j) {
         const int64_t visible = token_pos_[item.t0 + j] + 1;
         for (int64_t g = 0; g < group; ++g) {
-          float* srow = sc.scores.data() + (j * group + g) * n_ctx;
-          for (int64_t p = 0; p < visible; ++p) srow[p] *= scale;
-          cpu::Softmax(srow, visible);
-          std::fill(srow + visible, srow + n_ctx, 0.0f);
           // The reference's f16 path rounds the weights to f16 before multiplying V.
-          if (fmt.type == KvType::kF16) {
-            for (int64_t p = 0; p < visible; ++p) srow[p] = Fp16ToFp32(Fp32ToFp16(srow[p]));
-          }
+          attn_.softmax(sc.scores.data() + (j * group + g) * n_ctx, visible, n_ctx, scale, fmt.type == KvType::kF16);
         }
       }
       for (int64_t p0 = 0; p0 < n_ctx; p0 += B - p0 % B) {
@@ -170,7 +162,7 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
       for (int64_t j = 0; j < item.n; ++j) {
         for (int64_t g = 0; g < group; ++g) {
           float* o = sc.out.data() + (j * group + g) * hd;
-          if (fmt.rotate) HadamardTransform(o, hd);  // H is its own inverse
+          if (fmt.rotate) attn_.hadamard(o, hd);  // H is its own inverse
           std::copy(o, o + hd, att_.data() + (item.t0 + j) * hp_.n_embd_q() + (item.kv_head * group + g) * hd);
         }
       }

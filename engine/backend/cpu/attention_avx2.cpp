@@ -1,0 +1,158 @@
+// AVX2 + FMA + F16C attention kernels: 8 lanes, 16 registers. Compiled with those flags
+// (engine/CMakeLists.txt); reached only through AttentionKernelsFor after a cpuid check.
+// Everything but the table accessor has internal linkage (see attention_simd_impl.h).
+#include "engine/backend/cpu/attention.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace kvfs::cpu {
+namespace {
+
+struct Avx2 {
+  static constexpr int W = 8;
+  // Register tiles: dot 2 panels x 6 queries = 12 accumulators + 2 K vectors + 1 broadcast;
+  // axpy 2 chunks (16 values) x 6 queries = 12 accumulators + 2 V vectors + 1 broadcast.
+  static constexpr int kDotQ = 6;
+  static constexpr int kAxpyQ = 6;
+  static constexpr int kAxpyC = 2;
+  using V = __m256;
+
+  static V Zero() { return _mm256_setzero_ps(); }
+  static V Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static void StoreN(float* p, V v, int n) {
+    if (n == 8) Store(p, v);
+    else _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), v);
+  }
+  static V Bcast(float x) { return _mm256_set1_ps(x); }
+  static V Add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V Max(V a, V b) { return _mm256_max_ps(a, b); }
+  static __m256i Mask(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+  // The first n lanes (n <= 8) of p, zeros after; never reads past p + n.
+  static V LoadN(const float* p, int n) { return n == 8 ? Load(p) : _mm256_maskload_ps(p, Mask(n)); }
+  // Lanes < n from a, the others from b.
+  static V Select(int n, V a, V b) { return n == 8 ? a : _mm256_blendv_ps(b, a, _mm256_castsi256_ps(Mask(n))); }
+  static float ReduceMax(V v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  }
+  // lanes[l] += lanes[l + w] for w = 8, 4, 2, 1 over a chunk of 16 held in e[0], e[1]
+  // (cpu::Softmax's order); returns lanes[0].
+  static float PairwiseSum16(const V* e) {
+    const __m256 a = _mm256_add_ps(e[0], e[1]);
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+  }
+  // One Hadamard stage of span len (1, 2, 4) inside the vector: lane i gets x[i] + x[i + len]
+  // where bit len of i is clear, x[i - len] - x[i] where it is set.
+  static V Butterfly(V x, int len) {
+    switch (len) {
+      case 1: {
+        const V p = _mm256_permute_ps(x, 0xB1);
+        return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xAA);
+      }
+      case 2: {
+        const V p = _mm256_permute_ps(x, 0x4E);
+        return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xCC);
+      }
+      default: {
+        const V p = _mm256_permute2f128_ps(x, x, 0x01);
+        return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xF0);
+      }
+    }
+  }
+  static V RoundF16(V x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  // 2^k as a float, for -126 <= k <= 127.
+  static V Pow2(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
+  // cpu::ExpPoly lane by lane, with the same fused and unfused operations in the same order.
+  // ldexp(j, n) is j * 2^n, one rounding, when 2^n is a normal float; beyond that range it is
+  // done in two steps whose first is exact (j * 2^(n -+ 100) stays normal), so still one rounding.
+  static V Exp(V x) {
+    const V shift = Bcast(0x1.8p23f);
+    const V z = _mm256_fmadd_ps(x, Bcast(0x1.715476p+0f), shift);
+    const V n = _mm256_sub_ps(z, shift);
+    const V b = _mm256_fnmadd_ps(n, Bcast(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, Bcast(0x1.62e4p-1f), x));
+    const V u = _mm256_mul_ps(b, b);
+    const V j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(Bcast(0x1.0e4020p-7f), b, Bcast(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(Bcast(0x1.555e66p-3f), b, Bcast(0x1.fffdb6p-2f))),
+        u, _mm256_fmadd_ps(Bcast(0x1.ffffecp-1f), b, Bcast(1.0f)));
+    // |n| > 192 is settled below; clamp first so the integer conversion stays in range.
+    const V nc = _mm256_min_ps(_mm256_max_ps(n, Bcast(-192.0f)), Bcast(192.0f));
+    const __m256i k = _mm256_cvtps_epi32(nc);  // exact: nc is an integer
+    V r = _mm256_mul_ps(j, Pow2(k));
+    const __m256i low = _mm256_cmpgt_epi32(_mm256_set1_epi32(-126), k);
+    const __m256i high = _mm256_cmpgt_epi32(k, _mm256_set1_epi32(127));
+    if (!_mm256_testz_si256(_mm256_or_si256(low, high), _mm256_or_si256(low, high))) {
+      const V r_low = _mm256_mul_ps(_mm256_mul_ps(j, Pow2(_mm256_add_epi32(k, _mm256_set1_epi32(100)))), Bcast(0x1p-100f));
+      const V r_high = _mm256_mul_ps(_mm256_mul_ps(j, Pow2(_mm256_sub_epi32(k, _mm256_set1_epi32(100)))), Bcast(0x1p100f));
+      r = _mm256_blendv_ps(r, r_low, _mm256_castsi256_ps(low));
+      r = _mm256_blendv_ps(r, r_high, _mm256_castsi256_ps(high));
+    }
+    const V big = _mm256_cmp_ps(_mm256_andnot_ps(Bcast(-0.0f), n), Bcast(192.0f), _CMP_GT_OQ);
+    if (_mm256_movemask_ps(big) != 0) {
+      const V inf_or_zero = _mm256_and_ps(_mm256_cmp_ps(n, Zero(), _CMP_GT_OQ), Bcast(__builtin_inff()));
+      r = _mm256_blendv_ps(r, inf_or_zero, big);
+    }
+    return r;
+  }
+
+  static V LoadF16(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V LoadI8(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  // 8 4-bit codes from 4 bytes: value 2i is the low nibble of byte i, 2i+1 the high one.
+  static V LoadU4(const uint8_t* p) {
+    int32_t x;
+    std::memcpy(&x, p, 4);
+    const __m128i b = _mm_cvtsi32_si128(x);
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(b, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+  }
+
+  // In-register 8x8 transpose: r[j] becomes column j (24 shuffles).
+  static void Transpose(V r[8]) {
+    V t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + k]: in 128-bit lane L, rows 4g..4g+3 of column 4L + k.
+    for (int g = 0; g < 2; ++g) {
+      u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {
+      r[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+      r[4 + k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+    }
+  }
+};
+
+#include "engine/backend/cpu/attention_simd_impl.h"
+
+constexpr AttentionKernels kAvx2Table{"avx2", &detail::DotRowsAny<Avx2>, &detail::AxpyRowsAny<Avx2>,
+                                      &detail::SoftmaxRow<Avx2>, &detail::RoundF16<Avx2>,
+                                      &detail::Hadamard<Avx2>};
+
+}  // namespace
+
+const AttentionKernels& Avx2AttentionKernels() { return kAvx2Table; }
+
+}  // namespace kvfs::cpu
+
+#endif  // x86-64

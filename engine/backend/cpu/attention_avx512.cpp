@@ -1,0 +1,141 @@
+// AVX-512 (F/BW/VL, with F16C and FMA) attention kernels: 16 lanes, 32 registers. Compiled with
+// AVX-512 flags (engine/CMakeLists.txt); reached only through AttentionKernelsFor after a cpuid
+// check. Everything but the table accessor has internal linkage (see attention_simd_impl.h).
+#include "engine/backend/cpu/attention.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace kvfs::cpu {
+namespace {
+
+struct Avx512 {
+  static constexpr int W = 16;
+  // Register tiles: dot 2 panels x 12 queries = 24 accumulators + 2 K vectors; axpy 4 chunks
+  // (64 values) x 6 queries = 24 accumulators + 4 V vectors + 1 broadcast: all within 32.
+  static constexpr int kDotQ = 12;
+  static constexpr int kAxpyQ = 6;
+  static constexpr int kAxpyC = 4;
+  using V = __m512;
+
+  static V Zero() { return _mm512_setzero_ps(); }
+  static V Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void StoreN(float* p, V v, int n) {
+    if (n == 16) Store(p, v);
+    else _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
+  }
+  static V Bcast(float x) { return _mm512_set1_ps(x); }
+  static V Add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V Max(V a, V b) { return _mm512_max_ps(a, b); }
+  static __mmask16 Mask(int n) { return static_cast<__mmask16>((1u << n) - 1); }
+  // The first n lanes (n <= 16) of p, zeros after; never reads past p + n.
+  static V LoadN(const float* p, int n) { return n == 16 ? Load(p) : _mm512_maskz_loadu_ps(Mask(n), p); }
+  // Lanes < n from a, the others from b.
+  static V Select(int n, V a, V b) { return n == 16 ? a : _mm512_mask_mov_ps(b, Mask(n), a); }
+  static float ReduceMax(V v) { return _mm512_reduce_max_ps(v); }
+  // lanes[l] += lanes[l + w] for w = 8, 4, 2, 1 (cpu::Softmax's order); returns lanes[0].
+  static float PairwiseSum16(const V* e) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(e[0]), _mm512_extractf32x8_ps(e[0], 1));
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+  }
+  // One Hadamard stage of span len (1, 2, 4, 8) inside the vector: lane i gets x[i] + x[i + len]
+  // where bit len of i is clear, x[i - len] - x[i] where it is set.
+  static V Butterfly(V x, int len) {
+    V p;
+    __mmask16 hi;
+    switch (len) {
+      case 1: p = _mm512_permute_ps(x, 0xB1); hi = 0xAAAA; break;
+      case 2: p = _mm512_permute_ps(x, 0x4E); hi = 0xCCCC; break;
+      case 4: p = _mm512_shuffle_f32x4(x, x, 0xB1); hi = 0xF0F0; break;
+      default: p = _mm512_shuffle_f32x4(x, x, 0x4E); hi = 0xFF00; break;
+    }
+    return _mm512_mask_sub_ps(_mm512_add_ps(x, p), hi, p, x);
+  }
+  static V RoundF16(V x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  // cpu::ExpPoly lane by lane, with the same fused and unfused operations in the same order;
+  // scalef is ldexp (one rounding, subnormal results included).
+  static V Exp(V x) {
+    const V shift = Bcast(0x1.8p23f);
+    const V z = _mm512_fmadd_ps(x, Bcast(0x1.715476p+0f), shift);
+    const V n = _mm512_sub_ps(z, shift);
+    const V b = _mm512_fnmadd_ps(n, Bcast(0x1.7f7d1cp-20f), _mm512_fnmadd_ps(n, Bcast(0x1.62e4p-1f), x));
+    const V u = _mm512_mul_ps(b, b);
+    const V j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(Bcast(0x1.0e4020p-7f), b, Bcast(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(Bcast(0x1.555e66p-3f), b, Bcast(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(Bcast(0x1.ffffecp-1f), b, Bcast(1.0f)));
+    V r = _mm512_scalef_ps(j, n);
+    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), Bcast(192.0f), _CMP_GT_OQ);
+    if (big != 0) {
+      const __mmask16 pos = _mm512_cmp_ps_mask(n, Zero(), _CMP_GT_OQ);
+      r = _mm512_mask_mov_ps(r, big, _mm512_mask_mov_ps(Zero(), pos, Bcast(__builtin_inff())));
+    }
+    return r;
+  }
+
+  static V LoadF16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V LoadI8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // 16 4-bit codes from 8 bytes: value 2i is the low nibble of byte i, 2i+1 the high one.
+  static V LoadU4(const uint8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(b, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+  }
+
+  // In-register 16x16 transpose: r[j] becomes column j. Pairs of rows are interleaved, then
+  // pairs of pairs, then 128-bit lanes are gathered across groups of four rows (64 shuffles).
+  static void Transpose(V r[16]) {
+    V t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + k]: in 128-bit lane L, rows 4g..4g+3 of column 4L + k.
+    for (int g = 0; g < 4; ++g) {
+      const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+      const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+      u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+      u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int k = 0; k < 4; ++k) {
+      const V a = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);  // lanes: g0L0 g0L2 g1L0 g1L2
+      const V b = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);  // g0L1 g0L3 g1L1 g1L3
+      const V c = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+      const V d = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+      r[k] = _mm512_shuffle_f32x4(a, c, 0x88);       // column k      (lane 0 of every group)
+      r[8 + k] = _mm512_shuffle_f32x4(a, c, 0xdd);   // column 8 + k  (lane 2)
+      r[4 + k] = _mm512_shuffle_f32x4(b, d, 0x88);   // column 4 + k  (lane 1)
+      r[12 + k] = _mm512_shuffle_f32x4(b, d, 0xdd);  // column 12 + k (lane 3)
+    }
+  }
+};
+
+#include "engine/backend/cpu/attention_simd_impl.h"
+
+constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::AxpyRowsAny<Avx512>,
+                                        &detail::SoftmaxRow<Avx512>, &detail::RoundF16<Avx512>,
+                                        &detail::Hadamard<Avx512>};
+
+}  // namespace
+
+const AttentionKernels& Avx512AttentionKernels() { return kAvx512Table; }
+
+}  // namespace kvfs::cpu
+
+#endif  // x86-64
