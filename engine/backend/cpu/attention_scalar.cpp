@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/backend/cpu/attention.h"
+#include "engine/backend/cpu/cpu_features.h"
 
 #include <algorithm>
 
@@ -73,10 +74,9 @@ const AttentionKernels* AttentionKernelsByName(const std::string& name) {
   if (name == "scalar") return &ScalarAttentionKernels();
 #if defined(__x86_64__) || defined(_M_X64)
   // The same feature sets the files are compiled for (engine/CMakeLists.txt).
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  if (name == "avx2" && avx2) return &Avx2AttentionKernels();
-  if (name == "avx512" && avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+  const CpuFeatures& cpu = HostCpuFeatures();
+  if (name == "avx2" && cpu.avx2_fma_f16c) return &Avx2AttentionKernels();
+  if (name == "avx512" && cpu.avx512_core) {
     return &Avx512AttentionKernels();
   }
 #endif

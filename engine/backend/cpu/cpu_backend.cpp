@@ -175,7 +175,7 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
   const int64_t n_embd = hp_.n_embd, n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv();
 
   // Validate and reserve every sequence first so a failure leaves all of them untouched.
-  int64_t T = 0, n_out_rows = 0;
+  int64_t T = 0;
   for (const SequenceStep& s : steps) {
     if (s.kv == nullptr || s.tokens.empty()) return InvalidArgument("empty step in a batch");
     const KvLayout& kl = s.kv->layout();
@@ -187,7 +187,6 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
     }
     KVFS_RETURN_IF_ERROR(s.kv->Reserve(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size())));
     T += static_cast<int64_t>(s.tokens.size());
-    n_out_rows += s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
   }
   token_pos_.resize(T);
   token_seq_.resize(T);

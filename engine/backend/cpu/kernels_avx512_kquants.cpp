@@ -74,7 +74,8 @@ inline void LoadKWeights(const uint8_t* b, KWeights& k) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
     for (int h = 0; h < 2; ++h) {
       const __m512i l = _mm512_loadu_si512(ql + 64 * h);
-      const __m512i c = _mm512_shuffle_i64x2(hq, hq, h == 0 ? 0x44 : 0xEE);  // qh half h, twice
+      // qh half h, twice (the shuffle immediate must be a constant, hence the two calls)
+      const __m512i c = h == 0 ? _mm512_shuffle_i64x2(hq, hq, 0x44) : _mm512_shuffle_i64x2(hq, hq, 0xEE);
       // Elements 128h + 0..63: low nibbles of ql, qh bits 0-1 (then 2-3) moved to bits 4-5.
       k.codes[2 * h] = _mm512_ternarylogic_epi32(
           l, _mm512_and_si512(_mm512_sllv_epi16(c, Load(kShiftL4_2)), bits45), low4, 0xEC);  // (l & low4) | x

@@ -1,5 +1,7 @@
 #include "engine/backend/cpu/ops.h"
 
+#include "engine/backend/cpu/cpu_features.h"
+
 #include <cmath>
 #include <cstdint>
 
@@ -69,18 +71,31 @@ inline float ExpPolyInline(float x) {
 // Element loops compiled three times (AVX-512, AVX2+FMA, baseline) and chosen once by cpuid.
 // Every variant performs the same IEEE operations, so results are bit-identical. (Not
 // target_clones: its ifunc resolvers run before sanitizer runtimes initialise.)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
 namespace avx512 {
 #include "engine/backend/cpu/element_loops.inc"
 }  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 namespace avx2 {
 #include "engine/backend/cpu/element_loops.inc"
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 namespace baseline {
 #include "engine/backend/cpu/element_loops.inc"
 }  // namespace baseline
@@ -92,12 +107,11 @@ struct ElementLoops {
 
 const ElementLoops& Loops() {
   static const ElementLoops loops = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    const CpuFeatures& cpu = HostCpuFeatures();
+    if (cpu.avx512_core) {
       return ElementLoops{avx512::ExpShifted, avx512::SwiGluPoly};
     }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (cpu.avx2_fma_f16c) {
       return ElementLoops{avx2::ExpShifted, avx2::SwiGluPoly};
     }
     return ElementLoops{baseline::ExpShifted, baseline::SwiGluPoly};
