@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu/cpu_features.h"
 #include "engine/backend/cpu/kernel_select.h"
 #include "engine/core/thread_pool.h"
 #include "tools/args.h"
@@ -44,8 +45,25 @@ Stats Summarize(std::vector<double> v) {
   return s;
 }
 
-// Read bandwidth of this machine with n_threads: each thread sums its share of a buffer much
-// larger than the caches; best of several passes (GB/s).
+// Sums a range of 64-bit words with 8 independent accumulators; compiled once per ISA so the
+// probe reads with the widest loads the CPU has (the weight kernels do; a narrower probe would
+// understate the machine and flatter the decode fraction).
+template <int kUnused>
+inline uint64_t SumWords(const uint64_t* p, int64_t n) {
+  uint64_t s[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) s[k] += p[i + k];
+  }
+  for (; i < n; ++i) s[0] += p[i];
+  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+__attribute__((target("avx512f"))) uint64_t SumWordsAvx512(const uint64_t* p, int64_t n) { return SumWords<512>(p, n); }
+__attribute__((target("avx2"))) uint64_t SumWordsAvx2(const uint64_t* p, int64_t n) { return SumWords<256>(p, n); }
+uint64_t SumWordsBaseline(const uint64_t* p, int64_t n) { return SumWords<128>(p, n); }
+
+// Read bandwidth of this machine with the pool's threads: each thread sums its share of a
+// buffer much larger than the caches; best of several passes (GB/s).
 double MeasureReadBandwidth(ThreadPool& pool) {
   const size_t bytes = size_t{1} << 30;
   std::vector<uint64_t> buf(bytes / 8);
@@ -53,22 +71,16 @@ double MeasureReadBandwidth(ThreadPool& pool) {
     auto [b, e] = SplitRange(static_cast<int64_t>(buf.size()), ith, nth);
     for (int64_t i = b; i < e; ++i) buf[i] = static_cast<uint64_t>(i);
   });
+  const cpu::CpuFeatures& cpu = cpu::HostCpuFeatures();
+  uint64_t (*sum)(const uint64_t*, int64_t) =
+      cpu.avx512_core ? SumWordsAvx512 : cpu.avx2_fma_f16c ? SumWordsAvx2 : SumWordsBaseline;
   double best = 0;
   std::vector<uint64_t> sums(pool.size());
   for (int pass = 0; pass < 5; ++pass) {
     auto t0 = Clock::now();
     pool.Run([&](int ith, int nth) {
       auto [b, e] = SplitRange(static_cast<int64_t>(buf.size()), ith, nth);
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      int64_t i = b;
-      for (; i + 4 <= e; i += 4) {
-        s0 += buf[i];
-        s1 += buf[i + 1];
-        s2 += buf[i + 2];
-        s3 += buf[i + 3];
-      }
-      for (; i < e; ++i) s0 += buf[i];
-      sums[ith] = s0 + s1 + s2 + s3;
+      sums[ith] = sum(buf.data() + b, e - b);
     });
     best = std::max(best, bytes / Seconds(t0, Clock::now()) / 1e9);
   }
