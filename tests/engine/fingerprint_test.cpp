@@ -18,14 +18,14 @@ constexpr size_t kBig = 1 << 20;  // bytes of the big tensor: 3 x 64 KiB sampled
 
 std::vector<uint8_t> Model() {
   testing::GgufBuilder b;
-  b.AddString("general.architecture", "llama");
-  b.AddU32("llama.block_count", 2);
-  b.AddF32("llama.rope.freq_base", 10000.0f);
-  b.AddStringArray("tokenizer.ggml.tokens", {"<s>", "a", "b"});
-  b.AddTensor("small", 0, {8}, store::testing::PseudoRandom(32, 1));
-  b.AddTensor("big", 0, {kBig / 4}, store::testing::PseudoRandom(kBig, 2));
-  b.AddTensor("mid", 1, {100000}, store::testing::PseudoRandom(200000, 3));
-  return b.Build();
+  b.Str("general.architecture", "llama");
+  b.U32("llama.block_count", 2);
+  b.F32("llama.rope.freq_base", 10000.0f);
+  b.StrArray("tokenizer.ggml.tokens", {"<s>", "a", "b"});
+  b.Tensor("small", 0, {8}, store::testing::PseudoRandom(32, 1));
+  b.Tensor("big", 0, {kBig / 4}, store::testing::PseudoRandom(kBig, 2));
+  b.Tensor("mid", 1, {100000}, store::testing::PseudoRandom(200000, 3));
+  return b.Bytes();
 }
 
 std::string Fp(const std::vector<uint8_t>& bytes) {

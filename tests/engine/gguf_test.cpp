@@ -18,19 +18,19 @@ std::vector<uint8_t> F32Data(std::initializer_list<float> v) {
 
 GgufBuilder SmallValid() {
   GgufBuilder b;
-  b.AddString("general.architecture", "llama");
-  b.AddU32("llama.block_count", 2);
-  b.AddF32("llama.eps", 1e-5f);
-  b.AddBool("flag", true);
-  b.AddStringArray("tokenizer.ggml.tokens", {"a", "bc", ""});
-  b.AddI32Array("ints", {-1, 2, 3});
-  b.AddTensor("w", 0, {2, 2}, F32Data({1, 2, 3, 4}));
-  b.AddTensor("v", 1, {4}, std::vector<uint8_t>(8, 0));
+  b.Str("general.architecture", "llama");
+  b.U32("llama.block_count", 2);
+  b.F32("llama.eps", 1e-5f);
+  b.Bool("flag", true);
+  b.StrArray("tokenizer.ggml.tokens", {"a", "bc", ""});
+  b.I32Array("ints", {-1, 2, 3});
+  b.Tensor("w", 0, {2, 2}, F32Data({1, 2, 3, 4}));
+  b.Tensor("v", 1, {4}, std::vector<uint8_t>(8, 0));
   return b;
 }
 
 TEST(GgufReader, ParsesMetadataAndTensors) {
-  auto bytes = SmallValid().Build();
+  auto bytes = SmallValid().Bytes();
   auto f = GgufFile::Parse(bytes);
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_EQ((*f)->version(), 3u);
@@ -62,8 +62,8 @@ TEST(GgufReader, ParsesMetadataAndTensors) {
 
 TEST(GgufReader, Version2IsAccepted) {
   GgufBuilder b(2);
-  b.AddU32("x", 1);
-  auto bytes = b.Build();
+  b.U32("x", 1);
+  auto bytes = b.Bytes();
   EXPECT_TRUE(GgufFile::Parse(bytes).ok());
 }
 
@@ -79,7 +79,7 @@ void Poke64(std::vector<uint8_t>& b, size_t at, uint64_t v) { std::memcpy(&b[at]
 
 TEST(GgufReader, RejectsMalformedHeaders) {
   std::vector<BadCase> cases;
-  auto good = SmallValid().Build();
+  auto good = SmallValid().Bytes();
   { auto b = good; b[0] = 'X'; cases.push_back({"bad magic", b, "magic"}); }
   { auto b = good; Poke32(b, 4, 1); cases.push_back({"version 1", b, "version 1"}); }
   { auto b = good; Poke32(b, 4, 4); cases.push_back({"version 4", b, "version 4"}); }
@@ -89,28 +89,28 @@ TEST(GgufReader, RejectsMalformedHeaders) {
   { auto b = good; b.resize(30); cases.push_back({"truncated header", b, "cannot fit"}); }
   { auto b = good; b.resize(b.size() - 40); cases.push_back({"truncated data", b, "outside"}); }
   {
-    GgufBuilder g; g.AddTensor("w", 2, {33, 1}, std::vector<uint8_t>(18, 0));  // Q4_0 needs rows of 32k
-    cases.push_back({"row not multiple of block", g.Build(), "multiple"});
+    GgufBuilder g; g.Tensor("w", 2, {33, 1}, std::vector<uint8_t>(18, 0));  // Q4_0 needs rows of 32k
+    cases.push_back({"row not multiple of block", g.Bytes(), "multiple"});
   }
-  { GgufBuilder g; g.AddTensor("w", 99, {4}, std::vector<uint8_t>(16, 0)); cases.push_back({"unknown type", g.Build(), "unknown ggml type"}); }
-  { GgufBuilder g; g.AddTensor("w", 0, {4, 0}, {}); cases.push_back({"zero dim", g.Build(), "dimension"}); }
-  { GgufBuilder g; g.AddTensor("w", 0, {1, 1, 1, 1, 1}, std::vector<uint8_t>(4, 0)); cases.push_back({"5 dims", g.Build(), "dimensions"}); }
-  { GgufBuilder g; g.AddTensor("w", 0, {1ull << 39, 1ull << 39}, {}); cases.push_back({"overflow", g.Build(), "overflow"}); }
+  { GgufBuilder g; g.Tensor("w", 99, {4}, std::vector<uint8_t>(16, 0)); cases.push_back({"unknown type", g.Bytes(), "unknown ggml type"}); }
+  { GgufBuilder g; g.Tensor("w", 0, {4, 0}, {}); cases.push_back({"zero dim", g.Bytes(), "dimension"}); }
+  { GgufBuilder g; g.Tensor("w", 0, {1, 1, 1, 1, 1}, std::vector<uint8_t>(4, 0)); cases.push_back({"5 dims", g.Bytes(), "dimensions"}); }
+  { GgufBuilder g; g.Tensor("w", 0, {1ull << 39, 1ull << 39}, {}); cases.push_back({"overflow", g.Bytes(), "overflow"}); }
   {
-    GgufBuilder g; g.AddTensor("w", 0, {4}, std::vector<uint8_t>(16, 0)); g.AddTensor("w", 0, {4}, std::vector<uint8_t>(16, 0));
-    cases.push_back({"duplicate tensor", g.Build(), "twice"});
+    GgufBuilder g; g.Tensor("w", 0, {4}, std::vector<uint8_t>(16, 0)); g.Tensor("w", 0, {4}, std::vector<uint8_t>(16, 0));
+    cases.push_back({"duplicate tensor", g.Bytes(), "twice"});
   }
-  { GgufBuilder g; g.AddU32("k", 1); g.AddU32("k", 2); cases.push_back({"duplicate key", g.Build(), "twice"}); }
-  { GgufBuilder g; g.AddU32("general.alignment", 3); cases.push_back({"bad alignment", g.Build(), "power of two"}); }
-  { GgufBuilder g; g.AddBool("b", true); auto b = g.Build(); b[24 + 8 + 1 + 4] = 7; cases.push_back({"bad bool", b, "bool"}); }
+  { GgufBuilder g; g.U32("k", 1); g.U32("k", 2); cases.push_back({"duplicate key", g.Bytes(), "twice"}); }
+  { GgufBuilder g; g.U32("general.alignment", 3); cases.push_back({"bad alignment", g.Bytes(), "power of two"}); }
+  { GgufBuilder g; g.Bool("b", true); auto b = g.Bytes(); b[24 + 8 + 1 + 4] = 7; cases.push_back({"bad bool", b, "bool"}); }
   {
-    GgufBuilder g; g.AddU32("k", 1); auto b = g.Build();
+    GgufBuilder g; g.U32("k", 1); auto b = g.Bytes();
     Poke32(b, 24 + 8 + 1, 77);  // the value type of "k"
     cases.push_back({"unknown value type", b, "unknown value type"});
   }
   {
     // Tensor offset not aligned: patch the offset field of the only tensor.
-    GgufBuilder g; g.AddTensor("w", 0, {4}, std::vector<uint8_t>(16, 0)); auto b = g.Build();
+    GgufBuilder g; g.Tensor("w", 0, {4}, std::vector<uint8_t>(16, 0)); auto b = g.Bytes();
     Poke64(b, 24 + 8 + 1 + 4 + 8 + 4, 4);
     cases.push_back({"unaligned offset", b, "alignment"});
   }
@@ -125,7 +125,7 @@ TEST(GgufReader, RejectsMalformedHeaders) {
 // Every prefix of a valid file and random byte flips: errors or success, never a crash
 // (ASan/UBSan builds make out-of-bounds reads fatal).
 TEST(GgufReader, SurvivesTruncationAndCorruption) {
-  auto good = SmallValid().Build();
+  auto good = SmallValid().Bytes();
   // Every prefix that cuts into the header or any tensor's data must be refused (only the
   // alignment padding after the last tensor may be missing).
   uint64_t data_end = 0;

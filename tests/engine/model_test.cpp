@@ -62,8 +62,8 @@ TEST(ModelLoad, ReadsStoriesHyperParameters) {
 
 TEST(ModelLoad, UnsupportedArchitectureIsNamed) {
   testing::GgufBuilder b;
-  b.AddString("general.architecture", "mamba");
-  TempFile f(b.Build());
+  b.Str("general.architecture", "mamba");
+  TempFile f(b.Bytes());
   auto m = Model::Load(f.path());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kUnsupported);

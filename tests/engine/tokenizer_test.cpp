@@ -8,13 +8,13 @@
 #include <random>
 
 #include "engine/model/gguf.h"
-#include "tests/engine/gguf_writer.h"
+#include "tests/gguf_builder.h"
 #include "tests/test_support.h"
 
 namespace kvfs {
 namespace {
 
-using testing::GgufWriter;
+using testing::GgufBuilder;
 
 // Keeps the image alive as long as the parsed file (GgufFile::Parse does not copy).
 struct Built {
@@ -22,7 +22,7 @@ struct Built {
   std::unique_ptr<GgufFile> gguf;
 };
 
-Built Parse(const GgufWriter& w) {
+Built Parse(const GgufBuilder& w) {
   Built b;
   b.bytes = w.Bytes();
   auto f = GgufFile::Parse(b.bytes);
@@ -31,7 +31,7 @@ Built Parse(const GgufWriter& w) {
   return b;
 }
 
-Result<std::unique_ptr<Tokenizer>> Build(const GgufWriter& w, Built& keep) {
+Result<std::unique_ptr<Tokenizer>> Build(const GgufBuilder& w, Built& keep) {
   keep = Parse(w);
   if (!keep.gguf) return Internal("test image did not parse");
   return Tokenizer::FromGguf(*keep.gguf);
@@ -68,8 +68,8 @@ struct SpmVocab {
     return kNoToken;
   }
   // GGUF keys must be unique: a test that sets an id itself leaves it out here.
-  GgufWriter Writer(std::optional<uint32_t> bos = 1, std::optional<uint32_t> eos = 2) const {
-    GgufWriter w;
+  GgufBuilder Writer(std::optional<uint32_t> bos = 1, std::optional<uint32_t> eos = 2) const {
+    GgufBuilder w;
     w.Str("tokenizer.ggml.model", "llama")
         .StrArray("tokenizer.ggml.tokens", tokens)
         .F32Array("tokenizer.ggml.scores", scores)
@@ -119,7 +119,7 @@ TEST(SpmTokenizer, SpecialTokensAndSpacePrefix) {
             (std::vector<TokenId>{sp_ab, v.Id("<tool>"), v.Id("\xE2\x96\x81"), sp_ab}));
 
   SpmVocab v2;
-  GgufWriter w = v2.Writer();
+  GgufBuilder w = v2.Writer();
   w.Bool("tokenizer.ggml.add_space_prefix", false);
   Built keep2;
   auto no_prefix = Build(w, keep2);
@@ -164,9 +164,9 @@ TEST(SpmTokenizer, ArbitraryBytesRoundTrip) {
 }
 
 // A byte-level BPE vocabulary ("Ġ" is the space of GPT-2's byte alphabet).
-GgufWriter BpeWriter(const std::vector<std::string>& tokens, const std::vector<int32_t>& types,
+GgufBuilder BpeWriter(const std::vector<std::string>& tokens, const std::vector<int32_t>& types,
                      const std::vector<std::string>& merges, std::string_view pre = "gpt-2") {
-  GgufWriter w;
+  GgufBuilder w;
   w.Str("tokenizer.ggml.model", "gpt2")
       .Str("tokenizer.ggml.pre", pre)
       .StrArray("tokenizer.ggml.tokens", tokens)
@@ -181,7 +181,7 @@ const std::vector<int32_t> kBpeTypes = {1, 1, 1, 1, 1, 3, 1, 4, 1};
 const std::vector<std::string> kBpeMerges = {"H i", "\xC4\xA0 Hi"};
 
 TEST(BpeTokenizer, MergesByRank) {
-  GgufWriter w = BpeWriter(kBpeTokens, kBpeTypes, kBpeMerges);
+  GgufBuilder w = BpeWriter(kBpeTokens, kBpeTypes, kBpeMerges);
   w.U32("tokenizer.ggml.eos_token_id", 5).U32("tokenizer.ggml.bos_token_id", 5);
   Built keep;
   auto tok = Build(w, keep);
@@ -199,7 +199,7 @@ TEST(BpeTokenizer, MergesByRank) {
 }
 
 TEST(BpeTokenizer, EndOfGenerationSet) {
-  GgufWriter w = BpeWriter(kBpeTokens, kBpeTypes, kBpeMerges);
+  GgufBuilder w = BpeWriter(kBpeTokens, kBpeTypes, kBpeMerges);
   w.U32("tokenizer.ggml.eos_token_id", 5).U32("tokenizer.ggml.bos_token_id", 5);
   Built keep;
   auto tok = Build(w, keep);
@@ -217,7 +217,7 @@ TEST(BpeTokenizer, EndOfGenerationSet) {
 }
 
 TEST(BpeTokenizer, InvalidUtf8DoesNotCrash) {
-  GgufWriter w = BpeWriter(kBpeTokens, kBpeTypes, kBpeMerges);
+  GgufBuilder w = BpeWriter(kBpeTokens, kBpeTypes, kBpeMerges);
   Built keep;
   auto tok = Build(w, keep);
   ASSERT_TRUE(tok.ok());
@@ -234,14 +234,14 @@ TEST(BpeTokenizer, InvalidUtf8DoesNotCrash) {
 
 // --- metadata validation: every malformed input is an error value, never a crash.
 
-Status FromGgufStatus(const GgufWriter& w) {
+Status FromGgufStatus(const GgufBuilder& w) {
   Built keep;
   auto tok = Build(w, keep);
   return tok.ok() ? Status::Ok() : tok.status();
 }
 
 TEST(TokenizerMetadata, Defaults) {
-  GgufWriter w = BpeWriter(kBpeTokens, kBpeTypes, kBpeMerges);
+  GgufBuilder w = BpeWriter(kBpeTokens, kBpeTypes, kBpeMerges);
   Built keep;
   auto tok = Build(w, keep);
   ASSERT_TRUE(tok.ok()) << tok.status().message();
@@ -250,7 +250,7 @@ TEST(TokenizerMetadata, Defaults) {
   EXPECT_EQ((*tok)->eos(), kNoToken);
 
   SpmVocab v;
-  GgufWriter s = v.Writer(1, 0xFFFFFFFF);
+  GgufBuilder s = v.Writer(1, 0xFFFFFFFF);
   s.Bool("tokenizer.ggml.add_bos_token", false);
   Built keep2;
   auto spm = Build(s, keep2);
@@ -263,7 +263,7 @@ TEST(TokenizerMetadata, MalformedIsAnError) {
   SpmVocab v;
   struct Case {
     const char* what;
-    GgufWriter writer;
+    GgufBuilder writer;
     StatusCode code;
     const char* message_part;
   };
@@ -272,7 +272,7 @@ TEST(TokenizerMetadata, MalformedIsAnError) {
   auto short_types = v.types;
   short_types.pop_back();
   cases.push_back({"token_type shorter than tokens",
-                   GgufWriter()
+                   GgufBuilder()
                        .Str("tokenizer.ggml.model", "llama")
                        .StrArray("tokenizer.ggml.tokens", v.tokens)
                        .I32Array("tokenizer.ggml.token_type", short_types),
@@ -280,7 +280,7 @@ TEST(TokenizerMetadata, MalformedIsAnError) {
   auto short_scores = v.scores;
   short_scores.resize(3);
   cases.push_back({"scores shorter than tokens",
-                   GgufWriter()
+                   GgufBuilder()
                        .Str("tokenizer.ggml.model", "llama")
                        .StrArray("tokenizer.ggml.tokens", v.tokens)
                        .F32Array("tokenizer.ggml.scores", short_scores),
@@ -298,21 +298,21 @@ TEST(TokenizerMetadata, MalformedIsAnError) {
                    v.Writer(0xFFFFFFFF), StatusCode::kCorrupt,
                    "BOS"});
   cases.push_back({"unsupported model",
-                   GgufWriter()
+                   GgufBuilder()
                        .Str("tokenizer.ggml.model", "bert")
                        .StrArray("tokenizer.ggml.tokens", v.tokens),
                    StatusCode::kUnsupported, "unsupported tokenizer model bert"});
-  cases.push_back({"no model", GgufWriter().StrArray("tokenizer.ggml.tokens", v.tokens),
+  cases.push_back({"no model", GgufBuilder().StrArray("tokenizer.ggml.tokens", v.tokens),
                    StatusCode::kCorrupt, "tokenizer.ggml.model"});
-  cases.push_back({"no tokens", GgufWriter().Str("tokenizer.ggml.model", "llama"),
+  cases.push_back({"no tokens", GgufBuilder().Str("tokenizer.ggml.model", "llama"),
                    StatusCode::kCorrupt, "tokenizer.ggml.tokens"});
   cases.push_back({"tokens not strings",
-                   GgufWriter()
+                   GgufBuilder()
                        .Str("tokenizer.ggml.model", "llama")
                        .I32Array("tokenizer.ggml.tokens", {1, 2, 3}),
                    StatusCode::kCorrupt, "tokenizer.ggml.tokens"});
   cases.push_back({"token_type not integers",
-                   GgufWriter()
+                   GgufBuilder()
                        .Str("tokenizer.ggml.model", "llama")
                        .StrArray("tokenizer.ggml.tokens", v.tokens)
                        .F32Array("tokenizer.ggml.token_type", v.scores),
@@ -321,7 +321,7 @@ TEST(TokenizerMetadata, MalformedIsAnError) {
                    BpeWriter(kBpeTokens, kBpeTypes, kBpeMerges, "klingon"),
                    StatusCode::kUnsupported, "klingon"});
   cases.push_back({"BPE without merges",
-                   GgufWriter()
+                   GgufBuilder()
                        .Str("tokenizer.ggml.model", "gpt2")
                        .StrArray("tokenizer.ggml.tokens", kBpeTokens),
                    StatusCode::kCorrupt, "merges"});
