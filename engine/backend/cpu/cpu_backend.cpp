@@ -3,7 +3,6 @@
 // is read once per pass; attention runs per sequence over its own KV blocks.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -139,13 +138,16 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
           if (fmt.type == KvType::kF16) attn_.round_f16(qd, hd);
         }
       }
-      // Scores block by block (rows of one block are contiguous).
+      // K and V are walked block by block: rows of one block are contiguous.
       const int64_t B = kv.layout().block_tokens, row_bytes = kv.layout().row_bytes();
-      for (int64_t p0 = 0; p0 < n_ctx; p0 += B - p0 % B) {
-        const int64_t n_rows = std::min(B - p0 % B, n_ctx - p0);
-        cpu::KvRows rows{kv.k_row(layer, p0), row_bytes, n_rows, item.kv_head, hd};
+      auto for_each_block = [&](auto&& row_of, auto&& fn) {
+        for (int64_t p0 = 0; p0 < n_ctx; p0 += B - p0 % B) {
+          fn(p0, cpu::KvRows{row_of(p0), row_bytes, std::min(B - p0 % B, n_ctx - p0), item.kv_head, hd});
+        }
+      };
+      for_each_block([&](int64_t p) { return kv.k_row(layer, p); }, [&](int64_t p0, const cpu::KvRows& rows) {
         attn_.dot_rows(fmt, rows, sc.q.data(), nq, sc.scores.data() + p0, n_ctx);
-      }
+      });
       // Causal softmax per query: query j of the tile sees positions 0..pos(j).
       for (int64_t j = 0; j < item.n; ++j) {
         const int64_t visible = token_pos_[item.t0 + j] + 1;
@@ -154,11 +156,9 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
           attn_.softmax(sc.scores.data() + (j * group + g) * n_ctx, visible, n_ctx, scale, fmt.type == KvType::kF16);
         }
       }
-      for (int64_t p0 = 0; p0 < n_ctx; p0 += B - p0 % B) {
-        const int64_t n_rows = std::min(B - p0 % B, n_ctx - p0);
-        cpu::KvRows rows{kv.v_row(layer, p0), row_bytes, n_rows, item.kv_head, hd};
+      for_each_block([&](int64_t p) { return kv.v_row(layer, p); }, [&](int64_t p0, const cpu::KvRows& rows) {
         attn_.axpy_rows(fmt, rows, sc.scores.data() + p0, nq, n_ctx, sc.out.data());
-      }
+      });
       for (int64_t j = 0; j < item.n; ++j) {
         for (int64_t g = 0; g < group; ++g) {
           float* o = sc.out.data() + (j * group + g) * hd;
@@ -254,8 +254,8 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
       float* vt = &v_[t * n_kv];
       if (fmt.rotate) {
         for (int64_t h = 0; h < hp_.n_head_kv; ++h) {
-          HadamardTransform(kt + h * hp_.head_dim, hp_.head_dim);
-          HadamardTransform(vt + h * hp_.head_dim, hp_.head_dim);
+          attn_.hadamard(kt + h * hp_.head_dim, hp_.head_dim);
+          attn_.hadamard(vt + h * hp_.head_dim, hp_.head_dim);
         }
       }
       KvQuantizeRow(fmt, kt, kv.k_row(il, token_pos_[t]), n_kv);
