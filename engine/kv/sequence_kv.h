@@ -40,7 +40,6 @@ class SequenceKv {
   const KvLayout& layout() const { return layout_; }
   int64_t n_tokens() const { return n_tokens_; }
   int64_t max_tokens() const { return max_tokens_; }
-  int64_t bytes_allocated() const { return static_cast<int64_t>(blocks_.size()) * layout_.block_bytes(); }
 
   // Makes positions [0, n) addressable. OutOfRange past max_tokens.
   Status Reserve(int64_t n);

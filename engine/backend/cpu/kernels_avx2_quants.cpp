@@ -254,16 +254,20 @@ float VecDotQ4_K(const void* w, const void* a, int64_t n) { return KVecDot<KFmt:
 float VecDotQ5_K(const void* w, const void* a, int64_t n) { return KVecDot<KFmt::kQ5K>(w, a, n); }
 float VecDotQ6_K(const void* w, const void* a, int64_t n) { return KVecDot<KFmt::kQ6K>(w, a, n); }
 
-#define KVFS_PASS(nb) w_rows, w_row_bytes, n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride
-void TileQ4_0(KVFS_AVX2_TILE_ARGS) { Tile(LegacyRow<Fmt::kQ4_0>{}, KVFS_PASS(n_in / 32)); }
-void TileQ4_1(KVFS_AVX2_TILE_ARGS) { Tile(LegacyRow<Fmt::kQ4_1>{}, KVFS_PASS(n_in / 32)); }
-void TileQ5_0(KVFS_AVX2_TILE_ARGS) { Tile(LegacyRow<Fmt::kQ5_0>{}, KVFS_PASS(n_in / 32)); }
-void TileQ5_1(KVFS_AVX2_TILE_ARGS) { Tile(LegacyRow<Fmt::kQ5_1>{}, KVFS_PASS(n_in / 32)); }
-void TileQ8_0(KVFS_AVX2_TILE_ARGS) { Tile(LegacyRow<Fmt::kQ8_0>{}, KVFS_PASS(n_in / 32)); }
-void TileQ4_K(KVFS_AVX2_TILE_ARGS) { Tile(KRow<KFmt::kQ4K>{}, KVFS_PASS(n_in / kQK_K)); }
-void TileQ5_K(KVFS_AVX2_TILE_ARGS) { Tile(KRow<KFmt::kQ5K>{}, KVFS_PASS(n_in / kQK_K)); }
-void TileQ6_K(KVFS_AVX2_TILE_ARGS) { Tile(KRow<KFmt::kQ6K>{}, KVFS_PASS(n_in / kQK_K)); }
-#undef KVFS_PASS
+// The table's tile signature takes n_in; the row walkers count blocks.
+template <class Row, int64_t kBlockElems>
+void TileFor(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+             int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
+  Tile(Row{}, w_rows, w_row_bytes, n_rows, x_quant, x_row_bytes, n_tokens, n_in / kBlockElems, y, y_stride);
+}
+const MatMulTileFn TileQ4_0 = &TileFor<LegacyRow<Fmt::kQ4_0>, 32>;
+const MatMulTileFn TileQ4_1 = &TileFor<LegacyRow<Fmt::kQ4_1>, 32>;
+const MatMulTileFn TileQ5_0 = &TileFor<LegacyRow<Fmt::kQ5_0>, 32>;
+const MatMulTileFn TileQ5_1 = &TileFor<LegacyRow<Fmt::kQ5_1>, 32>;
+const MatMulTileFn TileQ8_0 = &TileFor<LegacyRow<Fmt::kQ8_0>, 32>;
+const MatMulTileFn TileQ4_K = &TileFor<KRow<KFmt::kQ4K>, kQK_K>;
+const MatMulTileFn TileQ5_K = &TileFor<KRow<KFmt::kQ5K>, kQK_K>;
+const MatMulTileFn TileQ6_K = &TileFor<KRow<KFmt::kQ6K>, kQK_K>;
 
 }  // namespace avx2
 }  // namespace kvfs::cpu

@@ -29,17 +29,9 @@ float VecDotQ4_K(const void* w, const void* a, int64_t n);
 float VecDotQ5_K(const void* w, const void* a, int64_t n);
 float VecDotQ6_K(const void* w, const void* a, int64_t n);
 
-#define KVFS_TILE_ARGS                                                                      \
-  const uint8_t *w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t *x_quant,      \
-      int64_t x_row_bytes, int64_t n_tokens, int64_t n_in, float *y, int64_t y_stride
-void TileQ4_0(KVFS_TILE_ARGS);
-void TileQ4_1(KVFS_TILE_ARGS);
-void TileQ5_0(KVFS_TILE_ARGS);
-void TileQ5_1(KVFS_TILE_ARGS);
-void TileQ8_0(KVFS_TILE_ARGS);
-void TileQ4_K(KVFS_TILE_ARGS);
-void TileQ5_K(KVFS_TILE_ARGS);
-void TileQ6_K(KVFS_TILE_ARGS);
+// Prefill tiles: bound to template instantiations in the ISA's own files (function pointers,
+// so no AVX-compiled symbol with vague linkage is ever shared with portable code).
+extern const MatMulTileFn TileQ4_0, TileQ4_1, TileQ5_0, TileQ5_1, TileQ8_0, TileQ4_K, TileQ5_K, TileQ6_K;
 
 }  // namespace kvfs::cpu::avx512
 

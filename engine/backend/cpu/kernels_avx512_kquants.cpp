@@ -381,11 +381,9 @@ float VecDotQ4_K(const void* w, const void* a, int64_t n) { return KVecDot<KFmt:
 float VecDotQ5_K(const void* w, const void* a, int64_t n) { return KVecDot<KFmt::kQ5K>(w, a, n); }
 float VecDotQ6_K(const void* w, const void* a, int64_t n) { return KVecDot<KFmt::kQ6K>(w, a, n); }
 
-#define KVFS_TILE_PASS w_rows, w_row_bytes, n_rows, x_quant, x_row_bytes, n_tokens, n_in, y, y_stride
-void TileQ4_K(KVFS_TILE_ARGS) { KTile<KFmt::kQ4K>(KVFS_TILE_PASS); }
-void TileQ5_K(KVFS_TILE_ARGS) { KTile<KFmt::kQ5K>(KVFS_TILE_PASS); }
-void TileQ6_K(KVFS_TILE_ARGS) { KTile<KFmt::kQ6K>(KVFS_TILE_PASS); }
-#undef KVFS_TILE_PASS
+const MatMulTileFn TileQ4_K = &KTile<KFmt::kQ4K>;
+const MatMulTileFn TileQ5_K = &KTile<KFmt::kQ5K>;
+const MatMulTileFn TileQ6_K = &KTile<KFmt::kQ6K>;
 
 }  // namespace avx512
 }  // namespace kvfs::cpu

@@ -548,13 +548,11 @@ float VecDotQ5_0(const void* w, const void* a, int64_t n) { return VecDot<FmtQ5_
 float VecDotQ5_1(const void* w, const void* a, int64_t n) { return VecDot<FmtQ5_1>(w, a, n); }
 float VecDotQ8_0(const void* w, const void* a, int64_t n) { return VecDot<FmtQ8_0>(w, a, n); }
 
-#define KVFS_TILE_PASS w_rows, w_row_bytes, n_rows, x_quant, x_row_bytes, n_tokens, n_in, y, y_stride
-void TileQ4_0(KVFS_TILE_ARGS) { Tile<FmtQ4_0>(KVFS_TILE_PASS); }
-void TileQ4_1(KVFS_TILE_ARGS) { Tile<FmtQ4_1>(KVFS_TILE_PASS); }
-void TileQ5_0(KVFS_TILE_ARGS) { Tile<FmtQ5_0>(KVFS_TILE_PASS); }
-void TileQ5_1(KVFS_TILE_ARGS) { Tile<FmtQ5_1>(KVFS_TILE_PASS); }
-void TileQ8_0(KVFS_TILE_ARGS) { Tile<FmtQ8_0>(KVFS_TILE_PASS); }
-#undef KVFS_TILE_PASS
+const MatMulTileFn TileQ4_0 = &Tile<FmtQ4_0>;
+const MatMulTileFn TileQ4_1 = &Tile<FmtQ4_1>;
+const MatMulTileFn TileQ5_0 = &Tile<FmtQ5_0>;
+const MatMulTileFn TileQ5_1 = &Tile<FmtQ5_1>;
+const MatMulTileFn TileQ8_0 = &Tile<FmtQ8_0>;
 
 }  // namespace avx512
 }  // namespace kvfs::cpu
