@@ -1,0 +1,31 @@
+// Engine: the AgentEngine that runs the model. It owns the model, the backend, the KV block
+// pool and the cache store; one engine thread runs every forward pass (turns of all agents,
+// batched), a store thread writes committed blocks and manifests, and a loader thread reads
+// cold agents' blocks back into the pool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/core/status.h"
+#include "engine/runtime/agent_engine.h"
+
+namespace kvfs {
+
+struct EngineOptions {
+  std::string model_path;
+  std::string store_dir;          // empty: nothing persisted (tests, benchmarks)
+  int n_threads = 2;
+  std::string kv = "q4";          // KV format of new agents: f16 | q8 | q4
+  std::string kv_rotate;          // "" (format default) | "on" | "off"
+  int64_t kv_budget_bytes = 0;    // memory for KV blocks; 0: a quarter of the machine's RAM
+  int64_t block_tokens = 256;     // tokens per KV block
+  int64_t n_ctx = 0;              // context length per agent; 0: the model's, at most 32768
+  size_t max_queued_turns = 8;    // per agent, the running one included
+};
+
+// Loads the model, opens (and repairs) the store and restores its agents, starts the threads.
+Result<std::unique_ptr<AgentEngine>> CreateEngine(const EngineOptions& options);
+
+}  // namespace kvfs
