@@ -54,8 +54,7 @@ BlockHash TailKey(std::string_view agent, uint64_t generation) {
   return FromXxh(XXH3_128bits(buf.data(), buf.size()));
 }
 
-BlockPool::BlockPool(int64_t block_bytes, int64_t budget_bytes)
-    : block_bytes_((block_bytes + 63) / 64 * 64), budget_bytes_(budget_bytes) {}
+BlockPool::BlockPool(int64_t budget_bytes) : budget_bytes_(budget_bytes) {}
 
 BlockPool::~BlockPool() {
   std::lock_guard lock(mu_);
@@ -70,8 +69,9 @@ BlockPool::~BlockPool() {
 }
 
 void BlockPool::FreeLocked(PoolBlock* b) {
-  std::memset(b->data, 0, static_cast<size_t>(block_bytes_));
+  std::memset(b->data, 0, static_cast<size_t>(b->bytes));
   std::free(b->data);
+  used_bytes_ -= b->bytes;
   delete b;
   --n_blocks_;
 }
@@ -80,44 +80,45 @@ uint64_t BlockPool::ValueLocked(const PoolBlock& b) const {
   return b.last_use + kHitBoost * std::min(b.hits, kMaxBoostedHits) + (b.pins > 0 ? kPinBoost : 0);
 }
 
-Status BlockPool::MakeRoomLocked() {
-  if (budget_bytes_ <= 0 || (n_blocks_ + 1) * block_bytes_ <= budget_bytes_) return Status::Ok();
-  // Candidates: idle, persisted, unpinned. Drop the least valuable until one more block fits;
-  // a sort per eviction round is fine (rounds are rare, and drop several blocks at once).
+Status BlockPool::MakeRoomLocked(int64_t bytes) {
+  if (budget_bytes_ <= 0 || used_bytes_ + bytes <= budget_bytes_) return Status::Ok();
+  // Candidates: idle, persisted, unpinned. Drop the least valuable until the request fits; a
+  // sort per eviction round is fine (rounds are rare and drop several blocks at once).
   std::vector<PoolBlock*> idle;
   for (auto& [key, b] : index_) {
     if (b->refs == 0 && b->persisted && b->pins == 0) idle.push_back(b);
   }
   std::sort(idle.begin(), idle.end(), [&](PoolBlock* a, PoolBlock* b) { return ValueLocked(*a) < ValueLocked(*b); });
-  const int64_t need = n_blocks_ + 1 - budget_bytes_ / block_bytes_;
-  // Evict a few more than needed (1/16 of the candidates at most) so the next allocations do
-  // not each pay for a scan.
-  const int64_t batch = std::min<int64_t>(static_cast<int64_t>(idle.size()),
-                                          std::max<int64_t>(need, static_cast<int64_t>(idle.size()) / 16));
-  for (int64_t i = 0; i < batch; ++i) {
+  // Free a sixteenth of the budget beyond the request, so the next allocations do not each pay
+  // for a scan.
+  const int64_t target = budget_bytes_ - bytes - budget_bytes_ / 16;
+  for (size_t i = 0; i < idle.size() && (used_bytes_ + bytes > budget_bytes_ || used_bytes_ > target); ++i) {
     index_.erase(idle[i]->key);
     FreeLocked(idle[i]);
     ++evictions_;
   }
-  if ((n_blocks_ + 1) * block_bytes_ > budget_bytes_) {
+  if (used_bytes_ + bytes > budget_bytes_) {
     return Status(StatusCode::kResourceExhausted,
-                  fmt::format("KV budget of {} bytes is used by blocks in use, pinned or not yet persisted "
-                              "({} blocks of {} bytes)",
-                              budget_bytes_, n_blocks_, block_bytes_));
+                  fmt::format("KV budget of {} bytes is taken by blocks in use, pinned or not yet on disk "
+                              "({} bytes in {} blocks)",
+                              budget_bytes_, used_bytes_, n_blocks_));
   }
   return Status::Ok();
 }
 
-Result<PoolBlock*> BlockPool::Allocate() {
+Result<PoolBlock*> BlockPool::Allocate(int64_t bytes) {
+  bytes = (bytes + 63) / 64 * 64;
   std::lock_guard lock(mu_);
-  KVFS_RETURN_IF_ERROR(MakeRoomLocked());
-  void* p = std::aligned_alloc(64, static_cast<size_t>(block_bytes_));
+  KVFS_RETURN_IF_ERROR(MakeRoomLocked(bytes));
+  void* p = std::aligned_alloc(64, static_cast<size_t>(bytes));
   if (p == nullptr) return Status(StatusCode::kResourceExhausted, "out of memory for KV blocks");
   auto* b = new PoolBlock;
   b->data = static_cast<uint8_t*>(p);
+  b->bytes = bytes;
   b->refs = 1;
   b->last_use = ++clock_;
   ++n_blocks_;
+  used_bytes_ += bytes;
   return b;
 }
 
@@ -225,10 +226,9 @@ bool BlockPool::Drop(const BlockHash& key) {
 PoolStats BlockPool::Stats() const {
   std::lock_guard lock(mu_);
   PoolStats s;
-  s.block_bytes = block_bytes_;
   s.budget_bytes = budget_bytes_;
   s.blocks = n_blocks_;
-  s.used_bytes = n_blocks_ * block_bytes_;
+  s.used_bytes = used_bytes_;
   s.named_blocks = static_cast<int64_t>(index_.size());
   for (auto& [key, b] : index_) s.idle_blocks += b->refs == 0 ? 1 : 0;
   s.hits = hits_;

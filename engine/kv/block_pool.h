@@ -32,7 +32,8 @@
 namespace kvfs {
 
 struct PoolBlock {
-  uint8_t* data = nullptr;  // block_bytes, 64-byte aligned
+  uint8_t* data = nullptr;  // `bytes` bytes, 64-byte aligned
+  int64_t bytes = 0;        // a block of one layout (sequence_kv.h); layouts may differ per agent
   int32_t refs = 0;         // sequences using it now
   bool named = false;       // immutable and in the index under `key`
   bool persisted = false;   // a copy is on disk: may be dropped when unreferenced
@@ -43,9 +44,8 @@ struct PoolBlock {
 };
 
 struct PoolStats {
-  int64_t block_bytes = 0;
   int64_t budget_bytes = 0;     // 0: unlimited
-  int64_t used_bytes = 0;       // blocks allocated * block_bytes
+  int64_t used_bytes = 0;       // sum of the blocks' sizes (64-byte rounded)
   int64_t blocks = 0;
   int64_t named_blocks = 0;
   int64_t idle_blocks = 0;      // named, unreferenced: cached only
@@ -64,16 +64,14 @@ BlockHash TailKey(std::string_view agent, uint64_t generation);
 class BlockPool {
  public:
   // budget_bytes <= 0: unlimited.
-  BlockPool(int64_t block_bytes, int64_t budget_bytes);
+  explicit BlockPool(int64_t budget_bytes);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  int64_t block_bytes() const { return block_bytes_; }
-
-  // A new writable block (refs = 1, contents unspecified). Drops idle blocks if the budget
-  // needs room; kResourceExhausted when the budget is taken by blocks in use or pinned.
-  Result<PoolBlock*> Allocate();
+  // A new writable block of `bytes` (refs = 1, contents unspecified). Drops idle blocks if the
+  // budget needs room; kResourceExhausted when the budget is taken by blocks in use or pinned.
+  Result<PoolBlock*> Allocate(int64_t bytes);
   // A cached named block (refs + 1, counts a hit) or nullptr (counts a miss).
   PoolBlock* Acquire(const BlockHash& key);
   // Whether a named block is in memory (no accounting).
@@ -101,15 +99,15 @@ class BlockPool {
   PoolStats Stats() const;
 
  private:
-  Status MakeRoomLocked();  // ensures one more block fits the budget
+  Status MakeRoomLocked(int64_t bytes);  // ensures `bytes` more fit the budget
   void FreeLocked(PoolBlock* b);
   uint64_t ValueLocked(const PoolBlock& b) const;
 
-  const int64_t block_bytes_;
   const int64_t budget_bytes_;
   mutable std::mutex mu_;
   std::unordered_map<BlockHash, PoolBlock*, BlockHashHasher> index_;
   int64_t n_blocks_ = 0;
+  int64_t used_bytes_ = 0;
   uint64_t clock_ = 0;
   uint64_t hits_ = 0, misses_ = 0, evictions_ = 0;
 };

@@ -9,7 +9,7 @@ namespace kvfs {
 
 SequenceKv::SequenceKv(const KvLayout& layout, int64_t max_tokens)
     : layout_(layout), max_tokens_(max_tokens),
-      own_pool_(std::make_unique<BlockPool>(layout.block_bytes(), 0)), pool_(own_pool_.get()) {}
+      own_pool_(std::make_unique<BlockPool>(0)), pool_(own_pool_.get()) {}
 
 SequenceKv::SequenceKv(const KvLayout& layout, int64_t max_tokens, BlockPool& pool)
     : layout_(layout), max_tokens_(max_tokens), pool_(&pool) {}
@@ -51,13 +51,13 @@ Status SequenceKv::Reserve(int64_t n) {
   for (int64_t i = n_tokens_ / B; i < std::min(need, n_blocks()); ++i) {
     PoolBlock* b = table_[i];
     if (!pool_->IsWritable(b)) {
-      KVFS_ASSIGN_OR_RETURN(PoolBlock* copy, pool_->Allocate());
+      KVFS_ASSIGN_OR_RETURN(PoolBlock* copy, pool_->Allocate(layout_.block_bytes()));
       std::memcpy(copy->data, b->data, static_cast<size_t>(layout_.block_bytes()));
       SetBlock(i, copy);
     }
   }
   while (n_blocks() < need) {
-    KVFS_ASSIGN_OR_RETURN(PoolBlock* b, pool_->Allocate());
+    KVFS_ASSIGN_OR_RETURN(PoolBlock* b, pool_->Allocate(layout_.block_bytes()));
     table_.push_back(b);
   }
   return Status::Ok();

@@ -144,7 +144,7 @@ class AgentEngine {
   virtual std::vector<std::string> ListPrefixes() = 0;
   virtual Result<std::string> PrefixText(const std::string& name) = 0;
 
-  virtual EngineStatus Status() = 0;
+  virtual EngineStatus Stats() = 0;
   // .model.json: architecture, sizes, quantization, fingerprint, kv formats, block size.
   virtual nlohmann::json ModelInfo() = 0;
 

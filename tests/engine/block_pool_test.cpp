@@ -29,10 +29,10 @@ TEST(BlockPool, ChainHashCoversEveryField) {
 }
 
 TEST(BlockPool, NamingSharesAndCountsHits) {
-  BlockPool pool(100, 0);
-  PoolBlock* a = pool.Allocate().value();
-  PoolBlock* b = pool.Allocate().value();
-  std::memset(a->data, 7, 100);
+  BlockPool pool(0);
+  PoolBlock* a = pool.Allocate(64).value();
+  PoolBlock* b = pool.Allocate(64).value();
+  std::memset(a->data, 7, 64);
   EXPECT_EQ(pool.Name(a, Key(1)), a);
   // The same content computed again: the second copy is given back, the first shared.
   EXPECT_EQ(pool.Name(b, Key(1)), a);
@@ -52,19 +52,19 @@ TEST(BlockPool, NamingSharesAndCountsHits) {
 }
 
 TEST(BlockPool, BudgetEvictsLeastValuableIdlePersistedBlocks) {
-  BlockPool pool(64, 4 * 64);
+  BlockPool pool(4 * 64 + 32);
   std::vector<PoolBlock*> named;
-  for (uint64_t i = 0; i < 4; ++i) named.push_back(pool.Name(pool.Allocate().value(), Key(i)));
+  for (uint64_t i = 0; i < 4; ++i) named.push_back(pool.Name(pool.Allocate(64).value(), Key(i)));
   // Full: nothing idle yet.
-  EXPECT_EQ(pool.Allocate().status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool.Allocate(64).status().code(), StatusCode::kResourceExhausted);
   for (PoolBlock* b : named) pool.Release(b);
   // Idle but not on disk: still not evictable.
-  EXPECT_EQ(pool.Allocate().status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool.Allocate(64).status().code(), StatusCode::kResourceExhausted);
   for (uint64_t i = 0; i < 4; ++i) pool.MarkPersisted(Key(i));
   pool.Pin(Key(0));  // oldest, but pinned
   // Key(1) is hit often: boosted above the newer Key(2) and Key(3).
   for (int i = 0; i < 3; ++i) pool.Release(pool.Acquire(Key(1)));
-  PoolBlock* fresh = pool.Allocate().value();
+  PoolBlock* fresh = pool.Allocate(64).value();
   EXPECT_TRUE(pool.Contains(Key(0)));
   EXPECT_TRUE(pool.Contains(Key(1)));
   EXPECT_FALSE(pool.Contains(Key(2)));
@@ -76,8 +76,8 @@ TEST(BlockPool, BudgetEvictsLeastValuableIdlePersistedBlocks) {
 }
 
 TEST(BlockPool, TakeWritableOnlyWhenIdle) {
-  BlockPool pool(64, 0);
-  PoolBlock* t = pool.Name(pool.Allocate().value(), TailKey("a", 1));
+  BlockPool pool(0);
+  PoolBlock* t = pool.Name(pool.Allocate(64).value(), TailKey("a", 1));
   EXPECT_EQ(pool.TakeWritable(TailKey("a", 1)), nullptr);  // still held
   pool.Release(t);
   PoolBlock* w = pool.TakeWritable(TailKey("a", 1));
@@ -91,7 +91,7 @@ TEST(BlockPool, TakeWritableOnlyWhenIdle) {
 // Two sequences share a named block; writing into it (after a truncation) copies it first.
 TEST(BlockPool, SequenceCopiesSharedBlockBeforeWriting) {
   KvLayout layout{1, 1, 8, 4, KvFormat{KvType::kF16, 8, false}};
-  BlockPool pool(layout.block_bytes(), 0);
+  BlockPool pool(0);
   SequenceKv a(layout, 64, pool), b(layout, 64, pool);
   ASSERT_TRUE(a.Reserve(4).ok());
   for (int p = 0; p < 4; ++p) std::memset(a.k_row(0, p), p + 1, layout.row_bytes());
