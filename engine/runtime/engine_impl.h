@@ -150,6 +150,7 @@ class Engine final : public AgentEngine {
   int64_t AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& tokens, int64_t keep);
   PoolBlock* LoadBlock(const BlockHash& hash, const KvLayout& layout);
   void Step();
+  size_t SharedPrefillChunk() const;
   void OnLogits(ActiveTurn& turn, const float* logits);
   void FinishTurn(ActiveTurn& turn, kvfs::Status error);
   void FailTurn(ActiveTurn& turn, const kvfs::Status& error);
@@ -192,6 +193,8 @@ class Engine final : public AgentEngine {
 
   std::vector<std::unique_ptr<ActiveTurn>> active_;  // engine thread
   size_t prefill_rr_ = 0;                            // engine thread
+  double decode_step_ms_ = 0;                        // engine thread: moving averages of
+  double prefill_ms_per_token_ = 0;                  // step costs (SharedPrefillChunk)
 
   std::mutex store_mu_;
   std::condition_variable store_cv_;

@@ -26,9 +26,9 @@ std::string DomainOf(uint32_t uid) { return "uid:" + std::to_string(uid); }
 constexpr std::string_view kPrefixDomain = "prefix";
 
 // Prefill chunk: long prompts run in pieces so that generating agents keep decoding between
-// them; smaller when others are waiting on every step.
+// them (SharedPrefillChunk sizes them while others decode).
 constexpr size_t kPrefillChunkAlone = 512;
-constexpr size_t kPrefillChunkShared = 128;
+constexpr size_t kPrefillChunkShared = 32;  // until step costs are measured
 constexpr size_t kRecentSamples = 1024;
 
 template <typename T>
@@ -292,13 +292,22 @@ void Engine::Step() {
     if (t->pending == kNoToken) prefilling.push_back(t.get());
   if (!prefilling.empty()) {
     ActiveTurn* t = prefilling[prefill_rr_++ % prefilling.size()];
-    const size_t n = std::min(steps.empty() ? kPrefillChunkAlone : kPrefillChunkShared, t->context.size() - t->prefill_at);
+    const size_t n = std::min(steps.empty() ? kPrefillChunkAlone : SharedPrefillChunk(), t->context.size() - t->prefill_at);
     steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(t->context.data() + t->prefill_at, n), false});
     owners.push_back(t);
     chunk.push_back(n);
   }
   Logits logits;
+  const auto t0 = engine_internal::Clock::now();
   kvfs::Status s = backend_->Forward(steps, logits);
+  const double ms = MsSince(t0);
+  // Step costs for sizing prefill chunks: decode-only steps, and prefill-only steps per token.
+  const size_t prefill_tokens = chunk.empty() ? 0 : chunk.back();
+  if (s.ok() && prefill_tokens == 0) decode_step_ms_ = decode_step_ms_ > 0 ? 0.8 * decode_step_ms_ + 0.2 * ms : ms;
+  if (s.ok() && prefill_tokens >= 32 && steps.size() == 1) {
+    const double per_token = ms / static_cast<double>(prefill_tokens);
+    prefill_ms_per_token_ = prefill_ms_per_token_ > 0 ? 0.8 * prefill_ms_per_token_ + 0.2 * per_token : per_token;
+  }
   {
     std::lock_guard lock(mu_);
     PushBounded(counters_.batch_sizes, steps.size());
@@ -323,6 +332,16 @@ void Engine::Step() {
     }
   }
   std::erase_if(active_, [](const std::unique_ptr<ActiveTurn>& t) { return t->agent == nullptr; });
+}
+
+// While others decode, a prefill chunk may add at most kDecodeSlowdown of a decode step's time,
+// so generating agents keep more than half their speed while a long prompt is prefilled; the
+// chunk follows the measured costs (a deeper cache makes decode steps longer and allows more).
+size_t Engine::SharedPrefillChunk() const {
+  constexpr double kDecodeSlowdown = 0.8;
+  if (decode_step_ms_ <= 0 || prefill_ms_per_token_ <= 0) return kPrefillChunkShared;
+  const double n = kDecodeSlowdown * decode_step_ms_ / prefill_ms_per_token_;
+  return static_cast<size_t>(std::clamp(n, 4.0, static_cast<double>(kPrefillChunkAlone)));
 }
 
 void Engine::OnLogits(ActiveTurn& turn, const float* row) {

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <algorithm>
 #include <future>
+#include <thread>
 
 #include "engine/runtime/engine.h"
 #include "engine/runtime/generate.h"
@@ -176,6 +178,69 @@ TEST_F(EngineTest, AgentsOfOneUidShareBlocks) {
   ASSERT_TRUE(c.stats.ok());
   EXPECT_EQ(c.stats->reused_tokens, 0);
   EXPECT_EQ(c.reply, a.reply);
+}
+
+// Issue 6: agents decoding together (one forward pass per step, prefill chunks interleaved,
+// agents joining while others run) give each the greedy reply it gets alone.
+TEST_F(EngineTest, BatchedTurnsMatchAlone) {
+  const std::vector<std::string> prompts = {
+      "Once upon a time", "The little dog ran to the park and saw a big red ball.", "Tom",
+      "One day, a girl named Sue went to the shop with her mom to buy some bread and milk for dinner.",
+      "The sun was hot.", "Ben and Mia played", "A bird sat on a tree and sang a happy song all day.", "Lily"};
+  for (const char* kv : {"f16", "q8", "q4"}) {
+    SCOPED_TRACE(kv);
+    auto settings = [&] {
+      AgentSettings s;
+      s.sampling.temperature = 0;
+      s.max_tokens = 24;
+      s.kv = kv;
+      return s;
+    };
+    EngineOptions o = Options();
+    o.store_dir.clear();
+    std::vector<std::string> alone;
+    {
+      auto e = CreateEngine(o);
+      ASSERT_TRUE(e.ok());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const std::string name = "solo" + std::to_string(i);
+        ASSERT_TRUE((*e)->CreateAgent(name, 0).ok());
+        ASSERT_TRUE((*e)->SetSettings(name, settings()).ok());
+        TurnOutcome out = RunTurn(**e, name, prompts[i]);
+        ASSERT_TRUE(out.stats.ok());
+        alone.push_back(out.reply);
+      }
+    }
+    auto e = CreateEngine(o);
+    ASSERT_TRUE(e.ok());
+    std::vector<TurnOutcome> outs(prompts.size());
+    std::vector<std::promise<void>> done(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string name = "agent" + std::to_string(i);
+      ASSERT_TRUE((*e)->CreateAgent(name, 0).ok());
+      ASSERT_TRUE((*e)->SetSettings(name, settings()).ok());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      TurnRequest r;
+      r.agent = "agent" + std::to_string(i);
+      r.text = prompts[i];
+      r.on_text = [&outs, i](std::string_view s) { outs[i].reply += s; };
+      r.on_done = [&outs, &done, i](const Result<TurnStats>& s) {
+        outs[i].stats = s;
+        done[i].set_value();
+      };
+      ASSERT_TRUE((*e)->SubmitTurn(std::move(r)).ok());
+      // Later agents join a batch that is already running.
+      if (i % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+    for (auto& d : done) d.get_future().wait();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_TRUE(outs[i].stats.ok()) << outs[i].stats.status().message();
+      EXPECT_EQ(outs[i].reply, alone[i]) << "agent " << i;
+    }
+    const EngineStatus st = (*e)->Stats();
+    EXPECT_GT(*std::max_element(st.batch_sizes.begin(), st.batch_sizes.end()), 1u);
+  }
 }
 
 TEST_F(EngineTest, EraseRemovesAgentFromMemoryAndDisk) {
