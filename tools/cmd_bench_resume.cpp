@@ -21,6 +21,7 @@
 #include "engine/model/model.h"
 #include "engine/runtime/engine.h"
 #include "tools/args.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 
 namespace kvfs::cli {
@@ -39,17 +40,6 @@ constexpr const char* kUsage =
 int Fail(const std::string& m) {
   std::fprintf(stderr, "kvfs bench resume: %s\n", m.c_str());
   return 2;
-}
-
-Result<TurnStats> Turn(AgentEngine& e, const std::string& agent, const std::string& text) {
-  std::promise<Result<TurnStats>> done;
-  auto future = done.get_future();
-  TurnRequest r;
-  r.agent = agent;
-  r.text = text;
-  r.on_done = [&done](const Result<TurnStats>& s) { done.set_value(s); };
-  KVFS_RETURN_IF_ERROR(e.SubmitTurn(std::move(r)));
-  return future.get();
 }
 
 // Drops a directory tree's files from the page cache (so the next read comes from the disk).
@@ -99,27 +89,6 @@ double SequentialReadRate(const fs::path& path, uint64_t bytes, bool from_disk) 
   ::close(fd);
   fs::remove(path);
   return s > 0 ? static_cast<double>(got) / s : 0;
-}
-
-// Text of about n tokens: the corpus-like filler repeated, cut by the model's tokenizer.
-std::string TextOfTokens(const Tokenizer& tok, int64_t n, int salt) {
-  static const char* kWords[] = {"the", "river", "carried", "small", "boats", "past", "old", "stone", "houses",
-                                 "while", "children", "watched", "from", "bridges", "and", "counted", "sails"};
-  std::string text;
-  uint64_t x = 88172645463325252ull + static_cast<uint64_t>(salt);
-  while (static_cast<int64_t>(tok.Encode(text, false, false).size()) < n) {
-    for (int i = 0; i < 64; ++i) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      text += ' ';
-      text += kWords[x % (sizeof kWords / sizeof *kWords)];
-    }
-  }
-  // Trim to n tokens by decoding the first n.
-  std::vector<TokenId> ids = tok.Encode(text, false, false);
-  ids.resize(static_cast<size_t>(n));
-  std::string out;
-  for (TokenId id : ids) out += tok.TokenToPiece(id);
-  return out;
 }
 
 }  // namespace
@@ -184,14 +153,14 @@ int BenchResume(int argc, char** argv) {
       if (!(*engine)->CreateAgent(name, 0).ok() || !(*engine)->SetSettings(name, settings).ok()) return Fail("agent setup failed");
     }
     // Set-up turn: the agent's context.
-    auto setup = Turn(**engine, "agent", base);
+    auto setup = RunTurnSync(**engine, "agent", base);
     if (!setup.ok()) return Fail(setup.status().message());
     // Cold: a fresh agent runs the whole context plus the new turn.
-    auto cold = Turn(**engine, "fresh", base + news[0]);
+    auto cold = RunTurnSync(**engine, "fresh", base + news[0]);
     if (!cold.ok()) return Fail(cold.status().message());
     (void)(*engine)->EraseAgent("fresh");
     // Hot.
-    auto hot = Turn(**engine, "agent", news[1]);
+    auto hot = RunTurnSync(**engine, "agent", news[1]);
     if (!hot.ok()) return Fail(hot.status().message());
     const auto info = (*engine)->GetAgent("agent");
     const int64_t tokens = info.ok() ? info->context_tokens : ctx;
@@ -201,7 +170,7 @@ int BenchResume(int argc, char** argv) {
     // Warm from the page cache: fresh engine, files still cached.
     engine = CreateEngine(o);
     if (!engine.ok()) return Fail(engine.status().message());
-    auto warm_pc = Turn(**engine, "agent", news[2]);
+    auto warm_pc = RunTurnSync(**engine, "agent", news[2]);
     if (!warm_pc.ok()) return Fail(warm_pc.status().message());
     const uint64_t reloaded = (*engine)->Stats().reload_bytes;
     engine->reset();
@@ -209,7 +178,7 @@ int BenchResume(int argc, char** argv) {
     DropFromPageCache(store);
     engine = CreateEngine(o);
     if (!engine.ok()) return Fail(engine.status().message());
-    auto warm_disk = Turn(**engine, "agent", news[3]);
+    auto warm_disk = RunTurnSync(**engine, "agent", news[3]);
     if (!warm_disk.ok()) return Fail(warm_disk.status().message());
     engine->reset();
     const double disk_rate = SequentialReadRate(store / "seqread.tmp", reloaded, true);
