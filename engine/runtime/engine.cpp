@@ -42,6 +42,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   KVFS_RETURN_IF_ERROR(engine->Init());
   engine->engine_thread_ = std::thread([e = engine.get()] { e->EngineLoop(); });
   engine->store_thread_ = std::thread([e = engine.get()] { e->StoreLoop(); });
+  engine->loader_thread_ = std::thread([e = engine.get()] { e->LoaderLoop(); });
   return engine;
 }
 
@@ -147,11 +148,17 @@ Engine::~Engine() { Shutdown(); }
 void Engine::Shutdown() {
   {
     std::lock_guard lock(mu_);
-    if (stopping_ && !engine_thread_.joinable() && !store_thread_.joinable()) return;
+    if (stopping_ && !engine_thread_.joinable() && !store_thread_.joinable() && !loader_thread_.joinable()) return;
     stopping_ = true;
   }
   engine_cv_.notify_all();
   if (engine_thread_.joinable()) engine_thread_.join();
+  {
+    std::lock_guard lock(load_mu_);
+    load_stopping_ = true;
+  }
+  load_cv_.notify_all();
+  if (loader_thread_.joinable()) loader_thread_.join();
   {
     std::lock_guard lock(store_mu_);
     store_stopping_ = true;
@@ -223,6 +230,7 @@ AgentInfo Engine::InfoOf(const AgentRecord& a) const {
   info.owner_uid = a.owner_uid;
   if (!a.last_error.empty() && !a.running && a.queue.empty()) info.state = AgentState::kError;
   else if (a.running && a.generating) info.state = AgentState::kGenerating;
+  else if (a.loading) info.state = AgentState::kWarm;
   else if (a.running || !a.queue.empty()) info.state = AgentState::kQueued;
   else if (a.resident) info.state = AgentState::kHot;
   else info.state = AgentState::kCold;
@@ -340,7 +348,16 @@ Status Engine::SubmitTurn(TurnRequest request) {
 
 void Engine::Prefetch(const std::string& name) {
   std::lock_guard lock(mu_);
-  tasks_.push_back([this, name] { PrefetchNow(name); });
+  tasks_.push_back([this, name] {
+    AgentRecord* a = nullptr;
+    {
+      std::lock_guard l(mu_);
+      auto it = agents_.find(name);
+      if (it == agents_.end() || it->second->running || it->second->loading) return;
+      a = it->second.get();
+    }
+    QueueLoad(*a, [] {});
+  });
   engine_cv_.notify_all();
 }
 

@@ -21,8 +21,8 @@ constexpr std::string_view kPrefixDomain = "prefix";
 static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, AgentRecord& a,
                           const std::function<void(ActiveTurn&)>& fail, std::mutex& mu, const Status& why) {
   for (auto& t : active)
-    if (t->agent == &a) fail(*t);
-  std::erase_if(active, [](const std::unique_ptr<ActiveTurn>& t) { return t->agent == nullptr; });
+    if (t && t->agent == &a) fail(*t);
+  std::erase_if(active, [](const std::unique_ptr<ActiveTurn>& t) { return t && t->agent == nullptr && t->loaded; });
   std::deque<TurnRequest> queued;
   {
     std::lock_guard lock(mu);
@@ -44,6 +44,7 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
       a = it->second.get();
     }
     CancelTurnsOf(active_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
+    CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
     std::vector<BlockHash> k = AgentBlockKeys(*a);
     std::lock_guard lock(mu_);
     // A turn whose commit is still queued keeps the record alive until the store thread is done
@@ -64,7 +65,9 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
     };
     KVFS_RETURN_IF_ERROR(CommitNow(std::move(job)));
   }
-  // Memory: zero and free every block no other agent names (those are still someone's state).
+  // Memory: zero and free every block no other agent names (those are still someone's state),
+  // after any load of this agent's files has finished (it would put them back).
+  DrainLoader();
   std::set<BlockHash> others;
   {
     std::lock_guard lock(mu_);
@@ -93,6 +96,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
       a = it->second.get();
     }
     CancelTurnsOf(active_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
+    CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
     Taken t;
     t.keys = AgentBlockKeys(*a);
     ReleaseCache(*a);
@@ -115,6 +119,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
       else ++report.blocks_freed;
     }
   }
+  DrainLoader();
   std::set<BlockHash> others;
   {
     std::lock_guard lock(mu_);

@@ -45,6 +45,7 @@ struct AgentRecord {
   std::deque<TurnRequest> queue;  // waiting, not yet started
   bool running = false;
   bool generating = false;  // the running turn has produced its first token
+  bool loading = false;     // its cache is being read from disk (state "warm")
   std::optional<TurnStats> last_turn;
   std::string last_error;
   int64_t disk_bytes = 0;
@@ -79,6 +80,18 @@ struct ActiveTurn {
   TurnStats stats;
   Clock::time_point submitted, first_token, decode_start;
   bool cancelled = false;
+  bool loaded = false;  // its cache load (if any) finished: ready for PrepareTurn
+};
+
+// Cache files to read into the pool on the loader thread (blocks and the tail end up cached,
+// idle, under their names); `done` runs on the loader thread with the tail's key if it loaded.
+struct LoadJob {
+  std::string agent;
+  KvLayout layout;
+  std::vector<BlockHash> blocks;
+  std::optional<store::TailRef> disk_tail;
+  BlockHash tail_key;
+  std::function<void(std::optional<BlockHash>)> done;
 };
 
 // A commit for the store thread. Holds references to the blocks it writes.
@@ -127,6 +140,7 @@ class Engine final : public AgentEngine {
   using AgentRecord = engine_internal::AgentRecord;
   using ActiveTurn = engine_internal::ActiveTurn;
   using CommitJob = engine_internal::CommitJob;
+  using LoadJob = engine_internal::LoadJob;
 
   struct Prefix {
     std::string text;
@@ -157,7 +171,12 @@ class Engine final : public AgentEngine {
   // Names full blocks, parks the tail, queues the commit; completes the turn after it.
   void CommitAgent(AgentRecord& agent, SequenceKv* seq, std::function<void(const kvfs::Status&)> done);
   void ReleaseCache(AgentRecord& agent);
-  void PrefetchNow(const std::string& name);
+  // Engine thread: queues a load of the agent's cache files that are not in the pool; false if
+  // everything is resident (or there is no store).
+  bool QueueLoad(AgentRecord& agent, std::function<void()> on_loaded);
+  void LoaderLoop();
+  // Waits until the loader has finished every job queued so far.
+  void DrainLoader();
   std::vector<BlockHash> AgentBlockKeys(const AgentRecord& agent) const;
 
   // Store thread.
@@ -192,6 +211,7 @@ class Engine final : public AgentEngine {
   EngineStatus counters_;  // the cumulative fields; the rest is filled by Status()
 
   std::vector<std::unique_ptr<ActiveTurn>> active_;  // engine thread
+  std::vector<std::unique_ptr<ActiveTurn>> warming_; // engine thread: waiting for their cache load
   size_t prefill_rr_ = 0;                            // engine thread
   double decode_step_ms_ = 0;                        // engine thread: moving averages of
   double prefill_ms_per_token_ = 0;                  // step costs (SharedPrefillChunk)
@@ -200,7 +220,12 @@ class Engine final : public AgentEngine {
   std::condition_variable store_cv_;
   std::deque<CommitJob> store_queue_;
 
-  std::thread engine_thread_, store_thread_;
+  std::mutex load_mu_;
+  std::condition_variable load_cv_;
+  std::deque<engine_internal::LoadJob> load_queue_;
+  bool load_stopping_ = false;
+
+  std::thread engine_thread_, store_thread_, loader_thread_;
 };
 
 template <typename T>

@@ -115,7 +115,14 @@ void Engine::StartTurns() {
       started.push_back(std::move(turn));
     }
   }
+  // A cold agent's files are read on the loader thread while the others keep running.
   for (auto& turn : started) {
+    ActiveTurn* t = turn.get();
+    turn->loaded = !QueueLoad(*turn->agent, [t] { t->loaded = true; });
+    warming_.push_back(std::move(turn));
+  }
+  for (auto& turn : warming_) {
+    if (!turn->loaded || turn->cancelled) continue;
     kvfs::Status s = PrepareTurn(*turn);
     if (!s.ok()) {
       FailTurn(*turn, s);
@@ -123,6 +130,8 @@ void Engine::StartTurns() {
     }
     active_.push_back(std::move(turn));
   }
+  // A cancelled turn whose load is still running stays until the load reports back.
+  std::erase_if(warming_, [](const std::unique_ptr<ActiveTurn>& t) { return t == nullptr || (t->agent == nullptr && t->loaded); });
 }
 
 Status Engine::PrepareTurn(ActiveTurn& turn) {
@@ -503,42 +512,92 @@ void Engine::ReleaseCache(AgentRecord& a) {
 std::vector<BlockHash> Engine::AgentBlockKeys(const AgentRecord& a) const {
   std::vector<BlockHash> keys = a.blocks;
   if (a.parked_tail) keys.push_back(*a.parked_tail);
+  // A tail a pending load is bringing in is named with the newest generation.
+  if (a.tail_generation > 0) keys.push_back(TailKey(a.name, a.tail_generation));
   return keys;
 }
 
-void Engine::PrefetchNow(const std::string& name) {
-  AgentRecord* a = nullptr;
+bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
+  if (!store_) return false;
+  LoadJob job;
+  job.agent = a.name;
+  job.layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
+  for (const BlockHash& h : a.blocks)
+    if (!pool_->Contains(h)) job.blocks.push_back(h);
+  const bool tail_resident = a.parked_tail && pool_->Contains(*a.parked_tail);
+  if (a.disk_tail && !tail_resident) job.disk_tail = a.disk_tail;
+  if (job.blocks.empty() && !job.disk_tail) return false;
   {
     std::lock_guard lock(mu_);
-    auto it = agents_.find(name);
-    if (it == agents_.end() || it->second->running) return;
-    a = it->second.get();
+    a.loading = true;
+    job.tail_key = TailKey(a.name, ++a.tail_generation);
   }
-  const KvLayout layout = KvLayoutFor(model_->hparams(), a->format, options_.block_tokens);
-  for (const BlockHash& h : a->blocks) {
-    PoolBlock* b = pool_->Acquire(h);
-    if (b == nullptr) b = LoadBlock(h, layout);
-    if (b == nullptr) break;
-    pool_->Release(b);
-  }
-  if (a->disk_tail && store_ && !(a->parked_tail && pool_->Contains(*a->parked_tail))) {
-    auto tail = store_->ReadTail(a->name, *a->disk_tail);
-    if (!tail.ok()) return;
-    auto b = pool_->Allocate(layout.block_bytes());
-    if (!b.ok()) return;
-    if (!ExpandTail(layout, *tail, a->disk_tail->n_tokens, (*b)->data)) {
-      pool_->Release(*b);
-      return;
-    }
+  // Back on the engine thread: adopt the loaded tail, then let the caller go on.
+  job.done = [this, &a, on_loaded = std::move(on_loaded)](std::optional<BlockHash> tail) {
     std::lock_guard lock(mu_);
-    const BlockHash key = TailKey(a->name, ++a->tail_generation);
-    pool_->Release(pool_->Name(*b, key));
-    pool_->MarkPersisted(key);
-    a->parked_tail = key;
-    counters_.reload_bytes += tail->size();
+    tasks_.push_back([this, &a, tail, on_loaded] {
+      {
+        std::lock_guard l(mu_);
+        a.loading = false;
+        if (tail) a.parked_tail = tail;
+        a.resident = true;
+      }
+      on_loaded();
+    });
+    engine_cv_.notify_all();
+  };
+  {
+    std::lock_guard lock(load_mu_);
+    load_queue_.push_back(std::move(job));
   }
-  std::lock_guard lock(mu_);
-  a->resident = true;
+  load_cv_.notify_all();
+  return true;
+}
+
+void Engine::LoaderLoop() {
+  for (;;) {
+    LoadJob job;
+    {
+      std::unique_lock lock(load_mu_);
+      load_cv_.wait(lock, [&] { return load_stopping_ || !load_queue_.empty(); });
+      if (load_queue_.empty()) return;
+      job = std::move(load_queue_.front());
+      load_queue_.pop_front();
+    }
+    for (const BlockHash& h : job.blocks) {
+      PoolBlock* b = pool_->Contains(h) ? nullptr : LoadBlock(h, job.layout);
+      if (b != nullptr) pool_->Release(b);  // stays cached, idle, until the turn acquires it
+    }
+    std::optional<BlockHash> tail_key;
+    if (job.disk_tail) {
+      auto tail = store_->ReadTail(job.agent, *job.disk_tail);
+      if (tail.ok()) {
+        auto b = pool_->Allocate(job.layout.block_bytes());
+        if (b.ok() && ExpandTail(job.layout, *tail, job.disk_tail->n_tokens, (*b)->data)) {
+          pool_->Release(pool_->Name(*b, job.tail_key));
+          pool_->MarkPersisted(job.tail_key);
+          tail_key = job.tail_key;
+          std::lock_guard lock(mu_);
+          counters_.reload_bytes += tail->size();
+        } else if (b.ok()) {
+          pool_->Release(*b);
+        }
+      }
+    }
+    if (job.done) job.done(tail_key);
+  }
+}
+
+void Engine::DrainLoader() {
+  std::promise<void> drained;
+  LoadJob barrier;
+  barrier.done = [&drained](std::optional<BlockHash>) { drained.set_value(); };
+  {
+    std::lock_guard lock(load_mu_);
+    load_queue_.push_back(std::move(barrier));
+  }
+  load_cv_.notify_all();
+  drained.get_future().wait();
 }
 
 }  // namespace kvfs
