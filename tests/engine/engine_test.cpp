@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <algorithm>
 #include <future>
 #include <thread>
@@ -241,6 +242,83 @@ TEST_F(EngineTest, BatchedTurnsMatchAlone) {
     const EngineStatus st = (*e)->Stats();
     EXPECT_GT(*std::max_element(st.batch_sizes.begin(), st.batch_sizes.end()), 1u);
   }
+}
+
+// DIVERGE: a new system prompt changes the start of the context; the next turn recomputes
+// from there and still matches an uncached run.
+TEST_F(EngineTest, SystemChangeDivergesAndMatchesUncachedRun) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1]).stats.ok());
+  ASSERT_TRUE((*engine)->SetSystem("alice", "Tom had a red car.").ok());
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[2]);
+  ASSERT_TRUE(out.stats.ok());
+  EXPECT_EQ(out.stats->match, "diverge");
+  EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+  // Same text again after a restart: EXTEND over the reloaded cache.
+  engine->reset();
+  engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  auto info = (*engine)->GetAgent("alice");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->system, "Tom had a red car.");
+  EXPECT_EQ(info->state, AgentState::kCold);
+  EXPECT_EQ(info->settings.max_tokens, 20);
+}
+
+// A block that fails its checksum is dropped and the cache is recomputed from there.
+TEST_F(EngineTest, CorruptBlockIsRebuiltFromText) {
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1] + kTurns[2]).stats.ok());
+  }
+  const store::Manifest m = ReadManifest(Options().store_dir, "alice");
+  ASSERT_GE(m.blocks.size(), 2u);
+  const std::string hex = store::ToHex(m.blocks[1]);
+  const fs::path block = dir_ / "store" / "blocks" / hex.substr(0, 2) / (hex + ".kvb");
+  ASSERT_TRUE(fs::exists(block));
+  {
+    std::fstream f(block, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x5a');
+  }
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  TurnOutcome out = RunTurn(**engine, "alice", " The end.");
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->match, "rebuild");
+  EXPECT_EQ(out.stats->reused_tokens, 16);  // block 0 only
+  EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+}
+
+// A cache made with another model is never loaded: the conversation is kept and recomputed.
+TEST_F(EngineTest, OtherModelsCacheIsNotLoaded) {
+  const std::string other = testing::TestModelsDir() + "/tiny-llama-F16.gguf";
+  KVFS_REQUIRE_DATA(other);
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  }
+  EngineOptions o = Options();
+  o.model_path = other;
+  auto engine = CreateEngine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  auto conv = (*engine)->Conversation("alice");
+  ASSERT_TRUE(conv.ok());
+  EXPECT_EQ(conv->size(), 2u);
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[1]);
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->match, "new");
+  EXPECT_EQ(out.stats->reused_tokens, 0);
+  EXPECT_EQ((*engine)->Stats().reload_bytes, 0u);
 }
 
 TEST_F(EngineTest, EraseRemovesAgentFromMemoryAndDisk) {
