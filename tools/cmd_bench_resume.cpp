@@ -210,7 +210,28 @@ int BenchResume(int argc, char** argv) {
     }
   }
   fs::remove_all(store);
-  if (args.has("--json")) std::printf("%s\n", nlohmann::json{{"model", o.model_path}, {"kv", kv}, {"new", n_new}, {"threads", threads}, {"results", rows}}.dump(2).c_str());
+  // Memory: how many agents of each context length fit a 2 GiB KV budget (whole blocks).
+  nlohmann::json capacity = nlohmann::json::array();
+  {
+    const HParams& hp = (*model)->hparams();
+    auto fmt = MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim);
+    auto f16 = MakeKvFormat("f16", "", hp.n_head_kv, hp.head_dim);
+    if (fmt.ok() && f16.ok()) {
+      const int64_t budget = int64_t{2} << 30;
+      for (int64_t ctx : ctxs) {
+        const int64_t blocks = (ctx + o.block_tokens - 1) / o.block_tokens;
+        const int64_t a = budget / (blocks * KvLayoutFor(hp, *fmt, o.block_tokens).block_bytes());
+        const int64_t b = budget / (blocks * KvLayoutFor(hp, *f16, o.block_tokens).block_bytes());
+        capacity.push_back({{"ctx", ctx}, {"agents_in_2GiB", a}, {"agents_in_2GiB_f16", b}, {"ratio", b > 0 ? double(a) / b : 0}});
+        if (!args.has("--json"))
+          std::printf("agents of %lld tokens in a 2 GiB budget: %s %lld, f16 %lld (%.2fx); bytes/token %s/f16 = %.3f\n",
+                      static_cast<long long>(ctx), kv.c_str(), static_cast<long long>(a), static_cast<long long>(b),
+                      b > 0 ? double(a) / b : 0, kv.c_str(),
+                      double(KvLayoutFor(hp, *fmt).row_bytes()) / double(KvLayoutFor(hp, *f16).row_bytes()));
+      }
+    }
+  }
+  if (args.has("--json")) std::printf("%s\n", nlohmann::json{{"model", o.model_path}, {"kv", kv}, {"new", n_new}, {"threads", threads}, {"results", rows}, {"capacity", capacity}}.dump(2).c_str());
   return 0;
 }
 
