@@ -18,6 +18,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/kv/sequence_kv.h"
 #include "engine/model/model.h"
 #include "engine/runtime/engine.h"
 #include "tools/args.h"
