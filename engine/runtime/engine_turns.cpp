@@ -80,6 +80,8 @@ void Engine::EngineLoop() {
       // Cancel what runs and what waits; commits already queued still complete.
       for (auto& turn : active_) FailTurn(*turn, Internal("the daemon is shutting down"));
       active_.clear();
+      for (auto& turn : warming_)
+        if (turn && turn->agent != nullptr) FailTurn(*turn, Internal("the daemon is shutting down"));
       std::vector<TurnRequest> dropped;
       {
         std::lock_guard lock(mu_);
@@ -216,6 +218,11 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
   std::vector<BlockHash> chain;
   int64_t have = 0;
   uint64_t hits = 0;
+  std::optional<store::TailRef> disk_tail;  // written by the store thread
+  {
+    std::lock_guard lock(mu_);
+    disk_tail = a.disk_tail;
+  }
   auto acquire = [&](const BlockHash& h) -> PoolBlock* {
     PoolBlock* b = pool_->Acquire(h);
     if (b != nullptr) ++hits;
@@ -238,11 +245,11 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
       b = pool_->TakeWritable(*a.parked_tail);
       if (b != nullptr) ++hits;
     }
-    if (b == nullptr && chain.size() == a.blocks.size() && a.disk_tail && store_) {
-      auto tail = store_->ReadTail(a.name, *a.disk_tail);
+    if (b == nullptr && chain.size() == a.blocks.size() && disk_tail && store_) {
+      auto tail = store_->ReadTail(a.name, *disk_tail);
       if (tail.ok()) {
         auto fresh = pool_->Allocate(layout.block_bytes());
-        if (fresh.ok() && ExpandTail(layout, *tail, a.disk_tail->n_tokens, (*fresh)->data)) {
+        if (fresh.ok() && ExpandTail(layout, *tail, disk_tail->n_tokens, (*fresh)->data)) {
           b = *fresh;
           std::lock_guard lock(mu_);
           counters_.reload_bytes += tail->size();
@@ -525,7 +532,10 @@ bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
   for (const BlockHash& h : a.blocks)
     if (!pool_->Contains(h)) job.blocks.push_back(h);
   const bool tail_resident = a.parked_tail && pool_->Contains(*a.parked_tail);
-  if (a.disk_tail && !tail_resident) job.disk_tail = a.disk_tail;
+  {
+    std::lock_guard lock(mu_);
+    if (a.disk_tail && !tail_resident) job.disk_tail = a.disk_tail;
+  }
   if (job.blocks.empty() && !job.disk_tail) return false;
   {
     std::lock_guard lock(mu_);
