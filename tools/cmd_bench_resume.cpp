@@ -150,8 +150,10 @@ int BenchResume(int argc, char** argv) {
     for (int i = 0; i < 4; ++i) news.push_back(TextOfTokens(tok, n_new, 100 + i));
     auto engine = CreateEngine(o);
     if (!engine.ok()) return Fail(engine.status().message());
+    // "fresh" belongs to another uid: it must not find the agent's blocks (same text) to share.
     for (const char* name : {"agent", "fresh"}) {
-      if (!(*engine)->CreateAgent(name, 0).ok() || !(*engine)->SetSettings(name, settings).ok()) return Fail("agent setup failed");
+      const uint32_t uid = std::string(name) == "fresh" ? 1 : 0;
+      if (!(*engine)->CreateAgent(name, uid).ok() || !(*engine)->SetSettings(name, settings).ok()) return Fail("agent setup failed");
     }
     // Set-up turn: the agent's context.
     auto setup = RunTurnSync(**engine, "agent", base);
