@@ -13,6 +13,8 @@ namespace kvfs {
 using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
+using engine_internal::CompactTail;
+using engine_internal::ExpandTail;
 
 namespace {
 
@@ -37,8 +39,10 @@ void PushBounded(std::vector<T>& v, T x) {
   v.push_back(x);
 }
 
-// Copies the first n rows of every plane of a block into the compact tail layout
-// [layer][K, V][n rows], and back.
+}  // namespace
+
+namespace engine_internal {
+
 void CompactTail(const KvLayout& l, const uint8_t* block, int64_t n, std::vector<uint8_t>& out) {
   const size_t rows = static_cast<size_t>(n * l.row_bytes());
   out.resize(static_cast<size_t>(l.n_layer * 2) * rows);
@@ -51,7 +55,8 @@ bool ExpandTail(const KvLayout& l, std::span<const uint8_t> tail, int64_t n, uin
   return true;
 }
 
-}  // namespace
+}  // namespace engine_internal
+
 
 std::string Engine::Render(const AgentRecord& a, const std::vector<ConversationTurn>& conversation) const {
   std::vector<ChatMessage> messages;
@@ -153,6 +158,10 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   if (a.tokens.empty()) {
     turn.stats.match = "new";
     tokens = tok.Encode(turn.rendered_prompt, /*add_special=*/true, /*parse_special=*/true);
+  } else if (a.cached_text.empty()) {
+    // The text behind the tokens is unknown (an imported cache): match on tokens only.
+    turn.stats.match = "diverge";
+    tokens = tok.Encode(turn.rendered_prompt, true, true);
   } else if (turn.rendered_prompt == a.cached_text) {
     turn.stats.match = "exact";
     tokens = a.tokens;

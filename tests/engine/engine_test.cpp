@@ -13,6 +13,7 @@
 #include "engine/runtime/engine.h"
 #include "engine/runtime/generate.h"
 #include "engine/store/manifest.h"
+#include "engine/store/safetensors.h"
 #include "tests/test_support.h"
 
 namespace kvfs {
@@ -21,6 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::ReadFile;
 using testing::SharedDir;
+using testing::FileExists;
 
 struct TurnOutcome {
   std::string reply;
@@ -319,6 +321,59 @@ TEST_F(EngineTest, OtherModelsCacheIsNotLoaded) {
   EXPECT_EQ(out.stats->match, "new");
   EXPECT_EQ(out.stats->reused_tokens, 0);
   EXPECT_EQ((*engine)->Stats().reload_bytes, 0u);
+}
+
+// kv.safetensors: export, erase the cache, import it back: the next turn reuses the imported
+// KV and still matches an uncached run. Bad files change nothing.
+TEST_F(EngineTest, ExportImportRoundTrip) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1]).stats.ok());
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  const HParams& hp = model_->hparams();
+  const KvFormat f16 = MakeKvFormat("f16", "", hp.n_head_kv, hp.head_dim).value();
+  const store::KvGeometry geometry{hp.n_layer, hp.n_head_kv, hp.head_dim, "f16", f16.group, false};
+  const std::string fp = (*engine)->ModelInfo()["fingerprint"];
+  auto parsed = store::ReadKvSafetensors(*exported, fp, geometry, 16);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  const store::Manifest before = ReadManifest(Options().store_dir, "alice");
+  EXPECT_EQ(parsed->info.n_cached, static_cast<int64_t>(before.tokens.size()));
+  EXPECT_EQ(parsed->info.conversation, before.conversation);
+
+  // Garbage and truncated files: refused, nothing changes.
+  EXPECT_FALSE((*engine)->ImportCache("alice", "not a safetensors file").ok());
+  EXPECT_FALSE((*engine)->ImportCache("alice", std::string_view(*exported).substr(0, exported->size() / 2)).ok());
+  EXPECT_EQ((*engine)->ExportCache("alice").value(), *exported);
+
+  auto erased = (*engine)->EraseCache("alice");
+  ASSERT_TRUE(erased.ok());
+  EXPECT_GT(erased->blocks_freed, 0u);
+  EXPECT_EQ((*engine)->Conversation("alice")->size(), 2u);  // the transcript stays
+  EXPECT_TRUE(ReadManifest(Options().store_dir, "alice").blocks.empty());
+
+  ASSERT_TRUE((*engine)->ImportCache("alice", *exported).ok());
+  EXPECT_EQ(ReadManifest(Options().store_dir, "alice").blocks, before.blocks);
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[2]);
+  ASSERT_TRUE(out.stats.ok());
+  EXPECT_GE(out.stats->reused_tokens, 32);
+  EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+
+  // Another model's engine refuses the file.
+  const std::string other = testing::TestModelsDir() + "/tiny-llama-F16.gguf";
+  if (FileExists(other)) {
+    EngineOptions o = Options();
+    o.model_path = other;
+    o.store_dir = (dir_ / "other").string();
+    auto e2 = CreateEngine(o);
+    ASSERT_TRUE(e2.ok());
+    ASSERT_TRUE((*e2)->CreateAgent("x", 0).ok());
+    Greedy(**e2, "x");
+    Status s = (*e2)->ImportCache("x", *exported);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  }
 }
 
 TEST_F(EngineTest, EraseRemovesAgentFromMemoryAndDisk) {
