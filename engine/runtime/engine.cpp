@@ -55,7 +55,7 @@ Status Engine::Init() {
   if (options_.block_tokens <= 0 || options_.block_tokens > 4096) {
     return InvalidArgument(fmt::format("block size must be in [1, 4096] tokens, not {}", options_.block_tokens));
   }
-  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(AgentSettings{.kv = options_.kv}));
+  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
   (void)format;
   pool_ = std::make_unique<BlockPool>(options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget());
   counters_.memory_budget_bytes = options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget();
@@ -273,7 +273,7 @@ Status Engine::CreateAgent(const std::string& name, uint32_t owner_uid) {
     auto a = std::make_unique<AgentRecord>();
     a->name = name;
     a->owner_uid = owner_uid;
-    a->settings.kv = options_.kv;
+    a->settings = DefaultSettings();
     KVFS_ASSIGN_OR_RETURN(a->format, FormatFor(a->settings));
     a->created_ms = a->updated_ms = Now();
     job.agent = name;
@@ -401,7 +401,7 @@ EngineStatus Engine::Stats() {
 
 nlohmann::json Engine::ModelInfo() {
   const HParams& hp = model_->hparams();
-  auto fmt = FormatFor(AgentSettings{.kv = options_.kv});
+  auto fmt = FormatFor(DefaultSettings());
   return nlohmann::json{{"name", model_->name()},
                         {"path", options_.model_path},
                         {"architecture", std::string(ArchitectureName(hp.arch))},

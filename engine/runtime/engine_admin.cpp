@@ -274,7 +274,7 @@ Status Engine::AddPrefix(const std::string& name, std::string text) {
       std::lock_guard lock(mu_);
       if (prefixes_.count(name)) return InvalidArgument("prefix \"" + name + "\" exists");
     }
-    KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(AgentSettings{.kv = options_.kv}));
+    KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
     Prefix p;
     p.text = std::move(text);
     p.tokens = model_->tokenizer().Encode(p.text, true, true);

@@ -191,6 +191,12 @@ class Engine final : public AgentEngine {
   store::Manifest ManifestOf(const AgentRecord& agent) const;  // mu_ held
 
   Result<KvFormat> FormatFor(const AgentSettings& settings) const;
+  // Settings of a new agent: the defaults with the daemon's KV format.
+  AgentSettings DefaultSettings() const {
+    AgentSettings s;
+    s.kv = options_.kv;
+    return s;
+  }
   std::string Render(const AgentRecord& agent, const std::vector<ConversationTurn>& conversation) const;
   AgentInfo InfoOf(const AgentRecord& agent) const;  // mu_ held
   int64_t Now() const;
