@@ -133,6 +133,10 @@ Status Engine::RestoreAgents() {
         a->cached_text = c["context_text"].get<std::string>();
         a->blocks = m->blocks;
         a->disk_tail = m->tail;
+        const KvLayout layout = KvLayoutFor(model_->hparams(), a->format, options_.block_tokens);
+        const int64_t row = layout.row_bytes() * layout.n_layer * 2;
+        a->disk_bytes = static_cast<int64_t>(m->blocks.size()) * layout.block_bytes() +
+                        (m->tail ? static_cast<int64_t>(m->tail->n_tokens) * row : 0);
       }
     } else {
       spdlog::info("engine: agent {} was cached for another model or format; its cache is rebuilt on its next turn",
@@ -224,7 +228,24 @@ void Engine::StoreLoop() {
 
 // ---- API ----
 
+Engine::Residency Engine::ResidencyOf(const AgentRecord& a) const {
+  Residency r;
+  const int64_t block_bytes = (KvLayoutFor(model_->hparams(), a.format, options_.block_tokens).block_bytes() + 63) / 64 * 64;
+  auto count = [&](const BlockHash& h) {
+    ++r.total;
+    if (pool_->Contains(h)) {
+      ++r.resident;
+      r.bytes += block_bytes;
+    }
+  };
+  for (const BlockHash& h : a.blocks) count(h);
+  if (a.parked_tail) count(*a.parked_tail);
+  else if (a.disk_tail) ++r.total;  // on disk only
+  return r;
+}
+
 AgentInfo Engine::InfoOf(const AgentRecord& a) const {
+  const Residency r = ResidencyOf(a);
   AgentInfo info;
   info.name = a.name;
   info.owner_uid = a.owner_uid;
@@ -232,10 +253,11 @@ AgentInfo Engine::InfoOf(const AgentRecord& a) const {
   else if (a.running && a.generating) info.state = AgentState::kGenerating;
   else if (a.loading) info.state = AgentState::kWarm;
   else if (a.running || !a.queue.empty()) info.state = AgentState::kQueued;
-  else if (a.resident) info.state = AgentState::kHot;
+  else if (r.total > 0 && r.resident == r.total) info.state = AgentState::kHot;
+  else if (r.resident > 0) info.state = AgentState::kWarm;
   else info.state = AgentState::kCold;
   info.context_tokens = static_cast<int64_t>(a.tokens.size());
-  info.memory_bytes = a.memory_bytes;
+  info.memory_bytes = r.bytes;
   info.disk_bytes = a.disk_bytes;
   info.created_ms = a.created_ms;
   info.updated_ms = a.updated_ms;
@@ -386,10 +408,11 @@ EngineStatus Engine::Stats() {
   s.evictions = ps.evictions;
   std::vector<CacheEntryStatus> entries;
   for (auto& [name, a] : agents_) {
-    if (a->resident) ++s.agents_hot;
-    else if (a->running) ++s.agents_warm;
+    const Residency r = ResidencyOf(*a);
+    if (r.total > 0 && r.resident == r.total) ++s.agents_hot;
+    else if (r.resident > 0 || a->loading) ++s.agents_warm;
     else ++s.agents_cold;
-    entries.push_back(CacheEntryStatus{name, a->memory_bytes, a->disk_bytes, a->hits});
+    entries.push_back(CacheEntryStatus{name, r.bytes, a->disk_bytes, a->hits});
   }
   std::sort(entries.begin(), entries.end(), [](const CacheEntryStatus& x, const CacheEntryStatus& y) {
     return std::max(x.memory_bytes, x.disk_bytes) > std::max(y.memory_bytes, y.disk_bytes);

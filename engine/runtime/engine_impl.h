@@ -49,8 +49,6 @@ struct AgentRecord {
   std::optional<TurnStats> last_turn;
   std::string last_error;
   int64_t disk_bytes = 0;
-  int64_t memory_bytes = 0;  // KV bytes of its blocks while resident (mirror for readers)
-  bool resident = false;
   uint64_t hits = 0;
 
   // The cache: engine thread only.
@@ -199,6 +197,13 @@ class Engine final : public AgentEngine {
   }
   std::string Render(const AgentRecord& agent, const std::vector<ConversationTurn>& conversation) const;
   AgentInfo InfoOf(const AgentRecord& agent) const;  // mu_ held
+  // How much of the agent's cache is in the pool now (mu_ held): its bytes there, and whether
+  // all of it is (hot) or none (cold).
+  struct Residency {
+    int64_t bytes = 0;
+    size_t resident = 0, total = 0;
+  };
+  Residency ResidencyOf(const AgentRecord& agent) const;
   int64_t Now() const;
 
   const EngineOptions options_;

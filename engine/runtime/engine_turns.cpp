@@ -296,7 +296,6 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
   a.blocks = std::move(chain);
   a.parked_tail.reset();
   a.hits += hits;
-  a.resident = true;
   return have;
 }
 
@@ -498,8 +497,6 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(con
     } else {
       a.parked_tail.reset();
     }
-    a.memory_bytes = seq->n_blocks() * ((layout.block_bytes() + 63) / 64 * 64);
-    a.resident = true;
     job.manifest = ManifestOf(a);
   }
   // job.tail's payload points into job.tail_bytes, whose heap buffer moves with the job.
@@ -521,8 +518,6 @@ void Engine::ReleaseCache(AgentRecord& a) {
   a.blocks.clear();
   a.parked_tail.reset();
   a.disk_tail.reset();
-  a.memory_bytes = 0;
-  a.resident = false;
 }
 
 std::vector<BlockHash> Engine::AgentBlockKeys(const AgentRecord& a) const {
@@ -559,7 +554,6 @@ bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
         std::lock_guard l(mu_);
         a.loading = false;
         if (tail) a.parked_tail = tail;
-        a.resident = true;
       }
       on_loaded();
     });

@@ -267,7 +267,20 @@ TEST_F(EngineTest, SystemChangeDivergesAndMatchesUncachedRun) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->system, "Tom had a red car.");
   EXPECT_EQ(info->state, AgentState::kCold);
+  EXPECT_EQ(info->memory_bytes, 0);
+  EXPECT_GT(info->disk_bytes, 0);
   EXPECT_EQ(info->settings.max_tokens, 20);
+  // Prefetch (what opening a cold agent's file does) brings the whole cache into memory.
+  (*engine)->Prefetch("alice");
+  for (int i = 0; i < 500 && (*engine)->GetAgent("alice")->state != AgentState::kHot; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  info = (*engine)->GetAgent("alice");
+  EXPECT_EQ(info->state, AgentState::kHot);
+  EXPECT_GT(info->memory_bytes, 0);
+  TurnOutcome again = RunTurn(**engine, "alice", " The end.");
+  ASSERT_TRUE(again.stats.ok());
+  EXPECT_EQ(again.stats->match, "extend");
+  EXPECT_EQ((*engine)->Stats().block_misses, 0u);
 }
 
 // A block that fails its checksum is dropped and the cache is recomputed from there.
