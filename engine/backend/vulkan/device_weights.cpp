@@ -11,6 +11,18 @@ namespace kvfs::vk {
 
 namespace {
 
+Result<DeviceVector> UploadVector(Context& ctx, Uploader& up, const Vector& v, int64_t& total) {
+  DeviceVector d;
+  if (v.empty()) return d;
+  d.n = v.n;
+  KVFS_ASSIGN_OR_RETURN(d.buffer, ctx.CreateBuffer(v.n * 4, MemoryKind::kDevice));
+  KVFS_RETURN_IF_ERROR(up.Add(v.data, v.n * 4, d.buffer, 0));
+  total += d.buffer.bytes();
+  return d;
+}
+
+}  // namespace
+
 Result<DeviceMatrix> UploadMatrix(Context& ctx, Uploader& up, const Matrix& m, int64_t max_binding_bytes,
                                   int64_t& total) {
   DeviceMatrix d;
@@ -37,18 +49,6 @@ Result<DeviceMatrix> UploadMatrix(Context& ctx, Uploader& up, const Matrix& m, i
   }
   return d;
 }
-
-Result<DeviceVector> UploadVector(Context& ctx, Uploader& up, const Vector& v, int64_t& total) {
-  DeviceVector d;
-  if (v.empty()) return d;
-  d.n = v.n;
-  KVFS_ASSIGN_OR_RETURN(d.buffer, ctx.CreateBuffer(v.n * 4, MemoryKind::kDevice));
-  KVFS_RETURN_IF_ERROR(up.Add(v.data, v.n * 4, d.buffer, 0));
-  total += d.buffer.bytes();
-  return d;
-}
-
-}  // namespace
 
 Status CheckWeightTypes(const ModelWeights& w) {
   auto check = [](const Matrix& m, const std::string& name) -> Status {

@@ -40,6 +40,11 @@ struct DeviceWeights {
 // Unsupported, naming the tensor and its type, when a matrix has a type the shaders lack.
 Status CheckWeightTypes(const ModelWeights& w);
 
+// Copies one matrix to the device in parts of whole rows of at most max_binding_bytes each;
+// adds the bytes it takes to total_bytes. The copies run at the uploader's next flush.
+Result<DeviceMatrix> UploadMatrix(Context& ctx, Uploader& uploader, const Matrix& m, int64_t max_binding_bytes,
+                                  int64_t& total_bytes);
+
 // Copies every tensor to the device; no binding exceeds max_binding_bytes.
 Result<std::unique_ptr<DeviceWeights>> UploadWeights(Context& ctx, Uploader& uploader, const ModelWeights& w,
                                                      int64_t max_binding_bytes);
