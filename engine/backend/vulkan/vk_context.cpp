@@ -165,7 +165,7 @@ Status Context::Init(int index) {
   if (index < 0) index = DefaultIndex(devices);
   if (index < 0) return NotFound("no Vulkan device supports Vulkan 1.1");
   if (index >= static_cast<int>(devices.size())) {
-    return NotFound(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", index, devices.size()));
+    return InvalidArgument(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", index, devices.size()));
   }
   physical_ = devices[index];
   info_ = Describe(physical_, index);

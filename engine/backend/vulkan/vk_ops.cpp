@@ -69,11 +69,19 @@ constexpr ShaderInterface kOutput{"attn_output", 4, sizeof(OutputParams)};
 constexpr uint32_t kElementwiseGroup = 64;
 constexpr uint32_t kRowGroup = 256;      // rms_norm, softmax, attn_output
 constexpr uint32_t kMatvecGroup = 64;
-constexpr uint32_t kMatvecRows = 2;
 constexpr int64_t kMatvecMaxTokens = 8;  // beyond this, matmul_* shaders
 constexpr uint32_t kTileRows = 64;
 
 uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
+
+// Invocations per row of the matrix-vector shaders: enough for the row's work items (32-value
+// units, or groups of 8 float values), a power of two in [4, kMatvecGroup]; short rows share a
+// workgroup instead of leaving invocations idle. At least 4: lane t writes token t.
+uint32_t MatvecLanes(int64_t work_items) {
+  uint32_t lanes = 4;
+  while (lanes < kMatvecGroup && lanes < work_items) lanes *= 2;
+  return lanes;
+}
 uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
 
 int64_t KvRowWords(const KvView& kv) { return kv.row_stride / 4; }
@@ -165,9 +173,10 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
     const uint32_t spec[] = {kElementwiseGroup};
     KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(kMatmulF32, spec));
   } else if (matvec) {
-    rows_per_group = kMatvecRows;
+    const uint32_t lanes = MatvecLanes(quantized ? w.n_in / 32 : w.n_in / 8);
+    rows_per_group = kMatvecGroup / lanes;
     tokens_per_group = a.n_tokens == 1 ? 1 : (a.n_tokens == 2 ? 2 : 4);
-    const uint32_t spec[] = {kMatvecGroup, type, kMatvecRows, tokens_per_group};
+    const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group};
     KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(quantized ? kMatvecQuant : kMatvecFloat, spec));
   } else {
     tokens_per_group = a.n_tokens <= 16 ? 16 : (a.n_tokens <= 32 ? 32 : 64);

@@ -2,13 +2,14 @@
 #extension GL_GOOGLE_include_directive : require
 // y = W x for a few activation rows with float weights (F32, F16, BF16: WEIGHT_TYPE) and f32
 // activations, rounded to the weight's type first as the CPU's dot products do. A workgroup
-// computes ROWS rows for TOKENS activation rows; invocations stride over the row's elements
-// and the partial sums are added up in shared memory. Epilogue as in matvec_quant.
+// computes WG / LANES rows for TOKENS activation rows; the LANES invocations of a row stride
+// over its values and their partial sums are added up in shared memory. Epilogue as in
+// matvec_quant.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;  // invocations, a power of two
 layout(constant_id = 1) const uint WEIGHT_TYPE = 1;
-layout(constant_id = 2) const uint ROWS = 2;
+layout(constant_id = 2) const uint LANES = 64;  // invocations per row, a power of two <= WG
 layout(constant_id = 3) const uint TOKENS = 1;
 
 layout(push_constant) uniform Params {
@@ -32,42 +33,42 @@ layout(binding = 3) readonly buffer Bias { float bias[]; };            // [y_str
 #include "weight_bytes.glsl"
 #include "weight_values.glsl"
 
-shared float partial[ROWS * TOKENS * WG];
+const uint ROWS = WG / LANES;
+
+shared float partial[TOKENS * WG];
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint r0 = p.row_begin + gl_WorkGroupID.x * ROWS;
+  const uint lane = tid % LANES;
+  const uint r = p.row_begin + gl_WorkGroupID.x * ROWS + tid / LANES;
   const uint t0 = gl_WorkGroupID.y * TOKENS;
-  float acc[ROWS * TOKENS];
-  for (uint i = 0u; i < ROWS * TOKENS; ++i) acc[i] = 0.0;
+  float acc[TOKENS];
+  for (uint t = 0u; t < TOKENS; ++t) acc[t] = 0.0;
 
-  for (uint e = tid; e < p.n_in; e += WG) {
-    float xs[TOKENS];
-    for (uint t = 0u; t < TOKENS; ++t) {
-      xs[t] = t0 + t < p.n_tokens ? ActivationValue(x[(t0 + t) * p.x_stride + e]) : 0.0;
-    }
-    for (uint r = 0u; r < ROWS; ++r) {
-      if (r0 + r >= p.n_rows) break;
-      const float w = WeightValue((r0 + r) * p.row_bytes, e);
-      for (uint t = 0u; t < TOKENS; ++t) acc[r * TOKENS + t] = fma(w, xs[t], acc[r * TOKENS + t]);
+  if (r < p.n_rows) {
+    for (uint e = lane; e < p.n_in; e += LANES) {
+      const float w = WeightValue(r * p.row_bytes, e);
+      for (uint t = 0u; t < TOKENS; ++t) {
+        if (t0 + t >= p.n_tokens) break;
+        acc[t] = fma(w, ActivationValue(x[(t0 + t) * p.x_stride + e]), acc[t]);
+      }
     }
   }
 
-  for (uint i = 0u; i < ROWS * TOKENS; ++i) partial[i * WG + tid] = acc[i];
+  for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] = acc[t];
   barrier();
-  for (uint s = WG / 2u; s > 0u; s >>= 1) {
-    if (tid < s) {
-      for (uint i = 0u; i < ROWS * TOKENS; ++i) partial[i * WG + tid] += partial[i * WG + tid + s];
+  for (uint s = LANES / 2u; s > 0u; s >>= 1) {
+    if (lane < s) {
+      for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] += partial[t * WG + tid + s];
     }
     barrier();
   }
-  for (uint i = tid; i < ROWS * TOKENS; i += WG) {
-    const uint r = r0 + i / TOKENS, t = t0 + i % TOKENS;
-    if (r >= p.n_rows || t >= p.n_tokens) continue;
-    const uint at = t * p.y_stride + p.y_col0 + r;
-    float v = partial[i * WG];
-    if ((p.flags & 2u) != 0u) v += bias[p.y_col0 + r];
-    if ((p.flags & 1u) != 0u) v = y[at] + v;
-    y[at] = v;
-  }
+  // Lane t of each row writes token t.
+  const uint t = t0 + lane;
+  if (r >= p.n_rows || lane >= TOKENS || t >= p.n_tokens) return;
+  const uint at = t * p.y_stride + p.y_col0 + r;
+  float v = partial[lane * WG + tid - lane];
+  if ((p.flags & 2u) != 0u) v += bias[p.y_col0 + r];
+  if ((p.flags & 1u) != 0u) v = y[at] + v;
+  y[at] = v;
 }

@@ -2,16 +2,17 @@
 #extension GL_GOOGLE_include_directive : require
 // y = W x for a few activation rows (decode and small batches) with quantized weights:
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (WEIGHT_TYPE) against activations
-// quantized by quantize_act. A workgroup computes ROWS weight rows for TOKENS activation rows:
-// its invocations stride over the rows' 32-value units, decode each weight unit once for all
-// TOKENS tokens, and the partial sums are added up in shared memory.
+// quantized by quantize_act. A workgroup computes WG / LANES weight rows for TOKENS activation
+// rows: the LANES invocations of a row stride over its 32-value units, decode each weight unit
+// once for all TOKENS tokens, and their partial sums are added up in shared memory. LANES
+// follows the row length (short rows: several rows per workgroup, no idle invocations).
 //
 // Epilogue (flags): y = [y_old +] (W x [+ bias]), the residual add and the qwen2 bias fused.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;       // invocations, a power of two
 layout(constant_id = 1) const uint WEIGHT_TYPE = 2;
-layout(constant_id = 2) const uint ROWS = 2;
+layout(constant_id = 2) const uint LANES = 64;    // invocations per row, a power of two <= WG
 layout(constant_id = 3) const uint TOKENS = 1;
 
 layout(push_constant) uniform Params {
@@ -35,44 +36,45 @@ layout(binding = 4) readonly buffer Bias { float bias[]; };            // [y_str
 #include "weight_bytes.glsl"
 #include "weight_units.glsl"
 
-shared float partial[ROWS * TOKENS * WG];
+const uint ROWS = WG / LANES;
+
+shared float partial[TOKENS * WG];
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint r0 = p.row_begin + gl_WorkGroupID.x * ROWS;
+  const uint lane = tid % LANES;
+  const uint r = p.row_begin + gl_WorkGroupID.x * ROWS + tid / LANES;
   const uint t0 = gl_WorkGroupID.y * TOKENS;
-  float acc[ROWS * TOKENS];
-  for (uint i = 0u; i < ROWS * TOKENS; ++i) acc[i] = 0.0;
+  float acc[TOKENS];
+  for (uint t = 0u; t < TOKENS; ++t) acc[t] = 0.0;
 
-  for (uint u = tid; u < p.n_units; u += WG) {
-    for (uint r = 0u; r < ROWS; ++r) {
-      if (r0 + r >= p.n_rows) break;
-      const WeightUnit wu = LoadUnit((r0 + r) * p.row_bytes, u);
+  if (r < p.n_rows) {
+    for (uint u = lane; u < p.n_units; u += LANES) {
+      const WeightUnit wu = LoadUnit(r * p.row_bytes, u);
       for (uint t = 0u; t < TOKENS; ++t) {
         if (t0 + t >= p.n_tokens) break;
         const uint a0 = ((t0 + t) * p.n_units + u) * 8u;
         uint a[8];
         for (uint i = 0u; i < 8u; ++i) a[i] = act_codes[a0 + i];
-        acc[r * TOKENS + t] += UnitDot(wu, a, act_aux[(t0 + t) * p.n_units + u]);
+        acc[t] += UnitDot(wu, a, act_aux[(t0 + t) * p.n_units + u]);
       }
     }
   }
 
-  for (uint i = 0u; i < ROWS * TOKENS; ++i) partial[i * WG + tid] = acc[i];
+  for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] = acc[t];
   barrier();
-  for (uint s = WG / 2u; s > 0u; s >>= 1) {
-    if (tid < s) {
-      for (uint i = 0u; i < ROWS * TOKENS; ++i) partial[i * WG + tid] += partial[i * WG + tid + s];
+  for (uint s = LANES / 2u; s > 0u; s >>= 1) {
+    if (lane < s) {
+      for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] += partial[t * WG + tid + s];
     }
     barrier();
   }
-  for (uint i = tid; i < ROWS * TOKENS; i += WG) {
-    const uint r = r0 + i / TOKENS, t = t0 + i % TOKENS;
-    if (r >= p.n_rows || t >= p.n_tokens) continue;
-    const uint at = t * p.y_stride + p.y_col0 + r;
-    float v = partial[i * WG];
-    if ((p.flags & 2u) != 0u) v += bias[p.y_col0 + r];
-    if ((p.flags & 1u) != 0u) v = y[at] + v;
-    y[at] = v;
-  }
+  // Lane t of each row writes token t.
+  const uint t = t0 + lane;
+  if (r >= p.n_rows || lane >= TOKENS || t >= p.n_tokens) return;
+  const uint at = t * p.y_stride + p.y_col0 + r;
+  float v = partial[lane * WG + tid - lane];
+  if ((p.flags & 2u) != 0u) v += bias[p.y_col0 + r];
+  if ((p.flags & 1u) != 0u) v = y[at] + v;
+  y[at] = v;
 }
