@@ -65,8 +65,8 @@ Plane MakePlane(const KvFormat& f, int64_t n_positions) {
   Plane p;
   p.row_stride = (f.RowBytes(kRowValues) + 3) / 4 * 4;
   const int64_t n_blocks = (n_positions + kBlockTokens - 1) / kBlockTokens;
-  // Scattered slots: block b in slot (3b + 2) mod (n_blocks + 3), all distinct.
-  for (int64_t b = 0; b < n_blocks; ++b) p.table.push_back(static_cast<uint32_t>((3 * b + 2) % (n_blocks + 3)));
+  // Slots in reverse order after 3 unused ones, block 0 in the last.
+  for (int64_t b = 0; b < n_blocks; ++b) p.table.push_back(static_cast<uint32_t>(n_blocks + 2 - b));
   p.bytes.assign((n_blocks + 3) * kBlockTokens * p.row_stride, 0);
   return p;
 }
@@ -138,7 +138,8 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
   struct Case {
     int64_t pos0, T;
   };
-  for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}}) {
+  // Decode with a long context spreads the positions over workgroups (attn_reduce adds them).
+  for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}}) {
     const int64_t n_ctx = c.pos0 + c.T;
     for (const KvFormat& f : Formats()) {
       const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
@@ -154,13 +155,15 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
       const vk::Buffer kb = Input(kp.bytes), vb = Input(vp.bytes), table = Input(kp.table), qb = Input(q);
       const vk::Buffer scores = Output(c.T * kHeads * n_ctx * 4), raw = Output(c.T * kHeads * n_ctx * 4);
       const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4);
+      const vk::Buffer partials = Output(1 << 20);
       vk::KvView view = View(f, kb, table, kp.row_stride);
       view.v_plane = &vb;
       const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
       const int64_t q_stride = kHeads * kHeadDim;
       ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
                     KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
-                    return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, out, q_stride, 0);
+                    return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
+                                           partials.bytes() / 4, out, q_stride, 0);
                   }).ok());
       // Raw scores against the scalar dot products, then the whole attention.
       const std::vector<float> got_raw = Read<float>(raw, c.T * kHeads * n_ctx);

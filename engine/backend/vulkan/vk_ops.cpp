@@ -47,6 +47,11 @@ struct SoftmaxParams {
 struct OutputParams {
   uint32_t pos0, n_head, group, score_stride, block_tokens, row_stride, table0, out_stride, out_row0;
   float hadamard_scale;
+  uint32_t split_positions, n_splits;
+};
+struct ReduceParams {
+  uint32_t n_head, n_splits, out_stride, out_row0;
+  float hadamard_scale;
 };
 
 constexpr ShaderInterface kEmbed{"embed", 3, sizeof(EmbedParams)};
@@ -62,7 +67,8 @@ constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
 constexpr ShaderInterface kKvStore{"kv_store", 3, sizeof(KvStoreParams)};
 constexpr ShaderInterface kScores{"attn_scores", 4, sizeof(ScoresParams)};
 constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
-constexpr ShaderInterface kOutput{"attn_output", 4, sizeof(OutputParams)};
+constexpr ShaderInterface kOutput{"attn_output", 5, sizeof(OutputParams)};
+constexpr ShaderInterface kReduce{"attn_reduce", 2, sizeof(ReduceParams)};
 
 // Workgroup sizes. Small batches go to the matrix-vector shaders, larger ones to the tiled
 // matrix-matrix shaders (which stage operands in shared memory).
@@ -71,6 +77,11 @@ constexpr uint32_t kRowGroup = 256;      // rms_norm, softmax, attn_output
 constexpr uint32_t kMatvecGroup = 64;
 constexpr int64_t kMatvecMaxTokens = 8;  // beyond this, matmul_* shaders
 constexpr uint32_t kTileRows = 64;
+// Attention of a few tokens (decode) spreads each (token, head) over workgroups of this many
+// positions, at most kMaxSplits of them.
+constexpr int64_t kSplitTokens = 4;
+constexpr int64_t kSplitPositions = 512;
+constexpr int64_t kMaxSplits = 64;
 
 uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
 
@@ -281,33 +292,56 @@ Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t
 }
 
 Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
-                       int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0) {
+                       int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
+                       int64_t n_splits, const Buffer* partials) {
   const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kv.format.type), U32(kv.format.group),
                            U32(shape.head_dim), kv.format.rotate ? 1u : 0u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kOutput, spec));
+  const int64_t n_ctx = pos0 + n_tokens;
   const OutputParams params{U32(pos0),
                             U32(shape.n_head),
                             U32(shape.n_head / shape.n_head_kv),
-                            U32(pos0 + n_tokens),
+                            U32(n_ctx),
                             U32(kv.block_tokens),
                             U32(kv.row_stride),
                             kv.table0,
                             U32(out_stride),
                             U32(out_row0),
+                            HadamardScale(shape.head_dim),
+                            U32((n_ctx + n_splits - 1) / n_splits),
+                            U32(n_splits)};
+  return rec.Dispatch(*p, {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_},
+                      &params, U32(shape.n_head), U32(n_tokens), U32(n_splits));
+}
+
+Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
+                       int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0) {
+  const uint32_t spec[] = {kElementwiseGroup, U32(shape.head_dim), kv.format.rotate ? 1u : 0u};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kReduce, spec));
+  const ReduceParams params{U32(shape.n_head), U32(n_splits), U32(out_stride), U32(out_row0),
                             HadamardScale(shape.head_dim)};
-  return rec.Dispatch(*p, {&scores, kv.v_plane, kv.block_table, &out}, &params, U32(shape.n_head), U32(n_tokens));
+  return rec.Dispatch(*p, {&partials, &out}, &params, U32(shape.n_head), U32(n_tokens));
 }
 
 Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
-                      int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& out,
-                      int64_t out_stride, int64_t out_row0) {
+                      int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& partials,
+                      int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0) {
   KVFS_RETURN_IF_ERROR(AttnScores(rec, kv, shape, q, q_stride, q_row0, n_tokens, pos0, scores));
   rec.Barrier();
   KVFS_RETURN_IF_ERROR(Softmax(rec, scores, shape.n_head, n_tokens, pos0, pos0 + n_tokens,
                                1.0f / std::sqrt(static_cast<float>(shape.head_dim)),
                                kv.format.type == KvType::kF16));
   rec.Barrier();
-  return AttnOutput(rec, kv, shape, scores, n_tokens, pos0, out, out_stride, out_row0);
+  int64_t n_splits = 1;
+  if (n_tokens <= kSplitTokens) {
+    const int64_t fit = partial_floats / (n_tokens * shape.n_head * shape.head_dim);
+    n_splits = std::clamp<int64_t>((pos0 + n_tokens + kSplitPositions - 1) / kSplitPositions, 1, std::min(kMaxSplits, fit));
+  }
+  KVFS_RETURN_IF_ERROR(AttnOutput(rec, kv, shape, scores, n_tokens, pos0, out, out_stride, out_row0, n_splits,
+                                  n_splits > 1 ? &partials : nullptr));
+  if (n_splits == 1) return Status::Ok();
+  rec.Barrier();
+  return AttnReduce(rec, kv, shape, partials, n_tokens, n_splits, out, out_stride, out_row0);
 }
 
 }  // namespace kvfs::vk

@@ -105,17 +105,22 @@ class Ops {
                  const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0);
   // Attention of n_tokens consecutive query tokens of one sequence (positions pos0 ..), with
   // q rows q[q_row0 ..]: scores, causal softmax, weighted V sum into out[out_row0 ..].
-  // `scores` holds [n_tokens][n_head][pos0 + n_tokens] floats.
+  // `scores` holds [n_tokens][n_head][pos0 + n_tokens] floats; `partials` (partial_floats
+  // floats) takes the partial sums when a few tokens' positions are split over workgroups.
   Status Attention(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
-                   int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& out,
-                   int64_t out_stride, int64_t out_row0);
+                   int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& partials,
+                   int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0);
   // The three steps of Attention, for tests.
   Status AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                     int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores);
   Status Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
                  int64_t score_stride, float scale, bool round_f16);
+  // With n_splits > 1, writes partial sums into `partials` instead of out and needs AttnReduce.
   Status AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
-                    int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0);
+                    int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
+                    int64_t n_splits, const Buffer* partials);
+  Status AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
+                    int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0);
 
   // Whether attention and KV encoding fit this device for the geometry (shared memory,
   // workgroup size), with the reason when they do not.

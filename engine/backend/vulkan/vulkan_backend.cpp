@@ -36,6 +36,7 @@ using vk::MemoryKind;
 constexpr int64_t kMaxUbatch = 512;
 constexpr int64_t kStagingBytes = int64_t{64} << 20;
 constexpr int64_t kScoresBytes = int64_t{64} << 20;
+constexpr int64_t kPartialsBytes = int64_t{4} << 20;
 
 class VulkanBackend final : public Backend {
  public:
@@ -85,6 +86,7 @@ class VulkanBackend final : public Backend {
   Buffer act_codes_;  // quantized activations: [max_ubatch_][max n_in / 4] words
   Buffer act_aux_;    // [max_ubatch_][max n_in / 32] vec4 (see vk_ops.h)
   Buffer scores_;     // attention weights: [tokens][n_head][context], kScoresBytes
+  Buffer partials_;   // attention split over positions: [tokens][n_head][splits][head_dim]
   // Host-visible inputs and outputs of a micro-batch.
   Buffer tokens_;     // [max_ubatch_] int32 token ids
   Buffer rope_;       // [max_ubatch_][n_rot / 2] (cos, sin) pairs
@@ -129,6 +131,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(device(act_codes_, n_in_max / 4));
   KVFS_RETURN_IF_ERROR(device(act_aux_, n_in_max / 32 * 4));
   KVFS_ASSIGN_OR_RETURN(scores_, ctx_->CreateBuffer(std::min(kScoresBytes, max_binding), MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(partials_, ctx_->CreateBuffer(std::min(kPartialsBytes, max_binding), MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
@@ -181,8 +184,8 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces) {
                       fmt::format("a context of {} tokens needs more attention scratch than {} bytes", n_ctx_last,
                                   scores_.bytes()));
       }
-      KVFS_RETURN_IF_ERROR(ops_->Attention(*rec_, view, shape, q_, n_q, pc.row0 + j, chunk, pc.pos0 + j, scores_, att_,
-                                           n_q, pc.row0 + j));
+      KVFS_RETURN_IF_ERROR(ops_->Attention(*rec_, view, shape, q_, n_q, pc.row0 + j, chunk, pc.pos0 + j, scores_,
+                                           partials_, partials_.bytes() / 4, att_, n_q, pc.row0 + j));
       rec_->Barrier();
       j += chunk;
     }
