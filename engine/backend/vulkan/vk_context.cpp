@@ -1,7 +1,7 @@
 #include "engine/backend/vulkan/vk_context.h"
 
 #include <algorithm>
-#include <cstring>
+#include <utility>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -106,6 +106,19 @@ int DefaultIndex(const std::vector<VkPhysicalDevice>& devices) {
   return best;
 }
 
+Result<std::vector<VulkanDeviceInfo>> ListVulkanDevicesImpl() {
+  ScopedInstance instance;
+  KVFS_RETURN_IF_ERROR(CreateInstance(instance));
+  KVFS_ASSIGN_OR_RETURN(std::vector<VkPhysicalDevice> devices, PhysicalDevices(instance.instance));
+  const int default_index = DefaultIndex(devices);
+  std::vector<VulkanDeviceInfo> out;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    out.push_back(Describe(devices[i], static_cast<int>(i)));
+    out.back().is_default = static_cast<int>(i) == default_index;
+  }
+  return out;
+}
+
 }  // namespace
 
 Status VkError(const std::string& what, VkResult result) {
@@ -137,19 +150,6 @@ void Buffer::Reset() {
   memory_ = VK_NULL_HANDLE;
   bytes_ = 0;
   mapped_ = nullptr;
-}
-
-Result<std::vector<VulkanDeviceInfo>> ListVulkanDevicesImpl() {
-  ScopedInstance instance;
-  KVFS_RETURN_IF_ERROR(CreateInstance(instance));
-  KVFS_ASSIGN_OR_RETURN(std::vector<VkPhysicalDevice> devices, PhysicalDevices(instance.instance));
-  const int default_index = DefaultIndex(devices);
-  std::vector<VulkanDeviceInfo> out;
-  for (size_t i = 0; i < devices.size(); ++i) {
-    out.push_back(Describe(devices[i], static_cast<int>(i)));
-    out.back().is_default = static_cast<int>(i) == default_index;
-  }
-  return out;
 }
 
 Result<std::unique_ptr<Context>> Context::Create(int index) {

@@ -133,6 +133,13 @@ bool SupportedWeightType(GgmlType t) {
 }
 
 Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines) {
+  // The row and tile shaders use workgroups of 256 invocations and up to ~12 KiB of shared
+  // memory (Vulkan only guarantees 128 and 16 KiB).
+  if (ctx.limits().max_group_invocations < 256 || ctx.limits().max_shared_bytes < 16384) {
+    return Unsupported(fmt::format("Vulkan device {} allows {} invocations and {} bytes of shared memory per "
+                                   "workgroup; the shaders need 256 and 16384",
+                                   ctx.info().name, ctx.limits().max_group_invocations, ctx.limits().max_shared_bytes));
+  }
   std::unique_ptr<Ops> ops(new Ops(ctx, pipelines));
   KVFS_ASSIGN_OR_RETURN(ops->unused_, ctx.CreateBuffer(16, MemoryKind::kDevice));
   return ops;
