@@ -42,6 +42,6 @@ std::string VulkanUnavailable(const Status& made);
     if (!kvfs_made_.ok()) {                                                   \
       const std::string kvfs_why_ = ::kvfs::testing::VulkanUnavailable(kvfs_made_); \
       if (kvfs_why_.empty()) FAIL() << kvfs_made_.message();                  \
-      GTEST_SKIP() << "no Vulkan device: " << kvfs_why_;                      \
+      GTEST_SKIP() << "Vulkan unavailable: " << kvfs_why_;                    \
     }                                                                         \
   } while (0)

@@ -172,6 +172,19 @@ int Bench(int argc, char** argv) {
 
   std::vector<double> pp_rates, tg_rates;
   Logits logits;
+  // Untimed warm-up on the Vulkan backend: a prompt batch and two decode steps make the
+  // pipelines of every shader variant the timed runs use (compiled on first use).
+  if (!on_cpu) {
+    SequenceKv kv(layout, std::max<int64_t>(n_pp, 1) + 2);
+    auto toks = random_tokens(std::max<int64_t>(n_pp, 1));
+    SequenceStep step{&kv, toks, false};
+    if (Status s = backend->Forward(std::span<const SequenceStep>(&step, 1), logits); !s.ok()) return Fail(s.message());
+    for (int i = 0; i < 2; ++i) {
+      TokenId tok = static_cast<TokenId>(rng() % hp.n_vocab);
+      SequenceStep one{&kv, std::span<const TokenId>(&tok, 1), false};
+      if (Status s = backend->Forward(std::span<const SequenceStep>(&one, 1), logits); !s.ok()) return Fail(s.message());
+    }
+  }
   for (int r = 0; r < reps; ++r) {
     if (n_pp > 0) {
       SequenceKv kv(layout, n_ctx);

@@ -175,7 +175,13 @@ Status Context::Init(int index) {
     return Unsupported(fmt::format("Vulkan device {} ({}) only supports Vulkan {}; 1.1 is needed", index, info_.name,
                                    info_.api_version));
   }
-  limits_.max_binding_bytes = props.limits.maxStorageBufferRange;
+  // One buffer is one allocation here, so a binding is also bounded by the allocation size.
+  VkPhysicalDeviceMaintenance3Properties maintenance3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+  VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props2.pNext = &maintenance3;
+  vkGetPhysicalDeviceProperties2(physical_, &props2);
+  limits_.max_binding_bytes = std::min<int64_t>(props.limits.maxStorageBufferRange,
+                                                static_cast<int64_t>(maintenance3.maxMemoryAllocationSize));
   limits_.max_shared_bytes = props.limits.maxComputeSharedMemorySize;
   std::copy(std::begin(props.limits.maxComputeWorkGroupCount), std::end(props.limits.maxComputeWorkGroupCount),
             limits_.max_group_count);

@@ -52,7 +52,8 @@ class Buffer {
 };
 
 struct DeviceLimits {
-  int64_t max_binding_bytes = 0;      // largest storage-buffer range one binding may cover
+  int64_t max_binding_bytes = 0;      // largest buffer one binding may cover (storage-buffer
+                                      // range, and allocation size: a buffer is an allocation)
   int64_t max_shared_bytes = 0;       // shared memory per workgroup
   uint32_t max_group_count[3] = {};   // workgroups per dispatch, per dimension
   uint32_t max_group_invocations = 0;
