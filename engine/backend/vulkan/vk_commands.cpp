@@ -6,7 +6,6 @@ namespace kvfs::vk {
 
 namespace {
 constexpr uint32_t kSetsPerPool = 1024;
-constexpr uint32_t kBuffersPerSet = 8;  // no shader binds more
 }  // namespace
 
 Recorder::~Recorder() {
@@ -34,8 +33,12 @@ Status Recorder::Begin() {
     r = vkCreateFence(dev, &fence_info, nullptr, &fence_);
     if (r != VK_SUCCESS) return VkError("vkCreateFence", r);
   }
-  for (VkDescriptorPool p : descriptor_pools_) vkResetDescriptorPool(dev, p, 0);
-  current_pool_ = 0;
+  if (sets_epoch_ != ctx_.buffer_epoch()) {
+    for (VkDescriptorPool p : descriptor_pools_) vkResetDescriptorPool(dev, p, 0);
+    current_pool_ = 0;
+    sets_.clear();
+    sets_epoch_ = ctx_.buffer_epoch();
+  }
   vkResetCommandBuffer(cmd_, 0);
   VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
@@ -49,7 +52,7 @@ Result<VkDescriptorSet> Recorder::AllocateSet(VkDescriptorSetLayout layout) {
   VkDevice dev = ctx_.device();
   while (true) {
     if (current_pool_ == descriptor_pools_.size()) {
-      const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerPool * kBuffersPerSet};
+      const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerPool * kMaxBuffers};
       VkDescriptorPoolCreateInfo info{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
       info.maxSets = kSetsPerPool;
       info.poolSizeCount = 1;
@@ -77,21 +80,30 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
     return Internal(fmt::format("dispatch binds {} buffers, the pipeline has {}", buffers.size(), pipeline.n_buffers));
   }
   if (x == 0 || y == 0 || z == 0) return Status::Ok();
-  KVFS_ASSIGN_OR_RETURN(VkDescriptorSet set, AllocateSet(pipeline.set_layout));
-  VkDescriptorBufferInfo infos[kBuffersPerSet];
-  VkWriteDescriptorSet writes[kBuffersPerSet];
-  uint32_t i = 0;
-  for (const Buffer* b : buffers) {
-    infos[i] = {b->handle(), 0, VK_WHOLE_SIZE};
-    writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
-    writes[i].dstSet = set;
-    writes[i].dstBinding = i;
-    writes[i].descriptorCount = 1;
-    writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-    writes[i].pBufferInfo = &infos[i];
-    ++i;
+  if (sets_epoch_ != ctx_.buffer_epoch()) {
+    return Internal("a buffer was destroyed while a pass was being recorded");
   }
-  vkUpdateDescriptorSets(ctx_.device(), i, writes, 0, nullptr);
+  SetKey key{pipeline.set_layout, {}};
+  size_t n = 0;
+  for (const Buffer* b : buffers) key.second[n++] = b->handle();
+  auto it = sets_.find(key);
+  if (it == sets_.end()) {
+    KVFS_ASSIGN_OR_RETURN(VkDescriptorSet set, AllocateSet(pipeline.set_layout));
+    VkDescriptorBufferInfo infos[kMaxBuffers];
+    VkWriteDescriptorSet writes[kMaxBuffers];
+    for (uint32_t i = 0; i < n; ++i) {
+      infos[i] = {key.second[i], 0, VK_WHOLE_SIZE};
+      writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+      writes[i].dstSet = set;
+      writes[i].dstBinding = i;
+      writes[i].descriptorCount = 1;
+      writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+      writes[i].pBufferInfo = &infos[i];
+    }
+    vkUpdateDescriptorSets(ctx_.device(), static_cast<uint32_t>(n), writes, 0, nullptr);
+    it = sets_.emplace(key, set).first;
+  }
+  const VkDescriptorSet set = it->second;
   vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.pipeline);
   vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout, 0, 1, &set, 0, nullptr);
   if (pipeline.push_bytes > 0) {

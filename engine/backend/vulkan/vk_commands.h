@@ -1,12 +1,17 @@
 // Recording and running compute work: one command buffer that is filled, submitted and waited
-// for (the forward pass is synchronous, like the CPU backend's). Each dispatch gets a
-// descriptor set from pools that are reset when recording begins again.
+// for (the forward pass is synchronous, like the CPU backend's). Descriptor sets are made once
+// per (shader layout, buffers) and reused by later passes: a decode step binds the same
+// buffers as the previous one, so it records dispatches without allocating or writing sets.
+// They are all dropped when any buffer of the context has been destroyed since (its handle
+// could name a new buffer).
 #pragma once
 
 #include <vulkan/vulkan.h>
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <vector>
 
 #include "engine/backend/vulkan/vk_context.h"
@@ -35,6 +40,8 @@ class Recorder {
   Status SubmitAndWait();
 
  private:
+  static constexpr size_t kMaxBuffers = 8;  // no shader binds more
+  using SetKey = std::pair<VkDescriptorSetLayout, std::array<VkBuffer, kMaxBuffers>>;
   Result<VkDescriptorSet> AllocateSet(VkDescriptorSetLayout layout);
 
   Context& ctx_;
@@ -42,7 +49,9 @@ class Recorder {
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   std::vector<VkDescriptorPool> descriptor_pools_;
-  size_t current_pool_ = 0;
+  size_t current_pool_ = 0;             // the pool new sets come from; earlier ones are full
+  std::map<SetKey, VkDescriptorSet> sets_;  // sets made so far, by layout and bound buffers
+  uint64_t sets_epoch_ = 0;             // ctx_.buffer_epoch() when sets_ was last valid
   bool recording_ = false;
 };
 

@@ -136,6 +136,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     memory_ = std::exchange(other.memory_, VK_NULL_HANDLE);
     bytes_ = std::exchange(other.bytes_, 0);
     mapped_ = std::exchange(other.mapped_, nullptr);
+    destroyed_ = std::exchange(other.destroyed_, nullptr);
   }
   return *this;
 }
@@ -145,11 +146,13 @@ void Buffer::Reset() {
   if (mapped_ != nullptr) vkUnmapMemory(device_, memory_);
   if (buffer_ != VK_NULL_HANDLE) vkDestroyBuffer(device_, buffer_, nullptr);
   if (memory_ != VK_NULL_HANDLE) vkFreeMemory(device_, memory_, nullptr);
+  if (destroyed_ != nullptr) ++*destroyed_;
   device_ = VK_NULL_HANDLE;
   buffer_ = VK_NULL_HANDLE;
   memory_ = VK_NULL_HANDLE;
   bytes_ = 0;
   mapped_ = nullptr;
+  destroyed_ = nullptr;
 }
 
 Result<std::unique_ptr<Context>> Context::Create(int index) {
@@ -247,6 +250,7 @@ Result<uint32_t> Context::MemoryTypeFor(uint32_t allowed_types, MemoryKind kind)
 Result<Buffer> Context::CreateBuffer(int64_t bytes, MemoryKind kind) {
   Buffer b;
   b.device_ = device_;
+  b.destroyed_ = &destroyed_buffers_;
   b.bytes_ = std::max<int64_t>(4, (bytes + 3) / 4 * 4);
   VkBufferCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   info.size = static_cast<VkDeviceSize>(b.bytes_);

@@ -49,6 +49,7 @@ class Buffer {
   VkDeviceMemory memory_ = VK_NULL_HANDLE;
   int64_t bytes_ = 0;
   uint8_t* mapped_ = nullptr;
+  uint64_t* destroyed_ = nullptr;  // the context's count of destroyed buffers (see buffer_epoch)
 };
 
 struct DeviceLimits {
@@ -74,6 +75,9 @@ class Context {
   const VulkanDeviceInfo& info() const { return info_; }
 
   Result<Buffer> CreateBuffer(int64_t bytes, MemoryKind kind);
+  // Buffers of this context destroyed so far: descriptor sets that name buffers stay valid
+  // while it does not change (Recorder caches them on that condition).
+  uint64_t buffer_epoch() const { return destroyed_buffers_; }
 
  private:
   Context() = default;
@@ -88,6 +92,7 @@ class Context {
   VkPhysicalDeviceMemoryProperties memory_{};
   DeviceLimits limits_;
   VulkanDeviceInfo info_;
+  uint64_t destroyed_buffers_ = 0;  // the buffer epoch; the engine thread alone makes and frees buffers
 };
 
 // "what failed: VK_ERROR_..." as a Status (Internal, or ResourceExhausted for out-of-memory).
