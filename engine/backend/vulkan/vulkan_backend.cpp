@@ -60,6 +60,8 @@ class VulkanBackend final : public Backend {
   Status MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
                 const vk::DeviceVector* bias, bool accumulate, bool same_input);
   Status Attention(int64_t layer, std::span<const Piece> pieces);
+  // Makes logits_ and logits_out_ hold at least `rows` rows (at most max_ubatch_).
+  Status ReserveLogitRows(int64_t rows);
 
   const Model& model_;
   const HParams& hp_;
@@ -82,7 +84,7 @@ class VulkanBackend final : public Backend {
   Buffer att_;        // [n_embd_q] attention output
   Buffer gate_, up_, hidden_;  // [n_ff]
   Buffer xn_;         // [n_embd] final-normed rows whose logits are wanted
-  Buffer logits_;     // [n_vocab]
+  Buffer logits_;     // [logit_rows_][n_vocab]: grown on demand (decode needs one row)
   Buffer act_codes_;  // quantized activations: [max_ubatch_][max n_in / 4] words
   Buffer act_aux_;    // [max_ubatch_][max n_in / 32] vec4 (see vk_ops.h)
   Buffer scores_;     // attention weights: [tokens][n_head][context], kScoresBytes
@@ -91,7 +93,8 @@ class VulkanBackend final : public Backend {
   Buffer tokens_;     // [max_ubatch_] int32 token ids
   Buffer rope_;       // [max_ubatch_][n_rot / 2] (cos, sin) pairs
   Buffer row_ids_;    // [max_ubatch_] int32: rows whose logits are wanted
-  Buffer logits_out_; // [max_ubatch_][n_vocab] readback
+  Buffer logits_out_; // [logit_rows_][n_vocab] readback
+  int64_t logit_rows_ = 0;
 };
 
 Status VulkanBackend::Init(const VulkanOptions& options) {
@@ -127,7 +130,6 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(device(up_, hp_.n_ff));
   KVFS_RETURN_IF_ERROR(device(hidden_, hp_.n_ff));
   KVFS_RETURN_IF_ERROR(device(xn_, hp_.n_embd));
-  KVFS_RETURN_IF_ERROR(device(logits_, hp_.n_vocab));
   KVFS_RETURN_IF_ERROR(device(act_codes_, n_in_max / 4));
   KVFS_RETURN_IF_ERROR(device(act_aux_, n_in_max / 32 * 4));
   KVFS_ASSIGN_OR_RETURN(scores_, ctx_->CreateBuffer(std::min(kScoresBytes, max_binding), MemoryKind::kDevice));
@@ -135,9 +137,17 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
-  KVFS_ASSIGN_OR_RETURN(logits_out_, ctx_->CreateBuffer(U * hp_.n_vocab * 4, MemoryKind::kReadback));
   spdlog::info("vulkan: {} ({}), {:.1f} MiB of weights, micro-batch {} tokens, KV budget {:.1f} MiB",
                ctx_->info().name, ctx_->info().type, weights_->bytes / 1048576.0, max_ubatch_, kv_budget / 1048576.0);
+  return Status::Ok();
+}
+
+Status VulkanBackend::ReserveLogitRows(int64_t rows) {
+  if (rows <= logit_rows_) return Status::Ok();
+  const int64_t n = std::min(max_ubatch_, std::max(rows, 2 * logit_rows_));
+  KVFS_ASSIGN_OR_RETURN(logits_, ctx_->CreateBuffer(n * hp_.n_vocab * 4, MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(logits_out_, ctx_->CreateBuffer(n * hp_.n_vocab * 4, MemoryKind::kReadback));
+  logit_rows_ = n;
   return Status::Ok();
 }
 
@@ -221,6 +231,7 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   auto* row_ids = reinterpret_cast<int32_t*>(row_ids_.mapped());
   for (int64_t r = 0; r < R; ++r) row_ids[r] = static_cast<int32_t>(logit_rows[r]);
 
+  KVFS_RETURN_IF_ERROR(ReserveLogitRows(R));  // before recording: it may replace buffers
   vk::Recorder& rec = *rec_;
   KVFS_RETURN_IF_ERROR(rec.Begin());
   quantized_kind_ = vk::ActKind::kFloat;
