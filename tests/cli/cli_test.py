@@ -96,6 +96,12 @@ if r.returncode == 0:
           f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
     bad('vulkan device out of range', ['run', '-m', stories, '-p', 'x', '--backend', 'vulkan', '--device', '99'],
         'no Vulkan device 99')
+    for kv in ('f16', 'q4'):
+        r = run(['bench', '-m', stories, '-p', '16', '-n', '4', '-r', '1', '--kv', kv, '--backend', 'vulkan', '--json'])
+        ok = r.returncode == 0
+        j = json.loads(r.stdout) if ok else {}
+        check(f'bench --backend vulkan --kv {kv}', ok and j['backend'] == 'vulkan' and j['pp']['median'] > 0
+              and j['tg']['median'] > 0, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 else:
     print('SKIP vulkan (no device): ' + r.stderr.strip())
 no_icd = dict(os.environ, VK_ICD_FILENAMES=os.path.join(shared, 'no-such-icd.json'), VK_DRIVER_FILES=os.path.join(shared, 'no-such-icd.json'))

@@ -40,7 +40,7 @@ constexpr int64_t kPartialsBytes = int64_t{4} << 20;
 
 class VulkanBackend final : public Backend {
  public:
-  VulkanBackend(const Model& model) : model_(model), hp_(model.hparams()) {}
+  explicit VulkanBackend(const Model& model) : model_(model), hp_(model.hparams()) {}
   Status Init(const VulkanOptions& options);
 
   const char* name() const override { return "vulkan"; }
