@@ -10,5 +10,6 @@ int Bench(int argc, char** argv);
 int BenchResume(int argc, char** argv);  // kvfs bench resume
 int BenchAgents(int argc, char** argv);  // kvfs bench agents
 int Perplexity(int argc, char** argv);
+int Devices(int argc, char** argv);      // kvfs devices
 
 }  // namespace kvfs::cli
