@@ -39,10 +39,10 @@ Status CheckUtf8(std::string_view text, std::string_view what) {
 Result<std::string> AgentStore::RenderFile(const Node& node) {
   if (node.kind == NodeKind::kSpecialFile) {
     switch (node.special) {
-      case SpecialFile::kStatusText: return EngineStatusText(engine_.Status());
-      case SpecialFile::kStatusJson: return EngineStatusJson(engine_.Status()).dump(2) + "\n";
+      case SpecialFile::kStatusText: return EngineStatusText(engine_.Stats());
+      case SpecialFile::kStatusJson: return EngineStatusJson(engine_.Stats()).dump(2) + "\n";
       case SpecialFile::kMetrics: {
-        EngineStatus status = engine_.Status();
+        EngineStatus status = engine_.Stats();
         size_t agents = 0;
         {
           std::lock_guard lock(mu_);

@@ -7,6 +7,7 @@ namespace kvfs::cli {
 int Inspect(int argc, char** argv);
 int Run(int argc, char** argv);
 int Bench(int argc, char** argv);
+int BenchResume(int argc, char** argv);  // kvfs bench resume
 int Perplexity(int argc, char** argv);
 
 }  // namespace kvfs::cli

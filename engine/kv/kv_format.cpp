@@ -30,6 +30,10 @@ int64_t GroupBytes(const KvFormat& f) {
 
 }  // namespace
 
+uint32_t KvFormatId(const KvFormat& f) {
+  return static_cast<uint32_t>(f.type) | (f.rotate ? 1u : 0u) << 8 | static_cast<uint32_t>(f.group) << 16;
+}
+
 bool IsPowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
 int64_t KvFormat::RowBytes(int64_t n) const { return n / group * GroupBytes(*this); }

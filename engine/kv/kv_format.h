@@ -30,6 +30,9 @@ struct KvFormat {
   bool operator==(const KvFormat&) const = default;
 };
 
+// A 32-bit id of the format (type, group, rotation) for file headers: type | rotate << 8 | group << 16.
+uint32_t KvFormatId(const KvFormat& f);
+
 // The format for a model's geometry: group = largest divisor of n_head_kv*head_dim up to 64;
 // rotation on by default for q4/q8 when head_dim is a power of two.
 // type_name: "f16", "q8" or "q4"; rotate: "on", "off" or "" (default).

@@ -102,8 +102,6 @@ struct EngineStatus {
   std::vector<CacheEntryStatus> top_entries;  // largest agents first, at most 10
 };
 
-// Inside this class (and classes derived from it) the unqualified name Status means the
-// method Status(); the Status type is spelled kvfs::Status there.
 class AgentEngine {
  public:
   virtual ~AgentEngine() = default;
@@ -113,18 +111,18 @@ class AgentEngine {
   virtual Result<AgentInfo> GetAgent(const std::string& name) = 0;
   // Creates an empty agent (persisted at once, so it survives a restart). kInvalidArgument for a
   // bad name (store::IsValidAgentName) or a name already in use.
-  virtual kvfs::Status CreateAgent(const std::string& name, uint32_t owner_uid) = 0;
+  virtual Status CreateAgent(const std::string& name, uint32_t owner_uid) = 0;
   // The conversation so far (committed turns; a running turn's user message and partial reply
   // are not included).
   virtual Result<std::vector<ConversationTurn>> Conversation(const std::string& name) = 0;
   // Changes the system prompt: the conversation stays; the cache is recomputed on the next turn.
-  virtual kvfs::Status SetSystem(const std::string& name, std::string text) = 0;
-  virtual kvfs::Status SetSettings(const std::string& name, const AgentSettings& settings) = 0;
+  virtual Status SetSystem(const std::string& name, std::string text) = 0;
+  virtual Status SetSettings(const std::string& name, const AgentSettings& settings) = 0;
 
   // Queues a turn. kNotFound (no agent), kResourceExhausted (the agent already has the maximum
   // of queued turns, 8 by default), kInternal once shutting down. Turns of one agent run in
   // order; on_done is not called when SubmitTurn fails.
-  virtual kvfs::Status SubmitTurn(TurnRequest request) = 0;
+  virtual Status SubmitTurn(TurnRequest request) = 0;
 
   // Erases an agent for good (text, tokens, memory blocks zeroed, disk blocks no one else holds),
   // waiting for its running turn to be cancelled first. Returns what was removed.
@@ -135,18 +133,18 @@ class AgentEngine {
   virtual Result<std::string> ExportCache(const std::string& name) = 0;
   // Replaces the agent's cache and conversation with an imported file. kInvalidArgument for a
   // file of another model or format, truncated or garbage; nothing changes then.
-  virtual kvfs::Status ImportCache(const std::string& name, std::string_view safetensors_bytes) = 0;
+  virtual Status ImportCache(const std::string& name, std::string_view safetensors_bytes) = 0;
   // Starts loading a cold agent's cache into memory in the background (no-op when hot).
   virtual void Prefetch(const std::string& name) = 0;
 
   // Shared prefixes (.prefixes/): prefilled once, blocks pinned, used by any agent whose context
   // starts with the text.
-  virtual kvfs::Status AddPrefix(const std::string& name, std::string text) = 0;
+  virtual Status AddPrefix(const std::string& name, std::string text) = 0;
   virtual Result<store::EraseReport> RemovePrefix(const std::string& name) = 0;
   virtual std::vector<std::string> ListPrefixes() = 0;
   virtual Result<std::string> PrefixText(const std::string& name) = 0;
 
-  virtual EngineStatus Status() = 0;
+  virtual EngineStatus Stats() = 0;
   // .model.json: architecture, sizes, quantization, fingerprint, kv formats, block size.
   virtual nlohmann::json ModelInfo() = 0;
 

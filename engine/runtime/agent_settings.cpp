@@ -53,8 +53,7 @@ Status ApplyKey(const std::string& key, const nlohmann::json& v, AgentSettings& 
     KVFS_ASSIGN_OR_RETURN(double x, NumberIn(v, key, 0.0, 1.0));
     p.min_p = static_cast<float>(x);
   } else if (key == "repeat_penalty") {
-    KVFS_ASSIGN_OR_RETURN(double x, NumberIn(v, key, 0.0, 10.0));
-    if (x <= 0.0) return BadValue(key, "must be greater than 0");
+    KVFS_ASSIGN_OR_RETURN(double x, NumberIn(v, key, 0.01, 100.0));
     p.repeat_penalty = static_cast<float>(x);
   } else if (key == "repeat_last_n") {
     KVFS_ASSIGN_OR_RETURN(int64_t x, IntegerIn(v, key, -1, 1 << 20));

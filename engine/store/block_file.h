@@ -11,20 +11,14 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/block_hash.h"
 #include "engine/core/status.h"
 #include "engine/store/block_format.h"
 #include "engine/store/fs.h"
 
 namespace kvfs::store {
 
-// A block's 128-bit name (the KV layer's hash chain value). Hex form: 32 lowercase digits,
-// hi first, equal to xxh3-128's canonical representation.
-struct BlockHash {
-  uint64_t hi = 0;
-  uint64_t lo = 0;
-  friend bool operator==(const BlockHash&, const BlockHash&) = default;
-  friend auto operator<=>(const BlockHash&, const BlockHash&) = default;
-};
+using kvfs::BlockHash;
 std::string ToHex(const BlockHash& h);
 // Accepts exactly 32 hex digits (either case); nullopt otherwise.
 std::optional<BlockHash> BlockHashFromHex(std::string_view hex);

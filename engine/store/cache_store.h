@@ -135,6 +135,12 @@ class CacheStore {
   // warning) and reported through rebuild_from_block; a missing one likewise.
   Result<LoadedAgent> LoadAgent(const std::string& name, const std::string& expected_fingerprint);
 
+  // Only the manifest (a cold agent's text, tokens and block list, without its blocks).
+  // kNotFound for an unknown agent, kCorrupt when unreadable.
+  Result<Manifest> ReadManifest(const std::string& name);
+  // An agent's verified tail payload (its manifest's tail). A corrupt tail is removed.
+  Result<std::vector<uint8_t>> ReadTail(const std::string& name, const TailRef& tail);
+
   // One verified block payload. kNotFound if not stored; kCorrupt (and the file dropped) if it
   // fails verification.
   Result<std::vector<uint8_t>> ReadBlock(const BlockHash& hash);

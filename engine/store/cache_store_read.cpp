@@ -100,6 +100,36 @@ Result<LoadedAgent> CacheStore::LoadAgent(const std::string& name, const std::st
   return out;
 }
 
+Result<Manifest> CacheStore::ReadManifest(const std::string& name) {
+  if (!IsValidAgentName(name)) return InvalidArgument("invalid agent name \"" + name + "\"");
+  std::shared_lock lock(mu_);
+  if (auto b = broken_.find(name); b != broken_.end()) return Corrupt(b->second);
+  if (!agents_.count(name)) return NotFound("no cached agent \"" + name + "\"");
+  const std::string manifest_path = JoinPath(AgentDir(name), kManifestName);
+  KVFS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, fs_.ReadFile(manifest_path));
+  return ParseManifest(std::string(bytes.begin(), bytes.end()), manifest_path);
+}
+
+Result<std::vector<uint8_t>> CacheStore::ReadTail(const std::string& name, const TailRef& tail) {
+  if (!IsValidAgentName(name) || !IsTailFileName(tail.file)) return InvalidArgument("invalid tail " + name + "/" + tail.file);
+  const std::string path = JoinPath(AgentDir(name), tail.file);
+  Status failure;
+  {
+    std::shared_lock lock(mu_);
+    auto read = ReadBlockFile(fs_, path, BlockKind::kTail, std::nullopt);
+    if (read.ok() && read->header.n_tokens == tail.n_tokens) return std::move(read->payload);
+    failure = read.ok() ? Corrupt(path + ": holds " + std::to_string(read->header.n_tokens) + " tokens, manifest says " +
+                                  std::to_string(tail.n_tokens))
+                        : read.status();
+  }
+  if (failure.code() == StatusCode::kCorrupt) {
+    spdlog::warn("cache store {}: {}; dropping it", dir_, failure.message());
+    std::unique_lock lock(mu_);
+    if (fs_.Unlink(path).ok()) (void)fs_.SyncDir(AgentDir(name));
+  }
+  return failure;
+}
+
 Result<std::vector<uint8_t>> CacheStore::ReadBlock(const BlockHash& hash) {
   Status failure;
   {

@@ -497,7 +497,7 @@ Result<std::string> FakeEngine::PrefixText(const std::string& name) {
   return it->second;
 }
 
-EngineStatus FakeEngine::Status() {
+EngineStatus FakeEngine::Stats() {
   std::lock_guard lock(mu_);
   EngineStatus s = counters_;
   s.memory_budget_bytes = 1 << 30;

@@ -52,7 +52,7 @@ class FakeEngine : public AgentEngine {
   Result<store::EraseReport> RemovePrefix(const std::string& name) override;
   std::vector<std::string> ListPrefixes() override;
   Result<std::string> PrefixText(const std::string& name) override;
-  EngineStatus Status() override;
+  EngineStatus Stats() override;
   nlohmann::json ModelInfo() override;
   void Shutdown() override;
 

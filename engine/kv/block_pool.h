@@ -1,0 +1,115 @@
+// The KV block pool: every KV block in memory, under one byte budget with exact accounting.
+//
+// A block holds block_tokens positions of every layer (layout: sequence_kv.h). It is either
+//   - writable: owned by exactly one sequence, anonymous (the growing tail of a sequence), or
+//   - named: immutable, indexed by a 128-bit key. A full block's key is its hash chain value
+//     (ChainHash below), so two sequences with the same prefix, model, format and sharing domain
+//     name the same blocks and share them. A parked sequence's partial tail is also named (by a
+//     key private to its agent, TailKey) so it can stay cached while the agent is idle.
+// `refs` counts the sequences using a block right now. A named block with no refs stays cached
+// (an idle agent's blocks, a prefix nobody runs) until the budget needs its memory; it may be
+// dropped only once it is persisted (on disk, so it can be read back) and not pinned. Victims
+// are chosen least valuable first: least recently used, with a boost for blocks that were hit
+// (found by another lookup) or are pinned by a prefix.
+//
+// Memory given back is zeroed first: a conversation's attention state must not linger.
+// Thread-safety: all methods lock one mutex; block contents are not protected (the engine
+// thread writes writable blocks; named blocks are immutable).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/core/block_hash.h"
+#include "engine/core/status.h"
+#include "engine/kv/kv_format.h"
+#include "engine/model/tokenizer.h"
+
+namespace kvfs {
+
+struct PoolBlock {
+  uint8_t* data = nullptr;  // `bytes` bytes, 64-byte aligned
+  int64_t bytes = 0;        // a block of one layout (sequence_kv.h); layouts may differ per agent
+  int32_t refs = 0;         // sequences using it now
+  bool named = false;       // immutable and in the index under `key`
+  bool persisted = false;   // a copy is on disk: may be dropped when unreferenced
+  int32_t pins = 0;         // prefix pins: never dropped while > 0
+  BlockHash key;
+  uint64_t last_use = 0;    // pool clock at the last acquire/release
+  uint64_t hits = 0;        // lookups that found it
+};
+
+struct PoolStats {
+  int64_t budget_bytes = 0;     // 0: unlimited
+  int64_t used_bytes = 0;       // sum of the blocks' sizes (64-byte rounded)
+  int64_t blocks = 0;
+  int64_t named_blocks = 0;
+  int64_t idle_blocks = 0;      // named, unreferenced: cached only
+  uint64_t hits = 0, misses = 0;
+  uint64_t evictions = 0;       // idle blocks dropped to make room
+};
+
+// Hash chain value of a full block: xxh3-128 over (parent, the block's token ids, the model
+// fingerprint, the KV format, the sharing domain). The root's parent is BlockHash{}.
+BlockHash ChainHash(const BlockHash& parent, std::span<const TokenId> tokens, std::string_view model_fingerprint,
+                    const KvFormat& format, std::string_view domain);
+// The key under which an agent's parked partial tail is cached (never equal to a chain hash in
+// practice: a separate domain tag).
+BlockHash TailKey(std::string_view agent, uint64_t generation);
+
+class BlockPool {
+ public:
+  // budget_bytes <= 0: unlimited.
+  explicit BlockPool(int64_t budget_bytes);
+  ~BlockPool();
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // A new writable block of `bytes` (refs = 1, contents unspecified). Drops idle blocks if the
+  // budget needs room; kResourceExhausted when the budget is taken by blocks in use or pinned.
+  Result<PoolBlock*> Allocate(int64_t bytes);
+  // A cached named block (refs + 1, counts a hit) or nullptr (counts a miss).
+  PoolBlock* Acquire(const BlockHash& key);
+  // Whether a named block is in memory (no accounting).
+  bool Contains(const BlockHash& key) const;
+  void Retain(PoolBlock* b);
+  // True when `b` may be written by its holder: anonymous and held once.
+  bool IsWritable(const PoolBlock* b) const;
+  // refs - 1. A writable block at 0 refs is zeroed and freed; a named one stays cached.
+  void Release(PoolBlock* b);
+
+  // Names a writable block (refs must be 1: its only user). When a block with that key is
+  // already cached, `b` is released and the cached one is returned retained; else `b` itself.
+  PoolBlock* Name(PoolBlock* b, const BlockHash& key);
+  // Takes a named block back as writable (used to resume a parked tail): succeeds only if its
+  // refs == 0 and no pins; it leaves the index and comes back with refs = 1. Else nullptr.
+  PoolBlock* TakeWritable(const BlockHash& key);
+
+  void MarkPersisted(const BlockHash& key);
+  void Pin(const BlockHash& key);
+  void Unpin(const BlockHash& key);
+  // Erasure: drops a named block with no refs and no pins now (zeroed, freed). False if absent
+  // or in use.
+  bool Drop(const BlockHash& key);
+
+  PoolStats Stats() const;
+
+ private:
+  Status MakeRoomLocked(int64_t bytes);  // ensures `bytes` more fit the budget
+  void FreeLocked(PoolBlock* b);
+  uint64_t ValueLocked(const PoolBlock& b) const;
+
+  const int64_t budget_bytes_;
+  mutable std::mutex mu_;
+  std::unordered_map<BlockHash, PoolBlock*, BlockHashHasher> index_;
+  int64_t n_blocks_ = 0;
+  int64_t used_bytes_ = 0;
+  uint64_t clock_ = 0;
+  uint64_t hits_ = 0, misses_ = 0, evictions_ = 0;
+};
+
+}  // namespace kvfs

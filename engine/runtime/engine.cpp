@@ -1,0 +1,408 @@
+// Engine: set-up, the API called from other threads, and the store thread. The turn scheduler
+// and the cache assembly are in engine_turns.cpp.
+#include "engine/runtime/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/model/fingerprint.h"
+#include "engine/model/ggml_types.h"
+#include "engine/runtime/engine_impl.h"
+
+namespace kvfs {
+
+using engine_internal::AgentRecord;
+using engine_internal::CommitJob;
+
+namespace {
+
+int64_t DefaultBudget() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return int64_t{1} << 30;
+  return static_cast<int64_t>(pages) * page / 4;
+}
+
+constexpr int64_t kMaxDefaultContext = 32768;
+
+}  // namespace
+
+Result<std::unique_ptr<AgentEngine>> CreateEngine(const EngineOptions& options) {
+  KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
+  return std::unique_ptr<AgentEngine>(std::move(engine));
+}
+
+Engine::Engine(const EngineOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  std::unique_ptr<Engine> engine(new Engine(options));
+  KVFS_RETURN_IF_ERROR(engine->Init());
+  engine->engine_thread_ = std::thread([e = engine.get()] { e->EngineLoop(); });
+  engine->store_thread_ = std::thread([e = engine.get()] { e->StoreLoop(); });
+  return engine;
+}
+
+Status Engine::Init() {
+  KVFS_ASSIGN_OR_RETURN(model_, Model::Load(options_.model_path));
+  backend_ = MakeCpuBackend(*model_, CpuOptions{options_.n_threads, nullptr});
+  fingerprint_ = ModelFingerprint(model_->gguf());
+  const HParams& hp = model_->hparams();
+  n_ctx_ = options_.n_ctx > 0 ? options_.n_ctx : std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, kMaxDefaultContext);
+  if (options_.block_tokens <= 0 || options_.block_tokens > 4096) {
+    return InvalidArgument(fmt::format("block size must be in [1, 4096] tokens, not {}", options_.block_tokens));
+  }
+  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(AgentSettings{.kv = options_.kv}));
+  (void)format;
+  pool_ = std::make_unique<BlockPool>(options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget());
+  counters_.memory_budget_bytes = options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget();
+  if (!options_.store_dir.empty()) {
+    fs_ = std::make_unique<store::PosixFileSystem>();
+    KVFS_ASSIGN_OR_RETURN(store_, store::CacheStore::Open(options_.store_dir, *fs_));
+    KVFS_RETURN_IF_ERROR(RestoreAgents());
+  }
+  spdlog::info("engine: model {} ({}), fingerprint {}, context {}, KV budget {} bytes, {} agents restored",
+               model_->name(), options_.model_path, fingerprint_, n_ctx_, counters_.memory_budget_bytes, agents_.size());
+  return Status::Ok();
+}
+
+Result<KvFormat> Engine::FormatFor(const AgentSettings& settings) const {
+  const HParams& hp = model_->hparams();
+  return MakeKvFormat(settings.kv, options_.kv_rotate, hp.n_head_kv, hp.head_dim);
+}
+
+int64_t Engine::Now() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The manifest's opaque config holds what the engine needs besides tokens and blocks.
+store::Manifest Engine::ManifestOf(const AgentRecord& a) const {
+  store::Manifest m;
+  m.name = a.name;
+  m.model_fingerprint = fingerprint_;
+  m.kv_format = a.format.Name();
+  m.block_size = static_cast<uint32_t>(options_.block_tokens);
+  m.tokens.assign(a.tokens.begin(), a.tokens.end());
+  m.conversation = a.conversation;
+  m.blocks = a.blocks;
+  m.created_ms = a.created_ms;
+  m.config = nlohmann::json{{"owner_uid", a.owner_uid},
+                            {"system", a.system},
+                            {"settings", AgentSettingsToJson(a.settings)},
+                            {"context_text", a.cached_text},
+                            {"kv_format_id", KvFormatId(a.format)}};
+  return m;
+}
+
+Status Engine::RestoreAgents() {
+  for (const std::string& name : store_->ListAgents()) {
+    auto m = store_->ReadManifest(name);
+    if (!m.ok()) {
+      spdlog::warn("engine: agent {} not restored: {}", name, m.status().message());
+      continue;
+    }
+    auto a = std::make_unique<AgentRecord>();
+    a->name = name;
+    a->conversation = m->conversation;
+    a->created_ms = m->created_ms;
+    a->updated_ms = m->updated_ms;
+    a->turns = m->turn;
+    const nlohmann::json& c = m->config;
+    if (c.is_object()) {
+      a->owner_uid = c.value("owner_uid", 0u);
+      a->system = c.value("system", std::string());
+      if (c.contains("settings")) {
+        auto s = ParseAgentSettings(c["settings"].dump(), AgentSettings{});
+        if (s.ok()) a->settings = *s;
+      }
+    }
+    auto format = FormatFor(a->settings);
+    const bool usable = format.ok() && m->model_fingerprint == fingerprint_ && m->kv_format == format->Name() &&
+                        m->block_size == static_cast<uint32_t>(options_.block_tokens) && c.is_object() &&
+                        c.contains("context_text") && c["context_text"].is_string();
+    a->format = format.ok() ? *format : KvFormat{};
+    if (usable) {
+      // The cache is exactly the committed blocks plus the tail; tokens beyond it were never
+      // cached (cannot happen with our writer, but a manifest may say so).
+      const size_t cached = m->blocks.size() * m->block_size + (m->tail ? m->tail->n_tokens : 0);
+      if (cached == m->tokens.size()) {
+        a->tokens.assign(m->tokens.begin(), m->tokens.end());
+        a->cached_text = c["context_text"].get<std::string>();
+        a->blocks = m->blocks;
+        a->disk_tail = m->tail;
+      }
+    } else {
+      spdlog::info("engine: agent {} was cached for another model or format; its cache is rebuilt on its next turn",
+                   name);
+    }
+    agents_[name] = std::move(a);
+  }
+  return Status::Ok();
+}
+
+Engine::~Engine() { Shutdown(); }
+
+void Engine::Shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ && !engine_thread_.joinable() && !store_thread_.joinable()) return;
+    stopping_ = true;
+  }
+  engine_cv_.notify_all();
+  if (engine_thread_.joinable()) engine_thread_.join();
+  {
+    std::lock_guard lock(store_mu_);
+    store_stopping_ = true;
+  }
+  store_cv_.notify_all();
+  if (store_thread_.joinable()) store_thread_.join();
+}
+
+// ---- store thread ----
+
+void Engine::Enqueue(CommitJob job) {
+  {
+    std::lock_guard lock(store_mu_);
+    store_queue_.push_back(std::move(job));
+  }
+  store_cv_.notify_all();
+}
+
+Status Engine::CommitNow(CommitJob job) {
+  std::promise<Status> result;
+  auto future = result.get_future();
+  job.done = [&result](const Status& s) { result.set_value(s); };
+  Enqueue(std::move(job));
+  return future.get();
+}
+
+void Engine::StoreLoop() {
+  for (;;) {
+    CommitJob job;
+    {
+      std::unique_lock lock(store_mu_);
+      store_cv_.wait(lock, [&] { return store_stopping_ || !store_queue_.empty(); });
+      if (store_queue_.empty()) return;
+      job = std::move(store_queue_.front());
+      store_queue_.pop_front();
+    }
+    Status status;
+    if (job.run) {
+      status = job.run();
+    } else if (store_) {
+      auto report = store_->CommitTurn(job.agent, job.manifest, job.new_blocks, job.tail);
+      status = report.status();
+      if (report.ok()) {
+        for (const store::NewBlock& b : job.new_blocks) pool_->MarkPersisted(b.hash);
+        for (const BlockHash& h : report->manifest.blocks) pool_->MarkPersisted(h);
+        if (job.tail_key) pool_->MarkPersisted(*job.tail_key);
+        std::lock_guard lock(mu_);
+        if (auto it = agents_.find(job.agent); it != agents_.end()) {
+          AgentRecord& a = *it->second;
+          a.disk_tail = report->manifest.tail;
+          const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
+          a.disk_bytes = static_cast<int64_t>(report->manifest.blocks.size()) * layout.block_bytes() +
+                         (job.tail ? static_cast<int64_t>(job.tail->payload.size()) : 0);
+        }
+      } else {
+        spdlog::warn("engine: committing agent {} failed: {}", job.agent, status.message());
+      }
+    }
+    for (PoolBlock* b : job.held) pool_->Release(b);
+    if (job.done) job.done(status);
+  }
+}
+
+// ---- API ----
+
+AgentInfo Engine::InfoOf(const AgentRecord& a) const {
+  AgentInfo info;
+  info.name = a.name;
+  info.owner_uid = a.owner_uid;
+  if (!a.last_error.empty() && !a.running && a.queue.empty()) info.state = AgentState::kError;
+  else if (a.running && a.generating) info.state = AgentState::kGenerating;
+  else if (a.running || !a.queue.empty()) info.state = AgentState::kQueued;
+  else if (a.resident) info.state = AgentState::kHot;
+  else info.state = AgentState::kCold;
+  info.context_tokens = static_cast<int64_t>(a.tokens.size());
+  info.memory_bytes = a.memory_bytes;
+  info.disk_bytes = a.disk_bytes;
+  info.created_ms = a.created_ms;
+  info.updated_ms = a.updated_ms;
+  info.turns = a.turns;
+  info.queued_turns = a.queue.size() + (a.running ? 1 : 0);
+  info.system = a.system;
+  info.settings = a.settings;
+  info.last_turn = a.last_turn;
+  info.last_error = a.last_error;
+  return info;
+}
+
+std::vector<AgentInfo> Engine::ListAgents() {
+  std::lock_guard lock(mu_);
+  std::vector<AgentInfo> out;
+  out.reserve(agents_.size());
+  for (auto& [name, a] : agents_) out.push_back(InfoOf(*a));
+  return out;
+}
+
+Result<AgentInfo> Engine::GetAgent(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = agents_.find(name);
+  if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
+  return InfoOf(*it->second);
+}
+
+Status Engine::CreateAgent(const std::string& name, uint32_t owner_uid) {
+  if (!store::IsValidAgentName(name)) return InvalidArgument("invalid agent name \"" + name + "\"");
+  CommitJob job;
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return Internal("the engine is shutting down");
+    if (agents_.count(name)) return InvalidArgument("agent \"" + name + "\" exists");
+    auto a = std::make_unique<AgentRecord>();
+    a->name = name;
+    a->owner_uid = owner_uid;
+    a->settings.kv = options_.kv;
+    KVFS_ASSIGN_OR_RETURN(a->format, FormatFor(a->settings));
+    a->created_ms = a->updated_ms = Now();
+    job.agent = name;
+    job.manifest = ManifestOf(*a);
+    agents_[name] = std::move(a);
+  }
+  if (!store_) return Status::Ok();
+  Status committed = CommitNow(std::move(job));
+  if (!committed.ok()) {
+    std::lock_guard lock(mu_);
+    agents_.erase(name);
+  }
+  return committed;
+}
+
+Result<std::vector<ConversationTurn>> Engine::Conversation(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = agents_.find(name);
+  if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
+  return it->second->conversation;
+}
+
+Status Engine::SetSystem(const std::string& name, std::string text) {
+  // On the engine thread, so the manifest snapshot orders correctly with turn commits.
+  CommitJob job = RunOnEngine<CommitJob>([&] {
+    std::lock_guard lock(mu_);
+    CommitJob j;
+    auto it = agents_.find(name);
+    if (it == agents_.end()) return j;
+    it->second->system = std::move(text);
+    j.agent = name;
+    j.manifest = ManifestOf(*it->second);
+    return j;
+  });
+  if (job.agent.empty()) return NotFound("no agent \"" + name + "\"");
+  return store_ ? CommitNow(std::move(job)) : Status::Ok();
+}
+
+Status Engine::SetSettings(const std::string& name, const AgentSettings& settings) {
+  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(settings));
+  (void)format;
+  CommitJob job = RunOnEngine<CommitJob>([&] {
+    std::lock_guard lock(mu_);
+    CommitJob j;
+    auto it = agents_.find(name);
+    if (it == agents_.end()) return j;
+    it->second->settings = settings;
+    j.agent = name;
+    j.manifest = ManifestOf(*it->second);
+    return j;
+  });
+  if (job.agent.empty()) return NotFound("no agent \"" + name + "\"");
+  return store_ ? CommitNow(std::move(job)) : Status::Ok();
+}
+
+Status Engine::SubmitTurn(TurnRequest request) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return Internal("the engine is shutting down");
+    auto it = agents_.find(request.agent);
+    if (it == agents_.end()) return NotFound("no agent \"" + request.agent + "\"");
+    AgentRecord& a = *it->second;
+    if (a.queue.size() + (a.running ? 1 : 0) >= options_.max_queued_turns) {
+      return Status(StatusCode::kResourceExhausted,
+                    fmt::format("agent {} already has {} turns queued", a.name, options_.max_queued_turns));
+    }
+    a.queue.push_back(std::move(request));
+  }
+  engine_cv_.notify_all();
+  return Status::Ok();
+}
+
+void Engine::Prefetch(const std::string& name) {
+  std::lock_guard lock(mu_);
+  tasks_.push_back([this, name] { PrefetchNow(name); });
+  engine_cv_.notify_all();
+}
+
+std::vector<std::string> Engine::ListPrefixes() {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> out;
+  for (auto& [name, p] : prefixes_) out.push_back(name);
+  return out;
+}
+
+Result<std::string> Engine::PrefixText(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = prefixes_.find(name);
+  if (it == prefixes_.end()) return NotFound("no prefix \"" + name + "\"");
+  return it->second.text;
+}
+
+EngineStatus Engine::Stats() {
+  const PoolStats ps = pool_->Stats();
+  std::lock_guard lock(mu_);
+  EngineStatus s = counters_;
+  s.memory_used_bytes = ps.used_bytes;
+  s.memory_budget_bytes = ps.budget_bytes;
+  s.block_hits = ps.hits;
+  s.block_misses = ps.misses;
+  s.evictions = ps.evictions;
+  std::vector<CacheEntryStatus> entries;
+  for (auto& [name, a] : agents_) {
+    if (a->resident) ++s.agents_hot;
+    else if (a->running) ++s.agents_warm;
+    else ++s.agents_cold;
+    entries.push_back(CacheEntryStatus{name, a->memory_bytes, a->disk_bytes, a->hits});
+  }
+  std::sort(entries.begin(), entries.end(), [](const CacheEntryStatus& x, const CacheEntryStatus& y) {
+    return std::max(x.memory_bytes, x.disk_bytes) > std::max(y.memory_bytes, y.disk_bytes);
+  });
+  if (entries.size() > 10) entries.resize(10);
+  s.top_entries = std::move(entries);
+  return s;
+}
+
+nlohmann::json Engine::ModelInfo() {
+  const HParams& hp = model_->hparams();
+  auto fmt = FormatFor(AgentSettings{.kv = options_.kv});
+  return nlohmann::json{{"name", model_->name()},
+                        {"path", options_.model_path},
+                        {"architecture", std::string(ArchitectureName(hp.arch))},
+                        {"fingerprint", fingerprint_},
+                        {"n_layer", hp.n_layer},
+                        {"n_embd", hp.n_embd},
+                        {"n_head", hp.n_head},
+                        {"n_head_kv", hp.n_head_kv},
+                        {"head_dim", hp.head_dim},
+                        {"n_vocab", hp.n_vocab},
+                        {"n_ctx_train", hp.n_ctx_train},
+                        {"n_ctx", n_ctx_},
+                        {"weights_bytes", model_->weights().total_bytes},
+                        {"weights_type", std::string(GgmlTypeInfo(static_cast<uint32_t>(model_->weights().layers.at(0).wq.type))->name)},
+                        {"chat_template", std::string(ChatFamilyName(model_->chat_template().family()))},
+                        {"kv_format", fmt.ok() ? fmt->Name() : options_.kv},
+                        {"kv_block_tokens", options_.block_tokens},
+                        {"kv_budget_bytes", counters_.memory_budget_bytes}};
+}
+
+}  // namespace kvfs

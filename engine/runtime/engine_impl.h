@@ -1,0 +1,215 @@
+// Internals of the Engine (engine.h). Threads:
+//   - callers (FUSE threads): read agent records under mu_, queue turns, post tasks;
+//   - the engine thread: owns every SequenceKv and the backend; runs tasks and the turn
+//     scheduler (one forward pass per step over all running turns: decode tokens of the
+//     generating ones plus a prefill chunk of one prefilling turn, round-robin);
+//   - the store thread: commits manifests, blocks and tails in FIFO order, then completes the
+//     turn (on_done) and marks its blocks persisted (evictable).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/kv/block_pool.h"
+#include "engine/kv/sequence_kv.h"
+#include "engine/model/model.h"
+#include "engine/runtime/engine.h"
+#include "engine/store/cache_store.h"
+#include "engine/store/fs.h"
+
+namespace kvfs::engine_internal {
+
+using Clock = std::chrono::steady_clock;
+
+struct AgentRecord {
+  // Guarded by Engine::mu_.
+  std::string name;
+  uint32_t owner_uid = 0;
+  std::string system;
+  AgentSettings settings;
+  std::vector<ConversationTurn> conversation;  // committed turns
+  int64_t created_ms = 0, updated_ms = 0;
+  uint64_t turns = 0;
+  std::deque<TurnRequest> queue;  // waiting, not yet started
+  bool running = false;
+  bool generating = false;  // the running turn has produced its first token
+  std::optional<TurnStats> last_turn;
+  std::string last_error;
+  int64_t disk_bytes = 0;
+  int64_t memory_bytes = 0;  // KV bytes of its blocks while resident (mirror for readers)
+  bool resident = false;
+  uint64_t hits = 0;
+
+  // The cache: engine thread only.
+  KvFormat format;
+  std::vector<TokenId> tokens;   // context tokens, all with K/V (the cache never lags here)
+  std::string cached_text;       // the rendered context that `tokens` encode
+  std::vector<BlockHash> blocks; // names of the cache's full blocks, in order
+  std::optional<BlockHash> parked_tail;      // key of the partial tail cached in the pool
+  std::optional<store::TailRef> disk_tail;   // the committed tail on disk
+  uint64_t tail_generation = 0;
+};
+
+struct ActiveTurn {
+  AgentRecord* agent = nullptr;
+  TurnRequest request;
+  std::unique_ptr<SequenceKv> seq;
+  std::vector<TokenId> context;      // every token of the turn's context (prompt, then fed replies)
+  size_t prefill_at = 0;             // next context token to run
+  std::string rendered_prompt;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StopChecker> stop;
+  std::unique_ptr<StreamDecoder> decoder;
+  std::string reply;
+  std::string fed_text;              // decoded text of the generated tokens that were fed back
+  TokenId pending = kNoToken;        // sampled, to be fed next step
+  std::string domain;
+  TurnStats stats;
+  Clock::time_point submitted, first_token, decode_start;
+  bool cancelled = false;
+};
+
+// A commit for the store thread. Holds references to the blocks it writes.
+struct CommitJob {
+  std::string agent;
+  store::Manifest manifest;
+  std::vector<store::NewBlock> new_blocks;
+  std::vector<PoolBlock*> held;     // released after the commit
+  std::vector<uint8_t> tail_bytes;  // compact tail payload
+  std::optional<store::TailData> tail;
+  std::optional<BlockHash> tail_key;
+  std::function<Status()> run;              // instead of a commit: another store operation (erasure)
+  std::function<void(const Status&)> done;  // on the store thread
+};
+
+}  // namespace kvfs::engine_internal
+
+namespace kvfs {
+
+class Engine final : public AgentEngine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  ~Engine() override;
+
+  std::vector<AgentInfo> ListAgents() override;
+  Result<AgentInfo> GetAgent(const std::string& name) override;
+  Status CreateAgent(const std::string& name, uint32_t owner_uid) override;
+  Result<std::vector<ConversationTurn>> Conversation(const std::string& name) override;
+  Status SetSystem(const std::string& name, std::string text) override;
+  Status SetSettings(const std::string& name, const AgentSettings& settings) override;
+  Status SubmitTurn(TurnRequest request) override;
+  Result<store::EraseReport> EraseAgent(const std::string& name) override;
+  Result<store::EraseReport> EraseCache(const std::string& name) override;
+  Result<std::string> ExportCache(const std::string& name) override;
+  Status ImportCache(const std::string& name, std::string_view safetensors_bytes) override;
+  void Prefetch(const std::string& name) override;
+  Status AddPrefix(const std::string& name, std::string text) override;
+  Result<store::EraseReport> RemovePrefix(const std::string& name) override;
+  std::vector<std::string> ListPrefixes() override;
+  Result<std::string> PrefixText(const std::string& name) override;
+  EngineStatus Stats() override;
+  nlohmann::json ModelInfo() override;
+  void Shutdown() override;
+
+ private:
+  using AgentRecord = engine_internal::AgentRecord;
+  using ActiveTurn = engine_internal::ActiveTurn;
+  using CommitJob = engine_internal::CommitJob;
+
+  struct Prefix {
+    std::string text;
+    std::vector<TokenId> tokens;
+    std::vector<BlockHash> blocks;  // pinned
+  };
+
+  explicit Engine(const EngineOptions& options);
+  kvfs::Status Init();
+  kvfs::Status RestoreAgents();
+
+  // Engine thread.
+  void EngineLoop();
+  // Runs `task` on the engine thread and waits for it.
+  template <typename T>
+  T RunOnEngine(std::function<T()> task);
+  void StartTurns();
+  kvfs::Status PrepareTurn(ActiveTurn& turn);
+  // Makes the first `keep` tokens of `tokens` resident in turn.seq from the agent's own blocks,
+  // shared blocks of the same domain or prefixes, and the disk; returns how many it got.
+  int64_t AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& tokens, int64_t keep);
+  PoolBlock* LoadBlock(const BlockHash& hash, const KvLayout& layout);
+  void Step();
+  void OnLogits(ActiveTurn& turn, const float* logits);
+  void FinishTurn(ActiveTurn& turn, kvfs::Status error);
+  void FailTurn(ActiveTurn& turn, const kvfs::Status& error);
+  // Names full blocks, parks the tail, queues the commit; completes the turn after it.
+  void CommitAgent(AgentRecord& agent, SequenceKv* seq, std::function<void(const kvfs::Status&)> done);
+  void ReleaseCache(AgentRecord& agent);
+  void PrefetchNow(const std::string& name);
+  std::vector<BlockHash> AgentBlockKeys(const AgentRecord& agent) const;
+
+  // Store thread.
+  void StoreLoop();
+  void Enqueue(CommitJob job);
+  kvfs::Status CommitNow(CommitJob job);  // enqueue and wait
+  store::Manifest ManifestOf(const AgentRecord& agent) const;  // mu_ held
+
+  Result<KvFormat> FormatFor(const AgentSettings& settings) const;
+  std::string Render(const AgentRecord& agent, const std::vector<ConversationTurn>& conversation) const;
+  AgentInfo InfoOf(const AgentRecord& agent) const;  // mu_ held
+  int64_t Now() const;
+
+  const EngineOptions options_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Backend> backend_;
+  std::string fingerprint_;
+  int64_t n_ctx_ = 0;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<store::PosixFileSystem> fs_;
+  std::unique_ptr<store::CacheStore> store_;
+
+  std::mutex mu_;
+  std::condition_variable engine_cv_;
+  std::map<std::string, std::unique_ptr<AgentRecord>> agents_;
+  std::map<std::string, Prefix> prefixes_;
+  // Erased agents' records: a commit queued before the erasure may still refer to them.
+  std::vector<std::unique_ptr<AgentRecord>> erased_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  bool store_stopping_ = false;
+  EngineStatus counters_;  // the cumulative fields; the rest is filled by Status()
+
+  std::vector<std::unique_ptr<ActiveTurn>> active_;  // engine thread
+  size_t prefill_rr_ = 0;                            // engine thread
+
+  std::mutex store_mu_;
+  std::condition_variable store_cv_;
+  std::deque<CommitJob> store_queue_;
+
+  std::thread engine_thread_, store_thread_;
+};
+
+template <typename T>
+inline T Engine::RunOnEngine(std::function<T()> task) {
+  std::packaged_task<T()> packaged(std::move(task));
+  std::future<T> result = packaged.get_future();
+  {
+    std::lock_guard lock(mu_);
+    tasks_.push_back([&packaged] { packaged(); });
+  }
+  engine_cv_.notify_all();
+  return result.get();
+}
+
+}  // namespace kvfs

@@ -1,0 +1,525 @@
+// The engine thread: turn scheduling (batched forward passes), resume matching, cache
+// assembly from the pool and the disk, and handing finished turns to the store thread.
+#include <algorithm>
+#include <cstring>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/runtime/engine_impl.h"
+
+namespace kvfs {
+
+using engine_internal::ActiveTurn;
+using engine_internal::AgentRecord;
+using engine_internal::CommitJob;
+
+namespace {
+
+double MsSince(engine_internal::Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(engine_internal::Clock::now() - t0).count();
+}
+
+// Sharing domains: agents of one uid share blocks among themselves; .prefixes/ blocks are
+// shared by everyone.
+std::string DomainOf(uint32_t uid) { return "uid:" + std::to_string(uid); }
+constexpr std::string_view kPrefixDomain = "prefix";
+
+// Prefill chunk: long prompts run in pieces so that generating agents keep decoding between
+// them; smaller when others are waiting on every step.
+constexpr size_t kPrefillChunkAlone = 512;
+constexpr size_t kPrefillChunkShared = 128;
+constexpr size_t kRecentSamples = 1024;
+
+template <typename T>
+void PushBounded(std::vector<T>& v, T x) {
+  if (v.size() >= kRecentSamples) v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(kRecentSamples / 2));
+  v.push_back(x);
+}
+
+// Copies the first n rows of every plane of a block into the compact tail layout
+// [layer][K, V][n rows], and back.
+void CompactTail(const KvLayout& l, const uint8_t* block, int64_t n, std::vector<uint8_t>& out) {
+  const size_t rows = static_cast<size_t>(n * l.row_bytes());
+  out.resize(static_cast<size_t>(l.n_layer * 2) * rows);
+  for (int64_t p = 0; p < l.n_layer * 2; ++p) std::memcpy(out.data() + p * rows, block + p * l.plane_bytes(), rows);
+}
+bool ExpandTail(const KvLayout& l, std::span<const uint8_t> tail, int64_t n, uint8_t* block) {
+  const size_t rows = static_cast<size_t>(n * l.row_bytes());
+  if (tail.size() != static_cast<size_t>(l.n_layer * 2) * rows) return false;
+  for (int64_t p = 0; p < l.n_layer * 2; ++p) std::memcpy(block + p * l.plane_bytes(), tail.data() + p * rows, rows);
+  return true;
+}
+
+}  // namespace
+
+std::string Engine::Render(const AgentRecord& a, const std::vector<ConversationTurn>& conversation) const {
+  std::vector<ChatMessage> messages;
+  if (!a.system.empty()) messages.push_back(ChatMessage{"system", a.system});
+  for (const ConversationTurn& t : conversation) messages.push_back(ChatMessage{t.role, t.text});
+  return model_->chat_template().Format(messages, /*add_generation_prompt=*/true);
+}
+
+void Engine::EngineLoop() {
+  for (;;) {
+    std::deque<std::function<void()>> tasks;
+    bool stop = false;
+    {
+      std::unique_lock lock(mu_);
+      auto startable = [&] {
+        for (auto& [name, a] : agents_)
+          if (!a->running && !a->queue.empty()) return true;
+        return false;
+      };
+      if (active_.empty()) engine_cv_.wait(lock, [&] { return stopping_ || !tasks_.empty() || startable(); });
+      tasks.swap(tasks_);
+      stop = stopping_;
+    }
+    for (auto& task : tasks) task();
+    if (stop) {
+      // Cancel what runs and what waits; commits already queued still complete.
+      for (auto& turn : active_) FailTurn(*turn, Internal("the daemon is shutting down"));
+      active_.clear();
+      std::vector<TurnRequest> dropped;
+      {
+        std::lock_guard lock(mu_);
+        for (auto& [name, a] : agents_) {
+          for (auto& r : a->queue) dropped.push_back(std::move(r));
+          a->queue.clear();
+        }
+      }
+      for (auto& r : dropped)
+        if (r.on_done) r.on_done(Internal("the daemon is shutting down"));
+      std::lock_guard lock(mu_);
+      if (tasks_.empty()) return;
+      continue;
+    }
+    StartTurns();
+    if (!active_.empty()) Step();
+  }
+}
+
+void Engine::StartTurns() {
+  std::vector<std::unique_ptr<ActiveTurn>> started;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [name, a] : agents_) {
+      if (a->running || a->queue.empty()) continue;
+      auto turn = std::make_unique<ActiveTurn>();
+      turn->agent = a.get();
+      turn->request = std::move(a->queue.front());
+      a->queue.pop_front();
+      a->running = true;
+      a->generating = false;
+      turn->submitted = engine_internal::Clock::now();
+      started.push_back(std::move(turn));
+    }
+  }
+  for (auto& turn : started) {
+    kvfs::Status s = PrepareTurn(*turn);
+    if (!s.ok()) {
+      FailTurn(*turn, s);
+      continue;
+    }
+    active_.push_back(std::move(turn));
+  }
+}
+
+Status Engine::PrepareTurn(ActiveTurn& turn) {
+  AgentRecord& a = *turn.agent;
+  turn.domain = DomainOf(a.owner_uid);
+  std::vector<ConversationTurn> conversation = a.conversation;
+  conversation.push_back(ConversationTurn{"user", turn.request.text});
+  turn.rendered_prompt = Render(a, conversation);
+  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(a.settings));
+  if (!(format == a.format)) {
+    ReleaseCache(a);
+    std::lock_guard lock(mu_);
+    a.format = format;
+  }
+  const Tokenizer& tok = model_->tokenizer();
+  std::vector<TokenId> tokens;
+  if (a.tokens.empty()) {
+    turn.stats.match = "new";
+    tokens = tok.Encode(turn.rendered_prompt, /*add_special=*/true, /*parse_special=*/true);
+  } else if (turn.rendered_prompt == a.cached_text) {
+    turn.stats.match = "exact";
+    tokens = a.tokens;
+  } else if (turn.rendered_prompt.compare(0, a.cached_text.size(), a.cached_text) == 0) {
+    turn.stats.match = "extend";
+    tokens = a.tokens;
+    const std::vector<TokenId> more =
+        tok.Encode(std::string_view(turn.rendered_prompt).substr(a.cached_text.size()), false, true);
+    tokens.insert(tokens.end(), more.begin(), more.end());
+  } else {
+    turn.stats.match = "diverge";
+    tokens = tok.Encode(turn.rendered_prompt, true, true);
+  }
+  if (tokens.empty()) return InvalidArgument("the prompt encodes to no tokens");
+  if (static_cast<int64_t>(tokens.size()) + 1 > n_ctx_) {
+    return OutOfRange(fmt::format("the conversation needs {} tokens but the context holds {}", tokens.size() + 1, n_ctx_));
+  }
+  size_t keep = 0;
+  while (keep < tokens.size() && keep < a.tokens.size() && tokens[keep] == a.tokens[keep]) ++keep;
+  keep = std::min(keep, tokens.size() - 1);  // the last token runs again for its logits
+  const int64_t have = AssembleCache(turn, tokens, static_cast<int64_t>(keep));
+  if (have < static_cast<int64_t>(keep)) turn.stats.match = "rebuild";
+  turn.context = std::move(tokens);
+  turn.prefill_at = static_cast<size_t>(have);
+  turn.stats.reused_tokens = have;
+  turn.stats.prefilled_tokens = static_cast<int64_t>(turn.context.size()) - have;
+
+  const AgentSettings& s = a.settings;
+  turn.sampler = std::make_unique<Sampler>(s.sampling);
+  std::vector<TokenId> eog = tok.eog_tokens();
+  for (TokenId t : model_->chat_template().EndOfTurnTokens())
+    if (std::find(eog.begin(), eog.end(), t) == eog.end()) eog.push_back(t);
+  std::vector<std::string> stops = s.stop;
+  for (const std::string& t : model_->chat_template().StopStrings()) stops.push_back(t);
+  turn.stop = std::make_unique<StopChecker>(eog, s.max_tokens, stops);
+  turn.decoder = std::make_unique<StreamDecoder>(tok);
+  return Status::Ok();
+}
+
+PoolBlock* Engine::LoadBlock(const BlockHash& hash, const KvLayout& layout) {
+  if (!store_ || !store_->HasBlock(hash)) return nullptr;
+  auto b = pool_->Allocate(layout.block_bytes());
+  if (!b.ok()) return nullptr;
+  kvfs::Status read = store_->ReadBlockInto(hash, std::span<uint8_t>((*b)->data, static_cast<size_t>(layout.block_bytes())));
+  if (!read.ok()) {
+    spdlog::warn("engine: block {} could not be loaded ({}); recomputing from there", store::ToHex(hash), read.message());
+    pool_->Release(*b);
+    return nullptr;
+  }
+  PoolBlock* named = pool_->Name(*b, hash);
+  pool_->MarkPersisted(hash);
+  std::lock_guard lock(mu_);
+  counters_.reload_bytes += static_cast<uint64_t>(layout.block_bytes());
+  return named;
+}
+
+int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& tokens, int64_t keep) {
+  AgentRecord& a = *turn.agent;
+  const int64_t B = options_.block_tokens;
+  const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, B);
+  turn.seq = std::make_unique<SequenceKv>(layout, n_ctx_, *pool_);
+  SequenceKv& seq = *turn.seq;
+  std::vector<BlockHash> chain;
+  int64_t have = 0;
+  uint64_t hits = 0;
+  auto acquire = [&](const BlockHash& h) -> PoolBlock* {
+    PoolBlock* b = pool_->Acquire(h);
+    if (b != nullptr) ++hits;
+    return b != nullptr ? b : LoadBlock(h, layout);
+  };
+  // The agent's own full blocks up to the common prefix.
+  for (size_t i = 0; i < a.blocks.size() && have + B <= keep; ++i) {
+    PoolBlock* b = acquire(a.blocks[i]);
+    if (b == nullptr) break;
+    seq.SetBlock(static_cast<int64_t>(i), b);
+    chain.push_back(a.blocks[i]);
+    have += B;
+  }
+  // The block holding the end of the common prefix: one of the agent's full blocks, or its tail.
+  if (have == static_cast<int64_t>(chain.size()) * B && have < keep) {
+    PoolBlock* b = nullptr;
+    if (chain.size() < a.blocks.size()) {
+      b = acquire(a.blocks[chain.size()]);
+    } else if (a.parked_tail) {
+      b = pool_->TakeWritable(*a.parked_tail);
+      if (b != nullptr) ++hits;
+    }
+    if (b == nullptr && chain.size() == a.blocks.size() && a.disk_tail && store_) {
+      auto tail = store_->ReadTail(a.name, *a.disk_tail);
+      if (tail.ok()) {
+        auto fresh = pool_->Allocate(layout.block_bytes());
+        if (fresh.ok() && ExpandTail(layout, *tail, a.disk_tail->n_tokens, (*fresh)->data)) {
+          b = *fresh;
+          std::lock_guard lock(mu_);
+          counters_.reload_bytes += tail->size();
+        } else if (fresh.ok()) {
+          pool_->Release(*fresh);
+        }
+      }
+    }
+    if (b != nullptr) {
+      seq.SetBlock(static_cast<int64_t>(chain.size()), b);
+      have = keep;
+    }
+  }
+  // Past the agent's own cache: blocks another agent of the same uid, or a shared prefix, has
+  // already computed for the same tokens.
+  if (have == static_cast<int64_t>(chain.size()) * B) {
+    const int64_t last = static_cast<int64_t>(tokens.size()) - 1;
+    while (have + B <= last) {
+      const std::span<const TokenId> span(tokens.data() + have, static_cast<size_t>(B));
+      const BlockHash parent = chain.empty() ? BlockHash{} : chain.back();
+      PoolBlock* b = nullptr;
+      BlockHash h;
+      for (std::string_view domain : {std::string_view(turn.domain), kPrefixDomain}) {
+        h = ChainHash(parent, span, fingerprint_, a.format, domain);
+        if ((b = acquire(h)) != nullptr) break;
+      }
+      if (b == nullptr) break;
+      seq.SetBlock(static_cast<int64_t>(chain.size()), b);
+      chain.push_back(h);
+      have += B;
+    }
+  }
+  seq.SetTokens(have);
+  std::lock_guard lock(mu_);
+  a.blocks = std::move(chain);
+  a.parked_tail.reset();
+  a.hits += hits;
+  a.resident = true;
+  return have;
+}
+
+void Engine::Step() {
+  std::vector<SequenceStep> steps;
+  std::vector<ActiveTurn*> owners;
+  std::vector<size_t> chunk;
+  for (auto& t : active_) {
+    if (t->pending != kNoToken) {
+      steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(&t->pending, 1), false});
+      owners.push_back(t.get());
+      chunk.push_back(0);
+    }
+  }
+  // One prefilling turn per step, round-robin, so a long prompt never starves a short one.
+  std::vector<ActiveTurn*> prefilling;
+  for (auto& t : active_)
+    if (t->pending == kNoToken) prefilling.push_back(t.get());
+  if (!prefilling.empty()) {
+    ActiveTurn* t = prefilling[prefill_rr_++ % prefilling.size()];
+    const size_t n = std::min(steps.empty() ? kPrefillChunkAlone : kPrefillChunkShared, t->context.size() - t->prefill_at);
+    steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(t->context.data() + t->prefill_at, n), false});
+    owners.push_back(t);
+    chunk.push_back(n);
+  }
+  Logits logits;
+  kvfs::Status s = backend_->Forward(steps, logits);
+  {
+    std::lock_guard lock(mu_);
+    PushBounded(counters_.batch_sizes, steps.size());
+  }
+  if (!s.ok()) {
+    for (ActiveTurn* t : owners) t->cancelled = true;
+    for (auto& t : active_)
+      if (t->cancelled) FailTurn(*t, s);
+  } else {
+    for (size_t k = 0; k < owners.size(); ++k) {
+      ActiveTurn& t = *owners[k];
+      const float* row = logits.row(logits.first_row[k]);
+      if (chunk[k] > 0) {
+        t.prefill_at += chunk[k];
+        if (t.prefill_at < t.context.size()) continue;
+      } else {
+        t.context.push_back(t.pending);
+        t.fed_text += model_->tokenizer().TokenToPiece(t.pending, /*render_special=*/true);
+        t.pending = kNoToken;
+      }
+      OnLogits(t, row);
+    }
+  }
+  std::erase_if(active_, [](const std::unique_ptr<ActiveTurn>& t) { return t->agent == nullptr; });
+}
+
+void Engine::OnLogits(ActiveTurn& turn, const float* row) {
+  const int64_t n_vocab = model_->hparams().n_vocab;
+  const TokenId next = turn.sampler->Sample(std::span<const float>(row, static_cast<size_t>(n_vocab)), turn.context);
+  if (turn.stats.generated_tokens == 0) {
+    turn.first_token = turn.decode_start = engine_internal::Clock::now();
+    turn.stats.ttft_ms = MsSince(turn.submitted);
+    std::lock_guard lock(mu_);
+    turn.agent->generating = true;
+  }
+  ++turn.stats.generated_tokens;
+  const Tokenizer& tok = model_->tokenizer();
+  const std::string piece = tok.IsEog(next) ? std::string() : turn.decoder->Push(next);
+  const std::string out = turn.stop->Push(next, piece);
+  if (!out.empty()) {
+    turn.reply += out;
+    if (turn.request.on_text) turn.request.on_text(out);
+  }
+  if (turn.stop->reason() != StopReason::kNone) {
+    turn.stats.stop_reason = std::string(StopReasonName(turn.stop->reason()));
+    FinishTurn(turn, Status::Ok());
+  } else if (static_cast<int64_t>(turn.context.size()) + 1 > n_ctx_) {
+    turn.stats.stop_reason = "context_full";
+    FinishTurn(turn, Status::Ok());
+  } else {
+    turn.pending = next;
+  }
+}
+
+void Engine::FailTurn(ActiveTurn& turn, const kvfs::Status& error) {
+  FinishTurn(turn, error);
+}
+
+void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
+  AgentRecord& a = *turn.agent;
+  turn.agent = nullptr;  // marks it finished for Step's sweep
+  if (error.ok() && turn.stop->reason() != StopReason::kStopString) {
+    std::string rest = turn.stop->Flush() + turn.decoder->Flush();
+    if (!rest.empty()) {
+      turn.reply += rest;
+      if (turn.request.on_text) turn.request.on_text(rest);
+    }
+  }
+  const double decode_ms = turn.stats.generated_tokens > 0 ? MsSince(turn.decode_start) : 0;
+  if (turn.stats.generated_tokens > 1 && decode_ms > 0)
+    turn.stats.decode_tokens_per_s = (turn.stats.generated_tokens - 1) * 1000.0 / decode_ms;
+  auto on_done = std::move(turn.request.on_done);
+  if (!error.ok() || turn.seq == nullptr) {
+    // The agent stays at its previous turn: its cache is whatever its blocks still hold, which
+    // is valid for a prefix of its tokens; drop the partial work.
+    turn.seq.reset();
+    {
+      std::lock_guard lock(mu_);
+      a.running = a.generating = false;
+      a.last_error = error.message();
+      ++counters_.turns_failed;
+    }
+    engine_cv_.notify_all();
+    if (on_done) on_done(error);
+    return;
+  }
+  TurnStats stats = turn.stats;
+  {
+    std::lock_guard lock(mu_);
+    a.conversation.push_back(ConversationTurn{"user", turn.request.text});
+    a.conversation.push_back(ConversationTurn{"assistant", turn.reply});
+    a.tokens = turn.context;
+    a.cached_text = turn.rendered_prompt + turn.fed_text;
+    a.updated_ms = Now();
+    ++a.turns;
+    counters_.tokens_reused += static_cast<uint64_t>(stats.reused_tokens);
+    counters_.tokens_computed += static_cast<uint64_t>(stats.prefilled_tokens + std::max<int64_t>(0, stats.generated_tokens - 1));
+    counters_.tokens_generated += static_cast<uint64_t>(stats.generated_tokens);
+    PushBounded(counters_.ttft_ms, stats.ttft_ms);
+  }
+  CommitAgent(a, turn.seq.get(), [this, &a, stats, on_done = std::move(on_done)](const kvfs::Status& committed) {
+    {
+      std::lock_guard lock(mu_);
+      a.running = a.generating = false;
+      if (committed.ok()) {
+        a.last_turn = stats;
+        a.last_error.clear();
+        ++counters_.turns_completed;
+      } else {
+        a.last_error = committed.message();
+        ++counters_.turns_failed;
+      }
+    }
+    engine_cv_.notify_all();
+    if (on_done) {
+      if (committed.ok()) on_done(stats);
+      else on_done(committed);
+    }
+  });
+  turn.seq.reset();
+}
+
+void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(const kvfs::Status&)> done) {
+  const KvLayout& layout = seq->layout();
+  const int64_t B = layout.block_tokens, n = seq->n_tokens();
+  CommitJob job;
+  job.agent = a.name;
+  {
+    std::lock_guard lock(mu_);
+    for (int64_t i = static_cast<int64_t>(a.blocks.size()); i < n / B; ++i) {
+      const BlockHash parent = i > 0 ? a.blocks[i - 1] : BlockHash{};
+      const BlockHash h = ChainHash(parent, std::span<const TokenId>(a.tokens.data() + i * B, static_cast<size_t>(B)),
+                                    fingerprint_, a.format, DomainOf(a.owner_uid));
+      seq->NameBlock(i, h);
+      a.blocks.push_back(h);
+    }
+    const uint32_t format_id = KvFormatId(a.format);
+    for (int64_t i = 0; i < n / B; ++i) {
+      if (store_ && store_->HasBlock(a.blocks[i])) continue;
+      PoolBlock* b = seq->block(i);
+      pool_->Retain(b);
+      job.held.push_back(b);
+      job.new_blocks.push_back(store::NewBlock{a.blocks[i], format_id, static_cast<uint32_t>(B),
+                                               std::span<const uint8_t>(b->data, static_cast<size_t>(layout.block_bytes()))});
+    }
+    if (n % B != 0) {
+      CompactTail(layout, seq->block(n / B)->data, n % B, job.tail_bytes);
+      job.tail = store::TailData{format_id, static_cast<uint32_t>(n % B), job.tail_bytes};
+      const BlockHash key = TailKey(a.name, ++a.tail_generation);
+      seq->NameBlock(n / B, key);
+      a.parked_tail = key;
+      job.tail_key = key;
+    } else {
+      a.parked_tail.reset();
+    }
+    a.memory_bytes = seq->n_blocks() * ((layout.block_bytes() + 63) / 64 * 64);
+    a.resident = true;
+    job.manifest = ManifestOf(a);
+  }
+  // job.tail's payload points into job.tail_bytes, whose heap buffer moves with the job.
+  job.done = std::move(done);
+  if (!store_) {
+    // Nothing to persist: blocks can never be dropped, so keep them marked as not persisted.
+    for (PoolBlock* b : job.held) pool_->Release(b);
+    job.held.clear();
+    job.done(Status::Ok());
+    return;
+  }
+  Enqueue(std::move(job));
+}
+
+void Engine::ReleaseCache(AgentRecord& a) {
+  std::lock_guard lock(mu_);
+  a.tokens.clear();
+  a.cached_text.clear();
+  a.blocks.clear();
+  a.parked_tail.reset();
+  a.disk_tail.reset();
+  a.memory_bytes = 0;
+  a.resident = false;
+}
+
+std::vector<BlockHash> Engine::AgentBlockKeys(const AgentRecord& a) const {
+  std::vector<BlockHash> keys = a.blocks;
+  if (a.parked_tail) keys.push_back(*a.parked_tail);
+  return keys;
+}
+
+void Engine::PrefetchNow(const std::string& name) {
+  AgentRecord* a = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    auto it = agents_.find(name);
+    if (it == agents_.end() || it->second->running) return;
+    a = it->second.get();
+  }
+  const KvLayout layout = KvLayoutFor(model_->hparams(), a->format, options_.block_tokens);
+  for (const BlockHash& h : a->blocks) {
+    PoolBlock* b = pool_->Acquire(h);
+    if (b == nullptr) b = LoadBlock(h, layout);
+    if (b == nullptr) break;
+    pool_->Release(b);
+  }
+  if (a->disk_tail && store_ && !(a->parked_tail && pool_->Contains(*a->parked_tail))) {
+    auto tail = store_->ReadTail(a->name, *a->disk_tail);
+    if (!tail.ok()) return;
+    auto b = pool_->Allocate(layout.block_bytes());
+    if (!b.ok()) return;
+    if (!ExpandTail(layout, *tail, a->disk_tail->n_tokens, (*b)->data)) {
+      pool_->Release(*b);
+      return;
+    }
+    std::lock_guard lock(mu_);
+    const BlockHash key = TailKey(a->name, ++a->tail_generation);
+    pool_->Release(pool_->Name(*b, key));
+    pool_->MarkPersisted(key);
+    a->parked_tail = key;
+    counters_.reload_bytes += tail->size();
+  }
+  std::lock_guard lock(mu_);
+  a->resident = true;
+}
+
+}  // namespace kvfs

@@ -1,0 +1,114 @@
+// Block pool: naming and sharing, copy-on-write through SequenceKv, budget accounting and the
+// eviction order (LRU with a hit boost; pinned, in-use and unpersisted blocks never dropped).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "engine/kv/block_pool.h"
+#include "engine/kv/sequence_kv.h"
+
+namespace kvfs {
+namespace {
+
+BlockHash Key(uint64_t i) { return BlockHash{i, ~i}; }
+
+TEST(BlockPool, ChainHashCoversEveryField) {
+  const KvFormat q4{KvType::kQ4, 64, true}, q4n{KvType::kQ4, 64, false}, q8{KvType::kQ8, 64, true};
+  const std::vector<TokenId> t{1, 2, 3}, u{1, 2, 4};
+  const BlockHash base = ChainHash({}, t, "fp", q4, "uid:0");
+  EXPECT_EQ(base, ChainHash({}, t, "fp", q4, "uid:0"));
+  EXPECT_NE(base, ChainHash(Key(1), t, "fp", q4, "uid:0"));
+  EXPECT_NE(base, ChainHash({}, u, "fp", q4, "uid:0"));
+  EXPECT_NE(base, ChainHash({}, t, "fq", q4, "uid:0"));
+  EXPECT_NE(base, ChainHash({}, t, "fp", q4n, "uid:0"));
+  EXPECT_NE(base, ChainHash({}, t, "fp", q8, "uid:0"));
+  EXPECT_NE(base, ChainHash({}, t, "fp", q4, "uid:1"));
+  EXPECT_NE(TailKey("alice", 1), TailKey("alice", 2));
+  EXPECT_NE(TailKey("alice", 1), TailKey("bob", 1));
+}
+
+TEST(BlockPool, NamingSharesAndCountsHits) {
+  BlockPool pool(0);
+  PoolBlock* a = pool.Allocate(64).value();
+  PoolBlock* b = pool.Allocate(64).value();
+  std::memset(a->data, 7, 64);
+  EXPECT_EQ(pool.Name(a, Key(1)), a);
+  // The same content computed again: the second copy is given back, the first shared.
+  EXPECT_EQ(pool.Name(b, Key(1)), a);
+  EXPECT_EQ(a->refs, 2);
+  EXPECT_EQ(pool.Stats().blocks, 1);
+  EXPECT_EQ(pool.Acquire(Key(1)), a);
+  EXPECT_EQ(pool.Acquire(Key(2)), nullptr);
+  PoolStats s = pool.Stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 1u);
+  for (int i = 0; i < 3; ++i) pool.Release(a);
+  // Unreferenced named blocks stay cached.
+  EXPECT_TRUE(pool.Contains(Key(1)));
+  EXPECT_EQ(pool.Stats().idle_blocks, 1);
+  EXPECT_TRUE(pool.Drop(Key(1)));
+  EXPECT_EQ(pool.Stats().blocks, 0);
+}
+
+TEST(BlockPool, BudgetEvictsLeastValuableIdlePersistedBlocks) {
+  BlockPool pool(4 * 64 + 32);
+  std::vector<PoolBlock*> named;
+  for (uint64_t i = 0; i < 4; ++i) named.push_back(pool.Name(pool.Allocate(64).value(), Key(i)));
+  // Full: nothing idle yet.
+  EXPECT_EQ(pool.Allocate(64).status().code(), StatusCode::kResourceExhausted);
+  for (PoolBlock* b : named) pool.Release(b);
+  // Idle but not on disk: still not evictable.
+  EXPECT_EQ(pool.Allocate(64).status().code(), StatusCode::kResourceExhausted);
+  for (uint64_t i = 0; i < 4; ++i) pool.MarkPersisted(Key(i));
+  pool.Pin(Key(0));  // oldest, but pinned
+  // Key(1) is hit often: boosted above the newer Key(2) and Key(3).
+  for (int i = 0; i < 3; ++i) pool.Release(pool.Acquire(Key(1)));
+  PoolBlock* fresh = pool.Allocate(64).value();
+  EXPECT_TRUE(pool.Contains(Key(0)));
+  EXPECT_TRUE(pool.Contains(Key(1)));
+  EXPECT_FALSE(pool.Contains(Key(2)));
+  EXPECT_TRUE(pool.Contains(Key(3)));
+  EXPECT_EQ(pool.Stats().evictions, 1u);
+  EXPECT_LE(pool.Stats().used_bytes, 4 * 64);
+  pool.Release(fresh);
+  pool.Unpin(Key(0));
+}
+
+TEST(BlockPool, TakeWritableOnlyWhenIdle) {
+  BlockPool pool(0);
+  PoolBlock* t = pool.Name(pool.Allocate(64).value(), TailKey("a", 1));
+  EXPECT_EQ(pool.TakeWritable(TailKey("a", 1)), nullptr);  // still held
+  pool.Release(t);
+  PoolBlock* w = pool.TakeWritable(TailKey("a", 1));
+  ASSERT_EQ(w, t);
+  EXPECT_TRUE(pool.IsWritable(w));
+  EXPECT_FALSE(pool.Contains(TailKey("a", 1)));
+  pool.Release(w);
+  EXPECT_EQ(pool.Stats().blocks, 0);
+}
+
+// Two sequences share a named block; writing into it (after a truncation) copies it first.
+TEST(BlockPool, SequenceCopiesSharedBlockBeforeWriting) {
+  KvLayout layout{1, 1, 8, 4, KvFormat{KvType::kF16, 8, false}};
+  BlockPool pool(0);
+  SequenceKv a(layout, 64, pool), b(layout, 64, pool);
+  ASSERT_TRUE(a.Reserve(4).ok());
+  for (int p = 0; p < 4; ++p) std::memset(a.k_row(0, p), p + 1, layout.row_bytes());
+  a.SetTokens(4);
+  a.NameBlock(0, Key(9));
+  b.SetBlock(0, pool.Acquire(Key(9)));
+  b.SetTokens(4);
+  EXPECT_EQ(a.block(0), b.block(0));
+  // b diverges at position 2: its block must be copied, a's left untouched.
+  b.Truncate(2);
+  ASSERT_TRUE(b.Reserve(3).ok());
+  EXPECT_NE(a.block(0), b.block(0));
+  std::memset(b.k_row(0, 2), 0x55, layout.row_bytes());
+  EXPECT_EQ(a.k_row(0, 2)[0], 3);
+  EXPECT_EQ(b.k_row(0, 1)[0], 2);  // the copy kept the shared prefix
+  EXPECT_EQ(pool.Stats().blocks, 2);
+}
+
+}  // namespace
+}  // namespace kvfs

@@ -1,0 +1,217 @@
+// The Engine end to end on the real stories260K model: turns through the scheduler give the
+// same greedy text as an uncached Generate() over the same tokens (f16 KV: token-exact), also
+// after a restart (cache reloaded from disk), under a budget small enough to force evictions,
+// and with two agents sharing prefix blocks. Erasure removes the agent from memory and disk.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <future>
+
+#include "engine/runtime/engine.h"
+#include "engine/runtime/generate.h"
+#include "engine/store/manifest.h"
+#include "tests/test_support.h"
+
+namespace kvfs {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ReadFile;
+using testing::SharedDir;
+
+struct TurnOutcome {
+  std::string reply;
+  Result<TurnStats> stats = Status(StatusCode::kInternal, "not finished");
+};
+
+TurnOutcome RunTurn(AgentEngine& engine, const std::string& agent, const std::string& text) {
+  TurnOutcome out;
+  std::promise<void> done;
+  TurnRequest r;
+  r.agent = agent;
+  r.text = text;
+  r.on_text = [&](std::string_view s) { out.reply += s; };
+  r.on_done = [&](const Result<TurnStats>& s) {
+    out.stats = s;
+    done.set_value();
+  };
+  Status submitted = engine.SubmitTurn(std::move(r));
+  EXPECT_TRUE(submitted.ok()) << submitted.message();
+  if (submitted.ok()) done.get_future().wait();
+  return out;
+}
+
+store::Manifest ReadManifest(const std::string& store_dir, const std::string& agent) {
+  const std::string path = store_dir + "/agents/" + agent + "/manifest.json";
+  auto m = store::ParseManifest(ReadFile(path), path);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? *m : store::Manifest{};
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_path_ = SharedDir() + "/models/stories260K.gguf";
+    KVFS_REQUIRE_DATA(model_path_);
+    dir_ = fs::temp_directory_path() / ("kvfs_engine_test_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    auto model = Model::Load(model_path_);
+    ASSERT_TRUE(model.ok());
+    model_ = std::move(*model);
+    backend_ = MakeCpuBackend(*model_, CpuOptions{1, nullptr});
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  EngineOptions Options(int64_t budget = 0) const {
+    EngineOptions o;
+    o.model_path = model_path_;
+    o.store_dir = (dir_ / "store").string();
+    o.n_threads = 1;
+    o.kv = "f16";
+    o.block_tokens = 16;
+    o.kv_budget_bytes = budget;
+    return o;
+  }
+
+  // The reference: an uncached greedy run over the turn's prompt tokens, which are the
+  // committed tokens minus the fed-back reply tokens (all generated but the last).
+  std::string Reference(const store::Manifest& m, const TurnStats& stats, int max_tokens) {
+    const size_t fed = static_cast<size_t>(std::max<int64_t>(0, stats.generated_tokens - 1));
+    std::vector<TokenId> prompt(m.tokens.begin(), m.tokens.end() - static_cast<std::ptrdiff_t>(fed));
+    const HParams& hp = model_->hparams();
+    SequenceKv kv(KvLayoutFor(hp, MakeKvFormat("f16", "", hp.n_head_kv, hp.head_dim).value()), 512);
+    GenerateOptions g;
+    g.max_tokens = max_tokens;
+    g.sampling.temperature = 0;
+    auto r = Generate(*backend_, *model_, kv, prompt, g);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? r->text : std::string();
+  }
+
+  void Greedy(AgentEngine& e, const std::string& agent) {
+    AgentSettings s;
+    s.sampling.temperature = 0;
+    s.max_tokens = 20;
+    s.kv = "f16";
+    ASSERT_TRUE(e.SetSettings(agent, s).ok());
+  }
+
+  std::string model_path_;
+  fs::path dir_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Backend> backend_;
+};
+
+const char* kTurns[] = {"Once upon a time, there was a little girl named Lily.", " She liked to play outside.",
+                        " One day, she saw a big dog in the park."};
+
+TEST_F(EngineTest, TurnsMatchUncachedRunsAcrossRestartAndEviction) {
+  for (int mode = 0; mode < 3; ++mode) {
+    SCOPED_TRACE(mode == 0 ? "hot" : mode == 1 ? "restart between turns" : "tiny budget");
+    fs::remove_all(dir_ / "store");
+    // A budget of a few 16-token f16 blocks (5 layers x 2 x 16 x 32 x 2 bytes = 10 KiB each).
+    const int64_t budget = mode == 2 ? 8 * 10240 : 0;
+    auto engine = CreateEngine(Options(budget));
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 1000).ok());
+    Greedy(**engine, "alice");
+    if (mode == 2) {
+      // Another agent fills the budget in between, so alice's idle blocks are evicted.
+      ASSERT_TRUE((*engine)->CreateAgent("bob", 1000).ok());
+      Greedy(**engine, "bob");
+    }
+    for (int t = 0; t < 3; ++t) {
+      SCOPED_TRACE(t);
+      if (mode == 1 && t > 0) {
+        engine->reset();
+        engine = CreateEngine(Options());
+        ASSERT_TRUE(engine.ok());
+      }
+      TurnOutcome out = RunTurn(**engine, "alice", kTurns[t]);
+      ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+      EXPECT_GT(out.stats->generated_tokens, 0);
+      if (t > 0) {
+        EXPECT_EQ(out.stats->match, "extend");
+        EXPECT_GT(out.stats->reused_tokens, 16);
+      }
+      const store::Manifest m = ReadManifest(Options().store_dir, "alice");
+      EXPECT_EQ(out.reply, Reference(m, *out.stats, 20));
+      ASSERT_EQ(m.conversation.size(), static_cast<size_t>(2 * (t + 1)));
+      EXPECT_EQ(m.conversation.back().text, out.reply);
+      if (mode == 2) ASSERT_TRUE(RunTurn(**engine, "bob", "A cat and a dog played in the sun all day long.").stats.ok());
+    }
+    const EngineStatus st = (*engine)->Stats();
+    if (mode == 1) EXPECT_GT(st.reload_bytes, 0u);
+    if (mode == 2) {
+      EXPECT_GT(st.evictions, 0u);
+      EXPECT_GT(st.reload_bytes, 0u);
+      EXPECT_LE(st.memory_used_bytes, budget);
+    }
+  }
+}
+
+TEST_F(EngineTest, AgentsOfOneUidShareBlocks) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  for (const char* name : {"a", "b"}) {
+    ASSERT_TRUE((*engine)->CreateAgent(name, 1000).ok());
+    Greedy(**engine, name);
+  }
+  const std::string text = std::string(kTurns[0]) + kTurns[1] + kTurns[2];
+  TurnOutcome a = RunTurn(**engine, "a", text);
+  TurnOutcome b = RunTurn(**engine, "b", text);
+  ASSERT_TRUE(a.stats.ok() && b.stats.ok());
+  EXPECT_EQ(a.reply, b.reply);
+  EXPECT_EQ(a.stats->reused_tokens, 0);
+  EXPECT_GE(b.stats->reused_tokens, 32);  // b found a's full blocks
+  const store::Manifest ma = ReadManifest(Options().store_dir, "a"), mb = ReadManifest(Options().store_dir, "b");
+  ASSERT_GE(ma.blocks.size(), 2u);
+  EXPECT_EQ(ma.blocks[0], mb.blocks[0]);
+  // Another uid does not share.
+  ASSERT_TRUE((*engine)->CreateAgent("c", 2000).ok());
+  Greedy(**engine, "c");
+  TurnOutcome c = RunTurn(**engine, "c", text);
+  ASSERT_TRUE(c.stats.ok());
+  EXPECT_EQ(c.stats->reused_tokens, 0);
+  EXPECT_EQ(c.reply, a.reply);
+}
+
+TEST_F(EngineTest, EraseRemovesAgentFromMemoryAndDisk) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  EXPECT_GT((*engine)->Stats().memory_used_bytes, 0);
+  auto report = (*engine)->EraseAgent("alice");
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_GT(report->blocks_freed, 0u);
+  EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0);
+  EXPECT_FALSE(fs::exists(dir_ / "store" / "agents" / "alice"));
+  EXPECT_EQ((*engine)->GetAgent("alice").status().code(), StatusCode::kNotFound);
+  size_t block_files = 0;
+  for (auto& e : fs::recursive_directory_iterator(dir_ / "store" / "blocks")) block_files += e.is_regular_file();
+  EXPECT_EQ(block_files, 0u);
+}
+
+TEST_F(EngineTest, PromptLongerThanContextFailsTheTurn) {
+  EngineOptions o = Options();
+  o.n_ctx = 64;
+  auto engine = CreateEngine(o);
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  std::string big;
+  for (int i = 0; i < 40; ++i) big += " the little dog";
+  TurnOutcome out = RunTurn(**engine, "alice", big);
+  ASSERT_FALSE(out.stats.ok());
+  EXPECT_EQ(out.stats.status().code(), StatusCode::kOutOfRange);
+  auto info = (*engine)->GetAgent("alice");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, AgentState::kError);
+  EXPECT_EQ(info->turns, 0u);
+}
+
+}  // namespace
+}  // namespace kvfs

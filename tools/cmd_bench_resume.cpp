@@ -1,0 +1,248 @@
+// kvfs bench resume: how fast an agent comes back. Per context length, the time to first token
+// of a new turn when the agent is cold (nothing cached: full prefill), hot (cache in memory),
+// warm from the page cache (fresh engine, cache files cached by the kernel) and warm from disk
+// (fresh engine, the files dropped from the page cache with posix_fadvise), plus the cache's
+// size and the reload rate against a plain sequential read of a file of the same size.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/model/model.h"
+#include "engine/runtime/engine.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+
+namespace kvfs::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage =
+    "usage: kvfs bench resume -m MODEL [--ctx 1024,2048,4096] [--kv q4] [--new 32] [-t THREADS] [--store DIR] [--json]\n"
+    "  per context length: TTFT of a new turn of --new tokens when the agent is cold (full prefill),\n"
+    "  hot (in memory), warm from the page cache and warm from disk (fresh engine each), cache bytes per\n"
+    "  token in memory and on disk, and the reload rate against a sequential read of a same-size file.\n";
+
+int Fail(const std::string& m) {
+  std::fprintf(stderr, "kvfs bench resume: %s\n", m.c_str());
+  return 2;
+}
+
+Result<TurnStats> Turn(AgentEngine& e, const std::string& agent, const std::string& text) {
+  std::promise<Result<TurnStats>> done;
+  auto future = done.get_future();
+  TurnRequest r;
+  r.agent = agent;
+  r.text = text;
+  r.on_done = [&done](const Result<TurnStats>& s) { done.set_value(s); };
+  KVFS_RETURN_IF_ERROR(e.SubmitTurn(std::move(r)));
+  return future.get();
+}
+
+// Drops a directory tree's files from the page cache (so the next read comes from the disk).
+void DropFromPageCache(const fs::path& dir) {
+  std::error_code ec;
+  for (auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (!e.is_regular_file()) continue;
+    int fd = ::open(e.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+uint64_t TreeBytes(const fs::path& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (auto& e : fs::recursive_directory_iterator(dir, ec))
+    if (e.is_regular_file()) n += e.file_size();
+  return n;
+}
+
+// Sequential read of a file of `bytes` (written, synced, dropped from the page cache first when
+// `from_disk`); returns bytes/s.
+double SequentialReadRate(const fs::path& path, uint64_t bytes, bool from_disk) {
+  {
+    std::vector<char> chunk(1 << 20, 'x');
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    for (uint64_t w = 0; w < bytes; w += chunk.size()) f.write(chunk.data(), static_cast<std::streamsize>(std::min<uint64_t>(chunk.size(), bytes - w)));
+  }
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return 0;
+  ::fdatasync(fd);
+  if (from_disk) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  else {
+    std::vector<char> warm(1 << 20);
+    while (::read(fd, warm.data(), warm.size()) > 0) {
+    }
+    ::lseek(fd, 0, SEEK_SET);
+  }
+  std::vector<char> buf(1 << 20);
+  const auto t0 = Clock::now();
+  uint64_t got = 0;
+  for (ssize_t r; (r = ::read(fd, buf.data(), buf.size())) > 0;) got += static_cast<uint64_t>(r);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(fd);
+  fs::remove(path);
+  return s > 0 ? static_cast<double>(got) / s : 0;
+}
+
+// Text of about n tokens: the corpus-like filler repeated, cut by the model's tokenizer.
+std::string TextOfTokens(const Tokenizer& tok, int64_t n, int salt) {
+  static const char* kWords[] = {"the", "river", "carried", "small", "boats", "past", "old", "stone", "houses",
+                                 "while", "children", "watched", "from", "bridges", "and", "counted", "sails"};
+  std::string text;
+  uint64_t x = 88172645463325252ull + static_cast<uint64_t>(salt);
+  while (static_cast<int64_t>(tok.Encode(text, false, false).size()) < n) {
+    for (int i = 0; i < 64; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      text += ' ';
+      text += kWords[x % (sizeof kWords / sizeof *kWords)];
+    }
+  }
+  // Trim to n tokens by decoding the first n.
+  std::vector<TokenId> ids = tok.Encode(text, false, false);
+  ids.resize(static_cast<size_t>(n));
+  std::string out;
+  for (TokenId id : ids) out += tok.TokenToPiece(id);
+  return out;
+}
+
+}  // namespace
+
+int BenchResume(int argc, char** argv) {
+  Args args(argc, argv, {"-m", "--ctx", "--kv", "--new", "-t", "--store"}, {"--json", "-h", "--help"});
+  if (args.has("-h") || args.has("--help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!args.error().empty()) return Fail(args.error());
+  if (!args.has("-m")) return Fail("-m MODEL is required");
+  std::vector<int64_t> ctxs;
+  {
+    std::stringstream ss(args.get("--ctx").value_or("1024,2048,4096"));
+    for (std::string item; std::getline(ss, item, ',');) {
+      try {
+        ctxs.push_back(std::stoll(item));
+      } catch (...) {
+        return Fail("--ctx takes a comma-separated list of token counts");
+      }
+      if (ctxs.back() < 16 || ctxs.back() > 131072) return Fail("--ctx values must be in [16, 131072]");
+    }
+  }
+  const int64_t n_new = args.get_int("--new", 32, 1, 4096);
+  const int threads = static_cast<int>(args.get_int("-t", 2, 1, 256));
+  if (!args.error().empty()) return Fail(args.error());
+  const std::string kv = args.get("--kv").value_or("q4");
+  const fs::path store = args.get("--store").value_or((fs::temp_directory_path() / fmt::format("kvfs-bench-resume-{}", ::getpid())).string());
+  spdlog::set_level(spdlog::level::warn);
+
+  auto model = Model::Load(*args.get("-m"));
+  if (!model.ok()) return Fail(model.status().message());
+  const Tokenizer& tok = (*model)->tokenizer();
+
+  EngineOptions o;
+  o.model_path = *args.get("-m");
+  o.store_dir = store.string();
+  o.n_threads = threads;
+  o.kv = kv;
+  o.n_ctx = *std::max_element(ctxs.begin(), ctxs.end()) + n_new + 256;
+  AgentSettings settings;
+  settings.sampling.temperature = 0;
+  settings.max_tokens = 1;
+  settings.kv = kv;
+
+  nlohmann::json rows = nlohmann::json::array();
+  if (!args.has("--json")) {
+    std::printf("model %s, kv %s, %d threads, new turn of %lld tokens\n", o.model_path.c_str(), kv.c_str(), threads,
+                static_cast<long long>(n_new));
+    std::printf("%6s %10s %9s %12s %11s %9s %10s %10s %12s %12s %12s\n", "ctx", "cold_ms", "hot_ms", "warm_pc_ms",
+                "warm_disk_ms", "cold/warm", "mem_B/tok", "disk_B/tok", "reload_MB/s", "seqread_MB/s", "pcread_MB/s");
+  }
+  for (int64_t ctx : ctxs) {
+    fs::remove_all(store);
+    const std::string base = TextOfTokens(tok, ctx, 1);
+    std::vector<std::string> news;
+    for (int i = 0; i < 4; ++i) news.push_back(TextOfTokens(tok, n_new, 100 + i));
+    auto engine = CreateEngine(o);
+    if (!engine.ok()) return Fail(engine.status().message());
+    for (const char* name : {"agent", "fresh"}) {
+      if (!(*engine)->CreateAgent(name, 0).ok() || !(*engine)->SetSettings(name, settings).ok()) return Fail("agent setup failed");
+    }
+    // Set-up turn: the agent's context.
+    auto setup = Turn(**engine, "agent", base);
+    if (!setup.ok()) return Fail(setup.status().message());
+    // Cold: a fresh agent runs the whole context plus the new turn.
+    auto cold = Turn(**engine, "fresh", base + news[0]);
+    if (!cold.ok()) return Fail(cold.status().message());
+    (void)(*engine)->EraseAgent("fresh");
+    // Hot.
+    auto hot = Turn(**engine, "agent", news[1]);
+    if (!hot.ok()) return Fail(hot.status().message());
+    const auto info = (*engine)->GetAgent("agent");
+    const int64_t tokens = info.ok() ? info->context_tokens : ctx;
+    const int64_t mem = info.ok() ? info->memory_bytes : 0;
+    engine->reset();
+    const uint64_t disk = TreeBytes(store / "blocks") + TreeBytes(store / "agents");
+    // Warm from the page cache: fresh engine, files still cached.
+    engine = CreateEngine(o);
+    if (!engine.ok()) return Fail(engine.status().message());
+    auto warm_pc = Turn(**engine, "agent", news[2]);
+    if (!warm_pc.ok()) return Fail(warm_pc.status().message());
+    const uint64_t reloaded = (*engine)->Stats().reload_bytes;
+    engine->reset();
+    // Warm from disk.
+    DropFromPageCache(store);
+    engine = CreateEngine(o);
+    if (!engine.ok()) return Fail(engine.status().message());
+    auto warm_disk = Turn(**engine, "agent", news[3]);
+    if (!warm_disk.ok()) return Fail(warm_disk.status().message());
+    engine->reset();
+    const double disk_rate = SequentialReadRate(store / "seqread.tmp", reloaded, true);
+    const double pc_rate = SequentialReadRate(store / "seqread.tmp", reloaded, false);
+    const double extra_ms = warm_pc->ttft_ms - hot->ttft_ms;
+    const double reload_rate = extra_ms > 0 ? reloaded / (extra_ms / 1000.0) : 0;
+    nlohmann::json row = {{"ctx", ctx},
+                          {"tokens", tokens},
+                          {"cold_ttft_ms", cold->ttft_ms},
+                          {"hot_ttft_ms", hot->ttft_ms},
+                          {"warm_page_cache_ttft_ms", warm_pc->ttft_ms},
+                          {"warm_disk_ttft_ms", warm_disk->ttft_ms},
+                          {"cold_over_warm", cold->ttft_ms / warm_disk->ttft_ms},
+                          {"memory_bytes_per_token", tokens > 0 ? static_cast<double>(mem) / tokens : 0},
+                          {"disk_bytes_per_token", tokens > 0 ? static_cast<double>(disk) / tokens : 0},
+                          {"reload_bytes", reloaded},
+                          {"reload_bytes_per_s", reload_rate},
+                          {"sequential_read_disk_bytes_per_s", disk_rate},
+                          {"sequential_read_page_cache_bytes_per_s", pc_rate},
+                          {"warm_disk_bound_ms", hot->ttft_ms + (disk_rate > 0 ? reloaded / disk_rate * 1000 : 0) + 20},
+                          {"reused_tokens_warm", warm_disk->reused_tokens}};
+    rows.push_back(row);
+    if (!args.has("--json")) {
+      std::printf("%6lld %10.1f %9.1f %12.1f %11.1f %9.1f %10.1f %10.1f %12.0f %12.0f %12.0f\n",
+                  static_cast<long long>(ctx), cold->ttft_ms, hot->ttft_ms, warm_pc->ttft_ms, warm_disk->ttft_ms,
+                  cold->ttft_ms / warm_disk->ttft_ms, row["memory_bytes_per_token"].get<double>(),
+                  row["disk_bytes_per_token"].get<double>(), reload_rate / 1e6, disk_rate / 1e6, pc_rate / 1e6);
+      std::fflush(stdout);
+    }
+  }
+  fs::remove_all(store);
+  if (args.has("--json")) std::printf("%s\n", nlohmann::json{{"model", o.model_path}, {"kv", kv}, {"new", n_new}, {"threads", threads}, {"results", rows}}.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace kvfs::cli
