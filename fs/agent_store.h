@@ -161,6 +161,7 @@ class AgentStore {
   HandleId AddHandle(std::shared_ptr<Handle> handle);
   std::shared_ptr<Handle> FindHandle(HandleId id);
   Status ApplyWrites(Handle& handle);
+  Status CheckWrittenSoFar(Handle& handle);  // early refusal of edits that cannot become valid
   Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
   Result<std::string> RenderFile(const Node& node);
   Status ApplyPrefix(Handle& handle);

@@ -1,4 +1,7 @@
 // AgentStore: open files: open/create, read, write, flush (close), release.
+#include <optional>
+
+#include <nlohmann/json.hpp>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
@@ -32,6 +35,37 @@ Status CheckUtf8(std::string_view text, std::string_view what) {
   Utf8Validator v;
   if (!v.Feed(text) || !v.Complete()) return IllegalSequence(fmt::format("{} is not valid UTF-8", what));
   return Status::Ok();
+}
+
+// Finds where a JSON text breaks, without exceptions: nlohmann's SAX parser reports the byte.
+struct JsonBreakFinder : nlohmann::json_sax<nlohmann::json> {
+  std::optional<size_t> error_at;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) override {
+    error_at = position;
+    return false;
+  }
+};
+
+// config.json as written so far: complete JSON is validated now (so that `echo ... > config.json`
+// fails at write, where a shell reports it); text that more writes could still complete passes.
+Status CheckPartialConfig(const std::string& text, const AgentSettings& current) {
+  JsonBreakFinder finder;
+  nlohmann::json::sax_parse(text, &finder, nlohmann::json::input_format_t::json, /*strict=*/true);
+  if (!finder.error_at) return ParseAgentSettings(text, current).status();
+  if (*finder.error_at >= text.size()) return Status::Ok();  // ends early: may be completed
+  return InvalidArgument("config.json: not valid JSON");
 }
 
 }  // namespace
@@ -243,7 +277,6 @@ Result<std::pair<Attr, HandleId>> AgentStore::Create(InodeId parent, std::string
   handle->node = node;
   handle->uid = caller.uid;
   handle->append = flags.append;
-  handle->dirty = true;  // even an empty file is applied at close (and then dropped)
   Attr attr = *AttrOf(ino, node, nullptr);
   return std::make_pair(attr, AddHandle(std::move(handle)));
 }
@@ -316,9 +349,15 @@ Result<size_t> AgentStore::Write(HandleId id, uint64_t offset, std::string_view 
       size_t limit = handle->kind == Kind::kImport ? config_.max_import_bytes : config_.max_text_bytes;
       uint64_t at = handle->append ? handle->data.size() : offset;
       if (at + bytes.size() > limit) return TooLarge(fmt::format("this file is limited to {} bytes", limit));
+      if (!handle->refused.ok()) return handle->refused;
       if (handle->data.size() < at + bytes.size()) handle->data.resize(static_cast<size_t>(at + bytes.size()));
       handle->data.replace(static_cast<size_t>(at), bytes.size(), bytes);
       handle->dirty = true;
+      Status early = CheckWrittenSoFar(*handle);
+      if (!early.ok()) {
+        handle->refused = early;  // nothing of this file is applied
+        return early;
+      }
       return bytes.size();
     }
     default:
@@ -348,8 +387,10 @@ Status AgentStore::Flush(HandleId id) {
   }
   if ((handle->kind == Kind::kEditable || handle->kind == Kind::kImport) && handle->dirty) {
     handle->dirty = false;  // applied once, whatever the outcome: release must not repeat it
+    if (!handle->refused.ok()) return handle->refused;
     return ApplyWrites(*handle);
   }
+  if (!handle->refused.ok()) return handle->refused;
   return Status::Ok();
 }
 
@@ -366,7 +407,18 @@ void AgentStore::Release(HandleId id) {
   {
     std::lock_guard lock(handle->mu);
     unapplied = (handle->kind == Kind::kPrompt && !handle->data.empty()) ||
-                ((handle->kind == Kind::kEditable || handle->kind == Kind::kImport) && handle->dirty);
+                ((handle->kind == Kind::kEditable || handle->kind == Kind::kImport) && handle->dirty &&
+                 handle->refused.ok());
+  }
+  if (handle->node.kind == NodeKind::kPrefixFile && !unapplied) {
+    // A prefix created and closed without text (touch) is no prefix.
+    bool pending = false;
+    {
+      std::lock_guard lock(mu_);
+      auto it = prefixes_.find(handle->node.prefix);
+      pending = it != prefixes_.end() && it->second.ino == handle->ino && it->second.pending;
+    }
+    if (pending) DropPendingPrefix(handle->node.prefix, handle->ino);
   }
   if (!unapplied) return;
   // Only reached when no flush came (the kernel normally flushes at every close).
@@ -383,6 +435,17 @@ void AgentStore::Release(HandleId id) {
     }
   }
   if (!s.ok()) spdlog::warn("release: {}", s.message());
+}
+
+Status AgentStore::CheckWrittenSoFar(Handle& handle) {
+  if (handle.kind != Kind::kEditable) return Status::Ok();
+  if (handle.node.kind == NodeKind::kAgentFile && handle.node.agent_file == AgentFile::kConfig) {
+    KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(handle.node.agent->name));
+    return CheckPartialConfig(handle.data, info.settings);
+  }
+  Utf8Validator utf8;  // system and prefix text: bad bytes now, a cut character at close
+  if (!utf8.Feed(handle.data)) return IllegalSequence("the text is not valid UTF-8");
+  return Status::Ok();
 }
 
 Status AgentStore::ApplyWrites(Handle& handle) {
@@ -420,8 +483,7 @@ Status AgentStore::ApplyWrites(Handle& handle) {
       if (!imported.ok()) {
         ++metrics_.imports_refused;
         // A bad file is the user's input: EINVAL whatever the engine called it.
-        if (imported.code() == StatusCode::kCorrupt || imported.code() == StatusCode::kOutOfRange ||
-            imported.code() == StatusCode::kUnsupported) {
+        if (imported.code() == StatusCode::kCorrupt || imported.code() == StatusCode::kOutOfRange) {
           return InvalidArgument(imported.message());
         }
         return imported;
@@ -453,8 +515,7 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
     pending = it->second.pending;
   }
   if (handle.data.empty()) {
-    // `touch` of a new prefix: nothing to prefill, so no prefix.
-    if (pending) DropPendingPrefix(name, handle.ino);
+    // Nothing to prefill (yet): a new prefix left empty is dropped when its creator releases it.
     return pending ? Status::Ok() : InvalidArgument("a prefix cannot be empty (rm it instead)");
   }
   Status valid = CheckUtf8(handle.data, "the prefix");

@@ -1,5 +1,6 @@
 #include "fs/inode_table.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include <spdlog/spdlog.h>
@@ -31,6 +32,7 @@ std::string_view SpecialFileName(SpecialFile file) {
 }
 
 void InvariantFailed(std::string_view what) {
+  std::fprintf(stderr, "kvfs: broken invariant: %.*s\n", static_cast<int>(what.size()), what.data());
   spdlog::critical("kvfs: broken invariant: {}", what);
   spdlog::shutdown();
   std::abort();
