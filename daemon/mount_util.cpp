@@ -80,24 +80,48 @@ std::string AbsolutePath(const std::string& path) {
   return out.empty() ? "/" : out;
 }
 
-std::optional<std::string> MountedTypeAt(const std::string& dir) {
+namespace {
+
+struct MountEntry {
+  std::string mountpoint;
+  std::string fstype;
+};
+
+std::vector<MountEntry> ReadMounts() {
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
-  std::optional<std::string> type;
+  std::vector<MountEntry> out;
   while (std::getline(in, line)) {
     // id parent major:minor root mountpoint options [optional...] - fstype source super-options
     std::istringstream fields(line);
     std::string id, parent, dev, root, mountpoint;
     fields >> id >> parent >> dev >> root >> mountpoint;
-    if (Unescape(mountpoint) != dir) continue;
     size_t dash = line.find(" - ");
     if (dash == std::string::npos) continue;
     std::istringstream rest(line.substr(dash + 3));
     std::string fstype;
     rest >> fstype;
-    type = fstype;  // the last one listed is the top of the stack
+    out.push_back({Unescape(mountpoint), fstype});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> MountedTypeAt(const std::string& dir) {
+  std::optional<std::string> type;
+  for (const MountEntry& m : ReadMounts()) {
+    if (m.mountpoint == dir) type = m.fstype;  // the last one listed is the top of the stack
   }
   return type;
+}
+
+std::vector<std::string> KvfsMountpoints() {
+  std::vector<std::string> out;
+  for (const MountEntry& m : ReadMounts()) {
+    if (m.fstype == "fuse.kvfs") out.push_back(m.mountpoint);
+  }
+  return out;
 }
 
 Status PrepareMountpoint(const std::string& dir_in) {

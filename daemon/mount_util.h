@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/core/status.h"
 
@@ -14,6 +15,8 @@ namespace kvfs::daemon {
 std::string AbsolutePath(const std::string& path);
 // The filesystem type mounted at exactly `dir` according to /proc/self/mountinfo, if any.
 std::optional<std::string> MountedTypeAt(const std::string& dir);
+// Mount points of every kvfs filesystem visible to this process, in mount order.
+std::vector<std::string> KvfsMountpoints();
 // Detaches a kvfs mount (stale or not) at `dir` and creates `dir` if missing. Another kind of
 // filesystem mounted there is an error.
 Status PrepareMountpoint(const std::string& dir);

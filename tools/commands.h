@@ -9,5 +9,7 @@ int Run(int argc, char** argv);
 int Bench(int argc, char** argv);
 int BenchResume(int argc, char** argv);  // kvfs bench resume
 int Perplexity(int argc, char** argv);
+int ShowStatus(int argc, char** argv);  // kvfs status
+int BenchFs(int argc, char** argv);     // kvfs bench fs
 
 }  // namespace kvfs::cli

@@ -15,6 +15,8 @@ void Usage(FILE* out) {
       "              [--kv-rotate on|off] [--kl-divergence] [--chunks N] [--json]\n"
       "  bench       speed: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t 2] [-r 3] [--json]\n"
       "  inspect     print a GGUF file's metadata and tensor table:  kvfs inspect MODEL\n"
+      "  status      cache status of a mounted kvfs:  kvfs status [--mount DIR] [--json]\n"
+      "  bench fs    filesystem overhead:  kvfs bench fs -m MODEL [--turns 20] [--agents 10000]\n"
       "run 'kvfs COMMAND --help' for a command's options\n",
       out);
 }
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   if (cmd == "run") return kvfs::cli::Run(argc - 1, argv + 1);
   if (cmd == "bench") return kvfs::cli::Bench(argc - 1, argv + 1);
   if (cmd == "perplexity") return kvfs::cli::Perplexity(argc - 1, argv + 1);
+  if (cmd == "status") return kvfs::cli::ShowStatus(argc - 1, argv + 1);
   std::fprintf(stderr, "kvfs: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);
   return 2;
