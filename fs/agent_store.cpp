@@ -225,9 +225,12 @@ Result<Attr> AgentStore::Lookup(InodeId parent, std::string_view name_view) {
   return attr;
 }
 
-void AgentStore::CountLookup(InodeId ino) {
+bool AgentStore::CountLookup(InodeId ino) {
   std::lock_guard lock(mu_);
+  Node* node = inodes_.Find(ino);
+  if (node == nullptr || node->removed) return false;
   inodes_.Ref(ino);
+  return true;
 }
 
 void AgentStore::Forget(InodeId ino, uint64_t count) {

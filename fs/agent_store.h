@@ -82,7 +82,8 @@ class AgentStore {
 
   // --- Names and attributes. Lookup, MakeAgent, Create and CountLookup add a kernel reference.
   Result<Attr> Lookup(InodeId parent, std::string_view name);
-  void CountLookup(InodeId ino);
+  // For a readdirplus entry: false (and no reference) when the node went away since the listing.
+  bool CountLookup(InodeId ino);
   void Forget(InodeId ino, uint64_t count);
   Result<Attr> GetAttr(InodeId ino);
   // Truncation (setattr size): allowed on writable files; `handle` when done through an fd.

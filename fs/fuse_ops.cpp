@@ -244,15 +244,19 @@ void ReadDirectory(fuse_req_t req, size_t size, off_t offset, fuse_file_info* fi
     off_t next = static_cast<off_t>(i + 1);
     if (plus) {
       fuse_entry_param e = EntryOf(entry.attr);
-      need = fuse_add_direntry_plus(req, buf.data() + used, size - used, entry.name.c_str(), &e, next);
+      // Measure first: the kernel holds a reference for every readdirplus entry sent (but "."
+      // and ".."), so it is counted only for an entry that fits and whose node still exists.
+      need = fuse_add_direntry_plus(req, nullptr, 0, entry.name.c_str(), &e, next);
+      if (need > size - used) break;
+      bool dot = entry.name == "." || entry.name == "..";
+      if (!dot && !store.CountLookup(entry.attr.ino)) continue;  // erased since the listing
+      fuse_add_direntry_plus(req, buf.data() + used, size - used, entry.name.c_str(), &e, next);
     } else {
       struct stat st = StatOf(entry.attr);
       need = fuse_add_direntry(req, buf.data() + used, size - used, entry.name.c_str(), &st, next);
+      if (need > size - used) break;
     }
-    if (need > size - used) break;
     used += need;
-    // The kernel holds a reference for every readdirplus entry but "." and "..".
-    if (plus && entry.name != "." && entry.name != "..") store.CountLookup(entry.attr.ino);
   }
   fuse_reply_buf(req, buf.data(), used);
 }

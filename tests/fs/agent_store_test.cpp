@@ -356,6 +356,8 @@ TEST_F(StoreTest, InodesOfErasedAgentsLiveUntilForgotten) {
   EXPECT_EQ(store_->InodeCount(), before - 7);  // its files had no references
   store_->Forget(dir, 1);
   EXPECT_EQ(store_->InodeCount(), before - 8);
+  // A readdirplus listing taken before the erasure must not hand the kernel the gone node.
+  EXPECT_FALSE(store_->CountLookup(dir));
 }
 
 TEST_F(StoreTest, ForgettingMoreThanWasLookedUpAborts) {
