@@ -100,7 +100,7 @@ Attr AgentStore::AgentDirAttr(const AgentRecord& agent, const AgentInfo* info, I
   a.gid = agent.gid;
   a.nlink = 2;
   a.size = 4096;
-  a.mtime_ms = info != nullptr ? info->updated_ms : root_mtime_ms_;
+  a.mtime_ms = info != nullptr ? info->updated_ms : root_mtime_ms_.load();
   a.attr_timeout_s = kDirAttrTimeout;
   return a;
 }
@@ -117,7 +117,7 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
       a.mode = kRootMode;
       a.nlink = 2;
       a.size = 4096;
-      a.mtime_ms = root_mtime_ms_;
+      a.mtime_ms = root_mtime_ms_.load();
       a.attr_timeout_s = kDirAttrTimeout;
       return a;
     case NodeKind::kSpecialFile:
@@ -133,7 +133,7 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
         auto it = prefixes_.find(node.prefix);
         if (it != prefixes_.end()) a.uid = it->second.uid, pending = it->second.pending;
       }
-      a.mtime_ms = root_mtime_ms_;
+      a.mtime_ms = root_mtime_ms_.load();
       if (pending) return a;
       KVFS_ASSIGN_OR_RETURN(std::string text, engine_.PrefixText(node.prefix));
       a.size = text.size();
@@ -405,8 +405,8 @@ size_t AgentStore::HandleCount() {
 }
 
 FsMetrics AgentStore::Metrics() {
-  std::lock_guard lock(metrics_mu_);
-  return metrics_;
+  std::lock_guard lock(metrics_->mu);
+  return metrics_->values;
 }
 
 }  // namespace kvfs::fs

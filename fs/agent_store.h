@@ -133,6 +133,10 @@ class AgentStore {
   FsMetrics Metrics();
 
   struct Handle;  // an open file or directory; defined in handle.h (private to fs/)
+  struct SharedMetrics {
+    std::mutex mu;
+    FsMetrics values;
+  };
 
  private:
   struct PrefixRecord {
@@ -172,10 +176,10 @@ class AgentStore {
   Status SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::string text);
   Result<std::string> TranscriptText(const std::shared_ptr<AgentRecord>& agent);
   std::string LastReplyText(const std::shared_ptr<AgentRecord>& agent);
-  void InvalidateTranscript(AgentRecord& agent);
-  void OnTurnText(const std::shared_ptr<AgentRecord>& agent, const std::shared_ptr<TurnStream>& turn, std::string_view text);
-  void OnTurnDone(const std::shared_ptr<AgentRecord>& agent, const std::shared_ptr<TurnStream>& turn,
-                  const Result<TurnStats>& result);
+  static void InvalidateTranscript(AgentRecord& agent);
+  static void OnTurnText(AgentRecord& agent, TurnStream& turn, std::string_view text);
+  static void OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream>& turn, SharedMetrics& metrics,
+                         const Result<TurnStats>& result);
 
   AgentEngine& engine_;
   const StoreConfig config_;
@@ -189,9 +193,10 @@ class AgentStore {
   std::map<std::string, PrefixRecord> prefixes_;
   std::unordered_map<HandleId, std::shared_ptr<Handle>> handles_;
   HandleId next_handle_ = 1;
-  int64_t root_mtime_ms_ = 0;
-  std::mutex metrics_mu_;  // engine callbacks update the metrics: a lock of their own
-  FsMetrics metrics_;
+  std::atomic<int64_t> root_mtime_ms_{0};  // read by getattr without mu_
+  // Engine callbacks update the metrics: they hold this (and their agent) by shared_ptr, never
+  // the store, so a callback running late cannot touch a destroyed AgentStore.
+  std::shared_ptr<SharedMetrics> metrics_ = std::make_shared<SharedMetrics>();
 };
 
 }  // namespace kvfs::fs

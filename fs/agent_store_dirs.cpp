@@ -81,8 +81,8 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
     root_mtime_ms_ = Now();
   }
   {
-    std::lock_guard lock(metrics_mu_);
-    ++metrics_.agents_erased;
+    std::lock_guard lock(metrics_->mu);
+    ++metrics_->values.agents_erased;
   }
   {
     std::lock_guard lock(agent->mu);
@@ -143,8 +143,8 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
   if (name == AgentFileName(AgentFile::kKvCache)) {
     KVFS_ASSIGN_OR_RETURN(store::EraseReport report, engine_.EraseCache(dir.agent->name));
     {
-      std::lock_guard lock(metrics_mu_);
-      ++metrics_.caches_erased;
+      std::lock_guard lock(metrics_->mu);
+      ++metrics_->values.caches_erased;
     }
     AuditEvent event;
     event.uid = caller.uid;

@@ -232,9 +232,9 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
       // The export is a snapshot taken at open: a turn finishing meanwhile does not tear it.
       KVFS_ASSIGN_OR_RETURN(handle->data, engine_.ExportCache(agent->name));
       {
-        std::lock_guard lock(metrics_mu_);
-        ++metrics_.exports;
-        metrics_.export_bytes += handle->data.size();
+        std::lock_guard lock(metrics_->mu);
+        ++metrics_->values.exports;
+        metrics_->values.export_bytes += handle->data.size();
       }
       AuditEvent event;
       event.uid = caller.uid;
@@ -331,14 +331,14 @@ Result<size_t> AgentStore::Write(HandleId id, uint64_t offset, std::string_view 
       if (!handle->refused.ok()) return handle->refused;
       if (handle->data.size() + bytes.size() > config_.max_prompt_bytes) {
         handle->refused = TooLarge(fmt::format("a prompt is limited to {} bytes", config_.max_prompt_bytes));
-        std::lock_guard m(metrics_mu_);
-        ++metrics_.prompts_refused;
+        std::lock_guard m(metrics_->mu);
+        ++metrics_->values.prompts_refused;
         return handle->refused;
       }
       if (!handle->utf8.Feed(bytes)) {
         handle->refused = IllegalSequence("the prompt is not valid UTF-8");
-        std::lock_guard m(metrics_mu_);
-        ++metrics_.prompts_refused;
+        std::lock_guard m(metrics_->mu);
+        ++metrics_->values.prompts_refused;
         return handle->refused;
       }
       handle->data.append(bytes);
@@ -373,8 +373,8 @@ Status AgentStore::Flush(HandleId id) {
     if (!handle->refused.ok()) return handle->refused;
     if (!handle->utf8.Complete()) {
       handle->refused = IllegalSequence("the prompt ends inside a UTF-8 character");
-      std::lock_guard m(metrics_mu_);
-      ++metrics_.prompts_refused;
+      std::lock_guard m(metrics_->mu);
+      ++metrics_->values.prompts_refused;
       return handle->refused;
     }
     std::string text = std::move(handle->data);
@@ -479,17 +479,17 @@ Status AgentStore::ApplyWrites(Handle& handle) {
       Status imported = engine_.ImportCache(name, handle.data);
       handle.data.clear();
       handle.data.shrink_to_fit();
-      std::lock_guard m(metrics_mu_);
+      std::lock_guard m(metrics_->mu);
       if (!imported.ok()) {
-        ++metrics_.imports_refused;
+        ++metrics_->values.imports_refused;
         // A bad file is the user's input: EINVAL whatever the engine called it.
         if (imported.code() == StatusCode::kCorrupt || imported.code() == StatusCode::kOutOfRange) {
           return InvalidArgument(imported.message());
         }
         return imported;
       }
-      ++metrics_.imports;
-      metrics_.import_bytes += bytes;
+      ++metrics_->values.imports;
+      metrics_->values.import_bytes += bytes;
       event.action = "import";
       event.bytes = bytes;
       break;

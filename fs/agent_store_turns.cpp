@@ -54,8 +54,10 @@ Status AgentStore::SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::
   request.agent = agent->name;
   request.text = std::move(text);
   // The callbacks run on the engine thread: they only take the agent's and the metrics' mutex.
-  request.on_text = [this, agent, turn](std::string_view piece) { OnTurnText(agent, turn, piece); };
-  request.on_done = [this, agent, turn](const Result<TurnStats>& result) { OnTurnDone(agent, turn, result); };
+  request.on_text = [agent, turn](std::string_view piece) { OnTurnText(*agent, *turn, piece); };
+  request.on_done = [agent, turn, metrics = metrics_](const Result<TurnStats>& result) {
+    OnTurnDone(*agent, turn, *metrics, result);
+  };
   Status submitted = engine_.SubmitTurn(std::move(request));
   if (!submitted.ok()) {
     {
@@ -63,51 +65,50 @@ Status AgentStore::SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::
       RemovePending(*agent, turn);
       if (agent->latest == turn) agent->latest = previous_latest;
     }
-    std::lock_guard m(metrics_mu_);
-    if (submitted.code() == StatusCode::kResourceExhausted) ++metrics_.turns_rejected_queue_full;
+    std::lock_guard m(metrics_->mu);
+    if (submitted.code() == StatusCode::kResourceExhausted) ++metrics_->values.turns_rejected_queue_full;
     return submitted;
   }
-  std::lock_guard m(metrics_mu_);
-  ++metrics_.turns_submitted;
+  std::lock_guard m(metrics_->mu);
+  ++metrics_->values.turns_submitted;
   return Status::Ok();
 }
 
-void AgentStore::OnTurnText(const std::shared_ptr<AgentRecord>& agent, const std::shared_ptr<TurnStream>& turn,
-                            std::string_view text) {
-  std::lock_guard lock(agent->mu);
-  turn->started = true;
-  turn->reply.append(text);
-  agent->changed.notify_all();
+void AgentStore::OnTurnText(AgentRecord& agent, TurnStream& turn, std::string_view text) {
+  std::lock_guard lock(agent.mu);
+  turn.started = true;
+  turn.reply.append(text);
+  agent.changed.notify_all();
 }
 
-void AgentStore::OnTurnDone(const std::shared_ptr<AgentRecord>& agent, const std::shared_ptr<TurnStream>& turn,
+void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream>& turn, SharedMetrics& metrics,
                             const Result<TurnStats>& result) {
   {
-    std::lock_guard lock(agent->mu);
+    std::lock_guard lock(agent.mu);
     turn->started = true;
     turn->done = true;
     if (result.ok()) {
-      if (agent->transcript_valid) {
-        agent->transcript += RenderTranscriptEntry("user", turn->user_text);
-        agent->transcript += RenderTranscriptEntry("assistant", turn->reply);
+      if (agent.transcript_valid) {
+        agent.transcript += RenderTranscriptEntry("user", turn->user_text);
+        agent.transcript += RenderTranscriptEntry("assistant", turn->reply);
       }
-      agent->last_failure = Status::Ok();
-      agent->last_stats = result.value();
+      agent.last_failure = Status::Ok();
+      agent.last_stats = result.value();
     } else {
       turn->failure = result.status();
-      agent->last_failure = result.status();
+      agent.last_failure = result.status();
       // The engine left the agent at its previous turn: render the transcript afresh.
-      InvalidateTranscript(*agent);
+      InvalidateTranscript(agent);
     }
-    RemovePending(*agent, turn);
-    agent->changed.notify_all();
+    RemovePending(agent, turn);
+    agent.changed.notify_all();
   }
-  std::lock_guard m(metrics_mu_);
+  std::lock_guard m(metrics.mu);
   if (result.ok()) {
-    ++metrics_.turns_ok;
-    metrics_.ObserveTtft(result.value().ttft_ms);
+    ++metrics.values.turns_ok;
+    metrics.values.ObserveTtft(result.value().ttft_ms);
   } else {
-    ++metrics_.turns_failed;
+    ++metrics.values.turns_failed;
   }
 }
 

@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <spdlog/fmt/fmt.h>
+
 namespace kvfs::fs {
 
 int ErrnoFromStatus(const Status& status) {
@@ -29,7 +31,8 @@ int ErrnoFromStatus(const Status& status) {
 
 std::string ErrnoName(int err) {
   const char* name = strerrorname_np(err);
-  return name != nullptr ? name : "E" + std::to_string(err);
+  if (name != nullptr) return name;
+  return fmt::format("E{}", err);  // (not "E" + to_string: GCC 12 warns falsely, bug 105651)
 }
 
 }  // namespace kvfs::fs

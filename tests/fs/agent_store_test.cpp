@@ -443,6 +443,15 @@ TEST_F(StoreTest, EraseWakesReadersOfTheAgent) {
   engine_->HoldTurns(false);
 }
 
+TEST_F(StoreTest, TurnsMayFinishAfterTheStoreIsGone) {
+  Mkdir("alice");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "late").ok());
+  store_.reset();              // the callbacks hold the agent and the metrics, not the store
+  engine_->HoldTurns(false);   // the turn runs and finishes now
+  engine_->Shutdown();
+}
+
 TEST_F(StoreTest, AgentsOfTheEngineAppearAfterARestart) {
   std::string dir = ::testing::TempDir() + "/kvfs_store_restart_" + std::to_string(::getpid());
   testing::FakeEngineOptions options;
