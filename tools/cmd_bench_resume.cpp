@@ -18,9 +18,11 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/kv/sequence_kv.h"
 #include "engine/model/model.h"
 #include "engine/runtime/engine.h"
 #include "tools/args.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 
 namespace kvfs::cli {
@@ -39,17 +41,6 @@ constexpr const char* kUsage =
 int Fail(const std::string& m) {
   std::fprintf(stderr, "kvfs bench resume: %s\n", m.c_str());
   return 2;
-}
-
-Result<TurnStats> Turn(AgentEngine& e, const std::string& agent, const std::string& text) {
-  std::promise<Result<TurnStats>> done;
-  auto future = done.get_future();
-  TurnRequest r;
-  r.agent = agent;
-  r.text = text;
-  r.on_done = [&done](const Result<TurnStats>& s) { done.set_value(s); };
-  KVFS_RETURN_IF_ERROR(e.SubmitTurn(std::move(r)));
-  return future.get();
 }
 
 // Drops a directory tree's files from the page cache (so the next read comes from the disk).
@@ -99,27 +90,6 @@ double SequentialReadRate(const fs::path& path, uint64_t bytes, bool from_disk) 
   ::close(fd);
   fs::remove(path);
   return s > 0 ? static_cast<double>(got) / s : 0;
-}
-
-// Text of about n tokens: the corpus-like filler repeated, cut by the model's tokenizer.
-std::string TextOfTokens(const Tokenizer& tok, int64_t n, int salt) {
-  static const char* kWords[] = {"the", "river", "carried", "small", "boats", "past", "old", "stone", "houses",
-                                 "while", "children", "watched", "from", "bridges", "and", "counted", "sails"};
-  std::string text;
-  uint64_t x = 88172645463325252ull + static_cast<uint64_t>(salt);
-  while (static_cast<int64_t>(tok.Encode(text, false, false).size()) < n) {
-    for (int i = 0; i < 64; ++i) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      text += ' ';
-      text += kWords[x % (sizeof kWords / sizeof *kWords)];
-    }
-  }
-  // Trim to n tokens by decoding the first n.
-  std::vector<TokenId> ids = tok.Encode(text, false, false);
-  ids.resize(static_cast<size_t>(n));
-  std::string out;
-  for (TokenId id : ids) out += tok.TokenToPiece(id);
-  return out;
 }
 
 }  // namespace
@@ -180,18 +150,20 @@ int BenchResume(int argc, char** argv) {
     for (int i = 0; i < 4; ++i) news.push_back(TextOfTokens(tok, n_new, 100 + i));
     auto engine = CreateEngine(o);
     if (!engine.ok()) return Fail(engine.status().message());
+    // "fresh" belongs to another uid: it must not find the agent's blocks (same text) to share.
     for (const char* name : {"agent", "fresh"}) {
-      if (!(*engine)->CreateAgent(name, 0).ok() || !(*engine)->SetSettings(name, settings).ok()) return Fail("agent setup failed");
+      const uint32_t uid = std::string(name) == "fresh" ? 1 : 0;
+      if (!(*engine)->CreateAgent(name, uid).ok() || !(*engine)->SetSettings(name, settings).ok()) return Fail("agent setup failed");
     }
     // Set-up turn: the agent's context.
-    auto setup = Turn(**engine, "agent", base);
+    auto setup = RunTurnSync(**engine, "agent", base);
     if (!setup.ok()) return Fail(setup.status().message());
     // Cold: a fresh agent runs the whole context plus the new turn.
-    auto cold = Turn(**engine, "fresh", base + news[0]);
+    auto cold = RunTurnSync(**engine, "fresh", base + news[0]);
     if (!cold.ok()) return Fail(cold.status().message());
     (void)(*engine)->EraseAgent("fresh");
     // Hot.
-    auto hot = Turn(**engine, "agent", news[1]);
+    auto hot = RunTurnSync(**engine, "agent", news[1]);
     if (!hot.ok()) return Fail(hot.status().message());
     const auto info = (*engine)->GetAgent("agent");
     const int64_t tokens = info.ok() ? info->context_tokens : ctx;
@@ -201,7 +173,7 @@ int BenchResume(int argc, char** argv) {
     // Warm from the page cache: fresh engine, files still cached.
     engine = CreateEngine(o);
     if (!engine.ok()) return Fail(engine.status().message());
-    auto warm_pc = Turn(**engine, "agent", news[2]);
+    auto warm_pc = RunTurnSync(**engine, "agent", news[2]);
     if (!warm_pc.ok()) return Fail(warm_pc.status().message());
     const uint64_t reloaded = (*engine)->Stats().reload_bytes;
     engine->reset();
@@ -209,7 +181,7 @@ int BenchResume(int argc, char** argv) {
     DropFromPageCache(store);
     engine = CreateEngine(o);
     if (!engine.ok()) return Fail(engine.status().message());
-    auto warm_disk = Turn(**engine, "agent", news[3]);
+    auto warm_disk = RunTurnSync(**engine, "agent", news[3]);
     if (!warm_disk.ok()) return Fail(warm_disk.status().message());
     engine->reset();
     const double disk_rate = SequentialReadRate(store / "seqread.tmp", reloaded, true);
@@ -241,7 +213,28 @@ int BenchResume(int argc, char** argv) {
     }
   }
   fs::remove_all(store);
-  if (args.has("--json")) std::printf("%s\n", nlohmann::json{{"model", o.model_path}, {"kv", kv}, {"new", n_new}, {"threads", threads}, {"results", rows}}.dump(2).c_str());
+  // Memory: how many agents of each context length fit a 2 GiB KV budget (whole blocks).
+  nlohmann::json capacity = nlohmann::json::array();
+  {
+    const HParams& hp = (*model)->hparams();
+    auto fmt = MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim);
+    auto f16 = MakeKvFormat("f16", "", hp.n_head_kv, hp.head_dim);
+    if (fmt.ok() && f16.ok()) {
+      const int64_t budget = int64_t{2} << 30;
+      for (int64_t ctx : ctxs) {
+        const int64_t blocks = (ctx + o.block_tokens - 1) / o.block_tokens;
+        const int64_t a = budget / (blocks * KvLayoutFor(hp, *fmt, o.block_tokens).block_bytes());
+        const int64_t b = budget / (blocks * KvLayoutFor(hp, *f16, o.block_tokens).block_bytes());
+        capacity.push_back({{"ctx", ctx}, {"agents_in_2GiB", a}, {"agents_in_2GiB_f16", b}, {"ratio", b > 0 ? double(a) / b : 0}});
+        if (!args.has("--json"))
+          std::printf("agents of %lld tokens in a 2 GiB budget: %s %lld, f16 %lld (%.2fx); bytes/token %s/f16 = %.3f\n",
+                      static_cast<long long>(ctx), kv.c_str(), static_cast<long long>(a), static_cast<long long>(b),
+                      b > 0 ? double(a) / b : 0, kv.c_str(),
+                      double(KvLayoutFor(hp, *fmt).row_bytes()) / double(KvLayoutFor(hp, *f16).row_bytes()));
+      }
+    }
+  }
+  if (args.has("--json")) std::printf("%s\n", nlohmann::json{{"model", o.model_path}, {"kv", kv}, {"new", n_new}, {"threads", threads}, {"results", rows}, {"capacity", capacity}}.dump(2).c_str());
   return 0;
 }
 

@@ -42,6 +42,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   KVFS_RETURN_IF_ERROR(engine->Init());
   engine->engine_thread_ = std::thread([e = engine.get()] { e->EngineLoop(); });
   engine->store_thread_ = std::thread([e = engine.get()] { e->StoreLoop(); });
+  engine->loader_thread_ = std::thread([e = engine.get()] { e->LoaderLoop(); });
   return engine;
 }
 
@@ -54,7 +55,7 @@ Status Engine::Init() {
   if (options_.block_tokens <= 0 || options_.block_tokens > 4096) {
     return InvalidArgument(fmt::format("block size must be in [1, 4096] tokens, not {}", options_.block_tokens));
   }
-  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(AgentSettings{.kv = options_.kv}));
+  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
   (void)format;
   pool_ = std::make_unique<BlockPool>(options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget());
   counters_.memory_budget_bytes = options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget();
@@ -132,6 +133,10 @@ Status Engine::RestoreAgents() {
         a->cached_text = c["context_text"].get<std::string>();
         a->blocks = m->blocks;
         a->disk_tail = m->tail;
+        const KvLayout layout = KvLayoutFor(model_->hparams(), a->format, options_.block_tokens);
+        const int64_t row = layout.row_bytes() * layout.n_layer * 2;
+        a->disk_bytes = static_cast<int64_t>(m->blocks.size()) * layout.block_bytes() +
+                        (m->tail ? static_cast<int64_t>(m->tail->n_tokens) * row : 0);
       }
     } else {
       spdlog::info("engine: agent {} was cached for another model or format; its cache is rebuilt on its next turn",
@@ -147,11 +152,17 @@ Engine::~Engine() { Shutdown(); }
 void Engine::Shutdown() {
   {
     std::lock_guard lock(mu_);
-    if (stopping_ && !engine_thread_.joinable() && !store_thread_.joinable()) return;
+    if (stopping_ && !engine_thread_.joinable() && !store_thread_.joinable() && !loader_thread_.joinable()) return;
     stopping_ = true;
   }
   engine_cv_.notify_all();
   if (engine_thread_.joinable()) engine_thread_.join();
+  {
+    std::lock_guard lock(load_mu_);
+    load_stopping_ = true;
+  }
+  load_cv_.notify_all();
+  if (loader_thread_.joinable()) loader_thread_.join();
   {
     std::lock_guard lock(store_mu_);
     store_stopping_ = true;
@@ -217,17 +228,36 @@ void Engine::StoreLoop() {
 
 // ---- API ----
 
+Engine::Residency Engine::ResidencyOf(const AgentRecord& a) const {
+  Residency r;
+  const int64_t block_bytes = (KvLayoutFor(model_->hparams(), a.format, options_.block_tokens).block_bytes() + 63) / 64 * 64;
+  auto count = [&](const BlockHash& h) {
+    ++r.total;
+    if (pool_->Contains(h)) {
+      ++r.resident;
+      r.bytes += block_bytes;
+    }
+  };
+  for (const BlockHash& h : a.blocks) count(h);
+  if (a.parked_tail) count(*a.parked_tail);
+  else if (a.disk_tail) ++r.total;  // on disk only
+  return r;
+}
+
 AgentInfo Engine::InfoOf(const AgentRecord& a) const {
+  const Residency r = ResidencyOf(a);
   AgentInfo info;
   info.name = a.name;
   info.owner_uid = a.owner_uid;
   if (!a.last_error.empty() && !a.running && a.queue.empty()) info.state = AgentState::kError;
   else if (a.running && a.generating) info.state = AgentState::kGenerating;
+  else if (a.loading) info.state = AgentState::kWarm;
   else if (a.running || !a.queue.empty()) info.state = AgentState::kQueued;
-  else if (a.resident) info.state = AgentState::kHot;
+  else if (r.total > 0 && r.resident == r.total) info.state = AgentState::kHot;
+  else if (r.resident > 0) info.state = AgentState::kWarm;
   else info.state = AgentState::kCold;
   info.context_tokens = static_cast<int64_t>(a.tokens.size());
-  info.memory_bytes = a.memory_bytes;
+  info.memory_bytes = r.bytes;
   info.disk_bytes = a.disk_bytes;
   info.created_ms = a.created_ms;
   info.updated_ms = a.updated_ms;
@@ -265,7 +295,7 @@ Status Engine::CreateAgent(const std::string& name, uint32_t owner_uid) {
     auto a = std::make_unique<AgentRecord>();
     a->name = name;
     a->owner_uid = owner_uid;
-    a->settings.kv = options_.kv;
+    a->settings = DefaultSettings();
     KVFS_ASSIGN_OR_RETURN(a->format, FormatFor(a->settings));
     a->created_ms = a->updated_ms = Now();
     job.agent = name;
@@ -340,7 +370,16 @@ Status Engine::SubmitTurn(TurnRequest request) {
 
 void Engine::Prefetch(const std::string& name) {
   std::lock_guard lock(mu_);
-  tasks_.push_back([this, name] { PrefetchNow(name); });
+  tasks_.push_back([this, name] {
+    AgentRecord* a = nullptr;
+    {
+      std::lock_guard l(mu_);
+      auto it = agents_.find(name);
+      if (it == agents_.end() || it->second->running || it->second->loading) return;
+      a = it->second.get();
+    }
+    QueueLoad(*a, [] {});
+  });
   engine_cv_.notify_all();
 }
 
@@ -369,10 +408,11 @@ EngineStatus Engine::Stats() {
   s.evictions = ps.evictions;
   std::vector<CacheEntryStatus> entries;
   for (auto& [name, a] : agents_) {
-    if (a->resident) ++s.agents_hot;
-    else if (a->running) ++s.agents_warm;
+    const Residency r = ResidencyOf(*a);
+    if (r.total > 0 && r.resident == r.total) ++s.agents_hot;
+    else if (r.resident > 0 || a->loading) ++s.agents_warm;
     else ++s.agents_cold;
-    entries.push_back(CacheEntryStatus{name, a->memory_bytes, a->disk_bytes, a->hits});
+    entries.push_back(CacheEntryStatus{name, r.bytes, a->disk_bytes, a->hits});
   }
   std::sort(entries.begin(), entries.end(), [](const CacheEntryStatus& x, const CacheEntryStatus& y) {
     return std::max(x.memory_bytes, x.disk_bytes) > std::max(y.memory_bytes, y.disk_bytes);
@@ -384,7 +424,7 @@ EngineStatus Engine::Stats() {
 
 nlohmann::json Engine::ModelInfo() {
   const HParams& hp = model_->hparams();
-  auto fmt = FormatFor(AgentSettings{.kv = options_.kv});
+  auto fmt = FormatFor(DefaultSettings());
   return nlohmann::json{{"name", model_->name()},
                         {"path", options_.model_path},
                         {"architecture", std::string(ArchitectureName(hp.arch))},

@@ -45,11 +45,10 @@ struct AgentRecord {
   std::deque<TurnRequest> queue;  // waiting, not yet started
   bool running = false;
   bool generating = false;  // the running turn has produced its first token
+  bool loading = false;     // its cache is being read from disk (state "warm")
   std::optional<TurnStats> last_turn;
   std::string last_error;
   int64_t disk_bytes = 0;
-  int64_t memory_bytes = 0;  // KV bytes of its blocks while resident (mirror for readers)
-  bool resident = false;
   uint64_t hits = 0;
 
   // The cache: engine thread only.
@@ -61,6 +60,11 @@ struct AgentRecord {
   std::optional<store::TailRef> disk_tail;   // the committed tail on disk
   uint64_t tail_generation = 0;
 };
+
+// An agent's partial tail block moves between the pool's block layout and the compact layout
+// of tail files and exports: [layer][K, V][n rows] (sequence_kv.h).
+void CompactTail(const KvLayout& layout, const uint8_t* block, int64_t n, std::vector<uint8_t>& out);
+bool ExpandTail(const KvLayout& layout, std::span<const uint8_t> tail, int64_t n, uint8_t* block);
 
 struct ActiveTurn {
   AgentRecord* agent = nullptr;
@@ -79,6 +83,18 @@ struct ActiveTurn {
   TurnStats stats;
   Clock::time_point submitted, first_token, decode_start;
   bool cancelled = false;
+  bool loaded = false;  // its cache load (if any) finished: ready for PrepareTurn
+};
+
+// Cache files to read into the pool on the loader thread (blocks and the tail end up cached,
+// idle, under their names); `done` runs on the loader thread with the tail's key if it loaded.
+struct LoadJob {
+  std::string agent;
+  KvLayout layout;
+  std::vector<BlockHash> blocks;
+  std::optional<store::TailRef> disk_tail;
+  BlockHash tail_key;
+  std::function<void(std::optional<BlockHash>)> done;
 };
 
 // A commit for the store thread. Holds references to the blocks it writes.
@@ -127,6 +143,7 @@ class Engine final : public AgentEngine {
   using AgentRecord = engine_internal::AgentRecord;
   using ActiveTurn = engine_internal::ActiveTurn;
   using CommitJob = engine_internal::CommitJob;
+  using LoadJob = engine_internal::LoadJob;
 
   struct Prefix {
     std::string text;
@@ -150,13 +167,19 @@ class Engine final : public AgentEngine {
   int64_t AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& tokens, int64_t keep);
   PoolBlock* LoadBlock(const BlockHash& hash, const KvLayout& layout);
   void Step();
+  size_t SharedPrefillChunk() const;
   void OnLogits(ActiveTurn& turn, const float* logits);
   void FinishTurn(ActiveTurn& turn, kvfs::Status error);
   void FailTurn(ActiveTurn& turn, const kvfs::Status& error);
   // Names full blocks, parks the tail, queues the commit; completes the turn after it.
   void CommitAgent(AgentRecord& agent, SequenceKv* seq, std::function<void(const kvfs::Status&)> done);
   void ReleaseCache(AgentRecord& agent);
-  void PrefetchNow(const std::string& name);
+  // Engine thread: queues a load of the agent's cache files that are not in the pool; false if
+  // everything is resident (or there is no store).
+  bool QueueLoad(AgentRecord& agent, std::function<void()> on_loaded);
+  void LoaderLoop();
+  // Waits until the loader has finished every job queued so far.
+  void DrainLoader();
   std::vector<BlockHash> AgentBlockKeys(const AgentRecord& agent) const;
 
   // Store thread.
@@ -166,8 +189,21 @@ class Engine final : public AgentEngine {
   store::Manifest ManifestOf(const AgentRecord& agent) const;  // mu_ held
 
   Result<KvFormat> FormatFor(const AgentSettings& settings) const;
+  // Settings of a new agent: the defaults with the daemon's KV format.
+  AgentSettings DefaultSettings() const {
+    AgentSettings s;
+    s.kv = options_.kv;
+    return s;
+  }
   std::string Render(const AgentRecord& agent, const std::vector<ConversationTurn>& conversation) const;
   AgentInfo InfoOf(const AgentRecord& agent) const;  // mu_ held
+  // How much of the agent's cache is in the pool now (mu_ held): its bytes there, and whether
+  // all of it is (hot) or none (cold).
+  struct Residency {
+    int64_t bytes = 0;
+    size_t resident = 0, total = 0;
+  };
+  Residency ResidencyOf(const AgentRecord& agent) const;
   int64_t Now() const;
 
   const EngineOptions options_;
@@ -191,13 +227,21 @@ class Engine final : public AgentEngine {
   EngineStatus counters_;  // the cumulative fields; the rest is filled by Status()
 
   std::vector<std::unique_ptr<ActiveTurn>> active_;  // engine thread
+  std::vector<std::unique_ptr<ActiveTurn>> warming_; // engine thread: waiting for their cache load
   size_t prefill_rr_ = 0;                            // engine thread
+  double decode_step_ms_ = 0;                        // engine thread: moving averages of
+  double prefill_ms_per_token_ = 0;                  // step costs (SharedPrefillChunk)
 
   std::mutex store_mu_;
   std::condition_variable store_cv_;
   std::deque<CommitJob> store_queue_;
 
-  std::thread engine_thread_, store_thread_;
+  std::mutex load_mu_;
+  std::condition_variable load_cv_;
+  std::deque<engine_internal::LoadJob> load_queue_;
+  bool load_stopping_ = false;
+
+  std::thread engine_thread_, store_thread_, loader_thread_;
 };
 
 template <typename T>

@@ -13,6 +13,8 @@ namespace kvfs {
 using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
+using engine_internal::CompactTail;
+using engine_internal::ExpandTail;
 
 namespace {
 
@@ -26,9 +28,9 @@ std::string DomainOf(uint32_t uid) { return "uid:" + std::to_string(uid); }
 constexpr std::string_view kPrefixDomain = "prefix";
 
 // Prefill chunk: long prompts run in pieces so that generating agents keep decoding between
-// them; smaller when others are waiting on every step.
+// them (SharedPrefillChunk sizes them while others decode).
 constexpr size_t kPrefillChunkAlone = 512;
-constexpr size_t kPrefillChunkShared = 128;
+constexpr size_t kPrefillChunkShared = 32;  // until step costs are measured
 constexpr size_t kRecentSamples = 1024;
 
 template <typename T>
@@ -37,8 +39,10 @@ void PushBounded(std::vector<T>& v, T x) {
   v.push_back(x);
 }
 
-// Copies the first n rows of every plane of a block into the compact tail layout
-// [layer][K, V][n rows], and back.
+}  // namespace
+
+namespace engine_internal {
+
 void CompactTail(const KvLayout& l, const uint8_t* block, int64_t n, std::vector<uint8_t>& out) {
   const size_t rows = static_cast<size_t>(n * l.row_bytes());
   out.resize(static_cast<size_t>(l.n_layer * 2) * rows);
@@ -51,7 +55,8 @@ bool ExpandTail(const KvLayout& l, std::span<const uint8_t> tail, int64_t n, uin
   return true;
 }
 
-}  // namespace
+}  // namespace engine_internal
+
 
 std::string Engine::Render(const AgentRecord& a, const std::vector<ConversationTurn>& conversation) const {
   std::vector<ChatMessage> messages;
@@ -80,6 +85,8 @@ void Engine::EngineLoop() {
       // Cancel what runs and what waits; commits already queued still complete.
       for (auto& turn : active_) FailTurn(*turn, Internal("the daemon is shutting down"));
       active_.clear();
+      for (auto& turn : warming_)
+        if (turn && turn->agent != nullptr) FailTurn(*turn, Internal("the daemon is shutting down"));
       std::vector<TurnRequest> dropped;
       {
         std::lock_guard lock(mu_);
@@ -115,7 +122,14 @@ void Engine::StartTurns() {
       started.push_back(std::move(turn));
     }
   }
+  // A cold agent's files are read on the loader thread while the others keep running.
   for (auto& turn : started) {
+    ActiveTurn* t = turn.get();
+    turn->loaded = !QueueLoad(*turn->agent, [t] { t->loaded = true; });
+    warming_.push_back(std::move(turn));
+  }
+  for (auto& turn : warming_) {
+    if (!turn->loaded || turn->cancelled) continue;
     kvfs::Status s = PrepareTurn(*turn);
     if (!s.ok()) {
       FailTurn(*turn, s);
@@ -123,6 +137,8 @@ void Engine::StartTurns() {
     }
     active_.push_back(std::move(turn));
   }
+  // A cancelled turn whose load is still running stays until the load reports back.
+  std::erase_if(warming_, [](const std::unique_ptr<ActiveTurn>& t) { return t == nullptr || (t->agent == nullptr && t->loaded); });
 }
 
 Status Engine::PrepareTurn(ActiveTurn& turn) {
@@ -142,6 +158,10 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   if (a.tokens.empty()) {
     turn.stats.match = "new";
     tokens = tok.Encode(turn.rendered_prompt, /*add_special=*/true, /*parse_special=*/true);
+  } else if (a.cached_text.empty()) {
+    // The text behind the tokens is unknown (an imported cache): match on tokens only.
+    turn.stats.match = "diverge";
+    tokens = tok.Encode(turn.rendered_prompt, true, true);
   } else if (turn.rendered_prompt == a.cached_text) {
     turn.stats.match = "exact";
     tokens = a.tokens;
@@ -207,6 +227,11 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
   std::vector<BlockHash> chain;
   int64_t have = 0;
   uint64_t hits = 0;
+  std::optional<store::TailRef> disk_tail;  // written by the store thread
+  {
+    std::lock_guard lock(mu_);
+    disk_tail = a.disk_tail;
+  }
   auto acquire = [&](const BlockHash& h) -> PoolBlock* {
     PoolBlock* b = pool_->Acquire(h);
     if (b != nullptr) ++hits;
@@ -229,11 +254,11 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
       b = pool_->TakeWritable(*a.parked_tail);
       if (b != nullptr) ++hits;
     }
-    if (b == nullptr && chain.size() == a.blocks.size() && a.disk_tail && store_) {
-      auto tail = store_->ReadTail(a.name, *a.disk_tail);
+    if (b == nullptr && chain.size() == a.blocks.size() && disk_tail && store_) {
+      auto tail = store_->ReadTail(a.name, *disk_tail);
       if (tail.ok()) {
         auto fresh = pool_->Allocate(layout.block_bytes());
-        if (fresh.ok() && ExpandTail(layout, *tail, a.disk_tail->n_tokens, (*fresh)->data)) {
+        if (fresh.ok() && ExpandTail(layout, *tail, disk_tail->n_tokens, (*fresh)->data)) {
           b = *fresh;
           std::lock_guard lock(mu_);
           counters_.reload_bytes += tail->size();
@@ -271,7 +296,6 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
   a.blocks = std::move(chain);
   a.parked_tail.reset();
   a.hits += hits;
-  a.resident = true;
   return have;
 }
 
@@ -292,13 +316,22 @@ void Engine::Step() {
     if (t->pending == kNoToken) prefilling.push_back(t.get());
   if (!prefilling.empty()) {
     ActiveTurn* t = prefilling[prefill_rr_++ % prefilling.size()];
-    const size_t n = std::min(steps.empty() ? kPrefillChunkAlone : kPrefillChunkShared, t->context.size() - t->prefill_at);
+    const size_t n = std::min(steps.empty() ? kPrefillChunkAlone : SharedPrefillChunk(), t->context.size() - t->prefill_at);
     steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(t->context.data() + t->prefill_at, n), false});
     owners.push_back(t);
     chunk.push_back(n);
   }
   Logits logits;
+  const auto t0 = engine_internal::Clock::now();
   kvfs::Status s = backend_->Forward(steps, logits);
+  const double ms = MsSince(t0);
+  // Step costs for sizing prefill chunks: decode-only steps, and prefill-only steps per token.
+  const size_t prefill_tokens = chunk.empty() ? 0 : chunk.back();
+  if (s.ok() && prefill_tokens == 0) decode_step_ms_ = decode_step_ms_ > 0 ? 0.8 * decode_step_ms_ + 0.2 * ms : ms;
+  if (s.ok() && prefill_tokens >= 32 && steps.size() == 1) {
+    const double per_token = ms / static_cast<double>(prefill_tokens);
+    prefill_ms_per_token_ = prefill_ms_per_token_ > 0 ? 0.8 * prefill_ms_per_token_ + 0.2 * per_token : per_token;
+  }
   {
     std::lock_guard lock(mu_);
     PushBounded(counters_.batch_sizes, steps.size());
@@ -323,6 +356,16 @@ void Engine::Step() {
     }
   }
   std::erase_if(active_, [](const std::unique_ptr<ActiveTurn>& t) { return t->agent == nullptr; });
+}
+
+// While others decode, a prefill chunk may add at most kDecodeSlowdown of a decode step's time,
+// so generating agents keep more than half their speed while a long prompt is prefilled; the
+// chunk follows the measured costs (a deeper cache makes decode steps longer and allows more).
+size_t Engine::SharedPrefillChunk() const {
+  constexpr double kDecodeSlowdown = 0.8;
+  if (decode_step_ms_ <= 0 || prefill_ms_per_token_ <= 0) return kPrefillChunkShared;
+  const double n = kDecodeSlowdown * decode_step_ms_ / prefill_ms_per_token_;
+  return static_cast<size_t>(std::clamp(n, 4.0, static_cast<double>(kPrefillChunkAlone)));
 }
 
 void Engine::OnLogits(ActiveTurn& turn, const float* row) {
@@ -454,8 +497,6 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(con
     } else {
       a.parked_tail.reset();
     }
-    a.memory_bytes = seq->n_blocks() * ((layout.block_bytes() + 63) / 64 * 64);
-    a.resident = true;
     job.manifest = ManifestOf(a);
   }
   // job.tail's payload points into job.tail_bytes, whose heap buffer moves with the job.
@@ -477,49 +518,99 @@ void Engine::ReleaseCache(AgentRecord& a) {
   a.blocks.clear();
   a.parked_tail.reset();
   a.disk_tail.reset();
-  a.memory_bytes = 0;
-  a.resident = false;
 }
 
 std::vector<BlockHash> Engine::AgentBlockKeys(const AgentRecord& a) const {
   std::vector<BlockHash> keys = a.blocks;
   if (a.parked_tail) keys.push_back(*a.parked_tail);
+  // A tail a pending load is bringing in is named with the newest generation.
+  if (a.tail_generation > 0) keys.push_back(TailKey(a.name, a.tail_generation));
   return keys;
 }
 
-void Engine::PrefetchNow(const std::string& name) {
-  AgentRecord* a = nullptr;
+bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
+  if (!store_) return false;
+  LoadJob job;
+  job.agent = a.name;
+  job.layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
+  for (const BlockHash& h : a.blocks)
+    if (!pool_->Contains(h)) job.blocks.push_back(h);
+  const bool tail_resident = a.parked_tail && pool_->Contains(*a.parked_tail);
   {
     std::lock_guard lock(mu_);
-    auto it = agents_.find(name);
-    if (it == agents_.end() || it->second->running) return;
-    a = it->second.get();
+    if (a.disk_tail && !tail_resident) job.disk_tail = a.disk_tail;
   }
-  const KvLayout layout = KvLayoutFor(model_->hparams(), a->format, options_.block_tokens);
-  for (const BlockHash& h : a->blocks) {
-    PoolBlock* b = pool_->Acquire(h);
-    if (b == nullptr) b = LoadBlock(h, layout);
-    if (b == nullptr) break;
-    pool_->Release(b);
-  }
-  if (a->disk_tail && store_ && !(a->parked_tail && pool_->Contains(*a->parked_tail))) {
-    auto tail = store_->ReadTail(a->name, *a->disk_tail);
-    if (!tail.ok()) return;
-    auto b = pool_->Allocate(layout.block_bytes());
-    if (!b.ok()) return;
-    if (!ExpandTail(layout, *tail, a->disk_tail->n_tokens, (*b)->data)) {
-      pool_->Release(*b);
-      return;
-    }
+  if (job.blocks.empty() && !job.disk_tail) return false;
+  {
     std::lock_guard lock(mu_);
-    const BlockHash key = TailKey(a->name, ++a->tail_generation);
-    pool_->Release(pool_->Name(*b, key));
-    pool_->MarkPersisted(key);
-    a->parked_tail = key;
-    counters_.reload_bytes += tail->size();
+    a.loading = true;
+    job.tail_key = TailKey(a.name, ++a.tail_generation);
   }
-  std::lock_guard lock(mu_);
-  a->resident = true;
+  // Back on the engine thread: adopt the loaded tail, then let the caller go on.
+  job.done = [this, &a, on_loaded = std::move(on_loaded)](std::optional<BlockHash> tail) {
+    std::lock_guard lock(mu_);
+    tasks_.push_back([this, &a, tail, on_loaded] {
+      {
+        std::lock_guard l(mu_);
+        a.loading = false;
+        if (tail) a.parked_tail = tail;
+      }
+      on_loaded();
+    });
+    engine_cv_.notify_all();
+  };
+  {
+    std::lock_guard lock(load_mu_);
+    load_queue_.push_back(std::move(job));
+  }
+  load_cv_.notify_all();
+  return true;
+}
+
+void Engine::LoaderLoop() {
+  for (;;) {
+    LoadJob job;
+    {
+      std::unique_lock lock(load_mu_);
+      load_cv_.wait(lock, [&] { return load_stopping_ || !load_queue_.empty(); });
+      if (load_queue_.empty()) return;
+      job = std::move(load_queue_.front());
+      load_queue_.pop_front();
+    }
+    for (const BlockHash& h : job.blocks) {
+      PoolBlock* b = pool_->Contains(h) ? nullptr : LoadBlock(h, job.layout);
+      if (b != nullptr) pool_->Release(b);  // stays cached, idle, until the turn acquires it
+    }
+    std::optional<BlockHash> tail_key;
+    if (job.disk_tail) {
+      auto tail = store_->ReadTail(job.agent, *job.disk_tail);
+      if (tail.ok()) {
+        auto b = pool_->Allocate(job.layout.block_bytes());
+        if (b.ok() && ExpandTail(job.layout, *tail, job.disk_tail->n_tokens, (*b)->data)) {
+          pool_->Release(pool_->Name(*b, job.tail_key));
+          pool_->MarkPersisted(job.tail_key);
+          tail_key = job.tail_key;
+          std::lock_guard lock(mu_);
+          counters_.reload_bytes += tail->size();
+        } else if (b.ok()) {
+          pool_->Release(*b);
+        }
+      }
+    }
+    if (job.done) job.done(tail_key);
+  }
+}
+
+void Engine::DrainLoader() {
+  std::promise<void> drained;
+  LoadJob barrier;
+  barrier.done = [&drained](std::optional<BlockHash>) { drained.set_value(); };
+  {
+    std::lock_guard lock(load_mu_);
+    load_queue_.push_back(std::move(barrier));
+  }
+  load_cv_.notify_all();
+  drained.get_future().wait();
 }
 
 }  // namespace kvfs

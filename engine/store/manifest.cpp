@@ -19,6 +19,8 @@ constexpr std::array<std::string_view, 14> kFields = {
     "format", "version", "name", "model_fingerprint", "kv_format", "block_size", "tokens",
     "conversation", "blocks", "tail", "config", "created_ms", "updated_ms", "turn"};
 
+}  // namespace
+
 bool ValidUtf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
@@ -42,6 +44,8 @@ bool ValidUtf8(std::string_view s) {
   }
   return true;
 }
+
+namespace {
 
 // Nesting depth of a JSON text, ignoring brackets inside strings; stops counting at `limit`.
 bool DepthWithin(std::string_view text, int limit) {

@@ -57,6 +57,8 @@ struct Manifest {
 
 // `[A-Za-z0-9_-]{1,64}`: the agent names the filesystem accepts (a leading '.' is reserved).
 bool IsValidAgentName(std::string_view name);
+// Well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool ValidUtf8(std::string_view s);
 // True for exactly 32 lowercase hex digits.
 bool IsHex128(std::string_view s);
 // "tail.<decimal>.kvt".

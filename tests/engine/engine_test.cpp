@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <algorithm>
 #include <future>
+#include <thread>
 
 #include "engine/runtime/engine.h"
 #include "engine/runtime/generate.h"
 #include "engine/store/manifest.h"
+#include "engine/store/safetensors.h"
 #include "tests/test_support.h"
 
 namespace kvfs {
@@ -18,6 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::ReadFile;
 using testing::SharedDir;
+using testing::FileExists;
 
 struct TurnOutcome {
   std::string reply;
@@ -176,6 +181,212 @@ TEST_F(EngineTest, AgentsOfOneUidShareBlocks) {
   ASSERT_TRUE(c.stats.ok());
   EXPECT_EQ(c.stats->reused_tokens, 0);
   EXPECT_EQ(c.reply, a.reply);
+}
+
+// Issue 6: agents decoding together (one forward pass per step, prefill chunks interleaved,
+// agents joining while others run) give each the greedy reply it gets alone.
+TEST_F(EngineTest, BatchedTurnsMatchAlone) {
+  const std::vector<std::string> prompts = {
+      "Once upon a time", "The little dog ran to the park and saw a big red ball.", "Tom",
+      "One day, a girl named Sue went to the shop with her mom to buy some bread and milk for dinner.",
+      "The sun was hot.", "Ben and Mia played", "A bird sat on a tree and sang a happy song all day.", "Lily"};
+  for (const char* kv : {"f16", "q8", "q4"}) {
+    SCOPED_TRACE(kv);
+    auto settings = [&] {
+      AgentSettings s;
+      s.sampling.temperature = 0;
+      s.max_tokens = 24;
+      s.kv = kv;
+      return s;
+    };
+    EngineOptions o = Options();
+    o.store_dir.clear();
+    std::vector<std::string> alone;
+    {
+      auto e = CreateEngine(o);
+      ASSERT_TRUE(e.ok());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const std::string name = "solo" + std::to_string(i);
+        ASSERT_TRUE((*e)->CreateAgent(name, 0).ok());
+        ASSERT_TRUE((*e)->SetSettings(name, settings()).ok());
+        TurnOutcome out = RunTurn(**e, name, prompts[i]);
+        ASSERT_TRUE(out.stats.ok());
+        alone.push_back(out.reply);
+      }
+    }
+    auto e = CreateEngine(o);
+    ASSERT_TRUE(e.ok());
+    std::vector<TurnOutcome> outs(prompts.size());
+    std::vector<std::promise<void>> done(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string name = "agent" + std::to_string(i);
+      ASSERT_TRUE((*e)->CreateAgent(name, 0).ok());
+      ASSERT_TRUE((*e)->SetSettings(name, settings()).ok());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      TurnRequest r;
+      r.agent = "agent" + std::to_string(i);
+      r.text = prompts[i];
+      r.on_text = [&outs, i](std::string_view s) { outs[i].reply += s; };
+      r.on_done = [&outs, &done, i](const Result<TurnStats>& s) {
+        outs[i].stats = s;
+        done[i].set_value();
+      };
+      ASSERT_TRUE((*e)->SubmitTurn(std::move(r)).ok());
+      // Later agents join a batch that is already running.
+      if (i % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+    for (auto& d : done) d.get_future().wait();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_TRUE(outs[i].stats.ok()) << outs[i].stats.status().message();
+      EXPECT_EQ(outs[i].reply, alone[i]) << "agent " << i;
+    }
+    const EngineStatus st = (*e)->Stats();
+    EXPECT_GT(*std::max_element(st.batch_sizes.begin(), st.batch_sizes.end()), 1u);
+  }
+}
+
+// DIVERGE: a new system prompt changes the start of the context; the next turn recomputes
+// from there and still matches an uncached run.
+TEST_F(EngineTest, SystemChangeDivergesAndMatchesUncachedRun) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1]).stats.ok());
+  ASSERT_TRUE((*engine)->SetSystem("alice", "Tom had a red car.").ok());
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[2]);
+  ASSERT_TRUE(out.stats.ok());
+  EXPECT_EQ(out.stats->match, "diverge");
+  EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+  // Same text again after a restart: EXTEND over the reloaded cache.
+  engine->reset();
+  engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  auto info = (*engine)->GetAgent("alice");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->system, "Tom had a red car.");
+  EXPECT_EQ(info->state, AgentState::kCold);
+  EXPECT_EQ(info->memory_bytes, 0);
+  EXPECT_GT(info->disk_bytes, 0);
+  EXPECT_EQ(info->settings.max_tokens, 20);
+  // Prefetch (what opening a cold agent's file does) brings the whole cache into memory.
+  (*engine)->Prefetch("alice");
+  for (int i = 0; i < 500 && (*engine)->GetAgent("alice")->state != AgentState::kHot; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  info = (*engine)->GetAgent("alice");
+  EXPECT_EQ(info->state, AgentState::kHot);
+  EXPECT_GT(info->memory_bytes, 0);
+  TurnOutcome again = RunTurn(**engine, "alice", " The end.");
+  ASSERT_TRUE(again.stats.ok());
+  EXPECT_EQ(again.stats->match, "extend");
+  EXPECT_EQ((*engine)->Stats().block_misses, 0u);
+}
+
+// A block that fails its checksum is dropped and the cache is recomputed from there.
+TEST_F(EngineTest, CorruptBlockIsRebuiltFromText) {
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1] + kTurns[2]).stats.ok());
+  }
+  const store::Manifest m = ReadManifest(Options().store_dir, "alice");
+  ASSERT_GE(m.blocks.size(), 2u);
+  const std::string hex = store::ToHex(m.blocks[1]);
+  const fs::path block = dir_ / "store" / "blocks" / hex.substr(0, 2) / (hex + ".kvb");
+  ASSERT_TRUE(fs::exists(block));
+  {
+    std::fstream f(block, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x5a');
+  }
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  TurnOutcome out = RunTurn(**engine, "alice", " The end.");
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->match, "rebuild");
+  EXPECT_EQ(out.stats->reused_tokens, 16);  // block 0 only
+  EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+}
+
+// A cache made with another model is never loaded: the conversation is kept and recomputed.
+TEST_F(EngineTest, OtherModelsCacheIsNotLoaded) {
+  const std::string other = testing::TestModelsDir() + "/tiny-llama-F16.gguf";
+  KVFS_REQUIRE_DATA(other);
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  }
+  EngineOptions o = Options();
+  o.model_path = other;
+  auto engine = CreateEngine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  auto conv = (*engine)->Conversation("alice");
+  ASSERT_TRUE(conv.ok());
+  EXPECT_EQ(conv->size(), 2u);
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[1]);
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->match, "new");
+  EXPECT_EQ(out.stats->reused_tokens, 0);
+  EXPECT_EQ((*engine)->Stats().reload_bytes, 0u);
+}
+
+// kv.safetensors: export, erase the cache, import it back: the next turn reuses the imported
+// KV and still matches an uncached run. Bad files change nothing.
+TEST_F(EngineTest, ExportImportRoundTrip) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1]).stats.ok());
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  const HParams& hp = model_->hparams();
+  const KvFormat f16 = MakeKvFormat("f16", "", hp.n_head_kv, hp.head_dim).value();
+  const store::KvGeometry geometry{hp.n_layer, hp.n_head_kv, hp.head_dim, "f16", f16.group, false};
+  const std::string fp = (*engine)->ModelInfo()["fingerprint"];
+  auto parsed = store::ReadKvSafetensors(*exported, fp, geometry, 16);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  const store::Manifest before = ReadManifest(Options().store_dir, "alice");
+  EXPECT_EQ(parsed->info.n_cached, static_cast<int64_t>(before.tokens.size()));
+  EXPECT_EQ(parsed->info.conversation, before.conversation);
+
+  // Garbage and truncated files: refused, nothing changes.
+  EXPECT_FALSE((*engine)->ImportCache("alice", "not a safetensors file").ok());
+  EXPECT_FALSE((*engine)->ImportCache("alice", std::string_view(*exported).substr(0, exported->size() / 2)).ok());
+  EXPECT_EQ((*engine)->ExportCache("alice").value(), *exported);
+
+  auto erased = (*engine)->EraseCache("alice");
+  ASSERT_TRUE(erased.ok());
+  EXPECT_GT(erased->blocks_freed, 0u);
+  EXPECT_EQ((*engine)->Conversation("alice")->size(), 2u);  // the transcript stays
+  EXPECT_TRUE(ReadManifest(Options().store_dir, "alice").blocks.empty());
+
+  ASSERT_TRUE((*engine)->ImportCache("alice", *exported).ok());
+  EXPECT_EQ(ReadManifest(Options().store_dir, "alice").blocks, before.blocks);
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[2]);
+  ASSERT_TRUE(out.stats.ok());
+  EXPECT_GE(out.stats->reused_tokens, 32);
+  EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+
+  // Another model's engine refuses the file.
+  const std::string other = testing::TestModelsDir() + "/tiny-llama-F16.gguf";
+  if (FileExists(other)) {
+    EngineOptions o = Options();
+    o.model_path = other;
+    o.store_dir = (dir_ / "other").string();
+    auto e2 = CreateEngine(o);
+    ASSERT_TRUE(e2.ok());
+    ASSERT_TRUE((*e2)->CreateAgent("x", 0).ok());
+    Greedy(**e2, "x");
+    Status s = (*e2)->ImportCache("x", *exported);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  }
 }
 
 TEST_F(EngineTest, EraseRemovesAgentFromMemoryAndDisk) {

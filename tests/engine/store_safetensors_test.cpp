@@ -1,0 +1,427 @@
+// kv.safetensors export/import: round trips per KV type with golden block layouts, the tensor
+// layout seen by a generic reader, and rejection of other models/formats and of malformed files
+// (each with its error code and a message fragment).
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/store/safetensors.h"
+#include "tests/engine/store_test_util.h"
+
+namespace kvfs::store {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using testing::kFingerprint;
+using testing::PseudoRandom;
+
+KvGeometry Geometry(const std::string& type) {
+  // A row of 16 values: one f16 group of 16, or two q8/q4 groups of 8.
+  return KvGeometry{3, 2, 8, type, type == "f16" ? 16 : 8, type != "f16"};
+}
+
+int64_t TokenBytes(const KvGeometry& g) { return g.n_layer * 2 * KvRowBytes(g); }
+
+// Random packed chunks of `block` tokens (the last one shorter) covering n tokens.
+std::vector<std::vector<uint8_t>> MakeChunks(const KvGeometry& g, int64_t n, int64_t block, uint64_t seed) {
+  std::vector<std::vector<uint8_t>> out;
+  for (int64_t start = 0; start < n; start += block)
+    out.push_back(PseudoRandom(static_cast<size_t>(std::min(block, n - start) * TokenBytes(g)), seed + start));
+  return out;
+}
+
+std::vector<KvChunk> Spans(const std::vector<std::vector<uint8_t>>& chunks, const KvGeometry& g) {
+  std::vector<KvChunk> out;
+  for (const auto& c : chunks) out.push_back({c, static_cast<int64_t>(c.size()) / TokenBytes(g)});
+  return out;
+}
+
+CacheExportInfo Info(const KvGeometry& g, int64_t n_tokens, int64_t n_cached) {
+  CacheExportInfo info;
+  info.model_fingerprint = kFingerprint;
+  info.geometry = g;
+  for (int64_t i = 0; i < n_tokens; ++i) info.tokens.push_back(static_cast<int32_t>(i * 7919 % 32000));
+  if (n_tokens > 3) info.tokens[3] = 2147483647;  // the largest id survives
+  info.n_cached = n_cached;
+  info.conversation = {
+      {"system", "Be brief."}, {"user", "H\xC3\xA9llo \"q\" \\ \xE2\x82\xAC\n\t\x01"}, {"assistant", ""}};
+  return info;
+}
+
+// The row of (layer, plane, token) in a list of packed chunks of `block` tokens each.
+const uint8_t* RowAt(const std::vector<std::vector<uint8_t>>& chunks, const KvGeometry& g, int64_t block, int64_t layer,
+                     int plane, int64_t token) {
+  const auto& c = chunks[static_cast<size_t>(token / block)];
+  const int64_t n = static_cast<int64_t>(c.size()) / TokenBytes(g), rb = KvRowBytes(g);
+  return c.data() + ((layer * 2 + plane) * n + token % block) * rb;
+}
+
+struct Split {
+  Json header;
+  std::string data;
+};
+Split SplitFile(const std::string& file) {
+  uint64_t n;
+  std::memcpy(&n, file.data(), 8);
+  return {Json::parse(file.substr(8, n)), file.substr(8 + n)};
+}
+std::string Join(const std::string& header_text, const std::string& data) {
+  std::string text = header_text;
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t n = text.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &n, 8);
+  return out + text + data;
+}
+std::string Join(const Split& s) { return Join(s.header.dump(), s.data); }
+
+TEST(StoreSafetensors, RoundTripGoldenBlocks) {
+  struct Case { int64_t tokens, cached, export_block, import_block; };
+  const Case cases[] = {{11, 10, 4, 4}, {8, 8, 4, 4}, {5, 0, 4, 4}, {3, 3, 4, 4}, {13, 13, 5, 3}, {9, 9, 2, 256}};
+  for (const std::string type : {"f16", "q8", "q4"}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(type + " cached=" + std::to_string(c.cached) + " blocks " + std::to_string(c.export_block) + "->" +
+                   std::to_string(c.import_block));
+      const KvGeometry g = Geometry(type);
+      const auto chunks = MakeChunks(g, c.cached, c.export_block, 42);
+      const auto info = Info(g, c.tokens, c.cached);
+      auto file = WriteKvSafetensors(info, Spans(chunks, g));
+      ASSERT_TRUE(file.ok()) << file.status().message();
+      EXPECT_EQ(file->size() % 8, 0u);
+      auto back = ReadKvSafetensors(*file, kFingerprint, g, c.import_block);
+      ASSERT_TRUE(back.ok()) << back.status().message();
+      EXPECT_EQ(back->info, info);
+      if (c.export_block == c.import_block) {
+        EXPECT_EQ(back->chunks, chunks);  // golden: the block layout exactly as it was
+      }
+      ASSERT_EQ(back->chunks.size(), static_cast<size_t>((c.cached + c.import_block - 1) / c.import_block));
+      int64_t sum = 0;
+      for (size_t i = 0; i < back->chunks.size(); ++i) {
+        EXPECT_EQ(back->chunk_tokens[i], std::min(c.import_block, c.cached - sum));
+        EXPECT_EQ(static_cast<int64_t>(back->chunks[i].size()), back->chunk_tokens[i] * TokenBytes(g));
+        sum += back->chunk_tokens[i];
+      }
+      EXPECT_EQ(sum, c.cached);
+      for (int64_t layer = 0; layer < g.n_layer; ++layer)
+        for (int plane = 0; plane < 2; ++plane)
+          for (int64_t t = 0; t < c.cached; ++t)
+            ASSERT_EQ(0, std::memcmp(RowAt(back->chunks, g, c.import_block, layer, plane, t),
+                                     RowAt(chunks, g, c.export_block, layer, plane, t), KvRowBytes(g)))
+                << "layer " << layer << " plane " << plane << " token " << t;
+    }
+  }
+}
+
+// What a generic safetensors reader sees: metadata strings, and each field of each group at
+// the position its shape says.
+TEST(StoreSafetensors, TensorLayout) {
+  const KvGeometry g = Geometry("q4");
+  const auto chunks = MakeChunks(g, 10, 4, 7);
+  auto file = WriteKvSafetensors(Info(g, 11, 10), Spans(chunks, g));
+  ASSERT_TRUE(file.ok());
+  const Split s = SplitFile(*file);
+  const Json& meta = s.header["__metadata__"];
+  EXPECT_EQ(meta["format"], "kvfs-kv");
+  EXPECT_EQ(meta["kv_format"], "q4");
+  EXPECT_EQ(meta["group_size"], "8");
+  EXPECT_EQ(meta["rotation"], "on");
+  EXPECT_EQ(meta["n_cached"], "10");
+  EXPECT_EQ(Json::parse(meta["token_ids"].get<std::string>()).size(), 11u);
+  EXPECT_EQ(s.header.size(), 1u + 3 * 2 * 3);
+  const Json& scales = s.header["layers.1.v.scales"];
+  EXPECT_EQ(scales["dtype"], "F16");
+  EXPECT_EQ(scales["shape"], Json::parse("[10, 2]"));
+  const Json& codes = s.header["layers.2.k.codes"];
+  EXPECT_EQ(codes["dtype"], "U8");
+  EXPECT_EQ(codes["shape"], Json::parse("[10, 2, 4]"));
+  const int64_t sb = scales["data_offsets"][0], cb = codes["data_offsets"][0],
+                mb = s.header["layers.0.v.mins"]["data_offsets"][0];
+  for (int64_t t = 0; t < 10; ++t) {
+    for (int64_t grp = 0; grp < 2; ++grp) {
+      const uint8_t* v_row = RowAt(chunks, g, 4, 1, 1, t) + grp * 8;  // q4 group of 8: d, m, 4 bytes
+      EXPECT_EQ(0, std::memcmp(s.data.data() + sb + (t * 2 + grp) * 2, v_row, 2));
+      EXPECT_EQ(0, std::memcmp(s.data.data() + mb + (t * 2 + grp) * 2, RowAt(chunks, g, 4, 0, 1, t) + grp * 8 + 2, 2));
+      EXPECT_EQ(0, std::memcmp(s.data.data() + cb + (t * 2 + grp) * 4, RowAt(chunks, g, 4, 2, 0, t) + grp * 8 + 4, 4));
+    }
+  }
+}
+
+TEST(StoreSafetensors, ExportRejectsBadInput) {
+  const KvGeometry g = Geometry("q4");
+  const auto chunks = MakeChunks(g, 10, 4, 1);
+  auto expect_bad = [&](const CacheExportInfo& info, std::vector<KvChunk> spans, const std::string& fragment) {
+    auto r = WriteKvSafetensors(info, spans);
+    ASSERT_FALSE(r.ok()) << fragment;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(fragment), std::string::npos) << r.status().message();
+  };
+  const CacheExportInfo good = Info(g, 11, 10);
+  auto spans = Spans(chunks, g);
+  ASSERT_TRUE(WriteKvSafetensors(good, spans).ok());
+  CacheExportInfo info = good;
+  info.model_fingerprint = "xyz";
+  expect_bad(info, spans, "fingerprint");
+  info = good;
+  info.n_cached = 12;
+  expect_bad(info, spans, "n_cached 12");
+  info = good;
+  info.n_cached = 9;
+  expect_bad(info, spans, "past n_cached");
+  info = good;
+  info.conversation[1].text = "bad \xFF";
+  expect_bad(info, spans, "conversation[1].text");
+  info = good;
+  info.tokens[2] = -1;
+  expect_bad(info, spans, "token_ids[2]");
+  info = good;
+  info.geometry.group = 3;
+  expect_bad(info, spans, "group 3");
+  auto short_spans = spans;
+  short_spans[1].payload = short_spans[1].payload.first(short_spans[1].payload.size() - 1);
+  expect_bad(good, short_spans, "chunk 1");
+  short_spans = spans;
+  short_spans.pop_back();
+  expect_bad(good, short_spans, "chunks hold 8 tokens");
+}
+
+// Files written by another implementation (fuzz/make_safetensors_seeds.py, Python's json and
+// struct) are read, including one whose tensors lie in the buffer in reverse order.
+TEST(StoreSafetensors, ReadsFilesWrittenByPython) {
+  const std::filesystem::path dir = std::filesystem::path(KVFS_SOURCE_DIR) / "fuzz" / "corpus" / "safetensors";
+  int n_files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string file = ss.str(), name = entry.path().filename().string();
+    SCOPED_TRACE(name);
+    const std::string type = name.substr(0, name.find_first_of("._"));
+    const KvGeometry g{2, 2, 4, type == "empty" ? "q4" : type, type == "f16" ? 8 : 4, type != "f16"};
+    auto r = ReadKvSafetensors(file, "0123456789abcdef0123456789abcdef", g, 2);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ++n_files;
+    if (name != "q4.safetensors") continue;
+    // The seed's tensor bytes are (tensor offset + 13 i) mod 251; layers.0.k.codes is first.
+    ASSERT_EQ(r->chunk_tokens, (std::vector<int64_t>{2, 1}));
+    const uint8_t* row = r->chunks[0].data();  // layer 0, k, token 0: groups of d, m, 2 code bytes
+    EXPECT_EQ(row[4], 0);
+    EXPECT_EQ(row[5], 13);
+    EXPECT_EQ(row[6 + 4], 26);  // group 1 (groups are 6 bytes)
+    EXPECT_EQ(r->info.tokens, (std::vector<int32_t>{1, 2, 2147483647}));
+    EXPECT_EQ(r->info.conversation[0].text, "Hi \xC3\xA9");
+  }
+  EXPECT_EQ(n_files, 5);
+}
+
+class StoreSafetensorsReject : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto f = WriteKvSafetensors(Info(g_, 11, 10), Spans(MakeChunks(g_, 10, 4, 3), g_));
+    ASSERT_TRUE(f.ok());
+    file_ = *f;
+    ASSERT_TRUE(ReadKvSafetensors(file_, kFingerprint, g_, 4).ok());
+  }
+  void Expect(const std::string& file, StatusCode code, const std::string& fragment,
+              const KvGeometry* expected = nullptr, const std::string& fp = kFingerprint) {
+    auto r = ReadKvSafetensors(file, fp, expected ? *expected : g_, 4);
+    ASSERT_FALSE(r.ok()) << "accepted; wanted: " << fragment;
+    EXPECT_EQ(r.status().code(), code) << r.status().message();
+    EXPECT_NE(r.status().message().find(fragment), std::string::npos) << r.status().message();
+    EXPECT_EQ(r.status().message().rfind("kv.safetensors: ", 0), 0u) << r.status().message();
+  }
+  // The file with one header edit applied.
+  template <typename F>
+  std::string Edit(F&& f) const {
+    Split s = SplitFile(file_);
+    f(s.header);
+    return Join(s);
+  }
+  std::string WithMeta(const std::string& key, const Json& value) const {
+    return Edit([&](Json& h) { h["__metadata__"][key] = value; });
+  }
+  const KvGeometry g_ = Geometry("q4");
+  std::string file_;
+};
+
+TEST_F(StoreSafetensorsReject, OtherModelOrFormat) {
+  Expect(file_, StatusCode::kInvalidArgument, "made for model", nullptr, "ffffffffffffffffffffffffffffffff");
+  KvGeometry other = g_;
+  other.kv_type = "q8";
+  Expect(file_, StatusCode::kInvalidArgument, "kv_format \"q4\" != expected \"q8\"", &other);
+  other = g_;
+  other.group = 4;
+  Expect(file_, StatusCode::kInvalidArgument, "group_size 8 != expected 4", &other);
+  other = g_;
+  other.rotate = false;
+  Expect(file_, StatusCode::kInvalidArgument, "rotation on != expected off", &other);
+  other = g_;
+  other.n_layer = 2;
+  Expect(file_, StatusCode::kInvalidArgument, "geometry", &other);
+  other = g_;
+  other.head_dim = 16;
+  Expect(file_, StatusCode::kInvalidArgument, "geometry", &other);
+  Expect(WithMeta("format_version", "2"), StatusCode::kInvalidArgument, "format_version \"2\"");
+  Expect(WithMeta("format", "pt"), StatusCode::kInvalidArgument, "format \"pt\"");
+}
+
+TEST_F(StoreSafetensorsReject, EveryTruncationFailsCleanly) {
+  for (size_t n = 0; n < file_.size(); ++n) {
+    auto r = ReadKvSafetensors(std::string_view(file_).substr(0, n), kFingerprint, g_, 4);
+    ASSERT_FALSE(r.ok()) << "prefix of " << n << " bytes accepted";
+    ASSERT_EQ(r.status().code(), StatusCode::kCorrupt) << n << ": " << r.status().message();
+  }
+  Expect(file_.substr(0, 5), StatusCode::kCorrupt, "shorter than its 8-byte header length");
+  Expect(file_.substr(0, file_.size() - 1), StatusCode::kCorrupt, "data buffer is");
+  Expect(file_ + "x", StatusCode::kCorrupt, "data buffer is");
+}
+
+TEST_F(StoreSafetensorsReject, HeaderLengthAndJson) {
+  std::string f = file_;
+  const uint64_t huge = uint64_t{1} << 62;
+  std::memcpy(f.data(), &huge, 8);
+  Expect(f, StatusCode::kCorrupt, "larger than the file");
+  const uint64_t over = file_.size() - 7;
+  std::memcpy(f.data(), &over, 8);
+  Expect(f, StatusCode::kCorrupt, "larger than the file");
+  uint64_t n;
+  std::memcpy(&n, file_.data(), 8);
+  f = file_;
+  for (size_t i = 8; i < 8 + n; ++i) f[i] = static_cast<char>("garbage!"[i % 8]);
+  Expect(f, StatusCode::kCorrupt, "header is not valid JSON");
+  Expect(Join("[1, 2]", SplitFile(file_).data), StatusCode::kCorrupt, "not a JSON object");
+  Expect(Join("{\"a\": [[[[1]]]]}", ""), StatusCode::kCorrupt, "nested deeper");
+  std::string text = SplitFile(file_).header.dump();
+  const std::string fmt = "\"format\":\"kvfs-kv\"";
+  text.replace(text.find(fmt), fmt.size(), fmt + "," + fmt);
+  Expect(Join(text, SplitFile(file_).data), StatusCode::kCorrupt, "duplicate key \"format\"");
+  // Raw invalid UTF-8 inside the conversation text breaks the header JSON itself.
+  text = SplitFile(file_).header.dump();
+  text.replace(text.find("Be brief."), 2, "\xFF\xFE");
+  Expect(Join(text, SplitFile(file_).data), StatusCode::kCorrupt, "header is not valid JSON");
+}
+
+TEST_F(StoreSafetensorsReject, Tensors) {
+  Expect(Edit([](Json& h) { h["layers.0.k.codes"]["dtype"] = "I8"; }), StatusCode::kCorrupt,
+         "tensor layers.0.k.codes: dtype \"I8\" != expected \"U8\"");
+  Expect(Edit([](Json& h) { h["layers.2.v.scales"]["shape"] = {10, 4}; }), StatusCode::kCorrupt,
+         "tensor layers.2.v.scales: shape [10,4] != expected [10, 2]");
+  Expect(Edit([](Json& h) { h["layers.2.v.codes"]["shape"] = {10, 2, -4}; }), StatusCode::kCorrupt, "shape");
+  Expect(Edit([](Json& h) { h["layers.1.k.mins"]["data_offsets"] = h["layers.1.k.scales"]["data_offsets"]; }),
+         StatusCode::kCorrupt, "overlaps");
+  Expect(Edit([](Json& h) {
+           auto& o = h["layers.2.v.mins"]["data_offsets"];
+           o = {o[0].get<int64_t>() + 8, o[1].get<int64_t>() + 8};
+         }),
+         StatusCode::kCorrupt, "out of range");
+  Expect(Edit([](Json& h) {
+           h["layers.0.k.codes"]["data_offsets"] = {2, 82};
+         }),
+         StatusCode::kCorrupt, "not contiguous");
+  Expect(Edit([](Json& h) { h["layers.0.k.codes"]["data_offsets"] = {0, 8}; }), StatusCode::kCorrupt, "hold 8 bytes");
+  Expect(Edit([](Json& h) { h["layers.0.k.codes"]["data_offsets"] = {8, 0}; }), StatusCode::kCorrupt, "begin <= end");
+  Expect(Edit([](Json& h) {
+           h["layers.0.k.codes"]["data_offsets"] = {0, 1e30};
+         }),
+         StatusCode::kCorrupt, "data_offsets");
+  Expect(Edit([](Json& h) { h["layers.0.k.codes"]["data_offsets"] = {0}; }), StatusCode::kCorrupt, "data_offsets");
+  Expect(Edit([](Json& h) { h["layers.0.k.codes"]["extra"] = 1; }), StatusCode::kCorrupt, "unknown field \"extra\"");
+  Expect(Edit([](Json& h) { h["layers.0.k.codes"].erase("shape"); }), StatusCode::kCorrupt, "needs dtype");
+  Expect(Edit([](Json& h) { h["layers.0.k.codes"] = 5; }), StatusCode::kCorrupt, "not an object");
+  Expect(Edit([](Json& h) { h.erase("layers.2.v.mins"); }), StatusCode::kCorrupt, "missing tensor layers.2.v.mins");
+  Expect(Edit([](Json& h) { h["layers.3.k.codes"] = h["layers.2.k.codes"]; }), StatusCode::kCorrupt, "unknown tensor");
+}
+
+// Parsed JSON costs far more memory than its text: a header or conversation with more values
+// than a valid one can have is refused while parsing.
+TEST_F(StoreSafetensorsReject, JsonValueCountIsBounded) {
+  std::string many = "{";
+  for (int i = 0; i < 20000; ++i) many += "\"t" + std::to_string(i) + "\":{},";
+  many += "\"x\":1}";
+  Expect(Join(many, ""), StatusCode::kCorrupt, "header holds more JSON values than a valid one can");
+  std::string turns = "[";
+  for (int i = 0; i < 1100; ++i) turns += "{\"role\":\"u\",\"text\":\"\"},";
+  turns += "{\"role\":\"u\",\"text\":\"\"}]";
+  Expect(WithMeta("conversation", turns), StatusCode::kCorrupt, "conversation holds more JSON values");
+  // 1024 turns beyond the token count are within bounds.
+  turns = "[";
+  for (int i = 0; i < 1000; ++i) turns += "{\"role\":\"u\",\"text\":\"\"},";
+  turns += "{\"role\":\"u\",\"text\":\"\"}]";
+  auto r = ReadKvSafetensors(WithMeta("conversation", turns), kFingerprint, g_, 4);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->info.conversation.size(), 1001u);
+}
+
+// Tensors may come in any order in the buffer: the reader follows the offsets.
+TEST_F(StoreSafetensorsReject, SwappedOffsetsAreFollowed) {
+  const std::string f =
+      Edit([](Json& h) { std::swap(h["layers.1.k.mins"]["data_offsets"], h["layers.1.k.scales"]["data_offsets"]); });
+  auto r = ReadKvSafetensors(f, kFingerprint, g_, 4);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  auto orig = ReadKvSafetensors(file_, kFingerprint, g_, 4);
+  const int64_t rb = KvRowBytes(g_);
+  const uint8_t* a = RowAt(r->chunks, g_, 4, 1, 0, 5);
+  const uint8_t* b = RowAt(orig->chunks, g_, 4, 1, 0, 5);
+  for (int64_t grp = 0; grp < rb / 8; ++grp) {  // scale and minimum trade places
+    EXPECT_EQ(0, std::memcmp(a + grp * 8, b + grp * 8 + 2, 2));
+    EXPECT_EQ(0, std::memcmp(a + grp * 8 + 2, b + grp * 8, 2));
+    EXPECT_EQ(0, std::memcmp(a + grp * 8 + 4, b + grp * 8 + 4, 4));
+  }
+}
+
+TEST_F(StoreSafetensorsReject, Metadata) {
+  Expect(Edit([](Json& h) { h["__metadata__"].erase("n_cached"); }), StatusCode::kCorrupt, "missing \"n_cached\"");
+  Expect(Edit([](Json& h) { h.erase("__metadata__"); }), StatusCode::kCorrupt, "no __metadata__");
+  Expect(Edit([](Json& h) { h["__metadata__"] = "x"; }), StatusCode::kCorrupt, "__metadata__ is not an object");
+  Expect(WithMeta("group_size", 8), StatusCode::kCorrupt, "\"group_size\" is not a string");
+  Expect(WithMeta("note", Json::array()), StatusCode::kCorrupt, "\"note\" is not a string");
+  Expect(WithMeta("group_size", "08"), StatusCode::kCorrupt, "not a decimal");
+  Expect(WithMeta("n_cached", "ten"), StatusCode::kCorrupt, "not a decimal");
+  Expect(WithMeta("n_cached", "12"), StatusCode::kCorrupt, "n_cached 12 > 11 token ids");
+  Expect(WithMeta("n_cached", "999999999999999999"), StatusCode::kCorrupt, "n_cached 999999999999999999 > 11");
+  Expect(WithMeta("model_fingerprint", "ABC"), StatusCode::kCorrupt, "model_fingerprint is not");
+  Expect(WithMeta("rotation", "yes"), StatusCode::kCorrupt, "rotation is neither");
+  // Unknown string metadata is annotation and is ignored.
+  ASSERT_TRUE(ReadKvSafetensors(WithMeta("author", "me"), kFingerprint, g_, 4).ok());
+}
+
+TEST_F(StoreSafetensorsReject, TokenIds) {
+  const std::string ten = "0,1,2,3,4,5,6,7,8,9";
+  Expect(WithMeta("token_ids", "[" + ten + ",2147483648]"), StatusCode::kCorrupt,
+         "element 10: 2147483648 is out of int32 range");
+  Expect(WithMeta("token_ids", "[" + ten + ",99999999999999999999999]"), StatusCode::kCorrupt, "out of int32 range");
+  Expect(WithMeta("token_ids", "[" + ten + ",-2]"), StatusCode::kCorrupt, "negative token id");
+  Expect(WithMeta("token_ids", "[" + ten + ",1.5]"), StatusCode::kCorrupt, "element 10: not an integer");
+  Expect(WithMeta("token_ids", "[" + ten + ",01]"), StatusCode::kCorrupt, "leading zero");
+  Expect(WithMeta("token_ids", "[" + ten + ",,1]"), StatusCode::kCorrupt, "not an integer");
+  Expect(WithMeta("token_ids", "[" + ten + ",1"), StatusCode::kCorrupt, "expected ',' or ']'");
+  Expect(WithMeta("token_ids", "[" + ten + ",\"1\"]"), StatusCode::kCorrupt, "not an integer");
+  Expect(WithMeta("token_ids", "[" + ten + ",1] x"), StatusCode::kCorrupt, "trailing");
+  Expect(WithMeta("token_ids", ten), StatusCode::kCorrupt, "not a JSON array");
+  Expect(WithMeta("token_ids", "[]"), StatusCode::kCorrupt, "n_cached 10 > 0");
+  auto ok = ReadKvSafetensors(WithMeta("token_ids", " [ " + ten + " , 2147483647 ] "), kFingerprint, g_, 4);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->info.tokens.back(), 2147483647);
+}
+
+TEST_F(StoreSafetensorsReject, Conversation) {
+  Expect(WithMeta("conversation", "[{\"role\": \"user\""), StatusCode::kCorrupt, "conversation is not valid JSON");
+  Expect(WithMeta("conversation", "[{\"role\": \"user\", \"text\": \"\\ud800\"}]"), StatusCode::kCorrupt,
+         "conversation is not valid JSON");
+  Expect(WithMeta("conversation", "{}"), StatusCode::kCorrupt, "conversation: not a JSON array");
+  Expect(WithMeta("conversation", "[{\"role\": \"user\"}]"), StatusCode::kCorrupt,
+         "conversation[0]: expected an object");
+  Expect(WithMeta("conversation", "[{\"role\": \"user\", \"text\": 1}]"), StatusCode::kCorrupt, "must be strings");
+  Expect(WithMeta("conversation", "[{\"role\": \"\", \"text\": \"\"}]"), StatusCode::kCorrupt, "empty role");
+  Expect(WithMeta("conversation", "[[[1]]]"), StatusCode::kCorrupt, "nested deeper");
+  Expect(WithMeta("conversation", "[{\"role\": \"a\", \"role\": \"b\", \"text\": \"\"}]"), StatusCode::kCorrupt,
+         "duplicate key");
+}
+
+}  // namespace
+}  // namespace kvfs::store

@@ -1,0 +1,19 @@
+// Helpers shared by the engine-level benchmarks (bench resume, bench agents).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/model/tokenizer.h"
+#include "engine/runtime/agent_engine.h"
+
+namespace kvfs::cli {
+
+// Runs one turn and waits for it.
+Result<TurnStats> RunTurnSync(AgentEngine& engine, const std::string& agent, const std::string& text);
+
+// Text of exactly n tokens of the model's vocabulary (pseudo-random words; `salt` picks the
+// sequence, so different salts share no prefix).
+std::string TextOfTokens(const Tokenizer& tok, int64_t n, int salt);
+
+}  // namespace kvfs::cli
