@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/dist_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -77,12 +78,12 @@ class Daemonizer {
       if (out >= 0) ::dup2(out, STDOUT_FILENO), ::dup2(out, STDERR_FILENO);
       if (null_fd > 2) ::close(null_fd);
       if (log_fd > 2) ::close(log_fd);
-      if (::chdir("/") != 0) {
-      }
+      // Best effort: a daemon that cannot chdir or tell its parent still serves (the parent
+      // then exits 1 when the pipe closes without a byte).
+      [[maybe_unused]] int chdir_rc = ::chdir("/");
     }
     char c = static_cast<char>(code);
-    if (::write(pipe_[1], &c, 1) != 1) {
-    }
+    [[maybe_unused]] ssize_t written = ::write(pipe_[1], &c, 1);
     ::close(pipe_[1]);
     active_ = false;
   }
@@ -92,11 +93,37 @@ class Daemonizer {
   bool active_ = false;
 };
 
-void SetUpLogging(const DaemonConfig& config) {
-  spdlog::set_level(spdlog::level::from_str(config.log_level));
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [kvfsd] [%l] %v");
-  spdlog::flush_on(spdlog::level::info);
-}
+// Logs go to stderr; a background kvfsd also writes them to its log file, and stops writing to
+// the terminal once it has detached (Logging::Detach).
+class Logging {
+ public:
+  Status SetUp(const DaemonConfig& config) {
+    dist_ = std::make_shared<spdlog::sinks::dist_sink_mt>();
+    terminal_ = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    dist_->add_sink(terminal_);
+    if (!config.foreground) {
+      // spdlog reports a file it cannot open by throwing: caught here, returned as a value.
+      try {
+        dist_->add_sink(std::make_shared<spdlog::sinks::basic_file_sink_mt>(config.log_file));
+      } catch (const spdlog::spdlog_ex& e) {
+        return IoError("cannot open the log file " + config.log_file + ": " + e.what());
+      }
+    }
+    auto logger = std::make_shared<spdlog::logger>("kvfsd", dist_);
+    logger->set_level(spdlog::level::from_str(config.log_level));
+    logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [kvfsd] [%l] %v");
+    logger->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(logger);
+    return Status::Ok();
+  }
+  void Detach() {
+    if (dist_ && terminal_) dist_->remove_sink(terminal_);
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::dist_sink_mt> dist_;
+  spdlog::sink_ptr terminal_;
+};
 
 }  // namespace
 
@@ -119,8 +146,12 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   }
   config.mountpoint = AbsolutePath(config.mountpoint);
   config.store_dir = AbsolutePath(config.store_dir);
-  SetUpLogging(config);
   if (Status s = MakeDirs(config.store_dir); !s.ok()) {
+    std::fprintf(stderr, "kvfsd: %s\n", s.message().c_str());
+    return 1;
+  }
+  Logging logging;
+  if (Status s = logging.SetUp(config); !s.ok()) {
     std::fprintf(stderr, "kvfsd: %s\n", s.message().c_str());
     return 1;
   }
@@ -135,6 +166,7 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   auto fail = [&](int code, const Status& s) {
     spdlog::critical("{}", s.message());
     daemonizer.Report(code, config.log_file);
+    logging.Detach();
     return code;
   };
 
@@ -181,6 +213,7 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
     return fail(1, server.status());
   }
   spdlog::info("mounted at {} ({} agents)", config.mountpoint, (*engine)->ListAgents().size());
+  if (!config.foreground) logging.Detach();  // from here on the log file only
   daemonizer.Report(0, config.log_file);
 
   // The shutdown sequence runs on the signal thread: refuse new turns, let the engine finish or

@@ -503,6 +503,47 @@ def full_disk(t):
     check(sh('cat %s/alice/transcript' % m, check_rc=0).stdout == committed, 'and it survives a restart')
 
 
+@test
+def daemon_modes(t):
+    # Bad options and a missing model: exit 2 with one line naming the problem, nothing mounted.
+    mnt = os.path.join(t.dir, 'mnt')
+    r = subprocess.run([DAEMON, '--mount', mnt, '--bogus'], capture_output=True, text=True, timeout=30)
+    check(r.returncode == 2 and '--bogus' in r.stderr, 'unknown option: %d %r' % (r.returncode, r.stderr))
+    r = subprocess.run([DAEMON, '--mount', mnt, '-m', '/no/such.gguf'], capture_output=True, text=True, timeout=30)
+    check(r.returncode == 2 and 'model not found' in r.stderr, 'missing model: %d %r' % (r.returncode, r.stderr))
+    config = os.path.join(t.dir, 'kvfsd.json')
+    with open(config, 'w') as f:
+        json.dump({'mount': mnt, 'kv_budget': 'lots'}, f)
+    r = subprocess.run([DAEMON, '--config', config, '-m', MODEL], capture_output=True, text=True, timeout=30)
+    check(r.returncode == 2 and 'kv_budget' in r.stderr, 'bad config value: %d %r' % (r.returncode, r.stderr))
+    # Background mode (the README's command): returns once mounted, logs to the store.
+    store = os.path.join(t.dir, 'store')
+    with open(config, 'w') as f:
+        json.dump({'mount': mnt, 'store': store, 'model': MODEL, 'threads': 1}, f)
+    t.unmount_later_fuse(mnt)
+    r = subprocess.run([DAEMON, '--config', config], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, 'background start: %d %r' % (r.returncode, r.stderr))
+    check(os.path.ismount(mnt), 'mounted when kvfsd returns')
+    pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and _cmdline(p) == [DAEMON, '--config', config]]
+    check(len(pids) == 1, 'one daemon process: %s' % pids)
+    t.kill_later(pids[0])
+    sh('mkdir %s/alice' % mnt, check_rc=0)
+    os.kill(pids[0], signal.SIGTERM)
+    deadline = time.time() + 30
+    while time.time() < deadline and os.path.ismount(mnt):
+        time.sleep(0.05)
+    check(not os.path.ismount(mnt), 'SIGTERM unmounts')
+    check('mounted at' in open(os.path.join(store, 'kvfsd.log')).read(), 'the log is in the store')
+
+
+def _cmdline(pid):
+    try:
+        with open('/proc/%s/cmdline' % pid, 'rb') as f:
+            return f.read().decode(errors='replace').split('\0')[:-1]
+    except OSError:
+        return None
+
+
 class TestContext:
     def __init__(self, name):
         self.name = name
@@ -510,6 +551,8 @@ class TestContext:
         os.chmod(self.dir, 0o755)  # the second uid must reach the mount
         self.daemons = []
         self.mounts = []
+        self.fuse_mounts = []
+        self.pids = []  # daemons started in the background by a test (by their id)
 
     def daemon(self, name='d', **kw):
         d = Daemon(os.path.join(self.dir, name), **kw)
@@ -520,12 +563,27 @@ class TestContext:
     def unmount_later(self, path):
         self.mounts.append(path)
 
+    def unmount_later_fuse(self, path):
+        self.fuse_mounts.append(path)
+
+    def kill_later(self, pid):
+        self.pids.append((pid, _cmdline(str(pid))))
+
     def cleanup(self):
         for d in self.daemons:
             try:
                 d.cleanup()
             except Exception:
                 traceback.print_exc()
+        for pid, cmdline in self.pids:
+            if _cmdline(str(pid)) != cmdline:
+                continue  # gone (the id may belong to another process now)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for p in self.fuse_mounts:
+            subprocess.run(['fusermount3', '-u', '-z', p], capture_output=True)
         for p in self.mounts:
             subprocess.run(['umount', '-l', p], capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
