@@ -44,7 +44,7 @@ Status ApplyKey(const std::string& key, const nlohmann::json& v, AgentSettings& 
     KVFS_ASSIGN_OR_RETURN(double x, NumberIn(v, key, 0.0, 100.0));
     p.temperature = static_cast<float>(x);
   } else if (key == "top_k") {
-    KVFS_ASSIGN_OR_RETURN(int64_t x, IntegerIn(v, key, 0, 1 << 24));
+    KVFS_ASSIGN_OR_RETURN(int64_t x, IntegerIn(v, key, 0, 1 << 20));
     p.top_k = static_cast<int>(x);
   } else if (key == "top_p") {
     KVFS_ASSIGN_OR_RETURN(double x, NumberIn(v, key, 0.0, 1.0));
