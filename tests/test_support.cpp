@@ -34,4 +34,11 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+std::string VulkanUnavailable(const Status& made) {
+  // Unsupported: built with -DKVFS_VULKAN=OFF; NotFound: no driver or no device. A model with
+  // a weight type the shaders lack is also Unsupported, but tests only use supported ones.
+  if (made.code() == StatusCode::kUnsupported || made.code() == StatusCode::kNotFound) return made.message();
+  return "";
+}
+
 }  // namespace kvfs::testing

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/core/status.h"
+
 namespace kvfs::testing {
 
 // The shared data directory: $KVFS_TEST_DATA, else <source>/../shared.
@@ -16,6 +18,11 @@ bool InCi();
 bool FileExists(const std::string& path);
 std::string ReadFile(const std::string& path);
 
+// Why a Vulkan test cannot run, or "" when `made` (the status of making a Vulkan backend or
+// context) is not about a missing backend or device: a build without Vulkan, or a machine
+// without a Vulkan driver or device.
+std::string VulkanUnavailable(const Status& made);
+
 }  // namespace kvfs::testing
 
 // Skips (or fails under CI=true) when `path` does not exist.
@@ -25,4 +32,16 @@ std::string ReadFile(const std::string& path);
       if (::kvfs::testing::InCi()) FAIL() << "CI=true but test data is missing: " << (path); \
       GTEST_SKIP() << "test data not found: " << (path) << " (set KVFS_TEST_DATA)";     \
     }                                                                                   \
+  } while (0)
+
+// After making a Vulkan backend or context: skips, with the reason, when the build or the
+// machine has no Vulkan (CI installs lavapipe, so the tests run there); fails on any other error.
+#define KVFS_REQUIRE_VULKAN(made_status)                                       \
+  do {                                                                        \
+    const ::kvfs::Status kvfs_made_ = (made_status);                          \
+    if (!kvfs_made_.ok()) {                                                   \
+      const std::string kvfs_why_ = ::kvfs::testing::VulkanUnavailable(kvfs_made_); \
+      if (kvfs_why_.empty()) FAIL() << kvfs_made_.message();                  \
+      GTEST_SKIP() << "Vulkan unavailable: " << kvfs_why_;                    \
+    }                                                                         \
   } while (0)

@@ -23,6 +23,10 @@ class Args {
   int64_t get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi);
   double get_double(const std::string& name, double fallback, double lo, double hi);
   uint64_t get_u64(const std::string& name, uint64_t fallback);
+  // Records a caller's validation error (the first error is kept).
+  void set_error(const std::string& message) {
+    if (error_.empty()) error_ = message;
+  }
 
  private:
   std::map<std::string, std::string> values_;

@@ -21,6 +21,7 @@
 #include "engine/backend/backend.h"
 #include "engine/runtime/logit_stats.h"
 #include "tools/args.h"
+#include "tools/backend_choice.h"
 #include "tools/commands.h"
 
 namespace kvfs::cli {
@@ -53,10 +54,11 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 int Perplexity(int argc, char** argv) {
-  Args args(argc, argv, {"-m", "-f", "-c", "-t", "--kv", "--kv-rotate", "--chunks"},
+  Args args(argc, argv, {"-m", "-f", "-c", "-t", "--kv", "--kv-rotate", "--chunks", "--backend", "--device"},
             {"--kl-divergence", "--json", "--verbose", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kPerplexityUsage, stdout);
+    std::fputs(kBackendUsage, stdout);
     return 0;
   }
   if (!args.error().empty()) return Fail(args.error() + " (see kvfs perplexity --help)");
@@ -68,6 +70,7 @@ int Perplexity(int argc, char** argv) {
   const int n_threads = static_cast<int>(args.get_int("-t", hw, 1, 1024));
   const int64_t max_chunks = args.get_int("--chunks", -1, 1, int64_t{1} << 40);
   const bool kl = args.has("--kl-divergence"), json = args.has("--json"), verbose = args.has("--verbose");
+  const BackendChoice backend_choice = ReadBackendChoice(args, n_threads);
   if (!args.error().empty()) return Fail(args.error());
 
   const std::string text_path = *args.get("-f");
@@ -110,7 +113,10 @@ int Perplexity(int argc, char** argv) {
   const int64_t first = n_ctx / 2;
 
   const auto t0 = Clock::now();
-  auto backend = MakeCpuBackend(model, CpuOptions{n_threads});
+  std::string backend_used;
+  auto backend_or = MakeChosenBackend(model, backend_choice, "perplexity", &backend_used);
+  if (!backend_or.ok()) return Fail(backend_or.status().message());
+  std::unique_ptr<Backend> backend = std::move(*backend_or);
   SequenceKv kv(KvLayoutFor(hp, *format), n_ctx);
   SequenceKv kv_base(KvLayoutFor(hp, *base_format), n_ctx);
   std::vector<TokenId> window(static_cast<size_t>(n_ctx));
@@ -155,7 +161,8 @@ int Perplexity(int argc, char** argv) {
     nlohmann::json j = {{"model", model.path()}, {"text", text_path}, {"kv", kv_name},
                         {"group", format->group}, {"rotate", format->rotate}, {"ctx", n_ctx},
                         {"tokens", tokens.size()}, {"windows", n_windows}, {"scored", scored},
-                        {"ppl", ToJson(ppl)}, {"seconds", seconds}, {"threads", n_threads}};
+                        {"ppl", ToJson(ppl)}, {"seconds", seconds}, {"threads", n_threads},
+                        {"backend", backend_used}};
     if (kl) {
       const Estimate ratio = cmp.LogPerplexityRatio();
       j["f16_ppl"] = ToJson(cmp.BasePerplexity());
@@ -169,8 +176,8 @@ int Perplexity(int argc, char** argv) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  fmt::print("model {}  text {}  kv {}  ctx {}  {} windows  {} scored of {} tokens  {:.1f} s\n", model.path(), text_path,
-             kv_name, n_ctx, n_windows, scored, tokens.size(), seconds);
+  fmt::print("model {}  text {}  kv {}  ctx {}  {} windows  {} scored of {} tokens  {:.1f} s  backend {}\n",
+             model.path(), text_path, kv_name, n_ctx, n_windows, scored, tokens.size(), seconds, backend_used);
   if (!kl) {
     fmt::print("PPL = {:.4f} +/- {:.5f}\n", ppl.value, ppl.uncertainty);
     return 0;

@@ -12,6 +12,7 @@
 #include "engine/backend/backend.h"
 #include "engine/runtime/generate.h"
 #include "tools/args.h"
+#include "tools/backend_choice.h"
 #include "tools/commands.h"
 
 namespace kvfs::cli {
@@ -37,6 +38,8 @@ constexpr const char* kRunUsage =
     "  --logits-out FILE   write the logits of every prompt position (float32 LE, n_tokens x n_vocab)\n"
     "  --verbose           timings and model summary on stderr\n";
 
+std::string RunUsage() { return std::string(kRunUsage) + kBackendUsage; }
+
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvfs run: %s\n", message.c_str());
   return 2;
@@ -53,10 +56,10 @@ std::string JoinIds(const std::vector<TokenId>& ids) {
 int Run(int argc, char** argv) {
   Args args(argc, argv,
             {"-m", "-p", "-f", "-n", "-c", "-t", "--temp", "--seed", "--top-k", "--top-p", "--min-p",
-             "--repeat-penalty", "--system", "--logits-out", "--kv", "--kv-rotate"},
+             "--repeat-penalty", "--system", "--logits-out", "--kv", "--kv-rotate", "--backend", "--device"},
             {"--raw", "--ignore-eos", "--token-ids", "--verbose", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
-    std::fputs(kRunUsage, stdout);
+    std::fputs(RunUsage().c_str(), stdout);
     return 0;
   }
   if (!args.error().empty()) return Fail(args.error() + " (see kvfs run --help)");
@@ -76,6 +79,7 @@ int Run(int argc, char** argv) {
   gen.sampling.repeat_penalty = static_cast<float>(args.get_double("--repeat-penalty", 1.0, 0.0, 100.0));
   gen.sampling.seed = args.get_u64("--seed", std::random_device{}());
   gen.stop_at_eog = !args.has("--ignore-eos");
+  const BackendChoice backend_choice = ReadBackendChoice(args, n_threads);
   if (!args.error().empty()) return Fail(args.error());
 
   std::string prompt;
@@ -118,7 +122,11 @@ int Run(int argc, char** argv) {
                                 hp.n_head_kv, hp.head_dim);
   if (!kv_format.ok()) return Fail(kv_format.status().message());
   SequenceKv kv(KvLayoutFor(hp, *kv_format), n_ctx);
-  auto backend = MakeCpuBackend(model, CpuOptions{n_threads});
+  std::string backend_used;
+  auto backend_or = MakeChosenBackend(model, backend_choice, "run", &backend_used);
+  if (!backend_or.ok()) return Fail(backend_or.status().message());
+  std::unique_ptr<Backend> backend = std::move(*backend_or);
+  if (args.has("--verbose")) std::fprintf(stderr, "backend: %s\n", backend_used.c_str());
   gen.prompt_all_logits = args.has("--logits-out");
   const bool ids_only = args.has("--token-ids");
 

@@ -12,5 +12,6 @@ int BenchAgents(int argc, char** argv);  // kvfs bench agents
 int Perplexity(int argc, char** argv);
 int ShowStatus(int argc, char** argv);  // kvfs status
 int BenchFs(int argc, char** argv);     // kvfs bench fs
+int Devices(int argc, char** argv);      // kvfs devices
 
 }  // namespace kvfs::cli

@@ -14,6 +14,8 @@ void Usage(FILE* out) {
       "  perplexity  quality of a KV format:  kvfs perplexity -m MODEL -f TEXT [-c 512] [--kv f16|q8|q4]\n"
       "              [--kv-rotate on|off] [--kl-divergence] [--chunks N] [--json]\n"
       "  bench       speed: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t 2] [-r 3] [--json]\n"
+      "              [--backend cpu|vulkan] [--device N]\n"
+      "  devices     list the Vulkan devices (--device N of run, bench and perplexity)\n"
       "  inspect     print a GGUF file's metadata and tensor table:  kvfs inspect MODEL\n"
       "  status      cache status of a mounted kvfs:  kvfs status [--mount DIR] [--json]\n"
       "  bench fs    filesystem overhead:  kvfs bench fs -m MODEL [--turns 20] [--agents 10000]\n"
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return kvfs::cli::Bench(argc - 1, argv + 1);
   if (cmd == "perplexity") return kvfs::cli::Perplexity(argc - 1, argv + 1);
   if (cmd == "status") return kvfs::cli::ShowStatus(argc - 1, argv + 1);
+  if (cmd == "devices") return kvfs::cli::Devices(argc - 1, argv + 1);
   std::fprintf(stderr, "kvfs: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);
   return 2;

@@ -1,10 +1,11 @@
-// The backend seam: one forward pass over a batch of sequences. CPU now; Vulkan implements
-// the same interface. The engine thread owns a backend; it is not thread-safe.
+// The backend seam: one forward pass over a batch of sequences, on the CPU or on a Vulkan
+// device. The engine thread owns a backend; it is not thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -46,5 +47,31 @@ struct CpuOptions {
   const cpu::KernelTable* kernels = nullptr;
 };
 std::unique_ptr<Backend> MakeCpuBackend(const Model& model, const CpuOptions& options);
+
+// A Vulkan device as `kvfs devices` lists it.
+struct VulkanDeviceInfo {
+  int index = 0;                   // what VulkanOptions::device takes
+  std::string name;
+  std::string type;                // "discrete", "integrated", "virtual", "cpu", "other"
+  std::string api_version;         // e.g. "1.3.230"
+  int64_t memory_bytes = 0;        // largest device-local heap
+  int64_t max_binding_bytes = 0;   // maxStorageBufferRange: larger tensors are split
+  int64_t shared_memory_bytes = 0; // maxComputeSharedMemorySize
+  uint32_t subgroup_size = 0;
+  bool is_default = false;         // the device picked when none is named
+};
+// Every Vulkan device the loader reports. Unsupported when the build has no Vulkan backend;
+// NotFound when there is no Vulkan driver or device.
+Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices();
+
+struct VulkanOptions {
+  int device = -1;                 // index into ListVulkanDevices(); -1: the default device
+  int64_t kv_device_bytes = 0;     // device memory for KV blocks; 0: a quarter of the device's
+  int64_t max_binding_bytes = 0;   // cap on one storage binding (0: the device's limit); tests
+                                   // lower it to exercise tensors split across bindings
+};
+// Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
+// backend or the model has a weight type the shaders lack; NotFound without a device.
+Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const VulkanOptions& options);
 
 }  // namespace kvfs

@@ -1,6 +1,7 @@
 #include "engine/kv/block_pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -24,6 +25,14 @@ BlockHash FromXxh(XXH128_hash_t h) { return BlockHash{h.high64, h.low64}; }
 constexpr uint64_t kHitBoost = 64;
 constexpr uint64_t kMaxBoostedHits = 16;
 constexpr uint64_t kPinBoost = uint64_t{1} << 40;
+
+// The next PoolBlock::serial. Process-wide on purpose: serials must differ across pools (every
+// SequenceKv without a pool has its own), and an id source is the one piece of shared state
+// that nothing else reads.
+uint64_t NextBlockSerial() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 }  // namespace
 
@@ -114,6 +123,7 @@ Result<PoolBlock*> BlockPool::Allocate(int64_t bytes) {
   if (p == nullptr) return Status(StatusCode::kResourceExhausted, "out of memory for KV blocks");
   auto* b = new PoolBlock;
   b->data = static_cast<uint8_t*>(p);
+  b->serial = NextBlockSerial();
   b->bytes = bytes;
   b->refs = 1;
   b->last_use = ++clock_;

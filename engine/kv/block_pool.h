@@ -33,6 +33,8 @@ namespace kvfs {
 
 struct PoolBlock {
   uint8_t* data = nullptr;  // `bytes` bytes, 64-byte aligned
+  uint64_t serial = 0;      // unique per allocation for the life of the process (across pools):
+                            // device copies of blocks are keyed by it, since addresses get reused
   int64_t bytes = 0;        // a block of one layout (sequence_kv.h); layouts may differ per agent
   int32_t refs = 0;         // sequences using it now
   bool named = false;       // immutable and in the index under `key`

@@ -2,8 +2,9 @@
 """End-to-end tests of the kvfs CLI (stdlib only), run by ctest:
    cli_test.py KVFS_BINARY SHARED_DIR TEST_MODELS_DIR
 Checks the golden greedy text, --token-ids, --logits-out, and that bad input gives exit status 2
-with one clear line on stderr. Missing shared data: skip (exit 0 with a message), except under
-CI=true where it fails."""
+with one clear line on stderr; with a Vulkan device, the same greedy text from --backend vulkan
+and `kvfs devices` (skipped without one); the CPU fallback when no Vulkan driver is found. Missing shared data: skip (exit 0 with a
+message), except under CI=true where it fails."""
 import json, os, struct, subprocess, sys, tempfile
 
 kvfs, shared, models = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -85,6 +86,30 @@ with tempfile.TemporaryDirectory() as tmp:
     bad('prompt longer than context', ['run', '-m', stories, '-p', long_prompt, '-c', '16'], 'context')
     bad('unknown option', ['run', '-m', stories, '-p', 'x', '--bogus'], 'unknown option')
     bad('bad number', ['run', '-m', stories, '-p', 'x', '-n', 'many'], '-n')
+
+# 5. The Vulkan backend: the same greedy text; without a device, a warning and the CPU.
+r = run(['devices'])
+if r.returncode == 0:
+    check('devices lists a default device', '[default]' in r.stdout, r.stdout)
+    r = run(['run', '-m', stories, '-p', g['prompt']['text'], '-n', '32', '--temp', '0', '--backend', 'vulkan'])
+    check('stories260K greedy text on vulkan', r.returncode == 0 and r.stdout == g['configs']['f16']['greedy_text'] + '\n',
+          f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+    bad('vulkan device out of range', ['run', '-m', stories, '-p', 'x', '--backend', 'vulkan', '--device', '99'],
+        'no Vulkan device 99')
+    for kv in ('f16', 'q4'):
+        r = run(['bench', '-m', stories, '-p', '16', '-n', '4', '-r', '1', '--kv', kv, '--backend', 'vulkan', '--json'])
+        ok = r.returncode == 0
+        j = json.loads(r.stdout) if ok else {}
+        check(f'bench --backend vulkan --kv {kv}', ok and j['backend'] == 'vulkan' and j['pp']['median'] > 0
+              and j['tg']['median'] > 0, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+else:
+    print('SKIP vulkan (no device): ' + r.stderr.strip())
+no_icd = dict(os.environ, VK_ICD_FILENAMES=os.path.join(shared, 'no-such-icd.json'), VK_DRIVER_FILES=os.path.join(shared, 'no-such-icd.json'))
+r = run(['run', '-m', stories, '-p', g['prompt']['text'], '-n', '32', '--temp', '0', '--backend', 'vulkan'], env=no_icd)
+check('no Vulkan device: CPU fallback with a warning',
+      r.returncode == 0 and r.stdout == g['configs']['f16']['greedy_text'] + '\n' and 'running on the CPU' in r.stderr,
+      f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+bad('bad backend', ['run', '-m', stories, '-p', 'x', '--backend', 'tpu'], '--backend must be cpu or vulkan')
 
 print(f'{len(failures)} failed' if failures else 'all passed')
 sys.exit(1 if failures else 0)

@@ -2,6 +2,7 @@
 // eviction order (LRU with a hit boost; pinned, in-use and unpersisted blocks never dropped).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -26,6 +27,24 @@ TEST(BlockPool, ChainHashCoversEveryField) {
   EXPECT_NE(base, ChainHash({}, t, "fp", q4, "uid:1"));
   EXPECT_NE(TailKey("alice", 1), TailKey("alice", 2));
   EXPECT_NE(TailKey("alice", 1), TailKey("bob", 1));
+}
+
+// Device copies of blocks are keyed by serial: it must differ for every allocation, in any pool,
+// even when freed memory comes back at the same address.
+TEST(BlockPool, SerialsAreNeverReused) {
+  BlockPool p1(0), p2(0);
+  std::vector<uint64_t> seen;
+  for (int i = 0; i < 8; ++i) {
+    PoolBlock* a = p1.Allocate(64).value();
+    PoolBlock* b = p2.Allocate(64).value();
+    seen.push_back(a->serial);
+    seen.push_back(b->serial);
+    p1.Release(a);
+    p2.Release(b);
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());
+  EXPECT_NE(seen.front(), 0u);
 }
 
 TEST(BlockPool, NamingSharesAndCountsHits) {

@@ -7,6 +7,8 @@
 // given), one tail logit of one row differs by 0.025 (the reference's own f16 and f16_fa paths
 // differ by 0.10 on those rows). Full rows are therefore held to 0.02 on 99% of rows and 0.03
 // everywhere; the top-5 entries of every row and the last row stay at 0.02.
+// Every case also runs on the Vulkan backend ("vulkan" in place of a CPU kernel table) with the
+// same thresholds; it skips with the reason when there is no Vulkan device.
 #include <cmath>
 #include <fstream>
 
@@ -24,7 +26,7 @@ using nlohmann::json;
 struct GoldenCase {
   std::string label;   // model label
   std::string prompt;  // p1 / p3
-  std::string table;   // CPU kernel table
+  std::string table;   // CPU kernel table, or "vulkan" for the Vulkan backend
 };
 
 std::string ModelPath(const std::string& label) {
@@ -61,8 +63,9 @@ TEST_P(GoldenTest, MatchesReference) {
   const std::string golden_path = testing::SharedDir() + "/golden/" + c.label + "." + c.prompt + ".json";
   KVFS_REQUIRE_DATA(golden_path);
   KVFS_REQUIRE_DATA(ModelPath(c.label));
-  const cpu::KernelTable* table = cpu::KernelTableByName(c.table);
-  if (table == nullptr) GTEST_SKIP() << "kernel table " << c.table << " not supported by this CPU";
+  const bool vulkan = c.table == "vulkan";
+  const cpu::KernelTable* table = vulkan ? nullptr : cpu::KernelTableByName(c.table);
+  if (!vulkan && table == nullptr) GTEST_SKIP() << "kernel table " << c.table << " not supported by this CPU";
 
   const json g = json::parse(testing::ReadFile(golden_path));
   auto model_or = Model::Load(ModelPath(c.label));
@@ -82,7 +85,14 @@ TEST_P(GoldenTest, MatchesReference) {
   ASSERT_TRUE(f16.ok());
   const KvLayout layout = KvLayoutFor(model.hparams(), *f16);
   SequenceKv kv(layout, 2048);
-  auto backend = MakeCpuBackend(model, CpuOptions{2, table});
+  std::unique_ptr<Backend> backend;
+  if (vulkan) {
+    auto made = MakeVulkanBackend(model, VulkanOptions{});
+    KVFS_REQUIRE_VULKAN(made.status());
+    backend = std::move(*made);
+  } else {
+    backend = MakeCpuBackend(model, CpuOptions{2, table});
+  }
   SequenceStep step{&kv, tokens, true};
   Logits logits;
   ASSERT_TRUE(backend->Forward(std::span<const SequenceStep>(&step, 1), logits).ok());
@@ -163,7 +173,9 @@ std::vector<GoldenCase> AllCases() {
   const char* labels[] = {"stories260K",      "tiny-llama-F16", "tiny-llama-Q8_0", "tiny-llama-Q4_0",
                           "tiny-llama-Q4_K",  "tiny-llama-Q4_K_M", "tiny-qwen2-F16", "tiny-qwen2-Q8_0",
                           "tiny-qwen2-Q4_0",  "tiny-qwen2-Q4_K"};
-  for (const std::string& table : cpu::AllKernelTableNames()) {
+  std::vector<std::string> backends = cpu::AllKernelTableNames();
+  backends.push_back("vulkan");  // the same tolerances on the Vulkan backend (lavapipe in CI)
+  for (const std::string& table : backends) {
     for (const char* label : labels) {
       for (const char* p : {"p1", "p3"}) cases.push_back({label, p, table});
     }

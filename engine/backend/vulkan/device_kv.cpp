@@ -1,0 +1,217 @@
+#include "engine/backend/vulkan/device_kv.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <spdlog/fmt/fmt.h>
+
+namespace kvfs::vk {
+
+namespace {
+
+bool SameLayout(const KvLayout& a, const KvLayout& b) {
+  return a.n_layer == b.n_layer && a.n_head_kv == b.n_head_kv && a.head_dim == b.head_dim &&
+         a.block_tokens == b.block_tokens && a.format == b.format;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+constexpr int64_t kInitialSlots = 4;
+
+}  // namespace
+
+Result<KvArena*> DeviceKvCache::ArenaFor(const KvLayout& layout) {
+  for (auto& a : arenas_) {
+    if (SameLayout(a->layout, layout)) return a.get();
+  }
+  auto arena = std::make_unique<KvArena>();
+  arena->layout = layout;
+  arena->row_stride = (layout.row_bytes() + 3) / 4 * 4;
+  if (arena->plane_bytes() > max_binding_bytes_) {
+    return Unsupported(fmt::format("one KV block plane ({} bytes) exceeds the device's storage binding ({} bytes)",
+                                   arena->plane_bytes(), max_binding_bytes_));
+  }
+  arenas_.push_back(std::move(arena));
+  return arenas_.back().get();
+}
+
+Status DeviceKvCache::Grow(KvArena& arena, int64_t n_slots) {
+  std::vector<Buffer> k(arena.layout.n_layer), v(arena.layout.n_layer);
+  for (int64_t l = 0; l < arena.layout.n_layer; ++l) {
+    KVFS_ASSIGN_OR_RETURN(k[l], ctx_.CreateBuffer(n_slots * arena.plane_bytes(), MemoryKind::kDevice));
+    KVFS_ASSIGN_OR_RETURN(v[l], ctx_.CreateBuffer(n_slots * arena.plane_bytes(), MemoryKind::kDevice));
+  }
+  if (arena.n_slots > 0) {
+    Recorder rec(ctx_);
+    KVFS_RETURN_IF_ERROR(rec.Begin());
+    for (int64_t l = 0; l < arena.layout.n_layer; ++l) {
+      rec.Copy(arena.k_planes[l], 0, k[l], 0, arena.n_slots * arena.plane_bytes());
+      rec.Copy(arena.v_planes[l], 0, v[l], 0, arena.n_slots * arena.plane_bytes());
+    }
+    KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
+  }
+  for (int64_t s = n_slots - 1; s >= arena.n_slots; --s) arena.free_slots.push_back(s);
+  used_bytes_ += (n_slots - arena.n_slots) * arena.slot_bytes();
+  arena.n_slots = n_slots;
+  arena.k_planes = std::move(k);
+  arena.v_planes = std::move(v);
+  return Status::Ok();
+}
+
+Result<int64_t> DeviceKvCache::AllocateSlot(KvArena& arena) {
+  if (arena.free_slots.empty()) {
+    // Grow (double) while the budget and the binding size allow it, else drop the least
+    // recently used copy that no step of this pass needs.
+    const int64_t by_binding = max_binding_bytes_ / arena.plane_bytes();
+    const int64_t by_budget = arena.n_slots + (budget_bytes_ - used_bytes_) / arena.slot_bytes();
+    const int64_t target = std::min({std::max(kInitialSlots, 2 * arena.n_slots), by_binding, by_budget});
+    if (target > arena.n_slots) {
+      KVFS_RETURN_IF_ERROR(Grow(arena, target));
+    } else {
+      auto victim = resident_.end();
+      for (auto it = resident_.begin(); it != resident_.end(); ++it) {
+        if (it->second.arena != &arena || it->second.last_use == pass_) continue;
+        if (victim == resident_.end() || it->second.last_use < victim->second.last_use) victim = it;
+      }
+      if (victim == resident_.end()) {
+        return Status(StatusCode::kResourceExhausted,
+                      fmt::format("device KV memory is full: {} blocks of {} bytes, all needed by this pass "
+                                  "(raise the device KV budget of {} bytes)",
+                                  arena.n_slots, arena.slot_bytes(), budget_bytes_));
+      }
+      arena.free_slots.push_back(victim->second.slot);
+      resident_.erase(victim);
+    }
+  }
+  const int64_t slot = arena.free_slots.back();
+  arena.free_slots.pop_back();
+  return slot;
+}
+
+Status DeviceKvCache::Upload(SequenceKv& kv, int64_t block, const Resident& res, int64_t r0, int64_t r1) {
+  const KvArena& a = *res.arena;
+  const int64_t B = a.layout.block_tokens, row_bytes = a.layout.row_bytes();
+  const int64_t dst = (res.slot * B + r0) * a.row_stride;
+  for (int64_t l = 0; l < a.layout.n_layer; ++l) {
+    KVFS_RETURN_IF_ERROR(
+        uploader_.AddRows(kv.k_row(l, block * B + r0), r1 - r0, row_bytes, row_bytes, a.k_planes[l], dst, a.row_stride));
+    KVFS_RETURN_IF_ERROR(
+        uploader_.AddRows(kv.v_row(l, block * B + r0), r1 - r0, row_bytes, row_bytes, a.v_planes[l], dst, a.row_stride));
+  }
+  return Status::Ok();
+}
+
+Status DeviceKvCache::Prepare(std::span<const SequenceStep> steps, std::vector<StepKv>& out) {
+  ++pass_;
+  out.clear();
+  // Slots first (growing an arena replaces its buffers, so no upload may be queued before).
+  std::vector<std::vector<Resident*>> blocks(steps.size());
+  int64_t table_entries = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SequenceKv& kv = *steps[i].kv;
+    StepKv s;
+    KVFS_ASSIGN_OR_RETURN(s.arena, ArenaFor(kv.layout()));
+    s.n_old = kv.n_tokens();
+    s.n_new = s.n_old + static_cast<int64_t>(steps[i].tokens.size());
+    s.table0 = static_cast<uint32_t>(table_entries);
+    const int64_t n_blocks = CeilDiv(s.n_new, kv.layout().block_tokens);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const uint64_t serial = kv.block(b)->serial;
+      auto it = resident_.find(serial);
+      if (it == resident_.end()) {
+        KVFS_ASSIGN_OR_RETURN(int64_t slot, AllocateSlot(*s.arena));
+        it = resident_.emplace(serial, Resident{s.arena, slot, 0, pass_}).first;
+      }
+      it->second.last_use = pass_;
+    }
+    table_entries += n_blocks;
+    out.push_back(s);
+  }
+  // Pointers into resident_ are stable from here on: no more insertions or erasures.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const int64_t n_blocks = CeilDiv(out[i].n_new, steps[i].kv->layout().block_tokens);
+    for (int64_t b = 0; b < n_blocks; ++b) blocks[i].push_back(&resident_.at(steps[i].kv->block(b)->serial));
+  }
+
+  if (table_.bytes() < table_entries * 4) {
+    KVFS_ASSIGN_OR_RETURN(table_, ctx_.CreateBuffer(table_entries * 4 * 2, MemoryKind::kUpload));
+  }
+  auto* table = reinterpret_cast<uint32_t*>(table_.mapped());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SequenceKv& kv = *steps[i].kv;
+    const int64_t B = kv.layout().block_tokens;
+    for (size_t b = 0; b < blocks[i].size(); ++b) {
+      Resident& res = *blocks[i][b];
+      table[out[i].table0 + b] = static_cast<uint32_t>(res.slot);
+      // Rows this sequence holds in the block; a copy is trusted only that far.
+      const int64_t valid = std::clamp<int64_t>(out[i].n_old - static_cast<int64_t>(b) * B, 0, B);
+      res.rows = std::min(res.rows, valid);
+      if (res.rows < valid) {
+        KVFS_RETURN_IF_ERROR(Upload(kv, static_cast<int64_t>(b), res, res.rows, valid));
+        res.rows = valid;
+      }
+    }
+  }
+  return uploader_.Flush();
+}
+
+KvView DeviceKvCache::View(const StepKv& s, int64_t layer) const {
+  KvView v;
+  v.k_plane = &s.arena->k_planes[layer];
+  v.v_plane = &s.arena->v_planes[layer];
+  v.block_table = &table_;
+  v.table0 = s.table0;
+  v.format = s.arena->layout.format;
+  v.block_tokens = s.arena->layout.block_tokens;
+  v.row_stride = s.arena->row_stride;
+  return v;
+}
+
+Status DeviceKvCache::RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs) {
+  int64_t bytes = 0;
+  for (const StepKv& s : kvs) bytes += (s.n_new - s.n_old) * 2 * s.arena->layout.n_layer * s.arena->row_stride;
+  if (readback_.bytes() < bytes) {
+    KVFS_ASSIGN_OR_RETURN(readback_, ctx_.CreateBuffer(bytes, MemoryKind::kReadback));
+  }
+  const auto* table = reinterpret_cast<const uint32_t*>(table_.mapped());
+  int64_t at = 0;
+  for (const StepKv& s : kvs) {
+    const KvArena& a = *s.arena;
+    const int64_t B = a.layout.block_tokens;
+    for (int64_t l = 0; l < a.layout.n_layer; ++l) {
+      for (const std::vector<Buffer>* planes : {&a.k_planes, &a.v_planes}) {
+        // Runs of consecutive positions within one block are contiguous on the device.
+        for (int64_t p = s.n_old; p < s.n_new;) {
+          const int64_t end = std::min(s.n_new, (p / B + 1) * B);
+          const int64_t slot = table[s.table0 + p / B];
+          rec.Copy((*planes)[l], (slot * B + p % B) * a.row_stride, readback_, at, (end - p) * a.row_stride);
+          at += (end - p) * a.row_stride;
+          p = end;
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void DeviceKvCache::FinishWriteBack(std::span<const SequenceStep> steps, std::span<const StepKv> kvs) {
+  const uint8_t* in = readback_.mapped();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SequenceKv& kv = *steps[i].kv;
+    const StepKv& s = kvs[i];
+    const int64_t row_bytes = kv.layout().row_bytes(), B = kv.layout().block_tokens;
+    for (int64_t l = 0; l < kv.layout().n_layer; ++l) {
+      for (int plane = 0; plane < 2; ++plane) {
+        for (int64_t p = s.n_old; p < s.n_new; ++p, in += s.arena->row_stride) {
+          std::memcpy(plane == 0 ? kv.k_row(l, p) : kv.v_row(l, p), in, static_cast<size_t>(row_bytes));
+        }
+      }
+    }
+    for (int64_t b = s.n_old / B; b < CeilDiv(s.n_new, B); ++b) {
+      Resident& res = resident_.at(kv.block(b)->serial);
+      res.rows = std::max(res.rows, std::min(s.n_new - b * B, B));
+    }
+  }
+}
+
+}  // namespace kvfs::vk

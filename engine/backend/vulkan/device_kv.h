@@ -1,0 +1,101 @@
+// Device copies of KV blocks (what the attention shaders read and kv_store writes).
+//
+// Design: the host blocks of the block pool stay the authoritative copy, because the engine
+// names, shares, persists, loads and erases blocks in host memory. The device keeps a cache of
+// block copies, keyed by PoolBlock::serial (unique per allocation, so a freed and reused
+// address is never mistaken for the old block), each with the number of leading rows it holds
+// that equal the host block. A forward pass:
+//   1. Prepare: for every block a step reads or writes, finds or assigns a device slot; uploads
+//      host rows the copy lacks (blocks loaded from disk, copied on write, shared from another
+//      sequence, or written by the CPU backend); writes each step's block table.
+//   2. the shaders write the new K/V rows into the device slots (kv_store) and attend over them;
+//   3. write-back: the new rows are copied into the host blocks, so persistence, sharing and the
+//      CPU backend see them; the copy is marked as holding them.
+// A row is only trusted while it is below the sequence's n_tokens at a Prepare, so a truncated
+// sequence re-uploads what it rewrites elsewhere. Limitation: rows rewritten in place by
+// another backend after a truncation, with no pass here in between, are not noticed (one
+// backend per sequence).
+//
+// Memory: one arena per KV layout (format and block size), per layer a K plane and a V plane
+// of n_slots * block_tokens rows, rows padded to whole words. Arenas grow by doubling within
+// the budget; then the least recently used copies no step of the pass needs are dropped.
+// Not yet: blocks living only in device memory (moving device <-> host <-> disk with the block
+// pool's eviction), and zeroing device copies when the pool erases a block (they stay until
+// their slot is reused or the backend is destroyed).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/vulkan/vk_ops.h"
+#include "engine/backend/vulkan/vk_transfer.h"
+#include "engine/core/status.h"
+#include "engine/kv/sequence_kv.h"
+
+namespace kvfs::vk {
+
+struct KvArena {
+  KvLayout layout;
+  int64_t row_stride = 0;  // bytes between device rows: the row's bytes rounded up to a word
+  int64_t n_slots = 0;     // blocks it holds
+  std::vector<Buffer> k_planes, v_planes;  // [n_layer]: n_slots * block_tokens rows each
+  std::vector<int64_t> free_slots;
+  int64_t plane_bytes() const { return layout.block_tokens * row_stride; }  // one slot, one plane
+  int64_t slot_bytes() const { return 2 * layout.n_layer * plane_bytes(); }
+};
+
+// One step's KV during a pass.
+struct StepKv {
+  KvArena* arena = nullptr;
+  uint32_t table0 = 0;  // its first entry in the block table
+  int64_t n_old = 0;    // positions valid before the pass
+  int64_t n_new = 0;    // after it
+};
+
+class DeviceKvCache {
+ public:
+  // budget_bytes: device memory for all arenas; no plane exceeds max_binding_bytes.
+  DeviceKvCache(Context& ctx, Uploader& uploader, int64_t budget_bytes, int64_t max_binding_bytes)
+      : ctx_(ctx), uploader_(uploader), budget_bytes_(budget_bytes), max_binding_bytes_(max_binding_bytes) {}
+
+  // After every step's kv->Reserve: steps[i]'s blocks for positions [0, n_tokens + tokens)
+  // are resident, their rows below n_tokens uploaded; out[i] describes step i.
+  Status Prepare(std::span<const SequenceStep> steps, std::vector<StepKv>& out);
+  // The view of layer `layer` for a step of this pass.
+  KvView View(const StepKv& s, int64_t layer) const;
+  // Records copies of every step's new rows into the readback buffer (before the pass is
+  // submitted); FinishWriteBack (after it completed) writes them into the host blocks.
+  Status RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs);
+  void FinishWriteBack(std::span<const SequenceStep> steps, std::span<const StepKv> kvs);
+
+  int64_t device_bytes() const { return used_bytes_; }
+
+ private:
+  struct Resident {
+    KvArena* arena = nullptr;
+    int64_t slot = 0;
+    int64_t rows = 0;        // leading rows equal to the host block's
+    uint64_t last_use = 0;   // pass number
+  };
+  Result<KvArena*> ArenaFor(const KvLayout& layout);
+  Result<int64_t> AllocateSlot(KvArena& arena);
+  Status Grow(KvArena& arena, int64_t n_slots);
+  Status Upload(SequenceKv& kv, int64_t block, const Resident& res, int64_t r0, int64_t r1);
+
+  Context& ctx_;
+  Uploader& uploader_;
+  const int64_t budget_bytes_;
+  const int64_t max_binding_bytes_;
+  int64_t used_bytes_ = 0;
+  uint64_t pass_ = 0;
+  std::vector<std::unique_ptr<KvArena>> arenas_;
+  std::unordered_map<uint64_t, Resident> resident_;  // by PoolBlock::serial
+  Buffer table_;     // host-visible uint32 block tables of the pass, steps back to back
+  Buffer readback_;  // host-visible: the pass's new rows, per step, layer, K then V
+};
+
+}  // namespace kvfs::vk

@@ -1,0 +1,64 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Attention scores of one sequence's query tokens against its K rows, read in the stored KV
+// format straight from the device KV plane of the layer (dequantized here, never expanded):
+//   scores[t][h][p] = q(t, h) . K(p, h / group)   for p <= pos0 + t (causal)
+// The query is rotated by the Walsh-Hadamard transform when the format rotates (so Q.K is that
+// of the unrotated vectors) and rounded to f16 for an f16 cache, as the CPU backend does.
+// Workgroup = WG positions of one (token, head); the block table maps position p to the
+// device slot of its KV block.
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 64;
+layout(constant_id = 1) const uint KV_TYPE = 1;
+layout(constant_id = 2) const uint KV_GROUP = 64;
+layout(constant_id = 3) const uint HD = 64;  // head_dim
+layout(constant_id = 4) const uint ROTATE = 0;
+
+layout(push_constant) uniform Params {
+  uint pos0;          // position of query token 0
+  uint n_head;
+  uint group;         // query heads per KV head
+  uint q_stride;      // floats between token rows of q
+  uint q_row0;        // q row of query token 0
+  uint score_stride;  // floats per score row (>= positions the last token sees)
+  uint block_tokens;  // positions per KV block
+  uint row_stride;    // bytes between device KV rows
+  uint table0;        // this sequence's first entry in block_table
+  float hadamard_scale;
+} p;
+
+layout(binding = 0) readonly buffer Queries { float q[]; };             // [..][q_stride]
+layout(binding = 1) readonly buffer Plane { uint kv_words[]; };         // K rows of this layer
+layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
+layout(binding = 3) writeonly buffer Scores { float scores[]; };        // [n_tokens][n_head][score_stride]
+
+#include "common.glsl"
+#include "kv_rows.glsl"
+
+shared float hvec[HD];
+
+#include "hadamard.glsl"
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x;
+  const uint h = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
+  const uint n_visible = p.pos0 + t + 1u;
+  if (gl_WorkGroupID.x * WG >= n_visible) return;  // the whole workgroup: barriers stay uniform
+  for (uint d = tid; d < HD; d += WG) hvec[d] = q[(p.q_row0 + t) * p.q_stride + h * HD + d];
+  barrier();
+  if (ROTATE != 0u) HadamardShared(1u, HD, p.hadamard_scale, tid, WG);
+  if (KV_TYPE == kKvF16) {
+    for (uint d = tid; d < HD; d += WG) hvec[d] = RoundF16(hvec[d]);
+    barrier();
+  }
+
+  const uint pos = gl_WorkGroupID.x * WG + tid;
+  if (pos >= n_visible) return;
+  const uint slot = block_table[p.table0 + pos / p.block_tokens];
+  const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
+  const uint first = (h / p.group) * HD;
+  precise float s = 0.0;
+  for (uint d = 0u; d < HD; ++d) s += hvec[d] * KvValue(row, first + d);
+  scores[(t * p.n_head + h) * p.score_stride + pos] = s;
+}

@@ -1,0 +1,56 @@
+// Helpers shared by the compute shaders: exact IEEE half and bfloat16 conversions and the exp
+// polynomial of the CPU backend (engine/backend/cpu/ops.cpp), so the GPU rounds the way the
+// CPU reference does wherever that is cheap to guarantee.
+//
+// Every buffer is declared as 32-bit words: quantized blocks and KV rows are byte-packed at
+// offsets with no 4-byte alignment, and plain words need no 8/16-bit storage features, so the
+// shaders run on any Vulkan 1.1 device.
+
+// f32 -> IEEE binary16 bits, rounding to nearest even (packHalf2x16 leaves rounding to the
+// implementation). Overflow gives infinity, NaN stays NaN, subnormal halfs are exact.
+uint F32ToF16Bits(float f) {
+  const uint x = floatBitsToUint(f);
+  const uint sign = (x >> 16) & 0x8000u;
+  const uint ax = x & 0x7FFFFFFFu;
+  if (ax >= 0x7F800000u) return sign | (ax > 0x7F800000u ? 0x7E00u : 0x7C00u);
+  if (ax >= 0x477FF000u) return sign | 0x7C00u;  // rounds to 65536 or more: infinity
+  if (ax < 0x38800000u) {
+    // Below the smallest normal half (2^-14): the half is round(|f| * 2^24) units of 2^-24;
+    // scaling by a power of two is exact, roundEven rounds ties to even.
+    return sign | uint(roundEven(uintBitsToFloat(ax) * 16777216.0));
+  }
+  uint h = (ax - 0x38000000u) >> 13;  // rebias the exponent (127 -> 15), keep 10 mantissa bits
+  const uint rest = ax & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0u)) h += 1u;  // may carry into the exponent
+  return sign | h;
+}
+
+float F16BitsToF32(uint h) { return unpackHalf2x16(h & 0xFFFFu).x; }
+
+// f32 rounded to the nearest half and back.
+float RoundF16(float f) { return F16BitsToF32(F32ToF16Bits(f)); }
+
+// f32 rounded to the nearest bfloat16 (ties to even) and back; NaN stays NaN.
+float RoundBf16(float f) {
+  const uint u = floatBitsToUint(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uintBitsToFloat((u & 0xFFFF0000u) | 0x00400000u);
+  return uintBitsToFloat(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
+}
+
+// exp(x): range reduction to 2^n * e^b and a degree-5 polynomial, the same operations as the
+// CPU's ExpPoly (ops.cpp), so softmax and SiLU agree with it closely.
+float ExpPoly(float x) {
+  const float shift = 12582912.0;  // 0x1.8p23: adding it rounds to an integer
+  precise float z = fma(x, 1.4426950216293335, shift);
+  precise float n = z - shift;
+  precise float b = fma(-n, 1.428606765330187e-06, fma(-n, 0.693145751953125, x));
+  precise float u = b * b;
+  precise float j = fma(fma(fma(0.008247390389442444, b, 0.04189976677298546), u,
+                            fma(0.16668395698070526, b, 0.4999912679195404)),
+                        u, fma(0.9999994039535522, b, 1.0));
+  const float nc = clamp(n, -192.0, 192.0);
+  const int n1 = int(nc) / 2;
+  const int n2 = int(nc) - n1;
+  precise float r = j * uintBitsToFloat(uint(n1 + 127) << 23) * uintBitsToFloat(uint(n2 + 127) << 23);
+  return n < -192.0 ? 0.0 : (n > 192.0 ? uintBitsToFloat(0x7F800000u) : r);
+}

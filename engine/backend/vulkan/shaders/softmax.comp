@@ -1,0 +1,64 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Causal softmax of attention scores in place, one workgroup per (token, head) row:
+//   s[p] = exp(scale * s[p] - max) / sum   for p < n_visible = pos0 + t + 1,
+// with the CPU's exp polynomial; with round_f16 the weights are rounded to f16 (an f16 cache:
+// the reference multiplies V by f16 weights, and so does the CPU backend). Positions past
+// n_visible are not touched (attn_output does not read them).
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 256;  // a power of two
+
+layout(push_constant) uniform Params {
+  uint pos0;          // position of token 0
+  uint n_head;
+  uint score_stride;  // floats per row
+  uint round_f16;
+  float scale;        // 1 / sqrt(head_dim)
+} p;
+
+layout(binding = 0) buffer Scores { float s[]; };  // [n_tokens][n_head][score_stride]
+
+#include "common.glsl"
+
+shared float partial[WG];
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x;
+  const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
+  const uint n = p.pos0 + t + 1u;
+  const uint row = (t * p.n_head + h) * p.score_stride;
+
+  float m = uintBitsToFloat(0xFF800000u);  // -inf
+  for (uint i = tid; i < n; i += WG) {
+    const float v = s[row + i] * p.scale;
+    s[row + i] = v;
+    m = max(m, v);
+  }
+  partial[tid] = m;
+  barrier();
+  for (uint k = WG / 2u; k > 0u; k >>= 1) {
+    if (tid < k) partial[tid] = max(partial[tid], partial[tid + k]);
+    barrier();
+  }
+  const float row_max = partial[0];
+  barrier();
+
+  float sum = 0.0;
+  for (uint i = tid; i < n; i += WG) {
+    const float e = ExpPoly(s[row + i] - row_max);
+    s[row + i] = e;
+    sum += e;
+  }
+  partial[tid] = sum;
+  barrier();
+  for (uint k = WG / 2u; k > 0u; k >>= 1) {
+    if (tid < k) partial[tid] += partial[tid + k];
+    barrier();
+  }
+  const float inv = 1.0 / partial[0];
+  for (uint i = tid; i < n; i += WG) {
+    const float w = s[row + i] * inv;
+    s[row + i] = p.round_f16 != 0u ? RoundF16(w) : w;
+  }
+}

@@ -1,0 +1,134 @@
+// Quantized weights in units of 32 consecutive elements of a row (a Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
+// block, or a sub-block of a Q4_K/Q5_K/Q6_K super-block), unpacked from the ggml block layouts
+// of engine/model/quant_blocks.h. Needs WEIGHT_TYPE (a specialization constant holding the
+// ggml type id) and weight_bytes.glsl.
+//
+// A unit's 32 codes are kept as 8 words of 4 bytes (element 4i+j in byte j of q[i]): unsigned
+// codes for every type but Q8_0 (signed bytes). Offsets such as Q4_0's "q - 8" are applied to
+// the integer dot product through the activation's code sums, so every sum stays exact.
+
+struct WeightUnit {
+  uint q[8];  // 32 codes, 4 per word
+  vec2 s;     // Q4_0/Q5_0/Q8_0: (d, -); Q4_1/Q5_1: (d, m); Q4_K/Q5_K: (d*sc, dmin*m);
+              // Q6_K: (d*sc of elements 0..15, d*sc of elements 16..31)
+};
+
+// Bit e of `bits` (e = 0..3) moved to bit 4 of byte e: the 5th code bit of 4 elements.
+uint SpreadBit4(uint bits) {
+  return ((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) | ((bits & 8u) << 25);
+}
+
+// The 6-bit scale and min of sub-block s of a Q4_K/Q5_K super-block (12 packed bytes at `at`).
+uvec2 KScaleMin(uint at, uint s) {
+  if (s < 4u) return uvec2(WeightU8(at + s) & 63u, WeightU8(at + s + 4u) & 63u);
+  const uint sc = (WeightU8(at + s + 4u) & 15u) | ((WeightU8(at + s - 4u) >> 6) << 4);
+  const uint m = (WeightU8(at + s + 4u) >> 4) | ((WeightU8(at + s) >> 6) << 4);
+  return uvec2(sc, m);
+}
+
+// Unit u (elements 32u .. 32u+31) of the row starting at byte `row`.
+WeightUnit LoadUnit(uint row, uint u) {
+  WeightUnit wu;
+  if (WEIGHT_TYPE == kTypeQ4_0 || WEIGHT_TYPE == kTypeQ4_1) {
+    const bool has_min = WEIGHT_TYPE == kTypeQ4_1;
+    const uint base = row + u * (has_min ? 20u : 18u);
+    wu.s = vec2(WeightF16(base), has_min ? WeightF16(base + 2u) : 0.0);
+    const uint qs = base + (has_min ? 4u : 2u);
+    for (uint i = 0u; i < 4u; ++i) {
+      const uint w = WeightU32(qs + 4u * i);  // bytes 4i..4i+3: elements 4i.. low, 16+4i.. high
+      wu.q[i] = w & 0x0F0F0F0Fu;
+      wu.q[i + 4u] = (w >> 4) & 0x0F0F0F0Fu;
+    }
+  } else if (WEIGHT_TYPE == kTypeQ5_0 || WEIGHT_TYPE == kTypeQ5_1) {
+    const bool has_min = WEIGHT_TYPE == kTypeQ5_1;
+    const uint base = row + u * (has_min ? 24u : 22u);
+    wu.s = vec2(WeightF16(base), has_min ? WeightF16(base + 2u) : 0.0);
+    const uint qh = WeightU32(base + (has_min ? 4u : 2u));  // bit e = bit 4 of element e
+    const uint qs = base + (has_min ? 8u : 6u);
+    for (uint i = 0u; i < 4u; ++i) {
+      const uint w = WeightU32(qs + 4u * i);
+      wu.q[i] = (w & 0x0F0F0F0Fu) | SpreadBit4((qh >> (4u * i)) & 15u);
+      wu.q[i + 4u] = ((w >> 4) & 0x0F0F0F0Fu) | SpreadBit4((qh >> (16u + 4u * i)) & 15u);
+    }
+  } else if (WEIGHT_TYPE == kTypeQ8_0) {
+    const uint base = row + u * 34u;
+    wu.s = vec2(WeightF16(base), 0.0);
+    for (uint i = 0u; i < 8u; ++i) wu.q[i] = WeightU32(base + 2u + 4u * i);
+  } else if (WEIGHT_TYPE == kTypeQ4_K || WEIGHT_TYPE == kTypeQ5_K) {
+    const bool q5 = WEIGHT_TYPE == kTypeQ5_K;
+    const uint s = u & 7u;
+    const uint base = row + (u >> 3) * (q5 ? 176u : 144u);
+    const uvec2 sm = KScaleMin(base + 4u, s);
+    wu.s = vec2(WeightF16(base) * float(sm.x), WeightF16(base + 2u) * float(sm.y));
+    // 32 bytes per pair of sub-blocks: sub-block 2c in the low nibbles, 2c+1 in the high ones.
+    const uint qs = base + (q5 ? 48u : 16u) + 32u * (s >> 1);
+    const uint shift = 4u * (s & 1u);
+    for (uint i = 0u; i < 8u; ++i) {
+      uint code = (WeightU32(qs + 4u * i) >> shift) & 0x0F0F0F0Fu;
+      if (q5) code |= ((WeightU32(base + 16u + 4u * i) >> s) & 0x01010101u) << 4;  // bit s of qh[l]
+      wu.q[i] = code;
+    }
+  } else if (WEIGHT_TYPE == kTypeQ6_K) {
+    const uint s = u & 7u;
+    const uint base = row + (u >> 3) * 210u;
+    const uint half_index = s >> 2, quarter = s & 3u;
+    const uint ql = base + 64u * half_index + 32u * (quarter & 1u);
+    const uint qh = base + 128u + 32u * half_index;
+    const uint lo_shift = 4u * (quarter >> 1), hi_shift = 2u * quarter;
+    for (uint i = 0u; i < 8u; ++i) {
+      wu.q[i] = ((WeightU32(ql + 4u * i) >> lo_shift) & 0x0F0F0F0Fu) |
+                (((WeightU32(qh + 4u * i) >> hi_shift) & 0x03030303u) << 4);
+    }
+    const float d = WeightF16(base + 208u);
+    const int sc0 = bitfieldExtract(int(WeightU8(base + 192u + 2u * s)), 0, 8);
+    const int sc1 = bitfieldExtract(int(WeightU8(base + 193u + 2u * s)), 0, 8);
+    wu.s = vec2(d * float(sc0), d * float(sc1));
+  }
+  return wu;
+}
+
+// Byte j of a code word as an integer: signed for Q8_0, unsigned for every other type.
+int WeightCode(uint w, int j) {
+  return WEIGHT_TYPE == kTypeQ8_0 ? bitfieldExtract(int(w), 8 * j, 8) : int(bitfieldExtract(w, 8 * j, 8));
+}
+
+// Element j (0..31) of a unit, dequantized as engine/model/quants.cpp does.
+float UnitValue(WeightUnit wu, uint j) {
+  const float q = float(WeightCode(wu.q[j >> 2], int(j & 3u)));
+  if (WEIGHT_TYPE == kTypeQ4_0) return (q - 8.0) * wu.s.x;
+  if (WEIGHT_TYPE == kTypeQ5_0) return (q - 16.0) * wu.s.x;
+  if (WEIGHT_TYPE == kTypeQ8_0) return q * wu.s.x;
+  if (WEIGHT_TYPE == kTypeQ4_1 || WEIGHT_TYPE == kTypeQ5_1) return q * wu.s.x + wu.s.y;
+  if (WEIGHT_TYPE == kTypeQ6_K) return (j < 16u ? wu.s.x : wu.s.y) * (q - 32.0);
+  return wu.s.x * q - wu.s.y;  // Q4_K, Q5_K
+}
+
+// Integer dot products of a unit's codes with 32 signed activation codes (a[i] holds elements
+// 4i..4i+3): x = elements 0..15, y = elements 16..31.
+ivec2 UnitCodeDots(WeightUnit wu, uint a[8]) {
+  ivec2 sums = ivec2(0);
+  for (uint i = 0u; i < 8u; ++i) {
+    int s = 0;
+    for (int j = 0; j < 4; ++j) s += WeightCode(wu.q[i], j) * bitfieldExtract(int(a[i]), 8 * j, 8);
+    if (i < 4u) sums.x += s; else sums.y += s;
+  }
+  return sums;
+}
+
+// The unit's contribution to a dot product with a quantized activation unit: codes a and
+// aux = (scale d, Q8_1 sum term s, code sum of elements 0..15, code sum of elements 16..31),
+// the algebra of the CPU's scalar kernels (kernels_scalar.cpp).
+float UnitDot(WeightUnit wu, uint a[8], vec4 aux) {
+  const ivec2 dots = UnitCodeDots(wu, a);
+  const int asum = int(aux.z) + int(aux.w);
+  if (WEIGHT_TYPE == kTypeQ4_0) return (wu.s.x * aux.x) * float(dots.x + dots.y - 8 * asum);
+  if (WEIGHT_TYPE == kTypeQ5_0) return (wu.s.x * aux.x) * float(dots.x + dots.y - 16 * asum);
+  if (WEIGHT_TYPE == kTypeQ8_0) return (wu.s.x * aux.x) * float(dots.x + dots.y);
+  if (WEIGHT_TYPE == kTypeQ4_1 || WEIGHT_TYPE == kTypeQ5_1) {
+    return (wu.s.x * aux.x) * float(dots.x + dots.y) + wu.s.y * aux.y;
+  }
+  if (WEIGHT_TYPE == kTypeQ6_K) {
+    return aux.x * (wu.s.x * float(dots.x - 32 * int(aux.z)) + wu.s.y * float(dots.y - 32 * int(aux.w)));
+  }
+  return aux.x * (wu.s.x * float(dots.x + dots.y) - wu.s.y * float(asum));  // Q4_K, Q5_K
+}

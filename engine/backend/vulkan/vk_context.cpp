@@ -1,0 +1,286 @@
+#include "engine/backend/vulkan/vk_context.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <spdlog/fmt/fmt.h>
+
+namespace kvfs::vk {
+
+namespace {
+
+constexpr uint32_t kMinApiVersion = VK_API_VERSION_1_1;
+
+// Owns a VkInstance for the span of a scope (device listing, or until Context takes it).
+struct ScopedInstance {
+  VkInstance instance = VK_NULL_HANDLE;
+  ~ScopedInstance() {
+    if (instance != VK_NULL_HANDLE) vkDestroyInstance(instance, nullptr);
+  }
+  VkInstance Release() { return std::exchange(instance, VK_NULL_HANDLE); }
+};
+
+Status CreateInstance(ScopedInstance& out) {
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "kvfs";
+  app.apiVersion = kMinApiVersion;
+  VkInstanceCreateInfo info{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  info.pApplicationInfo = &app;
+  const VkResult r = vkCreateInstance(&info, nullptr, &out.instance);
+  if (r == VK_ERROR_INCOMPATIBLE_DRIVER || r == VK_ERROR_INITIALIZATION_FAILED) {
+    return NotFound("no Vulkan driver found (install a Vulkan ICD, e.g. mesa-vulkan-drivers)");
+  }
+  if (r != VK_SUCCESS) return VkError("vkCreateInstance", r);
+  return Status::Ok();
+}
+
+Result<std::vector<VkPhysicalDevice>> PhysicalDevices(VkInstance instance) {
+  uint32_t n = 0;
+  VkResult r = vkEnumeratePhysicalDevices(instance, &n, nullptr);
+  if (r != VK_SUCCESS) return VkError("vkEnumeratePhysicalDevices", r);
+  std::vector<VkPhysicalDevice> devices(n);
+  r = vkEnumeratePhysicalDevices(instance, &n, devices.data());
+  if (r != VK_SUCCESS && r != VK_INCOMPLETE) return VkError("vkEnumeratePhysicalDevices", r);
+  devices.resize(n);
+  if (devices.empty()) return NotFound("the Vulkan driver reports no device");
+  return devices;
+}
+
+const char* TypeName(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
+    default: return "other";
+  }
+}
+
+// Lower is preferred as the default device: real GPUs before software rasterizers.
+int TypeRank(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
+    default: return 4;
+  }
+}
+
+VulkanDeviceInfo Describe(VkPhysicalDevice device, int index) {
+  VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props.pNext = &subgroup;
+  vkGetPhysicalDeviceProperties2(device, &props);
+  VkPhysicalDeviceMemoryProperties memory;
+  vkGetPhysicalDeviceMemoryProperties(device, &memory);
+  VulkanDeviceInfo info;
+  info.index = index;
+  info.name = props.properties.deviceName;
+  info.type = TypeName(props.properties.deviceType);
+  const uint32_t v = props.properties.apiVersion;
+  info.api_version = fmt::format("{}.{}.{}", VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v), VK_API_VERSION_PATCH(v));
+  for (uint32_t i = 0; i < memory.memoryHeapCount; ++i) {
+    if (memory.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) {
+      info.memory_bytes = std::max(info.memory_bytes, static_cast<int64_t>(memory.memoryHeaps[i].size));
+    }
+  }
+  info.max_binding_bytes = props.properties.limits.maxStorageBufferRange;
+  info.shared_memory_bytes = props.properties.limits.maxComputeSharedMemorySize;
+  info.subgroup_size = subgroup.subgroupSize;
+  return info;
+}
+
+// Index of the default device: the best-ranked type, first on ties, among Vulkan 1.1 devices.
+int DefaultIndex(const std::vector<VkPhysicalDevice>& devices) {
+  int best = -1, best_rank = 1 << 30;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    VkPhysicalDeviceProperties props;
+    vkGetPhysicalDeviceProperties(devices[i], &props);
+    if (props.apiVersion < kMinApiVersion) continue;
+    if (TypeRank(props.deviceType) < best_rank) {
+      best_rank = TypeRank(props.deviceType);
+      best = static_cast<int>(i);
+    }
+  }
+  return best;
+}
+
+Result<std::vector<VulkanDeviceInfo>> ListVulkanDevicesImpl() {
+  ScopedInstance instance;
+  KVFS_RETURN_IF_ERROR(CreateInstance(instance));
+  KVFS_ASSIGN_OR_RETURN(std::vector<VkPhysicalDevice> devices, PhysicalDevices(instance.instance));
+  const int default_index = DefaultIndex(devices);
+  std::vector<VulkanDeviceInfo> out;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    out.push_back(Describe(devices[i], static_cast<int>(i)));
+    out.back().is_default = static_cast<int>(i) == default_index;
+  }
+  return out;
+}
+
+}  // namespace
+
+Status VkError(const std::string& what, VkResult result) {
+  const StatusCode code = result == VK_ERROR_OUT_OF_DEVICE_MEMORY || result == VK_ERROR_OUT_OF_HOST_MEMORY
+                              ? StatusCode::kResourceExhausted
+                              : StatusCode::kInternal;
+  return Status(code, fmt::format("{} failed: VkResult {}", what, static_cast<int>(result)));
+}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    device_ = std::exchange(other.device_, VK_NULL_HANDLE);
+    buffer_ = std::exchange(other.buffer_, VK_NULL_HANDLE);
+    memory_ = std::exchange(other.memory_, VK_NULL_HANDLE);
+    bytes_ = std::exchange(other.bytes_, 0);
+    mapped_ = std::exchange(other.mapped_, nullptr);
+    destroyed_ = std::exchange(other.destroyed_, nullptr);
+  }
+  return *this;
+}
+
+void Buffer::Reset() {
+  if (device_ == VK_NULL_HANDLE) return;
+  if (mapped_ != nullptr) vkUnmapMemory(device_, memory_);
+  if (buffer_ != VK_NULL_HANDLE) vkDestroyBuffer(device_, buffer_, nullptr);
+  if (memory_ != VK_NULL_HANDLE) vkFreeMemory(device_, memory_, nullptr);
+  if (destroyed_ != nullptr) ++*destroyed_;
+  device_ = VK_NULL_HANDLE;
+  buffer_ = VK_NULL_HANDLE;
+  memory_ = VK_NULL_HANDLE;
+  bytes_ = 0;
+  mapped_ = nullptr;
+  destroyed_ = nullptr;
+}
+
+Result<std::unique_ptr<Context>> Context::Create(int index) {
+  std::unique_ptr<Context> ctx(new Context());
+  KVFS_RETURN_IF_ERROR(ctx->Init(index));
+  return ctx;
+}
+
+Status Context::Init(int index) {
+  ScopedInstance instance;
+  KVFS_RETURN_IF_ERROR(CreateInstance(instance));
+  KVFS_ASSIGN_OR_RETURN(std::vector<VkPhysicalDevice> devices, PhysicalDevices(instance.instance));
+  if (index < 0) index = DefaultIndex(devices);
+  if (index < 0) return NotFound("no Vulkan device supports Vulkan 1.1");
+  if (index >= static_cast<int>(devices.size())) {
+    return InvalidArgument(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", index, devices.size()));
+  }
+  physical_ = devices[index];
+  info_ = Describe(physical_, index);
+  VkPhysicalDeviceProperties props;
+  vkGetPhysicalDeviceProperties(physical_, &props);
+  if (props.apiVersion < kMinApiVersion) {
+    return Unsupported(fmt::format("Vulkan device {} ({}) only supports Vulkan {}; 1.1 is needed", index, info_.name,
+                                   info_.api_version));
+  }
+  // One buffer is one allocation here, so a binding is also bounded by the allocation size.
+  VkPhysicalDeviceMaintenance3Properties maintenance3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+  VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props2.pNext = &maintenance3;
+  vkGetPhysicalDeviceProperties2(physical_, &props2);
+  limits_.max_binding_bytes = std::min<int64_t>(props.limits.maxStorageBufferRange,
+                                                static_cast<int64_t>(maintenance3.maxMemoryAllocationSize));
+  limits_.max_shared_bytes = props.limits.maxComputeSharedMemorySize;
+  std::copy(std::begin(props.limits.maxComputeWorkGroupCount), std::end(props.limits.maxComputeWorkGroupCount),
+            limits_.max_group_count);
+  limits_.max_group_invocations = props.limits.maxComputeWorkGroupInvocations;
+  vkGetPhysicalDeviceMemoryProperties(physical_, &memory_);
+
+  uint32_t n_families = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n_families, nullptr);
+  std::vector<VkQueueFamilyProperties> families(n_families);
+  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n_families, families.data());
+  bool found = false;
+  for (uint32_t i = 0; i < n_families && !found; ++i) {
+    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+      queue_family_ = i;
+      found = true;
+    }
+  }
+  if (!found) return Unsupported(fmt::format("Vulkan device {} ({}) has no compute queue", index, info_.name));
+
+  const float priority = 1.0f;
+  VkDeviceQueueCreateInfo queue_info{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  queue_info.queueFamilyIndex = queue_family_;
+  queue_info.queueCount = 1;
+  queue_info.pQueuePriorities = &priority;
+  VkDeviceCreateInfo device_info{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  device_info.queueCreateInfoCount = 1;
+  device_info.pQueueCreateInfos = &queue_info;
+  const VkResult r = vkCreateDevice(physical_, &device_info, nullptr, &device_);
+  if (r != VK_SUCCESS) return VkError(fmt::format("vkCreateDevice on {}", info_.name), r);
+  vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+  instance_ = instance.Release();
+  return Status::Ok();
+}
+
+Context::~Context() {
+  if (device_ != VK_NULL_HANDLE) {
+    vkDeviceWaitIdle(device_);
+    vkDestroyDevice(device_, nullptr);
+  }
+  if (instance_ != VK_NULL_HANDLE) vkDestroyInstance(instance_, nullptr);
+}
+
+Result<uint32_t> Context::MemoryTypeFor(uint32_t allowed_types, MemoryKind kind) const {
+  const VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  VkMemoryPropertyFlags required = 0, preferred = 0;
+  switch (kind) {
+    case MemoryKind::kDevice: preferred = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT; break;
+    case MemoryKind::kUpload: required = host; break;
+    case MemoryKind::kReadback: required = host; preferred = VK_MEMORY_PROPERTY_HOST_CACHED_BIT; break;
+  }
+  int fallback = -1;
+  for (uint32_t i = 0; i < memory_.memoryTypeCount; ++i) {
+    if (!(allowed_types & (1u << i))) continue;
+    const VkMemoryPropertyFlags flags = memory_.memoryTypes[i].propertyFlags;
+    if ((flags & required) != required) continue;
+    if ((flags & preferred) == preferred) return i;
+    if (fallback < 0) fallback = static_cast<int>(i);
+  }
+  if (fallback < 0) return Unsupported("the Vulkan device has no host-visible coherent memory");
+  return static_cast<uint32_t>(fallback);
+}
+
+Result<Buffer> Context::CreateBuffer(int64_t bytes, MemoryKind kind) {
+  Buffer b;
+  b.device_ = device_;
+  b.destroyed_ = &destroyed_buffers_;
+  b.bytes_ = std::max<int64_t>(4, (bytes + 3) / 4 * 4);
+  VkBufferCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  info.size = static_cast<VkDeviceSize>(b.bytes_);
+  info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VkResult r = vkCreateBuffer(device_, &info, nullptr, &b.buffer_);
+  if (r != VK_SUCCESS) return VkError(fmt::format("vkCreateBuffer of {} bytes", b.bytes_), r);
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device_, b.buffer_, &req);
+  KVFS_ASSIGN_OR_RETURN(uint32_t type, MemoryTypeFor(req.memoryTypeBits, kind));
+  VkMemoryAllocateInfo alloc{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  alloc.allocationSize = req.size;
+  alloc.memoryTypeIndex = type;
+  r = vkAllocateMemory(device_, &alloc, nullptr, &b.memory_);
+  if (r != VK_SUCCESS) return VkError(fmt::format("allocating {} bytes of device memory", req.size), r);
+  r = vkBindBufferMemory(device_, b.buffer_, b.memory_, 0);
+  if (r != VK_SUCCESS) return VkError("vkBindBufferMemory", r);
+  if (kind != MemoryKind::kDevice) {
+    void* p = nullptr;
+    r = vkMapMemory(device_, b.memory_, 0, VK_WHOLE_SIZE, 0, &p);
+    if (r != VK_SUCCESS) return VkError("vkMapMemory", r);
+    b.mapped_ = static_cast<uint8_t*>(p);
+  }
+  return b;
+}
+
+}  // namespace kvfs::vk
+
+namespace kvfs {
+
+Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices() { return vk::ListVulkanDevicesImpl(); }
+
+}  // namespace kvfs

@@ -1,0 +1,101 @@
+// The Vulkan device the backend runs on: instance, logical device, one compute queue, memory
+// and buffers. Plain Vulkan 1.1 C API; no extensions and no optional features are needed (the
+// shaders address every tensor as 32-bit words).
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/core/status.h"
+
+namespace kvfs::vk {
+
+// Where a buffer's memory lives.
+enum class MemoryKind {
+  kDevice,    // device-local: weights, activations, KV planes
+  kUpload,    // host-visible, coherent, mapped: inputs the host writes each pass, staging
+  kReadback,  // host-visible, mapped, cached where possible: results the host reads
+};
+
+class Context;
+
+// A VkBuffer with its own memory allocation (move-only). Sizes are rounded up to whole words,
+// so shaders may read the last partial word of a tensor.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { Reset(); }
+
+  VkBuffer handle() const { return buffer_; }
+  int64_t bytes() const { return bytes_; }
+  uint8_t* mapped() const { return mapped_; }  // null unless host-visible
+  bool empty() const { return buffer_ == VK_NULL_HANDLE; }
+
+ private:
+  friend class Context;
+  void Reset();
+
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkBuffer buffer_ = VK_NULL_HANDLE;
+  VkDeviceMemory memory_ = VK_NULL_HANDLE;
+  int64_t bytes_ = 0;
+  uint8_t* mapped_ = nullptr;
+  uint64_t* destroyed_ = nullptr;  // the context's count of destroyed buffers (see buffer_epoch)
+};
+
+struct DeviceLimits {
+  int64_t max_binding_bytes = 0;      // largest buffer one binding may cover (storage-buffer
+                                      // range, and allocation size: a buffer is an allocation)
+  int64_t max_shared_bytes = 0;       // shared memory per workgroup
+  uint32_t max_group_count[3] = {};   // workgroups per dispatch, per dimension
+  uint32_t max_group_invocations = 0;
+};
+
+class Context {
+ public:
+  // Opens device `index` of ListVulkanDevices() (-1: the default one).
+  static Result<std::unique_ptr<Context>> Create(int index);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  VkDevice device() const { return device_; }
+  VkQueue queue() const { return queue_; }
+  uint32_t queue_family() const { return queue_family_; }
+  const DeviceLimits& limits() const { return limits_; }
+  const VulkanDeviceInfo& info() const { return info_; }
+
+  Result<Buffer> CreateBuffer(int64_t bytes, MemoryKind kind);
+  // Buffers of this context destroyed so far: descriptor sets that name buffers stay valid
+  // while it does not change (Recorder caches them on that condition).
+  uint64_t buffer_epoch() const { return destroyed_buffers_; }
+
+ private:
+  Context() = default;
+  Status Init(int index);
+  Result<uint32_t> MemoryTypeFor(uint32_t allowed_types, MemoryKind kind) const;
+
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  uint32_t queue_family_ = 0;
+  VkPhysicalDeviceMemoryProperties memory_{};
+  DeviceLimits limits_;
+  VulkanDeviceInfo info_;
+  uint64_t destroyed_buffers_ = 0;  // the buffer epoch; the engine thread alone makes and frees buffers
+};
+
+// "what failed: VK_ERROR_..." as a Status (Internal, or ResourceExhausted for out-of-memory).
+Status VkError(const std::string& what, VkResult result);
+
+}  // namespace kvfs::vk

@@ -1,0 +1,354 @@
+#include "engine/backend/vulkan/vk_ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <spdlog/fmt/fmt.h>
+
+namespace kvfs::vk {
+
+namespace {
+
+// Push-constant blocks, field for field the `Params` of each shader.
+struct EmbedParams {
+  uint32_t n, row_bytes, row0, n_rows, n_tokens;
+};
+struct RmsNormParams {
+  uint32_t n, x_stride, y_stride, gather;
+  float eps;
+};
+struct QuantizeParams {
+  uint32_t n, n_rows, x_stride;
+};
+struct MatQuantParams {
+  uint32_t n_units, row_bytes, n_rows, row_begin, n_tokens, y_stride, y_col0, flags;
+};
+struct MatFloatParams {
+  uint32_t n_in, row_bytes, n_rows, row_begin, n_tokens, x_stride, y_stride, y_col0, flags;
+};
+struct RopeParams {
+  uint32_t n_heads, head_dim, n_rot, x_stride, n_tokens;
+};
+struct SwiGluParams {
+  uint32_t n;
+};
+struct KvStoreParams {
+  uint32_t n_tokens, pos0, src_stride, src_row0, block_tokens, table0;
+  float hadamard_scale;
+};
+struct ScoresParams {
+  uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
+  float hadamard_scale;
+};
+struct SoftmaxParams {
+  uint32_t pos0, n_head, score_stride, round_f16;
+  float scale;
+};
+struct OutputParams {
+  uint32_t pos0, n_head, group, score_stride, block_tokens, row_stride, table0, out_stride, out_row0;
+  float hadamard_scale;
+  uint32_t split_positions, n_splits;
+};
+struct ReduceParams {
+  uint32_t n_head, n_splits, out_stride, out_row0;
+  float hadamard_scale;
+};
+
+constexpr ShaderInterface kEmbed{"embed", 3, sizeof(EmbedParams)};
+constexpr ShaderInterface kRmsNorm{"rms_norm", 4, sizeof(RmsNormParams)};
+constexpr ShaderInterface kQuantize{"quantize_act", 3, sizeof(QuantizeParams)};
+constexpr ShaderInterface kMatvecQuant{"matvec_quant", 5, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatmulQuant{"matmul_quant", 5, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecFloat{"matvec_float", 4, sizeof(MatFloatParams)};
+constexpr ShaderInterface kMatmulFloat{"matmul_float", 4, sizeof(MatFloatParams)};
+constexpr ShaderInterface kMatmulF32{"matmul_f32", 4, sizeof(MatFloatParams)};
+constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
+constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
+constexpr ShaderInterface kKvStore{"kv_store", 3, sizeof(KvStoreParams)};
+constexpr ShaderInterface kScores{"attn_scores", 4, sizeof(ScoresParams)};
+constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
+constexpr ShaderInterface kOutput{"attn_output", 5, sizeof(OutputParams)};
+constexpr ShaderInterface kReduce{"attn_reduce", 2, sizeof(ReduceParams)};
+
+// Workgroup sizes. Small batches go to the matrix-vector shaders, larger ones to the tiled
+// matrix-matrix shaders (which stage operands in shared memory).
+constexpr uint32_t kElementwiseGroup = 64;
+constexpr uint32_t kRowGroup = 256;      // rms_norm, softmax, attn_output
+constexpr uint32_t kMatvecGroup = 64;
+constexpr int64_t kMatvecMaxTokens = 8;  // beyond this, matmul_* shaders
+constexpr uint32_t kTileRows = 64;
+// Attention of a few tokens (decode) spreads each (token, head) over workgroups of this many
+// positions, at most kMaxSplits of them.
+constexpr int64_t kSplitTokens = 4;
+constexpr int64_t kSplitPositions = 512;
+constexpr int64_t kMaxSplits = 64;
+
+uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
+
+// Invocations per row of the matrix-vector shaders: enough for the row's work items (32-value
+// units, or groups of 8 float values), a power of two in [4, kMatvecGroup]; short rows share a
+// workgroup instead of leaving invocations idle. At least 4: lane t writes token t.
+uint32_t MatvecLanes(int64_t work_items) {
+  uint32_t lanes = 4;
+  while (lanes < kMatvecGroup && lanes < work_items) lanes *= 2;
+  return lanes;
+}
+uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+
+int64_t KvRowWords(const KvView& kv) { return kv.row_stride / 4; }
+
+float HadamardScale(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+
+}  // namespace
+
+ActKind ActKindFor(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ8_0: return ActKind::kQ8_0;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1: return ActKind::kQ8_1;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: return ActKind::kQ8_K;
+    default: return ActKind::kFloat;
+  }
+}
+
+bool SupportedWeightType(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: return true;
+    default: return false;
+  }
+}
+
+Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines) {
+  // The row and tile shaders use workgroups of 256 invocations and up to ~12 KiB of shared
+  // memory (Vulkan only guarantees 128 and 16 KiB).
+  if (ctx.limits().max_group_invocations < 256 || ctx.limits().max_shared_bytes < 16384) {
+    return Unsupported(fmt::format("Vulkan device {} allows {} invocations and {} bytes of shared memory per "
+                                   "workgroup; the shaders need 256 and 16384",
+                                   ctx.info().name, ctx.limits().max_group_invocations, ctx.limits().max_shared_bytes));
+  }
+  std::unique_ptr<Ops> ops(new Ops(ctx, pipelines));
+  KVFS_ASSIGN_OR_RETURN(ops->unused_, ctx.CreateBuffer(16, MemoryKind::kDevice));
+  return ops;
+}
+
+Status Ops::Embed(Recorder& rec, const DeviceMatrix& table, const Buffer& tokens, int64_t n_tokens, const Buffer& x) {
+  const uint32_t spec[] = {kElementwiseGroup, static_cast<uint32_t>(table.type)};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kEmbed, spec));
+  for (const DeviceMatrixPart& part : table.parts) {
+    const EmbedParams params{U32(table.n_in), U32(table.row_bytes), U32(part.row0), U32(part.n_rows), U32(n_tokens)};
+    KVFS_RETURN_IF_ERROR(rec.Dispatch(*p, {&part.buffer, &tokens, &x}, &params,
+                                      CeilDiv(CeilDiv(table.n_in, 32), kElementwiseGroup), U32(n_tokens)));
+  }
+  return Status::Ok();
+}
+
+Status Ops::RmsNorm(Recorder& rec, const Buffer& x, int64_t x_stride, const Buffer& w, int64_t n, float eps,
+                    const Buffer& y, int64_t y_stride, int64_t n_rows, const Buffer* row_ids) {
+  const uint32_t spec[] = {kRowGroup};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kRmsNorm, spec));
+  const RmsNormParams params{U32(n), U32(x_stride), U32(y_stride), row_ids != nullptr ? 1u : 0u, eps};
+  return rec.Dispatch(*p, {&x, &w, &y, row_ids != nullptr ? row_ids : &unused_}, &params, U32(n_rows));
+}
+
+Status Ops::QuantizeActs(Recorder& rec, ActKind kind, const Buffer& x, int64_t x_stride, int64_t n, int64_t n_rows,
+                         const QuantizedActs& out) {
+  if (kind == ActKind::kFloat) return Internal("float activations are not quantized");
+  const uint32_t spec[] = {kElementwiseGroup, static_cast<uint32_t>(kind)};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kQuantize, spec));
+  const QuantizeParams params{U32(n), U32(n_rows), U32(x_stride)};
+  const int64_t block = kind == ActKind::kQ8_K ? 256 : 32;
+  return rec.Dispatch(*p, {&x, out.codes, out.aux}, &params, CeilDiv(n / block, kElementwiseGroup), U32(n_rows));
+}
+
+Status Ops::MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a) {
+  for (const DeviceMatrixPart& part : w.parts) KVFS_RETURN_IF_ERROR(MatMulPart(rec, w, part, a));
+  return Status::Ok();
+}
+
+Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a) {
+  const bool quantized = ActKindFor(w.type) != ActKind::kFloat;
+  const bool matvec = a.n_tokens <= kMatvecMaxTokens;
+  const uint32_t type = static_cast<uint32_t>(w.type);
+  uint32_t rows_per_group = kTileRows, tokens_per_group = 0;
+  const Pipeline* p = nullptr;
+  if (w.type == GgmlType::kF32) {  // one invocation per output, in the reference's order
+    rows_per_group = kElementwiseGroup;
+    tokens_per_group = 1;
+    const uint32_t spec[] = {kElementwiseGroup};
+    KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(kMatmulF32, spec));
+  } else if (matvec) {
+    const uint32_t lanes = MatvecLanes(quantized ? w.n_in / 32 : w.n_in / 8);
+    rows_per_group = kMatvecGroup / lanes;
+    tokens_per_group = a.n_tokens == 1 ? 1 : (a.n_tokens == 2 ? 2 : 4);
+    const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group};
+    KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(quantized ? kMatvecQuant : kMatvecFloat, spec));
+  } else {
+    tokens_per_group = a.n_tokens <= 16 ? 16 : (a.n_tokens <= 32 ? 32 : 64);
+    const uint32_t spec[] = {256, type, kTileRows, tokens_per_group, quantized ? 2u : 16u};
+    KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(quantized ? kMatmulQuant : kMatmulFloat, spec));
+  }
+  const uint32_t flags = (a.accumulate ? 1u : 0u) | (a.bias != nullptr ? 2u : 0u);
+  const Buffer* bias = a.bias != nullptr ? a.bias : &unused_;
+  const uint32_t group_y = CeilDiv(a.n_tokens, tokens_per_group);
+  // The grid's x dimension is limited (65535 groups on many devices): long matrices (output
+  // layers of large vocabularies) take several dispatches over consecutive row ranges.
+  const int64_t max_groups = ctx_.limits().max_group_count[0];
+  for (int64_t r0 = 0; r0 < part.n_rows; r0 += max_groups * rows_per_group) {
+    const uint32_t groups = CeilDiv(std::min(part.n_rows - r0, max_groups * rows_per_group), rows_per_group);
+    if (quantized) {
+      const MatQuantParams params{U32(w.n_in / 32), U32(w.row_bytes), U32(part.n_rows), U32(r0), U32(a.n_tokens),
+                                  U32(w.n_out), U32(part.row0), flags};
+      KVFS_RETURN_IF_ERROR(rec.Dispatch(*p, {&part.buffer, a.acts.codes, a.acts.aux, a.y, bias}, &params, groups, group_y));
+    } else {
+      const MatFloatParams params{U32(w.n_in), U32(w.row_bytes), U32(part.n_rows), U32(r0), U32(a.n_tokens),
+                                  U32(a.x_stride), U32(w.n_out), U32(part.row0), flags};
+      KVFS_RETURN_IF_ERROR(rec.Dispatch(*p, {&part.buffer, a.x, a.y, bias}, &params, groups, group_y));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Ops::Rope(Recorder& rec, const Buffer& x, int64_t x_stride, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+                 RopeStyle style, const Buffer& cos_sin, int64_t n_tokens) {
+  const uint32_t spec[] = {kElementwiseGroup, style == RopeStyle::kNeox ? 1u : 0u};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kRope, spec));
+  const RopeParams params{U32(n_heads), U32(head_dim), U32(n_rot), U32(x_stride), U32(n_tokens)};
+  return rec.Dispatch(*p, {&x, &cos_sin}, &params, CeilDiv(n_heads * (n_rot / 2), kElementwiseGroup), U32(n_tokens));
+}
+
+Status Ops::SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Buffer& out, int64_t n) {
+  const uint32_t spec[] = {kRowGroup};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kSwiGlu, spec));
+  const SwiGluParams params{U32(n)};
+  // Two-dimensional grid: the shader folds y into the index.
+  const uint32_t groups = CeilDiv(n, kRowGroup);
+  const uint32_t gx = std::min<uint32_t>(groups, 32768), gy = CeilDiv(groups, gx);
+  return rec.Dispatch(*p, {&gate, &up, &out}, &params, gx, gy);
+}
+
+Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
+  const int64_t hd = shape.head_dim, row_values = shape.n_head_kv * hd;
+  if (hd > kRowGroup) {
+    return Unsupported(fmt::format("the Vulkan attention handles head_dim up to {}, the model has {}", kRowGroup, hd));
+  }
+  // kv_store keeps a row's values and its encoding (at most 2 bytes a value) in shared memory.
+  const int64_t kv_store_shared = row_values * 4 + (row_values * 2 + 3) / 4 * 4;
+  if (kv_store_shared > ctx_.limits().max_shared_bytes) {
+    return Unsupported(fmt::format("a KV row of {} values needs {} bytes of shared memory; the device has {}",
+                                   row_values, kv_store_shared, ctx_.limits().max_shared_bytes));
+  }
+  return Status::Ok();
+}
+
+Status Ops::KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
+                    const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0) {
+  const int64_t row_values = shape.n_head_kv * shape.head_dim;
+  const uint32_t spec[] = {kElementwiseGroup,
+                           static_cast<uint32_t>(kv.format.type),
+                           U32(kv.format.group),
+                           U32(shape.head_dim),
+                           kv.format.rotate ? 1u : 0u,
+                           U32(row_values),
+                           U32(KvRowWords(kv))};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKvStore, spec));
+  const KvStoreParams params{U32(n_tokens),       U32(pos0), U32(src_stride), U32(src_row0), U32(kv.block_tokens),
+                             kv.table0, HadamardScale(shape.head_dim)};
+  return rec.Dispatch(*p, {&src, &plane, kv.block_table}, &params, U32(n_tokens));
+}
+
+Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
+                       int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores) {
+  const uint32_t spec[] = {kElementwiseGroup, static_cast<uint32_t>(kv.format.type), U32(kv.format.group),
+                           U32(shape.head_dim), kv.format.rotate ? 1u : 0u};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kScores, spec));
+  const int64_t n_ctx = pos0 + n_tokens;
+  const ScoresParams params{U32(pos0),
+                            U32(shape.n_head),
+                            U32(shape.n_head / shape.n_head_kv),
+                            U32(q_stride),
+                            U32(q_row0),
+                            U32(n_ctx),
+                            U32(kv.block_tokens),
+                            U32(kv.row_stride),
+                            kv.table0,
+                            HadamardScale(shape.head_dim)};
+  return rec.Dispatch(*p, {&q, kv.k_plane, kv.block_table, &scores}, &params, CeilDiv(n_ctx, kElementwiseGroup),
+                      U32(shape.n_head), U32(n_tokens));
+}
+
+Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
+                    int64_t score_stride, float scale, bool round_f16) {
+  const uint32_t spec[] = {kRowGroup};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kSoftmax, spec));
+  const SoftmaxParams params{U32(pos0), U32(n_head), U32(score_stride), round_f16 ? 1u : 0u, scale};
+  return rec.Dispatch(*p, {&scores}, &params, U32(n_head), U32(n_tokens));
+}
+
+Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
+                       int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
+                       int64_t n_splits, const Buffer* partials) {
+  const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kv.format.type), U32(kv.format.group),
+                           U32(shape.head_dim), kv.format.rotate ? 1u : 0u};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kOutput, spec));
+  const int64_t n_ctx = pos0 + n_tokens;
+  const OutputParams params{U32(pos0),
+                            U32(shape.n_head),
+                            U32(shape.n_head / shape.n_head_kv),
+                            U32(n_ctx),
+                            U32(kv.block_tokens),
+                            U32(kv.row_stride),
+                            kv.table0,
+                            U32(out_stride),
+                            U32(out_row0),
+                            HadamardScale(shape.head_dim),
+                            U32((n_ctx + n_splits - 1) / n_splits),
+                            U32(n_splits)};
+  return rec.Dispatch(*p, {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_},
+                      &params, U32(shape.n_head), U32(n_tokens), U32(n_splits));
+}
+
+Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
+                       int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0) {
+  const uint32_t spec[] = {kElementwiseGroup, U32(shape.head_dim), kv.format.rotate ? 1u : 0u};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kReduce, spec));
+  const ReduceParams params{U32(shape.n_head), U32(n_splits), U32(out_stride), U32(out_row0),
+                            HadamardScale(shape.head_dim)};
+  return rec.Dispatch(*p, {&partials, &out}, &params, U32(shape.n_head), U32(n_tokens));
+}
+
+Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
+                      int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& partials,
+                      int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0) {
+  KVFS_RETURN_IF_ERROR(AttnScores(rec, kv, shape, q, q_stride, q_row0, n_tokens, pos0, scores));
+  rec.Barrier();
+  KVFS_RETURN_IF_ERROR(Softmax(rec, scores, shape.n_head, n_tokens, pos0, pos0 + n_tokens,
+                               1.0f / std::sqrt(static_cast<float>(shape.head_dim)),
+                               kv.format.type == KvType::kF16));
+  rec.Barrier();
+  int64_t n_splits = 1;
+  if (n_tokens <= kSplitTokens) {
+    const int64_t fit = partial_floats / (n_tokens * shape.n_head * shape.head_dim);
+    n_splits = std::clamp<int64_t>((pos0 + n_tokens + kSplitPositions - 1) / kSplitPositions, 1, std::min(kMaxSplits, fit));
+  }
+  KVFS_RETURN_IF_ERROR(AttnOutput(rec, kv, shape, scores, n_tokens, pos0, out, out_stride, out_row0, n_splits,
+                                  n_splits > 1 ? &partials : nullptr));
+  if (n_splits == 1) return Status::Ok();
+  rec.Barrier();
+  return AttnReduce(rec, kv, shape, partials, n_tokens, n_splits, out, out_stride, out_row0);
+}
+
+}  // namespace kvfs::vk

@@ -1,0 +1,138 @@
+// The operations of the forward pass, each recorded as one or more dispatches of a shader in
+// shaders/: they choose the pipeline (specialization constants), fill the push constants and
+// the grid. They record no barriers: the caller orders dependent operations (Recorder::Barrier).
+// Buffers hold row-major f32 activations unless said otherwise.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/backend/vulkan/vk_commands.h"
+#include "engine/backend/vulkan/vk_context.h"
+#include "engine/backend/vulkan/vk_pipelines.h"
+#include "engine/core/status.h"
+#include "engine/kv/kv_format.h"
+#include "engine/model/ggml_types.h"
+#include "engine/model/hparams.h"
+
+namespace kvfs::vk {
+
+// A weight matrix on the device, as the GGUF file stores it (n_out rows of row_bytes), split
+// into parts of whole rows when it is larger than one storage binding may be.
+struct DeviceMatrixPart {
+  Buffer buffer;       // rows [row0, row0 + n_rows) of the matrix, back to back
+  int64_t row0 = 0;
+  int64_t n_rows = 0;
+};
+struct DeviceMatrix {
+  GgmlType type = GgmlType::kF32;
+  int64_t n_in = 0;       // values per row
+  int64_t n_out = 0;      // rows
+  int64_t row_bytes = 0;
+  std::vector<DeviceMatrixPart> parts;
+};
+
+// How activations are prepared for a weight type's dot product: quantized to 8-bit units like
+// the CPU's (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the k-quants), or read as
+// f32 (float weights).
+enum class ActKind : uint32_t { kQ8_0 = 0, kQ8_1 = 1, kQ8_K = 2, kFloat = 3 };
+ActKind ActKindFor(GgmlType weight_type);
+// Whether the shaders can multiply by (and look up rows of) a matrix of this type.
+bool SupportedWeightType(GgmlType t);
+
+// Quantized activations: codes [rows][n / 4] words (4 signed bytes each) and aux
+// [rows][n / 32] vec4 (scale, Q8_1 sum term, code sums of the two halves of each 32 values).
+struct QuantizedActs {
+  const Buffer* codes = nullptr;
+  const Buffer* aux = nullptr;
+};
+
+// One sequence's KV on the device for one layer: the K and V planes of its layout's arena,
+// indexed through a block table (block index -> device slot) starting at table0.
+struct KvView {
+  const Buffer* k_plane = nullptr;  // [slots * block_tokens][row_stride bytes]
+  const Buffer* v_plane = nullptr;
+  const Buffer* block_table = nullptr;  // uint32 slots
+  uint32_t table0 = 0;
+  KvFormat format;
+  int64_t block_tokens = 0;
+  int64_t row_stride = 0;  // bytes between device rows (row bytes rounded up to a word)
+};
+
+// Query/head geometry shared by the attention ops.
+struct AttentionShape {
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+};
+
+class Ops {
+ public:
+  static Result<std::unique_ptr<Ops>> Create(Context& ctx, PipelineCache& pipelines);
+
+  // x[t] = row tokens[t] of `table` (int32 ids, n_tokens of them), dequantized.
+  Status Embed(Recorder& rec, const DeviceMatrix& table, const Buffer& tokens, int64_t n_tokens, const Buffer& x);
+  // y[i] = RMSNorm(x[row i, or row_ids[i] when given]) * w over n values, for n_rows rows.
+  Status RmsNorm(Recorder& rec, const Buffer& x, int64_t x_stride, const Buffer& w, int64_t n, float eps,
+                 const Buffer& y, int64_t y_stride, int64_t n_rows, const Buffer* row_ids);
+  // Quantizes n_rows rows of n values of x for weights of activation kind `kind` (not kFloat).
+  Status QuantizeActs(Recorder& rec, ActKind kind, const Buffer& x, int64_t x_stride, int64_t n, int64_t n_rows,
+                      const QuantizedActs& out);
+
+  struct MatMulArgs {
+    const Buffer* x = nullptr;  // f32 input rows (read by float weights)
+    int64_t x_stride = 0;
+    QuantizedActs acts;         // x quantized for w's ActKind (read by quantized weights)
+    int64_t n_tokens = 0;
+    const Buffer* y = nullptr;  // [n_tokens][w.n_out]
+    const Buffer* bias = nullptr;  // [w.n_out] or null
+    bool accumulate = false;    // y += W x instead of y = W x
+  };
+  // y[t][r] = W.row(r) . x[t] (+ bias[r]) (+ old y[t][r]) for every part of W.
+  Status MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a);
+
+  // Rotates the first n_rot dimensions of every head (head_dim apart) of n_tokens rows in place
+  // with the (cos, sin) table [n_tokens][n_rot / 2].
+  Status Rope(Recorder& rec, const Buffer& x, int64_t x_stride, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+              RopeStyle style, const Buffer& cos_sin, int64_t n_tokens);
+  // out = silu(gate) * up over n values.
+  Status SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Buffer& out, int64_t n);
+
+  // Encodes rows src[src_row0 ..] (n_tokens rows of n_head_kv * head_dim values) into `plane`
+  // at positions pos0 .. pos0 + n_tokens - 1 of the sequence.
+  Status KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
+                 const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0);
+  // Attention of n_tokens consecutive query tokens of one sequence (positions pos0 ..), with
+  // q rows q[q_row0 ..]: scores, causal softmax, weighted V sum into out[out_row0 ..].
+  // `scores` holds [n_tokens][n_head][pos0 + n_tokens] floats; `partials` (partial_floats
+  // floats) takes the partial sums when a few tokens' positions are split over workgroups.
+  Status Attention(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
+                   int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& partials,
+                   int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0);
+  // The three steps of Attention, for tests.
+  Status AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
+                    int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores);
+  Status Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
+                 int64_t score_stride, float scale, bool round_f16);
+  // With n_splits > 1, writes partial sums into `partials` instead of out and needs AttnReduce.
+  Status AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
+                    int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
+                    int64_t n_splits, const Buffer* partials);
+  Status AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
+                    int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0);
+
+  // Whether attention and KV encoding fit this device for the geometry (shared memory,
+  // workgroup size), with the reason when they do not.
+  Status CheckAttentionShape(const AttentionShape& shape) const;
+
+ private:
+  Ops(Context& ctx, PipelineCache& pipelines) : ctx_(ctx), pipelines_(pipelines) {}
+  Status MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a);
+
+  Context& ctx_;
+  PipelineCache& pipelines_;
+  Buffer unused_;  // bound where a shader's optional input is absent
+};
+
+}  // namespace kvfs::vk

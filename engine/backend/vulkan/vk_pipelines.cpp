@@ -1,0 +1,81 @@
+#include "engine/backend/vulkan/vk_pipelines.h"
+
+#include <spdlog/fmt/fmt.h>
+
+#include "engine/backend/vulkan/vk_context.h"
+
+namespace kvfs::vk {
+
+PipelineCache::~PipelineCache() {
+  for (auto& [name, s] : shaders_) {
+    for (auto& [key, p] : s.pipelines) vkDestroyPipeline(device_, p->pipeline, nullptr);
+    if (s.layout != VK_NULL_HANDLE) vkDestroyPipelineLayout(device_, s.layout, nullptr);
+    if (s.set_layout != VK_NULL_HANDLE) vkDestroyDescriptorSetLayout(device_, s.set_layout, nullptr);
+    if (s.module != VK_NULL_HANDLE) vkDestroyShaderModule(device_, s.module, nullptr);
+  }
+}
+
+Result<PipelineCache::ShaderState*> PipelineCache::Shader(const ShaderInterface& shader) {
+  if (auto it = shaders_.find(shader.name); it != shaders_.end()) return &it->second;
+  const EmbeddedShader* code = nullptr;
+  for (const EmbeddedShader& s : EmbeddedShaders()) {
+    if (s.name == shader.name) code = &s;
+  }
+  if (code == nullptr) return Internal(fmt::format("shader {} is not embedded in this build", shader.name));
+  ShaderState& state = shaders_[std::string(shader.name)];
+
+  VkShaderModuleCreateInfo module_info{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+  module_info.codeSize = code->n_words * sizeof(uint32_t);
+  module_info.pCode = code->words;
+  VkResult r = vkCreateShaderModule(device_, &module_info, nullptr, &state.module);
+  if (r != VK_SUCCESS) return VkError(fmt::format("vkCreateShaderModule({})", shader.name), r);
+
+  std::vector<VkDescriptorSetLayoutBinding> bindings(shader.n_buffers);
+  for (uint32_t i = 0; i < shader.n_buffers; ++i) {
+    bindings[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+  }
+  VkDescriptorSetLayoutCreateInfo set_info{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  set_info.bindingCount = shader.n_buffers;
+  set_info.pBindings = bindings.data();
+  r = vkCreateDescriptorSetLayout(device_, &set_info, nullptr, &state.set_layout);
+  if (r != VK_SUCCESS) return VkError("vkCreateDescriptorSetLayout", r);
+
+  const VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, shader.push_bytes};
+  VkPipelineLayoutCreateInfo layout_info{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+  layout_info.setLayoutCount = 1;
+  layout_info.pSetLayouts = &state.set_layout;
+  layout_info.pushConstantRangeCount = shader.push_bytes > 0 ? 1 : 0;
+  layout_info.pPushConstantRanges = &push;
+  r = vkCreatePipelineLayout(device_, &layout_info, nullptr, &state.layout);
+  if (r != VK_SUCCESS) return VkError("vkCreatePipelineLayout", r);
+  return &state;
+}
+
+Result<const Pipeline*> PipelineCache::Get(const ShaderInterface& shader, std::span<const uint32_t> constants) {
+  KVFS_ASSIGN_OR_RETURN(ShaderState * state, Shader(shader));
+  std::vector<uint32_t> key(constants.begin(), constants.end());
+  if (auto it = state->pipelines.find(key); it != state->pipelines.end()) return it->second.get();
+
+  std::vector<VkSpecializationMapEntry> entries(key.size());
+  for (uint32_t i = 0; i < key.size(); ++i) entries[i] = {i, i * 4u, 4};
+  VkSpecializationInfo spec{static_cast<uint32_t>(entries.size()), entries.data(), key.size() * 4u, key.data()};
+  VkComputePipelineCreateInfo info{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+  info.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
+  info.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  info.stage.module = state->module;
+  info.stage.pName = "main";
+  info.stage.pSpecializationInfo = &spec;
+  info.layout = state->layout;
+  auto p = std::make_unique<Pipeline>();
+  const VkResult r = vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &info, nullptr, &p->pipeline);
+  if (r != VK_SUCCESS) return VkError(fmt::format("creating the {} pipeline", shader.name), r);
+  p->layout = state->layout;
+  p->set_layout = state->set_layout;
+  p->n_buffers = shader.n_buffers;
+  p->push_bytes = shader.push_bytes;
+  const Pipeline* out = p.get();
+  state->pipelines.emplace(std::move(key), std::move(p));
+  return out;
+}
+
+}  // namespace kvfs::vk

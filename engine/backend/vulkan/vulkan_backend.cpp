@@ -1,0 +1,344 @@
+// The Vulkan forward pass over a batch of sequences (llama and qwen2), the same computation as
+// the CPU backend (cpu_backend.cpp) op for op, with the shaders of shaders/:
+//   embed -> per layer: rms_norm, q/k/v matmuls (+bias), rope, kv_store (K and V encoded into
+//   the KV format on the device, rotated when the format rotates), attention (scores, softmax,
+//   weighted V, reading the encoded rows of the sequence's device KV blocks), wo matmul
+//   (+residual), rms_norm, gate/up matmuls, swiglu, down matmul (+residual) -> final rms_norm
+//   of the rows whose logits are wanted -> output matmul.
+// Quantized weights are multiplied with activations quantized like the CPU's (quantize_act),
+// so both backends compute the same integer dot products.
+//
+// The batch's tokens are processed in micro-batches of at most max_ubatch_ tokens (a
+// sequence's later tokens attend to the K/V its earlier ones wrote on the device), which bounds
+// every activation buffer below the device's storage-binding size. Each micro-batch is one
+// command buffer, submitted and waited for; the last one also copies the new K/V rows back to
+// the host blocks (device_kv.h has the design of the device KV copies).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/ops.h"
+#include "engine/backend/vulkan/device_kv.h"
+#include "engine/backend/vulkan/device_weights.h"
+#include "engine/backend/vulkan/vk_ops.h"
+#include "engine/backend/vulkan/vk_transfer.h"
+
+namespace kvfs {
+namespace {
+
+using vk::Buffer;
+using vk::MemoryKind;
+
+constexpr int64_t kMaxUbatch = 512;
+constexpr int64_t kStagingBytes = int64_t{64} << 20;
+constexpr int64_t kScoresBytes = int64_t{64} << 20;
+constexpr int64_t kPartialsBytes = int64_t{4} << 20;
+
+class VulkanBackend final : public Backend {
+ public:
+  explicit VulkanBackend(const Model& model) : model_(model), hp_(model.hparams()) {}
+  Status Init(const VulkanOptions& options);
+
+  const char* name() const override { return "vulkan"; }
+  Status Forward(std::span<const SequenceStep> steps, Logits& out) override;
+
+ private:
+  // A run of consecutive tokens of one step inside a micro-batch.
+  struct Piece {
+    int32_t step;
+    int64_t row0;  // first row of the micro-batch
+    int64_t n;
+    int64_t pos0;  // position of its first token
+  };
+  Status RunUbatch(std::span<const SequenceStep> steps, std::span<const Piece> pieces, int64_t T,
+                   std::span<const int64_t> logit_rows, bool last, Logits& out);
+  // y (+)= W x, quantizing x first when W's type needs it (reused while same_input).
+  Status MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
+                const vk::DeviceVector* bias, bool accumulate, bool same_input);
+  Status Attention(int64_t layer, std::span<const Piece> pieces);
+  // Makes logits_ and logits_out_ hold at least `rows` rows (at most max_ubatch_).
+  Status ReserveLogitRows(int64_t rows);
+
+  const Model& model_;
+  const HParams& hp_;
+  std::unique_ptr<vk::Context> ctx_;
+  std::unique_ptr<vk::PipelineCache> pipelines_;
+  std::unique_ptr<vk::Recorder> rec_;
+  std::unique_ptr<vk::Uploader> uploader_;
+  std::unique_ptr<vk::Ops> ops_;
+  std::unique_ptr<vk::DeviceWeights> weights_;
+  std::unique_ptr<vk::DeviceKvCache> kv_;
+  std::vector<vk::StepKv> step_kv_;  // per step of the current pass
+  int64_t max_ubatch_ = kMaxUbatch;
+  vk::ActKind quantized_kind_ = vk::ActKind::kFloat;  // what act_codes_ holds (kFloat: nothing)
+
+  // Activations on the device, row-major [max_ubatch_][width] f32 unless said otherwise.
+  Buffer x_;          // [n_embd] residual stream
+  Buffer xb_;         // [max(n_embd, n_embd_q)] normed input / matmul output before the residual add
+  Buffer q_;          // [n_embd_q]
+  Buffer k_, v_;      // [n_embd_kv] before encoding into the KV format
+  Buffer att_;        // [n_embd_q] attention output
+  Buffer gate_, up_, hidden_;  // [n_ff]
+  Buffer xn_;         // [n_embd] final-normed rows whose logits are wanted
+  Buffer logits_;     // [logit_rows_][n_vocab]: grown on demand (decode needs one row)
+  Buffer act_codes_;  // quantized activations: [max_ubatch_][max n_in / 4] words
+  Buffer act_aux_;    // [max_ubatch_][max n_in / 32] vec4 (see vk_ops.h)
+  Buffer scores_;     // attention weights: [tokens][n_head][context], kScoresBytes
+  Buffer partials_;   // attention split over positions: [tokens][n_head][splits][head_dim]
+  // Host-visible inputs and outputs of a micro-batch.
+  Buffer tokens_;     // [max_ubatch_] int32 token ids
+  Buffer rope_;       // [max_ubatch_][n_rot / 2] (cos, sin) pairs
+  Buffer row_ids_;    // [max_ubatch_] int32: rows whose logits are wanted
+  Buffer logits_out_; // [logit_rows_][n_vocab] readback
+  int64_t logit_rows_ = 0;
+};
+
+Status VulkanBackend::Init(const VulkanOptions& options) {
+  KVFS_RETURN_IF_ERROR(vk::CheckWeightTypes(model_.weights()));
+  KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device));
+  int64_t max_binding = ctx_->limits().max_binding_bytes;
+  if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
+  pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device());
+  rec_ = std::make_unique<vk::Recorder>(*ctx_);
+  KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
+  KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
+  KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));
+  KVFS_ASSIGN_OR_RETURN(weights_, vk::UploadWeights(*ctx_, *uploader_, model_.weights(), max_binding));
+  const int64_t kv_budget = options.kv_device_bytes > 0 ? options.kv_device_bytes : ctx_->info().memory_bytes / 4;
+  kv_ = std::make_unique<vk::DeviceKvCache>(*ctx_, *uploader_, kv_budget, max_binding);
+
+  // The widest activation row bounds the micro-batch: every buffer stays within one binding.
+  const int64_t n_in_max = std::max({hp_.n_embd, hp_.n_embd_q(), hp_.n_ff});
+  const int64_t widest = std::max({hp_.n_vocab, n_in_max});
+  max_ubatch_ = std::clamp<int64_t>(max_binding / (4 * widest), 1, kMaxUbatch);
+  const int64_t U = max_ubatch_;
+  auto device = [&](Buffer& b, int64_t floats) -> Status {
+    KVFS_ASSIGN_OR_RETURN(b, ctx_->CreateBuffer(U * floats * 4, MemoryKind::kDevice));
+    return Status::Ok();
+  };
+  KVFS_RETURN_IF_ERROR(device(x_, hp_.n_embd));
+  KVFS_RETURN_IF_ERROR(device(xb_, std::max(hp_.n_embd, hp_.n_embd_q())));
+  KVFS_RETURN_IF_ERROR(device(q_, hp_.n_embd_q()));
+  KVFS_RETURN_IF_ERROR(device(k_, hp_.n_embd_kv()));
+  KVFS_RETURN_IF_ERROR(device(v_, hp_.n_embd_kv()));
+  KVFS_RETURN_IF_ERROR(device(att_, hp_.n_embd_q()));
+  KVFS_RETURN_IF_ERROR(device(gate_, hp_.n_ff));
+  KVFS_RETURN_IF_ERROR(device(up_, hp_.n_ff));
+  KVFS_RETURN_IF_ERROR(device(hidden_, hp_.n_ff));
+  KVFS_RETURN_IF_ERROR(device(xn_, hp_.n_embd));
+  KVFS_RETURN_IF_ERROR(device(act_codes_, n_in_max / 4));
+  KVFS_RETURN_IF_ERROR(device(act_aux_, n_in_max / 32 * 4));
+  KVFS_ASSIGN_OR_RETURN(scores_, ctx_->CreateBuffer(std::min(kScoresBytes, max_binding), MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(partials_, ctx_->CreateBuffer(std::min(kPartialsBytes, max_binding), MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
+  KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kUpload));
+  KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
+  spdlog::info("vulkan: {} ({}), {:.1f} MiB of weights, micro-batch {} tokens, KV budget {:.1f} MiB",
+               ctx_->info().name, ctx_->info().type, weights_->bytes / 1048576.0, max_ubatch_, kv_budget / 1048576.0);
+  return Status::Ok();
+}
+
+Status VulkanBackend::ReserveLogitRows(int64_t rows) {
+  if (rows <= logit_rows_) return Status::Ok();
+  const int64_t n = std::min(max_ubatch_, std::max(rows, 2 * logit_rows_));
+  KVFS_ASSIGN_OR_RETURN(logits_, ctx_->CreateBuffer(n * hp_.n_vocab * 4, MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(logits_out_, ctx_->CreateBuffer(n * hp_.n_vocab * 4, MemoryKind::kReadback));
+  logit_rows_ = n;
+  return Status::Ok();
+}
+
+Status VulkanBackend::MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
+                             const vk::DeviceVector* bias, bool accumulate, bool same_input) {
+  const vk::ActKind kind = vk::ActKindFor(w.type);
+  const vk::QuantizedActs acts{&act_codes_, &act_aux_};
+  if (kind != vk::ActKind::kFloat && !(same_input && quantized_kind_ == kind)) {
+    rec_->Barrier();  // earlier matmuls may still read the previous codes
+    KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(*rec_, kind, x, x_stride, w.n_in, T, acts));
+    rec_->Barrier();
+    quantized_kind_ = kind;
+  }
+  vk::Ops::MatMulArgs a;
+  a.x = &x;
+  a.x_stride = x_stride;
+  a.acts = acts;
+  a.n_tokens = T;
+  a.y = &y;
+  a.bias = bias != nullptr && !bias->empty() ? &bias->buffer : nullptr;
+  a.accumulate = accumulate;
+  return ops_->MatMul(*rec_, w, a);
+}
+
+Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces) {
+  const vk::AttentionShape shape{hp_.n_head, hp_.n_head_kv, hp_.head_dim};
+  const int64_t n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv();
+  // New K/V rows first (a query attends to its own position), then attention piece by piece,
+  // in chunks of tokens whose scores fit the scores buffer.
+  for (const Piece& pc : pieces) {
+    const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
+    KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.k_plane, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
+    KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
+  }
+  rec_->Barrier();
+  const int64_t score_floats = scores_.bytes() / 4;
+  for (const Piece& pc : pieces) {
+    const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
+    for (int64_t j = 0; j < pc.n;) {
+      const int64_t n_ctx_last = pc.pos0 + pc.n;  // the most any token of the piece sees
+      const int64_t chunk = std::clamp<int64_t>(score_floats / (hp_.n_head * n_ctx_last), 1, pc.n - j);
+      if (chunk * hp_.n_head * (pc.pos0 + j + chunk) > score_floats) {
+        return Status(StatusCode::kResourceExhausted,
+                      fmt::format("a context of {} tokens needs more attention scratch than {} bytes", n_ctx_last,
+                                  scores_.bytes()));
+      }
+      KVFS_RETURN_IF_ERROR(ops_->Attention(*rec_, view, shape, q_, n_q, pc.row0 + j, chunk, pc.pos0 + j, scores_,
+                                           partials_, partials_.bytes() / 4, att_, n_q, pc.row0 + j));
+      rec_->Barrier();
+      j += chunk;
+    }
+  }
+  return Status::Ok();
+}
+
+Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<const Piece> pieces, int64_t T,
+                                std::span<const int64_t> logit_rows, bool last, Logits& out) {
+  const vk::DeviceWeights& w = *weights_;
+  const int64_t n_embd = hp_.n_embd, n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv(), n_ff = hp_.n_ff;
+  const float eps = hp_.rms_eps;
+
+  // Host inputs: token ids, RoPE angles (the CPU's RopeAngles), rows whose logits are wanted.
+  auto* ids = reinterpret_cast<int32_t*>(tokens_.mapped());
+  auto* rope = reinterpret_cast<float*>(rope_.mapped());
+  const int64_t half = hp_.n_rot / 2;
+  const cpu::RopeParams rope_params{hp_.n_rot, hp_.head_dim, hp_.rope_freq_base, hp_.rope_freq_scale, hp_.rope_style,
+                                    model_.weights().rope_freqs.empty() ? nullptr : model_.weights().rope_freqs.data};
+  std::vector<float> cos_t(half), sin_t(half);
+  for (const Piece& pc : pieces) {
+    for (int64_t j = 0; j < pc.n; ++j) {
+      const SequenceStep& s = steps[pc.step];
+      ids[pc.row0 + j] = s.tokens[pc.pos0 + j - step_kv_[pc.step].n_old];
+      cpu::RopeAngles(rope_params, pc.pos0 + j, cos_t.data(), sin_t.data());
+      for (int64_t i = 0; i < half; ++i) {
+        rope[(pc.row0 + j) * 2 * half + 2 * i] = cos_t[i];
+        rope[(pc.row0 + j) * 2 * half + 2 * i + 1] = sin_t[i];
+      }
+    }
+  }
+  const int64_t R = static_cast<int64_t>(logit_rows.size());
+  auto* row_ids = reinterpret_cast<int32_t*>(row_ids_.mapped());
+  for (int64_t r = 0; r < R; ++r) row_ids[r] = static_cast<int32_t>(logit_rows[r]);
+
+  KVFS_RETURN_IF_ERROR(ReserveLogitRows(R));  // before recording: it may replace buffers
+  vk::Recorder& rec = *rec_;
+  KVFS_RETURN_IF_ERROR(rec.Begin());
+  quantized_kind_ = vk::ActKind::kFloat;
+  KVFS_RETURN_IF_ERROR(ops_->Embed(rec, w.token_embd, tokens_, T, x_));
+  rec.Barrier();
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    const vk::DeviceLayer& l = w.layers[il];
+    KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, l.attn_norm.buffer, n_embd, eps, xb_, n_embd, T, nullptr));
+    rec.Barrier();
+    KVFS_RETURN_IF_ERROR(MatMul(l.wq, xb_, n_embd, T, q_, &l.bq, false, false));
+    KVFS_RETURN_IF_ERROR(MatMul(l.wk, xb_, n_embd, T, k_, &l.bk, false, true));
+    KVFS_RETURN_IF_ERROR(MatMul(l.wv, xb_, n_embd, T, v_, &l.bv, false, true));
+    rec.Barrier();
+    KVFS_RETURN_IF_ERROR(ops_->Rope(rec, q_, n_q, hp_.n_head, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
+    KVFS_RETURN_IF_ERROR(ops_->Rope(rec, k_, n_kv, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
+    rec.Barrier();
+    KVFS_RETURN_IF_ERROR(Attention(il, pieces));
+    KVFS_RETURN_IF_ERROR(MatMul(l.wo, att_, n_q, T, x_, nullptr, true, false));
+    rec.Barrier();
+
+    KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, l.ffn_norm.buffer, n_embd, eps, xb_, n_embd, T, nullptr));
+    rec.Barrier();
+    KVFS_RETURN_IF_ERROR(MatMul(l.w_gate, xb_, n_embd, T, gate_, nullptr, false, false));
+    KVFS_RETURN_IF_ERROR(MatMul(l.w_up, xb_, n_embd, T, up_, nullptr, false, true));
+    rec.Barrier();
+    KVFS_RETURN_IF_ERROR(ops_->SwiGlu(rec, gate_, up_, hidden_, T * n_ff));
+    rec.Barrier();
+    KVFS_RETURN_IF_ERROR(MatMul(l.w_down, hidden_, n_ff, T, x_, nullptr, true, false));
+    rec.Barrier();
+  }
+  if (R > 0) {
+    KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_, n_embd, R, &row_ids_));
+    rec.Barrier();
+    KVFS_RETURN_IF_ERROR(MatMul(*w.output, xn_, n_embd, R, logits_, nullptr, false, false));
+    rec.Barrier();
+    rec.Copy(logits_, 0, logits_out_, 0, R * hp_.n_vocab * 4);
+  }
+  if (last) KVFS_RETURN_IF_ERROR(kv_->RecordWriteBack(rec, step_kv_));
+  KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
+  const size_t at = out.data.size();
+  out.data.resize(at + static_cast<size_t>(R * hp_.n_vocab));
+  std::memcpy(out.data.data() + at, logits_out_.mapped(), static_cast<size_t>(R * hp_.n_vocab * 4));
+  return Status::Ok();
+}
+
+Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
+  // Validate and reserve every sequence first so a failure leaves all of them untouched.
+  int64_t total = 0;
+  for (const SequenceStep& s : steps) {
+    if (s.kv == nullptr || s.tokens.empty()) return InvalidArgument("empty step in a batch");
+    const KvLayout& kl = s.kv->layout();
+    if (kl.n_layer != hp_.n_layer || kl.n_head_kv != hp_.n_head_kv || kl.head_dim != hp_.head_dim) {
+      return InvalidArgument("KV layout does not match the model");
+    }
+    for (TokenId id : s.tokens) {
+      if (id < 0 || id >= hp_.n_vocab) return InvalidArgument(fmt::format("token id {} out of range", id));
+    }
+    KVFS_RETURN_IF_ERROR(s.kv->Reserve(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size())));
+    total += static_cast<int64_t>(s.tokens.size());
+  }
+  KVFS_RETURN_IF_ERROR(kv_->Prepare(steps, step_kv_));
+
+  out.n_vocab = hp_.n_vocab;
+  out.data.clear();
+  out.first_row.clear();
+  int64_t rows = 0;
+  for (const SequenceStep& s : steps) {
+    out.first_row.push_back(rows);
+    rows += s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+  }
+  out.data.reserve(static_cast<size_t>(rows * hp_.n_vocab));
+
+  // Micro-batches over the concatenated tokens of all steps.
+  size_t si = 0;
+  int64_t j = 0;  // next token of step si
+  while (si < steps.size()) {
+    std::vector<Piece> pieces;
+    std::vector<int64_t> logit_rows;
+    int64_t T = 0;
+    while (si < steps.size() && T < max_ubatch_) {
+      const SequenceStep& s = steps[si];
+      const int64_t n_step = static_cast<int64_t>(s.tokens.size());
+      const int64_t n = std::min(n_step - j, max_ubatch_ - T);
+      pieces.push_back({static_cast<int32_t>(si), T, n, step_kv_[si].n_old + j});
+      for (int64_t k = 0; k < n; ++k) {
+        if (s.all_logits || j + k == n_step - 1) logit_rows.push_back(T + k);
+      }
+      T += n;
+      j += n;
+      if (j == n_step) {
+        ++si;
+        j = 0;
+      }
+    }
+    KVFS_RETURN_IF_ERROR(RunUbatch(steps, pieces, T, logit_rows, si == steps.size(), out));
+  }
+  kv_->FinishWriteBack(steps, step_kv_);
+  for (const SequenceStep& s : steps) s.kv->SetTokens(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const VulkanOptions& options) {
+  auto backend = std::make_unique<VulkanBackend>(model);
+  KVFS_RETURN_IF_ERROR(backend->Init(options));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace kvfs

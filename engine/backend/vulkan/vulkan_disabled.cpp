@@ -1,0 +1,14 @@
+// The Vulkan entry points of a build configured with -DKVFS_VULKAN=OFF.
+#include "engine/backend/backend.h"
+
+namespace kvfs {
+
+namespace {
+Status NoVulkan() { return Unsupported("this kvfs was built without the Vulkan backend (-DKVFS_VULKAN=OFF)"); }
+}  // namespace
+
+Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices() { return NoVulkan(); }
+
+Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model&, const VulkanOptions&) { return NoVulkan(); }
+
+}  // namespace kvfs

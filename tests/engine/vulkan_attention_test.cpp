@@ -1,0 +1,203 @@
+// Conformance of the Vulkan KV encoding and attention with the CPU scalar reference, per KV
+// format (f16, q8, q4, with and without the Walsh-Hadamard rotation): kv_store must write the
+// bytes KvQuantizeRow writes; attention (decode and prefill, grouped-query heads, positions
+// spread over KV blocks in scattered device slots) must match the CPU backend's computation:
+// rotated and f16-rounded queries, scores against the decoded K rows, softmax, weighted V.
+#include <cstdio>
+
+#include <gtest/gtest.h>
+
+#if defined(KVFS_VULKAN)
+
+#include "engine/backend/cpu/attention.h"
+#include "engine/kv/kv_format.h"
+#include "engine/model/quants.h"
+#include "tests/engine/vulkan_test_util.h"
+
+namespace kvfs::testing {
+namespace {
+
+constexpr int64_t kHeads = 4, kHeadsKv = 2, kHeadDim = 64, kBlockTokens = 16;
+constexpr int64_t kRowValues = kHeadsKv * kHeadDim;
+
+std::vector<KvFormat> Formats() {
+  std::vector<KvFormat> out;
+  for (const char* type : {"f16", "q8", "q4"}) {
+    for (const char* rotate : {"off", "on"}) {
+      auto f = MakeKvFormat(type, rotate, kHeadsKv, kHeadDim);
+      if (f.ok() && !(f->type == KvType::kF16 && std::string(rotate) == "on")) out.push_back(*f);
+    }
+  }
+  return out;
+}
+
+// Random K or V rows with a few outliers (what the rotation is for).
+std::vector<float> RandomRows(int64_t n_rows, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n_rows * kRowValues);
+  for (float& v : x) v = normal(rng);
+  for (int64_t r = 0; r < n_rows; ++r) x[r * kRowValues + (r * 37) % kRowValues] *= 12.0f;
+  return x;
+}
+
+// The CPU encoding of rows (rotated per head first when the format rotates).
+std::vector<uint8_t> EncodeRows(const KvFormat& f, std::vector<float> x, int64_t n_rows) {
+  const int64_t row_bytes = f.RowBytes(kRowValues);
+  std::vector<uint8_t> out(n_rows * row_bytes);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* row = x.data() + r * kRowValues;
+    if (f.rotate) {
+      for (int64_t h = 0; h < kHeadsKv; ++h) HadamardTransform(row + h * kHeadDim, kHeadDim);
+    }
+    KvQuantizeRow(f, row, out.data() + r * row_bytes, kRowValues);
+  }
+  return out;
+}
+
+// A device plane of `slots` KV blocks and a block table sending block b to slots_of[b].
+struct Plane {
+  int64_t row_stride;
+  std::vector<uint32_t> table;
+  std::vector<uint8_t> bytes;  // [slots * kBlockTokens][row_stride]
+  int64_t RowOffset(int64_t pos) const { return (table[pos / kBlockTokens] * kBlockTokens + pos % kBlockTokens) * row_stride; }
+};
+Plane MakePlane(const KvFormat& f, int64_t n_positions) {
+  Plane p;
+  p.row_stride = (f.RowBytes(kRowValues) + 3) / 4 * 4;
+  const int64_t n_blocks = (n_positions + kBlockTokens - 1) / kBlockTokens;
+  // Slots in reverse order after 3 unused ones, block 0 in the last.
+  for (int64_t b = 0; b < n_blocks; ++b) p.table.push_back(static_cast<uint32_t>(n_blocks + 2 - b));
+  p.bytes.assign((n_blocks + 3) * kBlockTokens * p.row_stride, 0);
+  return p;
+}
+
+class VulkanAttentionTest : public VulkanOpsTest {
+ protected:
+  vk::KvView View(const KvFormat& f, const vk::Buffer& plane, const vk::Buffer& table, int64_t row_stride) {
+    vk::KvView v;
+    v.k_plane = &plane;
+    v.v_plane = &plane;
+    v.block_table = &table;
+    v.table0 = 0;
+    v.format = f;
+    v.block_tokens = kBlockTokens;
+    v.row_stride = row_stride;
+    return v;
+  }
+};
+
+TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuEncoding) {
+  std::mt19937 rng(21);
+  const int64_t pos0 = 10, T = 30;  // positions 10..39: three blocks
+  for (const KvFormat& f : Formats()) {
+    const std::vector<float> rows = RandomRows(T, rng);
+    const std::vector<uint8_t> want = EncodeRows(f, rows, T);
+    Plane plane = MakePlane(f, pos0 + T);
+    const vk::Buffer src = Input(rows), table = Input(plane.table);
+    const vk::Buffer dev = Output(plane.bytes.size());
+    const vk::KvView view = View(f, dev, table, plane.row_stride);
+    ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                  return ops_->KvStore(rec, view, dev, {kHeads, kHeadsKv, kHeadDim}, src, kRowValues, 0, T, pos0);
+                }).ok());
+    const int64_t row_bytes = f.RowBytes(kRowValues);
+    int64_t differing_rows = 0;
+    std::vector<float> got_values(T * kRowValues), want_values(T * kRowValues);
+    for (int64_t t = 0; t < T; ++t) {
+      const uint8_t* got = dev.mapped() + plane.RowOffset(pos0 + t);
+      differing_rows += std::memcmp(got, want.data() + t * row_bytes, row_bytes) != 0;
+      KvDequantize(f, got, 0, kRowValues, got_values.data() + t * kRowValues);
+      KvDequantize(f, want.data() + t * row_bytes, 0, kRowValues, want_values.data() + t * kRowValues);
+    }
+    std::printf("[vulkan kv_store] %-8s %lld of %lld rows differ from the CPU encoding, decoded NMSE %.3g\n",
+                f.Name().c_str(), static_cast<long long>(differing_rows), static_cast<long long>(T),
+                Nmse(got_values, want_values));
+    EXPECT_EQ(differing_rows, 0) << f.Name();
+  }
+}
+
+// The CPU backend's attention for one query token and head (cpu_backend.cpp, scalar kernels).
+std::vector<float> ReferenceAttention(const KvFormat& f, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v,
+                                      const float* q_head, int64_t kv_head, int64_t n_visible) {
+  const cpu::AttentionKernels& attn = cpu::ScalarAttentionKernels();
+  const int64_t row_bytes = f.RowBytes(kRowValues);
+  std::vector<float> q(q_head, q_head + kHeadDim);
+  if (f.rotate) attn.hadamard(q.data(), kHeadDim);
+  if (f.type == KvType::kF16) attn.round_f16(q.data(), kHeadDim);
+  std::vector<float> scores(n_visible), out(kHeadDim, 0.0f);
+  attn.dot_rows(f, cpu::KvRows{k.data(), row_bytes, n_visible, kv_head, kHeadDim}, q.data(), 1, scores.data(), n_visible);
+  attn.softmax(scores.data(), n_visible, n_visible, 1.0f / std::sqrt(static_cast<float>(kHeadDim)),
+               f.type == KvType::kF16);
+  attn.axpy_rows(f, cpu::KvRows{v.data(), row_bytes, n_visible, kv_head, kHeadDim}, scores.data(), 1, n_visible,
+                 out.data());
+  if (f.rotate) attn.hadamard(out.data(), kHeadDim);
+  return out;
+}
+
+TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
+  std::mt19937 rng(23);
+  struct Case {
+    int64_t pos0, T;
+  };
+  // Decode with a long context spreads the positions over workgroups (attn_reduce adds them).
+  for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}}) {
+    const int64_t n_ctx = c.pos0 + c.T;
+    for (const KvFormat& f : Formats()) {
+      const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
+      const std::vector<uint8_t> v = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
+      Plane kp = MakePlane(f, n_ctx), vp = MakePlane(f, n_ctx);
+      const int64_t row_bytes = f.RowBytes(kRowValues);
+      for (int64_t p = 0; p < n_ctx; ++p) {
+        std::memcpy(kp.bytes.data() + kp.RowOffset(p), k.data() + p * row_bytes, row_bytes);
+        std::memcpy(vp.bytes.data() + vp.RowOffset(p), v.data() + p * row_bytes, row_bytes);
+      }
+      std::vector<float> q(c.T * kHeads * kHeadDim);
+      for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+      const vk::Buffer kb = Input(kp.bytes), vb = Input(vp.bytes), table = Input(kp.table), qb = Input(q);
+      const vk::Buffer scores = Output(c.T * kHeads * n_ctx * 4), raw = Output(c.T * kHeads * n_ctx * 4);
+      const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4);
+      const vk::Buffer partials = Output(1 << 20);
+      vk::KvView view = View(f, kb, table, kp.row_stride);
+      view.v_plane = &vb;
+      const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
+      const int64_t q_stride = kHeads * kHeadDim;
+      ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                    KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
+                    return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
+                                           partials.bytes() / 4, out, q_stride, 0);
+                  }).ok());
+      // Raw scores against the scalar dot products, then the whole attention.
+      const std::vector<float> got_raw = Read<float>(raw, c.T * kHeads * n_ctx);
+      const std::vector<float> got = Read<float>(out, c.T * kHeads * kHeadDim);
+      std::vector<float> want, raw_got, raw_want;
+      for (int64_t t = 0; t < c.T; ++t) {
+        for (int64_t h = 0; h < kHeads; ++h) {
+          const float* qh = q.data() + t * q_stride + h * kHeadDim;
+          const std::vector<float> o = ReferenceAttention(f, k, v, qh, h / (kHeads / kHeadsKv), c.pos0 + t + 1);
+          want.insert(want.end(), o.begin(), o.end());
+          std::vector<float> qr(qh, qh + kHeadDim);
+          if (f.rotate) HadamardTransform(qr.data(), kHeadDim);
+          if (f.type == KvType::kF16) cpu::ScalarAttentionKernels().round_f16(qr.data(), kHeadDim);
+          std::vector<float> s(c.pos0 + t + 1);
+          cpu::ScalarAttentionKernels().dot_rows(
+              f, cpu::KvRows{k.data(), row_bytes, c.pos0 + t + 1, h / (kHeads / kHeadsKv), kHeadDim}, qr.data(), 1,
+              s.data(), c.pos0 + t + 1);
+          for (int64_t p = 0; p <= c.pos0 + t; ++p) {
+            raw_want.push_back(s[p]);
+            raw_got.push_back(got_raw[(t * kHeads + h) * n_ctx + p]);
+          }
+        }
+      }
+      const double nmse_scores = Nmse(raw_got, raw_want), nmse = Nmse(got, want);
+      std::printf("[vulkan attention] %-8s pos0=%-3lld T=%-3lld scores NMSE %.3g, output NMSE %.3g\n",
+                  f.Name().c_str(), static_cast<long long>(c.pos0), static_cast<long long>(c.T), nmse_scores, nmse);
+      EXPECT_LE(nmse_scores, 1e-12) << f.Name();
+      // f16 caches round the weights to f16 (a weight near a rounding boundary may go either way).
+      EXPECT_LE(nmse, 1e-9) << f.Name();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvfs::testing
+
+#endif  // KVFS_VULKAN

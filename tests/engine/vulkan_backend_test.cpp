@@ -1,0 +1,240 @@
+// The Vulkan backend as a whole: logits close to the CPU backend's, a batch equal to each
+// sequence alone, and the device KV copies following the host blocks: rows written by another
+// backend, blocks shared through the pool or copied into new blocks, truncation, eviction under
+// a small device KV budget, weights split across bindings and micro-batches. Runs on lavapipe
+// in CI; skips without a Vulkan device.
+#include <cmath>
+#include <cstring>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
+#include "tests/test_support.h"
+
+#if defined(KVFS_VULKAN)
+#include "engine/backend/vulkan/device_weights.h"
+#endif
+
+namespace kvfs {
+namespace {
+
+double Nmse(const float* got, const float* want, int64_t n) {
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+class VulkanBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
+    KVFS_REQUIRE_DATA(path);
+    auto model = Model::Load(path);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    model_ = std::move(*model);
+    auto backend = MakeVulkanBackend(*model_, VulkanOptions{});
+    KVFS_REQUIRE_VULKAN(backend.status());
+    vulkan_ = std::move(*backend);
+    prompt_ = model_->tokenizer().Encode(
+        "The quick brown fox jumps over the lazy dog, twice, and then it sleeps under the old oak tree "
+        "until the farmer comes home with a basket of apples for the children.",
+        true, false);
+  }
+  const HParams& hp() const { return model_->hparams(); }
+  KvLayout Layout(const char* type, int64_t block_tokens = 16) const {
+    return KvLayoutFor(hp(), *MakeKvFormat(type, "", hp().n_head_kv, hp().head_dim), block_tokens);
+  }
+  // Runs tokens through `backend` on kv; returns the last row's logits.
+  std::vector<float> Step(Backend& backend, SequenceKv& kv, std::span<const TokenId> tokens) {
+    Logits lg;
+    SequenceStep s{&kv, tokens, false};
+    const Status st = backend.Forward(std::span<const SequenceStep>(&s, 1), lg);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return lg.data;
+  }
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Backend> vulkan_;
+  std::vector<TokenId> prompt_;
+};
+
+// Against the scalar CPU table: both backends then quantize activations and K/V identically and
+// differ only in the order of float sums (the SIMD tables reorder them too, which can flip a
+// 4-bit KV code and move these random-weight logits by more).
+TEST_F(VulkanBackendTest, LogitsMatchTheCpuBackend) {
+  auto cpu = MakeCpuBackend(*model_, CpuOptions{2, &cpu::ScalarKernels()});
+  const int64_t V = hp().n_vocab, n = static_cast<int64_t>(prompt_.size());
+  for (const char* type : {"f16", "q8", "q4"}) {
+    SequenceKv kv_cpu(Layout(type), 256), kv_gpu(Layout(type), 256);
+    Logits a, b;
+    SequenceStep sa{&kv_cpu, prompt_, true}, sb{&kv_gpu, prompt_, true};
+    ASSERT_TRUE(cpu->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+    ASSERT_TRUE(vulkan_->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+    ASSERT_EQ(a.data.size(), b.data.size());
+    const double prompt_nmse = Nmse(b.data.data(), a.data.data(), n * V);
+    const TokenId next = 42;
+    const std::vector<float> da = Step(*cpu, kv_cpu, std::span<const TokenId>(&next, 1));
+    const std::vector<float> db = Step(*vulkan_, kv_gpu, std::span<const TokenId>(&next, 1));
+    const double decode_nmse = Nmse(db.data(), da.data(), V);
+    std::printf("[vulkan backend] kv %s: prompt logits NMSE %.3g, decode NMSE %.3g\n", type, prompt_nmse, decode_nmse);
+    EXPECT_LE(prompt_nmse, 1e-8) << type;
+    EXPECT_LE(decode_nmse, 1e-8) << type;
+  }
+}
+
+TEST_F(VulkanBackendTest, BatchedEqualsAlone) {
+  const std::vector<std::vector<TokenId>> prompts = {prompt_, {1, 15043}, {1, 450, 4996, 17354, 1701, 29916}};
+  const char* types[] = {"f16", "q8", "q4"};
+  const int64_t V = hp().n_vocab;
+  std::vector<std::vector<float>> alone;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SequenceKv kv(Layout(types[i]), 256);
+    Step(*vulkan_, kv, prompts[i]);
+    const TokenId next = 42;
+    alone.push_back(Step(*vulkan_, kv, std::span<const TokenId>(&next, 1)));
+  }
+  std::vector<std::unique_ptr<SequenceKv>> kvs;
+  std::vector<SequenceStep> steps;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    kvs.push_back(std::make_unique<SequenceKv>(Layout(types[i]), 256));
+    steps.push_back({kvs.back().get(), prompts[i], false});
+  }
+  Logits lg;
+  ASSERT_TRUE(vulkan_->Forward(steps, lg).ok());
+  const TokenId next = 42;
+  std::vector<SequenceStep> decode;
+  for (auto& kv : kvs) decode.push_back({kv.get(), std::span<const TokenId>(&next, 1), false});
+  ASSERT_TRUE(vulkan_->Forward(decode, lg).ok());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_LE(Nmse(lg.row(lg.first_row[i]), alone[i].data(), V), 1e-10) << "sequence " << i;
+  }
+}
+
+TEST_F(VulkanBackendTest, DeviceKvFollowsHostBlocks) {
+  const int64_t B = 16;  // small blocks: the prompt spans several
+  const std::vector<TokenId> more = {263, 1701, 29916, 42};
+  std::vector<TokenId> whole = prompt_;
+  whole.insert(whole.end(), more.begin(), more.end());
+  auto cpu = MakeCpuBackend(*model_, CpuOptions{2, &cpu::ScalarKernels()});
+  const int64_t V = hp().n_vocab;
+  const int64_t n = static_cast<int64_t>(prompt_.size());
+  ASSERT_GT(n, 2 * B);
+  SequenceKv reference(Layout("q4", B), 256);
+  const std::vector<float> want = Step(*vulkan_, reference, whole);
+
+  // Rows written by the CPU backend are uploaded before the Vulkan backend reads them.
+  SequenceKv from_cpu(Layout("q4", B), 256);
+  Step(*cpu, from_cpu, prompt_);
+  std::vector<float> got = Step(*vulkan_, from_cpu, more);
+  EXPECT_LE(Nmse(got.data(), want.data(), V), 1e-10) << "prefill on the CPU, decode on Vulkan";
+
+  // Full blocks shared through the pool keep their device copy; blocks copied into new host
+  // blocks (as a load from disk makes them) are uploaded; the host rows are the written-back ones.
+  BlockPool pool(0);
+  SequenceKv a(Layout("q4", B), 256, pool);
+  Step(*vulkan_, a, prompt_);
+  const int64_t full = n / B;
+  std::vector<BlockHash> keys;
+  for (int64_t i = 0; i < full; ++i) {
+    keys.push_back(BlockHash{1, static_cast<uint64_t>(i)});
+    a.NameBlock(i, keys.back());
+  }
+  SequenceKv shared(Layout("q4", B), 256, pool), copied(Layout("q4", B), 256);
+  for (int64_t i = 0; i < full; ++i) {
+    shared.SetBlock(i, pool.Acquire(keys[i]));
+    ASSERT_TRUE(copied.Reserve((i + 1) * B).ok());
+    std::memcpy(copied.block(i)->data, a.block(i)->data, static_cast<size_t>(a.layout().block_bytes()));
+  }
+  shared.SetTokens(full * B);
+  copied.SetTokens(full * B);
+  const std::span<const TokenId> rest(whole.data() + full * B, whole.size() - full * B);
+  got = Step(*vulkan_, shared, rest);
+  EXPECT_LE(Nmse(got.data(), want.data(), V), 1e-10) << "shared blocks";
+  got = Step(*vulkan_, copied, rest);
+  EXPECT_LE(Nmse(got.data(), want.data(), V), 1e-10) << "copied blocks";
+
+  // Truncation into a block: the rewritten rows replace the old ones on the device too.
+  SequenceKv truncated(Layout("q4", B), 256);
+  Step(*vulkan_, truncated, prompt_);
+  truncated.Truncate(B + 3);
+  got = Step(*vulkan_, truncated, std::span<const TokenId>(whole.data() + B + 3, whole.size() - B - 3));
+  EXPECT_LE(Nmse(got.data(), want.data(), V), 1e-10) << "after truncation";
+}
+
+TEST_F(VulkanBackendTest, SmallDeviceKvBudgetEvictsAndReloads) {
+  const int64_t B = 16;
+  const KvLayout layout = Layout("q8", B);
+  // Room for 4 blocks: each 39-token sequence needs 3, so they evict each other.
+  VulkanOptions options;
+  options.kv_device_bytes = 4 * 2 * layout.n_layer * B * ((layout.row_bytes() + 3) / 4 * 4);
+  auto small = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(small.ok()) << small.status().message();
+  std::vector<TokenId> p = prompt_;
+  p.resize(std::min<size_t>(p.size(), 39));
+  SequenceKv a(layout, 256), b(layout, 256), ref(layout, 256);
+  const TokenId next = 42;
+  Step(**small, a, p);
+  Step(**small, b, p);
+  const std::vector<float> got = Step(**small, a, std::span<const TokenId>(&next, 1));
+  Step(*vulkan_, ref, p);
+  const std::vector<float> want = Step(*vulkan_, ref, std::span<const TokenId>(&next, 1));
+  EXPECT_LE(Nmse(got.data(), want.data(), hp().n_vocab), 1e-10);
+
+  // A sequence that alone needs more blocks than the budget fails cleanly.
+  SequenceKv big(layout, 256);
+  std::vector<TokenId> long_prompt(5 * B, 450);
+  Logits lg;
+  SequenceStep s{&big, long_prompt, false};
+  const Status st = (*small)->Forward(std::span<const SequenceStep>(&s, 1), lg);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.message();
+  EXPECT_EQ(big.n_tokens(), 0);
+}
+
+TEST_F(VulkanBackendTest, SplitWeightsAndMicroBatchesMatch) {
+  // 2 MiB bindings: the output matrix (32000 rows, 4.6 MB) splits into 3 parts and a
+  // micro-batch holds 16 tokens of 32000 logits, so the prompt runs in 3 command buffers. (Both
+  // runs take the tiled matrix path; the matrix-vector path sums in another order, and a float
+  // rounding difference can flip an f16 K value or attention weight, which these random-weight
+  // models amplify to ~1e-4.)
+  VulkanOptions options;
+  options.max_binding_bytes = 2 << 20;
+  auto split = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(split.ok()) << split.status().message();
+  const int64_t V = hp().n_vocab, n = static_cast<int64_t>(prompt_.size());
+  SequenceKv ka(Layout("f16", 256), 256), kb(Layout("f16", 256), 256);
+  Logits a, b;
+  SequenceStep sa{&ka, prompt_, true}, sb{&kb, prompt_, true};
+  ASSERT_TRUE(vulkan_->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+  ASSERT_TRUE((*split)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+  ASSERT_EQ(b.data.size(), static_cast<size_t>(n * V));
+  EXPECT_LE(Nmse(b.data.data(), a.data.data(), n * V), 1e-12);
+}
+
+#if defined(KVFS_VULKAN)
+TEST(VulkanWeights, UnsupportedTypeIsAClearError) {
+  ModelWeights w;
+  w.token_embd.type = GgmlType::kQ2_K;
+  const Status s = vk::CheckWeightTypes(w);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("Q2_K"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("token_embd"), std::string::npos) << s.message();
+}
+#endif
+
+TEST(VulkanDevices, ListsDevicesWithOneDefault) {
+  auto devices = ListVulkanDevices();
+  KVFS_REQUIRE_VULKAN(devices.status());
+  ASSERT_FALSE(devices->empty());
+  int defaults = 0;
+  for (const VulkanDeviceInfo& d : *devices) {
+    defaults += d.is_default;
+    EXPECT_FALSE(d.name.empty());
+    EXPECT_GT(d.max_binding_bytes, 0);
+  }
+  EXPECT_EQ(defaults, 1);
+}
+
+}  // namespace
+}  // namespace kvfs

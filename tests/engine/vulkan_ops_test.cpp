@@ -1,0 +1,385 @@
+// Conformance of the Vulkan ops with the CPU scalar reference, per op and weight type:
+// activation quantization (codes and scales), matrix products (matrix-vector and matrix-matrix
+// paths, matrices split into parts, bias and residual epilogues), embedding lookup, RMSNorm,
+// RoPE, SwiGLU and softmax. Errors are NMSE = sum (gpu - cpu)^2 / sum cpu^2, printed per case.
+// Attention and KV encoding: vulkan_attention_test.cpp. Without a Vulkan device the tests skip.
+#include <cstdio>
+
+#include <gtest/gtest.h>
+
+#include "engine/backend/backend.h"
+
+#if defined(KVFS_VULKAN)
+
+#include "engine/backend/cpu/attention.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/backend/cpu/ops.h"
+#include "engine/backend/vulkan/device_weights.h"
+#include "engine/backend/vulkan/vk_transfer.h"
+#include "engine/model/quant_block_access.h"
+#include "engine/model/quants.h"
+#include "tests/engine/vulkan_test_util.h"
+
+namespace kvfs::testing {
+namespace {
+
+constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,
+                               GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+                               GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+std::string TypeName(GgmlType t) { return std::string(GgmlTypeInfo(static_cast<uint32_t>(t))->name); }
+
+void PutHalf(uint8_t* p, float v) {
+  const uint16_t h = Fp32ToFp16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// n_rows rows of n values of type t: random bytes with sane f16 scale fields; float types N(0, 1).
+std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::mt19937& rng) {
+  const int64_t row_bytes = RowBytes(t, n);
+  std::vector<uint8_t> w(static_cast<size_t>(row_bytes * n_rows));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> mag(0.5f, 2.0f);
+  const GgmlTypeTraits* info = GgmlTypeInfo(static_cast<uint32_t>(t));
+  const int64_t nb = n / info->block_elems, bb = info->block_bytes;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t i = 0; i < nb; ++i) {
+      uint8_t* b = w.data() + r * row_bytes + i * bb;
+      switch (t) {
+        case GgmlType::kF32: {
+          const float v = normal(rng);
+          std::memcpy(b, &v, 4);
+          break;
+        }
+        case GgmlType::kF16: PutHalf(b, normal(rng)); break;
+        case GgmlType::kBF16: {
+          const uint16_t h = Fp32ToBf16(normal(rng));
+          std::memcpy(b, &h, 2);
+          break;
+        }
+        case GgmlType::kQ4_0:
+        case GgmlType::kQ5_0:
+        case GgmlType::kQ8_0: PutHalf(b, 0.01f * mag(rng)); break;
+        case GgmlType::kQ4_1:
+        case GgmlType::kQ5_1:
+          PutHalf(b, 0.01f * mag(rng));
+          PutHalf(b + 2, -0.1f * mag(rng));
+          break;
+        case GgmlType::kQ4_K:
+        case GgmlType::kQ5_K:
+          PutHalf(b, 0.001f * mag(rng));
+          PutHalf(b + 2, 0.001f * mag(rng));
+          break;
+        case GgmlType::kQ6_K: PutHalf(b + 208, 0.001f * mag(rng)); break;
+        default: break;
+      }
+    }
+  }
+  return w;
+}
+
+// N(0, 1) scaled per 32 values by 10^U(-2, 2), with an all-zero block and a block of rounding
+// ties (amax 127) when n allows.
+std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
+  std::vector<float> x(static_cast<size_t>(n));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> expo(-2.0f, 2.0f);
+  for (int64_t i = 0; i < n; i += 32) {
+    const float s = std::pow(10.0f, expo(rng));
+    for (int64_t j = i; j < std::min(n, i + 32); ++j) x[j] = s * normal(rng);
+  }
+  if (n >= 96) {
+    for (int64_t j = 32; j < 64; ++j) x[j] = 0.0f;
+    for (int64_t j = 64; j < 96; ++j) x[j] = (j % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(j % 7));
+    x[64] = -127.0f;
+  }
+  return x;
+}
+
+TEST_F(VulkanOpsTest, QuantizeActivationsMatchCpuCodes) {
+  std::mt19937 rng(7);
+  const int64_t n = 1024, rows = 3;
+  std::vector<float> x;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> row = RandomActivations(n, rng);
+    x.insert(x.end(), row.begin(), row.end());
+  }
+  const cpu::KernelTable& scalar = cpu::ScalarKernels();
+  // One weight type per activation kind picks the CPU quantizer.
+  for (GgmlType weight : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ4_K}) {
+    const vk::ActKind kind = vk::ActKindFor(weight);
+    const vk::Buffer in = Input(x);
+    const vk::Buffer codes = Output(rows * n);
+    const vk::Buffer aux = Output(rows * n / 32 * 16);
+    ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                  return ops_->QuantizeActs(rec, kind, in, n, n, rows, {&codes, &aux});
+                }).ok());
+    const std::vector<int8_t> got_codes = Read<int8_t>(codes, rows * n);
+    const std::vector<float> got_aux = Read<float>(aux, rows * n / 32 * 4);
+    int64_t code_diffs = 0, scale_diffs = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<uint8_t> q(static_cast<size_t>(cpu::QuantizedActivationRowBytes(weight, n)));
+      scalar.quantize_row[static_cast<int>(weight)](x.data() + r * n, q.data(), n);
+      for (int64_t u = 0; u < n / 32; ++u) {
+        const float* a = got_aux.data() + (r * n / 32 + u) * 4;
+        const int8_t* c = got_codes.data() + r * n + u * 32;
+        const int8_t* want = nullptr;
+        float want_d = 0, want_s = 0;
+        int want_lo = 0, want_hi = 0;
+        if (kind == vk::ActKind::kQ8_K) {
+          const BlockQ8_K b = LoadBlock<BlockQ8_K>(q.data(), u / 8);
+          want = b.qs + 32 * (u % 8);
+          want_d = b.d;
+          want_lo = b.bsums[2 * (u % 8)];
+          want_hi = b.bsums[2 * (u % 8) + 1];
+          code_diffs += std::memcmp(c, want, 32) != 0;
+        } else {
+          const BlockQ8_1 b1 = LoadBlock<BlockQ8_1>(q.data(), u);
+          const BlockQ8_0 b0 = LoadBlock<BlockQ8_0>(q.data(), u);
+          want = kind == vk::ActKind::kQ8_1 ? b1.qs : b0.qs;
+          want_d = Fp16ToFp32(kind == vk::ActKind::kQ8_1 ? b1.d : b0.d);
+          want_s = kind == vk::ActKind::kQ8_1 ? Fp16ToFp32(b1.s) : 0.0f;
+          for (int j = 0; j < 16; ++j) want_lo += want[j];
+          for (int j = 16; j < 32; ++j) want_hi += want[j];
+          code_diffs += std::memcmp(c, want, 32) != 0;
+        }
+        scale_diffs += a[0] != want_d || a[1] != want_s || a[2] != want_lo || a[3] != want_hi;
+      }
+    }
+    std::printf("[vulkan quantize] %s activations: %lld of %lld units with different codes, %lld with different scales/sums\n",
+                TypeName(cpu::VecDotType(weight)).c_str(), static_cast<long long>(code_diffs),
+                static_cast<long long>(rows * n / 32), static_cast<long long>(scale_diffs));
+    EXPECT_EQ(code_diffs, 0);
+    EXPECT_EQ(scale_diffs, 0);
+  }
+}
+
+// y = W x (+ bias) (+ y_old) for every weight type against the scalar vec_dot, for token
+// counts on both sides of the matrix-vector / tiled switch and with the matrix split in parts.
+TEST_F(VulkanOpsTest, MatMulMatchesScalarForEveryType) {
+  std::mt19937 rng(11);
+  const int64_t n_in = 512, n_out = 67;
+  const cpu::KernelTable& scalar = cpu::ScalarKernels();
+  auto up = vk::Uploader::Create(*ctx_, 1 << 20);
+  ASSERT_TRUE(up.ok());
+  std::vector<float> bias(n_out);
+  for (float& b : bias) b = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  const vk::Buffer bias_buf = Input(bias);
+  for (GgmlType type : kTypes) {
+    const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
+    const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
+    int64_t total = 0;
+    // Parts of 20 rows: 4 parts, the last one short.
+    auto dm = vk::UploadMatrix(*ctx_, **up, m, 20 * m.row_bytes + 4, total);
+    ASSERT_TRUE(dm.ok()) << dm.status().message();
+    ASSERT_TRUE((*up)->Flush().ok());
+    ASSERT_EQ(dm->parts.size(), 4u);
+    for (int64_t T : {1, 2, 3, 5, 9, 40, 70}) {
+      const bool epilogue = T == 3 || T == 40;  // bias and residual add
+      std::vector<float> x;
+      for (int64_t t = 0; t < T; ++t) {
+        const std::vector<float> row = RandomActivations(n_in, rng);
+        x.insert(x.end(), row.begin(), row.end());
+      }
+      std::vector<float> y_old(T * n_out);
+      for (float& v : y_old) v = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+      std::vector<float> want(T * n_out);
+      std::vector<uint8_t> xq(static_cast<size_t>(cpu::QuantizedActivationRowBytes(type, n_in)));
+      for (int64_t t = 0; t < T; ++t) {
+        scalar.quantize_row[static_cast<int>(type)](x.data() + t * n_in, xq.data(), n_in);
+        for (int64_t r = 0; r < n_out; ++r) {
+          float v = scalar.vec_dot[static_cast<int>(type)](m.row(r), xq.data(), n_in);
+          if (epilogue) v = y_old[t * n_out + r] + (v + bias[r]);
+          want[t * n_out + r] = v;
+        }
+      }
+      const vk::Buffer xb = Input(x);
+      const vk::Buffer codes = Output(T * n_in);
+      const vk::Buffer aux = Output(T * n_in / 32 * 16);
+      vk::Buffer y = Output(T * n_out * 4);
+      if (epilogue) std::memcpy(y.mapped(), y_old.data(), y_old.size() * 4);
+      const vk::ActKind kind = vk::ActKindFor(type);
+      const Status s = Run([&](vk::Recorder& rec) -> Status {
+        if (kind != vk::ActKind::kFloat) {
+          KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, xb, n_in, n_in, T, {&codes, &aux}));
+          rec.Barrier();
+        }
+        vk::Ops::MatMulArgs a;
+        a.x = &xb;
+        a.x_stride = n_in;
+        a.acts = {&codes, &aux};
+        a.n_tokens = T;
+        a.y = &y;
+        a.bias = epilogue ? &bias_buf : nullptr;
+        a.accumulate = epilogue;
+        return ops_->MatMul(rec, *dm, a);
+      });
+      ASSERT_TRUE(s.ok()) << s.message();
+      const double nmse = Nmse(Read<float>(y, T * n_out), want);
+      std::printf("[vulkan matmul] %-5s T=%-3lld NMSE %.3g\n", TypeName(type).c_str(), static_cast<long long>(T), nmse);
+      // Integer paths sum each unit exactly; only the float accumulation order differs.
+      EXPECT_LE(nmse, 1e-10) << TypeName(type) << " T=" << T;
+    }
+  }
+}
+
+TEST_F(VulkanOpsTest, EmbeddingMatchesDequantizeForEveryType) {
+  std::mt19937 rng(3);
+  const int64_t n = 512, n_vocab = 45;
+  const std::vector<int32_t> tokens = {0, 44, 7, 21, 7, 30};
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  auto up = vk::Uploader::Create(*ctx_, 1 << 20);
+  ASSERT_TRUE(up.ok());
+  const vk::Buffer ids = Input(tokens);
+  for (GgmlType type : kTypes) {
+    const std::vector<uint8_t> w = RandomWeights(type, n_vocab, n, rng);
+    const Matrix m{type, n, n_vocab, RowBytes(type, n), w.data()};
+    int64_t total = 0;
+    auto dm = vk::UploadMatrix(*ctx_, **up, m, 16 * m.row_bytes, total);  // 3 parts
+    ASSERT_TRUE(dm.ok()) << dm.status().message();
+    ASSERT_TRUE((*up)->Flush().ok());
+    const vk::Buffer x = Output(T * n * 4);
+    ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->Embed(rec, *dm, ids, T, x); }).ok());
+    std::vector<float> want(T * n);
+    for (int64_t t = 0; t < T; ++t) DequantizeRow(type, m.row(tokens[t]), want.data() + t * n, n);
+    const double nmse = Nmse(Read<float>(x, T * n), want);
+    std::printf("[vulkan embed] %-5s NMSE %.3g\n", TypeName(type).c_str(), nmse);
+    EXPECT_LE(nmse, 1e-12) << TypeName(type);
+  }
+}
+
+TEST_F(VulkanOpsTest, RmsNormMatchesCpu) {
+  std::mt19937 rng(5);
+  const int64_t n = 1000, rows = 5;
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> x(rows * n), w(n);
+  for (float& v : x) v = normal(rng);
+  for (float& v : w) v = normal(rng);
+  const std::vector<int32_t> gather = {3, 0};
+  const vk::Buffer xb = Input(x), wb = Input(w), ids = Input(gather);
+  const vk::Buffer y = Output(rows * n * 4), yg = Output(gather.size() * n * 4);
+  ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, y, n, rows, nullptr));
+                return ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, yg, n, 2, &ids);
+              }).ok());
+  std::vector<float> want(rows * n), want_g(2 * n);
+  for (int64_t r = 0; r < rows; ++r) cpu::RmsNorm(x.data() + r * n, w.data(), want.data() + r * n, n, 1e-5f);
+  for (int64_t r = 0; r < 2; ++r) cpu::RmsNorm(x.data() + gather[r] * n, w.data(), want_g.data() + r * n, n, 1e-5f);
+  const double nmse = Nmse(Read<float>(y, rows * n), want), nmse_g = Nmse(Read<float>(yg, 2 * n), want_g);
+  std::printf("[vulkan rms_norm] NMSE %.3g, gathered rows %.3g\n", nmse, nmse_g);
+  EXPECT_LE(nmse, 1e-12);
+  EXPECT_LE(nmse_g, 1e-12);
+}
+
+TEST_F(VulkanOpsTest, RopeMatchesCpuBothStyles) {
+  std::mt19937 rng(9);
+  const int64_t n_heads = 4, head_dim = 64;
+  const std::vector<int64_t> positions = {0, 7, 1000, 4095, 30000};
+  const int64_t T = static_cast<int64_t>(positions.size());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> factors(32);
+  for (float& f : factors) f = std::uniform_real_distribution<float>(1.0f, 8.0f)(rng);
+  for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox}) {
+    for (int64_t n_rot : {int64_t{64}, int64_t{32}}) {
+      for (bool llama3 : {false, true}) {
+        const cpu::RopeParams p{n_rot, head_dim, 500000.0f, llama3 ? 1.0f : 0.25f, style,
+                                llama3 ? factors.data() : nullptr};
+        std::vector<float> x(T * n_heads * head_dim), table(T * n_rot);
+        for (float& v : x) v = normal(rng);
+        std::vector<float> want = x, c(n_rot / 2), s(n_rot / 2);
+        for (int64_t t = 0; t < T; ++t) {
+          cpu::RopeAngles(p, positions[t], c.data(), s.data());
+          for (int64_t i = 0; i < n_rot / 2; ++i) {
+            table[t * n_rot + 2 * i] = c[i];
+            table[t * n_rot + 2 * i + 1] = s[i];
+          }
+          cpu::RopeApply(p, c.data(), s.data(), want.data() + t * n_heads * head_dim, n_heads);
+        }
+        const vk::Buffer xb = Output(x.size() * 4);
+        std::memcpy(xb.mapped(), x.data(), x.size() * 4);
+        const vk::Buffer tb = Input(table);
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                      return ops_->Rope(rec, xb, n_heads * head_dim, n_heads, head_dim, n_rot, style, tb, T);
+                    }).ok());
+        const double nmse = Nmse(Read<float>(xb, x.size()), want);
+        std::printf("[vulkan rope] %s n_rot=%lld %s NMSE %.3g\n", style == RopeStyle::kNeox ? "neox" : "normal",
+                    static_cast<long long>(n_rot), llama3 ? "rope_freqs" : "freq_scale 0.25", nmse);
+        EXPECT_LE(nmse, 1e-14);
+      }
+    }
+  }
+}
+
+TEST_F(VulkanOpsTest, SwiGluMatchesCpu) {
+  std::mt19937 rng(13);
+  const int64_t n = 1000, rows = 3;
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::vector<float> gate(rows * n), up(rows * n), want(rows * n);
+  for (float& v : gate) v = normal(rng);
+  for (float& v : up) v = normal(rng);
+  gate[0] = -200.0f;  // exp overflow / underflow ends
+  gate[1] = 200.0f;
+  cpu::SwiGlu(gate.data(), up.data(), want.data(), n, rows);
+  const vk::Buffer g = Input(gate), u = Input(up), y = Output(rows * n * 4);
+  ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->SwiGlu(rec, g, u, y, rows * n); }).ok());
+  const double nmse = Nmse(Read<float>(y, rows * n), want);
+  std::printf("[vulkan swiglu] NMSE %.3g\n", nmse);
+  EXPECT_LE(nmse, 1e-12);
+}
+
+TEST_F(VulkanOpsTest, SoftmaxMatchesCpu) {
+  std::mt19937 rng(17);
+  const int64_t n_head = 3, T = 4, pos0 = 300, stride = pos0 + T;
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const cpu::AttentionKernels& attn = cpu::ScalarAttentionKernels();
+  for (bool round_f16 : {false, true}) {
+    std::vector<float> s(T * n_head * stride);
+    for (float& v : s) v = normal(rng);
+    std::vector<float> want = s;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < n_head; ++h) {
+        attn.softmax(want.data() + (t * n_head + h) * stride, pos0 + t + 1, stride, 0.125f, round_f16);
+      }
+    }
+    const vk::Buffer sb = Output(s.size() * 4);
+    std::memcpy(sb.mapped(), s.data(), s.size() * 4);
+    ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                  return ops_->Softmax(rec, sb, n_head, T, pos0, stride, 0.125f, round_f16);
+                }).ok());
+    std::vector<float> got = Read<float>(sb, s.size());
+    // Positions past a row's visible ones are not written by the shader: compare visible ones.
+    std::vector<float> g, w;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < n_head; ++h) {
+        for (int64_t p = 0; p <= pos0 + t; ++p) {
+          g.push_back(got[(t * n_head + h) * stride + p]);
+          w.push_back(want[(t * n_head + h) * stride + p]);
+        }
+      }
+    }
+    const double nmse = Nmse(g, w);
+    std::printf("[vulkan softmax] round_f16=%d NMSE %.3g\n", round_f16, nmse);
+    EXPECT_LE(nmse, round_f16 ? 1e-8 : 1e-12);
+  }
+}
+
+}  // namespace
+}  // namespace kvfs::testing
+
+#else  // !KVFS_VULKAN
+
+namespace kvfs {
+namespace {
+
+TEST(VulkanDisabled, BackendIsUnsupported) {
+  auto devices = ListVulkanDevices();
+  ASSERT_FALSE(devices.ok());
+  EXPECT_EQ(devices.status().code(), StatusCode::kUnsupported);
+}
+
+}  // namespace
+}  // namespace kvfs
+
+#endif  // KVFS_VULKAN

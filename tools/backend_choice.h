@@ -1,0 +1,33 @@
+// --backend cpu|vulkan and --device N, shared by kvfs run, bench and perplexity.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/backend/backend.h"
+#include "tools/args.h"
+
+namespace kvfs::cli {
+
+inline constexpr const char* kBackendUsage =
+    "  --backend cpu|vulkan  where the forward pass runs (default cpu); vulkan falls back to the\n"
+    "                      CPU with a warning when there is no Vulkan device\n"
+    "  --device N          Vulkan device index (see kvfs devices; default: the first GPU)\n";
+
+struct BackendChoice {
+  bool vulkan = false;
+  int device = -1;  // -1: the default Vulkan device
+  CpuOptions cpu;
+};
+
+// Reads --backend and --device; a bad value is recorded in args.error().
+BackendChoice ReadBackendChoice(Args& args, int n_threads);
+
+// The chosen backend; `used` says which one runs ("cpu", or "vulkan: DEVICE NAME"). Without a
+// Vulkan device (or in a build without Vulkan) a vulkan choice warns on stderr and gives the
+// CPU backend; a model the Vulkan backend cannot run, or a device index that does not exist,
+// is an error.
+Result<std::unique_ptr<Backend>> MakeChosenBackend(const Model& model, const BackendChoice& choice,
+                                                   const std::string& command, std::string* used);
+
+}  // namespace kvfs::cli
