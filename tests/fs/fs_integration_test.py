@@ -7,7 +7,7 @@ cat, tail -f, cp, rm, stat, getfattr, find, jq, setpriv). Python 3 standard libr
 DAEMON is kvfsd (the real engine) or kvfsd_fake (tests/fs/fake_engine.h); MODEL is the model to
 serve and OTHER_MODEL one with another fingerprint (its caches must be refused). Every test
 mounts in a fresh temporary directory and unmounts (fusermount3 -u -z) even when it fails.
-Missing shared data or no FUSE: skip (exit 0 with a message), except under CI=true."""
+Missing shared data, no FUSE or not root: skip (exit 0 with a message), except under CI=true."""
 import json, os, shutil, signal, subprocess, sys, tempfile, time, traceback
 
 DAEMON, MODEL, OTHER_MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -28,6 +28,8 @@ def skip(why):
 for path in (MODEL, OTHER_MODEL):
     if not os.path.exists(path):
         skip('test data not found: ' + path)
+if os.geteuid() != 0:
+    skip('needs root (allow_other, a second uid via setpriv, a tmpfs mount)')
 if not os.path.exists('/dev/fuse') or shutil.which('fusermount3') is None:
     skip('no FUSE here (/dev/fuse, fusermount3)')
 for tool in ('jq', 'getfattr', 'setpriv'):
