@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets kvfs up on a fresh Debian 12 machine: packages, a Release build, the default model.
-# Usage: scripts/setup.sh   (then see README: build/tools/kvfs run -m models/default.gguf ...)
+# Usage: scripts/setup.sh   (then see README: build/daemon/kvfsd --mount /tmp/kvfs finds the model)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh

@@ -10,6 +10,8 @@ int Bench(int argc, char** argv);
 int BenchResume(int argc, char** argv);  // kvfs bench resume
 int BenchAgents(int argc, char** argv);  // kvfs bench agents
 int Perplexity(int argc, char** argv);
+int ShowStatus(int argc, char** argv);  // kvfs status
+int BenchFs(int argc, char** argv);     // kvfs bench fs
 int Devices(int argc, char** argv);      // kvfs devices
 
 }  // namespace kvfs::cli

@@ -17,6 +17,8 @@ void Usage(FILE* out) {
       "              [--backend cpu|vulkan] [--device N]\n"
       "  devices     list the Vulkan devices (--device N of run, bench and perplexity)\n"
       "  inspect     print a GGUF file's metadata and tensor table:  kvfs inspect MODEL\n"
+      "  status      cache status of a mounted kvfs:  kvfs status [--mount DIR] [--json]\n"
+      "  bench fs    filesystem overhead:  kvfs bench fs -m MODEL [--turns 20] [--agents 10000]\n"
       "run 'kvfs COMMAND --help' for a command's options\n",
       out);
 }
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
   if (cmd == "run") return kvfs::cli::Run(argc - 1, argv + 1);
   if (cmd == "bench") return kvfs::cli::Bench(argc - 1, argv + 1);
   if (cmd == "perplexity") return kvfs::cli::Perplexity(argc - 1, argv + 1);
+  if (cmd == "status") return kvfs::cli::ShowStatus(argc - 1, argv + 1);
   if (cmd == "devices") return kvfs::cli::Devices(argc - 1, argv + 1);
   std::fprintf(stderr, "kvfs: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);

@@ -21,6 +21,13 @@ enum class StatusCode {
   kNoSpace,           // ENOSPC
   kResourceExhausted, // EAGAIN / ENOMEM
   kInternal,          // a broken invariant
+  // Filesystem-facing conditions (fs/ maps each to its own errno).
+  kAlreadyExists,     // EEXIST
+  kPermissionDenied,  // EACCES: e.g. writing a read-only file
+  kNotPermitted,      // EPERM: an operation the filesystem never allows (creating unknown files)
+  kIllegalSequence,   // EILSEQ: text that is not valid UTF-8
+  kTooLarge,          // EFBIG: input over a size limit
+  kCancelled,         // EINTR: a blocking call was interrupted
 };
 
 class [[nodiscard]] Status {
@@ -51,6 +58,12 @@ inline Status Unsupported(std::string m) { return {StatusCode::kUnsupported, std
 inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
+inline Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
+inline Status NotPermitted(std::string m) { return {StatusCode::kNotPermitted, std::move(m)}; }
+inline Status IllegalSequence(std::string m) { return {StatusCode::kIllegalSequence, std::move(m)}; }
+inline Status TooLarge(std::string m) { return {StatusCode::kTooLarge, std::move(m)}; }
+inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
 // Result<T> holds either a value or a non-ok Status.
 template <typename T>

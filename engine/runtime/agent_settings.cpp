@@ -1,8 +1,121 @@
+// AgentSettings <-> config.json. The parser is strict so that a typo in a user's config.json
+// fails loudly (EINVAL naming the key) instead of silently keeping a default.
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <set>
+
 #include <spdlog/fmt/fmt.h>
 
 #include "engine/runtime/agent_engine.h"
 
 namespace kvfs {
+
+namespace {
+
+constexpr size_t kMaxStopStrings = 16;
+constexpr size_t kMaxStopStringBytes = 256;
+constexpr int64_t kMaxReplyTokens = 1 << 20;
+
+Status BadValue(std::string_view key, std::string_view what) {
+  return InvalidArgument(fmt::format("config.json: \"{}\" {}", key, what));
+}
+
+Result<double> NumberIn(const nlohmann::json& v, std::string_view key, double lo, double hi) {
+  if (!v.is_number()) return BadValue(key, "must be a number");
+  double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) return BadValue(key, fmt::format("must be in [{}, {}]", lo, hi));
+  return x;
+}
+
+Result<int64_t> IntegerIn(const nlohmann::json& v, std::string_view key, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) return BadValue(key, "must be an integer");
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return BadValue(key, fmt::format("must be in [{}, {}]", lo, hi));
+  }
+  int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) return BadValue(key, fmt::format("must be in [{}, {}]", lo, hi));
+  return x;
+}
+
+Status ApplyKey(const std::string& key, const nlohmann::json& v, AgentSettings& s) {
+  SamplerParams& p = s.sampling;
+  if (key == "temperature") {
+    KVFS_ASSIGN_OR_RETURN(double x, NumberIn(v, key, 0.0, 100.0));
+    p.temperature = static_cast<float>(x);
+  } else if (key == "top_k") {
+    KVFS_ASSIGN_OR_RETURN(int64_t x, IntegerIn(v, key, 0, 1 << 20));
+    p.top_k = static_cast<int>(x);
+  } else if (key == "top_p") {
+    KVFS_ASSIGN_OR_RETURN(double x, NumberIn(v, key, 0.0, 1.0));
+    p.top_p = static_cast<float>(x);
+  } else if (key == "min_p") {
+    KVFS_ASSIGN_OR_RETURN(double x, NumberIn(v, key, 0.0, 1.0));
+    p.min_p = static_cast<float>(x);
+  } else if (key == "repeat_penalty") {
+    KVFS_ASSIGN_OR_RETURN(double x, NumberIn(v, key, 0.01, 100.0));
+    p.repeat_penalty = static_cast<float>(x);
+  } else if (key == "repeat_last_n") {
+    KVFS_ASSIGN_OR_RETURN(int64_t x, IntegerIn(v, key, -1, 1 << 20));
+    p.repeat_last_n = static_cast<int>(x);
+  } else if (key == "seed") {
+    if (!v.is_number_unsigned()) return BadValue(key, "must be a non-negative integer");
+    p.seed = v.get<uint64_t>();
+  } else if (key == "max_tokens") {
+    KVFS_ASSIGN_OR_RETURN(int64_t x, IntegerIn(v, key, 1, kMaxReplyTokens));
+    s.max_tokens = static_cast<int>(x);
+  } else if (key == "stop") {
+    if (!v.is_array()) return BadValue(key, "must be an array of strings");
+    if (v.size() > kMaxStopStrings) return BadValue(key, fmt::format("holds at most {} strings", kMaxStopStrings));
+    std::vector<std::string> stop;
+    for (const auto& item : v) {
+      if (!item.is_string()) return BadValue(key, "must be an array of strings");
+      std::string text = item.get<std::string>();
+      if (text.empty() || text.size() > kMaxStopStringBytes) {
+        return BadValue(key, fmt::format("strings must be 1 to {} bytes long", kMaxStopStringBytes));
+      }
+      stop.push_back(std::move(text));
+    }
+    s.stop = std::move(stop);
+  } else if (key == "kv") {
+    static const std::set<std::string> kFormats = {"f16", "q8", "q4"};
+    if (!v.is_string() || !kFormats.count(v.get<std::string>())) return BadValue(key, "must be \"f16\", \"q8\" or \"q4\"");
+    s.kv = v.get<std::string>();
+  } else {
+    return InvalidArgument(fmt::format("config.json: unknown key \"{}\"", key));
+  }
+  return Status::Ok();
+}
+
+// Floats print as the short decimal a user wrote (0.8, not 0.800000011920929).
+double ShortDecimal(float x) { return std::strtod(fmt::format("{:.6g}", x).c_str(), nullptr); }
+
+}  // namespace
+
+Result<AgentSettings> ParseAgentSettings(std::string_view json_text, const AgentSettings& base) {
+  nlohmann::json doc = nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return InvalidArgument("config.json: not valid JSON");
+  if (!doc.is_object()) return InvalidArgument("config.json: must be a JSON object");
+  AgentSettings settings = base;
+  for (const auto& [key, value] : doc.items()) KVFS_RETURN_IF_ERROR(ApplyKey(key, value, settings));
+  return settings;
+}
+
+nlohmann::json AgentSettingsToJson(const AgentSettings& s) {
+  const SamplerParams& p = s.sampling;
+  nlohmann::json j = nlohmann::json::object();
+  j["temperature"] = ShortDecimal(p.temperature);
+  j["top_k"] = p.top_k;
+  j["top_p"] = ShortDecimal(p.top_p);
+  j["min_p"] = ShortDecimal(p.min_p);
+  j["repeat_penalty"] = ShortDecimal(p.repeat_penalty);
+  j["repeat_last_n"] = p.repeat_last_n;
+  j["seed"] = p.seed;
+  j["max_tokens"] = s.max_tokens;
+  j["stop"] = s.stop;
+  j["kv"] = s.kv;
+  return j;
+}
 
 std::string_view AgentStateName(AgentState state) {
   switch (state) {
@@ -14,92 +127,6 @@ std::string_view AgentStateName(AgentState state) {
     case AgentState::kError: return "error";
   }
   return "unknown";
-}
-
-nlohmann::json AgentSettingsToJson(const AgentSettings& s) {
-  return nlohmann::json{{"temperature", s.sampling.temperature},
-                        {"top_k", s.sampling.top_k},
-                        {"top_p", s.sampling.top_p},
-                        {"min_p", s.sampling.min_p},
-                        {"repeat_penalty", s.sampling.repeat_penalty},
-                        {"repeat_last_n", s.sampling.repeat_last_n},
-                        {"seed", s.sampling.seed},
-                        {"max_tokens", s.max_tokens},
-                        {"stop", s.stop},
-                        {"kv", s.kv}};
-}
-
-namespace {
-
-Status Bad(const std::string& key, const std::string& why) {
-  return InvalidArgument(fmt::format("config key \"{}\": {}", key, why));
-}
-
-Result<double> Number(const nlohmann::json& v, const std::string& key, double lo, double hi) {
-  if (!v.is_number()) return Bad(key, "must be a number");
-  const double x = v.get<double>();
-  if (!(x >= lo && x <= hi)) return Bad(key, fmt::format("must be in [{}, {}]", lo, hi));
-  return x;
-}
-
-Result<int64_t> Integer(const nlohmann::json& v, const std::string& key, int64_t lo, int64_t hi) {
-  if (!v.is_number_integer()) return Bad(key, "must be an integer");
-  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
-  if (x < lo || x > hi) return Bad(key, fmt::format("must be in [{}, {}]", lo, hi));
-  return x;
-}
-
-}  // namespace
-
-Result<AgentSettings> ParseAgentSettings(std::string_view json_text, const AgentSettings& base) {
-  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument("config is not valid JSON");
-  if (!j.is_object()) return InvalidArgument("config must be a JSON object");
-  AgentSettings s = base;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& k = it.key();
-    const nlohmann::json& v = it.value();
-    if (k == "temperature") {
-      KVFS_ASSIGN_OR_RETURN(double x, Number(v, k, 0, 100));
-      s.sampling.temperature = static_cast<float>(x);
-    } else if (k == "top_k") {
-      KVFS_ASSIGN_OR_RETURN(int64_t x, Integer(v, k, 0, 1 << 20));
-      s.sampling.top_k = static_cast<int>(x);
-    } else if (k == "top_p") {
-      KVFS_ASSIGN_OR_RETURN(double x, Number(v, k, 0, 1));
-      s.sampling.top_p = static_cast<float>(x);
-    } else if (k == "min_p") {
-      KVFS_ASSIGN_OR_RETURN(double x, Number(v, k, 0, 1));
-      s.sampling.min_p = static_cast<float>(x);
-    } else if (k == "repeat_penalty") {
-      KVFS_ASSIGN_OR_RETURN(double x, Number(v, k, 0.01, 100));
-      s.sampling.repeat_penalty = static_cast<float>(x);
-    } else if (k == "repeat_last_n") {
-      KVFS_ASSIGN_OR_RETURN(int64_t x, Integer(v, k, -1, 1 << 20));
-      s.sampling.repeat_last_n = static_cast<int>(x);
-    } else if (k == "seed") {
-      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) return Bad(k, "must be a non-negative integer");
-      s.sampling.seed = v.get<uint64_t>();
-    } else if (k == "max_tokens") {
-      KVFS_ASSIGN_OR_RETURN(int64_t x, Integer(v, k, 1, 1 << 20));
-      s.max_tokens = static_cast<int>(x);
-    } else if (k == "stop") {
-      if (!v.is_array() || v.size() > 16) return Bad(k, "must be an array of at most 16 strings");
-      std::vector<std::string> stop;
-      for (const auto& e : v) {
-        if (!e.is_string() || e.get<std::string>().empty() || e.get<std::string>().size() > 256)
-          return Bad(k, "entries must be non-empty strings of at most 256 bytes");
-        stop.push_back(e.get<std::string>());
-      }
-      s.stop = std::move(stop);
-    } else if (k == "kv") {
-      if (!v.is_string() || (v != "f16" && v != "q8" && v != "q4")) return Bad(k, "must be \"f16\", \"q8\" or \"q4\"");
-      s.kv = v.get<std::string>();
-    } else {
-      return Bad(k, "unknown key");
-    }
-  }
-  return s;
 }
 
 }  // namespace kvfs

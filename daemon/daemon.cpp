@@ -1,0 +1,246 @@
+#include "daemon/daemon.h"
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <thread>
+#include <unistd.h>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/dist_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/config.h"
+#include "daemon/mount_util.h"
+#include "fs/agent_store.h"
+#include "fs/fuse_server.h"
+
+namespace kvfs::daemon {
+
+namespace {
+
+// Signals that stop the daemon. SIGUSR1 is internal: the main thread sends it to the signal
+// thread when the loop ended by an external unmount.
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
+
+sigset_t StopSignalSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : kStopSignals) sigaddset(&set, s);
+  return set;
+}
+
+Status MakeDirs(const std::string& path) {
+  std::string partial;
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      partial = path.substr(0, i);
+      if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
+        return IoError("cannot create " + partial + ": " + std::strerror(errno));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Background mode: the parent waits until the child has mounted (or failed) and exits with its
+// status, so `kvfsd --mount DIR && ls DIR` works.
+class Daemonizer {
+ public:
+  // Returns in the child (or at once in foreground mode). In the parent it never returns.
+  Status Fork() {
+    if (::pipe(pipe_) != 0) return IoError(std::string("pipe: ") + std::strerror(errno));
+    pid_t pid = ::fork();
+    if (pid < 0) return IoError(std::string("fork: ") + std::strerror(errno));
+    if (pid > 0) {
+      ::close(pipe_[1]);
+      char code = 1;
+      ssize_t n = ::read(pipe_[0], &code, 1);
+      ::_exit(n == 1 ? code : 1);
+    }
+    ::close(pipe_[0]);
+    ::setsid();
+    active_ = true;
+    return Status::Ok();
+  }
+  // Child: report the start-up result to the waiting parent; on success detach stdio.
+  void Report(int code, const std::string& log_file) {
+    if (!active_) return;
+    if (code == 0) {
+      int null_fd = ::open("/dev/null", O_RDWR);
+      int log_fd = ::open(log_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+      if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+      int out = log_fd >= 0 ? log_fd : null_fd;
+      if (out >= 0) ::dup2(out, STDOUT_FILENO), ::dup2(out, STDERR_FILENO);
+      if (null_fd > 2) ::close(null_fd);
+      if (log_fd > 2) ::close(log_fd);
+      // Best effort: a daemon that cannot chdir or tell its parent still serves (the parent
+      // then exits 1 when the pipe closes without a byte).
+      [[maybe_unused]] int chdir_rc = ::chdir("/");
+    }
+    char c = static_cast<char>(code);
+    [[maybe_unused]] ssize_t written = ::write(pipe_[1], &c, 1);
+    ::close(pipe_[1]);
+    active_ = false;
+  }
+
+ private:
+  int pipe_[2] = {-1, -1};
+  bool active_ = false;
+};
+
+// Logs go to stderr; a background kvfsd also writes them to its log file, and stops writing to
+// the terminal once it has detached (Logging::Detach).
+class Logging {
+ public:
+  Status SetUp(const DaemonConfig& config) {
+    dist_ = std::make_shared<spdlog::sinks::dist_sink_mt>();
+    terminal_ = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    dist_->add_sink(terminal_);
+    if (!config.foreground) {
+      // spdlog reports a file it cannot open by throwing: caught here, returned as a value.
+      try {
+        dist_->add_sink(std::make_shared<spdlog::sinks::basic_file_sink_mt>(config.log_file));
+      } catch (const spdlog::spdlog_ex& e) {
+        return IoError("cannot open the log file " + config.log_file + ": " + e.what());
+      }
+    }
+    auto logger = std::make_shared<spdlog::logger>("kvfsd", dist_);
+    logger->set_level(spdlog::level::from_str(config.log_level));
+    logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [kvfsd] [%l] %v");
+    logger->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(logger);
+    return Status::Ok();
+  }
+  void Detach() {
+    if (dist_ && terminal_) dist_->remove_sink(terminal_);
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::dist_sink_mt> dist_;
+  spdlog::sink_ptr terminal_;
+};
+
+}  // namespace
+
+int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
+  std::vector<std::string> args(argv, argv + argc);
+  Result<DaemonConfig> parsed = ParseDaemonArgs(args);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "kvfsd: %s\n", parsed.status().message().c_str());
+    return 2;
+  }
+  DaemonConfig config = std::move(parsed).value();
+  if (config.help) {
+    std::fputs(DaemonUsage().c_str(), stdout);
+    return 0;
+  }
+  Status resolved = ResolveDefaults(config, Environment::FromProcess());
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "kvfsd: %s\n", resolved.message().c_str());
+    return 2;
+  }
+  config.mountpoint = AbsolutePath(config.mountpoint);
+  config.store_dir = AbsolutePath(config.store_dir);
+  if (Status s = MakeDirs(config.store_dir); !s.ok()) {
+    std::fprintf(stderr, "kvfsd: %s\n", s.message().c_str());
+    return 1;
+  }
+  Logging logging;
+  if (Status s = logging.SetUp(config); !s.ok()) {
+    std::fprintf(stderr, "kvfsd: %s\n", s.message().c_str());
+    return 1;
+  }
+
+  Daemonizer daemonizer;
+  if (!config.foreground) {
+    if (Status s = daemonizer.Fork(); !s.ok()) {
+      std::fprintf(stderr, "kvfsd: %s\n", s.message().c_str());
+      return 1;
+    }
+  }
+  auto fail = [&](int code, const Status& s) {
+    spdlog::critical("{}", s.message());
+    daemonizer.Report(code, config.log_file);
+    logging.Detach();
+    return code;
+  };
+
+  // Every thread created from here on (engine, FUSE workers) inherits the blocked stop
+  // signals; only the signal thread receives them, with sigwait.
+  sigset_t stop_signals = StopSignalSet();
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  if (Status s = PrepareMountpoint(config.mountpoint); !s.ok()) return fail(2, s);
+
+  EngineOptions engine_options;
+  engine_options.model_path = config.model_path;
+  engine_options.store_dir = config.store_dir;
+  engine_options.n_threads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
+  engine_options.kv = config.kv;
+  engine_options.kv_budget_bytes = config.kv_budget_bytes;
+  engine_options.block_tokens = config.block_tokens;
+  engine_options.n_ctx = config.context_tokens;
+  engine_options.max_queued_turns = static_cast<size_t>(config.max_queued_turns);
+  spdlog::info("loading {} (store {}, kv {}, {} threads)", config.model_path, config.store_dir, config.kv,
+               engine_options.n_threads);
+  Result<std::unique_ptr<AgentEngine>> engine = make_engine(engine_options);
+  if (!engine.ok()) return fail(engine.status().code() == StatusCode::kInternal ? 1 : 2, engine.status());
+
+  fs::StoreConfig store_config;
+  store_config.max_prompt_bytes = static_cast<size_t>(config.max_prompt_bytes);
+  store_config.audit_log_path = config.store_dir + "/audit.log";
+  store_config.root_uid = ::geteuid();
+  store_config.root_gid = ::getegid();
+  Result<std::unique_ptr<fs::AgentStore>> store = fs::AgentStore::Create(**engine, store_config);
+  if (!store.ok()) {
+    (*engine)->Shutdown();
+    return fail(1, store.status());
+  }
+
+  fs::FuseServerOptions fuse_options;
+  fuse_options.mountpoint = config.mountpoint;
+  fuse_options.allow_other = ::geteuid() == 0;
+  fuse_options.max_threads = config.fuse_threads;
+  fuse_options.debug = config.log_level == "trace";
+  Result<std::unique_ptr<fs::FuseServer>> server = fs::FuseServer::Mount(**store, fuse_options);
+  if (!server.ok()) {
+    (*engine)->Shutdown();
+    return fail(1, server.status());
+  }
+  spdlog::info("mounted at {} ({} agents)", config.mountpoint, (*engine)->ListAgents().size());
+  if (!config.foreground) logging.Detach();  // from here on the log file only
+  daemonizer.Report(0, config.log_file);
+
+  // The shutdown sequence runs on the signal thread: refuse new turns, let the engine finish or
+  // cancel the running ones and flush the store, wake blocked readers, then end the FUSE loop
+  // (unmounting happens when the server is destroyed).
+  std::thread signal_thread([&] {
+    int signal = 0;
+    sigwait(&stop_signals, &signal);
+    if (signal != SIGUSR1) spdlog::info("{}: shutting down", strsignal(signal));
+    (*store)->BeginShutdown();
+    (*engine)->Shutdown();
+    (*store)->WakeAllReaders();
+    (*server)->RequestExit();
+  });
+  Status served = (*server)->Run();
+  // An external unmount ends the loop without a signal: run the same sequence.
+  pthread_kill(signal_thread.native_handle(), SIGUSR1);
+  signal_thread.join();
+  server->reset();  // unmount
+  store->reset();
+  engine->reset();
+  if (!served.ok()) {
+    spdlog::error("{}", served.message());
+    return 1;
+  }
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace kvfs::daemon

@@ -1,0 +1,148 @@
+#include "daemon/mount_util.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+extern char** environ;
+
+namespace kvfs::daemon {
+
+namespace {
+
+// mountinfo escapes space, tab, newline and backslash as \ooo.
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size()) {
+      int v = 0;
+      bool ok = true;
+      for (size_t k = 1; k <= 3; ++k) {
+        char c = s[i + k];
+        if (c < '0' || c > '7') ok = false;
+        v = v * 8 + (c - '0');
+      }
+      if (ok) {
+        out += static_cast<char>(v);
+        i += 3;
+        continue;
+      }
+    }
+    out += s[i];
+  }
+  return out;
+}
+
+Status RunFusermountDetach(const std::string& dir) {
+  std::vector<std::string> args = {"fusermount3", "-u", "-z", dir};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = posix_spawnp(&pid, "fusermount3", nullptr, nullptr, argv.data(), environ);
+  if (rc != 0) return IoError(std::string("cannot run fusermount3: ") + std::strerror(rc));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return IoError("fusermount3 -u -z " + dir + " failed");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string AbsolutePath(const std::string& path) {
+  std::string full = path;
+  if (full.empty() || full[0] != '/') {
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof(cwd)) != nullptr) full = std::string(cwd) + "/" + full;
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(full);
+  std::string part;
+  while (std::getline(ss, part, '/')) {
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+      continue;
+    }
+    parts.push_back(part);
+  }
+  std::string out;
+  for (const auto& p : parts) out += "/" + p;
+  return out.empty() ? "/" : out;
+}
+
+namespace {
+
+struct MountEntry {
+  std::string mountpoint;
+  std::string fstype;
+};
+
+std::vector<MountEntry> ReadMounts() {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  std::vector<MountEntry> out;
+  while (std::getline(in, line)) {
+    // id parent major:minor root mountpoint options [optional...] - fstype source super-options
+    std::istringstream fields(line);
+    std::string id, parent, dev, root, mountpoint;
+    fields >> id >> parent >> dev >> root >> mountpoint;
+    size_t dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream rest(line.substr(dash + 3));
+    std::string fstype;
+    rest >> fstype;
+    out.push_back({Unescape(mountpoint), fstype});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> MountedTypeAt(const std::string& dir) {
+  std::optional<std::string> type;
+  for (const MountEntry& m : ReadMounts()) {
+    if (m.mountpoint == dir) type = m.fstype;  // the last one listed is the top of the stack
+  }
+  return type;
+}
+
+std::vector<std::string> KvfsMountpoints() {
+  std::vector<std::string> out;
+  for (const MountEntry& m : ReadMounts()) {
+    if (m.fstype == "fuse.kvfs") out.push_back(m.mountpoint);
+  }
+  return out;
+}
+
+Status PrepareMountpoint(const std::string& dir_in) {
+  std::string dir = AbsolutePath(dir_in);
+  std::optional<std::string> type = MountedTypeAt(dir);
+  struct stat st {};
+  bool disconnected = ::stat(dir.c_str(), &st) != 0 && errno == ENOTCONN;
+  if (type && *type != "fuse.kvfs" && !disconnected) {
+    return InvalidArgument(dir + " already has a " + *type + " filesystem mounted on it");
+  }
+  if (type || disconnected) {
+    spdlog::warn("{}: detaching a {} kvfs mount left by a previous kvfsd", dir, disconnected ? "stale" : "live");
+    KVFS_RETURN_IF_ERROR(RunFusermountDetach(dir));
+  }
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) return IoError(dir + ": " + std::strerror(errno));
+    if (::mkdir(dir.c_str(), 0755) != 0) return IoError("cannot create " + dir + ": " + std::strerror(errno));
+  } else if (!S_ISDIR(st.st_mode)) {
+    return InvalidArgument(dir + " is not a directory");
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvfs::daemon

@@ -1,0 +1,202 @@
+// AgentStore: the filesystem's logic, with no FUSE headers, so it is tested without a mount.
+// The FUSE layer (fuse_ops.cpp) decodes each request into one call here and maps the Status
+// to an errno (errno_map.h). See DESIGN.md section 1 for the contract and fs/README.md for
+// the choices made where it leaves room.
+//
+// Thread-safety: every method may be called from any thread. One mutex guards the inode table,
+// the name maps and the handle table and is never held across an engine call; each agent has
+// its own mutex and condition variable for its turns (agent_record.h). Engine callbacks take
+// only agent mutexes, so a long generation never blocks `ls` or another agent.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/runtime/agent_engine.h"
+#include "fs/agent_record.h"
+#include "fs/audit_log.h"
+#include "fs/inode_table.h"
+#include "fs/interrupt.h"
+#include "fs/render.h"
+
+namespace kvfs::fs {
+
+using HandleId = uint64_t;
+
+struct StoreConfig {
+  size_t max_prompt_bytes = 1 << 20;       // a larger prompt: EFBIG at write
+  size_t max_text_bytes = 1 << 20;         // system, config.json, a prefix file
+  size_t max_import_bytes = size_t{16} << 30;  // kv.safetensors written for import
+  std::string audit_log_path;              // empty: in memory
+  uint32_t root_uid = 0, root_gid = 0;     // owner of the mount root and the special files
+  std::function<int64_t()> now_ms;         // defaults to the system clock
+};
+
+struct Caller {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
+enum class FileType : uint8_t { kDirectory, kRegular };
+
+struct Attr {
+  InodeId ino = 0;
+  FileType type = FileType::kRegular;
+  uint32_t mode = 0;  // permission bits (and sticky), no type bits
+  uint32_t uid = 0, gid = 0;
+  uint32_t nlink = 1;
+  uint64_t size = 0;
+  int64_t mtime_ms = 0;
+  // How long the kernel may cache this node's attributes (sizes of agent files change).
+  double attr_timeout_s = 0;
+};
+
+struct DirEntry {
+  std::string name;
+  Attr attr;
+};
+
+// open(2) flags, decoded by the FUSE layer.
+struct OpenFlags {
+  bool read = false;
+  bool write = false;
+  bool truncate = false;
+  bool append = false;
+};
+
+class AgentStore {
+ public:
+  // Reads the engine's agents and prefixes and opens the audit log.
+  static Result<std::unique_ptr<AgentStore>> Create(AgentEngine& engine, StoreConfig config);
+  ~AgentStore();
+
+  // --- Names and attributes. Lookup, MakeAgent, Create and CountLookup add a kernel reference.
+  Result<Attr> Lookup(InodeId parent, std::string_view name);
+  // For a readdirplus entry: false (and no reference) when the node went away since the listing.
+  bool CountLookup(InodeId ino);
+  void Forget(InodeId ino, uint64_t count);
+  Result<Attr> GetAttr(InodeId ino);
+  // Truncation (setattr size): allowed on writable files; `handle` when done through an fd.
+  Result<Attr> Truncate(InodeId ino, uint64_t size, std::optional<HandleId> handle, const Caller& caller);
+
+  // --- Directories. OpenDir snapshots the entries ("." and ".." first); a readdirplus adds a
+  // reference (CountLookup) for each entry it returns except "." and "..".
+  Result<HandleId> OpenDir(InodeId ino, const Caller& caller);
+  std::shared_ptr<const std::vector<DirEntry>> DirEntries(HandleId handle);
+  void ReleaseDir(HandleId handle);
+
+  // mkdir in the root creates an agent owned by the caller.
+  Result<Attr> MakeAgent(InodeId parent, std::string_view name, const Caller& caller);
+  // rmdir of an agent erases it (engine EraseAgent), returning when that is done.
+  Status RemoveAgent(InodeId parent, std::string_view name, const Caller& caller);
+  // unlink: kv.safetensors erases the agent's cache; a prefix file unpins and erases the
+  // prefix; the agent's other files are views of its state and stay (so `rm -r` works).
+  Status Unlink(InodeId parent, std::string_view name, const Caller& caller);
+
+  // --- Files.
+  Result<HandleId> Open(InodeId ino, OpenFlags flags, const Caller& caller);
+  // O_CREAT of a name that does not exist: only prefix files can be created.
+  Result<std::pair<Attr, HandleId>> Create(InodeId parent, std::string_view name, OpenFlags flags, const Caller& caller);
+  // Blocks on `response` while its turn generates; `interrupt` (may be null) cancels the wait.
+  Result<std::string> Read(HandleId handle, uint64_t offset, size_t size, Interrupt* interrupt);
+  Result<size_t> Write(HandleId handle, uint64_t offset, std::string_view data);
+  // close(2): a prompt becomes a turn, system/config.json/kv.safetensors/prefix writes are
+  // applied. The error is what close() returns.
+  Status Flush(HandleId handle);
+  // Last close: anything not yet applied is applied now (errors are only logged: the kernel
+  // ignores release's result).
+  void Release(HandleId handle);
+
+  // Extended attributes of agent directories: user.kvfs.state, user.kvfs.tokens, user.kvfs.bytes.
+  // nullopt: no such attribute.
+  Result<std::optional<std::string>> GetXattr(InodeId ino, std::string_view name);
+  Result<std::vector<std::string>> ListXattr(InodeId ino);
+
+  // Shutdown: new turns are refused and blocked readers wake (their turns are finished or
+  // cancelled by the engine's Shutdown, which the daemon calls after this).
+  void BeginShutdown();
+  void WakeAllReaders();
+
+  // For tests and the bench.
+  size_t InodeCount();
+  size_t HandleCount();
+  FsMetrics Metrics();
+
+  struct Handle;  // an open file or directory; defined in handle.h (private to fs/)
+  struct SharedMetrics {
+    std::mutex mu;
+    FsMetrics values;
+  };
+
+ private:
+  struct PrefixRecord {
+    InodeId ino = 0;
+    uint32_t uid = 0;
+    bool pending = false;  // created, its text not yet written (the engine does not know it)
+  };
+
+  AgentStore(AgentEngine& engine, StoreConfig config, std::unique_ptr<AuditLog> audit);
+  int64_t Now() const;
+  void Audit(AuditEvent event);
+
+  // Lookup helpers (mu_ held).
+  std::shared_ptr<AgentRecord> AgentLocked(const std::string& name);
+  InodeId EnsureAgentInodeLocked(const std::shared_ptr<AgentRecord>& agent);
+  Result<Node> NodeCopy(InodeId ino);
+  Result<Attr> AttrOf(InodeId ino, const Node& node, const AgentInfo* known_info);
+  Attr AgentDirAttr(const AgentRecord& agent, const AgentInfo* info, InodeId ino);
+  std::vector<DirEntry> ListRoot();
+  std::vector<DirEntry> ListAgent(const std::shared_ptr<AgentRecord>& agent, InodeId dir);
+  std::vector<DirEntry> ListPrefixes();
+
+  // Files (agent_store_files.cpp).
+  Result<std::shared_ptr<Handle>> OpenAgentFile(const Node& node, InodeId ino, OpenFlags flags, const Caller& caller);
+  Result<std::shared_ptr<Handle>> OpenRootFile(SpecialFile file, OpenFlags flags);
+  Result<std::shared_ptr<Handle>> OpenPrefixFile(const Node& node, InodeId ino, OpenFlags flags, const Caller& caller);
+  HandleId AddHandle(std::shared_ptr<Handle> handle);
+  std::shared_ptr<Handle> FindHandle(HandleId id);
+  Status ApplyWrites(Handle& handle);
+  Status CheckWrittenSoFar(Handle& handle);  // early refusal of edits that cannot become valid
+  Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
+  Result<std::string> RenderFile(const Node& node);
+  Status ApplyPrefix(Handle& handle);
+  void DropPendingPrefix(const std::string& name, InodeId ino);
+
+  // Turns and transcripts (agent_store_turns.cpp).
+  Status SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::string text);
+  Result<std::string> TranscriptText(const std::shared_ptr<AgentRecord>& agent);
+  std::string LastReplyText(const std::shared_ptr<AgentRecord>& agent);
+  static void InvalidateTranscript(AgentRecord& agent);
+  static void OnTurnText(AgentRecord& agent, TurnStream& turn, std::string_view text);
+  static void OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream>& turn, SharedMetrics& metrics,
+                         const Result<TurnStats>& result);
+
+  AgentEngine& engine_;
+  const StoreConfig config_;
+  std::unique_ptr<AuditLog> audit_;
+  std::atomic<bool> shutting_down_{false};
+
+  std::mutex mu_;  // guards everything below
+  InodeTable inodes_;
+  std::map<std::string, std::shared_ptr<AgentRecord>> agents_;  // sorted: stable listings
+  std::map<std::string, std::string> agents_in_transition_;     // name -> "creating" | "erasing"
+  std::map<std::string, PrefixRecord> prefixes_;
+  std::unordered_map<HandleId, std::shared_ptr<Handle>> handles_;
+  HandleId next_handle_ = 1;
+  std::atomic<int64_t> root_mtime_ms_{0};  // read by getattr without mu_
+  // Engine callbacks update the metrics: they hold this (and their agent) by shared_ptr, never
+  // the store, so a callback running late cannot touch a destroyed AgentStore.
+  std::shared_ptr<SharedMetrics> metrics_ = std::make_shared<SharedMetrics>();
+};
+
+}  // namespace kvfs::fs

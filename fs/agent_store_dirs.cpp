@@ -1,0 +1,202 @@
+// AgentStore: creating and erasing agents (mkdir, rmdir), unlink, truncation.
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/store/manifest.h"
+#include "fs/agent_store.h"
+#include "fs/handle.h"
+
+namespace kvfs::fs {
+
+namespace {
+
+bool IsOwnerOrRoot(const Caller& caller, uint32_t owner) { return caller.uid == 0 || caller.uid == owner; }
+
+Status CheckAgentName(std::string_view name) {
+  if (!name.empty() && name[0] == '.') return InvalidArgument(fmt::format("'{}': names starting with '.' are reserved", name));
+  if (!store::IsValidAgentName(name)) {
+    return InvalidArgument(fmt::format("'{}' is not a valid agent name ([A-Za-z0-9_-], 1 to 64 characters)", name));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Attr> AgentStore::MakeAgent(InodeId parent, std::string_view name_view, const Caller& caller) {
+  std::string name(name_view);
+  {
+    std::lock_guard lock(mu_);
+    Node* dir = inodes_.Find(parent);
+    if (dir == nullptr || dir->removed) return NotFound("directory is gone");
+    if (dir->kind != NodeKind::kRoot) return NotPermitted("agents are directories of the mount root only");
+    if (name == kPrefixDirName) return AlreadyExists(".prefixes exists");
+    for (SpecialFile f : kSpecialFiles) {
+      if (name == SpecialFileName(f)) return AlreadyExists(fmt::format("{} exists", name));
+    }
+    KVFS_RETURN_IF_ERROR(CheckAgentName(name));
+    if (agents_.count(name) || agents_in_transition_.count(name)) {
+      return AlreadyExists(fmt::format("agent '{}' exists", name));
+    }
+    if (shutting_down_.load()) return IoError("kvfsd is shutting down");
+    agents_in_transition_[name] = "creating";
+  }
+  // The engine persists the new agent; no store lock is held meanwhile.
+  Status created = engine_.CreateAgent(name, caller.uid);
+  std::lock_guard lock(mu_);
+  agents_in_transition_.erase(name);
+  if (!created.ok()) return created;
+  auto agent = std::make_shared<AgentRecord>(name, caller.uid, caller.gid);
+  agent->transcript_valid = true;  // a new agent has an empty conversation
+  agents_[name] = agent;
+  InodeId ino = EnsureAgentInodeLocked(agent);
+  inodes_.Ref(ino);
+  root_mtime_ms_ = Now();
+  return AgentDirAttr(*agent, nullptr, ino);
+}
+
+Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const Caller& caller) {
+  std::string name(name_view);
+  std::shared_ptr<AgentRecord> agent;
+  {
+    std::lock_guard lock(mu_);
+    Node* dir = inodes_.Find(parent);
+    if (dir == nullptr || dir->removed) return NotFound("directory is gone");
+    if (dir->kind == NodeKind::kPrefixDir) return NotPermitted(".prefixes holds files only");
+    if (dir->kind != NodeKind::kRoot) return NotFound(fmt::format("no directory '{}'", name));
+    if (name == kPrefixDirName) return NotPermitted(".prefixes cannot be removed");
+    agent = AgentLocked(name);
+    if (agent == nullptr) return NotFound(fmt::format("no agent named '{}'", name));
+    if (!IsOwnerOrRoot(caller, agent->uid)) return PermissionDenied(fmt::format("agent '{}' belongs to another user", name));
+    if (agents_in_transition_.count(name)) return AlreadyExists(fmt::format("agent '{}' is being erased", name));
+    agents_in_transition_[name] = "erasing";
+  }
+  // Returns once the erasure is complete (the engine cancels the running turn first).
+  Result<store::EraseReport> report = engine_.EraseAgent(name);
+  {
+    std::lock_guard lock(mu_);
+    agents_in_transition_.erase(name);
+    if (!report.ok()) return report.status();
+    agents_.erase(name);
+    if (agent->dir_ino != 0) inodes_.RemoveAgent(agent->dir_ino);
+    root_mtime_ms_ = Now();
+  }
+  {
+    std::lock_guard lock(metrics_->mu);
+    ++metrics_->values.agents_erased;
+  }
+  {
+    std::lock_guard lock(agent->mu);
+    agent->erased = true;
+    agent->transcript.clear();  // nothing of the agent's text outlives it in memory here either
+    agent->transcript.shrink_to_fit();
+    agent->changed.notify_all();
+  }
+  AuditEvent event;
+  event.uid = caller.uid;
+  event.agent = name;
+  event.action = "erase";
+  event.erased = *report;
+  Audit(std::move(event));
+  spdlog::info("erased agent '{}' for uid {}: {} bytes, {} blocks freed, {} kept shared", name, caller.uid,
+               report->bytes_freed, report->blocks_freed, report->blocks_kept_shared);
+  return Status::Ok();
+}
+
+Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Caller& caller) {
+  std::string name(name_view);
+  KVFS_ASSIGN_OR_RETURN(Node dir, NodeCopy(parent));
+  if (dir.kind == NodeKind::kRoot) {
+    for (SpecialFile f : kSpecialFiles) {
+      if (name == SpecialFileName(f)) return NotPermitted(fmt::format("{} cannot be removed", name));
+    }
+    return NotFound(fmt::format("no file '{}'", name));
+  }
+  if (dir.kind == NodeKind::kPrefixDir) {
+    InodeId ino = 0;
+    {
+      std::lock_guard lock(mu_);
+      auto it = prefixes_.find(name);
+      if (it == prefixes_.end()) return NotFound(fmt::format("no prefix named '{}'", name));
+      ino = it->second.ino;
+    }
+    KVFS_ASSIGN_OR_RETURN(store::EraseReport report, engine_.RemovePrefix(name));
+    {
+      std::lock_guard lock(mu_);
+      auto it = prefixes_.find(name);
+      if (it != prefixes_.end() && it->second.ino == ino) {
+        prefixes_.erase(it);
+        inodes_.RemovePrefix(ino);
+      }
+    }
+    AuditEvent event;
+    event.uid = caller.uid;
+    event.agent = name;
+    event.action = "prefix_remove";
+    event.erased = report;
+    Audit(std::move(event));
+    return Status::Ok();
+  }
+  if (dir.kind != NodeKind::kAgentDir) return NotFound(fmt::format("no file '{}'", name));
+  if (!IsOwnerOrRoot(caller, dir.agent->uid)) {
+    return PermissionDenied(fmt::format("agent '{}' belongs to another user", dir.agent->name));
+  }
+  if (name == AgentFileName(AgentFile::kKvCache)) {
+    KVFS_ASSIGN_OR_RETURN(store::EraseReport report, engine_.EraseCache(dir.agent->name));
+    {
+      std::lock_guard lock(metrics_->mu);
+      ++metrics_->values.caches_erased;
+    }
+    AuditEvent event;
+    event.uid = caller.uid;
+    event.agent = dir.agent->name;
+    event.action = "erase_cache";
+    event.erased = report;
+    Audit(std::move(event));
+    return Status::Ok();
+  }
+  for (AgentFile f : kAgentFiles) {
+    // The other files are views of the agent's state: unlinking them succeeds and changes
+    // nothing, so that `rm -r agent` reaches the rmdir that erases it.
+    if (name == AgentFileName(f)) return Status::Ok();
+  }
+  return NotFound(fmt::format("agents have no file '{}'", name));
+}
+
+Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<HandleId> handle_id, const Caller& caller) {
+  KVFS_ASSIGN_OR_RETURN(Node node, NodeCopy(ino));
+  bool writable = false;
+  if (node.kind == NodeKind::kPrefixFile) writable = true;
+  if (node.kind == NodeKind::kAgentFile) {
+    if (!IsOwnerOrRoot(caller, node.agent->uid)) {
+      return PermissionDenied(fmt::format("agent '{}' belongs to another user", node.agent->name));
+    }
+    AgentFile f = node.agent_file;
+    writable = f == AgentFile::kPrompt || f == AgentFile::kSystem || f == AgentFile::kConfig || f == AgentFile::kKvCache;
+  }
+  if (node.kind == NodeKind::kRoot || node.kind == NodeKind::kPrefixDir || node.kind == NodeKind::kAgentDir) {
+    return InvalidArgument("cannot truncate a directory");
+  }
+  if (!writable) return PermissionDenied("read-only file");
+  if (handle_id) {
+    auto handle = FindHandle(*handle_id);
+    if (handle != nullptr && handle->kind != Handle::Kind::kSnapshot) {
+      std::lock_guard lock(handle->mu);
+      if (handle->kind == Handle::Kind::kPrompt) {
+        // The UTF-8 state covers the whole buffer: only a restart from empty keeps it exact.
+        if (size != 0) return InvalidArgument("a prompt can only be truncated to 0");
+        handle->data.clear();
+        handle->utf8 = Utf8Validator();
+        handle->refused = Status::Ok();
+      } else {
+        handle->data.resize(size);
+        handle->dirty = true;
+      }
+    }
+  } else if (size != 0) {
+    // Without an open file there is no buffer to resize; truncation to 0 precedes a rewrite.
+    return InvalidArgument("only truncation to 0 is supported without an open file");
+  }
+  return AttrOf(ino, node, nullptr);
+}
+
+}  // namespace kvfs::fs

@@ -1,0 +1,338 @@
+// AgentStore: open files: open/create, read, write, flush (close), release.
+#include <optional>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "fs/agent_store.h"
+#include "fs/handle.h"
+
+namespace kvfs::fs {
+
+namespace {
+
+using Kind = AgentStore::Handle::Kind;
+
+Status ReadOnly(std::string_view name) { return PermissionDenied(fmt::format("{} is read-only", name)); }
+
+std::string Slice(const std::string& data, uint64_t offset, size_t size) {
+  if (offset >= data.size()) return {};
+  return data.substr(static_cast<size_t>(offset), size);
+}
+
+}  // namespace
+
+Result<std::string> AgentStore::RenderFile(const Node& node) {
+  if (node.kind == NodeKind::kSpecialFile) {
+    switch (node.special) {
+      case SpecialFile::kStatusText: return EngineStatusText(engine_.Stats());
+      case SpecialFile::kStatusJson: return EngineStatusJson(engine_.Stats()).dump(2) + "\n";
+      case SpecialFile::kMetrics: {
+        EngineStatus status = engine_.Stats();
+        size_t agents = 0;
+        {
+          std::lock_guard lock(mu_);
+          agents = agents_.size();
+        }
+        return MetricsText(status, Metrics(), agents);
+      }
+      case SpecialFile::kModelJson: return engine_.ModelInfo().dump(2) + "\n";
+      case SpecialFile::kAuditLog: return audit_->Read(0, audit_->Size());
+    }
+  }
+  if (node.kind == NodeKind::kPrefixFile) return engine_.PrefixText(node.prefix);
+  if (node.kind != NodeKind::kAgentFile) return InvalidArgument("not a file");
+  const std::string& name = node.agent->name;
+  switch (node.agent_file) {
+    case AgentFile::kSystem: {
+      KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(name));
+      return info.system;
+    }
+    case AgentFile::kConfig: {
+      KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(name));
+      return AgentSettingsToJson(info.settings).dump(2) + "\n";
+    }
+    case AgentFile::kStatus: {
+      KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(name));
+      Status failure;
+      {
+        std::lock_guard lock(node.agent->mu);
+        failure = node.agent->last_failure;
+      }
+      return AgentStatusJson(info, failure).dump(2) + "\n";
+    }
+    default: return InvalidArgument("not a rendered file");
+  }
+}
+
+Result<HandleId> AgentStore::Open(InodeId ino, OpenFlags flags, const Caller& caller) {
+  KVFS_ASSIGN_OR_RETURN(Node node, NodeCopy(ino));
+  std::shared_ptr<Handle> handle;
+  switch (node.kind) {
+    case NodeKind::kSpecialFile: {
+      KVFS_ASSIGN_OR_RETURN(handle, OpenRootFile(node.special, flags));
+      break;
+    }
+    case NodeKind::kPrefixFile: {
+      KVFS_ASSIGN_OR_RETURN(handle, OpenPrefixFile(node, ino, flags, caller));
+      break;
+    }
+    case NodeKind::kAgentFile: {
+      KVFS_ASSIGN_OR_RETURN(handle, OpenAgentFile(node, ino, flags, caller));
+      break;
+    }
+    default:
+      return InvalidArgument("cannot open a directory as a file");
+  }
+  handle->ino = ino;
+  handle->node = std::move(node);
+  handle->uid = caller.uid;
+  handle->append = flags.append;
+  return AddHandle(std::move(handle));
+}
+
+Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenRootFile(SpecialFile file, OpenFlags flags) {
+  if (flags.write || flags.truncate) return ReadOnly(SpecialFileName(file));
+  auto handle = std::make_shared<Handle>();
+  if (file == SpecialFile::kAuditLog) {
+    handle->kind = Kind::kAuditLog;
+    return handle;
+  }
+  Node node;
+  node.kind = NodeKind::kSpecialFile;
+  node.special = file;
+  handle->kind = Kind::kSnapshot;
+  KVFS_ASSIGN_OR_RETURN(handle->data, RenderFile(node));
+  return handle;
+}
+Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node& node, InodeId ino, OpenFlags flags,
+                                                                      const Caller& caller) {
+  const std::shared_ptr<AgentRecord>& agent = node.agent;
+  if (caller.uid != 0 && caller.uid != agent->uid) {
+    return PermissionDenied(fmt::format("agent '{}' belongs to another user", agent->name));
+  }
+  bool writes = flags.write || flags.truncate;
+  AgentFile file = node.agent_file;
+  std::string_view name = AgentFileName(file);
+  // Root bypasses mode bits under default_permissions, so the open flags are checked here.
+  bool read_only = file == AgentFile::kResponse || file == AgentFile::kTranscript || file == AgentFile::kStatus;
+  if (read_only && writes) return ReadOnly(name);
+  if (file == AgentFile::kPrompt && flags.read) return PermissionDenied("prompt is write-only");
+  // Any open of a cold agent's file starts reloading its cache (a no-op when it is in memory).
+  engine_.Prefetch(agent->name);
+
+  auto handle = std::make_shared<Handle>();
+  switch (file) {
+    case AgentFile::kPrompt:
+      handle->kind = Kind::kPrompt;
+      return handle;
+    case AgentFile::kResponse: {
+      handle->kind = Kind::kResponse;
+      {
+        std::lock_guard lock(agent->mu);
+        handle->turn = agent->latest;
+      }
+      if (handle->turn == nullptr) {
+        // No turn through this mount since start: the latest committed reply.
+        handle->kind = Kind::kSnapshot;
+        handle->data = LastReplyText(agent);
+      }
+      return handle;
+    }
+    case AgentFile::kTranscript:
+      handle->kind = Kind::kTranscript;
+      return handle;
+    case AgentFile::kStatus: {
+      handle->kind = Kind::kSnapshot;
+      KVFS_ASSIGN_OR_RETURN(handle->data, RenderFile(node));
+      return handle;
+    }
+    case AgentFile::kSystem:
+    case AgentFile::kConfig: {
+      handle->kind = writes ? Kind::kEditable : Kind::kSnapshot;
+      if (!flags.truncate) {
+        KVFS_ASSIGN_OR_RETURN(handle->data, RenderFile(node));
+      }
+      return handle;
+    }
+    case AgentFile::kKvCache: {
+      if (writes) {
+        handle->kind = Kind::kImport;  // the file written replaces the cache at close
+        return handle;
+      }
+      handle->kind = Kind::kSnapshot;
+      // The export is a snapshot taken at open: a turn finishing meanwhile does not tear it.
+      KVFS_ASSIGN_OR_RETURN(handle->data, engine_.ExportCache(agent->name));
+      {
+        std::lock_guard lock(metrics_->mu);
+        ++metrics_->values.exports;
+        metrics_->values.export_bytes += handle->data.size();
+      }
+      AuditEvent event;
+      event.uid = caller.uid;
+      event.agent = agent->name;
+      event.action = "export";
+      event.bytes = handle->data.size();
+      Audit(std::move(event));
+      return handle;
+    }
+  }
+  return InvalidArgument("unknown agent file");
+}
+Result<std::string> AgentStore::Read(HandleId id, uint64_t offset, size_t size, Interrupt* interrupt) {
+  auto handle = FindHandle(id);
+  if (handle == nullptr) return InvalidArgument("bad file handle");
+  switch (handle->kind) {
+    case Kind::kResponse: return ReadResponse(*handle, offset, size, interrupt);
+    case Kind::kTranscript: {
+      KVFS_ASSIGN_OR_RETURN(std::string text, TranscriptText(handle->node.agent));
+      return Slice(text, offset, size);
+    }
+    case Kind::kAuditLog: return audit_->Read(offset, size);
+    case Kind::kPrompt: return PermissionDenied("prompt is write-only");
+    case Kind::kDirectory: return InvalidArgument("is a directory");
+    default: {
+      std::lock_guard lock(handle->mu);
+      return Slice(handle->data, offset, size);
+    }
+  }
+}
+
+Result<std::string> AgentStore::ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt) {
+  AgentRecord& agent = *handle.node.agent;
+  const TurnStream& turn = *handle.turn;
+  // Registered before the agent mutex is taken (see Interrupt::Register).
+  InterruptRegistration registration(interrupt, &agent.mu, &agent.changed);
+  std::unique_lock lock(agent.mu);
+  agent.changed.wait(lock, [&] {
+    return turn.reply.size() > offset || turn.done || agent.erased || shutting_down_.load() ||
+           (interrupt != nullptr && interrupt->triggered());
+  });
+  if (turn.reply.size() > offset) return Slice(turn.reply, offset, size);
+  if (turn.done) {
+    if (!turn.failure.ok()) return IoError("the turn failed: " + turn.failure.message());
+    return std::string();
+  }
+  if (agent.erased) return NotFound(fmt::format("agent '{}' was erased", agent.name));
+  if (interrupt != nullptr && interrupt->triggered()) return Cancelled("read of response interrupted");
+  return IoError("kvfsd is shutting down");
+}
+
+Result<size_t> AgentStore::Write(HandleId id, uint64_t offset, std::string_view bytes) {
+  auto handle = FindHandle(id);
+  if (handle == nullptr) return InvalidArgument("bad file handle");
+  std::lock_guard lock(handle->mu);
+  switch (handle->kind) {
+    case Kind::kPrompt: {
+      // A prompt is the bytes written, in order: offsets are ignored (echo's writes are
+      // sequential; O_APPEND offsets come from a size the kernel may not know).
+      if (!handle->refused.ok()) return handle->refused;
+      if (handle->data.size() + bytes.size() > config_.max_prompt_bytes) {
+        handle->refused = TooLarge(fmt::format("a prompt is limited to {} bytes", config_.max_prompt_bytes));
+        std::lock_guard m(metrics_->mu);
+        ++metrics_->values.prompts_refused;
+        return handle->refused;
+      }
+      if (!handle->utf8.Feed(bytes)) {
+        handle->refused = IllegalSequence("the prompt is not valid UTF-8");
+        std::lock_guard m(metrics_->mu);
+        ++metrics_->values.prompts_refused;
+        return handle->refused;
+      }
+      handle->data.append(bytes);
+      return bytes.size();
+    }
+    case Kind::kEditable:
+    case Kind::kImport: {
+      size_t limit = handle->kind == Kind::kImport ? config_.max_import_bytes : config_.max_text_bytes;
+      uint64_t at = handle->append ? handle->data.size() : offset;
+      if (at + bytes.size() > limit) return TooLarge(fmt::format("this file is limited to {} bytes", limit));
+      if (!handle->refused.ok()) return handle->refused;
+      if (handle->data.size() < at + bytes.size()) handle->data.resize(static_cast<size_t>(at + bytes.size()));
+      handle->data.replace(static_cast<size_t>(at), bytes.size(), bytes);
+      handle->dirty = true;
+      Status early = CheckWrittenSoFar(*handle);
+      if (!early.ok()) {
+        handle->refused = early;  // nothing of this file is applied
+        return early;
+      }
+      return bytes.size();
+    }
+    default:
+      return PermissionDenied("file is read-only");
+  }
+}
+
+Status AgentStore::Flush(HandleId id) {
+  auto handle = FindHandle(id);
+  if (handle == nullptr) return Status::Ok();
+  std::lock_guard lock(handle->mu);
+  if (handle->kind == Kind::kPrompt) {
+    if (!handle->refused.ok()) return handle->refused;
+    if (!handle->utf8.Complete()) {
+      handle->refused = IllegalSequence("the prompt ends inside a UTF-8 character");
+      std::lock_guard m(metrics_->mu);
+      ++metrics_->values.prompts_refused;
+      return handle->refused;
+    }
+    std::string text = std::move(handle->data);
+    handle->data.clear();
+    handle->utf8 = Utf8Validator();
+    // One trailing newline (echo's) is not part of the message.
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    if (text.empty()) return Status::Ok();  // an empty prompt is no turn
+    return SubmitPrompt(handle->node.agent, std::move(text));
+  }
+  if ((handle->kind == Kind::kEditable || handle->kind == Kind::kImport) && handle->dirty) {
+    handle->dirty = false;  // applied once, whatever the outcome: release must not repeat it
+    if (!handle->refused.ok()) return handle->refused;
+    return ApplyWrites(*handle);
+  }
+  if (!handle->refused.ok()) return handle->refused;
+  return Status::Ok();
+}
+
+void AgentStore::Release(HandleId id) {
+  std::shared_ptr<Handle> handle;
+  {
+    std::lock_guard lock(mu_);
+    auto it = handles_.find(id);
+    if (it == handles_.end()) return;
+    handle = std::move(it->second);
+    handles_.erase(it);
+  }
+  bool unapplied = false;
+  {
+    std::lock_guard lock(handle->mu);
+    unapplied = (handle->kind == Kind::kPrompt && !handle->data.empty()) ||
+                ((handle->kind == Kind::kEditable || handle->kind == Kind::kImport) && handle->dirty &&
+                 handle->refused.ok());
+  }
+  if (handle->node.kind == NodeKind::kPrefixFile && !unapplied) {
+    // A prefix created and closed without text (touch) is no prefix.
+    bool pending = false;
+    {
+      std::lock_guard lock(mu_);
+      auto it = prefixes_.find(handle->node.prefix);
+      pending = it != prefixes_.end() && it->second.ino == handle->ino && it->second.pending;
+    }
+    if (pending) DropPendingPrefix(handle->node.prefix, handle->ino);
+  }
+  if (!unapplied) return;
+  // Only reached when no flush came (the kernel normally flushes at every close).
+  Status s = Status::Ok();
+  {
+    std::lock_guard lock(handle->mu);
+    if (handle->kind == Kind::kPrompt && handle->refused.ok() && handle->utf8.Complete()) {
+      std::string text = std::move(handle->data);
+      if (!text.empty() && text.back() == '\n') text.pop_back();
+      if (!text.empty()) s = SubmitPrompt(handle->node.agent, std::move(text));
+    } else if (handle->kind != Kind::kPrompt) {
+      handle->dirty = false;
+      s = ApplyWrites(*handle);
+    }
+  }
+  if (!s.ok()) spdlog::warn("release: {}", s.message());
+}
+}  // namespace kvfs::fs

@@ -1,0 +1,145 @@
+// AgentStore: turns (a closed prompt becomes a turn; its reply streams into `response` and
+// `transcript`) and the transcript text.
+#include <algorithm>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "fs/agent_store.h"
+
+namespace kvfs::fs {
+
+namespace {
+
+// The committed transcript plus the turns of this mount that have started but not finished.
+std::string ComposeTranscript(const AgentRecord& agent) {
+  std::string text = agent.transcript;
+  for (const auto& turn : agent.pending) {
+    if (!turn->started) continue;
+    text += RenderTranscriptEntry("user", turn->user_text);
+    text += "[assistant]\n" + turn->reply;  // the entry's closing blank line comes at its end
+  }
+  return text;
+}
+
+void RemovePending(AgentRecord& agent, const std::shared_ptr<TurnStream>& turn) {
+  auto it = std::find(agent.pending.begin(), agent.pending.end(), turn);
+  if (it != agent.pending.end()) agent.pending.erase(it);
+}
+
+}  // namespace
+
+void AgentStore::InvalidateTranscript(AgentRecord& agent) {
+  agent.transcript_valid = false;
+  ++agent.transcript_epoch;
+  agent.transcript.clear();
+}
+
+Status AgentStore::SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::string text) {
+  if (shutting_down_.load()) return IoError("kvfsd is shutting down: no new turns");
+  auto turn = std::make_shared<TurnStream>();
+  turn->user_text = text;
+  // One submission at a time per agent, so `pending` and `latest` follow the engine's order.
+  std::lock_guard submit(agent->submit_mu);
+  std::shared_ptr<TurnStream> previous_latest;
+  {
+    std::lock_guard lock(agent->mu);
+    if (agent->erased) return NotFound(fmt::format("agent '{}' was erased", agent->name));
+    turn->seq = agent->next_seq++;
+    agent->pending.push_back(turn);
+    previous_latest = agent->latest;
+    agent->latest = turn;
+  }
+  TurnRequest request;
+  request.agent = agent->name;
+  request.text = std::move(text);
+  // The callbacks run on the engine thread: they only take the agent's and the metrics' mutex.
+  request.on_text = [agent, turn](std::string_view piece) { OnTurnText(*agent, *turn, piece); };
+  request.on_done = [agent, turn, metrics = metrics_](const Result<TurnStats>& result) {
+    OnTurnDone(*agent, turn, *metrics, result);
+  };
+  Status submitted = engine_.SubmitTurn(std::move(request));
+  if (!submitted.ok()) {
+    {
+      std::lock_guard lock(agent->mu);
+      RemovePending(*agent, turn);
+      if (agent->latest == turn) agent->latest = previous_latest;
+    }
+    std::lock_guard m(metrics_->mu);
+    if (submitted.code() == StatusCode::kResourceExhausted) ++metrics_->values.turns_rejected_queue_full;
+    return submitted;
+  }
+  std::lock_guard m(metrics_->mu);
+  ++metrics_->values.turns_submitted;
+  return Status::Ok();
+}
+
+void AgentStore::OnTurnText(AgentRecord& agent, TurnStream& turn, std::string_view text) {
+  std::lock_guard lock(agent.mu);
+  turn.started = true;
+  turn.reply.append(text);
+  agent.changed.notify_all();
+}
+
+void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream>& turn, SharedMetrics& metrics,
+                            const Result<TurnStats>& result) {
+  {
+    std::lock_guard lock(agent.mu);
+    turn->started = true;
+    turn->done = true;
+    if (result.ok()) {
+      if (agent.transcript_valid) {
+        agent.transcript += RenderTranscriptEntry("user", turn->user_text);
+        agent.transcript += RenderTranscriptEntry("assistant", turn->reply);
+      }
+      agent.last_failure = Status::Ok();
+      agent.last_stats = result.value();
+    } else {
+      turn->failure = result.status();
+      agent.last_failure = result.status();
+      // The engine left the agent at its previous turn: render the transcript afresh.
+      InvalidateTranscript(agent);
+    }
+    RemovePending(agent, turn);
+    agent.changed.notify_all();
+  }
+  std::lock_guard m(metrics.mu);
+  if (result.ok()) {
+    ++metrics.values.turns_ok;
+    metrics.values.ObserveTtft(result.value().ttft_ms);
+  } else {
+    ++metrics.values.turns_failed;
+  }
+}
+
+Result<std::string> AgentStore::TranscriptText(const std::shared_ptr<AgentRecord>& agent) {
+  uint64_t epoch = 0;
+  {
+    std::lock_guard lock(agent->mu);
+    if (agent->erased) return NotFound(fmt::format("agent '{}' was erased", agent->name));
+    if (agent->transcript_valid) return ComposeTranscript(*agent);
+    epoch = agent->transcript_epoch;
+  }
+  // Rendered outside the agent's lock: Conversation() is an engine call.
+  KVFS_ASSIGN_OR_RETURN(std::vector<ConversationTurn> conversation, engine_.Conversation(agent->name));
+  std::string rendered;
+  for (const ConversationTurn& entry : conversation) rendered += RenderTranscriptEntry(entry.role, entry.text);
+  std::lock_guard lock(agent->mu);
+  if (!agent->transcript_valid && agent->transcript_epoch == epoch) {
+    agent->transcript = std::move(rendered);
+    agent->transcript_valid = true;
+  }
+  if (agent->transcript_valid) return ComposeTranscript(*agent);
+  return rendered;  // invalidated meanwhile: this read sees the conversation as it was
+}
+
+std::string AgentStore::LastReplyText(const std::shared_ptr<AgentRecord>& agent) {
+  Result<std::vector<ConversationTurn>> conversation = engine_.Conversation(agent->name);
+  if (!conversation.ok()) return {};
+  for (auto it = conversation->rbegin(); it != conversation->rend(); ++it) {
+    if (it->role == "assistant") return it->text;
+  }
+  return {};
+}
+
+}  // namespace kvfs::fs

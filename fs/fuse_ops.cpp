@@ -1,0 +1,338 @@
+// The FUSE operations: each decodes its request, makes one AgentStore call and replies; a
+// Status becomes an errno only through ErrnoFromStatus. No exception leaves a callback.
+#include "fs/fuse_ops.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <spdlog/spdlog.h>
+
+#include "fs/errno_map.h"
+
+namespace kvfs::fs {
+
+namespace {
+
+constexpr double kEntryTimeout = 1.0;  // names are stable: only mkdir/rmdir/create/unlink change them
+
+FuseServer::State& StateOf(fuse_req_t req) { return *static_cast<FuseServer::State*>(fuse_req_userdata(req)); }
+AgentStore& StoreOf(fuse_req_t req) { return StateOf(req).store; }
+
+Caller CallerOf(fuse_req_t req) {
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  return Caller{ctx->uid, ctx->gid};
+}
+
+void ReplyError(fuse_req_t req, const Status& status, const char* op) {
+  int err = ErrnoFromStatus(status);
+  // Expected refusals (ENOENT of lookups, EACCES, ...) are routine: debug level only.
+  if (err == EIO) {
+    spdlog::warn("{}: {}", op, status.message());
+  } else {
+    spdlog::debug("{}: {} ({})", op, status.message(), ErrnoName(err));
+  }
+  fuse_reply_err(req, err);
+}
+
+struct stat StatOf(const Attr& a) {
+  struct stat st {};
+  st.st_ino = a.ino;
+  st.st_mode = (a.type == FileType::kDirectory ? S_IFDIR : S_IFREG) | a.mode;
+  st.st_nlink = a.nlink;
+  st.st_uid = a.uid;
+  st.st_gid = a.gid;
+  st.st_size = static_cast<off_t>(a.size);
+  st.st_blksize = 4096;
+  st.st_blocks = static_cast<blkcnt_t>((a.size + 511) / 512);
+  timespec t{static_cast<time_t>(a.mtime_ms / 1000), static_cast<long>((a.mtime_ms % 1000) * 1000000)};
+  st.st_mtim = st.st_ctim = st.st_atim = t;
+  return st;
+}
+
+fuse_entry_param EntryOf(const Attr& a) {
+  fuse_entry_param e{};
+  e.ino = a.ino;
+  e.generation = 1;  // inode numbers are never reused within a mount
+  e.attr = StatOf(a);
+  e.attr_timeout = a.attr_timeout_s;
+  e.entry_timeout = kEntryTimeout;
+  return e;
+}
+
+OpenFlags DecodeOpenFlags(int flags) {
+  OpenFlags f;
+  int mode = flags & O_ACCMODE;
+  f.read = mode == O_RDONLY || mode == O_RDWR;
+  f.write = mode == O_WRONLY || mode == O_RDWR;
+  f.truncate = (flags & O_TRUNC) != 0;
+  f.append = (flags & O_APPEND) != 0;
+  return f;
+}
+
+void OnInit(void* userdata, fuse_conn_info* conn) {
+  // O_TRUNC arrives with open (so `echo x > prompt` is one open), and readdirplus always
+  // (ls -l of many agents is one pass).
+  if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC) conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+  conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+}
+
+void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Result<Attr> attr = StoreOf(req).Lookup(parent, name);
+  if (!attr.ok()) return ReplyError(req, attr.status(), "lookup");
+  fuse_entry_param e = EntryOf(*attr);
+  fuse_reply_entry(req, &e);
+}
+
+void OnForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  StoreOf(req).Forget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void OnForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+  AgentStore& store = StoreOf(req);
+  for (size_t i = 0; i < count; ++i) store.Forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Result<Attr> attr = StoreOf(req).GetAttr(ino);
+  if (!attr.ok()) return ReplyError(req, attr.status(), "getattr");
+  struct stat st = StatOf(*attr);
+  fuse_reply_attr(req, &st, attr->attr_timeout_s);
+}
+
+void OnSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
+  AgentStore& store = StoreOf(req);
+  if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+    return ReplyError(req, NotPermitted("modes and owners of kvfs files are fixed"), "setattr");
+  }
+  Result<Attr> result = Status(StatusCode::kInternal, "unset");
+  if (to_set & FUSE_SET_ATTR_SIZE) {
+    std::optional<HandleId> handle;
+    if (fi != nullptr) handle = fi->fh;
+    result = store.Truncate(ino, static_cast<uint64_t>(attr->st_size), handle, CallerOf(req));
+  } else {
+    result = store.GetAttr(ino);  // times: accepted and ignored (touch works)
+  }
+  if (!result.ok()) return ReplyError(req, result.status(), "setattr");
+  struct stat st = StatOf(*result);
+  fuse_reply_attr(req, &st, result->attr_timeout_s);
+}
+
+void OnMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t) {
+  Result<Attr> attr = StoreOf(req).MakeAgent(parent, name, CallerOf(req));
+  if (!attr.ok()) return ReplyError(req, attr.status(), "mkdir");
+  fuse_entry_param e = EntryOf(*attr);
+  fuse_reply_entry(req, &e);
+}
+
+void OnRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Status s = StoreOf(req).RemoveAgent(parent, name, CallerOf(req));
+  if (!s.ok()) return ReplyError(req, s, "rmdir");
+  fuse_reply_err(req, 0);
+}
+
+void OnUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Status s = StoreOf(req).Unlink(parent, name, CallerOf(req));
+  if (!s.ok()) return ReplyError(req, s, "unlink");
+  fuse_reply_err(req, 0);
+}
+
+void OnRename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned int) {
+  ReplyError(req, NotPermitted("kvfs names cannot be renamed"), "rename");
+}
+
+void OnMknod(fuse_req_t req, fuse_ino_t, const char* name, mode_t, dev_t) {
+  ReplyError(req, NotPermitted(std::string("cannot create ") + name), "mknod");
+}
+
+void FillOpenInfo(fuse_file_info* fi, HandleId handle) {
+  fi->fh = handle;
+  fi->direct_io = 1;   // contents are generated or stream: never the page cache
+  fi->keep_cache = 0;
+}
+
+void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Result<HandleId> handle = StoreOf(req).Open(ino, DecodeOpenFlags(fi->flags), CallerOf(req));
+  if (!handle.ok()) return ReplyError(req, handle.status(), "open");
+  FillOpenInfo(fi, *handle);
+  if (fuse_reply_open(req, fi) != 0) StoreOf(req).Release(*handle);  // the opener was interrupted
+}
+
+void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t, fuse_file_info* fi) {
+  auto created = StoreOf(req).Create(parent, name, DecodeOpenFlags(fi->flags), CallerOf(req));
+  if (!created.ok()) return ReplyError(req, created.status(), "create");
+  FillOpenInfo(fi, created->second);
+  fuse_entry_param e = EntryOf(created->first);
+  if (fuse_reply_create(req, &e, fi) != 0) {
+    StoreOf(req).Release(created->second);
+    StoreOf(req).Forget(created->first.ino, 1);
+  }
+}
+
+void OnInterrupt(fuse_req_t req, void* data) {
+  FuseServer::State& state = StateOf(req);
+  uint64_t id = reinterpret_cast<uintptr_t>(data);
+  std::shared_ptr<Interrupt> interrupt;
+  {
+    std::lock_guard lock(state.interrupts_mu);
+    auto it = state.interrupts.find(id);
+    if (it != state.interrupts.end()) interrupt = it->second;
+  }
+  if (interrupt != nullptr) interrupt->Trigger();
+}
+
+void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t offset, fuse_file_info* fi) {
+  FuseServer::State& state = StateOf(req);
+  auto interrupt = std::make_shared<Interrupt>();
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(state.interrupts_mu);
+    id = state.next_interrupt++;
+    state.interrupts[id] = interrupt;
+  }
+  // Called at once if the kernel already interrupted this request.
+  fuse_req_interrupt_func(req, OnInterrupt, reinterpret_cast<void*>(static_cast<uintptr_t>(id)));
+  Result<std::string> data = state.store.Read(fi->fh, static_cast<uint64_t>(offset), size, interrupt.get());
+  {
+    std::lock_guard lock(state.interrupts_mu);
+    state.interrupts.erase(id);
+  }
+  if (!data.ok()) return ReplyError(req, data.status(), "read");
+  fuse_reply_buf(req, data->data(), data->size());
+}
+
+void OnWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t offset, fuse_file_info* fi) {
+  Result<size_t> written = StoreOf(req).Write(fi->fh, static_cast<uint64_t>(offset), std::string_view(buf, size));
+  if (!written.ok()) return ReplyError(req, written.status(), "write");
+  fuse_reply_write(req, *written);
+}
+
+// close(2) gets flush's error (the kernel ignores release's), so prompts and edits apply here.
+void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  Status s = StoreOf(req).Flush(fi->fh);
+  if (!s.ok()) return ReplyError(req, s, "flush");
+  fuse_reply_err(req, 0);
+}
+
+void OnRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  StoreOf(req).Release(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void OnFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Result<HandleId> handle = StoreOf(req).OpenDir(ino, CallerOf(req));
+  if (!handle.ok()) return ReplyError(req, handle.status(), "opendir");
+  fi->fh = *handle;
+  if (fuse_reply_open(req, fi) != 0) StoreOf(req).ReleaseDir(*handle);
+}
+
+void ReadDirectory(fuse_req_t req, size_t size, off_t offset, fuse_file_info* fi, bool plus) {
+  AgentStore& store = StoreOf(req);
+  auto entries = store.DirEntries(fi->fh);
+  if (entries == nullptr) return ReplyError(req, InvalidArgument("bad directory handle"), "readdir");
+  std::string buf(size, '\0');
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(offset); i < entries->size(); ++i) {
+    const DirEntry& entry = (*entries)[i];
+    size_t need = 0;
+    off_t next = static_cast<off_t>(i + 1);
+    if (plus) {
+      fuse_entry_param e = EntryOf(entry.attr);
+      // Measure first: the kernel holds a reference for every readdirplus entry sent (but "."
+      // and ".."), so it is counted only for an entry that fits and whose node still exists.
+      need = fuse_add_direntry_plus(req, nullptr, 0, entry.name.c_str(), &e, next);
+      if (need > size - used) break;
+      bool dot = entry.name == "." || entry.name == "..";
+      if (!dot && !store.CountLookup(entry.attr.ino)) continue;  // erased since the listing
+      fuse_add_direntry_plus(req, buf.data() + used, size - used, entry.name.c_str(), &e, next);
+    } else {
+      struct stat st = StatOf(entry.attr);
+      need = fuse_add_direntry(req, buf.data() + used, size - used, entry.name.c_str(), &st, next);
+      if (need > size - used) break;
+    }
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void OnReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t offset, fuse_file_info* fi) {
+  ReadDirectory(req, size, offset, fi, false);
+}
+
+void OnReaddirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t offset, fuse_file_info* fi) {
+  ReadDirectory(req, size, offset, fi, true);
+}
+
+void OnReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  StoreOf(req).ReleaseDir(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void OnGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  auto value = StoreOf(req).GetXattr(ino, name);
+  if (!value.ok()) return ReplyError(req, value.status(), "getxattr");
+  if (!value->has_value()) return (void)fuse_reply_err(req, ENODATA);
+  const std::string& v = **value;
+  if (size == 0) return (void)fuse_reply_xattr(req, v.size());
+  if (size < v.size()) return (void)fuse_reply_err(req, ERANGE);
+  fuse_reply_buf(req, v.data(), v.size());
+}
+
+void OnListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  auto names = StoreOf(req).ListXattr(ino);
+  if (!names.ok()) return ReplyError(req, names.status(), "listxattr");
+  std::string list;
+  for (const std::string& n : *names) list += n + '\0';
+  if (size == 0) return (void)fuse_reply_xattr(req, list.size());
+  if (size < list.size()) return (void)fuse_reply_err(req, ERANGE);
+  fuse_reply_buf(req, list.data(), list.size());
+}
+
+void OnSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
+  ReplyError(req, NotPermitted("kvfs extended attributes are read-only"), "setxattr");
+}
+
+fuse_lowlevel_ops MakeOperations() {
+  fuse_lowlevel_ops ops{};
+  ops.init = OnInit;
+  ops.lookup = OnLookup;
+  ops.forget = OnForget;
+  ops.forget_multi = OnForgetMulti;
+  ops.getattr = OnGetattr;
+  ops.setattr = OnSetattr;
+  ops.mkdir = OnMkdir;
+  ops.rmdir = OnRmdir;
+  ops.unlink = OnUnlink;
+  ops.rename = OnRename;
+  ops.mknod = OnMknod;
+  ops.open = OnOpen;
+  ops.create = OnCreate;
+  ops.read = OnRead;
+  ops.write = OnWrite;
+  ops.flush = OnFlush;
+  ops.release = OnRelease;
+  ops.fsync = OnFsync;
+  ops.opendir = OnOpendir;
+  ops.readdir = OnReaddir;
+  ops.readdirplus = OnReaddirplus;
+  ops.releasedir = OnReleasedir;
+  ops.getxattr = OnGetxattr;
+  ops.listxattr = OnListxattr;
+  ops.setxattr = OnSetxattr;
+  return ops;
+}
+
+}  // namespace
+
+const fuse_lowlevel_ops& KvfsOperations() {
+  static const fuse_lowlevel_ops ops = MakeOperations();
+  return ops;
+}
+
+}  // namespace kvfs::fs

@@ -1,0 +1,41 @@
+// An open file or directory of AgentStore (private to fs/).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fs/agent_store.h"
+#include "fs/utf8.h"
+
+namespace kvfs::fs {
+
+struct AgentStore::Handle {
+  enum class Kind {
+    kDirectory,   // a snapshot of the entries
+    kPrompt,      // write-only buffer; becomes a turn at close
+    kResponse,    // streams the turn current at open
+    kTranscript,  // rendered on every read (it grows)
+    kAuditLog,    // read live from the log
+    kSnapshot,    // read-only content rendered at open (status files, an export, ...)
+    kEditable,    // system, config.json, a prefix file: a buffer applied at close
+    kImport,      // kv.safetensors written: imported at close
+  };
+
+  Kind kind = Kind::kSnapshot;
+  InodeId ino = 0;
+  Node node;        // copy of the node at open (kind, agent, prefix name)
+  uint32_t uid = 0; // who opened it (for the audit log)
+
+  std::mutex mu;      // guards the fields below (writes to one fd may come concurrently)
+  std::string data;   // snapshot or write buffer
+  bool dirty = false; // written since the last apply
+  bool append = false;
+  Utf8Validator utf8;
+  Status refused;     // prompt: the first error; this prompt never becomes a turn
+  std::shared_ptr<TurnStream> turn;                      // response
+  std::shared_ptr<const std::vector<DirEntry>> entries;  // directory
+};
+
+}  // namespace kvfs::fs

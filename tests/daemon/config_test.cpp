@@ -1,0 +1,144 @@
+// kvfsd's options, config file and defaults.
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "daemon/config.h"
+#include "daemon/mount_util.h"
+
+namespace kvfs::daemon {
+namespace {
+
+Result<DaemonConfig> Parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "kvfsd");
+  return ParseDaemonArgs(args);
+}
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid());
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(DaemonConfig, CommandLine) {
+  auto c = Parse({"-m", "m.gguf", "--mount", "/mnt/k", "--store", "/s", "-t", "3", "--kv", "q8", "--kv-budget", "2G",
+                  "--foreground", "--log-level", "debug"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->model_path, "m.gguf");
+  EXPECT_EQ(c->mountpoint, "/mnt/k");
+  EXPECT_EQ(c->store_dir, "/s");
+  EXPECT_EQ(c->threads, 3);
+  EXPECT_EQ(c->kv, "q8");
+  EXPECT_EQ(c->kv_budget_bytes, int64_t{2} << 30);
+  EXPECT_TRUE(c->foreground);
+  EXPECT_EQ(c->log_level, "debug");
+  EXPECT_EQ(c->max_prompt_bytes, 1 << 20);
+}
+
+TEST(DaemonConfig, BadOptionsNameThemselves) {
+  auto check = [](std::vector<std::string> args, const std::string& needle) {
+    auto c = Parse(args);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(needle), std::string::npos) << c.status().message();
+  };
+  check({"--mount", "/m", "--bogus"}, "--bogus");
+  check({"--mount", "/m", "--kv", "q5"}, "--kv");
+  check({"--mount", "/m", "-t", "many"}, "-t");
+  check({"--mount", "/m", "--kv-budget", "lots"}, "--kv-budget");
+  check({"--mount", "/m", "--log-level", "loud"}, "--log-level");
+  check({"--mount"}, "needs a value");
+  check({"-m", "x"}, "--mount");
+}
+
+TEST(DaemonConfig, ConfigFileThenCommandLine) {
+  std::string path = WriteTemp("kvfsd.json", R"({"model": "a.gguf", "mount": "/mnt/a", "threads": 2,
+      "kv_budget": "512M", "max_prompt_bytes": 4096, "foreground": true, "log_level": "warn"})");
+  auto c = Parse({"--config", path, "-t", "4"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->model_path, "a.gguf");
+  EXPECT_EQ(c->mountpoint, "/mnt/a");
+  EXPECT_EQ(c->threads, 4);  // the command line wins
+  EXPECT_EQ(c->kv_budget_bytes, int64_t{512} << 20);
+  EXPECT_EQ(c->max_prompt_bytes, 4096);
+  EXPECT_TRUE(c->foreground);
+  EXPECT_EQ(c->log_level, "warn");
+  std::filesystem::remove(path);
+}
+
+TEST(DaemonConfig, ConfigFileErrorsNameTheKey) {
+  DaemonConfig c;
+  auto expect_error = [&](const std::string& json, const std::string& needle) {
+    Status s = ApplyConfigJson(json, c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << json;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  expect_error("{", "not valid JSON");
+  expect_error("[]", "object");
+  expect_error(R"({"modle": "x"})", "\"modle\"");
+  expect_error(R"({"threads": "two"})", "\"threads\"");
+  expect_error(R"({"threads": -1})", "\"threads\"");
+  expect_error(R"({"kv": "q2"})", "\"kv\"");
+  expect_error(R"({"foreground": 1})", "\"foreground\"");
+  expect_error(R"({"kv_budget": true})", "\"kv_budget\"");
+  EXPECT_EQ(c.threads, 0);  // nothing applied
+}
+
+TEST(DaemonConfig, ByteSizes) {
+  EXPECT_EQ(*ParseByteSize("1048576"), 1048576);
+  EXPECT_EQ(*ParseByteSize("64K"), 64 << 10);
+  EXPECT_EQ(*ParseByteSize("3g"), int64_t{3} << 30);
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_FALSE(ParseByteSize("-5").ok());
+  EXPECT_FALSE(ParseByteSize("1.5G").ok());
+}
+
+TEST(DaemonConfig, DefaultStoreAndModel) {
+  Environment env;
+  env.uid = 0;
+  EXPECT_EQ(DefaultStoreDir(env), "/var/lib/kvfs");
+  env.uid = 1000;
+  env.home = "/home/u";
+  EXPECT_EQ(DefaultStoreDir(env), "/home/u/.local/share/kvfs");
+  env.xdg_data_home = "/xdg";
+  EXPECT_EQ(DefaultStoreDir(env), "/xdg/kvfs");
+
+  // models/default.gguf found from a build tree inside the checkout (build/daemon/kvfsd).
+  std::string root = ::testing::TempDir() + "/kvfs_checkout_" + std::to_string(::getpid());
+  std::filesystem::create_directories(root + "/build/daemon");
+  std::filesystem::create_directories(root + "/models");
+  std::ofstream(root + "/models/default.gguf") << "GGUF";
+  env.exe_path = root + "/build/daemon/kvfsd";
+  EXPECT_EQ(FindDefaultModel(env, "/nonexistent"), root + "/models/default.gguf");
+  env.kvfs_model = "/env/model.gguf";
+  EXPECT_EQ(FindDefaultModel(env, "/nonexistent"), "/env/model.gguf");
+  env.kvfs_model.clear();
+  env.exe_path = "/usr/bin/kvfsd";
+  EXPECT_EQ(FindDefaultModel(env, "/nonexistent"), std::nullopt);
+
+  DaemonConfig c;
+  c.mountpoint = "/m";
+  env.exe_path = root + "/build/daemon/kvfsd";
+  ASSERT_TRUE(ResolveDefaults(c, env).ok());
+  EXPECT_EQ(c.model_path, root + "/models/default.gguf");
+  EXPECT_EQ(c.store_dir, "/xdg/kvfs");
+  EXPECT_EQ(c.log_file, "/xdg/kvfs/kvfsd.log");
+  DaemonConfig missing;
+  missing.model_path = "/no/such.gguf";
+  EXPECT_EQ(ResolveDefaults(missing, env).code(), StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(root);
+}
+
+TEST(MountUtil, AbsolutePaths) {
+  EXPECT_EQ(AbsolutePath("/a/b/../c/./d/"), "/a/c/d");
+  EXPECT_EQ(AbsolutePath("/"), "/");
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  EXPECT_EQ(AbsolutePath("x"), std::string(cwd) == "/" ? "/x" : std::string(cwd) + "/x");
+  EXPECT_EQ(MountedTypeAt("/definitely/not/mounted"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace kvfs::daemon

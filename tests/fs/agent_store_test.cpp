@@ -1,0 +1,473 @@
+// AgentStore over a FakeEngine, without a mount: names, files, turns, errors, privacy.
+#include <atomic>
+#include <filesystem>
+#include <unistd.h>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/fs/store_test_util.h"
+
+namespace kvfs::fs {
+namespace {
+
+using testing::FakeEngine;
+
+TEST_F(StoreTest, MkdirCreatesAPrivateAgentListedInTheRoot) {
+  InodeId dir = Mkdir("alice", kAlice);
+  Result<Attr> attr = store_->GetAttr(dir);
+  ASSERT_TRUE(attr.ok());
+  EXPECT_EQ(attr->type, FileType::kDirectory);
+  EXPECT_EQ(attr->mode, 0700u);
+  EXPECT_EQ(attr->uid, kAlice.uid);
+  Result<HandleId> h = store_->OpenDir(kRootInode, kRoot);
+  ASSERT_TRUE(h.ok());
+  std::set<std::string> names;
+  for (const DirEntry& e : *store_->DirEntries(*h)) names.insert(e.name);
+  store_->ReleaseDir(*h);
+  for (const char* n : {".", "..", "alice", ".status", ".status.json", ".metrics", ".audit.log", ".model.json", ".prefixes"}) {
+    EXPECT_TRUE(names.count(n)) << n;
+  }
+  Result<HandleId> agent_dir = store_->OpenDir(dir, kAlice);
+  ASSERT_TRUE(agent_dir.ok());
+  std::set<std::string> files;
+  for (const DirEntry& e : *store_->DirEntries(*agent_dir)) files.insert(e.name);
+  store_->ReleaseDir(*agent_dir);
+  EXPECT_EQ(files, (std::set<std::string>{".", "..", "prompt", "response", "transcript", "system", "config.json",
+                                          "status.json", "kv.safetensors"}));
+}
+
+TEST_F(StoreTest, BadNamesAreRefused) {
+  EXPECT_EQ(store_->MakeAgent(kRootInode, ".x", kRoot).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->MakeAgent(kRootInode, std::string(65, 'a'), kRoot).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->MakeAgent(kRootInode, "a b", kRoot).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(store_->MakeAgent(kRootInode, std::string(64, 'a'), kRoot).ok());
+  InodeId dir = Mkdir("alice");
+  EXPECT_EQ(store_->MakeAgent(kRootInode, "alice", kRoot).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->MakeAgent(kRootInode, ".status", kRoot).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->MakeAgent(dir, "sub", kRoot).status().code(), StatusCode::kNotPermitted);
+  EXPECT_EQ(store_->Create(dir, "notes", WriteTruncFlags(), kRoot).status().code(), StatusCode::kNotPermitted);
+  EXPECT_EQ(store_->Create(kRootInode, "file", WriteTruncFlags(), kRoot).status().code(), StatusCode::kNotPermitted);
+  EXPECT_EQ(store_->Lookup(dir, "notes").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, PromptBecomesATurnAndResponseStreamsTheReply) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "hello\n").ok());
+  Result<std::string> reply = Cat("alice", "response");
+  ASSERT_TRUE(reply.ok()) << reply.status().message();
+  EXPECT_EQ(*reply, FakeEngine::ReplyFor(1, "hello"));  // echo's trailing newline is dropped
+  Result<std::string> transcript = Cat("alice", "transcript");
+  ASSERT_TRUE(transcript.ok());
+  EXPECT_EQ(*transcript, "[user]\nhello\n\n[assistant]\n" + FakeEngine::ReplyFor(1, "hello") + "\n\n");
+  auto status = nlohmann::json::parse(*Cat("alice", "status.json"));
+  EXPECT_EQ(status["turns"], 1);
+  EXPECT_EQ(status["state"], "hot");
+  EXPECT_EQ(status["last_error_code"], nullptr);
+}
+
+TEST_F(StoreTest, EmptyPromptIsNoTurn) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "").ok());
+  ASSERT_TRUE(Echo("alice", "prompt", "\n").ok());
+  EXPECT_EQ(engine_->GetAgent("alice")->turns, 0u);
+  EXPECT_EQ(store_->Metrics().turns_submitted, 0u);
+}
+
+TEST_F(StoreTest, Utf8SplitAcrossWritesIsAccepted) {
+  Mkdir("alice");
+  std::string text = "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80";  // é, €, 😀
+  ASSERT_TRUE(Echo("alice", "prompt", text, kRoot, text.size()).ok());  // one byte per write
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(1, text));
+}
+
+TEST_F(StoreTest, InvalidUtf8IsRefusedAtWriteOrClose) {
+  Mkdir("alice");
+  EXPECT_EQ(Echo("alice", "prompt", "bad \xFF byte").code(), StatusCode::kIllegalSequence);
+  EXPECT_EQ(Echo("alice", "prompt", "overlong \xC0\xAF").code(), StatusCode::kIllegalSequence);
+  EXPECT_EQ(Echo("alice", "prompt", "surrogate \xED\xA0\x80").code(), StatusCode::kIllegalSequence);
+  // A character cut at the end: only close can tell.
+  InodeId ino = *File("alice", "prompt");
+  HandleId h = *store_->Open(ino, WriteTruncFlags(), kRoot);
+  EXPECT_TRUE(store_->Write(h, 0, "ends in \xE2\x82").ok());
+  EXPECT_EQ(store_->Flush(h).code(), StatusCode::kIllegalSequence);
+  store_->Release(h);
+  EXPECT_EQ(engine_->GetAgent("alice")->turns, 0u);
+  EXPECT_EQ(store_->Metrics().turns_submitted, 0u);
+}
+
+TEST_F(StoreTest, PromptOverTheLimitIsTooLarge) {
+  StoreConfig config;
+  config.max_prompt_bytes = 100;
+  Start(testing::FakeEngineOptions{}, config);
+  Mkdir("alice");
+  EXPECT_EQ(Echo("alice", "prompt", std::string(101, 'x')).code(), StatusCode::kTooLarge);
+  EXPECT_EQ(Echo("alice", "prompt", std::string(120, 'x'), kRoot, 2).code(), StatusCode::kTooLarge);  // 60 + 60
+  EXPECT_TRUE(Echo("alice", "prompt", std::string(100, 'x')).ok());
+  EXPECT_EQ(store_->Metrics().turns_submitted, 1u);
+}
+
+TEST_F(StoreTest, ReadOnlyFilesRefuseWritesEvenForRoot) {
+  Mkdir("alice");
+  for (const char* file : {"response", "transcript", "status.json"}) {
+    InodeId ino = *File("alice", file);
+    EXPECT_EQ(store_->Open(ino, WriteTruncFlags(), kRoot).status().code(), StatusCode::kPermissionDenied) << file;
+    EXPECT_EQ(store_->Open(ino, OpenFlags{true, true, false, false}, kRoot).status().code(),
+              StatusCode::kPermissionDenied) << file;
+    EXPECT_EQ(store_->Truncate(ino, 0, std::nullopt, kRoot).status().code(), StatusCode::kPermissionDenied) << file;
+  }
+  for (const char* special : {".status", ".status.json", ".metrics", ".audit.log", ".model.json"}) {
+    InodeId ino = store_->Lookup(kRootInode, special)->ino;
+    EXPECT_EQ(store_->Open(ino, WriteTruncFlags(), kRoot).status().code(), StatusCode::kPermissionDenied) << special;
+  }
+  EXPECT_EQ(store_->Open(*File("alice", "prompt"), ReadFlags(), kRoot).status().code(), StatusCode::kPermissionDenied);
+}
+
+TEST_F(StoreTest, AgentsArePrivateToTheirOwner) {
+  InodeId dir = Mkdir("alice", kAlice);
+  ASSERT_TRUE(Echo("alice", "prompt", "secret", kAlice).ok());
+  EXPECT_EQ(store_->OpenDir(dir, kBob).status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(Cat("alice", "transcript", kBob).status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(Echo("alice", "prompt", "hi", kBob).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(store_->RemoveAgent(kRootInode, "alice", kBob).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(store_->Unlink(dir, "kv.safetensors", kBob).code(), StatusCode::kPermissionDenied);
+  EXPECT_TRUE(Cat("alice", "transcript", kAlice).ok());
+  EXPECT_TRUE(Cat("alice", "transcript", kRoot).ok());
+  EXPECT_EQ(engine_->GetAgent("alice")->owner_uid, kAlice.uid);
+}
+
+TEST_F(StoreTest, ResponseReadBlocksUntilTextAndCanBeInterrupted) {
+  Mkdir("alice");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "wait").ok());
+  Interrupt interrupt;
+  std::atomic<bool> finished{false};
+  Result<std::string> result = Status(StatusCode::kInternal, "not run");
+  std::thread reader([&] {
+    result = Cat("alice", "response", kRoot, &interrupt);
+    finished = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(finished.load());  // blocked: no text yet
+  // ls, status and another agent are not blocked meanwhile.
+  EXPECT_TRUE(store_->OpenDir(kRootInode, kRoot).ok());
+  EXPECT_TRUE(Cat("alice", "status.json").ok());
+  Mkdir("bob");
+  auto t0 = std::chrono::steady_clock::now();
+  interrupt.Trigger();
+  reader.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+  EXPECT_EQ(result.status().code(), StatusCode::kCancelled);
+  engine_->HoldTurns(false);
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(1, "wait"));
+}
+
+TEST_F(StoreTest, ResponseBindsToTheTurnCurrentAtOpen) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "one").ok());
+  InodeId ino = *File("alice", "response");
+  HandleId first = *store_->Open(ino, ReadFlags(), kRoot);
+  ASSERT_TRUE(Echo("alice", "prompt", "two").ok());
+  std::string got;
+  while (true) {
+    auto chunk = store_->Read(first, got.size(), 3, nullptr);
+    ASSERT_TRUE(chunk.ok());
+    if (chunk->empty()) break;
+    got += *chunk;
+  }
+  store_->Release(first);
+  EXPECT_EQ(got, FakeEngine::ReplyFor(1, "one"));
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(2, "two"));
+}
+
+TEST_F(StoreTest, FailedTurnGivesEioAndTheReasonInStatusJson) {
+  testing::FakeEngineOptions options;
+  options.n_ctx = 64;
+  Start(options);
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", std::string(100, 'x')).ok());  // accepted, then fails in the engine
+  EXPECT_EQ(Cat("alice", "response").status().code(), StatusCode::kIoError);
+  auto status = nlohmann::json::parse(*Cat("alice", "status.json"));
+  EXPECT_EQ(status["state"], "error");
+  EXPECT_NE(status["last_error"].get<std::string>().find("context"), std::string::npos) << status.dump();
+  EXPECT_EQ(*Cat("alice", "transcript"), "");
+  engine_->FailNextTurn(Status(StatusCode::kNoSpace, "store: no space left on device"));
+  ASSERT_TRUE(Echo("alice", "prompt", "hi").ok());
+  EXPECT_EQ(Cat("alice", "response").status().code(), StatusCode::kIoError);
+  status = nlohmann::json::parse(*Cat("alice", "status.json"));
+  EXPECT_EQ(status["last_error_code"], "ENOSPC");
+}
+
+TEST_F(StoreTest, TranscriptOnlyGrowsWhileTurnsStream) {
+  Mkdir("alice");
+  engine_->SetPieceDelay(std::chrono::milliseconds(2));
+  ASSERT_TRUE(Echo("alice", "prompt", "a long enough prompt to stream in many pieces").ok());
+  std::string previous;
+  for (int i = 0; i < 20; ++i) {
+    std::string now = *Cat("alice", "transcript");
+    EXPECT_EQ(now.substr(0, previous.size()), previous);
+    EXPECT_GE(store_->GetAttr(*File("alice", "transcript"))->size, now.size());  // tail -f sees it grow
+    previous = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  }
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  std::string final_text = *Cat("alice", "transcript");
+  EXPECT_EQ(final_text.substr(0, previous.size()), previous);
+  EXPECT_EQ(store_->GetAttr(*File("alice", "transcript"))->size, final_text.size());
+}
+
+TEST_F(StoreTest, TurnsOfOneAgentRunInOrderAndTheQueueIsBounded) {
+  Mkdir("alice");
+  engine_->HoldTurns(true);
+  for (int i = 1; i <= 8; ++i) ASSERT_TRUE(Echo("alice", "prompt", "turn " + std::to_string(i)).ok());
+  EXPECT_EQ(Echo("alice", "prompt", "one too many").code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_->Metrics().turns_rejected_queue_full, 1u);
+  engine_->HoldTurns(false);
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(8, "turn 8"));
+  std::string expected;
+  for (int i = 1; i <= 8; ++i) {
+    std::string text = "turn " + std::to_string(i);
+    expected += "[user]\n" + text + "\n\n[assistant]\n" + FakeEngine::ReplyFor(i, text) + "\n\n";
+  }
+  EXPECT_EQ(*Cat("alice", "transcript"), expected);
+}
+
+TEST_F(StoreTest, ManyAgentsAndWritersAtOnce) {
+  constexpr int kAgents = 10, kTurns = 10;
+  for (int a = 0; a < kAgents; ++a) Mkdir("agent" + std::to_string(a));
+  std::atomic<int> accepted{0};
+  std::vector<std::thread> writers;
+  for (int a = 0; a < kAgents; ++a) {
+    writers.emplace_back([&, a] {
+      for (int t = 0; t < kTurns; ++t) {
+        std::string agent = "agent" + std::to_string(a);
+        Status s = Echo(agent, "prompt", "m" + std::to_string(t));
+        while (s.code() == StatusCode::kResourceExhausted) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          s = Echo(agent, "prompt", "m" + std::to_string(t));
+        }
+        if (s.ok()) ++accepted;
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  EXPECT_EQ(accepted.load(), kAgents * kTurns);
+  for (int a = 0; a < kAgents; ++a) {
+    std::string agent = "agent" + std::to_string(a);
+    // The last turn's reply, then the whole transcript in submission order.
+    ASSERT_EQ(*Cat(agent, "response"), FakeEngine::ReplyFor(kTurns, "m" + std::to_string(kTurns - 1)));
+    std::string expected;
+    for (int t = 0; t < kTurns; ++t) {
+      std::string text = "m" + std::to_string(t);
+      expected += "[user]\n" + text + "\n\n[assistant]\n" + FakeEngine::ReplyFor(t + 1, text) + "\n\n";
+    }
+    EXPECT_EQ(*Cat(agent, "transcript"), expected) << agent;
+  }
+}
+
+TEST_F(StoreTest, ConfigIsValidatedAtCloseAndBadInputChangesNothing) {
+  Mkdir("alice");
+  std::string before = *Cat("alice", "config.json");
+  EXPECT_EQ(Echo("alice", "config.json", "{not json").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Echo("alice", "config.json", R"({"temperature": "hot"})").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Echo("alice", "config.json", R"({"max_tokens": 0})").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Echo("alice", "config.json", R"({"colour": 1})").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("alice", "config.json"), before);
+  ASSERT_TRUE(Echo("alice", "config.json", R"({"temperature": 0, "max_tokens": 32})").ok());
+  auto config = nlohmann::json::parse(*Cat("alice", "config.json"));
+  EXPECT_EQ(config["temperature"], 0.0);
+  EXPECT_EQ(config["max_tokens"], 32);
+  EXPECT_EQ(config["top_k"], 40);  // keys not written keep their values
+  std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  EXPECT_NE(audit.find("\"action\":\"config\""), std::string::npos);
+}
+
+TEST_F(StoreTest, SystemChangeKeepsTheConversation) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "hi").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  ASSERT_TRUE(Echo("alice", "system", "You are terse.").ok());
+  EXPECT_EQ(*Cat("alice", "system"), "You are terse.");
+  std::string transcript = *Cat("alice", "transcript");
+  EXPECT_EQ(transcript.rfind("[system]\nYou are terse.\n\n", 0), 0u) << transcript;
+  EXPECT_NE(transcript.find("[user]\nhi\n"), std::string::npos);
+  EXPECT_EQ(Echo("alice", "system", "bad \xFF").code(), StatusCode::kIllegalSequence);
+  EXPECT_EQ(*Cat("alice", "system"), "You are terse.");
+}
+
+TEST_F(StoreTest, KvExportImportAndEraseCache) {
+  Mkdir("alice");
+  Mkdir("bob");
+  ASSERT_TRUE(Echo("alice", "prompt", "remember this").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  Result<std::string> exported = Cat("alice", "kv.safetensors");
+  ASSERT_TRUE(exported.ok());
+  EXPECT_FALSE(exported->empty());
+  // Garbage, truncated: EINVAL at close, bob unchanged.
+  EXPECT_EQ(Echo("bob", "kv.safetensors", "garbage").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Echo("bob", "kv.safetensors", exported->substr(0, exported->size() - 5)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("bob", "transcript"), "");
+  ASSERT_TRUE(Echo("bob", "kv.safetensors", *exported).ok());
+  EXPECT_EQ(*Cat("bob", "transcript"), *Cat("alice", "transcript"));
+  // unlink kv.safetensors: the cache goes, the transcript stays.
+  InodeId alice = store_->Lookup(kRootInode, "alice")->ino;
+  ASSERT_TRUE(store_->Unlink(alice, "kv.safetensors", kRoot).ok());
+  EXPECT_NE(Cat("alice", "transcript")->find("remember this"), std::string::npos);
+  std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  for (const char* action : {"export", "import", "erase_cache"}) {
+    EXPECT_NE(audit.find(std::string("\"action\":\"") + action + "\""), std::string::npos) << action;
+  }
+  EXPECT_EQ(audit.find("remember"), std::string::npos);  // never any text
+  EXPECT_EQ(store_->Metrics().imports, 1u);
+  EXPECT_EQ(store_->Metrics().imports_refused, 2u);
+}
+
+TEST_F(StoreTest, RmdirErasesTheAgentAndLogsItWithoutText) {
+  InodeId dir = Mkdir("alice", kAlice);
+  ASSERT_TRUE(Echo("alice", "prompt", "private words", kAlice).ok());
+  ASSERT_TRUE(Cat("alice", "response", kAlice).ok());
+  // rm -r: unlink every file (views: nothing happens but kv.safetensors), then rmdir.
+  for (const char* f : {"prompt", "response", "transcript", "system", "config.json", "status.json"}) {
+    EXPECT_TRUE(store_->Unlink(dir, f, kAlice).ok()) << f;
+  }
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kAlice).ok());
+  EXPECT_EQ(store_->Lookup(kRootInode, "alice").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->GetAgent("alice").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store_->GetAttr(dir).status().code(), StatusCode::kNotFound);
+  std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  auto line = nlohmann::json::parse(audit.substr(0, audit.find('\n')));
+  EXPECT_EQ(line["action"], "erase");
+  EXPECT_EQ(line["agent"], "alice");
+  EXPECT_EQ(line["uid"], kAlice.uid);
+  EXPECT_TRUE(line.contains("bytes_freed") && line.contains("blocks_freed") && line.contains("blocks_kept_shared"));
+  EXPECT_EQ(audit.find("private"), std::string::npos);
+  // The name can be used again: a new agent, a new inode.
+  InodeId again = Mkdir("alice", kAlice);
+  EXPECT_NE(again, dir);
+  EXPECT_EQ(*Cat("alice", "transcript", kAlice), "");
+}
+
+TEST_F(StoreTest, InodesOfErasedAgentsLiveUntilForgotten) {
+  InodeId dir = Mkdir("alice");  // one kernel reference
+  size_t before = store_->InodeCount();
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kRoot).ok());
+  EXPECT_EQ(store_->InodeCount(), before - 7);  // its files had no references
+  store_->Forget(dir, 1);
+  EXPECT_EQ(store_->InodeCount(), before - 8);
+  // A readdirplus listing taken before the erasure must not hand the kernel the gone node.
+  EXPECT_FALSE(store_->CountLookup(dir));
+}
+
+TEST_F(StoreTest, ForgettingMoreThanWasLookedUpAborts) {
+  InodeId dir = Mkdir("alice");
+  EXPECT_DEATH(store_->Forget(dir, 2), "broken invariant");
+}
+
+TEST_F(StoreTest, PrefixFilesAreAddedAndRemoved) {
+  InodeId prefixes = store_->Lookup(kRootInode, ".prefixes")->ino;
+  auto created = store_->Create(prefixes, "story.txt", WriteTruncFlags(), kAlice);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  HandleId h = created->second;
+  ASSERT_TRUE(store_->Write(h, 0, "Once upon a time").ok());
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(*engine_->PrefixText("story.txt"), "Once upon a time");
+  EXPECT_EQ(*CatInode(store_->Lookup(prefixes, "story.txt")->ino), "Once upon a time");
+  EXPECT_EQ(store_->Create(prefixes, ".hidden", WriteTruncFlags(), kRoot).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store_->Unlink(prefixes, "story.txt", kAlice).ok());
+  EXPECT_TRUE(engine_->ListPrefixes().empty());
+  EXPECT_EQ(store_->Lookup(prefixes, "story.txt").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, OpeningAnAgentFileSchedulesAPrefetch) {
+  Mkdir("alice");
+  size_t before = engine_->PrefetchCount();
+  ASSERT_TRUE(Cat("alice", "status.json").ok());
+  EXPECT_GT(engine_->PrefetchCount(), before);
+}
+
+TEST_F(StoreTest, ExtendedAttributes) {
+  InodeId dir = Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "hello").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  EXPECT_EQ(**store_->GetXattr(dir, "user.kvfs.state"), "hot");
+  EXPECT_EQ(**store_->GetXattr(dir, "user.kvfs.tokens"), std::to_string(engine_->GetAgent("alice")->context_tokens));
+  EXPECT_FALSE(store_->GetXattr(dir, "user.other")->has_value());
+  EXPECT_EQ(store_->ListXattr(dir)->size(), 3u);
+}
+
+TEST_F(StoreTest, RootStatusFilesRender) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "hello").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  std::string text = *CatInode(store_->Lookup(kRootInode, ".status")->ino);
+  EXPECT_NE(text.find("hit rate"), std::string::npos);
+  EXPECT_NE(text.find("alice"), std::string::npos);
+  auto json = nlohmann::json::parse(*CatInode(store_->Lookup(kRootInode, ".status.json")->ino));
+  EXPECT_EQ(json["agents"]["hot"], 1);
+  std::string metrics = *CatInode(store_->Lookup(kRootInode, ".metrics")->ino);
+  for (const char* m : {"kvfs_turns_total{result=\"ok\"} 1", "kvfs_ttft_seconds_count 1", "kvfs_cache_evictions_total",
+                        "kvfs_cache_reload_bytes_total", "kvfs_erasures_total", "kvfs_batch_size_count 3",
+                        "kvfs_tokens_total{kind=\"generated\"}"}) {
+    EXPECT_NE(metrics.find(m), std::string::npos) << m;
+  }
+  auto model = nlohmann::json::parse(*CatInode(store_->Lookup(kRootInode, ".model.json")->ino));
+  EXPECT_EQ(model["fingerprint"], engine_->fingerprint());
+}
+
+TEST_F(StoreTest, ShutdownWakesBlockedReadersAndRefusesTurns) {
+  Mkdir("alice");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "never").ok());
+  Result<std::string> result = Status(StatusCode::kInternal, "not run");
+  std::thread reader([&] { result = Cat("alice", "response"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  store_->BeginShutdown();
+  reader.join();
+  EXPECT_FALSE(result.ok());
+  EXPECT_EQ(Echo("alice", "prompt", "more").code(), StatusCode::kIoError);
+}
+
+TEST_F(StoreTest, EraseWakesReadersOfTheAgent) {
+  Mkdir("alice");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "never").ok());
+  Result<std::string> result = Status(StatusCode::kInternal, "not run");
+  std::thread reader([&] { result = Cat("alice", "response"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kRoot).ok());
+  reader.join();
+  EXPECT_FALSE(result.ok());
+  engine_->HoldTurns(false);
+}
+
+TEST_F(StoreTest, TurnsMayFinishAfterTheStoreIsGone) {
+  Mkdir("alice");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "late").ok());
+  store_.reset();              // the callbacks hold the agent and the metrics, not the store
+  engine_->HoldTurns(false);   // the turn runs and finishes now
+  engine_->Shutdown();
+}
+
+TEST_F(StoreTest, AgentsOfTheEngineAppearAfterARestart) {
+  std::string dir = ::testing::TempDir() + "/kvfs_store_restart_" + std::to_string(::getpid());
+  testing::FakeEngineOptions options;
+  options.store_dir = dir;
+  Start(options);
+  Mkdir("alice", kAlice);
+  ASSERT_TRUE(Echo("alice", "prompt", "persist me", kAlice).ok());
+  ASSERT_TRUE(Cat("alice", "response", kAlice).ok());
+  Start(options);
+  Result<Attr> attr = store_->Lookup(kRootInode, "alice");
+  ASSERT_TRUE(attr.ok());
+  EXPECT_EQ(attr->uid, kAlice.uid);
+  EXPECT_EQ(*Cat("alice", "response", kAlice), FakeEngine::ReplyFor(1, "persist me"));
+  EXPECT_NE(Cat("alice", "transcript", kAlice)->find("persist me"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvfs::fs

@@ -1,0 +1,99 @@
+// Utf8Validator, AuditLog, InodeTable.
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "fs/audit_log.h"
+#include "fs/inode_table.h"
+#include "fs/utf8.h"
+
+namespace kvfs::fs {
+namespace {
+
+bool Valid(std::string_view s) {
+  Utf8Validator v;
+  return v.Feed(s) && v.Complete();
+}
+
+TEST(Utf8Validator, AcceptsValidText) {
+  EXPECT_TRUE(Valid(""));
+  EXPECT_TRUE(Valid("plain ascii\n"));
+  EXPECT_TRUE(Valid("\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\xF4\x8F\xBF\xBF"));  // é € 😀 U+10FFFF
+}
+
+TEST(Utf8Validator, RejectsInvalidSequences) {
+  for (std::string_view bad : {"\x80", "\xC0\x80", "\xC1\xBF", "\xE0\x80\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80",
+                               "\xF5\x80\x80\x80", "\xFF", "\xC3\x28", "a\xE2\x82"}) {
+    EXPECT_FALSE(Valid(bad)) << nlohmann::json(std::string(bad)).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+  }
+}
+
+TEST(Utf8Validator, CharactersMaySpanFeeds) {
+  Utf8Validator v;
+  EXPECT_TRUE(v.Feed("\xF0\x9F"));
+  EXPECT_FALSE(v.Complete());
+  EXPECT_TRUE(v.Feed("\x98"));
+  EXPECT_TRUE(v.Feed("\x80 ok"));
+  EXPECT_TRUE(v.Complete());
+  EXPECT_FALSE(v.Feed("\xFF"));
+  EXPECT_FALSE(v.Feed("fine"));  // stays invalid
+}
+
+TEST(AuditLog, AppendsJsonLinesToAFileThatSurvivesReopening) {
+  std::string path = ::testing::TempDir() + "/kvfs_audit_" + std::to_string(::getpid()) + ".log";
+  std::filesystem::remove(path);
+  {
+    auto log = AuditLog::Open(path);
+    ASSERT_TRUE(log.ok());
+    AuditEvent e;
+    e.time_ms = 1700000000123;
+    e.uid = 1000;
+    e.agent = "alice";
+    e.action = "erase";
+    e.erased = store::EraseReport{4096, 2, 1, 3};
+    ASSERT_TRUE((*log)->Append(e).ok());
+  }
+  auto log = AuditLog::Open(path);
+  ASSERT_TRUE(log.ok());
+  AuditEvent e;
+  e.time_ms = 1700000000456;
+  e.agent = "bob";
+  e.action = "export";
+  e.bytes = 77;
+  ASSERT_TRUE((*log)->Append(e).ok());
+  std::string text = *(*log)->Read(0, 1 << 20);
+  EXPECT_EQ((*log)->Size(), text.size());
+  auto first = nlohmann::json::parse(text.substr(0, text.find('\n')));
+  EXPECT_EQ(first["time"], "2023-11-14T22:13:20.123Z");
+  EXPECT_EQ(first["uid"], 1000);
+  EXPECT_EQ(first["bytes_freed"], 4096);
+  EXPECT_EQ(first["blocks_freed"], 2);
+  EXPECT_EQ(first["blocks_kept_shared"], 1);
+  auto second = nlohmann::json::parse(text.substr(text.find('\n') + 1));
+  EXPECT_EQ(second["action"], "export");
+  EXPECT_EQ(second["bytes"], 77);
+  std::filesystem::remove(path);
+}
+
+TEST(InodeTable, CountsReferencesAndDropsRemovedNodes) {
+  InodeTable table;
+  size_t fixed = table.size();
+  InodeId p = table.AddPrefix("p");
+  table.Ref(p);
+  table.Ref(p);
+  table.RemovePrefix(p);
+  EXPECT_NE(table.Find(p), nullptr);
+  table.Forget(p, 1);
+  EXPECT_NE(table.Find(p), nullptr);
+  table.Forget(p, 1);
+  EXPECT_EQ(table.Find(p), nullptr);
+  EXPECT_EQ(table.size(), fixed);
+  EXPECT_DEATH(table.Forget(kRootInode, 1), "broken invariant");
+  EXPECT_DEATH(table.Forget(999999, 1), "unknown inode");
+}
+
+}  // namespace
+}  // namespace kvfs::fs
