@@ -97,6 +97,48 @@ store::Manifest Engine::ManifestOf(const AgentRecord& a) const {
   return m;
 }
 
+void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
+  a.conversation = m.conversation;
+  a.created_ms = m.created_ms;
+  a.updated_ms = m.updated_ms;
+  const nlohmann::json& c = m.config;
+  if (c.is_object()) {
+    a.owner_uid = c.value("owner_uid", 0u);
+    a.system = c.value("system", std::string());
+    if (c.contains("settings")) {
+      auto s = ParseAgentSettings(c["settings"].dump(), DefaultSettings());
+      if (s.ok()) a.settings = *s;
+    }
+  }
+  auto format = FormatFor(a.settings);
+  a.format = format.ok() ? *format : KvFormat{};
+  a.tokens.clear();
+  a.cached_text.clear();
+  a.blocks.clear();
+  a.disk_tail.reset();
+  a.parked_tail.reset();
+  a.disk_bytes = 0;
+  const bool usable = format.ok() && m.model_fingerprint == fingerprint_ && m.kv_format == format->Name() &&
+                      m.block_size == static_cast<uint32_t>(options_.block_tokens) && c.is_object() &&
+                      c.contains("context_text") && c["context_text"].is_string();
+  if (!usable) {
+    if (!m.tokens.empty())
+      spdlog::info("engine: agent {} was cached for another model or format; its cache is rebuilt on its next turn", a.name);
+    return;
+  }
+  // The cache is exactly the committed blocks plus the tail.
+  const size_t cached = m.blocks.size() * m.block_size + (m.tail ? m.tail->n_tokens : 0);
+  if (cached != m.tokens.size()) return;
+  a.tokens.assign(m.tokens.begin(), m.tokens.end());
+  a.cached_text = c["context_text"].get<std::string>();
+  a.blocks = m.blocks;
+  a.disk_tail = m.tail;
+  const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
+  const int64_t row = layout.row_bytes() * layout.n_layer * 2;
+  a.disk_bytes = static_cast<int64_t>(m.blocks.size()) * layout.block_bytes() +
+                 (m.tail ? static_cast<int64_t>(m.tail->n_tokens) * row : 0);
+}
+
 Status Engine::RestoreAgents() {
   for (const std::string& name : store_->ListAgents()) {
     auto m = store_->ReadManifest(name);
@@ -106,42 +148,7 @@ Status Engine::RestoreAgents() {
     }
     auto a = std::make_unique<AgentRecord>();
     a->name = name;
-    a->conversation = m->conversation;
-    a->created_ms = m->created_ms;
-    a->updated_ms = m->updated_ms;
-    a->turns = m->turn;
-    const nlohmann::json& c = m->config;
-    if (c.is_object()) {
-      a->owner_uid = c.value("owner_uid", 0u);
-      a->system = c.value("system", std::string());
-      if (c.contains("settings")) {
-        auto s = ParseAgentSettings(c["settings"].dump(), AgentSettings{});
-        if (s.ok()) a->settings = *s;
-      }
-    }
-    auto format = FormatFor(a->settings);
-    const bool usable = format.ok() && m->model_fingerprint == fingerprint_ && m->kv_format == format->Name() &&
-                        m->block_size == static_cast<uint32_t>(options_.block_tokens) && c.is_object() &&
-                        c.contains("context_text") && c["context_text"].is_string();
-    a->format = format.ok() ? *format : KvFormat{};
-    if (usable) {
-      // The cache is exactly the committed blocks plus the tail; tokens beyond it were never
-      // cached (cannot happen with our writer, but a manifest may say so).
-      const size_t cached = m->blocks.size() * m->block_size + (m->tail ? m->tail->n_tokens : 0);
-      if (cached == m->tokens.size()) {
-        a->tokens.assign(m->tokens.begin(), m->tokens.end());
-        a->cached_text = c["context_text"].get<std::string>();
-        a->blocks = m->blocks;
-        a->disk_tail = m->tail;
-        const KvLayout layout = KvLayoutFor(model_->hparams(), a->format, options_.block_tokens);
-        const int64_t row = layout.row_bytes() * layout.n_layer * 2;
-        a->disk_bytes = static_cast<int64_t>(m->blocks.size()) * layout.block_bytes() +
-                        (m->tail ? static_cast<int64_t>(m->tail->n_tokens) * row : 0);
-      }
-    } else {
-      spdlog::info("engine: agent {} was cached for another model or format; its cache is rebuilt on its next turn",
-                   name);
-    }
+    ApplyManifest(*a, *m);
     agents_[name] = std::move(a);
   }
   return Status::Ok();
@@ -261,7 +268,8 @@ AgentInfo Engine::InfoOf(const AgentRecord& a) const {
   info.disk_bytes = a.disk_bytes;
   info.created_ms = a.created_ms;
   info.updated_ms = a.updated_ms;
-  info.turns = a.turns;
+  info.turns = static_cast<uint64_t>(std::count_if(a.conversation.begin(), a.conversation.end(),
+                                                   [](const ConversationTurn& t) { return t.role == "user"; }));
   info.queued_turns = a.queue.size() + (a.running ? 1 : 0);
   info.system = a.system;
   info.settings = a.settings;

@@ -91,6 +91,9 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   struct Taken {
     std::vector<BlockHash> keys;
     CommitJob job;
+    int64_t disk_bytes = 0;  // the cache's blocks and tail on disk
+    size_t files = 0;        // its tail file
+    int64_t block_bytes = 0;
   };
   auto taken = RunOnEngine<Result<Taken>>([&]() -> Result<Taken> {
     AgentRecord* a = nullptr;
@@ -104,6 +107,12 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
     Taken t;
     t.keys = AgentBlockKeys(*a);
+    {
+      std::lock_guard lock(mu_);
+      t.disk_bytes = a->disk_bytes;
+      if (a->disk_tail) ++t.files;
+      t.block_bytes = KvLayoutFor(model_->hparams(), a->format, options_.block_tokens).block_bytes();
+    }
     ReleaseCache(*a);
     std::lock_guard lock(mu_);
     t.job.agent = name;
@@ -113,16 +122,21 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   if (!taken.ok()) return taken.status();
   store::EraseReport report;
   std::set<BlockHash> on_disk_before;
+  report.bytes_freed = static_cast<uint64_t>(taken->disk_bytes);
   if (store_) {
     for (const BlockHash& h : taken->keys)
       if (store_->HasBlock(h)) on_disk_before.insert(h);
     // The commit of a manifest without blocks makes the store shred every block only this
     // agent named, and the old tail.
     KVFS_RETURN_IF_ERROR(CommitNow(std::move(taken->job)));
+    report.files_removed = taken->files;
     for (const BlockHash& h : on_disk_before) {
       if (store_->HasBlock(h)) ++report.blocks_kept_shared;
-      else ++report.blocks_freed;
+      else ++report.blocks_freed, ++report.files_removed;
     }
+    // Shared blocks stay on disk: they are not this erasure's bytes.
+    const uint64_t kept = report.blocks_kept_shared * static_cast<uint64_t>(taken->block_bytes);
+    report.bytes_freed = report.bytes_freed > kept ? report.bytes_freed - kept : 0;
   }
   DrainLoader();
   std::set<BlockHash> others;
@@ -131,7 +145,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     for (auto& [n, a] : agents_) others.insert(a->blocks.begin(), a->blocks.end());
   }
   for (const BlockHash& h : taken->keys)
-    if (!others.count(h) && pool_->Drop(h)) report.bytes_freed += 0;
+    if (!others.count(h)) pool_->Drop(h);
   return report;
 }
 

@@ -41,7 +41,6 @@ struct AgentRecord {
   AgentSettings settings;
   std::vector<ConversationTurn> conversation;  // committed turns
   int64_t created_ms = 0, updated_ms = 0;
-  uint64_t turns = 0;
   std::deque<TurnRequest> queue;  // waiting, not yet started
   bool running = false;
   bool generating = false;  // the running turn has produced its first token
@@ -154,6 +153,8 @@ class Engine final : public AgentEngine {
   explicit Engine(const EngineOptions& options);
   kvfs::Status Init();
   kvfs::Status RestoreAgents();
+  // Sets an agent's conversation, settings and cache references from its committed manifest.
+  void ApplyManifest(AgentRecord& agent, const store::Manifest& manifest) const;
 
   // Engine thread.
   void EngineLoop();

@@ -436,30 +436,40 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     a.tokens = turn.context;
     a.cached_text = turn.rendered_prompt + turn.fed_text;
     a.updated_ms = Now();
-    ++a.turns;
     counters_.tokens_reused += static_cast<uint64_t>(stats.reused_tokens);
     counters_.tokens_computed += static_cast<uint64_t>(stats.prefilled_tokens + std::max<int64_t>(0, stats.generated_tokens - 1));
     counters_.tokens_generated += static_cast<uint64_t>(stats.generated_tokens);
     PushBounded(counters_.ttft_ms, stats.ttft_ms);
   }
   CommitAgent(a, turn.seq.get(), [this, &a, stats, on_done = std::move(on_done)](const kvfs::Status& committed) {
+    if (!committed.ok()) {
+      // The turn is not on disk, so it did not happen: back to the previous commit (whose cache
+      // the next turn reloads), on the engine thread, before anyone hears of the failure.
+      std::lock_guard lock(mu_);
+      tasks_.push_back([this, &a, committed, on_done] {
+        ReleaseCache(a);
+        auto m = store_->ReadManifest(a.name);
+        {
+          std::lock_guard l(mu_);
+          if (m.ok()) ApplyManifest(a, *m);
+          a.running = a.generating = false;
+          a.last_error = committed.message();
+          ++counters_.turns_failed;
+        }
+        if (on_done) on_done(committed);
+      });
+      engine_cv_.notify_all();
+      return;
+    }
     {
       std::lock_guard lock(mu_);
       a.running = a.generating = false;
-      if (committed.ok()) {
-        a.last_turn = stats;
-        a.last_error.clear();
-        ++counters_.turns_completed;
-      } else {
-        a.last_error = committed.message();
-        ++counters_.turns_failed;
-      }
+      a.last_turn = stats;
+      a.last_error.clear();
+      ++counters_.turns_completed;
     }
     engine_cv_.notify_all();
-    if (on_done) {
-      if (committed.ok()) on_done(stats);
-      else on_done(committed);
-    }
+    if (on_done) on_done(stats);
   });
   turn.seq.reset();
 }

@@ -145,10 +145,14 @@ TEST_F(EngineTest, TurnsMatchUncachedRunsAcrossRestartAndEviction) {
       EXPECT_EQ(out.reply, Reference(m, *out.stats, 20));
       ASSERT_EQ(m.conversation.size(), static_cast<size_t>(2 * (t + 1)));
       EXPECT_EQ(m.conversation.back().text, out.reply);
-      if (mode == 2) ASSERT_TRUE(RunTurn(**engine, "bob", "A cat and a dog played in the sun all day long.").stats.ok());
+      if (mode == 2) {
+        ASSERT_TRUE(RunTurn(**engine, "bob", "A cat and a dog played in the sun all day long.").stats.ok());
+      }
     }
     const EngineStatus st = (*engine)->Stats();
-    if (mode == 1) EXPECT_GT(st.reload_bytes, 0u);
+    if (mode == 1) {
+      EXPECT_GT(st.reload_bytes, 0u);
+    }
     if (mode == 2) {
       EXPECT_GT(st.evictions, 0u);
       EXPECT_GT(st.reload_bytes, 0u);
