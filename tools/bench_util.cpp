@@ -1,9 +1,31 @@
 #include "tools/bench_util.h"
 
 #include <future>
+#include <sstream>
 #include <vector>
 
 namespace kvfs::cli {
+
+Result<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& option, int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < lo || v > hi) {
+      return InvalidArgument(option + " takes a comma-separated list of numbers in [" + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "]");
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return InvalidArgument(option + " needs at least one number");
+  return out;
+}
 
 Result<TurnStats> RunTurnSync(AgentEngine& e, const std::string& agent, const std::string& text) {
   std::promise<Result<TurnStats>> done;

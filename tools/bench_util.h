@@ -3,11 +3,15 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/model/tokenizer.h"
 #include "engine/runtime/agent_engine.h"
 
 namespace kvfs::cli {
+
+// Parses "1,2,4" into numbers in [lo, hi]; an error message naming `option` otherwise.
+Result<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& option, int64_t lo, int64_t hi);
 
 // Runs one turn and waits for it.
 Result<TurnStats> RunTurnSync(AgentEngine& engine, const std::string& agent, const std::string& text);

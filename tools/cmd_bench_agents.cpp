@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -93,18 +92,9 @@ int BenchAgents(int argc, char** argv) {
   }
   if (!args.error().empty()) return Fail(args.error());
   if (!args.has("-m")) return Fail("-m MODEL is required");
-  std::vector<int64_t> counts;
-  {
-    std::stringstream ss(args.get("--agents").value_or("1,2,4,8"));
-    for (std::string item; std::getline(ss, item, ',');) {
-      try {
-        counts.push_back(std::stoll(item));
-      } catch (...) {
-        return Fail("--agents takes a comma-separated list of agent counts");
-      }
-      if (counts.back() < 1 || counts.back() > 256) return Fail("--agents values must be in [1, 256]");
-    }
-  }
+  auto counts_list = ParseIntList(args.get("--agents").value_or("1,2,4,8"), "--agents", 1, 256);
+  if (!counts_list.ok()) return Fail(counts_list.status().message());
+  const std::vector<int64_t> counts = *counts_list;
   const int64_t ctx = args.get_int("--ctx", 1024, 1, 131072);
   const int64_t n_gen = args.get_int("-n", 64, 1, 65536);
   const int64_t stagger = args.get_int("--stagger-ms", 0, 0, 600000);

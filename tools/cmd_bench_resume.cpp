@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -103,18 +102,9 @@ int BenchResume(int argc, char** argv) {
   }
   if (!args.error().empty()) return Fail(args.error());
   if (!args.has("-m")) return Fail("-m MODEL is required");
-  std::vector<int64_t> ctxs;
-  {
-    std::stringstream ss(args.get("--ctx").value_or("1024,2048,4096"));
-    for (std::string item; std::getline(ss, item, ',');) {
-      try {
-        ctxs.push_back(std::stoll(item));
-      } catch (...) {
-        return Fail("--ctx takes a comma-separated list of token counts");
-      }
-      if (ctxs.back() < 16 || ctxs.back() > 131072) return Fail("--ctx values must be in [16, 131072]");
-    }
-  }
+  auto ctxs_list = ParseIntList(args.get("--ctx").value_or("1024,2048,4096"), "--ctx", 16, 131072);
+  if (!ctxs_list.ok()) return Fail(ctxs_list.status().message());
+  const std::vector<int64_t> ctxs = *ctxs_list;
   const int64_t n_new = args.get_int("--new", 32, 1, 4096);
   const int threads = static_cast<int>(args.get_int("-t", 2, 1, 256));
   if (!args.error().empty()) return Fail(args.error());

@@ -37,19 +37,24 @@ static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, Agen
     if (r.on_done) r.on_done(why);
 }
 
+Result<AgentRecord*> Engine::StopTurnsOf(const std::string& name, const kvfs::Status& why) {
+  AgentRecord* a = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    auto it = agents_.find(name);
+    if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
+    a = it->second.get();
+  }
+  CancelTurnsOf(active_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
+  CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
+  return a;
+}
+
 Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
   const Status why(StatusCode::kNotFound, "agent " + name + " was erased");
   // Engine thread: stop its turns, take it out of the registry, collect its memory blocks.
   auto keys = RunOnEngine<Result<std::vector<BlockHash>>>([&]() -> Result<std::vector<BlockHash>> {
-    AgentRecord* a = nullptr;
-    {
-      std::lock_guard lock(mu_);
-      auto it = agents_.find(name);
-      if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
-      a = it->second.get();
-    }
-    CancelTurnsOf(active_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
-    CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
+    KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why));
     std::vector<BlockHash> k = AgentBlockKeys(*a);
     std::lock_guard lock(mu_);
     // A turn whose commit is still queued keeps the record alive until the store thread is done
@@ -96,15 +101,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     int64_t block_bytes = 0;
   };
   auto taken = RunOnEngine<Result<Taken>>([&]() -> Result<Taken> {
-    AgentRecord* a = nullptr;
-    {
-      std::lock_guard lock(mu_);
-      auto it = agents_.find(name);
-      if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
-      a = it->second.get();
-    }
-    CancelTurnsOf(active_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
-    CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
+    KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why));
     Taken t;
     t.keys = AgentBlockKeys(*a);
     {

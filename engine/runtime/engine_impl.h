@@ -175,6 +175,8 @@ class Engine final : public AgentEngine {
   // Names full blocks, parks the tail, queues the commit; completes the turn after it.
   void CommitAgent(AgentRecord& agent, SequenceKv* seq, std::function<void(const kvfs::Status&)> done);
   void ReleaseCache(AgentRecord& agent);
+  // Engine thread: the agent's record, after failing its running, loading and queued turns.
+  Result<AgentRecord*> StopTurnsOf(const std::string& name, const kvfs::Status& why);
   // Engine thread: queues a load of the agent's cache files that are not in the pool; false if
   // everything is resident (or there is no store).
   bool QueueLoad(AgentRecord& agent, std::function<void()> on_loaded);

@@ -111,5 +111,21 @@ check('no Vulkan device: CPU fallback with a warning',
       f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 bad('bad backend', ['run', '-m', stories, '-p', 'x', '--backend', 'tpu'], '--backend must be cpu or vulkan')
 
+# 6. Engine-level benchmarks run end to end and report consistent figures.
+r = run(['bench', 'resume', '-m', stories, '--ctx', '64,300', '--new', '8', '-t', '1', '--json'])
+ok = r.returncode == 0
+j = json.loads(r.stdout) if ok else {}
+rows = j.get('results', [])
+check('bench resume', ok and len(rows) == 2 and all(x['cold_ttft_ms'] > 0 and x['hot_ttft_ms'] > 0 and
+      x['reload_bytes'] > 0 and x['reused_tokens_warm'] >= x['ctx'] - 1 for x in rows)
+      and all(c['ratio'] > 3 for c in j.get('capacity', [])), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+r = run(['bench', 'agents', '-m', stories, '--agents', '1,3', '--ctx', '32', '-n', '8', '-t', '1', '--json'])
+ok = r.returncode == 0
+j = json.loads(r.stdout) if ok else {}
+rows = j.get('results', [])
+check('bench agents', ok and [x['agents'] for x in rows] == [1, 3] and all(x['system_tokens_per_s'] > 0 and
+      len(x['ttft_ms']) == x['agents'] for x in rows), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+bad('bench agents bad list', ['bench', 'agents', '-m', stories, '--agents', '1,x'], '--agents takes')
+
 print(f'{len(failures)} failed' if failures else 'all passed')
 sys.exit(1 if failures else 0)
