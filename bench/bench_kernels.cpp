@@ -3,7 +3,8 @@
 //    TinyLlama's ffn shape (5632 rows x 2048) cycled through a 256 MiB set so that every pass
 //    reads from DRAM, not from the 32 MiB L3 (memory-bound, as decode is);
 //  * decode: the same through matmul_tile with 1 token (what the forward pass calls), on 1 and
-//    2 threads (2 threads: each its half of the rows, like CpuBackend::MatMul);
+//    2 threads (2 threads: each its half of the rows, like CpuBackend::MatMul); decode_tile_Ntok:
+//    N tokens at once (a batched decode step of N sequences: time against 1 token);
 //  * prefill: GFLOP/s (2 * rows * n_in * tokens) of matmul_tile with 512 tokens on a
 //    2048 x 2048 matrix, 1 and 2 threads.
 // Run: build/bench/bench_kernels [--benchmark_filter=avx512/Q4_0] [--benchmark_repetitions=5
@@ -113,20 +114,20 @@ void BenchVecDot(benchmark::State& state, const KernelTable* k, GgmlType t) {
   state.SetBytesProcessed(state.iterations() * matrix);
 }
 
-void BenchDecodeTile(benchmark::State& state, const KernelTable* k, GgmlType t, int threads) {
+void BenchDecodeTile(benchmark::State& state, const KernelTable* k, GgmlType t, int threads, int64_t tokens) {
   const DecodeSet set = MakeDecodeSet(t);
-  const std::vector<uint8_t> q = QuantizedActivations(*k, t, kDecodeIn, 1);
+  const std::vector<uint8_t> q = QuantizedActivations(*k, t, kDecodeIn, tokens);
   const int64_t qb = cpu::QuantizedActivationRowBytes(t, kDecodeIn);
   const cpu::MatMulTileFn tile = k->matmul_tile[Id(t)];
   const int64_t matrix = set.row_bytes * kDecodeRows;
-  std::vector<float> y(kDecodeRows);
+  std::vector<float> y(kDecodeRows * tokens);
   ThreadPool pool(threads);
   int64_t c = 0;
   for (auto _ : state) {
     const uint8_t* w = set.data.data() + (c++ % set.copies) * matrix;
     pool.Run([&](int ith, int nth) {
       auto [u0, u1] = SplitRange(kDecodeRows / 32, ith, nth);
-      tile(w + u0 * 32 * set.row_bytes, set.row_bytes, (u1 - u0) * 32, q.data(), qb, 1, kDecodeIn, y.data() + u0 * 32,
+      tile(w + u0 * 32 * set.row_bytes, set.row_bytes, (u1 - u0) * 32, q.data(), qb, tokens, kDecodeIn, y.data() + u0 * 32,
            kDecodeRows);
     });
     benchmark::ClobberMemory();
@@ -167,9 +168,16 @@ void RegisterAll() {
       benchmark::RegisterBenchmark(("vec_dot/" + tn).c_str(), BenchVecDot, k, t)->UseRealTime()->Unit(benchmark::kMillisecond);
       for (int th : {1, 2}) {
         const std::string suffix = "/threads:" + std::to_string(th);
-        benchmark::RegisterBenchmark(("decode_tile/" + tn + suffix).c_str(), BenchDecodeTile, k, t, th)
+        benchmark::RegisterBenchmark(("decode_tile/" + tn + suffix).c_str(), BenchDecodeTile, k, t, th, int64_t{1})
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
+        // Batched decode: one token of each of several sequences per weight pass.
+        for (int64_t tokens : {2, 4, 6, 8}) {
+          benchmark::RegisterBenchmark(("decode_tile_" + std::to_string(tokens) + "tok/" + tn + suffix).c_str(),
+                                       BenchDecodeTile, k, t, th, tokens)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+        }
         // The scalar table needs minutes per prefill call: skip it there.
         if (name != "scalar") {
           benchmark::RegisterBenchmark(("prefill_tile_512tok/" + tn + suffix).c_str(), BenchPrefill, k, t, th)

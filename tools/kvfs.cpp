@@ -19,6 +19,7 @@ void Usage(FILE* out) {
       "  inspect     print a GGUF file's metadata and tensor table:  kvfs inspect MODEL\n"
       "  status      cache status of a mounted kvfs:  kvfs status [--mount DIR] [--json]\n"
       "  bench fs    filesystem overhead:  kvfs bench fs -m MODEL [--turns 20] [--agents 10000]\n"
+      "  bench resume / bench agents / bench batched   resume, many agents, batched forward pass\n"
       "run 'kvfs COMMAND --help' for a command's options\n",
       out);
 }

@@ -128,6 +128,15 @@ rows = j.get('results', [])
 check('bench agents', ok and [x['agents'] for x in rows] == [1, 3] and all(x['system_tokens_per_s'] > 0 and
       len(x['ttft_ms']) == x['agents'] for x in rows), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 bad('bench agents bad list', ['bench', 'agents', '-m', stories, '--agents', '1,x'], '--agents takes')
+r = run(['bench', 'batched', '-m', stories, '--npp', '40', '--ntg', '6', '--npl', '1,3', '-t', '1', '--json'])
+ok = r.returncode == 0
+j = json.loads(r.stdout) if ok else {}
+rows = j.get('results', [])
+# Consistency: step time = sequences / decode rate; the first row is the 1-sequence yardstick.
+check('bench batched', ok and [x['npl'] for x in rows] == [1, 3] and rows[0]['tg_vs_one'] == 1.0 and
+      all(x['pp_tokens_per_s'] > 0 and abs(x['step_ms'] * x['tg_tokens_per_s'] - 1000 * x['npl']) < 1e-6 * x['step_ms'] * x['tg_tokens_per_s']
+          for x in rows), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+bad('bench batched bad list', ['bench', 'batched', '-m', stories, '--npl', '0'], '--npl')
 
 print(f'{len(failures)} failed' if failures else 'all passed')
 sys.exit(1 if failures else 0)

@@ -39,12 +39,14 @@ namespace kvfs::cpu {
 namespace {  // NOLINT: internal linkage on purpose (see the top of the file)
 
 // Below these many tokens a tile runs the row kernels (weights unpacked in registers, applied
-// to up to 4 tokens); from there on the panel kernels (weights unpacked once into a cache-resident
-// transposed panel, reused by many tokens) are faster. Measured on Zen 5 (128 x 2048 weights):
-// the 32-element formats cross over at 5-6 tokens, Q4_K/Q5_K at 6, Q6_K (costlier to unpack
-// into a panel) at about 12.
-constexpr int64_t kPanelMinTokens = 5;
-constexpr int64_t kPanelMinTokensK = 6;
+// to up to 8 tokens per pass, so a batched decode step of up to 8 sequences streams the weights
+// from DRAM once); from there on the panel kernels (weights unpacked once into a cache-resident
+// transposed panel, reused by many tokens) are faster. On cache-resident weights (128 x 2048)
+// the panels win from 5-6 tokens (Q6_K, costlier to unpack into a panel, from 12), but from
+// DRAM (5632 x 2048, `bench_kernels decode_tile_*tok`) 8 tokens take 0.8 ms through the rows
+// and 1.2 ms through the panels on one thread: the row kernels run up to 8.
+constexpr int64_t kPanelMinTokens = 9;
+constexpr int64_t kPanelMinTokensK = 9;
 constexpr int64_t kPanelMinTokensQ6K = 12;
 
 inline float HalfToFloat(const uint8_t* p) {

@@ -162,7 +162,12 @@ using PUnit = std::conditional_t<L::kQ8, PairUnit, QuadUnit>;
 template <class L>
 constexpr int kUnitsPerStep = L::kQ8 ? 4 : 2;  // per 8 blocks
 
-constexpr int kPrepBytes = 48 * 1024;  // stack space for prepared activations
+// Stack space for prepared activations: all of K for up to 8 tokens of the usual widths (8
+// tokens x 2048 inputs: 40 KiB, about L1; x 5632: 110 KiB, in L2). A K chunk that covers only
+// part of the rows makes the weights stream as row segments, which measured 2-5x slower from
+// DRAM than whole rows (the hardware prefetcher does not follow it), so chunks are a fallback
+// for very wide matrices only.
+constexpr int kPrepBytes = 192 * 1024;
 
 template <class L>
 void PrepareStep(const uint8_t* x, PUnit<L>* u) {
@@ -207,25 +212,32 @@ void PrepareStep(const uint8_t* x, PUnit<L>* u) {
   }
 }
 
-// Blocks [b0, b0 + 8 * steps) of one activation row; blocks past nb read as zero.
+// Blocks [b0, b0 + 8 * steps) of one activation row, step s at out + s * step_stride units;
+// blocks past nb read as zero.
 template <class L>
-void Prepare(const uint8_t* x, int64_t b0, int64_t steps, int64_t nb, PUnit<L>* out) {
+void Prepare(const uint8_t* x, int64_t b0, int64_t steps, int64_t nb, PUnit<L>* out, int64_t step_stride) {
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t b = b0 + 8 * s;
     if (b + 8 <= nb) {
-      PrepareStep<L>(x + b * L::kA, out + s * kUnitsPerStep<L>);
+      PrepareStep<L>(x + b * L::kA, out + s * step_stride);
     } else {
       alignas(64) uint8_t tail[8 * L::kA] = {};
       std::memcpy(tail, x + b * L::kA, static_cast<size_t>((nb - b) * L::kA));
-      PrepareStep<L>(tail, out + s * kUnitsPerStep<L>);
+      PrepareStep<L>(tail, out + s * step_stride);
     }
   }
 }
 
+// Accumulator chains per (row, token): two halve the dependent-FMA chain while they fit in
+// the 32 zmm registers with the codes and scales; with many (row, token) pairs one.
+template <int R, int NT>
+constexpr int kChains = R * NT > 8 ? 1 : 2;
+
 // 8 blocks of R weight rows against NT tokens' prepared units (rows share each activation
 // load).
 template <class L, int R, int NT>
-inline void PStep(const uint8_t* const (&w)[R], const PUnit<L>* const (&pu)[NT], __m512 (&acc)[2][R][NT]) {
+inline void PStep(const uint8_t* const (&w)[R], const PUnit<L>* const (&pu)[NT], __m512 (&acc)[kChains<R, NT>][R][NT]) {
+  constexpr int kC = kChains<R, NT>;
   if constexpr (L::kQ8) {
     const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
     __m512i c[R][4];
@@ -250,7 +262,7 @@ inline void PStep(const uint8_t* const (&w)[R], const PUnit<L>* const (&pu)[NT],
         const __m512 da = _mm512_load_ps(u.da);
         for (int r = 0; r < R; ++r) {
           const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, c[r][p], a)), da);
-          acc[p % 2][r][t] = _mm512_fmadd_ps(f, s[r][p], acc[p % 2][r][t]);
+          acc[p % kC][r][t] = _mm512_fmadd_ps(f, s[r][p], acc[p % kC][r][t]);
         }
       }
     }
@@ -293,26 +305,30 @@ inline void PStep(const uint8_t* const (&w)[R], const PUnit<L>* const (&pu)[NT],
         for (int r = 0; r < R; ++r) {
           const __m512i isum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo[r][q], alo), hi[r][q], ahi);
           const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), da);
-          acc[q][r][t] = _mm512_fmadd_ps(f, s[r][q], acc[q][r][t]);  // a chain per quad: shorter
-          if constexpr (L::kMin) acc[q][r][t] = _mm512_fmadd_ps(m[r][q], _mm512_load_ps(u.c), acc[q][r][t]);
+          acc[q % kC][r][t] = _mm512_fmadd_ps(f, s[r][q], acc[q % kC][r][t]);  // a chain per quad: shorter
+          if constexpr (L::kMin) acc[q % kC][r][t] = _mm512_fmadd_ps(m[r][q], _mm512_load_ps(u.c), acc[q % kC][r][t]);
         }
       }
     }
   }
 }
 
-// R rows (from r0) x NT tokens over prepared steps [s0, s0 + steps).
+// R rows (from r0) x NT tokens over prepared steps [s0, s0 + steps); prep holds, per step, the
+// NT tokens' units one after another.
 template <class L, int R, int NT>
-inline void PRows(const uint8_t* w_rows, int64_t w_row_bytes, int64_t r0, const PUnit<L> (*prep)[kPrepBytes / sizeof(PUnit<L>)],
-                  int64_t s0, int64_t steps, int64_t nb, float* y, int64_t y_stride) {
-  __m512 acc[2][R][NT];
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < NT; ++t) acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
+inline void PRows(const uint8_t* w_rows, int64_t w_row_bytes, int64_t r0, const PUnit<L>* prep, int64_t s0,
+                  int64_t steps, int64_t nb, float* y, int64_t y_stride) {
+  constexpr int kC = kChains<R, NT>;
+  __m512 acc[kC][R][NT];
+  for (int c = 0; c < kC; ++c) {
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < NT; ++t) acc[c][r][t] = _mm512_setzero_ps();
+    }
   }
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t b = 8 * (s0 + s);
     const PUnit<L>* pu[NT];
-    for (int t = 0; t < NT; ++t) pu[t] = prep[t] + s * kUnitsPerStep<L>;
+    for (int t = 0; t < NT; ++t) pu[t] = prep + (s * NT + t) * kUnitsPerStep<L>;
     const uint8_t* w[R];
     alignas(64) uint8_t tail[R][8 * L::kW];
     for (int r = 0; r < R; ++r) {
@@ -327,7 +343,7 @@ inline void PRows(const uint8_t* w_rows, int64_t w_row_bytes, int64_t r0, const 
   }
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < NT; ++t) {
-      const float v = HSum(_mm512_add_ps(acc[0][r][t], acc[1][r][t]));
+      const float v = HSum(kC == 2 ? _mm512_add_ps(acc[0][r][t], acc[kC - 1][r][t]) : acc[0][r][t]);
       float& out = y[t * y_stride + r0 + r];
       out = s0 == 0 ? v : out + v;
     }
@@ -338,7 +354,6 @@ inline void PRows(const uint8_t* w_rows, int64_t w_row_bytes, int64_t r0, const 
 template <class L, int NT>
 void PRowsTokens(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x, int64_t x_row_bytes,
                  int64_t nb, float* y, int64_t y_stride) {
-  constexpr int64_t kUnits = kPrepBytes / sizeof(PUnit<L>);  // per token, at most
   constexpr int64_t kStepBytes = kUnitsPerStep<L> * static_cast<int64_t>(sizeof(PUnit<L>));
   constexpr int64_t kChunkSteps = kPrepBytes / (NT * kStepBytes);
   static_assert(kChunkSteps >= 1);
@@ -346,11 +361,14 @@ void PRowsTokens(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, con
   // loads) measured slower from DRAM (~17 vs ~30 GB/s on one thread) though a little faster
   // from cache; decode reads from DRAM.
   constexpr int kR = 1;
-  alignas(64) PUnit<L> prep[NT][kUnits];
+  // Step-major ([step][token][unit]): the units one weight step meets are contiguous. (A
+  // token-major buffer with a 48 KiB stride per token put every token's unit of a step in the
+  // same L1 set: 8 tokens thrashed it.)
+  alignas(64) PUnit<L> prep[kChunkSteps * NT * kUnitsPerStep<L>];
   const int64_t nsteps = (nb + 7) / 8;
   for (int64_t s0 = 0; s0 < nsteps; s0 += kChunkSteps) {
     const int64_t steps = nsteps - s0 < kChunkSteps ? nsteps - s0 : kChunkSteps;
-    for (int t = 0; t < NT; ++t) Prepare<L>(x + t * x_row_bytes, 8 * s0, steps, nb, prep[t]);
+    for (int t = 0; t < NT; ++t) Prepare<L>(x + t * x_row_bytes, 8 * s0, steps, nb, prep + t * kUnitsPerStep<L>, NT * kUnitsPerStep<L>);
     int64_t r = 0;
     for (; r + kR <= n_rows; r += kR) PRows<L, kR, NT>(w_rows, w_row_bytes, r, prep, s0, steps, nb, y, y_stride);
     for (; r < n_rows; ++r) PRows<L, 1, NT>(w_rows, w_row_bytes, r, prep, s0, steps, nb, y, y_stride);
@@ -524,13 +542,22 @@ void Tile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint
     PanelTile<L>(w_rows, w_row_bytes, n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride);
     return;
   }
+  // Up to 8 tokens (a batched decode step of up to 8 sequences) in one pass over the weights:
+  // they stream from DRAM once, whatever the batch. Q8_0 keeps 4 codes vectors and scales
+  // per row in registers and spills beyond 4 tokens (measured 2x slower at 8): 4 per pass.
+  constexpr int64_t kMaxTokens = L::kQ8 ? 4 : 8;
   int64_t t = 0;
-  for (; t + 4 <= n_tokens; t += 4) {
-    PRowsTokens<L, 4>(w_rows, w_row_bytes, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb, y + t * y_stride, y_stride);
+  for (; t + kMaxTokens <= n_tokens; t += kMaxTokens) {
+    PRowsTokens<L, kMaxTokens>(w_rows, w_row_bytes, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb,
+                               y + t * y_stride, y_stride);
   }
   const uint8_t* xt = x_quant + t * x_row_bytes;
   float* yt = y + t * y_stride;
   switch (n_tokens - t) {
+    case 7: PRowsTokens<L, 7>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
+    case 6: PRowsTokens<L, 6>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
+    case 5: PRowsTokens<L, 5>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
+    case 4: PRowsTokens<L, 4>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
     case 3: PRowsTokens<L, 3>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
     case 2: PRowsTokens<L, 2>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
     case 1: PRowsTokens<L, 1>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
