@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -47,32 +48,63 @@ struct RunResult {
   double wall_s = 0;
   int64_t generated = 0;
   std::vector<double> ttft_ms, decode_tps;
+  // Per agent, seconds from the start of the run: submission, end of the turn, and each piece
+  // of streamed text (one per generated token, but for pieces held back mid-character).
+  std::vector<double> submit_s, done_s;
+  std::vector<std::vector<double>> text_s;
+  // The engine's forward passes during the run: count, decoded and prefilled tokens, time.
+  uint64_t passes = 0, decode_tokens = 0, prefill_tokens = 0;
+  double forward_ms = 0;
 };
 
 // Runs one turn per agent; together (all submitted, stagger_ms apart) or one after another.
 Result<RunResult> RunTurns(AgentEngine& e, const std::vector<std::string>& agents, const std::vector<std::string>& texts,
                            bool together, int64_t stagger_ms) {
   RunResult r;
-  std::vector<Result<TurnStats>> stats(agents.size(), Status(StatusCode::kInternal, "not run"));
+  const size_t n = agents.size();
+  std::vector<Result<TurnStats>> stats(n, Status(StatusCode::kInternal, "not run"));
+  r.submit_s.assign(n, 0);
+  r.done_s.assign(n, 0);
+  r.text_s.assign(n, {});
+  std::mutex mu;  // the callbacks run on the engine thread; the vectors are read after all are done
+  const EngineStatus before = e.Stats();
   const auto t0 = Clock::now();
-  if (together) {
-    std::vector<std::promise<void>> done(agents.size());
-    for (size_t i = 0; i < agents.size(); ++i) {
-      if (i > 0 && stagger_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stagger_ms));
-      TurnRequest req;
-      req.agent = agents[i];
-      req.text = texts[i];
-      req.on_done = [&stats, &done, i](const Result<TurnStats>& s) {
+  auto since = [t0] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  std::vector<std::promise<void>> done(n);
+  auto submit = [&](size_t i) -> Status {
+    TurnRequest req;
+    req.agent = agents[i];
+    req.text = texts[i];
+    req.on_text = [&, i](std::string_view) {
+      std::lock_guard lock(mu);
+      r.text_s[i].push_back(since());
+    };
+    req.on_done = [&, i](const Result<TurnStats>& s) {
+      {
+        std::lock_guard lock(mu);
         stats[i] = s;
-        done[i].set_value();
-      };
-      KVFS_RETURN_IF_ERROR(e.SubmitTurn(std::move(req)));
-    }
-    for (auto& d : done) d.get_future().wait();
-  } else {
-    for (size_t i = 0; i < agents.size(); ++i) stats[i] = RunTurnSync(e, agents[i], texts[i]);
+        r.done_s[i] = since();
+      }
+      done[i].set_value();
+    };
+    r.submit_s[i] = since();
+    return e.SubmitTurn(std::move(req));
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (together && i > 0 && stagger_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stagger_ms));
+    KVFS_RETURN_IF_ERROR(submit(i));
+    if (!together) done[i].get_future().wait();
   }
-  r.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (together) {
+    for (auto& d : done) d.get_future().wait();
+  }
+  r.wall_s = since();
+  const EngineStatus after = e.Stats();
+  r.passes = after.forward_passes - before.forward_passes;
+  r.decode_tokens = after.decode_tokens - before.decode_tokens;
+  r.prefill_tokens = after.prefill_tokens - before.prefill_tokens;
+  r.forward_ms = after.forward_ms - before.forward_ms;
+  std::lock_guard lock(mu);
   for (auto& s : stats) {
     if (!s.ok()) return s.status();
     r.generated += s->generated_tokens;
@@ -80,6 +112,34 @@ Result<RunResult> RunTurns(AgentEngine& e, const std::vector<std::string>& agent
     r.decode_tps.push_back(s->decode_tokens_per_s);
   }
   return r;
+}
+
+// Staggered arrivals (issue 6): how the second agent's arrival affects both. The second agent's
+// TTFT from its arrival, against what it would be if it were served after the first finished
+// (the serial run's times: it waits for the first agent's whole turn, then runs alone); the
+// first agent's decode rate while the second prefills, against its rate alone.
+nlohmann::json StaggerFigures(const RunResult& together, const RunResult& serial, double stagger_s) {
+  const double queued_ttft_ms =
+      1000.0 * std::max(0.0, (serial.done_s[0] - serial.submit_s[0]) - stagger_s) + serial.ttft_ms[1];
+  nlohmann::json j = {{"second_ttft_ms", together.ttft_ms[1]},
+                      {"second_ttft_if_served_after_first_ms", queued_ttft_ms},
+                      {"second_ttft_alone_ms", serial.ttft_ms[1]},
+                      {"first_decode_tokens_per_s_alone", serial.decode_tps[0]}};
+  // Window: the first agent is decoding and the second has arrived but not yet produced text.
+  const std::vector<double>& first = together.text_s[0];
+  const double w0 = std::max(first.empty() ? 0.0 : first.front(), together.submit_s[1]);
+  const double w1 = together.text_s[1].empty() ? together.done_s[1] : together.text_s[1].front();
+  const double end = std::min(w1, first.empty() ? 0.0 : first.back());
+  int64_t tokens = 0;
+  for (double t : first) tokens += (t > w0 && t <= end) ? 1 : 0;
+  if (end - w0 > 0.05 && tokens >= 2) {
+    j["first_decode_tokens_per_s_while_second_prefills"] = static_cast<double>(tokens) / (end - w0);
+    j["overlap_s"] = end - w0;
+  } else {
+    j["first_decode_tokens_per_s_while_second_prefills"] = nullptr;  // no overlap: the first never waited
+    j["overlap_s"] = 0.0;
+  }
+  return j;
 }
 
 }  // namespace
@@ -125,8 +185,8 @@ int BenchAgents(int argc, char** argv) {
     std::printf("model %s, kv %s, %d threads, ctx %lld%s, %lld new tokens per agent, stagger %lld ms\n",
                 o.model_path.c_str(), kv.c_str(), threads, static_cast<long long>(ctx), cold ? " (cold)" : " (cached)",
                 static_cast<long long>(n_gen), static_cast<long long>(stagger));
-    std::printf("%7s %12s %8s %14s %14s %13s %13s %12s %10s\n", "agents", "system_t/s", "vs_1", "agent_t/s_med",
-                "ttft_med_ms", "ttft_max_ms", "serial_t/s", "serial_ttft", "vs_serial");
+    std::printf("%7s %12s %8s %14s %14s %13s %13s %12s %10s %8s %10s %9s\n", "agents", "system_t/s", "vs_1", "agent_t/s_med",
+                "ttft_med_ms", "ttft_max_ms", "serial_t/s", "serial_ttft", "vs_serial", "passes", "ms/pass", "fwd_share");
   }
   for (int64_t n : counts) {
     auto engine = CreateEngine(o);
@@ -170,12 +230,27 @@ int BenchAgents(int argc, char** argv) {
                           {"serial_ttft_ms", serial.ttft_ms},
                           {"speedup_vs_serial", tput / serial_tput},
                           {"wall_s", together.wall_s},
+                          // Where the wall time went: forward passes (count, mean decode batch,
+                          // ms per pass) and their share of the wall time; the rest is scheduling,
+                          // sampling, streaming and commits.
+                          {"forward_passes", together.passes},
+                          {"decode_tokens", together.decode_tokens},
+                          {"prefill_tokens", together.prefill_tokens},
+                          {"forward_ms_per_pass", together.passes ? together.forward_ms / together.passes : 0.0},
+                          {"forward_share", together.forward_ms / (1000.0 * together.wall_s)},
                           {"serial_wall_s", serial.wall_s}};
+    nlohmann::json stagger_figures;
+    if (n >= 2 && stagger > 0) {
+      stagger_figures = StaggerFigures(together, serial, static_cast<double>(stagger) / 1000.0);
+      row["stagger"] = stagger_figures;
+    }
     rows.push_back(row);
     if (!args.has("--json")) {
-      std::printf("%7lld %12.2f %8.2f %14.2f %14.1f %13.1f %13.2f %12.1f %10.2f\n", static_cast<long long>(n), tput, vs1,
-                  Median(together.decode_tps), Median(together.ttft_ms), ttft_max, serial_tput, Median(serial.ttft_ms),
-                  tput / serial_tput);
+      std::printf("%7lld %12.2f %8.2f %14.2f %14.1f %13.1f %13.2f %12.1f %10.2f %8llu %10.1f %9.2f\n", static_cast<long long>(n),
+                  tput, vs1, Median(together.decode_tps), Median(together.ttft_ms), ttft_max, serial_tput, Median(serial.ttft_ms),
+                  tput / serial_tput, static_cast<unsigned long long>(together.passes),
+                  together.passes ? together.forward_ms / together.passes : 0.0, together.forward_ms / (1000.0 * together.wall_s));
+      if (!stagger_figures.is_null()) std::printf("        staggered arrivals: %s\n", stagger_figures.dump().c_str());
       std::fflush(stdout);
     }
   }

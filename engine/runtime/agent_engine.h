@@ -99,6 +99,10 @@ struct EngineStatus {
   uint64_t erasures = 0;
   std::vector<double> ttft_ms;  // recent turns' TTFT (for the histogram), newest last, bounded
   std::vector<size_t> batch_sizes;  // recent forward passes' sequence counts (issue 6), bounded
+  uint64_t forward_passes = 0;      // forward passes run by the engine thread
+  uint64_t decode_tokens = 0;       // tokens those passes decoded (one per generating turn)
+  uint64_t prefill_tokens = 0;      // and prefilled
+  double forward_ms = 0;            // time spent inside them
   std::vector<CacheEntryStatus> top_entries;  // largest agents first, at most 10
 };
 

@@ -335,6 +335,10 @@ void Engine::Step() {
   {
     std::lock_guard lock(mu_);
     PushBounded(counters_.batch_sizes, steps.size());
+    ++counters_.forward_passes;
+    counters_.decode_tokens += steps.size() - (prefill_tokens > 0 ? 1 : 0);
+    counters_.prefill_tokens += prefill_tokens;
+    counters_.forward_ms += ms;
   }
   if (!s.ok()) {
     for (ActiveTurn* t : owners) t->cancelled = true;
