@@ -145,12 +145,19 @@ float VecDot(const void* w, const void* a, int64_t n) {
 // high nibbles: 16..31) of 4 blocks, so one permute of the raw blocks and an and / shift+and
 // give the codes of 4 blocks; lanes 4b..4b+3 of the int32 sums belong to block b.
 
+//
+// Symmetric formats (x = d * (q - offset)) take the weights as signed codes q - offset and the
+// activations as unsigned a + 128: sum((a + 128)(q - off)) = sum(a (q - off)) + 128 sum(q - off),
+// and the last term depends on the weights only, so it is computed once per row and 4 blocks
+// and serves every token (with the offset on the activation side it cost a load per token).
+// Formats with a min have unsigned codes and signed activations, and no offset term.
 struct alignas(64) QuadUnit {  // 4 blocks of one token
-  int8_t lo[64];               // elements 0..15 of blocks 0..3
+  int8_t lo[64];               // elements 0..15 of blocks 0..3 (symmetric formats: + 128, as u8)
   int8_t hi[64];               // elements 16..31
-  int32_t corr[16];            // -offset * (per-lane sum of codes): exact int offset term
   float da[16];                // activation block scale, per lane
-  float c[16];                 // formats with a min: s / 4 per lane (4 lanes add up to s)
+};
+struct alignas(64) QuadUnitMin : QuadUnit {
+  float c[16];  // s / 4 per lane (4 lanes add up to s)
 };
 struct alignas(64) PairUnit {  // Q8_0: 2 blocks of one token, natural order
   int8_t codes[64];
@@ -158,7 +165,7 @@ struct alignas(64) PairUnit {  // Q8_0: 2 blocks of one token, natural order
   float da[16];
 };
 template <class L>
-using PUnit = std::conditional_t<L::kQ8, PairUnit, QuadUnit>;
+using PUnit = std::conditional_t<L::kQ8, PairUnit, std::conditional_t<L::kMin, QuadUnitMin, QuadUnit>>;
 template <class L>
 constexpr int kUnitsPerStep = L::kQ8 ? 4 : 2;  // per 8 blocks
 
@@ -188,24 +195,23 @@ void PrepareStep(const uint8_t* x, PUnit<L>* u) {
     one(std::integral_constant<int, 2>{}, u[2]);
     one(std::integral_constant<int, 3>{}, u[3]);
   } else {
-    auto one = [&](auto quad, QuadUnit& qu) {
+    auto one = [&](auto quad, PUnit<L>& qu) {
       constexpr int kQ = decltype(quad)::value;
       // Blocks 4q..4q+3 as two natural pairs, then their 16-byte halves regrouped.
       const __m512i p0 = PickPair<L::kA, Pick::kNatural, L::kAQs, 2 * kQ>(as);
       const __m512i p1 = PickPair<L::kA, Pick::kNatural, L::kAQs, 2 * kQ + 1>(as);
-      const __m512i lo = _mm512_shuffle_i64x2(p0, p1, 0x88);
-      const __m512i hi = _mm512_shuffle_i64x2(p0, p1, 0xDD);
-      _mm512_store_si512(qu.lo, lo);
-      _mm512_store_si512(qu.hi, hi);
+      __m512i lo = _mm512_shuffle_i64x2(p0, p1, 0x88);
+      __m512i hi = _mm512_shuffle_i64x2(p0, p1, 0xDD);
       _mm512_store_ps(qu.da, SpreadQuad<kQ>(da8));
       if constexpr (L::kMin) {
-        _mm512_store_si512(qu.corr, _mm512_setzero_si512());
         _mm512_store_ps(qu.c, _mm512_mul_ps(SpreadQuad<kQ>(PickHalves<L::kA, L::kAS>(as)), _mm512_set1_ps(0.25f)));
       } else {
-        const __m512i off = _mm512_set1_epi8(static_cast<char>(L::kOffset));
-        const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), off, lo), off, hi);
-        _mm512_store_si512(qu.corr, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+        const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+        lo = _mm512_xor_si512(lo, x80);  // a + 128 as u8
+        hi = _mm512_xor_si512(hi, x80);
       }
+      _mm512_store_si512(qu.lo, lo);
+      _mm512_store_si512(qu.hi, hi);
     };
     one(std::integral_constant<int, 0>{}, u[0]);
     one(std::integral_constant<int, 1>{}, u[1]);
@@ -267,7 +273,7 @@ inline void PStep(const uint8_t* const (&w)[R], const PUnit<L>* const (&pu)[NT],
       }
     }
   } else {
-    __m512i lo[R][2], hi[R][2];
+    __m512i lo[R][2], hi[R][2], init[R][2];
     __m512 s[R][2], m[R][2];
     for (int r = 0; r < R; ++r) {
       Step8<L::kW> ws;
@@ -284,6 +290,16 @@ inline void PStep(const uint8_t* const (&w)[R], const PUnit<L>* const (&pu)[NT],
           lo[r][kQ] = _mm512_mask_add_epi8(lo[r][kQ], ml, lo[r][kQ], sixteen);
           hi[r][kQ] = _mm512_mask_add_epi8(hi[r][kQ], mh, hi[r][kQ], sixteen);
         }
+        if constexpr (L::kMin) {
+          init[r][kQ] = _mm512_setzero_si512();
+        } else {
+          // Signed codes q - offset; the sums start at -128 * (sum of 4 codes) per lane.
+          const __m512i off = _mm512_set1_epi8(static_cast<char>(L::kOffset)), x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+          lo[r][kQ] = _mm512_sub_epi8(lo[r][kQ], off);
+          hi[r][kQ] = _mm512_sub_epi8(hi[r][kQ], off);
+          const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, lo[r][kQ]), x80, hi[r][kQ]);
+          init[r][kQ] = _mm512_sub_epi32(_mm512_setzero_si512(), sum);
+        }
       };
       unpack(std::integral_constant<int, 0>{});
       unpack(std::integral_constant<int, 1>{});
@@ -298,12 +314,14 @@ inline void PStep(const uint8_t* const (&w)[R], const PUnit<L>* const (&pu)[NT],
     }
     for (int t = 0; t < NT; ++t) {
       for (int q = 0; q < 2; ++q) {
-        const QuadUnit& u = pu[t][q];
-        const __m512i init = L::kMin ? _mm512_setzero_si512() : _mm512_load_si512(u.corr);
+        const PUnit<L>& u = pu[t][q];
         const __m512i alo = _mm512_load_si512(u.lo), ahi = _mm512_load_si512(u.hi);
         const __m512 da = _mm512_load_ps(u.da);
         for (int r = 0; r < R; ++r) {
-          const __m512i isum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo[r][q], alo), hi[r][q], ahi);
+          // dpbusd multiplies unsigned bytes (first) by signed ones.
+          const __m512i isum = L::kMin
+              ? _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init[r][q], lo[r][q], alo), hi[r][q], ahi)
+              : _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init[r][q], alo, lo[r][q]), ahi, hi[r][q]);
           const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), da);
           acc[q % kC][r][t] = _mm512_fmadd_ps(f, s[r][q], acc[q % kC][r][t]);  // a chain per quad: shorter
           if constexpr (L::kMin) acc[q % kC][r][t] = _mm512_fmadd_ps(m[r][q], _mm512_load_ps(u.c), acc[q % kC][r][t]);
