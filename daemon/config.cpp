@@ -73,6 +73,8 @@ const std::map<std::string, Setter>& Settings() {
       {"max_queued_turns", {Setter::Type::kInt, 1, 1024}},
       {"max_prompt_bytes", {Setter::Type::kBytes, 1, int64_t{1} << 30}},
       {"fuse_threads", {Setter::Type::kInt, 2, 4096}},
+      {"backend", {Setter::Type::kString}},
+      {"device", {Setter::Type::kInt, 0, 1 << 16}},
       {"foreground", {Setter::Type::kBool}},
       {"log_level", {Setter::Type::kString}},
       {"log_file", {Setter::Type::kString}},
@@ -96,6 +98,10 @@ Status Apply(const std::string& key, const std::string& text, int64_t number, bo
   else if (key == "max_queued_turns") c.max_queued_turns = number;
   else if (key == "max_prompt_bytes") c.max_prompt_bytes = number;
   else if (key == "fuse_threads") c.fuse_threads = static_cast<int>(number);
+  else if (key == "backend") {
+    if (text != "cpu" && text != "vulkan") return InvalidArgument(fmt::format("{} must be cpu or vulkan, not '{}'", what, text));
+    c.backend = text;
+  } else if (key == "device") c.device = static_cast<int>(number);
   else if (key == "foreground") c.foreground = flag;
   else if (key == "log_level") {
     KVFS_RETURN_IF_ERROR(CheckLogLevel(text, what));
@@ -140,6 +146,7 @@ const std::map<std::string, std::pair<std::string, bool>>& Options() {
       {"--max-queued-turns", {"max_queued_turns", true}},
       {"--max-prompt-bytes", {"max_prompt_bytes", true}},
       {"--fuse-threads", {"fuse_threads", true}},
+      {"--backend", {"backend", true}},  {"--device", {"device", true}},
       {"-f", {"foreground", false}},   {"--foreground", {"foreground", false}},
       {"--log-level", {"log_level", true}},
       {"--log-file", {"log_file", true}},
@@ -304,7 +311,7 @@ std::string DaemonUsage() {
   return "usage: kvfsd --mount DIR [-m MODEL] [--store DIR] [--config FILE] [-t THREADS] [--kv f16|q8|q4]\n"
          "             [--kv-budget BYTES] [-c CONTEXT] [--block-tokens N] [--max-queued-turns N]\n"
          "             [--max-prompt-bytes BYTES] [--fuse-threads N] [--foreground] [--log-level L]\n"
-         "             [--log-file FILE]\n"
+         "             [--log-file FILE] [--backend cpu|vulkan] [--device N]\n"
          "Mounts the kvfs filesystem at DIR: every agent is a directory (see README.md).\n"
          "  -m MODEL            GGUF model (default: $KVFS_MODEL, else models/default.gguf next to the\n"
          "                      build tree that scripts/setup.sh set up, else STORE/models/default.gguf)\n"
@@ -312,7 +319,10 @@ std::string DaemonUsage() {
          "                      ~/.local/share/kvfs; /var/lib/kvfs as root)\n"
          "  --config FILE       JSON settings (keys: model, mount, store, threads, kv, kv_budget, context,\n"
          "                      block_tokens, max_queued_turns, max_prompt_bytes, fuse_threads,\n"
-         "                      foreground, log_level, log_file); the command line overrides it\n"
+         "                      foreground, log_level, log_file, backend, device); the command line\n"
+         "                      overrides it\n"
+         "  --backend B         cpu (default) or vulkan: forward passes on a GPU (kvfs devices lists\n"
+         "                      them; --device N picks one); without a device, the CPU, with a warning\n"
          "  --kv-budget BYTES   KV memory, e.g. 2G (default: a quarter of the machine's memory)\n"
          "  --foreground, -f    stay in the foreground and log to stderr (systemd: use this)\n"
          "  --log-level L       trace|debug|info|warn|error|critical|off (default info)\n"

@@ -24,6 +24,8 @@ struct DaemonConfig {
   int64_t max_queued_turns = 8;  // per agent; more: EAGAIN at the prompt's close
   int64_t max_prompt_bytes = 1 << 20;
   int fuse_threads = 64;         // most FUSE requests served at once (blocked readers hold one each)
+  std::string backend = "cpu";   // cpu | vulkan (CPU fallback with a warning without a device)
+  int device = -1;               // Vulkan device index; -1: the default one
   bool foreground = false;
   std::string log_level = "info";
   std::string log_file;          // background mode; empty: <store>/kvfsd.log

@@ -37,6 +37,14 @@ class Backend {
   // Runs the model over every step's new tokens, writes their K/V into each step's kv, and
   // advances kv->n_tokens(). Fails without touching any kv when a step does not fit.
   virtual Status Forward(std::span<const SequenceStep> steps, Logits& out) = 0;
+  // Whether the backend keeps copies of KV blocks (by PoolBlock::serial) that must be told
+  // when the host blocks are freed.
+  virtual bool KeepsBlockCopies() const { return false; }
+  // The host blocks with these serials were freed (erased or evicted): zero and drop any copy
+  // of them, before returning.
+  virtual Status ForgetBlocks(std::span<const uint64_t> serials) { return Status::Ok(); }
+  // Copies of blocks held now (tests, status).
+  virtual int64_t BlockCopies() const { return 0; }
 };
 
 namespace cpu { struct KernelTable; }
@@ -73,5 +81,11 @@ struct VulkanOptions {
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
 Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const VulkanOptions& options);
+
+// Test hooks of the Vulkan backend (Unsupported for other backends and builds): the bytes of
+// the device copy of host block `serial` (every layer's K then V plane of its slot); and that
+// slot's bytes after ForgetBlocks({serial}), which must be zeros.
+Result<std::vector<uint8_t>> VulkanReadBlockCopy(Backend& backend, uint64_t serial);
+Result<std::vector<uint8_t>> VulkanForgetAndReadSlot(Backend& backend, uint64_t serial);
 
 }  // namespace kvfs

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include <spdlog/fmt/fmt.h>
 #include <xxhash.h>
@@ -78,11 +79,22 @@ BlockPool::~BlockPool() {
 }
 
 void BlockPool::FreeLocked(PoolBlock* b) {
+  if (track_freed_) freed_.push_back(b->serial);
   std::memset(b->data, 0, static_cast<size_t>(b->bytes));
   std::free(b->data);
   used_bytes_ -= b->bytes;
   delete b;
   --n_blocks_;
+}
+
+void BlockPool::TrackFreed() {
+  std::lock_guard lock(mu_);
+  track_freed_ = true;
+}
+
+std::vector<uint64_t> BlockPool::TakeFreed() {
+  std::lock_guard lock(mu_);
+  return std::exchange(freed_, {});
 }
 
 uint64_t BlockPool::ValueLocked(const PoolBlock& b) const {

@@ -100,6 +100,12 @@ class BlockPool {
 
   PoolStats Stats() const;
 
+  // Serials of the blocks freed since the last call, once TrackFreed() was called: a backend
+  // that keeps device copies of blocks drops (and zeroes) them, so erased state does not
+  // linger in device memory either.
+  void TrackFreed();
+  std::vector<uint64_t> TakeFreed();
+
  private:
   Status MakeRoomLocked(int64_t bytes);  // ensures `bytes` more fit the budget
   void FreeLocked(PoolBlock* b);
@@ -112,6 +118,8 @@ class BlockPool {
   int64_t used_bytes_ = 0;
   uint64_t clock_ = 0;
   uint64_t hits_ = 0, misses_ = 0, evictions_ = 0;
+  bool track_freed_ = false;
+  std::vector<uint64_t> freed_;  // serials, while track_freed_
 };
 
 }  // namespace kvfs

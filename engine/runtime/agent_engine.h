@@ -103,6 +103,7 @@ struct EngineStatus {
   uint64_t decode_tokens = 0;       // tokens those passes decoded (one per generating turn)
   uint64_t prefill_tokens = 0;      // and prefilled
   double forward_ms = 0;            // time spent inside them
+  int64_t device_block_copies = 0;  // KV block copies in device memory (Vulkan backend)
   std::vector<CacheEntryStatus> top_entries;  // largest agents first, at most 10
 };
 

@@ -48,7 +48,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
 
 Status Engine::Init() {
   KVFS_ASSIGN_OR_RETURN(model_, Model::Load(options_.model_path));
-  backend_ = MakeCpuBackend(*model_, CpuOptions{options_.n_threads, nullptr});
   fingerprint_ = ModelFingerprint(model_->gguf());
   const HParams& hp = model_->hparams();
   n_ctx_ = options_.n_ctx > 0 ? options_.n_ctx : std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, kMaxDefaultContext);
@@ -59,14 +58,56 @@ Status Engine::Init() {
   (void)format;
   pool_ = std::make_unique<BlockPool>(options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget());
   counters_.memory_budget_bytes = options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget();
+  KVFS_RETURN_IF_ERROR(MakeBackend());
   if (!options_.store_dir.empty()) {
     fs_ = std::make_unique<store::PosixFileSystem>();
     KVFS_ASSIGN_OR_RETURN(store_, store::CacheStore::Open(options_.store_dir, *fs_));
     KVFS_RETURN_IF_ERROR(RestoreAgents());
   }
-  spdlog::info("engine: model {} ({}), fingerprint {}, context {}, KV budget {} bytes, {} agents restored",
-               model_->name(), options_.model_path, fingerprint_, n_ctx_, counters_.memory_budget_bytes, agents_.size());
+  spdlog::info("engine: model {} ({}), fingerprint {}, context {}, KV budget {} bytes, {} agents restored, backend {}",
+               model_->name(), options_.model_path, fingerprint_, n_ctx_, counters_.memory_budget_bytes, agents_.size(),
+               backend_name_);
   return Status::Ok();
+}
+
+Status Engine::MakeBackend() {
+  if (options_.backend != "cpu" && options_.backend != "vulkan") {
+    return InvalidArgument("backend must be cpu or vulkan, not " + options_.backend);
+  }
+  if (options_.backend == "vulkan") {
+    // No Vulkan (driver, device, or in this build): the CPU serves, with a warning. A device
+    // index that does not exist, or a model the shaders cannot run, is an error to fix.
+    auto devices = ListVulkanDevices();
+    if (!devices.ok()) {
+      spdlog::warn("engine: {}; running on the CPU", devices.status().message());
+    } else {
+      if (options_.device >= static_cast<int>(devices->size())) {
+        return InvalidArgument(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", options_.device,
+                                           devices->size()));
+      }
+      KVFS_ASSIGN_OR_RETURN(backend_, MakeVulkanBackend(*model_, VulkanOptions{options_.device}));
+      for (const VulkanDeviceInfo& d : *devices) {
+        if (options_.device >= 0 ? d.index == options_.device : d.is_default) backend_name_ = "vulkan: " + d.name;
+      }
+      pool_->TrackFreed();  // device copies follow the host blocks' frees (ForgetFreedBlocks)
+      return Status::Ok();
+    }
+  }
+  backend_ = MakeCpuBackend(*model_, CpuOptions{options_.n_threads, nullptr});
+  backend_name_ = "cpu";
+  return Status::Ok();
+}
+
+void Engine::ForgetFreedBlocks() {
+  if (!backend_->KeepsBlockCopies()) return;
+  const std::vector<uint64_t> freed = pool_->TakeFreed();
+  if (Status s = backend_->ForgetBlocks(freed); !s.ok()) {
+    // The device can no longer be trusted to have dropped erased state: that is fatal.
+    spdlog::critical("engine: could not zero device copies of freed KV blocks: {}", s.message());
+    std::abort();
+  }
+  std::lock_guard lock(mu_);
+  counters_.device_block_copies = backend_->BlockCopies();
 }
 
 Result<KvFormat> Engine::FormatFor(const AgentSettings& settings) const {
@@ -450,7 +491,8 @@ nlohmann::json Engine::ModelInfo() {
                         {"chat_template", std::string(ChatFamilyName(model_->chat_template().family()))},
                         {"kv_format", fmt.ok() ? fmt->Name() : options_.kv},
                         {"kv_block_tokens", options_.block_tokens},
-                        {"kv_budget_bytes", counters_.memory_budget_bytes}};
+                        {"kv_budget_bytes", counters_.memory_budget_bytes},
+                        {"backend", backend_name_}};
 }
 
 }  // namespace kvfs

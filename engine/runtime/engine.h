@@ -23,6 +23,9 @@ struct EngineOptions {
   int64_t block_tokens = 256;     // tokens per KV block
   int64_t n_ctx = 0;              // context length per agent; 0: the model's, at most 32768
   size_t max_queued_turns = 8;    // per agent, the running one included
+  std::string backend = "cpu";    // where forward passes run: cpu | vulkan (falls back to the
+                                  // CPU with a warning when there is no Vulkan device)
+  int device = -1;                // Vulkan device index (kvfs devices); -1: the default one
 };
 
 // Loads the model, opens (and repairs) the store and restores its agents, starts the threads.

@@ -86,6 +86,11 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
   }
   for (const BlockHash& h : *keys)
     if (!others.count(h)) pool_->Drop(h);
+  // Device copies of the freed blocks (the turn's own blocks too) are zeroed before returning.
+  RunOnEngine<int>([&] {
+    ForgetFreedBlocks();
+    return 0;
+  });
   std::lock_guard lock(mu_);
   ++counters_.erasures;
   return report;
@@ -143,6 +148,10 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   }
   for (const BlockHash& h : taken->keys)
     if (!others.count(h)) pool_->Drop(h);
+  RunOnEngine<int>([&] {
+    ForgetFreedBlocks();
+    return 0;
+  });
   return report;
 }
 

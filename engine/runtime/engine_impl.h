@@ -212,6 +212,12 @@ class Engine final : public AgentEngine {
   const EngineOptions options_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Backend> backend_;
+  std::string backend_name_;  // "cpu" or "vulkan: DEVICE"
+  // Backend choice (EngineOptions::backend), with the CPU as fallback.
+  Status MakeBackend();
+  // Engine thread: device copies of the blocks the pool freed since the last call are zeroed
+  // and dropped (before every pass, and before an erasure returns).
+  void ForgetFreedBlocks();
   std::string fingerprint_;
   int64_t n_ctx_ = 0;
   std::unique_ptr<BlockPool> pool_;

@@ -322,6 +322,7 @@ void Engine::Step() {
     chunk.push_back(n);
   }
   Logits logits;
+  ForgetFreedBlocks();
   const auto t0 = engine_internal::Clock::now();
   kvfs::Status s = backend_->Forward(steps, logits);
   const double ms = MsSince(t0);
@@ -336,6 +337,7 @@ void Engine::Step() {
     std::lock_guard lock(mu_);
     PushBounded(counters_.batch_sizes, steps.size());
     ++counters_.forward_passes;
+    counters_.device_block_copies = backend_->BlockCopies();
     counters_.decode_tokens += steps.size() - (prefill_tokens > 0 ? 1 : 0);
     counters_.prefill_tokens += prefill_tokens;
     counters_.forward_ms += ms;

@@ -35,6 +35,12 @@ TEST(DaemonConfig, CommandLine) {
   EXPECT_TRUE(c->foreground);
   EXPECT_EQ(c->log_level, "debug");
   EXPECT_EQ(c->max_prompt_bytes, 1 << 20);
+  EXPECT_EQ(c->backend, "cpu");
+  EXPECT_EQ(c->device, -1);
+  auto v = Parse({"--mount", "/m", "--backend", "vulkan", "--device", "1"});
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_EQ(v->backend, "vulkan");
+  EXPECT_EQ(v->device, 1);
 }
 
 TEST(DaemonConfig, BadOptionsNameThemselves) {
@@ -49,6 +55,8 @@ TEST(DaemonConfig, BadOptionsNameThemselves) {
   check({"--mount", "/m", "-t", "many"}, "-t");
   check({"--mount", "/m", "--kv-budget", "lots"}, "--kv-budget");
   check({"--mount", "/m", "--log-level", "loud"}, "--log-level");
+  check({"--mount", "/m", "--backend", "tpu"}, "--backend");
+  check({"--mount", "/m", "--device", "-2"}, "--device");
   check({"--mount"}, "needs a value");
   check({"-m", "x"}, "--mount");
 }

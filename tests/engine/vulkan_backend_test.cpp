@@ -3,6 +3,7 @@
 // backend, blocks shared through the pool or copied into new blocks, truncation, eviction under
 // a small device KV budget, weights split across bindings and micro-batches. Runs on lavapipe
 // in CI; skips without a Vulkan device.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -161,6 +162,38 @@ TEST_F(VulkanBackendTest, DeviceKvFollowsHostBlocks) {
   truncated.Truncate(B + 3);
   got = Step(*vulkan_, truncated, std::span<const TokenId>(whole.data() + B + 3, whole.size() - B - 3));
   EXPECT_LE(Nmse(got.data(), want.data(), V), 1e-10) << "after truncation";
+}
+
+// Erasure reaches device memory: when the pool frees a host block, ForgetBlocks overwrites its
+// device copy with zeros and frees the slot; the other blocks' copies stay.
+TEST_F(VulkanBackendTest, ForgottenBlocksAreZeroedOnTheDevice) {
+  const int64_t B = 16;
+  BlockPool pool(0);
+  pool.TrackFreed();
+  auto kv = std::make_unique<SequenceKv>(Layout("q4", B), 256, pool);
+  Step(*vulkan_, *kv, prompt_);
+  ASSERT_GE(kv->n_blocks(), 2);
+  const uint64_t first = kv->block(0)->serial, second = kv->block(1)->serial;
+  const int64_t copies = vulkan_->BlockCopies();
+  ASSERT_GE(copies, 2);
+  // The copy holds the host block's rows (K/V codes are not all zero).
+  auto before = VulkanReadBlockCopy(*vulkan_, first);
+  ASSERT_TRUE(before.ok()) << before.status().message();
+  EXPECT_TRUE(std::any_of(before->begin(), before->end(), [](uint8_t x) { return x != 0; }));
+  // Freeing the sequence's blocks reports their serials; forgetting one zeroes its slot.
+  kv.reset();
+  const std::vector<uint64_t> freed = pool.TakeFreed();
+  EXPECT_TRUE(std::find(freed.begin(), freed.end(), first) != freed.end());
+  EXPECT_TRUE(std::find(freed.begin(), freed.end(), second) != freed.end());
+  auto after = VulkanForgetAndReadSlot(*vulkan_, first);
+  ASSERT_TRUE(after.ok()) << after.status().message();
+  EXPECT_EQ(after->size(), before->size());
+  EXPECT_TRUE(std::all_of(after->begin(), after->end(), [](uint8_t x) { return x == 0; }));
+  EXPECT_EQ(vulkan_->BlockCopies(), copies - 1);
+  EXPECT_EQ(VulkanReadBlockCopy(*vulkan_, first).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(VulkanReadBlockCopy(*vulkan_, second).ok());
+  ASSERT_TRUE(vulkan_->ForgetBlocks(freed).ok());
+  EXPECT_EQ(vulkan_->BlockCopies(), copies - static_cast<int64_t>(freed.size()));
 }
 
 TEST_F(VulkanBackendTest, SmallDeviceKvBudgetEvictsAndReloads) {

@@ -215,3 +215,50 @@ void DeviceKvCache::FinishWriteBack(std::span<const SequenceStep> steps, std::sp
 }
 
 }  // namespace kvfs::vk
+
+namespace kvfs::vk {
+
+int64_t DeviceKvCache::Forget(Recorder& rec, std::span<const uint64_t> serials) {
+  int64_t n = 0;
+  for (uint64_t serial : serials) {
+    auto it = resident_.find(serial);
+    if (it == resident_.end()) continue;
+    KvArena& a = *it->second.arena;
+    const int64_t slot = it->second.slot;
+    for (int64_t l = 0; l < a.layout.n_layer; ++l) {
+      rec.Zero(a.k_planes[l], slot * a.plane_bytes(), a.plane_bytes());
+      rec.Zero(a.v_planes[l], slot * a.plane_bytes(), a.plane_bytes());
+    }
+    a.free_slots.push_back(slot);
+    resident_.erase(it);
+    ++n;
+  }
+  return n;
+}
+
+Result<std::pair<KvArena*, int64_t>> DeviceKvCache::SlotOf(uint64_t serial) const {
+  auto it = resident_.find(serial);
+  if (it == resident_.end()) return Status(StatusCode::kNotFound, "no device copy of that block");
+  return std::make_pair(it->second.arena, it->second.slot);
+}
+
+Result<std::vector<uint8_t>> DeviceKvCache::ReadSlot(Recorder& rec, const KvArena& a, int64_t slot) {
+  KVFS_ASSIGN_OR_RETURN(Buffer out, ctx_.CreateBuffer(a.slot_bytes(), MemoryKind::kReadback));
+  KVFS_RETURN_IF_ERROR(rec.Begin());
+  int64_t at = 0;
+  for (int64_t l = 0; l < a.layout.n_layer; ++l) {
+    rec.Copy(a.k_planes[l], slot * a.plane_bytes(), out, at, a.plane_bytes());
+    at += a.plane_bytes();
+    rec.Copy(a.v_planes[l], slot * a.plane_bytes(), out, at, a.plane_bytes());
+    at += a.plane_bytes();
+  }
+  KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
+  return std::vector<uint8_t>(out.mapped(), out.mapped() + a.slot_bytes());
+}
+
+Result<std::vector<uint8_t>> DeviceKvCache::ReadCopy(Recorder& rec, uint64_t serial) {
+  KVFS_ASSIGN_OR_RETURN(auto where, SlotOf(serial));
+  return ReadSlot(rec, *where.first, where.second);
+}
+
+}  // namespace kvfs::vk

@@ -19,9 +19,11 @@
 // Memory: one arena per KV layout (format and block size), per layer a K plane and a V plane
 // of n_slots * block_tokens rows, rows padded to whole words. Arenas grow by doubling within
 // the budget; then the least recently used copies no step of the pass needs are dropped.
+// When the pool frees a host block (erasure, eviction, a finished writable tail), the engine
+// passes its serial to Forget: the device copy is overwritten with zeros and its slot freed
+// before the erasure returns.
 // Not yet: blocks living only in device memory (moving device <-> host <-> disk with the block
-// pool's eviction), and zeroing device copies when the pool erases a block (they stay until
-// their slot is reused or the backend is destroyed).
+// pool's eviction).
 #pragma once
 
 #include <cstdint>
@@ -73,6 +75,16 @@ class DeviceKvCache {
   void FinishWriteBack(std::span<const SequenceStep> steps, std::span<const StepKv> kvs);
 
   int64_t device_bytes() const { return used_bytes_; }
+  // Zeroes and frees the device copies of these host blocks (freed by the pool), recorded
+  // into `rec` (the caller submits). Returns how many copies there were.
+  int64_t Forget(Recorder& rec, std::span<const uint64_t> serials);
+  int64_t copies() const { return static_cast<int64_t>(resident_.size()); }
+  // Test hook: reads a block copy's bytes back (every layer's K then V plane, row_stride rows);
+  // NotFound when the serial has no copy.
+  Result<std::vector<uint8_t>> ReadCopy(Recorder& rec, uint64_t serial);
+  // The slot a copy had (tests check a forgotten slot reads as zeros): NotFound when none.
+  Result<std::pair<KvArena*, int64_t>> SlotOf(uint64_t serial) const;
+  Result<std::vector<uint8_t>> ReadSlot(Recorder& rec, const KvArena& arena, int64_t slot);
 
  private:
   struct Resident {

@@ -129,6 +129,11 @@ void Recorder::Copy(const Buffer& src, int64_t src_offset, const Buffer& dst, in
   vkCmdCopyBuffer(cmd_, src.handle(), dst.handle(), 1, &region);
 }
 
+void Recorder::Zero(const Buffer& dst, int64_t offset, int64_t bytes) {
+  if (bytes <= 0) return;
+  vkCmdFillBuffer(cmd_, dst.handle(), static_cast<VkDeviceSize>(offset), static_cast<VkDeviceSize>(bytes), 0u);
+}
+
 Status Recorder::SubmitAndWait() {
   if (!recording_) return Internal("SubmitAndWait without Begin");
   recording_ = false;

@@ -36,6 +36,8 @@ class Recorder {
   // Makes every earlier shader or transfer write visible to every later shader or transfer.
   void Barrier();
   void Copy(const Buffer& src, int64_t src_offset, const Buffer& dst, int64_t dst_offset, int64_t bytes);
+  // Fills bytes [offset, offset + bytes) of dst with zeros (offset and bytes multiples of 4).
+  void Zero(const Buffer& dst, int64_t offset, int64_t bytes);
   // Ends, submits and waits; host reads of readback buffers are valid afterwards.
   Status SubmitAndWait();
 

@@ -45,6 +45,22 @@ class VulkanBackend final : public Backend {
 
   const char* name() const override { return "vulkan"; }
   Status Forward(std::span<const SequenceStep> steps, Logits& out) override;
+  bool KeepsBlockCopies() const override { return true; }
+  Status ForgetBlocks(std::span<const uint64_t> serials) override {
+    if (serials.empty()) return Status::Ok();
+    KVFS_RETURN_IF_ERROR(rec_->Begin());
+    kv_->Forget(*rec_, serials);
+    return rec_->SubmitAndWait();
+  }
+  int64_t BlockCopies() const override { return kv_->copies(); }
+  // Test hooks (backend.h).
+  Result<std::vector<uint8_t>> ReadBlockCopy(uint64_t serial) { return kv_->ReadCopy(*rec_, serial); }
+  Result<std::vector<uint8_t>> ForgetAndReadSlot(uint64_t serial) {
+    KVFS_ASSIGN_OR_RETURN(auto where, kv_->SlotOf(serial));
+    const uint64_t one[1] = {serial};
+    KVFS_RETURN_IF_ERROR(ForgetBlocks(one));
+    return kv_->ReadSlot(*rec_, *where.first, where.second);
+  }
 
  private:
   // A run of consecutive tokens of one step inside a micro-batch.
@@ -334,6 +350,18 @@ Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) 
 }
 
 }  // namespace
+
+Result<std::vector<uint8_t>> VulkanReadBlockCopy(Backend& backend, uint64_t serial) {
+  auto* vb = dynamic_cast<VulkanBackend*>(&backend);
+  if (vb == nullptr) return Unsupported("not the Vulkan backend");
+  return vb->ReadBlockCopy(serial);
+}
+
+Result<std::vector<uint8_t>> VulkanForgetAndReadSlot(Backend& backend, uint64_t serial) {
+  auto* vb = dynamic_cast<VulkanBackend*>(&backend);
+  if (vb == nullptr) return Unsupported("not the Vulkan backend");
+  return vb->ForgetAndReadSlot(serial);
+}
 
 Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const VulkanOptions& options) {
   auto backend = std::make_unique<VulkanBackend>(model);

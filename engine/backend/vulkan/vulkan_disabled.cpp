@@ -10,5 +10,7 @@ Status NoVulkan() { return Unsupported("this kvfs was built without the Vulkan b
 Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices() { return NoVulkan(); }
 
 Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model&, const VulkanOptions&) { return NoVulkan(); }
+Result<std::vector<uint8_t>> VulkanReadBlockCopy(Backend&, uint64_t) { return NoVulkan(); }
+Result<std::vector<uint8_t>> VulkanForgetAndReadSlot(Backend&, uint64_t) { return NoVulkan(); }
 
 }  // namespace kvfs
