@@ -13,6 +13,17 @@
 // (found by another lookup) or are pinned by a prefix.
 //
 // Memory given back is zeroed first: a conversation's attention state must not linger.
+//
+// Free list: the zeroed memory of freed blocks is kept, per block size, and handed out again by
+// Allocate, so a reload or a new turn does not page-fault its way through fresh memory (a block
+// is ~1.6 MB: ~400 faults of 4 KiB each, every time). Accounting: the budget and used_bytes
+// count live blocks only, exactly as before; the free list is extra, bounded so that
+// live + free <= budget (free memory is given back to the system first, before any idle block is
+// evicted) and free <= max_free_bytes (a cap on memory held for nothing). Free-list memory is
+// zeroed when its block is freed, before it enters the list, so nothing one agent wrote is ever
+// handed to another agent un-zeroed; Allocate's contents are therefore all zeros.
+// Large blocks are mapped with mmap and pre-faulted (MAP_POPULATE) so that even fresh memory is
+// faulted in one call rather than a page at a time.
 // Thread-safety: all methods lock one mutex; block contents are not protected (the engine
 // thread writes writable blocks; named blocks are immutable).
 #pragma once
@@ -47,7 +58,10 @@ struct PoolBlock {
 
 struct PoolStats {
   int64_t budget_bytes = 0;     // 0: unlimited
-  int64_t used_bytes = 0;       // sum of the blocks' sizes (64-byte rounded)
+  int64_t used_bytes = 0;       // sum of the live blocks' sizes (64-byte rounded)
+  int64_t free_bytes = 0;       // zeroed memory kept for reuse (not in used_bytes; see above)
+  int64_t free_blocks = 0;
+  uint64_t reuses = 0;          // allocations served from the free list
   int64_t blocks = 0;
   int64_t named_blocks = 0;
   int64_t idle_blocks = 0;      // named, unreferenced: cached only
@@ -65,15 +79,21 @@ BlockHash TailKey(std::string_view agent, uint64_t generation);
 
 class BlockPool {
  public:
-  // budget_bytes <= 0: unlimited.
-  explicit BlockPool(int64_t budget_bytes);
+  // budget_bytes <= 0: unlimited. max_free_bytes: cap of the free list (< 0: the default,
+  // kDefaultMaxFreeBytes; 0: no free list); it is further bounded by budget - used.
+  static constexpr int64_t kDefaultMaxFreeBytes = int64_t{256} << 20;
+  explicit BlockPool(int64_t budget_bytes, int64_t max_free_bytes = -1);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  // A new writable block of `bytes` (refs = 1, contents unspecified). Drops idle blocks if the
-  // budget needs room; kResourceExhausted when the budget is taken by blocks in use or pinned.
+  // A new writable block of `bytes` (refs = 1, contents zero). Drops idle blocks if the budget
+  // needs room; kResourceExhausted when the budget is taken by blocks in use or pinned.
   Result<PoolBlock*> Allocate(int64_t bytes);
+  // Puts up to `count` zeroed, pre-faulted blocks of `bytes` on the free list (within its
+  // bounds), so that the first allocations of that size do not fault. Returns how many are
+  // there now.
+  int64_t Reserve(int64_t bytes, int64_t count);
   // A cached named block (refs + 1, counts a hit) or nullptr (counts a miss).
   PoolBlock* Acquire(const BlockHash& key);
   // Whether a named block is in memory (no accounting).
@@ -110,9 +130,19 @@ class BlockPool {
   Status MakeRoomLocked(int64_t bytes);  // ensures `bytes` more fit the budget
   void FreeLocked(PoolBlock* b);
   uint64_t ValueLocked(const PoolBlock& b) const;
+  // Gives free-list memory back to the system until live + free + `extra` fits the budget and
+  // free fits max_free_bytes.
+  void TrimFreeLocked(int64_t extra);
+  // The free list may take `bytes` more.
+  bool FreeListTakesLocked(int64_t bytes) const;
 
   const int64_t budget_bytes_;
+  const int64_t max_free_bytes_;
   mutable std::mutex mu_;
+  std::unordered_map<int64_t, std::vector<uint8_t*>> free_;  // block size -> zeroed memory
+  int64_t free_bytes_ = 0;
+  int64_t free_blocks_ = 0;
+  uint64_t reuses_ = 0;
   std::unordered_map<BlockHash, PoolBlock*, BlockHashHasher> index_;
   int64_t n_blocks_ = 0;
   int64_t used_bytes_ = 0;

@@ -43,6 +43,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   engine->engine_thread_ = std::thread([e = engine.get()] { e->EngineLoop(); });
   engine->store_thread_ = std::thread([e = engine.get()] { e->StoreLoop(); });
   engine->loader_thread_ = std::thread([e = engine.get()] { e->LoaderLoop(); });
+  if (auto fmt = engine->FormatFor(engine->DefaultSettings()); fmt.ok()) {
+    const int64_t budget = options.kv_budget_bytes > 0 ? options.kv_budget_bytes : DefaultBudget();
+    const int64_t reserve =
+        options.kv_reserve_bytes >= 0 ? options.kv_reserve_bytes : std::min(budget / 16, int64_t{64} << 20);
+    const int64_t block = KvLayoutFor(engine->model_->hparams(), *fmt, options.block_tokens).block_bytes();
+    // At most one full context's worth: what a reload of one agent needs.
+    const int64_t n = block > 0 ? std::min(reserve / block, (engine->n_ctx_ + options.block_tokens - 1) / options.block_tokens) : 0;
+    if (n > 0) engine->reserve_thread_ = std::thread([e = engine.get(), block, n] { e->pool_->Reserve(block, n); });
+  }
   return engine;
 }
 
@@ -200,10 +209,13 @@ Engine::~Engine() { Shutdown(); }
 void Engine::Shutdown() {
   {
     std::lock_guard lock(mu_);
-    if (stopping_ && !engine_thread_.joinable() && !store_thread_.joinable() && !loader_thread_.joinable()) return;
+    if (stopping_ && !engine_thread_.joinable() && !store_thread_.joinable() && !loader_thread_.joinable() &&
+        !reserve_thread_.joinable())
+      return;
     stopping_ = true;
   }
   engine_cv_.notify_all();
+  if (reserve_thread_.joinable()) reserve_thread_.join();
   if (engine_thread_.joinable()) engine_thread_.join();
   {
     std::lock_guard lock(load_mu_);

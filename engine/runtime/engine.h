@@ -20,6 +20,11 @@ struct EngineOptions {
   std::string kv = "q4";          // KV format of new agents: f16 | q8 | q4
   std::string kv_rotate;          // "" (format default) | "on" | "off"
   int64_t kv_budget_bytes = 0;    // memory for KV blocks; 0: a quarter of the machine's RAM
+  // Zeroed, pre-faulted memory for KV blocks of the default format, made ready in the
+  // background at start (the pool's free list, inside the budget), so the first reloads and
+  // prefills do not fault page by page; at most one full context (n_ctx tokens) of blocks.
+  // -1: min(budget / 16, 64 MiB); 0: none.
+  int64_t kv_reserve_bytes = -1;
   int64_t block_tokens = 256;     // tokens per KV block
   int64_t n_ctx = 0;              // context length per agent; 0: the model's, at most 32768
   size_t max_queued_turns = 8;    // per agent, the running one included

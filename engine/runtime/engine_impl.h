@@ -251,6 +251,7 @@ class Engine final : public AgentEngine {
   bool load_stopping_ = false;
 
   std::thread engine_thread_, store_thread_, loader_thread_;
+  std::thread reserve_thread_;  // fills the pool's free list at start (EngineOptions::kv_reserve_bytes)
 };
 
 template <typename T>

@@ -1,5 +1,6 @@
 // Block pool: naming and sharing, copy-on-write through SequenceKv, budget accounting and the
-// eviction order (LRU with a hit boost; pinned, in-use and unpersisted blocks never dropped).
+// eviction order (LRU with a hit boost; pinned, in-use and unpersisted blocks never dropped),
+// the free list of zeroed memory (reuse, zeroed contents, bounds).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -105,6 +106,130 @@ TEST(BlockPool, TakeWritableOnlyWhenIdle) {
   EXPECT_FALSE(pool.Contains(TailKey("a", 1)));
   pool.Release(w);
   EXPECT_EQ(pool.Stats().blocks, 0);
+}
+
+bool AllZero(const PoolBlock* b) {
+  return std::all_of(b->data, b->data + b->bytes, [](uint8_t x) { return x == 0; });
+}
+
+// The free list: freed memory comes back (zeroed, under a new serial) for the next block of its
+// size; with and without a mapping of its own (large and small blocks).
+TEST(BlockPool, FreeListReusesZeroedMemory) {
+  for (int64_t bytes : {int64_t{4096}, int64_t{1} << 20}) {
+    SCOPED_TRACE(bytes);
+    BlockPool pool(0);
+    PoolBlock* a = pool.Allocate(bytes).value();
+    EXPECT_TRUE(AllZero(a));
+    uint8_t* mem = a->data;
+    const uint64_t serial = a->serial;
+    std::memset(a->data, 0xA5, static_cast<size_t>(bytes));
+    pool.Release(a);
+    PoolStats s = pool.Stats();
+    EXPECT_EQ(s.used_bytes, 0);
+    EXPECT_EQ(s.blocks, 0);
+    EXPECT_EQ(s.free_bytes, bytes);
+    EXPECT_EQ(s.free_blocks, 1);
+    PoolBlock* b = pool.Allocate(bytes).value();
+    EXPECT_EQ(b->data, mem);
+    EXPECT_NE(b->serial, serial);
+    EXPECT_TRUE(AllZero(b)) << "another agent's KV reached a new block";
+    s = pool.Stats();
+    EXPECT_EQ(s.reuses, 1u);
+    EXPECT_EQ(s.free_bytes, 0);
+    EXPECT_EQ(s.used_bytes, bytes);
+    // A named block dropped by erasure, or evicted, is zeroed on its way to the list too.
+    std::memset(b->data, 0x5A, static_cast<size_t>(bytes));
+    pool.Release(pool.Name(b, Key(1)));
+    EXPECT_EQ(pool.Stats().free_blocks, 0);  // cached, not freed
+    EXPECT_TRUE(pool.Drop(Key(1)));
+    PoolBlock* c = pool.Allocate(bytes).value();
+    EXPECT_EQ(c->data, mem);
+    EXPECT_TRUE(AllZero(c));
+    // Another size does not take it.
+    PoolBlock* d = pool.Allocate(bytes + 64).value();
+    EXPECT_NE(d->data, mem);
+    pool.Release(c);
+    pool.Release(d);
+    EXPECT_EQ(pool.Stats().free_blocks, 2);
+  }
+}
+
+// Live + free never exceeds the budget, the free list never exceeds its cap, and free memory
+// is given back before any cached block is evicted.
+TEST(BlockPool, FreeListIsBounded) {
+  const int64_t kB = 64 << 10;
+  {
+    BlockPool pool(0, /*max_free_bytes=*/2 * kB);
+    std::vector<PoolBlock*> v;
+    for (int i = 0; i < 5; ++i) v.push_back(pool.Allocate(kB).value());
+    for (PoolBlock* b : v) pool.Release(b);
+    EXPECT_EQ(pool.Stats().free_blocks, 2);
+    EXPECT_EQ(pool.Stats().free_bytes, 2 * kB);
+  }
+  {
+    BlockPool pool(0, /*max_free_bytes=*/0);  // no free list
+    pool.Release(pool.Allocate(kB).value());
+    EXPECT_EQ(pool.Stats().free_bytes, 0);
+  }
+  BlockPool pool(4 * kB);
+  auto check = [&] {
+    const PoolStats s = pool.Stats();
+    EXPECT_LE(s.used_bytes + s.free_bytes, 4 * kB);
+  };
+  std::vector<PoolBlock*> v;
+  for (int i = 0; i < 4; ++i) v.push_back(pool.Allocate(kB).value());
+  for (PoolBlock* b : v) pool.Release(b);
+  check();
+  EXPECT_EQ(pool.Stats().free_blocks, 4);
+  // Two cached blocks (persisted, idle) and two free ones; a block of another size needs room:
+  // the free memory goes, the cached blocks stay.
+  PoolBlock* n1 = pool.Name(pool.Allocate(kB).value(), Key(1));
+  PoolBlock* n2 = pool.Name(pool.Allocate(kB).value(), Key(2));
+  pool.Release(n1);
+  pool.Release(n2);
+  pool.MarkPersisted(Key(1));
+  pool.MarkPersisted(Key(2));
+  check();
+  EXPECT_EQ(pool.Stats().free_blocks, 2);
+  PoolBlock* big = pool.Allocate(2 * kB).value();
+  check();
+  EXPECT_EQ(pool.Stats().evictions, 0u);
+  EXPECT_TRUE(pool.Contains(Key(1)));
+  EXPECT_TRUE(pool.Contains(Key(2)));
+  EXPECT_EQ(pool.Stats().free_blocks, 0);
+  // Now full of live and cached blocks: an allocation evicts, and what eviction frees does not
+  // push live + free over the budget.
+  PoolBlock* more = pool.Allocate(kB).value();
+  check();
+  EXPECT_GE(pool.Stats().evictions, 1u);
+  EXPECT_GE(pool.Stats().reuses, 3u);  // the evicted block's memory served `more`
+  pool.Release(big);
+  pool.Release(more);
+  check();
+  // Reserve fills the list up to the budget only, with zeroed memory.
+  EXPECT_LE(pool.Reserve(kB, 100), 4);
+  check();
+  PoolBlock* r = pool.Allocate(kB).value();
+  EXPECT_TRUE(AllZero(r));
+  pool.Release(r);
+  check();
+}
+
+TEST(BlockPool, ReservePrefaultsZeroedBlocks) {
+  for (int64_t bytes : {int64_t{4096}, int64_t{1} << 20}) {
+    BlockPool pool(0);
+    EXPECT_EQ(pool.Reserve(bytes, 3), 3);
+    EXPECT_EQ(pool.Reserve(bytes, 3), 3);  // already there
+    EXPECT_EQ(pool.Stats().free_blocks, 3);
+    EXPECT_EQ(pool.Stats().used_bytes, 0);
+    std::vector<PoolBlock*> v;
+    for (int i = 0; i < 3; ++i) {
+      v.push_back(pool.Allocate(bytes).value());
+      EXPECT_TRUE(AllZero(v.back()));
+    }
+    EXPECT_EQ(pool.Stats().reuses, 3u);
+    for (PoolBlock* b : v) pool.Release(b);
+  }
 }
 
 // Two sequences share a named block; writing into it (after a truncation) copies it first.
