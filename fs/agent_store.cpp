@@ -46,12 +46,16 @@ Result<std::unique_ptr<AgentStore>> AgentStore::Create(AgentEngine& engine, Stor
   KVFS_ASSIGN_OR_RETURN(std::unique_ptr<AuditLog> audit, AuditLog::Open(config.audit_log_path));
   auto store = std::unique_ptr<AgentStore>(new AgentStore(engine, std::move(config), std::move(audit)));
   std::vector<AgentInfo> agents = engine.ListAgents();
-  std::vector<std::string> prefixes = engine.ListPrefixes();
+  std::vector<std::pair<std::string, uint32_t>> prefixes;
+  for (std::string& name : engine.ListPrefixes()) {
+    const uint32_t owner = engine.PrefixOwner(name);
+    prefixes.emplace_back(std::move(name), owner);
+  }
   std::lock_guard lock(store->mu_);
   for (const AgentInfo& info : agents) {
     store->agents_[info.name] = std::make_shared<AgentRecord>(info.name, info.owner_uid, PrimaryGroupOf(info.owner_uid));
   }
-  for (const std::string& name : prefixes) store->prefixes_[name] = PrefixRecord{store->inodes_.AddPrefix(name), 0};
+  for (const auto& [name, owner] : prefixes) store->prefixes_[name] = PrefixRecord{store->inodes_.AddPrefix(name), owner};
   return store;
 }
 

@@ -185,11 +185,13 @@ Status AgentStore::ApplyWrites(Handle& handle) {
 Status AgentStore::ApplyPrefix(Handle& handle) {
   const std::string& name = handle.node.prefix;
   bool pending = false;
+  uint32_t owner = handle.uid;
   {
     std::lock_guard lock(mu_);
     auto it = prefixes_.find(name);
     if (it == prefixes_.end() || it->second.ino != handle.ino) return NotFound(fmt::format("prefix '{}' is gone", name));
     pending = it->second.pending;
+    owner = it->second.uid;
   }
   if (handle.data.empty()) {
     // Nothing to prefill (yet): a new prefix left empty is dropped when its creator releases it.
@@ -206,7 +208,7 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
     if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) return removed.status();
   }
   size_t bytes = handle.data.size();
-  Status added = engine_.AddPrefix(name, handle.data);
+  Status added = engine_.AddPrefix(name, handle.data, owner);
   if (!added.ok()) {
     DropPendingPrefix(name, handle.ino);
     return added;

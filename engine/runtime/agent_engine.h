@@ -143,11 +143,15 @@ class AgentEngine {
   virtual void Prefetch(const std::string& name) = 0;
 
   // Shared prefixes (.prefixes/): prefilled once, blocks pinned, used by any agent whose context
-  // starts with the text.
-  virtual Status AddPrefix(const std::string& name, std::string text) = 0;
+  // starts with the text. They persist: a restarted engine has them again (their blocks loaded
+  // from the store, or prefilled again when the store lacks them). RemovePrefix erases the
+  // persisted record too. `owner_uid` is kept for the file's owner in .prefixes/.
+  virtual Status AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) = 0;
   virtual Result<store::EraseReport> RemovePrefix(const std::string& name) = 0;
   virtual std::vector<std::string> ListPrefixes() = 0;
   virtual Result<std::string> PrefixText(const std::string& name) = 0;
+  // The uid given to AddPrefix (0 for an unknown prefix).
+  virtual uint32_t PrefixOwner(const std::string& name) = 0;
 
   virtual EngineStatus Stats() = 0;
   // .model.json: architecture, sizes, quantization, fingerprint, kv formats, block size.

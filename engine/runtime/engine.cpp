@@ -52,6 +52,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
     const int64_t n = block > 0 ? std::min(reserve / block, (engine->n_ctx_ + options.block_tokens - 1) / options.block_tokens) : 0;
     if (n > 0) engine->reserve_thread_ = std::thread([e = engine.get(), block, n] { e->pool_->Reserve(block, n); });
   }
+  KVFS_RETURN_IF_ERROR(engine->RestorePrefixes());
   return engine;
 }
 
@@ -456,6 +457,12 @@ Result<std::string> Engine::PrefixText(const std::string& name) {
   auto it = prefixes_.find(name);
   if (it == prefixes_.end()) return NotFound("no prefix \"" + name + "\"");
   return it->second.text;
+}
+
+uint32_t Engine::PrefixOwner(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = prefixes_.find(name);
+  return it == prefixes_.end() ? 0 : it->second.owner_uid;
 }
 
 EngineStatus Engine::Stats() {

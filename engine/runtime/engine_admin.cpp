@@ -287,46 +287,160 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
   return done.get();
 }
 
-Status Engine::AddPrefix(const std::string& name, std::string text) {
-  if (!store::IsValidAgentName(name)) return InvalidArgument("invalid prefix name \"" + name + "\"");
-  return RunOnEngine<kvfs::Status>([&]() -> kvfs::Status {
-    {
-      std::lock_guard lock(mu_);
-      if (prefixes_.count(name)) return InvalidArgument("prefix \"" + name + "\" exists");
+Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sources) {
+  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
+  p.tokens = model_->tokenizer().Encode(p.text, true, true);
+  p.blocks.clear();
+  const int64_t B = options_.block_tokens;
+  const int64_t full = static_cast<int64_t>(p.tokens.size()) / B;
+  if (static_cast<int64_t>(p.tokens.size()) > n_ctx_) return OutOfRange("the prefix is longer than the context");
+  const KvLayout layout = KvLayoutFor(model_->hparams(), format, B);
+  std::optional<SequenceKv> seq(std::in_place, layout, n_ctx_, *pool_);
+  std::vector<PoolBlock*> held;
+  auto undo = [&](kvfs::Status why) -> kvfs::Status {
+    seq.reset();  // its references go first, so the blocks can be dropped
+    for (PoolBlock* b : held) pool_->Release(b);
+    UnpinPrefix(p);
+    p.blocks.clear();
+    return why;
+  };
+  BlockHash parent;
+  for (int64_t i = 0; i < full; ++i) {
+    const std::span<const TokenId> span(p.tokens.data() + i * B, static_cast<size_t>(B));
+    const BlockHash h = ChainHash(parent, span, fingerprint_, format, kPrefixDomain);
+    PoolBlock* b = pool_->Acquire(h);
+    if (b != nullptr) {
+      if (sources) ++sources->cached;
+    } else if ((b = LoadBlock(h, layout)) != nullptr) {  // stored by an earlier run
+      if (sources) ++sources->loaded;
     }
-    KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
-    Prefix p;
-    p.text = std::move(text);
-    p.tokens = model_->tokenizer().Encode(p.text, true, true);
-    const int64_t B = options_.block_tokens;
-    const int64_t full = static_cast<int64_t>(p.tokens.size()) / B;
-    if (static_cast<int64_t>(p.tokens.size()) > n_ctx_) return OutOfRange("the prefix is longer than the context");
-    SequenceKv seq(KvLayoutFor(model_->hparams(), format, B), n_ctx_, *pool_);
-    BlockHash parent;
-    for (int64_t i = 0; i < full; ++i) {
-      const std::span<const TokenId> span(p.tokens.data() + i * B, static_cast<size_t>(B));
-      const BlockHash h = ChainHash(parent, span, fingerprint_, format, kPrefixDomain);
-      if (PoolBlock* b = pool_->Acquire(h)) {
-        seq.SetBlock(i, b);
-        seq.SetTokens((i + 1) * B);
-      } else {
-        SequenceStep step{&seq, span, false};
-        Logits logits;
-        KVFS_RETURN_IF_ERROR(backend_->Forward(std::span<const SequenceStep>(&step, 1), logits));
-        seq.NameBlock(i, h);
-      }
-      pool_->Pin(h);
-      p.blocks.push_back(h);
-      parent = h;
+    if (b != nullptr) {
+      seq->SetBlock(i, b);
+      seq->SetTokens((i + 1) * B);
+    } else {
+      SequenceStep step{&*seq, span, false};
+      Logits logits;
+      if (kvfs::Status st = backend_->Forward(std::span<const SequenceStep>(&step, 1), logits); !st.ok()) return undo(st);
+      seq->NameBlock(i, h);
+      if (sources) ++sources->prefilled;
     }
+    pool_->Pin(h);
+    p.blocks.push_back(h);
+    PoolBlock* mine = seq->block(i);
+    pool_->Retain(mine);
+    held.push_back(mine);
+    parent = h;
+  }
+  return held;
+}
+
+store::EraseReport Engine::UnpinPrefix(const Prefix& p) {
+  store::EraseReport report;
+  std::set<BlockHash> others;
+  {
     std::lock_guard lock(mu_);
-    prefixes_[name] = std::move(p);
-    return kvfs::Status::Ok();
-  });
+    for (auto& [n, a] : agents_) others.insert(a->blocks.begin(), a->blocks.end());
+  }
+  for (const BlockHash& h : p.blocks) {
+    pool_->Unpin(h);
+    if (others.count(h)) ++report.blocks_kept_shared;
+    else if (pool_->Drop(h)) ++report.blocks_freed;
+  }
+  return report;
+}
+
+Status Engine::PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held) {
+  CommitJob job;
+  job.held = std::move(held);  // released by the store thread after the write
+  auto format = FormatFor(DefaultSettings());
+  if (!store_ || !format.ok()) {
+    for (PoolBlock* b : job.held) pool_->Release(b);
+    return format.status();
+  }
+  const KvLayout layout = KvLayoutFor(model_->hparams(), *format, options_.block_tokens);
+  store::PrefixRecord record;
+  record.name = name;
+  record.owner_uid = p.owner_uid;
+  record.text = p.text;
+  record.model_fingerprint = fingerprint_;
+  record.kv_format = format->Name();
+  record.block_size = static_cast<uint32_t>(options_.block_tokens);
+  record.blocks = p.blocks;
+  std::vector<store::NewBlock> fresh;
+  for (size_t i = 0; i < p.blocks.size(); ++i) {
+    if (store_->HasBlock(p.blocks[i])) continue;
+    // Pinned and retained: immutable and alive until the store thread is done with them.
+    fresh.push_back(store::NewBlock{p.blocks[i], KvFormatId(*format), record.block_size,
+                                    std::span<const uint8_t>(job.held[i]->data, static_cast<size_t>(layout.block_bytes()))});
+  }
+  job.run = [this, &record, &fresh]() -> kvfs::Status {
+    kvfs::Status st = store_->CommitPrefix(record, fresh);
+    if (st.ok())
+      for (const BlockHash& h : record.blocks) pool_->MarkPersisted(h);
+    return st;
+  };
+  return CommitNow(std::move(job));
+}
+
+Status Engine::AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) {
+  if (!store::IsValidPrefixName(name)) return InvalidArgument("invalid prefix name \"" + name + "\"");
+  std::lock_guard serial(prefix_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (prefixes_.count(name)) return InvalidArgument("prefix \"" + name + "\" exists");
+  }
+  Prefix p;
+  p.text = std::move(text);
+  p.owner_uid = owner_uid;
+  KVFS_ASSIGN_OR_RETURN(std::vector<PoolBlock*> held,
+                        RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, nullptr); }));
+  if (kvfs::Status st = PersistPrefix(name, p, std::move(held)); !st.ok()) {
+    (void)RunOnEngine<kvfs::Status>([&] {
+      UnpinPrefix(p);
+      ForgetFreedBlocks();
+      return kvfs::Status::Ok();
+    });
+    return st.WithContext("storing prefix " + name);
+  }
+  std::lock_guard lock(mu_);
+  prefixes_[name] = std::move(p);
+  return kvfs::Status::Ok();
+}
+
+Status Engine::RestorePrefixes() {
+  if (!store_) return kvfs::Status::Ok();
+  std::lock_guard serial(prefix_mu_);
+  for (const store::PrefixRecord& r : store_->ListPrefixes()) {
+    Prefix p;
+    p.text = r.text;
+    p.owner_uid = r.owner_uid;
+    PrefixSources sources;
+    auto held = RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, &sources); });
+    if (!held.ok()) {
+      spdlog::warn("engine: prefix {} could not be restored ({}); it is dropped", r.name, held.status().message());
+      CommitJob erase;
+      erase.run = [&] { return store_->ErasePrefix(r.name).status(); };
+      (void)CommitNow(std::move(erase));
+      continue;
+    }
+    if (sources.prefilled > 0 || p.blocks != r.blocks) {
+      // Another model or format, or blocks gone from the store: the record follows what is pinned now.
+      if (kvfs::Status st = PersistPrefix(r.name, p, std::move(*held)); !st.ok())
+        spdlog::warn("engine: prefix {}: storing its new blocks failed: {}", r.name, st.message());
+    } else {
+      for (PoolBlock* b : *held) pool_->Release(b);
+    }
+    spdlog::info("engine: prefix {} restored ({} tokens; blocks: {} loaded, {} prefilled, {} cached)", r.name,
+                 p.tokens.size(), sources.loaded, sources.prefilled, sources.cached);
+    std::lock_guard lock(mu_);
+    prefixes_[r.name] = std::move(p);
+  }
+  return kvfs::Status::Ok();
 }
 
 Result<store::EraseReport> Engine::RemovePrefix(const std::string& name) {
-  return RunOnEngine<Result<store::EraseReport>>([&]() -> Result<store::EraseReport> {
+  std::lock_guard serial(prefix_mu_);
+  auto report = RunOnEngine<Result<store::EraseReport>>([&]() -> Result<store::EraseReport> {
     Prefix p;
     {
       std::lock_guard lock(mu_);
@@ -335,19 +449,25 @@ Result<store::EraseReport> Engine::RemovePrefix(const std::string& name) {
       p = std::move(it->second);
       prefixes_.erase(it);
     }
-    store::EraseReport report;
-    std::set<BlockHash> others;
-    {
-      std::lock_guard lock(mu_);
-      for (auto& [n, a] : agents_) others.insert(a->blocks.begin(), a->blocks.end());
-    }
-    for (const BlockHash& h : p.blocks) {
-      pool_->Unpin(h);
-      if (others.count(h)) ++report.blocks_kept_shared;
-      else if (pool_->Drop(h)) ++report.blocks_freed;
-    }
-    return report;
+    store::EraseReport r = UnpinPrefix(p);
+    ForgetFreedBlocks();  // device copies of the dropped blocks, before the erasure returns
+    return r;
   });
+  if (!report.ok() || !store_) return report;
+  // The persisted record and the blocks only it named (store thread, after any queued commit).
+  Result<store::EraseReport> erased = NotFound("");
+  CommitJob job;
+  job.run = [&]() -> kvfs::Status {
+    erased = store_->ErasePrefix(name);
+    return erased.ok() || erased.status().code() == StatusCode::kNotFound ? kvfs::Status::Ok() : erased.status();
+  };
+  kvfs::Status st = CommitNow(std::move(job));
+  if (!st.ok()) return st.WithContext("erasing prefix " + name);
+  if (erased.ok()) {
+    report->bytes_freed += erased->bytes_freed;
+    report->files_removed += erased->files_removed;
+  }
+  return report;
 }
 
 }  // namespace kvfs

@@ -130,10 +130,11 @@ class Engine final : public AgentEngine {
   Result<std::string> ExportCache(const std::string& name) override;
   Status ImportCache(const std::string& name, std::string_view safetensors_bytes) override;
   void Prefetch(const std::string& name) override;
-  Status AddPrefix(const std::string& name, std::string text) override;
+  Status AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) override;
   Result<store::EraseReport> RemovePrefix(const std::string& name) override;
   std::vector<std::string> ListPrefixes() override;
   Result<std::string> PrefixText(const std::string& name) override;
+  uint32_t PrefixOwner(const std::string& name) override;
   EngineStatus Stats() override;
   nlohmann::json ModelInfo() override;
   void Shutdown() override;
@@ -146,13 +147,28 @@ class Engine final : public AgentEngine {
 
   struct Prefix {
     std::string text;
+    uint32_t owner_uid = 0;
     std::vector<TokenId> tokens;
     std::vector<BlockHash> blocks;  // pinned
+  };
+  // Where a prefix's blocks came from (PinPrefix).
+  struct PrefixSources {
+    size_t cached = 0, loaded = 0, prefilled = 0;
   };
 
   explicit Engine(const EngineOptions& options);
   kvfs::Status Init();
   kvfs::Status RestoreAgents();
+  // The prefixes of the store's records, pinned again (after the engine threads started).
+  kvfs::Status RestorePrefixes();
+  // Engine thread: makes p's full blocks resident and pinned (from the pool, else the store,
+  // else prefilled) and fills p.tokens and p.blocks. Returns each block retained once, for
+  // PersistPrefix; on an error nothing stays pinned.
+  Result<std::vector<PoolBlock*>> PinPrefix(Prefix& p, PrefixSources* sources);
+  // Engine thread: unpins p's blocks and drops those no agent holds (erasure of memory).
+  store::EraseReport UnpinPrefix(const Prefix& p);
+  // Writes p's record and the blocks the store lacks (store thread); releases `held`.
+  kvfs::Status PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held);
   // Sets an agent's conversation, settings and cache references from its committed manifest.
   void ApplyManifest(AgentRecord& agent, const store::Manifest& manifest) const;
 
@@ -228,6 +244,7 @@ class Engine final : public AgentEngine {
   std::condition_variable engine_cv_;
   std::map<std::string, std::unique_ptr<AgentRecord>> agents_;
   std::map<std::string, Prefix> prefixes_;
+  std::mutex prefix_mu_;  // serializes AddPrefix and RemovePrefix (their pool and store steps)
   // Erased agents' records: a commit queued before the erasure may still refer to them.
   std::vector<std::unique_ptr<AgentRecord>> erased_;
   std::deque<std::function<void()>> tasks_;

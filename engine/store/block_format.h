@@ -8,6 +8,8 @@
 //   <store>/agents/<name>/manifest.json  the agent's manifest (the commit point of a turn)
 //   <store>/agents/<name>/tail.<turn>.kvt  the partial last block as of that turn
 //   <store>/agents/.erase.<name>/      an erasure in progress (rename is its commit point)
+//   <store>/prefixes/<name>.prefix     a shared prefix of .prefixes/ (prefix_record.h): its text
+//                                      and blocks, which it references like an agent's manifest
 //   any name ending in ".tmp"          an interrupted write; removed by Open
 //
 // Block and tail file = header (kBlockHeaderBytes, little-endian) + payload:
@@ -77,6 +79,10 @@ inline constexpr std::string_view kTailPrefix = "tail.";
 inline constexpr std::string_view kTailSuffix = ".kvt";
 inline constexpr std::string_view kManifestName = "manifest.json";
 inline constexpr std::string_view kErasePrefix = ".erase.";
+inline constexpr std::string_view kPrefixesDir = "prefixes";
+inline constexpr std::string_view kPrefixSuffix = ".prefix";
+inline constexpr std::string_view kPrefixFormat = "kvfs-prefix";
+inline constexpr int kPrefixVersion = 1;
 
 // Manifest (JSON) format identity and limits.
 inline constexpr std::string_view kManifestFormat = "kvfs-manifest";

@@ -46,6 +46,7 @@ CacheStore::CacheStore(std::string dir, FileSystem& fs, StoreOptions options)
     : dir_(std::move(dir)),
       blocks_dir_(JoinPath(dir_, kBlocksDir)),
       agents_dir_(JoinPath(dir_, kAgentsDir)),
+      prefixes_dir_(JoinPath(dir_, kPrefixesDir)),
       fs_(fs),
       options_(std::move(options)) {}
 
@@ -80,12 +81,14 @@ Status CacheStore::Init() {
   }
   KVFS_RETURN_IF_ERROR(fs_.MakeDir(blocks_dir_));
   KVFS_RETURN_IF_ERROR(fs_.MakeDir(agents_dir_));
+  KVFS_RETURN_IF_ERROR(fs_.MakeDir(prefixes_dir_));
   KVFS_RETURN_IF_ERROR(fs_.SyncDir(dir_));
   KVFS_RETURN_IF_ERROR(ScanAgents());
+  KVFS_RETURN_IF_ERROR(ScanPrefixes());
   KVFS_RETURN_IF_ERROR(ScanBlocks());
   for (const auto& [hash, count] : refs_)
     if (!present_.count(hash)) ++open_report_.missing_blocks;
-  if (broken_.empty()) {
+  if (broken_.empty() && broken_prefixes_.empty()) {
     EraseReport gc;
     KVFS_RETURN_IF_ERROR(CollectOrphanBlocks(&gc));
     open_report_.orphan_blocks_removed = gc.blocks_freed;
@@ -101,6 +104,7 @@ Status CacheStore::Init() {
                  dir_, r.temp_files_removed, r.orphan_blocks_removed, r.orphan_tails_removed,
                  r.incomplete_agents_removed, r.erasures_completed, r.bytes_removed);
   for (const std::string& b : r.broken_agents) spdlog::warn("cache store {}: unreadable manifest: {}", dir_, b);
+  for (const std::string& b : r.broken_prefixes) spdlog::warn("cache store {}: unreadable prefix record: {}", dir_, b);
   if (r.missing_blocks > 0)
     spdlog::warn("cache store {}: {} referenced blocks are missing; those caches will be rebuilt", dir_, r.missing_blocks);
   return Status::Ok();

@@ -38,6 +38,7 @@
 #include "engine/store/block_file.h"
 #include "engine/store/fs.h"
 #include "engine/store/manifest.h"
+#include "engine/store/prefix_record.h"
 
 namespace kvfs::store {
 
@@ -59,6 +60,7 @@ struct OpenReport {
   // Agents whose manifest cannot be read ("name: reason"). Their files are kept; while any
   // exists, orphan blocks are not collected (we cannot know which blocks such a manifest names).
   std::vector<std::string> broken_agents;
+  std::vector<std::string> broken_prefixes;  // likewise, prefix records ("name: reason")
   bool orphan_collection_skipped = false;
   std::vector<std::string> unknown_files;  // not ours; left alone
 };
@@ -157,6 +159,17 @@ class CacheStore {
   // error after it leaves the rest to the next Open (the agent is already gone).
   Result<EraseReport> EraseAgent(const std::string& name);
 
+  // Shared prefixes (prefix_record.h). CommitPrefix writes the blocks of `new_blocks` not
+  // already stored, then publishes the record (replacing one of the same name; the blocks only
+  // the old one named are erased). Every hash in record.blocks must be stored or in new_blocks.
+  // On an error the previous record, if any, is intact.
+  Status CommitPrefix(PrefixRecord record, std::span<const NewBlock> new_blocks);
+  // Every readable prefix record, by name.
+  std::vector<PrefixRecord> ListPrefixes() const;
+  // Erases a prefix's record and the blocks nothing else references (overwritten, fsynced,
+  // unlinked). kNotFound if there is no such record.
+  Result<EraseReport> ErasePrefix(const std::string& name);
+
   StoreStats Stats() const;
   const std::string& dir() const { return dir_; }
 
@@ -172,6 +185,10 @@ class CacheStore {
   Status Init();
   Status ScanAgents();
   Status ScanBlocks();
+  Status ScanPrefixes();
+  std::string PrefixPath(const std::string& name) const;
+  // Shreds the given unreferenced blocks (best effort), counting into `report`.
+  void ShredBlocks(const std::vector<BlockHash>& freed, EraseReport* report);
   Status CollectOrphanBlocks(EraseReport* report);
 
   std::string AgentDir(const std::string& name) const;
@@ -192,7 +209,7 @@ class CacheStore {
   // Removes a block that failed verification (exclusive lock held).
   void DropCorruptBlock(const BlockHash& hash, const std::string& why);
 
-  const std::string dir_, blocks_dir_, agents_dir_;
+  const std::string dir_, blocks_dir_, agents_dir_, prefixes_dir_;
   FileSystem& fs_;
   const StoreOptions options_;
   OpenReport open_report_;
@@ -200,7 +217,9 @@ class CacheStore {
   mutable std::shared_mutex mu_;
   std::map<std::string, AgentInfo> agents_;
   std::map<std::string, std::string> broken_;  // agent -> why its manifest is unreadable
-  std::map<BlockHash, uint32_t> refs_;         // agents referencing each block
+  std::map<std::string, PrefixRecord> prefixes_;
+  std::map<std::string, std::string> broken_prefixes_;  // prefix -> why its record is unreadable
+  std::map<BlockHash, uint32_t> refs_;         // agents and prefixes referencing each block
   std::map<BlockHash, uint64_t> present_;      // stored block files and their sizes
   std::set<std::string> block_subdirs_;        // blocks/<hh> known to exist durably
 };

@@ -471,5 +471,76 @@ TEST_F(EngineTest, PromptLongerThanContextFailsTheTurn) {
   EXPECT_EQ(info->turns, 0u);
 }
 
+size_t BlockFiles(const fs::path& store) {
+  size_t n = 0;
+  for (auto& e : fs::recursive_directory_iterator(store / "blocks")) n += e.is_regular_file();
+  return n;
+}
+
+// .prefixes/ entries persist: a restarted engine lists them with their text and owner, loads
+// their blocks from the store (no prefill), and an agent of any uid reuses them; a prefix whose
+// blocks are gone is prefilled again; removing one erases its record and its blocks.
+TEST_F(EngineTest, PrefixesPersistAcrossRestart) {
+  const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // > 32 tokens: 2+ blocks of 16
+  const fs::path store = dir_ / "store";
+  size_t prefix_blocks = 0;
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 1000).ok());
+    EXPECT_EQ((*engine)->AddPrefix("story.txt", "again", 1000).code(), StatusCode::kInvalidArgument);
+    EXPECT_FALSE((*engine)->AddPrefix(".hidden", "x", 1000).ok());
+    ASSERT_TRUE(fs::exists(store / "prefixes" / "story.txt.prefix"));
+    prefix_blocks = BlockFiles(store);
+    EXPECT_GE(prefix_blocks, 2u);
+  }
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "restart" : "restart with the blocks gone");
+    if (round == 1) {
+      for (auto& e : fs::recursive_directory_iterator(store / "blocks"))
+        if (e.is_regular_file()) fs::remove(e.path());
+    }
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    EXPECT_EQ((*engine)->ListPrefixes(), std::vector<std::string>{"story.txt"});
+    auto text = (*engine)->PrefixText("story.txt");
+    ASSERT_TRUE(text.ok());
+    EXPECT_EQ(*text, prefix);
+    EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1000u);
+    const EngineStatus st = (*engine)->Stats();
+    if (round == 0) {
+      EXPECT_GT(st.reload_bytes, 0u);  // loaded from the store, not prefilled
+    } else {
+      EXPECT_EQ(st.reload_bytes, 0u);  // nothing to load: prefilled, and stored again
+      EXPECT_EQ(BlockFiles(store), prefix_blocks);
+    }
+    // An agent of another uid whose context starts with the prefix reuses its blocks, and
+    // replies as an uncached run does.
+    const std::string agent = "a" + std::to_string(round);
+    ASSERT_TRUE((*engine)->CreateAgent(agent, 2000 + round).ok());
+    Greedy(**engine, agent);
+    TurnOutcome out = RunTurn(**engine, agent, prefix + " The dog ran away.");
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    EXPECT_GE(out.stats->reused_tokens, static_cast<int64_t>(16 * prefix_blocks));
+    EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, agent), *out.stats, 20));
+    ASSERT_TRUE((*engine)->EraseAgent(agent).ok());
+    EXPECT_EQ(BlockFiles(store), prefix_blocks);  // the prefix still holds its blocks
+  }
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    auto removed = (*engine)->RemovePrefix("story.txt");
+    ASSERT_TRUE(removed.ok()) << removed.status().message();
+    EXPECT_GE(removed->blocks_freed, prefix_blocks);
+    EXPECT_FALSE(fs::exists(store / "prefixes" / "story.txt.prefix"));
+    EXPECT_EQ(BlockFiles(store), 0u);
+    EXPECT_TRUE((*engine)->ListPrefixes().empty());
+    EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0);
+  }
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_TRUE((*engine)->ListPrefixes().empty());
+}
+
 }  // namespace
 }  // namespace kvfs

@@ -375,6 +375,58 @@ TEST(StoreCache, ErasureOverwritesBeforeUnlink) {
 }
 
 // Concurrent turns of different agents with loads, reads and listings (run under TSan too).
+// .prefixes/ records: published with their blocks, listed after a reopen, their blocks kept by
+// orphan collection; erasure removes the record and the blocks only it named.
+TEST(StoreCache, PrefixRecordsPersistAndHoldTheirBlocks) {
+  testing::TempDir tmp;
+  PosixFileSystem fs;
+  const std::string dir = tmp.path() + "/store";
+  const std::vector<uint8_t> p1(100, 1), p2(100, 2);
+  PrefixRecord r;
+  r.name = "story.txt";
+  r.owner_uid = 1000;
+  r.text = "Once upon a time";
+  r.model_fingerprint = kFingerprint;
+  r.kv_format = "q4";
+  r.block_size = 16;
+  r.blocks = {BlockHash{1, 2}, BlockHash{3, 4}};
+  const std::vector<NewBlock> blocks = {{r.blocks[0], testing::kKvFormatId, 16, p1},
+                                        {r.blocks[1], testing::kKvFormatId, 16, p2}};
+  {
+    auto store = OpenOk(dir, fs);
+    PrefixRecord missing = r;
+    missing.name = "missing";
+    EXPECT_EQ(store->CommitPrefix(missing, {}).code(), StatusCode::kInvalidArgument);  // names unstored blocks
+    PrefixRecord bad = r;
+    bad.name = ".hidden";
+    EXPECT_EQ(store->CommitPrefix(bad, blocks).code(), StatusCode::kInvalidArgument);
+    ASSERT_TRUE(store->CommitPrefix(r, blocks).ok());
+    EXPECT_EQ(store->Stats().blocks, 2u);
+  }
+  {
+    auto store = OpenOk(dir, fs);
+    EXPECT_EQ(store->open_report().orphan_blocks_removed, 0u);
+    EXPECT_EQ(store->ListPrefixes(), std::vector<PrefixRecord>{r});
+    auto b = store->ReadBlock(r.blocks[1]);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(*b, p2);
+    // Replacing the record with one of a single block erases the block only the old one named.
+    PrefixRecord shorter = r;
+    shorter.blocks.pop_back();
+    ASSERT_TRUE(store->CommitPrefix(shorter, {}).ok());
+    EXPECT_EQ(store->Stats().blocks, 1u);
+    auto erased = store->ErasePrefix("story.txt");
+    ASSERT_TRUE(erased.ok()) << erased.status().message();
+    EXPECT_EQ(erased->blocks_freed, 1u);
+    EXPECT_EQ(erased->files_removed, 2u);  // the record and the block
+    EXPECT_EQ(store->Stats().blocks, 0u);
+    EXPECT_EQ(store->ErasePrefix("story.txt").status().code(), StatusCode::kNotFound);
+  }
+  auto store = OpenOk(dir, fs);
+  EXPECT_TRUE(store->ListPrefixes().empty());
+  EXPECT_TRUE(ListTree(dir + "/prefixes").empty());
+}
+
 TEST(StoreCache, ConcurrentAgents) {
   FaultInjectingFileSystem fs;
   auto store = OpenOk("/store", fs);

@@ -142,7 +142,23 @@ kvfs::Status FakeEngine::Load() {
     agent->info.state = AgentState::kCold;
     agents_[agent->info.name] = agent;
   }
+  // Prefixes persist like the real engine's (one file for all of them).
+  if (std::ifstream in(options_.store_dir + "/fake-prefixes.json"); in) {
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object()) return Corrupt("unreadable fake-prefixes.json");
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      prefixes_[it.key()] = it.value().value("text", "");
+      prefix_owners_[it.key()] = it.value().value("owner_uid", 0u);
+    }
+  }
   return kvfs::Status::Ok();
+}
+
+kvfs::Status FakeEngine::PersistPrefixes() {
+  if (options_.store_dir.empty()) return kvfs::Status::Ok();
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, text] : prefixes_) j[name] = {{"text", text}, {"owner_uid", prefix_owners_[name]}};
+  return WriteFileAtomically(options_.store_dir + "/fake-prefixes.json", j.dump());
 }
 
 kvfs::Status FakeEngine::Persist(const Agent& agent) {
@@ -466,10 +482,16 @@ void FakeEngine::Prefetch(const std::string& name) {
   if (agent != nullptr && agent->info.state == AgentState::kCold && agent->has_cache) agent->info.state = AgentState::kHot;
 }
 
-kvfs::Status FakeEngine::AddPrefix(const std::string& name, std::string text) {
+kvfs::Status FakeEngine::AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) {
   std::lock_guard lock(mu_);
   if (prefixes_.count(name)) return InvalidArgument("prefix exists: " + name);
   prefixes_[name] = std::move(text);
+  prefix_owners_[name] = owner_uid;
+  if (kvfs::Status st = PersistPrefixes(); !st.ok()) {
+    prefixes_.erase(name);
+    prefix_owners_.erase(name);
+    return st;
+  }
   return kvfs::Status::Ok();
 }
 
@@ -480,6 +502,8 @@ Result<store::EraseReport> FakeEngine::RemovePrefix(const std::string& name) {
   store::EraseReport report;
   report.bytes_freed = it->second.size() * static_cast<uint64_t>(options_.kv_bytes_per_token);
   prefixes_.erase(it);
+  prefix_owners_.erase(name);
+  KVFS_RETURN_IF_ERROR(PersistPrefixes());
   return report;
 }
 
@@ -488,6 +512,12 @@ std::vector<std::string> FakeEngine::ListPrefixes() {
   std::vector<std::string> out;
   for (const auto& [name, text] : prefixes_) out.push_back(name);
   return out;
+}
+
+uint32_t FakeEngine::PrefixOwner(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = prefix_owners_.find(name);
+  return it == prefix_owners_.end() ? 0 : it->second;
 }
 
 Result<std::string> FakeEngine::PrefixText(const std::string& name) {

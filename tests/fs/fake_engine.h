@@ -48,10 +48,11 @@ class FakeEngine : public AgentEngine {
   Result<std::string> ExportCache(const std::string& name) override;
   kvfs::Status ImportCache(const std::string& name, std::string_view safetensors_bytes) override;
   void Prefetch(const std::string& name) override;
-  kvfs::Status AddPrefix(const std::string& name, std::string text) override;
+  kvfs::Status AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) override;
   Result<store::EraseReport> RemovePrefix(const std::string& name) override;
   std::vector<std::string> ListPrefixes() override;
   Result<std::string> PrefixText(const std::string& name) override;
+  uint32_t PrefixOwner(const std::string& name) override;
   EngineStatus Stats() override;
   nlohmann::json ModelInfo() override;
   void Shutdown() override;
@@ -81,6 +82,7 @@ class FakeEngine : public AgentEngine {
   std::vector<ConversationTurn> FullConversation(const Agent& agent) const;
   int64_t ContextTokens(const Agent& agent) const;
   kvfs::Status Persist(const Agent& agent);  // mu_ held
+  kvfs::Status PersistPrefixes();            // mu_ held
   std::string AgentPath(const std::string& name) const;
   int64_t NowMs() const;
   std::shared_ptr<Agent> Find(const std::string& name);  // mu_ held
@@ -92,6 +94,7 @@ class FakeEngine : public AgentEngine {
   std::condition_variable idle_cv_;  // a turn finished (erasure waits for it)
   std::map<std::string, std::shared_ptr<Agent>> agents_;
   std::map<std::string, std::string> prefixes_;
+  std::map<std::string, uint32_t> prefix_owners_;
   std::deque<std::shared_ptr<Agent>> ready_;
   bool hold_ = false;
   bool stopping_ = false;

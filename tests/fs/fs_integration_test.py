@@ -311,6 +311,44 @@ def system_prompt_and_prefixes(t):
 
 
 @test
+def prefixes_survive_restart(t):
+    # 16-token blocks, so a short prefix fills whole blocks (only full blocks are shared).
+    d = t.daemon(extra=['--block-tokens', '16'])
+    m = d.mnt
+    text = ('Once upon a time, there was a little girl named Lily. She liked to play outside '
+            'with her dog in the big green park.')
+    sh('printf %%s %s > %s/.prefixes/story.txt' % (shquote(text), m), check_rc=0, user=65534)
+    sh('printf %%s %s > %s/.prefixes/gone' % (shquote('The sun was hot and the sky was blue all day long.'), m),
+       check_rc=0)
+    sh('rm %s/.prefixes/gone' % m, check_rc=0)
+    rc = d.stop()
+    check(rc == 0, 'kvfsd exits 0 on SIGTERM (got %s)' % rc)
+    d.start()
+    check(sh('ls %s/.prefixes' % m, check_rc=0).stdout.split() == ['story.txt'],
+          'the prefix is listed after a restart, the removed one is not: %r' % sh('ls %s/.prefixes' % m).stdout)
+    check(sh('cat %s/.prefixes/story.txt' % m, check_rc=0).stdout == text, 'the prefix text survives a restart')
+    check(sh('stat -c %%u %s/.prefixes/story.txt' % m, check_rc=0).stdout.strip() == '65534',
+          'the prefix keeps its owner')
+    if not FAKE:
+        log = open(d.log).read()
+        restored = [l for l in log.splitlines() if 'prefix story.txt restored' in l]
+        check(restored and ' 0 prefilled' in restored[-1] and ' 0 loaded' not in restored[-1],
+              'its blocks were loaded from the store, not prefilled: %r' % restored)
+        # An agent of another uid whose context starts with it reuses its blocks.
+        sh('mkdir %s/reader' % m, check_rc=0)
+        small_replies(m, 'reader', 8)
+        say(m, 'reader', text + ' One day, Lily found a ball.')
+        reused = int(jq('%s/reader/status.json' % m, '.last_turn.reused_tokens'))
+        check(reused >= 16, 'the agent reused the prefix blocks: %d tokens' % reused)
+    sh('rm %s/.prefixes/story.txt' % m, check_rc=0, user=65534)
+    d.stop()
+    d.start()
+    check(sh('ls %s/.prefixes' % m, check_rc=0).stdout.strip() == '', 'a removed prefix stays removed after a restart')
+    if not FAKE:
+        check(not os.listdir(os.path.join(d.store, 'prefixes')), 'its record is gone from the store')
+
+
+@test
 def privacy_between_uids(t):
     d = t.daemon()
     m = d.mnt
