@@ -1,5 +1,6 @@
 // Attention kernel micro-benchmarks: dot_rows (Q.K scores) and axpy_rows (weights x V) over
-// encoded KV rows, per KV type and attention table, in the shapes of tinyllama-1.1b at depth
+// encoded KV rows (q4k: dot_chunks over its K chunks of 64 tokens, axpy_rows over its V rows),
+// per KV type and attention table, in the shapes of tinyllama-1.1b at depth
 // 3500: rows of 4 KV heads x 64 values, one head's slice read, calls of up to 256 rows (one KV
 // block, as CpuBackend::Attention makes them).
 //   decode:  nq = 8   (one token, 8 query heads per KV head)
@@ -32,17 +33,30 @@ struct Shape {
   bool dot;    // dot_rows or axpy_rows
 };
 
-const char* TypeName(KvType t) { return t == KvType::kF16 ? "f16" : t == KvType::kQ8 ? "q8" : "q4"; }
+const char* TypeName(KvType t) {
+  return t == KvType::kF16 ? "f16" : t == KvType::kQ8 ? "q8" : t == KvType::kQ4 ? "q4" : "q4k";
+}
 
 void Run(benchmark::State& state, const AttentionKernels* table, Shape s) {
   KvFormat f;
   f.type = s.type;
-  f.group = 64;
+  f.group = s.type == KvType::kQ4K ? 16 : 64;
+  if (s.type == KvType::kQ4K) f.chunk = 64;
   const int64_t n = kHd * kHeads, row_bytes = f.RowBytes(n);
+  // q4k keys: chunks of 64 tokens (the last one read partly), one plane after another.
+  const bool chunks = s.type == KvType::kQ4K && s.dot;
+  const int64_t n_chunks = (kRows + 63) / 64, chunk_bytes = chunks ? f.ChunkBytes(n) : 0;
+  const int64_t plane_bytes = chunks ? n_chunks * chunk_bytes : kRows * row_bytes;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint8_t> kv(static_cast<size_t>(row_bytes * kRows * s.planes));
-  {
+  std::vector<uint8_t> kv(static_cast<size_t>(plane_bytes * s.planes));
+  if (chunks) {
+    std::vector<float> x(64 * n);
+    for (int64_t c = 0; c < n_chunks * s.planes; ++c) {
+      for (float& v : x) v = normal(rng);
+      KvQuantizeKChunk(f, x.data(), n, kv.data() + c * chunk_bytes, n);
+    }
+  } else {
     std::vector<float> x(n);
     for (int64_t r = 0; r < kRows * s.planes; ++r) {
       for (float& v : x) v = normal(rng);
@@ -54,8 +68,13 @@ void Run(benchmark::State& state, const AttentionKernels* table, Shape s) {
   for (float& v : scores) v = std::fabs(normal(rng)) / kRows;
   int plane = 0;
   for (auto _ : state) {
-    const uint8_t* base = kv.data() + static_cast<int64_t>(plane) * kRows * row_bytes;
+    const uint8_t* base = kv.data() + static_cast<int64_t>(plane) * plane_bytes;
     for (int64_t p0 = 0; p0 < kRows; p0 += kBlock) {
+      if (chunks) {
+        const KvChunks ck{base + p0 / 64 * chunk_bytes, chunk_bytes, std::min(kBlock, kRows - p0), 1, kHd};
+        table->dot_chunks(f, ck, q.data(), s.nq, scores.data() + p0, kRows);
+        continue;
+      }
       const KvRows rows{base + p0 * row_bytes, row_bytes, std::min(kBlock, kRows - p0), 1, kHd};
       if (s.dot) table->dot_rows(f, rows, q.data(), s.nq, scores.data() + p0, kRows);
       else table->axpy_rows(f, rows, scores.data() + p0, s.nq, kRows, out.data());
@@ -65,7 +84,8 @@ void Run(benchmark::State& state, const AttentionKernels* table, Shape s) {
     benchmark::ClobberMemory();
     plane = (plane + 1) % s.planes;
   }
-  const double slice_bytes = static_cast<double>(row_bytes) / kHeads;  // what a head reads
+  // What a head reads per token.
+  const double slice_bytes = static_cast<double>(chunks ? chunk_bytes / 64 : row_bytes) / kHeads;
   state.counters["KV_GB/s"] = benchmark::Counter(slice_bytes * kRows * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["ns/row/q"] = benchmark::Counter(static_cast<double>(kRows * s.nq) * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
@@ -101,7 +121,7 @@ int main(int argc, char** argv) {
     for (auto [label, nq] : {std::pair{"decode", int64_t{8}}, std::pair{"prefill", int64_t{128}}}) {
       benchmark::RegisterBenchmark((std::string(label) + "/" + name + "/softmax").c_str(), RunSoftmax, table, nq)
           ->Unit(benchmark::kMicrosecond);
-      for (kvfs::KvType type : {kvfs::KvType::kF16, kvfs::KvType::kQ8, kvfs::KvType::kQ4}) {
+      for (kvfs::KvType type : {kvfs::KvType::kF16, kvfs::KvType::kQ8, kvfs::KvType::kQ4, kvfs::KvType::kQ4K}) {
         for (int planes : {1, 24}) {
           if (planes > 1 && nq > 8) continue;  // prefill is compute bound: hot only
           for (bool dot : {true, false}) {

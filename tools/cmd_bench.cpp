@@ -26,7 +26,7 @@ namespace kvfs::cli {
 namespace {
 
 constexpr const char* kBenchUsage =
-    "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4] [--kv-rotate on|off]\n"
+    "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
     "                  [--backend cpu|vulkan] [--device N] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
@@ -223,7 +223,7 @@ int Bench(int argc, char** argv) {
   const ModelWeights& w = model.weights();
   const double embd_bytes = static_cast<double>(w.token_embd.row_bytes * w.token_embd.n_out);
   const double weight_bytes = w.total_bytes - (w.tied_output ? 0.0 : embd_bytes);
-  const double kv_bytes = 2.0 * hp.n_layer * layout.row_bytes() * (depth + n_tg / 2.0);
+  const double kv_bytes = static_cast<double>(layout.block_bytes()) / layout.block_tokens * (depth + n_tg / 2.0);
   const Stats pp = Summarize(pp_rates), tg = Summarize(tg_rates);
   const double decode_gbs = (weight_bytes + kv_bytes) * tg.median / 1e9;
 

@@ -34,7 +34,8 @@ constexpr const char* kPerplexityUsage =
     "  -f TEXT             the text to score (read whole; one trailing newline dropped)\n"
     "  -c CTX              window size in tokens (default 512); the second half of each is scored\n"
     "  -t THREADS          CPU threads (default: all cores)\n"
-    "  --kv f16|q8|q4      KV cache format (default f16)\n"
+    "  --kv f16|q8|q4|q4k  KV cache format (default f16); q4k: keys 4-bit per channel over\n"
+    "                      chunks of 64 tokens, values 4-bit in sub-blocks of 16\n"
     "  --kv-rotate on|off  Walsh-Hadamard rotation of quantized KV (default on where head_dim is a power of two)\n"
     "  --kl-divergence     also run every window over an f16 KV cache and compare: mean KL(p_f16 || p_kv),\n"
     "                      same top-1 token rate, both perplexities and their ratio\n"
@@ -159,7 +160,7 @@ int Perplexity(int argc, char** argv) {
 
   if (json) {
     nlohmann::json j = {{"model", model.path()}, {"text", text_path}, {"kv", kv_name},
-                        {"group", format->group}, {"rotate", format->rotate}, {"ctx", n_ctx},
+                        {"group", format->group}, {"chunk", format->chunk}, {"rotate", format->rotate}, {"ctx", n_ctx},
                         {"tokens", tokens.size()}, {"windows", n_windows}, {"scored", scored},
                         {"ppl", ToJson(ppl)}, {"seconds", seconds}, {"threads", n_threads},
                         {"backend", backend_used}};

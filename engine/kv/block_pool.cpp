@@ -281,6 +281,26 @@ bool BlockPool::IsWritable(const PoolBlock* b) const {
   return !b->named && b->refs == 1;
 }
 
+void BlockPool::Shrink(PoolBlock* b, int64_t bytes) {
+  bytes = (bytes + 63) / 64 * 64;
+  std::lock_guard lock(mu_);
+  if (b->named || b->refs != 1) {
+    std::fprintf(stderr, "kvfs: BlockPool::Shrink of a block that is not writable\n");
+    std::abort();
+  }
+  if (bytes >= b->bytes) return;
+  void* p = std::aligned_alloc(64, static_cast<size_t>(bytes));
+  if (p == nullptr) return;
+  std::memcpy(p, b->data, static_cast<size_t>(bytes));
+  std::memset(b->data, 0, static_cast<size_t>(b->bytes));
+  std::free(b->data);
+  used_bytes_ -= b->bytes - bytes;
+  b->data = static_cast<uint8_t*>(p);
+  b->bytes = bytes;
+  // Device copies are keyed by serial: the new memory is a new block to them.
+  b->serial = NextBlockSerial();
+}
+
 void BlockPool::Release(PoolBlock* b) {
   std::lock_guard lock(mu_);
   if (b->refs <= 0) {

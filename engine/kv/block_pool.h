@@ -101,6 +101,10 @@ class BlockPool {
   void Retain(PoolBlock* b);
   // True when `b` may be written by its holder: anonymous and held once.
   bool IsWritable(const PoolBlock* b) const;
+  // Gives back the end of a writable block: it keeps its first `bytes` bytes (<= its size) in a
+  // new allocation, under a new serial; the old memory is zeroed and freed. Shrinking never
+  // needs room, so it cannot fail; if the smaller allocation does, the block stays as it is.
+  void Shrink(PoolBlock* b, int64_t bytes);
   // refs - 1. A writable block at 0 refs is zeroed and freed; a named one stays cached.
   void Release(PoolBlock* b);
 

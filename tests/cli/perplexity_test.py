@@ -14,6 +14,7 @@ What it holds:
   rounding. The uncertainty, printed to 2 digits, must agree to its rounding (1.5%).
 - --kl-divergence with --kv f16 compares f16 with itself: KL 0, same top-1 100%, equal PPLs.
 - q8 loses less than q4: mean KL(q8) < mean KL(q4).
+- q4k (keys per channel) loses far less than q4 on this model: mean KL(q4k) < KL(q4) / 10.
 - bad input exits 2 with one line on stderr and nothing on stdout.
 The wiki file (256 KB, ~185k tokens, minutes per run) is measured in docs/performance.md, not here.
 """
@@ -77,6 +78,14 @@ if q8 and q4:
     check('KL(q8) < KL(q4), both > 0', 0 < k8 < k4, f'q8={k8} q4={k4}')
     check('base f16 PPL identical across runs', q8['f16_ppl'] == q4['f16_ppl'], f"{q8['f16_ppl']} {q4['f16_ppl']}")
     check('same top-1 of q8 in (50, 100]', 50 < q8['same_top1_pct']['value'] <= 100, str(q8['same_top1_pct']))
+
+# 3b. Keys per channel fix stories260K's 4-bit keys (docs/performance.md: KL 0.006 against q4's 0.64).
+q4k, err4k = figures(['--kv', 'q4k', '--kl-divergence', '--chunks', '2'])
+check('q4k --kl-divergence runs', q4k is not None, err4k)
+if q4k and q4:
+    check('q4k reported with its chunk', q4k['kv'] == 'q4k' and q4k['chunk'] == 64, f"{q4k['kv']} {q4k.get('chunk')}")
+    k4k, k4 = q4k['kl_divergence']['mean'], q4['kl_divergence']['mean']
+    check('KL(q4k) < KL(q4) / 10, > 0', 0 < k4k < k4 / 10, f'q4k={k4k} q4={k4}')
 
 # 4. Text output.
 r = run(['-m', model, '-f', text, '-c', '256', '--chunks', '1'])

@@ -1,7 +1,9 @@
 // Every attention kernel table this CPU supports against the scalar reference: dot_rows and
-// axpy_rows over rows built by KvQuantizeRow from random data, for each KV type, several
-// geometries (including the scalar fallback's hd 8) and row / query counts that are and are
-// not multiples of the SIMD widths. The tables sum in different orders, so the comparison is a
+// axpy_rows over rows built by KvQuantizeRow from random data, for each KV type (q4k: its V
+// rows), several geometries (including the scalar fallback's hd 8) and row / query counts that
+// are and are not multiples of the SIMD widths; dot_chunks over q4k K chunks built by
+// KvQuantizeKChunk, for several chunk sizes, token counts that end inside a chunk, and a
+// chunk stride wider than the chunks (a block's K plane). The tables sum in different orders, so the comparison is a
 // normalised mean squared error (printed), bounded far below any quantization error.
 #include <cmath>
 #include <cstdio>
@@ -26,14 +28,16 @@ struct Geometry {
   int64_t hd;
   int64_t n_heads;  // heads per row
   int64_t group;    // quantization group (q8, q4)
+  int64_t sub;      // q4k V sub-block
 };
 
 const Geometry kGeometries[] = {
-    {"hd64_G64", 64, 1, 64},
-    {"hd128_G64", 128, 1, 64},
-    {"hd64_4heads_G64", 64, 4, 64},   // tinyllama: 4 KV heads per row
-    {"hd32_2heads_G64", 32, 2, 64},   // a slice in half a group
-    {"hd8_4heads_G32", 8, 4, 32},     // stories260K: scalar fallback
+    {"hd64_G64", 64, 1, 64, 16},
+    {"hd128_G64", 128, 1, 64, 16},
+    {"hd64_4heads_G64", 64, 4, 64, 16},  // tinyllama: 4 KV heads per row
+    {"hd32_2heads_G64", 32, 2, 64, 16},  // a slice in half a group
+    {"hd80_1head_G40", 80, 1, 40, 16},   // q4k: a last quad of one sub-block
+    {"hd8_4heads_G32", 8, 4, 32, 8},     // stories260K: scalar fallback
 };
 
 std::vector<std::string> SimdTables() {
@@ -44,12 +48,15 @@ std::vector<std::string> SimdTables() {
   return names;
 }
 
-KvFormat Format(KvType type, int64_t group) {
+KvFormat Format(KvType type, int64_t group, int64_t chunk = 64) {
   KvFormat f;
   f.type = type;
   f.group = group;
+  if (type == KvType::kQ4K) f.chunk = chunk;
   return f;
 }
+
+KvFormat Format(KvType type, const Geometry& g) { return Format(type, type == KvType::kQ4K ? g.sub : g.group); }
 
 // n_rows encoded rows of n_heads * hd values. Values get a per-row offset and a few outliers
 // so q4's minimum and q8's scale vary between groups.
@@ -83,7 +90,11 @@ double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
   return den > 0.0 ? num / den : num;
 }
 
-const char* TypeName(KvType t) { return t == KvType::kF16 ? "f16" : t == KvType::kQ8 ? "q8" : "q4"; }
+const char* TypeName(KvType t) {
+  return t == KvType::kF16 ? "f16" : t == KvType::kQ8 ? "q8" : t == KvType::kQ4 ? "q4" : "q4k";
+}
+
+constexpr KvType kRowTypes[] = {KvType::kF16, KvType::kQ8, KvType::kQ4, KvType::kQ4K};
 
 TEST(AttentionConformance, TablesAreRegistered) {
   EXPECT_NE(AttentionKernelsByName("scalar"), nullptr);
@@ -102,7 +113,7 @@ TEST(AttentionConformance, TablesAreRegistered) {
 // One (table, type, geometry) sweep over row counts, query counts and head indices.
 void CheckTable(const AttentionKernels& table, KvType type, const Geometry& g) {
   const AttentionKernels& ref = ScalarAttentionKernels();
-  const KvFormat f = Format(type, g.group);
+  const KvFormat f = Format(type, g);
   const int64_t row_bytes = f.RowBytes(g.hd * g.n_heads);
   std::mt19937 rng(1234u + static_cast<unsigned>(type) * 7u + static_cast<unsigned>(g.hd));
   const int64_t row_counts[] = {1, 2, 15, 16, 17, 31, 32, 33, 47, 100, 256, 300};
@@ -155,8 +166,91 @@ class AttentionConformanceTest : public ::testing::TestWithParam<std::string> {}
 TEST_P(AttentionConformanceTest, MatchesScalar) {
   const AttentionKernels* table = AttentionKernelsByName(GetParam());
   if (table == nullptr) GTEST_SKIP() << "attention table " << GetParam() << " not supported by this CPU";
-  for (KvType type : {KvType::kF16, KvType::kQ8, KvType::kQ4}) {
+  for (KvType type : kRowTypes) {
     for (const Geometry& g : kGeometries) CheckTable(*table, type, g);
+  }
+}
+
+// q4k keys: one (table, chunk size, geometry) sweep over token counts, query counts and heads.
+// Keys are built like a model's: per-channel offsets and scales that differ widely.
+void CheckChunks(const AttentionKernels& table, int64_t C, const Geometry& g) {
+  const AttentionKernels& ref = ScalarAttentionKernels();
+  const KvFormat f = Format(KvType::kQ4K, g.sub, C);
+  const int64_t n = g.hd * g.n_heads;
+  std::mt19937 rng(4321u + static_cast<unsigned>(C) * 3u + static_cast<unsigned>(g.hd));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t token_counts[] = {1, 2, 15, 16, 17, 31, 33, 47, 64, 100, 256, 300};
+  const int64_t query_counts[] = {1, 2, 5, 8, 13, 24, 40};
+  double worst = 0.0;
+  for (int64_t n_tokens : token_counts) {
+    const int64_t n_chunks = (n_tokens + C - 1) / C;
+    // Chunks a little further apart than their size, as in a block (the K plane of one layer
+    // is followed by others): the kernels must use the stride.
+    const int64_t stride = f.ChunkBytes(n) + 64;
+    std::vector<uint8_t> chunks(static_cast<size_t>(stride * n_chunks), 0xAB);
+    std::vector<float> x(C * n);
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      for (int64_t t = 0; t < C; ++t) {
+        for (int64_t i = 0; i < n; ++i) {
+          const float offset = static_cast<float>((i * 13) % 17) - 8.0f, spread = i % 5 == 0 ? 3.0f : 0.3f;
+          x[t * n + i] = offset + spread * normal(rng);
+        }
+      }
+      KvQuantizeKChunk(f, x.data(), n, chunks.data() + c * stride, n);
+    }
+    for (int64_t nq : query_counts) {
+      const int64_t head = (n_tokens + nq) % g.n_heads;
+      const KvChunks kv{chunks.data(), stride, n_tokens, head, g.hd};
+      const std::vector<float> q = RandomVector(nq * g.hd, rng, false);
+      const int64_t s_stride = n_tokens + 3;
+      std::vector<float> s_ref(nq * s_stride, -7.0f), s_got(nq * s_stride, -7.0f);
+      ref.dot_chunks(f, kv, q.data(), nq, s_ref.data(), s_stride);
+      table.dot_chunks(f, kv, q.data(), nq, s_got.data(), s_stride);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t p = n_tokens; p < s_stride; ++p) ASSERT_EQ(s_got[i * s_stride + p], -7.0f) << "wrote past n_tokens";
+      }
+      const double e = Nmse(s_got, s_ref);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, kMaxNmse) << table.name << " q4k chunks C=" << C << " " << g.label << " tokens=" << n_tokens
+                             << " nq=" << nq << " head=" << head;
+    }
+  }
+  std::printf("[attention] %-6s q4k-K C=%-3lld %-16s worst NMSE dot %.3g\n", table.name, static_cast<long long>(C),
+              g.label, worst);
+}
+
+TEST_P(AttentionConformanceTest, KeyChunksMatchScalar) {
+  const AttentionKernels* table = AttentionKernelsByName(GetParam());
+  if (table == nullptr) GTEST_SKIP() << "attention table " << GetParam() << " not supported by this CPU";
+  // 64: the format's; 16 and 48: one and three SIMD widths (a chunk ending in a single panel);
+  // 128: two panels of two.
+  for (int64_t C : {64, 16, 48, 128}) {
+    for (const Geometry& g : kGeometries) CheckChunks(*table, C, g);
+  }
+}
+
+// The scalar reference itself: dot_chunks scores are dot products with KvDequantizeKChunk's keys.
+TEST(AttentionConformance, ScalarKeyChunksAreDequantizedDots) {
+  const KvFormat f = Format(KvType::kQ4K, 16, 64);
+  const int64_t hd = 64, n = 2 * hd, n_tokens = 100;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint8_t> chunks(static_cast<size_t>(2 * f.ChunkBytes(n)));
+  std::vector<float> x(64 * n);
+  for (int c = 0; c < 2; ++c) {
+    for (float& v : x) v = normal(rng);
+    KvQuantizeKChunk(f, x.data(), n, chunks.data() + c * f.ChunkBytes(n), n);
+  }
+  const std::vector<float> q = RandomVector(hd, rng, false);
+  std::vector<float> s(n_tokens);
+  ScalarAttentionKernels().dot_chunks(f, KvChunks{chunks.data(), f.ChunkBytes(n), n_tokens, 1, hd}, q.data(), 1,
+                                      s.data(), n_tokens);
+  std::vector<float> key(hd);
+  for (int64_t p = 0; p < n_tokens; ++p) {
+    KvDequantizeKChunk(f, chunks.data() + (p / 64) * f.ChunkBytes(n), p % 64, hd, hd, key.data());
+    double want = 0.0;
+    for (int64_t d = 0; d < hd; ++d) want += static_cast<double>(q[d]) * key[d];
+    EXPECT_NEAR(s[p], want, 1e-4 * (1.0 + std::fabs(want))) << p;
   }
 }
 
@@ -168,8 +262,8 @@ TEST_P(AttentionConformanceTest, EveryHeadOfARow) {
   const AttentionKernels& ref = ScalarAttentionKernels();
   const int64_t hd = 64, n_heads = 4, n = hd * n_heads, n_rows = 70, nq = 8;
   std::mt19937 rng(99);
-  for (KvType type : {KvType::kF16, KvType::kQ8, KvType::kQ4}) {
-    const KvFormat f = Format(type, 64);
+  for (KvType type : kRowTypes) {
+    const KvFormat f = Format(type, type == KvType::kQ4K ? 16 : 64);
     std::vector<uint8_t> rows(static_cast<size_t>(f.RowBytes(n) * n_rows));
     std::vector<float> x(n);
     std::normal_distribution<float> normal(0.0f, 1.0f);

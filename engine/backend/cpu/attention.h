@@ -22,9 +22,24 @@ struct KvRows {
   int64_t hd;           // head_dim
 };
 
+// q4k keys (kv_format.h): tokens [0, n_tokens) of consecutive K chunks (chunk_bytes apart: one
+// KV block's K plane, or part of one), each of f.chunk tokens; a kernel reads one head's
+// channels [head * hd, (head + 1) * hd) of each chunk (contiguous records). Every chunk read
+// must be complete (all f.chunk tokens encoded), even when n_tokens ends inside it.
+struct KvChunks {
+  const uint8_t* chunks;  // first chunk
+  int64_t chunk_bytes;    // stride between chunks
+  int64_t n_tokens;
+  int64_t head;
+  int64_t hd;
+};
+
 // scores[i * s_stride + p] = dot(q[i * hd .. (i+1) * hd), K row p's head slice), i < nq, p < n_rows.
 using KvDotRowsFn = void (*)(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, float* scores,
                              int64_t s_stride);
+// The same over q4k K chunks: scores[i * s_stride + p] = dot(q_i, key of token p), p < n_tokens.
+using KvDotChunksFn = void (*)(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores,
+                               int64_t s_stride);
 // out[i * hd + d] += sum_p w[i * w_stride + p] * V row p's head slice [d], i < nq.
 using KvAxpyRowsFn = void (*)(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride,
                               float* out);
@@ -46,6 +61,7 @@ struct AttentionKernels {
   const char* name;
   KvDotRowsFn dot_rows;
   KvAxpyRowsFn axpy_rows;
+  KvDotChunksFn dot_chunks;
   KvSoftmaxFn softmax;
   RoundF16Fn round_f16;
   HadamardFn hadamard;

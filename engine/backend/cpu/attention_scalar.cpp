@@ -30,6 +30,20 @@ void DotRowsScalar(const KvFormat& f, const KvRows& k, const float* q, int64_t n
   }
 }
 
+void DotChunksScalar(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores,
+                     int64_t s_stride) {
+  std::vector<float> key(k.hd);
+  for (int64_t p = 0; p < k.n_tokens; ++p) {
+    KvDequantizeKChunk(f, k.chunks + (p / f.chunk) * k.chunk_bytes, p % f.chunk, k.head * k.hd, k.hd, key.data());
+    for (int64_t i = 0; i < nq; ++i) {
+      const float* qi = q + i * k.hd;
+      float s = 0.0f;
+      for (int64_t d = 0; d < k.hd; ++d) s += qi[d] * key[d];
+      scores[i * s_stride + p] = s;
+    }
+  }
+}
+
 void AxpyRowsScalar(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride, float* out) {
   std::vector<float> row(v.hd);
   std::vector<float> lanes(nq * v.hd * 16, 0.0f);
@@ -65,8 +79,8 @@ void SoftmaxScalar(float* s, int64_t n, int64_t n_total, float scale, bool round
 }  // namespace
 
 const AttentionKernels& ScalarAttentionKernels() {
-  static const AttentionKernels table{"scalar", &DotRowsScalar, &AxpyRowsScalar, &SoftmaxScalar, &RoundF16Scalar,
-                                      &HadamardTransform};
+  static const AttentionKernels table{"scalar",       &DotRowsScalar,   &AxpyRowsScalar,   &DotChunksScalar,
+                                      &SoftmaxScalar, &RoundF16Scalar, &HadamardTransform};
   return table;
 }
 

@@ -5,9 +5,10 @@
 // could pick an AVX-512 copy of an inline function for a caller on a CPU without AVX-512.
 //
 // Shapes (attention.h): K/V rows hold every KV head; a kernel reads one head's slice of hd
-// values. The fast path needs hd % 16 == 0, hd <= kMaxHd and, for q8/q4, G % 16 == 0, so that
-// every chunk of W (8 or 16) consecutive slice values lies inside one quantization group; the
-// caller falls back to the scalar kernel otherwise (e.g. stories260K's hd 8).
+// values. The fast path needs hd % 16 == 0, hd <= kMaxHd and, for q8/q4/q4k rows, G % 16 == 0,
+// so that every chunk of W (8 or 16) consecutive slice values lies inside one quantization group
+// (q4k: sub-block); the caller falls back to the scalar kernel otherwise (e.g. stories260K's
+// hd 8). q4k K chunks (dot_chunks) need the same hd and a chunk of a multiple of W tokens.
 //
 // dot_rows is a small GEMM S[nq x rows] = Q[nq x hd] . K^T: a panel of W rows is decoded once
 // into registers, transposed (value-major: kt[d][r]) and stored to a stack buffer that stays in
@@ -15,6 +16,8 @@
 // broadcast query element per FMA, and no horizontal reduction at all. The transpose (about 4
 // shuffles per value) is paid once per row and shared by every query (8 in decode with GQA, up
 // to 128 in a prefill tile).
+// dot_chunks is the same GEMM over q4k K chunks, which are channel-major already: a panel of W
+// tokens is one load of W/2 code bytes per channel, decoded straight into kt[d][r].
 // axpy_rows is O[nq x hd] += W[nq x rows] . V: a block of rows is decoded once (row-major) into a
 // stack buffer, then tiles of (queries x hd chunks) accumulate in registers with one broadcast
 // weight per (query, row).
@@ -38,7 +41,9 @@ inline float HalfToFloat(const uint8_t* p) {
 // Where chunk c (values [c*W, (c+1)*W) of the head slice) lives in a row.
 struct Chunk {
   int32_t codes;   // byte offset of its first code (f16: of its first half)
-  int32_t header;  // byte offset of its group's scale (q8, q4; the minimum follows for q4)
+  int32_t header;  // byte offset of its group's scale (q8, q4; the minimum follows for q4);
+                   // q4k: of the 16 bits holding its sub-block's field
+  int32_t shift;   // q4k: the field's bit offset in those 16 bits
 };
 
 // Bytes [begin, end) of a row that one head's slice reads (codes and group headers).
@@ -60,7 +65,7 @@ template <class T>
 bool FastPathOk(const KvFormat& f, int64_t hd) {
   if (hd % 16 != 0 || hd > kMaxHd || hd <= 0) return false;
   if (f.type == KvType::kF16) return true;
-  return f.group % 16 == 0;
+  return f.group % 16 == 0;  // q4k: sub-blocks of 16, so a chunk of W lies in one
 }
 
 // Chunk offsets for the head slice; returns the number of chunks.
@@ -73,11 +78,19 @@ int MakeChunks(const KvFormat& f, int64_t head, int64_t hd, Chunk* out) {
     const int64_t v = head * hd + static_cast<int64_t>(c) * W;  // value index in the row
     const int64_t g = v / G, off = v % G;
     switch (f.type) {
-      case KvType::kF16: out[c] = {static_cast<int32_t>(2 * v), 0}; break;
-      case KvType::kQ8: out[c] = {static_cast<int32_t>(g * (G + 2) + 2 + off), static_cast<int32_t>(g * (G + 2))}; break;
-      case KvType::kQ4:
-        out[c] = {static_cast<int32_t>(g * (G / 2 + 4) + 4 + off / 2), static_cast<int32_t>(g * (G / 2 + 4))};
+      case KvType::kF16: out[c] = {static_cast<int32_t>(2 * v), 0, 0}; break;
+      case KvType::kQ8:
+        out[c] = {static_cast<int32_t>(g * (G + 2) + 2 + off), static_cast<int32_t>(g * (G + 2)), 0};
         break;
+      case KvType::kQ4:
+        out[c] = {static_cast<int32_t>(g * (G / 2 + 4) + 4 + off / 2), static_cast<int32_t>(g * (G / 2 + 4)), 0};
+        break;
+      case KvType::kQ4K: {  // V rows: g is the sub-block, k its place in the quad
+        const int64_t k = g % 4;
+        out[c] = {static_cast<int32_t>(Q4kCodesOffset(G, g) + off / 2),
+                  static_cast<int32_t>(Q4kFieldsOffset(G, g) + (10 * k) / 8), static_cast<int32_t>((10 * k) % 8)};
+        break;
+      }
     }
   }
   return n;
@@ -87,8 +100,20 @@ template <class T>
 Slice SliceOf(const KvFormat& f, const Chunk* chunks, int n_chunks) {
   constexpr int W = T::W;
   const int64_t code_bytes = f.type == KvType::kF16 ? 2 * W : f.type == KvType::kQ8 ? W : W / 2;
-  const int64_t begin = f.type == KvType::kF16 ? chunks[0].codes : chunks[0].header;
+  // q4k: from the row's units (its first 4 bytes) on.
+  const int64_t begin = f.type == KvType::kF16 ? chunks[0].codes : f.type == KvType::kQ4K ? 0 : chunks[0].header;
   return {begin, chunks[n_chunks - 1].codes + code_bytes};
+}
+
+// q4k V rows: W values of a chunk, given the row's units D and M (converted once per row).
+template <class T>
+typename T::V DecodeChunkQ4k(const uint8_t* row, const Chunk& ch, float D, float M) {
+  uint16_t bits;
+  std::memcpy(&bits, row + ch.header, 2);
+  const uint32_t field = (static_cast<uint32_t>(bits) >> ch.shift) & 0x3FF;
+  const float d = D * static_cast<float>(field & 31);
+  const float m = M * static_cast<float>(static_cast<int>(field >> 5) - 15);
+  return T::Add(T::Bcast(m), T::Mul(T::Bcast(d), T::LoadU4(row + ch.codes)));
 }
 
 // W decoded values of one chunk of one row. q4/q8 compute exactly what KvDequantize does
@@ -99,6 +124,8 @@ typename T::V DecodeChunk(const uint8_t* row, const Chunk& ch) {
     return T::LoadF16(row + ch.codes);
   } else if constexpr (K == KvType::kQ8) {
     return T::Mul(T::Bcast(HalfToFloat(row + ch.header)), T::LoadI8(row + ch.codes));
+  } else if constexpr (K == KvType::kQ4K) {
+    return DecodeChunkQ4k<T>(row, ch, HalfToFloat(row), HalfToFloat(row + 2));
   } else {
     const typename T::V d = T::Bcast(HalfToFloat(row + ch.header));
     const typename T::V m = T::Bcast(HalfToFloat(row + ch.header + 2));
@@ -185,6 +212,61 @@ void DotRows(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, flo
   }
 }
 
+// q4k keys: the fast path needs, besides FastPathOk, chunks of a multiple of W tokens.
+template <class T>
+bool ChunkFastPathOk(const KvFormat& f, int64_t hd) {
+  return hd % 16 == 0 && hd <= kMaxHd && hd > 0 && f.chunk > 0 && f.chunk % T::W == 0;
+}
+
+// q4k: decodes tokens [t0, t0 + W) of one chunk's head slice (hd records of `record` bytes from
+// `slice`) into kt[d * W + r] = m_d + s_d * q (KvDequantizeKChunk's two roundings). dm holds the
+// slice's scales, then its minimums, as floats. The slice is already channel-major, so unlike
+// DecodePanelTransposed there is nothing to transpose: one load of W/2 code bytes per channel.
+template <class T>
+void DecodeKeyPanel(const uint8_t* slice, int64_t record, int64_t hd, int64_t t0, const float* dm, float* kt) {
+  constexpr int W = T::W;
+  const uint8_t* codes = slice + 4 + t0 / 2;
+  for (int64_t d = 0; d < hd; ++d) {
+    T::Store(kt + d * W, T::Add(T::Bcast(dm[hd + d]), T::Mul(T::Bcast(dm[d]), T::LoadU4(codes + d * record))));
+  }
+}
+
+template <class T>
+void DotChunks(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores, int64_t s_stride) {
+  constexpr int W = T::W;
+  const int64_t C = f.chunk, record = 4 + C / 2, slice_bytes = k.hd * record;
+  alignas(64) float kt[2 * kMaxHd * W];  // two panels, each hd x W
+  alignas(64) float dm[2 * kMaxHd];      // the chunk slice's scales, then minimums
+  const int64_t qt = BalancedTile(nq, T::kDotQ);
+  const int64_t n_chunks = (k.n_tokens + C - 1) / C;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const uint8_t* slice = k.chunks + c * k.chunk_bytes + k.head * slice_bytes;
+    // The next chunk's slice is one contiguous run, a chunk_bytes stride away: fetch it now
+    // (decode is bound by memory latency; the stride defeats the hardware prefetchers).
+    if (c + 1 < n_chunks) PrefetchSlice(slice + k.chunk_bytes, Slice{0, slice_bytes});
+    for (int64_t d = 0; d < k.hd; ++d) {
+      dm[d] = HalfToFloat(slice + d * record);
+      dm[k.hd + d] = HalfToFloat(slice + d * record + 2);
+    }
+    const int64_t in_chunk = Min64(C, k.n_tokens - c * C);
+    for (int64_t t0 = 0; t0 < in_chunk;) {
+      const int64_t left = in_chunk - t0;
+      // Two panels where the chunk has two more (C may be an odd multiple of W).
+      const bool two = left > W && t0 + 2 * W <= C;
+      const int n_used = static_cast<int>(Min64(two ? 2 * W : W, left));
+      DecodeKeyPanel<T>(slice, record, k.hd, t0, dm, kt);
+      if (two) DecodeKeyPanel<T>(slice, record, k.hd, t0 + W, dm, kt + k.hd * W);
+      for (int64_t i0 = 0; i0 < nq; i0 += qt) {
+        const int qc = static_cast<int>(Min64(qt, nq - i0));
+        float* s = scores + i0 * s_stride + c * C + t0;
+        if (two) DotTileN<T, 2, T::kDotQ>(qc, kt, k.hd, q + i0 * k.hd, s, s_stride, n_used);
+        else DotTileN<T, 1, T::kDotQ>(qc, kt, k.hd, q + i0 * k.hd, s, s_stride, n_used);
+      }
+      t0 += two ? 2 * W : W;
+    }
+  }
+}
+
 // out[i * hd + c * W ...] += sum_p w[i * ws + p] * vf[p * hd + c * W ...] for C chunks, Q queries.
 template <class T, int C, int Q>
 void AxpyTile(const float* vf, int64_t hd, int64_t n_rows, const float* w, int64_t ws, float* out) {
@@ -239,7 +321,12 @@ void AxpyRows(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, in
     for (int64_t p = 0; p < n; ++p) {
       const uint8_t* row = v.rows + (p0 + p) * v.row_bytes;
       if (p0 + p + kPrefetchRows < v.n_rows) PrefetchSlice(row + kPrefetchRows * v.row_bytes, slice);
-      for (int c = 0; c < n_chunks; ++c) T::Store(vf + p * v.hd + c * W, DecodeChunk<T, K>(row, chunks[c]));
+      if constexpr (K == KvType::kQ4K) {
+        const float D = HalfToFloat(row), M = HalfToFloat(row + 2);
+        for (int c = 0; c < n_chunks; ++c) T::Store(vf + p * v.hd + c * W, DecodeChunkQ4k<T>(row, chunks[c], D, M));
+      } else {
+        for (int c = 0; c < n_chunks; ++c) T::Store(vf + p * v.hd + c * W, DecodeChunk<T, K>(row, chunks[c]));
+      }
     }
     for (int64_t i0 = 0; i0 < nq; i0 += qt) {
       const int qc = static_cast<int>(Min64(qt, nq - i0));
@@ -348,7 +435,14 @@ void DotRowsAny(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, 
     case KvType::kF16: return DotRows<T, KvType::kF16>(f, k, q, nq, scores, s_stride);
     case KvType::kQ8: return DotRows<T, KvType::kQ8>(f, k, q, nq, scores, s_stride);
     case KvType::kQ4: return DotRows<T, KvType::kQ4>(f, k, q, nq, scores, s_stride);
+    case KvType::kQ4K: return DotRows<T, KvType::kQ4K>(f, k, q, nq, scores, s_stride);
   }
+}
+
+template <class T>
+void DotChunksAny(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores, int64_t s_stride) {
+  if (!ChunkFastPathOk<T>(f, k.hd)) return ScalarAttentionKernels().dot_chunks(f, k, q, nq, scores, s_stride);
+  DotChunks<T>(f, k, q, nq, scores, s_stride);
 }
 
 template <class T>
@@ -358,6 +452,7 @@ void AxpyRowsAny(const KvFormat& f, const KvRows& v, const float* w, int64_t nq,
     case KvType::kF16: return AxpyRows<T, KvType::kF16>(f, v, w, nq, w_stride, out);
     case KvType::kQ8: return AxpyRows<T, KvType::kQ8>(f, v, w, nq, w_stride, out);
     case KvType::kQ4: return AxpyRows<T, KvType::kQ4>(f, v, w, nq, w_stride, out);
+    case KvType::kQ4K: return AxpyRows<T, KvType::kQ4K>(f, v, w, nq, w_stride, out);
   }
 }
 

@@ -43,6 +43,9 @@ class CpuBackend final : public Backend {
   void MatMul(const Matrix& w, const float* x, int64_t T, float* y, bool same_input = false);
   const QuantizedInput& Quantize(const Matrix& w, const float* x, int64_t T, bool same_input);
   void Attention(int64_t layer, std::span<const SequenceStep> steps, int64_t T);
+  // q4k: quantizes the K chunks of `layer` that this pass completed and stages the rows of the
+  // chunk left incomplete (see PassKeys).
+  void FlushKeyChunks(int64_t layer, std::span<const SequenceStep> steps);
 
   const Model& model_;
   const HParams& hp_;
@@ -68,6 +71,18 @@ class CpuBackend final : public Backend {
   };
   std::vector<AttentionItem> attn_items_;
   std::vector<AttentionScratch> scratch_;  // one per thread
+  // q4k (keys per channel over chunks of C tokens), per step of the pass: the f16 K rows of
+  // the current layer for positions [start, end), where start = the first position of the
+  // chunk holding the step's first new token and end = after its last: the sequence's staged
+  // rows followed by the new tokens' keys. A query at position p reads keys of positions below
+  // (p + 1) / C * C from complete chunks and the rest, up to p, from these rows: exactly what
+  // it would read had the tokens come one per pass (staged rows are f16 too), so batching and
+  // prefill change nothing, and no quantization parameter depends on a later token.
+  struct PassKeys {
+    int64_t start = 0, end = 0;
+    std::vector<uint16_t> rows;  // [end - start][n_embd_kv]
+  };
+  std::vector<PassKeys> pass_keys_;
 };
 
 const QuantizedInput& CpuBackend::Quantize(const Matrix& w, const float* x, int64_t T, bool same_input) {
@@ -111,8 +126,17 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
     const int32_t si = token_seq_[t];
     int64_t end = t;
     while (end < T && token_seq_[end] == si) ++end;
-    for (int64_t t0 = t; t0 < end; t0 += kTile) {
-      for (int32_t h = 0; h < n_head_kv; ++h) items.push_back({si, h, t0, std::min(kTile, end - t0)});
+    const KvFormat& fmt = steps[si].kv->layout().format;
+    for (int64_t t0 = t; t0 < end;) {
+      int64_t n = std::min(kTile, end - t0);
+      if (fmt.KeysByChannel()) {
+        // q4k: the queries of a tile share (p + 1) / C, so they read the same complete chunks
+        // and the same f16 rows; cut before the first position p with a larger (p + 1) / C.
+        const int64_t p0 = token_pos_[t0], C = fmt.chunk;
+        n = std::min(n, ((p0 + 1) / C + 1) * C - 1 - p0);
+      }
+      for (int32_t h = 0; h < n_head_kv; ++h) items.push_back({si, h, t0, n});
+      t0 += n;
     }
     t = end;
   }
@@ -133,7 +157,7 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
           float* qd = sc.q.data() + (j * group + g) * hd;
           const float* qs = q_.data() + (item.t0 + j) * hp_.n_embd_q() + (item.kv_head * group + g) * hd;
           std::copy(qs, qs + hd, qd);
-          if (fmt.rotate) attn_.hadamard(qd, hd);
+          if (fmt.RotatesK()) attn_.hadamard(qd, hd);
           // With an f16 cache, Q is rounded to f16 as the reference's f16 path does.
           if (fmt.type == KvType::kF16) attn_.round_f16(qd, hd);
         }
@@ -145,9 +169,26 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
           fn(p0, cpu::KvRows{row_of(p0), row_bytes, std::min(B - p0 % B, n_ctx - p0), item.kv_head, hd});
         }
       };
-      for_each_block([&](int64_t p) { return kv.k_row(layer, p); }, [&](int64_t p0, const cpu::KvRows& rows) {
-        attn_.dot_rows(fmt, rows, sc.q.data(), nq, sc.scores.data() + p0, n_ctx);
-      });
+      if (fmt.KeysByChannel()) {
+        // q4k: complete chunks up to q_end (whole blocks' K planes at a time), then the f16 rows.
+        const int64_t C = fmt.chunk, q_end = n_ctx / C * C, chunk_bytes = kv.layout().chunk_bytes();
+        for (int64_t p0 = 0; p0 < q_end; p0 += B - p0 % B) {
+          const cpu::KvChunks chunks{kv.k_chunk(layer, p0 / C), chunk_bytes, std::min(B - p0 % B, q_end - p0),
+                                     item.kv_head, hd};
+          attn_.dot_chunks(fmt, chunks, sc.q.data(), nq, sc.scores.data() + p0, n_ctx);
+        }
+        if (n_ctx > q_end) {
+          const PassKeys& pk = pass_keys_[item.step];
+          const int64_t n_kv = kv.layout().row_values();
+          const cpu::KvRows rows{reinterpret_cast<const uint8_t*>(pk.rows.data() + (q_end - pk.start) * n_kv),
+                                 2 * n_kv, n_ctx - q_end, item.kv_head, hd};
+          attn_.dot_rows(fmt.StagingFormat(), rows, sc.q.data(), nq, sc.scores.data() + q_end, n_ctx);
+        }
+      } else {
+        for_each_block([&](int64_t p) { return kv.k_row(layer, p); }, [&](int64_t p0, const cpu::KvRows& rows) {
+          attn_.dot_rows(fmt, rows, sc.q.data(), nq, sc.scores.data() + p0, n_ctx);
+        });
+      }
       // Causal softmax per query: query j of the tile sees positions 0..pos(j).
       for (int64_t j = 0; j < item.n; ++j) {
         const int64_t visible = token_pos_[item.t0 + j] + 1;
@@ -162,12 +203,34 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
       for (int64_t j = 0; j < item.n; ++j) {
         for (int64_t g = 0; g < group; ++g) {
           float* o = sc.out.data() + (j * group + g) * hd;
-          if (fmt.rotate) attn_.hadamard(o, hd);  // H is its own inverse
+          if (fmt.RotatesV()) attn_.hadamard(o, hd);  // H is its own inverse
           std::copy(o, o + hd, att_.data() + (item.t0 + j) * hp_.n_embd_q() + (item.kv_head * group + g) * hd);
         }
       }
     }
   });
+}
+
+void CpuBackend::FlushKeyChunks(int64_t layer, std::span<const SequenceStep> steps) {
+  std::vector<float> x;
+  for (size_t si = 0; si < steps.size(); ++si) {
+    SequenceKv& kv = *steps[si].kv;
+    const KvFormat& fmt = kv.layout().format;
+    if (!fmt.KeysByChannel()) continue;
+    const PassKeys& pk = pass_keys_[si];
+    const int64_t C = fmt.chunk, n_kv = kv.layout().row_values();
+    x.resize(static_cast<size_t>(C * n_kv));
+    for (int64_t c = pk.start / C; (c + 1) * C <= pk.end; ++c) {
+      const uint16_t* src = pk.rows.data() + (c * C - pk.start) * n_kv;
+      for (int64_t i = 0; i < C * n_kv; ++i) x[i] = Fp16ToFp32(src[i]);
+      KvQuantizeKChunk(fmt, x.data(), n_kv, kv.k_chunk(layer, c), n_kv);
+    }
+    const int64_t left = pk.end / C * C;  // the incomplete chunk, staged for the next pass
+    if (pk.end > left) {
+      std::copy(pk.rows.data() + (left - pk.start) * n_kv, pk.rows.data() + (pk.end - pk.start) * n_kv,
+                kv.k_staging(layer, left));
+    }
+  }
 }
 
 Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
@@ -224,6 +287,20 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
     }
   }
 
+  // q4k: the span of f16 key rows each step's attention reads (see PassKeys).
+  pass_keys_.resize(steps.size());
+  for (size_t si = 0; si < steps.size(); ++si) {
+    const SequenceStep& s = steps[si];
+    const KvFormat& fmt = s.kv->layout().format;
+    PassKeys& pk = pass_keys_[si];
+    pk.start = pk.end = 0;
+    if (!fmt.KeysByChannel()) continue;
+    const int64_t n0 = s.kv->n_tokens();
+    pk.start = n0 / fmt.chunk * fmt.chunk;
+    pk.end = n0 + static_cast<int64_t>(s.tokens.size());
+    pk.rows.resize(static_cast<size_t>((pk.end - pk.start) * n_kv));
+  }
+
   // RoPE angles per token (shared by every layer).
   const int64_t half = hp_.n_rot / 2;
   cpu::RopeParams rope{hp_.n_rot, hp_.head_dim, hp_.rope_freq_base, hp_.rope_freq_scale, hp_.rope_style,
@@ -238,7 +315,18 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
     MatMul(l.wq, xb_.data(), T, q_.data());
     MatMul(l.wk, xb_.data(), T, k_.data(), /*same_input=*/true);
     MatMul(l.wv, xb_.data(), T, v_.data(), /*same_input=*/true);
-    for (int64_t t = 0; t < T; ++t) {
+    // q4k: each step's f16 key rows start with the sequence's staged rows of this layer.
+    for (size_t si = 0; si < steps.size(); ++si) {
+      PassKeys& pk = pass_keys_[si];
+      const SequenceKv& kv = *steps[si].kv;
+      if (kv.layout().format.KeysByChannel()) {
+        const int64_t staged = kv.n_tokens() - pk.start;
+        if (staged > 0) std::copy(kv.k_staging(il, pk.start), kv.k_staging(il, pk.start) + staged * n_kv, pk.rows.data());
+      }
+    }
+    // Biases, RoPE and the KV write, token by token (each writes only its own rows), spread over
+    // the threads: a quantized format's encoder is not free (q4k's V search, above all).
+    auto prepare_token = [&](int64_t t) {
       if (!l.bq.empty()) {
         for (int64_t i = 0; i < n_q; ++i) q_[t * n_q + i] += l.bq.data[i];
         for (int64_t i = 0; i < n_kv; ++i) k_[t * n_kv + i] += l.bk.data[i];
@@ -252,15 +340,28 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
       const KvFormat& fmt = kv.layout().format;
       float* kt = &k_[t * n_kv];
       float* vt = &v_[t * n_kv];
-      if (fmt.rotate) {
-        for (int64_t h = 0; h < hp_.n_head_kv; ++h) {
-          attn_.hadamard(kt + h * hp_.head_dim, hp_.head_dim);
-          attn_.hadamard(vt + h * hp_.head_dim, hp_.head_dim);
-        }
+      for (int64_t h = 0; h < hp_.n_head_kv; ++h) {
+        if (fmt.RotatesK()) attn_.hadamard(kt + h * hp_.head_dim, hp_.head_dim);
+        if (fmt.RotatesV()) attn_.hadamard(vt + h * hp_.head_dim, hp_.head_dim);
       }
-      KvQuantizeRow(fmt, kt, kv.k_row(il, token_pos_[t]), n_kv);
+      if (fmt.KeysByChannel()) {
+        PassKeys& pk = pass_keys_[token_seq_[t]];
+        uint16_t* dst = pk.rows.data() + (token_pos_[t] - pk.start) * n_kv;
+        for (int64_t i = 0; i < n_kv; ++i) dst[i] = Fp32ToFp16(kt[i]);
+      } else {
+        KvQuantizeRow(fmt, kt, kv.k_row(il, token_pos_[t]), n_kv);
+      }
       KvQuantizeRow(fmt, vt, kv.v_row(il, token_pos_[t]), n_kv);
+    };
+    if (T == 1) {
+      prepare_token(0);
+    } else {
+      pool_.Run([&](int ith, int nth) {
+        auto [t0, t1] = SplitRange(T, ith, nth);
+        for (int64_t t = t0; t < t1; ++t) prepare_token(t);
+      });
     }
+    FlushKeyChunks(il, steps);
     Attention(il, steps, T);
     MatMul(l.wo, att_.data(), T, xb_.data());
     for (int64_t i = 0; i < T * n_embd; ++i) x_[i] += xb_[i];
