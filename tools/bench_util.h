@@ -13,6 +13,9 @@ namespace kvfs::cli {
 // Parses "1,2,4" into numbers in [lo, hi]; an error message naming `option` otherwise.
 Result<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& option, int64_t lo, int64_t hi);
 
+// Splits "f16,q4k" at commas (empty items kept: the caller's parser rejects them).
+std::vector<std::string> SplitList(const std::string& text);
+
 // Runs one turn and waits for it.
 Result<TurnStats> RunTurnSync(AgentEngine& engine, const std::string& agent, const std::string& text);
 

@@ -5,9 +5,11 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/fmt/fmt.h>
@@ -19,6 +21,7 @@
 #include "engine/core/thread_pool.h"
 #include "tools/args.h"
 #include "tools/backend_choice.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 
 namespace kvfs::cli {
@@ -31,7 +34,11 @@ constexpr const char* kBenchUsage =
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
     "  With --backend vulkan, the decode figures compare with nothing measured here (the CPU's\n"
-    "  read bandwidth says nothing about the device's).\n";
+    "  read bandwidth says nothing about the device's).\n"
+    "  --kv A,B,...: compare KV formats interleaved: each format's context is filled once, then\n"
+    "  every repetition runs pp for each format back to back, then tg, so that all see the same\n"
+    "  machine (memory bandwidth on shared hosts moves within minutes); each format's rate is\n"
+    "  also given relative to the first's, as the median of per-repetition ratios.\n";
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -107,6 +114,88 @@ int Fail(const std::string& m) {
   return 2;
 }
 
+// --kv A,B,...: the formats measured interleaved (see the usage). Caches are filled once and
+// truncated back to the depth after every test.
+template <class Fill, class RandomTokens>
+int BenchInterleaved(bool json, const Model& model, const std::vector<KvLayout>& layouts,
+                     const std::vector<std::string>& names, int64_t depth, int64_t n_pp, int64_t n_tg, int reps,
+                     int n_threads, const char* table_name, Fill& fill, RandomTokens& random_tokens, Backend& backend) {
+  const size_t n_kv = layouts.size();
+  const int64_t n_ctx = depth + std::max(n_pp, n_tg) + 1;
+  std::vector<std::unique_ptr<SequenceKv>> caches;
+  for (const KvLayout& l : layouts) {
+    caches.push_back(std::make_unique<SequenceKv>(l, n_ctx));
+    if (Status s = fill(*caches.back()); !s.ok()) return Fail(s.message());
+  }
+  std::vector<std::vector<double>> pp(n_kv), tg(n_kv);
+  Logits logits;
+  for (int r = 0; r < reps; ++r) {
+    for (size_t k = 0; k < n_kv && n_pp > 0; ++k) {
+      auto toks = random_tokens(n_pp);
+      SequenceStep step{caches[k].get(), toks, false};
+      auto t0 = Clock::now();
+      if (Status s = backend.Forward(std::span<const SequenceStep>(&step, 1), logits); !s.ok()) return Fail(s.message());
+      pp[k].push_back(n_pp / Seconds(t0, Clock::now()));
+      caches[k]->Truncate(depth);
+    }
+    for (size_t k = 0; k < n_kv && n_tg > 0; ++k) {
+      TokenId tok = static_cast<TokenId>(random_tokens(1)[0]);
+      auto t0 = Clock::now();
+      for (int64_t i = 0; i < n_tg; ++i) {
+        SequenceStep step{caches[k].get(), std::span<const TokenId>(&tok, 1), false};
+        if (Status s = backend.Forward(std::span<const SequenceStep>(&step, 1), logits); !s.ok()) return Fail(s.message());
+        tok = random_tokens(1)[0];
+      }
+      tg[k].push_back(n_tg / Seconds(t0, Clock::now()));
+      caches[k]->Truncate(depth);
+    }
+  }
+  // Per-repetition ratios to the first format, then their median.
+  auto ratio = [&](const std::vector<std::vector<double>>& v, size_t k) {
+    std::vector<double> q;
+    for (size_t r = 0; r < v[k].size(); ++r) q.push_back(v[k][r] / v[0][r]);
+    return Summarize(q);
+  };
+  const std::string at = depth > 0 ? fmt::format(" @ d{}", depth) : "";
+  if (json) {
+    nlohmann::json runs = nlohmann::json::array();
+    for (size_t k = 0; k < n_kv; ++k) {
+      nlohmann::json j = {{"kv", names[k]},
+                          {"kv_bytes_per_token", static_cast<double>(layouts[k].block_bytes()) / layouts[k].block_tokens}};
+      if (n_pp > 0) {
+        const Stats s = Summarize(pp[k]), q = ratio(pp, k);
+        j["pp"] = {{"tokens", n_pp}, {"median", s.median}, {"min", s.min}, {"max", s.max}, {"rates", pp[k]},
+                   {"ratio_to_first", {{"median", q.median}, {"min", q.min}, {"max", q.max}}}};
+      }
+      if (n_tg > 0) {
+        const Stats s = Summarize(tg[k]), q = ratio(tg, k);
+        j["tg"] = {{"tokens", n_tg}, {"median", s.median}, {"min", s.min}, {"max", s.max}, {"rates", tg[k]},
+                   {"ratio_to_first", {{"median", q.median}, {"min", q.min}, {"max", q.max}}}};
+      }
+      runs.push_back(j);
+    }
+    nlohmann::json j = {{"model", model.path()}, {"threads", n_threads}, {"kernels", table_name},
+                        {"depth", depth}, {"reps", reps}, {"interleaved", true}, {"runs", runs}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  fmt::print("model {}  kernels {}  threads {}  kv {} (interleaved)\n", model.path(), table_name, n_threads,
+             fmt::join(names, ","));
+  fmt::print("| test | kv | t/s median | min | max | vs {} (median of per-rep ratios) |\n|---|---|---|---|---|---|\n",
+             names[0]);
+  for (int test = 0; test < 2; ++test) {
+    const auto& v = test == 0 ? pp : tg;
+    const int64_t n = test == 0 ? n_pp : n_tg;
+    if (n <= 0) continue;
+    for (size_t k = 0; k < n_kv; ++k) {
+      const Stats s = Summarize(v[k]), q = ratio(v, k);
+      fmt::print("| {}{}{} | {} | {:.2f} | {:.2f} | {:.2f} | {:.3f}x ({:.3f}-{:.3f}) |\n", test == 0 ? "pp" : "tg", n, at,
+                 names[k], s.median, s.min, s.max, q.median, q.min, q.max);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int Bench(int argc, char** argv) {
@@ -129,6 +218,7 @@ int Bench(int argc, char** argv) {
   const int reps = static_cast<int>(args.get_int("-r", 3, 1, 1000));
   const std::string kv_type = args.get("--kv").value_or("f16");
   const BackendChoice backend_choice = ReadBackendChoice(args, n_threads);
+  const std::vector<std::string> kv_types = SplitList(kv_type);
   if (!args.error().empty()) return Fail(args.error());
 
   spdlog::set_level(spdlog::level::warn);
@@ -151,9 +241,13 @@ int Bench(int argc, char** argv) {
   std::unique_ptr<Backend> backend = std::move(*backend_or);
   const bool on_cpu = backend_used == "cpu";
   const std::string kernels = on_cpu ? table.name : backend_used;
-  auto kv_format = MakeKvFormat(kv_type, args.get("--kv-rotate").value_or(""), hp.n_head_kv, hp.head_dim);
-  if (!kv_format.ok()) return Fail(kv_format.status().message());
-  const KvLayout layout = KvLayoutFor(hp, *kv_format);
+  std::vector<KvLayout> layouts;
+  for (const std::string& t : kv_types) {
+    auto kv_format = MakeKvFormat(t, args.get("--kv-rotate").value_or(""), hp.n_head_kv, hp.head_dim);
+    if (!kv_format.ok()) return Fail(kv_format.status().message());
+    layouts.push_back(KvLayoutFor(hp, *kv_format));
+  }
+  const KvLayout& layout = layouts[0];
 
   std::mt19937 rng(1234);
   auto random_tokens = [&](int64_t n) {
@@ -171,6 +265,9 @@ int Bench(int argc, char** argv) {
     }
     return Status::Ok();
   };
+
+  if (layouts.size() > 1) return BenchInterleaved(args.has("--json"), model, layouts, kv_types, depth, n_pp, n_tg, reps,
+                                                  n_threads, kernels.c_str(), fill, random_tokens, *backend);
 
   std::vector<double> pp_rates, tg_rates;
   Logits logits;

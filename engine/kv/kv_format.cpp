@@ -5,6 +5,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <spdlog/fmt/fmt.h>
 
 #include "engine/model/quants.h"
@@ -72,20 +76,40 @@ void MinMax(const float* v, int64_t n, float* lo, float* hi) {
   }
 }
 
-// Sum of squared errors of sub-block values v[0..S) coded as m + d*q (codes written when out).
+// Sum of squared errors of sub-block values v[0..S) coded as m + d*q, and the codes when out.
+// Rounds half up (t + 0.5 truncated, t >= 0) rather than through nearbyint (a library call in
+// the portable build) and sums in 4 lanes, reduced as (0 + 2) + (1 + 3): the search calls this
+// 16 times per sub-block of every V row, so it runs 4 values at a time with SSE2 where there is
+// SSE2 (every x86-64), and the scalar loop takes the same steps in the same order elsewhere.
 float Q4kCode(const float* v, int64_t S, float m, float d, uint8_t* out) {
   const float id = d > 0.0f ? 1.0f / d : 0.0f;
-  float err = 0.0f;
+#if defined(__SSE2__)
+  if (out == nullptr && S % 4 == 0) {
+    const __m128 vm = _mm_set1_ps(m), vd = _mm_set1_ps(d), vid = _mm_set1_ps(id);
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t i = 0; i < S; i += 4) {
+      const __m128 x = _mm_loadu_ps(v + i);
+      const __m128 t = _mm_min_ps(_mm_max_ps(_mm_mul_ps(_mm_sub_ps(x, vm), vid), _mm_setzero_ps()), _mm_set1_ps(15.0f));
+      const __m128 q = _mm_cvtepi32_ps(_mm_cvttps_epi32(_mm_add_ps(t, _mm_set1_ps(0.5f))));
+      const __m128 e = _mm_sub_ps(x, _mm_add_ps(vm, _mm_mul_ps(vd, q)));
+      acc = _mm_add_ps(acc, _mm_mul_ps(e, e));
+    }
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, acc);
+    return (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+  }
+#endif
+  float lanes[4] = {};
   for (int64_t i = 0; i < S; ++i) {
-    const float q = std::clamp(std::nearbyint((v[i] - m) * id), 0.0f, 15.0f);
-    const float e = v[i] - (m + d * q);
-    err += e * e;
+    const float t = std::min(std::max((v[i] - m) * id, 0.0f), 15.0f);
+    const int q = static_cast<int>(t + 0.5f);
+    const float e = v[i] - (m + d * static_cast<float>(q));
+    lanes[i % 4] += e * e;
     if (out != nullptr) {
-      const int qi = static_cast<int>(q);
-      out[i / 2] = (i % 2 == 0) ? static_cast<uint8_t>(qi) : static_cast<uint8_t>(out[i / 2] | (qi << 4));
+      out[i / 2] = (i % 2 == 0) ? static_cast<uint8_t>(q) : static_cast<uint8_t>(out[i / 2] | (q << 4));
     }
   }
-  return err;
+  return (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
 }
 
 // The smallest f16 value >= x (x >= 0): units of the row's scales and minimums must not round

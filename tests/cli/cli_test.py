@@ -49,6 +49,21 @@ with tempfile.TemporaryDirectory() as tmp:
     err = max(abs(a - b) for a, b in zip(struct.unpack(f'<{n*v}f', data), struct.unpack(f'<{n*v}f', ref))) if ok else 1e9
     check('--logits-out size and values', ok and err <= 0.02, f'rc={r.returncode} bytes={len(data)} max_err={err}')
 
+# 3b. --kv q4k generates (greedy, f16-close on this prompt's first tokens), and bench compares
+# formats interleaved: one run per format, rates per repetition, ratios to the first format.
+r = run(['run', '-m', stories, '-p', g['prompt']['text'], '-n', '8', '--temp', '0', '--kv', 'q4k', '--token-ids'])
+lines = r.stdout.splitlines()
+check('run --kv q4k', r.returncode == 0 and len(lines) == 2 and len(lines[1].split()) == 8, f'rc={r.returncode} {r.stderr!r}')
+r = run(['bench', '-m', stories, '-p', '16', '-n', '4', '-d', '70', '-r', '2', '-t', '2', '--kv', 'f16,q4k', '--json'])
+try:
+    j = json.loads(r.stdout) if r.returncode == 0 else None
+except ValueError:
+    j = None
+ok = j is not None and j.get('interleaved') and [x['kv'] for x in j['runs']] == ['f16', 'q4k'] and \
+    all(len(x['pp']['rates']) == 2 and len(x['tg']['rates']) == 2 for x in j['runs']) and \
+    j['runs'][0]['tg']['ratio_to_first']['median'] == 1.0
+check('bench --kv f16,q4k interleaved', ok, f'rc={r.returncode} out={r.stdout[:300]!r} err={r.stderr!r}')
+
 # 4. Bad input: exit 2, exactly one line on stderr, nothing on stdout.
 def bad(name, args, expect):
     r = run(args)
