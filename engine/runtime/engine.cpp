@@ -11,6 +11,7 @@
 
 #include "engine/model/fingerprint.h"
 #include "engine/model/ggml_types.h"
+#include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
 
 namespace kvfs {
@@ -122,7 +123,13 @@ void Engine::ForgetFreedBlocks() {
 
 Result<KvFormat> Engine::FormatFor(const AgentSettings& settings) const {
   const HParams& hp = model_->hparams();
-  return MakeKvFormat(settings.kv, options_.kv_rotate, hp.n_head_kv, hp.head_dim);
+  KVFS_ASSIGN_OR_RETURN(KvFormat f, MakeKvFormat(settings.kv, options_.kv_rotate, hp.n_head_kv, hp.head_dim));
+  // q4k keys are quantized in chunks of C tokens that never span two blocks.
+  if (f.KeysByChannel() && options_.block_tokens % f.chunk != 0) {
+    return InvalidArgument(fmt::format("kv \"{}\" needs KV blocks of a multiple of {} tokens, not {}", settings.kv,
+                                       f.chunk, options_.block_tokens));
+  }
+  return f;
 }
 
 int64_t Engine::Now() const {
@@ -185,9 +192,8 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   a.blocks = m.blocks;
   a.disk_tail = m.tail;
   const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
-  const int64_t row = layout.row_bytes() * layout.n_layer * 2;
   a.disk_bytes = static_cast<int64_t>(m.blocks.size()) * layout.block_bytes() +
-                 (m.tail ? static_cast<int64_t>(m.tail->n_tokens) * row : 0);
+                 (m.tail ? KvPayloadOf(layout).bytes(m.tail->n_tokens) : 0);
 }
 
 Status Engine::RestoreAgents() {
@@ -291,16 +297,19 @@ void Engine::StoreLoop() {
 
 Engine::Residency Engine::ResidencyOf(const AgentRecord& a) const {
   Residency r;
-  const int64_t block_bytes = (KvLayoutFor(model_->hparams(), a.format, options_.block_tokens).block_bytes() + 63) / 64 * 64;
-  auto count = [&](const BlockHash& h) {
+  const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
+  // A parked q4k tail carries its staging area (sequence_kv.h).
+  const int64_t block_bytes = (layout.block_bytes() + 63) / 64 * 64;
+  const int64_t tail_bytes = (layout.tail_block_bytes() + 63) / 64 * 64;
+  auto count = [&](const BlockHash& h, int64_t bytes) {
     ++r.total;
     if (pool_->Contains(h)) {
       ++r.resident;
-      r.bytes += block_bytes;
+      r.bytes += bytes;
     }
   };
-  for (const BlockHash& h : a.blocks) count(h);
-  if (a.parked_tail) count(*a.parked_tail);
+  for (const BlockHash& h : a.blocks) count(h, block_bytes);
+  if (a.parked_tail) count(*a.parked_tail, tail_bytes);
   else if (a.disk_tail) ++r.total;  // on disk only
   return r;
 }

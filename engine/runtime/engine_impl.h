@@ -60,11 +60,6 @@ struct AgentRecord {
   uint64_t tail_generation = 0;
 };
 
-// An agent's partial tail block moves between the pool's block layout and the compact layout
-// of tail files and exports: [layer][K, V][n rows] (sequence_kv.h).
-void CompactTail(const KvLayout& layout, const uint8_t* block, int64_t n, std::vector<uint8_t>& out);
-bool ExpandTail(const KvLayout& layout, std::span<const uint8_t> tail, int64_t n, uint8_t* block);
-
 struct ActiveTurn {
   AgentRecord* agent = nullptr;
   TurnRequest request;

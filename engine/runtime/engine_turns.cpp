@@ -6,6 +6,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
 
 namespace kvfs {
@@ -13,8 +14,6 @@ namespace kvfs {
 using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
-using engine_internal::CompactTail;
-using engine_internal::ExpandTail;
 
 namespace {
 
@@ -41,21 +40,6 @@ void PushBounded(std::vector<T>& v, T x) {
 
 }  // namespace
 
-namespace engine_internal {
-
-void CompactTail(const KvLayout& l, const uint8_t* block, int64_t n, std::vector<uint8_t>& out) {
-  const size_t rows = static_cast<size_t>(n * l.row_bytes());
-  out.resize(static_cast<size_t>(l.n_layer * 2) * rows);
-  for (int64_t p = 0; p < l.n_layer * 2; ++p) std::memcpy(out.data() + p * rows, block + p * l.plane_bytes(), rows);
-}
-bool ExpandTail(const KvLayout& l, std::span<const uint8_t> tail, int64_t n, uint8_t* block) {
-  const size_t rows = static_cast<size_t>(n * l.row_bytes());
-  if (tail.size() != static_cast<size_t>(l.n_layer * 2) * rows) return false;
-  for (int64_t p = 0; p < l.n_layer * 2; ++p) std::memcpy(block + p * l.plane_bytes(), tail.data() + p * rows, rows);
-  return true;
-}
-
-}  // namespace engine_internal
 
 
 std::string Engine::Render(const AgentRecord& a, const std::vector<ConversationTurn>& conversation) const {
@@ -182,6 +166,14 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   size_t keep = 0;
   while (keep < tokens.size() && keep < a.tokens.size() && tokens[keep] == a.tokens[keep]) ++keep;
   keep = std::min(keep, tokens.size() - 1);  // the last token runs again for its logits
+  // q4k: resume only from what an uncached run would hold too: complete K chunks, and the
+  // committed tail's staged f16 rows. A cut inside a complete chunk would stage its kept keys
+  // decoded from 4 bits (SequenceKv::Truncate), so the chunk would be quantized from different
+  // values; recomputing those at most C - 1 tokens keeps the turn's output identical.
+  if (format.KeysByChannel()) {
+    const size_t C = static_cast<size_t>(format.chunk);
+    if (keep < a.tokens.size() / C * C) keep = keep / C * C;
+  }
   const int64_t have = AssembleCache(turn, tokens, static_cast<int64_t>(keep));
   if (have < static_cast<int64_t>(keep)) turn.stats.match = "rebuild";
   turn.context = std::move(tokens);
@@ -257,7 +249,7 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
     if (b == nullptr && chain.size() == a.blocks.size() && disk_tail && store_) {
       auto tail = store_->ReadTail(a.name, *disk_tail);
       if (tail.ok()) {
-        auto fresh = pool_->Allocate(layout.block_bytes());
+        auto fresh = pool_->Allocate(layout.tail_block_bytes());
         if (fresh.ok() && ExpandTail(layout, *tail, disk_tail->n_tokens, (*fresh)->data)) {
           b = *fresh;
           std::lock_guard lock(mu_);
@@ -601,7 +593,7 @@ void Engine::LoaderLoop() {
     if (job.disk_tail) {
       auto tail = store_->ReadTail(job.agent, *job.disk_tail);
       if (tail.ok()) {
-        auto b = pool_->Allocate(job.layout.block_bytes());
+        auto b = pool_->Allocate(job.layout.tail_block_bytes());
         if (b.ok() && ExpandTail(job.layout, *tail, job.disk_tail->n_tokens, (*b)->data)) {
           pool_->Release(pool_->Name(*b, job.tail_key));
           pool_->MarkPersisted(job.tail_key);

@@ -69,7 +69,8 @@ TEST(SequenceKv, Q4kChunkMustDivideTheBlock) {
 }
 
 // Truncating into a complete chunk stages its kept tokens, decoded from 4 bits (within a step
-// of the originals); truncating into the staged chunk or to a boundary keeps the staging as is.
+// of the originals), when the sequence is next reserved for writing; truncating into the staged
+// chunk or to a boundary keeps the staging as is.
 TEST(SequenceKv, Q4kTruncateRestagesACompleteChunk) {
   KvLayout layout{2, 1, 64, 256, *MakeKvFormat("q4k", "", 1, 64)};
   const KvFormat& f = layout.format;
@@ -86,9 +87,10 @@ TEST(SequenceKv, Q4kTruncateRestagesACompleteChunk) {
   kv.Truncate(80);  // inside the staged chunk: nothing to do
   EXPECT_EQ(kv.staged_tokens(), 16);
   EXPECT_EQ(Fp16ToFp32(kv.k_staging(1, 64)[0]), 42.0f);
-  kv.Truncate(40);  // inside complete chunk 0: its tokens 0..39 are staged
+  kv.Truncate(40);  // inside complete chunk 0: its tokens 0..39 are staged by the next Reserve
   EXPECT_EQ(kv.n_tokens(), 40);
   EXPECT_EQ(kv.staged_tokens(), 40);
+  ASSERT_TRUE(kv.Reserve(41).ok());
   for (int64_t layer = 0; layer < 2; ++layer) {
     for (int64_t t = 0; t < 40; ++t) {
       for (int64_t c = 0; c < 64; ++c) {
