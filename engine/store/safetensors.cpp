@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/kv/kv_format.h"
 #include "engine/store/safetensors_layout.h"
 
 namespace kvfs::store {
@@ -56,7 +57,21 @@ Status ValidateInfo(const CacheExportInfo& info) {
 int64_t KvRowBytes(const KvGeometry& g) {
   const st::KvTypeSpec* t = st::FindKvType(g.kv_type);
   if (!t || g.group <= 0 || g.n_head_kv <= 0 || g.head_dim <= 0) return 0;
+  if (t->name == st::kQ4kType) return KvFormat{KvType::kQ4K, g.group, g.rotate, g.chunk}.RowBytes(g.n_head_kv * g.head_dim);
   return g.n_head_kv * g.head_dim / g.group * st::GroupBytes(*t, g.group);
+}
+
+KvPayloadGeometry KvPayloadOf(const KvGeometry& g) {
+  KvPayloadGeometry p;
+  p.n_layer = g.n_layer;
+  p.row_bytes = KvRowBytes(g);
+  if (g.kv_type == st::kQ4kType) {
+    const KvFormat f{KvType::kQ4K, g.group, g.rotate, g.chunk};
+    p.chunk_tokens = g.chunk;
+    p.chunk_bytes = f.ChunkBytes(g.n_head_kv * g.head_dim);
+    p.staged_row_bytes = g.n_head_kv * g.head_dim * 2;
+  }
+  return p;
 }
 
 Status ValidateKvGeometry(const KvGeometry& g) {
@@ -73,6 +88,16 @@ Status ValidateKvGeometry(const KvGeometry& g) {
     return bad("group " + std::to_string(g.group) + " does not divide the row of " + std::to_string(n) + " values");
   if (t->needs_even_group && g.group % 2 != 0)
     return bad(g.kv_type + " needs an even group, not " + std::to_string(g.group));
+  if (t->name == st::kQ4kType) {
+    // A V sub-block never spans two heads; K chunks pack two tokens per byte.
+    if (g.head_dim % g.group != 0)
+      return bad("q4k sub-blocks of " + std::to_string(g.group) + " do not divide head_dim " + std::to_string(g.head_dim));
+    if (g.chunk < 2 || g.chunk > st::kQ4kMaxChunk || g.chunk % 2 != 0)
+      return bad("q4k k_chunk_tokens " + std::to_string(g.chunk) + " is not an even number in [2, " +
+                 std::to_string(st::kQ4kMaxChunk) + "]");
+  } else if (g.chunk != 0) {
+    return bad(g.kv_type + " has no K chunks (chunk " + std::to_string(g.chunk) + ")");
+  }
   return Status::Ok();
 }
 
@@ -82,16 +107,20 @@ Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<co
   const st::KvTypeSpec& type = *st::FindKvType(g.kv_type);
   const int64_t row_bytes = KvRowBytes(g);
   const int64_t group_bytes = st::GroupBytes(type, g.group);
-  const int64_t token_bytes = g.n_layer * 2 * row_bytes;
+  const KvPayloadGeometry pg = KvPayloadOf(g);
   int64_t total_tokens = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const KvChunk& ch = chunks[c];
     if (ch.n_tokens < 0 || ch.n_tokens > info.n_cached - total_tokens)
       return Bad("chunk " + std::to_string(c) + " brings the cached tokens past n_cached " +
                  std::to_string(info.n_cached));
-    if (static_cast<int64_t>(ch.payload.size()) != ch.n_tokens * token_bytes)
+    if (static_cast<int64_t>(ch.payload.size()) != pg.bytes(ch.n_tokens))
       return Bad("chunk " + std::to_string(c) + " is " + std::to_string(ch.payload.size()) + " bytes, " +
-                 std::to_string(ch.n_tokens) + " tokens need " + std::to_string(ch.n_tokens * token_bytes));
+                 std::to_string(ch.n_tokens) + " tokens need " + std::to_string(pg.bytes(ch.n_tokens)));
+    // q4k: K chunks (and the tensors' chunk index) must not straddle two payload chunks.
+    if (pg.staged_rows(ch.n_tokens) != 0 && c + 1 != chunks.size())
+      return Bad("chunk " + std::to_string(c) + " of " + std::to_string(ch.n_tokens) + " tokens is not the last but "
+                 "ends inside a K chunk of " + std::to_string(g.chunk));
     total_tokens += ch.n_tokens;
   }
   if (total_tokens != info.n_cached)
@@ -113,6 +142,7 @@ Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<co
     meta["n_head_kv"] = std::to_string(g.n_head_kv);
     meta["head_dim"] = std::to_string(g.head_dim);
     meta["n_cached"] = std::to_string(info.n_cached);
+    if (g.kv_type == st::kQ4kType) meta[std::string(st::kChunkMetaKey)] = std::to_string(g.chunk);
     meta["token_ids"] = TokenIdsJson(info.tokens);
     OrderedJson conv = OrderedJson::array();
     for (const auto& t : info.conversation) conv.push_back({{"role", t.role}, {"text", t.text}});
@@ -120,7 +150,7 @@ Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<co
     header[std::string(st::kMetadataKey)] = std::move(meta);
     int64_t offset = 0;
     for (const auto& p : plan) {
-      header[p.name] = {{"dtype", p.field->dtype}, {"shape", p.shape}, {"data_offsets", {offset, offset + p.bytes}}};
+      header[p.name] = {{"dtype", p.dtype}, {"shape", p.shape}, {"data_offsets", {offset, offset + p.bytes}}};
       offset += p.bytes;
     }
     text = header.dump();
@@ -130,7 +160,7 @@ Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<co
   // Pad with spaces (allowed by the format) so the data buffer starts 8-byte aligned.
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const int64_t data_bytes = info.n_cached * token_bytes;
+  const int64_t data_bytes = pg.bytes(info.n_cached);
   std::string out;
   out.resize(8 + text.size() + static_cast<size_t>(data_bytes));
   const uint64_t n = text.size();
@@ -139,6 +169,15 @@ Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<co
   auto* dst = reinterpret_cast<uint8_t*>(out.data() + 8 + text.size());
   const int64_t groups_per_row = g.n_head_kv * g.head_dim / g.group;
   for (const auto& p : plan) {
+    if (p.part != st::Q4kPart::kNone) {
+      int64_t first = 0;
+      for (const KvChunk& ch : chunks) {
+        st::CopyQ4kPart(p, g, const_cast<uint8_t*>(ch.payload.data()), ch.n_tokens, first, dst, /*to_tensor=*/true);
+        first += ch.n_tokens;
+      }
+      dst += p.bytes;
+      continue;
+    }
     const int64_t len = p.field->Bytes(g.group);
     for (const KvChunk& ch : chunks) {
       const uint8_t* plane = ch.payload.data() + (p.layer * 2 + p.plane) * ch.n_tokens * row_bytes;

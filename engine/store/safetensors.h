@@ -16,24 +16,41 @@
 //                                                              the low nibble of byte j
 //        layers.{i}.{p}.scales   F16 [n, ng]                   x = min + scale * nibble
 //        layers.{i}.{p}.mins     F16 [n, ng]
+//   q4k (kv_format.h; C = k_chunk_tokens, S = group_size, nv = n_head_kv * head_dim,
+//        nc = n / C complete K chunks, ns = n % C staged tokens, nsub = nv / S,
+//        nq = ceil(nsub / 4)):
+//        layers.{i}.k.codes        U8  [nc, nv, C/2]   chunk c, channel j: nibbles of tokens
+//                                                      c*C .. c*C+C-1, token 2t in the low
+//                                                      nibble of byte t
+//        layers.{i}.k.scales       F16 [nc, nv]        key = min + scale * nibble
+//        layers.{i}.k.mins         F16 [nc, nv]
+//        layers.{i}.k.staged       F16 [ns, n_head_kv, head_dim]  keys of tokens nc*C .. n-1,
+//                                                      not yet quantized (not rotated)
+//        layers.{i}.v.codes        U8  [n, nsub, S/2]  packed as in q4
+//        layers.{i}.v.scale_units  F16 [n]             the row's D
+//        layers.{i}.v.min_units    F16 [n]             the row's M
+//        layers.{i}.v.sub_fields   U8  [n, nq, 5]      per quad of sub-blocks, 40 bits little-
+//                                                      endian: sub-block k's 10 bits at 10k,
+//                                                      sc = f & 31, mn = (f >> 5) - 15, and its
+//                                                      values are M*mn + (D*sc)*nibble
 // Tensors are written layer by layer, k before v, fields in the order listed. With rotation the
 // values are those of the Walsh-Hadamard-rotated head (kv_format.h); a reader that wants the
 // model's K/V must rotate back.
 //
 // __metadata__ (all values are strings, as safetensors requires):
 //   format "kvfs-kv", format_version "1", model_fingerprint (32 hex), kv_format ("f16", "q8",
-//   "q4"), group_size, rotation ("on"/"off"), n_layer, n_head_kv, head_dim, n_cached (decimal),
+//   "q4", "q4k"), group_size, rotation ("on"/"off"), n_layer, n_head_kv, head_dim, n_cached (decimal),
 //   token_ids (a JSON array of ints, as a string), conversation (a JSON array of
-//   {"role", "text"}, as a string).
+//   {"role", "text"}, as a string); q4k adds k_chunk_tokens (decimal).
 // Readers ignore metadata keys they do not know (tools such as safetensors' save_file let users
 // annotate a file; format_version is what gates the meaning of the tensors), but reject unknown
 // tensors, since the tensors must cover the data buffer exactly.
 // Reader limits (parsed JSON costs far more memory than its text): header <= 100 MiB, nesting as
 // deep as the format needs, at most ~4096 metadata entries, conversation turns <= token ids + 1024.
 //
-// The "packed KV chunk" convention between the engine and the store: a chunk of n tokens is laid
-// out [layer][K then V][n rows][row_bytes]. A full block of the in-memory pool is exactly this with
-// n = block_tokens; a tail is the same compacted to its n tokens.
+// The "packed KV chunk" convention between the engine and the store: kv_payload_layout.h (for
+// the row formats, [layer][K then V][n rows][row_bytes]). A full block of the in-memory pool is
+// exactly this with n = block_tokens; a tail is the same for its n tokens.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +60,7 @@
 #include <vector>
 
 #include "engine/core/status.h"
+#include "engine/store/kv_payload_layout.h"
 #include "engine/store/manifest.h"
 
 namespace kvfs::store {
@@ -57,14 +75,18 @@ struct KvGeometry {
   int64_t n_layer = 0;
   int64_t n_head_kv = 0;
   int64_t head_dim = 0;
-  std::string kv_type;  // "f16", "q8", "q4"
-  int64_t group = 0;    // values per group (KvFormat::group)
+  std::string kv_type;  // "f16", "q8", "q4", "q4k"
+  int64_t group = 0;    // values per group (KvFormat::group; q4k: per V sub-block)
   bool rotate = false;
+  int64_t chunk = 0;    // q4k: tokens per K chunk (KvFormat::chunk); 0 otherwise
   friend bool operator==(const KvGeometry&, const KvGeometry&) = default;
 };
 
-// Bytes of one token's K row (== its V row) in this geometry; 0 for an invalid geometry.
+// Bytes of one token's K row (== its V row; q4k: its V row) in this geometry; 0 for an invalid
+// geometry.
 int64_t KvRowBytes(const KvGeometry& g);
+// The packed-chunk geometry (kv_payload_layout.h) of a valid geometry.
+KvPayloadGeometry KvPayloadOf(const KvGeometry& g);
 // kInvalidArgument naming the field when the geometry is unusable (unknown type, group that does
 // not divide the row, sizes out of range).
 Status ValidateKvGeometry(const KvGeometry& g);
@@ -79,7 +101,8 @@ struct CacheExportInfo {
 };
 
 // Serializes the cache. The chunks hold the first n_cached tokens in order; each payload must be
-// exactly n_tokens * n_layer * 2 * row_bytes. kInvalidArgument naming what is wrong otherwise.
+// exactly the packed size of its n_tokens (kv_payload_layout.h); q4k: every chunk but the last
+// holds whole K chunks (a multiple of C tokens). kInvalidArgument naming what is wrong otherwise.
 Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<const KvChunk> chunks);
 
 struct ImportedCache {

@@ -1,6 +1,7 @@
-// Internal to safetensors.cpp / safetensors_read.cpp: the per-KV-type table of fields (how a
-// group of a row splits into tensors), the tensor plan both directions agree on, and the copy
-// loops between rows and field tensors. A new KV format is a new table entry here.
+// Internal to safetensors*.cpp: the per-KV-type table of fields (how a group of a row splits
+// into tensors), the tensor plan both directions agree on, and the copy loops between rows and
+// field tensors. A new row format is a new table entry here; q4k, whose keys are not rows, has
+// its own tensor list (kQ4kTensors) and copy code (safetensors_q4k.cpp).
 #pragma once
 
 #include <cstdint>
@@ -60,7 +61,31 @@ inline constexpr FieldSpec kQ4Fields[] = {{".codes", "U8", 1, 4, 0, 1, FieldShap
                                           {".scales", "F16", 2, 0, 2, 0, FieldShape::kPerGroup},
                                           {".mins", "F16", 2, 2, 2, 0, FieldShape::kPerGroup}};
 inline constexpr KvTypeSpec kKvTypes[] = {
-    {"f16", kF16Fields, false}, {"q8", kQ8Fields, false}, {"q4", kQ4Fields, true}};
+    {"f16", kF16Fields, false}, {"q8", kQ8Fields, false}, {"q4", kQ4Fields, true}, {"q4k", {}, true}};
+
+// q4k (safetensors.h lists the tensors; kv_format.h the bytes). Keys: a K chunk is nv channel
+// records, each the q4 group layout with G = C (scale, min, C/2 bytes of nibbles); the staged
+// f16 rows follow the layers (kv_payload_layout.h). Values: a row header (D, M), then quads of
+// sub-blocks (5 bytes of packed fields, then the quad's nibbles; offsets: Q4kFieldsOffset).
+inline constexpr std::string_view kQ4kType = "q4k";
+inline constexpr std::string_view kChunkMetaKey = "k_chunk_tokens";  // required for q4k only
+inline constexpr int64_t kQ4kMaxChunk = 4096;
+inline constexpr int64_t kQ4kRecordScale = 0, kQ4kRecordMin = 2, kQ4kRecordCodes = 4;  // in a K record
+inline constexpr int64_t kQ4kRowScaleUnit = 0, kQ4kRowMinUnit = 2;                      // in a V row
+inline constexpr int64_t kQ4kSubFieldBytes = 5;                                         // per quad
+enum class Q4kPart { kNone, kKCodes, kKScales, kKMins, kKStaged, kVCodes, kVScaleUnits, kVMinUnits, kVSubFields };
+struct Q4kTensorSpec {
+  std::string_view suffix;  // appended to "layers.{i}"
+  std::string_view dtype;
+  int64_t elem_bytes;
+  Q4kPart part;
+};
+// In file order, per layer.
+inline constexpr Q4kTensorSpec kQ4kTensors[] = {
+    {".k.codes", "U8", 1, Q4kPart::kKCodes},        {".k.scales", "F16", 2, Q4kPart::kKScales},
+    {".k.mins", "F16", 2, Q4kPart::kKMins},         {".k.staged", "F16", 2, Q4kPart::kKStaged},
+    {".v.codes", "U8", 1, Q4kPart::kVCodes},        {".v.scale_units", "F16", 2, Q4kPart::kVScaleUnits},
+    {".v.min_units", "F16", 2, Q4kPart::kVMinUnits}, {".v.sub_fields", "U8", 1, Q4kPart::kVSubFields}};
 
 inline const KvTypeSpec* FindKvType(std::string_view name) {
   for (const auto& t : kKvTypes)
@@ -77,14 +102,19 @@ inline int64_t GroupBytes(const KvTypeSpec& t, int64_t group) {
 // One tensor of the file, in file order.
 struct TensorPlan {
   std::string name;
-  const FieldSpec* field;
+  const FieldSpec* field;  // row formats; nullptr for q4k
   int64_t layer;
   int plane;  // 0 = k, 1 = v
   std::vector<int64_t> shape;
   int64_t bytes;
+  std::string_view dtype;
+  Q4kPart part = Q4kPart::kNone;
 };
 
+std::vector<TensorPlan> PlanQ4kTensors(const KvGeometry& g, int64_t n_cached);
+
 inline std::vector<TensorPlan> PlanTensors(const KvGeometry& g, const KvTypeSpec& t, int64_t n_cached) {
+  if (t.name == kQ4kType) return PlanQ4kTensors(g, n_cached);
   const int64_t ng = g.n_head_kv * g.head_dim / g.group;
   std::vector<TensorPlan> plan;
   plan.reserve(static_cast<size_t>(g.n_layer) * 2 * t.fields.size());
@@ -92,7 +122,7 @@ inline std::vector<TensorPlan> PlanTensors(const KvGeometry& g, const KvTypeSpec
     for (int plane = 0; plane < 2; ++plane) {
       for (const FieldSpec& f : t.fields) {
         TensorPlan p{"layers." + std::to_string(layer) + (plane == 0 ? ".k" : ".v") + std::string(f.suffix), &f, layer,
-                     plane, {}, 0};
+                     plane, {}, 0, f.dtype};
         const int64_t fb = f.Bytes(g.group);
         switch (f.shape) {
           case FieldShape::kPerGroup: p.shape = {n_cached, ng}; break;
@@ -158,5 +188,12 @@ inline void ScatterField(const uint8_t* src, int64_t count, int64_t group_bytes,
       for (int64_t k = 0; k < count; ++k) std::memcpy(dst + k * group_bytes, src + k * len, static_cast<size_t>(len));
   }
 }
+
+// q4k: copies tensor p's part of the packed chunk `payload` of n tokens starting at token
+// `first` (a multiple of C) between the payload and the tensor's data `tensor` (to_tensor
+// picks the direction). The staged rows of a chunk are the tensor's first rows: only the last
+// chunk of a cache has any.
+void CopyQ4kPart(const TensorPlan& p, const KvGeometry& g, uint8_t* payload, int64_t n, int64_t first, uint8_t* tensor,
+                 bool to_tensor);
 
 }  // namespace kvfs::store::st

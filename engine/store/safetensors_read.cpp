@@ -225,6 +225,13 @@ Result<CacheExportInfo> ReadMetadata(const Json& header, std::string_view expect
   if (g.rotate != expected.rotate)
     return Mismatch(std::string("rotation ") + (g.rotate ? "on" : "off") + " != expected " +
                     (expected.rotate ? "on" : "off"));
+  if (g.kv_type == st::kQ4kType) {
+    if (!it->contains(std::string(st::kChunkMetaKey)))
+      return Malformed("__metadata__ is missing \"" + std::string(st::kChunkMetaKey) + "\" (q4k)");
+    KVFS_ASSIGN_OR_RETURN(g.chunk, number(st::kChunkMetaKey));
+    if (g.chunk != expected.chunk)
+      return Mismatch("k_chunk_tokens " + std::to_string(g.chunk) + " != expected " + std::to_string(expected.chunk));
+  }
   KVFS_ASSIGN_OR_RETURN(g.n_layer, number("n_layer"));
   KVFS_ASSIGN_OR_RETURN(g.n_head_kv, number("n_head_kv"));
   KVFS_ASSIGN_OR_RETURN(g.head_dim, number("head_dim"));
@@ -252,8 +259,8 @@ Result<int64_t> CheckTensor(const std::string& name, const Json& t, const st::Te
   if (!t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
     return Malformed(at + "needs dtype, shape and data_offsets");
   const Json& dtype = t["dtype"];
-  if (!dtype.is_string() || dtype.get_ref<const std::string&>() != p.field->dtype)
-    return Malformed(at + "dtype " + Brief(dtype) + " != expected \"" + std::string(p.field->dtype) + "\"");
+  if (!dtype.is_string() || dtype.get_ref<const std::string&>() != p.dtype)
+    return Malformed(at + "dtype " + Brief(dtype) + " != expected \"" + std::string(p.dtype) + "\"");
   const Json& shape = t["shape"];
   bool same = shape.is_array() && shape.size() == p.shape.size();
   for (size_t i = 0; same && i < p.shape.size(); ++i) same = NonNegative(shape[i]) == p.shape[i];
@@ -294,8 +301,10 @@ Result<ImportedCache> ReadKvSafetensors(std::string_view bytes, std::string_view
     return Malformed("header length " + std::to_string(header_len) + " exceeds the limit");
   // Top object > tensor entry > shape array: three levels are all the format has. A tensor entry
   // is 16 parser events; allow twice that per tensor and up to 4096 metadata entries.
-  const auto n_fields = static_cast<int64_t>(st::FindKvType(expected.kv_type)->fields.size());
-  const int64_t max_events = 32 * (expected.n_layer * 2 * n_fields + 1) + 2 * 4096 + 16;
+  const st::KvTypeSpec& expected_type = *st::FindKvType(expected.kv_type);
+  const auto per_layer = static_cast<int64_t>(expected_type.name == st::kQ4kType ? std::size(st::kQ4kTensors)
+                                                                                 : 2 * expected_type.fields.size());
+  const int64_t max_events = 32 * (expected.n_layer * per_layer + 1) + 2 * 4096 + 16;
   KVFS_ASSIGN_OR_RETURN(Json header, ParseJson(bytes.substr(8, header_len), 3, max_events, "header"));
   if (!header.is_object()) return Malformed("header is not a JSON object");
   const std::string_view data = bytes.substr(8 + header_len);
@@ -307,13 +316,16 @@ Result<ImportedCache> ReadKvSafetensors(std::string_view bytes, std::string_view
   const int64_t n_cached = out.info.n_cached;
   const st::KvTypeSpec& type = *st::FindKvType(g.kv_type);
   const int64_t row_bytes = KvRowBytes(g);
-  const int64_t token_bytes = g.n_layer * 2 * row_bytes;
-  // Divide rather than multiply: n_cached comes from the file and may be huge.
-  if (n_cached > data_size / token_bytes || n_cached * token_bytes != data_size)
+  const KvPayloadGeometry pg = KvPayloadOf(g);
+  // Divide rather than multiply: n_cached comes from the file and may be huge. Every token has
+  // at least its V rows.
+  const bool too_many = n_cached > data_size / (g.n_layer * row_bytes);
+  if (too_many || pg.bytes(n_cached) != data_size)
     return Malformed("data buffer is " + std::to_string(data_size) + " bytes, n_cached " + std::to_string(n_cached) +
-                     " needs " +
-                     (n_cached > data_size / token_bytes ? "more" : std::to_string(n_cached * token_bytes)) +
-                     " (truncated or padded?)");
+                     " needs " + (too_many ? "more" : std::to_string(pg.bytes(n_cached))) + " (truncated or padded?)");
+  if (pg.keys_by_chunk() && block_tokens % g.chunk != 0)
+    return InvalidArgument("q4k K chunks of " + std::to_string(g.chunk) + " tokens do not divide blocks of " +
+                           std::to_string(block_tokens));
 
   const std::vector<st::TensorPlan> plan = st::PlanTensors(g, type, n_cached);
   std::unordered_map<std::string_view, size_t> index;
@@ -347,9 +359,13 @@ Result<ImportedCache> ReadKvSafetensors(std::string_view bytes, std::string_view
   const auto* base = reinterpret_cast<const uint8_t*>(data.data());
   for (int64_t start = 0; start < n_cached; start += block_tokens) {
     const int64_t n = std::min(block_tokens, n_cached - start);
-    std::vector<uint8_t> chunk(static_cast<size_t>(n * token_bytes));
+    std::vector<uint8_t> chunk(static_cast<size_t>(pg.bytes(n)));
     for (size_t i = 0; i < plan.size(); ++i) {
       const st::TensorPlan& p = plan[i];
+      if (p.part != st::Q4kPart::kNone) {
+        st::CopyQ4kPart(p, g, chunk.data(), n, start, const_cast<uint8_t*>(base) + begin[i], /*to_tensor=*/false);
+        continue;
+      }
       const int64_t len = p.field->Bytes(g.group);
       st::ScatterField(base + begin[i] + start * groups_per_row * len, n * groups_per_row, group_bytes, p.field->offset,
                        len, chunk.data() + (p.layer * 2 + p.plane) * n * row_bytes);
