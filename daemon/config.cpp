@@ -41,7 +41,8 @@ Result<int64_t> ParseInteger(std::string_view text, std::string_view what, int64
 }
 
 Status CheckKv(const std::string& kv, std::string_view what) {
-  if (kv != "f16" && kv != "q8" && kv != "q4") return InvalidArgument(fmt::format("{} must be f16, q8 or q4, got '{}'", what, kv));
+  if (kv != "f16" && kv != "q8" && kv != "q4" && kv != "q4k")
+    return InvalidArgument(fmt::format("{} must be f16, q8, q4 or q4k, got '{}'", what, kv));
   return Status::Ok();
 }
 
@@ -308,7 +309,7 @@ Status ResolveDefaults(DaemonConfig& config, const Environment& env) {
 }
 
 std::string DaemonUsage() {
-  return "usage: kvfsd --mount DIR [-m MODEL] [--store DIR] [--config FILE] [-t THREADS] [--kv f16|q8|q4]\n"
+  return "usage: kvfsd --mount DIR [-m MODEL] [--store DIR] [--config FILE] [-t THREADS] [--kv f16|q8|q4|q4k]\n"
          "             [--kv-budget BYTES] [-c CONTEXT] [--block-tokens N] [--max-queued-turns N]\n"
          "             [--max-prompt-bytes BYTES] [--fuse-threads N] [--foreground] [--log-level L]\n"
          "             [--log-file FILE] [--backend cpu|vulkan] [--device N]\n"

@@ -78,8 +78,9 @@ Status ApplyKey(const std::string& key, const nlohmann::json& v, AgentSettings& 
     }
     s.stop = std::move(stop);
   } else if (key == "kv") {
-    static const std::set<std::string> kFormats = {"f16", "q8", "q4"};
-    if (!v.is_string() || !kFormats.count(v.get<std::string>())) return BadValue(key, "must be \"f16\", \"q8\" or \"q4\"");
+    static const std::set<std::string> kFormats = {"f16", "q8", "q4", "q4k"};
+    if (!v.is_string() || !kFormats.count(v.get<std::string>()))
+      return BadValue(key, "must be \"f16\", \"q8\", \"q4\" or \"q4k\"");
     s.kv = v.get<std::string>();
   } else {
     return InvalidArgument(fmt::format("config.json: unknown key \"{}\"", key));

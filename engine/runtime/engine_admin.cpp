@@ -7,6 +7,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
 #include "engine/store/safetensors.h"
 
@@ -15,8 +16,6 @@ namespace kvfs {
 using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
-using engine_internal::CompactTail;
-using engine_internal::ExpandTail;
 
 namespace {
 constexpr std::string_view kPrefixDomain = "prefix";
@@ -158,8 +157,11 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
 namespace {
 
 store::KvGeometry GeometryOf(const HParams& hp, const KvFormat& f) {
-  const std::string name = f.type == KvType::kF16 ? "f16" : f.type == KvType::kQ8 ? "q8" : "q4";
-  return store::KvGeometry{hp.n_layer, hp.n_head_kv, hp.head_dim, name, f.group, f.rotate};
+  const std::string name = f.type == KvType::kF16 ? "f16"
+                           : f.type == KvType::kQ8 ? "q8"
+                           : f.type == KvType::kQ4 ? "q4"
+                                                   : "q4k";
+  return store::KvGeometry{hp.n_layer, hp.n_head_kv, hp.head_dim, name, f.group, f.rotate, f.chunk};
 }
 
 }  // namespace
@@ -232,13 +234,16 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
 }
 
 Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
-  KvFormat format;
+  // The file must be in the format the agent's settings ask for (its cache may still be in a
+  // previous one until its next turn).
+  AgentSettings settings;
   {
     std::lock_guard lock(mu_);
     auto it = agents_.find(name);
     if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
-    format = it->second->format;
+    settings = it->second->settings;
   }
+  KVFS_ASSIGN_OR_RETURN(const KvFormat format, FormatFor(settings));
   // Validate everything before touching the agent.
   KVFS_ASSIGN_OR_RETURN(store::ImportedCache imported,
                         store::ReadKvSafetensors(bytes, fingerprint_, GeometryOf(model_->hparams(), format),
@@ -256,25 +261,28 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       if (a->running || !a->queue.empty() || a->loading) {
         return kvfs::Status(StatusCode::kResourceExhausted, "agent " + name + " is busy with a turn");
       }
-      if (!(a->format == format)) return InvalidArgument("kv.safetensors: the agent's KV format changed");
+      auto now = FormatFor(a->settings);
+      if (!now.ok() || !(*now == format)) return InvalidArgument("kv.safetensors: the agent's KV format changed");
     }
     const int64_t B = options_.block_tokens;
     const KvLayout layout = KvLayoutFor(model_->hparams(), format, B);
     SequenceKv seq(layout, n_ctx_, *pool_);
     for (size_t i = 0; i < imported.chunks.size(); ++i) {
-      KVFS_ASSIGN_OR_RETURN(PoolBlock* b, pool_->Allocate(layout.block_bytes()));
       const std::vector<uint8_t>& c = imported.chunks[i];
-      if (imported.chunk_tokens[i] == B) {
-        std::memcpy(b->data, c.data(), std::min(c.size(), static_cast<size_t>(layout.block_bytes())));
-      } else {
-        ExpandTail(layout, c, imported.chunk_tokens[i], b->data);
-      }
+      const bool full = imported.chunk_tokens[i] == B;
+      KVFS_ASSIGN_OR_RETURN(PoolBlock* b, pool_->Allocate(full ? layout.block_bytes() : layout.tail_block_bytes()));
       seq.SetBlock(static_cast<int64_t>(i), b);
+      if (full ? c.size() != static_cast<size_t>(layout.block_bytes())
+               : !ExpandTail(layout, c, imported.chunk_tokens[i], b->data)) {
+        return Internal("kv.safetensors: an imported chunk does not match the KV layout");
+      }
+      if (full) std::memcpy(b->data, c.data(), c.size());
     }
     seq.SetTokens(imported.info.n_cached);
     ReleaseCache(*a);
     {
       std::lock_guard lock(mu_);
+      a->format = format;
       a->conversation = imported.info.conversation;
       a->tokens.assign(imported.info.tokens.begin(), imported.info.tokens.begin() + imported.info.n_cached);
       a->cached_text.clear();  // unknown: the next turn matches on tokens (DIVERGE)

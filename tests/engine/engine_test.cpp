@@ -14,100 +14,19 @@
 #include "engine/runtime/generate.h"
 #include "engine/store/manifest.h"
 #include "engine/store/safetensors.h"
+#include "tests/engine/engine_test_util.h"
 #include "tests/test_support.h"
 
 namespace kvfs {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::ReadFile;
-using testing::SharedDir;
 using testing::FileExists;
+using testing::ReadManifest;
+using testing::RunTurn;
+using testing::TurnOutcome;
 
-struct TurnOutcome {
-  std::string reply;
-  Result<TurnStats> stats = Status(StatusCode::kInternal, "not finished");
-};
-
-TurnOutcome RunTurn(AgentEngine& engine, const std::string& agent, const std::string& text) {
-  TurnOutcome out;
-  std::promise<void> done;
-  TurnRequest r;
-  r.agent = agent;
-  r.text = text;
-  r.on_text = [&](std::string_view s) { out.reply += s; };
-  r.on_done = [&](const Result<TurnStats>& s) {
-    out.stats = s;
-    done.set_value();
-  };
-  Status submitted = engine.SubmitTurn(std::move(r));
-  EXPECT_TRUE(submitted.ok()) << submitted.message();
-  if (submitted.ok()) done.get_future().wait();
-  return out;
-}
-
-store::Manifest ReadManifest(const std::string& store_dir, const std::string& agent) {
-  const std::string path = store_dir + "/agents/" + agent + "/manifest.json";
-  auto m = store::ParseManifest(ReadFile(path), path);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return m.ok() ? *m : store::Manifest{};
-}
-
-class EngineTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    model_path_ = SharedDir() + "/models/stories260K.gguf";
-    KVFS_REQUIRE_DATA(model_path_);
-    dir_ = fs::temp_directory_path() / ("kvfs_engine_test_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    auto model = Model::Load(model_path_);
-    ASSERT_TRUE(model.ok());
-    model_ = std::move(*model);
-    backend_ = MakeCpuBackend(*model_, CpuOptions{1, nullptr});
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  EngineOptions Options(int64_t budget = 0) const {
-    EngineOptions o;
-    o.model_path = model_path_;
-    o.store_dir = (dir_ / "store").string();
-    o.n_threads = 1;
-    o.kv = "f16";
-    o.block_tokens = 16;
-    o.kv_budget_bytes = budget;
-    return o;
-  }
-
-  // The reference: an uncached greedy run over the turn's prompt tokens, which are the
-  // committed tokens minus the fed-back reply tokens (all generated but the last).
-  std::string Reference(const store::Manifest& m, const TurnStats& stats, int max_tokens) {
-    const size_t fed = static_cast<size_t>(std::max<int64_t>(0, stats.generated_tokens - 1));
-    std::vector<TokenId> prompt(m.tokens.begin(), m.tokens.end() - static_cast<std::ptrdiff_t>(fed));
-    const HParams& hp = model_->hparams();
-    SequenceKv kv(KvLayoutFor(hp, MakeKvFormat("f16", "", hp.n_head_kv, hp.head_dim).value()), 512);
-    GenerateOptions g;
-    g.max_tokens = max_tokens;
-    g.sampling.temperature = 0;
-    auto r = Generate(*backend_, *model_, kv, prompt, g);
-    EXPECT_TRUE(r.ok());
-    return r.ok() ? r->text : std::string();
-  }
-
-  void Greedy(AgentEngine& e, const std::string& agent) {
-    AgentSettings s;
-    s.sampling.temperature = 0;
-    s.max_tokens = 20;
-    s.kv = "f16";
-    ASSERT_TRUE(e.SetSettings(agent, s).ok());
-  }
-
-  std::string model_path_;
-  fs::path dir_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<Backend> backend_;
-};
+using EngineTest = testing::EngineTestBase;
 
 const char* kTurns[] = {"Once upon a time, there was a little girl named Lily.", " She liked to play outside.",
                         " One day, she saw a big dog in the park."};

@@ -302,6 +302,9 @@ Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) 
     if (kl.n_layer != hp_.n_layer || kl.n_head_kv != hp_.n_head_kv || kl.head_dim != hp_.head_dim) {
       return InvalidArgument("KV layout does not match the model");
     }
+    if (kl.format.KeysByChannel()) {
+      return Unsupported("the Vulkan backend has no kernels for q4k KV (keys by channel); use --backend cpu or --kv q4");
+    }
     for (TokenId id : s.tokens) {
       if (id < 0 || id >= hp_.n_vocab) return InvalidArgument(fmt::format("token id {} out of range", id));
     }

@@ -1,0 +1,113 @@
+// Shared by the engine tests: running a turn synchronously, reading an agent's manifest, and a
+// fixture on the real stories260K model whose Reference() is an uncached greedy run.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <future>
+#include <string>
+
+#include "engine/runtime/engine.h"
+#include "engine/runtime/generate.h"
+#include "engine/store/manifest.h"
+#include "tests/test_support.h"
+
+namespace kvfs::testing {
+
+namespace fs = std::filesystem;
+
+struct TurnOutcome {
+  std::string reply;
+  Result<TurnStats> stats = Status(StatusCode::kInternal, "not finished");
+};
+
+inline TurnOutcome RunTurn(AgentEngine& engine, const std::string& agent, const std::string& text) {
+  TurnOutcome out;
+  std::promise<void> done;
+  TurnRequest r;
+  r.agent = agent;
+  r.text = text;
+  r.on_text = [&](std::string_view s) { out.reply += s; };
+  r.on_done = [&](const Result<TurnStats>& s) {
+    out.stats = s;
+    done.set_value();
+  };
+  Status submitted = engine.SubmitTurn(std::move(r));
+  EXPECT_TRUE(submitted.ok()) << submitted.message();
+  if (submitted.ok()) done.get_future().wait();
+  return out;
+}
+
+inline store::Manifest ReadManifest(const std::string& store_dir, const std::string& agent) {
+  const std::string path = store_dir + "/agents/" + agent + "/manifest.json";
+  auto m = store::ParseManifest(ReadFile(path), path);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? *m : store::Manifest{};
+}
+
+class EngineTestBase : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_path_ = SharedDir() + "/models/stories260K.gguf";
+    KVFS_REQUIRE_DATA(model_path_);
+    dir_ = fs::temp_directory_path() / ("kvfs_engine_test_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    auto model = Model::Load(model_path_);
+    ASSERT_TRUE(model.ok());
+    model_ = std::move(*model);
+    backend_ = MakeCpuBackend(*model_, CpuOptions{1, nullptr});
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  EngineOptions Options(int64_t budget = 0) const {
+    EngineOptions o;
+    o.model_path = model_path_;
+    o.store_dir = (dir_ / "store").string();
+    o.n_threads = 1;
+    o.kv = kv_;
+    o.block_tokens = block_tokens_;
+    o.kv_budget_bytes = budget;
+    return o;
+  }
+
+  KvFormat Format(const std::string& kv) const {
+    const HParams& hp = model_->hparams();
+    return MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim).value();
+  }
+
+  // The reference: an uncached greedy run over the turn's prompt tokens, which are the
+  // committed tokens minus the fed-back reply tokens (all generated but the last), with the
+  // fixture's KV format.
+  std::string Reference(const store::Manifest& m, const TurnStats& stats, int max_tokens) {
+    const size_t fed = static_cast<size_t>(std::max<int64_t>(0, stats.generated_tokens - 1));
+    std::vector<TokenId> prompt(m.tokens.begin(), m.tokens.end() - static_cast<std::ptrdiff_t>(fed));
+    SequenceKv kv(KvLayoutFor(model_->hparams(), Format(kv_)), 512);
+    GenerateOptions g;
+    g.max_tokens = max_tokens;
+    g.sampling.temperature = 0;
+    auto r = Generate(*backend_, *model_, kv, prompt, g);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? r->text : std::string();
+  }
+
+  void Greedy(AgentEngine& e, const std::string& agent) {
+    AgentSettings s;
+    s.sampling.temperature = 0;
+    s.max_tokens = 20;
+    s.kv = kv_;
+    ASSERT_TRUE(e.SetSettings(agent, s).ok());
+  }
+
+  std::string kv_ = "f16";      // the agents' KV format
+  int64_t block_tokens_ = 16;
+  std::string model_path_;
+  fs::path dir_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Backend> backend_;
+};
+
+}  // namespace kvfs::testing
