@@ -8,7 +8,7 @@ add_test(NAME cli_perplexity
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/perplexity_test.py $<TARGET_FILE:kvfs>
           ${KVFS_SHARED_DIR})
 
-# kv.safetensors seen by an independent reader: a test-only program writes f16/q8/q4 exports
+# kv.safetensors seen by an independent reader: a test-only program writes f16/q8/q4/q4k exports
 # whose values follow a closed form, then check_safetensors.py (stdlib only) validates the
 # container, the tensor set and shapes, every element, and a few values at offsets it computes.
 add_executable(make_safetensors_sample ${CMAKE_CURRENT_SOURCE_DIR}/store/make_safetensors_sample.cpp)
@@ -21,7 +21,9 @@ set(KVFS_ST_EXPECT_q4 --expect layers.1.v.scales 3,1 7.1875 --expect layers.0.k.
                       --expect layers.1.k.codes 2,1,3 66)
 set(KVFS_ST_EXPECT_q8 --expect layers.0.v.codes 1,1,5 63 --expect layers.1.k.scales 0,1 5)
 set(KVFS_ST_EXPECT_f16 --expect layers.1.v 4,1,7 9.25)
-foreach(type f16 q8 q4)
+set(KVFS_ST_EXPECT_q4k --expect layers.1.k.staged 1,1,3 7.0625 --expect layers.1.k.mins 1,5 -5.0625
+                       --expect layers.0.v.sub_fields 9,0,4 92 --expect layers.0.k.codes 1,2,1 22)
+foreach(type f16 q8 q4 q4k)
   add_test(NAME safetensors_python_check_${type}
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/store/check_safetensors.py
             ${KVFS_ST_SAMPLES}/${type}.safetensors --pattern ${KVFS_ST_EXPECT_${type}})

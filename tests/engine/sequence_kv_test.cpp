@@ -104,5 +104,60 @@ TEST(SequenceKv, Q4kTruncateRestagesACompleteChunk) {
   EXPECT_EQ(kv.staged_tokens(), 0);
 }
 
+// The memory target, by pool accounting: a tinyllama-shaped q4k sequence of 4096 tokens holds
+// 16 full blocks of exactly block_bytes (their staging areas given back once full), at most
+// 0.29x what f16 takes; a sequence with a partial tail pays for one staging area only.
+TEST(SequenceKv, Q4kPoolBytesPerToken) {
+  auto pool_bytes = [](const char* type, int64_t n) {
+    BlockPool pool(0);
+    SequenceKv kv(Tinyllama(type), 8192, pool);
+    EXPECT_TRUE(kv.Reserve(n).ok());
+    kv.SetTokens(n);
+    return pool.Stats().used_bytes;
+  };
+  const KvLayout q4k = Tinyllama("q4k");
+  EXPECT_EQ(pool_bytes("q4k", 4096), 16 * ((q4k.block_bytes() + 63) / 64 * 64));
+  EXPECT_LE(static_cast<double>(pool_bytes("q4k", 4096)) / static_cast<double>(pool_bytes("f16", 4096)), 0.29);
+  EXPECT_EQ(pool_bytes("q4k", 4000), 15 * ((q4k.block_bytes() + 63) / 64 * 64) + (q4k.tail_block_bytes() + 63) / 64 * 64);
+  EXPECT_EQ(q4k.staging_bytes(), 22 * 64 * 256 * 2);
+}
+
+// A named (parked or shared) q4k tail is copied on write with its staged rows; a full block cut
+// by a truncation gets a fresh staging area, filled from its chunk on the next Reserve.
+TEST(SequenceKv, Q4kCopyOnWriteCarriesStaging) {
+  KvLayout layout{2, 1, 64, 128, *MakeKvFormat("q4k", "", 1, 64)};
+  BlockPool pool(0);
+  SequenceKv a(layout, 512, pool);
+  ASSERT_TRUE(a.Reserve(100).ok());
+  for (int64_t layer = 0; layer < 2; ++layer)
+    for (int64_t i = 0; i < 36 * 64; ++i) a.k_staging(layer, 64)[i] = static_cast<uint16_t>(layer * 7 + i);
+  a.SetTokens(100);
+  a.NameBlock(0, BlockHash{1, 2});  // parked: named, with its staging area
+  PoolBlock* shared = a.block(0);
+  pool.Retain(shared);
+  SequenceKv b(layout, 512, pool);
+  b.SetBlock(0, shared);
+  b.SetTokens(100);
+  ASSERT_TRUE(b.Reserve(101).ok());
+  EXPECT_NE(b.block(0), shared);  // copied, not written in place
+  for (int64_t layer = 0; layer < 2; ++layer)
+    for (int64_t i = 0; i < 36 * 64; ++i) ASSERT_EQ(b.k_staging(layer, 64)[i], static_cast<uint16_t>(layer * 7 + i));
+}
+
+// Shrink keeps the first bytes under a new serial and gives the rest back to the budget.
+TEST(BlockPool, ShrinkKeepsThePrefix) {
+  BlockPool pool(0);
+  PoolBlock* b = *pool.Allocate(1000);
+  for (int i = 0; i < 1000; ++i) b->data[i] = static_cast<uint8_t>(i);
+  const uint64_t serial = b->serial;
+  pool.Shrink(b, 300);
+  EXPECT_EQ(b->bytes, 320);
+  EXPECT_EQ(pool.Stats().used_bytes, 320);
+  EXPECT_NE(b->serial, serial);
+  for (int i = 0; i < 300; ++i) ASSERT_EQ(b->data[i], static_cast<uint8_t>(i));
+  pool.Release(b);
+  EXPECT_EQ(pool.Stats().used_bytes, 0);
+}
+
 }  // namespace
 }  // namespace kvfs

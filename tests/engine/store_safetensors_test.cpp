@@ -120,6 +120,34 @@ TEST(StoreSafetensors, RoundTripGoldenBlocks) {
 
 // What a generic safetensors reader sees: metadata strings, and each field of each group at
 // the position its shape says.
+// q4k: full blocks and a tail with staged rows survive export and import byte for byte
+// (sizes from the packed-chunk layout: per layer n/C K chunks of nv * (4 + C/2) bytes and n V
+// rows, then n % C staged rows of nv halfs per layer); every truncation is refused; a file for
+// another chunk size is another format.
+TEST(StoreSafetensors, Q4kRoundTripWithStagedRows) {
+  const KvGeometry g{3, 2, 8, "q4k", 8, true, 4};
+  const int64_t nv = 16, v_row = 4 + 5 + nv / 2;  // one quad of two sub-blocks of 8
+  auto bytes = [&](int64_t n) { return 3 * ((n / 4) * nv * (4 + 2) + n * v_row + (n % 4) * nv * 2); };
+  ASSERT_EQ(KvPayloadOf(g).bytes(11), bytes(11));
+  std::vector<std::vector<uint8_t>> chunks = {PseudoRandom(static_cast<size_t>(bytes(8)), 1),
+                                              PseudoRandom(static_cast<size_t>(bytes(3)), 2)};
+  const std::vector<KvChunk> spans = {{chunks[0], 8}, {chunks[1], 3}};
+  auto file = WriteKvSafetensors(Info(g, 13, 11), spans);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  auto back = ReadKvSafetensors(*file, kFingerprint, g, 8);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->chunks, chunks);
+  EXPECT_EQ(back->chunk_tokens, (std::vector<int64_t>{8, 3}));
+  // A non-last chunk that ends inside a K chunk cannot be exported.
+  const std::vector<KvChunk> bad = {{chunks[1], 3}, {chunks[0], 8}};
+  EXPECT_EQ(WriteKvSafetensors(Info(g, 13, 11), bad).status().code(), StatusCode::kInvalidArgument);
+  KvGeometry other = g;
+  other.chunk = 8;
+  EXPECT_EQ(ReadKvSafetensors(*file, kFingerprint, other, 8).status().code(), StatusCode::kInvalidArgument);
+  for (size_t cut = 0; cut < file->size(); cut += 97)
+    EXPECT_FALSE(ReadKvSafetensors(std::string_view(*file).substr(0, cut), kFingerprint, g, 8).ok()) << cut;
+}
+
 TEST(StoreSafetensors, TensorLayout) {
   const KvGeometry g = Geometry("q4");
   const auto chunks = MakeChunks(g, 10, 4, 7);

@@ -55,8 +55,23 @@ def expected_tensors(meta):
     fields = {'f16': [('', 'F16', [n, H, D])],
               'q8': [('.codes', 'I8', [n, ng, G]), ('.scales', 'F16', [n, ng])],
               'q4': [('.codes', 'U8', [n, ng, G // 2]), ('.scales', 'F16', [n, ng]), ('.mins', 'F16', [n, ng])]}
-    need(meta['kv_format'] in fields, 'unknown kv_format %r' % meta['kv_format'])
     out = {}
+    if meta['kv_format'] == 'q4k':
+        # Keys per channel over chunks of C tokens (nc complete chunks; the ns newest tokens'
+        # keys staged in f16), values in rows of sub-blocks of G with per-quad packed fields.
+        need('k_chunk_tokens' in meta, 'q4k without k_chunk_tokens')
+        C = int(meta['k_chunk_tokens'])
+        need(C > 0 and C % 2 == 0 and D % G == 0, 'q4k chunk %d / sub-block %d' % (C, G))
+        nv, nc, ns = H * D, n // C, n % C
+        nsub = nv // G
+        for l in range(L):
+            for suffix, dtype, shape in [('k.codes', 'U8', [nc, nv, C // 2]), ('k.scales', 'F16', [nc, nv]),
+                                         ('k.mins', 'F16', [nc, nv]), ('k.staged', 'F16', [ns, H, D]),
+                                         ('v.codes', 'U8', [n, nsub, G // 2]), ('v.scale_units', 'F16', [n]),
+                                         ('v.min_units', 'F16', [n]), ('v.sub_fields', 'U8', [n, (nsub + 3) // 4, 5])]:
+                out['layers.%d.%s' % (l, suffix)] = (dtype, shape)
+        return out
+    need(meta['kv_format'] in fields, 'unknown kv_format %r' % meta['kv_format'])
     for l in range(L):
         for p in 'kv':
             for suffix, dtype, shape in fields[meta['kv_format']]:
