@@ -34,5 +34,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(bytes, {2, 2, 4, "f16", 8, false});
   Check(bytes, {2, 2, 4, "q8", 4, true});
   Check(bytes, {2, 2, 4, "q4", 4, true});
+  Check(bytes, {2, 2, 4, "q4k", 4, true, 2});
   return 0;
 }

@@ -230,7 +230,7 @@ TEST(StoreSafetensors, ReadsFilesWrittenByPython) {
     const std::string file = ss.str(), name = entry.path().filename().string();
     SCOPED_TRACE(name);
     const std::string type = name.substr(0, name.find_first_of("._"));
-    const KvGeometry g{2, 2, 4, type == "empty" ? "q4" : type, type == "f16" ? 8 : 4, type != "f16"};
+    const KvGeometry g{2, 2, 4, type == "empty" ? "q4" : type, type == "f16" ? 8 : 4, type != "f16", type == "q4k" ? 2 : 0};
     auto r = ReadKvSafetensors(file, "0123456789abcdef0123456789abcdef", g, 2);
     ASSERT_TRUE(r.ok()) << r.status().message();
     ++n_files;
@@ -244,7 +244,7 @@ TEST(StoreSafetensors, ReadsFilesWrittenByPython) {
     EXPECT_EQ(r->info.tokens, (std::vector<int32_t>{1, 2, 2147483647}));
     EXPECT_EQ(r->info.conversation[0].text, "Hi \xC3\xA9");
   }
-  EXPECT_EQ(n_files, 5);
+  EXPECT_EQ(n_files, 6);
 }
 
 class StoreSafetensorsReject : public ::testing::Test {
