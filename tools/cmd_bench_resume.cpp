@@ -242,7 +242,8 @@ int BenchResume(int argc, char** argv) {
           std::printf("agents of %lld tokens in a 2 GiB budget: %s %lld, f16 %lld (%.2fx); bytes/token %s/f16 = %.3f\n",
                       static_cast<long long>(ctx), kv.c_str(), static_cast<long long>(a), static_cast<long long>(b),
                       b > 0 ? double(a) / b : 0, kv.c_str(),
-                      double(KvLayoutFor(hp, *fmt).row_bytes()) / double(KvLayoutFor(hp, *f16).row_bytes()));
+                      // Whole blocks: a q4k row is only its V row (keys are in chunks).
+                      double(KvLayoutFor(hp, *fmt).block_bytes()) / double(KvLayoutFor(hp, *f16).block_bytes()));
       }
     }
   }
