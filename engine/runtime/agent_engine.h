@@ -24,7 +24,7 @@ struct AgentSettings {
   SamplerParams sampling;              // temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed
   int max_tokens = 256;                // reply length limit
   std::vector<std::string> stop;       // stop strings (besides the model's end-of-turn tokens)
-  std::string kv = "q4";               // KV format of the agent's cache: f16 | q8 | q4
+  std::string kv = "q4k";              // KV format of the agent's cache: f16 | q8 | q4 | q4k
   friend bool operator==(const AgentSettings&, const AgentSettings&) = default;
 };
 

@@ -17,7 +17,7 @@ struct EngineOptions {
   std::string model_path;
   std::string store_dir;          // empty: nothing persisted (tests, benchmarks)
   int n_threads = 2;
-  std::string kv = "q4";          // KV format of new agents: f16 | q8 | q4
+  std::string kv = "q4k";          // KV format of new agents: f16 | q8 | q4 | q4k
   std::string kv_rotate;          // "" (format default) | "on" | "off"
   int64_t kv_budget_bytes = 0;    // memory for KV blocks; 0: a quarter of the machine's RAM
   // Zeroed, pre-faulted memory for KV blocks of the default format, made ready in the
