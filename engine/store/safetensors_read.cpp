@@ -339,10 +339,14 @@ Result<ImportedCache> ReadKvSafetensors(std::string_view bytes, std::string_view
   }
   for (size_t i = 0; i < plan.size(); ++i)
     if (begin[i] < 0) return Malformed("missing tensor " + plan[i].name);
-  // Tensors must tile the buffer: sorted by offset, each starts where the previous ended.
+  // Tensors must tile the buffer: sorted by offset, each starts where the previous ended. Empty
+  // tensors (q4k's K chunks of a cache shorter than one chunk) sort before a tensor that starts
+  // at the same offset.
   std::vector<size_t> order(plan.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return begin[a] < begin[b]; });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return begin[a] != begin[b] ? begin[a] < begin[b] : plan[a].bytes < plan[b].bytes;
+  });
   int64_t cursor = 0;
   for (size_t i : order) {
     if (begin[i] < cursor)

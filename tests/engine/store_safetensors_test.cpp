@@ -146,6 +146,14 @@ TEST(StoreSafetensors, Q4kRoundTripWithStagedRows) {
   EXPECT_EQ(ReadKvSafetensors(*file, kFingerprint, other, 8).status().code(), StatusCode::kInvalidArgument);
   for (size_t cut = 0; cut < file->size(); cut += 97)
     EXPECT_FALSE(ReadKvSafetensors(std::string_view(*file).substr(0, cut), kFingerprint, g, 8).ok()) << cut;
+  // Shorter than one K chunk: the K chunk tensors are empty, only staged rows.
+  const std::vector<uint8_t> short_chunk = PseudoRandom(static_cast<size_t>(bytes(3)), 3);
+  const std::vector<KvChunk> one = {{short_chunk, 3}};
+  auto small = WriteKvSafetensors(Info(g, 5, 3), one);
+  ASSERT_TRUE(small.ok()) << small.status().message();
+  auto small_back = ReadKvSafetensors(*small, kFingerprint, g, 8);
+  ASSERT_TRUE(small_back.ok()) << small_back.status().message();
+  EXPECT_EQ(small_back->chunks, (std::vector<std::vector<uint8_t>>{short_chunk}));
 }
 
 TEST(StoreSafetensors, TensorLayout) {
