@@ -181,14 +181,15 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   engine_options.model_path = config.model_path;
   engine_options.store_dir = config.store_dir;
   engine_options.n_threads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
-  engine_options.kv = config.kv;
+  // q4k unless the Vulkan backend runs the passes: it has no q4k kernels.
+  engine_options.kv = !config.kv.empty() ? config.kv : config.backend == "vulkan" ? "q4" : "q4k";
   engine_options.kv_budget_bytes = config.kv_budget_bytes;
   engine_options.backend = config.backend;
   engine_options.device = config.device;
   engine_options.block_tokens = config.block_tokens;
   engine_options.n_ctx = config.context_tokens;
   engine_options.max_queued_turns = static_cast<size_t>(config.max_queued_turns);
-  spdlog::info("loading {} (store {}, kv {}, {} threads)", config.model_path, config.store_dir, config.kv,
+  spdlog::info("loading {} (store {}, kv {}, {} threads)", config.model_path, config.store_dir, engine_options.kv,
                engine_options.n_threads);
   Result<std::unique_ptr<AgentEngine>> engine = make_engine(engine_options);
   if (!engine.ok()) return fail(engine.status().code() == StatusCode::kInternal ? 1 : 2, engine.status());

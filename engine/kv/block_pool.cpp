@@ -297,7 +297,9 @@ void BlockPool::Shrink(PoolBlock* b, int64_t bytes) {
   used_bytes_ -= b->bytes - bytes;
   b->data = static_cast<uint8_t*>(p);
   b->bytes = bytes;
-  // Device copies are keyed by serial: the new memory is a new block to them.
+  // Device copies are keyed by serial: the old one's copy goes as a freed block's does, and
+  // the new memory is a new block to them.
+  if (track_freed_) freed_.push_back(b->serial);
   b->serial = NextBlockSerial();
 }
 

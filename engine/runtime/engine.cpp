@@ -65,11 +65,12 @@ Status Engine::Init() {
   if (options_.block_tokens <= 0 || options_.block_tokens > 4096) {
     return InvalidArgument(fmt::format("block size must be in [1, 4096] tokens, not {}", options_.block_tokens));
   }
-  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
-  (void)format;
   pool_ = std::make_unique<BlockPool>(options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget());
   counters_.memory_budget_bytes = options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget();
   KVFS_RETURN_IF_ERROR(MakeBackend());
+  // After the backend: whether it runs the default format is part of the check.
+  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
+  (void)format;
   if (!options_.store_dir.empty()) {
     fs_ = std::make_unique<store::PosixFileSystem>();
     KVFS_ASSIGN_OR_RETURN(store_, store::CacheStore::Open(options_.store_dir, *fs_));
@@ -124,6 +125,9 @@ void Engine::ForgetFreedBlocks() {
 Result<KvFormat> Engine::FormatFor(const AgentSettings& settings) const {
   const HParams& hp = model_->hparams();
   KVFS_ASSIGN_OR_RETURN(KvFormat f, MakeKvFormat(settings.kv, options_.kv_rotate, hp.n_head_kv, hp.head_dim));
+  if (f.KeysByChannel() && backend_name_.rfind("vulkan", 0) == 0) {
+    return Unsupported(fmt::format("kv \"{}\": the Vulkan backend has no kernels for keys by channel; use q4", settings.kv));
+  }
   // q4k keys are quantized in chunks of C tokens that never span two blocks.
   if (f.KeysByChannel() && options_.block_tokens % f.chunk != 0) {
     return InvalidArgument(fmt::format("kv \"{}\" needs KV blocks of a multiple of {} tokens, not {}", settings.kv,
