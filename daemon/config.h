@@ -17,7 +17,8 @@ struct DaemonConfig {
   std::string mountpoint;        // required
   std::string store_dir;         // empty: DefaultStoreDir()
   int threads = 0;               // engine threads; 0: all hardware threads
-  std::string kv;                // KV format of new agents: f16 | q8 | q4 | q4k; "": q4k (q4 on vulkan)
+  std::string kv;                // KV format of new agents: f16 | q8 | q4 | q4k; "": q4k (q4 on
+                                 // vulkan or with blocks that are not a multiple of 64 tokens)
   int64_t kv_budget_bytes = 0;   // memory for KV blocks; 0: the engine's default (a quarter of RAM)
   int64_t context_tokens = 0;    // per agent; 0: the model's (at most 32768)
   int64_t block_tokens = 256;

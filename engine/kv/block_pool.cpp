@@ -116,14 +116,28 @@ void BlockPool::FreeLocked(PoolBlock* b) {
   std::memset(b->data, 0, static_cast<size_t>(b->bytes));
   used_bytes_ -= b->bytes;
   --n_blocks_;
-  if (FreeListTakesLocked(b->bytes)) {
-    free_[b->bytes].push_back(b->data);
-    free_bytes_ += b->bytes;
+  PutFreeLocked(b->data, b->bytes);
+  delete b;
+}
+
+void BlockPool::PutFreeLocked(uint8_t* p, int64_t bytes) {
+  if (FreeListTakesLocked(bytes)) {
+    free_[bytes].push_back(p);
+    free_bytes_ += bytes;
     ++free_blocks_;
   } else {
-    FreeMemory(b->data, b->bytes);
+    FreeMemory(p, bytes);
   }
-  delete b;
+}
+
+uint8_t* BlockPool::TakeFreeLocked(int64_t bytes) {
+  auto it = free_.find(bytes);
+  if (it == free_.end() || it->second.empty()) return nullptr;
+  uint8_t* m = it->second.back();
+  it->second.pop_back();
+  free_bytes_ -= bytes;
+  --free_blocks_;
+  return m;
 }
 
 bool BlockPool::FreeListTakesLocked(int64_t bytes) const {
@@ -195,15 +209,7 @@ Result<PoolBlock*> BlockPool::Allocate(int64_t bytes) {
   std::lock_guard lock(mu_);
   // Free-list memory of this size: live + free is unchanged by taking it, so it fits the budget
   // whenever a fresh block would.
-  auto take = [&]() -> uint8_t* {
-    auto it = free_.find(bytes);
-    if (it == free_.end() || it->second.empty()) return nullptr;
-    uint8_t* m = it->second.back();
-    it->second.pop_back();
-    free_bytes_ -= bytes;
-    --free_blocks_;
-    return m;
-  };
+  auto take = [&] { return TakeFreeLocked(bytes); };
   uint8_t* p = take();
   if (Status room = MakeRoomLocked(bytes); !room.ok()) {
     if (p != nullptr) FreeMemory(p, bytes);  // zeroed; the list's bound may no longer hold it
@@ -289,13 +295,15 @@ void BlockPool::Shrink(PoolBlock* b, int64_t bytes) {
     std::abort();
   }
   if (bytes >= b->bytes) return;
-  void* p = std::aligned_alloc(64, static_cast<size_t>(bytes));
+  uint8_t* p = TakeFreeLocked(bytes);
+  if (p == nullptr) p = AllocMemory(bytes);
   if (p == nullptr) return;
   std::memcpy(p, b->data, static_cast<size_t>(bytes));
+  // The old memory is zeroed, then kept for reuse or given back, as a freed block's is.
   std::memset(b->data, 0, static_cast<size_t>(b->bytes));
-  std::free(b->data);
   used_bytes_ -= b->bytes - bytes;
-  b->data = static_cast<uint8_t*>(p);
+  PutFreeLocked(b->data, b->bytes);
+  b->data = p;
   b->bytes = bytes;
   // Device copies are keyed by serial: the old one's copy goes as a freed block's does, and
   // the new memory is a new block to them.

@@ -102,8 +102,9 @@ class BlockPool {
   // True when `b` may be written by its holder: anonymous and held once.
   bool IsWritable(const PoolBlock* b) const;
   // Gives back the end of a writable block: it keeps its first `bytes` bytes (<= its size) in a
-  // new allocation, under a new serial; the old memory is zeroed and freed. Shrinking never
-  // needs room, so it cannot fail; if the smaller allocation does, the block stays as it is.
+  // new allocation, under a new serial; the old memory is zeroed and freed (or kept on the free
+  // list). Shrinking never needs room, so it cannot fail; if the smaller allocation does, the
+  // block stays as it is.
   void Shrink(PoolBlock* b, int64_t bytes);
   // refs - 1. A writable block at 0 refs is zeroed and freed; a named one stays cached.
   void Release(PoolBlock* b);
@@ -139,6 +140,10 @@ class BlockPool {
   void TrimFreeLocked(int64_t extra);
   // The free list may take `bytes` more.
   bool FreeListTakesLocked(int64_t bytes) const;
+  // Zeroed memory of `bytes` from the free list, or nullptr; and zeroed memory back to it (or
+  // to the system when the list's bounds do not take it).
+  uint8_t* TakeFreeLocked(int64_t bytes);
+  void PutFreeLocked(uint8_t* p, int64_t bytes);
 
   const int64_t budget_bytes_;
   const int64_t max_free_bytes_;
