@@ -252,6 +252,7 @@ class Engine final : public AgentEngine {
   size_t prefill_rr_ = 0;                            // engine thread
   double decode_step_ms_ = 0;                        // engine thread: moving averages of
   double prefill_ms_per_token_ = 0;                  // step costs (SharedPrefillChunk)
+  size_t steps_since_decode_only_ = 0;               // engine thread: see Step
 
   std::mutex store_mu_;
   std::condition_variable store_cv_;

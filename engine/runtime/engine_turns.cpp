@@ -302,16 +302,44 @@ void Engine::Step() {
       chunk.push_back(0);
     }
   }
-  // One prefilling turn per step, round-robin, so a long prompt never starves a short one.
+  const size_t decode_count = steps.size();
   std::vector<ActiveTurn*> prefilling;
   for (auto& t : active_)
     if (t->pending == kNoToken) prefilling.push_back(t.get());
-  if (!prefilling.empty()) {
-    ActiveTurn* t = prefilling[prefill_rr_++ % prefilling.size()];
-    const size_t n = std::min(steps.empty() ? kPrefillChunkAlone : SharedPrefillChunk(), t->context.size() - t->prefill_at);
-    steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(t->context.data() + t->prefill_at, n), false});
-    owners.push_back(t);
-    chunk.push_back(n);
+  // Chunks shared with decoding turns are sized from the cost of a decode-only step, which
+  // changes with the batch and the contexts' depth: while someone decodes, one step in
+  // kDecodeOnlyEvery (and the first) leaves the prefill out to measure it.
+  constexpr size_t kDecodeOnlyEvery = 16;
+  const bool decode_only =
+      !steps.empty() && !prefilling.empty() && (decode_step_ms_ <= 0 || steps_since_decode_only_ >= kDecodeOnlyEvery);
+  steps_since_decode_only_ = decode_only || steps.empty() ? 0 : steps_since_decode_only_ + 1;
+  // Prefill: a token budget per step, handed out round-robin from a rotating first turn, so a
+  // long prompt gets what is left and never starves a short one. Short remainders (the new turn
+  // of a cached agent: tens of tokens) are prefilled whole, beyond the shared budget but within
+  // kPrefillChunkAlone per step, so agents that arrive together start decoding together.
+  constexpr size_t kShortPrefill = 64;
+  size_t prefill_tokens = 0;
+  if (!prefilling.empty() && !decode_only) {
+    size_t budget = steps.empty() ? kPrefillChunkAlone : SharedPrefillChunk();
+    size_t short_budget = kPrefillChunkAlone;
+    const size_t first = prefill_rr_++ % prefilling.size();
+    for (size_t k = 0; k < prefilling.size() && (budget > 0 || short_budget > 0); ++k) {
+      ActiveTurn* t = prefilling[(first + k) % prefilling.size()];
+      const size_t left = t->context.size() - t->prefill_at;
+      size_t n = std::min(budget, left);
+      if (left <= kShortPrefill && left <= short_budget) {
+        n = left;
+        short_budget -= left;
+        budget -= std::min(budget, left);
+      } else {
+        budget -= n;
+      }
+      if (n == 0) continue;
+      steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(t->context.data() + t->prefill_at, n), false});
+      owners.push_back(t);
+      chunk.push_back(n);
+      prefill_tokens += n;
+    }
   }
   Logits logits;
   ForgetFreedBlocks();
@@ -319,18 +347,25 @@ void Engine::Step() {
   kvfs::Status s = backend_->Forward(steps, logits);
   const double ms = MsSince(t0);
   // Step costs for sizing prefill chunks: decode-only steps, and prefill-only steps per token.
-  const size_t prefill_tokens = chunk.empty() ? 0 : chunk.back();
-  if (s.ok() && prefill_tokens == 0) decode_step_ms_ = decode_step_ms_ > 0 ? 0.8 * decode_step_ms_ + 0.2 * ms : ms;
-  if (s.ok() && prefill_tokens >= 32 && steps.size() == 1) {
+  if (s.ok() && prefill_tokens == 0 && decode_count > 0) {
+    decode_step_ms_ = decode_step_ms_ > 0 ? 0.8 * decode_step_ms_ + 0.2 * ms : ms;
+  }
+  if (s.ok() && prefill_tokens >= 32 && decode_count == 0) {
     const double per_token = ms / static_cast<double>(prefill_tokens);
     prefill_ms_per_token_ = prefill_ms_per_token_ > 0 ? 0.8 * prefill_ms_per_token_ + 0.2 * per_token : per_token;
+  }
+  // Shared steps price their chunk too (what it added to a decode step), so the estimate
+  // follows the prefilling turn's depth and the chunk's real cost.
+  if (s.ok() && prefill_tokens >= 4 && decode_count > 0 && decode_step_ms_ > 0) {
+    const double per_token = std::max(0.0, ms - decode_step_ms_) / static_cast<double>(prefill_tokens);
+    prefill_ms_per_token_ = prefill_ms_per_token_ > 0 ? 0.7 * prefill_ms_per_token_ + 0.3 * per_token : per_token;
   }
   {
     std::lock_guard lock(mu_);
     PushBounded(counters_.batch_sizes, steps.size());
     ++counters_.forward_passes;
     counters_.device_block_copies = backend_->BlockCopies();
-    counters_.decode_tokens += steps.size() - (prefill_tokens > 0 ? 1 : 0);
+    counters_.decode_tokens += decode_count;
     counters_.prefill_tokens += prefill_tokens;
     counters_.forward_ms += ms;
   }
@@ -357,10 +392,11 @@ void Engine::Step() {
 }
 
 // While others decode, a prefill chunk may add at most kDecodeSlowdown of a decode step's time,
-// so generating agents keep more than half their speed while a long prompt is prefilled; the
-// chunk follows the measured costs (a deeper cache makes decode steps longer and allows more).
+// so generating agents keep more than half their speed (1 / 1.6) while a long prompt is
+// prefilled; the chunk follows the measured costs (a deeper cache makes decode steps longer and
+// allows more).
 size_t Engine::SharedPrefillChunk() const {
-  constexpr double kDecodeSlowdown = 0.8;
+  constexpr double kDecodeSlowdown = 0.6;
   if (decode_step_ms_ <= 0 || prefill_ms_per_token_ <= 0) return kPrefillChunkShared;
   const double n = kDecodeSlowdown * decode_step_ms_ / prefill_ms_per_token_;
   return static_cast<size_t>(std::clamp(n, 4.0, static_cast<double>(kPrefillChunkAlone)));
