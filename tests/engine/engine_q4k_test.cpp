@@ -26,6 +26,7 @@ namespace fs = std::filesystem;
 using testing::ReadManifest;
 using testing::RunTurn;
 using testing::TurnOutcome;
+using testing::ExpectReloadsShown;
 
 constexpr int64_t kChunk = 64;  // q4k's K chunk
 
@@ -119,15 +120,7 @@ TEST_F(EngineQ4kTest, TurnsMatchUncachedRunsAcrossRestartAndEviction) {
       }
     }
     EXPECT_TRUE(staged_at_commit) << "no commit left staged rows: the test does not cover them";
-    const EngineStatus st = (*engine)->Stats();
-    if (mode == 1) {
-      EXPECT_GT(st.reload_bytes, 0u);
-    }
-    if (mode == 2) {
-      EXPECT_GT(st.evictions, 0u);
-      EXPECT_GT(st.reload_bytes, 0u);
-      EXPECT_LE(st.memory_used_bytes, budget);
-    }
+    ExpectReloadsShown((*engine)->Stats(), mode, budget);
   }
 }
 

@@ -47,6 +47,20 @@ inline store::Manifest ReadManifest(const std::string& store_dir, const std::str
   return m.ok() ? *m : store::Manifest{};
 }
 
+// What the counters must show after the turns of an uncached-equivalence test: mode 1 (a
+// restart between turns) reloaded blocks from disk; mode 2 (a budget too small for two agents)
+// evicted and reloaded blocks and stayed within the budget.
+inline void ExpectReloadsShown(const EngineStatus& st, int mode, int64_t budget) {
+  if (mode == 1) {
+    EXPECT_GT(st.reload_bytes, 0u);
+  }
+  if (mode == 2) {
+    EXPECT_GT(st.evictions, 0u);
+    EXPECT_GT(st.reload_bytes, 0u);
+    EXPECT_LE(st.memory_used_bytes, budget);
+  }
+}
+
 class EngineTestBase : public ::testing::Test {
  protected:
   void SetUp() override {
