@@ -1,5 +1,6 @@
 #include "tools/bench_util.h"
 
+#include <algorithm>
 #include <future>
 #include <sstream>
 #include <vector>
@@ -11,6 +12,12 @@ std::vector<std::string> SplitList(const std::string& text) {
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
   return out;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 Result<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& option, int64_t lo, int64_t hi) {

@@ -38,12 +38,6 @@ int Fail(const std::string& m) {
   return 2;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 struct RunResult {
   double wall_s = 0;
   int64_t generated = 0;

@@ -27,6 +27,7 @@
 #include "fs/agent_store.h"
 #include "fs/fuse_server.h"
 #include "tools/args.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 
 namespace kvfs::cli {
@@ -51,12 +52,6 @@ int Fail(const std::string& m) {
 }
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 Result<TurnStats> DirectTurn(AgentEngine& engine, const std::string& agent, const std::string& text) {
   std::promise<Result<TurnStats>> done;

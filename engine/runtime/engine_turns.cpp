@@ -326,14 +326,10 @@ void Engine::Step() {
     for (size_t k = 0; k < prefilling.size() && (budget > 0 || short_budget > 0); ++k) {
       ActiveTurn* t = prefilling[(first + k) % prefilling.size()];
       const size_t left = t->context.size() - t->prefill_at;
-      size_t n = std::min(budget, left);
-      if (left <= kShortPrefill && left <= short_budget) {
-        n = left;
-        short_budget -= left;
-        budget -= std::min(budget, left);
-      } else {
-        budget -= n;
-      }
+      const bool whole = left <= kShortPrefill && left <= short_budget;
+      const size_t n = whole ? left : std::min(budget, left);
+      if (whole) short_budget -= n;
+      budget -= std::min(budget, n);
       if (n == 0) continue;
       steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(t->context.data() + t->prefill_at, n), false});
       owners.push_back(t);
