@@ -21,25 +21,10 @@ BackendChoice ReadBackendChoice(Args& args, int n_threads) {
 
 Result<std::unique_ptr<Backend>> MakeChosenBackend(const Model& model, const BackendChoice& choice,
                                                    const std::string& command, std::string* used) {
-  if (choice.vulkan) {
-    auto devices = ListVulkanDevices();
-    if (!devices.ok()) {
-      std::fprintf(stderr, "kvfs %s: warning: %s; running on the CPU\n", command.c_str(),
-                   devices.status().message().c_str());
-    } else {
-      if (choice.device >= static_cast<int>(devices->size())) {
-        return InvalidArgument(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", choice.device,
-                                           devices->size()));
-      }
-      KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeVulkanBackend(model, VulkanOptions{choice.device}));
-      for (const VulkanDeviceInfo& d : *devices) {
-        if (choice.device >= 0 ? d.index == choice.device : d.is_default) *used = "vulkan: " + d.name;
-      }
-      return backend;
-    }
-  }
-  *used = "cpu";
-  return MakeCpuBackend(model, choice.cpu);
+  KVFS_ASSIGN_OR_RETURN(ChosenBackend chosen, MakeRequestedBackend(model, choice));
+  if (!chosen.warning.empty()) std::fprintf(stderr, "kvfs %s: warning: %s\n", command.c_str(), chosen.warning.c_str());
+  *used = chosen.name;
+  return std::move(chosen.backend);
 }
 
 }  // namespace kvfs::cli

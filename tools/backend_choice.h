@@ -14,11 +14,7 @@ inline constexpr const char* kBackendUsage =
     "                      CPU with a warning when there is no Vulkan device\n"
     "  --device N          Vulkan device index (see kvfs devices; default: the first GPU)\n";
 
-struct BackendChoice {
-  bool vulkan = false;
-  int device = -1;  // -1: the default Vulkan device
-  CpuOptions cpu;
-};
+using BackendChoice = BackendRequest;
 
 // Reads --backend and --device; a bad value is recorded in args.error().
 BackendChoice ReadBackendChoice(Args& args, int n_threads);

@@ -82,6 +82,22 @@ struct VulkanOptions {
 // backend or the model has a weight type the shaders lack; NotFound without a device.
 Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const VulkanOptions& options);
 
+// The backend a user asked for (kvfs --backend/--device, kvfsd, the engine).
+struct BackendRequest {
+  bool vulkan = false;
+  int device = -1;  // -1: the default Vulkan device
+  CpuOptions cpu;
+};
+struct ChosenBackend {
+  std::unique_ptr<Backend> backend;
+  std::string name;     // "cpu" or "vulkan: DEVICE NAME"
+  std::string warning;  // set when Vulkan was asked for and the CPU serves instead
+};
+// Without a Vulkan driver or device (or in a build without Vulkan) a Vulkan request gives the
+// CPU backend and a warning; a device index that does not exist, or a model the shaders cannot
+// run, is an error.
+Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequest& request);
+
 // Test hooks of the Vulkan backend (Unsupported for other backends and builds): the bytes of
 // the device copy of host block `serial` (every layer's K then V plane of its slot); and that
 // slot's bytes after ForgetBlocks({serial}), which must be zeros.

@@ -86,27 +86,13 @@ Status Engine::MakeBackend() {
   if (options_.backend != "cpu" && options_.backend != "vulkan") {
     return InvalidArgument("backend must be cpu or vulkan, not " + options_.backend);
   }
-  if (options_.backend == "vulkan") {
-    // No Vulkan (driver, device, or in this build): the CPU serves, with a warning. A device
-    // index that does not exist, or a model the shaders cannot run, is an error to fix.
-    auto devices = ListVulkanDevices();
-    if (!devices.ok()) {
-      spdlog::warn("engine: {}; running on the CPU", devices.status().message());
-    } else {
-      if (options_.device >= static_cast<int>(devices->size())) {
-        return InvalidArgument(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", options_.device,
-                                           devices->size()));
-      }
-      KVFS_ASSIGN_OR_RETURN(backend_, MakeVulkanBackend(*model_, VulkanOptions{options_.device}));
-      for (const VulkanDeviceInfo& d : *devices) {
-        if (options_.device >= 0 ? d.index == options_.device : d.is_default) backend_name_ = "vulkan: " + d.name;
-      }
-      pool_->TrackFreed();  // device copies follow the host blocks' frees (ForgetFreedBlocks)
-      return Status::Ok();
-    }
-  }
-  backend_ = MakeCpuBackend(*model_, CpuOptions{options_.n_threads, nullptr});
-  backend_name_ = "cpu";
+  KVFS_ASSIGN_OR_RETURN(ChosenBackend chosen,
+                        MakeRequestedBackend(*model_, BackendRequest{options_.backend == "vulkan", options_.device,
+                                                                     CpuOptions{options_.n_threads, nullptr}}));
+  if (!chosen.warning.empty()) spdlog::warn("engine: {}", chosen.warning);
+  backend_ = std::move(chosen.backend);
+  backend_name_ = chosen.name;
+  if (backend_->KeepsBlockCopies()) pool_->TrackFreed();  // device copies follow the host blocks' frees
   return Status::Ok();
 }
 
