@@ -46,6 +46,24 @@ namespace {  // NOLINT: internal linkage on purpose (see the top of the file)
 // DRAM (5632 x 2048, `bench_kernels decode_tile_*tok`) 8 tokens take 0.8 ms through the rows
 // and 1.2 ms through the panels on one thread: the row kernels run up to 8.
 constexpr int64_t kPanelMinTokens = 9;
+// The row kernels take their token count as a template argument: runs them over n_tokens tokens
+// in passes of at most per_pass (<= 8), calling pass.template operator()<NT>(first_token).
+template <class Pass>
+inline void ForTokenPasses(int64_t n_tokens, int64_t per_pass, Pass&& pass) {
+  for (int64_t t = 0; t < n_tokens; t += per_pass) {
+    switch (n_tokens - t < per_pass ? n_tokens - t : per_pass) {
+      case 8: pass.template operator()<8>(t); break;
+      case 7: pass.template operator()<7>(t); break;
+      case 6: pass.template operator()<6>(t); break;
+      case 5: pass.template operator()<5>(t); break;
+      case 4: pass.template operator()<4>(t); break;
+      case 3: pass.template operator()<3>(t); break;
+      case 2: pass.template operator()<2>(t); break;
+      case 1: pass.template operator()<1>(t); break;
+      default: break;
+    }
+  }
+}
 constexpr int64_t kPanelMinTokensK = 9;
 constexpr int64_t kPanelMinTokensQ6K = 12;
 

@@ -360,22 +360,9 @@ void KTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uin
     return;
   }
   // Up to 8 tokens per pass over the weights (see the legacy formats' Tile).
-  int64_t t = 0;
-  for (; t + 8 <= n_tokens; t += 8) {
-    KRowsTokens<F, 8>(w_rows, w_row_bytes, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nsb, y + t * y_stride, y_stride);
-  }
-  const uint8_t* xt = x_quant + t * x_row_bytes;
-  float* yt = y + t * y_stride;
-  switch (n_tokens - t) {
-    case 7: KRowsTokens<F, 7>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nsb, yt, y_stride); break;
-    case 6: KRowsTokens<F, 6>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nsb, yt, y_stride); break;
-    case 5: KRowsTokens<F, 5>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nsb, yt, y_stride); break;
-    case 4: KRowsTokens<F, 4>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nsb, yt, y_stride); break;
-    case 3: KRowsTokens<F, 3>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nsb, yt, y_stride); break;
-    case 2: KRowsTokens<F, 2>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nsb, yt, y_stride); break;
-    case 1: KRowsTokens<F, 1>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nsb, yt, y_stride); break;
-    default: break;
-  }
+  ForTokenPasses(n_tokens, 8, [&]<int NT>(int64_t t) {
+    KRowsTokens<F, NT>(w_rows, w_row_bytes, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nsb, y + t * y_stride, y_stride);
+  });
 }
 
 }  // namespace

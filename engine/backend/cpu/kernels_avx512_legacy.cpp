@@ -569,21 +569,9 @@ void Tile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint
   const int64_t step_bytes = kUnitsPerStep<L> * static_cast<int64_t>(sizeof(PUnit<L>));
   const bool wide = 8 * ((nb + 7) / 8) * step_bytes > kPrepL1Bytes;
   const int64_t per_pass = L::kQ8 || wide ? 4 : 8;
-  for (int64_t t = 0; t < n_tokens; t += per_pass) {
-    const uint8_t* xt = x_quant + t * x_row_bytes;
-    float* yt = y + t * y_stride;
-    switch (std::min(per_pass, n_tokens - t)) {
-      case 8: PRowsTokens<L, 8>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-      case 7: PRowsTokens<L, 7>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-      case 6: PRowsTokens<L, 6>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-      case 5: PRowsTokens<L, 5>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-      case 4: PRowsTokens<L, 4>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-      case 3: PRowsTokens<L, 3>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-      case 2: PRowsTokens<L, 2>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-      case 1: PRowsTokens<L, 1>(w_rows, w_row_bytes, n_rows, xt, x_row_bytes, nb, yt, y_stride); break;
-      default: break;
-    }
-  }
+  ForTokenPasses(n_tokens, per_pass, [&]<int NT>(int64_t t) {
+    PRowsTokens<L, NT>(w_rows, w_row_bytes, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb, y + t * y_stride, y_stride);
+  });
 }
 
 }  // namespace
