@@ -6,7 +6,9 @@
 //    2 threads (2 threads: each its half of the rows, like CpuBackend::MatMul); decode_tile_Ntok:
 //    N tokens at once (a batched decode step of N sequences: time against 1 token);
 //  * prefill: GFLOP/s (2 * rows * n_in * tokens) of matmul_tile with 512 tokens on a
-//    2048 x 2048 matrix, 1 and 2 threads.
+//    2048 x 2048 matrix, 1 and 2 threads;
+//  * packed_*: the same decode and prefill cases through the table's packed kernels (weights
+//    repacked at load, PackedKernels in kernels.h) where it has them.
 // Run: build/bench/bench_kernels [--benchmark_filter=avx512/Q4_0] [--benchmark_repetitions=5
 //      --benchmark_report_aggregates_only=true]
 #include <algorithm>
@@ -82,20 +84,41 @@ std::vector<uint8_t> QuantizedActivations(const KernelTable& k, GgmlType t, int6
   return q;
 }
 
-// Enough copies of the decode matrix to fill kDecodeSetBytes.
+// A matrix in the table's packed layout, 64-byte aligned as the backend allocates it.
+struct PackedMatrix {
+  std::vector<uint8_t> storage;
+  uint8_t* data = nullptr;
+};
+PackedMatrix Pack(const cpu::PackedKernels& pk, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t n_in) {
+  PackedMatrix m;
+  const int64_t bytes = pk.bytes(rows, n_in);
+  m.storage.resize(static_cast<size_t>(bytes + 64));
+  m.data = m.storage.data() + (64 - reinterpret_cast<uintptr_t>(m.storage.data()) % 64) % 64;
+  pk.pack(w, row_bytes, rows, n_in, m.data);
+  return m;
+}
+
+// Enough copies of the decode matrix to fill kDecodeSetBytes (plain, or packed by `packed`).
 struct DecodeSet {
   int64_t row_bytes = 0;
+  int64_t matrix_bytes = 0;  // one copy, rounded up to 64
   int64_t copies = 0;
-  std::vector<uint8_t> data;
+  std::vector<uint8_t> storage;
+  uint8_t* data = nullptr;   // 64-byte aligned
 };
-DecodeSet MakeDecodeSet(GgmlType t) {
+DecodeSet MakeDecodeSet(GgmlType t, const cpu::PackedKernels* packed = nullptr) {
   DecodeSet s;
   s.row_bytes = RowBytes(t, kDecodeIn);
-  const int64_t matrix = s.row_bytes * kDecodeRows;
-  s.copies = std::max<int64_t>(2, kDecodeSetBytes / matrix);
-  const std::vector<uint8_t> one = RandomMatrix(t, kDecodeRows, kDecodeIn, 1);
-  s.data.resize(static_cast<size_t>(matrix * s.copies));
-  for (int64_t c = 0; c < s.copies; ++c) std::memcpy(s.data.data() + c * matrix, one.data(), one.size());
+  const std::vector<uint8_t> plain = RandomMatrix(t, kDecodeRows, kDecodeIn, 1);
+  PackedMatrix pm;
+  if (packed != nullptr) pm = Pack(*packed, plain.data(), s.row_bytes, kDecodeRows, kDecodeIn);
+  const uint8_t* one = packed != nullptr ? pm.data : plain.data();
+  const int64_t one_bytes = packed != nullptr ? packed->bytes(kDecodeRows, kDecodeIn) : s.row_bytes * kDecodeRows;
+  s.matrix_bytes = (one_bytes + 63) / 64 * 64;
+  s.copies = std::max<int64_t>(2, kDecodeSetBytes / s.matrix_bytes);
+  s.storage.resize(static_cast<size_t>(s.matrix_bytes * s.copies + 64));
+  s.data = s.storage.data() + (64 - reinterpret_cast<uintptr_t>(s.storage.data()) % 64) % 64;
+  for (int64_t c = 0; c < s.copies; ++c) std::memcpy(s.data + c * s.matrix_bytes, one, static_cast<size_t>(one_bytes));
   return s;
 }
 
@@ -107,37 +130,45 @@ void BenchVecDot(benchmark::State& state, const KernelTable* k, GgmlType t) {
   int64_t c = 0;
   float sink = 0.0f;
   for (auto _ : state) {
-    const uint8_t* w = set.data.data() + (c++ % set.copies) * matrix;
+    const uint8_t* w = set.data + (c++ % set.copies) * set.matrix_bytes;
     for (int64_t r = 0; r < kDecodeRows; ++r) sink += dot(w + r * set.row_bytes, q.data(), kDecodeIn);
   }
   benchmark::DoNotOptimize(sink);
   state.SetBytesProcessed(state.iterations() * matrix);
 }
 
-void BenchDecodeTile(benchmark::State& state, const KernelTable* k, GgmlType t, int threads, int64_t tokens) {
-  const DecodeSet set = MakeDecodeSet(t);
+void BenchDecodeTile(benchmark::State& state, const KernelTable* k, GgmlType t, int threads, int64_t tokens, bool packed) {
+  const cpu::PackedKernels& pk = k->packed[Id(t)];
+  const DecodeSet set = MakeDecodeSet(t, packed ? &pk : nullptr);
   const std::vector<uint8_t> q = QuantizedActivations(*k, t, kDecodeIn, tokens);
   const int64_t qb = cpu::QuantizedActivationRowBytes(t, kDecodeIn);
   const cpu::MatMulTileFn tile = k->matmul_tile[Id(t)];
-  const int64_t matrix = set.row_bytes * kDecodeRows;
   std::vector<float> y(kDecodeRows * tokens);
   ThreadPool pool(threads);
   int64_t c = 0;
   for (auto _ : state) {
-    const uint8_t* w = set.data.data() + (c++ % set.copies) * matrix;
+    const uint8_t* w = set.data + (c++ % set.copies) * set.matrix_bytes;
     pool.Run([&](int ith, int nth) {
       auto [u0, u1] = SplitRange(kDecodeRows / 32, ith, nth);
-      tile(w + u0 * 32 * set.row_bytes, set.row_bytes, (u1 - u0) * 32, q.data(), qb, tokens, kDecodeIn, y.data() + u0 * 32,
-           kDecodeRows);
+      if (packed) {
+        pk.matmul(w, u0 * 32, (u1 - u0) * 32, q.data(), qb, tokens, kDecodeIn, y.data() + u0 * 32, kDecodeRows);
+      } else {
+        tile(w + u0 * 32 * set.row_bytes, set.row_bytes, (u1 - u0) * 32, q.data(), qb, tokens, kDecodeIn,
+             y.data() + u0 * 32, kDecodeRows);
+      }
     });
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(state.iterations() * matrix);
+  // The plain layout's bytes in both cases, so GB/s compare (the packed form is no larger).
+  state.SetBytesProcessed(state.iterations() * set.row_bytes * kDecodeRows);
 }
 
-void BenchPrefill(benchmark::State& state, const KernelTable* k, GgmlType t, int threads) {
+void BenchPrefill(benchmark::State& state, const KernelTable* k, GgmlType t, int threads, bool packed) {
   const std::vector<uint8_t> w = RandomMatrix(t, kPrefillRows, kPrefillIn, 2);
   const int64_t rb = RowBytes(t, kPrefillIn);
+  const cpu::PackedKernels& pk = k->packed[Id(t)];
+  PackedMatrix pw;
+  if (packed) pw = Pack(pk, w.data(), rb, kPrefillRows, kPrefillIn);
   const std::vector<uint8_t> q = QuantizedActivations(*k, t, kPrefillIn, kPrefillTokens);
   const int64_t qb = cpu::QuantizedActivationRowBytes(t, kPrefillIn);
   const cpu::MatMulTileFn tile = k->matmul_tile[Id(t)];
@@ -146,8 +177,13 @@ void BenchPrefill(benchmark::State& state, const KernelTable* k, GgmlType t, int
   for (auto _ : state) {
     pool.Run([&](int ith, int nth) {
       auto [u0, u1] = SplitRange(kPrefillRows / 32, ith, nth);
-      tile(w.data() + u0 * 32 * rb, rb, (u1 - u0) * 32, q.data(), qb, kPrefillTokens, kPrefillIn, y.data() + u0 * 32,
-           kPrefillRows);
+      if (packed) {
+        pk.matmul(pw.data, u0 * 32, (u1 - u0) * 32, q.data(), qb, kPrefillTokens, kPrefillIn, y.data() + u0 * 32,
+                  kPrefillRows);
+      } else {
+        tile(w.data() + u0 * 32 * rb, rb, (u1 - u0) * 32, q.data(), qb, kPrefillTokens, kPrefillIn, y.data() + u0 * 32,
+             kPrefillRows);
+      }
     });
     benchmark::ClobberMemory();
   }
@@ -166,23 +202,29 @@ void RegisterAll() {
     for (GgmlType t : types) {
       const std::string tn = name + "/" + std::string(GgmlTypeInfo(Id(t))->name);
       benchmark::RegisterBenchmark(("vec_dot/" + tn).c_str(), BenchVecDot, k, t)->UseRealTime()->Unit(benchmark::kMillisecond);
-      for (int th : {1, 2}) {
-        const std::string suffix = "/threads:" + std::to_string(th);
-        benchmark::RegisterBenchmark(("decode_tile/" + tn + suffix).c_str(), BenchDecodeTile, k, t, th, int64_t{1})
-            ->UseRealTime()
-            ->Unit(benchmark::kMillisecond);
-        // Batched decode: one token of each of several sequences per weight pass.
-        for (int64_t tokens : {2, 4, 6, 8}) {
-          benchmark::RegisterBenchmark(("decode_tile_" + std::to_string(tokens) + "tok/" + tn + suffix).c_str(),
-                                       BenchDecodeTile, k, t, th, tokens)
+      for (bool packed : {false, true}) {
+        if (packed && !k->packed[Id(t)].available()) continue;
+        const std::string prefix = packed ? "packed_" : "";
+        for (int th : {1, 2}) {
+          const std::string suffix = "/threads:" + std::to_string(th);
+          benchmark::RegisterBenchmark((prefix + "decode_tile/" + tn + suffix).c_str(), BenchDecodeTile, k, t, th,
+                                       int64_t{1}, packed)
               ->UseRealTime()
               ->Unit(benchmark::kMillisecond);
-        }
-        // The scalar table needs minutes per prefill call: skip it there.
-        if (name != "scalar") {
-          benchmark::RegisterBenchmark(("prefill_tile_512tok/" + tn + suffix).c_str(), BenchPrefill, k, t, th)
-              ->UseRealTime()
-              ->Unit(benchmark::kMillisecond);
+          // Batched decode: one token of each of several sequences per weight pass.
+          for (int64_t tokens : {2, 4, 6, 8, 16, 32, 48}) {
+            benchmark::RegisterBenchmark((prefix + "decode_tile_" + std::to_string(tokens) + "tok/" + tn + suffix).c_str(),
+                                         BenchDecodeTile, k, t, th, tokens, packed)
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+          }
+          // The scalar table needs minutes per prefill call: skip it there.
+          if (name != "scalar") {
+            benchmark::RegisterBenchmark((prefix + "prefill_tile_512tok/" + tn + suffix).c_str(), BenchPrefill, k, t,
+                                         th, packed)
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+          }
         }
       }
     }

@@ -53,6 +53,10 @@ struct CpuOptions {
   int n_threads = 2;
   // Kernel table to use; nullptr = the best one this CPU supports (or KVFS_CPU=scalar|avx2|avx512).
   const cpu::KernelTable* kernels = nullptr;
+  // Repack the weight types the table has packed kernels for (AVX-512: Q4_0) into its
+  // row-interleaved layout at load: batched decode steps get much cheaper (see
+  // engine/backend/cpu/packed_weights.h). false: every matrix runs from the mapped file.
+  bool pack_weights = true;
 };
 std::unique_ptr<Backend> MakeCpuBackend(const Model& model, const CpuOptions& options);
 

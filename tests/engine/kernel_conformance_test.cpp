@@ -338,3 +338,77 @@ TEST(KernelConformance, MatMulTile) {
 
 }  // namespace
 }  // namespace kvfs::cpu
+
+namespace kvfs::cpu {
+namespace {
+
+// The packed kernels (weights repacked at load, PackedKernels in kernels.h) against vec_dot of
+// the scalar table on every (row, token), over row ranges that start at a 32-row unit inside
+// the matrix (as CpuBackend's threads call them), with odd block counts, rows that fill no
+// whole group, and token counts through the row passes (1..8, 9..47) and the panels (48+).
+// Each token's results must also be bit-identical whatever the number of tokens sharing the
+// call, up to 8: a batched decode step gives every sequence what it would get alone.
+TEST(KernelConformance, PackedMatMul) {
+  std::mt19937 rng(11);
+  const KernelTable& ref = ScalarKernels();
+  int checked = 0;
+  for (const KernelTable* k : SimdTables()) {
+    for (GgmlType t : kTypes) {
+      const PackedKernels& pk = k->packed[Id(t)];
+      if (!pk.available()) continue;
+      ++checked;
+      double worst = 0.0;
+      for (auto [n_rows, n] : {std::pair<int64_t, int64_t>{70, 9 * 32}, {45, 41 * 32}, {16, 2 * 32}, {100, 32}}) {
+        const std::vector<uint8_t> w = RandomWeights(t, n_rows, n, rng);
+        const int64_t rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n);
+        std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
+        uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+        pk.pack(w.data(), rb, n_rows, n, packed);
+        const int64_t max_tokens = 50;
+        std::vector<uint8_t> q(static_cast<size_t>(qb * max_tokens));
+        for (int64_t tok = 0; tok < max_tokens; ++tok) {
+          ref.quantize_row[Id(t)](RandomActivations(n, rng).data(), q.data() + tok * qb, n);
+        }
+        for (int64_t tokens : {1, 2, 3, 5, 8, 9, 17, 48, 50}) {
+          for (int64_t r0 : {int64_t{0}, int64_t{32}}) {
+            if (r0 >= n_rows) continue;
+            const int64_t rows = n_rows - r0, stride = rows + 3;
+            const float kSentinel = -12345.0f;
+            std::vector<float> y(static_cast<size_t>(stride * tokens), kSentinel), got, want;
+            pk.matmul(packed, r0, rows, q.data(), qb, tokens, n, y.data(), stride);
+            for (int64_t tok = 0; tok < tokens; ++tok) {
+              for (int64_t r = 0; r < stride; ++r) {
+                const float v = y[tok * stride + r];
+                if (r >= rows) {
+                  EXPECT_EQ(v, kSentinel) << k->name << " wrote padding, token " << tok << " row " << r;
+                  continue;
+                }
+                got.push_back(v);
+                want.push_back(ref.vec_dot[Id(t)](w.data() + (r0 + r) * rb, q.data() + tok * qb, n));
+              }
+            }
+            const double e = Nmse(got, want);
+            EXPECT_LE(e, Bound(t)) << k->name << " " << Name(t) << " rows=" << n_rows << " n=" << n << " r0=" << r0
+                                   << " tokens=" << tokens;
+            worst = std::max(worst, e);
+            if (r0 == 0 && tokens <= 8) {
+              for (int64_t tok = 0; tok < tokens; ++tok) {
+                std::vector<float> one(static_cast<size_t>(n_rows));
+                pk.matmul(packed, 0, n_rows, q.data() + tok * qb, qb, 1, n, one.data(), n_rows);
+                for (int64_t r = 0; r < n_rows; ++r) {
+                  ASSERT_EQ(y[tok * stride + r], one[static_cast<size_t>(r)])
+                      << k->name << " token " << tok << " of " << tokens << " row " << r << " differs from the token alone";
+                }
+              }
+            }
+          }
+        }
+      }
+      std::printf("[conformance] packed       %-6s %-5s NMSE %.3e (bound %.0e)\n", k->name, Name(t).c_str(), worst, Bound(t));
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no kernel table this CPU runs has packed kernels";
+}
+
+}  // namespace
+}  // namespace kvfs::cpu

@@ -11,6 +11,7 @@
 #include "engine/backend/cpu/kernel_select.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/ops.h"
+#include "engine/backend/cpu/packed_weights.h"
 #include "engine/core/thread_pool.h"
 #include "engine/model/quants.h"
 
@@ -32,7 +33,8 @@ class CpuBackend final : public Backend {
   CpuBackend(const Model& model, const CpuOptions& options)
       : model_(model), hp_(model.hparams()), kernels_(options.kernels != nullptr ? *options.kernels : cpu::DefaultKernelTable()),
         attn_(cpu::AttentionKernelsFor(kernels_.name)),
-        pool_(options.n_threads) {}
+        pool_(options.n_threads),
+        packed_(model.weights(), kernels_, pool_, options.pack_weights) {}
 
   const char* name() const override { return "cpu"; }
   Status Forward(std::span<const SequenceStep> steps, Logits& out) override;
@@ -52,6 +54,7 @@ class CpuBackend final : public Backend {
   const cpu::KernelTable& kernels_;
   const cpu::AttentionKernels& attn_;
   ThreadPool pool_;
+  PackedWeights packed_;  // after pool_: packing runs on its threads
 
   // Per-token bookkeeping for the current pass.
   std::vector<int64_t> token_pos_;   // [T] position of each token in its sequence
@@ -104,13 +107,20 @@ const QuantizedInput& CpuBackend::Quantize(const Matrix& w, const float* x, int6
 void CpuBackend::MatMul(const Matrix& w, const float* x, int64_t T, float* y, bool same_input) {
   const QuantizedInput& in = Quantize(w, x, T, same_input);
   const cpu::MatMulTileFn tile = kernels_.matmul_tile[static_cast<int>(w.type)];
-  // Threads take whole 32-row units (the SIMD tiles' panel height) and all T tokens; the tile
-  // blocks rows, K and tokens itself so each unpacked weight block is reused across tokens.
+  const PackedWeights::Entry* packed = packed_.Find(w);
+  // Threads take whole 32-row units (the SIMD tiles' panel height, a multiple of the packed
+  // row groups) and all T tokens; the tile blocks rows, K and tokens itself so each unpacked
+  // weight block is reused across tokens.
   constexpr int64_t kRowUnit = 32;
   pool_.Run([&](int ith, int nth) {
     auto [u0, u1] = SplitRange((w.n_out + kRowUnit - 1) / kRowUnit, ith, nth);
     const int64_t r0 = u0 * kRowUnit, r1 = std::min(u1 * kRowUnit, w.n_out);
-    if (r1 > r0) tile(w.row(r0), w.row_bytes, r1 - r0, in.data.data(), in.row_bytes, T, w.n_in, y + r0, w.n_out);
+    if (r1 <= r0) return;
+    if (packed != nullptr) {
+      packed->kernels->matmul(packed->data, r0, r1 - r0, in.data.data(), in.row_bytes, T, w.n_in, y + r0, w.n_out);
+    } else {
+      tile(w.row(r0), w.row_bytes, r1 - r0, in.data.data(), in.row_bytes, T, w.n_in, y + r0, w.n_out);
+    }
   });
 }
 

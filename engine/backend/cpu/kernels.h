@@ -36,11 +36,29 @@ using MatMulTileFn = void (*)(const uint8_t* w_rows, int64_t w_row_bytes, int64_
                               const uint8_t* x_quant, int64_t x_row_bytes, int64_t n_tokens,
                               int64_t n_in, float* y, int64_t y_stride);
 
+// Weights repacked once, at load, into a table's own layout (rows interleaved so that one
+// vector load holds the same elements of many rows): a decode step of several tokens then
+// shares every activation load across those rows instead of repeating it per row.
+//   bytes(n_rows, n_in): size of the packed form (rows padded to the table's row group)
+//   pack(w_rows, w_row_bytes, n_rows, n_in, dst): dst 64-byte aligned, bytes(...) long
+//   matmul(packed, r0, n_rows, ...): matmul_tile over rows [r0, r0 + n_rows) of the packed
+//     matrix (r0 a multiple of 32); y receives rows r0.. at y[t * y_stride + (r - r0)].
+// Results for one token do not depend on how many tokens share the call, up to 8 (a batched
+// decode step gives every sequence what it would get alone).
+struct PackedKernels {
+  int64_t (*bytes)(int64_t n_rows, int64_t n_in) = nullptr;
+  void (*pack)(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t n_in, uint8_t* dst) = nullptr;
+  void (*matmul)(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                 int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) = nullptr;
+  bool available() const { return pack != nullptr; }
+};
+
 struct KernelTable {
   const char* name;                         // "scalar", "avx2", "avx512"
   QuantizeRowFn quantize_row[kNumGgmlTypes];  // indexed by the WEIGHT type id
   VecDotFn vec_dot[kNumGgmlTypes];            // indexed by the weight type id
   MatMulTileFn matmul_tile[kNumGgmlTypes];    // indexed by the weight type id
+  PackedKernels packed[kNumGgmlTypes];        // indexed by the weight type id; mostly absent
 };
 
 const KernelTable& ScalarKernels();

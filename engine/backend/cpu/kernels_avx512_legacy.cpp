@@ -10,34 +10,12 @@
 // out with byte/word permutes (a block is 18..36 bytes, unaligned).
 // Decode (few tokens): the same weight unpacking against activations prepared once per call.
 // Prefill (many tokens): panel kernels, see kernels_avx512_common.h.
-#include "engine/backend/cpu/kernels_avx512_common.h"
+#include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
 
 #include <type_traits>
 
 namespace kvfs::cpu {
 namespace {
-
-// Format of one weight type and of its activation blocks. Offsets are bytes within a block;
-// -1 = field absent.
-template <int kW_, int kQs_, int kQh_, int kM_, bool kQ8_, int kOffset_>
-struct Legacy {
-  static constexpr int kW = kW_;            // weight block bytes (fp16 d first)
-  static constexpr int kQs = kQs_;          // nibbles (16 bytes) or int8 codes (32 bytes)
-  static constexpr int kQh = kQh_;          // 4 bytes of 5th bits
-  static constexpr int kM = kM_;            // fp16 block minimum m (x = d*q + m)
-  static constexpr bool kQ8 = kQ8_;         // codes are int8 (made u8 by xor 0x80)
-  static constexpr int kOffset = kOffset_;  // x = d * (q - offset) for the symmetric formats
-  static constexpr bool kMin = kM_ >= 0;
-  // Activations: Q8_1 (d, s, 32 codes) with a min, else Q8_0 (d, 32 codes).
-  static constexpr int kA = kMin ? 36 : 34;
-  static constexpr int kAQs = kMin ? 4 : 2;
-  static constexpr int kAS = 2;  // fp16 s = d * sum(codes) of Q8_1
-};
-using FmtQ4_0 = Legacy<18, 2, -1, -1, false, 8>;
-using FmtQ4_1 = Legacy<20, 4, -1, 2, false, 0>;
-using FmtQ5_0 = Legacy<22, 6, 2, -1, false, 16>;
-using FmtQ5_1 = Legacy<24, 8, 4, 2, false, 0>;
-using FmtQ8_0 = Legacy<34, 2, -1, -1, true, 128>;
 
 // ------------------------------------------------------------------------------------------
 // Row kernels.
@@ -396,22 +374,6 @@ void PRowsTokens(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, con
 // ------------------------------------------------------------------------------------------
 // Panel kernels.
 
-constexpr int kGroups = kChunkK / 32;  // blocks per K chunk
-
-struct alignas(64) Panel {
-  uint8_t codes[kGroups][8][128];  // [block][dword j][row * 4 + byte]: rows 0..15, then 16..31
-  float dw[kGroups][kPanelRows];   // block scale d per row (0 for absent rows)
-  float mw[kGroups][kPanelRows];   // block minimum m (formats with a min)
-};
-
-// Per (token, block) of the activations: scale and, for the symmetric formats, offset * sum of
-// codes (int, subtracted before the int->float conversion), else Q8_1's s (float).
-struct alignas(64) ActInfo {
-  float da[kTokenBlock][kGroups];
-  int32_t corr[kTokenBlock][kGroups];
-  float sa[kTokenBlock][kGroups];
-};
-
 // 32 unsigned codes of one weight block, in element order.
 template <class L>
 inline __m256i BlockCodes(const uint8_t* b) {
@@ -450,70 +412,6 @@ void FillPanel(const uint8_t* w, int64_t w_row_bytes, int64_t rows, int ng, Pane
       }
       TransposeStore16x8(r, p.codes[g][0] + 64 * half);
     }
-  }
-}
-
-template <class L>
-void FillActInfo(const uint8_t* x, int64_t x_row_bytes, int nt, int ng, ActInfo& info) {
-  for (int t = 0; t < nt; ++t) {
-    for (int g = 0; g < ng; ++g) {
-      const uint8_t* b = x + t * x_row_bytes + g * L::kA;
-      info.da[t][g] = HalfToFloat(b);
-      if constexpr (L::kMin) {
-        info.sa[t][g] = HalfToFloat(b + L::kAS);
-      } else {
-        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + L::kAQs));
-        // Sum of signed bytes: sad of (a xor 0x80) = sum(a + 128), minus 32 * 128.
-        const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80))),
-                                          _mm256_setzero_si256());
-        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        const int64_t sum = _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128;
-        info.corr[t][g] = static_cast<int32_t>(L::kOffset * sum);
-      }
-    }
-  }
-}
-
-// NT tokens x 32 rows over ng blocks of a panel. x[t] points at token t's first block of the
-// chunk; ti is the token's index in the ActInfo.
-template <class L, int NT>
-void PanelTokens(const Panel& p, int ng, const uint8_t* x, int64_t x_row_bytes, const ActInfo& info, int ti,
-                 float* y, int64_t y_stride, __mmask16 m0, __mmask16 m1, bool accumulate) {
-  __m512 acc[2][NT];
-  for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
-  for (int g = 0; g < ng; ++g) {
-    __m512i isum[2][NT];
-    for (int t = 0; t < NT; ++t) isum[0][t] = isum[1][t] = _mm512_setzero_si512();
-    const uint8_t* xa = x + g * L::kA + L::kAQs;
-    for (int j = 0; j < 8; ++j) {
-      const __m512i w0 = _mm512_load_si512(p.codes[g][j]);
-      const __m512i w1 = _mm512_load_si512(p.codes[g][j] + 64);
-      for (int t = 0; t < NT; ++t) {
-        const __m512i a = _mm512_set1_epi32(static_cast<int>(LoadU32(xa + t * x_row_bytes + 4 * j)));
-        isum[0][t] = _mm512_dpbusd_epi32(isum[0][t], w0, a);
-        isum[1][t] = _mm512_dpbusd_epi32(isum[1][t], w1, a);
-      }
-    }
-    const __m512 dw0 = _mm512_load_ps(p.dw[g]), dw1 = _mm512_load_ps(p.dw[g] + 16);
-    for (int t = 0; t < NT; ++t) {
-      const __m512 da = _mm512_set1_ps(info.da[ti + t][g]);
-      if constexpr (!L::kMin) {
-        const __m512i corr = _mm512_set1_epi32(info.corr[ti + t][g]);
-        isum[0][t] = _mm512_sub_epi32(isum[0][t], corr);
-        isum[1][t] = _mm512_sub_epi32(isum[1][t], corr);
-      }
-      acc[0][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[0][t]), _mm512_mul_ps(dw0, da), acc[0][t]);
-      acc[1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[1][t]), _mm512_mul_ps(dw1, da), acc[1][t]);
-      if constexpr (L::kMin) {
-        const __m512 sa = _mm512_set1_ps(info.sa[ti + t][g]);
-        acc[0][t] = _mm512_fmadd_ps(_mm512_load_ps(p.mw[g]), sa, acc[0][t]);
-        acc[1][t] = _mm512_fmadd_ps(_mm512_load_ps(p.mw[g] + 16), sa, acc[1][t]);
-      }
-    }
-  }
-  for (int t = 0; t < NT; ++t) {
-    StoreRows(y + t * y_stride, acc[0][t], m0, accumulate);
-    StoreRows(y + t * y_stride + 16, acc[1][t], m1, accumulate);
   }
 }
 

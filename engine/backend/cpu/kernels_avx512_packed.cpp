@@ -1,0 +1,240 @@
+// Q4_0 weights repacked at load into groups of 16 interleaved rows (PackedKernels in kernels.h).
+//
+// Why: with the plain layout a decode step of NT tokens unpacks each weight row once and then
+// loads, for every (row, token), that token's activation codes and scales again: at 8 tokens
+// the loads and the per-block float work (convert, scale, accumulate per 4 blocks) bound the
+// kernel, not DRAM. Here one zmm lane is one row: a 64-byte load holds 4 code bytes of each of
+// 16 rows, one vpdpbusd against a broadcast activation dword advances 16 rows, and the block's
+// float work (convert, scale, accumulate) is one set of ops per 16 rows.
+//
+// Layout of one group (rows 16g..16g+15; rows past the matrix are zero, scale 0): blocks in
+// pairs of 576 bytes (64-byte aligned):
+//   [32: 16 f16 scales of block 2p][32: of 2p+1][256: block 2p codes][256: block 2p+1 codes]
+// so the kernel reads every cache line in address order (scales after the codes measured
+// ~25% slower from DRAM).
+// A block's 256 code bytes are 4 chunks of 64; chunk k, lane i (bytes 4i..4i+3) = bytes
+// 4k..4k+3 of row i's 16 nibble bytes: low nibbles = elements 4k..4k+3, high nibbles =
+// elements 16+4k..16+4k+3 (Q4_0 keeps element j in the low and j+16 in the high nibble).
+// An odd last block is paired with a zero block. Groups follow each other, group g at
+// g * GroupBytes(nb).
+//
+// Arithmetic: per (row, block) the exact int32 sum of codes times activation codes, minus
+// 8 * sum(activation codes) (the Q4_0 offset), then acc += isum * (d_w * d_a) in float, blocks
+// in order: the scalar reference's operations in its order, per row.
+#include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
+
+namespace kvfs::cpu {
+namespace {
+
+constexpr int kGroupRows = 16;
+constexpr int64_t kQ4Bytes = 18;      // Q4_0 block: f16 d, 16 nibble bytes
+constexpr int64_t kQ8Bytes = 34;      // Q8_0 activation block: f16 d, 32 int8 codes
+constexpr int64_t kBlockCodeBytes = 256;
+constexpr int64_t kPairBytes = 2 * kBlockCodeBytes + 2 * 32;
+
+constexpr int64_t GroupBytes(int64_t nb) { return (nb + 1) / 2 * kPairBytes; }
+inline const uint8_t* CodesOf(const uint8_t* group, int64_t b) {
+  return group + (b >> 1) * kPairBytes + 64 + (b & 1) * kBlockCodeBytes;
+}
+inline const uint8_t* ScalesOf(const uint8_t* group, int64_t b) {
+  return group + (b >> 1) * kPairBytes + (b & 1) * 32;
+}
+
+int64_t PackedBytesQ4_0(int64_t n_rows, int64_t n_in) {
+  return (n_rows + kGroupRows - 1) / kGroupRows * GroupBytes(n_in / 32);
+}
+
+void PackQ4_0(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t n_in, uint8_t* dst) {
+  const int64_t nb = n_in / 32, groups = (n_rows + kGroupRows - 1) / kGroupRows;
+  std::memset(dst, 0, static_cast<size_t>(groups * GroupBytes(nb)));
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* group = dst + g * GroupBytes(nb);
+    for (int i = 0; i < kGroupRows && kGroupRows * g + i < n_rows; ++i) {
+      const uint8_t* row = w_rows + (kGroupRows * g + i) * w_row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* src = row + b * kQ4Bytes;
+        std::memcpy(const_cast<uint8_t*>(ScalesOf(group, b)) + 2 * i, src, 2);
+        uint8_t* codes = const_cast<uint8_t*>(CodesOf(group, b));
+        for (int k = 0; k < 4; ++k) std::memcpy(codes + 64 * k + 4 * i, src + 2 + 4 * k, 4);
+      }
+    }
+  }
+}
+
+// Per (block, token) of the activations, prepared once per call: the block scale and the
+// Q4_0 offset term -8 * sum(codes), the initial value of the block's int32 sums.
+struct ActTerms {
+  float da;
+  int32_t init;
+};
+constexpr int64_t kTermBlocks = 512;  // blocks per K chunk (16384 inputs): 32 KiB at 8 tokens
+
+template <int NT>
+void PrepareTerms(const uint8_t* const (&x)[NT], int64_t b0, int64_t b1, ActTerms* terms) {
+  for (int64_t b = b0; b < b1; ++b) {
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* blk = x[t] + b * kQ8Bytes;
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      // Sum of signed bytes: sad of (a xor 0x80) = sum(a + 128), minus 32 * 128.
+      const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80))), _mm256_setzero_si256());
+      const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      const int64_t sum = _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128;
+      terms[(b - b0) * NT + t] = ActTerms{HalfToFloat(blk), static_cast<int32_t>(-8 * sum)};
+    }
+  }
+}
+
+// Software prefetch distance. With the kernel's work between loads the hardware prefetcher
+// alone streamed this layout at ~20 GB/s on one thread; 4 KiB ahead reaches DRAM speed
+// (`bench_kernels packed_decode_tile*`: 1 KiB, 4 KiB, 8 KiB, 16 KiB measured; 4-8 best).
+constexpr int64_t kPrefetchBytes = 4096;
+// One group of 16 rows over blocks [b0, b1) against NT tokens: acc[t] lane i += row i . x[t].
+template <int NT>
+inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
+                      const ActTerms* terms, __m512 (&acc)[NT]) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* codes = CodesOf(group, b);
+    if ((b & 1) == 0) {
+      // The 9 lines of this block pair, kPrefetchBytes ahead (a prefetch never faults, so
+      // running past the end of the matrix is harmless). Inline asm: GCC 12 dropped the
+      // prefetch builtins from these kernels.
+      const uint8_t* ahead = ScalesOf(group, b) + kPrefetchBytes;
+      for (int i = 0; i < 9; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ScalesOf(group, b))));
+    __m512i lo[4], hi[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m512i v = _mm512_load_si512(codes + 64 * k);
+      lo[k] = _mm512_and_si512(v, nibble);
+      hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    }
+    const ActTerms* tb = terms + (b - b0) * NT;
+    for (int t = 0; t < NT; ++t) {
+      // The token's 32 codes as two 16-byte halves repeated in every 128-bit lane; vpshufd
+      // then makes the broadcast dword of each step in registers. (Broadcasts from memory
+      // issue about once per cycle on Zen 5, half the vpdpbusd rate: 8 per block bound it.)
+      const uint8_t* a = x0 + t * x_stride + b * kQ8Bytes + 2;
+      const __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+      const __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+      // Two chains (low and high nibbles) halve the dependent vpdpbusd latency.
+      __m512i s0 = _mm512_set1_epi32(tb[t].init), s1 = _mm512_setzero_si512();
+      s0 = _mm512_dpbusd_epi32(s0, lo[0], _mm512_shuffle_epi32(alo, _MM_PERM_AAAA));
+      s1 = _mm512_dpbusd_epi32(s1, hi[0], _mm512_shuffle_epi32(ahi, _MM_PERM_AAAA));
+      s0 = _mm512_dpbusd_epi32(s0, lo[1], _mm512_shuffle_epi32(alo, _MM_PERM_BBBB));
+      s1 = _mm512_dpbusd_epi32(s1, hi[1], _mm512_shuffle_epi32(ahi, _MM_PERM_BBBB));
+      s0 = _mm512_dpbusd_epi32(s0, lo[2], _mm512_shuffle_epi32(alo, _MM_PERM_CCCC));
+      s1 = _mm512_dpbusd_epi32(s1, hi[2], _mm512_shuffle_epi32(ahi, _MM_PERM_CCCC));
+      s0 = _mm512_dpbusd_epi32(s0, lo[3], _mm512_shuffle_epi32(alo, _MM_PERM_DDDD));
+      s1 = _mm512_dpbusd_epi32(s1, hi[3], _mm512_shuffle_epi32(ahi, _MM_PERM_DDDD));
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tb[t].da));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
+    }
+  }
+}
+
+// Rows [r0, r0 + n_rows) x NT tokens (NT <= 8), K in chunks of kTermBlocks.
+template <int NT>
+void DecodeRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                int64_t nb, float* y, int64_t y_stride) {
+  const uint8_t* x[NT];
+  for (int t = 0; t < NT; ++t) x[t] = x_quant + t * x_row_bytes;
+  alignas(64) ActTerms terms[kTermBlocks * NT];
+  for (int64_t b0 = 0; b0 < nb; b0 += kTermBlocks) {
+    const int64_t b1 = nb - b0 < kTermBlocks ? nb : b0 + kTermBlocks;
+    PrepareTerms<NT>(x, b0, b1, terms);
+    for (int64_t r = 0; r < n_rows; r += kGroupRows) {
+      const uint8_t* group = packed + (r0 + r) / kGroupRows * GroupBytes(nb);
+      __m512 acc[NT];
+      for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+      GroupRows<NT>(group, b0, b1, x_quant, x_row_bytes, terms, acc);
+      const int64_t left = n_rows - r;
+      const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
+      for (int t = 0; t < NT; ++t) StoreRows(y + t * y_stride + r, acc[t], m, b0 > 0);
+    }
+  }
+}
+
+// Prefill: a Panel (32 rows = 2 groups, K chunk of kGroups blocks) filled from the packed
+// groups, which are already row-interleaved: unpacking is an and / shift per 64 bytes.
+void FillPanelPacked(const uint8_t* packed, int64_t group0, int64_t n_groups_left, int64_t nb, int64_t g0, int ng,
+                     Panel& p) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int half = 0; half < 2; ++half) {
+    const bool present = half < n_groups_left;
+    const uint8_t* group = packed + (group0 + half) * GroupBytes(nb);
+    for (int g = 0; g < ng; ++g) {
+      if (!present) {
+        for (int j = 0; j < 8; ++j) _mm512_store_si512(p.codes[g][j] + 64 * half, _mm512_setzero_si512());
+        _mm512_store_ps(p.dw[g] + 16 * half, _mm512_setzero_ps());
+        continue;
+      }
+      const uint8_t* codes = CodesOf(group, g0 + g);
+      for (int k = 0; k < 4; ++k) {
+        const __m512i v = _mm512_load_si512(codes + 64 * k);
+        _mm512_store_si512(p.codes[g][k] + 64 * half, _mm512_and_si512(v, nibble));
+        _mm512_store_si512(p.codes[g][4 + k] + 64 * half, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+      }
+      _mm512_store_ps(p.dw[g] + 16 * half,
+                      _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ScalesOf(group, g0 + g)))));
+    }
+  }
+}
+
+void PanelRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+               int64_t n_tokens, int64_t nb, float* y, int64_t y_stride) {
+  Panel panel;
+  ActInfo info;
+  for (int64_t g0 = 0; g0 < nb; g0 += kGroups) {
+    const int ng = static_cast<int>(nb - g0 < kGroups ? nb - g0 : kGroups);
+    const bool accumulate = g0 > 0;
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
+      const int nt = static_cast<int>(n_tokens - t0 < kTokenBlock ? n_tokens - t0 : kTokenBlock);
+      const uint8_t* xc = x_quant + t0 * x_row_bytes + g0 * kQ8Bytes;
+      FillActInfo<FmtQ4_0>(xc, x_row_bytes, nt, ng, info);
+      for (int64_t r = 0; r < n_rows; r += kPanelRows) {
+        const int64_t rows = n_rows - r;
+        FillPanelPacked(packed, (r0 + r) / kGroupRows, (rows + kGroupRows - 1) / kGroupRows, nb, g0, ng, panel);
+        const __mmask16 m0 = RowMask(rows, 0), m1 = RowMask(rows, 1);
+        float* yb = y + t0 * y_stride + r;
+        int t = 0;
+        for (; t + 4 <= nt; t += 4) {
+          PanelTokens<FmtQ4_0, 4>(panel, ng, xc + t * x_row_bytes, x_row_bytes, info, t, yb + t * y_stride, y_stride,
+                                  m0, m1, accumulate);
+        }
+        const uint8_t* xt = xc + t * x_row_bytes;
+        float* yt = yb + t * y_stride;
+        switch (nt - t) {
+          case 3: PanelTokens<FmtQ4_0, 3>(panel, ng, xt, x_row_bytes, info, t, yt, y_stride, m0, m1, accumulate); break;
+          case 2: PanelTokens<FmtQ4_0, 2>(panel, ng, xt, x_row_bytes, info, t, yt, y_stride, m0, m1, accumulate); break;
+          case 1: PanelTokens<FmtQ4_0, 1>(panel, ng, xt, x_row_bytes, info, t, yt, y_stride, m0, m1, accumulate); break;
+          default: break;
+        }
+      }
+    }
+  }
+}
+
+// From DRAM (5632 x 2048, 2 threads) passes of 8 tokens through the rows cost 0.19 ms each
+// while the panels took 0.65 ms for 16 tokens and 0.89 ms for 32 (rows: 0.35, 0.67; `bench_kernels
+// packed_decode_tile_*tok`): rows up to here.
+constexpr int64_t kPackedPanelMinTokens = 48;
+
+void MatMulPackedQ4_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                      int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
+  const int64_t nb = n_in / 32;
+  if (n_tokens >= kPackedPanelMinTokens) {
+    PanelRows(packed, r0, n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride);
+    return;
+  }
+  ForTokenPasses(n_tokens, 8, [&]<int NT>(int64_t t) {
+    DecodeRows<NT>(packed, r0, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb, y + t * y_stride, y_stride);
+  });
+}
+
+}  // namespace
+
+namespace avx512 {
+const PackedKernels PackedQ4_0{&PackedBytesQ4_0, &PackQ4_0, &MatMulPackedQ4_0};
+}  // namespace avx512
+}  // namespace kvfs::cpu
