@@ -212,7 +212,7 @@ void RegisterAll() {
               ->UseRealTime()
               ->Unit(benchmark::kMillisecond);
           // Batched decode: one token of each of several sequences per weight pass.
-          for (int64_t tokens : {2, 4, 6, 8, 16, 32, 48}) {
+          for (int64_t tokens : {2, 4, 6, 8, 16, 32, 48, 64, 128}) {
             benchmark::RegisterBenchmark((prefix + "decode_tile_" + std::to_string(tokens) + "tok/" + tn + suffix).c_str(),
                                          BenchDecodeTile, k, t, th, tokens, packed)
                 ->UseRealTime()

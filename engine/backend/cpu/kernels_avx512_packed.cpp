@@ -215,10 +215,10 @@ void PanelRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t*
   }
 }
 
-// From DRAM (5632 x 2048, 2 threads) passes of 8 tokens through the rows cost 0.19 ms each
-// while the panels took 0.65 ms for 16 tokens and 0.89 ms for 32 (rows: 0.35, 0.67; `bench_kernels
-// packed_decode_tile_*tok`): rows up to here.
-constexpr int64_t kPackedPanelMinTokens = 48;
+// From DRAM (5632 x 2048, 2 threads, `bench_kernels packed_decode_tile_*tok`), rows in passes
+// of 8 tokens against the panels: 16 tokens 0.35 vs 0.65 ms, 32: 0.62 vs 0.89, 48: 0.95 vs
+// 1.01, 64: 1.24 vs 1.22, 128: 2.46 vs 2.16. Rows below 64 tokens.
+constexpr int64_t kPackedPanelMinTokens = 64;
 
 void MatMulPackedQ4_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
                       int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
