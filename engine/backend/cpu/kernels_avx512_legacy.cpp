@@ -418,36 +418,9 @@ void FillPanel(const uint8_t* w, int64_t w_row_bytes, int64_t rows, int ng, Pane
 template <class L>
 void PanelTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant,
                int64_t x_row_bytes, int64_t n_tokens, int64_t nb, float* y, int64_t y_stride) {
-  Panel panel;
-  ActInfo info;
-  for (int64_t g0 = 0; g0 < nb; g0 += kGroups) {
-    const int ng = static_cast<int>(nb - g0 < kGroups ? nb - g0 : kGroups);
-    const bool accumulate = g0 > 0;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
-      const int nt = static_cast<int>(n_tokens - t0 < kTokenBlock ? n_tokens - t0 : kTokenBlock);
-      const uint8_t* xc = x_quant + t0 * x_row_bytes + g0 * L::kA;
-      FillActInfo<L>(xc, x_row_bytes, nt, ng, info);
-      for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
-        const int64_t rows = n_rows - r0;
-        FillPanel<L>(w_rows + r0 * w_row_bytes + g0 * L::kW, w_row_bytes, rows, ng, panel);
-        const __mmask16 m0 = RowMask(rows, 0), m1 = RowMask(rows, 1);
-        float* yb = y + t0 * y_stride + r0;
-        int t = 0;
-        for (; t + 4 <= nt; t += 4) {
-          PanelTokens<L, 4>(panel, ng, xc + t * x_row_bytes, x_row_bytes, info, t, yb + t * y_stride, y_stride, m0,
-                            m1, accumulate);
-        }
-        const uint8_t* xt = xc + t * x_row_bytes;
-        float* yt = yb + t * y_stride;
-        switch (nt - t) {
-          case 3: PanelTokens<L, 3>(panel, ng, xt, x_row_bytes, info, t, yt, y_stride, m0, m1, accumulate); break;
-          case 2: PanelTokens<L, 2>(panel, ng, xt, x_row_bytes, info, t, yt, y_stride, m0, m1, accumulate); break;
-          case 1: PanelTokens<L, 1>(panel, ng, xt, x_row_bytes, info, t, yt, y_stride, m0, m1, accumulate); break;
-          default: break;
-        }
-      }
-    }
-  }
+  PanelPasses<L>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, [&](int64_t r0, int64_t g0, int ng, Panel& p) {
+    FillPanel<L>(w_rows + r0 * w_row_bytes + g0 * L::kW, w_row_bytes, n_rows - r0, ng, p);
+  });
 }
 
 template <class L>

@@ -183,36 +183,12 @@ void FillPanelPacked(const uint8_t* packed, int64_t group0, int64_t n_groups_lef
 
 void PanelRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
                int64_t n_tokens, int64_t nb, float* y, int64_t y_stride) {
-  Panel panel;
-  ActInfo info;
-  for (int64_t g0 = 0; g0 < nb; g0 += kGroups) {
-    const int ng = static_cast<int>(nb - g0 < kGroups ? nb - g0 : kGroups);
-    const bool accumulate = g0 > 0;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
-      const int nt = static_cast<int>(n_tokens - t0 < kTokenBlock ? n_tokens - t0 : kTokenBlock);
-      const uint8_t* xc = x_quant + t0 * x_row_bytes + g0 * kQ8Bytes;
-      FillActInfo<FmtQ4_0>(xc, x_row_bytes, nt, ng, info);
-      for (int64_t r = 0; r < n_rows; r += kPanelRows) {
-        const int64_t rows = n_rows - r;
-        FillPanelPacked(packed, (r0 + r) / kGroupRows, (rows + kGroupRows - 1) / kGroupRows, nb, g0, ng, panel);
-        const __mmask16 m0 = RowMask(rows, 0), m1 = RowMask(rows, 1);
-        float* yb = y + t0 * y_stride + r;
-        int t = 0;
-        for (; t + 4 <= nt; t += 4) {
-          PanelTokens<FmtQ4_0, 4>(panel, ng, xc + t * x_row_bytes, x_row_bytes, info, t, yb + t * y_stride, y_stride,
-                                  m0, m1, accumulate);
-        }
-        const uint8_t* xt = xc + t * x_row_bytes;
-        float* yt = yb + t * y_stride;
-        switch (nt - t) {
-          case 3: PanelTokens<FmtQ4_0, 3>(panel, ng, xt, x_row_bytes, info, t, yt, y_stride, m0, m1, accumulate); break;
-          case 2: PanelTokens<FmtQ4_0, 2>(panel, ng, xt, x_row_bytes, info, t, yt, y_stride, m0, m1, accumulate); break;
-          case 1: PanelTokens<FmtQ4_0, 1>(panel, ng, xt, x_row_bytes, info, t, yt, y_stride, m0, m1, accumulate); break;
-          default: break;
-        }
-      }
-    }
-  }
+  PanelPasses<FmtQ4_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride,
+                       [&](int64_t r, int64_t g0, int ng, Panel& p) {
+                         const int64_t rows = n_rows - r;
+                         FillPanelPacked(packed, (r0 + r) / kGroupRows, (rows + kGroupRows - 1) / kGroupRows, nb, g0,
+                                         ng, p);
+                       });
 }
 
 // From DRAM (5632 x 2048, 2 threads, `bench_kernels packed_decode_tile_*tok`), rows in passes
