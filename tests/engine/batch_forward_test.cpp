@@ -18,15 +18,27 @@ double MaxDiff(const float* a, const float* b, int64_t n) {
   return m;
 }
 
-TEST(BatchForward, BatchedEqualsAlone) {
-  const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
-  KVFS_REQUIRE_DATA(path);
-  auto model_or = Model::Load(path);
-  ASSERT_TRUE(model_or.ok()) << model_or.status().message();
-  const Model& model = **model_or;
+// The tiny Llama Q4_0 test model and a 2-thread CPU backend over it (skips when the model has
+// not been generated, fails under CI=true).
+class BatchForwardTiny : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
+    KVFS_REQUIRE_DATA(path);
+    auto model_or = Model::Load(path);
+    ASSERT_TRUE(model_or.ok()) << model_or.status().message();
+    model_ = std::move(*model_or);
+    backend_ = MakeCpuBackend(*model_, CpuOptions{2});
+  }
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_F(BatchForwardTiny, BatchedEqualsAlone) {
+  const Model& model = *model_;
   const HParams& hp = model.hparams();
   const int64_t V = hp.n_vocab;
-  auto backend = MakeCpuBackend(model, CpuOptions{2});
+  auto& backend = backend_;
   const Tokenizer& tok = model.tokenizer();
 
   const std::vector<std::string> texts = {"Once upon a time there was a dragon who liked tea.",
@@ -124,14 +136,9 @@ std::vector<float> RunInPieces(Backend& backend, const KvLayout& layout, const s
   return all;
 }
 
-TEST(BatchForward, Q4kPassSplitsAgree) {
-  const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
-  KVFS_REQUIRE_DATA(path);
-  auto model_or = Model::Load(path);
-  ASSERT_TRUE(model_or.ok()) << model_or.status().message();
-  const Model& model = **model_or;
-  const HParams& hp = model.hparams();
-  auto backend = MakeCpuBackend(model, CpuOptions{2});
+TEST_F(BatchForwardTiny, Q4kPassSplitsAgree) {
+  const HParams& hp = model_->hparams();
+  auto& backend = backend_;
   std::vector<TokenId> toks(200);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<TokenId>(1 + (i * 7919) % (hp.n_vocab - 1));
   const std::vector<int64_t> whole = {200}, uneven = {37, 27, 1, 62, 1, 72};  // ends at 37, 64, 65, 127, 128, 200
@@ -161,14 +168,9 @@ TEST(BatchForward, Q4kPassSplitsAgree) {
 // Truncating a q4k sequence: at a chunk boundary nothing is lost (the chunk is re-quantized
 // from the same keys); inside a complete chunk its kept tokens are staged from their 4-bit
 // values, so continuing gives logits close to, not equal to, the uninterrupted run's.
-TEST(BatchForward, Q4kTruncateAndContinue) {
-  const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
-  KVFS_REQUIRE_DATA(path);
-  auto model_or = Model::Load(path);
-  ASSERT_TRUE(model_or.ok());
-  const Model& model = **model_or;
-  const HParams& hp = model.hparams();
-  auto backend = MakeCpuBackend(model, CpuOptions{2});
+TEST_F(BatchForwardTiny, Q4kTruncateAndContinue) {
+  const HParams& hp = model_->hparams();
+  auto& backend = backend_;
   const KvLayout layout = KvLayoutFor(hp, *MakeKvFormat("q4k", "", hp.n_head_kv, hp.head_dim));
   std::vector<TokenId> toks(150);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<TokenId>(1 + (i * 104729) % (hp.n_vocab - 1));

@@ -49,6 +49,14 @@ struct alignas(64) ActInfo {
   float sa[kTokenBlock][kGroups];
 };
 
+// Sum of 32 signed activation codes: sad of (a xor 0x80) = sum(a + 128), minus 32 * 128.
+inline int64_t SumCodes32(const uint8_t* codes) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+  const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80))), _mm256_setzero_si256());
+  const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  return _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128;
+}
+
 template <class L>
 void FillActInfo(const uint8_t* x, int64_t x_row_bytes, int nt, int ng, ActInfo& info) {
   for (int t = 0; t < nt; ++t) {
@@ -58,13 +66,7 @@ void FillActInfo(const uint8_t* x, int64_t x_row_bytes, int nt, int ng, ActInfo&
       if constexpr (L::kMin) {
         info.sa[t][g] = HalfToFloat(b + L::kAS);
       } else {
-        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + L::kAQs));
-        // Sum of signed bytes: sad of (a xor 0x80) = sum(a + 128), minus 32 * 128.
-        const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80))),
-                                          _mm256_setzero_si256());
-        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        const int64_t sum = _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128;
-        info.corr[t][g] = static_cast<int32_t>(L::kOffset * sum);
+        info.corr[t][g] = static_cast<int32_t>(L::kOffset * SumCodes32(b + L::kAQs));
       }
     }
   }

@@ -70,16 +70,11 @@ struct ActTerms {
 constexpr int64_t kTermBlocks = 512;  // blocks per K chunk (16384 inputs): 32 KiB at 8 tokens
 
 template <int NT>
-void PrepareTerms(const uint8_t* const (&x)[NT], int64_t b0, int64_t b1, ActTerms* terms) {
+void PrepareTerms(const uint8_t* x0, int64_t x_stride, int64_t b0, int64_t b1, ActTerms* terms) {
   for (int64_t b = b0; b < b1; ++b) {
     for (int t = 0; t < NT; ++t) {
-      const uint8_t* blk = x[t] + b * kQ8Bytes;
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      // Sum of signed bytes: sad of (a xor 0x80) = sum(a + 128), minus 32 * 128.
-      const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80))), _mm256_setzero_si256());
-      const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-      const int64_t sum = _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128;
-      terms[(b - b0) * NT + t] = ActTerms{HalfToFloat(blk), static_cast<int32_t>(-8 * sum)};
+      const uint8_t* blk = x0 + t * x_stride + b * kQ8Bytes;
+      terms[(b - b0) * NT + t] = ActTerms{HalfToFloat(blk), static_cast<int32_t>(-8 * SumCodes32(blk + 2))};
     }
   }
 }
@@ -137,12 +132,10 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
 template <int NT>
 void DecodeRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
                 int64_t nb, float* y, int64_t y_stride) {
-  const uint8_t* x[NT];
-  for (int t = 0; t < NT; ++t) x[t] = x_quant + t * x_row_bytes;
   alignas(64) ActTerms terms[kTermBlocks * NT];
   for (int64_t b0 = 0; b0 < nb; b0 += kTermBlocks) {
     const int64_t b1 = nb - b0 < kTermBlocks ? nb : b0 + kTermBlocks;
-    PrepareTerms<NT>(x, b0, b1, terms);
+    PrepareTerms<NT>(x_quant, x_row_bytes, b0, b1, terms);
     for (int64_t r = 0; r < n_rows; r += kGroupRows) {
       const uint8_t* group = packed + (r0 + r) / kGroupRows * GroupBytes(nb);
       __m512 acc[NT];
