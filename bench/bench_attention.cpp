@@ -5,6 +5,8 @@
 // block, as CpuBackend::Attention makes them).
 //   decode:  nq = 8   (one token, 8 query heads per KV head)
 //   prefill: nq = 128 (a tile of 16 tokens x 8 query heads)
+// q4 keys: "dot" is the float-query kernel (dot_rows), "dot-int8q" the int8-query one the
+// backend uses for them (dot_rows_q8, with the queries' quantization).
 // "hot" runs over one plane of 3500 rows (cache resident after the first pass: kernel speed);
 // "cold" cycles through 24 planes (> L3, like 22 layers of a real cache: memory bound).
 // softmax: the weights of nq queries over the 3500 positions, per table.
@@ -31,6 +33,7 @@ struct Shape {
   int64_t nq;
   int planes;  // 1: hot; > 1: cycle through planes to defeat the caches
   bool dot;    // dot_rows or axpy_rows
+  bool int8q = false;  // q4 dot: dot_rows_q8 with the queries quantized per call (as the backend does per layer)
 };
 
 const char* TypeName(KvType t) {
@@ -66,6 +69,9 @@ void Run(benchmark::State& state, const AttentionKernels* table, Shape s) {
   std::vector<float> q(s.nq * kHd), scores(s.nq * kRows), out(s.nq * kHd);
   for (float& v : q) v = normal(rng);
   for (float& v : scores) v = std::fabs(normal(rng)) / kRows;
+  std::vector<int8_t> q8_codes(s.nq * kHd);
+  std::vector<float> q8_scales(s.nq * kHd / kQueryBlock), q8_sums(q8_scales.size());
+  std::vector<int32_t> q8_code_sums(q8_scales.size());
   int plane = 0;
   for (auto _ : state) {
     const uint8_t* base = kv.data() + static_cast<int64_t>(plane) * plane_bytes;
@@ -76,7 +82,11 @@ void Run(benchmark::State& state, const AttentionKernels* table, Shape s) {
         continue;
       }
       const KvRows rows{base + p0 * row_bytes, row_bytes, std::min(kBlock, kRows - p0), 1, kHd};
-      if (s.dot) table->dot_rows(f, rows, q.data(), s.nq, scores.data() + p0, kRows);
+      if (s.int8q) {
+        if (p0 == 0) QuantizeQueries(q.data(), s.nq, kHd, q8_codes.data(), q8_scales.data(), q8_sums.data(), q8_code_sums.data());
+        table->dot_rows_q8(f, rows, Int8Queries{q8_codes.data(), q8_scales.data(), q8_sums.data(), q8_code_sums.data()},
+                           s.nq, scores.data() + p0, kRows);
+      } else if (s.dot) table->dot_rows(f, rows, q.data(), s.nq, scores.data() + p0, kRows);
       else table->axpy_rows(f, rows, scores.data() + p0, s.nq, kRows, out.data());
     }
     benchmark::DoNotOptimize(scores.data());
@@ -129,6 +139,11 @@ int main(int argc, char** argv) {
                                       (dot ? "dot" : "axpy") + (planes > 1 ? "/cold" : "/hot");
             benchmark::RegisterBenchmark(bname.c_str(), Run, table, Shape{type, nq, planes, dot})
                 ->Unit(benchmark::kMicrosecond);
+            if (type == kvfs::KvType::kQ4 && dot) {  // what the backend runs for q4 keys
+              const std::string iname = std::string(label) + "/" + name + "/q4/dot-int8q" + (planes > 1 ? "/cold" : "/hot");
+              benchmark::RegisterBenchmark(iname.c_str(), Run, table, Shape{type, nq, planes, dot, true})
+                  ->Unit(benchmark::kMicrosecond);
+            }
           }
         }
       }

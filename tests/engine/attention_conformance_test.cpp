@@ -110,6 +110,18 @@ TEST(AttentionConformance, TablesAreRegistered) {
   std::printf("[attention] SIMD tables on this CPU: %zu\n", SimdTables().size());
 }
 
+// Queries quantized for q4 keys (cpu::QuantizeQueries), owning their arrays.
+struct Int8QueryBlocks {
+  std::vector<int8_t> codes;
+  std::vector<float> scales, sums;
+  std::vector<int32_t> code_sums;
+  Int8QueryBlocks(const std::vector<float>& q, int64_t nq, int64_t hd)
+      : codes(nq * hd), scales(nq * hd / kQueryBlock), sums(nq * hd / kQueryBlock), code_sums(nq * hd / kQueryBlock) {
+    QuantizeQueries(q.data(), nq, hd, codes.data(), scales.data(), sums.data(), code_sums.data());
+  }
+  Int8Queries view() const { return {codes.data(), scales.data(), sums.data(), code_sums.data()}; }
+};
+
 // One (table, type, geometry) sweep over row counts, query counts and head indices.
 void CheckTable(const AttentionKernels& table, KvType type, const Geometry& g) {
   const AttentionKernels& ref = ScalarAttentionKernels();
@@ -138,6 +150,18 @@ void CheckTable(const AttentionKernels& table, KvType type, const Geometry& g) {
       worst_dot = std::max(worst_dot, e_dot);
       EXPECT_LE(e_dot, kMaxNmse) << table.name << " " << TypeName(type) << " " << g.label << " dot rows=" << n_rows
                                  << " nq=" << nq << " head=" << head;
+
+      if (KeysUseInt8Queries(f, g.hd)) {
+        // q4 keys with int8 queries: every table does the same integer sums and float steps.
+        const Int8QueryBlocks q8(q, nq, g.hd);
+        std::vector<float> i_ref(nq * stride, -7.0f), i_got(nq * stride, -7.0f);
+        ref.dot_rows_q8(f, kv, q8.view(), nq, i_ref.data(), stride);
+        table.dot_rows_q8(f, kv, q8.view(), nq, i_got.data(), stride);
+        for (size_t j = 0; j < i_ref.size(); ++j) {
+          ASSERT_EQ(i_got[j], i_ref[j]) << table.name << " " << g.label << " int8-query dot rows=" << n_rows
+                                        << " nq=" << nq << " head=" << head << " at " << j;
+        }
+      }
 
       // Weights like a softmax's (positive, summing to about 1), and a non-zero output to add to.
       std::vector<float> w = RandomVector(nq * stride, rng, false);
@@ -254,6 +278,94 @@ TEST(AttentionConformance, ScalarKeyChunksAreDequantizedDots) {
   }
 }
 
+// The int8-query q4 dot against an independent computation: the query codes checked against the
+// rule of attention.h (a power-of-two scale putting max|x| in [64, 128) code steps, each code
+// within half a step), then the score formed in double from the keys as KvDequantize decodes
+// them: the unquantized query times each group's centre m + 8d, the quantized one times the
+// rest. The scalar
+// kernel may differ only by float rounding; and it must stay close to the float dot of the
+// unquantized queries (the int8 rounding is the only approximation).
+TEST(AttentionConformance, Int8QueryDotsAreQuantizedDots) {
+  const AttentionKernels& ref = ScalarAttentionKernels();
+  for (const Geometry& g : kGeometries) {
+    const KvFormat f = Format(KvType::kQ4, g);
+    if (!KeysUseInt8Queries(f, g.hd)) continue;
+    std::mt19937 rng(7 + static_cast<unsigned>(g.hd));
+    const int64_t n_rows = 40, nq = 5, n = g.hd * g.n_heads, nb = g.hd / kQueryBlock;
+    // Keys like MakeRows's (a per-row offset, outliers), kept unquantized too.
+    std::vector<float> keys(n_rows * n);
+    std::vector<uint8_t> rows(static_cast<size_t>(f.RowBytes(n) * n_rows));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t p = 0; p < n_rows; ++p) {
+      const float offset = 0.5f * normal(rng);
+      for (int64_t i = 0; i < n; ++i) keys[p * n + i] = offset + normal(rng) * (i % 17 == 0 ? 4.0f : 1.0f);
+      KvQuantizeRow(f, keys.data() + p * n, rows.data() + p * f.RowBytes(n), n);
+    }
+    std::vector<float> q = RandomVector(nq * g.hd, rng, false);
+    for (int64_t j = 0; j < kQueryBlock; ++j) q[j] = 0.0f;  // an all-zero block
+    const Int8QueryBlocks q8(q, nq, g.hd);
+    for (int64_t i = 0; i < nq; ++i) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const float* x = q.data() + i * g.hd + b * kQueryBlock;
+        double amax = 0.0, sum = 0.0;
+        for (int64_t j = 0; j < kQueryBlock; ++j) amax = std::max(amax, std::fabs(static_cast<double>(x[j])));
+        for (int64_t j = 0; j < kQueryBlock; ++j) sum = static_cast<float>(sum + x[j]);
+        const double sq = q8.scales[i * nb + b];
+        EXPECT_EQ(q8.sums[i * nb + b], static_cast<float>(sum));
+        if (amax == 0.0) {
+          EXPECT_EQ(sq, 0.0);
+          continue;
+        }
+        EXPECT_GE(amax / sq, 64.0);
+        EXPECT_LT(amax / sq, 128.0);
+        EXPECT_EQ(std::exp2(std::round(std::log2(sq))), sq) << "a power of two";
+        for (int64_t j = 0; j < kQueryBlock; ++j) {
+          const int code = q8.codes[i * g.hd + b * kQueryBlock + Int8QueryCodeIndex(j)];
+          EXPECT_LE(std::fabs(x[j] - sq * code), (std::fabs(code) == 127 ? 1.0 : 0.5) * sq) << "value " << j;
+        }
+      }
+    }
+    const int64_t head = g.n_heads - 1;
+    const KvRows kv{rows.data(), f.RowBytes(n), n_rows, head, g.hd};
+    std::vector<float> got(nq * n_rows), fdot(nq * n_rows), want(nq * n_rows), exact(nq * n_rows);
+    ref.dot_rows_q8(f, kv, q8.view(), nq, got.data(), n_rows);
+    ref.dot_rows(f, kv, q.data(), nq, fdot.data(), n_rows);
+    std::vector<float> key(g.hd);
+    for (int64_t p = 0; p < n_rows; ++p) {
+      KvDequantize(f, rows.data() + p * f.RowBytes(n), head * g.hd, g.hd, key.data());
+      for (int64_t i = 0; i < nq; ++i) {
+        double s = 0.0;
+        for (int64_t b = 0; b < nb; ++b) {
+          // The key group's centre m + 8d (header: f16 d, f16 m): the unquantized query meets
+          // it, the quantized one the rest of the key.
+          const int64_t v0 = head * g.hd + b * kQueryBlock;
+          const uint8_t* header = rows.data() + p * f.RowBytes(n) + v0 / f.group * (f.group / 2 + 4);
+          uint16_t dh, mh;
+          std::memcpy(&dh, header, 2);
+          std::memcpy(&mh, header + 2, 2);
+          const double m8 = Fp16ToFp32(mh) + 8.0 * Fp16ToFp32(dh);
+          // Decoding the codes back: Int8QueryCodeIndex must place value j's code where the
+          // kernels expect it, or these sums disagree.
+          for (int64_t j = 0; j < kQueryBlock; ++j) {
+            const double qx = q8.scales[i * nb + b] * q8.codes[i * g.hd + b * kQueryBlock + Int8QueryCodeIndex(j)];
+            s += q[i * g.hd + b * kQueryBlock + j] * m8 + qx * (key[b * kQueryBlock + j] - m8);
+          }
+        }
+        want[i * n_rows + p] = static_cast<float>(s);
+        double e = 0.0;
+        for (int64_t j = 0; j < g.hd; ++j) e += static_cast<double>(q[i * g.hd + j]) * keys[p * n + head * g.hd + j];
+        exact[i * n_rows + p] = static_cast<float>(e);
+      }
+    }
+    // Error budget: the int8 queries must add far less than the 4-bit keys already lose.
+    const double e_double = Nmse(got, want), e_queries = Nmse(got, fdot), e_keys = Nmse(fdot, exact);
+    std::printf("[attention] int8-query q4 dot %-16s NMSE vs double %.3g; int8 queries %.3g, 4-bit keys %.3g\n",
+                g.label, e_double, e_queries, e_keys);
+    EXPECT_LE(e_double, 1e-12) << g.label;
+    EXPECT_LE(e_queries, 0.02 * e_keys) << g.label;
+  }
+}
+
 // Every head of a multi-head row, with the other heads' values very different, so reading the
 // wrong slice or group header cannot pass.
 TEST_P(AttentionConformanceTest, EveryHeadOfARow) {
@@ -278,6 +390,13 @@ TEST_P(AttentionConformanceTest, EveryHeadOfARow) {
       ref.dot_rows(f, kv, q.data(), nq, s_ref.data(), n_rows);
       table->dot_rows(f, kv, q.data(), nq, s_got.data(), n_rows);
       EXPECT_LE(Nmse(s_got, s_ref), kMaxNmse) << TypeName(type) << " head " << head;
+      if (KeysUseInt8Queries(f, hd)) {
+        const Int8QueryBlocks q8(q, nq, hd);
+        std::vector<float> i_ref(nq * n_rows), i_got(nq * n_rows);
+        ref.dot_rows_q8(f, kv, q8.view(), nq, i_ref.data(), n_rows);
+        table->dot_rows_q8(f, kv, q8.view(), nq, i_got.data(), n_rows);
+        EXPECT_EQ(i_got, i_ref) << "int8-query dot, head " << head;
+      }
       std::vector<float> o_ref(nq * hd, 0.0f), o_got(nq * hd, 0.0f);
       ref.axpy_rows(f, kv, s_ref.data(), nq, n_rows, o_ref.data());
       table->axpy_rows(f, kv, s_ref.data(), nq, n_rows, o_got.data());

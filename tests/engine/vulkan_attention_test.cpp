@@ -116,6 +116,20 @@ TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuEncoding) {
 }
 
 // The CPU backend's attention for one query token and head (cpu_backend.cpp, scalar kernels).
+// One query's scores against n rows by the scalar CPU table, as the backend computes them: q4
+// keys with the query quantized to int8 blocks, the others with float queries.
+void ScalarScores(const KvFormat& f, const cpu::KvRows& rows, const std::vector<float>& q, float* scores) {
+  const cpu::AttentionKernels& attn = cpu::ScalarAttentionKernels();
+  if (!cpu::KeysUseInt8Queries(f, rows.hd)) return attn.dot_rows(f, rows, q.data(), 1, scores, rows.n_rows);
+  const int64_t nb = rows.hd / cpu::kQueryBlock;
+  std::vector<int8_t> codes(rows.hd);
+  std::vector<float> scales(nb), sums(nb);
+  std::vector<int32_t> code_sums(nb);
+  cpu::QuantizeQueries(q.data(), 1, rows.hd, codes.data(), scales.data(), sums.data(), code_sums.data());
+  attn.dot_rows_q8(f, rows, cpu::Int8Queries{codes.data(), scales.data(), sums.data(), code_sums.data()}, 1, scores,
+                   rows.n_rows);
+}
+
 std::vector<float> ReferenceAttention(const KvFormat& f, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v,
                                       const float* q_head, int64_t kv_head, int64_t n_visible) {
   const cpu::AttentionKernels& attn = cpu::ScalarAttentionKernels();
@@ -124,7 +138,7 @@ std::vector<float> ReferenceAttention(const KvFormat& f, const std::vector<uint8
   if (f.rotate) attn.hadamard(q.data(), kHeadDim);
   if (f.type == KvType::kF16) attn.round_f16(q.data(), kHeadDim);
   std::vector<float> scores(n_visible), out(kHeadDim, 0.0f);
-  attn.dot_rows(f, cpu::KvRows{k.data(), row_bytes, n_visible, kv_head, kHeadDim}, q.data(), 1, scores.data(), n_visible);
+  ScalarScores(f, cpu::KvRows{k.data(), row_bytes, n_visible, kv_head, kHeadDim}, q, scores.data());
   attn.softmax(scores.data(), n_visible, n_visible, 1.0f / std::sqrt(static_cast<float>(kHeadDim)),
                f.type == KvType::kF16);
   attn.axpy_rows(f, cpu::KvRows{v.data(), row_bytes, n_visible, kv_head, kHeadDim}, scores.data(), 1, n_visible,
@@ -178,9 +192,8 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
           if (f.rotate) HadamardTransform(qr.data(), kHeadDim);
           if (f.type == KvType::kF16) cpu::ScalarAttentionKernels().round_f16(qr.data(), kHeadDim);
           std::vector<float> s(c.pos0 + t + 1);
-          cpu::ScalarAttentionKernels().dot_rows(
-              f, cpu::KvRows{k.data(), row_bytes, c.pos0 + t + 1, h / (kHeads / kHeadsKv), kHeadDim}, qr.data(), 1,
-              s.data(), c.pos0 + t + 1);
+          ScalarScores(f, cpu::KvRows{k.data(), row_bytes, c.pos0 + t + 1, h / (kHeads / kHeadsKv), kHeadDim}, qr,
+                       s.data());
           for (int64_t p = 0; p <= c.pos0 + t; ++p) {
             raw_want.push_back(s[p]);
             raw_got.push_back(got_raw[(t * kHeads + h) * n_ctx + p]);

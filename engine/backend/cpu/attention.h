@@ -40,6 +40,50 @@ using KvDotRowsFn = void (*)(const KvFormat& f, const KvRows& k, const float* q,
 // The same over q4k K chunks: scores[i * s_stride + p] = dot(q_i, key of token p), p < n_tokens.
 using KvDotChunksFn = void (*)(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores,
                                int64_t s_stride);
+// q4 keys are dotted with int8 queries, as the reference engine does for its 4-bit caches (it
+// quantizes Q like an activation): an integer dot product of codes with codes is 4x the work per
+// instruction of a float one, and needs no decode of the keys to floats. Each query's head
+// slice is cut into blocks of kQueryBlock values, quantized to int8 (Int8Queries), and
+//   score = t_0 + t_1 + ... (left to right), t_b = fma(m + 8 * d, qsum_b, float(isum_b) * (d * sq_b))
+// where d, m are the scale and minimum of the K group holding block b (a key value is
+// m + d * c = (m + 8d) + d * (c - 8)), isum_b = sum of query code x (key code - 8) over the block
+// (exact integers), sq_b the block's query scale and qsum_b the float sum of its 32 unquantized
+// query values. So the query's rounding errors meet only the centred d * (c - 8), never the
+// keys' offset m (which is large in real keys), and the error stays well below that of the
+// 4-bit keys themselves. Every table (and the Vulkan shader) computes these same operations,
+// so they agree bit for bit. Used when KeysUseInt8Queries; else dot_rows.
+constexpr int64_t kQueryBlock = 32;
+
+// Whether q4 keys of this format and head_dim take the int8-query path (every block of 32 lies
+// inside one K group).
+bool KeysUseInt8Queries(const KvFormat& f, int64_t hd);
+
+// Queries quantized for it: nq queries of hd values (hd % kQueryBlock == 0).
+//   codes[i * hd + b * 32 + k]: block b's 32 codes in the byte order of a q4 group's nibbles,
+//     as dword lanes read them: dword 2j holds the codes of values 8j, 8j+2, 8j+4, 8j+6 (low
+//     nibbles of key bytes 4j..4j+3), dword 2j+1 those of 8j+1, 8j+3, 8j+5, 8j+7 (high nibbles)
+//   scales[i * nb + b] = sq_b: the power of two 2^(E-7) for max|x| = f * 2^E, f in [0.5, 1);
+//     codes are round(x / sq_b), half to even, clamped to [-127, 127] (0 when all x are 0)
+//   sums[i * nb + b]   = qsum_b, the block's values added in order
+//   code_sums[i * nb + b]: the sum of the block's codes (so isum_b = sum code x c - 8 * that)
+// A power-of-two scale makes quantizing exact arithmetic (no division), so every implementation
+// gets the same codes; it costs under half a bit against max|x| / 127.
+struct Int8Queries {
+  const int8_t* codes;
+  const float* scales;
+  const float* sums;
+  const int32_t* code_sums;
+};
+// Position in a block's codes of the block's value j (the order above).
+constexpr int64_t Int8QueryCodeIndex(int64_t j) { return 4 * (2 * (j / 8) + (j % 2)) + (j % 8) / 2; }
+// Fills codes (nq * hd), scales, sums and code_sums (nq * hd / 32 each) from q (nq * hd floats).
+void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, float* scales, float* sums,
+                     int32_t* code_sums);
+
+// dot_rows over q4 K rows with int8 queries: scores[i * s_stride + p] = score of query i, row p.
+using KvDotRowsQ8Fn = void (*)(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t nq, float* scores,
+                               int64_t s_stride);
+
 // out[i * hd + d] += sum_p w[i * w_stride + p] * V row p's head slice [d], i < nq.
 using KvAxpyRowsFn = void (*)(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride,
                               float* out);
@@ -60,6 +104,7 @@ using HadamardFn = void (*)(float* x, int64_t n);
 struct AttentionKernels {
   const char* name;
   KvDotRowsFn dot_rows;
+  KvDotRowsQ8Fn dot_rows_q8;
   KvAxpyRowsFn axpy_rows;
   KvDotChunksFn dot_chunks;
   KvSoftmaxFn softmax;

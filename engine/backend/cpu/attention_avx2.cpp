@@ -71,6 +71,54 @@ struct Avx2 {
       }
     }
   }
+  // Integer path (DotRowsQ8): 8 lanes of int32, a panel of 8 rows, one block in registers.
+  using IV = __m256i;
+  static constexpr int kQ8Blocks = 1;
+  static IV ZeroI() { return _mm256_setzero_si256(); }
+  static IV SetI(int32_t x) { return _mm256_set1_epi32(x); }
+  static IV AddI(IV a, IV b) { return _mm256_add_epi32(a, b); }
+  static V CvtI(IV x) { return _mm256_cvtepi32_ps(x); }
+  // No VNNI: pairs of u8 x s8 products into int16 (15 * 127 * 2 cannot saturate), then pairs of
+  // those into int32.
+  static IV DotU8S8(IV acc, IV u8, IV s8) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+  }
+  static IV LowNibbles(IV x) { return _mm256_and_si256(x, _mm256_set1_epi8(0x0F)); }
+  static IV HighNibbles(IV x) { return _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(0x0F)); }
+  // out[k] lane r = dword k of the 16 bytes at p + row_off[r].
+  static void LoadRowDwords(const uint8_t* p, const int32_t* row_off, IV out[4]) {
+    auto row = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_off[r])); };
+    IV z[4];  // z[j], 128-bit lane b: row 4b + j
+    for (int j = 0; j < 4; ++j) z[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(row(j)), row(4 + j), 1);
+    const IV a = _mm256_unpacklo_epi32(z[0], z[1]), b = _mm256_unpackhi_epi32(z[0], z[1]);
+    const IV c = _mm256_unpacklo_epi32(z[2], z[3]), d = _mm256_unpackhi_epi32(z[2], z[3]);
+    out[0] = _mm256_unpacklo_epi64(a, c);
+    out[1] = _mm256_unpackhi_epi64(a, c);
+    out[2] = _mm256_unpacklo_epi64(b, d);
+    out[3] = _mm256_unpackhi_epi64(b, d);
+  }
+  static IV LoadOffsets(const int32_t* row_off) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_off)); }
+  // Lane r: the dword at p + offsets[r].
+  static IV GatherDwords(const uint8_t* p, IV offsets) {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(p), offsets, 1);
+  }
+  // The low (high) halves of the 8 dwords, as floats: bytes of each 128-bit lane regrouped
+  // (low halves first), then the 64-bit quarters put in order.
+  static __m256i SplitHalves(IV x) {
+    const IV bytes = _mm256_shuffle_epi8(
+        x, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10,
+                            11, 14, 15));
+    return _mm256_permute4x64_epi64(bytes, 0xD8);
+  }
+  static V HalvesLow(IV x) { return _mm256_cvtph_ps(_mm256_castsi256_si128(SplitHalves(x))); }
+  static V HalvesHigh(IV x) { return _mm256_cvtph_ps(_mm256_extracti128_si256(SplitHalves(x), 1)); }
+  static void BcastDwords4(const int8_t* p, IV out[4]) {
+    const IV x = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    out[0] = _mm256_shuffle_epi32(x, 0x00);
+    out[1] = _mm256_shuffle_epi32(x, 0x55);
+    out[2] = _mm256_shuffle_epi32(x, 0xAA);
+    out[3] = _mm256_shuffle_epi32(x, 0xFF);
+  }
   static V RoundF16(V x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
   // 2^k as a float, for -126 <= k <= 127.
   static V Pow2(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
@@ -145,7 +193,7 @@ struct Avx2 {
 
 #include "engine/backend/cpu/attention_simd_impl.h"
 
-constexpr AttentionKernels kAvx2Table{"avx2", &detail::DotRowsAny<Avx2>, &detail::AxpyRowsAny<Avx2>, &detail::DotChunksAny<Avx2>,
+constexpr AttentionKernels kAvx2Table{"avx2", &detail::DotRowsAny<Avx2>, &detail::DotRowsQ8Any<Avx2>, &detail::AxpyRowsAny<Avx2>, &detail::DotChunksAny<Avx2>,
                                       &detail::SoftmaxRow<Avx2>, &detail::RoundF16<Avx2>,
                                       &detail::Hadamard<Avx2>};
 

@@ -1,4 +1,4 @@
-// AVX-512 (F/BW/VL, with F16C and FMA) attention kernels: 16 lanes, 32 registers. Compiled with
+// AVX-512 (F/BW/VL/DQ/VNNI, with F16C and FMA) attention kernels: 16 lanes, 32 registers. Compiled with
 // AVX-512 flags (engine/CMakeLists.txt); reached only through AttentionKernelsFor after a cpuid
 // check. Everything but the table accessor has internal linkage (see attention_simd_impl.h).
 #include "engine/backend/cpu/attention.h"
@@ -96,6 +96,48 @@ struct Avx512 {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
   }
 
+  // Integer path (DotRowsQ8): 16 lanes of int32, a panel of 16 rows, two blocks in registers.
+  using IV = __m512i;
+  static constexpr int kQ8Blocks = 2;
+  static IV ZeroI() { return _mm512_setzero_si512(); }
+  static IV SetI(int32_t x) { return _mm512_set1_epi32(x); }
+  static IV AddI(IV a, IV b) { return _mm512_add_epi32(a, b); }
+  static V CvtI(IV x) { return _mm512_cvtepi32_ps(x); }
+  static IV DotU8S8(IV acc, IV u8, IV s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
+  static IV LowNibbles(IV x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0F)); }
+  static IV HighNibbles(IV x) { return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0F)); }
+  // out[k] lane r = dword k of the 16 bytes at p + row_off[r].
+  static void LoadRowDwords(const uint8_t* p, const int32_t* row_off, IV out[4]) {
+    auto row = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_off[r])); };
+    IV z[4];  // z[j], 128-bit lane b: row 4b + j
+    for (int j = 0; j < 4; ++j) {
+      z[j] = _mm512_inserti32x4(_mm512_castsi128_si512(row(j)), row(4 + j), 1);
+      z[j] = _mm512_inserti32x4(z[j], row(8 + j), 2);
+      z[j] = _mm512_inserti32x4(z[j], row(12 + j), 3);
+    }
+    // A 4x4 dword transpose inside every 128-bit lane: lane (b, j) of out[k] = dword k of z[j]'s lane b.
+    const IV a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
+    const IV c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+    out[0] = _mm512_unpacklo_epi64(a, c);
+    out[1] = _mm512_unpackhi_epi64(a, c);
+    out[2] = _mm512_unpacklo_epi64(b, d);
+    out[3] = _mm512_unpackhi_epi64(b, d);
+  }
+  static IV LoadOffsets(const int32_t* row_off) { return _mm512_loadu_si512(row_off); }
+  // Lane r: the dword at p + offsets[r].
+  static IV GatherDwords(const uint8_t* p, IV offsets) { return _mm512_i32gather_epi32(offsets, p, 1); }
+  static V HalvesLow(IV x) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)); }
+  static V HalvesHigh(IV x) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16))); }
+  // out[k] = dword k of the 16 bytes at p in every lane: one 16-byte broadcast, then in-register
+  // shuffles (broadcasts from memory issue half as fast as dpbusd on Zen 5).
+  static void BcastDwords4(const int8_t* p, IV out[4]) {
+    const IV x = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    out[0] = _mm512_shuffle_epi32(x, _MM_PERM_AAAA);
+    out[1] = _mm512_shuffle_epi32(x, _MM_PERM_BBBB);
+    out[2] = _mm512_shuffle_epi32(x, _MM_PERM_CCCC);
+    out[3] = _mm512_shuffle_epi32(x, _MM_PERM_DDDD);
+  }
+
   // In-register 16x16 transpose: r[j] becomes column j. Pairs of rows are interleaved, then
   // pairs of pairs, then 128-bit lanes are gathered across groups of four rows (64 shuffles).
   static void Transpose(V r[16]) {
@@ -128,7 +170,7 @@ struct Avx512 {
 
 #include "engine/backend/cpu/attention_simd_impl.h"
 
-constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::AxpyRowsAny<Avx512>, &detail::DotChunksAny<Avx512>,
+constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::DotRowsQ8Any<Avx512>, &detail::AxpyRowsAny<Avx512>, &detail::DotChunksAny<Avx512>,
                                         &detail::SoftmaxRow<Avx512>, &detail::RoundF16<Avx512>,
                                         &detail::Hadamard<Avx512>};
 

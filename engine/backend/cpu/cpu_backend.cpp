@@ -65,6 +65,10 @@ class CpuBackend final : public Backend {
   QuantizedInput qin_;
   struct AttentionScratch {
     std::vector<float> q, out, scores;  // [nq][hd], [nq][hd], [nq][n_ctx] for one work item
+    // q4 keys: the queries as int8 blocks (cpu::Int8Queries): [nq][hd], then [nq][hd/32] each.
+    std::vector<int8_t> q8_codes;
+    std::vector<float> q8_scales, q8_sums;
+    std::vector<int32_t> q8_code_sums;
   };
   // Attention work item: (step, KV head, tile of consecutive new tokens of that step).
   struct AttentionItem {
@@ -194,6 +198,18 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
                                  2 * n_kv, n_ctx - q_end, item.kv_head, hd};
           attn_.dot_rows(fmt.StagingFormat(), rows, sc.q.data(), nq, sc.scores.data() + q_end, n_ctx);
         }
+      } else if (cpu::KeysUseInt8Queries(fmt, hd)) {
+        // Quantized once per item, then read by every K block.
+        sc.q8_codes.resize(nq * hd);
+        sc.q8_scales.resize(nq * hd / cpu::kQueryBlock);
+        sc.q8_sums.resize(nq * hd / cpu::kQueryBlock);
+        sc.q8_code_sums.resize(nq * hd / cpu::kQueryBlock);
+        cpu::QuantizeQueries(sc.q.data(), nq, hd, sc.q8_codes.data(), sc.q8_scales.data(), sc.q8_sums.data(),
+                             sc.q8_code_sums.data());
+        const cpu::Int8Queries q8{sc.q8_codes.data(), sc.q8_scales.data(), sc.q8_sums.data(), sc.q8_code_sums.data()};
+        for_each_block([&](int64_t p) { return kv.k_row(layer, p); }, [&](int64_t p0, const cpu::KvRows& rows) {
+          attn_.dot_rows_q8(fmt, rows, q8, nq, sc.scores.data() + p0, n_ctx);
+        });
       } else {
         for_each_block([&](int64_t p) { return kv.k_row(layer, p); }, [&](int64_t p0, const cpu::KvRows& rows) {
           attn_.dot_rows(fmt, rows, sc.q.data(), nq, sc.scores.data() + p0, n_ctx);

@@ -4,7 +4,8 @@
 // format straight from the device KV plane of the layer (dequantized here, never expanded):
 //   scores[t][h][p] = q(t, h) . K(p, h / group)   for p <= pos0 + t (causal)
 // The query is rotated by the Walsh-Hadamard transform when the format rotates (so Q.K is that
-// of the unrotated vectors) and rounded to f16 for an f16 cache, as the CPU backend does.
+// of the unrotated vectors) and rounded to f16 for an f16 cache, as the CPU backend does; for
+// q4 keys it is quantized to int8 blocks (below), as the CPU backend does too.
 // Workgroup = WG positions of one (token, head); the block table maps position p to the
 // device slot of its KV block.
 
@@ -40,6 +41,62 @@ shared float hvec[HD];
 
 #include "hadamard.glsl"
 
+// q4 keys take the int8-query path of the CPU backend (engine/backend/cpu/attention.h), with
+// the same arithmetic: the query cut into blocks of 32, each quantized with a power-of-two scale
+// (exact: every implementation gets the same codes), integer sums against the centred key
+// codes, then t_b = fma(m + 8d, qsum_b, float(isum_b) * (d * sq_b)), added left to right.
+const bool kInt8Queries = KV_TYPE == kKvQ4 && HD % 32u == 0u && KV_GROUP % 32u == 0u;
+const uint kBlocks = HD / 32u + 1u;  // + 1: never an empty array
+shared int qcode[HD];
+shared float qscale[kBlocks], qsum[kBlocks];
+shared int qcode_sum[kBlocks];
+
+void QuantizeQueryBlocks(uint tid) {
+  for (uint b = tid; b < HD / 32u; b += WG) {
+    precise float amax = 0.0, sum = 0.0;
+    for (uint j = 0u; j < 32u; ++j) {
+      amax = max(amax, abs(hvec[32u * b + j]));
+      sum += hvec[32u * b + j];
+    }
+    int e = 0;
+    if (amax > 0.0) {
+      frexp(amax, e);
+      e -= 7;
+    }
+    const float inv = -e <= 126 ? ldexp(1.0, -e) : 0.0;
+    int code_sum = 0;
+    for (uint j = 0u; j < 32u; ++j) {
+      precise float scaled = inv != 0.0 ? hvec[32u * b + j] * inv : ldexp(hvec[32u * b + j], -e);
+      const int code = amax > 0.0 ? int(clamp(roundEven(scaled), -127.0, 127.0)) : 0;
+      qcode[32u * b + j] = code;
+      code_sum += code;
+    }
+    qscale[b] = amax > 0.0 ? ldexp(1.0, e) : 0.0;
+    qsum[b] = sum;
+    qcode_sum[b] = code_sum;
+  }
+}
+
+// The score of the query blocks against the q4 key row at byte `row`, head slice from value `first`.
+float Int8QueryScore(uint row, uint first) {
+  precise float s = 0.0;
+  for (uint b = 0u; b < HD / 32u; ++b) {
+    const uint v0 = first + 32u * b;
+    const uint group = row + (v0 / KV_GROUP) * KvGroupBytes();
+    const float d = F16BitsToF32(KvU16(group)), m = F16BitsToF32(KvU16(group + 2u));
+    int isum = -8 * qcode_sum[b];
+    for (uint j = 0u; j < 32u; ++j) {
+      const uint off = v0 % KV_GROUP + j;
+      const uint byte_value = KvU8(group + 4u + off / 2u);
+      isum += qcode[32u * b + j] * int((off & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u));
+    }
+    precise float m8 = m + 8.0 * d;
+    precise float t = fma(m8, qsum[b], float(isum) * (d * qscale[b]));
+    s = b == 0u ? t : s + t;
+  }
+  return s;
+}
+
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint h = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
@@ -52,6 +109,10 @@ void main() {
     for (uint d = tid; d < HD; d += WG) hvec[d] = RoundF16(hvec[d]);
     barrier();
   }
+  if (kInt8Queries) {
+    QuantizeQueryBlocks(tid);
+    barrier();
+  }
 
   const uint pos = gl_WorkGroupID.x * WG + tid;
   if (pos >= n_visible) return;
@@ -59,6 +120,10 @@ void main() {
   const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
   const uint first = (h / p.group) * HD;
   precise float s = 0.0;
-  for (uint d = 0u; d < HD; ++d) s += hvec[d] * KvValue(row, first + d);
+  if (kInt8Queries) {
+    s = Int8QueryScore(row, first);
+  } else {
+    for (uint d = 0u; d < HD; ++d) s += hvec[d] * KvValue(row, first + d);
+  }
   scores[(t * p.n_head + h) * p.score_stride + pos] = s;
 }
