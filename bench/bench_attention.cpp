@@ -83,7 +83,9 @@ void Run(benchmark::State& state, const AttentionKernels* table, Shape s) {
       }
       const KvRows rows{base + p0 * row_bytes, row_bytes, std::min(kBlock, kRows - p0), 1, kHd};
       if (s.int8q) {
-        if (p0 == 0) QuantizeQueries(q.data(), s.nq, kHd, q8_codes.data(), q8_scales.data(), q8_sums.data(), q8_code_sums.data());
+        if (p0 == 0) {
+          QuantizeQueries(q.data(), s.nq, kHd, q8_codes.data(), q8_scales.data(), q8_sums.data(), q8_code_sums.data());
+        }
         table->dot_rows_q8(f, rows, Int8Queries{q8_codes.data(), q8_scales.data(), q8_sums.data(), q8_code_sums.data()},
                            s.nq, scores.data() + p0, kRows);
       } else if (s.dot) table->dot_rows(f, rows, q.data(), s.nq, scores.data() + p0, kRows);

@@ -29,9 +29,12 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage =
     "usage: kvfs bench agents -m MODEL [--agents 1,2,4,8] [--ctx 1024] [-n 64] [--kv q4] [--stagger-ms 0]\n"
-    "                          [--cold] [-t THREADS] [--json]\n"
+    "                          [--cold] [-t THREADS] [--repeat R] [--json]\n"
     "  each agent holds a --ctx-token context (cached first; with --cold it is the new turn's prompt),\n"
-    "  then all agents run a turn generating -n tokens, together and then one after another.\n";
+    "  then all agents run a turn generating -n tokens, together and then one after another.\n"
+    "  --repeat R runs the whole --agents list R times, interleaved, and ends with the medians: each\n"
+    "  vs_1 is taken against the one-agent run of its own repetition (the host's memory bandwidth\n"
+    "  drifts by tens of percent between minutes, and every ratio with it).\n";
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "kvfs bench agents: %s\n", m.c_str());
@@ -139,7 +142,8 @@ nlohmann::json StaggerFigures(const RunResult& together, const RunResult& serial
 }  // namespace
 
 int BenchAgents(int argc, char** argv) {
-  Args args(argc, argv, {"-m", "--agents", "--ctx", "-n", "--kv", "--stagger-ms", "-t"}, {"--json", "--cold", "-h", "--help"});
+  Args args(argc, argv, {"-m", "--agents", "--ctx", "-n", "--kv", "--stagger-ms", "-t", "--repeat"},
+            {"--json", "--cold", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -153,6 +157,7 @@ int BenchAgents(int argc, char** argv) {
   const int64_t n_gen = args.get_int("-n", 64, 1, 65536);
   const int64_t stagger = args.get_int("--stagger-ms", 0, 0, 600000);
   const int threads = static_cast<int>(args.get_int("-t", 2, 1, 256));
+  const int64_t repeats = args.get_int("--repeat", 1, 1, 100);
   if (!args.error().empty()) return Fail(args.error());
   const bool cold = args.has("--cold");
   const std::string kv = args.get("--kv").value_or("q4");
@@ -182,75 +187,102 @@ int BenchAgents(int argc, char** argv) {
     std::printf("%7s %12s %8s %14s %14s %13s %13s %12s %10s %8s %10s %9s\n", "agents", "system_t/s", "vs_1", "agent_t/s_med",
                 "ttft_med_ms", "ttft_max_ms", "serial_t/s", "serial_ttft", "vs_serial", "passes", "ms/pass", "fwd_share");
   }
-  for (int64_t n : counts) {
-    auto engine = CreateEngine(o);
-    if (!engine.ok()) return Fail(engine.status().message());
-    RunResult together, serial;
-    for (int pass = 0; pass < 2; ++pass) {
-      std::vector<std::string> agents, texts;
-      for (int64_t i = 0; i < n; ++i) {
-        const std::string name = fmt::format("p{}a{}", pass, i);
-        if (!(*engine)->CreateAgent(name, 0).ok() || !(*engine)->SetSettings(name, settings).ok()) return Fail("agent setup failed");
-        agents.push_back(name);
-        const std::string context = TextOfTokens(tok, ctx, static_cast<int>(pass * 1000 + i));
-        if (cold) {
-          texts.push_back(context);
-        } else {
-          AgentSettings quick = settings;
-          quick.max_tokens = 1;
-          (void)(*engine)->SetSettings(name, quick);
-          auto setup = RunTurnSync(**engine, name, context);
-          if (!setup.ok()) return Fail(setup.status().message());
-          (void)(*engine)->SetSettings(name, settings);
-          texts.push_back(TextOfTokens(tok, n_turn, static_cast<int>(pass * 1000 + i + 500)));
+  for (int64_t rep = 0; rep < repeats; ++rep) {
+    one_agent_throughput = 0;
+    for (int64_t n : counts) {
+      auto engine = CreateEngine(o);
+      if (!engine.ok()) return Fail(engine.status().message());
+      RunResult together, serial;
+      for (int pass = 0; pass < 2; ++pass) {
+        std::vector<std::string> agents, texts;
+        for (int64_t i = 0; i < n; ++i) {
+          const std::string name = fmt::format("p{}a{}", pass, i);
+          if (!(*engine)->CreateAgent(name, 0).ok() || !(*engine)->SetSettings(name, settings).ok()) return Fail("agent setup failed");
+          agents.push_back(name);
+          const std::string context = TextOfTokens(tok, ctx, static_cast<int>(pass * 1000 + i));
+          if (cold) {
+            texts.push_back(context);
+          } else {
+            AgentSettings quick = settings;
+            quick.max_tokens = 1;
+            (void)(*engine)->SetSettings(name, quick);
+            auto setup = RunTurnSync(**engine, name, context);
+            if (!setup.ok()) return Fail(setup.status().message());
+            (void)(*engine)->SetSettings(name, settings);
+            texts.push_back(TextOfTokens(tok, n_turn, static_cast<int>(pass * 1000 + i + 500)));
+          }
         }
+        auto r = RunTurns(**engine, agents, texts, pass == 0, stagger);
+        if (!r.ok()) return Fail(r.status().message());
+        (pass == 0 ? together : serial) = *r;
       }
-      auto r = RunTurns(**engine, agents, texts, pass == 0, stagger);
-      if (!r.ok()) return Fail(r.status().message());
-      (pass == 0 ? together : serial) = *r;
+      const double tput = together.generated / together.wall_s, serial_tput = serial.generated / serial.wall_s;
+      if (n == counts.front() && n == 1) one_agent_throughput = tput;
+      const double vs1 = one_agent_throughput > 0 ? tput / one_agent_throughput : 0;
+      const double ttft_max = *std::max_element(together.ttft_ms.begin(), together.ttft_ms.end());
+      nlohmann::json row = {{"agents", n},
+                            {"repetition", rep},
+                            {"system_tokens_per_s", tput},
+                            {"vs_one_agent", vs1},
+                            {"agent_tokens_per_s_median", Median(together.decode_tps)},
+                            {"ttft_ms_median", Median(together.ttft_ms)},
+                            {"ttft_ms_max", ttft_max},
+                            {"ttft_ms", together.ttft_ms},
+                            {"serial_tokens_per_s", serial_tput},
+                            {"serial_ttft_ms", serial.ttft_ms},
+                            {"speedup_vs_serial", tput / serial_tput},
+                            {"wall_s", together.wall_s},
+                            // Where the wall time went: forward passes (count, mean decode batch,
+                            // ms per pass) and their share of the wall time; the rest is scheduling,
+                            // sampling, streaming and commits.
+                            {"forward_passes", together.passes},
+                            {"decode_tokens", together.decode_tokens},
+                            {"prefill_tokens", together.prefill_tokens},
+                            {"forward_ms_per_pass", together.passes ? together.forward_ms / together.passes : 0.0},
+                            {"forward_share", together.forward_ms / (1000.0 * together.wall_s)},
+                            {"serial_wall_s", serial.wall_s}};
+      nlohmann::json stagger_figures;
+      if (n >= 2 && stagger > 0) {
+        stagger_figures = StaggerFigures(together, serial, static_cast<double>(stagger) / 1000.0);
+        row["stagger"] = stagger_figures;
+      }
+      rows.push_back(row);
+      if (!args.has("--json")) {
+        std::printf("%7lld %12.2f %8.2f %14.2f %14.1f %13.1f %13.2f %12.1f %10.2f %8llu %10.1f %9.2f\n", static_cast<long long>(n),
+                    tput, vs1, Median(together.decode_tps), Median(together.ttft_ms), ttft_max, serial_tput, Median(serial.ttft_ms),
+                    tput / serial_tput, static_cast<unsigned long long>(together.passes),
+                    together.passes ? together.forward_ms / together.passes : 0.0, together.forward_ms / (1000.0 * together.wall_s));
+        if (!stagger_figures.is_null()) std::printf("        staggered arrivals: %s\n", stagger_figures.dump().c_str());
+        std::fflush(stdout);
+      }
     }
-    const double tput = together.generated / together.wall_s, serial_tput = serial.generated / serial.wall_s;
-    if (n == counts.front() && n == 1) one_agent_throughput = tput;
-    const double vs1 = one_agent_throughput > 0 ? tput / one_agent_throughput : 0;
-    const double ttft_max = *std::max_element(together.ttft_ms.begin(), together.ttft_ms.end());
-    nlohmann::json row = {{"agents", n},
-                          {"system_tokens_per_s", tput},
-                          {"vs_one_agent", vs1},
-                          {"agent_tokens_per_s_median", Median(together.decode_tps)},
-                          {"ttft_ms_median", Median(together.ttft_ms)},
-                          {"ttft_ms_max", ttft_max},
-                          {"ttft_ms", together.ttft_ms},
-                          {"serial_tokens_per_s", serial_tput},
-                          {"serial_ttft_ms", serial.ttft_ms},
-                          {"speedup_vs_serial", tput / serial_tput},
-                          {"wall_s", together.wall_s},
-                          // Where the wall time went: forward passes (count, mean decode batch,
-                          // ms per pass) and their share of the wall time; the rest is scheduling,
-                          // sampling, streaming and commits.
-                          {"forward_passes", together.passes},
-                          {"decode_tokens", together.decode_tokens},
-                          {"prefill_tokens", together.prefill_tokens},
-                          {"forward_ms_per_pass", together.passes ? together.forward_ms / together.passes : 0.0},
-                          {"forward_share", together.forward_ms / (1000.0 * together.wall_s)},
-                          {"serial_wall_s", serial.wall_s}};
-    nlohmann::json stagger_figures;
-    if (n >= 2 && stagger > 0) {
-      stagger_figures = StaggerFigures(together, serial, static_cast<double>(stagger) / 1000.0);
-      row["stagger"] = stagger_figures;
-    }
-    rows.push_back(row);
+  }  // repetitions
+  // Medians over the repetitions, per agent count.
+  nlohmann::json summary = nlohmann::json::array();
+  if (repeats > 1) {
     if (!args.has("--json")) {
-      std::printf("%7lld %12.2f %8.2f %14.2f %14.1f %13.1f %13.2f %12.1f %10.2f %8llu %10.1f %9.2f\n", static_cast<long long>(n),
-                  tput, vs1, Median(together.decode_tps), Median(together.ttft_ms), ttft_max, serial_tput, Median(serial.ttft_ms),
-                  tput / serial_tput, static_cast<unsigned long long>(together.passes),
-                  together.passes ? together.forward_ms / together.passes : 0.0, together.forward_ms / (1000.0 * together.wall_s));
-      if (!stagger_figures.is_null()) std::printf("        staggered arrivals: %s\n", stagger_figures.dump().c_str());
-      std::fflush(stdout);
+      std::printf("medians of %lld repetitions:\n%7s %12s %8s %18s\n", static_cast<long long>(repeats), "agents",
+                  "system_t/s", "vs_1", "vs_1 min..max");
+    }
+    for (int64_t n : counts) {
+      std::vector<double> tput, vs1;
+      for (const auto& row : rows) {
+        if (row["agents"].get<int64_t>() != n) continue;
+        tput.push_back(row["system_tokens_per_s"].get<double>());
+        vs1.push_back(row["vs_one_agent"].get<double>());
+      }
+      const auto [lo, hi] = std::minmax_element(vs1.begin(), vs1.end());
+      summary.push_back({{"agents", n}, {"system_tokens_per_s_median", Median(tput)}, {"vs_one_agent_median", Median(vs1)},
+                         {"vs_one_agent_min", *lo}, {"vs_one_agent_max", *hi}});
+      if (!args.has("--json")) {
+        std::printf("%7lld %12.2f %8.2f %8.2f..%-8.2f\n", static_cast<long long>(n), Median(tput), Median(vs1), *lo, *hi);
+      }
     }
   }
   if (args.has("--json")) {
     std::printf("%s\n", nlohmann::json{{"model", o.model_path}, {"kv", kv}, {"ctx", ctx}, {"cold", cold}, {"new_tokens", n_gen},
-                                       {"stagger_ms", stagger}, {"threads", threads}, {"results", rows}}
+                                       {"stagger_ms", stagger}, {"threads", threads}, {"repeat", repeats}, {"results", rows},
+                                       {"summary", summary}}
                             .dump(2)
                             .c_str());
   }

@@ -143,6 +143,26 @@ rows = j.get('results', [])
 check('bench agents', ok and [x['agents'] for x in rows] == [1, 3] and all(x['system_tokens_per_s'] > 0 and
       len(x['ttft_ms']) == x['agents'] for x in rows), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 bad('bench agents bad list', ['bench', 'agents', '-m', stories, '--agents', '1,x'], '--agents takes')
+# --repeat: the list run twice, interleaved; the summary's medians come from those rows, and each
+# vs_1 from the one-agent run of the same repetition.
+r = run(['bench', 'agents', '-m', stories, '--agents', '1,2', '--ctx', '16', '-n', '4', '-t', '1', '--repeat', '2',
+         '--json'])
+ok = r.returncode == 0
+j = json.loads(r.stdout) if ok else {}
+rows, summary = j.get('results', []), j.get('summary', [])
+def repeat_ok():
+    if [(x['agents'], x['repetition']) for x in rows] != [(1, 0), (2, 0), (1, 1), (2, 1)] or len(summary) != 2:
+        return False
+    one = {x['repetition']: x['system_tokens_per_s'] for x in rows if x['agents'] == 1}
+    for x in rows:
+        if abs(x['vs_one_agent'] - x['system_tokens_per_s'] / one[x['repetition']]) > 1e-9:
+            return False
+    for srow in summary:
+        mine = sorted(x['system_tokens_per_s'] for x in rows if x['agents'] == srow['agents'])
+        if abs(srow['system_tokens_per_s_median'] - (mine[0] + mine[1]) / 2) > 1e-9:
+            return False
+    return summary[0]['vs_one_agent_median'] == 1.0
+check('bench agents --repeat', ok and repeat_ok(), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 r = run(['bench', 'batched', '-m', stories, '--npp', '40', '--ntg', '6', '--npl', '1,3', '-t', '1', '--json'])
 ok = r.returncode == 0
 j = json.loads(r.stdout) if ok else {}

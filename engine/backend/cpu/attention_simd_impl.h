@@ -263,7 +263,8 @@ void DotPanelQ8(const uint8_t* base, const int32_t* row_off, const typename T::I
         odd = T::DotU8S8(odd, c[j][w + 1], qd[w + 1]);
       }
       const V isum = T::CvtI(T::AddI(even, odd));
-      const V t = T::Fma(m8[j], T::Bcast(q.sums[i * nb + b]), T::Mul(isum, T::Mul(d[j], T::Bcast(q.scales[i * nb + b]))));
+      const V scale = T::Mul(d[j], T::Bcast(q.scales[i * nb + b]));
+      const V t = T::Fma(m8[j], T::Bcast(q.sums[i * nb + b]), T::Mul(isum, scale));
       s = b == 0 ? t : T::Add(s, t);
     }
     T::StoreN(s_out, s, n_valid);
@@ -427,6 +428,19 @@ void AxpyRows(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, in
       if constexpr (K == KvType::kQ4K) {
         const float D = HalfToFloat(row), M = HalfToFloat(row + 2);
         for (int c = 0; c < n_chunks; ++c) T::Store(vf + p * v.hd + c * W, DecodeChunkQ4k<T>(row, chunks[c], D, M));
+      } else if constexpr (K == KvType::kQ4) {
+        // The group's scale and minimum once for all its chunks (a head slice is often one
+        // group): the same values and operations as DecodeChunk, fewer conversions.
+        int32_t header = -1;
+        typename T::V d = T::Zero(), m = T::Zero();
+        for (int c = 0; c < n_chunks; ++c) {
+          if (chunks[c].header != header) {
+            header = chunks[c].header;
+            d = T::Bcast(HalfToFloat(row + header));
+            m = T::Bcast(HalfToFloat(row + header + 2));
+          }
+          T::Store(vf + p * v.hd + c * W, T::Add(m, T::Mul(d, T::LoadU4(row + chunks[c].codes))));
+        }
       } else {
         for (int c = 0; c < n_chunks; ++c) T::Store(vf + p * v.hd + c * W, DecodeChunk<T, K>(row, chunks[c]));
       }
