@@ -77,8 +77,14 @@ void FillActInfo(const uint8_t* x, int64_t x_row_bytes, int nt, int ng, ActInfo&
 template <class L, int NT>
 void PanelTokens(const Panel& p, int ng, const uint8_t* x, int64_t x_row_bytes, const ActInfo& info, int ti,
                  float* y, int64_t y_stride, __mmask16 m0, __mmask16 m1, bool accumulate) {
+  // A later K chunk continues each row's sum from what the earlier chunks stored, so the sum is
+  // one chain of fmas over the blocks in order, as in the packed row passes: a token's results
+  // do not depend on whether its pass took the panels or the rows.
   __m512 acc[2][NT];
-  for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+  for (int t = 0; t < NT; ++t) {
+    acc[0][t] = accumulate ? _mm512_maskz_loadu_ps(m0, y + t * y_stride) : _mm512_setzero_ps();
+    acc[1][t] = accumulate ? _mm512_maskz_loadu_ps(m1, y + t * y_stride + 16) : _mm512_setzero_ps();
+  }
   for (int g = 0; g < ng; ++g) {
     __m512i isum[2][NT];
     for (int t = 0; t < NT; ++t) isum[0][t] = isum[1][t] = _mm512_setzero_si512();
@@ -110,8 +116,8 @@ void PanelTokens(const Panel& p, int ng, const uint8_t* x, int64_t x_row_bytes, 
     }
   }
   for (int t = 0; t < NT; ++t) {
-    StoreRows(y + t * y_stride, acc[0][t], m0, accumulate);
-    StoreRows(y + t * y_stride + 16, acc[1][t], m1, accumulate);
+    StoreRows(y + t * y_stride, acc[0][t], m0, false);
+    StoreRows(y + t * y_stride + 16, acc[1][t], m1, false);
   }
 }
 

@@ -138,12 +138,14 @@ void DecodeRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t
     PrepareTerms<NT>(x_quant, x_row_bytes, b0, b1, terms);
     for (int64_t r = 0; r < n_rows; r += kGroupRows) {
       const uint8_t* group = packed + (r0 + r) / kGroupRows * GroupBytes(nb);
-      __m512 acc[NT];
-      for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-      GroupRows<NT>(group, b0, b1, x_quant, x_row_bytes, terms, acc);
       const int64_t left = n_rows - r;
       const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
-      for (int t = 0; t < NT; ++t) StoreRows(y + t * y_stride + r, acc[t], m, b0 > 0);
+      // A later K chunk continues the sum the earlier ones stored: one chain of fmas over the
+      // blocks in order, as the panels make it too.
+      __m512 acc[NT];
+      for (int t = 0; t < NT; ++t) acc[t] = b0 > 0 ? _mm512_maskz_loadu_ps(m, y + t * y_stride + r) : _mm512_setzero_ps();
+      GroupRows<NT>(group, b0, b1, x_quant, x_row_bytes, terms, acc);
+      for (int t = 0; t < NT; ++t) StoreRows(y + t * y_stride + r, acc[t], m, false);
     }
   }
 }
