@@ -237,6 +237,11 @@ void CheckChunks(const AttentionKernels& table, int64_t C, const Geometry& g) {
       worst = std::max(worst, e);
       EXPECT_LE(e, kMaxNmse) << table.name << " q4k chunks C=" << C << " " << g.label << " tokens=" << n_tokens
                              << " nq=" << nq << " head=" << head;
+      // The integer path is the same arithmetic in every table.
+      if (KeyChunksUseInt8(g.hd)) {
+        ASSERT_EQ(s_got, s_ref) << table.name << " q4k int8 chunks C=" << C << " " << g.label << " tokens=" << n_tokens
+                                << " nq=" << nq;
+      }
     }
   }
   std::printf("[attention] %-6s q4k-K C=%-3lld %-16s worst NMSE dot %.3g\n", table.name, static_cast<long long>(C),
@@ -253,29 +258,89 @@ TEST_P(AttentionConformanceTest, KeyChunksMatchScalar) {
   }
 }
 
-// The scalar reference itself: dot_chunks scores are dot products with KvDequantizeKChunk's keys.
-TEST(AttentionConformance, ScalarKeyChunksAreDequantizedDots) {
+// The scalar reference itself, q4k keys on the integer path, against an independent
+// computation: the per-(query, chunk) codes checked against the rule of attention.h (a
+// power-of-two scale with max|a| in [64, 128) steps, each code within half a step), then every
+// score formed in double from the record's codes: q . (m + 8d) + sum sa * code * (k - 8). And
+// the error budget: the int8 rounding must add little to what the 4-bit keys already lose
+// (keys built like a model's, with per-channel offsets and a few wide channels).
+TEST(AttentionConformance, ScalarKeyChunksAreQuantizedDots) {
   const KvFormat f = Format(KvType::kQ4K, 16, 64);
-  const int64_t hd = 64, n = 2 * hd, n_tokens = 100;
+  const int64_t hd = 64, n = 2 * hd, n_tokens = 100, head = 1, C = 64, record = 4 + C / 2, nq = 4;
+  ASSERT_TRUE(KeyChunksUseInt8(hd));
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint8_t> chunks(static_cast<size_t>(2 * f.ChunkBytes(n)));
-  std::vector<float> x(64 * n);
-  for (int c = 0; c < 2; ++c) {
-    for (float& v : x) v = normal(rng);
-    KvQuantizeKChunk(f, x.data(), n, chunks.data() + c * f.ChunkBytes(n), n);
+  std::vector<float> x(2 * C * n);
+  for (int64_t c = 0; c < 2; ++c) {
+    for (int64_t t = 0; t < C; ++t) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float offset = static_cast<float>((i * 13) % 17) - 8.0f, spread = i % 5 == 0 ? 3.0f : 0.3f;
+        x[(c * C + t) * n + i] = offset + spread * normal(rng);
+      }
+    }
+    KvQuantizeKChunk(f, x.data() + c * C * n, n, chunks.data() + c * f.ChunkBytes(n), n);
   }
-  const std::vector<float> q = RandomVector(hd, rng, false);
-  std::vector<float> s(n_tokens);
-  ScalarAttentionKernels().dot_chunks(f, KvChunks{chunks.data(), f.ChunkBytes(n), n_tokens, 1, hd}, q.data(), 1,
-                                      s.data(), n_tokens);
-  std::vector<float> key(hd);
-  for (int64_t p = 0; p < n_tokens; ++p) {
-    KvDequantizeKChunk(f, chunks.data() + (p / 64) * f.ChunkBytes(n), p % 64, hd, hd, key.data());
-    double want = 0.0;
-    for (int64_t d = 0; d < hd; ++d) want += static_cast<double>(q[d]) * key[d];
-    EXPECT_NEAR(s[p], want, 1e-4 * (1.0 + std::fabs(want))) << p;
+  const std::vector<float> q = RandomVector(nq * hd, rng, false);
+  std::vector<float> got(nq * n_tokens), want(nq * n_tokens), fdot(nq * n_tokens), exact(nq * n_tokens);
+  ScalarAttentionKernels().dot_chunks(f, KvChunks{chunks.data(), f.ChunkBytes(n), n_tokens, head, hd}, q.data(), nq,
+                                      got.data(), n_tokens);
+  std::vector<float> key(hd), d(hd), m(hd);
+  for (int64_t c = 0; c < 2; ++c) {
+    const uint8_t* slice = chunks.data() + c * f.ChunkBytes(n) + head * hd * record;
+    for (int64_t ch = 0; ch < hd; ++ch) {
+      uint16_t dh, mh;
+      std::memcpy(&dh, slice + ch * record, 2);
+      std::memcpy(&mh, slice + ch * record + 2, 2);
+      d[ch] = Fp16ToFp32(dh);
+      m[ch] = Fp16ToFp32(mh);
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      const float* qi = q.data() + i * hd;
+      ChunkQueryQ8 cq;
+      QuantizeChunkQuery(qi, d.data(), m.data(), hd, &cq);
+      for (int64_t b = 0; b < hd / kQueryBlock; ++b) {
+        double amax = 0.0;
+        int32_t sum = 0;
+        for (int64_t j = 0; j < kQueryBlock; ++j) {
+          amax = std::max(amax, std::fabs(static_cast<double>(qi[b * kQueryBlock + j] * d[b * kQueryBlock + j])));
+          sum += cq.codes[b * kQueryBlock + j];
+        }
+        const double sa = cq.scales[b];
+        ASSERT_GT(amax, 0.0);
+        EXPECT_GE(amax / sa, 64.0);
+        EXPECT_LT(amax / sa, 128.0);
+        EXPECT_EQ(std::exp2(std::round(std::log2(sa))), sa) << "a power of two";
+        EXPECT_EQ(cq.code_sums[b], sum);
+        for (int64_t j = 0; j < kQueryBlock; ++j) {
+          const int64_t ch = b * kQueryBlock + j;
+          const int code = cq.codes[ch];
+          EXPECT_LE(std::fabs(qi[ch] * d[ch] - sa * code), (std::abs(code) == 127 ? 1.0 : 0.5) * sa) << "channel " << ch;
+        }
+      }
+      for (int64_t t = 0; t < C && c * C + t < n_tokens; ++t) {
+        const int64_t p = c * C + t;
+        double s = 0.0, fs = 0.0, es = 0.0;
+        KvDequantizeKChunk(f, chunks.data() + c * f.ChunkBytes(n), t, head * hd, hd, key.data());
+        for (int64_t ch = 0; ch < hd; ++ch) {
+          const uint8_t byte = slice[ch * record + 4 + t / 2];
+          const int k = t % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+          const double m8 = static_cast<double>(m[ch]) + 8.0 * d[ch];
+          s += qi[ch] * m8 + static_cast<double>(cq.scales[ch / kQueryBlock]) * cq.codes[ch] * (k - 8);
+          fs += static_cast<double>(qi[ch]) * key[ch];
+          es += static_cast<double>(qi[ch]) * x[p * n + head * hd + ch];
+        }
+        want[i * n_tokens + p] = static_cast<float>(s);
+        fdot[i * n_tokens + p] = static_cast<float>(fs);
+        exact[i * n_tokens + p] = static_cast<float>(es);
+      }
+    }
   }
+  const double e_double = Nmse(got, want), e_int8 = Nmse(got, fdot), e_keys = Nmse(fdot, exact);
+  std::printf("[attention] q4k int8 chunk dot: NMSE vs double %.3g; int8 weights %.3g, 4-bit keys %.3g\n", e_double,
+              e_int8, e_keys);
+  EXPECT_LE(e_double, 1e-12);
+  EXPECT_LE(e_int8, 0.1 * e_keys);
 }
 
 // The int8-query q4 dot against an independent computation: the query codes checked against the

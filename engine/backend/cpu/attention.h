@@ -38,6 +38,13 @@ struct KvChunks {
 using KvDotRowsFn = void (*)(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, float* scores,
                              int64_t s_stride);
 // The same over q4k K chunks: scores[i * s_stride + p] = dot(q_i, key of token p), p < n_tokens.
+// When KeyChunksUseInt8 (head_dim a multiple of 32), as an integer dot product like q4 keys':
+// per (query, chunk) the products a_c = q_c * d_c of the query with the chunk's channel scales
+// are quantized to int8 (ChunkQueryQ8), and
+//   score = base + t_0 + t_1 + ..., added with fma in that order, t_b = float(isum_b) * sa_b
+// where base = sum_c q_c * (m_c + 8 d_c) and isum_b = sum over block b's 32 channels of
+// code(a_c) x (key code - 8). The centring keeps the int8 rounding away from the channels' large
+// minimums; it adds a few percent of the error the 4-bit keys already have (see the test).
 using KvDotChunksFn = void (*)(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores,
                                int64_t s_stride);
 // q4 keys are dotted with int8 queries, as the reference engine does for its 4-bit caches (it
@@ -79,6 +86,27 @@ constexpr int64_t Int8QueryCodeIndex(int64_t j) { return 4 * (2 * (j / 8) + (j %
 // Fills codes (nq * hd), scales, sums and code_sums (nq * hd / 32 each) from q (nq * hd floats).
 void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, float* scales, float* sums,
                      int32_t* code_sums);
+
+// q4k keys with int8 weights: whether dot_chunks takes the integer path for this head_dim.
+bool KeyChunksUseInt8(int64_t hd);
+// One query against one chunk's head slice (hd <= kMaxChunkHd):
+//   codes[32b + j]: the int8 code of a_c for channel c = 32b + j (natural order), rounded half
+//     to even against sa_b = scales[b], the power of two 2^(E-7) for the block's max|a| =
+//     f * 2^E (as Int8Queries), clamped to [-127, 127]; 0 and sa_b = 0 when the block is all 0
+//   code_sums[b]: the sum of block b's codes
+//   base: sum_c fma(q_c, m_c + 8 d_c) over 16 interleaved partial sums (channel c into lane
+//     c % 16, in order), then lanes[l] += lanes[l + w] for w = 8, 4, 2, 1
+constexpr int64_t kMaxChunkHd = 256;
+struct ChunkQueryQ8 {
+  int8_t codes[kMaxChunkHd];
+  float scales[kMaxChunkHd / kQueryBlock];
+  int32_t code_sums[kMaxChunkHd / kQueryBlock];
+  float base;
+};
+// From q (hd values) and the chunk slice's channel scales d and minimums m (hd floats each).
+// Tables may vectorise it but must give these bits (they call it where the exponents leave the
+// normal range).
+void QuantizeChunkQuery(const float* q, const float* d, const float* m, int64_t hd, ChunkQueryQ8* out);
 
 // dot_rows over q4 K rows with int8 queries: scores[i * s_stride + p] = score of query i, row p.
 using KvDotRowsQ8Fn = void (*)(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t nq, float* scores,

@@ -7,8 +7,10 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace kvfs::cpu {
 namespace {
@@ -118,6 +120,37 @@ struct Avx2 {
     out[1] = _mm256_shuffle_epi32(x, 0x55);
     out[2] = _mm256_shuffle_epi32(x, 0xAA);
     out[3] = _mm256_shuffle_epi32(x, 0xFF);
+  }
+  static V Abs(V x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+  static IV CvtRound(V x) { return _mm256_cvtps_epi32(x); }  // MXCSR: half to even
+  static IV ClampI127(IV x) { return _mm256_max_epi32(_mm256_min_epi32(x, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127)); }
+  static void StoreI8(int8_t* p, IV x) {  // values in [-127, 127]: the packs do not saturate
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(w, w));
+  }
+  static int32_t ReduceAddI(IV x) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+  }
+  // q4k K records (channel-major, 2 tokens per byte): lane t = the codes of token t of the 4
+  // channels at p, p + record, p + 2 record, p + 3 record (4 code bytes = 8 tokens each).
+  static IV ChannelQuad(const uint8_t* p, int64_t record) {
+    auto codes = [&](int j) {
+      int32_t v;
+      std::memcpy(&v, p + j * record, 4);
+      return v;
+    };
+    const __m128i x = _mm_setr_epi32(codes(0), codes(1), codes(2), codes(3));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
+    // Channels 0 and 1 (2 and 3), 8 tokens each in order; then pairs (channel 0 token t, channel 1
+    // token t); then the pairs of both halves interleaved: dword t = channels 0..3 of token t.
+    const __m128i pairs = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    const __m128i a = _mm_shuffle_epi8(_mm_unpacklo_epi8(lo, hi), pairs);
+    const __m128i b = _mm_shuffle_epi8(_mm_unpackhi_epi8(lo, hi), pairs);
+    return _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
   }
   static V RoundF16(V x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
   // 2^k as a float, for -126 <= k <= 127.

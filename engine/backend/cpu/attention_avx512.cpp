@@ -7,8 +7,10 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace kvfs::cpu {
 namespace {
@@ -136,6 +138,27 @@ struct Avx512 {
     out[1] = _mm512_shuffle_epi32(x, _MM_PERM_BBBB);
     out[2] = _mm512_shuffle_epi32(x, _MM_PERM_CCCC);
     out[3] = _mm512_shuffle_epi32(x, _MM_PERM_DDDD);
+  }
+
+  static V Abs(V x) { return _mm512_abs_ps(x); }
+  static IV CvtRound(V x) { return _mm512_cvtps_epi32(x); }  // MXCSR: half to even
+  static IV ClampI127(IV x) { return _mm512_max_epi32(_mm512_min_epi32(x, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127)); }
+  static void StoreI8(int8_t* p, IV x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(x)); }
+  static int32_t ReduceAddI(IV x) { return _mm512_reduce_add_epi32(x); }
+  // q4k K records (channel-major, 2 tokens per byte): lane t = the codes of token t of the 4
+  // channels at p, p + record, p + 2 record, p + 3 record (8 code bytes = 16 tokens each).
+  static IV ChannelQuad(const uint8_t* p, int64_t record) {
+    auto codes = [&](int j) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + j * record)); };
+    IV x = _mm512_inserti32x4(_mm512_castsi128_si512(codes(0)), codes(1), 1);
+    x = _mm512_inserti32x4(x, codes(2), 2);
+    x = _mm512_inserti32x4(x, codes(3), 3);
+    // 128-bit lane j: channel j's 16 tokens in order (low nibble = even token).
+    const IV tokens = _mm512_unpacklo_epi8(LowNibbles(x), HighNibbles(x));
+    // Byte 4t + j of the result = byte t of lane j.
+    const IV idx = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11, 58, 42,
+                                   26, 10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36,
+                                   20, 4, 51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
+    return _mm512_permutexvar_epi8(idx, tokens);
   }
 
   // In-register 16x16 transpose: r[j] becomes column j. Pairs of rows are interleaved, then

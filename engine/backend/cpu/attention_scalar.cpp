@@ -73,8 +73,40 @@ void DotRowsQ8Scalar(const KvFormat& f, const KvRows& k, const Int8Queries& q, i
   }
 }
 
+// q4k keys, the integer path (attention.h).
+void DotChunksQ8Scalar(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores,
+                       int64_t s_stride) {
+  const int64_t C = f.chunk, record = 4 + C / 2, slice_bytes = k.hd * record, nb = k.hd / kQueryBlock;
+  std::vector<float> d(k.hd), m(k.hd);
+  ChunkQueryQ8 cq;
+  for (int64_t c = 0; c * C < k.n_tokens; ++c) {
+    const uint8_t* slice = k.chunks + c * k.chunk_bytes + k.head * slice_bytes;
+    for (int64_t ch = 0; ch < k.hd; ++ch) {
+      d[ch] = Fp16ToFp32(LoadU16(slice + ch * record));
+      m[ch] = Fp16ToFp32(LoadU16(slice + ch * record + 2));
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      QuantizeChunkQuery(q + i * k.hd, d.data(), m.data(), k.hd, &cq);
+      for (int64_t t = 0; t < C && c * C + t < k.n_tokens; ++t) {
+        float s = cq.base;
+        for (int64_t b = 0; b < nb; ++b) {
+          int32_t isum = 0;
+          for (int64_t j = 0; j < kQueryBlock; ++j) {
+            const int64_t ch = b * kQueryBlock + j;
+            const uint8_t byte = slice[ch * record + 4 + t / 2];
+            isum += cq.codes[ch] * (((t % 2 == 0) ? (byte & 0x0F) : (byte >> 4)) - 8);
+          }
+          s = std::fma(static_cast<float>(isum), cq.scales[b], s);
+        }
+        scores[i * s_stride + c * C + t] = s;
+      }
+    }
+  }
+}
+
 void DotChunksScalar(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores,
                      int64_t s_stride) {
+  if (KeyChunksUseInt8(k.hd)) return DotChunksQ8Scalar(f, k, q, nq, scores, s_stride);
   std::vector<float> key(k.hd);
   for (int64_t p = 0; p < k.n_tokens; ++p) {
     KvDequantizeKChunk(f, k.chunks + (p / f.chunk) * k.chunk_bytes, p % f.chunk, k.head * k.hd, k.hd, key.data());
@@ -125,6 +157,51 @@ bool KeysUseInt8Queries(const KvFormat& f, int64_t hd) {
   return f.type == KvType::kQ4 && hd > 0 && hd % kQueryBlock == 0 && f.group % kQueryBlock == 0;
 }
 
+bool KeyChunksUseInt8(int64_t hd) { return hd > 0 && hd % kQueryBlock == 0 && hd <= kMaxChunkHd; }
+
+namespace {
+
+// The exponent e of a block's power-of-two scale 2^e (attention.h), from its max|x| > 0.
+int BlockExponent(float amax) {
+  int e = 0;
+  std::frexp(amax, &e);
+  return e - 7;
+}
+
+// round(x * 2^-e) half to even, clamped to [-127, 127]: exact scaling by a power of two (as
+// ldexp), and |x * 2^-e| < 128, so adding and removing 1.5 * 2^23 rounds it.
+int8_t BlockCode(float x, int e) {
+  const float scaled = -e <= 126 ? x * std::ldexp(1.0f, -e) : std::ldexp(x, -e);
+  const float r = (scaled + 0x1.8p23f) - 0x1.8p23f;  // IEEE semantics (no -ffast-math): not folded
+  return static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+}
+
+}  // namespace
+
+void QuantizeChunkQuery(const float* q, const float* d, const float* m, int64_t hd, ChunkQueryQ8* out) {
+  float lanes[16] = {};
+  for (int64_t c = 0; c < hd; ++c) lanes[c % 16] = std::fma(q[c], m[c] + 8.0f * d[c], lanes[c % 16]);
+  for (int w = 8; w >= 1; w /= 2) {
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  }
+  out->base = lanes[0];
+  for (int64_t b = 0; b < hd / kQueryBlock; ++b) {
+    float a[kQueryBlock], amax = 0.0f;
+    for (int64_t j = 0; j < kQueryBlock; ++j) {
+      a[j] = q[b * kQueryBlock + j] * d[b * kQueryBlock + j];
+      amax = std::max(amax, std::fabs(a[j]));
+    }
+    const int e = amax > 0.0f ? BlockExponent(amax) : 0;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kQueryBlock; ++j) {
+      out->codes[b * kQueryBlock + j] = amax > 0.0f ? BlockCode(a[j], e) : 0;
+      sum += out->codes[b * kQueryBlock + j];
+    }
+    out->scales[b] = amax > 0.0f ? std::ldexp(1.0f, e) : 0.0f;
+    out->code_sums[b] = sum;
+  }
+}
+
 void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, float* scales, float* sums,
                      int32_t* code_sums) {
   const int64_t nb = hd / kQueryBlock;
@@ -137,22 +214,10 @@ void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, floa
         amax = std::max(amax, std::fabs(x[j]));
         sum += x[j];
       }
-      int e = 0;
-      if (amax > 0.0f) {
-        std::frexp(amax, &e);
-        e -= 7;
-      }
-      // x * 2^-e is exact when 2^-e is a normal float (as ldexp, without a call per value), and
-      // |x * 2^-e| < 128, so adding and removing 1.5 * 2^23 rounds it half to even.
-      const float inv = -e <= 126 ? std::ldexp(1.0f, -e) : 0.0f;
+      const int e = amax > 0.0f ? BlockExponent(amax) : 0;
       int32_t code_sum = 0;
       for (int64_t j = 0; j < kQueryBlock; ++j) {
-        float r = 0.0f;
-        if (amax > 0.0f) {
-          const float scaled = inv != 0.0f ? x[j] * inv : std::ldexp(x[j], -e);
-          r = (scaled + 0x1.8p23f) - 0x1.8p23f;  // IEEE semantics (no -ffast-math): not folded
-        }
-        c[Int8QueryCodeIndex(j)] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+        c[Int8QueryCodeIndex(j)] = amax > 0.0f ? BlockCode(x[j], e) : 0;
         code_sum += c[Int8QueryCodeIndex(j)];
       }
       code_sums[i * nb + b] = code_sum;

@@ -16,7 +16,10 @@
 // broadcast query element per FMA, and no horizontal reduction at all. The transpose (about 4
 // shuffles per value) is paid once per row and shared by every query (8 in decode with GQA, up
 // to 128 in a prefill tile).
-// dot_chunks is the same GEMM over q4k K chunks, which are channel-major already: a panel of W
+// q4 K rows with int8 queries (dot_rows_q8) and q4k K chunks where head_dim is a multiple of 32
+// (dot_chunks) take the integer paths of attention_simd_int8.h instead; the float ones below
+// serve the other formats and shapes.
+// dot_chunks (float) is the same GEMM over q4k K chunks, which are channel-major already: a panel of W
 // tokens is one load of W/2 code bytes per channel, decoded straight into kt[d][r].
 // axpy_rows is O[nq x hd] += W[nq x rows] . V: a block of rows is decoded once (row-major) into a
 // stack buffer, then tiles of (queries x hd chunks) accumulate in registers with one broadcast
@@ -218,104 +221,6 @@ void DotRows(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, flo
 // the low nibbles of dword j are values 8j, 8j+2, .. and the high ones 8j+1, .., which is the
 // order Int8Queries stores the query codes in. T::kQ8Blocks blocks are held in registers at a
 // time, then every query runs over them; scores of a longer head slice are summed in place.
-// NBP blocks (b0 .. b0 + NBP) of one panel, every query: scores of block b0 > 0 are added to
-// what the earlier blocks stored. NBP is a compile-time count so the code vectors stay in
-// registers.
-template <class T, int NBP>
-void DotPanelQ8(const uint8_t* base, const int32_t* row_off, const typename T::IV& gather_off, int n_valid,
-                const int64_t* header, const int64_t* codes, int64_t b0, const Int8Queries& q, int64_t nq, int64_t hd,
-                float* scores, int64_t ss) {
-  using V = typename T::V;
-  using IV = typename T::IV;
-  const int64_t nb = hd / kQueryBlock;
-  IV c[NBP][8];
-  V d[NBP], m8[NBP];  // per row: the group's scale, and its minimum + 8 * scale
-  for (int j = 0; j < NBP; ++j) {
-    IV dw[4];
-    T::LoadRowDwords(base + codes[b0 + j], row_off, dw);
-    for (int w = 0; w < 4; ++w) {
-      c[j][2 * w] = T::LowNibbles(dw[w]);
-      c[j][2 * w + 1] = T::HighNibbles(dw[w]);
-    }
-    if (j > 0 && header[b0 + j] == header[b0 + j - 1]) {
-      d[j] = d[j - 1];
-      m8[j] = m8[j - 1];
-    } else {
-      const IV dm = T::GatherDwords(base + header[b0 + j], gather_off);
-      d[j] = T::HalvesLow(dm);
-      m8[j] = T::Add(T::HalvesHigh(dm), T::Mul(T::Bcast(8.0f), d[j]));
-    }
-  }
-  for (int64_t i = 0; i < nq; ++i) {
-    float* s_out = scores + i * ss;
-    V s = b0 == 0 ? T::Zero() : T::LoadN(s_out, n_valid);
-    for (int j = 0; j < NBP; ++j) {
-      const int64_t b = b0 + j;
-      const int8_t* qc = q.codes + i * hd + b * kQueryBlock;
-      IV qd[8];
-      T::BcastDwords4(qc, qd);
-      T::BcastDwords4(qc + 16, qd + 4);
-      // Two chains (half the dpbusd latency); the first starts at -8 x the code sum, which
-      // centres the key codes (attention.h).
-      IV even = T::SetI(-8 * q.code_sums[i * nb + b]), odd = T::ZeroI();
-      for (int w = 0; w < 8; w += 2) {
-        even = T::DotU8S8(even, c[j][w], qd[w]);
-        odd = T::DotU8S8(odd, c[j][w + 1], qd[w + 1]);
-      }
-      const V isum = T::CvtI(T::AddI(even, odd));
-      const V scale = T::Mul(d[j], T::Bcast(q.scales[i * nb + b]));
-      const V t = T::Fma(m8[j], T::Bcast(q.sums[i * nb + b]), T::Mul(isum, scale));
-      s = b == 0 ? t : T::Add(s, t);
-    }
-    T::StoreN(s_out, s, n_valid);
-  }
-}
-
-// q4 keys with int8 queries (attention.h: the integer path). A panel of W rows is read block by
-// block: the 16 code bytes of W rows are transposed as dwords (lane r = 4 bytes of row r, 8
-// nibbles), so one dpbusd against a broadcast dword of query codes advances W rows by 4 values;
-// the low nibbles of dword j are values 8j, 8j+2, .. and the high ones 8j+1, .., which is the
-// order Int8Queries stores the query codes in. T::kQ8Blocks blocks are held in registers at a
-// time, then every query runs over them; scores of a longer head slice are summed in place.
-template <class T>
-void DotRowsQ8(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t nq, float* scores, int64_t ss) {
-  constexpr int W = T::W, NB = T::kQ8Blocks;
-  const int64_t nb = k.hd / kQueryBlock, G = f.group;
-  int64_t header[kMaxHd / kQueryBlock], codes[kMaxHd / kQueryBlock];
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t v0 = k.head * k.hd + b * kQueryBlock;
-    header[b] = v0 / G * (G / 2 + 4);
-    codes[b] = header[b] + 4 + v0 % G / 2;
-  }
-  const Slice slice{header[0], codes[nb - 1] + kQueryBlock / 2};
-  // Byte offsets of the panel's rows; rows past the last valid one repeat it (read, not stored).
-  int32_t row_off[W];
-  auto set_offsets = [&](int n_valid) {
-    for (int r = 0; r < W; ++r) row_off[r] = static_cast<int32_t>((r < n_valid ? r : n_valid - 1) * k.row_bytes);
-    return T::LoadOffsets(row_off);
-  };
-  int n_set = W;
-  typename T::IV gather_off = set_offsets(W);
-  for (int64_t p0 = 0; p0 < k.n_rows; p0 += W) {
-    const int n_valid = static_cast<int>(Min64(W, k.n_rows - p0));
-    if (n_valid != n_set) {
-      gather_off = set_offsets(n_valid);
-      n_set = n_valid;
-    }
-    const uint8_t* base = k.rows + p0 * k.row_bytes;
-    for (int64_t p = p0 + kPrefetchRows; p < Min64(p0 + kPrefetchRows + W, k.n_rows); ++p) {
-      PrefetchSlice(k.rows + p * k.row_bytes, slice);
-    }
-    for (int64_t b0 = 0; b0 < nb; b0 += NB) {
-      if (nb - b0 >= NB) {
-        DotPanelQ8<T, NB>(base, row_off, gather_off, n_valid, header, codes, b0, q, nq, k.hd, scores + p0, ss);
-      } else {
-        DotPanelQ8<T, 1>(base, row_off, gather_off, n_valid, header, codes, b0, q, nq, k.hd, scores + p0, ss);
-      }
-    }
-  }
-}
-
 // q4k keys: the fast path needs, besides FastPathOk, chunks of a multiple of W tokens.
 template <class T>
 bool ChunkFastPathOk(const KvFormat& f, int64_t hd) {
@@ -556,6 +461,8 @@ void DotRowsAny(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, 
   }
 }
 
+#include "engine/backend/cpu/attention_simd_int8.h"
+
 template <class T>
 void DotRowsQ8Any(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t nq, float* scores,
                   int64_t s_stride) {
@@ -567,6 +474,10 @@ void DotRowsQ8Any(const KvFormat& f, const KvRows& k, const Int8Queries& q, int6
 
 template <class T>
 void DotChunksAny(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores, int64_t s_stride) {
+  if (KeyChunksUseInt8(k.hd)) {
+    if (f.chunk > 0 && f.chunk % T::W == 0) return DotChunksQ8<T>(f, k, q, nq, scores, s_stride);
+    return ScalarAttentionKernels().dot_chunks(f, k, q, nq, scores, s_stride);
+  }
   if (!ChunkFastPathOk<T>(f, k.hd)) return ScalarAttentionKernels().dot_chunks(f, k, q, nq, scores, s_stride);
   DotChunks<T>(f, k, q, nq, scores, s_stride);
 }

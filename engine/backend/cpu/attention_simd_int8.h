@@ -1,0 +1,232 @@
+// The integer attention paths of the SIMD tables (attention.h): q4 K rows against int8 queries
+// (DotRowsQ8) and q4k K chunks against int8 query-times-scale codes (DotChunksQ8). Part of
+// attention_simd_impl.h: included by it, inside its anonymous namespace and namespace detail,
+// after the helpers these use (Min64, Slice, PrefetchSlice, kPrefetchRows, kMaxHd); include it
+// nowhere else.
+//
+// Traits they need besides the float ones: IV (W int32 lanes), kQ8Blocks (32-value blocks held
+// in registers at a time), ZeroI, SetI, AddI, CvtI, CvtRound, ClampI127, StoreI8, ReduceAddI,
+// DotU8S8 (acc += 4 u8 x s8 products per lane), Low/HighNibbles, LoadRowDwords, LoadOffsets,
+// GatherDwords, HalvesLow/High, BcastDwords4, ChannelQuad, Abs.
+
+// NBP blocks (b0 .. b0 + NBP) of one panel, every query: scores of block b0 > 0 are added to
+// what the earlier blocks stored. NBP is a compile-time count so the code vectors stay in
+// registers.
+template <class T, int NBP>
+void DotPanelQ8(const uint8_t* base, const int32_t* row_off, const typename T::IV& gather_off, int n_valid,
+                const int64_t* header, const int64_t* codes, int64_t b0, const Int8Queries& q, int64_t nq, int64_t hd,
+                float* scores, int64_t ss) {
+  using V = typename T::V;
+  using IV = typename T::IV;
+  const int64_t nb = hd / kQueryBlock;
+  IV c[NBP][8];
+  V d[NBP], m8[NBP];  // per row: the group's scale, and its minimum + 8 * scale
+  for (int j = 0; j < NBP; ++j) {
+    IV dw[4];
+    T::LoadRowDwords(base + codes[b0 + j], row_off, dw);
+    for (int w = 0; w < 4; ++w) {
+      c[j][2 * w] = T::LowNibbles(dw[w]);
+      c[j][2 * w + 1] = T::HighNibbles(dw[w]);
+    }
+    if (j > 0 && header[b0 + j] == header[b0 + j - 1]) {
+      d[j] = d[j - 1];
+      m8[j] = m8[j - 1];
+    } else {
+      const IV dm = T::GatherDwords(base + header[b0 + j], gather_off);
+      d[j] = T::HalvesLow(dm);
+      m8[j] = T::Add(T::HalvesHigh(dm), T::Mul(T::Bcast(8.0f), d[j]));
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    float* s_out = scores + i * ss;
+    V s = b0 == 0 ? T::Zero() : T::LoadN(s_out, n_valid);
+    for (int j = 0; j < NBP; ++j) {
+      const int64_t b = b0 + j;
+      const int8_t* qc = q.codes + i * hd + b * kQueryBlock;
+      IV qd[8];
+      T::BcastDwords4(qc, qd);
+      T::BcastDwords4(qc + 16, qd + 4);
+      // Two chains (half the dpbusd latency); the first starts at -8 x the code sum, which
+      // centres the key codes (attention.h).
+      IV even = T::SetI(-8 * q.code_sums[i * nb + b]), odd = T::ZeroI();
+      for (int w = 0; w < 8; w += 2) {
+        even = T::DotU8S8(even, c[j][w], qd[w]);
+        odd = T::DotU8S8(odd, c[j][w + 1], qd[w + 1]);
+      }
+      const V isum = T::CvtI(T::AddI(even, odd));
+      const V scale = T::Mul(d[j], T::Bcast(q.scales[i * nb + b]));
+      const V t = T::Fma(m8[j], T::Bcast(q.sums[i * nb + b]), T::Mul(isum, scale));
+      s = b == 0 ? t : T::Add(s, t);
+    }
+    T::StoreN(s_out, s, n_valid);
+  }
+}
+
+// q4 keys with int8 queries (attention.h: the integer path). A panel of W rows is read block by
+// block: the 16 code bytes of W rows are transposed as dwords (lane r = 4 bytes of row r, 8
+// nibbles), so one dpbusd against a broadcast dword of query codes advances W rows by 4 values;
+// the low nibbles of dword j are values 8j, 8j+2, .. and the high ones 8j+1, .., which is the
+// order Int8Queries stores the query codes in. T::kQ8Blocks blocks are held in registers at a
+// time, then every query runs over them; scores of a longer head slice are summed in place.
+template <class T>
+void DotRowsQ8(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t nq, float* scores, int64_t ss) {
+  constexpr int W = T::W, NB = T::kQ8Blocks;
+  const int64_t nb = k.hd / kQueryBlock, G = f.group;
+  int64_t header[kMaxHd / kQueryBlock], codes[kMaxHd / kQueryBlock];
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t v0 = k.head * k.hd + b * kQueryBlock;
+    header[b] = v0 / G * (G / 2 + 4);
+    codes[b] = header[b] + 4 + v0 % G / 2;
+  }
+  const Slice slice{header[0], codes[nb - 1] + kQueryBlock / 2};
+  // Byte offsets of the panel's rows; rows past the last valid one repeat it (read, not stored).
+  int32_t row_off[W];
+  auto set_offsets = [&](int n_valid) {
+    for (int r = 0; r < W; ++r) row_off[r] = static_cast<int32_t>((r < n_valid ? r : n_valid - 1) * k.row_bytes);
+    return T::LoadOffsets(row_off);
+  };
+  int n_set = W;
+  typename T::IV gather_off = set_offsets(W);
+  for (int64_t p0 = 0; p0 < k.n_rows; p0 += W) {
+    const int n_valid = static_cast<int>(Min64(W, k.n_rows - p0));
+    if (n_valid != n_set) {
+      gather_off = set_offsets(n_valid);
+      n_set = n_valid;
+    }
+    const uint8_t* base = k.rows + p0 * k.row_bytes;
+    for (int64_t p = p0 + kPrefetchRows; p < Min64(p0 + kPrefetchRows + W, k.n_rows); ++p) {
+      PrefetchSlice(k.rows + p * k.row_bytes, slice);
+    }
+    for (int64_t b0 = 0; b0 < nb; b0 += NB) {
+      if (nb - b0 >= NB) {
+        DotPanelQ8<T, NB>(base, row_off, gather_off, n_valid, header, codes, b0, q, nq, k.hd, scores + p0, ss);
+      } else {
+        DotPanelQ8<T, 1>(base, row_off, gather_off, n_valid, header, codes, b0, q, nq, k.hd, scores + p0, ss);
+      }
+    }
+  }
+}
+
+// QuantizeChunkQuery, vectorised, the same bits: the same products, the same 16 partial sums
+// reduced in the same order, the same exponents and roundings (the vector conversion rounds half
+// to even as the scalar add-and-subtract does). m8 = m + 8 * d per channel. Blocks whose scale
+// would leave the normal range take the scalar function for the whole query.
+template <class T>
+void QuantizeChunkQueryT(const float* q, const float* d, const float* m, const float* m8, int64_t hd,
+                         ChunkQueryQ8* out) {
+  using V = typename T::V;
+  constexpr int W = T::W, NV = 16 / W, BV = kQueryBlock / W;
+  V lanes[NV];
+  for (int v = 0; v < NV; ++v) lanes[v] = T::Zero();
+  for (int64_t c0 = 0; c0 < hd; c0 += 16) {
+    for (int v = 0; v < NV; ++v) lanes[v] = T::Fma(T::Load(q + c0 + v * W), T::Load(m8 + c0 + v * W), lanes[v]);
+  }
+  const float base = T::PairwiseSum16(lanes);
+  for (int64_t b = 0; b < hd / kQueryBlock; ++b) {
+    V a[BV], vmax = T::Zero();
+    for (int v = 0; v < BV; ++v) {
+      const int64_t c = b * kQueryBlock + v * W;
+      a[v] = T::Mul(T::Load(q + c), T::Load(d + c));
+      vmax = T::Max(vmax, T::Abs(a[v]));
+    }
+    const float amax = T::ReduceMax(vmax);
+    // frexp and ldexp by the bits (no library calls; the same values for a normal amax): amax =
+    // f * 2^E with f in [0.5, 1) has biased exponent E + 126.
+    int e = 0;
+    if (amax > 0.0f) {
+      uint32_t bits;
+      std::memcpy(&bits, &amax, 4);
+      const int biased = static_cast<int>((bits >> 23) & 0xFF);
+      if (biased == 0) return QuantizeChunkQuery(q, d, m, hd, out);  // subnormal
+      e = biased - 126 - 7;
+      if (-e > 126 || e < -126) return QuantizeChunkQuery(q, d, m, hd, out);
+    }
+    auto pow2 = [](int k) {  // 2^k for -126 <= k <= 127
+      const uint32_t b = static_cast<uint32_t>(k + 127) << 23;
+      float f;
+      std::memcpy(&f, &b, 4);
+      return f;
+    };
+    const V inv = T::Bcast(amax > 0.0f ? pow2(-e) : 0.0f);
+    int32_t sum = 0;
+    for (int v = 0; v < BV; ++v) {
+      const typename T::IV r = T::ClampI127(T::CvtRound(T::Mul(a[v], inv)));
+      T::StoreI8(out->codes + b * kQueryBlock + v * W, r);
+      sum += T::ReduceAddI(r);
+    }
+    out->scales[b] = amax > 0.0f ? pow2(e) : 0.0f;
+    out->code_sums[b] = sum;
+  }
+  out->base = base;
+}
+
+// NBP blocks (b0 ..) of 32 channels for one panel of W tokens [t0, t0 + W) of a q4k chunk slice,
+// every query: score = base, then fma(float(isum_b), sa_b, score) block by block (continued from
+// the stored scores when b0 > 0).
+template <class T, int NBP>
+void DotChunkPanelQ8(const uint8_t* slice, int64_t record, int64_t t0, int n_valid, int64_t b0, const ChunkQueryQ8* cq,
+                     int64_t nq, float* scores, int64_t ss) {
+  using V = typename T::V;
+  using IV = typename T::IV;
+  IV quad[NBP][8];  // lane t: the codes of channels 4g..4g+3 of the block for token t0 + t
+  for (int j = 0; j < NBP; ++j) {
+    for (int g = 0; g < 8; ++g) {
+      quad[j][g] = T::ChannelQuad(slice + ((b0 + j) * kQueryBlock + 4 * g) * record + 4 + t0 / 2, record);
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    float* s_out = scores + i * ss;
+    V s = b0 == 0 ? T::Bcast(cq[i].base) : T::LoadN(s_out, n_valid);
+    for (int j = 0; j < NBP; ++j) {
+      const int64_t b = b0 + j;
+      IV qd[8];
+      T::BcastDwords4(cq[i].codes + b * kQueryBlock, qd);
+      T::BcastDwords4(cq[i].codes + b * kQueryBlock + 16, qd + 4);
+      IV even = T::SetI(-8 * cq[i].code_sums[b]), odd = T::ZeroI();
+      for (int g = 0; g < 8; g += 2) {
+        even = T::DotU8S8(even, quad[j][g], qd[g]);
+        odd = T::DotU8S8(odd, quad[j][g + 1], qd[g + 1]);
+      }
+      s = T::Fma(T::CvtI(T::AddI(even, odd)), T::Bcast(cq[i].scales[b]), s);
+    }
+    T::StoreN(s_out, s, n_valid);
+  }
+}
+
+// q4k keys, the integer path (attention.h): per chunk, every query quantized against the chunk's
+// channel scales, then panels of W tokens whose codes are transposed to one dword of 4 channels
+// per token lane, so one dpbusd advances W tokens by 4 channels.
+template <class T>
+void DotChunksQ8(const KvFormat& f, const KvChunks& k, const float* q, int64_t nq, float* scores, int64_t ss) {
+  constexpr int W = T::W, NB = T::kQ8Blocks;
+  const int64_t C = f.chunk, record = 4 + C / 2, slice_bytes = k.hd * record, nb = k.hd / kQueryBlock;
+  std::vector<ChunkQueryQ8> cq(static_cast<size_t>(nq));
+  alignas(64) float d[kMaxChunkHd], m[kMaxChunkHd], m8[kMaxChunkHd];
+  int32_t record_off[W];
+  for (int r = 0; r < W; ++r) record_off[r] = static_cast<int32_t>(r * record);
+  const typename T::IV gather_off = T::LoadOffsets(record_off);
+  const int64_t n_chunks = (k.n_tokens + C - 1) / C;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const uint8_t* slice = k.chunks + c * k.chunk_bytes + k.head * slice_bytes;
+    if (c + 1 < n_chunks) PrefetchSlice(slice + k.chunk_bytes, Slice{0, slice_bytes});
+    // The channels' (f16 d, f16 m) headers, W at a time (hd is a multiple of 32).
+    for (int64_t ch = 0; ch < k.hd; ch += W) {
+      const typename T::IV dm = T::GatherDwords(slice + ch * record, gather_off);
+      const typename T::V dv = T::HalvesLow(dm), mv = T::HalvesHigh(dm);
+      T::Store(d + ch, dv);
+      T::Store(m + ch, mv);
+      T::Store(m8 + ch, T::Add(mv, T::Mul(T::Bcast(8.0f), dv)));
+    }
+    for (int64_t i = 0; i < nq; ++i) QuantizeChunkQueryT<T>(q + i * k.hd, d, m, m8, k.hd, &cq[i]);
+    const int64_t in_chunk = Min64(C, k.n_tokens - c * C);
+    for (int64_t t0 = 0; t0 < in_chunk; t0 += W) {
+      const int n_valid = static_cast<int>(Min64(W, in_chunk - t0));
+      float* s = scores + c * C + t0;
+      for (int64_t b0 = 0; b0 < nb; b0 += NB) {
+        if (nb - b0 >= NB) DotChunkPanelQ8<T, NB>(slice, record, t0, n_valid, b0, cq.data(), nq, s, ss);
+        else DotChunkPanelQ8<T, 1>(slice, record, t0, n_valid, b0, cq.data(), nq, s, ss);
+      }
+    }
+  }
+}
+
