@@ -80,9 +80,13 @@ void PrepareTerms(const uint8_t* x0, int64_t x_stride, int64_t b0, int64_t b1, A
 }
 
 // Software prefetch distance. With the kernel's work between loads the hardware prefetcher
-// alone streamed this layout at ~20 GB/s on one thread; 4 KiB ahead reaches DRAM speed
-// (`bench_kernels packed_decode_tile*`: 1 KiB, 4 KiB, 8 KiB, 16 KiB measured; 4-8 best).
-constexpr int64_t kPrefetchBytes = 4096;
+// alone streamed this layout at ~20 GB/s on one thread; 4 KiB ahead reaches DRAM speed for one
+// token (`bench_kernels packed_decode_tile*`: 1, 4, 8, 16 KiB measured; 4-8 best). A pass of
+// several tokens computes longer per line, so the loads the out-of-order window issues itself
+// reach less far: 8 KiB took 4 tokens from 0.102 to 0.091 ms (5632 x 2048, 2 threads, when one
+// token streams at ~70 GB/s; distances alternated per call, 400 calls each, medians of two
+// runs), one token unchanged (0.072-0.076 vs 0.068-0.073 ms); 12 KiB measured as 8.
+constexpr int64_t kPrefetchBytes = 8192;
 // One group of 16 rows over blocks [b0, b1) against NT tokens: acc[t] lane i += row i . x[t].
 template <int NT>
 inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
