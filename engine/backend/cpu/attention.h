@@ -83,6 +83,14 @@ struct Int8Queries {
 };
 // Position in a block's codes of the block's value j (the order above).
 constexpr int64_t Int8QueryCodeIndex(int64_t j) { return 4 * (2 * (j / 8) + (j % 2)) + (j % 8) / 2; }
+// The power-of-two scale of an int8 block whose largest magnitude is amax > 0: scale = 2^e with
+// e = E - 7 for amax = f * 2^E, f in [0.5, 1); inv = 2^-e, or 0 where that is not a normal
+// float (then codes are ldexp(x, -e), rounded). Every integer path takes its scales from here.
+struct Int8BlockScale {
+  int e;
+  float scale, inv;
+};
+Int8BlockScale BlockScaleFor(float amax);
 // Fills codes (nq * hd), scales, sums and code_sums (nq * hd / 32 each) from q (nq * hd floats).
 void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, float* scales, float* sums,
                      int32_t* code_sums);

@@ -159,21 +159,50 @@ bool KeysUseInt8Queries(const KvFormat& f, int64_t hd) {
 
 bool KeyChunksUseInt8(int64_t hd) { return hd > 0 && hd % kQueryBlock == 0 && hd <= kMaxChunkHd; }
 
-namespace {
-
-// The exponent e of a block's power-of-two scale 2^e (attention.h), from its max|x| > 0.
-int BlockExponent(float amax) {
-  int e = 0;
-  std::frexp(amax, &e);
-  return e - 7;
+Int8BlockScale BlockScaleFor(float amax) {
+  // frexp and ldexp by the bits where amax is normal (this runs per block on the decode path).
+  uint32_t bits;
+  std::memcpy(&bits, &amax, 4);
+  const int biased = static_cast<int>((bits >> 23) & 0xFF);
+  int e = biased - 126 - 7;
+  if (biased == 0) {  // subnormal
+    std::frexp(amax, &e);
+    e -= 7;
+  }
+  auto pow2 = [](int k) {  // 2^k, k in [-126, 127]: a normal float
+    const uint32_t b = static_cast<uint32_t>(k + 127) << 23;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  return {e, e >= -126 ? pow2(e) : std::ldexp(1.0f, e), -e <= 126 ? pow2(-e) : 0.0f};
 }
 
-// round(x * 2^-e) half to even, clamped to [-127, 127]: exact scaling by a power of two (as
-// ldexp), and |x * 2^-e| < 128, so adding and removing 1.5 * 2^23 rounds it.
-int8_t BlockCode(float x, int e) {
-  const float scaled = -e <= 126 ? x * std::ldexp(1.0f, -e) : std::ldexp(x, -e);
-  const float r = (scaled + 0x1.8p23f) - 0x1.8p23f;  // IEEE semantics (no -ffast-math): not folded
-  return static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+namespace {
+
+// Quantizes 32 values by the rule of attention.h into codes (natural order): round(x / scale),
+// half to even (adding and removing 1.5 * 2^23 rounds |x / scale| < 128), clamped to
+// [-127, 127]. Returns the scale (0 for an all-zero block) and the codes' sum.
+struct QuantizedBlock {
+  float scale;
+  int32_t code_sum;
+};
+QuantizedBlock QuantizeBlock(const float* x, int8_t* codes) {
+  float amax = 0.0f;
+  for (int64_t j = 0; j < kQueryBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
+  if (amax == 0.0f) {
+    std::fill(codes, codes + kQueryBlock, int8_t{0});
+    return {0.0f, 0};
+  }
+  const Int8BlockScale bs = BlockScaleFor(amax);
+  int32_t sum = 0;
+  for (int64_t j = 0; j < kQueryBlock; ++j) {
+    const float scaled = bs.inv != 0.0f ? x[j] * bs.inv : std::ldexp(x[j], -bs.e);  // exact either way
+    const float r = (scaled + 0x1.8p23f) - 0x1.8p23f;  // IEEE semantics (no -ffast-math): not folded
+    codes[j] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+    sum += codes[j];
+  }
+  return {bs.scale, sum};
 }
 
 }  // namespace
@@ -186,19 +215,11 @@ void QuantizeChunkQuery(const float* q, const float* d, const float* m, int64_t 
   }
   out->base = lanes[0];
   for (int64_t b = 0; b < hd / kQueryBlock; ++b) {
-    float a[kQueryBlock], amax = 0.0f;
-    for (int64_t j = 0; j < kQueryBlock; ++j) {
-      a[j] = q[b * kQueryBlock + j] * d[b * kQueryBlock + j];
-      amax = std::max(amax, std::fabs(a[j]));
-    }
-    const int e = amax > 0.0f ? BlockExponent(amax) : 0;
-    int32_t sum = 0;
-    for (int64_t j = 0; j < kQueryBlock; ++j) {
-      out->codes[b * kQueryBlock + j] = amax > 0.0f ? BlockCode(a[j], e) : 0;
-      sum += out->codes[b * kQueryBlock + j];
-    }
-    out->scales[b] = amax > 0.0f ? std::ldexp(1.0f, e) : 0.0f;
-    out->code_sums[b] = sum;
+    float a[kQueryBlock];
+    for (int64_t j = 0; j < kQueryBlock; ++j) a[j] = q[b * kQueryBlock + j] * d[b * kQueryBlock + j];
+    const QuantizedBlock qb = QuantizeBlock(a, out->codes + b * kQueryBlock);
+    out->scales[b] = qb.scale;
+    out->code_sums[b] = qb.code_sum;
   }
 }
 
@@ -208,21 +229,14 @@ void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, floa
   for (int64_t i = 0; i < nq; ++i) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* x = q + i * hd + b * kQueryBlock;
-      int8_t* c = codes + i * hd + b * kQueryBlock;
-      float amax = 0.0f, sum = 0.0f;
-      for (int64_t j = 0; j < kQueryBlock; ++j) {
-        amax = std::max(amax, std::fabs(x[j]));
-        sum += x[j];
-      }
-      const int e = amax > 0.0f ? BlockExponent(amax) : 0;
-      int32_t code_sum = 0;
-      for (int64_t j = 0; j < kQueryBlock; ++j) {
-        c[Int8QueryCodeIndex(j)] = amax > 0.0f ? BlockCode(x[j], e) : 0;
-        code_sum += c[Int8QueryCodeIndex(j)];
-      }
-      code_sums[i * nb + b] = code_sum;
-      scales[i * nb + b] = amax > 0.0f ? std::ldexp(1.0f, e) : 0.0f;
+      int8_t natural[kQueryBlock];
+      const QuantizedBlock qb = QuantizeBlock(x, natural);
+      for (int64_t j = 0; j < kQueryBlock; ++j) codes[i * hd + b * kQueryBlock + Int8QueryCodeIndex(j)] = natural[j];
+      float sum = 0.0f;
+      for (int64_t j = 0; j < kQueryBlock; ++j) sum += x[j];
+      scales[i * nb + b] = qb.scale;
       sums[i * nb + b] = sum;
+      code_sums[i * nb + b] = qb.code_sum;
     }
   }
 }

@@ -109,8 +109,8 @@ void DotRowsQ8(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t
 
 // QuantizeChunkQuery, vectorised, the same bits: the same products, the same 16 partial sums
 // reduced in the same order, the same exponents and roundings (the vector conversion rounds half
-// to even as the scalar add-and-subtract does). m8 = m + 8 * d per channel. Blocks whose scale
-// would leave the normal range take the scalar function for the whole query.
+// to even as the scalar add-and-subtract does, and the scales come from BlockScaleFor). m8 =
+// m + 8 * d per channel. A block whose codes need ldexp takes the scalar function for the query.
 template <class T>
 void QuantizeChunkQueryT(const float* q, const float* d, const float* m, const float* m8, int64_t hd,
                          ChunkQueryQ8* out) {
@@ -130,31 +130,19 @@ void QuantizeChunkQueryT(const float* q, const float* d, const float* m, const f
       vmax = T::Max(vmax, T::Abs(a[v]));
     }
     const float amax = T::ReduceMax(vmax);
-    // frexp and ldexp by the bits (no library calls; the same values for a normal amax): amax =
-    // f * 2^E with f in [0.5, 1) has biased exponent E + 126.
-    int e = 0;
+    Int8BlockScale bs{0, 0.0f, 0.0f};  // all zero: codes 0, scale 0
     if (amax > 0.0f) {
-      uint32_t bits;
-      std::memcpy(&bits, &amax, 4);
-      const int biased = static_cast<int>((bits >> 23) & 0xFF);
-      if (biased == 0) return QuantizeChunkQuery(q, d, m, hd, out);  // subnormal
-      e = biased - 126 - 7;
-      if (-e > 126 || e < -126) return QuantizeChunkQuery(q, d, m, hd, out);
+      bs = BlockScaleFor(amax);
+      if (bs.inv == 0.0f) return QuantizeChunkQuery(q, d, m, hd, out);  // codes need ldexp
     }
-    auto pow2 = [](int k) {  // 2^k for -126 <= k <= 127
-      const uint32_t b = static_cast<uint32_t>(k + 127) << 23;
-      float f;
-      std::memcpy(&f, &b, 4);
-      return f;
-    };
-    const V inv = T::Bcast(amax > 0.0f ? pow2(-e) : 0.0f);
+    const V inv = T::Bcast(bs.inv);
     int32_t sum = 0;
     for (int v = 0; v < BV; ++v) {
       const typename T::IV r = T::ClampI127(T::CvtRound(T::Mul(a[v], inv)));
       T::StoreI8(out->codes + b * kQueryBlock + v * W, r);
       sum += T::ReduceAddI(r);
     }
-    out->scales[b] = amax > 0.0f ? pow2(e) : 0.0f;
+    out->scales[b] = bs.scale;
     out->code_sums[b] = sum;
   }
   out->base = base;
