@@ -7,7 +7,9 @@
 // values [head * hd, (head + 1) * hd).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "engine/kv/kv_format.h"
@@ -90,7 +92,29 @@ struct Int8BlockScale {
   int e;
   float scale, inv;
 };
-Int8BlockScale BlockScaleFor(float amax);
+// Defined here with internal linkage: the SIMD tables inline it into their per-query loops, and
+// a copy compiled with their ISA flags must never be the one a scalar caller links to (see
+// attention_simd_impl.h).
+namespace {
+inline Int8BlockScale BlockScaleFor(float amax) {
+  // frexp and ldexp by the bits where amax is normal (this runs per block on the decode path).
+  uint32_t bits;
+  std::memcpy(&bits, &amax, 4);
+  const int biased = static_cast<int>((bits >> 23) & 0xFF);
+  int e = biased - 126 - 7;
+  if (biased == 0) {  // subnormal
+    std::frexp(amax, &e);
+    e -= 7;
+  }
+  auto pow2 = [](int k) {  // 2^k, k in [-126, 127]: a normal float
+    const uint32_t b = static_cast<uint32_t>(k + 127) << 23;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  return {e, e >= -126 ? pow2(e) : std::ldexp(1.0f, e), -e <= 126 ? pow2(-e) : 0.0f};
+}
+}  // namespace
 // Fills codes (nq * hd), scales, sums and code_sums (nq * hd / 32 each) from q (nq * hd floats).
 void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, float* scales, float* sums,
                      int32_t* code_sums);

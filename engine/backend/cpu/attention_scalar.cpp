@@ -159,25 +159,6 @@ bool KeysUseInt8Queries(const KvFormat& f, int64_t hd) {
 
 bool KeyChunksUseInt8(int64_t hd) { return hd > 0 && hd % kQueryBlock == 0 && hd <= kMaxChunkHd; }
 
-Int8BlockScale BlockScaleFor(float amax) {
-  // frexp and ldexp by the bits where amax is normal (this runs per block on the decode path).
-  uint32_t bits;
-  std::memcpy(&bits, &amax, 4);
-  const int biased = static_cast<int>((bits >> 23) & 0xFF);
-  int e = biased - 126 - 7;
-  if (biased == 0) {  // subnormal
-    std::frexp(amax, &e);
-    e -= 7;
-  }
-  auto pow2 = [](int k) {  // 2^k, k in [-126, 127]: a normal float
-    const uint32_t b = static_cast<uint32_t>(k + 127) << 23;
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-  };
-  return {e, e >= -126 ? pow2(e) : std::ldexp(1.0f, e), -e <= 126 ? pow2(-e) : 0.0f};
-}
-
 namespace {
 
 // Quantizes 32 values by the rule of attention.h into codes (natural order): round(x / scale),
