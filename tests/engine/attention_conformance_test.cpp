@@ -170,6 +170,13 @@ void CheckTable(const AttentionKernels& table, KvType type, const Geometry& g) {
       std::vector<float> o_ref = out0, o_got = out0;
       ref.axpy_rows(f, kv, w.data(), nq, stride, o_ref.data());
       table.axpy_rows(f, kv, w.data(), nq, stride, o_got.data());
+      if (ValuesUseInt8Weights(f, g.hd)) {
+        // q4 values with int8 weights: every table does the same integer sums and float steps.
+        for (size_t j = 0; j < o_ref.size(); ++j) {
+          ASSERT_EQ(o_got[j], o_ref[j]) << table.name << " " << g.label << " int8-weight axpy rows=" << n_rows
+                                        << " nq=" << nq << " head=" << head << " at " << j;
+        }
+      }
       // Compare the increments, not out0 + increment, so out0 cannot hide an error.
       for (size_t j = 0; j < o_ref.size(); ++j) {
         o_ref[j] -= out0[j];
@@ -428,6 +435,113 @@ TEST(AttentionConformance, Int8QueryDotsAreQuantizedDots) {
                 g.label, e_double, e_queries, e_keys);
     EXPECT_LE(e_double, 1e-12) << g.label;
     EXPECT_LE(e_queries, 0.02 * e_keys) << g.label;
+  }
+}
+
+// q4 values with int8 weights, by the scalar table: against the rule recomputed in double (the
+// codes from log2 and nearbyint, not the kernels' bit tricks), and against float weights: the
+// int8 weights must add far less error than the 4-bit values already have.
+TEST(AttentionConformance, Int8WeightSumsAreQuantizedSums) {
+  const AttentionKernels& ref = ScalarAttentionKernels();
+  for (const Geometry& g : kGeometries) {
+    const KvFormat f = Format(KvType::kQ4, g);
+    if (!ValuesUseInt8Weights(f, g.hd)) continue;
+    std::mt19937 rng(11 + static_cast<unsigned>(g.hd));
+    const int64_t n_rows = 300, nq = 5, n = g.hd * g.n_heads, head = g.n_heads - 1, row_bytes = f.RowBytes(n);
+    std::vector<float> values(n_rows * n);
+    std::vector<uint8_t> rows(static_cast<size_t>(row_bytes * n_rows));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t p = 0; p < n_rows; ++p) {
+      const float offset = 2.0f * normal(rng);  // a large minimum, as real V groups have
+      for (int64_t i = 0; i < n; ++i) values[p * n + i] = offset + normal(rng) * (i % 17 == 0 ? 4.0f : 1.0f);
+      KvQuantizeRow(f, values.data() + p * n, rows.data() + p * row_bytes, n);
+    }
+    // Softmax-like weights: a few large, most small, and an all-zero tile (positions 32..63).
+    std::vector<float> w(nq * n_rows);
+    for (int64_t i = 0; i < nq; ++i) {
+      double total = 0.0;
+      for (int64_t p = 0; p < n_rows; ++p) total += w[i * n_rows + p] = std::exp(3.0f * normal(rng));
+      for (int64_t p = 0; p < n_rows; ++p) {
+        w[i * n_rows + p] = p / 32 == 1 ? 0.0f : static_cast<float>(w[i * n_rows + p] / total);
+      }
+    }
+    std::vector<float> got(nq * g.hd, 0.0f), fsum(nq * g.hd), exact(nq * g.hd);
+    std::vector<double> want_sum(nq * g.hd, 0.0);
+    ref.axpy_rows(f, KvRows{rows.data(), row_bytes, n_rows, head, g.hd}, w.data(), nq, n_rows, got.data());
+    std::vector<float> v(g.hd);
+    for (int64_t i = 0; i < nq; ++i) {
+      for (int64_t c = 0; c < g.hd; ++c) {
+        double fs = 0.0, ex = 0.0;
+        for (int64_t p = 0; p < n_rows; ++p) {
+          KvDequantize(f, rows.data() + p * row_bytes, head * g.hd + c, 1, v.data());
+          fs += static_cast<double>(w[i * n_rows + p]) * v[0];
+          ex += static_cast<double>(w[i * n_rows + p]) * values[p * n + head * g.hd + c];
+        }
+        fsum[i * g.hd + c] = static_cast<float>(fs);
+        exact[i * g.hd + c] = static_cast<float>(ex);
+      }
+      for (int64_t c0 = 0; c0 < g.hd; c0 += kQueryBlock) {
+        // The block's q4 group header (f16 d, f16 m) per row.
+        const int64_t v0 = head * g.hd + c0, header = v0 / f.group * (f.group / 2 + 4);
+        auto half = [&](int64_t p, int64_t off) {
+          uint16_t h;
+          std::memcpy(&h, rows.data() + p * row_bytes + header + off, 2);
+          return static_cast<double>(Fp16ToFp32(h));
+        };
+        for (int64_t t0 = 0; t0 < n_rows; t0 += kQueryBlock) {
+          const int64_t t1 = std::min(n_rows, t0 + kQueryBlock);
+          double amax = 0.0;
+          std::vector<float> a;
+          for (int64_t p = t0; p < t1; ++p) {
+            a.push_back(w[i * n_rows + p] * static_cast<float>(half(p, 0)));
+            amax = std::max(amax, std::fabs(static_cast<double>(a.back())));
+          }
+          const double sa = amax > 0.0 ? std::exp2(std::floor(std::log2(amax)) + 1.0 - 7.0) : 0.0;
+          for (int64_t p = t0; p < t1; ++p) {
+            const double k = sa > 0.0 ? std::clamp(std::nearbyint(a[p - t0] / sa), -127.0, 127.0) : 0.0;
+            if (sa > 0.0) EXPECT_LE(std::fabs(a[p - t0] - k * sa), (std::fabs(k) == 127.0 ? 1.0 : 0.5) * sa);
+            const double m8 = half(p, 2) + 8.0 * half(p, 0);
+            for (int64_t j = 0; j < kQueryBlock; ++j) {
+              // v = m8 + d (c - 8): the weight meets m8 unquantized, d (c - 8) as k * sa ~ w d.
+              const int64_t at = v0 % f.group + j;
+              const int c = (rows[p * row_bytes + header + 4 + at / 2] >> (4 * (at % 2))) & 15;
+              want_sum[i * g.hd + c0 + j] += w[i * n_rows + p] * m8 + k * sa * (c - 8);
+            }
+          }
+        }
+      }
+    }
+    const std::vector<float> want(want_sum.begin(), want_sum.end());
+    const double e_double = Nmse(got, want), e_weights = Nmse(got, fsum), e_values = Nmse(fsum, exact);
+    std::printf("[attention] int8-weight q4 axpy %-16s NMSE vs double %.3g; int8 weights %.3g, 4-bit values %.3g\n",
+                g.label, e_double, e_weights, e_values);
+    EXPECT_LE(e_double, 1e-12) << g.label;
+    EXPECT_LE(e_weights, 0.02 * e_values) << g.label;
+  }
+}
+
+// Weights so small that their quantization scale is not a normal float: the SIMD tables must
+// take the scalar rule's ldexp codes there and agree bit for bit.
+TEST_P(AttentionConformanceTest, TinyInt8WeightsMatchScalar) {
+  const AttentionKernels* table = AttentionKernelsByName(GetParam());
+  if (table == nullptr) GTEST_SKIP() << "attention table " << GetParam() << " not supported by this CPU";
+  const Geometry g = kGeometries[2];  // tinyllama's rows
+  const KvFormat f = Format(KvType::kQ4, g);
+  ASSERT_TRUE(ValuesUseInt8Weights(f, g.hd));
+  std::mt19937 rng(3);
+  const int64_t n_rows = 200, nq = 3;
+  const std::vector<uint8_t> rows = MakeRows(f, g, n_rows, rng);
+  std::vector<float> w = RandomVector(nq * n_rows, rng, false);
+  for (int64_t j = 0; j < nq * n_rows; ++j) {
+    const int64_t tile = (j % n_rows) / kQueryBlock;
+    w[j] = std::fabs(w[j]) * (tile % 3 == 0 ? 1e-39f : tile % 3 == 1 ? 1e-44f : 0.01f);
+  }
+  for (int64_t head = 0; head < g.n_heads; ++head) {
+    const KvRows kv{rows.data(), f.RowBytes(g.hd * g.n_heads), n_rows, head, g.hd};
+    std::vector<float> o_ref(nq * g.hd, 0.0f), o_got(nq * g.hd, 0.0f);
+    ScalarAttentionKernels().axpy_rows(f, kv, w.data(), nq, n_rows, o_ref.data());
+    table->axpy_rows(f, kv, w.data(), nq, n_rows, o_got.data());
+    EXPECT_EQ(o_got, o_ref) << "head " << head;
   }
 }
 

@@ -115,6 +115,14 @@ inline Int8BlockScale BlockScaleFor(float amax) {
   return {e, e >= -126 ? pow2(e) : std::ldexp(1.0f, e), -e <= 126 ? pow2(-e) : 0.0f};
 }
 }  // namespace
+// Quantizes 32 values x (natural order) by the rule of Int8Queries into codes; returns the scale
+// (0 for an all-zero block) and the codes' sum. The SIMD quantizers give these bits and call it
+// where the exponent leaves the normal range.
+struct QuantizedBlock {
+  float scale;
+  int32_t code_sum;
+};
+QuantizedBlock QuantizeInt8Block(const float* x, int8_t* codes);
 // Fills codes (nq * hd), scales, sums and code_sums (nq * hd / 32 each) from q (nq * hd floats).
 void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, float* scales, float* sums,
                      int32_t* code_sums);
@@ -147,6 +155,24 @@ using KvDotRowsQ8Fn = void (*)(const KvFormat& f, const KvRows& k, const Int8Que
 // out[i * hd + d] += sum_p w[i * w_stride + p] * V row p's head slice [d], i < nq.
 using KvAxpyRowsFn = void (*)(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride,
                               float* out);
+// q4 values (when ValuesUseInt8Weights) are summed the same way with int8 weights: an integer
+// dot product over positions, codes against codes, is 4x the work per instruction of a float
+// one and needs no decode of V to floats. For query i and 32-value block b of the head slice
+// (its q4 group holds scale d_p and minimum m_p at row p; a value is (m + 8d) + d (c - 8)), the
+// rows are cut into spans of kValueSpan positions, each span into tiles of kQueryBlock (the last
+// ones shorter), and
+//   a_p = w_p * d_p, quantized per tile by the rule of Int8Queries (QuantizeInt8Block):
+//     codes k_p, power-of-two scale sa, code sum ks
+//   acc_c = fma(float(isum_c), sa, acc_c) tile by tile from 0, isum_c = sum_p k_p (c_p - 8)
+//     (exact integers) for each value c of the block
+//   base = sum_p fma(w_p, m_p + 8 d_p) over 16 interleaved partial sums (position p into lane
+//     p % 16, in order), then lanes[l] += lanes[l + w] for w = 8, 4, 2, 1
+//   out_c = out_c + (acc_c + base), once per span.
+// The weights' rounding errors meet only the centred codes d (c - 8), never the large minimums
+// (see the test for how it compares with the error of the 4-bit values). Every table and the
+// Vulkan shader quantize the same codes; the CPU tables also agree bit for bit.
+constexpr int64_t kValueSpan = 128;
+bool ValuesUseInt8Weights(const KvFormat& f, int64_t hd);
 
 // One query's attention weights, in place: s[p] = softmax(scale * s[p]) over p < n (the
 // positions it may see), each rounded to f16 and back when round_f16 (the reference's f16 path

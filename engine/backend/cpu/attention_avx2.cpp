@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace kvfs::cpu {
@@ -121,6 +122,31 @@ struct Avx2 {
     out[2] = _mm256_shuffle_epi32(x, 0xAA);
     out[3] = _mm256_shuffle_epi32(x, 0xFF);
   }
+  // q4 values (AxpyRowsQ8): one query x one block of 32 values = 4 integer and 4 float accumulators.
+  static constexpr int kAxpyQ8Queries = 1;
+  static constexpr int kAxpyQ8Blocks = 1;
+  // out[n] lane k = byte 8n + k of the 16 bytes at r[0], r[1], r[2], r[3] (in that byte order).
+  static void InterleaveRows4(const uint8_t* const r[4], IV out[2]) {
+    auto row = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(r[j])); };
+    const __m128i a = row(0), b = row(1), c = row(2), d = row(3);
+    const __m128i ab_lo = _mm_unpacklo_epi8(a, b), cd_lo = _mm_unpacklo_epi8(c, d);  // bytes 0..7
+    const __m128i ab_hi = _mm_unpackhi_epi8(a, b), cd_hi = _mm_unpackhi_epi8(c, d);  // bytes 8..15
+    out[0] = _mm256_set_m128i(_mm_unpackhi_epi16(ab_lo, cd_lo), _mm_unpacklo_epi16(ab_lo, cd_lo));
+    out[1] = _mm256_set_m128i(_mm_unpackhi_epi16(ab_hi, cd_hi), _mm_unpacklo_epi16(ab_hi, cd_hi));
+  }
+  // Every lane: the 4 bytes at p.
+  static IV BcastDword(const int8_t* p) {
+    int32_t x;
+    std::memcpy(&x, p, 4);
+    return _mm256_set1_epi32(x);
+  }
+  // (first, second) = lo[0], hi[0], lo[1], hi[1], ..., lo[7], hi[7].
+  static void InterleaveLanes(V lo, V hi, V* first, V* second) {
+    const V a = _mm256_unpacklo_ps(lo, hi), b = _mm256_unpackhi_ps(lo, hi);  // per 128-bit lane
+    *first = _mm256_permute2f128_ps(a, b, 0x20);
+    *second = _mm256_permute2f128_ps(a, b, 0x31);
+  }
+
   static V Abs(V x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
   static IV CvtRound(V x) { return _mm256_cvtps_epi32(x); }  // MXCSR: half to even
   static IV ClampI127(IV x) { return _mm256_max_epi32(_mm256_min_epi32(x, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127)); }

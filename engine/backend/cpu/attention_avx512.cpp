@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace kvfs::cpu {
@@ -140,6 +141,35 @@ struct Avx512 {
     out[3] = _mm512_shuffle_epi32(x, _MM_PERM_DDDD);
   }
 
+  // q4 values (AxpyRowsQ8): 2 queries x 2 blocks of 32 values = 8 integer and 8 float accumulators.
+  static constexpr int kAxpyQ8Queries = 2;
+  static constexpr int kAxpyQ8Blocks = 2;
+  // out[0] lane k = byte k of the 16 bytes at r[0], r[1], r[2], r[3] (in that byte order).
+  static void InterleaveRows4(const uint8_t* const r[4], IV out[1]) {
+    auto row = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(r[j])); };
+    IV x = _mm512_inserti32x4(_mm512_castsi128_si512(row(0)), row(1), 1);
+    x = _mm512_inserti32x4(x, row(2), 2);
+    x = _mm512_inserti32x4(x, row(3), 3);
+    out[0] = _mm512_permutexvar_epi8(ByteOfLanes(), x);
+  }
+  // Every lane: the 4 bytes at p.
+  static IV BcastDword(const int8_t* p) {
+    int32_t x;
+    std::memcpy(&x, p, 4);
+    return _mm512_set1_epi32(x);
+  }
+  // (first, second) = lo[0], hi[0], lo[1], hi[1], ..., lo[15], hi[15].
+  static void InterleaveLanes(V lo, V hi, V* first, V* second) {
+    *first = _mm512_permutex2var_ps(lo, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), hi);
+    *second = _mm512_permutex2var_ps(lo, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), hi);
+  }
+  // vpermb indices: byte 4t + j of the result = byte t of 128-bit lane j.
+  static IV ByteOfLanes() {
+    return _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11, 58, 42, 26, 10,
+                           57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4, 51, 35,
+                           19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
+  }
+
   static V Abs(V x) { return _mm512_abs_ps(x); }
   static IV CvtRound(V x) { return _mm512_cvtps_epi32(x); }  // MXCSR: half to even
   static IV ClampI127(IV x) { return _mm512_max_epi32(_mm512_min_epi32(x, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127)); }
@@ -154,11 +184,7 @@ struct Avx512 {
     x = _mm512_inserti32x4(x, codes(3), 3);
     // 128-bit lane j: channel j's 16 tokens in order (low nibble = even token).
     const IV tokens = _mm512_unpacklo_epi8(LowNibbles(x), HighNibbles(x));
-    // Byte 4t + j of the result = byte t of lane j.
-    const IV idx = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11, 58, 42,
-                                   26, 10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36,
-                                   20, 4, 51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
-    return _mm512_permutexvar_epi8(idx, tokens);
+    return _mm512_permutexvar_epi8(ByteOfLanes(), tokens);  // byte 4t + j = token t of channel j
   }
 
   // In-register 16x16 transpose: r[j] becomes column j. Pairs of rows are interleaved, then

@@ -119,7 +119,46 @@ void DotChunksScalar(const KvFormat& f, const KvChunks& k, const float* q, int64
   }
 }
 
+// q4 values with int8 weights (attention.h: ValuesUseInt8Weights), written as the rule reads.
+void AxpyRowsQ8Scalar(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride, float* out) {
+  for (int64_t s0 = 0; s0 < v.n_rows; s0 += kValueSpan) {
+    const int64_t s1 = std::min(v.n_rows, s0 + kValueSpan);
+    for (int64_t b = 0; b < v.hd / kQueryBlock; ++b) {
+      const int64_t v0 = v.head * v.hd + b * kQueryBlock;
+      const Q4Place g = PlaceQ4(f, v0);
+      auto row = [&](int64_t p) { return v.rows + p * v.row_bytes; };
+      auto d = [&](int64_t p) { return Fp16ToFp32(LoadU16(row(p) + g.header)); };
+      auto m8 = [&](int64_t p) { return Fp16ToFp32(LoadU16(row(p) + g.header + 2)) + 8.0f * d(p); };
+      for (int64_t i = 0; i < nq; ++i) {
+        const float* wi = w + i * w_stride;
+        float acc[kQueryBlock] = {};
+        for (int64_t t0 = s0; t0 < s1; t0 += kQueryBlock) {
+          float a[kQueryBlock] = {};
+          for (int64_t p = t0; p < std::min(s1, t0 + kQueryBlock); ++p) a[p - t0] = wi[p] * d(p);
+          int8_t k[kQueryBlock];
+          const QuantizedBlock qb = QuantizeInt8Block(a, k);
+          for (int64_t j = 0; j < kQueryBlock; ++j) {
+            const Q4Place at = PlaceQ4(f, v0 + j);
+            int32_t isum = -8 * qb.code_sum;
+            for (int64_t p = t0; p < std::min(s1, t0 + kQueryBlock); ++p) {
+              isum += static_cast<int32_t>(k[p - t0]) * ((row(p)[at.code_byte] >> at.shift) & 15);
+            }
+            acc[j] = std::fma(static_cast<float>(isum), qb.scale, acc[j]);
+          }
+        }
+        float lanes[16] = {};
+        for (int64_t p = s0; p < s1; ++p) lanes[(p - s0) % 16] = std::fma(wi[p], m8(p), lanes[(p - s0) % 16]);
+        for (int width = 8; width >= 1; width /= 2) {
+          for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+        }
+        for (int64_t j = 0; j < kQueryBlock; ++j) out[i * v.hd + b * kQueryBlock + j] += acc[j] + lanes[0];
+      }
+    }
+  }
+}
+
 void AxpyRowsScalar(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride, float* out) {
+  if (ValuesUseInt8Weights(f, v.hd)) return AxpyRowsQ8Scalar(f, v, w, nq, w_stride, out);
   std::vector<float> row(v.hd);
   std::vector<float> lanes(nq * v.hd * 16, 0.0f);
   for (int64_t p = 0; p < v.n_rows; ++p) {
@@ -159,16 +198,10 @@ bool KeysUseInt8Queries(const KvFormat& f, int64_t hd) {
 
 bool KeyChunksUseInt8(int64_t hd) { return hd > 0 && hd % kQueryBlock == 0 && hd <= kMaxChunkHd; }
 
-namespace {
+bool ValuesUseInt8Weights(const KvFormat& f, int64_t hd) { return KeysUseInt8Queries(f, hd); }
 
-// Quantizes 32 values by the rule of attention.h into codes (natural order): round(x / scale),
-// half to even (adding and removing 1.5 * 2^23 rounds |x / scale| < 128), clamped to
-// [-127, 127]. Returns the scale (0 for an all-zero block) and the codes' sum.
-struct QuantizedBlock {
-  float scale;
-  int32_t code_sum;
-};
-QuantizedBlock QuantizeBlock(const float* x, int8_t* codes) {
+// Codes round half to even by adding and removing 1.5 * 2^23 (exact for |x / scale| < 128).
+QuantizedBlock QuantizeInt8Block(const float* x, int8_t* codes) {
   float amax = 0.0f;
   for (int64_t j = 0; j < kQueryBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
   if (amax == 0.0f) {
@@ -186,8 +219,6 @@ QuantizedBlock QuantizeBlock(const float* x, int8_t* codes) {
   return {bs.scale, sum};
 }
 
-}  // namespace
-
 void QuantizeChunkQuery(const float* q, const float* d, const float* m, int64_t hd, ChunkQueryQ8* out) {
   float lanes[16] = {};
   for (int64_t c = 0; c < hd; ++c) lanes[c % 16] = std::fma(q[c], m[c] + 8.0f * d[c], lanes[c % 16]);
@@ -198,7 +229,7 @@ void QuantizeChunkQuery(const float* q, const float* d, const float* m, int64_t 
   for (int64_t b = 0; b < hd / kQueryBlock; ++b) {
     float a[kQueryBlock];
     for (int64_t j = 0; j < kQueryBlock; ++j) a[j] = q[b * kQueryBlock + j] * d[b * kQueryBlock + j];
-    const QuantizedBlock qb = QuantizeBlock(a, out->codes + b * kQueryBlock);
+    const QuantizedBlock qb = QuantizeInt8Block(a, out->codes + b * kQueryBlock);
     out->scales[b] = qb.scale;
     out->code_sums[b] = qb.code_sum;
   }
@@ -211,7 +242,7 @@ void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, floa
     for (int64_t b = 0; b < nb; ++b) {
       const float* x = q + i * hd + b * kQueryBlock;
       int8_t natural[kQueryBlock];
-      const QuantizedBlock qb = QuantizeBlock(x, natural);
+      const QuantizedBlock qb = QuantizeInt8Block(x, natural);
       for (int64_t j = 0; j < kQueryBlock; ++j) codes[i * hd + b * kQueryBlock + Int8QueryCodeIndex(j)] = natural[j];
       float sum = 0.0f;
       for (int64_t j = 0; j < kQueryBlock; ++j) sum += x[j];

@@ -23,7 +23,8 @@
 // tokens is one load of W/2 code bytes per channel, decoded straight into kt[d][r].
 // axpy_rows is O[nq x hd] += W[nq x rows] . V: a block of rows is decoded once (row-major) into a
 // stack buffer, then tiles of (queries x hd chunks) accumulate in registers with one broadcast
-// weight per (query, row).
+// weight per (query, row). q4 values where ValuesUseInt8Weights take the integer path of
+// attention_simd_int8.h (AxpyRowsQ8) instead.
 
 namespace detail {
 
@@ -485,6 +486,7 @@ void DotChunksAny(const KvFormat& f, const KvChunks& k, const float* q, int64_t 
 template <class T>
 void AxpyRowsAny(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride, float* out) {
   if (!FastPathOk<T>(f, v.hd)) return ScalarAttentionKernels().axpy_rows(f, v, w, nq, w_stride, out);
+  if (ValuesUseInt8Weights(f, v.hd)) return AxpyRowsQ8<T>(f, v, w, nq, w_stride, out);
   switch (f.type) {
     case KvType::kF16: return AxpyRows<T, KvType::kF16>(f, v, w, nq, w_stride, out);
     case KvType::kQ8: return AxpyRows<T, KvType::kQ8>(f, v, w, nq, w_stride, out);

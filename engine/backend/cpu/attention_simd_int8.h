@@ -1,5 +1,6 @@
 // The integer attention paths of the SIMD tables (attention.h): q4 K rows against int8 queries
-// (DotRowsQ8) and q4k K chunks against int8 query-times-scale codes (DotChunksQ8). Part of
+// (DotRowsQ8), q4k K chunks against int8 query-times-scale codes (DotChunksQ8), and q4 V rows
+// weighted by int8 weight-times-scale codes (AxpyRowsQ8). Part of
 // attention_simd_impl.h: included by it, inside its anonymous namespace and namespace detail,
 // after the helpers these use (Min64, Slice, PrefetchSlice, kPrefetchRows, kMaxHd); include it
 // nowhere else.
@@ -7,7 +8,8 @@
 // Traits they need besides the float ones: IV (W int32 lanes), kQ8Blocks (32-value blocks held
 // in registers at a time), ZeroI, SetI, AddI, CvtI, CvtRound, ClampI127, StoreI8, ReduceAddI,
 // DotU8S8 (acc += 4 u8 x s8 products per lane), Low/HighNibbles, LoadRowDwords, LoadOffsets,
-// GatherDwords, HalvesLow/High, BcastDwords4, ChannelQuad, Abs.
+// GatherDwords, HalvesLow/High, BcastDwords4, BcastDword, ChannelQuad, Abs; for q4 values
+// (AxpyRowsQ8) kAxpyQ8Queries, kAxpyQ8Blocks, InterleaveRows4, InterleaveLanes.
 
 // NBP blocks (b0 .. b0 + NBP) of one panel, every query: scores of block b0 > 0 are added to
 // what the earlier blocks stored. NBP is a compile-time count so the code vectors stay in
@@ -44,8 +46,10 @@ void DotPanelQ8(const uint8_t* base, const int32_t* row_off, const typename T::I
       const int64_t b = b0 + j;
       const int8_t* qc = q.codes + i * hd + b * kQueryBlock;
       IV qd[8];
+      // Half the broadcasts by shuffles, half from memory: each alone bounds the loop (both
+      // compete with dpbusd, the shuffles for the vector pipes, the loads at half its rate).
       T::BcastDwords4(qc, qd);
-      T::BcastDwords4(qc + 16, qd + 4);
+      for (int k = 0; k < 4; ++k) qd[4 + k] = T::BcastDword(qc + 16 + 4 * k);
       // Two chains (half the dpbusd latency); the first starts at -8 x the code sum, which
       // centres the key codes (attention.h).
       IV even = T::SetI(-8 * q.code_sums[i * nb + b]), odd = T::ZeroI();
@@ -168,8 +172,8 @@ void DotChunkPanelQ8(const uint8_t* slice, int64_t record, int64_t t0, int n_val
     for (int j = 0; j < NBP; ++j) {
       const int64_t b = b0 + j;
       IV qd[8];
-      T::BcastDwords4(cq[i].codes + b * kQueryBlock, qd);
-      T::BcastDwords4(cq[i].codes + b * kQueryBlock + 16, qd + 4);
+      T::BcastDwords4(cq[i].codes + b * kQueryBlock, qd);  // half shuffled, half loaded (DotPanelQ8)
+      for (int k = 0; k < 4; ++k) qd[4 + k] = T::BcastDword(cq[i].codes + b * kQueryBlock + 16 + 4 * k);
       IV even = T::SetI(-8 * cq[i].code_sums[b]), odd = T::ZeroI();
       for (int g = 0; g < 8; g += 2) {
         even = T::DotU8S8(even, quad[j][g], qd[g]);
@@ -218,3 +222,229 @@ void DotChunksQ8(const KvFormat& f, const KvChunks& k, const float* q, int64_t n
   }
 }
 
+
+// q4 values with int8 weights (attention.h: ValuesUseInt8Weights), span by span:
+//  1. the code bytes of every 4 rows are interleaved (T::InterleaveRows4: lane k of vector n is
+//     byte nW + k of the 4 rows) and split into low nibbles (value 2k of the block at 4
+//     positions) and high ones (value 2k + 1), into an L1 buffer; each group's d and m + 8d per
+//     row go to float arrays;
+//  2. per query and group: the weights a_p = w_p d_p quantized per tile, and the base sum;
+//  3. per QN queries x NB blocks: one dpbusd of a code vector against a broadcast dword of 4
+//     positions' weight codes advances W values by 4 positions; each tile's integer sums are
+//     scaled into float accumulators, which the span adds to out.
+constexpr int kSpanQuads = static_cast<int>(kValueSpan / 4);
+constexpr int kSpanTiles = static_cast<int>(kValueSpan / kQueryBlock);
+constexpr int kMaxValueBlocks = kMaxHd / static_cast<int>(kQueryBlock);
+
+struct SpanWeights {  // one query's weights against one q4 group, over a span
+  alignas(64) int8_t codes[kValueSpan];  // k_p, position order
+  float scales[kSpanTiles];              // sa per tile
+  int32_t code_sums[kSpanTiles];         // ks per tile
+  float base;
+};
+
+// Step 2 for n <= kValueSpan positions: w, d and m8 hold them from position 0 (d and m8 are
+// valid up to n rounded up to W).
+template <class T>
+void QuantizeSpanWeights(const float* w, const float* d, const float* m8, int64_t n, SpanWeights* out) {
+  using V = typename T::V;
+  constexpr int W = T::W, NL = 16 / W, TV = static_cast<int>(kQueryBlock) / W;
+  V lanes[NL];
+  for (int l = 0; l < NL; ++l) lanes[l] = T::Zero();
+  for (int64_t t0 = 0, t = 0; t0 < n; t0 += kQueryBlock, ++t) {
+    V a[TV], vmax = T::Zero();
+    for (int v = 0; v < TV; ++v) {
+      const int64_t p = t0 + v * W;
+      const int valid = static_cast<int>(p < n ? Min64(W, n - p) : 0);
+      if (valid == 0) {
+        a[v] = T::Zero();
+        continue;
+      }
+      const V wv = T::LoadN(w + p, valid);
+      a[v] = T::Mul(wv, T::Load(d + p));
+      vmax = T::Max(vmax, T::Abs(a[v]));
+      V& lane = lanes[v % NL];  // position p + k into lane (p + k) % 16
+      lane = T::Select(valid, T::Fma(wv, T::Load(m8 + p), lane), lane);
+    }
+    const float amax = T::ReduceMax(vmax);
+    int8_t* k = out->codes + t0;
+    Int8BlockScale bs{0, 0.0f, 0.0f};
+    if (amax > 0.0f) bs = BlockScaleFor(amax);
+    if (amax > 0.0f && bs.inv == 0.0f) {  // codes need ldexp: the scalar rule
+      alignas(64) float x[kQueryBlock];
+      for (int v = 0; v < TV; ++v) T::Store(x + v * W, a[v]);
+      const QuantizedBlock qb = QuantizeInt8Block(x, k);
+      out->scales[t] = qb.scale;
+      out->code_sums[t] = qb.code_sum;
+      continue;
+    }
+    const V inv = T::Bcast(bs.inv);  // 0 for an all-zero tile: codes 0, scale 0
+    typename T::IV sum = T::ZeroI();
+    for (int v = 0; v < TV; ++v) {
+      const typename T::IV r = T::ClampI127(T::CvtRound(T::Mul(a[v], inv)));
+      T::StoreI8(k + v * W, r);
+      sum = T::AddI(sum, r);
+    }
+    out->scales[t] = bs.scale;
+    out->code_sums[t] = T::ReduceAddI(sum);
+  }
+  out->base = T::PairwiseSum16(lanes);
+}
+
+// Step 3 for QN queries x NB blocks (b0 ..) over n positions: vt holds the span's code vectors,
+// [(quad * nb + block) * NV + 2 * n + h]; sw[q * NB + b] the weights of query q against block
+// b0 + b's group; out[q] the query's output at block b0.
+template <class T, int QN, int NB>
+void AccumulateSpanQ8(const typename T::IV* vt, int nb, int b0, int64_t n, const SpanWeights* const* sw,
+                      float* const* out) {
+  using V = typename T::V;
+  using IV = typename T::IV;
+  constexpr int W = T::W, NI = 16 / W, NV = 2 * NI;
+  V facc[QN][NB][NV];
+  for (int q = 0; q < QN; ++q) {
+    for (int b = 0; b < NB; ++b) {
+      for (int j = 0; j < NV; ++j) facc[q][b][j] = T::Zero();
+    }
+  }
+  const int64_t quads = (n + 3) / 4;
+  for (int64_t t = 0; t * kQueryBlock < n; ++t) {
+    IV acc[QN][NB][NV];
+    for (int q = 0; q < QN; ++q) {
+      for (int b = 0; b < NB; ++b) {
+        const IV init = T::SetI(-8 * sw[q * NB + b]->code_sums[t]);  // centres the value codes
+        for (int j = 0; j < NV; ++j) acc[q][b][j] = init;
+      }
+    }
+    for (int64_t quad = t * 8; quad < Min64(quads, t * 8 + 8); ++quad) {
+      const IV* codes = vt + (quad * nb + b0) * NV;
+      IV wq[QN][NB];
+      for (int q = 0; q < QN; ++q) {
+        for (int b = 0; b < NB; ++b) {
+          // Blocks of one group share the weights (and their broadcast).
+          wq[q][b] = b > 0 && sw[q * NB + b] == sw[q * NB + b - 1] ? wq[q][b - 1]
+                                                                   : T::BcastDword(sw[q * NB + b]->codes + 4 * quad);
+        }
+      }
+      for (int b = 0; b < NB; ++b) {
+        for (int j = 0; j < NV; ++j) {
+          const IV c = codes[b * NV + j];
+          for (int q = 0; q < QN; ++q) acc[q][b][j] = T::DotU8S8(acc[q][b][j], c, wq[q][b]);
+        }
+      }
+    }
+    for (int q = 0; q < QN; ++q) {
+      for (int b = 0; b < NB; ++b) {
+        const V sa = T::Bcast(sw[q * NB + b]->scales[t]);
+        for (int j = 0; j < NV; ++j) facc[q][b][j] = T::Fma(T::CvtI(acc[q][b][j]), sa, facc[q][b][j]);
+      }
+    }
+  }
+  // out_c = out_c + (acc_c + base); vector 2n + h, lane k holds value 2 (nW + k) + h.
+  for (int q = 0; q < QN; ++q) {
+    for (int b = 0; b < NB; ++b) {
+      const V base = T::Bcast(sw[q * NB + b]->base);
+      float* o = out[q] + b * kQueryBlock;
+      for (int n2 = 0; n2 < NI; ++n2) {
+        V first, second;  // values 2nW .. 2nW + W - 1, then the next W
+        T::InterleaveLanes(T::Add(facc[q][b][2 * n2], base), T::Add(facc[q][b][2 * n2 + 1], base), &first, &second);
+        T::Store(o + 2 * n2 * W, T::Add(T::Load(o + 2 * n2 * W), first));
+        T::Store(o + 2 * n2 * W + W, T::Add(T::Load(o + 2 * n2 * W + W), second));
+      }
+    }
+  }
+}
+
+template <class T>
+void AxpyRowsQ8(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t ws, float* out) {
+  using IV = typename T::IV;
+  constexpr int W = T::W, NI = 16 / W, NV = 2 * NI, QN = T::kAxpyQ8Queries, NB = T::kAxpyQ8Blocks;
+  const int nb = static_cast<int>(v.hd / kQueryBlock);
+  const int64_t G = f.group;
+  int64_t header[kMaxValueBlocks], codes[kMaxValueBlocks];
+  int group_of[kMaxValueBlocks];  // the first block of the same q4 group (whose weights it shares)
+  for (int b = 0; b < nb; ++b) {
+    const int64_t v0 = v.head * v.hd + b * kQueryBlock;
+    header[b] = v0 / G * (G / 2 + 4);
+    codes[b] = header[b] + 4 + v0 % G / 2;
+    group_of[b] = b > 0 && header[b] == header[b - 1] ? group_of[b - 1] : b;
+  }
+  const Slice slice{header[0], codes[nb - 1] + kQueryBlock / 2};
+  alignas(64) IV vt[kSpanQuads * kMaxValueBlocks * NV];
+  alignas(64) float d[kMaxValueBlocks][kValueSpan], m8[kMaxValueBlocks][kValueSpan];
+  alignas(64) int32_t dm_raw[kMaxValueBlocks][kValueSpan];  // (f16 d, f16 m) per row
+  SpanWeights sw[QN][kMaxValueBlocks];
+  for (int64_t s0 = 0; s0 < v.n_rows; s0 += kValueSpan) {
+    const int64_t n = Min64(kValueSpan, v.n_rows - s0);
+    const uint8_t* span = v.rows + s0 * v.row_bytes;
+    // 1. Codes and group headers; rows past the last one repeat it (their weights are 0).
+    for (int64_t quad = 0; quad * 4 < n; ++quad) {
+      const uint8_t* r[4];
+      for (int j = 0; j < 4; ++j) r[j] = span + (quad * 4 + j) * v.row_bytes;
+      if (quad * 4 + 4 > n) {
+        for (int j = 0; j < 4; ++j) r[j] = span + Min64(quad * 4 + j, n - 1) * v.row_bytes;
+      }
+      const int64_t ahead = s0 + quad * 4 + kPrefetchRows;
+      for (int64_t p = ahead; p < ahead + 4 && p < v.n_rows; ++p) PrefetchSlice(v.rows + p * v.row_bytes, slice);
+      for (int b = 0; b < nb; ++b) {
+        if (group_of[b] == b) {  // the header dwords (a gather is slower than 4 loads here)
+          for (int j = 0; j < 4; ++j) std::memcpy(&dm_raw[b][quad * 4 + j], r[j] + header[b], 4);
+        }
+        const uint8_t* at[4] = {r[0] + codes[b], r[1] + codes[b], r[2] + codes[b], r[3] + codes[b]};
+        IV iv[NI];
+        T::InterleaveRows4(at, iv);
+        IV* dst = vt + (quad * nb + b) * NV;
+        for (int n2 = 0; n2 < NI; ++n2) {
+          dst[2 * n2] = T::LowNibbles(iv[n2]);
+          dst[2 * n2 + 1] = T::HighNibbles(iv[n2]);
+        }
+      }
+    }
+    for (int b = 0; b < nb; ++b) {
+      if (group_of[b] != b) continue;
+      for (int64_t p = n; p % W != 0; ++p) dm_raw[b][p] = dm_raw[b][n - 1];
+      for (int64_t p = 0; p < n; p += W) {
+        const IV dm = T::LoadOffsets(dm_raw[b] + p);
+        const typename T::V dv = T::HalvesLow(dm);
+        T::Store(d[b] + p, dv);
+        T::Store(m8[b] + p, T::Add(T::HalvesHigh(dm), T::Mul(T::Bcast(8.0f), dv)));
+      }
+    }
+    for (int64_t i0 = 0; i0 < nq; i0 += QN) {
+      const int qc = static_cast<int>(Min64(QN, nq - i0));
+      // 2. Weights.
+      for (int q = 0; q < qc; ++q) {
+        for (int b = 0; b < nb; ++b) {
+          if (group_of[b] == b) QuantizeSpanWeights<T>(w + (i0 + q) * ws + s0, d[b], m8[b], n, &sw[q][b]);
+        }
+      }
+      // 3. Sums, QN x NB at a time where they fill the tile.
+      for (int b0 = 0; b0 < nb; b0 += NB) {
+        const int bc = nb - b0 < NB ? nb - b0 : NB;
+        auto run = [&](auto qn_tag, auto nb_tag, int q0, int bb) {
+          constexpr int QT = decltype(qn_tag)::value, BT = decltype(nb_tag)::value;
+          const SpanWeights* ptrs[QT * BT];
+          float* outs[QT];
+          for (int q = 0; q < QT; ++q) {
+            for (int b = 0; b < BT; ++b) ptrs[q * BT + b] = &sw[q0 + q][group_of[bb + b]];
+            outs[q] = out + (i0 + q0 + q) * v.hd + bb * kQueryBlock;
+          }
+          AccumulateSpanQ8<T, QT, BT>(vt, nb, bb, n, ptrs, outs);
+        };
+        using One = std::integral_constant<int, 1>;
+        using QFull = std::integral_constant<int, QN>;
+        using BFull = std::integral_constant<int, NB>;
+        if (qc == QN && bc == NB) {
+          run(QFull{}, BFull{}, 0, b0);
+        } else if (qc == QN) {
+          for (int b = 0; b < bc; ++b) run(QFull{}, One{}, 0, b0 + b);
+        } else if (bc == NB) {
+          for (int q = 0; q < qc; ++q) run(One{}, BFull{}, q, b0);
+        } else {
+          for (int q = 0; q < qc; ++q) {
+            for (int b = 0; b < bc; ++b) run(One{}, One{}, q, b0 + b);
+          }
+        }
+      }
+    }
+  }
+}

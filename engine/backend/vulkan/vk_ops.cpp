@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -84,6 +85,13 @@ constexpr int64_t kSplitPositions = 512;
 constexpr int64_t kMaxSplits = 64;
 
 uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
+
+// Positions per split: whole KV blocks and whole 32-position tiles (attn_output's int8-weight
+// path quantizes per tile, as the CPU backend does), enough for n_splits to cover n_ctx.
+int64_t SplitPositions(int64_t n_ctx, int64_t n_splits, int64_t block_tokens) {
+  const int64_t unit = std::lcm<int64_t>(32, block_tokens);
+  return ((n_ctx + n_splits - 1) / n_splits + unit - 1) / unit * unit;
+}
 
 // Invocations per row of the matrix-vector shaders: enough for the row's work items (32-value
 // units, or groups of 8 float values), a power of two in [4, kMatvecGroup]; short rows share a
@@ -315,7 +323,7 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(out_stride),
                             U32(out_row0),
                             HadamardScale(shape.head_dim),
-                            U32((n_ctx + n_splits - 1) / n_splits),
+                            U32(SplitPositions(n_ctx, n_splits, kv.block_tokens)),
                             U32(n_splits)};
   return rec.Dispatch(*p, {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_},
                       &params, U32(shape.n_head), U32(n_tokens), U32(n_splits));

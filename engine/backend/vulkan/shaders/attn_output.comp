@@ -45,6 +45,54 @@ shared float hvec[HD];
 
 #include "hadamard.glsl"
 
+// q4 values take the int8-weight path of the CPU backend (engine/backend/cpu/attention.h), with
+// the same codes: per tile (kQueryBlock positions from each KV block's start, cut at the last
+// visible one) the weights times the group scales a_p = w_p d_p are quantized with a
+// power-of-two scale, summed as integers against the centred codes, and the weights meet the
+// groups' m + 8d unquantized. (The float additions run in another order than the CPU's.)
+const bool kInt8Weights = KV_TYPE == kKvQ4 && HD % 32u == 0u && KV_GROUP % 32u == 0u;
+
+uint TileEnd(uint pos) {  // the end of the tile holding pos
+  const uint block_end = (pos / p.block_tokens + 1u) * p.block_tokens;
+  return min(pos - (pos % p.block_tokens) % 32u + 32u, block_end);
+}
+
+uint RowOf(uint pos) {
+  const uint slot = block_table[p.table0 + pos / p.block_tokens];
+  return (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
+}
+
+// Value v's share of positions [t0, t1) (one tile, or its visible part): sum of w_p * V(p, v).
+float TileSum(uint wrow, uint t0, uint t1, uint v) {
+  const uint group_off = (v / KV_GROUP) * KvGroupBytes(), at = v % KV_GROUP;
+  precise float amax = 0.0;
+  for (uint pos = t0; pos < t1; ++pos) {
+    precise float a = w[wrow + pos] * F16BitsToF32(KvU16(RowOf(pos) + group_off));
+    amax = max(amax, abs(a));
+  }
+  int e = 0;
+  if (amax > 0.0) {
+    frexp(amax, e);
+    e -= 7;
+  }
+  const float inv = -e <= 126 ? ldexp(1.0, -e) : 0.0;
+  int isum = 0;
+  precise float base = 0.0;
+  for (uint pos = t0; pos < t1; ++pos) {
+    const uint group = RowOf(pos) + group_off;
+    const float d = F16BitsToF32(KvU16(group)), m = F16BitsToF32(KvU16(group + 2u));
+    precise float a = w[wrow + pos] * d;
+    precise float scaled = inv != 0.0 ? a * inv : ldexp(a, -e);
+    const int code = amax > 0.0 ? int(clamp(roundEven(scaled), -127.0, 127.0)) : 0;
+    const uint byte_value = KvU8(group + 4u + at / 2u);
+    isum += code * (int((at & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u)) - 8);
+    precise float m8 = m + 8.0 * d;
+    base = fma(w[wrow + pos], m8, base);
+  }
+  precise float sum = fma(float(isum), amax > 0.0 ? ldexp(1.0, e) : 0.0, base);
+  return sum;
+}
+
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, split = gl_WorkGroupID.z;
@@ -54,7 +102,14 @@ void main() {
   const uint first = (h / p.group) * HD;
   const uint wrow = (t * p.n_head + h) * p.score_stride;
   float acc = 0.0;
-  if (lane < lanes) {
+  if (kInt8Weights && lane < lanes) {
+    // Lane l sums tiles l, l + lanes, ... of the split (which starts at a tile start).
+    const uint end = min(n_visible, (split + 1u) * p.split_positions);
+    uint tile = 0u;
+    for (uint t0 = split * p.split_positions; t0 < end; t0 = TileEnd(t0), ++tile) {
+      if (tile % lanes == lane) acc += TileSum(wrow, t0, min(TileEnd(t0), end), first + d);
+    }
+  } else if (lane < lanes) {
     for (uint pos = split * p.split_positions + lane; pos < n_visible; pos += lanes) {
       const uint slot = block_table[p.table0 + pos / p.block_tokens];
       const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
