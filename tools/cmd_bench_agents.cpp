@@ -1,9 +1,10 @@
 // kvfs bench agents: many agents at once. For each agent count, every agent first gets a
-// context of --ctx tokens (not timed, unless --cold), then all submit a new turn at once (or
-// --stagger-ms apart) and generate -n tokens; reported: system throughput (all generated tokens
+// context of --ctx tokens (not timed, unless --cold; all counts' agents before any timed turn),
+// then all submit a new turn at once (or --stagger-ms apart) and generate -n tokens; reported: system throughput (all generated tokens
 // / wall time), per-agent decode rate and TTFT (median, max), and the same workload run one agent
 // after another for comparison.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <future>
@@ -32,6 +33,8 @@ constexpr const char* kUsage =
     "                          [--cold] [-t THREADS] [--repeat R] [--json]\n"
     "  each agent holds a --ctx-token context (cached first; with --cold it is the new turn's prompt),\n"
     "  then all agents run a turn generating -n tokens, together and then one after another.\n"
+    "  all contexts are set up first, then the timed turns run back to back (together for every count,\n"
+    "  then one after another), so the runs a ratio compares are seconds apart.\n"
     "  --repeat R runs the whole --agents list R times, interleaved, and ends with the medians: each\n"
     "  vs_1 is taken against the one-agent run of its own repetition (the host's memory bandwidth\n"
     "  drifts by tens of percent between minutes, and every ratio with it).\n";
@@ -189,19 +192,28 @@ int BenchAgents(int argc, char** argv) {
   }
   for (int64_t rep = 0; rep < repeats; ++rep) {
     one_agent_throughput = 0;
-    for (int64_t n : counts) {
-      auto engine = CreateEngine(o);
-      if (!engine.ok()) return Fail(engine.status().message());
-      RunResult together, serial;
+    auto engine = CreateEngine(o);
+    if (!engine.ok()) return Fail(engine.status().message());
+    // Every agent of the repetition is set up first (a cached context takes seconds to
+    // prefill), then the timed turns run back to back: together for each count, then one after
+    // another. The runs a ratio compares are seconds apart, not a setup's minute: the host's
+    // memory bandwidth, and every decode rate with it, drifts between fast and slow phases.
+    struct Group {
+      std::vector<std::string> agents, texts;
+    };
+    std::vector<std::array<Group, 2>> groups(counts.size());  // [count][together, serial]
+    for (size_t ci = 0; ci < counts.size(); ++ci) {
       for (int pass = 0; pass < 2; ++pass) {
-        std::vector<std::string> agents, texts;
-        for (int64_t i = 0; i < n; ++i) {
-          const std::string name = fmt::format("p{}a{}", pass, i);
-          if (!(*engine)->CreateAgent(name, 0).ok() || !(*engine)->SetSettings(name, settings).ok()) return Fail("agent setup failed");
-          agents.push_back(name);
+        Group& g = groups[ci][pass];
+        for (int64_t i = 0; i < counts[ci]; ++i) {
+          const std::string name = fmt::format("n{}p{}a{}", counts[ci], pass, i);
+          if (!(*engine)->CreateAgent(name, 0).ok() || !(*engine)->SetSettings(name, settings).ok()) {
+            return Fail("agent setup failed");
+          }
+          g.agents.push_back(name);
           const std::string context = TextOfTokens(tok, ctx, static_cast<int>(pass * 1000 + i));
           if (cold) {
-            texts.push_back(context);
+            g.texts.push_back(context);
           } else {
             AgentSettings quick = settings;
             quick.max_tokens = 1;
@@ -209,13 +221,23 @@ int BenchAgents(int argc, char** argv) {
             auto setup = RunTurnSync(**engine, name, context);
             if (!setup.ok()) return Fail(setup.status().message());
             (void)(*engine)->SetSettings(name, settings);
-            texts.push_back(TextOfTokens(tok, n_turn, static_cast<int>(pass * 1000 + i + 500)));
+            g.texts.push_back(TextOfTokens(tok, n_turn, static_cast<int>(pass * 1000 + i + 500)));
           }
         }
-        auto r = RunTurns(**engine, agents, texts, pass == 0, stagger);
-        if (!r.ok()) return Fail(r.status().message());
-        (pass == 0 ? together : serial) = *r;
       }
+    }
+    std::vector<RunResult> together_runs(counts.size()), serial_runs(counts.size());
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t ci = 0; ci < counts.size(); ++ci) {
+        auto r = RunTurns(**engine, groups[ci][pass].agents, groups[ci][pass].texts, pass == 0, stagger);
+        if (!r.ok()) return Fail(r.status().message());
+        (pass == 0 ? together_runs : serial_runs)[ci] = *r;
+      }
+    }
+    for (size_t ci = 0; ci < counts.size(); ++ci) {
+      const int64_t n = counts[ci];
+      const RunResult& together = together_runs[ci];
+      const RunResult& serial = serial_runs[ci];
       const double tput = together.generated / together.wall_s, serial_tput = serial.generated / serial.wall_s;
       if (n == counts.front() && n == 1) one_agent_throughput = tput;
       const double vs1 = one_agent_throughput > 0 ? tput / one_agent_throughput : 0;
