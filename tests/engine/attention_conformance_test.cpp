@@ -499,7 +499,9 @@ TEST(AttentionConformance, Int8WeightSumsAreQuantizedSums) {
           const double sa = amax > 0.0 ? std::exp2(std::floor(std::log2(amax)) + 1.0 - 7.0) : 0.0;
           for (int64_t p = t0; p < t1; ++p) {
             const double k = sa > 0.0 ? std::clamp(std::nearbyint(a[p - t0] / sa), -127.0, 127.0) : 0.0;
-            if (sa > 0.0) EXPECT_LE(std::fabs(a[p - t0] - k * sa), (std::fabs(k) == 127.0 ? 1.0 : 0.5) * sa);
+            if (sa > 0.0) {
+              EXPECT_LE(std::fabs(a[p - t0] - k * sa), (std::fabs(k) == 127.0 ? 1.0 : 0.5) * sa);
+            }
             const double m8 = half(p, 2) + 8.0 * half(p, 0);
             for (int64_t j = 0; j < kQueryBlock; ++j) {
               // v = m8 + d (c - 8): the weight meets m8 unquantized, d (c - 8) as k * sa ~ w d.
@@ -517,6 +519,34 @@ TEST(AttentionConformance, Int8WeightSumsAreQuantizedSums) {
                 g.label, e_double, e_weights, e_values);
     EXPECT_LE(e_double, 1e-12) << g.label;
     EXPECT_LE(e_weights, 0.02 * e_values) << g.label;
+  }
+}
+
+// The tables' query quantizers against the scalar one, bit for bit: ordinary blocks, all-zero
+// blocks, and blocks so small that their codes need ldexp.
+TEST_P(AttentionConformanceTest, QuantizeQueriesMatchesScalar) {
+  const AttentionKernels* table = AttentionKernelsByName(GetParam());
+  if (table == nullptr) GTEST_SKIP() << "attention table " << GetParam() << " not supported by this CPU";
+  std::mt19937 rng(17);
+  for (int64_t hd : {32, 64, 128}) {
+    const int64_t nq = 9, nb = hd / kQueryBlock;
+    std::vector<float> q = RandomVector(nq * hd, rng, false);
+    for (int64_t j = 0; j < nq * hd; ++j) {
+      const int64_t block = j / kQueryBlock;
+      if (block % 5 == 1) q[j] = 0.0f;
+      if (block % 5 == 2) q[j] *= 1e-38f;
+      if (block % 5 == 3) q[j] *= 1e-44f;
+      if (block % 5 == 4) q[j] *= 1e30f;
+    }
+    std::vector<int8_t> c_ref(nq * hd), c_got(nq * hd, 99);
+    std::vector<float> s_ref(nq * nb), s_got(nq * nb), m_ref(nq * nb), m_got(nq * nb);
+    std::vector<int32_t> k_ref(nq * nb), k_got(nq * nb);
+    ScalarAttentionKernels().quantize_queries(q.data(), nq, hd, c_ref.data(), s_ref.data(), m_ref.data(), k_ref.data());
+    table->quantize_queries(q.data(), nq, hd, c_got.data(), s_got.data(), m_got.data(), k_got.data());
+    EXPECT_EQ(c_got, c_ref) << "hd " << hd;
+    EXPECT_EQ(s_got, s_ref) << "hd " << hd;
+    EXPECT_EQ(m_got, m_ref) << "hd " << hd;
+    EXPECT_EQ(k_got, k_ref) << "hd " << hd;
   }
 }
 

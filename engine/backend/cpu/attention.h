@@ -148,6 +148,11 @@ struct ChunkQueryQ8 {
 // normal range).
 void QuantizeChunkQuery(const float* q, const float* d, const float* m, int64_t hd, ChunkQueryQ8* out);
 
+// QuantizeQueries as a table entry: the SIMD tables give its bits (it runs per attention item on
+// the decode path).
+using QuantizeQueriesFn = void (*)(const float* q, int64_t nq, int64_t hd, int8_t* codes, float* scales, float* sums,
+                                   int32_t* code_sums);
+
 // dot_rows over q4 K rows with int8 queries: scores[i * s_stride + p] = score of query i, row p.
 using KvDotRowsQ8Fn = void (*)(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t nq, float* scores,
                                int64_t s_stride);
@@ -191,6 +196,7 @@ struct AttentionKernels {
   const char* name;
   KvDotRowsFn dot_rows;
   KvDotRowsQ8Fn dot_rows_q8;
+  QuantizeQueriesFn quantize_queries;
   KvAxpyRowsFn axpy_rows;
   KvDotChunksFn dot_chunks;
   KvSoftmaxFn softmax;

@@ -219,7 +219,7 @@ struct Avx512 {
 
 #include "engine/backend/cpu/attention_simd_impl.h"
 
-constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::DotRowsQ8Any<Avx512>,
+constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::DotRowsQ8Any<Avx512>, &detail::QuantizeQueriesT<Avx512>,
                                         &detail::AxpyRowsAny<Avx512>, &detail::DotChunksAny<Avx512>,
                                         &detail::SoftmaxRow<Avx512>, &detail::RoundF16<Avx512>,
                                         &detail::Hadamard<Avx512>};

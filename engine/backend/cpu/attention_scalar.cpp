@@ -254,7 +254,7 @@ void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, floa
 }
 
 const AttentionKernels& ScalarAttentionKernels() {
-  static const AttentionKernels table{"scalar",        &DotRowsScalar,  &DotRowsQ8Scalar,  &AxpyRowsScalar,
+  static const AttentionKernels table{"scalar",        &DotRowsScalar,   &DotRowsQ8Scalar, &QuantizeQueries, &AxpyRowsScalar,
                                       &DotChunksScalar, &SoftmaxScalar, &RoundF16Scalar, &HadamardTransform};
   return table;
 }

@@ -111,6 +111,56 @@ void DotRowsQ8(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t
   }
 }
 
+// QuantizeQueries, vectorised, the same bits: the same maximum, exponent, roundings and code
+// sum; the float sum keeps the rule's left-to-right order. Codes go to Int8QueryCodeIndex's
+// order: within each 8 values, the even ones then the odd ones (one byte shuffle per 16). A
+// block whose codes need ldexp takes the scalar function.
+template <class T>
+void QuantizeQueriesT(const float* q, int64_t nq, int64_t hd, int8_t* codes, float* scales, float* sums,
+                      int32_t* code_sums) {
+  using V = typename T::V;
+  constexpr int W = T::W, BV = static_cast<int>(kQueryBlock) / W;
+  const int64_t nb = hd / kQueryBlock;
+  const __m128i evens_then_odds = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  for (int64_t i = 0; i < nq; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* x = q + i * hd + b * kQueryBlock;
+      const int64_t at = i * nb + b;
+      int8_t* out = codes + i * hd + b * kQueryBlock;
+      V v[BV], vmax = T::Zero();
+      for (int k = 0; k < BV; ++k) {
+        v[k] = T::Load(x + k * W);
+        vmax = T::Max(vmax, T::Abs(v[k]));
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < kQueryBlock; ++j) sum += x[j];
+      const float amax = T::ReduceMax(vmax);
+      Int8BlockScale bs{0, 0.0f, 0.0f};  // all zero: codes 0, scale 0
+      if (amax > 0.0f) {
+        bs = BlockScaleFor(amax);
+        if (bs.inv == 0.0f) {  // codes need ldexp: the scalar rule for this block
+          QuantizeQueries(x, 1, kQueryBlock, out, scales + at, sums + at, code_sums + at);
+          continue;
+        }
+      }
+      alignas(32) int8_t natural[kQueryBlock];
+      typename T::IV code_sum = T::ZeroI();
+      for (int k = 0; k < BV; ++k) {
+        const typename T::IV r = T::ClampI127(T::CvtRound(T::Mul(v[k], T::Bcast(bs.inv))));
+        T::StoreI8(natural + k * W, r);
+        code_sum = T::AddI(code_sum, r);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m128i n16 = _mm_load_si128(reinterpret_cast<const __m128i*>(natural + 16 * h));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * h), _mm_shuffle_epi8(n16, evens_then_odds));
+      }
+      scales[at] = bs.scale;
+      sums[at] = sum;
+      code_sums[at] = T::ReduceAddI(code_sum);
+    }
+  }
+}
+
 // QuantizeChunkQuery, vectorised, the same bits: the same products, the same 16 partial sums
 // reduced in the same order, the same exponents and roundings (the vector conversion rounds half
 // to even as the scalar add-and-subtract does, and the scales come from BlockScaleFor). m8 =

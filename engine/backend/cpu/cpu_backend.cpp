@@ -2,6 +2,7 @@
 // All new tokens of all sequences form one activation matrix of T rows, so every weight matrix
 // is read once per pass; attention runs per sequence over its own KV blocks.
 #include <algorithm>
+#include <functional>
 #include <cmath>
 
 #include <spdlog/fmt/fmt.h>
@@ -42,8 +43,13 @@ class CpuBackend final : public Backend {
  private:
   // y[t][r] = W.row(r) . x[t] for t < T, r < W.n_out. same_input: x is the input of the
   // previous MatMul, unchanged, so its quantized form can be reused if the type matches.
-  void MatMul(const Matrix& w, const float* x, int64_t T, float* y, bool same_input = false);
-  const QuantizedInput& Quantize(const Matrix& w, const float* x, int64_t T, bool same_input);
+  // prepare(t), when given, first computes input row t (a norm, a residual add, SwiGLU): it runs
+  // on the thread that then quantizes that row, so the per-token element work is spread over the
+  // threads instead of running on the caller while the others wait.
+  using RowFn = std::function<void(int64_t t)>;
+  void MatMul(const Matrix& w, const float* x, int64_t T, float* y, bool same_input = false,
+              const RowFn* prepare = nullptr);
+  const QuantizedInput& Quantize(const Matrix& w, const float* x, int64_t T, bool same_input, const RowFn* prepare);
   void Attention(int64_t layer, std::span<const SequenceStep> steps, int64_t T);
   // q4k: quantizes the K chunks of `layer` that this pass completed and stages the rows of the
   // chunk left incomplete (see PassKeys).
@@ -92,9 +98,10 @@ class CpuBackend final : public Backend {
   std::vector<PassKeys> pass_keys_;
 };
 
-const QuantizedInput& CpuBackend::Quantize(const Matrix& w, const float* x, int64_t T, bool same_input) {
+const QuantizedInput& CpuBackend::Quantize(const Matrix& w, const float* x, int64_t T, bool same_input,
+                                           const RowFn* prepare) {
   const GgmlType vdt = cpu::VecDotType(w.type);
-  if (same_input && qin_.valid && qin_.vec_dot_type == vdt && qin_.rows == T) return qin_;
+  if (same_input && qin_.valid && qin_.vec_dot_type == vdt && qin_.rows == T && prepare == nullptr) return qin_;
   qin_.valid = true;
   qin_.vec_dot_type = vdt;
   qin_.rows = T;
@@ -103,13 +110,16 @@ const QuantizedInput& CpuBackend::Quantize(const Matrix& w, const float* x, int6
   const cpu::QuantizeRowFn quantize = kernels_.quantize_row[static_cast<int>(w.type)];
   pool_.Run([&](int ith, int nth) {
     auto [t0, t1] = SplitRange(T, ith, nth);
-    for (int64_t t = t0; t < t1; ++t) quantize(x + t * w.n_in, qin_.data.data() + t * qin_.row_bytes, w.n_in);
+    for (int64_t t = t0; t < t1; ++t) {
+      if (prepare != nullptr) (*prepare)(t);
+      quantize(x + t * w.n_in, qin_.data.data() + t * qin_.row_bytes, w.n_in);
+    }
   });
   return qin_;
 }
 
-void CpuBackend::MatMul(const Matrix& w, const float* x, int64_t T, float* y, bool same_input) {
-  const QuantizedInput& in = Quantize(w, x, T, same_input);
+void CpuBackend::MatMul(const Matrix& w, const float* x, int64_t T, float* y, bool same_input, const RowFn* prepare) {
+  const QuantizedInput& in = Quantize(w, x, T, same_input, prepare);
   const cpu::MatMulTileFn tile = kernels_.matmul_tile[static_cast<int>(w.type)];
   const PackedWeights::Entry* packed = packed_.Find(w);
   // Threads take whole 32-row units (the SIMD tiles' panel height, a multiple of the packed
@@ -204,7 +214,7 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
         sc.q8_scales.resize(nq * hd / cpu::kQueryBlock);
         sc.q8_sums.resize(nq * hd / cpu::kQueryBlock);
         sc.q8_code_sums.resize(nq * hd / cpu::kQueryBlock);
-        cpu::QuantizeQueries(sc.q.data(), nq, hd, sc.q8_codes.data(), sc.q8_scales.data(), sc.q8_sums.data(),
+        attn_.quantize_queries(sc.q.data(), nq, hd, sc.q8_codes.data(), sc.q8_scales.data(), sc.q8_sums.data(),
                              sc.q8_code_sums.data());
         const cpu::Int8Queries q8{sc.q8_codes.data(), sc.q8_scales.data(), sc.q8_sums.data(), sc.q8_code_sums.data()};
         for_each_block([&](int64_t p) { return kv.k_row(layer, p); }, [&](int64_t p0, const cpu::KvRows& rows) {
@@ -335,10 +345,18 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
   rope_sin_.resize(T * half);
   for (int64_t t = 0; t < T; ++t) cpu::RopeAngles(rope, token_pos_[t], &rope_cos_[t * half], &rope_sin_[t * half]);
 
+  // Residual adds, norms and SwiGLU run per token inside the next matrix's quantize pass
+  // (MatMul's prepare): x += xb (the previous projection's output), then xb = norm(x).
+  auto add_residual = [&](int64_t t) {
+    for (int64_t i = t * n_embd; i < (t + 1) * n_embd; ++i) x_[i] += xb_[i];
+  };
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const LayerWeights& l = w.layers[il];
-    for (int64_t t = 0; t < T; ++t) cpu::RmsNorm(&x_[t * n_embd], l.attn_norm.data, &xb_[t * n_embd], n_embd, hp_.rms_eps);
-    MatMul(l.wq, xb_.data(), T, q_.data());
+    const RowFn attn_input = [&](int64_t t) {
+      if (il > 0) add_residual(t);  // the previous layer's FFN output
+      cpu::RmsNorm(&x_[t * n_embd], l.attn_norm.data, &xb_[t * n_embd], n_embd, hp_.rms_eps);
+    };
+    MatMul(l.wq, xb_.data(), T, q_.data(), false, &attn_input);
     MatMul(l.wk, xb_.data(), T, k_.data(), /*same_input=*/true);
     MatMul(l.wv, xb_.data(), T, v_.data(), /*same_input=*/true);
     // q4k: each step's f16 key rows start with the sequence's staged rows of this layer.
@@ -390,14 +408,20 @@ Status CpuBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
     FlushKeyChunks(il, steps);
     Attention(il, steps, T);
     MatMul(l.wo, att_.data(), T, xb_.data());
-    for (int64_t i = 0; i < T * n_embd; ++i) x_[i] += xb_[i];
 
-    for (int64_t t = 0; t < T; ++t) cpu::RmsNorm(&x_[t * n_embd], l.ffn_norm.data, &xb_[t * n_embd], n_embd, hp_.rms_eps);
-    MatMul(l.w_gate, xb_.data(), T, gate_.data());
+    const RowFn ffn_input = [&](int64_t t) {
+      add_residual(t);  // the attention output
+      cpu::RmsNorm(&x_[t * n_embd], l.ffn_norm.data, &xb_[t * n_embd], n_embd, hp_.rms_eps);
+    };
+    MatMul(l.w_gate, xb_.data(), T, gate_.data(), false, &ffn_input);
     MatMul(l.w_up, xb_.data(), T, up_.data(), /*same_input=*/true);
-    cpu::SwiGlu(gate_.data(), up_.data(), hidden_.data(), hp_.n_ff, T);
-    MatMul(l.w_down, hidden_.data(), T, xb_.data());
-    for (int64_t i = 0; i < T * n_embd; ++i) x_[i] += xb_[i];
+    const RowFn swiglu = [&](int64_t t) {
+      cpu::SwiGlu(&gate_[t * hp_.n_ff], &up_[t * hp_.n_ff], &hidden_[t * hp_.n_ff], hp_.n_ff);
+    };
+    MatMul(l.w_down, hidden_.data(), T, xb_.data(), false, &swiglu);
+  }
+  if (hp_.n_layer > 0) {
+    for (int64_t t = 0; t < T; ++t) add_residual(t);  // the last layer's FFN output
   }
 
   // Final norm and output projection, only for the rows whose logits are wanted.
