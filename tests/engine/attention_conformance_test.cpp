@@ -110,6 +110,19 @@ TEST(AttentionConformance, TablesAreRegistered) {
   std::printf("[attention] SIMD tables on this CPU: %zu\n", SimdTables().size());
 }
 
+// An integer path's error budget: `got` must be its rule recomputed in double (`rule`), and the
+// int8 rounding (got against the float path) must add far less error than the 4-bit cache
+// already has (the float path against the unquantized `exact`).
+void ExpectIntegerErrorBudget(const char* what, const char* label, const std::vector<float>& got,
+                              const std::vector<float>& rule, const std::vector<float>& float_path,
+                              const std::vector<float>& exact) {
+  const double e_rule = Nmse(got, rule), e_int8 = Nmse(got, float_path), e_4bit = Nmse(float_path, exact);
+  std::printf("[attention] %s %-16s NMSE vs double %.3g; int8 rounding %.3g, 4-bit cache %.3g\n", what, label, e_rule,
+              e_int8, e_4bit);
+  EXPECT_LE(e_rule, 1e-12) << what << " " << label;
+  EXPECT_LE(e_int8, 0.02 * e_4bit) << what << " " << label;
+}
+
 // Queries quantized for q4 keys (cpu::QuantizeQueries), owning their arrays.
 struct Int8QueryBlocks {
   std::vector<int8_t> codes;
@@ -429,12 +442,7 @@ TEST(AttentionConformance, Int8QueryDotsAreQuantizedDots) {
         exact[i * n_rows + p] = static_cast<float>(e);
       }
     }
-    // Error budget: the int8 queries must add far less than the 4-bit keys already lose.
-    const double e_double = Nmse(got, want), e_queries = Nmse(got, fdot), e_keys = Nmse(fdot, exact);
-    std::printf("[attention] int8-query q4 dot %-16s NMSE vs double %.3g; int8 queries %.3g, 4-bit keys %.3g\n",
-                g.label, e_double, e_queries, e_keys);
-    EXPECT_LE(e_double, 1e-12) << g.label;
-    EXPECT_LE(e_queries, 0.02 * e_keys) << g.label;
+    ExpectIntegerErrorBudget("int8-query q4 dot", g.label, got, want, fdot, exact);
   }
 }
 
@@ -513,12 +521,8 @@ TEST(AttentionConformance, Int8WeightSumsAreQuantizedSums) {
         }
       }
     }
-    const std::vector<float> want(want_sum.begin(), want_sum.end());
-    const double e_double = Nmse(got, want), e_weights = Nmse(got, fsum), e_values = Nmse(fsum, exact);
-    std::printf("[attention] int8-weight q4 axpy %-16s NMSE vs double %.3g; int8 weights %.3g, 4-bit values %.3g\n",
-                g.label, e_double, e_weights, e_values);
-    EXPECT_LE(e_double, 1e-12) << g.label;
-    EXPECT_LE(e_weights, 0.02 * e_values) << g.label;
+    ExpectIntegerErrorBudget("int8-weight q4 axpy", g.label, got, std::vector<float>(want_sum.begin(), want_sum.end()),
+                             fsum, exact);
   }
 }
 
