@@ -119,23 +119,23 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
       const uint8_t* a = x0 + t * x_stride + b * kQ8Bytes + 2;
       const __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
       const __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
-      // Step k's dword of the half at byte `at` (0: low, 16: high).
-      auto step = [&](__m512i half, int at, int k, _MM_PERM_ENUM perm) {
-        if (NT == 1 || k < 2) return _mm512_shuffle_epi32(half, perm);
+      // Steps 2 and 3's dwords from memory when several tokens share the pass.
+      auto from_memory = [&](int at) {
         int32_t dword;
-        std::memcpy(&dword, a + at + 4 * k, 4);
+        std::memcpy(&dword, a + at, 4);
         return _mm512_set1_epi32(dword);
       };
+      constexpr bool kShuffleAll = NT == 1;
       // Two chains (low and high nibbles) halve the dependent vpdpbusd latency.
       __m512i s0 = _mm512_set1_epi32(tb[t].init), s1 = _mm512_setzero_si512();
-      s0 = _mm512_dpbusd_epi32(s0, lo[0], step(alo, 0, 0, _MM_PERM_AAAA));
-      s1 = _mm512_dpbusd_epi32(s1, hi[0], step(ahi, 16, 0, _MM_PERM_AAAA));
-      s0 = _mm512_dpbusd_epi32(s0, lo[1], step(alo, 0, 1, _MM_PERM_BBBB));
-      s1 = _mm512_dpbusd_epi32(s1, hi[1], step(ahi, 16, 1, _MM_PERM_BBBB));
-      s0 = _mm512_dpbusd_epi32(s0, lo[2], step(alo, 0, 2, _MM_PERM_CCCC));
-      s1 = _mm512_dpbusd_epi32(s1, hi[2], step(ahi, 16, 2, _MM_PERM_CCCC));
-      s0 = _mm512_dpbusd_epi32(s0, lo[3], step(alo, 0, 3, _MM_PERM_DDDD));
-      s1 = _mm512_dpbusd_epi32(s1, hi[3], step(ahi, 16, 3, _MM_PERM_DDDD));
+      s0 = _mm512_dpbusd_epi32(s0, lo[0], _mm512_shuffle_epi32(alo, _MM_PERM_AAAA));
+      s1 = _mm512_dpbusd_epi32(s1, hi[0], _mm512_shuffle_epi32(ahi, _MM_PERM_AAAA));
+      s0 = _mm512_dpbusd_epi32(s0, lo[1], _mm512_shuffle_epi32(alo, _MM_PERM_BBBB));
+      s1 = _mm512_dpbusd_epi32(s1, hi[1], _mm512_shuffle_epi32(ahi, _MM_PERM_BBBB));
+      s0 = _mm512_dpbusd_epi32(s0, lo[2], kShuffleAll ? _mm512_shuffle_epi32(alo, _MM_PERM_CCCC) : from_memory(8));
+      s1 = _mm512_dpbusd_epi32(s1, hi[2], kShuffleAll ? _mm512_shuffle_epi32(ahi, _MM_PERM_CCCC) : from_memory(24));
+      s0 = _mm512_dpbusd_epi32(s0, lo[3], kShuffleAll ? _mm512_shuffle_epi32(alo, _MM_PERM_DDDD) : from_memory(12));
+      s1 = _mm512_dpbusd_epi32(s1, hi[3], kShuffleAll ? _mm512_shuffle_epi32(ahi, _MM_PERM_DDDD) : from_memory(28));
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tb[t].da));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
     }
