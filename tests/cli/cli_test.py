@@ -163,6 +163,18 @@ def repeat_ok():
             return False
     return summary[0]['vs_one_agent_median'] == 1.0
 check('bench agents --repeat', ok and repeat_ok(), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+# Staggered arrivals with --repeat: the summary carries each criterion's median over the rows.
+r = run(['bench', 'agents', '-m', stories, '--agents', '2', '--ctx', '24', '--cold', '--stagger-ms', '30', '-n', '4',
+         '-t', '1', '--repeat', '3', '--json'])
+ok = r.returncode == 0
+j = json.loads(r.stdout) if ok else {}
+rows, summary = j.get('results', []), j.get('summary', [])
+def stagger_ok():
+    if len(rows) != 3 or len(summary) != 1 or not all('stagger' in x for x in rows):
+        return False
+    margins = sorted(x['stagger']['second_ttft_if_served_after_first_ms'] - x['stagger']['second_ttft_ms'] for x in rows)
+    return abs(summary[0]['stagger_ttft_margin_ms_median'] - margins[1]) < 1e-6
+check('bench agents stagger medians', ok and stagger_ok(), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 r = run(['bench', 'batched', '-m', stories, '--npp', '40', '--ntg', '6', '--npl', '1,3', '-t', '1', '--json'])
 ok = r.returncode == 0
 j = json.loads(r.stdout) if ok else {}
