@@ -315,9 +315,11 @@ int BenchAgents(int argc, char** argv) {
         entry["stagger_ttft_margin_ms_median"] = Median(ttft_margin);
         if (!decode_ratio.empty()) entry["stagger_first_decode_ratio_median"] = Median(decode_ratio);
         if (!args.has("--json")) {
+          const std::string ratio =
+              decode_ratio.empty() ? std::string("(no overlap)") : fmt::format("{:.2f}x its rate alone", Median(decode_ratio));
           std::printf("        staggered arrivals, medians: second agent's TTFT %.0f ms below being served after the "
-                      "first; first agent's decode while the second prefills %.2fx its rate alone\n",
-                      Median(ttft_margin), decode_ratio.empty() ? 0.0 : Median(decode_ratio));
+                      "first; first agent's decode while the second prefills %s\n",
+                      Median(ttft_margin), ratio.c_str());
         }
       }
       summary.push_back(entry);
