@@ -144,8 +144,7 @@ struct ChunkQueryQ8 {
   float base;
 };
 // From q (hd values) and the chunk slice's channel scales d and minimums m (hd floats each).
-// Tables may vectorise it but must give these bits (they call it where the exponents leave the
-// normal range).
+// Tables may vectorise it but must give these bits (per block, QuantizeInt8Block's).
 void QuantizeChunkQuery(const float* q, const float* d, const float* m, int64_t hd, ChunkQueryQ8* out);
 
 // QuantizeQueries as a table entry: the SIMD tables give its bits (it runs per attention item on

@@ -216,12 +216,6 @@ void DotRows(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, flo
   }
 }
 
-// q4 keys with int8 queries (attention.h: the integer path). A panel of W rows is read block by
-// block: the 16 code bytes of W rows are transposed as dwords (lane r = 4 bytes of row r, 8
-// nibbles), so one dpbusd against a broadcast dword of query codes advances W rows by 4 values;
-// the low nibbles of dword j are values 8j, 8j+2, .. and the high ones 8j+1, .., which is the
-// order Int8Queries stores the query codes in. T::kQ8Blocks blocks are held in registers at a
-// time, then every query runs over them; scores of a longer head slice are summed in place.
 // q4k keys: the fast path needs, besides FastPathOk, chunks of a multiple of W tokens.
 template <class T>
 bool ChunkFastPathOk(const KvFormat& f, int64_t hd) {

@@ -111,10 +111,36 @@ void DotRowsQ8(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t
   }
 }
 
+// QuantizeInt8Block of the 32 values held in a[0 .. 32/W) (natural order), the same bits:
+// amax = the largest |a|, the vector conversion rounds half to even as the scalar
+// add-and-subtract does, the scale comes from BlockScaleFor; a block whose codes need ldexp
+// takes the scalar function.
+template <class T>
+QuantizedBlock QuantizeBlockT(const typename T::V* a, float amax, int8_t* codes) {
+  constexpr int W = T::W, BV = static_cast<int>(kQueryBlock) / W;
+  Int8BlockScale bs{0, 0.0f, 0.0f};  // all zero: codes 0 (inv 0), scale 0
+  if (amax > 0.0f) {
+    bs = BlockScaleFor(amax);
+    if (bs.inv == 0.0f) {
+      alignas(64) float x[kQueryBlock];
+      for (int v = 0; v < BV; ++v) T::Store(x + v * W, a[v]);
+      return QuantizeInt8Block(x, codes);
+    }
+  }
+  const typename T::V inv = T::Bcast(bs.inv);
+  typename T::IV sum = T::ZeroI();
+  for (int v = 0; v < BV; ++v) {
+    const typename T::IV r = T::ClampI127(T::CvtRound(T::Mul(a[v], inv)));
+    T::StoreI8(codes + v * W, r);
+    sum = T::AddI(sum, r);
+  }
+  return {bs.scale, T::ReduceAddI(sum)};
+}
+
 // QuantizeQueries, vectorised, the same bits: the same maximum, exponent, roundings and code
-// sum; the float sum keeps the rule's left-to-right order. Codes go to Int8QueryCodeIndex's
-// order: within each 8 values, the even ones then the odd ones (one byte shuffle per 16). A
-// block whose codes need ldexp takes the scalar function.
+// sum (QuantizeBlockT); the float sum keeps the rule's left-to-right order. Codes go to
+// Int8QueryCodeIndex's order: within each 8 values, the even ones then the odd ones (one byte
+// shuffle per 16).
 template <class T>
 void QuantizeQueriesT(const float* q, int64_t nq, int64_t hd, int8_t* codes, float* scales, float* sums,
                       int32_t* code_sums) {
@@ -134,40 +160,23 @@ void QuantizeQueriesT(const float* q, int64_t nq, int64_t hd, int8_t* codes, flo
       }
       float sum = 0.0f;
       for (int64_t j = 0; j < kQueryBlock; ++j) sum += x[j];
-      const float amax = T::ReduceMax(vmax);
-      Int8BlockScale bs{0, 0.0f, 0.0f};  // all zero: codes 0, scale 0
-      if (amax > 0.0f) {
-        bs = BlockScaleFor(amax);
-        if (bs.inv == 0.0f) {  // codes need ldexp: the scalar rule for this block
-          QuantizeQueries(x, 1, kQueryBlock, out, scales + at, sums + at, code_sums + at);
-          continue;
-        }
-      }
       alignas(32) int8_t natural[kQueryBlock];
-      typename T::IV code_sum = T::ZeroI();
-      for (int k = 0; k < BV; ++k) {
-        const typename T::IV r = T::ClampI127(T::CvtRound(T::Mul(v[k], T::Bcast(bs.inv))));
-        T::StoreI8(natural + k * W, r);
-        code_sum = T::AddI(code_sum, r);
-      }
+      const QuantizedBlock qb = QuantizeBlockT<T>(v, T::ReduceMax(vmax), natural);
       for (int h = 0; h < 2; ++h) {
         const __m128i n16 = _mm_load_si128(reinterpret_cast<const __m128i*>(natural + 16 * h));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * h), _mm_shuffle_epi8(n16, evens_then_odds));
       }
-      scales[at] = bs.scale;
+      scales[at] = qb.scale;
       sums[at] = sum;
-      code_sums[at] = T::ReduceAddI(code_sum);
+      code_sums[at] = qb.code_sum;
     }
   }
 }
 
 // QuantizeChunkQuery, vectorised, the same bits: the same products, the same 16 partial sums
-// reduced in the same order, the same exponents and roundings (the vector conversion rounds half
-// to even as the scalar add-and-subtract does, and the scales come from BlockScaleFor). m8 =
-// m + 8 * d per channel. A block whose codes need ldexp takes the scalar function for the query.
+// reduced in the same order, each block quantized by QuantizeBlockT. m8 = m + 8 * d per channel.
 template <class T>
-void QuantizeChunkQueryT(const float* q, const float* d, const float* m, const float* m8, int64_t hd,
-                         ChunkQueryQ8* out) {
+void QuantizeChunkQueryT(const float* q, const float* d, const float* m8, int64_t hd, ChunkQueryQ8* out) {
   using V = typename T::V;
   constexpr int W = T::W, NV = 16 / W, BV = kQueryBlock / W;
   V lanes[NV];
@@ -183,21 +192,9 @@ void QuantizeChunkQueryT(const float* q, const float* d, const float* m, const f
       a[v] = T::Mul(T::Load(q + c), T::Load(d + c));
       vmax = T::Max(vmax, T::Abs(a[v]));
     }
-    const float amax = T::ReduceMax(vmax);
-    Int8BlockScale bs{0, 0.0f, 0.0f};  // all zero: codes 0, scale 0
-    if (amax > 0.0f) {
-      bs = BlockScaleFor(amax);
-      if (bs.inv == 0.0f) return QuantizeChunkQuery(q, d, m, hd, out);  // codes need ldexp
-    }
-    const V inv = T::Bcast(bs.inv);
-    int32_t sum = 0;
-    for (int v = 0; v < BV; ++v) {
-      const typename T::IV r = T::ClampI127(T::CvtRound(T::Mul(a[v], inv)));
-      T::StoreI8(out->codes + b * kQueryBlock + v * W, r);
-      sum += T::ReduceAddI(r);
-    }
-    out->scales[b] = bs.scale;
-    out->code_sums[b] = sum;
+    const QuantizedBlock qb = QuantizeBlockT<T>(a, T::ReduceMax(vmax), out->codes + b * kQueryBlock);
+    out->scales[b] = qb.scale;
+    out->code_sums[b] = qb.code_sum;
   }
   out->base = base;
 }
@@ -243,7 +240,7 @@ void DotChunksQ8(const KvFormat& f, const KvChunks& k, const float* q, int64_t n
   constexpr int W = T::W, NB = T::kQ8Blocks;
   const int64_t C = f.chunk, record = 4 + C / 2, slice_bytes = k.hd * record, nb = k.hd / kQueryBlock;
   std::vector<ChunkQueryQ8> cq(static_cast<size_t>(nq));
-  alignas(64) float d[kMaxChunkHd], m[kMaxChunkHd], m8[kMaxChunkHd];
+  alignas(64) float d[kMaxChunkHd], m8[kMaxChunkHd];
   int32_t record_off[W];
   for (int r = 0; r < W; ++r) record_off[r] = static_cast<int32_t>(r * record);
   const typename T::IV gather_off = T::LoadOffsets(record_off);
@@ -254,12 +251,11 @@ void DotChunksQ8(const KvFormat& f, const KvChunks& k, const float* q, int64_t n
     // The channels' (f16 d, f16 m) headers, W at a time (hd is a multiple of 32).
     for (int64_t ch = 0; ch < k.hd; ch += W) {
       const typename T::IV dm = T::GatherDwords(slice + ch * record, gather_off);
-      const typename T::V dv = T::HalvesLow(dm), mv = T::HalvesHigh(dm);
+      const typename T::V dv = T::HalvesLow(dm);
       T::Store(d + ch, dv);
-      T::Store(m + ch, mv);
-      T::Store(m8 + ch, T::Add(mv, T::Mul(T::Bcast(8.0f), dv)));
+      T::Store(m8 + ch, T::Add(T::HalvesHigh(dm), T::Mul(T::Bcast(8.0f), dv)));
     }
-    for (int64_t i = 0; i < nq; ++i) QuantizeChunkQueryT<T>(q + i * k.hd, d, m, m8, k.hd, &cq[i]);
+    for (int64_t i = 0; i < nq; ++i) QuantizeChunkQueryT<T>(q + i * k.hd, d, m8, k.hd, &cq[i]);
     const int64_t in_chunk = Min64(C, k.n_tokens - c * C);
     for (int64_t t0 = 0; t0 < in_chunk; t0 += W) {
       const int n_valid = static_cast<int>(Min64(W, in_chunk - t0));
@@ -316,27 +312,9 @@ void QuantizeSpanWeights(const float* w, const float* d, const float* m8, int64_
       V& lane = lanes[v % NL];  // position p + k into lane (p + k) % 16
       lane = T::Select(valid, T::Fma(wv, T::Load(m8 + p), lane), lane);
     }
-    const float amax = T::ReduceMax(vmax);
-    int8_t* k = out->codes + t0;
-    Int8BlockScale bs{0, 0.0f, 0.0f};
-    if (amax > 0.0f) bs = BlockScaleFor(amax);
-    if (amax > 0.0f && bs.inv == 0.0f) {  // codes need ldexp: the scalar rule
-      alignas(64) float x[kQueryBlock];
-      for (int v = 0; v < TV; ++v) T::Store(x + v * W, a[v]);
-      const QuantizedBlock qb = QuantizeInt8Block(x, k);
-      out->scales[t] = qb.scale;
-      out->code_sums[t] = qb.code_sum;
-      continue;
-    }
-    const V inv = T::Bcast(bs.inv);  // 0 for an all-zero tile: codes 0, scale 0
-    typename T::IV sum = T::ZeroI();
-    for (int v = 0; v < TV; ++v) {
-      const typename T::IV r = T::ClampI127(T::CvtRound(T::Mul(a[v], inv)));
-      T::StoreI8(k + v * W, r);
-      sum = T::AddI(sum, r);
-    }
-    out->scales[t] = bs.scale;
-    out->code_sums[t] = T::ReduceAddI(sum);
+    const QuantizedBlock qb = QuantizeBlockT<T>(a, T::ReduceMax(vmax), out->codes + t0);
+    out->scales[t] = qb.scale;
+    out->code_sums[t] = qb.code_sum;
   }
   out->base = T::PairwiseSum16(lanes);
 }

@@ -2,8 +2,8 @@
 // All new tokens of all sequences form one activation matrix of T rows, so every weight matrix
 // is read once per pass; attention runs per sequence over its own KV blocks.
 #include <algorithm>
-#include <functional>
 #include <cmath>
+#include <functional>
 
 #include <spdlog/fmt/fmt.h>
 
