@@ -1,8 +1,8 @@
 // kvfs bench agents: many agents at once. For each agent count, every agent first gets a
 // context of --ctx tokens (not timed, unless --cold; all counts' agents before any timed turn),
-// then all submit a new turn at once (or --stagger-ms apart) and generate -n tokens; reported: system throughput (all generated tokens
-// / wall time), per-agent decode rate and TTFT (median, max), and the same workload run one agent
-// after another for comparison.
+// then all submit a new turn at once (or --stagger-ms apart) and generate -n tokens; reported:
+// system throughput (all generated tokens / wall time), per-agent decode rate and TTFT (median,
+// max), and the same workload run one agent after another for comparison.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -142,6 +142,21 @@ nlohmann::json StaggerFigures(const RunResult& together, const RunResult& serial
   return j;
 }
 
+// The timed turn's text for a new agent: with `cold`, its whole --ctx-token context; else the
+// context is prefilled now (a one-token turn, untimed) and the turn adds kTurnTokens more.
+constexpr int64_t kTurnTokens = 16;
+Result<std::string> SetUpAgent(AgentEngine& e, const Tokenizer& tok, const std::string& name,
+                               const AgentSettings& settings, int64_t ctx, bool cold, int seed) {
+  const std::string context = TextOfTokens(tok, ctx, seed);
+  if (cold) return context;
+  AgentSettings quick = settings;
+  quick.max_tokens = 1;
+  KVFS_RETURN_IF_ERROR(e.SetSettings(name, quick));
+  KVFS_RETURN_IF_ERROR(RunTurnSync(e, name, context).status());
+  KVFS_RETURN_IF_ERROR(e.SetSettings(name, settings));
+  return TextOfTokens(tok, kTurnTokens, seed + 500);
+}
+
 }  // namespace
 
 int BenchAgents(int argc, char** argv) {
@@ -179,7 +194,6 @@ int BenchAgents(int argc, char** argv) {
   settings.sampling.temperature = 0;
   settings.max_tokens = static_cast<int>(n_gen);
   settings.kv = kv;
-  const int64_t n_turn = 16;  // tokens of the timed turn's new text when the context is cached
 
   nlohmann::json rows = nlohmann::json::array();
   double one_agent_throughput = 0;
@@ -211,18 +225,9 @@ int BenchAgents(int argc, char** argv) {
             return Fail("agent setup failed");
           }
           g.agents.push_back(name);
-          const std::string context = TextOfTokens(tok, ctx, static_cast<int>(pass * 1000 + i));
-          if (cold) {
-            g.texts.push_back(context);
-          } else {
-            AgentSettings quick = settings;
-            quick.max_tokens = 1;
-            (void)(*engine)->SetSettings(name, quick);
-            auto setup = RunTurnSync(**engine, name, context);
-            if (!setup.ok()) return Fail(setup.status().message());
-            (void)(*engine)->SetSettings(name, settings);
-            g.texts.push_back(TextOfTokens(tok, n_turn, static_cast<int>(pass * 1000 + i + 500)));
-          }
+          auto text = SetUpAgent(**engine, tok, name, settings, ctx, cold, static_cast<int>(pass * 1000 + i));
+          if (!text.ok()) return Fail(text.status().message());
+          g.texts.push_back(*text);
         }
       }
     }
