@@ -70,26 +70,20 @@ float TileSum(uint wrow, uint t0, uint t1, uint v) {
     precise float a = w[wrow + pos] * F16BitsToF32(KvU16(RowOf(pos) + group_off));
     amax = max(amax, abs(a));
   }
-  int e = 0;
-  if (amax > 0.0) {
-    frexp(amax, e);
-    e -= 7;
-  }
-  const float inv = -e <= 126 ? ldexp(1.0, -e) : 0.0;
+  const int e = Int8ScaleExponent(amax);
   int isum = 0;
   precise float base = 0.0;
   for (uint pos = t0; pos < t1; ++pos) {
     const uint group = RowOf(pos) + group_off;
     const float d = F16BitsToF32(KvU16(group)), m = F16BitsToF32(KvU16(group + 2u));
     precise float a = w[wrow + pos] * d;
-    precise float scaled = inv != 0.0 ? a * inv : ldexp(a, -e);
-    const int code = amax > 0.0 ? int(clamp(roundEven(scaled), -127.0, 127.0)) : 0;
+    const int code = Int8Code(a, amax, e);
     const uint byte_value = KvU8(group + 4u + at / 2u);
     isum += code * (int((at & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u)) - 8);
     precise float m8 = m + 8.0 * d;
     base = fma(w[wrow + pos], m8, base);
   }
-  precise float sum = fma(float(isum), amax > 0.0 ? ldexp(1.0, e) : 0.0, base);
+  precise float sum = fma(float(isum), Int8Scale(amax, e), base);
   return sum;
 }
 

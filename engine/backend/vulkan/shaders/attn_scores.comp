@@ -58,20 +58,14 @@ void QuantizeQueryBlocks(uint tid) {
       amax = max(amax, abs(hvec[32u * b + j]));
       sum += hvec[32u * b + j];
     }
-    int e = 0;
-    if (amax > 0.0) {
-      frexp(amax, e);
-      e -= 7;
-    }
-    const float inv = -e <= 126 ? ldexp(1.0, -e) : 0.0;
+    const int e = Int8ScaleExponent(amax);
     int code_sum = 0;
     for (uint j = 0u; j < 32u; ++j) {
-      precise float scaled = inv != 0.0 ? hvec[32u * b + j] * inv : ldexp(hvec[32u * b + j], -e);
-      const int code = amax > 0.0 ? int(clamp(roundEven(scaled), -127.0, 127.0)) : 0;
+      const int code = Int8Code(hvec[32u * b + j], amax, e);
       qcode[32u * b + j] = code;
       code_sum += code;
     }
-    qscale[b] = amax > 0.0 ? ldexp(1.0, e) : 0.0;
+    qscale[b] = Int8Scale(amax, e);
     qsum[b] = sum;
     qcode_sum[b] = code_sum;
   }

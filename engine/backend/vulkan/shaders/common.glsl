@@ -54,3 +54,23 @@ float ExpPoly(float x) {
   precise float r = j * uintBitsToFloat(uint(n1 + 127) << 23) * uintBitsToFloat(uint(n2 + 127) << 23);
   return n < -192.0 ? 0.0 : (n > 192.0 ? uintBitsToFloat(0x7F800000u) : r);
 }
+
+// Int8 blocks with a power-of-two scale, as the CPU backend's integer attention paths make them
+// (engine/backend/cpu/attention.h: BlockScaleFor, QuantizeInt8Block): for a block whose largest
+// magnitude is amax, the scale is 2^e (0 for an all-zero block) and x's code is x / 2^e rounded
+// half to even, clamped to [-127, 127]. Exact arithmetic, so every implementation agrees.
+int Int8ScaleExponent(float amax) {
+  int e = 0;
+  if (amax > 0.0) {
+    frexp(amax, e);
+    e -= 7;
+  }
+  return e;
+}
+float Int8Scale(float amax, int e) { return amax > 0.0 ? ldexp(1.0, e) : 0.0; }
+int Int8Code(float x, float amax, int e) {
+  if (!(amax > 0.0)) return 0;
+  const float inv = -e <= 126 ? ldexp(1.0, -e) : 0.0;
+  precise float scaled = inv != 0.0 ? x * inv : ldexp(x, -e);
+  return int(clamp(roundEven(scaled), -127.0, 127.0));
+}
