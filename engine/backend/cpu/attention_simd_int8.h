@@ -116,16 +116,19 @@ void DotRowsQ8(const KvFormat& f, const KvRows& k, const Int8Queries& q, int64_t
 // add-and-subtract does, the scale comes from BlockScaleFor; a block whose codes need ldexp
 // takes the scalar function.
 template <class T>
-QuantizedBlock QuantizeBlockT(const typename T::V* a, float amax, int8_t* codes) {
+[[gnu::noinline]] QuantizedBlock QuantizeBlockScalar(const typename T::V* a, int8_t* codes) {
+  constexpr int W = T::W, BV = static_cast<int>(kQueryBlock) / W;
+  alignas(64) float x[kQueryBlock];
+  for (int v = 0; v < BV; ++v) T::Store(x + v * W, a[v]);
+  return QuantizeInt8Block(x, codes);
+}
+template <class T>
+[[gnu::always_inline]] inline QuantizedBlock QuantizeBlockT(const typename T::V* a, float amax, int8_t* codes) {
   constexpr int W = T::W, BV = static_cast<int>(kQueryBlock) / W;
   Int8BlockScale bs{0, 0.0f, 0.0f};  // all zero: codes 0 (inv 0), scale 0
   if (amax > 0.0f) {
     bs = BlockScaleFor(amax);
-    if (bs.inv == 0.0f) {
-      alignas(64) float x[kQueryBlock];
-      for (int v = 0; v < BV; ++v) T::Store(x + v * W, a[v]);
-      return QuantizeInt8Block(x, codes);
-    }
+    if (bs.inv == 0.0f) [[unlikely]] return QuantizeBlockScalar<T>(a, codes);
   }
   const typename T::V inv = T::Bcast(bs.inv);
   typename T::IV sum = T::ZeroI();
