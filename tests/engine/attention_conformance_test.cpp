@@ -579,6 +579,36 @@ TEST_P(AttentionConformanceTest, TinyInt8WeightsMatchScalar) {
   }
 }
 
+// The SIMD tables sum q4 values with unsigned weight codes, which holds while every a_p = w_p d_p
+// is >= 0 (softmax weights, scales from our encoder); a span with a negative weight or a negative
+// group scale (a foreign cache) takes the scalar code. Both cases, in some spans and not others,
+// must still agree bit for bit with the scalar table.
+TEST_P(AttentionConformanceTest, NegativeInt8WeightsMatchScalar) {
+  const AttentionKernels* table = AttentionKernelsByName(GetParam());
+  if (table == nullptr) GTEST_SKIP() << "attention table " << GetParam() << " not supported by this CPU";
+  const Geometry g = kGeometries[2];  // tinyllama's rows
+  const KvFormat f = Format(KvType::kQ4, g);
+  ASSERT_TRUE(ValuesUseInt8Weights(f, g.hd));
+  std::mt19937 rng(5);
+  const int64_t n_rows = 300, nq = 5, row_bytes = f.RowBytes(g.hd * g.n_heads);
+  std::vector<uint8_t> rows = MakeRows(f, g, n_rows, rng);
+  // Row 140 (second span): every group's scale made negative (f16 sign bit).
+  for (int64_t v0 = 0; v0 < g.hd * g.n_heads; v0 += f.group) rows[140 * row_bytes + v0 / f.group * (f.group / 2 + 4) + 1] |= 0x80;
+  std::vector<float> w = RandomVector(nq * n_rows, rng, false);
+  for (int64_t j = 0; j < nq * n_rows; ++j) {
+    w[j] = std::fabs(w[j]) / static_cast<float>(n_rows);
+    // Query 1 has one negative weight in the third span.
+    if (j / n_rows == 1 && j % n_rows == 270) w[j] = -w[j];
+  }
+  for (int64_t head = 0; head < g.n_heads; ++head) {
+    const KvRows kv{rows.data(), row_bytes, n_rows, head, g.hd};
+    std::vector<float> o_ref(nq * g.hd, 0.0f), o_got(nq * g.hd, 0.0f);
+    ScalarAttentionKernels().axpy_rows(f, kv, w.data(), nq, n_rows, o_ref.data());
+    table->axpy_rows(f, kv, w.data(), nq, n_rows, o_got.data());
+    EXPECT_EQ(o_got, o_ref) << "head " << head;
+  }
+}
+
 // Every head of a multi-head row, with the other heads' values very different, so reading the
 // wrong slice or group header cannot pass.
 TEST_P(AttentionConformanceTest, EveryHeadOfARow) {

@@ -38,6 +38,8 @@ struct Avx2 {
   static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V Max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V Min(V a, V b) { return _mm256_min_ps(a, b); }
+  static bool AnyNegative(V x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, Zero(), _CMP_LT_OQ)) != 0; }
   static __m256i Mask(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
   // The first n lanes (n <= 8) of p, zeros after; never reads past p + n.
   static V LoadN(const float* p, int n) { return n == 8 ? Load(p) : _mm256_maskload_ps(p, Mask(n)); }
@@ -81,13 +83,15 @@ struct Avx2 {
   static IV SetI(int32_t x) { return _mm256_set1_epi32(x); }
   static IV AddI(IV a, IV b) { return _mm256_add_epi32(a, b); }
   static V CvtI(IV x) { return _mm256_cvtepi32_ps(x); }
-  // No VNNI: pairs of u8 x s8 products into int16 (15 * 127 * 2 cannot saturate), then pairs of
-  // those into int32.
+  // No VNNI: pairs of u8 x s8 products into int16 (|2 * 15 * 127| and |2 * 127 * 8| cannot
+  // saturate), then pairs of those into int32.
   static IV DotU8S8(IV acc, IV u8, IV s8) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
   }
   static IV LowNibbles(IV x) { return _mm256_and_si256(x, _mm256_set1_epi8(0x0F)); }
   static IV HighNibbles(IV x) { return _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(0x0F)); }
+  // 4-bit codes 0..15 as signed bytes c - 8.
+  static IV CentreCodes(IV x) { return _mm256_sub_epi8(x, _mm256_set1_epi8(8)); }
   // out[k] lane r = dword k of the 16 bytes at p + row_off[r].
   static void LoadRowDwords(const uint8_t* p, const int32_t* row_off, IV out[4]) {
     auto row = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_off[r])); };

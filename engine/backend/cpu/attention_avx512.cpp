@@ -38,6 +38,8 @@ struct Avx512 {
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V Max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V Min(V a, V b) { return _mm512_min_ps(a, b); }
+  static bool AnyNegative(V x) { return _mm512_cmp_ps_mask(x, Zero(), _CMP_LT_OQ) != 0; }
   static __mmask16 Mask(int n) { return static_cast<__mmask16>((1u << n) - 1); }
   // The first n lanes (n <= 16) of p, zeros after; never reads past p + n.
   static V LoadN(const float* p, int n) { return n == 16 ? Load(p) : _mm512_maskz_loadu_ps(Mask(n), p); }
@@ -109,6 +111,8 @@ struct Avx512 {
   static IV DotU8S8(IV acc, IV u8, IV s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
   static IV LowNibbles(IV x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0F)); }
   static IV HighNibbles(IV x) { return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0F)); }
+  // 4-bit codes 0..15 as signed bytes c - 8.
+  static IV CentreCodes(IV x) { return _mm512_sub_epi8(x, _mm512_set1_epi8(8)); }
   // out[k] lane r = dword k of the 16 bytes at p + row_off[r].
   static void LoadRowDwords(const uint8_t* p, const int32_t* row_off, IV out[4]) {
     auto row = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_off[r])); };

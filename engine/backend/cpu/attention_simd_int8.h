@@ -9,7 +9,8 @@
 // in registers at a time), ZeroI, SetI, AddI, CvtI, CvtRound, ClampI127, StoreI8, ReduceAddI,
 // DotU8S8 (acc += 4 u8 x s8 products per lane), Low/HighNibbles, LoadRowDwords, LoadOffsets,
 // GatherDwords, HalvesLow/High, BcastDwords4, BcastDword, ChannelQuad, Abs; for q4 values
-// (AxpyRowsQ8) kAxpyQ8Queries, kAxpyQ8Blocks, InterleaveRows4, InterleaveLanes.
+// (AxpyRowsQ8) kAxpyQ8Queries, kAxpyQ8Blocks, InterleaveRows4, InterleaveLanes, CentreCodes,
+// Min, AnyNegative.
 
 // NBP blocks (b0 .. b0 + NBP) of one panel, every query: scores of block b0 > 0 are added to
 // what the earlier blocks stored. NBP is a compile-time count so the code vectors stay in
@@ -122,7 +123,8 @@ template <class T>
   for (int v = 0; v < BV; ++v) T::Store(x + v * W, a[v]);
   return QuantizeInt8Block(x, codes);
 }
-template <class T>
+// kCodeSum false skips the codes' sum (code_sum is then 0; the value path needs no sum).
+template <class T, bool kCodeSum = true>
 [[gnu::always_inline]] inline QuantizedBlock QuantizeBlockT(const typename T::V* a, float amax, int8_t* codes) {
   constexpr int W = T::W, BV = static_cast<int>(kQueryBlock) / W;
   Int8BlockScale bs{0, 0.0f, 0.0f};  // all zero: codes 0 (inv 0), scale 0
@@ -135,9 +137,9 @@ template <class T>
   for (int v = 0; v < BV; ++v) {
     const typename T::IV r = T::ClampI127(T::CvtRound(T::Mul(a[v], inv)));
     T::StoreI8(codes + v * W, r);
-    sum = T::AddI(sum, r);
+    if constexpr (kCodeSum) sum = T::AddI(sum, r);
   }
-  return {bs.scale, T::ReduceAddI(sum)};
+  return {bs.scale, kCodeSum ? T::ReduceAddI(sum) : 0};
 }
 
 // QuantizeQueries, vectorised, the same bits: the same maximum, exponent, roundings and code
@@ -275,12 +277,16 @@ void DotChunksQ8(const KvFormat& f, const KvChunks& k, const float* q, int64_t n
 // q4 values with int8 weights (attention.h: ValuesUseInt8Weights), span by span:
 //  1. the code bytes of every 4 rows are interleaved (T::InterleaveRows4: lane k of vector n is
 //     byte nW + k of the 4 rows) and split into low nibbles (value 2k of the block at 4
-//     positions) and high ones (value 2k + 1), into an L1 buffer; each group's d and m + 8d per
-//     row go to float arrays;
+//     positions) and high ones (value 2k + 1), centred (c - 8, signed bytes), into an L1
+//     buffer; each group's d and m + 8d per row go to float arrays;
 //  2. per query and group: the weights a_p = w_p d_p quantized per tile, and the base sum;
-//  3. per QN queries x NB blocks: one dpbusd of a code vector against a broadcast dword of 4
-//     positions' weight codes advances W values by 4 positions; each tile's integer sums are
-//     scaled into float accumulators, which the span adds to out.
+//  3. per QN queries x NB blocks: one dpbusd of a broadcast dword of 4 positions' weight codes
+//     (unsigned: softmax weights and q4 scales are >= 0, so the codes are in 0..127) against a
+//     vector of centred codes advances W values by 4 positions: isum = sum k_p (c_p - 8)
+//     directly, with no code sums; each tile's integer sums are scaled into float accumulators,
+//     which the span adds to out.
+// A span where some a_p < 0 (a negative weight, or a negative scale in a foreign cache) would
+// need signed weight codes: that span's queries take the scalar code, which gives the same bits.
 constexpr int kSpanQuads = static_cast<int>(kValueSpan / 4);
 constexpr int kSpanTiles = static_cast<int>(kValueSpan / kQueryBlock);
 constexpr int kMaxValueBlocks = kMaxHd / static_cast<int>(kQueryBlock);
@@ -288,18 +294,18 @@ constexpr int kMaxValueBlocks = kMaxHd / static_cast<int>(kQueryBlock);
 struct SpanWeights {  // one query's weights against one q4 group, over a span
   alignas(64) int8_t codes[kValueSpan];  // k_p, position order
   float scales[kSpanTiles];              // sa per tile
-  int32_t code_sums[kSpanTiles];         // ks per tile
   float base;
 };
 
 // Step 2 for n <= kValueSpan positions: w, d and m8 hold them from position 0 (d and m8 are
-// valid up to n rounded up to W).
+// valid up to n rounded up to W). Returns false when some a_p < 0 (then `out` is not usable).
 template <class T>
-void QuantizeSpanWeights(const float* w, const float* d, const float* m8, int64_t n, SpanWeights* out) {
+bool QuantizeSpanWeights(const float* w, const float* d, const float* m8, int64_t n, SpanWeights* out) {
   using V = typename T::V;
   constexpr int W = T::W, NL = 16 / W, TV = static_cast<int>(kQueryBlock) / W;
   V lanes[NL];
   for (int l = 0; l < NL; ++l) lanes[l] = T::Zero();
+  V amin = T::Zero();
   for (int64_t t0 = 0, t = 0; t0 < n; t0 += kQueryBlock, ++t) {
     V a[TV], vmax = T::Zero();
     for (int v = 0; v < TV; ++v) {
@@ -312,19 +318,19 @@ void QuantizeSpanWeights(const float* w, const float* d, const float* m8, int64_
       const V wv = T::LoadN(w + p, valid);
       a[v] = T::Mul(wv, T::Load(d + p));
       vmax = T::Max(vmax, T::Abs(a[v]));
+      amin = T::Min(amin, a[v]);
       V& lane = lanes[v % NL];  // position p + k into lane (p + k) % 16
       lane = T::Select(valid, T::Fma(wv, T::Load(m8 + p), lane), lane);
     }
-    const QuantizedBlock qb = QuantizeBlockT<T>(a, T::ReduceMax(vmax), out->codes + t0);
-    out->scales[t] = qb.scale;
-    out->code_sums[t] = qb.code_sum;
+    out->scales[t] = QuantizeBlockT<T, false>(a, T::ReduceMax(vmax), out->codes + t0).scale;
   }
   out->base = T::PairwiseSum16(lanes);
+  return !T::AnyNegative(amin);
 }
 
-// Step 3 for QN queries x NB blocks (b0 ..) over n positions: vt holds the span's code vectors,
-// [(quad * nb + block) * NV + 2 * n + h]; sw[q * NB + b] the weights of query q against block
-// b0 + b's group; out[q] the query's output at block b0.
+// Step 3 for QN queries x NB blocks (b0 ..) over n positions: vt holds the span's centred code
+// vectors, [(quad * nb + block) * NV + 2 * n + h]; sw[q * NB + b] the weights of query q against
+// block b0 + b's group; out[q] the query's output at block b0.
 template <class T, int QN, int NB>
 void AccumulateSpanQ8(const typename T::IV* vt, int nb, int b0, int64_t n, const SpanWeights* const* sw,
                       float* const* out) {
@@ -342,8 +348,7 @@ void AccumulateSpanQ8(const typename T::IV* vt, int nb, int b0, int64_t n, const
     IV acc[QN][NB][NV];
     for (int q = 0; q < QN; ++q) {
       for (int b = 0; b < NB; ++b) {
-        const IV init = T::SetI(-8 * sw[q * NB + b]->code_sums[t]);  // centres the value codes
-        for (int j = 0; j < NV; ++j) acc[q][b][j] = init;
+        for (int j = 0; j < NV; ++j) acc[q][b][j] = T::ZeroI();
       }
     }
     for (int64_t quad = t * 8; quad < Min64(quads, t * 8 + 8); ++quad) {
@@ -359,7 +364,7 @@ void AccumulateSpanQ8(const typename T::IV* vt, int nb, int b0, int64_t n, const
       for (int b = 0; b < NB; ++b) {
         for (int j = 0; j < NV; ++j) {
           const IV c = codes[b * NV + j];
-          for (int q = 0; q < QN; ++q) acc[q][b][j] = T::DotU8S8(acc[q][b][j], c, wq[q][b]);
+          for (int q = 0; q < QN; ++q) acc[q][b][j] = T::DotU8S8(acc[q][b][j], wq[q][b], c);
         }
       }
     }
@@ -425,8 +430,8 @@ void AxpyRowsQ8(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, 
         T::InterleaveRows4(at, iv);
         IV* dst = vt + (quad * nb + b) * NV;
         for (int n2 = 0; n2 < NI; ++n2) {
-          dst[2 * n2] = T::LowNibbles(iv[n2]);
-          dst[2 * n2 + 1] = T::HighNibbles(iv[n2]);
+          dst[2 * n2] = T::CentreCodes(T::LowNibbles(iv[n2]));
+          dst[2 * n2 + 1] = T::CentreCodes(T::HighNibbles(iv[n2]));
         }
       }
     }
@@ -443,10 +448,17 @@ void AxpyRowsQ8(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, 
     for (int64_t i0 = 0; i0 < nq; i0 += QN) {
       const int qc = static_cast<int>(Min64(QN, nq - i0));
       // 2. Weights.
+      bool unsigned_codes = true;
       for (int q = 0; q < qc; ++q) {
         for (int b = 0; b < nb; ++b) {
-          if (group_of[b] == b) QuantizeSpanWeights<T>(w + (i0 + q) * ws + s0, d[b], m8[b], n, &sw[q][b]);
+          if (group_of[b] != b) continue;
+          unsigned_codes &= QuantizeSpanWeights<T>(w + (i0 + q) * ws + s0, d[b], m8[b], n, &sw[q][b]);
         }
+      }
+      if (!unsigned_codes) {
+        ScalarAttentionKernels().axpy_rows(f, KvRows{span, v.row_bytes, n, v.head, v.hd}, w + i0 * ws + s0, qc, ws,
+                                           out + i0 * v.hd);
+        continue;
       }
       // 3. Sums, QN x NB at a time where they fill the tile.
       for (int b0 = 0; b0 < nb; b0 += NB) {
