@@ -129,21 +129,45 @@ Candidate NucleusBoundary(const std::vector<Candidate>& cands, double target, st
 
 Sampler::Sampler(const SamplerParams& params) : params_(params), rng_(params.seed) {}
 
+// Greedy decoding without the candidate list (it runs once per agent per decode step, on the
+// engine thread while the workers wait): the argmax of the sanitized, penalised logits, a strict
+// comparison in id order keeping the lowest id among ties, exactly as the candidate path ranks.
+TokenId Sampler::Greedy(std::span<const float> logits, std::span<const TokenId> history) {
+  const size_t n = logits.size();
+  // The penalised ids, sorted and distinct (ApplyRepeatPenalty's set), met in id order below.
+  recent_.clear();
+  const float penalty = params_.repeat_penalty;
+  const int last_n = params_.repeat_last_n;
+  if (penalty > 0.0f && penalty != 1.0f && last_n != 0 && !history.empty()) {
+    const size_t k = last_n < 0 ? history.size() : std::min(history.size(), static_cast<size_t>(last_n));
+    recent_.assign(history.end() - static_cast<ptrdiff_t>(k), history.end());
+    std::sort(recent_.begin(), recent_.end());
+    recent_.erase(std::unique(recent_.begin(), recent_.end()), recent_.end());
+  }
+  auto next_penalised = std::lower_bound(recent_.begin(), recent_.end(), TokenId{0});
+  size_t best = 0;
+  float best_value = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < n; ++i) {
+    float v = Sanitize(logits[i]);
+    if (next_penalised != recent_.end() && static_cast<size_t>(*next_penalised) == i) {
+      v = v <= 0.0f ? v * penalty : v / penalty;
+      ++next_penalised;
+    }
+    if (v > best_value || i == 0) {
+      best = i;
+      best_value = v;
+    }
+  }
+  return static_cast<TokenId>(best);
+}
+
 TokenId Sampler::Sample(std::span<const float> logits, std::span<const TokenId> history) {
   const size_t n = logits.size();
   if (n == 0) return kNoToken;
+  if (params_.temperature <= 0.0f) return Greedy(logits, history);
   candidates_.resize(n);
   for (size_t i = 0; i < n; ++i) candidates_[i] = {Sanitize(logits[i]), static_cast<TokenId>(i)};
   ApplyRepeatPenalty(candidates_, history, params_.repeat_penalty, params_.repeat_last_n, recent_);
-
-  if (params_.temperature <= 0.0f) {
-    // Argmax; a strict comparison in id order keeps the lowest id among ties.
-    size_t best = 0;
-    for (size_t i = 1; i < n; ++i) {
-      if (candidates_[i].first > candidates_[best].first) best = i;
-    }
-    return candidates_[best].second;
-  }
 
   // Top-k by a bounded heap whose front is the worst kept candidate: one comparison rejects
   // almost every token, so this is O(n) in practice and O(n log k) at worst, several times

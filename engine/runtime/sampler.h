@@ -33,6 +33,8 @@ class Sampler {
   const SamplerParams& params() const { return params_; }
 
  private:
+  TokenId Greedy(std::span<const float> logits, std::span<const TokenId> history);
+
   SamplerParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, TokenId>> candidates_;  // scratch

@@ -270,6 +270,27 @@ TEST(Sampler, RepetitionPenaltyChangesTheWinner) {
   EXPECT_EQ(Sampler(sp).Sample(pos, std::vector<TokenId>{0}), 0);
 }
 
+// Greedy decoding has its own argmax (no candidate list); top-k 1 at temperature 1 ranks through
+// the candidate path. Both must pick the same token with penalties, NaN, infinities and ties.
+TEST(Sampler, GreedyMatchesTheCandidatePath) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> logits = RandomLogits(300, static_cast<uint64_t>(trial));
+    for (float& x : logits) x = std::round(x * 2.0f) / 2.0f;  // many ties
+    if (trial % 4 == 1) logits[rng() % 300] = nan;
+    if (trial % 4 == 2) logits[rng() % 300] = inf;
+    if (trial % 4 == 3) logits[0] = nan;
+    std::vector<TokenId> history;
+    for (int i = 0; i < 40; ++i) history.push_back(static_cast<TokenId>(static_cast<int>(rng() % 330) - 10));
+    SamplerParams greedy = Params(0.0f, 0, 1.0f, 0.0f), top1 = Params(1.0f, 1, 1.0f, 0.0f);
+    greedy.repeat_penalty = top1.repeat_penalty = trial % 3 == 0 ? 1.0f : 1.3f;
+    greedy.repeat_last_n = top1.repeat_last_n = trial % 5 == 0 ? -1 : 16;
+    EXPECT_EQ(Sampler(greedy).Sample(logits, history), Sampler(top1).Sample(logits, history)) << "trial " << trial;
+  }
+}
+
 TEST(Sampler, DegenerateLogits) {
   Sampler s(Params(1.0f, 0, 1.0f, 0.0f));
   EXPECT_EQ(s.Sample({}, {}), kNoToken);
