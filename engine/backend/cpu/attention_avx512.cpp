@@ -53,6 +53,29 @@ struct Avx512 {
     const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
     return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
   }
+  // PairwiseSum16 of 16 vectors at once (the same additions, so the same bits): sums[k] = that
+  // of e[k]. Each level adds the upper half of every vector's active lanes to the lower half,
+  // packing two vectors' results into one, so 16 reductions cost 15 adds and 30 shuffles
+  // instead of 64 dependent steps.
+  static void PairwiseSums16x16(const V* e, float* sums) {
+    V a[8], b[4], c[2];
+    for (int k = 0; k < 8; ++k) {  // lanes[l] += lanes[l + 8]: [e_2k | e_2k+1] halves
+      a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(e[2 * k], e[2 * k + 1], 0x44),
+                           _mm512_shuffle_f32x4(e[2 * k], e[2 * k + 1], 0xEE));
+    }
+    for (int k = 0; k < 4; ++k) {  // += lanes[l + 4]: 128-bit lane j of b[k] is vector 4k + j
+      b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x88),
+                           _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xDD));
+    }
+    for (int k = 0; k < 2; ++k) {  // += lanes[l + 2]: lane j holds vectors 8k + j, 8k + 4 + j
+      c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0x44),
+                           _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0xEE));
+    }
+    // += lanes[l + 1]: element i of 128-bit lane j is the sum of vector 4i + j.
+    const V d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(sums, _mm512_permutexvar_ps(order, d));
+  }
   // One Hadamard stage of span len (1, 2, 4, 8) inside the vector: lane i gets x[i] + x[i + len]
   // where bit len of i is clear, x[i - len] - x[i] where it is set.
   static V Butterfly(V x, int len) {

@@ -375,7 +375,21 @@ void SoftmaxRow(float* s, int64_t n, int64_t n_total, float scale, bool round_f1
   const V m = T::Bcast(T::ReduceMax(vmax));
   // Pass 2: exponentials and their sum, in the reference's chunks of 16.
   double sum = 0.0;
-  for (int64_t i = 0; i < n; i += 16) {
+  int64_t i = 0;
+  if constexpr (T::W == 16) {
+    // 16 chunks at a time: their pairwise sums reduced together, then added in order.
+    for (; i + 256 <= n; i += 256) {
+      V e[16];
+      for (int k = 0; k < 16; ++k) {
+        e[k] = T::Exp(T::Sub(T::Load(s + i + 16 * k), m));
+        T::Store(s + i + 16 * k, e[k]);
+      }
+      alignas(64) float chunk_sums[16];
+      T::PairwiseSums16x16(e, chunk_sums);
+      for (float c : chunk_sums) sum += static_cast<double>(c);
+    }
+  }
+  for (; i < n; i += 16) {
     V e[16 / W];
     for (int k = 0; k < 16 / W; ++k) {
       const int64_t off = i + k * W;
