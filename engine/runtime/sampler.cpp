@@ -145,6 +145,29 @@ TokenId Sampler::Greedy(std::span<const float> logits, std::span<const TokenId> 
     recent_.erase(std::unique(recent_.begin(), recent_.end()), recent_.end());
   }
   auto next_penalised = std::lower_bound(recent_.begin(), recent_.end(), TokenId{0});
+  if (next_penalised == recent_.end()) {
+    // No penalty: the largest sanitized value in a branch-free pass, then its first id. A NaN
+    // never wins a > comparison (Sanitize's -inf) and +inf counts as the largest float.
+    // Eight running maxima (one chain would wait on every comparison's latency), then the first
+    // id holding the maximum. A NaN never wins a > comparison and never equals (Sanitize's -inf);
+    // +inf is clamped to the largest float, as Sanitize does.
+    constexpr float kMax = std::numeric_limits<float>::max();
+    auto clamped = [&](size_t i) { return std::min(logits[i], kMax); };
+    std::array<float, 8> tops;
+    tops.fill(-std::numeric_limits<float>::infinity());
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      for (size_t k = 0; k < 8; ++k) tops[k] = clamped(i + k) > tops[k] ? clamped(i + k) : tops[k];
+    }
+    for (; i < n; ++i) tops[0] = clamped(i) > tops[0] ? clamped(i) : tops[0];
+    float top = tops[0];
+    for (float t : tops) top = t > top ? t : top;
+    if (top == -std::numeric_limits<float>::infinity()) return 0;  // every logit NaN or -inf
+    for (size_t j = 0; j < n; ++j) {
+      if (clamped(j) == top) return static_cast<TokenId>(j);
+    }
+    return 0;  // not reached: top is one of the clamped logits
+  }
   size_t best = 0;
   float best_value = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < n; ++i) {

@@ -275,6 +275,15 @@ TEST(Sampler, RepetitionPenaltyChangesTheWinner) {
 TEST(Sampler, GreedyMatchesTheCandidatePath) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
+  for (const std::vector<float>& degenerate : std::vector<std::vector<float>>{
+           {nan, nan, nan}, {nan, -inf, -inf}, {-inf, nan}, {nan, inf, 3.0f, inf}, {-inf, -inf, 2.0f}}) {
+    for (float penalty : {1.0f, 1.3f}) {
+      SamplerParams greedy = Params(0.0f, 0, 1.0f, 0.0f), top1 = Params(1.0f, 1, 1.0f, 0.0f);
+      greedy.repeat_penalty = top1.repeat_penalty = penalty;
+      const std::vector<TokenId> history = {1};
+      EXPECT_EQ(Sampler(greedy).Sample(degenerate, history), Sampler(top1).Sample(degenerate, history));
+    }
+  }
   std::mt19937 rng(17);
   for (int trial = 0; trial < 200; ++trial) {
     std::vector<float> logits = RandomLogits(300, static_cast<uint64_t>(trial));
