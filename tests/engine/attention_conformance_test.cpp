@@ -609,6 +609,40 @@ TEST_P(AttentionConformanceTest, NegativeInt8WeightsMatchScalar) {
   }
 }
 
+// A weighted sum with one weight of 1 (the others 0) is one row's values, exactly: the float
+// paths decode a row with the operations of KvDequantize (f16, q8, q4k: d = D sc, m = M mn,
+// m + d q), so each table must reproduce its bits, whichever way it unpacks (q4k: AVX-512 by
+// whole quads). q4 values take the integer path, whose weights are quantized, so they are not
+// part of this.
+TEST_P(AttentionConformanceTest, OneHotWeightsDecodeRowsExactly) {
+  const AttentionKernels* table = AttentionKernelsByName(GetParam());
+  if (table == nullptr) GTEST_SKIP() << "attention table " << GetParam() << " not supported by this CPU";
+  std::mt19937 rng(8);
+  int64_t checked = 0;
+  for (const Geometry& g : kGeometries) {
+    for (KvType type : {KvType::kF16, KvType::kQ8, KvType::kQ4K}) {
+      const KvFormat f = Format(type, g);
+      const int64_t n = g.hd * g.n_heads, n_rows = 40, row_bytes = f.RowBytes(n);
+      const std::vector<uint8_t> rows = MakeRows(f, g, n_rows, rng);
+      for (int64_t head = 0; head < g.n_heads; ++head) {
+        for (int64_t p : {int64_t{0}, int64_t{17}, n_rows - 1}) {
+          std::vector<float> w(n_rows, 0.0f), out(g.hd, 0.0f), want(g.hd);
+          w[p] = 1.0f;
+          table->axpy_rows(f, KvRows{rows.data(), row_bytes, n_rows, head, g.hd}, w.data(), 1, n_rows, out.data());
+          KvDequantize(f, rows.data() + p * row_bytes, head * g.hd, g.hd, want.data());
+          for (int64_t j = 0; j < g.hd; ++j) {
+            ASSERT_EQ(std::memcmp(&out[j], &want[j], sizeof(float)), 0)
+                << TypeName(type) << " " << g.label << " head " << head << " row " << p << " value " << j << ": "
+                << out[j] << " vs " << want[j];
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 // Every head of a multi-head row, with the other heads' values very different, so reading the
 // wrong slice or group header cannot pass.
 TEST_P(AttentionConformanceTest, EveryHeadOfARow) {

@@ -126,6 +126,9 @@ struct Avx2 {
     out[2] = _mm256_shuffle_epi32(x, 0xAA);
     out[3] = _mm256_shuffle_epi32(x, 0xFF);
   }
+  // q4k V rows: sub-block by sub-block (DecodeChunkQ4k); AVX-512 decodes whole quads.
+  static constexpr bool kQ4kQuads = false;
+
   // q4 values (AxpyRowsQ8): one query x one block of 32 values = 4 integer and 4 float accumulators.
   static constexpr int kAxpyQ8Queries = 1;
   static constexpr int kAxpyQ8Blocks = 1;

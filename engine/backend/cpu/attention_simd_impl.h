@@ -320,6 +320,9 @@ void AxpyRows(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, in
   const int64_t block = kAxpyBlockFloats / v.hd;  // >= 16 rows
   const int64_t qt = BalancedTile(nq, T::kAxpyQ);
   const Slice slice = SliceOf<T>(f, chunks, n_chunks);
+  // q4k with sub-blocks of 16 and whole quads per head: the table may decode a quad at once.
+  const bool quads = K == KvType::kQ4K && f.group == 16 && v.hd % 64 == 0;
+  const int64_t first_quad = v.head * v.hd / 64;
   for (int64_t p0 = 0; p0 < v.n_rows; p0 += block) {
     const int64_t n = Min64(block, v.n_rows - p0);
     for (int64_t p = 0; p < n; ++p) {
@@ -327,6 +330,14 @@ void AxpyRows(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, in
       if (p0 + p + kPrefetchRows < v.n_rows) PrefetchSlice(row + kPrefetchRows * v.row_bytes, slice);
       if constexpr (K == KvType::kQ4K) {
         const float D = HalfToFloat(row), M = HalfToFloat(row + 2);
+        if constexpr (T::kQ4kQuads) {
+          if (quads) {
+            for (int64_t qd = 0; qd < v.hd / 64; ++qd) {
+              T::DecodeQuadQ4k(row + Q4kFieldsOffset(16, 4 * (first_quad + qd)), D, M, vf + p * v.hd + 64 * qd);
+            }
+            continue;
+          }
+        }
         for (int c = 0; c < n_chunks; ++c) T::Store(vf + p * v.hd + c * W, DecodeChunkQ4k<T>(row, chunks[c], D, M));
       } else if constexpr (K == KvType::kQ4) {
         // The group's scale and minimum once for all its chunks (a head slice is often one
