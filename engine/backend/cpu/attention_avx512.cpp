@@ -16,6 +16,8 @@
 namespace kvfs::cpu {
 namespace {
 
+#include "engine/backend/cpu/attention_q4k_quad.h"
+
 struct Avx512 {
   static constexpr int W = 16;
   // Register tiles: dot 2 panels x 12 queries = 24 accumulators + 2 K vectors; axpy 4 chunks
@@ -129,29 +131,15 @@ struct Avx512 {
   // with the 4 fields and the 32 code bytes unpacked as vectors instead of one sub-block at a time.
   static constexpr bool kQ4kQuads = true;
   static void DecodeQuadQ4k(const uint8_t* fields, float D, float M, float* out) {
-    uint64_t bits;
-    std::memcpy(&bits, fields, 8);  // the 5 field bytes (the quad's codes follow within the row)
-    const __m256i f64 = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(static_cast<int64_t>(bits)),
-                                                           _mm256_setr_epi64x(0, 10, 20, 30)),
-                                         _mm256_set1_epi64x(0x3FF));
-    const __m128i f = _mm256_cvtepi64_epi32(f64);
-    const __m128 sc = _mm_cvtepi32_ps(_mm_and_si128(f, _mm_set1_epi32(31)));
-    const __m128 mn = _mm_cvtepi32_ps(_mm_sub_epi32(_mm_srli_epi32(f, 5), _mm_set1_epi32(15)));
-    const __m512 d = _mm512_castps128_ps512(_mm_mul_ps(_mm_set1_ps(D), sc));
-    const __m512 m = _mm512_castps128_ps512(_mm_mul_ps(_mm_set1_ps(M), mn));
-    // Sub-block k's 8 code bytes are bytes 8k..8k+7; value 2i is byte i's low nibble.
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(fields + 5));
-    const __m256i nib = _mm256_set1_epi8(0x0F);
-    const __m256i lo = _mm256_and_si256(x, nib), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
-    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);  // (0 | 2), (1 | 3)
-    const __m128i q[4] = {_mm256_castsi256_si128(a), _mm256_castsi256_si128(b), _mm256_extracti128_si256(a, 1),
-                          _mm256_extracti128_si256(b, 1)};
+    const Q4kQuad quad = UnpackQ4kQuad(fields, D, M);
+    const __m512 d = _mm512_castps128_ps512(quad.d), m = _mm512_castps128_ps512(quad.m);
     for (int k = 0; k < 4; ++k) {
       const __m512i lane = _mm512_set1_epi32(k);
-      const V qf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q[k]));
+      const V qf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(quad.q[k]));
       Store(out + 16 * k, Add(_mm512_permutexvar_ps(lane, m), Mul(_mm512_permutexvar_ps(lane, d), qf)));
     }
   }
+
 
   // Integer path (DotRowsQ8): 16 lanes of int32, a panel of 16 rows, two blocks in registers.
   using IV = __m512i;
