@@ -49,17 +49,27 @@ double UniformDouble(std::mt19937_64& rng) {
 // entries once: positive logits are divided (less likely), negative multiplied (also less
 // likely). last_n < 0 means the whole history. A penalty <= 0 (or NaN) is ignored: dividing
 // by it would turn logits into infinities.
-void ApplyRepeatPenalty(std::vector<Candidate>& cands, std::span<const TokenId> history,
-                        float penalty, int last_n, std::vector<TokenId>& scratch) {
+// The distinct tokens (sorted) that the penalty applies to: those of the last `last_n` history
+// entries, or none when the penalty is off.
+void PenalisedTokens(std::span<const TokenId> history, float penalty, int last_n, std::vector<TokenId>& out) {
+  out.clear();
   if (!(penalty > 0.0f) || penalty == 1.0f || last_n == 0 || history.empty()) return;
   size_t n = last_n < 0 ? history.size() : std::min(history.size(), static_cast<size_t>(last_n));
-  scratch.assign(history.end() - static_cast<ptrdiff_t>(n), history.end());
-  std::sort(scratch.begin(), scratch.end());
-  scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
+  out.assign(history.end() - static_cast<ptrdiff_t>(n), history.end());
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+}
+
+// The penalised value of a logit: positive ones divided, negative ones multiplied.
+float Penalise(float logit, float penalty) { return logit <= 0.0f ? logit * penalty : logit / penalty; }
+
+void ApplyRepeatPenalty(std::vector<Candidate>& cands, std::span<const TokenId> history,
+                        float penalty, int last_n, std::vector<TokenId>& scratch) {
+  PenalisedTokens(history, penalty, last_n, scratch);
   for (TokenId id : scratch) {
     if (id < 0 || static_cast<size_t>(id) >= cands.size()) continue;  // not in this vocab
     float& logit = cands[static_cast<size_t>(id)].first;  // cands is still in id order here
-    logit = logit <= 0.0f ? logit * penalty : logit / penalty;
+    logit = Penalise(logit, penalty);
   }
 }
 
@@ -134,23 +144,12 @@ Sampler::Sampler(const SamplerParams& params) : params_(params), rng_(params.see
 // comparison in id order keeping the lowest id among ties, exactly as the candidate path ranks.
 TokenId Sampler::Greedy(std::span<const float> logits, std::span<const TokenId> history) {
   const size_t n = logits.size();
-  // The penalised ids, sorted and distinct (ApplyRepeatPenalty's set), met in id order below.
-  recent_.clear();
-  const float penalty = params_.repeat_penalty;
-  const int last_n = params_.repeat_last_n;
-  if (penalty > 0.0f && penalty != 1.0f && last_n != 0 && !history.empty()) {
-    const size_t k = last_n < 0 ? history.size() : std::min(history.size(), static_cast<size_t>(last_n));
-    recent_.assign(history.end() - static_cast<ptrdiff_t>(k), history.end());
-    std::sort(recent_.begin(), recent_.end());
-    recent_.erase(std::unique(recent_.begin(), recent_.end()), recent_.end());
-  }
+  PenalisedTokens(history, params_.repeat_penalty, params_.repeat_last_n, recent_);  // met in id order below
   auto next_penalised = std::lower_bound(recent_.begin(), recent_.end(), TokenId{0});
   if (next_penalised == recent_.end()) {
-    // No penalty: the largest sanitized value in a branch-free pass, then its first id. A NaN
-    // never wins a > comparison (Sanitize's -inf) and +inf counts as the largest float.
-    // Eight running maxima (one chain would wait on every comparison's latency), then the first
-    // id holding the maximum. A NaN never wins a > comparison and never equals (Sanitize's -inf);
-    // +inf is clamped to the largest float, as Sanitize does.
+    // No penalty: eight running maxima (one chain would wait on every comparison's latency),
+    // then the first id holding the maximum. A NaN never wins a > comparison and never equals
+    // (Sanitize's -inf); +inf is clamped to the largest float, as Sanitize does.
     constexpr float kMax = std::numeric_limits<float>::max();
     auto clamped = [&](size_t i) { return std::min(logits[i], kMax); };
     std::array<float, 8> tops;
@@ -173,7 +172,7 @@ TokenId Sampler::Greedy(std::span<const float> logits, std::span<const TokenId> 
   for (size_t i = 0; i < n; ++i) {
     float v = Sanitize(logits[i]);
     if (next_penalised != recent_.end() && static_cast<size_t>(*next_penalised) == i) {
-      v = v <= 0.0f ? v * penalty : v / penalty;
+      v = Penalise(v, params_.repeat_penalty);
       ++next_penalised;
     }
     if (v > best_value || i == 0) {

@@ -554,6 +554,19 @@ TEST_P(AttentionConformanceTest, QuantizeQueriesMatchesScalar) {
   }
 }
 
+// The table's weighted sum of every head of `rows` (weights w: nq x n_rows) equals the scalar
+// table's bit for bit.
+void ExpectAxpyBitsOfScalar(const AttentionKernels& table, const KvFormat& f, const Geometry& g,
+                            const std::vector<uint8_t>& rows, const std::vector<float>& w, int64_t nq, int64_t n_rows) {
+  for (int64_t head = 0; head < g.n_heads; ++head) {
+    const KvRows kv{rows.data(), f.RowBytes(g.hd * g.n_heads), n_rows, head, g.hd};
+    std::vector<float> o_ref(nq * g.hd, 0.0f), o_got(nq * g.hd, 0.0f);
+    ScalarAttentionKernels().axpy_rows(f, kv, w.data(), nq, n_rows, o_ref.data());
+    table.axpy_rows(f, kv, w.data(), nq, n_rows, o_got.data());
+    EXPECT_EQ(o_got, o_ref) << table.name << " head " << head;
+  }
+}
+
 // Weights so small that their quantization scale is not a normal float: the SIMD tables must
 // take the scalar rule's ldexp codes there and agree bit for bit.
 TEST_P(AttentionConformanceTest, TinyInt8WeightsMatchScalar) {
@@ -570,13 +583,7 @@ TEST_P(AttentionConformanceTest, TinyInt8WeightsMatchScalar) {
     const int64_t tile = (j % n_rows) / kQueryBlock;
     w[j] = std::fabs(w[j]) * (tile % 3 == 0 ? 1e-39f : tile % 3 == 1 ? 1e-44f : 0.01f);
   }
-  for (int64_t head = 0; head < g.n_heads; ++head) {
-    const KvRows kv{rows.data(), f.RowBytes(g.hd * g.n_heads), n_rows, head, g.hd};
-    std::vector<float> o_ref(nq * g.hd, 0.0f), o_got(nq * g.hd, 0.0f);
-    ScalarAttentionKernels().axpy_rows(f, kv, w.data(), nq, n_rows, o_ref.data());
-    table->axpy_rows(f, kv, w.data(), nq, n_rows, o_got.data());
-    EXPECT_EQ(o_got, o_ref) << "head " << head;
-  }
+  ExpectAxpyBitsOfScalar(*table, f, g, rows, w, nq, n_rows);
 }
 
 // The SIMD tables sum q4 values with unsigned weight codes, which holds while every a_p = w_p d_p
@@ -600,19 +607,13 @@ TEST_P(AttentionConformanceTest, NegativeInt8WeightsMatchScalar) {
     // Query 1 has one negative weight in the third span.
     if (j / n_rows == 1 && j % n_rows == 270) w[j] = -w[j];
   }
-  for (int64_t head = 0; head < g.n_heads; ++head) {
-    const KvRows kv{rows.data(), row_bytes, n_rows, head, g.hd};
-    std::vector<float> o_ref(nq * g.hd, 0.0f), o_got(nq * g.hd, 0.0f);
-    ScalarAttentionKernels().axpy_rows(f, kv, w.data(), nq, n_rows, o_ref.data());
-    table->axpy_rows(f, kv, w.data(), nq, n_rows, o_got.data());
-    EXPECT_EQ(o_got, o_ref) << "head " << head;
-  }
+  ExpectAxpyBitsOfScalar(*table, f, g, rows, w, nq, n_rows);
 }
 
 // A weighted sum with one weight of 1 (the others 0) is one row's values, exactly: the float
 // paths decode a row with the operations of KvDequantize (f16, q8, q4k: d = D sc, m = M mn,
-// m + d q), so each table must reproduce its bits, whichever way it unpacks (q4k: AVX-512 by
-// whole quads). q4 values take the integer path, whose weights are quantized, so they are not
+// m + d q), so each table must reproduce its bits, whichever way it unpacks (q4k: a whole quad
+// at a time on AVX2 and AVX-512). q4 values take the integer path, whose weights are quantized, so they are not
 // part of this.
 TEST_P(AttentionConformanceTest, OneHotWeightsDecodeRowsExactly) {
   const AttentionKernels* table = AttentionKernelsByName(GetParam());

@@ -281,7 +281,6 @@ void DotChunksQ8(const KvFormat& f, const KvChunks& k, const float* q, int64_t n
   }
 }
 
-
 // q4 values with int8 weights (attention.h: ValuesUseInt8Weights), span by span:
 //  1. the code bytes of every 4 rows are interleaved (T::InterleaveRows4: lane k of vector n is
 //     byte nW + k of the 4 rows) and split into low nibbles (value 2k of the block at 4
