@@ -163,6 +163,8 @@ struct Avx2 {
     std::memcpy(&x, p, 4);
     return _mm256_set1_epi32(x);
   }
+  // DotU8S8 against the dword at p in every lane.
+  static IV DotU8S8Dword(IV acc, IV u8, const int8_t* p) { return DotU8S8(acc, u8, BcastDword(p)); }
   // (first, second) = lo[0], hi[0], lo[1], hi[1], ..., lo[7], hi[7].
   static void InterleaveLanes(V lo, V hi, V* first, V* second) {
     const V a = _mm256_unpacklo_ps(lo, hi), b = _mm256_unpackhi_ps(lo, hi);  // per 128-bit lane

@@ -149,6 +149,13 @@ struct Avx512 {
   static IV AddI(IV a, IV b) { return _mm512_add_epi32(a, b); }
   static V CvtI(IV x) { return _mm512_cvtepi32_ps(x); }
   static IV DotU8S8(IV acc, IV u8, IV s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
+  // DotU8S8 against the dword at p in every lane, the broadcast embedded in the instruction
+  // (GCC 12 emits a separate vpbroadcastd, which takes a vector-pipe slot on Zen 5; see
+  // DpbusdBroadcast in kernels_avx512_packed.cpp). Decode steps of 8 agents 0.3-0.9% faster.
+  static IV DotU8S8Dword(IV acc, IV u8, const int8_t* p) {
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u8), "m"(*reinterpret_cast<const int32_t*>(p)));
+    return acc;
+  }
   static IV LowNibbles(IV x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0F)); }
   static IV HighNibbles(IV x) { return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0F)); }
   // 4-bit codes 0..15 as signed bytes c - 8.

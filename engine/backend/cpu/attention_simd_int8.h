@@ -7,8 +7,8 @@
 //
 // Traits they need besides the float ones: IV (W int32 lanes), kQ8Blocks (32-value blocks held
 // in registers at a time), ZeroI, SetI, AddI, CvtI, CvtRound, ClampI127, StoreI8, ReduceAddI,
-// DotU8S8 (acc += 4 u8 x s8 products per lane), Low/HighNibbles, LoadRowDwords, LoadOffsets,
-// GatherDwords, HalvesLow/High, BcastDwords4, BcastDword, ChannelQuad, Abs; for q4 values
+// DotU8S8 (acc += 4 u8 x s8 products per lane), DotU8S8Dword (the same against one dword from
+// memory in every lane), Low/HighNibbles, LoadRowDwords, LoadOffsets, GatherDwords, HalvesLow/High, BcastDwords4, BcastDword, ChannelQuad, Abs; for q4 values
 // (AxpyRowsQ8) kAxpyQ8Queries, kAxpyQ8Blocks, InterleaveRows4, InterleaveLanes, CentreCodes,
 // Min, AnyNegative.
 
@@ -46,17 +46,20 @@ void DotPanelQ8(const uint8_t* base, const int32_t* row_off, const typename T::I
     for (int j = 0; j < NBP; ++j) {
       const int64_t b = b0 + j;
       const int8_t* qc = q.codes + i * hd + b * kQueryBlock;
-      IV qd[8];
-      // Half the broadcasts by shuffles, half from memory: each alone bounds the loop (both
-      // compete with dpbusd, the shuffles for the vector pipes, the loads at half its rate).
-      T::BcastDwords4(qc, qd);
-      for (int k = 0; k < 4; ++k) qd[4 + k] = T::BcastDword(qc + 16 + 4 * k);
+      // Steps 0-3 broadcast by shuffles of one 16-byte load, 4-7 from memory (embedded in the
+      // dpbusd where the ISA has it): each alone bounds the loop, both competing with dpbusd.
       // Two chains (half the dpbusd latency); the first starts at -8 x the code sum, which
       // centres the key codes (attention.h).
+      IV qd[4];
+      T::BcastDwords4(qc, qd);
       IV even = T::SetI(-8 * q.code_sums[i * nb + b]), odd = T::ZeroI();
-      for (int w = 0; w < 8; w += 2) {
+      for (int w = 0; w < 4; w += 2) {
         even = T::DotU8S8(even, c[j][w], qd[w]);
         odd = T::DotU8S8(odd, c[j][w + 1], qd[w + 1]);
+      }
+      for (int w = 4; w < 8; w += 2) {
+        even = T::DotU8S8Dword(even, c[j][w], qc + 4 * w);
+        odd = T::DotU8S8Dword(odd, c[j][w + 1], qc + 4 * (w + 1));
       }
       const V isum = T::CvtI(T::AddI(even, odd));
       const V scale = T::Mul(d[j], T::Bcast(q.scales[i * nb + b]));
