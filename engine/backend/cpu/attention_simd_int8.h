@@ -234,13 +234,17 @@ void DotChunkPanelQ8(const uint8_t* slice, int64_t record, int64_t t0, int n_val
     V s = b0 == 0 ? T::Bcast(cq[i].base) : T::LoadN(s_out, n_valid);
     for (int j = 0; j < NBP; ++j) {
       const int64_t b = b0 + j;
-      IV qd[8];
-      T::BcastDwords4(cq[i].codes + b * kQueryBlock, qd);  // half shuffled, half loaded (DotPanelQ8)
-      for (int k = 0; k < 4; ++k) qd[4 + k] = T::BcastDword(cq[i].codes + b * kQueryBlock + 16 + 4 * k);
+      const int8_t* qc = cq[i].codes + b * kQueryBlock;
+      IV qd[4];
+      T::BcastDwords4(qc, qd);  // half shuffled, half from memory (DotPanelQ8)
       IV even = T::SetI(-8 * cq[i].code_sums[b]), odd = T::ZeroI();
-      for (int g = 0; g < 8; g += 2) {
+      for (int g = 0; g < 4; g += 2) {
         even = T::DotU8S8(even, quad[j][g], qd[g]);
         odd = T::DotU8S8(odd, quad[j][g + 1], qd[g + 1]);
+      }
+      for (int g = 4; g < 8; g += 2) {
+        even = T::DotU8S8Dword(even, quad[j][g], qc + 4 * g);
+        odd = T::DotU8S8Dword(odd, quad[j][g + 1], qc + 4 * (g + 1));
       }
       s = T::Fma(T::CvtI(T::AddI(even, odd)), T::Bcast(cq[i].scales[b]), s);
     }
