@@ -8,8 +8,9 @@
 // Traits they need besides the float ones: IV (W int32 lanes), kQ8Blocks (32-value blocks held
 // in registers at a time), ZeroI, SetI, AddI, CvtI, CvtRound, ClampI127, StoreI8, ReduceAddI,
 // DotU8S8 (acc += 4 u8 x s8 products per lane), DotU8S8Dword (the same against one dword from
-// memory in every lane), Low/HighNibbles, LoadRowDwords, LoadOffsets, GatherDwords, HalvesLow/High, BcastDwords4, BcastDword, ChannelQuad, Abs; for q4 values
-// (AxpyRowsQ8) kAxpyQ8Queries, kAxpyQ8Blocks, InterleaveRows4, InterleaveLanes, CentreCodes,
+// memory in every lane), Low/HighNibbles, LoadRowDwords, LoadOffsets, GatherDwords,
+// HalvesLow/High, BcastDwords4, BcastDword, ChannelQuad, Abs; for q4 values (AxpyRowsQ8)
+// kAxpyQ8Queries, kAxpyQ8Blocks, InterleaveRows4, InterleaveLanes, CentreCodes,
 // Min, AnyNegative.
 
 // NBP blocks (b0 .. b0 + NBP) of one panel, every query: scores of block b0 > 0 are added to
