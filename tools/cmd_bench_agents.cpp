@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <future>
 #include <mutex>
@@ -322,9 +323,10 @@ int BenchAgents(int argc, char** argv) {
         if (!args.has("--json")) {
           const std::string ratio =
               decode_ratio.empty() ? std::string("(no overlap)") : fmt::format("{:.2f}x its rate alone", Median(decode_ratio));
-          std::printf("        staggered arrivals, medians: second agent's TTFT %.0f ms below being served after the "
+          const double margin = Median(ttft_margin);  // > 0: the second agent's TTFT is the lower
+          std::printf("        staggered arrivals, medians: second agent's TTFT %.1f ms %s being served after the "
                       "first; first agent's decode while the second prefills %s\n",
-                      Median(ttft_margin), ratio.c_str());
+                      std::fabs(margin), margin > 0 ? "below" : "above", ratio.c_str());
         }
       }
       summary.push_back(entry);
