@@ -324,9 +324,10 @@ TEST(KernelConformance, MatMulTile) {
           worst = std::max(worst, e);
         }
       }
-      // Past the internal blockings: K chunks of 512, token blocks of 128; odd lengths.
+      // Past the internal blockings: K chunks of 512, passes of 128 tokens (a remainder under 64
+      // joins the pass before it: 191 is one pass, 192 two); odd lengths.
       const int64_t n_big = IsFloat(t) ? 1000 : (be == 32 ? 41 * 32 : 5 * 256);
-      for (int64_t tokens : {130, 3}) {
+      for (int64_t tokens : {130, 191, 200, 3}) {
         const double e = TileNmse(*k, t, 37, tokens, n_big, rng);
         EXPECT_LE(e, Bound(t)) << k->name << " " << Name(t) << " big, tokens=" << tokens;
         worst = std::max(worst, e);
@@ -345,7 +346,8 @@ namespace {
 // The packed kernels (weights repacked at load, PackedKernels in kernels.h) against vec_dot of
 // the scalar table on every (row, token), over row ranges that start at a 32-row unit inside
 // the matrix (as CpuBackend's threads call them), with odd block counts, rows that fill no
-// whole group, and token counts through the row passes (1..8, 9..63) and the panels (64+).
+// whole group, and token counts through the row passes (1..8, 9..63) and the panels (64+, one
+// pass up to 191 tokens, then passes of 128).
 // Each token's results must also be bit-identical whatever the number of tokens sharing the
 // call, row passes and panels alike (41 blocks: more than one K chunk of the panels): a batched
 // decode step gives every sequence what it would get alone, and a prompt gives the same logits
@@ -366,12 +368,12 @@ TEST(KernelConformance, PackedMatMul) {
         std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
         uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
         pk.pack(w.data(), rb, n_rows, n, packed);
-        const int64_t max_tokens = 70;
+        const int64_t max_tokens = 200;
         std::vector<uint8_t> q(static_cast<size_t>(qb * max_tokens));
         for (int64_t tok = 0; tok < max_tokens; ++tok) {
           ref.quantize_row[Id(t)](RandomActivations(n, rng).data(), q.data() + tok * qb, n);
         }
-        for (int64_t tokens : {1, 2, 3, 5, 8, 9, 17, 50, 64, 70}) {
+        for (int64_t tokens : {1, 2, 3, 5, 8, 9, 17, 50, 64, 70, 191, 200}) {
           for (int64_t r0 : {int64_t{0}, int64_t{32}}) {
             if (r0 >= n_rows) continue;
             const int64_t rows = n_rows - r0, stride = rows + 3;

@@ -312,6 +312,22 @@ inline int32_t HSumI32(__m512i v) {
 constexpr int kPanelRows = 32;    // two zmm of row lanes
 constexpr int kChunkK = 512;      // elements of K unpacked at a time (codes: 16 KiB, in L1)
 constexpr int kTokenBlock = 128;  // tokens per pass over a panel (activation info on the stack)
+// Tokens of the next pass over a panel when `left` remain: kTokenBlock, but a remainder under
+// half of that joins the pass before it, so a panel is not unpacked again for a few tokens
+// (tinyllama Q4_0, 8 agents each prefilling a 17-token turn over a 1024-token context: one
+// pass of 140 tokens instead of 128 + 12; the two alternated pass by pass in one process,
+// medians of 20 passes: 1.8% and 2.8% faster).
+constexpr int kMaxTokenBlock = kTokenBlock + kTokenBlock / 2 - 1;
+inline int64_t TokensOfPass(int64_t left) { return left <= kMaxTokenBlock ? left : kTokenBlock; }
+
+// Prefetches the bytes [at, at + n) (whole lines), for the next panel's fill: it is a separate
+// run of addresses that the hardware prefetcher does not start on by itself.
+inline void PrefetchBytes(const uint8_t* at, int64_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(at);
+  for (uintptr_t line = a & ~uintptr_t{63}; line < a + static_cast<uintptr_t>(n); line += 64) {
+    asm volatile("prefetcht0 %0" ::"m"(*reinterpret_cast<const uint8_t*>(line)));
+  }
+}
 
 // 16 rows x 8 dwords (ymm per row, 32 codes of a group) -> 8 zmm, zmm j = dword j of rows
 // 0..15 (codes 4j..4j+3 of each row), stored at out + 128 * j (the other 16 rows of the panel

@@ -326,16 +326,24 @@ void KPanelTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, cons
   for (int64_t sb0 = 0; sb0 < nsb_total; sb0 += kSbPerChunk) {
     const int nsb = static_cast<int>(nsb_total - sb0 < kSbPerChunk ? nsb_total - sb0 : kSbPerChunk);
     const bool accumulate = sb0 > 0;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
-      const int64_t nt = n_tokens - t0 < kTokenBlock ? n_tokens - t0 : kTokenBlock;
+    for (int64_t t0 = 0, nt = 0; t0 < n_tokens; t0 += nt) {
+      nt = TokensOfPass(n_tokens - t0);
       const uint8_t* xc = x_quant + t0 * x_row_bytes + sb0 * kQ8KBytes;
       for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
         const int64_t rows = n_rows - r0;
         FillKPanel<F>(w_rows + r0 * w_row_bytes + sb0 * kBlockBytes<F>, w_row_bytes, rows, nsb, panel);
         const __mmask16 m0 = RowMask(rows, 0), m1 = RowMask(rows, 1);
         float* yb = y + t0 * y_stride + r0;
+        // The next panel's rows, a share per 4-token call (see PrefetchBytes). Tinyllama
+        // q4_k_m, this and TokensOfPass against neither, alternated pass by pass in one process:
+        // 512-token turns 8-12% faster, a pass of 8 agents' 17-token turns 17-19%.
+        const int64_t next_rows = rows <= kPanelRows ? 0 : rows - kPanelRows < kPanelRows ? rows - kPanelRows : kPanelRows;
+        const int64_t parts = nt / 4;
         int64_t t = 0;
         for (; t + 4 <= nt; t += 4) {
+          for (int64_t i = next_rows * (t / 4) / parts, end = next_rows * (t / 4 + 1) / parts; i < end; ++i) {
+            PrefetchBytes(w_rows + (r0 + kPanelRows + i) * w_row_bytes + sb0 * kBlockBytes<F>, nsb * kBlockBytes<F>);
+          }
           KPanelTokens<F, 4>(panel, nsb, xc + t * x_row_bytes, x_row_bytes, yb + t * y_stride, y_stride, m0, m1, accumulate);
         }
         const uint8_t* xt = xc + t * x_row_bytes;

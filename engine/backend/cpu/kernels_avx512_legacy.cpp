@@ -418,9 +418,18 @@ void FillPanel(const uint8_t* w, int64_t w_row_bytes, int64_t rows, int ng, Pane
 template <class L>
 void PanelTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant,
                int64_t x_row_bytes, int64_t n_tokens, int64_t nb, float* y, int64_t y_stride) {
-  PanelPasses<L>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, [&](int64_t r0, int64_t g0, int ng, Panel& p) {
+  const auto fill = [&](int64_t r0, int64_t g0, int ng, Panel& p) {
     FillPanel<L>(w_rows + r0 * w_row_bytes + g0 * L::kW, w_row_bytes, n_rows - r0, ng, p);
-  });
+  };
+  // The next panel's rows (up to 32), each a run of ng blocks from block g0: a share of the
+  // rows per call.
+  const auto ahead = [&](int64_t r, int64_t g0, int ng, int part, int parts) {
+    const int64_t n = n_rows - r < kPanelRows ? n_rows - r : kPanelRows;
+    for (int64_t i = n * part / parts, end = n * (part + 1) / parts; i < end; ++i) {
+      PrefetchBytes(w_rows + (r + i) * w_row_bytes + g0 * L::kW, ng * L::kW);
+    }
+  };
+  PanelPasses<L>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, fill, ahead);
 }
 
 template <class L>

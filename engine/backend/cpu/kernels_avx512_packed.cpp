@@ -209,12 +209,22 @@ void FillPanelPacked(const uint8_t* packed, int64_t group0, int64_t n_groups_lef
 
 void PanelRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
                int64_t n_tokens, int64_t nb, float* y, int64_t y_stride) {
-  PanelPasses<FmtQ4_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride,
-                       [&](int64_t r, int64_t g0, int ng, Panel& p) {
-                         const int64_t rows = n_rows - r;
-                         FillPanelPacked(packed, (r0 + r) / kGroupRows, (rows + kGroupRows - 1) / kGroupRows, nb, g0,
-                                         ng, p);
-                       });
+  const auto fill = [&](int64_t r, int64_t g0, int ng, Panel& p) {
+    const int64_t rows = n_rows - r;
+    FillPanelPacked(packed, (r0 + r) / kGroupRows, (rows + kGroupRows - 1) / kGroupRows, nb, g0, ng, p);
+  };
+  // The next panel reads blocks [g0, g0 + ng) of its one or two groups: per group (ng + 1) / 2
+  // pairs of 9 lines from the pair of g0 on (g0 is even).
+  const auto ahead = [&](int64_t r, int64_t g0, int ng, int part, int parts) {
+    const int64_t groups = n_rows - r > kGroupRows ? 2 : 1;
+    const int64_t per_group = (ng + 1) / 2 * 9, lines = groups * per_group;
+    const uint8_t* first = packed + (r0 + r) / kGroupRows * GroupBytes(nb) + g0 / 2 * kPairBytes;
+    for (int64_t i = lines * part / parts, end = lines * (part + 1) / parts; i < end; ++i) {
+      const uint8_t* line = first + (i / per_group) * GroupBytes(nb) + 64 * (i % per_group);
+      asm volatile("prefetcht0 %0" ::"m"(*line));
+    }
+  };
+  PanelPasses<FmtQ4_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, fill, ahead);
 }
 
 // From DRAM (5632 x 2048, 2 threads, `bench_kernels packed_decode_tile_*tok`), rows in passes
