@@ -2,7 +2,8 @@
 //   - callers (FUSE threads): read agent records under mu_, queue turns, post tasks;
 //   - the engine thread: owns every SequenceKv and the backend; runs tasks and the turn
 //     scheduler (one forward pass per step over all running turns: decode tokens of the
-//     generating ones plus a prefill chunk of one prefilling turn, round-robin);
+//     generating ones plus prefill chunks of prefilling turns, shortest remaining first:
+//     prefill_plan.h);
 //   - the store thread: commits manifests, blocks and tails in FIFO order, then completes the
 //     turn (on_done) and marks its blocks persisted (evictable).
 #pragma once
@@ -66,6 +67,7 @@ struct ActiveTurn {
   std::unique_ptr<SequenceKv> seq;
   std::vector<TokenId> context;      // every token of the turn's context (prompt, then fed replies)
   size_t prefill_at = 0;             // next context token to run
+  size_t prefill_waited = 0;         // prefill steps in a row it was passed over (PlanPrefill)
   std::string rendered_prompt;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StopChecker> stop;
@@ -249,7 +251,6 @@ class Engine final : public AgentEngine {
 
   std::vector<std::unique_ptr<ActiveTurn>> active_;  // engine thread
   std::vector<std::unique_ptr<ActiveTurn>> warming_; // engine thread: waiting for their cache load
-  size_t prefill_rr_ = 0;                            // engine thread
   double decode_step_ms_ = 0;                        // engine thread: moving averages of
   double prefill_ms_per_token_ = 0;                  // step costs (SharedPrefillChunk)
   size_t steps_since_decode_only_ = 0;               // engine thread: see Step

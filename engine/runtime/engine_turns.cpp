@@ -8,12 +8,15 @@
 
 #include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
+#include "engine/runtime/prefill_plan.h"
 
 namespace kvfs {
 
 using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
+using engine_internal::PlanPrefill;
+using engine_internal::PrefillWant;
 
 namespace {
 
@@ -313,23 +316,19 @@ void Engine::Step() {
   const bool decode_only =
       !steps.empty() && !prefilling.empty() && (decode_step_ms_ <= 0 || steps_since_decode_only_ >= kDecodeOnlyEvery);
   steps_since_decode_only_ = decode_only || steps.empty() ? 0 : steps_since_decode_only_ + 1;
-  // Prefill: a token budget per step, handed out round-robin from a rotating first turn, so a
-  // long prompt gets what is left and never starves a short one. Short remainders (the new turn
-  // of a cached agent: tens of tokens) are prefilled whole, beyond the shared budget but within
-  // kPrefillChunkAlone per step, so agents that arrive together start decoding together.
-  constexpr size_t kShortPrefill = 64;
+  // Prefill: a token budget per step, shared by PlanPrefill (shortest remaining prompt first,
+  // short remainders whole, no turn passed over for long).
   size_t prefill_tokens = 0;
   if (!prefilling.empty() && !decode_only) {
-    size_t budget = steps.empty() ? kPrefillChunkAlone : SharedPrefillChunk();
-    size_t short_budget = kPrefillChunkAlone;
-    const size_t first = prefill_rr_++ % prefilling.size();
-    for (size_t k = 0; k < prefilling.size() && (budget > 0 || short_budget > 0); ++k) {
-      ActiveTurn* t = prefilling[(first + k) % prefilling.size()];
-      const size_t left = t->context.size() - t->prefill_at;
-      const bool whole = left <= kShortPrefill && left <= short_budget;
-      const size_t n = whole ? left : std::min(budget, left);
-      if (whole) short_budget -= n;
-      budget -= std::min(budget, n);
+    std::vector<PrefillWant> wants;
+    wants.reserve(prefilling.size());
+    for (const ActiveTurn* t : prefilling) wants.push_back({t->context.size() - t->prefill_at, t->prefill_waited});
+    const std::vector<size_t> plan =
+        PlanPrefill(wants, steps.empty() ? kPrefillChunkAlone : SharedPrefillChunk(), kPrefillChunkAlone);
+    for (size_t k = 0; k < prefilling.size(); ++k) {
+      ActiveTurn* t = prefilling[k];
+      const size_t n = plan[k];
+      t->prefill_waited = n > 0 || wants[k].left == 0 ? 0 : t->prefill_waited + 1;
       if (n == 0) continue;
       steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(t->context.data() + t->prefill_at, n), false});
       owners.push_back(t);

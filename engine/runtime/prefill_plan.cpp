@@ -1,0 +1,29 @@
+#include "engine/runtime/prefill_plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace kvfs::engine_internal {
+
+std::vector<size_t> PlanPrefill(std::span<const PrefillWant> wants, size_t budget, size_t short_budget) {
+  std::vector<size_t> order(wants.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  auto starved = [&](size_t i) { return wants[i].waited >= kMaxPrefillWait; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (starved(a) != starved(b)) return starved(a);
+    if (starved(a)) return wants[a].waited > wants[b].waited;
+    return wants[a].left < wants[b].left;
+  });
+  std::vector<size_t> plan(wants.size(), 0);
+  for (size_t i : order) {
+    const size_t left = wants[i].left;
+    const bool whole = left <= kShortPrefill && left <= short_budget;
+    const size_t n = whole ? left : std::min(budget, left);
+    if (whole) short_budget -= n;
+    budget -= std::min(budget, n);
+    plan[i] = n;
+  }
+  return plan;
+}
+
+}  // namespace kvfs::engine_internal
