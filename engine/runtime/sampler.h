@@ -21,6 +21,8 @@ struct SamplerParams {
   float repeat_penalty = 1.0f;  // 1: off. Applied to tokens in the last repeat_last_n
   int repeat_last_n = 64;       // 0: off; < 0: the whole history
   uint64_t seed = 0;
+  // AgentSettings' defaulted == needs it (without it that operator is silently deleted).
+  friend bool operator==(const SamplerParams&, const SamplerParams&) = default;
 };
 
 class Sampler {
