@@ -173,7 +173,11 @@ def stagger_ok():
     if len(rows) != 3 or len(summary) != 1 or not all('stagger' in x for x in rows):
         return False
     margins = sorted(x['stagger']['second_ttft_if_served_after_first_ms'] - x['stagger']['second_ttft_ms'] for x in rows)
-    return abs(summary[0]['stagger_ttft_margin_ms_median'] - margins[1]) < 1e-6
+    delays = sorted(x['stagger']['first_ttft_ms'] - x['stagger']['first_ttft_alone_ms'] for x in rows)
+    if any(x['stagger']['first_ttft_ms'] != x['ttft_ms'][0] for x in rows):
+        return False
+    return (abs(summary[0]['stagger_ttft_margin_ms_median'] - margins[1]) < 1e-6 and
+            abs(summary[0]['stagger_first_ttft_delay_ms_median'] - delays[1]) < 1e-6)
 check('bench agents stagger medians', ok and stagger_ok(), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 r = run(['bench', 'batched', '-m', stories, '--npp', '40', '--ntg', '6', '--npl', '1,3', '-t', '1', '--json'])
 ok = r.returncode == 0
