@@ -331,8 +331,9 @@ int BenchAgents(int argc, char** argv) {
           const double margin = Median(ttft_margin);  // > 0: the second agent's TTFT is the lower
           std::printf("        staggered arrivals, medians: second agent's TTFT %.1f ms %s being served after the "
                       "first; first agent's decode while the second prefills %s; first agent's TTFT %.1f ms "
-                      "above its TTFT alone\n",
-                      std::fabs(margin), margin > 0 ? "below" : "above", ratio.c_str(), Median(first_delay));
+                      "%s its TTFT alone\n",
+                      std::fabs(margin), margin > 0 ? "below" : "above", ratio.c_str(), std::fabs(Median(first_delay)),
+                      Median(first_delay) > 0 ? "above" : "below");
         }
       }
       summary.push_back(entry);

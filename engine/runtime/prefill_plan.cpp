@@ -22,6 +22,9 @@ std::vector<size_t> PlanPrefill(std::span<const PrefillWant> wants, size_t budge
     if (whole) short_budget -= n;
     budget -= std::min(budget, n);
     plan[i] = n;
+    // A prompt that ends in this step ends the step's budget too: other prompts' chunks in the
+    // same pass would only delay its first token (short remainders still join whole).
+    if (n > 0 && n == left) budget = 0;
   }
   return plan;
 }

@@ -19,10 +19,18 @@ std::vector<size_t> Plan(std::vector<PrefillWant> wants, size_t budget, size_t s
 TEST(PrefillPlan, LeastLeftFirst) {
   EXPECT_EQ(Plan({{3300, 0}, {4096, 0}}, 512), (std::vector<size_t>{512, 0}));
   EXPECT_EQ(Plan({{4096, 0}, {3300, 0}}, 512), (std::vector<size_t>{0, 512}));
-  EXPECT_EQ(Plan({{4096, 0}, {300, 0}, {1000, 0}}, 512), (std::vector<size_t>{0, 300, 212}));
+  EXPECT_EQ(Plan({{4096, 0}, {1000, 0}, {600, 0}}, 512), (std::vector<size_t>{0, 0, 512}));
+  // A prompt that ends this step ends the budget: the step stays short for its first token.
+  EXPECT_EQ(Plan({{4096, 0}, {300, 0}, {1000, 0}}, 512), (std::vector<size_t>{0, 300, 0}));
+  EXPECT_EQ(Plan({{1, 0}, {4000, 0}}, 512), (std::vector<size_t>{1, 0}));
+  // The same for a short remainder taken whole; other short remainders still join whole (the
+  // new turns of agents arriving together).
+  EXPECT_EQ(Plan({{17, 0}, {4000, 0}}, 512), (std::vector<size_t>{17, 0}));
+  EXPECT_EQ(Plan({{17, 0}, {4000, 0}, {30, 0}}, 512), (std::vector<size_t>{17, 0, 30}));
   // Ties keep the given (arrival) order.
   EXPECT_EQ(Plan({{700, 0}, {700, 0}}, 512), (std::vector<size_t>{512, 0}));
-  EXPECT_EQ(Plan({{4, 0}, {9, 0}}, 5, 0), (std::vector<size_t>{4, 1}));
+  EXPECT_EQ(Plan({{4, 0}, {9, 0}}, 5, 0), (std::vector<size_t>{4, 0}));
+  EXPECT_EQ(Plan({{9, 0}, {12, 0}}, 5, 0), (std::vector<size_t>{5, 0}));
 }
 
 // Cached agents' new turns (tens of tokens) are taken whole beyond the budget, within the short
@@ -41,7 +49,8 @@ TEST(PrefillPlan, ShortRemaindersWhole) {
 
 // A turn passed over kMaxPrefillWait steps goes first, the longest waiting first.
 TEST(PrefillPlan, LongWaitGoesFirst) {
-  EXPECT_EQ(Plan({{100, 0}, {5000, kMaxPrefillWait - 1}}, 512), (std::vector<size_t>{100, 412}));
+  EXPECT_EQ(Plan({{100, 0}, {5000, kMaxPrefillWait - 1}}, 512), (std::vector<size_t>{100, 0}));
+  EXPECT_EQ(Plan({{600, kMaxPrefillWait}, {5000, kMaxPrefillWait + 1}}, 512), (std::vector<size_t>{0, 512}));
   EXPECT_EQ(Plan({{600, 0}, {5000, kMaxPrefillWait - 1}}, 512), (std::vector<size_t>{512, 0}));
   EXPECT_EQ(Plan({{600, 0}, {5000, kMaxPrefillWait}}, 512), (std::vector<size_t>{0, 512}));
   EXPECT_EQ(Plan({{600, 0}, {5000, kMaxPrefillWait}, {7000, kMaxPrefillWait + 3}}, 512),
