@@ -15,16 +15,18 @@ std::vector<size_t> PlanPrefill(std::span<const PrefillWant> wants, size_t budge
     return wants[a].left < wants[b].left;
   });
   std::vector<size_t> plan(wants.size(), 0);
+  bool one_ends = false;  // some prompt ends in this step
   for (size_t i : order) {
     const size_t left = wants[i].left;
     const bool whole = left <= kShortPrefill && left <= short_budget;
-    const size_t n = whole ? left : std::min(budget, left);
+    size_t n = whole ? left : std::min(budget, left);
+    // Once a prompt ends in this step, others join only if they end in it too: a chunk of a
+    // longer prompt in the same pass would only delay the first tokens.
+    if (one_ends && n < left) n = 0;
     if (whole) short_budget -= n;
     budget -= std::min(budget, n);
     plan[i] = n;
-    // A prompt that ends in this step ends the step's budget too: other prompts' chunks in the
-    // same pass would only delay its first token (short remainders still join whole).
-    if (n > 0 && n == left) budget = 0;
+    one_ends |= n > 0 && n == left;
   }
   return plan;
 }

@@ -34,10 +34,11 @@ constexpr size_t kMaxPrefillWait = 8;
 // order: those passed over kMaxPrefillWait steps or more (the longest waiting first), then the
 // least left first (ties: the given order, which is arrival order). A short remainder
 // (<= kShortPrefill) that fits what is left of `short_budget` is taken whole; any other turn
-// takes what is left of `budget`. Once a turn's prompt ends in the step, nothing is left of
-// `budget` for the turns after it, only short remainders still join whole: in the staggered
-// case the first prompt's last token shared a pass with 511 tokens of the second's, which put
-// ~1 s on the first agent's TTFT. Whole remainders use up `budget` too.
+// takes what is left of `budget`. Once a turn's prompt ends in the step, the turns after it
+// join only if they end in it too (several agents' turns arriving together still start
+// decoding together), never with a partial chunk: in the staggered case the first prompt's
+// last token shared a pass with 511 tokens of the second's, which put ~1 s on the first agent's
+// TTFT. Whole remainders use up `budget` too.
 std::vector<size_t> PlanPrefill(std::span<const PrefillWant> wants, size_t budget, size_t short_budget);
 
 }  // namespace kvfs::engine_internal

@@ -325,9 +325,10 @@ TEST(KernelConformance, MatMulTile) {
         }
       }
       // Past the internal blockings: K chunks of 512, passes of 128 tokens (a remainder under 64
-      // joins the pass before it: 191 is one pass, 192 two); odd lengths.
+      // joins the pass before it: 191 is one pass, 200 two, 259 = 128 + 131 ends in 3 tokens);
+      // odd lengths.
       const int64_t n_big = IsFloat(t) ? 1000 : (be == 32 ? 41 * 32 : 5 * 256);
-      for (int64_t tokens : {130, 191, 200, 3}) {
+      for (int64_t tokens : {130, 191, 200, 259, 3}) {
         const double e = TileNmse(*k, t, 37, tokens, n_big, rng);
         EXPECT_LE(e, Bound(t)) << k->name << " " << Name(t) << " big, tokens=" << tokens;
         worst = std::max(worst, e);

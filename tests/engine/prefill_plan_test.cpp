@@ -20,9 +20,13 @@ TEST(PrefillPlan, LeastLeftFirst) {
   EXPECT_EQ(Plan({{3300, 0}, {4096, 0}}, 512), (std::vector<size_t>{512, 0}));
   EXPECT_EQ(Plan({{4096, 0}, {3300, 0}}, 512), (std::vector<size_t>{0, 512}));
   EXPECT_EQ(Plan({{4096, 0}, {1000, 0}, {600, 0}}, 512), (std::vector<size_t>{0, 0, 512}));
-  // A prompt that ends this step ends the budget: the step stays short for its first token.
+  // Once a prompt ends in the step, others join only if they end too: no partial chunk
+  // lengthens the pass that gives its first token.
   EXPECT_EQ(Plan({{4096, 0}, {300, 0}, {1000, 0}}, 512), (std::vector<size_t>{0, 300, 0}));
   EXPECT_EQ(Plan({{1, 0}, {4000, 0}}, 512), (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(Plan({{200, 0}, {250, 0}, {100, 0}, {300, 0}}, 512), (std::vector<size_t>{200, 0, 100, 0}));
+  std::vector<PrefillWant> together(8, PrefillWant{100, 0});  // agents arriving together
+  EXPECT_EQ(Plan(together, 512), (std::vector<size_t>{100, 100, 100, 100, 100, 0, 0, 0}));
   // The same for a short remainder taken whole; other short remainders still join whole (the
   // new turns of agents arriving together).
   EXPECT_EQ(Plan({{17, 0}, {4000, 0}}, 512), (std::vector<size_t>{17, 0}));
