@@ -328,7 +328,7 @@ void Engine::Step() {
     for (size_t k = 0; k < prefilling.size(); ++k) {
       ActiveTurn* t = prefilling[k];
       const size_t n = plan[k];
-      t->prefill_waited = n > 0 || wants[k].left == 0 ? 0 : t->prefill_waited + 1;
+      t->prefill_waited = n > 0 ? 0 : t->prefill_waited + 1;
       if (n == 0) continue;
       steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(t->context.data() + t->prefill_at, n), false});
       owners.push_back(t);

@@ -144,7 +144,6 @@ struct Avx2 {
     }
   }
 
-
   // q4 values (AxpyRowsQ8): one query x one block of 32 values = 4 integer and 4 float accumulators.
   static constexpr int kAxpyQ8Queries = 1;
   static constexpr int kAxpyQ8Blocks = 1;

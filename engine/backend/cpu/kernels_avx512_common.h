@@ -328,6 +328,14 @@ inline void PrefetchBytes(const uint8_t* at, int64_t n) {
     asm volatile("prefetcht0 %0" ::"m"(*reinterpret_cast<const uint8_t*>(line)));
   }
 }
+// Share `part` of `parts` of n_rows rows (row i at first + i * row_bytes), each a run of
+// run_bytes: what a plain row-major layout's next panel fill reads.
+inline void PrefetchRowsShare(const uint8_t* first, int64_t row_bytes, int64_t n_rows, int64_t run_bytes, int64_t part,
+                              int64_t parts) {
+  for (int64_t i = n_rows * part / parts, end = n_rows * (part + 1) / parts; i < end; ++i) {
+    PrefetchBytes(first + i * row_bytes, run_bytes);
+  }
+}
 
 // 16 rows x 8 dwords (ymm per row, 32 codes of a group) -> 8 zmm, zmm j = dword j of rows
 // 0..15 (codes 4j..4j+3 of each row), stored at out + 128 * j (the other 16 rows of the panel

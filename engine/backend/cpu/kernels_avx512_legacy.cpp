@@ -421,13 +421,10 @@ void PanelTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const
   const auto fill = [&](int64_t r0, int64_t g0, int ng, Panel& p) {
     FillPanel<L>(w_rows + r0 * w_row_bytes + g0 * L::kW, w_row_bytes, n_rows - r0, ng, p);
   };
-  // The next panel's rows (up to 32), each a run of ng blocks from block g0: a share of the
-  // rows per call.
+  // The next panel's rows (up to 32), each a run of ng blocks from block g0.
   const auto ahead = [&](int64_t r, int64_t g0, int ng, int part, int parts) {
-    const int64_t n = n_rows - r < kPanelRows ? n_rows - r : kPanelRows;
-    for (int64_t i = n * part / parts, end = n * (part + 1) / parts; i < end; ++i) {
-      PrefetchBytes(w_rows + (r + i) * w_row_bytes + g0 * L::kW, ng * L::kW);
-    }
+    PrefetchRowsShare(w_rows + r * w_row_bytes + g0 * L::kW, w_row_bytes, n_rows - r < kPanelRows ? n_rows - r : kPanelRows,
+                      ng * L::kW, part, parts);
   };
   PanelPasses<L>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, fill, ahead);
 }

@@ -26,6 +26,8 @@
 namespace kvfs::cpu {
 namespace {
 
+#include "engine/backend/cpu/dpbusd_broadcast.h"
+
 constexpr int kGroupRows = 16;
 constexpr int64_t kQ4Bytes = 18;      // Q4_0 block: f16 d, 16 nibble bytes
 constexpr int64_t kQ8Bytes = 34;      // Q8_0 activation block: f16 d, 32 int8 codes
@@ -92,18 +94,6 @@ constexpr int64_t kPrefetchBytes = 8192;
 // three runs where the host's memory was slow (19-21 ms steps), 0.1-0.6% slower in two where it
 // was fast (14 ms); 4 KiB was 7.6% slower in a fast run; 8 tokens unchanged.
 constexpr int64_t kPrefetchBytesBatch = 6144;
-// acc += vpdpbusd(w, the int8 dword at `dword` in every lane), the broadcast embedded in the
-// instruction ({1to16}). GCC 12 emits a separate vpbroadcastd for _mm512_set1_epi32 of a loaded
-// dword, which on Zen 5 takes a vector-pipe slot: a stream of broadcast + vpdpbusd pairs ran at
-// 0.82 cycles per pair against 0.57 for the embedded form (8 independent chains, one core). In
-// whole decode steps (tinyllama Q4_0, q4 KV, 1024-token contexts, old and new alternated step by
-// step in one process, medians of 150 steps): 8 agents 0.5-1.6% faster in four runs, 4 agents
-// 0.3-0.9% in two. (Embedding all 8 steps' broadcasts, the shuffles' too, was 2.4% slower.)
-inline __m512i DpbusdBroadcast(__m512i acc, __m512i w, const uint8_t* dword) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(dword)));
-  return acc;
-}
-
 // One group of 16 rows over blocks [b0, b1) against NT tokens: acc[t] lane i += row i . x[t].
 template <int NT>
 inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
@@ -147,7 +137,12 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
         s1 = _mm512_dpbusd_epi32(s1, hi[2], _mm512_shuffle_epi32(ahi, _MM_PERM_CCCC));
         s0 = _mm512_dpbusd_epi32(s0, lo[3], _mm512_shuffle_epi32(alo, _MM_PERM_DDDD));
         s1 = _mm512_dpbusd_epi32(s1, hi[3], _mm512_shuffle_epi32(ahi, _MM_PERM_DDDD));
-      } else {  // steps 2 and 3's dwords from memory when several tokens share the pass
+      } else {
+        // Steps 2 and 3's dwords from memory when several tokens share the pass, the broadcast
+        // embedded (dpbusd_broadcast.h). In whole decode steps (tinyllama Q4_0, q4 KV,
+        // 1024-token contexts, old and new alternated step by step in one process, medians of
+        // 150 steps): 8 agents 0.5-1.6% faster in four runs, 4 agents 0.3-0.9% in two.
+        // (Embedding all 8 steps' broadcasts, the shuffles' too, was 2.4% slower.)
         s0 = DpbusdBroadcast(s0, lo[2], a + 8);
         s1 = DpbusdBroadcast(s1, hi[2], a + 24);
         s0 = DpbusdBroadcast(s0, lo[3], a + 12);
@@ -220,8 +215,7 @@ void PanelRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t*
     const int64_t per_group = (ng + 1) / 2 * 9, lines = groups * per_group;
     const uint8_t* first = packed + (r0 + r) / kGroupRows * GroupBytes(nb) + g0 / 2 * kPairBytes;
     for (int64_t i = lines * part / parts, end = lines * (part + 1) / parts; i < end; ++i) {
-      const uint8_t* line = first + (i / per_group) * GroupBytes(nb) + 64 * (i % per_group);
-      asm volatile("prefetcht0 %0" ::"m"(*line));
+      PrefetchBytes(first + (i / per_group) * GroupBytes(nb) + 64 * (i % per_group), 64);
     }
   };
   PanelPasses<FmtQ4_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, fill, ahead);
