@@ -115,6 +115,43 @@ TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuEncoding) {
   }
 }
 
+// q4k's V rows (keys are chunks, not rows): the row-wide units and the per-sub-block search of
+// (minimum, scale) candidates must pick what QuantizeRowQ4k picks, bit for bit, also for rows
+// that are all zero, constant, all negative, tiny or with one huge value.
+TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuQ4kValueRows) {
+  std::mt19937 rng(23);
+  const int64_t pos0 = 5, T = 40;
+  for (const char* rotate : {"off", "on"}) {
+    auto f = MakeKvFormat("q4k", rotate, kHeadsKv, kHeadDim);
+    ASSERT_TRUE(f.ok());
+    std::vector<float> rows = RandomRows(T, rng);
+    auto row = [&](int64_t r) { return rows.begin() + r * kRowValues; };
+    std::fill(row(0), row(1), 0.0f);
+    std::fill(row(1), row(2), 0.75f);
+    for (int64_t i = 0; i < kRowValues; ++i) row(2)[i] = -std::abs(row(2)[i]) - 3.0f;
+    for (int64_t i = 0; i < kRowValues; ++i) row(3)[i] *= 1e-6f;
+    row(4)[17] = 6.0e4f;
+    for (int64_t i = 0; i < kRowValues; ++i) row(5)[i] = static_cast<float>(i % 16);  // ties at the code steps
+    const std::vector<uint8_t> want = EncodeRows(*f, rows, T);
+    Plane plane = MakePlane(*f, pos0 + T);
+    const vk::Buffer src = Input(rows), table = Input(plane.table);
+    const vk::Buffer dev = Output(plane.bytes.size());
+    const vk::KvView view = View(*f, dev, table, plane.row_stride);
+    ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                  return ops_->KvStore(rec, view, dev, {kHeads, kHeadsKv, kHeadDim}, src, kRowValues, 0, T, pos0);
+                }).ok());
+    const int64_t row_bytes = f->RowBytes(kRowValues);
+    int64_t differing_rows = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool same = std::memcmp(dev.mapped() + plane.RowOffset(pos0 + t), want.data() + t * row_bytes, row_bytes) == 0;
+      EXPECT_TRUE(same) << f->Name() << " row " << t;
+      differing_rows += !same;
+    }
+    std::printf("[vulkan kv_store] %-10s %lld of %lld V rows differ from the CPU encoding\n", f->Name().c_str(),
+                static_cast<long long>(differing_rows), static_cast<long long>(T));
+  }
+}
+
 // The CPU backend's attention for one query token and head (cpu_backend.cpp, scalar kernels).
 // One query's scores against n rows by the scalar CPU table, as the backend computes them: q4
 // keys with the query quantized to int8 blocks, the others with float queries.

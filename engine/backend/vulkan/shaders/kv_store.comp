@@ -7,6 +7,9 @@
 // encoding and can be copied back into the host blocks as they are.
 // One workgroup per token; one invocation per group; the encoded row is assembled in shared
 // memory (groups need not start at word boundaries) and written as whole words.
+// q4k (KV_TYPE 4) encodes V rows here (QuantizeRowQ4k: row-wide units D and M, then per
+// sub-block of KV_GROUP values the best of 16 (minimum, scale) candidates by squared error);
+// its keys are stored per channel in chunks by k_chunks.comp, not as rows.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -42,6 +45,101 @@ shared uint row_words[ROW_WORDS];
 void PutByte(uint byte_offset, uint value) { atomicOr(row_words[byte_offset >> 2], (value & 0xFFu) << ((byte_offset & 3u) * 8u)); }
 void PutU16(uint byte_offset, uint value) { atomicOr(row_words[byte_offset >> 2], (value & 0xFFFFu) << ((byte_offset & 2u) * 8u)); }
 
+const uint kKvQ4K = 4u;
+const uint kSubBlocks = ROW_VALUES / KV_GROUP;
+shared float sub_lo[kSubBlocks], sub_hi[kSubBlocks];
+
+// q4k V rows (engine/kv/kv_format.h): byte offsets of sub-block j's quad of fields and codes.
+uint Q4kFieldsOffset(uint j) { return 4u + (j / 4u) * (5u + 2u * KV_GROUP); }
+uint Q4kCodesOffset(uint j) { return Q4kFieldsOffset(j) + 5u + (j % 4u) * (KV_GROUP / 2u); }
+
+// The smallest f16 value >= x (x >= 0), as F16AtLeast in kv_format.cpp.
+float F16AtLeast(float x) {
+  uint h = F32ToF16Bits(x);
+  if (F16BitsToF32(h) < x) ++h;
+  return F16BitsToF32(h);
+}
+
+int Q4kCodedMin(float lo, float M) { return M > 0.0 ? clamp(int(floor(lo / M)), -15, 15) : 0; }
+
+// Q4kCode of kv_format.cpp: the squared error of sub-block values hvec[v0 ..] coded as m + d*q,
+// summed in 4 lanes (value i into lane i % 4) and reduced as (0 + 2) + (1 + 3); q rounds half up.
+float Q4kError(uint v0, float m, float d) {
+  const float id = d > 0.0 ? 1.0 / d : 0.0;
+  precise float lanes[4] = float[4](0.0, 0.0, 0.0, 0.0);
+  for (uint i = 0u; i < KV_GROUP; ++i) {
+    precise float t = min(max((hvec[v0 + i] - m) * id, 0.0), 15.0);
+    precise float q = float(int(t + 0.5));
+    precise float e = hvec[v0 + i] - (m + d * q);
+    lanes[i % 4u] += e * e;
+  }
+  precise float err = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+  return err;
+}
+
+void EncodeQ4kRow(uint tid) {
+  for (uint j = tid; j < kSubBlocks; j += WG) {
+    float lo = hvec[j * KV_GROUP], hi = lo;
+    for (uint i = 1u; i < KV_GROUP; ++i) {
+      lo = min(lo, hvec[j * KV_GROUP + i]);
+      hi = max(hi, hvec[j * KV_GROUP + i]);
+    }
+    sub_lo[j] = lo;
+    sub_hi[j] = hi;
+  }
+  barrier();
+  // Row-wide units (every invocation computes them; maxima do not depend on the order).
+  float max_abs_lo = 0.0;
+  for (uint j = 0u; j < kSubBlocks; ++j) max_abs_lo = max(max_abs_lo, abs(sub_lo[j]));
+  precise float m_unit = max_abs_lo / 15.0;
+  const float M = F16AtLeast(m_unit);
+  float max_span = 0.0;
+  for (uint j = 0u; j < kSubBlocks; ++j) {
+    precise float span = sub_hi[j] - M * float(Q4kCodedMin(sub_lo[j], M));
+    max_span = max(max_span, span);
+  }
+  precise float d_unit = max_span / 465.0;  // 15 levels x 31 scale steps
+  const float D = F16AtLeast(d_unit);
+  if (tid == 0u) {
+    PutU16(0u, F32ToF16Bits(D));
+    PutU16(2u, F32ToF16Bits(M));
+  }
+  for (uint j = tid; j < kSubBlocks; j += WG) {
+    const uint v0 = j * KV_GROUP;
+    const int mn0 = Q4kCodedMin(sub_lo[j], M);
+    precise float m0 = M * float(mn0);
+    precise float steps = (sub_hi[j] - m0) / (15.0 * D);
+    const int sc0 = D > 0.0 ? clamp(int(ceil(steps)), 0, 31) : 0;
+    int best_mn = mn0, best_sc = sc0;
+    float best = -1.0;
+    for (int a = 0; a < 4; ++a) {
+      for (int b = 0; b < 4; ++b) {
+        const int mn = min(mn0 + a, 15), sc = max(sc0 - b, 0);
+        precise float m = M * float(mn);
+        precise float d = D * float(sc);
+        const float err = Q4kError(v0, m, d);
+        if (best < 0.0 || err < best) {
+          best = err;
+          best_mn = mn;
+          best_sc = sc;
+        }
+      }
+    }
+    const uint k = j % 4u, field = uint(best_sc) | (uint(best_mn + 15) << 5);
+    const uint at = Q4kFieldsOffset(j) + (10u * k) / 8u, bits = field << ((10u * k) % 8u);
+    PutByte(at, bits);
+    PutByte(at + 1u, bits >> 8);
+    precise float m = M * float(best_mn);
+    precise float d = D * float(best_sc);
+    const float id = d > 0.0 ? 1.0 / d : 0.0;
+    for (uint i = 0u; i < KV_GROUP; i += 2u) {
+      precise float t0 = min(max((hvec[v0 + i] - m) * id, 0.0), 15.0);
+      precise float t1 = min(max((hvec[v0 + i + 1u] - m) * id, 0.0), 15.0);
+      PutByte(Q4kCodesOffset(j) + i / 2u, uint(int(t0 + 0.5)) | (uint(int(t1 + 0.5)) << 4));
+    }
+  }
+}
+
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint t = gl_WorkGroupID.x;
@@ -50,8 +148,9 @@ void main() {
   barrier();
   if (ROTATE != 0u) HadamardShared(ROW_VALUES / HD, HD, p.hadamard_scale, tid, WG);
 
+  if (KV_TYPE == kKvQ4K) EncodeQ4kRow(tid);
   const uint group_bytes = KvGroupBytes();
-  for (uint g = tid; g < ROW_VALUES / KV_GROUP; g += WG) {
+  for (uint g = tid; KV_TYPE != kKvQ4K && g < ROW_VALUES / KV_GROUP; g += WG) {
     const uint v0 = g * KV_GROUP, at = g * group_bytes;
     if (KV_TYPE == kKvF16) {
       for (uint i = 0u; i < KV_GROUP; ++i) PutU16(at + 2u * i, F32ToF16Bits(hvec[v0 + i]));
