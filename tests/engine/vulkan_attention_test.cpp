@@ -152,6 +152,54 @@ TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuQ4kValueRows) {
   }
 }
 
+// q4k keys: k_stage writes new keys as f16 rows into the pass's key rows, and k_chunks encodes
+// complete chunks from them into the K plane of scattered slots: the bytes of KvQuantizeKChunk.
+TEST_F(VulkanAttentionTest, KeyChunksAreTheCpuEncoding) {
+  std::mt19937 rng(29);
+  auto f = MakeKvFormat("q4k", "off", kHeadsKv, kHeadDim);
+  ASSERT_TRUE(f.ok());
+  const int64_t C = f->chunk, B = 2 * C, chunk_bytes = f->ChunkBytes(kRowValues);
+  const int64_t pos0 = 40, T = 4 * C - 40 + 10;  // positions 40 .. 4C + 9: chunks 1, 2, 3 complete here
+  const std::vector<float> rows = RandomRows(T, rng);
+  // Slots: block 0 -> 2, block 1 -> 0, block 2 -> 1 (block 2 holds the incomplete chunk 4).
+  const std::vector<uint32_t> slots = {2, 0, 1};
+  const int64_t slot_bytes = B / C * chunk_bytes;
+  const vk::Buffer src = Input(rows), table = Input(slots);
+  const vk::Buffer plane = Output(3 * slot_bytes);
+  const vk::Buffer keys = Output((C + T) * kRowValues * 2);
+  vk::KvView view;
+  view.k_plane = &plane;
+  view.v_plane = &plane;
+  view.block_table = &table;
+  view.format = *f;
+  view.block_tokens = B;
+  view.k_slot_bytes = slot_bytes;
+  view.keys = &keys;
+  view.key_row0 = 3;  // this sequence's rows start at row 3; row 3 holds position key_pos0
+  view.key_pos0 = pos0 / C * C;
+  const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
+  ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                KVFS_RETURN_IF_ERROR(ops_->KStage(rec, view, shape, src, kRowValues, 0, T, pos0));
+                rec.Barrier();
+                return ops_->KChunks(rec, view, shape, pos0 / C + 1, 3);
+              }).ok());
+  // The staged rows are the f16 keys.
+  const auto* staged = reinterpret_cast<const uint16_t*>(keys.mapped());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < kRowValues; ++i) {
+      ASSERT_EQ(staged[(3 + pos0 - view.key_pos0 + t) * kRowValues + i], Fp32ToFp16(rows[t * kRowValues + i]));
+    }
+  }
+  for (int64_t c = pos0 / C + 1; c <= pos0 / C + 3; ++c) {
+    std::vector<float> x(C * kRowValues);
+    for (int64_t i = 0; i < C * kRowValues; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(rows[(c * C - pos0) * kRowValues + i]));
+    std::vector<uint8_t> want(chunk_bytes);
+    KvQuantizeKChunk(*f, x.data(), kRowValues, want.data(), kRowValues);
+    const int64_t at = slots[c * C / B] * slot_bytes + (c * C % B) / C * chunk_bytes;
+    EXPECT_EQ(std::memcmp(plane.mapped() + at, want.data(), chunk_bytes), 0) << "chunk " << c;
+  }
+}
+
 // The CPU backend's attention for one query token and head (cpu_backend.cpp, scalar kernels).
 // One query's scores against n rows by the scalar CPU table, as the backend computes them: q4
 // keys with the query quantized to int8 blocks, the others with float queries.

@@ -41,6 +41,12 @@ struct ScoresParams {
   uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
   float hadamard_scale;
 };
+struct KStageParams {
+  uint32_t n_tokens, row_words, src_stride, src_row0, dst_row0;
+};
+struct KChunksParams {
+  uint32_t n_channels, chunk0, n_chunks, key_row0, key_pos0, block_tokens, table0, slot_words;
+};
 struct SoftmaxParams {
   uint32_t pos0, n_head, score_stride, round_f16;
   float scale;
@@ -67,6 +73,8 @@ constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
 constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
 constexpr ShaderInterface kKvStore{"kv_store", 3, sizeof(KvStoreParams)};
 constexpr ShaderInterface kScores{"attn_scores", 4, sizeof(ScoresParams)};
+constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
+constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
 constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
 constexpr ShaderInterface kOutput{"attn_output", 5, sizeof(OutputParams)};
 constexpr ShaderInterface kReduce{"attn_reduce", 2, sizeof(ReduceParams)};
@@ -296,6 +304,28 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             HadamardScale(shape.head_dim)};
   return rec.Dispatch(*p, {&q, kv.k_plane, kv.block_table, &scores}, &params, CeilDiv(n_ctx, kElementwiseGroup),
                       U32(shape.n_head), U32(n_tokens));
+}
+
+Status Ops::KStage(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& src, int64_t src_stride,
+                   int64_t src_row0, int64_t n_tokens, int64_t pos0) {
+  const uint32_t spec[] = {kElementwiseGroup};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKStage, spec));
+  const int64_t row_words = shape.n_head_kv * shape.head_dim / 2;
+  const KStageParams params{U32(n_tokens), U32(row_words), U32(src_stride), U32(src_row0),
+                            U32(kv.key_row0 + pos0 - kv.key_pos0)};
+  return rec.Dispatch(*p, {&src, kv.keys}, &params, CeilDiv(n_tokens * row_words, kElementwiseGroup));
+}
+
+Status Ops::KChunks(Recorder& rec, const KvView& kv, const AttentionShape& shape, int64_t chunk0, int64_t n_chunks) {
+  if (n_chunks <= 0) return Status::Ok();
+  const uint32_t spec[] = {kElementwiseGroup, U32(kv.format.chunk)};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKChunks, spec));
+  const int64_t n_channels = shape.n_head_kv * shape.head_dim;
+  const KChunksParams params{U32(n_channels),       U32(chunk0),  U32(n_chunks),
+                             U32(kv.key_row0),      U32(kv.key_pos0), U32(kv.block_tokens),
+                             kv.table0,             U32(kv.k_slot_bytes / 4)};
+  return rec.Dispatch(*p, {kv.keys, kv.k_plane, kv.block_table}, &params, CeilDiv(n_channels, kElementwiseGroup),
+                      U32(n_chunks));
 }
 
 Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,

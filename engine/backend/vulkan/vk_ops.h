@@ -58,6 +58,14 @@ struct KvView {
   KvFormat format;
   int64_t block_tokens = 0;
   int64_t row_stride = 0;  // bytes between device rows (row bytes rounded up to a word)
+  // q4k (keys in chunks of format.chunk tokens): the bytes of one slot's K plane
+  // (block_tokens / chunk chunks), and the pass's f16 key rows of this layer ([rows][row
+  // values] halfs; row key_row0 holds position key_pos0), which hold the keys of every position
+  // from the sequence's first incomplete chunk on.
+  int64_t k_slot_bytes = 0;
+  const Buffer* keys = nullptr;
+  int64_t key_row0 = 0;
+  int64_t key_pos0 = 0;
 };
 
 // Query/head geometry shared by the attention ops.
@@ -100,9 +108,16 @@ class Ops {
   Status SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Buffer& out, int64_t n);
 
   // Encodes rows src[src_row0 ..] (n_tokens rows of n_head_kv * head_dim values) into `plane`
-  // at positions pos0 .. pos0 + n_tokens - 1 of the sequence.
+  // at positions pos0 .. pos0 + n_tokens - 1 of the sequence (q4k: V rows only; its keys go
+  // through KStage and KChunks).
   Status KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
                  const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0);
+  // q4k keys: rows src[src_row0 ..] as f16 into kv.keys at positions pos0 .. (no rotation).
+  Status KStage(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& src, int64_t src_stride,
+                int64_t src_row0, int64_t n_tokens, int64_t pos0);
+  // q4k keys: encodes chunks chunk0 .. chunk0 + n_chunks - 1 (complete, their keys in kv.keys)
+  // into the K plane (the bytes of KvQuantizeKChunk).
+  Status KChunks(Recorder& rec, const KvView& kv, const AttentionShape& shape, int64_t chunk0, int64_t n_chunks);
   // Attention of n_tokens consecutive query tokens of one sequence (positions pos0 ..), with
   // q rows q[q_row0 ..]: scores, causal softmax, weighted V sum into out[out_row0 ..].
   // `scores` holds [n_tokens][n_head][pos0 + n_tokens] floats; `partials` (partial_floats
