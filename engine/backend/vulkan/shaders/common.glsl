@@ -74,3 +74,26 @@ int Int8Code(float x, float amax, int e) {
   precise float scaled = inv != 0.0 ? x * inv : ldexp(x, -e);
   return int(clamp(roundEven(scaled), -127.0, 127.0));
 }
+
+// A q4 group's coding (engine/kv/kv_format.h) with the CPU's arithmetic (QuantizeGroupQ4): the
+// f16 minimum and scale from the group's extremes, codes against the rounded values that
+// decoding uses, half to even, clamped to 0..15. (kv_store's q4 rows and k_chunks' q4k key
+// chunks.)
+struct Q4Coding {
+  uint dh, mh;  // f16 bits of the scale and the minimum
+  float m, id;  // the decoded minimum and 1 / scale (0 for a constant group)
+};
+Q4Coding Q4CodingOf(float lo, float hi) {
+  Q4Coding c;
+  c.mh = F32ToF16Bits(lo);
+  c.m = F16BitsToF32(c.mh);
+  precise float range = (hi - c.m) / 15.0;
+  c.dh = F32ToF16Bits(range);
+  const float d = F16BitsToF32(c.dh);
+  c.id = d > 0.0 ? 1.0 / d : 0.0;
+  return c;
+}
+uint Q4Code(float x, Q4Coding c) {
+  precise float scaled = (x - c.m) * c.id;
+  return uint(clamp(roundEven(scaled), 0.0, 15.0));
+}

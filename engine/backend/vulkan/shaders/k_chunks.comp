@@ -2,8 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 // q4k keys (engine/kv/kv_format.h): encodes complete chunks of CHUNK tokens from the pass's f16
 // key rows into the K plane of their KV blocks, one channel record (f16 d, f16 m, CHUNK / 2
-// bytes of nibbles) per invocation, with the arithmetic of the q4 groups (QuantizeGroupQ4 via
-// KvQuantizeKChunk), so the device chunks equal the CPU's bytes.
+// bytes of nibbles) per invocation, with the arithmetic of the q4 groups (Q4CodingOf, as
+// KvQuantizeKChunk does), so the device chunks equal the CPU's bytes.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -40,24 +40,15 @@ void main() {
     lo = min(lo, Key(row0 + t, ch));
     hi = max(hi, Key(row0 + t, ch));
   }
-  // Codes against the f16-rounded scale and minimum that decoding uses (kv_store's q4 groups).
-  const uint mh = F32ToF16Bits(lo);
-  const float m = F16BitsToF32(mh);
-  precise float range = (hi - m) / 15.0;
-  const uint dh = F32ToF16Bits(range);
-  const float d = F16BitsToF32(dh);
-  const float id = d > 0.0 ? 1.0 / d : 0.0;
+  const Q4Coding q4 = Q4CodingOf(lo, hi);
   const uint record_words = (4u + CHUNK / 2u) / 4u;
   const uint pos = c * CHUNK;
   const uint slot = block_table[p.table0 + pos / p.block_tokens];
   const uint at = slot * p.slot_words + (pos % p.block_tokens) / CHUNK * p.n_channels * record_words + ch * record_words;
-  kv_words[at] = dh | (mh << 16);
+  kv_words[at] = q4.dh | (q4.mh << 16);
   for (uint k = 0u; k < CHUNK / 8u; ++k) {
     uint word = 0u;
-    for (uint j = 0u; j < 8u; ++j) {
-      precise float scaled = (Key(row0 + 8u * k + j, ch) - m) * id;
-      word |= uint(clamp(roundEven(scaled), 0.0, 15.0)) << (4u * j);
-    }
+    for (uint j = 0u; j < 8u; ++j) word |= Q4Code(Key(row0 + 8u * k + j, ch), q4) << (4u * j);
     kv_words[at + 1u + k] = word;
   }
 }

@@ -7,6 +7,7 @@
 const uint kKvF16 = 1u;
 const uint kKvQ8 = 2u;
 const uint kKvQ4 = 3u;
+const uint kKvQ4K = 4u;  // rows are V rows (kv_store encodes them; keys are chunks)
 
 uint KvU8(uint byte_offset) { return (kv_words[byte_offset >> 2] >> ((byte_offset & 3u) * 8u)) & 0xFFu; }
 

@@ -45,7 +45,6 @@ shared uint row_words[ROW_WORDS];
 void PutByte(uint byte_offset, uint value) { atomicOr(row_words[byte_offset >> 2], (value & 0xFFu) << ((byte_offset & 3u) * 8u)); }
 void PutU16(uint byte_offset, uint value) { atomicOr(row_words[byte_offset >> 2], (value & 0xFFFFu) << ((byte_offset & 2u) * 8u)); }
 
-const uint kKvQ4K = 4u;
 const uint kSubBlocks = ROW_VALUES / KV_GROUP;
 shared float sub_lo[kSubBlocks], sub_hi[kSubBlocks];
 
@@ -150,7 +149,8 @@ void main() {
 
   if (KV_TYPE == kKvQ4K) EncodeQ4kRow(tid);
   const uint group_bytes = KvGroupBytes();
-  for (uint g = tid; KV_TYPE != kKvQ4K && g < ROW_VALUES / KV_GROUP; g += WG) {
+  const uint n_groups = KV_TYPE == kKvQ4K ? 0u : ROW_VALUES / KV_GROUP;  // q4k rows are not groups
+  for (uint g = tid; g < n_groups; g += WG) {
     const uint v0 = g * KV_GROUP, at = g * group_bytes;
     if (KV_TYPE == kKvF16) {
       for (uint i = 0u; i < KV_GROUP; ++i) PutU16(at + 2u * i, F32ToF16Bits(hvec[v0 + i]));
@@ -171,21 +171,11 @@ void main() {
         lo = min(lo, hvec[v0 + i]);
         hi = max(hi, hvec[v0 + i]);
       }
-      // Codes against the f16-rounded scale and minimum that decoding uses.
-      const uint mh = F32ToF16Bits(lo);
-      const float m = F16BitsToF32(mh);
-      precise float range = (hi - m) / 15.0;
-      const uint dh = F32ToF16Bits(range);
-      const float d = F16BitsToF32(dh);
-      const float id = d > 0.0 ? 1.0 / d : 0.0;
-      PutU16(at, dh);
-      PutU16(at + 2u, mh);
+      const Q4Coding c = Q4CodingOf(lo, hi);
+      PutU16(at, c.dh);
+      PutU16(at + 2u, c.mh);
       for (uint i = 0u; i < KV_GROUP; i += 2u) {
-        precise float s0 = (hvec[v0 + i] - m) * id;
-        precise float s1 = (hvec[v0 + i + 1u] - m) * id;
-        const uint q0 = uint(clamp(roundEven(s0), 0.0, 15.0));
-        const uint q1 = uint(clamp(roundEven(s1), 0.0, 15.0));
-        PutByte(at + 4u + i / 2u, q0 | (q1 << 4));
+        PutByte(at + 4u + i / 2u, Q4Code(hvec[v0 + i], c) | (Q4Code(hvec[v0 + i + 1u], c) << 4));
       }
     }
   }
