@@ -14,12 +14,17 @@ set(kvfs_vk_entries "")
 foreach(shader ${KVFS_VK_SHADERS})
   get_filename_component(name ${shader} NAME_WE)
   set(header ${KVFS_VK_GEN_DIR}/${name}.spv.h)
+  set(binary ${KVFS_VK_GEN_DIR}/${name}.spv)
+  # Compiled twice (a binary for spirv-val, then the header), so an invalid module fails the
+  # build instead of the driver.
   add_custom_command(
     OUTPUT ${header}
+    COMMAND Vulkan::glslangValidator --quiet -V --target-env vulkan1.1 -I${KVFS_VK_SHADER_DIR} -o ${binary} ${shader}
+    COMMAND ${KVFS_SPIRV_VAL} --target-env vulkan1.1 ${binary}
     COMMAND Vulkan::glslangValidator --quiet -V --target-env vulkan1.1 -I${KVFS_VK_SHADER_DIR}
             --vn kSpirv_${name} -o ${header} ${shader}
     DEPENDS ${shader} ${KVFS_VK_SHADER_INCLUDES}
-    COMMENT "Compiling shader ${name}.comp to SPIR-V"
+    COMMENT "Compiling shader ${name}.comp to SPIR-V (validated)"
     VERBATIM)
   list(APPEND KVFS_VULKAN_SHADER_SOURCES ${header})
   string(APPEND kvfs_vk_includes "#include \"${name}.spv.h\"\n")

@@ -50,7 +50,9 @@ shared float hvec[HD];
 // visible one) the weights times the group scales a_p = w_p d_p are quantized with a
 // power-of-two scale, summed as integers against the centred codes, and the weights meet the
 // groups' m + 8d unquantized. (The float additions run in another order than the CPU's.)
-const bool kInt8Weights = KV_TYPE == kKvQ4 && HD % 32u == 0u && KV_GROUP % 32u == 0u;
+// (A product, not &&: glslang turns && of specialization constants into branches outside any
+// function, which spirv-val rejects.)
+const bool kInt8Weights = uint(KV_TYPE == kKvQ4) * uint(HD % 32u == 0u) * uint(KV_GROUP % 32u == 0u) != 0u;
 
 uint TileEnd(uint pos) {  // the end of the tile holding pos
   const uint block_end = (pos / p.block_tokens + 1u) * p.block_tokens;
