@@ -182,9 +182,8 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   engine_options.model_path = config.model_path;
   engine_options.store_dir = config.store_dir;
   engine_options.n_threads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
-  // Default q4k, unless the Vulkan backend runs the passes (it has no q4k kernels) or blocks are
-  // not whole 64-token K chunks: q4 then.
-  const bool q4k_fits = config.backend != "vulkan" && config.block_tokens % kQ4KChunkTokens == 0;
+  // Default q4k, unless blocks are not whole 64-token K chunks: q4 then.
+  const bool q4k_fits = config.block_tokens % kQ4KChunkTokens == 0;
   engine_options.kv = !config.kv.empty() ? config.kv : q4k_fits ? "q4k" : "q4";
   engine_options.kv_budget_bytes = config.kv_budget_bytes;
   engine_options.backend = config.backend;

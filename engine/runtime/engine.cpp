@@ -111,9 +111,6 @@ void Engine::ForgetFreedBlocks() {
 Result<KvFormat> Engine::FormatFor(const AgentSettings& settings) const {
   const HParams& hp = model_->hparams();
   KVFS_ASSIGN_OR_RETURN(KvFormat f, MakeKvFormat(settings.kv, options_.kv_rotate, hp.n_head_kv, hp.head_dim));
-  if (f.KeysByChannel() && backend_name_.rfind("vulkan", 0) == 0) {
-    return Unsupported(fmt::format("kv \"{}\": the Vulkan backend has no kernels for keys by channel; use q4", settings.kv));
-  }
   // q4k keys are quantized in chunks of C tokens that never span two blocks.
   if (f.KeysByChannel() && options_.block_tokens % f.chunk != 0) {
     return InvalidArgument(fmt::format("kv \"{}\" needs KV blocks of a multiple of {} tokens, not {}", settings.kv,

@@ -111,7 +111,7 @@ if r.returncode == 0:
           f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
     bad('vulkan device out of range', ['run', '-m', stories, '-p', 'x', '--backend', 'vulkan', '--device', '99'],
         'no Vulkan device 99')
-    for kv in ('f16', 'q4'):
+    for kv in ('f16', 'q4', 'q4k'):
         r = run(['bench', '-m', stories, '-p', '16', '-n', '4', '-r', '1', '--kv', kv, '--backend', 'vulkan', '--json'])
         ok = r.returncode == 0
         j = json.loads(r.stdout) if ok else {}

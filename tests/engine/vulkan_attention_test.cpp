@@ -299,6 +299,103 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
   }
 }
 
+// q4k: a query at position p reads complete K chunks below (p + 1) / C * C (the CPU's integer
+// chunk path) and the f16 key rows of its own chunk, then q4k V rows; as the CPU backend does.
+TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
+  std::mt19937 rng(31);
+  struct Case {
+    int64_t pos0, T;
+  };
+  for (const char* rotate : {"off", "on"}) {
+    auto f = MakeKvFormat("q4k", rotate, kHeadsKv, kHeadDim);
+    ASSERT_TRUE(f.ok());
+    const int64_t C = f->chunk, B = 2 * C, chunk_bytes = f->ChunkBytes(kRowValues), slot_k = B / C * chunk_bytes;
+    const int64_t row_bytes = f->RowBytes(kRowValues), row_stride = (row_bytes + 3) / 4 * 4;
+    for (const Case c : {Case{70, 1}, Case{0, 5}, Case{100, 40}, Case{300, 2}, Case{127, 1}}) {
+      const int64_t n_ctx = c.pos0 + c.T, n_blocks = (n_ctx + B - 1) / B, key_pos0 = c.pos0 / C * C;
+      std::vector<float> keys = RandomRows(n_ctx, rng), values = RandomRows(n_ctx, rng);
+      for (float& x : keys) x = Fp16ToFp32(Fp32ToFp16(x));  // staged keys are f16
+      std::vector<uint32_t> slots;
+      for (int64_t b = 0; b < n_blocks; ++b) slots.push_back(static_cast<uint32_t>(n_blocks - b));  // slot 0 unused
+      // Host copies laid out block by block as the CPU reads them, and the device planes.
+      std::vector<uint8_t> k_host(n_blocks * slot_k), v_host(n_blocks * B * row_bytes);
+      std::vector<uint8_t> k_dev((n_blocks + 1) * slot_k), v_dev((n_blocks + 1) * B * row_stride);
+      for (int64_t ch = 0; ch < n_ctx / C; ++ch) {
+        KvQuantizeKChunk(*f, keys.data() + ch * C * kRowValues, kRowValues, k_host.data() + ch * chunk_bytes, kRowValues);
+        std::memcpy(k_dev.data() + slots[ch * C / B] * slot_k + (ch * C % B) / C * chunk_bytes,
+                    k_host.data() + ch * chunk_bytes, chunk_bytes);
+      }
+      const std::vector<uint8_t> v_rows = EncodeRows(*f, values, n_ctx);
+      for (int64_t p = 0; p < n_ctx; ++p) {
+        std::memcpy(v_host.data() + p * row_bytes, v_rows.data() + p * row_bytes, row_bytes);
+        std::memcpy(v_dev.data() + (slots[p / B] * B + p % B) * row_stride, v_rows.data() + p * row_bytes, row_bytes);
+      }
+      std::vector<uint16_t> staged;
+      for (int64_t i = key_pos0 * kRowValues; i < n_ctx * kRowValues; ++i) staged.push_back(Fp32ToFp16(keys[i]));
+      std::vector<float> q(c.T * kHeads * kHeadDim);
+      for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+      const vk::Buffer kb = Input(k_dev), vb = Input(v_dev), table = Input(slots), qb = Input(q), sb = Input(staged);
+      const vk::Buffer scores = Output(c.T * kHeads * n_ctx * 4), raw = Output(c.T * kHeads * n_ctx * 4);
+      const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4), partials = Output(1 << 20);
+      vk::KvView view;
+      view.k_plane = &kb;
+      view.v_plane = &vb;
+      view.block_table = &table;
+      view.format = *f;
+      view.block_tokens = B;
+      view.row_stride = row_stride;
+      view.k_slot_bytes = slot_k;
+      view.keys = &sb;
+      view.key_pos0 = key_pos0;
+      const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
+      const int64_t q_stride = kHeads * kHeadDim;
+      const Status st = Run([&](vk::Recorder& rec) -> Status {
+        KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
+        return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials, partials.bytes() / 4,
+                               out, q_stride, 0);
+      });
+      ASSERT_TRUE(st.ok()) << st.message();
+      const std::vector<float> got_raw = Read<float>(raw, c.T * kHeads * n_ctx);
+      const std::vector<float> got = Read<float>(out, c.T * kHeads * kHeadDim);
+      const cpu::AttentionKernels& attn = cpu::ScalarAttentionKernels();
+      std::vector<float> want, raw_got, raw_want;
+      for (int64_t t = 0; t < c.T; ++t) {
+        const int64_t n_vis = c.pos0 + t + 1, q_end = n_vis / C * C;
+        for (int64_t h = 0; h < kHeads; ++h) {
+          const int64_t kvh = h / (kHeads / kHeadsKv);
+          const std::vector<float> qh(q.begin() + t * q_stride + h * kHeadDim, q.begin() + t * q_stride + (h + 1) * kHeadDim);
+          std::vector<float> s(n_vis), o(kHeadDim, 0.0f);
+          for (int64_t p0 = 0; p0 < q_end; p0 += B) {
+            attn.dot_chunks(*f, cpu::KvChunks{k_host.data() + p0 / C * chunk_bytes, chunk_bytes, std::min(B, q_end - p0), kvh, kHeadDim},
+                            qh.data(), 1, s.data() + p0, n_vis);
+          }
+          if (n_vis > q_end) {
+            std::vector<uint16_t> rows(staged.begin() + (q_end - key_pos0) * kRowValues, staged.begin() + (n_vis - key_pos0) * kRowValues);
+            attn.dot_rows(f->StagingFormat(), cpu::KvRows{reinterpret_cast<const uint8_t*>(rows.data()), 2 * kRowValues, n_vis - q_end, kvh, kHeadDim},
+                          qh.data(), 1, s.data() + q_end, n_vis);
+          }
+          for (int64_t p = 0; p < n_vis; ++p) {
+            raw_want.push_back(s[p]);
+            raw_got.push_back(got_raw[(t * kHeads + h) * n_ctx + p]);
+          }
+          attn.softmax(s.data(), n_vis, n_vis, 1.0f / std::sqrt(static_cast<float>(kHeadDim)), false);
+          for (int64_t p0 = 0; p0 < n_vis; p0 += B) {
+            attn.axpy_rows(*f, cpu::KvRows{v_host.data() + p0 * row_bytes, row_bytes, std::min(B, n_vis - p0), kvh, kHeadDim},
+                           s.data() + p0, 1, n_vis, o.data());
+          }
+          if (f->RotatesV()) attn.hadamard(o.data(), kHeadDim);
+          want.insert(want.end(), o.begin(), o.end());
+        }
+      }
+      const double nmse_scores = Nmse(raw_got, raw_want), nmse = Nmse(got, want);
+      std::printf("[vulkan attention] %-10s pos0=%-3lld T=%-3lld scores NMSE %.3g, output NMSE %.3g\n",
+                  f->Name().c_str(), static_cast<long long>(c.pos0), static_cast<long long>(c.T), nmse_scores, nmse);
+      EXPECT_LE(nmse_scores, 1e-12) << f->Name() << " pos0 " << c.pos0;
+      EXPECT_LE(nmse, 1e-9) << f->Name() << " pos0 " << c.pos0;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvfs::testing
 

@@ -9,6 +9,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
+#include "engine/model/quants.h"
 #include "tests/test_support.h"
 
 #if defined(KVFS_VULKAN)
@@ -82,6 +83,76 @@ TEST_F(VulkanBackendTest, LogitsMatchTheCpuBackend) {
     std::printf("[vulkan backend] kv %s: prompt logits NMSE %.3g, decode NMSE %.3g\n", type, prompt_nmse, decode_nmse);
     EXPECT_LE(prompt_nmse, 1e-8) << type;
     EXPECT_LE(decode_nmse, 1e-8) << type;
+  }
+}
+
+// q4k (keys per channel in chunks of 64 tokens): passes that end inside a chunk, complete one,
+// start in the middle of one (the staged f16 keys uploaded from the host) and run token by token
+// across chunk and block boundaries give the CPU's logits, and leave the host blocks (chunks, V
+// rows, staged keys) as the CPU backend leaves them, so either backend can continue.
+TEST_F(VulkanBackendTest, Q4kMatchesTheCpuBackend) {
+  auto cpu = MakeCpuBackend(*model_, CpuOptions{2, &cpu::ScalarKernels()});
+  const int64_t V = hp().n_vocab;
+  std::vector<TokenId> tokens;
+  while (tokens.size() < 160) tokens.insert(tokens.end(), prompt_.begin() + (tokens.empty() ? 0 : 1), prompt_.end());
+  std::vector<int64_t> passes = {40, 30, 1, 1, 60, 1, 1, 1, 25};
+  SequenceKv kv_cpu(Layout("q4k", 64), 512), kv_gpu(Layout("q4k", 64), 512);
+  int64_t at = 0;
+  double worst = 0.0;
+  for (const int64_t n : passes) {
+    const std::span<const TokenId> part(tokens.data() + at, static_cast<size_t>(n));
+    Logits a, b;
+    SequenceStep sa{&kv_cpu, part, true}, sb{&kv_gpu, part, true};
+    ASSERT_TRUE(cpu->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+    const Status st = vulkan_->Forward(std::span<const SequenceStep>(&sb, 1), b);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(a.data.size(), b.data.size());
+    const double nmse = Nmse(b.data.data(), a.data.data(), n * V);
+    worst = std::max(worst, nmse);
+    EXPECT_LE(nmse, 1e-8) << "pass ending at " << at + n;
+    at += n;
+  }
+  // The host blocks: chunks, V rows and staged keys as the CPU wrote them (codes may differ
+  // only where the two backends' float sums round a value across a code step).
+  const KvLayout& L = kv_cpu.layout();
+  int64_t chunk_bytes_differing = 0, v_bytes_differing = 0, staged_differing = 0;
+  for (int64_t l = 0; l < L.n_layer; ++l) {
+    for (int64_t c = 0; c < at / 64; ++c) {
+      for (int64_t i = 0; i < L.chunk_bytes(); ++i) chunk_bytes_differing += kv_cpu.k_chunk(l, c)[i] != kv_gpu.k_chunk(l, c)[i];
+    }
+    for (int64_t p = 0; p < at; ++p) {
+      for (int64_t i = 0; i < L.row_bytes(); ++i) v_bytes_differing += kv_cpu.v_row(l, p)[i] != kv_gpu.v_row(l, p)[i];
+    }
+    if (at % 64 == 0) continue;  // no incomplete chunk
+    const uint16_t *sc = kv_cpu.k_staging(l, at / 64 * 64), *sg = kv_gpu.k_staging(l, at / 64 * 64);
+    for (int64_t i = 0; i < at % 64 * L.row_values(); ++i) {
+      staged_differing += std::abs(Fp16ToFp32(sc[i]) - Fp16ToFp32(sg[i])) > 1e-3f * (1.0f + std::abs(Fp16ToFp32(sc[i])));
+    }
+  }
+  const int64_t chunk_bytes = L.n_layer * (at / 64) * L.chunk_bytes(), v_bytes = L.n_layer * at * L.row_bytes();
+  std::printf("[vulkan backend] kv q4k: worst logits NMSE %.3g over %zu passes; host bytes differing from the CPU's: "
+              "K chunks %lld of %lld, V rows %lld of %lld, staged keys %lld\n",
+              worst, passes.size(), static_cast<long long>(chunk_bytes_differing), static_cast<long long>(chunk_bytes),
+              static_cast<long long>(v_bytes_differing), static_cast<long long>(v_bytes),
+              static_cast<long long>(staged_differing));
+  EXPECT_LE(chunk_bytes_differing, chunk_bytes / 1000);
+  EXPECT_LE(v_bytes_differing, v_bytes / 1000);
+  EXPECT_EQ(staged_differing, 0);
+  // Either backend continues from the other's cache exactly as from its own (the host blocks
+  // are byte-identical, so the logits must be too; the Vulkan backend uploads kv_cpu's blocks
+  // and staged keys, which it has never seen). Across backends the logits are only close: a
+  // value that lands within an ulp of an int8 rounding step can take another code.
+  const TokenId next = 42;
+  for (Backend* backend : {static_cast<Backend*>(cpu.get()), vulkan_.get()}) {
+    const bool is_cpu = backend == cpu.get();
+    SequenceKv& own = is_cpu ? kv_cpu : kv_gpu;
+    SequenceKv& other = is_cpu ? kv_gpu : kv_cpu;
+    const std::vector<float> from_own = Step(*backend, own, std::span<const TokenId>(&next, 1));
+    const std::vector<float> from_other = Step(*backend, other, std::span<const TokenId>(&next, 1));
+    ASSERT_EQ(from_own.size(), static_cast<size_t>(V));
+    EXPECT_EQ(from_own, from_other) << (is_cpu ? "cpu" : "vulkan") << " backend";
+    own.Truncate(at);  // within the incomplete chunk: lossless
+    other.Truncate(at);
   }
 }
 

@@ -27,9 +27,9 @@ Result<KvArena*> DeviceKvCache::ArenaFor(const KvLayout& layout) {
   auto arena = std::make_unique<KvArena>();
   arena->layout = layout;
   arena->row_stride = (layout.row_bytes() + 3) / 4 * 4;
-  if (arena->plane_bytes() > max_binding_bytes_) {
+  if (std::max(arena->k_plane_bytes(), arena->v_plane_bytes()) > max_binding_bytes_) {
     return Unsupported(fmt::format("one KV block plane ({} bytes) exceeds the device's storage binding ({} bytes)",
-                                   arena->plane_bytes(), max_binding_bytes_));
+                                   std::max(arena->k_plane_bytes(), arena->v_plane_bytes()), max_binding_bytes_));
   }
   arenas_.push_back(std::move(arena));
   return arenas_.back().get();
@@ -38,15 +38,15 @@ Result<KvArena*> DeviceKvCache::ArenaFor(const KvLayout& layout) {
 Status DeviceKvCache::Grow(KvArena& arena, int64_t n_slots) {
   std::vector<Buffer> k(arena.layout.n_layer), v(arena.layout.n_layer);
   for (int64_t l = 0; l < arena.layout.n_layer; ++l) {
-    KVFS_ASSIGN_OR_RETURN(k[l], ctx_.CreateBuffer(n_slots * arena.plane_bytes(), MemoryKind::kDevice));
-    KVFS_ASSIGN_OR_RETURN(v[l], ctx_.CreateBuffer(n_slots * arena.plane_bytes(), MemoryKind::kDevice));
+    KVFS_ASSIGN_OR_RETURN(k[l], ctx_.CreateBuffer(n_slots * arena.k_plane_bytes(), MemoryKind::kDevice));
+    KVFS_ASSIGN_OR_RETURN(v[l], ctx_.CreateBuffer(n_slots * arena.v_plane_bytes(), MemoryKind::kDevice));
   }
   if (arena.n_slots > 0) {
     Recorder rec(ctx_);
     KVFS_RETURN_IF_ERROR(rec.Begin());
     for (int64_t l = 0; l < arena.layout.n_layer; ++l) {
-      rec.Copy(arena.k_planes[l], 0, k[l], 0, arena.n_slots * arena.plane_bytes());
-      rec.Copy(arena.v_planes[l], 0, v[l], 0, arena.n_slots * arena.plane_bytes());
+      rec.Copy(arena.k_planes[l], 0, k[l], 0, arena.n_slots * arena.k_plane_bytes());
+      rec.Copy(arena.v_planes[l], 0, v[l], 0, arena.n_slots * arena.v_plane_bytes());
     }
     KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
   }
@@ -62,7 +62,7 @@ Result<int64_t> DeviceKvCache::AllocateSlot(KvArena& arena) {
   if (arena.free_slots.empty()) {
     // Grow (double) while the budget and the binding size allow it, else drop the least
     // recently used copy that no step of this pass needs.
-    const int64_t by_binding = max_binding_bytes_ / arena.plane_bytes();
+    const int64_t by_binding = max_binding_bytes_ / std::max(arena.k_plane_bytes(), arena.v_plane_bytes());
     const int64_t by_budget = arena.n_slots + (budget_bytes_ - used_bytes_) / arena.slot_bytes();
     const int64_t target = std::min({std::max(kInitialSlots, 2 * arena.n_slots), by_binding, by_budget});
     if (target > arena.n_slots) {
@@ -92,9 +92,19 @@ Status DeviceKvCache::Upload(SequenceKv& kv, int64_t block, const Resident& res,
   const KvArena& a = *res.arena;
   const int64_t B = a.layout.block_tokens, row_bytes = a.layout.row_bytes();
   const int64_t dst = (res.slot * B + r0) * a.row_stride;
+  const bool q4k = a.layout.format.KeysByChannel();
+  const int64_t C = a.layout.format.chunk, chunk_bytes = a.layout.chunk_bytes();
   for (int64_t l = 0; l < a.layout.n_layer; ++l) {
-    KVFS_RETURN_IF_ERROR(
-        uploader_.AddRows(kv.k_row(l, block * B + r0), r1 - r0, row_bytes, row_bytes, a.k_planes[l], dst, a.row_stride));
+    if (q4k) {  // the chunks complete at r1 that were not at r0
+      for (int64_t c = r0 / C; c < r1 / C; ++c) {
+        KVFS_RETURN_IF_ERROR(uploader_.AddRows(kv.k_chunk(l, block * B / C + c), 1, chunk_bytes, chunk_bytes,
+                                               a.k_planes[l], res.slot * a.k_plane_bytes() + c * chunk_bytes,
+                                               chunk_bytes));
+      }
+    } else {
+      KVFS_RETURN_IF_ERROR(uploader_.AddRows(kv.k_row(l, block * B + r0), r1 - r0, row_bytes, row_bytes, a.k_planes[l],
+                                             dst, a.row_stride));
+    }
     KVFS_RETURN_IF_ERROR(
         uploader_.AddRows(kv.v_row(l, block * B + r0), r1 - r0, row_bytes, row_bytes, a.v_planes[l], dst, a.row_stride));
   }
@@ -133,6 +143,43 @@ Status DeviceKvCache::Prepare(std::span<const SequenceStep> steps, std::vector<S
     for (int64_t b = 0; b < n_blocks; ++b) blocks[i].push_back(&resident_.at(steps[i].kv->block(b)->serial));
   }
 
+  // q4k: the pass's key rows, and the staged rows of each step's incomplete chunk in them.
+  int64_t key_rows = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const KvLayout& kl = steps[i].kv->layout();
+    if (!kl.format.KeysByChannel()) continue;
+    out[i].key_pos0 = out[i].n_old / kl.format.chunk * kl.format.chunk;
+    out[i].key_row0 = key_rows;
+    key_rows += out[i].n_new - out[i].key_pos0;
+    key_row_bytes_ = kl.row_values() * 2;
+    if (static_cast<int64_t>(keys_.size()) != kl.n_layer) {
+      keys_.clear();
+      keys_.resize(static_cast<size_t>(kl.n_layer));
+      key_rows_ = 0;
+    }
+  }
+  if (key_rows > key_rows_) {
+    if (key_rows * key_row_bytes_ > max_binding_bytes_) {
+      return Status(StatusCode::kResourceExhausted,
+                    fmt::format("a pass of {} q4k key rows exceeds the device's storage binding", key_rows));
+    }
+    const int64_t rows = std::min(std::max(key_rows, 2 * key_rows_), max_binding_bytes_ / key_row_bytes_);
+    for (Buffer& b : keys_) {
+      KVFS_ASSIGN_OR_RETURN(b, ctx_.CreateBuffer(rows * key_row_bytes_, MemoryKind::kDevice));
+    }
+    key_rows_ = rows;
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const SequenceKv& kv = *steps[i].kv;
+    const int64_t staged = out[i].n_old - out[i].key_pos0;
+    if (!kv.layout().format.KeysByChannel() || staged == 0) continue;
+    for (int64_t l = 0; l < kv.layout().n_layer; ++l) {
+      KVFS_RETURN_IF_ERROR(uploader_.AddRows(reinterpret_cast<const uint8_t*>(kv.k_staging(l, out[i].key_pos0)), staged,
+                                             key_row_bytes_, key_row_bytes_, keys_[l], out[i].key_row0 * key_row_bytes_,
+                                             key_row_bytes_));
+    }
+  }
+
   if (table_.bytes() < table_entries * 4) {
     KVFS_ASSIGN_OR_RETURN(table_, ctx_.CreateBuffer(table_entries * 4 * 2, MemoryKind::kUpload));
   }
@@ -164,12 +211,43 @@ KvView DeviceKvCache::View(const StepKv& s, int64_t layer) const {
   v.format = s.arena->layout.format;
   v.block_tokens = s.arena->layout.block_tokens;
   v.row_stride = s.arena->row_stride;
+  if (s.arena->layout.format.KeysByChannel()) {
+    v.k_slot_bytes = s.arena->k_plane_bytes();
+    v.keys = &keys_[layer];
+    v.key_row0 = s.key_row0;
+    v.key_pos0 = s.key_pos0;
+  }
   return v;
 }
 
+// What a step's write-back copies, per layer: its new V rows (and K rows but for q4k); q4k: the
+// chunks the pass completed and the rows of the chunk left incomplete.
+namespace {
+struct WriteBackShape {
+  int64_t chunk0 = 0, n_chunks = 0;  // q4k
+  int64_t staged0 = 0;               // q4k: first position of the incomplete chunk (staged rows to n_new)
+};
+WriteBackShape ShapeOf(const StepKv& s) {
+  WriteBackShape w;
+  const KvFormat& f = s.arena->layout.format;
+  if (!f.KeysByChannel()) return w;
+  w.chunk0 = s.n_old / f.chunk;
+  w.n_chunks = s.n_new / f.chunk - w.chunk0;
+  w.staged0 = s.n_new / f.chunk * f.chunk;
+  return w;
+}
+}  // namespace
+
 Status DeviceKvCache::RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs) {
   int64_t bytes = 0;
-  for (const StepKv& s : kvs) bytes += (s.n_new - s.n_old) * 2 * s.arena->layout.n_layer * s.arena->row_stride;
+  for (const StepKv& s : kvs) {
+    const KvArena& a = *s.arena;
+    const WriteBackShape w = ShapeOf(s);
+    const int64_t k_bytes = a.layout.format.KeysByChannel()
+                                ? w.n_chunks * a.layout.chunk_bytes() + (s.n_new - w.staged0) * key_row_bytes_
+                                : (s.n_new - s.n_old) * a.row_stride;
+    bytes += a.layout.n_layer * (k_bytes + (s.n_new - s.n_old) * a.row_stride);
+  }
   if (readback_.bytes() < bytes) {
     KVFS_ASSIGN_OR_RETURN(readback_, ctx_.CreateBuffer(bytes, MemoryKind::kReadback));
   }
@@ -178,8 +256,25 @@ Status DeviceKvCache::RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs
   for (const StepKv& s : kvs) {
     const KvArena& a = *s.arena;
     const int64_t B = a.layout.block_tokens;
+    const bool q4k = a.layout.format.KeysByChannel();
+    const WriteBackShape w = ShapeOf(s);
     for (int64_t l = 0; l < a.layout.n_layer; ++l) {
+      if (q4k) {
+        const int64_t C = a.layout.format.chunk, chunk_bytes = a.layout.chunk_bytes();
+        for (int64_t c = w.chunk0; c < w.chunk0 + w.n_chunks; ++c) {
+          const int64_t slot = table[s.table0 + c * C / B];
+          rec.Copy(a.k_planes[l], slot * a.k_plane_bytes() + (c * C % B) / C * chunk_bytes, readback_, at, chunk_bytes);
+          at += chunk_bytes;
+        }
+        const int64_t staged = s.n_new - w.staged0;
+        if (staged > 0) {
+          rec.Copy(keys_[l], (s.key_row0 + w.staged0 - s.key_pos0) * key_row_bytes_, readback_, at,
+                   staged * key_row_bytes_);
+          at += staged * key_row_bytes_;
+        }
+      }
       for (const std::vector<Buffer>* planes : {&a.k_planes, &a.v_planes}) {
+        if (q4k && planes == &a.k_planes) continue;
         // Runs of consecutive positions within one block are contiguous on the device.
         for (int64_t p = s.n_old; p < s.n_new;) {
           const int64_t end = std::min(s.n_new, (p / B + 1) * B);
@@ -200,8 +295,21 @@ void DeviceKvCache::FinishWriteBack(std::span<const SequenceStep> steps, std::sp
     SequenceKv& kv = *steps[i].kv;
     const StepKv& s = kvs[i];
     const int64_t row_bytes = kv.layout().row_bytes(), B = kv.layout().block_tokens;
+    const bool q4k = kv.layout().format.KeysByChannel();
+    const WriteBackShape w = ShapeOf(s);
     for (int64_t l = 0; l < kv.layout().n_layer; ++l) {
-      for (int plane = 0; plane < 2; ++plane) {
+      if (q4k) {
+        const int64_t chunk_bytes = kv.layout().chunk_bytes();
+        for (int64_t c = w.chunk0; c < w.chunk0 + w.n_chunks; ++c, in += chunk_bytes) {
+          std::memcpy(kv.k_chunk(l, c), in, static_cast<size_t>(chunk_bytes));
+        }
+        const int64_t staged_bytes = (s.n_new - w.staged0) * key_row_bytes_;
+        if (staged_bytes > 0) {
+          std::memcpy(kv.k_staging(l, w.staged0), in, static_cast<size_t>(staged_bytes));
+          in += staged_bytes;
+        }
+      }
+      for (int plane = q4k ? 1 : 0; plane < 2; ++plane) {
         for (int64_t p = s.n_old; p < s.n_new; ++p, in += s.arena->row_stride) {
           std::memcpy(plane == 0 ? kv.k_row(l, p) : kv.v_row(l, p), in, static_cast<size_t>(row_bytes));
         }
@@ -226,12 +334,16 @@ int64_t DeviceKvCache::Forget(Recorder& rec, std::span<const uint64_t> serials) 
     KvArena& a = *it->second.arena;
     const int64_t slot = it->second.slot;
     for (int64_t l = 0; l < a.layout.n_layer; ++l) {
-      rec.Zero(a.k_planes[l], slot * a.plane_bytes(), a.plane_bytes());
-      rec.Zero(a.v_planes[l], slot * a.plane_bytes(), a.plane_bytes());
+      rec.Zero(a.k_planes[l], slot * a.k_plane_bytes(), a.k_plane_bytes());
+      rec.Zero(a.v_planes[l], slot * a.v_plane_bytes(), a.v_plane_bytes());
     }
     a.free_slots.push_back(slot);
     resident_.erase(it);
     ++n;
+  }
+  // q4k: the last pass's key rows may hold keys of the freed blocks' sequence.
+  if (n > 0) {
+    for (const Buffer& b : keys_) rec.Zero(b, 0, b.bytes());
   }
   return n;
 }
@@ -247,10 +359,10 @@ Result<std::vector<uint8_t>> DeviceKvCache::ReadSlot(Recorder& rec, const KvAren
   KVFS_RETURN_IF_ERROR(rec.Begin());
   int64_t at = 0;
   for (int64_t l = 0; l < a.layout.n_layer; ++l) {
-    rec.Copy(a.k_planes[l], slot * a.plane_bytes(), out, at, a.plane_bytes());
-    at += a.plane_bytes();
-    rec.Copy(a.v_planes[l], slot * a.plane_bytes(), out, at, a.plane_bytes());
-    at += a.plane_bytes();
+    rec.Copy(a.k_planes[l], slot * a.k_plane_bytes(), out, at, a.k_plane_bytes());
+    at += a.k_plane_bytes();
+    rec.Copy(a.v_planes[l], slot * a.v_plane_bytes(), out, at, a.v_plane_bytes());
+    at += a.v_plane_bytes();
   }
   KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
   return std::vector<uint8_t>(out.mapped(), out.mapped() + a.slot_bytes());

@@ -22,6 +22,13 @@
 // When the pool frees a host block (erasure, eviction, a finished writable tail), the engine
 // passes its serial to Forget: the device copy is overwritten with zeros and its slot freed
 // before the erasure returns.
+// q4k (keys per channel in chunks of C tokens): a slot's K plane holds the block's chunks
+// (k_slot_bytes); the keys of each step's incomplete chunk and of its new tokens live, per pass,
+// as f16 rows in the pass's key rows (one buffer per layer: the host's staged rows are uploaded
+// at Prepare, kv_store-like k_stage writes the new ones, k_chunks encodes the chunks a pass
+// completes); write-back copies the new V rows, the completed chunks and the rows of the chunk
+// left incomplete into the host block (its chunks and staging area), as the CPU backend's
+// FlushKeyChunks does.
 // Not yet: blocks living only in device memory (moving device <-> host <-> disk with the block
 // pool's eviction).
 #pragma once
@@ -44,10 +51,12 @@ struct KvArena {
   KvLayout layout;
   int64_t row_stride = 0;  // bytes between device rows: the row's bytes rounded up to a word
   int64_t n_slots = 0;     // blocks it holds
-  std::vector<Buffer> k_planes, v_planes;  // [n_layer]: n_slots * block_tokens rows each
+  std::vector<Buffer> k_planes, v_planes;  // [n_layer]: n_slots slots each
   std::vector<int64_t> free_slots;
-  int64_t plane_bytes() const { return layout.block_tokens * row_stride; }  // one slot, one plane
-  int64_t slot_bytes() const { return 2 * layout.n_layer * plane_bytes(); }
+  // One slot of one layer: V (and K but for q4k) block_tokens rows; q4k K the block's chunks.
+  int64_t v_plane_bytes() const { return layout.block_tokens * row_stride; }
+  int64_t k_plane_bytes() const { return layout.format.KeysByChannel() ? layout.k_plane_bytes() : v_plane_bytes(); }
+  int64_t slot_bytes() const { return layout.n_layer * (k_plane_bytes() + v_plane_bytes()); }
 };
 
 // One step's KV during a pass.
@@ -56,6 +65,10 @@ struct StepKv {
   uint32_t table0 = 0;  // its first entry in the block table
   int64_t n_old = 0;    // positions valid before the pass
   int64_t n_new = 0;    // after it
+  // q4k: the pass's key rows of this step start at row key_row0, holding position key_pos0
+  // (the start of the chunk holding n_old); rows up to n_new.
+  int64_t key_row0 = 0;
+  int64_t key_pos0 = 0;
 };
 
 class DeviceKvCache {
@@ -107,6 +120,8 @@ class DeviceKvCache {
   std::vector<std::unique_ptr<KvArena>> arenas_;
   std::unordered_map<uint64_t, Resident> resident_;  // by PoolBlock::serial
   Buffer table_;     // host-visible uint32 block tables of the pass, steps back to back
+  std::vector<Buffer> keys_;  // q4k: [n_layer] the pass's f16 key rows (StepKv::key_row0)
+  int64_t key_row_bytes_ = 0, key_rows_ = 0;
   Buffer readback_;  // host-visible: the pass's new rows, per step, layer, K then V
 };
 

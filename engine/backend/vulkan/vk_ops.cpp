@@ -40,6 +40,7 @@ struct KvStoreParams {
 struct ScoresParams {
   uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
   float hadamard_scale;
+  uint32_t slot_words, n_channels, key_row0, key_pos0;
 };
 struct KStageParams {
   uint32_t n_tokens, row_words, src_stride, src_row0, dst_row0;
@@ -72,7 +73,7 @@ constexpr ShaderInterface kMatmulF32{"matmul_f32", 4, sizeof(MatFloatParams)};
 constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
 constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
 constexpr ShaderInterface kKvStore{"kv_store", 3, sizeof(KvStoreParams)};
-constexpr ShaderInterface kScores{"attn_scores", 4, sizeof(ScoresParams)};
+constexpr ShaderInterface kScores{"attn_scores", 5, sizeof(ScoresParams)};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
 constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
@@ -288,8 +289,11 @@ Status Ops::KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const 
 
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                        int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores) {
-  const uint32_t spec[] = {kElementwiseGroup, static_cast<uint32_t>(kv.format.type), U32(kv.format.group),
-                           U32(shape.head_dim), kv.format.rotate ? 1u : 0u};
+  // q4k: a workgroup is one K chunk.
+  const bool q4k = kv.format.KeysByChannel();
+  const uint32_t wg = q4k ? U32(kv.format.chunk) : kElementwiseGroup;
+  const uint32_t spec[] = {wg, static_cast<uint32_t>(kv.format.type), U32(kv.format.group),
+                           U32(shape.head_dim), kv.format.RotatesK() ? 1u : 0u, q4k ? U32(kv.format.chunk) : 64u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kScores, spec));
   const int64_t n_ctx = pos0 + n_tokens;
   const ScoresParams params{U32(pos0),
@@ -301,8 +305,13 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(kv.block_tokens),
                             U32(kv.row_stride),
                             kv.table0,
-                            HadamardScale(shape.head_dim)};
-  return rec.Dispatch(*p, {&q, kv.k_plane, kv.block_table, &scores}, &params, CeilDiv(n_ctx, kElementwiseGroup),
+                            HadamardScale(shape.head_dim),
+                            U32(kv.k_slot_bytes / 4),
+                            U32(shape.n_head_kv * shape.head_dim),
+                            U32(kv.key_row0),
+                            U32(kv.key_pos0)};
+  const Buffer* keys = kv.keys != nullptr ? kv.keys : &unused_;
+  return rec.Dispatch(*p, {&q, kv.k_plane, kv.block_table, &scores, keys}, &params, CeilDiv(n_ctx, wg),
                       U32(shape.n_head), U32(n_tokens));
 }
 
@@ -340,7 +349,7 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                        int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
                        int64_t n_splits, const Buffer* partials) {
   const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kv.format.type), U32(kv.format.group),
-                           U32(shape.head_dim), kv.format.rotate ? 1u : 0u};
+                           U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kOutput, spec));
   const int64_t n_ctx = pos0 + n_tokens;
   const OutputParams params{U32(pos0),
@@ -361,7 +370,7 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
 
 Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
                        int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0) {
-  const uint32_t spec[] = {kElementwiseGroup, U32(shape.head_dim), kv.format.rotate ? 1u : 0u};
+  const uint32_t spec[] = {kElementwiseGroup, U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kReduce, spec));
   const ReduceParams params{U32(shape.n_head), U32(n_splits), U32(out_stride), U32(out_row0),
                             HadamardScale(shape.head_dim)};

@@ -1,7 +1,8 @@
 // The Vulkan forward pass over a batch of sequences (llama and qwen2), the same computation as
 // the CPU backend (cpu_backend.cpp) op for op, with the shaders of shaders/:
 //   embed -> per layer: rms_norm, q/k/v matmuls (+bias), rope, kv_store (K and V encoded into
-//   the KV format on the device, rotated when the format rotates), attention (scores, softmax,
+//   the KV format on the device, rotated when the format rotates; q4k keys: k_stage, then
+//   k_chunks for the chunks the tokens complete), attention (scores, softmax,
 //   weighted V, reading the encoded rows of the sequence's device KV blocks), wo matmul
 //   (+residual), rms_norm, gate/up matmuls, swiglu, down matmul (+residual) -> final rms_norm
 //   of the rows whose logits are wanted -> output matmul.
@@ -193,12 +194,28 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces) {
   const int64_t n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv();
   // New K/V rows first (a query attends to its own position), then attention piece by piece,
   // in chunks of tokens whose scores fit the scores buffer.
+  // q4k: keys as f16 rows into the pass's key rows, then the chunks each piece completes.
+  bool chunks = false;
   for (const Piece& pc : pieces) {
     const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
-    KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.k_plane, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
+    if (view.format.KeysByChannel()) {
+      KVFS_RETURN_IF_ERROR(ops_->KStage(*rec_, view, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
+      chunks = chunks || (pc.pos0 + pc.n) / view.format.chunk > pc.pos0 / view.format.chunk;
+    } else {
+      KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.k_plane, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
+    }
     KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
   }
   rec_->Barrier();
+  if (chunks) {
+    for (const Piece& pc : pieces) {
+      const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
+      if (!view.format.KeysByChannel()) continue;
+      const int64_t C = view.format.chunk;
+      KVFS_RETURN_IF_ERROR(ops_->KChunks(*rec_, view, shape, pc.pos0 / C, (pc.pos0 + pc.n) / C - pc.pos0 / C));
+    }
+    rec_->Barrier();
+  }
   const int64_t score_floats = scores_.bytes() / 4;
   for (const Piece& pc : pieces) {
     const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
@@ -301,9 +318,6 @@ Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) 
     const KvLayout& kl = s.kv->layout();
     if (kl.n_layer != hp_.n_layer || kl.n_head_kv != hp_.n_head_kv || kl.head_dim != hp_.head_dim) {
       return InvalidArgument("KV layout does not match the model");
-    }
-    if (kl.format.KeysByChannel()) {
-      return Unsupported("the Vulkan backend has no kernels for q4k KV (keys by channel); use --backend cpu or --kv q4");
     }
     for (TokenId id : s.tokens) {
       if (id < 0 || id >= hp_.n_vocab) return InvalidArgument(fmt::format("token id {} out of range", id));

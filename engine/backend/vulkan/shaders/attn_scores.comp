@@ -15,6 +15,7 @@ layout(constant_id = 1) const uint KV_TYPE = 1;
 layout(constant_id = 2) const uint KV_GROUP = 64;
 layout(constant_id = 3) const uint HD = 64;  // head_dim
 layout(constant_id = 4) const uint ROTATE = 0;
+layout(constant_id = 5) const uint CHUNK = 64;  // q4k: tokens per K chunk (= WG for q4k)
 
 layout(push_constant) uniform Params {
   uint pos0;          // position of query token 0
@@ -27,12 +28,19 @@ layout(push_constant) uniform Params {
   uint row_stride;    // bytes between device KV rows
   uint table0;        // this sequence's first entry in block_table
   float hadamard_scale;
+  // q4k: complete chunks are read from the K plane (slot_words per slot), the keys of a query's
+  // incomplete chunk from the pass's f16 key rows (row key_row0 holds position key_pos0).
+  uint slot_words;
+  uint n_channels;    // values per key row
+  uint key_row0;
+  uint key_pos0;
 } p;
 
 layout(binding = 0) readonly buffer Queries { float q[]; };             // [..][q_stride]
 layout(binding = 1) readonly buffer Plane { uint kv_words[]; };         // K rows of this layer
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
 layout(binding = 3) writeonly buffer Scores { float scores[]; };        // [n_tokens][n_head][score_stride]
+layout(binding = 4) readonly buffer Keys { uint key_words[]; };         // q4k: [rows][n_channels / 2] f16 pairs
 
 #include "common.glsl"
 #include "kv_rows.glsl"
@@ -45,7 +53,9 @@ shared float hvec[HD];
 // the same arithmetic: the query cut into blocks of 32, each quantized with a power-of-two scale
 // (exact: every implementation gets the same codes), integer sums against the centred key
 // codes, then t_b = fma(m + 8d, qsum_b, float(isum_b) * (d * sq_b)), added left to right.
-const bool kInt8Queries = KV_TYPE == kKvQ4 && HD % 32u == 0u && KV_GROUP % 32u == 0u;
+// (A product, not &&: glslang turns && of specialization constants into branches, which
+// spirv-val rejects once the flag is read outside main.)
+const bool kInt8Queries = uint(KV_TYPE == kKvQ4) * uint(HD % 32u == 0u) * uint(KV_GROUP % 32u == 0u) != 0u;
 const uint kBlocks = HD / 32u + 1u;  // + 1: never an empty array
 shared int qcode[HD];
 shared float qscale[kBlocks], qsum[kBlocks];
@@ -91,6 +101,98 @@ float Int8QueryScore(uint row, uint first) {
   return s;
 }
 
+// q4k keys (engine/backend/cpu/attention.h, DotChunks): a workgroup is one chunk. A chunk the
+// query sees whole is scored from its records as the CPU's integer path does: per chunk the
+// query times the channel scales, a_c = q_c d_c, quantized to int8 per block of 32 channels,
+// base = sum_c fma(q_c, m_c + 8 d_c) in 16 lanes reduced pairwise, then per token
+// score = base, score = fma(float(isum_b), sa_b, score) for each block. (Head sizes that are not
+// a multiple of 32 dot the decoded keys in float.) Keys of the query's incomplete chunk are the
+// pass's f16 rows.
+const bool kChunksInt8 = uint(KV_TYPE == kKvQ4K) * uint(HD % 32u == 0u) != 0u;
+shared float chunk_d[HD], chunk_m[HD];
+shared int chunk_code[HD];  // int8 codes of a_c
+shared float chunk_scale[kBlocks];
+shared float chunk_base;
+
+uint ChunkRecord(uint chunk, uint ch) {  // byte offset of channel ch's record
+  const uint pos = chunk * CHUNK, record = 4u + CHUNK / 2u;
+  const uint slot = block_table[p.table0 + pos / p.block_tokens];
+  return slot * p.slot_words * 4u + ((pos % p.block_tokens) / CHUNK * p.n_channels + ch) * record;
+}
+
+uint ChunkCode(uint record, uint t) {
+  const uint b = KvU8(record + 4u + t / 2u);
+  return (t & 1u) != 0u ? (b >> 4) : (b & 15u);
+}
+
+// Barriers in uniform control flow only: every invocation runs them, `whole` says whether there
+// is a chunk to prepare.
+void PrepareChunk(uint chunk, uint first, uint tid, bool whole) {
+  for (uint c = tid; whole && c < HD; c += WG) {
+    const uint record = ChunkRecord(chunk, first + c);
+    chunk_d[c] = F16BitsToF32(KvU16(record));
+    chunk_m[c] = F16BitsToF32(KvU16(record + 2u));
+  }
+  barrier();
+  if (whole && kChunksInt8) {
+    for (uint b = tid; b < HD / 32u; b += WG) {
+      float amax = 0.0;
+      for (uint j = 0u; j < 32u; ++j) {
+        precise float a = hvec[32u * b + j] * chunk_d[32u * b + j];
+        amax = max(amax, abs(a));
+      }
+      const int e = Int8ScaleExponent(amax);
+      for (uint j = 0u; j < 32u; ++j) {
+        precise float a = hvec[32u * b + j] * chunk_d[32u * b + j];
+        chunk_code[32u * b + j] = Int8Code(a, amax, e);
+      }
+      chunk_scale[b] = Int8Scale(amax, e);
+    }
+    if (tid == 0u) {
+      precise float lanes[16];
+      for (uint l = 0u; l < 16u; ++l) lanes[l] = 0.0;
+      for (uint c = 0u; c < HD; ++c) {
+        precise float m8 = chunk_m[c] + 8.0 * chunk_d[c];
+        lanes[c % 16u] = fma(hvec[c], m8, lanes[c % 16u]);
+      }
+      for (uint w = 8u; w >= 1u; w /= 2u) {
+        for (uint l = 0u; l < w; ++l) lanes[l] += lanes[l + w];
+      }
+      chunk_base = lanes[0];
+    }
+  }
+  barrier();
+}
+
+float ChunkScore(uint chunk, uint first, uint t) {
+  const uint base = ChunkRecord(chunk, first), record = 4u + CHUNK / 2u;  // channels' records are contiguous
+  precise float s = 0.0;
+  if (kChunksInt8) {
+    s = chunk_base;
+    for (uint b = 0u; b < HD / 32u; ++b) {
+      int isum = 0;
+      for (uint c = 32u * b; c < 32u * b + 32u; ++c) isum += chunk_code[c] * (int(ChunkCode(base + c * record, t)) - 8);
+      s = fma(float(isum), chunk_scale[b], s);
+    }
+  } else {
+    for (uint c = 0u; c < HD; ++c) {
+      precise float key = chunk_m[c] + chunk_d[c] * float(ChunkCode(base + c * record, t));
+      s += hvec[c] * key;
+    }
+  }
+  return s;
+}
+
+float StagedKeyScore(uint pos, uint first) {
+  const uint row = p.key_row0 + pos - p.key_pos0;
+  precise float s = 0.0;
+  for (uint d = 0u; d < HD; ++d) {
+    const uint ch = first + d, w = key_words[row * (p.n_channels / 2u) + ch / 2u];
+    s += hvec[d] * F16BitsToF32((ch & 1u) != 0u ? (w >> 16) : (w & 0xFFFFu));
+  }
+  return s;
+}
+
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint h = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
@@ -106,6 +208,16 @@ void main() {
   if (kInt8Queries) {
     QuantizeQueryBlocks(tid);
     barrier();
+  }
+  if (KV_TYPE == kKvQ4K) {  // WG == CHUNK: this workgroup is chunk gl_WorkGroupID.x
+    const uint chunk = gl_WorkGroupID.x, first = (h / p.group) * HD;
+    const bool whole = (chunk + 1u) * CHUNK <= n_visible / CHUNK * CHUNK;
+    PrepareChunk(chunk, first, tid, whole);
+    const uint pos = chunk * CHUNK + tid;
+    if (pos >= n_visible) return;
+    const float s = whole ? ChunkScore(chunk, first, tid) : StagedKeyScore(pos, first);
+    scores[(t * p.n_head + h) * p.score_stride + pos] = s;
+    return;
   }
 
   const uint pos = gl_WorkGroupID.x * WG + tid;

@@ -21,8 +21,23 @@ uint KvGroupBytes() {
   return KV_TYPE == kKvF16 ? 2u * KV_GROUP : (KV_TYPE == kKvQ8 ? KV_GROUP + 2u : KV_GROUP / 2u + 4u);
 }
 
+// Value i of a q4k V row: M * mn + (D * sc) * q, sub-block j's 10-bit field at bit 10 (j % 4)
+// of its quad's 5 field bytes.
+float KvValueQ4k(uint row, uint i) {
+  const uint j = i / KV_GROUP, r = i % KV_GROUP, k = j % 4u;
+  const uint fields = row + 4u + (j / 4u) * (5u + 2u * KV_GROUP);
+  const uint at = fields + (10u * k) / 8u;
+  const uint field = ((KvU8(at) | (KvU8(at + 1u) << 8)) >> ((10u * k) % 8u)) & 0x3FFu;
+  precise float d = F16BitsToF32(KvU16(row)) * float(field & 31u);
+  precise float m = F16BitsToF32(KvU16(row + 2u)) * float(int(field >> 5) - 15);
+  const uint byte_value = KvU8(fields + 5u + k * (KV_GROUP / 2u) + r / 2u);
+  precise float v = m + d * float((r & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u));
+  return v;
+}
+
 // Value i of the row that starts at byte `row`, decoded as KvDequantize does.
 float KvValue(uint row, uint i) {
+  if (KV_TYPE == kKvQ4K) return KvValueQ4k(row, i);
   if (KV_TYPE == kKvF16) return F16BitsToF32(KvU16(row + 2u * i));
   const uint group = row + (i / KV_GROUP) * KvGroupBytes();
   const uint j = i % KV_GROUP;
