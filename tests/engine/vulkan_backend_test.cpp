@@ -157,12 +157,17 @@ TEST_F(VulkanBackendTest, Q4kMatchesTheCpuBackend) {
 }
 
 TEST_F(VulkanBackendTest, BatchedEqualsAlone) {
-  const std::vector<std::vector<TokenId>> prompts = {prompt_, {1, 15043}, {1, 450, 4996, 17354, 1701, 29916}};
-  const char* types[] = {"f16", "q8", "q4"};
+  // Two q4k sequences: the second's key rows start after the first's in the pass's key rows,
+  // and the long one completes a chunk in the prefill.
+  std::vector<TokenId> long_prompt = prompt_;
+  while (long_prompt.size() < 100) long_prompt.insert(long_prompt.end(), prompt_.begin() + 1, prompt_.end());
+  const std::vector<std::vector<TokenId>> prompts = {prompt_, {1, 15043}, {1, 450, 4996, 17354, 1701, 29916},
+                                                     long_prompt, {1, 450, 4996}};
+  const char* types[] = {"f16", "q8", "q4", "q4k", "q4k"};
   const int64_t V = hp().n_vocab;
   std::vector<std::vector<float>> alone;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    SequenceKv kv(Layout(types[i]), 256);
+    SequenceKv kv(Layout(types[i], 64), 256);
     Step(*vulkan_, kv, prompts[i]);
     const TokenId next = 42;
     alone.push_back(Step(*vulkan_, kv, std::span<const TokenId>(&next, 1)));
@@ -170,7 +175,7 @@ TEST_F(VulkanBackendTest, BatchedEqualsAlone) {
   std::vector<std::unique_ptr<SequenceKv>> kvs;
   std::vector<SequenceStep> steps;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    kvs.push_back(std::make_unique<SequenceKv>(Layout(types[i]), 256));
+    kvs.push_back(std::make_unique<SequenceKv>(Layout(types[i], 64), 256));
     steps.push_back({kvs.back().get(), prompts[i], false});
   }
   Logits lg;
