@@ -14,12 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/backend/backend.h"
 #include "engine/model/quants.h"
 #include "engine/runtime/engine.h"
 #include "engine/store/safetensors.h"
 #include "tests/engine/engine_test_util.h"
-#include "tests/test_support.h"
 
 namespace kvfs {
 namespace {
@@ -313,44 +311,11 @@ TEST_F(EngineQ4kTest, ExportImportCarriesStagedRows) {
 // chunks and stages the keys the host keeps), after a restart (the stored tail's staged rows
 // uploaded), and erasure clears the device copies.
 TEST_F(EngineQ4kTest, VulkanBackendRepliesAsTheCpu) {
-  KVFS_REQUIRE_VULKAN(ListVulkanDevices().status());
-  std::vector<std::string> cpu_replies;
-  {
-    EngineOptions on_cpu = Options();
-    on_cpu.store_dir.clear();  // not in the store: its blocks would be shared with the GPU agent's
-    auto cpu = CreateEngine(on_cpu);
-    ASSERT_TRUE(cpu.ok());
-    ASSERT_TRUE((*cpu)->CreateAgent("cpu", 0).ok());
-    Greedy(**cpu, "cpu");
-    for (const char* t : kTurns) cpu_replies.push_back(RunTurn(**cpu, "cpu", t).reply);
-  }
-  EngineOptions o = Options();
-  o.backend = "vulkan";
-  {
-    auto e = CreateEngine(o);
-    ASSERT_TRUE(e.ok()) << e.status().message();
-    ASSERT_TRUE((*e)->CreateAgent("gpu", 0).ok());
-    Greedy(**e, "gpu");
-    for (int i = 0; i < 2; ++i) {
-      TurnOutcome out = RunTurn(**e, "gpu", kTurns[i]);
-      ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
-      EXPECT_EQ(out.reply, cpu_replies[i]) << "turn " << i;
-    }
-    EXPECT_GT((*e)->Stats().device_block_copies, 0);
-  }
-  auto e = CreateEngine(o);
-  ASSERT_TRUE(e.ok());
-  const store::Manifest m = ReadManifest(o.store_dir, "gpu");
-  ASSERT_TRUE(m.tail.has_value());
-  EXPECT_NE(m.tail->n_tokens % kChunk, 0) << "the stored tail has no staged rows: the restart does not cover them";
-  TurnOutcome out = RunTurn(**e, "gpu", kTurns[2]);
-  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
-  EXPECT_GT(out.stats->reused_tokens, 0);
-  EXPECT_EQ(out.reply, cpu_replies[2]);
-  EXPECT_GT((*e)->Stats().device_block_copies, 0);
-  ASSERT_TRUE((*e)->EraseAgent("gpu").ok());
-  EXPECT_EQ((*e)->Stats().device_block_copies, 0);
-  EXPECT_EQ((*e)->Stats().memory_used_bytes, 0);
+  ExpectVulkanRepliesAsTheCpu(kTurns, [&] {
+    const store::Manifest m = ReadManifest(Options().store_dir, "gpu");
+    ASSERT_TRUE(m.tail.has_value());
+    EXPECT_NE(m.tail->n_tokens % kChunk, 0) << "the stored tail has no staged rows: the restart does not cover them";
+  });
 }
 
 // Erasure zeroes and frees every block, the tail (with its staging area) included.

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <string>
+#include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/generate.h"
 #include "engine/store/manifest.h"
@@ -114,6 +117,50 @@ class EngineTestBase : public ::testing::Test {
     s.max_tokens = 20;
     s.kv = kv_;
     ASSERT_TRUE(e.SetSettings(agent, s).ok());
+  }
+
+  // On the Vulkan backend (skips without a device, as KVFS_REQUIRE_VULKAN says): an agent's
+  // greedy replies to three turns equal a CPU agent's; the last turn runs after a restart,
+  // resumed from the store (`before_last_turn` may check the stored state first); erasure then
+  // leaves no device copies and no memory in use.
+  void ExpectVulkanRepliesAsTheCpu(const char* const (&turns)[3], const std::function<void()>& before_last_turn = {}) {
+    KVFS_REQUIRE_VULKAN(ListVulkanDevices().status());
+    std::vector<std::string> cpu_replies;
+    {
+      EngineOptions on_cpu = Options();
+      on_cpu.store_dir.clear();  // not in the store: its blocks would be shared with the GPU agent's
+      auto cpu = CreateEngine(on_cpu);
+      ASSERT_TRUE(cpu.ok());
+      ASSERT_TRUE((*cpu)->CreateAgent("cpu", 0).ok());
+      Greedy(**cpu, "cpu");
+      for (const char* t : turns) cpu_replies.push_back(RunTurn(**cpu, "cpu", t).reply);
+    }
+    EngineOptions o = Options();
+    o.backend = "vulkan";
+    {
+      auto e = CreateEngine(o);
+      ASSERT_TRUE(e.ok()) << e.status().message();
+      EXPECT_EQ((*e)->ModelInfo()["backend"].get<std::string>().rfind("vulkan", 0), 0u) << (*e)->ModelInfo().dump();
+      ASSERT_TRUE((*e)->CreateAgent("gpu", 0).ok());
+      Greedy(**e, "gpu");
+      for (int i = 0; i < 2; ++i) {
+        TurnOutcome out = RunTurn(**e, "gpu", turns[i]);
+        ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+        EXPECT_EQ(out.reply, cpu_replies[i]) << "turn " << i;
+      }
+      EXPECT_GT((*e)->Stats().device_block_copies, 0);
+    }
+    if (before_last_turn) before_last_turn();
+    auto e = CreateEngine(o);  // restart: the third turn resumes from the stored cache
+    ASSERT_TRUE(e.ok());
+    TurnOutcome out = RunTurn(**e, "gpu", turns[2]);
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    EXPECT_GT(out.stats->reused_tokens, 0);
+    EXPECT_EQ(out.reply, cpu_replies[2]);
+    EXPECT_GT((*e)->Stats().device_block_copies, 0);
+    ASSERT_TRUE((*e)->EraseAgent("gpu").ok());
+    EXPECT_EQ((*e)->Stats().device_block_copies, 0);
+    EXPECT_EQ((*e)->Stats().memory_used_bytes, 0);
   }
 
   std::string kv_ = "f16";      // the agents' KV format
