@@ -167,16 +167,9 @@ TEST_F(VulkanAttentionTest, KeyChunksAreTheCpuEncoding) {
   const vk::Buffer src = Input(rows), table = Input(slots);
   const vk::Buffer plane = Output(3 * slot_bytes);
   const vk::Buffer keys = Output((C + T) * kRowValues * 2);
-  vk::KvView view;
-  view.k_plane = &plane;
-  view.v_plane = &plane;
-  view.block_table = &table;
-  view.format = *f;
-  view.block_tokens = B;
-  view.k_slot_bytes = slot_bytes;
-  view.keys = &keys;
-  view.key_row0 = 3;  // this sequence's rows start at row 3; row 3 holds position key_pos0
-  view.key_pos0 = pos0 / C * C;
+  // This sequence's key rows start at row 3; row 3 holds position key_pos0.
+  const vk::KvView view{.k_plane = &plane, .v_plane = &plane, .block_table = &table, .format = *f, .block_tokens = B,
+                        .k_slot_bytes = slot_bytes, .keys = &keys, .key_row0 = 3, .key_pos0 = pos0 / C * C};
   const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
   ASSERT_TRUE(Run([&](vk::Recorder& rec) {
                 KVFS_RETURN_IF_ERROR(ops_->KStage(rec, view, shape, src, kRowValues, 0, T, pos0));
@@ -337,16 +330,8 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
       const vk::Buffer kb = Input(k_dev), vb = Input(v_dev), table = Input(slots), qb = Input(q), sb = Input(staged);
       const vk::Buffer scores = Output(c.T * kHeads * n_ctx * 4), raw = Output(c.T * kHeads * n_ctx * 4);
       const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4), partials = Output(1 << 20);
-      vk::KvView view;
-      view.k_plane = &kb;
-      view.v_plane = &vb;
-      view.block_table = &table;
-      view.format = *f;
-      view.block_tokens = B;
-      view.row_stride = row_stride;
-      view.k_slot_bytes = slot_k;
-      view.keys = &sb;
-      view.key_pos0 = key_pos0;
+      const vk::KvView view{.k_plane = &kb, .v_plane = &vb, .block_table = &table, .format = *f, .block_tokens = B,
+                            .row_stride = row_stride, .k_slot_bytes = slot_k, .keys = &sb, .key_pos0 = key_pos0};
       const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
       const int64_t q_stride = kHeads * kHeadDim;
       const Status st = Run([&](vk::Recorder& rec) -> Status {

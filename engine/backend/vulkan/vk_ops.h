@@ -51,8 +51,8 @@ struct QuantizedActs {
 // One sequence's KV on the device for one layer: the K and V planes of its layout's arena,
 // indexed through a block table (block index -> device slot) starting at table0.
 struct KvView {
-  const Buffer* k_plane = nullptr;  // [slots * block_tokens][row_stride bytes]
-  const Buffer* v_plane = nullptr;
+  const Buffer* k_plane = nullptr;  // [slots * block_tokens][row_stride bytes]; q4k: [slots][k_slot_bytes]
+  const Buffer* v_plane = nullptr;  // [slots * block_tokens][row_stride bytes]
   const Buffer* block_table = nullptr;  // uint32 slots
   uint32_t table0 = 0;
   KvFormat format;
