@@ -136,8 +136,14 @@ TEST_F(VulkanOpsTest, QuantizeActivationsMatchCpuCodes) {
           want_hi = b.bsums[2 * (u % 8) + 1];
           code_diffs += std::memcmp(c, want, 32) != 0;
         } else {
-          const BlockQ8_1 b1 = LoadBlock<BlockQ8_1>(q.data(), u);
-          const BlockQ8_0 b0 = LoadBlock<BlockQ8_0>(q.data(), u);
+          // Only the row's own block type: the other's stride would read past the row.
+          BlockQ8_1 b1{};
+          BlockQ8_0 b0{};
+          if (kind == vk::ActKind::kQ8_1) {
+            b1 = LoadBlock<BlockQ8_1>(q.data(), u);
+          } else {
+            b0 = LoadBlock<BlockQ8_0>(q.data(), u);
+          }
           want = kind == vk::ActKind::kQ8_1 ? b1.qs : b0.qs;
           want_d = Fp16ToFp32(kind == vk::ActKind::kQ8_1 ? b1.d : b0.d);
           want_s = kind == vk::ActKind::kQ8_1 ? Fp16ToFp32(b1.s) : 0.0f;
