@@ -221,11 +221,13 @@ KvView DeviceKvCache::View(const StepKv& s, int64_t layer) const {
 }
 
 // What a step's write-back copies, per layer: its new V rows (and K rows but for q4k); q4k: the
-// chunks the pass completed and the rows of the chunk left incomplete.
+// chunks the pass completed and the new rows of the chunk left incomplete (the host already
+// holds its rows from before the pass: they were uploaded from there).
 namespace {
 struct WriteBackShape {
   int64_t chunk0 = 0, n_chunks = 0;  // q4k
-  int64_t staged0 = 0;               // q4k: first position of the incomplete chunk (staged rows to n_new)
+  int64_t chunk_start = 0;           // q4k: first position of the incomplete chunk
+  int64_t staged0 = 0;               // q4k: first staged row to copy (rows staged0 .. n_new)
 };
 WriteBackShape ShapeOf(const StepKv& s) {
   WriteBackShape w;
@@ -233,7 +235,8 @@ WriteBackShape ShapeOf(const StepKv& s) {
   if (!f.KeysByChannel()) return w;
   w.chunk0 = s.n_old / f.chunk;
   w.n_chunks = s.n_new / f.chunk - w.chunk0;
-  w.staged0 = s.n_new / f.chunk * f.chunk;
+  w.chunk_start = s.n_new / f.chunk * f.chunk;
+  w.staged0 = std::max(s.n_old, w.chunk_start);
   return w;
 }
 }  // namespace
@@ -273,13 +276,13 @@ Status DeviceKvCache::RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs
           at += staged * key_row_bytes_;
         }
       }
-      for (const std::vector<Buffer>* planes : {&a.k_planes, &a.v_planes}) {
-        if (q4k && planes == &a.k_planes) continue;
+      for (int plane = q4k ? 1 : 0; plane < 2; ++plane) {
+        const Buffer& rows = plane == 0 ? a.k_planes[l] : a.v_planes[l];
         // Runs of consecutive positions within one block are contiguous on the device.
         for (int64_t p = s.n_old; p < s.n_new;) {
           const int64_t end = std::min(s.n_new, (p / B + 1) * B);
           const int64_t slot = table[s.table0 + p / B];
-          rec.Copy((*planes)[l], (slot * B + p % B) * a.row_stride, readback_, at, (end - p) * a.row_stride);
+          rec.Copy(rows, (slot * B + p % B) * a.row_stride, readback_, at, (end - p) * a.row_stride);
           at += (end - p) * a.row_stride;
           p = end;
         }
@@ -305,7 +308,8 @@ void DeviceKvCache::FinishWriteBack(std::span<const SequenceStep> steps, std::sp
         }
         const int64_t staged_bytes = (s.n_new - w.staged0) * key_row_bytes_;
         if (staged_bytes > 0) {
-          std::memcpy(kv.k_staging(l, w.staged0), in, static_cast<size_t>(staged_bytes));
+          uint16_t* rows = kv.k_staging(l, w.chunk_start) + (w.staged0 - w.chunk_start) * kv.layout().row_values();
+          std::memcpy(rows, in, static_cast<size_t>(staged_bytes));
           in += staged_bytes;
         }
       }

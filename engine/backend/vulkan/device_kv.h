@@ -26,8 +26,8 @@
 // (k_slot_bytes); the keys of each step's incomplete chunk and of its new tokens live, per pass,
 // as f16 rows in the pass's key rows (one buffer per layer: the host's staged rows are uploaded
 // at Prepare, kv_store-like k_stage writes the new ones, k_chunks encodes the chunks a pass
-// completes); write-back copies the new V rows, the completed chunks and the rows of the chunk
-// left incomplete into the host block (its chunks and staging area), as the CPU backend's
+// completes); write-back copies the new V rows, the completed chunks and the new rows of the
+// chunk left incomplete into the host block (its chunks and staging area), as the CPU backend's
 // FlushKeyChunks does.
 // Not yet: blocks living only in device memory (moving device <-> host <-> disk with the block
 // pool's eviction).
