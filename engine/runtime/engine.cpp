@@ -13,6 +13,7 @@
 #include "engine/model/ggml_types.h"
 #include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
+#include "engine/store/manifest.h"
 
 namespace kvfs {
 
@@ -410,6 +411,8 @@ Status Engine::SetSettings(const std::string& name, const AgentSettings& setting
 }
 
 Status Engine::SubmitTurn(TurnRequest request) {
+  // The conversation is stored as JSON text: refuse what it could not hold now, not at commit.
+  if (!store::ValidUtf8(request.text)) return InvalidArgument("the prompt is not valid UTF-8");
   {
     std::lock_guard lock(mu_);
     if (stopping_) return Internal("the engine is shutting down");

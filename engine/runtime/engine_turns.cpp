@@ -9,6 +9,7 @@
 #include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
 #include "engine/runtime/prefill_plan.h"
+#include "engine/store/manifest.h"
 
 namespace kvfs {
 
@@ -464,6 +465,11 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     a.conversation.push_back(ConversationTurn{"assistant", turn.reply});
     a.tokens = turn.context;
     a.cached_text = turn.rendered_prompt + turn.fed_text;
+    // Byte tokens can leave the fed text invalid UTF-8 (a character cut by max_tokens, bytes
+    // that form none). The reply shows U+FFFD there, so the next turn's rendering never extends
+    // this text, and the manifest (JSON) cannot hold it: keep it unknown, as for an imported
+    // cache, which matches the next turn on tokens (the common prefix is still reused).
+    if (!store::ValidUtf8(a.cached_text)) a.cached_text.clear();
     a.updated_ms = Now();
     counters_.tokens_reused += static_cast<uint64_t>(stats.reused_tokens);
     counters_.tokens_computed += static_cast<uint64_t>(stats.prefilled_tokens + std::max<int64_t>(0, stats.generated_tokens - 1));

@@ -346,6 +346,73 @@ TEST_F(EngineTest, PromptLongerThanContextFailsTheTurn) {
   EXPECT_EQ(info->turns, 0u);
 }
 
+// Byte tokens whose bytes form no UTF-8 (the random-weight tiny-llama emits some within 128
+// greedy tokens of this prompt) must not fail the turn: its reply shows U+FFFD, the manifest
+// stays JSON, and after a restart the next turn replies as on an engine that never restarted.
+// A prompt that is not UTF-8 is refused at submission.
+TEST_F(EngineTest, InvalidUtf8FromByteTokensIsCommittedAndResumed) {
+  const std::string other = testing::TestModelsDir() + "/tiny-llama-F16.gguf";
+  KVFS_REQUIRE_DATA(other);
+  auto model = Model::Load(other);
+  ASSERT_TRUE(model.ok());
+  const char* turns[] = {"Once upon a time, there was a little girl named Lily.", "And then?"};
+  auto start = [&](const std::string& store_dir) {
+    EngineOptions o = Options();
+    o.model_path = other;
+    o.store_dir = store_dir;
+    o.kv = "q4k";  // the daemon's default, with which this prompt's reply holds such bytes
+    o.block_tokens = 64;
+    auto e = CreateEngine(o);
+    EXPECT_TRUE(e.ok()) << e.status().message();
+    return e.ok() ? std::move(*e) : nullptr;
+  };
+  auto settings = [&](AgentEngine& e) {
+    AgentSettings s;
+    s.sampling.temperature = 0;
+    s.max_tokens = 128;
+    s.kv = "q4k";
+    ASSERT_TRUE(e.SetSettings("alice", s).ok());
+  };
+  std::vector<std::string> unbroken;  // both turns on an engine without a store or restart
+  {
+    auto e = start("");
+    ASSERT_NE(e, nullptr);
+    ASSERT_TRUE(e->CreateAgent("alice", 0).ok());
+    settings(*e);
+    for (const char* t : turns) unbroken.push_back(RunTurn(*e, "alice", t).reply);
+  }
+  const std::string store_dir = (dir_ / "store").string();
+  {
+    auto e = start(store_dir);
+    ASSERT_NE(e, nullptr);
+    ASSERT_TRUE(e->CreateAgent("alice", 0).ok());
+    settings(*e);
+    TurnRequest bad;
+    bad.agent = "alice";
+    bad.text = "caf\xC3";  // a cut character
+    EXPECT_EQ(e->SubmitTurn(std::move(bad)).code(), StatusCode::kInvalidArgument);
+    TurnOutcome out = RunTurn(*e, "alice", turns[0]);
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    EXPECT_EQ(out.reply, unbroken[0]);
+    EXPECT_TRUE(store::ValidUtf8(out.reply));
+    const store::Manifest m = ReadManifest(store_dir, "alice");
+    ASSERT_EQ(m.conversation.size(), 2u);
+    EXPECT_EQ(m.conversation[1].text, out.reply);
+    // What the test is about: the fed-back tokens' own bytes (all generated but the last).
+    const size_t fed = static_cast<size_t>(out.stats->generated_tokens - 1);
+    ASSERT_LE(fed, m.tokens.size());
+    std::string raw;
+    for (size_t i = m.tokens.size() - fed; i < m.tokens.size(); ++i) raw += (*model)->tokenizer().TokenToPiece(m.tokens[i], true);
+    ASSERT_FALSE(store::ValidUtf8(raw)) << "the model's reply is valid UTF-8 now: this test needs a prompt whose reply is not";
+  }
+  auto e = start(store_dir);  // restart: resumes from the store
+  ASSERT_NE(e, nullptr);
+  TurnOutcome out = RunTurn(*e, "alice", turns[1]);
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->match, "diverge");  // the fed text was not kept: matched on tokens
+  EXPECT_EQ(out.reply, unbroken[1]);
+}
+
 size_t BlockFiles(const fs::path& store) {
   size_t n = 0;
   for (auto& e : fs::recursive_directory_iterator(store / "blocks")) n += e.is_regular_file();
