@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Issue 7's speed figures on a lent GPU machine: `kvfs bench --backend vulkan`, pp512 and tg128,
+# per model and KV format, and the decode bandwidth as a fraction of what the device's memory
+# moves in a copy. Run from the repository root there, with .gpu/ (scripts/gpu_bundle.sh) carried:
+#   bash scripts/gpu_bench.sh
+# Writes three files into $OUT (the device tool's folder, which returns at most 8; else
+# /tmp/kvfs-gpu): gpu.txt (nvidia-smi, kvfs devices, copy bandwidth), summary.txt and runs.tgz
+# (PRESET-KV-dDEPTH.json and .err per run), the last two rewritten after every run so that a
+# command cut short still returns what it measured. Settings by environment:
+#   KVFS_GPU_PRESETS  synth_gguf.py presets, Q4_0 (default "tinyllama-1.1b llama3.1-8b")
+#   KVFS_GPU_KV       KV formats (default "f16 q4 q4k")
+#   KVFS_GPU_DEPTHS   tokens already in the context (default "0 3500"; every model at one depth
+#                     before the next depth)
+#   KVFS_GPU_ARGS     more `kvfs bench` arguments (default "-p 512 -n 128 -r 3")
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/kvfs-gpu}
+runs=/tmp/kvfs-gpu-runs
+mkdir -p "$out" "$runs"
+[ -x .gpu/bin/kvfs ] || { echo "gpu_bench: .gpu/bin/kvfs missing: run scripts/gpu_bundle.sh and carry .gpu" >&2; exit 2; }
+export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+# The image's driver is not where the loader looks (VK_ICD_FILENAMES for loaders before 1.3.234).
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; fi
+kvfs=.gpu/bin/kvfs
+models=/tmp/kvfs-models
+mkdir -p "$models"
+
+{
+  echo "== nvidia-smi"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+  echo "== kvfs devices"; $kvfs devices 2>&1
+  echo "== copy bandwidth"
+  # Bytes read + written per second by a device-to-device copy of 1 GiB (median of 20): the
+  # yardstick decode_gbs (weight and KV bytes read per token x tokens/s) is compared with.
+  python3 - <<'EOF' 2>&1
+import statistics, torch
+if not torch.cuda.is_available():
+    raise SystemExit("no CUDA device for torch")
+a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+times = []
+for _ in range(20):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); b.copy_(a); e.record(); torch.cuda.synchronize()
+    times.append(s.elapsed_time(e) / 1000)
+print("copy_gbs %.1f" % (2 * a.numel() / statistics.median(times) / 1e9))
+EOF
+} > "$out/gpu.txt"
+cat "$out/gpu.txt"
+
+summarize() {
+  python3 - "$out" "$runs" <<'EOF'
+import glob, json, os, re, sys
+out, runs = sys.argv[1], sys.argv[2]
+copy = None
+m = re.search(r"copy_gbs ([0-9.]+)", open(os.path.join(out, "gpu.txt")).read())
+if m: copy = float(m.group(1))
+rows = ["%-16s %-4s %6s %10s %10s %9s %s" % ("model", "kv", "depth", "pp t/s", "tg t/s", "dec GB/s", "of copy bw")]
+for f in sorted(glob.glob(os.path.join(runs, "*.json"))):
+    try: j = json.load(open(f))
+    except ValueError: continue
+    name = os.path.basename(f)[:-5]
+    gbs = j.get("decode_gbs", 0.0)
+    rows.append("%-16s %-4s %6d %10.1f %10.1f %9.1f %s" % (name.rsplit("-", 2)[0], j.get("kv"), j.get("depth", 0),
+                j["pp"]["median"], j["tg"]["median"], gbs, "%.0f%%" % (100 * gbs / copy) if copy else "-"))
+    rows.append("    %s" % j.get("kernels"))
+open(os.path.join(out, "summary.txt"), "w").write("\n".join(rows) + "\n")
+print("\n".join(rows))
+EOF
+}
+
+presets=${KVFS_GPU_PRESETS:-"tinyllama-1.1b llama3.1-8b"}
+for p in $presets; do
+  m="$models/$p-Q4_0.gguf"
+  [ -f "$m" ] || python3 .gpu/synth/tools/synth_gguf.py --preset "$p" --type Q4_0 -o "$m" -q || exit 1
+done
+for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
+  for p in $presets; do
+    for kv in ${KVFS_GPU_KV:-f16 q4 q4k}; do
+      run="$runs/$p-$kv-d$d"
+      # shellcheck disable=SC2086  # KVFS_GPU_ARGS is a list of arguments
+      timeout 300 $kvfs bench -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" \
+        ${KVFS_GPU_ARGS:--p 512 -n 128 -r 3} --json > "$run.json" 2> "$run.err" ||
+        echo "gpu_bench: $p $kv depth $d failed (rc $?): $(tail -c 300 "$run.err")" >&2
+      summarize > /dev/null
+      tar -czf "$out/runs.tgz" -C "$runs" .
+    done
+  done
+done
+summarize

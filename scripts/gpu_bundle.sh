@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu_bench.sh needs on a lent GPU machine, which has none of our Debian
+# packages and reaches nothing outside: the kvfs binary, the shared libraries it links besides
+# glibc and libstdc++ (newer ones there run a binary built here), glvnd's dispatcher for the
+# NVIDIA Vulkan driver, and the model synthesizer with the two vocabularies its presets use
+# (models are made there: a Q4_0 llama3.1-8b does not fit the device tool's 64 MiB of carry).
+# Run here after building with Vulkan on (the default):
+#   scripts/gpu_bundle.sh [BUILD_DIR]    (then the device tool: command `bash scripts/gpu_bench.sh`,
+#                                         carry [".gpu"])
+# .gpu/ is listed in .git/info/exclude, so git ignores it and only `carry` takes it along.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+shared=${KVFS_TEST_DATA:-../shared}
+kvfs="$build/tools/kvfs"
+[ -x "$kvfs" ] || { echo "gpu_bundle: $kvfs not built" >&2; exit 2; }
+"$kvfs" devices >/dev/null 2>&1 || true  # a build without Vulkan still lists "no devices"
+for f in "$shared/tools/synth_gguf.py" "$shared/models/vocab/ggml-vocab-llama-spm.gguf" \
+         "$shared/models/vocab/ggml-vocab-gpt-2.gguf"; do
+  [ -f "$f" ] || { echo "gpu_bundle: $f not found (KVFS_TEST_DATA)" >&2; exit 2; }
+done
+
+rm -rf .gpu
+mkdir -p .gpu/bin .gpu/lib .gpu/synth/tools .gpu/synth/models/vocab
+cp "$kvfs" .gpu/bin/
+# Every library ldd resolves, except the C and C++ runtimes the machine has in newer versions.
+ldd "$kvfs" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
+  grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so' |
+  while read -r lib; do cp -L "$lib" .gpu/lib/; done
+dispatch=$(ldconfig -p | awk '$1 == "libGLdispatch.so.0" {print $NF; exit}')
+if [ -n "$dispatch" ]; then cp -L "$dispatch" .gpu/lib/; fi
+cp "$shared/tools/synth_gguf.py" .gpu/synth/tools/
+cp "$shared/models/vocab/ggml-vocab-llama-spm.gguf" "$shared/models/vocab/ggml-vocab-gpt-2.gguf" .gpu/synth/models/vocab/
+
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
+echo "gpu_bundle: .gpu/ holds $(du -sh .gpu | cut -f1): $(ls .gpu/lib | tr '\n' ' ')"
