@@ -234,20 +234,32 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
 }
 
 Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
-  // The file must be in the format the agent's settings ask for (its cache may still be in a
-  // previous one until its next turn).
+  // The file must be in the format the agent's settings ask for, or in the one its cache is
+  // still in after a settings change (until its next turn recomputes it): a file just exported
+  // then comes back as it was, and the next turn drops it like the cache it replaced.
   AgentSettings settings;
+  KvFormat cache_format;
   {
     std::lock_guard lock(mu_);
     auto it = agents_.find(name);
     if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
     settings = it->second->settings;
+    cache_format = it->second->format;
   }
-  KVFS_ASSIGN_OR_RETURN(const KvFormat format, FormatFor(settings));
+  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(settings));
   // Validate everything before touching the agent.
-  KVFS_ASSIGN_OR_RETURN(store::ImportedCache imported,
-                        store::ReadKvSafetensors(bytes, fingerprint_, GeometryOf(model_->hparams(), format),
-                                                 options_.block_tokens));
+  auto read = [&](const KvFormat& f) {
+    return store::ReadKvSafetensors(bytes, fingerprint_, GeometryOf(model_->hparams(), f), options_.block_tokens);
+  };
+  Result<store::ImportedCache> parsed = read(format);
+  if (!parsed.ok() && !(cache_format == format)) {
+    if (Result<store::ImportedCache> as_cached = read(cache_format); as_cached.ok()) {
+      parsed = std::move(as_cached);
+      format = cache_format;
+    }
+  }
+  if (!parsed.ok()) return parsed.status();
+  store::ImportedCache imported = std::move(*parsed);
   if (imported.info.n_cached > n_ctx_) return InvalidArgument("kv.safetensors: the cache is longer than the context");
   std::promise<kvfs::Status> committed;
   auto done = committed.get_future();
@@ -262,7 +274,9 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
         return kvfs::Status(StatusCode::kResourceExhausted, "agent " + name + " is busy with a turn");
       }
       auto now = FormatFor(a->settings);
-      if (!now.ok() || !(*now == format)) return InvalidArgument("kv.safetensors: the agent's KV format changed");
+      if (!now.ok() || !(*now == format || a->format == format)) {
+        return InvalidArgument("kv.safetensors: the agent's KV format changed");
+      }
     }
     const int64_t B = options_.block_tokens;
     const KvLayout layout = KvLayoutFor(model_->hparams(), format, B);

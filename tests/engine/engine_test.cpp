@@ -305,6 +305,46 @@ TEST_F(EngineTest, ExportImportRoundTrip) {
   }
 }
 
+// After a settings change to another KV format, the cache stays in the old one until the next
+// turn: exporting it and importing the file back restores it (the round trip of a backup), a
+// file in a third format is refused, and the next turn recomputes in the new format.
+TEST_F(EngineTest, ExportImportRoundTripAfterAFormatChange) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  auto f16_file = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(f16_file.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());  // a q4 file, from another agent
+  AgentSettings q4;
+  q4.sampling.temperature = 0;
+  q4.max_tokens = 20;
+  q4.kv = "q4";
+  ASSERT_TRUE((*engine)->SetSettings("bob", q4).ok());
+  ASSERT_TRUE(RunTurn(**engine, "bob", kTurns[0]).stats.ok());
+  auto q4_file = (*engine)->ExportCache("bob");
+  ASSERT_TRUE(q4_file.ok());
+
+  AgentSettings q8 = q4;
+  q8.kv = "q8";
+  ASSERT_TRUE((*engine)->SetSettings("alice", q8).ok());
+  auto still_f16 = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(still_f16.ok());
+  EXPECT_EQ(*still_f16, *f16_file);  // the cache is unchanged until the next turn
+  const store::Manifest before = ReadManifest(Options().store_dir, "alice");
+  Status back = (*engine)->ImportCache("alice", *still_f16);
+  ASSERT_TRUE(back.ok()) << back.message();
+  EXPECT_EQ((*engine)->ExportCache("alice").value(), *f16_file);
+  EXPECT_EQ(ReadManifest(Options().store_dir, "alice").blocks, before.blocks);
+  EXPECT_EQ((*engine)->ImportCache("alice", *q4_file).code(), StatusCode::kInvalidArgument);
+
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[1]);
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->reused_tokens, 0);  // an f16 cache is no use to a q8 agent
+  EXPECT_EQ(ReadManifest(Options().store_dir, "alice").kv_format, "q8");
+}
+
 TEST_F(EngineTest, EraseRemovesAgentFromMemoryAndDisk) {
   auto engine = CreateEngine(Options());
   ASSERT_TRUE(engine.ok());
