@@ -217,9 +217,12 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     }
     std::lock_guard lock(mu_);
     s.info.model_fingerprint = fingerprint_;
-    s.info.geometry = GeometryOf(model_->hparams(), a->format);
-    s.info.tokens.assign(a->tokens.begin(), a->tokens.end());
     s.info.n_cached = full + s.tail_tokens;
+    // No cache: written in the format the next one will have (so it imports back after a
+    // settings change); else in the format the cache is in.
+    auto next = FormatFor(a->settings);
+    s.info.geometry = GeometryOf(model_->hparams(), s.info.n_cached == 0 && next.ok() ? *next : a->format);
+    s.info.tokens.assign(a->tokens.begin(), a->tokens.end());
     s.info.conversation = a->conversation;
     return s;
   });
@@ -234,17 +237,19 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
 }
 
 Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
-  // The file must be in the format the agent's settings ask for, or in the one its cache is
-  // still in after a settings change (until its next turn recomputes it): a file just exported
-  // then comes back as it was, and the next turn drops it like the cache it replaced.
+  // The file must be in the format the agent's settings ask for, or in the one the cache it
+  // holds is still in after a settings change (until its next turn recomputes it): a file just
+  // exported then comes back as it was, and the next turn drops it like the cache it replaced.
   AgentSettings settings;
   KvFormat cache_format;
+  bool holds_cache = false;
   {
     std::lock_guard lock(mu_);
     auto it = agents_.find(name);
     if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
     settings = it->second->settings;
     cache_format = it->second->format;
+    holds_cache = !it->second->tokens.empty();
   }
   KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(settings));
   // Validate everything before touching the agent.
@@ -252,7 +257,7 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
     return store::ReadKvSafetensors(bytes, fingerprint_, GeometryOf(model_->hparams(), f), options_.block_tokens);
   };
   Result<store::ImportedCache> parsed = read(format);
-  if (!parsed.ok() && !(cache_format == format)) {
+  if (!parsed.ok() && holds_cache && !(cache_format == format)) {
     if (Result<store::ImportedCache> as_cached = read(cache_format); as_cached.ok()) {
       parsed = std::move(as_cached);
       format = cache_format;

@@ -343,6 +343,22 @@ TEST_F(EngineTest, ExportImportRoundTripAfterAFormatChange) {
   ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
   EXPECT_EQ(out.stats->reused_tokens, 0);  // an f16 cache is no use to a q8 agent
   EXPECT_EQ(ReadManifest(Options().store_dir, "alice").kv_format, "q8");
+
+  // With no cache (erased), the file is in the format of the settings, and comes back too.
+  ASSERT_TRUE((*engine)->EraseCache("bob").ok());
+  ASSERT_TRUE((*engine)->SetSettings("bob", q8).ok());
+  auto empty = (*engine)->ExportCache("bob");
+  ASSERT_TRUE(empty.ok());
+  const HParams& hp = model_->hparams();
+  const KvFormat q8_format = Format("q8");
+  const store::KvGeometry q8_geometry{hp.n_layer, hp.n_head_kv, hp.head_dim, "q8", q8_format.group, q8_format.rotate};
+  const std::string fp = (*engine)->ModelInfo()["fingerprint"];
+  auto parsed = store::ReadKvSafetensors(*empty, fp, q8_geometry, 16);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->info.n_cached, 0);
+  EXPECT_EQ(parsed->info.conversation.size(), 2u);
+  Status empty_back = (*engine)->ImportCache("bob", *empty);
+  EXPECT_TRUE(empty_back.ok()) << empty_back.message();
 }
 
 TEST_F(EngineTest, EraseRemovesAgentFromMemoryAndDisk) {
