@@ -14,7 +14,7 @@ build=${1:-build}
 shared=${KVFS_TEST_DATA:-../shared}
 kvfs="$build/tools/kvfs"
 [ -x "$kvfs" ] || { echo "gpu_bundle: $kvfs not built" >&2; exit 2; }
-"$kvfs" devices >/dev/null 2>&1 || true  # a build without Vulkan still lists "no devices"
+ldd "$kvfs" | grep -q libvulkan || { echo "gpu_bundle: $kvfs was built without Vulkan (-DKVFS_VULKAN=ON)" >&2; exit 2; }
 for f in "$shared/tools/synth_gguf.py" "$shared/models/vocab/ggml-vocab-llama-spm.gguf" \
          "$shared/models/vocab/ggml-vocab-gpt-2.gguf"; do
   [ -f "$f" ] || { echo "gpu_bundle: $f not found (KVFS_TEST_DATA)" >&2; exit 2; }

@@ -307,7 +307,8 @@ TEST_F(EngineTest, ExportImportRoundTrip) {
 
 // After a settings change to another KV format, the cache stays in the old one until the next
 // turn: exporting it and importing the file back restores it (the round trip of a backup), a
-// file in a third format is refused, and the next turn recomputes in the new format.
+// file in a third format is refused, and the next turn recomputes in the new format. An agent
+// without a cache exports in its settings' format, which imports back.
 TEST_F(EngineTest, ExportImportRoundTripAfterAFormatChange) {
   auto engine = CreateEngine(Options());
   ASSERT_TRUE(engine.ok());
