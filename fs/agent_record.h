@@ -17,6 +17,14 @@
 
 namespace kvfs::fs {
 
+// A write to one of the agent's files that was refused, at the write or at close (status.json
+// shows the latest: a shell redirection reports neither the reason nor a close's error).
+struct RefusedWrite {
+  std::string file;  // "prompt", "config.json", ...
+  Status status;
+  int64_t time_ms = 0;
+};
+
 // One submitted turn. Guarded by its agent's mutex.
 struct TurnStream {
   uint64_t seq = 0;
@@ -53,6 +61,7 @@ struct AgentRecord {
   std::shared_ptr<TurnStream> latest;               // the turn `response` binds to at open
   Status last_failure;                              // of the latest finished turn
   std::optional<TurnStats> last_stats;
+  std::optional<RefusedWrite> last_refused_write;
 };
 
 // Transcript text of one conversation entry.

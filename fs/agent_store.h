@@ -167,6 +167,9 @@ class AgentStore {
   std::shared_ptr<Handle> FindHandle(HandleId id);
   Status ApplyWrites(Handle& handle);
   Status CheckWrittenSoFar(Handle& handle);  // early refusal of edits that cannot become valid
+  Result<size_t> WriteLocked(Handle& handle, uint64_t offset, std::string_view bytes);
+  Status FlushLocked(Handle& handle);
+  void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
   Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
   Result<std::string> RenderFile(const Node& node);
   Status ApplyPrefix(Handle& handle);

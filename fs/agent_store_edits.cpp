@@ -54,10 +54,14 @@ struct JsonBreakFinder : nlohmann::json_sax<nlohmann::json> {
 
 // config.json as written so far: complete JSON is validated now (so that `echo ... > config.json`
 // fails at write, where a shell reports it); text that more writes could still complete passes.
-Status CheckPartialConfig(const std::string& text, const AgentSettings& current) {
+// Complete JSON must also be settings this engine runs (a KV format its blocks allow).
+Status CheckPartialConfig(const std::string& text, const AgentSettings& current, AgentEngine& engine) {
   JsonBreakFinder finder;
   nlohmann::json::sax_parse(text, &finder, nlohmann::json::input_format_t::json, /*strict=*/true);
-  if (!finder.error_at) return ParseAgentSettings(text, current).status();
+  if (!finder.error_at) {
+    KVFS_ASSIGN_OR_RETURN(AgentSettings settings, ParseAgentSettings(text, current));
+    return engine.CheckSettings(settings);
+  }
   if (*finder.error_at >= text.size()) return Status::Ok();  // ends early: may be completed
   return InvalidArgument("config.json: not valid JSON");
 }
@@ -118,7 +122,7 @@ Status AgentStore::CheckWrittenSoFar(Handle& handle) {
   if (handle.kind != Kind::kEditable) return Status::Ok();
   if (handle.node.kind == NodeKind::kAgentFile && handle.node.agent_file == AgentFile::kConfig) {
     KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(handle.node.agent->name));
-    return CheckPartialConfig(handle.data, info.settings);
+    return CheckPartialConfig(handle.data, info.settings, engine_);
   }
   Utf8Validator utf8;  // system and prefix text: bad bytes now, a cut character at close
   if (!utf8.Feed(handle.data)) return IllegalSequence("the text is not valid UTF-8");

@@ -56,11 +56,13 @@ Result<std::string> AgentStore::RenderFile(const Node& node) {
     case AgentFile::kStatus: {
       KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(name));
       Status failure;
+      std::optional<RefusedWrite> refused;
       {
         std::lock_guard lock(node.agent->mu);
         failure = node.agent->last_failure;
+        refused = node.agent->last_refused_write;
       }
-      return AgentStatusJson(info, failure).dump(2) + "\n";
+      return AgentStatusJson(info, failure, refused ? &*refused : nullptr).dump(2) + "\n";
     }
     default: return InvalidArgument("not a rendered file");
   }
@@ -223,38 +225,51 @@ Result<size_t> AgentStore::Write(HandleId id, uint64_t offset, std::string_view 
   auto handle = FindHandle(id);
   if (handle == nullptr) return InvalidArgument("bad file handle");
   std::lock_guard lock(handle->mu);
-  switch (handle->kind) {
+  Result<size_t> written = WriteLocked(*handle, offset, bytes);
+  if (!written.ok()) NoteRefusedWrite(*handle, written.status());
+  return written;
+}
+
+void AgentStore::NoteRefusedWrite(const Handle& handle, const Status& status) {
+  if (handle.node.kind != NodeKind::kAgentFile || handle.node.agent == nullptr) return;
+  AgentRecord& agent = *handle.node.agent;
+  std::lock_guard lock(agent.mu);
+  agent.last_refused_write = RefusedWrite{std::string(AgentFileName(handle.node.agent_file)), status, Now()};
+}
+
+Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::string_view bytes) {
+  switch (handle.kind) {
     case Kind::kPrompt: {
       // A prompt is the bytes written, in order: offsets are ignored (echo's writes are
       // sequential; O_APPEND offsets come from a size the kernel may not know).
-      if (!handle->refused.ok()) return handle->refused;
-      if (handle->data.size() + bytes.size() > config_.max_prompt_bytes) {
-        handle->refused = TooLarge(fmt::format("a prompt is limited to {} bytes", config_.max_prompt_bytes));
+      if (!handle.refused.ok()) return handle.refused;
+      if (handle.data.size() + bytes.size() > config_.max_prompt_bytes) {
+        handle.refused = TooLarge(fmt::format("a prompt is limited to {} bytes", config_.max_prompt_bytes));
         std::lock_guard m(metrics_->mu);
         ++metrics_->values.prompts_refused;
-        return handle->refused;
+        return handle.refused;
       }
-      if (!handle->utf8.Feed(bytes)) {
-        handle->refused = IllegalSequence("the prompt is not valid UTF-8");
+      if (!handle.utf8.Feed(bytes)) {
+        handle.refused = IllegalSequence("the prompt is not valid UTF-8");
         std::lock_guard m(metrics_->mu);
         ++metrics_->values.prompts_refused;
-        return handle->refused;
+        return handle.refused;
       }
-      handle->data.append(bytes);
+      handle.data.append(bytes);
       return bytes.size();
     }
     case Kind::kEditable:
     case Kind::kImport: {
-      size_t limit = handle->kind == Kind::kImport ? config_.max_import_bytes : config_.max_text_bytes;
-      uint64_t at = handle->append ? handle->data.size() : offset;
+      size_t limit = handle.kind == Kind::kImport ? config_.max_import_bytes : config_.max_text_bytes;
+      uint64_t at = handle.append ? handle.data.size() : offset;
       if (at + bytes.size() > limit) return TooLarge(fmt::format("this file is limited to {} bytes", limit));
-      if (!handle->refused.ok()) return handle->refused;
-      if (handle->data.size() < at + bytes.size()) handle->data.resize(static_cast<size_t>(at + bytes.size()));
-      handle->data.replace(static_cast<size_t>(at), bytes.size(), bytes);
-      handle->dirty = true;
-      Status early = CheckWrittenSoFar(*handle);
+      if (!handle.refused.ok()) return handle.refused;
+      if (handle.data.size() < at + bytes.size()) handle.data.resize(static_cast<size_t>(at + bytes.size()));
+      handle.data.replace(static_cast<size_t>(at), bytes.size(), bytes);
+      handle.dirty = true;
+      Status early = CheckWrittenSoFar(handle);
       if (!early.ok()) {
-        handle->refused = early;  // nothing of this file is applied
+        handle.refused = early;  // nothing of this file is applied
         return early;
       }
       return bytes.size();
@@ -268,28 +283,34 @@ Status AgentStore::Flush(HandleId id) {
   auto handle = FindHandle(id);
   if (handle == nullptr) return Status::Ok();
   std::lock_guard lock(handle->mu);
-  if (handle->kind == Kind::kPrompt) {
-    if (!handle->refused.ok()) return handle->refused;
-    if (!handle->utf8.Complete()) {
-      handle->refused = IllegalSequence("the prompt ends inside a UTF-8 character");
+  Status flushed = FlushLocked(*handle);
+  if (!flushed.ok()) NoteRefusedWrite(*handle, flushed);
+  return flushed;
+}
+
+Status AgentStore::FlushLocked(Handle& handle) {
+  if (handle.kind == Kind::kPrompt) {
+    if (!handle.refused.ok()) return handle.refused;
+    if (!handle.utf8.Complete()) {
+      handle.refused = IllegalSequence("the prompt ends inside a UTF-8 character");
       std::lock_guard m(metrics_->mu);
       ++metrics_->values.prompts_refused;
-      return handle->refused;
+      return handle.refused;
     }
-    std::string text = std::move(handle->data);
-    handle->data.clear();
-    handle->utf8 = Utf8Validator();
+    std::string text = std::move(handle.data);
+    handle.data.clear();
+    handle.utf8 = Utf8Validator();
     // One trailing newline (echo's) is not part of the message.
     if (!text.empty() && text.back() == '\n') text.pop_back();
     if (text.empty()) return Status::Ok();  // an empty prompt is no turn
-    return SubmitPrompt(handle->node.agent, std::move(text));
+    return SubmitPrompt(handle.node.agent, std::move(text));
   }
-  if ((handle->kind == Kind::kEditable || handle->kind == Kind::kImport) && handle->dirty) {
-    handle->dirty = false;  // applied once, whatever the outcome: release must not repeat it
-    if (!handle->refused.ok()) return handle->refused;
-    return ApplyWrites(*handle);
+  if ((handle.kind == Kind::kEditable || handle.kind == Kind::kImport) && handle.dirty) {
+    handle.dirty = false;  // applied once, whatever the outcome: release must not repeat it
+    if (!handle.refused.ok()) return handle.refused;
+    return ApplyWrites(handle);
   }
-  if (!handle->refused.ok()) return handle->refused;
+  if (!handle.refused.ok()) return handle.refused;
   return Status::Ok();
 }
 
@@ -332,6 +353,7 @@ void AgentStore::Release(HandleId id) {
       handle->dirty = false;
       s = ApplyWrites(*handle);
     }
+    if (!s.ok()) NoteRefusedWrite(*handle, s);
   }
   if (!s.ok()) spdlog::warn("release: {}", s.message());
 }

@@ -30,7 +30,7 @@ std::string HumanBytes(int64_t bytes) {
   return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, kUnits[unit]);
 }
 
-nlohmann::json AgentStatusJson(const AgentInfo& info, const Status& failure) {
+nlohmann::json AgentStatusJson(const AgentInfo& info, const Status& failure, const RefusedWrite* refused) {
   nlohmann::json j = {
       {"name", info.name},
       {"owner_uid", info.owner_uid},
@@ -45,7 +45,14 @@ nlohmann::json AgentStatusJson(const AgentInfo& info, const Status& failure) {
       {"last_turn", nullptr},
       {"last_error", info.last_error},
       {"last_error_code", nullptr},
+      {"last_refused_write", nullptr},
   };
+  if (refused != nullptr) {
+    j["last_refused_write"] = {{"file", refused->file},
+                               {"error", refused->status.message()},
+                               {"code", ErrnoName(ErrnoFromStatus(refused->status))},
+                               {"time_ms", refused->time_ms}};
+  }
   if (info.last_turn) {
     const TurnStats& t = *info.last_turn;
     j["last_turn"] = {{"match", t.match},

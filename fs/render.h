@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/runtime/agent_engine.h"
+#include "fs/agent_record.h"
 
 namespace kvfs::fs {
 
@@ -32,8 +33,8 @@ struct FsMetrics {
 };
 
 // status.json. `failure` is the filesystem's record of the latest failed turn (its errno name
-// is shown as last_error_code).
-nlohmann::json AgentStatusJson(const AgentInfo& info, const Status& failure);
+// is shown as last_error_code); `refused`, when not null, the latest refused write.
+nlohmann::json AgentStatusJson(const AgentInfo& info, const Status& failure, const RefusedWrite* refused = nullptr);
 
 nlohmann::json EngineStatusJson(const EngineStatus& status);
 std::string EngineStatusText(const EngineStatus& status);

@@ -123,6 +123,11 @@ class AgentEngine {
   // Changes the system prompt: the conversation stays; the cache is recomputed on the next turn.
   virtual Status SetSystem(const std::string& name, std::string text) = 0;
   virtual Status SetSettings(const std::string& name, const AgentSettings& settings) = 0;
+  // Whether SetSettings would take these settings for any agent: kInvalidArgument naming what
+  // this engine cannot run (a KV format its block size does not allow). The filesystem asks as
+  // config.json is written, so that the write fails, where a shell reports it, and not only the
+  // close, whose error `echo ... > config.json` never shows.
+  virtual Status CheckSettings(const AgentSettings& settings) = 0;
 
   // Queues a turn. kNotFound (no agent), kResourceExhausted (the agent already has the maximum
   // of queued turns, 8 by default), kInternal once shutting down. Turns of one agent run in

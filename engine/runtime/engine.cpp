@@ -393,9 +393,10 @@ Status Engine::SetSystem(const std::string& name, std::string text) {
   return store_ ? CommitNow(std::move(job)) : Status::Ok();
 }
 
+Status Engine::CheckSettings(const AgentSettings& settings) { return FormatFor(settings).status(); }
+
 Status Engine::SetSettings(const std::string& name, const AgentSettings& settings) {
-  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(settings));
-  (void)format;
+  KVFS_RETURN_IF_ERROR(CheckSettings(settings));
   CommitJob job = RunOnEngine<CommitJob>([&] {
     std::lock_guard lock(mu_);
     CommitJob j;

@@ -121,6 +121,7 @@ class Engine final : public AgentEngine {
   Result<std::vector<ConversationTurn>> Conversation(const std::string& name) override;
   Status SetSystem(const std::string& name, std::string text) override;
   Status SetSettings(const std::string& name, const AgentSettings& settings) override;
+  Status CheckSettings(const AgentSettings& settings) override;
   Status SubmitTurn(TurnRequest request) override;
   Result<store::EraseReport> EraseAgent(const std::string& name) override;
   Result<store::EraseReport> EraseCache(const std::string& name) override;

@@ -342,7 +342,11 @@ TEST_F(EngineQ4kTest, BlocksMustHoldWholeChunks) {
   ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
   AgentSettings s;
   s.kv = "q4k";
+  EXPECT_EQ((*engine)->CheckSettings(s).code(), StatusCode::kInvalidArgument);  // what config.json writes ask
   EXPECT_EQ((*engine)->SetSettings("alice", s).code(), StatusCode::kInvalidArgument);
+  s.kv = "q8";
+  EXPECT_TRUE((*engine)->CheckSettings(s).ok());
+  EXPECT_TRUE((*engine)->SetSettings("alice", s).ok());
 }
 
 }  // namespace

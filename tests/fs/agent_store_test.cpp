@@ -96,6 +96,13 @@ TEST_F(StoreTest, InvalidUtf8IsRefusedAtWriteOrClose) {
   store_->Release(h);
   EXPECT_EQ(engine_->GetAgent("alice")->turns, 0u);
   EXPECT_EQ(store_->Metrics().turns_submitted, 0u);
+  // `printf ... > prompt` never reports that close: status.json says what was refused and why.
+  auto status = nlohmann::json::parse(*Cat("alice", "status.json"));
+  ASSERT_TRUE(status["last_refused_write"].is_object()) << status.dump();
+  EXPECT_EQ(status["last_refused_write"]["file"], "prompt");
+  EXPECT_EQ(status["last_refused_write"]["code"], "EILSEQ");
+  EXPECT_EQ(status["last_refused_write"]["error"], "the prompt ends inside a UTF-8 character");
+  EXPECT_TRUE(status["last_error"].get<std::string>().empty());  // no turn failed
 }
 
 TEST_F(StoreTest, PromptOverTheLimitIsTooLarge) {
@@ -282,6 +289,38 @@ TEST_F(StoreTest, ConfigIsValidatedAtCloseAndBadInputChangesNothing) {
   EXPECT_EQ(config["top_k"], 40);  // keys not written keep their values
   std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
   EXPECT_NE(audit.find("\"action\":\"config\""), std::string::npos);
+}
+
+// Settings that parse but that the engine cannot run (kvfsd refuses kv "q4k" when its blocks are
+// not whole 64-token chunks) fail at the write, where `echo ... > config.json` reports it: the
+// shell never reports what close returns. Text that is not yet complete JSON still passes.
+TEST_F(StoreTest, ConfigTheEngineRefusesFailsAtWrite) {
+  testing::FakeEngineOptions options;
+  options.refused_kv = {"q4k"};
+  Start(options);
+  Mkdir("alice");
+  EXPECT_TRUE(nlohmann::json::parse(*Cat("alice", "status.json"))["last_refused_write"].is_null());
+  std::string before = *Cat("alice", "config.json");
+  InodeId ino = *File("alice", "config.json");
+  HandleId h = *store_->Open(ino, WriteTruncFlags(), kRoot);
+  Result<size_t> refused = store_->Write(h, 0, R"({"kv": "q4k", "max_tokens": 20})");
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("q4k"), std::string::npos) << refused.status().message();
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "config.json"), before);
+  auto status = nlohmann::json::parse(*Cat("alice", "status.json"));
+  ASSERT_TRUE(status["last_refused_write"].is_object()) << status.dump();
+  EXPECT_EQ(status["last_refused_write"]["file"], "config.json");
+  EXPECT_EQ(status["last_refused_write"]["code"], "EINVAL");
+  EXPECT_EQ(status["last_refused_write"]["error"], refused.status().message());
+  // Written in two pieces: the first is not complete JSON yet, the second completes it.
+  EXPECT_EQ(Echo("alice", "config.json", R"({"max_tokens": 20, "kv": "q4k"})", kRoot, 2).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("alice", "config.json"), before);
+  ASSERT_TRUE(Echo("alice", "config.json", R"({"kv": "q8", "max_tokens": 20})").ok());
+  auto config = nlohmann::json::parse(*Cat("alice", "config.json"));
+  EXPECT_EQ(config["kv"], "q8");
+  EXPECT_EQ(config["max_tokens"], 20);
 }
 
 TEST_F(StoreTest, SystemChangeKeepsTheConversation) {

@@ -251,7 +251,15 @@ kvfs::Status FakeEngine::SetSystem(const std::string& name, std::string text) {
   return s;
 }
 
+kvfs::Status FakeEngine::CheckSettings(const AgentSettings& settings) {
+  for (const std::string& kv : options_.refused_kv) {
+    if (settings.kv == kv) return InvalidArgument("kv \"" + kv + "\" is refused by this fake engine");
+  }
+  return kvfs::Status::Ok();
+}
+
 kvfs::Status FakeEngine::SetSettings(const std::string& name, const AgentSettings& settings) {
+  KVFS_RETURN_IF_ERROR(CheckSettings(settings));
   std::lock_guard lock(mu_);
   auto agent = Find(name);
   if (agent == nullptr) return NotFound("no agent " + name);

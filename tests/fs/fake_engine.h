@@ -29,6 +29,7 @@ struct FakeEngineOptions {
   int workers = 2;                 // turns of different agents run concurrently
   std::chrono::milliseconds piece_delay{0};  // between streamed pieces
   int64_t kv_bytes_per_token = 64; // size of the fake cache (persisted, exported)
+  std::vector<std::string> refused_kv;  // kv formats refused, as the engine refuses q4k with odd blocks
 };
 
 class FakeEngine : public AgentEngine {
@@ -42,6 +43,7 @@ class FakeEngine : public AgentEngine {
   Result<std::vector<ConversationTurn>> Conversation(const std::string& name) override;
   kvfs::Status SetSystem(const std::string& name, std::string text) override;
   kvfs::Status SetSettings(const std::string& name, const AgentSettings& settings) override;
+  kvfs::Status CheckSettings(const AgentSettings& settings) override;
   kvfs::Status SubmitTurn(TurnRequest request) override;
   Result<store::EraseReport> EraseAgent(const std::string& name) override;
   Result<store::EraseReport> EraseCache(const std::string& name) override;

@@ -217,6 +217,10 @@ def bad_input_is_refused(t):
     fails_with("printf 'bad \\xff byte' > %s/alice/prompt" % m, 'Invalid or incomplete multibyte')
     # Bad bytes that only close can see: a shell redirection ignores close errors, tee reports them.
     fails_with("printf 'cut \\xe2\\x82' | tee %s/alice/prompt" % m, 'Invalid or incomplete multibyte')
+    sh("printf 'cut \\xe2\\x82' > %s/alice/prompt" % m, check_rc=0)  # the shell hides it ...
+    refused = json.loads(sh('cat %s/alice/status.json' % m, check_rc=0).stdout)['last_refused_write']
+    check(refused and refused['file'] == 'prompt' and refused['code'] == 'EILSEQ' and 'UTF-8' in refused['error'],
+          '... status.json shows it: %s' % refused)
     fails_with('head -c 1048577 /dev/zero | tr "\\0" a > %s/alice/prompt' % m, 'File too large')
     sh(': > %s/alice/prompt' % m, check_rc=0)  # empty: no turn
     check(user_turns(m, 'alice') == 0, 'no turn from refused or empty prompts')
