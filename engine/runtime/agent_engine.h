@@ -117,8 +117,8 @@ class AgentEngine {
   // Creates an empty agent (persisted at once, so it survives a restart). kInvalidArgument for a
   // bad name (store::IsValidAgentName) or a name already in use.
   virtual Status CreateAgent(const std::string& name, uint32_t owner_uid) = 0;
-  // The conversation so far (committed turns; a running turn's user message and partial reply
-  // are not included).
+  // The conversation so far, led by the system prompt (when set) as a "system" entry: committed
+  // turns; a running turn's user message and partial reply are not included.
   virtual Result<std::vector<ConversationTurn>> Conversation(const std::string& name) = 0;
   // Changes the system prompt: the conversation stays; the cache is recomputed on the next turn.
   virtual Status SetSystem(const std::string& name, std::string text) = 0;

@@ -374,7 +374,10 @@ Result<std::vector<ConversationTurn>> Engine::Conversation(const std::string& na
   std::lock_guard lock(mu_);
   auto it = agents_.find(name);
   if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
-  return it->second->conversation;
+  std::vector<ConversationTurn> out;
+  if (!it->second->system.empty()) out.push_back({"system", it->second->system});
+  out.insert(out.end(), it->second->conversation.begin(), it->second->conversation.end());
+  return out;
 }
 
 Status Engine::SetSystem(const std::string& name, std::string text) {

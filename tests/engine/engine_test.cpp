@@ -182,6 +182,14 @@ TEST_F(EngineTest, SystemChangeDivergesAndMatchesUncachedRun) {
   auto info = (*engine)->GetAgent("alice");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->system, "Tom had a red car.");
+  // The transcript's source: the system prompt first, then the turns (2 before and 2 after it).
+  auto conversation = (*engine)->Conversation("alice");
+  ASSERT_TRUE(conversation.ok());
+  ASSERT_EQ(conversation->size(), 5u);
+  EXPECT_EQ((*conversation)[0], (store::ConversationTurn{"system", "Tom had a red car."}));
+  EXPECT_EQ((*conversation)[1].role, "user");
+  EXPECT_EQ((*conversation)[4].role, "assistant");
+  EXPECT_EQ((*conversation)[4].text, out.reply);
   EXPECT_EQ(info->state, AgentState::kCold);
   EXPECT_EQ(info->memory_bytes, 0);
   EXPECT_GT(info->disk_bytes, 0);
