@@ -224,6 +224,9 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     s.info.geometry = GeometryOf(model_->hparams(), s.info.n_cached == 0 && next.ok() ? *next : a->format);
     s.info.tokens.assign(a->tokens.begin(), a->tokens.end());
     s.info.conversation = a->conversation;
+    // The text behind the tokens lets an importer match its next turn by characters (EXTEND)
+    // instead of re-encoding, which rarely gives back the sampled tokens.
+    if (s.info.n_cached == static_cast<int64_t>(s.info.tokens.size())) s.info.context_text = a->cached_text;
     return s;
   });
   if (!snap.ok()) return snap.status();
@@ -304,7 +307,10 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       a->format = format;
       a->conversation = imported.info.conversation;
       a->tokens.assign(imported.info.tokens.begin(), imported.info.tokens.begin() + imported.info.n_cached);
-      a->cached_text.clear();  // unknown: the next turn matches on tokens (DIVERGE)
+      // Unknown unless the file says it for every cached token: then the next turn matches on
+      // tokens only (DIVERGE).
+      const bool whole = imported.info.n_cached == static_cast<int64_t>(imported.info.tokens.size());
+      a->cached_text = whole ? imported.info.context_text : std::string();
       a->updated_ms = Now();
     }
     CommitAgent(*a, &seq, [&committed](const kvfs::Status& s) { committed.set_value(s); });

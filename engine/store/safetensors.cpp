@@ -49,6 +49,7 @@ Status ValidateInfo(const CacheExportInfo& info) {
       return Bad("conversation[" + std::to_string(i) + "].role is empty or not UTF-8");
     if (!ValidUtf8(t.text)) return Bad("conversation[" + std::to_string(i) + "].text is not valid UTF-8");
   }
+  if (!ValidUtf8(info.context_text)) return Bad("context_text is not valid UTF-8");
   return Status::Ok();
 }
 
@@ -147,6 +148,7 @@ Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<co
     OrderedJson conv = OrderedJson::array();
     for (const auto& t : info.conversation) conv.push_back({{"role", t.role}, {"text", t.text}});
     meta["conversation"] = conv.dump();
+    if (!info.context_text.empty()) meta[std::string(st::kContextTextKey)] = info.context_text;
     header[std::string(st::kMetadataKey)] = std::move(meta);
     int64_t offset = 0;
     for (const auto& p : plan) {

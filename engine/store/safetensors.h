@@ -41,7 +41,8 @@
 //   format "kvfs-kv", format_version "1", model_fingerprint (32 hex), kv_format ("f16", "q8",
 //   "q4", "q4k"), group_size, rotation ("on"/"off"), n_layer, n_head_kv, head_dim, n_cached (decimal),
 //   token_ids (a JSON array of ints, as a string), conversation (a JSON array of
-//   {"role", "text"}, as a string); q4k adds k_chunk_tokens (decimal).
+//   {"role", "text"}, as a string); q4k adds k_chunk_tokens (decimal); context_text (optional:
+//   the text the token ids were made from, as the model saw it, when known).
 // Readers ignore metadata keys they do not know (tools such as safetensors' save_file let users
 // annotate a file; format_version is what gates the meaning of the tensors), but reject unknown
 // tensors, since the tensors must cover the data buffer exactly.
@@ -97,6 +98,9 @@ struct CacheExportInfo {
   std::vector<int32_t> tokens;    // the conversation's tokens
   int64_t n_cached = 0;           // tokens that have K/V rows (<= tokens.size())
   std::vector<ConversationTurn> conversation;
+  // The rendered text behind `tokens` (chat template applied), or empty when unknown; only
+  // meaningful when n_cached == tokens.size().
+  std::string context_text;
   friend bool operator==(const CacheExportInfo&, const CacheExportInfo&) = default;
 };
 

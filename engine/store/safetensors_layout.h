@@ -69,6 +69,9 @@ inline constexpr KvTypeSpec kKvTypes[] = {
 // sub-blocks (5 bytes of packed fields, then the quad's nibbles; offsets: Q4kFieldsOffset).
 inline constexpr std::string_view kQ4kType = "q4k";
 inline constexpr std::string_view kChunkMetaKey = "k_chunk_tokens";  // required for q4k only
+// Optional: the exact text behind all token_ids (written only when the exporter knows it and
+// every token is cached), so an importer can extend the context by characters.
+inline constexpr std::string_view kContextTextKey = "context_text";
 inline constexpr int64_t kQ4kMaxChunk = 4096;
 inline constexpr int64_t kQ4kRecordScale = 0, kQ4kRecordMin = 2, kQ4kRecordCodes = 4;  // in a K record
 inline constexpr int64_t kQ4kRowScaleUnit = 0, kQ4kRowMinUnit = 2;                      // in a V row

@@ -246,6 +246,7 @@ Result<CacheExportInfo> ReadMetadata(const Json& header, std::string_view expect
     return Malformed("n_cached " + std::to_string(info.n_cached) + " > " + std::to_string(info.tokens.size()) +
                      " token ids");
   KVFS_ASSIGN_OR_RETURN(info.conversation, ParseConversation(get("conversation"), info.tokens.size()));
+  if (it->contains(std::string(st::kContextTextKey))) info.context_text = get(st::kContextTextKey);
   return info;
 }
 

@@ -313,6 +313,43 @@ TEST_F(EngineTest, ExportImportRoundTrip) {
   }
 }
 
+// Cloning: alice's file imported into a new agent with the same settings. The file carries the
+// text behind its tokens, so bob's next turn extends the imported cache by characters (all of it
+// reused, where re-encoding the text would not give back the sampled tokens) and replies
+// exactly as alice does to the same message.
+TEST_F(EngineTest, ImportIntoAnotherAgentExtendsTheImportedText) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[1]).stats.ok());
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  const int64_t n_tokens = (*engine)->GetAgent("alice")->context_tokens;
+  ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
+  Greedy(**engine, "bob");
+  ASSERT_TRUE((*engine)->ImportCache("bob", *exported).ok());
+  TurnOutcome bob = RunTurn(**engine, "bob", kTurns[2]);
+  ASSERT_TRUE(bob.stats.ok()) << bob.stats.status().message();
+  EXPECT_EQ(bob.stats->match, "extend");
+  EXPECT_EQ(bob.stats->reused_tokens, n_tokens);
+  TurnOutcome alice = RunTurn(**engine, "alice", kTurns[2]);
+  ASSERT_TRUE(alice.stats.ok());
+  EXPECT_EQ(alice.stats->match, "extend");
+  EXPECT_EQ(bob.reply, alice.reply);
+  EXPECT_EQ(bob.reply, Reference(ReadManifest(Options().store_dir, "bob"), *bob.stats, 20));
+  // Another system prompt renders another text: the import is then matched on tokens.
+  ASSERT_TRUE((*engine)->CreateAgent("carol", 0).ok());
+  Greedy(**engine, "carol");
+  ASSERT_TRUE((*engine)->SetSystem("carol", "Tom had a red car.").ok());
+  ASSERT_TRUE((*engine)->ImportCache("carol", *exported).ok());
+  TurnOutcome carol = RunTurn(**engine, "carol", kTurns[2]);
+  ASSERT_TRUE(carol.stats.ok());
+  EXPECT_EQ(carol.stats->match, "diverge");
+  EXPECT_EQ(carol.reply, Reference(ReadManifest(Options().store_dir, "carol"), *carol.stats, 20));
+}
+
 // After a settings change to another KV format, the cache stays in the old one until the next
 // turn: exporting it and importing the file back restores it (the round trip of a backup), a
 // file in a third format is refused, and the next turn recomputes in the new format. An agent

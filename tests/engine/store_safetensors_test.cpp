@@ -226,6 +226,29 @@ TEST(StoreSafetensors, ExportRejectsBadInput) {
   expect_bad(good, short_spans, "chunks hold 8 tokens");
 }
 
+// context_text: written when known, read back exactly; absent (an older file, or unknown text)
+// reads as empty; text that is not UTF-8 is refused at export.
+TEST(StoreSafetensors, ContextTextIsOptionalMetadata) {
+  const KvGeometry g = Geometry("q4");
+  const auto chunks = MakeChunks(g, 10, 4, 3);
+  CacheExportInfo info = Info(g, 10, 10);
+  auto plain = WriteKvSafetensors(info, Spans(chunks, g));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(SplitFile(*plain).header["__metadata__"].contains("context_text"));
+  EXPECT_EQ(ReadKvSafetensors(*plain, kFingerprint, g, 4)->info.context_text, "");
+  info.context_text = "<|user|>\nCaf\xC3\xA9 \"quoted\"\n<|assistant|>\n";
+  auto with_text = WriteKvSafetensors(info, Spans(chunks, g));
+  ASSERT_TRUE(with_text.ok());
+  EXPECT_EQ(SplitFile(*with_text).header["__metadata__"]["context_text"], info.context_text);
+  auto back = ReadKvSafetensors(*with_text, kFingerprint, g, 4);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->info, info);
+  info.context_text = "cut \xE2\x82";
+  auto bad = WriteKvSafetensors(info, Spans(chunks, g));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("context_text"), std::string::npos) << bad.status().message();
+}
+
 // Files written by another implementation (fuzz/make_safetensors_seeds.py, Python's json and
 // struct) are read, including one whose tensors lie in the buffer in reverse order.
 TEST(StoreSafetensors, ReadsFilesWrittenByPython) {

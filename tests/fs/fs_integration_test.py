@@ -280,6 +280,15 @@ def import_export_and_erase_cache(t):
     a = sh('cat %s/alice/transcript' % m, check_rc=0).stdout
     b = sh('cat %s/bob/transcript' % m, check_rc=0).stdout
     check(a == b and 'The cat sat' in b, 'import carries the conversation:\n%r\n%r' % (a, b))
+    if not FAKE:
+        # A clone continues alice's cache: its next turn reuses every imported token (the file
+        # carries the text behind them).
+        sh('cp %s/alice/config.json %s/bob/config.json' % (m, m), check_rc=0)
+        tokens = json.loads(sh('cat %s/bob/status.json' % m, check_rc=0).stdout)['tokens']
+        say(m, 'bob', 'And then')
+        last = json.loads(sh('cat %s/bob/status.json' % m, check_rc=0).stdout)['last_turn']
+        check(tokens > 0 and last['match'] == 'extend' and last['reused_tokens'] == tokens,
+              'the clone extends the imported cache: %s (%d tokens imported)' % (last, tokens))
     # rm kv.safetensors: the cache goes, the transcript stays; the next turn rebuilds.
     sh('rm %s/alice/kv.safetensors' % m, check_rc=0)
     check('The cat sat' in sh('cat %s/alice/transcript' % m, check_rc=0).stdout, 'transcript stays')
