@@ -27,9 +27,9 @@ Result<KvArena*> DeviceKvCache::ArenaFor(const KvLayout& layout) {
   auto arena = std::make_unique<KvArena>();
   arena->layout = layout;
   arena->row_stride = (layout.row_bytes() + 3) / 4 * 4;
-  if (std::max(arena->k_plane_bytes(), arena->v_plane_bytes()) > max_binding_bytes_) {
+  if (arena->largest_plane_bytes() > max_binding_bytes_) {
     return Unsupported(fmt::format("one KV block plane ({} bytes) exceeds the device's storage binding ({} bytes)",
-                                   std::max(arena->k_plane_bytes(), arena->v_plane_bytes()), max_binding_bytes_));
+                                   arena->largest_plane_bytes(), max_binding_bytes_));
   }
   arenas_.push_back(std::move(arena));
   return arenas_.back().get();
@@ -62,7 +62,7 @@ Result<int64_t> DeviceKvCache::AllocateSlot(KvArena& arena) {
   if (arena.free_slots.empty()) {
     // Grow (double) while the budget and the binding size allow it, else drop the least
     // recently used copy that no step of this pass needs.
-    const int64_t by_binding = max_binding_bytes_ / std::max(arena.k_plane_bytes(), arena.v_plane_bytes());
+    const int64_t by_binding = max_binding_bytes_ / arena.largest_plane_bytes();
     const int64_t by_budget = arena.n_slots + (budget_bytes_ - used_bytes_) / arena.slot_bytes();
     const int64_t target = std::min({std::max(kInitialSlots, 2 * arena.n_slots), by_binding, by_budget});
     if (target > arena.n_slots) {

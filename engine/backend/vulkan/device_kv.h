@@ -33,6 +33,7 @@
 // pool's eviction).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -57,6 +58,7 @@ struct KvArena {
   int64_t v_plane_bytes() const { return layout.block_tokens * row_stride; }
   int64_t k_plane_bytes() const { return layout.format.KeysByChannel() ? layout.k_plane_bytes() : v_plane_bytes(); }
   int64_t slot_bytes() const { return layout.n_layer * (k_plane_bytes() + v_plane_bytes()); }
+  int64_t largest_plane_bytes() const { return std::max(k_plane_bytes(), v_plane_bytes()); }  // vs the binding limit
 };
 
 // One step's KV during a pass.
