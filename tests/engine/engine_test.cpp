@@ -363,18 +363,12 @@ TEST_F(EngineTest, ExportImportRoundTripAfterAFormatChange) {
   auto f16_file = (*engine)->ExportCache("alice");
   ASSERT_TRUE(f16_file.ok());
   ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());  // a q4 file, from another agent
-  AgentSettings q4;
-  q4.sampling.temperature = 0;
-  q4.max_tokens = 20;
-  q4.kv = "q4";
-  ASSERT_TRUE((*engine)->SetSettings("bob", q4).ok());
+  Greedy(**engine, "bob", "q4");
   ASSERT_TRUE(RunTurn(**engine, "bob", kTurns[0]).stats.ok());
   auto q4_file = (*engine)->ExportCache("bob");
   ASSERT_TRUE(q4_file.ok());
 
-  AgentSettings q8 = q4;
-  q8.kv = "q8";
-  ASSERT_TRUE((*engine)->SetSettings("alice", q8).ok());
+  Greedy(**engine, "alice", "q8");
   auto still_f16 = (*engine)->ExportCache("alice");
   ASSERT_TRUE(still_f16.ok());
   EXPECT_EQ(*still_f16, *f16_file);  // the cache is unchanged until the next turn
@@ -392,7 +386,7 @@ TEST_F(EngineTest, ExportImportRoundTripAfterAFormatChange) {
 
   // With no cache (erased), the file is in the format of the settings, and comes back too.
   ASSERT_TRUE((*engine)->EraseCache("bob").ok());
-  ASSERT_TRUE((*engine)->SetSettings("bob", q8).ok());
+  Greedy(**engine, "bob", "q8");
   auto empty = (*engine)->ExportCache("bob");
   ASSERT_TRUE(empty.ok());
   const HParams& hp = model_->hparams();

@@ -111,11 +111,12 @@ class EngineTestBase : public ::testing::Test {
     return r.ok() ? r->text : std::string();
   }
 
-  void Greedy(AgentEngine& e, const std::string& agent) {
+  // Greedy 20-token replies, KV in `kv` (default: the fixture's format).
+  void Greedy(AgentEngine& e, const std::string& agent, const std::string& kv = "") {
     AgentSettings s;
     s.sampling.temperature = 0;
     s.max_tokens = 20;
-    s.kv = kv_;
+    s.kv = kv.empty() ? kv_ : kv;
     ASSERT_TRUE(e.SetSettings(agent, s).ok());
   }
 
