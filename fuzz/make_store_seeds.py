@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Writes seeds for fuzz_manifest and fuzz_block (stdlib only; the zstd CLI, if present, adds a
-compressed block). Block checksums are left zero: the fuzz target recomputes them.
+compressed block). Block checksums are left zero: the fuzz target recomputes them. Manifest seeds
+are version 1 (no checksum, which the stdlib cannot compute), so mutations reach every field;
+manifest/with_tail_v2.json, the same manifest in version 2 as kvfs writes it (XXH3-64 checksum
+last), is kept in the corpus as is.
 Usage: make_store_seeds.py FUZZ_CORPUS_DIR  (writes DIR/manifest/* and DIR/block/*)"""
 import json, os, shutil, struct, subprocess, sys
 

@@ -194,6 +194,9 @@ Status Engine::RestoreAgents() {
     auto a = std::make_unique<AgentRecord>();
     a->name = name;
     ApplyManifest(*a, *m);
+    for (const auto& r : store_->open_report().recovered_agents)
+      if (r.name == name)
+        a->last_error = "restored from its previous saved turn; the latest one was lost: " + r.reason;
     agents_[name] = std::move(a);
   }
   return Status::Ok();

@@ -6,6 +6,8 @@
 //                                      first two hex digits (256-way fan-out keeps directories
 //                                      small and lookups cheap)
 //   <store>/agents/<name>/manifest.json  the agent's manifest (the commit point of a turn)
+//   <store>/agents/<name>/manifest.prev.json  the manifest of the turn before, kept so that a
+//                                      damaged manifest costs one turn, not the agent
 //   <store>/agents/<name>/tail.<turn>.kvt  the partial last block as of that turn
 //   <store>/agents/.erase.<name>/      an erasure in progress (rename is its commit point)
 //   <store>/prefixes/<name>.prefix     a shared prefix of .prefixes/ (prefix_record.h): its text
@@ -78,6 +80,7 @@ inline constexpr std::string_view kBlockSuffix = ".kvb";
 inline constexpr std::string_view kTailPrefix = "tail.";
 inline constexpr std::string_view kTailSuffix = ".kvt";
 inline constexpr std::string_view kManifestName = "manifest.json";
+inline constexpr std::string_view kPrevManifestName = "manifest.prev.json";
 inline constexpr std::string_view kErasePrefix = ".erase.";
 inline constexpr std::string_view kPrefixesDir = "prefixes";
 inline constexpr std::string_view kPrefixSuffix = ".prefix";
@@ -86,7 +89,10 @@ inline constexpr int kPrefixVersion = 1;
 
 // Manifest (JSON) format identity and limits.
 inline constexpr std::string_view kManifestFormat = "kvfs-manifest";
-inline constexpr int kManifestVersion = 1;
+// Version 2 adds "checksum" (manifest.h); version 1 files (no checksum) are still read.
+inline constexpr int kManifestVersion = 2;
+inline constexpr int kOldestManifestVersion = 1;
+inline constexpr std::string_view kManifestChecksumKey = "checksum";
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 inline constexpr size_t kMaxAgentNameLen = 64;
 inline constexpr uint32_t kMaxBlockSize = 1u << 20;  // tokens per block

@@ -118,55 +118,86 @@ Status CacheStore::ScanAgents() {
     if (e.is_dir && e.name.starts_with(kErasePrefix)) {
       KVFS_RETURN_IF_ERROR(PurgeDir(path, &open_report_.bytes_removed, &files));
       ++open_report_.erasures_completed;
-      continue;
-    }
-    if (!e.is_dir && e.name.ends_with(kTempSuffix)) {
+    } else if (!e.is_dir && e.name.ends_with(kTempSuffix)) {
       KVFS_RETURN_IF_ERROR(ShredFile(path, &open_report_.bytes_removed, &open_report_.temp_files_removed));
-      continue;
-    }
-    if (!e.is_dir || !IsValidAgentName(e.name)) {
+    } else if (!e.is_dir || !IsValidAgentName(e.name)) {
       open_report_.unknown_files.push_back(path);
-      continue;
-    }
-    KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> files_in, fs_.ListDir(path));
-    const bool has_manifest = std::any_of(files_in.begin(), files_in.end(),
-                                          [](const DirEntry& f) { return !f.is_dir && f.name == kManifestName; });
-    if (!has_manifest) {  // the first turn never committed: the agent does not exist
-      KVFS_RETURN_IF_ERROR(PurgeDir(path, &open_report_.bytes_removed, &files));
-      ++open_report_.incomplete_agents_removed;
-      continue;
-    }
-    const std::string manifest_path = JoinPath(path, kManifestName);
-    Result<Manifest> m = Corrupt("unread");
-    if (auto bytes = fs_.ReadFile(manifest_path); bytes.ok()) m = ParseManifest(AsString(*bytes), manifest_path);
-    else m = bytes.status();
-    if (m.ok() && m->name != e.name)
-      m = Corrupt(manifest_path + ": field \"name\": \"" + m->name + "\" does not match the directory");
-    if (!m.ok()) {
-      broken_[e.name] = m.status().message();
-      open_report_.broken_agents.push_back(e.name + ": " + m.status().message());
     } else {
-      agents_[e.name] = AgentInfo{m->blocks, m->tail, m->turn, m->created_ms};
-      AddRefs(m->blocks);
+      KVFS_RETURN_IF_ERROR(ScanAgentDir(e.name, path));
     }
-    for (const DirEntry& f : files_in) {
-      const std::string fpath = JoinPath(path, f.name);
-      if (f.is_dir) {
-        open_report_.unknown_files.push_back(fpath);
-      } else if (f.name.ends_with(kTempSuffix)) {
-        KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
-      } else if (IsTailFileName(f.name)) {
-        // A broken manifest might name any tail: keep them all until it is erased or replaced.
-        if (m.ok() && !(m->tail && m->tail->file == f.name))
-          KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.orphan_tails_removed));
-      } else if (f.name != kManifestName) {
-        open_report_.unknown_files.push_back(fpath);
-      }
-    }
-    // Make durable what we rely on: after a kill -9 the visible entries may not be yet.
-    KVFS_RETURN_IF_ERROR(fs_.SyncDir(path));
   }
   return fs_.SyncDir(agents_dir_);
+}
+
+Result<Manifest> CacheStore::ReadManifestFile(const std::string& path, const std::string& agent) {
+  KVFS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, fs_.ReadFile(path));
+  KVFS_ASSIGN_OR_RETURN(Manifest m, ParseManifest(AsString(bytes), path));
+  if (m.name != agent) return Corrupt(path + ": field \"name\": \"" + m.name + "\" does not match the directory");
+  return m;
+}
+
+Status CacheStore::ScanAgentDir(const std::string& name, const std::string& path) {
+  KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> files_in, fs_.ListDir(path));
+  auto has_file = [&](std::string_view file) {
+    return std::any_of(files_in.begin(), files_in.end(), [&](const DirEntry& f) { return !f.is_dir && f.name == file; });
+  };
+  const bool has_manifest = has_file(kManifestName), has_prev = has_file(kPrevManifestName);
+  if (!has_manifest && !has_prev) {  // the first turn never committed: the agent does not exist
+    size_t files = 0;
+    KVFS_RETURN_IF_ERROR(PurgeDir(path, &open_report_.bytes_removed, &files));
+    ++open_report_.incomplete_agents_removed;
+    return Status::Ok();
+  }
+  const std::string manifest_path = JoinPath(path, kManifestName);
+  const std::string prev_path = JoinPath(path, kPrevManifestName);
+  Result<Manifest> m = has_manifest ? ReadManifestFile(manifest_path, name)
+                                    : Result<Manifest>(Corrupt(manifest_path + " is missing"));
+  bool keep_prev = has_prev;
+  if (!m.ok() && has_prev) {
+    // Damaged (a crash never leaves a manifest unreadable): go back one turn, and make that the
+    // manifest again so that every later read and commit sees it.
+    Result<Manifest> prev = ReadManifestFile(prev_path, name);
+    Status restored = prev.status();
+    if (prev.ok()) {
+      auto bytes = fs_.ReadFile(prev_path);
+      restored = bytes.ok() ? WriteFileAtomic(fs_, path, std::string(kManifestName), *bytes) : bytes.status();
+    }
+    if (restored.ok()) {
+      spdlog::warn("cache store {}: agent {}: {}; restored its previous turn ({}) from {}", dir_, name,
+                   m.status().message(), prev->turn, kPrevManifestName);
+      open_report_.recovered_agents.push_back({name, prev->turn, m.status().message()});
+      m = std::move(prev);
+    } else {
+      m = Corrupt(m.status().message() + "; " + std::string(kPrevManifestName) + ": " + restored.message());
+    }
+  } else if (m.ok() && m->turn <= 1 && has_prev) {
+    keep_prev = false;  // a first turn has no previous one: a copy left by a crashed second turn
+  }
+  if (!m.ok()) {
+    broken_[name] = m.status().message();
+    open_report_.broken_agents.push_back(name + ": " + m.status().message());
+  } else {
+    agents_[name] = AgentInfo{m->blocks, m->tail, m->turn, m->created_ms};
+    AddRefs(m->blocks);
+  }
+  for (const DirEntry& f : files_in) {
+    const std::string fpath = JoinPath(path, f.name);
+    if (f.is_dir) {
+      open_report_.unknown_files.push_back(fpath);
+    } else if (f.name.ends_with(kTempSuffix)) {
+      KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+    } else if (IsTailFileName(f.name)) {
+      // A broken manifest might name any tail: keep them all until it is erased or replaced.
+      if (m.ok() && !(m->tail && m->tail->file == f.name))
+        KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.orphan_tails_removed));
+    } else if (f.name == kPrevManifestName) {
+      if (!keep_prev) KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+    } else if (f.name != kManifestName) {
+      open_report_.unknown_files.push_back(fpath);
+    }
+  }
+  // Make durable what we rely on: after a kill -9 the visible entries may not be yet.
+  return fs_.SyncDir(path);
 }
 
 Status CacheStore::ScanBlocks() {
@@ -343,7 +374,9 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   const std::string adir = AgentDir(agent);
   std::optional<std::vector<uint8_t>> previous;
   if (prev || was_broken) {
-    KVFS_ASSIGN_OR_RETURN(previous, fs_.ReadFile(JoinPath(adir, kManifestName)));
+    auto bytes = fs_.ReadFile(JoinPath(adir, kManifestName));
+    if (bytes.ok()) previous = std::move(*bytes);
+    else if (!was_broken || bytes.status().code() != StatusCode::kNotFound) return bytes.status();
   } else {
     KVFS_RETURN_IF_ERROR(fs_.MakeDir(adir));
     KVFS_RETURN_IF_ERROR(fs_.SyncDir(agents_dir_));
@@ -363,6 +396,17 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
                                                                       tail->n_tokens, tail->payload, options_.encode));
     KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, adir, manifest.tail->file, image).WithContext("writing the tail of " + agent));
     report.bytes_written += image.size();
+  }
+  if (prev && previous) {
+    KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, adir, std::string(kPrevManifestName), *previous)
+                             .WithContext("keeping the previous manifest of " + agent));
+    report.bytes_written += previous->size();
+  } else if (was_broken) {
+    // The copy belongs to the unreadable incarnation this commit replaces.
+    uint64_t bytes = 0;
+    size_t files = 0;
+    if (fs_.FileSize(JoinPath(adir, kPrevManifestName)).ok())
+      KVFS_RETURN_IF_ERROR(ShredFile(JoinPath(adir, kPrevManifestName), &bytes, &files));
   }
   Status published = PublishManifest(adir, manifest_bytes, previous);
   if (!published.ok()) {

@@ -5,8 +5,11 @@
 // a crash or an error an agent is at exactly its previous or its new turn.
 //
 // Crash-safety protocol of CommitTurn: new blocks (write-temp, fsync, rename, fsync dir), then
-// the new tail (same), then the manifest (same); the old tail is removed only after the manifest
-// is durable. Anything a crash leaves behind (temp files, blocks and tails no manifest names,
+// the new tail (same), then a copy of the current manifest as manifest.prev.json (same), then
+// the new manifest (same); the old tail is removed only after the manifest is durable. The copy
+// is for damage, not crashes: when Open finds a manifest missing or unreadable (a checksum
+// mismatch included), it puts the previous one back, so the agent loses its last turn instead of
+// everything (the blocks and tail only that turn named are gone, so its cache is rebuilt). Anything a crash leaves behind (temp files, blocks and tails no manifest names,
 // an agent directory without a manifest, an interrupted erasure) is removed by the next Open.
 //
 // Blocks are refcounted by the number of agents whose manifest names them: counted by scanning
@@ -50,16 +53,24 @@ struct StoreOptions {
 
 // What Open removed or could not use.
 struct OpenReport {
-  size_t temp_files_removed = 0;
+  size_t temp_files_removed = 0;        // and stale manifest.prev.json copies (see ScanAgentDir)
   size_t orphan_blocks_removed = 0;     // block files no manifest references
   size_t orphan_tails_removed = 0;      // tail files their manifest does not name
   size_t incomplete_agents_removed = 0; // agent directories without a manifest (first turn never committed)
   size_t erasures_completed = 0;        // erasures interrupted by a crash, finished now
   uint64_t bytes_removed = 0;
   size_t missing_blocks = 0;            // referenced by a manifest but absent (LoadAgent will rebuild)
-  // Agents whose manifest cannot be read ("name: reason"). Their files are kept; while any
-  // exists, orphan blocks are not collected (we cannot know which blocks such a manifest names).
+  // Agents whose manifest cannot be read, nor their previous one ("name: reason"). Their files
+  // are kept; while any exists, orphan blocks are not collected (we cannot know which blocks
+  // such a manifest names).
   std::vector<std::string> broken_agents;
+  // Agents whose manifest was missing or unreadable and whose previous one was put back.
+  struct Recovered {
+    std::string name;
+    uint64_t turn = 0;   // the turn the agent is back at
+    std::string reason;  // what was wrong with the manifest
+  };
+  std::vector<Recovered> recovered_agents;
   std::vector<std::string> broken_prefixes;  // likewise, prefix records ("name: reason")
   bool orphan_collection_skipped = false;
   std::vector<std::string> unknown_files;  // not ours; left alone
@@ -184,6 +195,11 @@ class CacheStore {
   CacheStore(std::string dir, FileSystem& fs, StoreOptions options);
   Status Init();
   Status ScanAgents();
+  // One agent directory of ScanAgents: its manifest (or the previous one, put back), refcounts
+  // and the clean-up of its temp files and stale tails.
+  Status ScanAgentDir(const std::string& name, const std::string& path);
+  // Reads and parses a manifest file, checking that it names `agent`.
+  Result<Manifest> ReadManifestFile(const std::string& path, const std::string& agent);
   Status ScanBlocks();
   Status ScanPrefixes();
   std::string PrefixPath(const std::string& name) const;

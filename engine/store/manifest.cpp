@@ -6,6 +6,9 @@
 #include <limits>
 #include <set>
 
+#include <spdlog/fmt/fmt.h>
+#include <xxhash.h>
+
 namespace kvfs::store {
 namespace {
 
@@ -15,9 +18,25 @@ using Json = nlohmann::json;
 // Bounded so that recursive consumers (dump, validation) stay shallow on hostile input.
 constexpr int kMaxJsonDepth = 64;
 
-constexpr std::array<std::string_view, 14> kFields = {
+constexpr std::array<std::string_view, 15> kFields = {
     "format", "version", "name", "model_fingerprint", "kv_format", "block_size", "tokens",
-    "conversation", "blocks", "tail", "config", "created_ms", "updated_ms", "turn"};
+    "conversation", "blocks", "tail", "config", "created_ms", "updated_ms", "turn", kManifestChecksumKey};
+
+// `,"checksum":"<hex>"}`: how every version-2 file ends.
+std::string ChecksumSuffix(std::string_view hex) {
+  return fmt::format(",\"{}\":\"{}\"}}", kManifestChecksumKey, hex);
+}
+
+// XXH3-64 of `body` (a JSON object text without its closing brace) followed by '}'.
+std::string ChecksumOfBody(std::string_view body) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, body.data(), body.size());
+  XXH3_64bits_update(state, "}", 1);
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return fmt::format("{:016x}", h);
+}
 
 }  // namespace
 
@@ -196,7 +215,10 @@ Result<std::string> SerializeManifest(const Manifest& m) {
     j["created_ms"] = m.created_ms;
     j["updated_ms"] = m.updated_ms;
     j["turn"] = m.turn;
-    return j.dump();  // strict: throws on invalid UTF-8 (e.g. inside config strings)
+    std::string text = j.dump();  // strict: throws on invalid UTF-8 (e.g. inside config strings)
+    text.pop_back();              // the closing brace: the checksum goes before it, last
+    const std::string hex = ChecksumOfBody(text);
+    return text + ChecksumSuffix(hex);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("manifest cannot be serialized: ") + e.what());
   }
@@ -234,9 +256,25 @@ Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
   KVFS_ASSIGN_OR_RETURN(std::string format, r.String(j, "format"));
   if (format != kManifestFormat) return r.Err("format", "is \"" + format + "\", expected \"kvfs-manifest\"");
   KVFS_ASSIGN_OR_RETURN(int64_t version, r.IntField(j, "version", 1, kI64Max));
-  if (version != kManifestVersion)
+  if (version < kOldestManifestVersion || version > kManifestVersion)
     return Unsupported(src + ": manifest version " + std::to_string(version) + " is not supported (this build reads " +
-                       std::to_string(kManifestVersion) + ")");
+                       std::to_string(kOldestManifestVersion) + " to " + std::to_string(kManifestVersion) + ")");
+  const std::string checksum_key(kManifestChecksumKey);
+  if (version == 1) {
+    if (j.contains(checksum_key)) return r.Err(checksum_key, "not part of manifest version 1");
+  } else {
+    KVFS_ASSIGN_OR_RETURN(std::string hex, r.String(j, checksum_key));
+    if (hex.size() != 16 || !std::all_of(hex.begin(), hex.end(), [](char c) {
+          return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+        }))
+      return r.Err(checksum_key, "expected 16 lowercase hex digits");
+    const std::string suffix = ChecksumSuffix(hex);
+    if (!text.ends_with(suffix))
+      return r.Err(checksum_key, "is not the last field as kvfs writes it (was the file edited?)");
+    const std::string actual = ChecksumOfBody(text.substr(0, text.size() - suffix.size()));
+    if (actual != hex)
+      return r.Err(checksum_key, "the contents hash to " + actual + ", not " + hex + ": the file is damaged");
+  }
   KVFS_ASSIGN_OR_RETURN(m.name, r.String(j, "name"));
   if (!IsValidAgentName(m.name)) return r.Err("name", "not a valid agent name");
   KVFS_ASSIGN_OR_RETURN(m.model_fingerprint, r.String(j, "model_fingerprint"));

@@ -5,11 +5,16 @@
 //
 // JSON form (all fields required; unknown fields are rejected so that a newer writer's file is
 // never half-understood; "version" says which fields exist):
-//   {"format": "kvfs-manifest", "version": 1, "name": "alice",
+//   {"format": "kvfs-manifest", "version": 2, "name": "alice",
 //    "model_fingerprint": "<32 hex>", "kv_format": "q4", "block_size": 256,
 //    "tokens": [1, 15043, ...], "conversation": [{"role": "user", "text": "..."}, ...],
 //    "blocks": ["<32 hex>", ...], "tail": null | {"file": "tail.7.kvt", "n_tokens": 17},
-//    "config": {...}, "created_ms": 1700000000000, "updated_ms": 1700000001000, "turn": 7}
+//    "config": {...}, "created_ms": 1700000000000, "updated_ms": 1700000001000, "turn": 7,
+//    "checksum": "<16 hex>"}
+// "checksum" (version 2) is XXH3-64 of the file's exact bytes without it: the text before
+// `,"checksum":` followed by the closing `}`. It is always the last field, so checking it needs
+// no canonical JSON form; it catches a flipped bit inside a string or a number, which would
+// otherwise still parse. Version 1 (the same without "checksum") is still read.
 // Invariant: blocks * block_size + tail tokens <= tokens (the cache may lag the token list by
 // the last sampled token, never lead it).
 #pragma once
@@ -71,8 +76,8 @@ Status ValidateManifest(const Manifest& m);
 // Validates, then serializes (UTF-8 JSON, one line).
 Result<std::string> SerializeManifest(const Manifest& m);
 
-// Strict parse: malformed JSON, a missing, unknown or mistyped field, or a broken invariant ->
-// kCorrupt whose message names `source` (the file) and the field.
+// Strict parse: malformed JSON, a missing, unknown or mistyped field, a checksum mismatch or a
+// broken invariant -> kCorrupt whose message names `source` (the file) and the field.
 Result<Manifest> ParseManifest(std::string_view json, std::string_view source);
 
 }  // namespace kvfs::store

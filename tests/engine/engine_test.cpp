@@ -235,6 +235,45 @@ TEST_F(EngineTest, CorruptBlockIsRebuiltFromText) {
   EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
 }
 
+// A damaged manifest (one letter of the text changed on disk: the checksum tells) costs the
+// agent its latest turn, not its history: it comes back at the turn before, says so in its
+// status, and goes on from there.
+TEST_F(EngineTest, DamagedManifestResumesFromThePreviousTurn) {
+  std::vector<ConversationTurn> after_first;
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+    after_first = *(*engine)->Conversation("alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[1]).stats.ok());
+    ASSERT_GT((*engine)->Conversation("alice")->size(), after_first.size());
+  }
+  const fs::path manifest = dir_ / "store" / "agents" / "alice" / "manifest.json";
+  std::string text = testing::ReadFile(manifest.string());
+  const size_t at = text.find("liked to play");
+  ASSERT_NE(at, std::string::npos);
+  text[at] = 'L';
+  {
+    std::ofstream f(manifest, std::ios::binary | std::ios::trunc);
+    f << text;
+  }
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ(*(*engine)->Conversation("alice"), after_first);
+  auto info = (*engine)->GetAgent("alice");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, AgentState::kError);
+  EXPECT_NE(info->last_error.find("restored from its previous saved turn"), std::string::npos) << info->last_error;
+  EXPECT_NE(info->last_error.find("checksum"), std::string::npos) << info->last_error;
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[2]);
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+  EXPECT_TRUE((*engine)->GetAgent("alice")->last_error.empty());
+  EXPECT_EQ((*engine)->Conversation("alice")->size(), after_first.size() + 2);
+}
+
 // A cache made with another model is never loaded: the conversation is kept and recomputed.
 TEST_F(EngineTest, OtherModelsCacheIsNotLoaded) {
   const std::string other = testing::TestModelsDir() + "/tiny-llama-F16.gguf";

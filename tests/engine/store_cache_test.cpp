@@ -244,6 +244,102 @@ TEST(StoreCache, GarbageManifestIsAClearErrorAndOthersAreUnaffected) {
             ExpectedFiles("/store", {store->LoadAgent("b", kFingerprint)->manifest}));
 }
 
+// Damage a crash cannot cause (a flipped bit, a deleted file) costs the agent its latest turn,
+// not everything: Open puts the manifest of the turn before back.
+TEST(StoreCache, DamagedManifestGoesBackOneTurn) {
+  for (const bool deleted : {false, true}) {
+    SCOPED_TRACE(deleted ? "manifest deleted" : "one letter of its text changed");
+    FaultInjectingFileSystem fs;
+    SimAgent a("a"), b("b");
+    const AgentState s1 = a.Extend(Range(1, 10), "turn one");
+    const AgentState s2 = a.Extend(Range(100, 7), "turn two");             // 4 blocks + 1
+    const AgentState s3 = a.Diverge(8, Range(500, 6), "turn three diverges");  // keeps 2 blocks
+    const AgentState sb = b.Extend(Range(1, 4), "b");
+    {
+      auto store = OpenOk("/store", fs);
+      for (const AgentState* st : {&s1, &s2, &s3, &sb}) ASSERT_TRUE(Commit(*store, *st).ok());
+    }
+    const std::string path = "/store/agents/a/manifest.json";
+    if (deleted) {
+      ASSERT_TRUE(fs.Unlink(path).ok());
+    } else {
+      std::vector<uint8_t> bytes = *fs.ReadFile(path);
+      const std::string text(bytes.begin(), bytes.end());
+      const size_t at = text.find("turn three");
+      ASSERT_NE(at, std::string::npos);
+      bytes[at] = 'T';  // still valid JSON
+      ASSERT_TRUE(fs.WriteFile(path, bytes).ok());
+    }
+    auto store = OpenOk("/store", fs);
+    const OpenReport& r = store->open_report();
+    ASSERT_EQ(r.recovered_agents.size(), 1u);
+    EXPECT_EQ(r.recovered_agents[0].name, "a");
+    EXPECT_EQ(r.recovered_agents[0].turn, 2u);
+    EXPECT_NE(r.recovered_agents[0].reason.find(deleted ? "missing" : "\"checksum\""), std::string::npos)
+        << r.recovered_agents[0].reason;
+    EXPECT_TRUE(r.broken_agents.empty());
+    EXPECT_FALSE(r.orphan_collection_skipped);
+    EXPECT_EQ(*fs.ReadFile(path), *fs.ReadFile("/store/agents/a/manifest.prev.json"));  // published again
+
+    // Turn two's text and tokens; its blocks 2-3 and its tail went when turn three committed.
+    auto la = store->LoadAgent("a", kFingerprint);
+    ASSERT_TRUE(la.ok()) << la.status().message();
+    EXPECT_EQ(la->manifest.conversation, s2.manifest.conversation);
+    EXPECT_EQ(la->manifest.tokens, s2.manifest.tokens);
+    EXPECT_EQ(la->rebuild_from_block, std::optional<size_t>(2));
+    EXPECT_EQ(la->blocks, std::vector<std::vector<uint8_t>>(s2.blocks.begin(), s2.blocks.begin() + 2));
+    EXPECT_TRUE(LoadedIs(*store->LoadAgent("b", kFingerprint), sb));
+    // Turn three's own block and tail were collected at Open; the agent goes on from here.
+    auto files = fs.ListFilesRecursive("/store");
+    std::set<std::string> expect = ExpectedFiles("/store", {la->manifest, store->LoadAgent("b", kFingerprint)->manifest});
+    for (size_t i = 2; i < s2.manifest.blocks.size(); ++i) {  // missing, to be rebuilt
+      const std::string hex = ToHex(s2.manifest.blocks[i]);
+      expect.erase("/store/blocks/" + hex.substr(0, 2) + "/" + hex + ".kvb");
+    }
+    expect.erase("/store/agents/a/" + la->manifest.tail->file);
+    EXPECT_EQ(std::set<std::string>(files.begin(), files.end()), expect);
+    auto again = Commit(*store, s3);
+    ASSERT_TRUE(again.ok()) << again.status().message();
+    EXPECT_EQ(again->manifest.turn, 3u);
+    store.reset();
+    store = OpenOk("/store", fs);
+    EXPECT_TRUE(store->open_report().recovered_agents.empty());
+    EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), s3));
+  }
+}
+
+// When the previous manifest is damaged too, the agent is broken as before; a first turn has no
+// previous manifest at all.
+TEST(StoreCache, BothManifestsDamagedIsBroken) {
+  FaultInjectingFileSystem fs;
+  SimAgent a("a"), c("c");
+  {
+    auto store = OpenOk("/store", fs);
+    ASSERT_TRUE(Commit(*store, a.Extend(Range(1, 10), "one")).ok());
+    ASSERT_TRUE(Commit(*store, a.Extend(Range(20, 3), "two")).ok());
+    ASSERT_TRUE(Commit(*store, c.Extend(Range(1, 3), "only turn")).ok());
+  }
+  EXPECT_FALSE(fs.FileSize("/store/agents/c/manifest.prev.json").ok());
+  const std::vector<uint8_t> junk = {'{', '}'};
+  for (const char* f : {"/store/agents/a/manifest.json", "/store/agents/a/manifest.prev.json",
+                        "/store/agents/c/manifest.json"})
+    ASSERT_TRUE(fs.WriteFile(f, junk).ok());
+  auto store = OpenOk("/store", fs);
+  const OpenReport& r = store->open_report();
+  EXPECT_TRUE(r.recovered_agents.empty());
+  ASSERT_EQ(r.broken_agents.size(), 2u);
+  EXPECT_NE(r.broken_agents[0].find("manifest.prev.json"), std::string::npos) << r.broken_agents[0];
+  EXPECT_EQ(store->LoadAgent("a", kFingerprint).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(store->LoadAgent("c", kFingerprint).status().code(), StatusCode::kCorrupt);
+  // A new agent of the same name replaces the broken one, its copy included.
+  SimAgent a2("a");
+  const AgentState fresh = a2.Extend(Range(300, 5), "a new a");
+  auto committed = Commit(*store, fresh);
+  ASSERT_TRUE(committed.ok()) << committed.status().message();
+  EXPECT_FALSE(fs.FileSize("/store/agents/a/manifest.prev.json").ok());
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), fresh));
+}
+
 TEST(StoreCache, OtherFingerprintIsNeverLoaded) {
   FaultInjectingFileSystem fs;
   SimAgent a("a");

@@ -1,5 +1,9 @@
-// Manifests: round trip and strict parsing (every malformation is kCorrupt naming the field).
+// Manifests: round trip, the checksum, and strict parsing (every malformation is kCorrupt naming
+// the field).
+#include <cstdio>
+
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include "engine/store/manifest.h"
 #include "tests/engine/store_test_util.h"
@@ -54,7 +58,74 @@ TEST(StoreManifest, SerializeRejectsInvalid) {
   EXPECT_NE(SerializeManifest(m).status().message().find("tail.n_tokens"), std::string::npos);
 }
 
-// Each case edits the valid JSON and expects the named field in the error.
+// The version-2 rule written out independently: XXH3-64 of the text without its checksum field,
+// which is appended last.
+template <typename Json>
+std::string Stamped(Json j) {
+  j.erase("checksum");
+  std::string body = j.dump();
+  const uint64_t h = XXH3_64bits(body.data(), body.size());
+  body.pop_back();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return body + ",\"checksum\":\"" + hex + "\"}";
+}
+
+// Version 1 of the same manifest: no checksum.
+std::string AsVersion1(nlohmann::json j) {
+  j.erase("checksum");
+  j["version"] = 1;
+  return j.dump();
+}
+
+TEST(StoreManifest, ChecksumIsTheDocumentedHashOfTheRestOfTheText) {
+  const std::string text = *SerializeManifest(Sample());
+  EXPECT_EQ(text, Stamped(nlohmann::ordered_json::parse(text)));
+  EXPECT_EQ(nlohmann::json::parse(text)["version"], 2);
+  EXPECT_TRUE(ParseManifest(Stamped(nlohmann::json::parse(text)), "m").ok());  // any key order
+}
+
+// Every single-bit flip anywhere in the file is refused: inside a string or a number the JSON
+// still parses, and only the checksum tells.
+TEST(StoreManifest, EveryBitFlipIsDetected) {
+  const std::string good = *SerializeManifest(Sample());
+  size_t by_checksum = 0;
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string bad = good;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+      auto r = ParseManifest(bad, "m.json");
+      ASSERT_FALSE(r.ok()) << "flip of bit " << bit << " of byte " << i << " went unnoticed";
+      // (a flip in "version" can also make it a version this build does not know)
+      EXPECT_TRUE(r.status().code() == StatusCode::kCorrupt || r.status().code() == StatusCode::kUnsupported)
+          << r.status().message();
+      if (r.status().message().find("\"checksum\"") != std::string::npos) ++by_checksum;
+    }
+  }
+  EXPECT_GT(by_checksum, good.size());  // most flips leave valid JSON behind
+}
+
+TEST(StoreManifest, Version1WithoutChecksumIsStillRead) {
+  const Manifest m = Sample();
+  const nlohmann::json j = nlohmann::json::parse(*SerializeManifest(m));
+  auto v1 = ParseManifest(AsVersion1(j), "m");
+  ASSERT_TRUE(v1.ok()) << v1.status().message();
+  EXPECT_EQ(*v1, m);
+  nlohmann::json with_checksum = j;
+  with_checksum["version"] = 1;
+  auto r = ParseManifest(with_checksum.dump(), "m");
+  EXPECT_EQ(r.status().code(), StatusCode::kCorrupt);
+  nlohmann::json without = j;
+  without.erase("checksum");
+  r = ParseManifest(without.dump(), "m");
+  EXPECT_NE(r.status().message().find("\"checksum\": missing"), std::string::npos) << r.status().message();
+  // Valid JSON, right hash, but laid out differently (re-indented by hand): refused, not guessed.
+  r = ParseManifest(nlohmann::ordered_json::parse(*SerializeManifest(m)).dump(1), "m");
+  EXPECT_NE(r.status().message().find("not the last field"), std::string::npos) << r.status().message();
+}
+
+// Each case edits the valid JSON (re-stamping its checksum) and expects the named field in the
+// error.
 TEST(StoreManifest, StrictParseNamesTheField) {
   const nlohmann::json good = nlohmann::json::parse(*SerializeManifest(Sample()));
   struct Case {
@@ -89,7 +160,7 @@ TEST(StoreManifest, StrictParseNamesTheField) {
   for (const Case& c : cases) {
     nlohmann::json j = good;
     c.edit(j);
-    auto r = ParseManifest(j.dump(), "agents/a/manifest.json");
+    auto r = ParseManifest(Stamped(j), "agents/a/manifest.json");
     ASSERT_FALSE(r.ok()) << c.what;
     EXPECT_EQ(r.status().code(), StatusCode::kCorrupt) << c.what;
     EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.what << ": " << r.status().message();
@@ -108,8 +179,8 @@ TEST(StoreManifest, MalformedJson) {
     EXPECT_EQ(r.status().message().rfind("m.json", 0), 0u) << r.status().message();
   }
   nlohmann::json v = nlohmann::json::parse(good);
-  v["version"] = 2;
-  EXPECT_EQ(ParseManifest(v.dump(), "m").status().code(), StatusCode::kUnsupported);
+  v["version"] = 3;
+  EXPECT_EQ(ParseManifest(Stamped(v), "m").status().code(), StatusCode::kUnsupported);
 }
 
 TEST(StoreManifest, Names) {

@@ -154,11 +154,13 @@ inline ::testing::AssertionResult LoadedIs(const LoadedAgent& got, const AgentSt
   return ::testing::AssertionSuccess();
 }
 
-// The exact set of files a store holding `agents` (name -> loaded manifest) must contain.
+// The exact set of files a store holding `agents` (name -> loaded manifest) must contain: an
+// agent past its first turn keeps the manifest before it too.
 inline std::set<std::string> ExpectedFiles(const std::string& root, const std::vector<Manifest>& agents) {
   std::set<std::string> out;
   for (const Manifest& m : agents) {
     out.insert(root + "/agents/" + m.name + "/manifest.json");
+    if (m.turn > 1) out.insert(root + "/agents/" + m.name + "/manifest.prev.json");
     if (m.tail) out.insert(root + "/agents/" + m.name + "/" + m.tail->file);
     for (const BlockHash& h : m.blocks) {
       const std::string hex = ToHex(h);

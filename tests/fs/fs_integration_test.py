@@ -587,6 +587,27 @@ def erase_and_restart(t):
           'the audit log survives a restart')
     say(m, 'keep', 'What was it?')
     check(user_turns(m, 'keep') == 2, 'the agent resumes')
+    if not FAKE:
+        # Damage that no crash makes (one letter of the stored text changed): the checksum catches
+        # it and the agent comes back at its previous turn, saying so, instead of vanishing.
+        d.stop()
+        path = os.path.join(d.store, 'agents', 'keep', 'manifest.json')
+        with open(path, 'rb') as f:
+            data = f.read()
+        check(b'What was it?' in data, 'the manifest holds the text')
+        with open(path, 'wb') as f:
+            f.write(data.replace(b'What was it?', b'what was it?'))
+        d.start()
+        transcript = sh('cat %s/keep/transcript' % m, check_rc=0).stdout
+        check('Remember the blue balloon' in transcript and 'was it?' not in transcript,
+              'back at the turn before the damaged one: %r' % transcript)
+        status = json.loads(sh('cat %s/keep/status.json' % m, check_rc=0).stdout)
+        check(status['state'] == 'error' and 'restored from its previous saved turn' in status['last_error'],
+              'status.json says what happened: %s' % status)
+        say(m, 'keep', 'What was it?')
+        check(user_turns(m, 'keep') == 2, 'and it goes on from there')
+        status = json.loads(sh('cat %s/keep/status.json' % m, check_rc=0).stdout)
+        check(status['last_error'] == '', 'a good turn clears the error: %s' % status)
 
 
 @test
