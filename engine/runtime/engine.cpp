@@ -187,12 +187,18 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
 Status Engine::RestoreAgents() {
   for (const std::string& name : store_->ListAgents()) {
     auto m = store_->ReadManifest(name);
-    if (!m.ok()) {
-      spdlog::warn("engine: agent {} not restored: {}", name, m.status().message());
-      continue;
-    }
     auto a = std::make_unique<AgentRecord>();
     a->name = name;
+    if (!m.ok()) {
+      // Listed so that it can be erased (by root: its owner is unknown) and cannot be made anew
+      // over what is left of it by accident.
+      spdlog::warn("engine: agent {} is unreadable and can only be erased: {}", name, m.status().message());
+      a->unreadable = m.status().message();
+      a->last_error = "its saved state cannot be read, so it can only be erased (rm -r): " + a->unreadable;
+      a->settings = DefaultSettings();
+      agents_[name] = std::move(a);
+      continue;
+    }
     ApplyManifest(*a, *m);
     for (const auto& r : store_->open_report().recovered_agents)
       if (r.name == name)
@@ -383,18 +389,26 @@ Result<std::vector<ConversationTurn>> Engine::Conversation(const std::string& na
   return out;
 }
 
+Status Engine::RefuseIfUnreadable(const AgentRecord& a) {
+  if (a.unreadable.empty()) return Status::Ok();
+  return IoError("agent " + a.name + "'s saved state cannot be read, so it can only be erased: " + a.unreadable);
+}
+
 Status Engine::SetSystem(const std::string& name, std::string text) {
   // On the engine thread, so the manifest snapshot orders correctly with turn commits.
+  Status refused;
   CommitJob job = RunOnEngine<CommitJob>([&] {
     std::lock_guard lock(mu_);
     CommitJob j;
     auto it = agents_.find(name);
     if (it == agents_.end()) return j;
+    if (refused = RefuseIfUnreadable(*it->second); !refused.ok()) return j;
     it->second->system = std::move(text);
     j.agent = name;
     j.manifest = ManifestOf(*it->second);
     return j;
   });
+  KVFS_RETURN_IF_ERROR(refused);
   if (job.agent.empty()) return NotFound("no agent \"" + name + "\"");
   return store_ ? CommitNow(std::move(job)) : Status::Ok();
 }
@@ -403,16 +417,19 @@ Status Engine::CheckSettings(const AgentSettings& settings) { return FormatFor(s
 
 Status Engine::SetSettings(const std::string& name, const AgentSettings& settings) {
   KVFS_RETURN_IF_ERROR(CheckSettings(settings));
+  Status refused;
   CommitJob job = RunOnEngine<CommitJob>([&] {
     std::lock_guard lock(mu_);
     CommitJob j;
     auto it = agents_.find(name);
     if (it == agents_.end()) return j;
+    if (refused = RefuseIfUnreadable(*it->second); !refused.ok()) return j;
     it->second->settings = settings;
     j.agent = name;
     j.manifest = ManifestOf(*it->second);
     return j;
   });
+  KVFS_RETURN_IF_ERROR(refused);
   if (job.agent.empty()) return NotFound("no agent \"" + name + "\"");
   return store_ ? CommitNow(std::move(job)) : Status::Ok();
 }
@@ -426,6 +443,7 @@ Status Engine::SubmitTurn(TurnRequest request) {
     auto it = agents_.find(request.agent);
     if (it == agents_.end()) return NotFound("no agent \"" + request.agent + "\"");
     AgentRecord& a = *it->second;
+    KVFS_RETURN_IF_ERROR(RefuseIfUnreadable(a));
     if (a.queue.size() + (a.running ? 1 : 0) >= options_.max_queued_turns) {
       return Status(StatusCode::kResourceExhausted,
                     fmt::format("agent {} already has {} turns queued", a.name, options_.max_queued_turns));

@@ -96,6 +96,13 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
 }
 
 Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
+  {
+    // Nothing of it can be read, so there is no cache to erase; and committing would overwrite
+    // what is left (rm -r unlinks kv.safetensors before the rmdir that erases it all).
+    std::lock_guard lock(mu_);
+    auto it = agents_.find(name);
+    if (it != agents_.end() && !it->second->unreadable.empty()) return store::EraseReport{};
+  }
   const Status why(StatusCode::kNotFound, "the cache of agent " + name + " was erased");
   struct Taken {
     std::vector<BlockHash> keys;
@@ -183,6 +190,7 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
       auto it = agents_.find(name);
       if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
       a = it->second.get();
+      KVFS_RETURN_IF_ERROR(RefuseIfUnreadable(*a));
     }
     const int64_t B = options_.block_tokens;
     const KvLayout layout = KvLayoutFor(model_->hparams(), a->format, B);
@@ -250,6 +258,7 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
     std::lock_guard lock(mu_);
     auto it = agents_.find(name);
     if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
+    KVFS_RETURN_IF_ERROR(RefuseIfUnreadable(*it->second));
     settings = it->second->settings;
     cache_format = it->second->format;
     holds_cache = !it->second->tokens.empty();

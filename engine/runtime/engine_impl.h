@@ -48,6 +48,10 @@ struct AgentRecord {
   bool loading = false;     // its cache is being read from disk (state "warm")
   std::optional<TurnStats> last_turn;
   std::string last_error;
+  // Why its saved state could not be read (both manifests damaged, or written by a newer kvfs).
+  // Such an agent is listed, owned by root, so that it can be erased, and refuses everything
+  // else: a commit would overwrite what is left of it. Set at restore, never changed.
+  std::string unreadable;
   int64_t disk_bytes = 0;
   uint64_t hits = 0;
 
@@ -157,6 +161,8 @@ class Engine final : public AgentEngine {
   explicit Engine(const EngineOptions& options);
   kvfs::Status Init();
   kvfs::Status RestoreAgents();
+  // kIoError naming the reason when `agent` is unreadable (see AgentRecord), else Ok.
+  static kvfs::Status RefuseIfUnreadable(const AgentRecord& agent);
   // The prefixes of the store's records, pinned again (after the engine threads started).
   kvfs::Status RestorePrefixes();
   // Engine thread: makes p's full blocks resident and pinned (from the pool, else the store,

@@ -153,7 +153,9 @@ Status CacheStore::ScanAgentDir(const std::string& name, const std::string& path
   Result<Manifest> m = has_manifest ? ReadManifestFile(manifest_path, name)
                                     : Result<Manifest>(Corrupt(manifest_path + " is missing"));
   bool keep_prev = has_prev;
-  if (!m.ok() && has_prev) {
+  // Only damage is repaired: a manifest of a newer format (kUnsupported) or one that could not
+  // be read for now (an I/O error) must not be overwritten by an older copy.
+  if (!m.ok() && m.status().code() == StatusCode::kCorrupt && has_prev) {
     // Damaged (a crash never leaves a manifest unreadable): go back one turn, and make that the
     // manifest again so that every later read and commit sees it.
     Result<Manifest> prev = ReadManifestFile(prev_path, name);

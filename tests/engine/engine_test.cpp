@@ -8,6 +8,7 @@
 #include <fstream>
 #include <algorithm>
 #include <future>
+#include <map>
 #include <thread>
 
 #include "engine/runtime/engine.h"
@@ -272,6 +273,70 @@ TEST_F(EngineTest, DamagedManifestResumesFromThePreviousTurn) {
   EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
   EXPECT_TRUE((*engine)->GetAgent("alice")->last_error.empty());
   EXPECT_EQ((*engine)->Conversation("alice")->size(), after_first.size() + 2);
+}
+
+// With both manifests damaged nothing of the agent can be read. It is still listed (owned by
+// root, its owner being unknown), so that it can be erased and is not made anew over what is left
+// of it; everything else is refused without touching its files.
+TEST_F(EngineTest, UnreadableAgentIsListedAndCanOnlyBeErased) {
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 1000).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1]).stats.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("bob", 1000).ok());
+    Greedy(**engine, "bob");
+    ASSERT_TRUE(RunTurn(**engine, "bob", kTurns[2]).stats.ok());
+  }
+  const fs::path agent_dir = dir_ / "store" / "agents" / "alice";
+  for (const char* f : {"manifest.json", "manifest.prev.json"}) {
+    std::ofstream out(agent_dir / f, std::ios::binary | std::ios::trunc);
+    out << "{\"format\": \"kvfs-manifest\", \"trunc";
+  }
+  auto files_of_alice = [&] {
+    std::map<std::string, std::string> out;
+    for (const auto& e : fs::directory_iterator(agent_dir)) out[e.path().filename()] = testing::ReadFile(e.path());
+    return out;
+  };
+  const auto before = files_of_alice();
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  auto info = (*engine)->GetAgent("alice");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, AgentState::kError);
+  EXPECT_EQ(info->owner_uid, 0u);
+  EXPECT_NE(info->last_error.find("can only be erased"), std::string::npos) << info->last_error;
+  EXPECT_TRUE((*engine)->Conversation("alice")->empty());
+  TurnRequest turn;
+  turn.agent = "alice";
+  turn.text = "hello";
+  EXPECT_EQ((*engine)->SubmitTurn(std::move(turn)).code(), StatusCode::kIoError);
+  EXPECT_EQ((*engine)->SetSystem("alice", "x").code(), StatusCode::kIoError);
+  AgentSettings settings;
+  settings.kv = kv_;
+  ASSERT_TRUE((*engine)->CheckSettings(settings).ok());
+  EXPECT_EQ((*engine)->SetSettings("alice", settings).code(), StatusCode::kIoError);
+  EXPECT_EQ((*engine)->ExportCache("alice").status().code(), StatusCode::kIoError);
+  EXPECT_EQ((*engine)->ImportCache("alice", *(*engine)->ExportCache("bob")).code(), StatusCode::kIoError);
+  EXPECT_TRUE((*engine)->EraseCache("alice").ok());  // nothing readable to erase: a no-op
+  EXPECT_EQ((*engine)->CreateAgent("alice", 1000).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(files_of_alice(), before);  // nothing touched
+  // bob is unaffected.
+  TurnOutcome out = RunTurn(**engine, "bob", " The end.");
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "bob"), *out.stats, 20));
+  // Erasure removes it all, and the blocks only alice named are collected with it.
+  auto erased = (*engine)->EraseAgent("alice");
+  ASSERT_TRUE(erased.ok()) << erased.status().message();
+  EXPECT_GT(erased->files_removed, before.size() - 1);
+  EXPECT_FALSE(fs::exists(agent_dir));
+  EXPECT_FALSE((*engine)->GetAgent("alice").ok());
+  std::vector<std::string> left;
+  for (const auto& e : fs::recursive_directory_iterator(dir_ / "store" / "blocks"))
+    if (e.is_regular_file()) left.push_back(e.path().filename().string());
+  const store::Manifest bob = ReadManifest(Options().store_dir, "bob");
+  EXPECT_EQ(left.size(), bob.blocks.size());
 }
 
 // A cache made with another model is never loaded: the conversation is kept and recomputed.

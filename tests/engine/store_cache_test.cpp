@@ -340,6 +340,31 @@ TEST(StoreCache, BothManifestsDamagedIsBroken) {
   EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), fresh));
 }
 
+// A manifest this build cannot read because a newer kvfs wrote it is not damage: it must not be
+// replaced by the older copy (that would lose the newer turn for good after a downgrade).
+TEST(StoreCache, NewerManifestIsNotReplacedByTheOlderCopy) {
+  FaultInjectingFileSystem fs;
+  SimAgent a("a");
+  {
+    auto store = OpenOk("/store", fs);
+    ASSERT_TRUE(Commit(*store, a.Extend(Range(1, 10), "one")).ok());
+    ASSERT_TRUE(Commit(*store, a.Extend(Range(20, 3), "two")).ok());
+  }
+  const std::string path = "/store/agents/a/manifest.json";
+  std::vector<uint8_t> bytes = *fs.ReadFile(path);
+  std::string text(bytes.begin(), bytes.end());
+  text.replace(text.find("\"version\":2"), 11, "\"version\":9");
+  const std::vector<uint8_t> newer(text.begin(), text.end());
+  ASSERT_TRUE(fs.WriteFile(path, newer).ok());
+  auto store = OpenOk("/store", fs);
+  EXPECT_TRUE(store->open_report().recovered_agents.empty());
+  ASSERT_EQ(store->open_report().broken_agents.size(), 1u);
+  EXPECT_NE(store->open_report().broken_agents[0].find("version 9 is not supported"), std::string::npos)
+      << store->open_report().broken_agents[0];
+  EXPECT_EQ(*fs.ReadFile(path), newer);
+  EXPECT_TRUE(fs.FileSize("/store/agents/a/manifest.prev.json").ok());
+}
+
 TEST(StoreCache, OtherFingerprintIsNeverLoaded) {
   FaultInjectingFileSystem fs;
   SimAgent a("a");

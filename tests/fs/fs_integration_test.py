@@ -608,6 +608,25 @@ def erase_and_restart(t):
         check(user_turns(m, 'keep') == 2, 'and it goes on from there')
         status = json.loads(sh('cat %s/keep/status.json' % m, check_rc=0).stdout)
         check(status['last_error'] == '', 'a good turn clears the error: %s' % status)
+        # Both copies damaged: nothing can be read, but the agent is listed so that it can be
+        # erased, refuses the rest, and rm -r removes every file it had.
+        d.stop()
+        for f in ('manifest.json', 'manifest.prev.json'):
+            with open(os.path.join(d.store, 'agents', 'keep', f), 'wb') as out:
+                out.write(b'{"format": "kvfs-man')
+        d.start()
+        check('keep' in sh('ls %s' % m, check_rc=0).stdout, 'an unreadable agent is listed')
+        status = json.loads(sh('cat %s/keep/status.json' % m, check_rc=0).stdout)
+        check(status['state'] == 'error' and 'can only be erased' in status['last_error'],
+              'status.json says it can only be erased: %s' % status)
+        sh('echo more > %s/keep/prompt' % m)
+        status = json.loads(sh('cat %s/keep/status.json' % m, check_rc=0).stdout)
+        check((status['last_refused_write'] or {}).get('code') == 'EIO', 'a prompt is refused: %s' % status)
+        fails_with('mkdir %s/keep' % m, 'File exists')
+        sh('rm -r %s/keep' % m, check_rc=0)
+        check(not os.path.exists(os.path.join(d.store, 'agents', 'keep')), 'rm -r removes what was left of it')
+        erases = [json.loads(l) for l in sh('cat %s/.audit.log' % m, check_rc=0).stdout.splitlines()]
+        check(erases[-1]['action'] == 'erase' and erases[-1]['agent'] == 'keep', 'and logs it: %s' % erases[-1])
 
 
 @test
