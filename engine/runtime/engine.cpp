@@ -394,44 +394,36 @@ Status Engine::RefuseIfUnreadable(const AgentRecord& a) {
   return IoError("agent " + a.name + "'s saved state cannot be read, so it can only be erased: " + a.unreadable);
 }
 
-Status Engine::SetSystem(const std::string& name, std::string text) {
+Status Engine::EditAgent(const std::string& name, const std::function<void(AgentRecord&)>& edit) {
   // On the engine thread, so the manifest snapshot orders correctly with turn commits.
-  Status refused;
+  Status found;
   CommitJob job = RunOnEngine<CommitJob>([&] {
     std::lock_guard lock(mu_);
     CommitJob j;
     auto it = agents_.find(name);
-    if (it == agents_.end()) return j;
-    if (refused = RefuseIfUnreadable(*it->second); !refused.ok()) return j;
-    it->second->system = std::move(text);
+    if (it == agents_.end()) {
+      found = NotFound("no agent \"" + name + "\"");
+      return j;
+    }
+    if (found = RefuseIfUnreadable(*it->second); !found.ok()) return j;
+    edit(*it->second);
     j.agent = name;
     j.manifest = ManifestOf(*it->second);
     return j;
   });
-  KVFS_RETURN_IF_ERROR(refused);
-  if (job.agent.empty()) return NotFound("no agent \"" + name + "\"");
+  KVFS_RETURN_IF_ERROR(found);
   return store_ ? CommitNow(std::move(job)) : Status::Ok();
+}
+
+Status Engine::SetSystem(const std::string& name, std::string text) {
+  return EditAgent(name, [&](AgentRecord& a) { a.system = std::move(text); });
 }
 
 Status Engine::CheckSettings(const AgentSettings& settings) { return FormatFor(settings).status(); }
 
 Status Engine::SetSettings(const std::string& name, const AgentSettings& settings) {
   KVFS_RETURN_IF_ERROR(CheckSettings(settings));
-  Status refused;
-  CommitJob job = RunOnEngine<CommitJob>([&] {
-    std::lock_guard lock(mu_);
-    CommitJob j;
-    auto it = agents_.find(name);
-    if (it == agents_.end()) return j;
-    if (refused = RefuseIfUnreadable(*it->second); !refused.ok()) return j;
-    it->second->settings = settings;
-    j.agent = name;
-    j.manifest = ManifestOf(*it->second);
-    return j;
-  });
-  KVFS_RETURN_IF_ERROR(refused);
-  if (job.agent.empty()) return NotFound("no agent \"" + name + "\"");
-  return store_ ? CommitNow(std::move(job)) : Status::Ok();
+  return EditAgent(name, [&](AgentRecord& a) { a.settings = settings; });
 }
 
 Status Engine::SubmitTurn(TurnRequest request) {

@@ -163,6 +163,9 @@ class Engine final : public AgentEngine {
   kvfs::Status RestoreAgents();
   // kIoError naming the reason when `agent` is unreadable (see AgentRecord), else Ok.
   static kvfs::Status RefuseIfUnreadable(const AgentRecord& agent);
+  // Applies `edit` to the agent on the engine thread (mu_ held) and commits its manifest:
+  // kNotFound, or RefuseIfUnreadable's error, and nothing is applied.
+  kvfs::Status EditAgent(const std::string& name, const std::function<void(AgentRecord&)>& edit);
   // The prefixes of the store's records, pinned again (after the engine threads started).
   kvfs::Status RestorePrefixes();
   // Engine thread: makes p's full blocks resident and pinned (from the pool, else the store,

@@ -18,12 +18,6 @@ std::string ParentDir(const std::string& path) {
   return p.substr(0, slash);
 }
 
-bool IsLowerHex(std::string_view s) {
-  for (char c : s)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
-}
-
 // "<32 hex>.kvb" inside blocks/<hh>/ -> the hash; nullopt for anything else.
 std::optional<BlockHash> ParseBlockFileName(std::string_view subdir, std::string_view name) {
   if (name.size() != 32 + kBlockSuffix.size() || !name.ends_with(kBlockSuffix)) return std::nullopt;
@@ -129,10 +123,12 @@ Status CacheStore::ScanAgents() {
   return fs_.SyncDir(agents_dir_);
 }
 
-Result<Manifest> CacheStore::ReadManifestFile(const std::string& path, const std::string& agent) {
-  KVFS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, fs_.ReadFile(path));
-  KVFS_ASSIGN_OR_RETURN(Manifest m, ParseManifest(AsString(bytes), path));
+Result<Manifest> CacheStore::ReadManifestFile(const std::string& path, const std::string& agent,
+                                              std::vector<uint8_t>* bytes) {
+  KVFS_ASSIGN_OR_RETURN(std::vector<uint8_t> read, fs_.ReadFile(path));
+  KVFS_ASSIGN_OR_RETURN(Manifest m, ParseManifest(AsString(read), path));
   if (m.name != agent) return Corrupt(path + ": field \"name\": \"" + m.name + "\" does not match the directory");
+  if (bytes != nullptr) *bytes = std::move(read);
   return m;
 }
 
@@ -158,12 +154,10 @@ Status CacheStore::ScanAgentDir(const std::string& name, const std::string& path
   if (!m.ok() && m.status().code() == StatusCode::kCorrupt && has_prev) {
     // Damaged (a crash never leaves a manifest unreadable): go back one turn, and make that the
     // manifest again so that every later read and commit sees it.
-    Result<Manifest> prev = ReadManifestFile(prev_path, name);
-    Status restored = prev.status();
-    if (prev.ok()) {
-      auto bytes = fs_.ReadFile(prev_path);
-      restored = bytes.ok() ? WriteFileAtomic(fs_, path, std::string(kManifestName), *bytes) : bytes.status();
-    }
+    std::vector<uint8_t> prev_bytes;
+    Result<Manifest> prev = ReadManifestFile(prev_path, name, &prev_bytes);
+    const Status restored =
+        prev.ok() ? WriteFileAtomic(fs_, path, std::string(kManifestName), prev_bytes) : prev.status();
     if (restored.ok()) {
       spdlog::warn("cache store {}: agent {}: {}; restored its previous turn ({}) from {}", dir_, name,
                    m.status().message(), prev->turn, kPrevManifestName);

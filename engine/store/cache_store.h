@@ -198,8 +198,10 @@ class CacheStore {
   // One agent directory of ScanAgents: its manifest (or the previous one, put back), refcounts
   // and the clean-up of its temp files and stale tails.
   Status ScanAgentDir(const std::string& name, const std::string& path);
-  // Reads and parses a manifest file, checking that it names `agent`.
-  Result<Manifest> ReadManifestFile(const std::string& path, const std::string& agent);
+  // Reads and parses a manifest file, checking that it names `agent`; `bytes`, when given, gets
+  // the file's contents.
+  Result<Manifest> ReadManifestFile(const std::string& path, const std::string& agent,
+                                    std::vector<uint8_t>* bytes = nullptr);
   Status ScanBlocks();
   Status ScanPrefixes();
   std::string PrefixPath(const std::string& name) const;

@@ -143,10 +143,11 @@ bool IsValidAgentName(std::string_view name) {
   });
 }
 
-bool IsHex128(std::string_view s) {
-  return s.size() == 32 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+bool IsLowerHex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
+
+bool IsHex128(std::string_view s) { return s.size() == 32 && IsLowerHex(s); }
 
 bool IsTailFileName(std::string_view name) {
   if (!name.starts_with(kTailPrefix) || !name.ends_with(kTailSuffix)) return false;
@@ -264,10 +265,7 @@ Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
     if (j.contains(checksum_key)) return r.Err(checksum_key, "not part of manifest version 1");
   } else {
     KVFS_ASSIGN_OR_RETURN(std::string hex, r.String(j, checksum_key));
-    if (hex.size() != 16 || !std::all_of(hex.begin(), hex.end(), [](char c) {
-          return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-        }))
-      return r.Err(checksum_key, "expected 16 lowercase hex digits");
+    if (hex.size() != 16 || !IsLowerHex(hex)) return r.Err(checksum_key, "expected 16 lowercase hex digits");
     const std::string suffix = ChecksumSuffix(hex);
     if (!text.ends_with(suffix))
       return r.Err(checksum_key, "is not the last field as kvfs writes it (was the file edited?)");
