@@ -139,8 +139,11 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
       }
       a.mtime_ms = root_mtime_ms_.load();
       if (pending) return a;
-      KVFS_ASSIGN_OR_RETURN(std::string text, engine_.PrefixText(node.prefix));
-      a.size = text.size();
+      Result<std::string> text = engine_.PrefixText(node.prefix);
+      // An unreadable prefix (kIoError) keeps its name with size 0, so ls shows it and rm
+      // or a rewrite can reach it; opening it for reading fails with EIO.
+      if (!text.ok() && text.status().code() != StatusCode::kIoError) return text.status();
+      a.size = text.ok() ? text->size() : 0;
       return a;
     }
     case NodeKind::kAgentDir:

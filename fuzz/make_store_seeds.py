@@ -3,7 +3,8 @@
 compressed block). Block checksums are left zero: the fuzz target recomputes them. Manifest seeds
 are version 1 (no checksum, which the stdlib cannot compute), so mutations reach every field;
 manifest/with_tail_v2.json, the same manifest in version 2 as kvfs writes it (XXH3-64 checksum
-last), is kept in the corpus as is.
+last), is kept in the corpus as is, and so is manifest/story_v2.prefix (a prefix record in
+version 2). manifest/story.prefix is a prefix record in version 1.
 Usage: make_store_seeds.py FUZZ_CORPUS_DIR  (writes DIR/manifest/* and DIR/block/*)"""
 import json, os, shutil, struct, subprocess, sys
 
@@ -28,6 +29,9 @@ def main(out):
     seeds = {'with_tail.json': manifest('alice', 10, [h1, h2], {"file": "tail.3.kvt", "n_tokens": 2}),
              'no_tail.json': manifest('bob_2', 8, [h1, h2], None),
              'empty.json': manifest('c', 0, [], None)}
+    seeds['story.prefix'] = {"format": "kvfs-prefix", "version": 1, "name": "story.txt", "owner_uid": 1000,
+                             "text": "Once upon a time \u00e9\n", "kv_format": "q4", "block_size": 16,
+                             "model_fingerprint": "0123456789abcdef0123456789abcdef", "blocks": [h1, h2]}
     for name, obj in seeds.items():
         with open(os.path.join(m, name), 'w') as f: json.dump(obj, f)
     payload = bytes((i * 37 + 11) % 256 for i in range(300))

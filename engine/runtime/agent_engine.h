@@ -153,9 +153,11 @@ class AgentEngine {
   // persisted record too. `owner_uid` is kept for the file's owner in .prefixes/.
   virtual Status AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) = 0;
   virtual Result<store::EraseReport> RemovePrefix(const std::string& name) = 0;
+  // Every prefix, those whose saved record cannot be read included: PrefixText refuses them with
+  // kIoError, and RemovePrefix (or RemovePrefix then AddPrefix) is all they allow.
   virtual std::vector<std::string> ListPrefixes() = 0;
   virtual Result<std::string> PrefixText(const std::string& name) = 0;
-  // The uid given to AddPrefix (0 for an unknown prefix).
+  // The uid given to AddPrefix (0 for an unknown prefix or an unreadable one).
   virtual uint32_t PrefixOwner(const std::string& name) = 0;
 
   virtual EngineStatus Stats() = 0;

@@ -472,6 +472,9 @@ Result<std::string> Engine::PrefixText(const std::string& name) {
   std::lock_guard lock(mu_);
   auto it = prefixes_.find(name);
   if (it == prefixes_.end()) return NotFound("no prefix \"" + name + "\"");
+  if (!it->second.unreadable.empty())
+    return IoError("prefix " + name + "'s saved record cannot be read, so it can only be erased (rm) or written anew: " +
+                   it->second.unreadable);
   return it->second.text;
 }
 

@@ -477,6 +477,13 @@ Status Engine::RestorePrefixes() {
     std::lock_guard lock(mu_);
     prefixes_[r.name] = std::move(p);
   }
+  for (auto& [name, why] : store_->UnreadablePrefixes()) {
+    spdlog::warn("engine: prefix {} is unreadable and can only be erased or written anew: {}", name, why);
+    Prefix p;
+    p.unreadable = std::move(why);
+    std::lock_guard lock(mu_);
+    prefixes_[name] = std::move(p);
+  }
   return kvfs::Status::Ok();
 }
 

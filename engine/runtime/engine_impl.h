@@ -152,6 +152,10 @@ class Engine final : public AgentEngine {
     uint32_t owner_uid = 0;
     std::vector<TokenId> tokens;
     std::vector<BlockHash> blocks;  // pinned
+    // Why its saved record cannot be read (a damaged or newer-format file), else empty. Such a
+    // prefix has no text or blocks; it is listed, owned by root (its owner is unknown), so that
+    // it can be erased or written anew.
+    std::string unreadable;
   };
   // Where a prefix's blocks came from (PinPrefix).
   struct PrefixSources {

@@ -85,14 +85,17 @@ inline constexpr std::string_view kErasePrefix = ".erase.";
 inline constexpr std::string_view kPrefixesDir = "prefixes";
 inline constexpr std::string_view kPrefixSuffix = ".prefix";
 inline constexpr std::string_view kPrefixFormat = "kvfs-prefix";
-inline constexpr int kPrefixVersion = 1;
+// Version 2 adds "checksum" (json_checksum.h); version 1 records are still read.
+inline constexpr int kPrefixVersion = 2;
+inline constexpr int kOldestPrefixVersion = 1;
+// The last field of a checksummed JSON record (manifests and prefix records from version 2).
+inline constexpr std::string_view kJsonChecksumKey = "checksum";
 
 // Manifest (JSON) format identity and limits.
 inline constexpr std::string_view kManifestFormat = "kvfs-manifest";
 // Version 2 adds "checksum" (manifest.h); version 1 files (no checksum) are still read.
 inline constexpr int kManifestVersion = 2;
 inline constexpr int kOldestManifestVersion = 1;
-inline constexpr std::string_view kManifestChecksumKey = "checksum";
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 inline constexpr size_t kMaxAgentNameLen = 64;
 inline constexpr uint32_t kMaxBlockSize = 1u << 20;  // tokens per block

@@ -82,7 +82,7 @@ Status CacheStore::Init() {
   KVFS_RETURN_IF_ERROR(ScanBlocks());
   for (const auto& [hash, count] : refs_)
     if (!present_.count(hash)) ++open_report_.missing_blocks;
-  if (broken_.empty() && broken_prefixes_.empty()) {
+  if (NothingUnreadable()) {
     EraseReport gc;
     KVFS_RETURN_IF_ERROR(CollectOrphanBlocks(&gc));
     open_report_.orphan_blocks_removed = gc.blocks_freed;

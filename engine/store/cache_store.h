@@ -177,6 +177,9 @@ class CacheStore {
   Status CommitPrefix(PrefixRecord record, std::span<const NewBlock> new_blocks);
   // Every readable prefix record, by name.
   std::vector<PrefixRecord> ListPrefixes() const;
+  // Prefix records that cannot be read (damaged, or a newer version): name -> why. They are
+  // kept (and orphan blocks are not collected) until ErasePrefix or CommitPrefix replaces them.
+  std::map<std::string, std::string> UnreadablePrefixes() const;
   // Erases a prefix's record and the blocks nothing else references (overwritten, fsynced,
   // unlinked). kNotFound if there is no such record.
   Result<EraseReport> ErasePrefix(const std::string& name);
@@ -207,7 +210,10 @@ class CacheStore {
   std::string PrefixPath(const std::string& name) const;
   // Shreds the given unreferenced blocks (best effort), counting into `report`.
   void ShredBlocks(const std::vector<BlockHash>& freed, EraseReport* report);
+  // Shreds every stored block no record references. Only safe when NothingUnreadable(): an
+  // unreadable manifest or prefix record may name any block.
   Status CollectOrphanBlocks(EraseReport* report);
+  bool NothingUnreadable() const { return broken_.empty() && broken_prefixes_.empty(); }
 
   std::string AgentDir(const std::string& name) const;
   std::string BlockSubdir(const BlockHash& hash) const;

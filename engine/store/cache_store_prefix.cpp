@@ -31,7 +31,7 @@ Status CacheStore::ScanPrefixes() {
     else p = bytes.status();
     if (p.ok() && p->name != name) p = Corrupt(path + ": field \"name\": \"" + p->name + "\" does not match the file");
     if (!p.ok()) {
-      // Kept (it may name blocks, so orphan collection is skipped) until it is replaced.
+      // Kept (it may name blocks, so orphan collection is skipped) until it is erased or replaced.
       broken_prefixes_[name] = p.status().message();
       open_report_.broken_prefixes.push_back(name + ": " + p.status().message());
       continue;
@@ -94,12 +94,19 @@ Status CacheStore::CommitPrefix(PrefixRecord record, std::span<const NewBlock> n
   AddRefs(record.blocks);
   std::vector<BlockHash> unreferenced;
   if (auto old = prefixes_.find(record.name); old != prefixes_.end()) unreferenced = DropRefs(old->second.blocks);
-  broken_prefixes_.erase(record.name);
+  const bool was_unreadable = broken_prefixes_.erase(record.name) > 0;
   const std::string name = record.name;
   prefixes_[name] = std::move(record);
   EraseReport ignored;
   ShredBlocks(unreferenced, &ignored);
+  // Best effort, like the shredding above: what is left is collected by the next Open.
+  if (was_unreadable && NothingUnreadable()) (void)CollectOrphanBlocks(&ignored);
   return Status::Ok();
+}
+
+std::map<std::string, std::string> CacheStore::UnreadablePrefixes() const {
+  std::shared_lock lock(mu_);
+  return broken_prefixes_;
 }
 
 std::vector<PrefixRecord> CacheStore::ListPrefixes() const {
@@ -129,6 +136,10 @@ Result<EraseReport> CacheStore::ErasePrefix(const std::string& name) {
     ShredBlocks(freed, &report);
   }
   if (!synced.ok()) return synced.WithContext("erasing prefix " + name + " (its record is unlinked)");
+  // The blocks an unreadable record named are unknown: with the last such record gone,
+  // whatever nothing references is garbage.
+  if (broken && NothingUnreadable())
+    KVFS_RETURN_IF_ERROR(CollectOrphanBlocks(&report).WithContext("erasing prefix " + name + " (its record is unlinked)"));
   return report;
 }
 

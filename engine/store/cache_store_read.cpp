@@ -230,8 +230,8 @@ Result<EraseReport> CacheStore::EraseAgent(const std::string& name) {
   for (const std::string& d : touched)
     if (Status st = fs_.SyncDir(d); !st.ok() && first_error.ok()) first_error = st;
   // Blocks only a broken manifest could have named were held back from collection; with the
-  // last broken agent gone they are garbage.
-  if (was_broken && broken_.empty() && first_error.ok()) first_error = CollectOrphanBlocks(&report);
+  // last unreadable record gone they are garbage.
+  if (was_broken && NothingUnreadable() && first_error.ok()) first_error = CollectOrphanBlocks(&report);
   if (!first_error.ok())
     return first_error.WithContext("erasing agent " + name + " (the agent is gone; the next Open removes what is left)");
   spdlog::info("cache store {}: erased agent {}: {} files, {} bytes, {} blocks freed, {} shared blocks kept", dir_,

@@ -7,7 +7,8 @@
 #include <set>
 
 #include <spdlog/fmt/fmt.h>
-#include <xxhash.h>
+
+#include "engine/store/json_checksum.h"
 
 namespace kvfs::store {
 namespace {
@@ -20,23 +21,7 @@ constexpr int kMaxJsonDepth = 64;
 
 constexpr std::array<std::string_view, 15> kFields = {
     "format", "version", "name", "model_fingerprint", "kv_format", "block_size", "tokens",
-    "conversation", "blocks", "tail", "config", "created_ms", "updated_ms", "turn", kManifestChecksumKey};
-
-// `,"checksum":"<hex>"}`: how every version-2 file ends.
-std::string ChecksumSuffix(std::string_view hex) {
-  return fmt::format(",\"{}\":\"{}\"}}", kManifestChecksumKey, hex);
-}
-
-// XXH3-64 of `body` (a JSON object text without its closing brace) followed by '}'.
-std::string ChecksumOfBody(std::string_view body) {
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, body.data(), body.size());
-  XXH3_64bits_update(state, "}", 1);
-  const uint64_t h = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return fmt::format("{:016x}", h);
-}
+    "conversation", "blocks", "tail", "config", "created_ms", "updated_ms", "turn", kJsonChecksumKey};
 
 }  // namespace
 
@@ -216,10 +201,7 @@ Result<std::string> SerializeManifest(const Manifest& m) {
     j["created_ms"] = m.created_ms;
     j["updated_ms"] = m.updated_ms;
     j["turn"] = m.turn;
-    std::string text = j.dump();  // strict: throws on invalid UTF-8 (e.g. inside config strings)
-    text.pop_back();              // the closing brace: the checksum goes before it, last
-    const std::string hex = ChecksumOfBody(text);
-    return text + ChecksumSuffix(hex);
+    return AppendJsonChecksum(j.dump());  // strict: throws on invalid UTF-8 (e.g. inside config strings)
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("manifest cannot be serialized: ") + e.what());
   }
@@ -260,18 +242,12 @@ Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
   if (version < kOldestManifestVersion || version > kManifestVersion)
     return Unsupported(src + ": manifest version " + std::to_string(version) + " is not supported (this build reads " +
                        std::to_string(kOldestManifestVersion) + " to " + std::to_string(kManifestVersion) + ")");
-  const std::string checksum_key(kManifestChecksumKey);
+  const std::string checksum_key(kJsonChecksumKey);
   if (version == 1) {
     if (j.contains(checksum_key)) return r.Err(checksum_key, "not part of manifest version 1");
   } else {
     KVFS_ASSIGN_OR_RETURN(std::string hex, r.String(j, checksum_key));
-    if (hex.size() != 16 || !IsLowerHex(hex)) return r.Err(checksum_key, "expected 16 lowercase hex digits");
-    const std::string suffix = ChecksumSuffix(hex);
-    if (!text.ends_with(suffix))
-      return r.Err(checksum_key, "is not the last field as kvfs writes it (was the file edited?)");
-    const std::string actual = ChecksumOfBody(text.substr(0, text.size() - suffix.size()));
-    if (actual != hex)
-      return r.Err(checksum_key, "the contents hash to " + actual + ", not " + hex + ": the file is damaged");
+    if (std::string why = JsonChecksumProblem(text, hex); !why.empty()) return r.Err(checksum_key, why);
   }
   KVFS_ASSIGN_OR_RETURN(m.name, r.String(j, "name"));
   if (!IsValidAgentName(m.name)) return r.Err("name", "not a valid agent name");

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/store/block_format.h"
+#include "engine/store/json_checksum.h"
 #include "engine/store/manifest.h"
 
 namespace kvfs::store {
@@ -29,7 +30,11 @@ Result<std::string> SerializePrefix(const PrefixRecord& p) {
   const nlohmann::json j = {{"format", kPrefixFormat}, {"version", kPrefixVersion},   {"name", p.name},
                             {"owner_uid", p.owner_uid}, {"text", p.text},              {"model_fingerprint", p.model_fingerprint},
                             {"kv_format", p.kv_format}, {"block_size", p.block_size}, {"blocks", blocks}};
-  return j.dump();
+  try {
+    return AppendJsonChecksum(j.dump());
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(std::string("prefix record cannot be serialized: ") + e.what());
+  }
 }
 
 Result<PrefixRecord> ParsePrefix(std::string_view json, std::string_view source) {
@@ -37,16 +42,29 @@ Result<PrefixRecord> ParsePrefix(std::string_view json, std::string_view source)
   auto bad = [&](std::string_view field, std::string_view why) {
     return Corrupt(where + ": field \"" + std::string(field) + "\": " + std::string(why));
   };
+  if (json.size() > kMaxManifestBytes) return Corrupt(where + ": larger than the limit");
   nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Corrupt(where + ": not a JSON object");
   static const std::set<std::string> kFields = {"format", "version", "name", "owner_uid", "text",
                                                 "model_fingerprint", "kv_format", "block_size", "blocks"};
+  const std::string checksum_key(kJsonChecksumKey);
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (!kFields.count(it.key())) return bad(it.key(), "unknown");
+    if (!kFields.count(it.key()) && it.key() != checksum_key) return bad(it.key(), "unknown");
   for (const std::string& f : kFields)
     if (!j.contains(f)) return bad(f, "missing");
   if (!j["format"].is_string() || j["format"].get<std::string>() != kPrefixFormat) return bad("format", "not kvfs-prefix");
-  if (!j["version"].is_number_integer() || j["version"].get<int64_t>() != kPrefixVersion) return bad("version", "unsupported");
+  if (!j["version"].is_number_integer()) return bad("version", "not an integer");
+  const int64_t version = j["version"].get<int64_t>();
+  if (version < kOldestPrefixVersion || version > kPrefixVersion)
+    return Unsupported(where + ": prefix record version " + std::to_string(version) + " is not supported (this build reads " +
+                       std::to_string(kOldestPrefixVersion) + " to " + std::to_string(kPrefixVersion) + ")");
+  if (version == 1) {
+    if (j.contains(checksum_key)) return bad(checksum_key, "not part of version 1");
+  } else {
+    if (!j.contains(checksum_key) || !j[checksum_key].is_string()) return bad(checksum_key, "missing or not a string");
+    if (std::string why = JsonChecksumProblem(json, j[checksum_key].get<std::string>()); !why.empty())
+      return bad(checksum_key, why);
+  }
   PrefixRecord p;
   if (!j["name"].is_string() || !IsValidPrefixName(p.name = j["name"].get<std::string>())) return bad("name", "invalid");
   if (!j["owner_uid"].is_number_unsigned() || j["owner_uid"].get<uint64_t>() > UINT32_MAX) return bad("owner_uid", "invalid");

@@ -5,9 +5,11 @@
 // store like an agent manifest's.
 //
 // JSON form (all fields required, unknown ones rejected):
-//   {"format": "kvfs-prefix", "version": 1, "name": "story.txt", "owner_uid": 1000,
+//   {"format": "kvfs-prefix", "version": 2, "name": "story.txt", "owner_uid": 1000,
 //    "text": "...", "model_fingerprint": "<32 hex>", "kv_format": "q4", "block_size": 256,
-//    "blocks": ["<32 hex>", ...]}
+//    "blocks": ["<32 hex>", ...], "checksum": "<16 hex>"}
+// "checksum" (version 2, always the last field) is the manifests' (json_checksum.h): a damaged
+// record is refused instead of naming the wrong text or blocks. Version 1 (without it) is read.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +37,8 @@ struct PrefixRecord {
 bool IsValidPrefixName(std::string_view name);
 
 Result<std::string> SerializePrefix(const PrefixRecord& p);
-// Strict: kCorrupt naming `source` and the field.
+// Strict: kCorrupt naming `source` and the field (a checksum mismatch included); a version this
+// build does not know: kUnsupported.
 Result<PrefixRecord> ParsePrefix(std::string_view json, std::string_view source);
 
 }  // namespace kvfs::store

@@ -684,5 +684,46 @@ TEST_F(EngineTest, PrefixesPersistAcrossRestart) {
   EXPECT_TRUE((*engine)->ListPrefixes().empty());
 }
 
+// A prefix whose saved record is damaged is listed, owned by root, refuses to be read, and can be
+// erased (its blocks go with it) or written anew.
+TEST_F(EngineTest, UnreadablePrefixIsListedAndCanBeErasedOrRewritten) {
+  const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // > 32 tokens: 2+ blocks of 16
+  const fs::path store = dir_ / "store";
+  const fs::path record = store / "prefixes" / "story.txt.prefix";
+  for (const bool rewrite : {false, true}) {
+    SCOPED_TRACE(rewrite ? "written anew" : "erased");
+    {
+      auto engine = CreateEngine(Options());
+      ASSERT_TRUE(engine.ok());
+      ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 1000).ok());
+    }
+    ASSERT_GE(BlockFiles(store), 2u);
+    std::string bytes = testing::ReadFile(record);
+    const size_t at = bytes.find("\"text\":\"") + 8;
+    bytes[at] = bytes[at] == 'x' ? 'y' : 'x';  // one letter of the text: valid JSON, wrong checksum
+    std::ofstream(record, std::ios::binary | std::ios::trunc) << bytes;
+
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    EXPECT_EQ((*engine)->ListPrefixes(), std::vector<std::string>{"story.txt"});
+    const auto text = (*engine)->PrefixText("story.txt");
+    EXPECT_EQ(text.status().code(), StatusCode::kIoError);
+    EXPECT_NE(text.status().message().find("checksum"), std::string::npos) << text.status().message();
+    EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 0u);
+    EXPECT_EQ(testing::ReadFile(record), bytes);  // left as it was until the user acts
+    auto removed = (*engine)->RemovePrefix("story.txt");
+    ASSERT_TRUE(removed.ok()) << removed.status().message();
+    EXPECT_FALSE(fs::exists(record));
+    EXPECT_EQ(BlockFiles(store), 0u);  // the blocks only the damaged record named are collected
+    if (rewrite) {
+      ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 1000).ok());
+      EXPECT_EQ(*(*engine)->PrefixText("story.txt"), prefix);
+      EXPECT_GE(BlockFiles(store), 2u);
+      ASSERT_TRUE((*engine)->RemovePrefix("story.txt").ok());
+    }
+    EXPECT_TRUE((*engine)->ListPrefixes().empty());
+  }
+}
+
 }  // namespace
 }  // namespace kvfs

@@ -548,6 +548,75 @@ TEST(StoreCache, PrefixRecordsPersistAndHoldTheirBlocks) {
   EXPECT_TRUE(ListTree(dir + "/prefixes").empty());
 }
 
+// A damaged prefix record is not read as a prefix, but it is reported (not hidden), holds back
+// orphan collection (it may name any block) until it is erased or replaced, and then the blocks
+// that only it named are collected at once.
+TEST(StoreCache, UnreadablePrefixRecordCanBeErasedOrReplaced) {
+  for (const bool replace : {false, true}) {
+    SCOPED_TRACE(replace ? "replaced" : "erased");
+    FaultInjectingFileSystem fs;
+    PrefixRecord r;
+    r.name = "story.txt";
+    r.owner_uid = 1000;
+    r.text = "Once upon a time";
+    r.model_fingerprint = kFingerprint;
+    r.kv_format = "q4";
+    r.block_size = 16;
+    r.blocks = {BlockHash{1, 2}, BlockHash{3, 4}};
+    const std::vector<uint8_t> payload(100, 1);
+    const std::vector<NewBlock> blocks = {{r.blocks[0], testing::kKvFormatId, 16, payload},
+                                          {r.blocks[1], testing::kKvFormatId, 16, payload}};
+    SimAgent a("a");
+    const AgentState sa = a.Extend(Range(1, 10), "agent");
+    {
+      auto store = OpenOk("/store", fs);
+      ASSERT_TRUE(store->CommitPrefix(r, blocks).ok());
+      ASSERT_TRUE(Commit(*store, sa).ok());
+    }
+    const std::string path = "/store/prefixes/story.txt.prefix";
+    std::vector<uint8_t> bytes = *fs.ReadFile(path);
+    const std::string text(bytes.begin(), bytes.end());
+    const size_t at = text.find("upon");
+    ASSERT_NE(at, std::string::npos);
+    bytes[at] = 'U';  // still valid JSON: only the checksum tells
+    ASSERT_TRUE(fs.WriteFile(path, bytes).ok());
+
+    auto store = OpenOk("/store", fs);
+    const OpenReport& report = store->open_report();
+    ASSERT_EQ(report.broken_prefixes.size(), 1u);
+    EXPECT_NE(report.broken_prefixes[0].find("\"checksum\""), std::string::npos) << report.broken_prefixes[0];
+    EXPECT_TRUE(report.orphan_collection_skipped);
+    EXPECT_TRUE(store->ListPrefixes().empty());
+    const auto unreadable = store->UnreadablePrefixes();
+    ASSERT_EQ(unreadable.size(), 1u);
+    EXPECT_EQ(unreadable.begin()->first, "story.txt");
+    const size_t agent_blocks = sa.manifest.blocks.size();
+    EXPECT_EQ(store->Stats().blocks, agent_blocks + 2);  // the prefix's two blocks are still there
+    if (replace) {
+      PrefixRecord shorter = r;
+      shorter.blocks = {BlockHash{5, 6}};
+      const std::vector<NewBlock> fresh = {{shorter.blocks[0], testing::kKvFormatId, 16, payload}};
+      ASSERT_TRUE(store->CommitPrefix(shorter, fresh).ok());
+      EXPECT_EQ(store->ListPrefixes(), std::vector<PrefixRecord>{shorter});
+      EXPECT_EQ(store->Stats().blocks, agent_blocks + 1);
+    } else {
+      auto erased = store->ErasePrefix("story.txt");
+      ASSERT_TRUE(erased.ok()) << erased.status().message();
+      EXPECT_EQ(erased->blocks_freed, 2u);  // collected: nothing names them any more
+      EXPECT_FALSE(fs.FileSize(path).ok());
+      EXPECT_EQ(store->Stats().blocks, agent_blocks);
+      EXPECT_EQ(store->ErasePrefix("story.txt").status().code(), StatusCode::kNotFound);
+    }
+    EXPECT_TRUE(store->UnreadablePrefixes().empty());
+    EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), sa));  // the agent's blocks were kept
+    store.reset();
+    store = OpenOk("/store", fs);
+    EXPECT_TRUE(store->open_report().broken_prefixes.empty());
+    EXPECT_FALSE(store->open_report().orphan_collection_skipped);
+    EXPECT_EQ(store->open_report().orphan_blocks_removed, 0u);  // nothing was left behind
+  }
+}
+
 TEST(StoreCache, ConcurrentAgents) {
   FaultInjectingFileSystem fs;
   auto store = OpenOk("/store", fs);

@@ -365,6 +365,24 @@ def prefixes_survive_restart(t):
     check(sh('ls %s/.prefixes' % m, check_rc=0).stdout.strip() == '', 'a removed prefix stays removed after a restart')
     if not FAKE:
         check(not os.listdir(os.path.join(d.store, 'prefixes')), 'its record is gone from the store')
+        # A damaged record (one letter of its text changed) is listed, owned by root; reading it
+        # fails with EIO; rm erases it, and writing the name again makes a new prefix.
+        sh('printf %%s %s > %s/.prefixes/damaged' % (shquote(text), m), check_rc=0)
+        d.stop()
+        record = os.path.join(d.store, 'prefixes', 'damaged.prefix')
+        data = open(record, 'rb').read()
+        at = data.index(b'"text":"') + 8
+        open(record, 'wb').write(data[:at] + (b'y' if data[at:at + 1] == b'x' else b'x') + data[at + 1:])
+        d.start()
+        check(sh('ls %s/.prefixes' % m, check_rc=0).stdout.split() == ['damaged'], 'a damaged prefix is still listed')
+        check(sh('stat -c %%u:%%s %s/.prefixes/damaged' % m, check_rc=0).stdout.strip() == '0:0',
+              'owned by root (its owner is unknown), size 0')
+        fails_with('cat %s/.prefixes/damaged' % m, 'Input/output error')
+        check('prefix damaged is unreadable' in open(d.log).read(), 'the log says why')
+        sh('rm %s/.prefixes/damaged' % m, check_rc=0)
+        check(not os.listdir(os.path.join(d.store, 'prefixes')), 'rm erased the damaged record')
+        sh('printf %%s %s > %s/.prefixes/damaged' % (shquote(text), m), check_rc=0)
+        check(sh('cat %s/.prefixes/damaged' % m, check_rc=0).stdout == text, 'and the name can be written anew')
 
 
 @test

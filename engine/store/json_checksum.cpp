@@ -1,0 +1,42 @@
+#include "engine/store/json_checksum.h"
+
+#include <spdlog/fmt/fmt.h>
+#include <xxhash.h>
+
+#include "engine/store/manifest.h"
+
+namespace kvfs::store {
+namespace {
+
+// `,"checksum":"<hex>"}`: how every checksummed record ends.
+std::string ChecksumSuffix(std::string_view hex) { return fmt::format(",\"{}\":\"{}\"}}", kJsonChecksumKey, hex); }
+
+// XXH3-64 of `body` (a JSON object text without its closing brace) followed by '}'.
+std::string ChecksumOfBody(std::string_view body) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, body.data(), body.size());
+  XXH3_64bits_update(state, "}", 1);
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return fmt::format("{:016x}", h);
+}
+
+}  // namespace
+
+std::string AppendJsonChecksum(std::string object_text) {
+  object_text.pop_back();  // the closing brace: the checksum goes before it, last
+  const std::string hex = ChecksumOfBody(object_text);
+  return object_text + ChecksumSuffix(hex);
+}
+
+std::string JsonChecksumProblem(std::string_view text, std::string_view hex) {
+  if (hex.size() != 16 || !IsLowerHex(hex)) return "expected 16 lowercase hex digits";
+  const std::string suffix = ChecksumSuffix(hex);
+  if (!text.ends_with(suffix)) return "is not the last field as kvfs writes it (was the file edited?)";
+  const std::string actual = ChecksumOfBody(text.substr(0, text.size() - suffix.size()));
+  if (actual != hex) return "the contents hash to " + actual + ", not " + std::string(hex) + ": the file is damaged";
+  return {};
+}
+
+}  // namespace kvfs::store
