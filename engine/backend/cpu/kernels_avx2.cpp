@@ -297,6 +297,7 @@ KernelTable MakeAvx2Table() {
   set(GgmlType::kQ4_K, avx2::QuantizeQ8_K, avx2::VecDotQ4_K, avx2::TileQ4_K);
   set(GgmlType::kQ5_K, avx2::QuantizeQ8_K, avx2::VecDotQ5_K, avx2::TileQ5_K);
   set(GgmlType::kQ6_K, avx2::QuantizeQ8_K, avx2::VecDotQ6_K, avx2::TileQ6_K);
+  t.packed[static_cast<uint32_t>(GgmlType::kQ4_0)] = avx2::PackedQ4_0;
   return t;
 }
 

@@ -30,6 +30,8 @@ float VecDotQ6_K(const void* w, const void* a, int64_t n);
 // Prefill tiles: bound to template instantiations in the ISA's own files (function pointers,
 // so no AVX-compiled symbol with vague linkage is ever shared with portable code).
 extern const MatMulTileFn TileQ4_0, TileQ4_1, TileQ5_0, TileQ5_1, TileQ8_0, TileQ4_K, TileQ5_K, TileQ6_K;
+// Q4_0 in groups of 8 interleaved rows (kernels_avx2_packed.cpp).
+extern const PackedKernels PackedQ4_0;
 
 }  // namespace kvfs::cpu::avx2
 
