@@ -31,6 +31,19 @@ std::vector<int32_t> Range(int32_t from, int32_t n) {
   return v;
 }
 
+// A prefix record of two 16-token blocks.
+PrefixRecord StoryPrefix() {
+  PrefixRecord r;
+  r.name = "story.txt";
+  r.owner_uid = 1000;
+  r.text = "Once upon a time";
+  r.model_fingerprint = kFingerprint;
+  r.kv_format = "q4";
+  r.block_size = 16;
+  r.blocks = {BlockHash{1, 2}, BlockHash{3, 4}};
+  return r;
+}
+
 std::unique_ptr<CacheStore> OpenOk(const std::string& dir, FileSystem& fs) {
   auto s = CacheStore::Open(dir, fs, FixedClock());
   EXPECT_TRUE(s.ok()) << s.status().message();
@@ -503,14 +516,7 @@ TEST(StoreCache, PrefixRecordsPersistAndHoldTheirBlocks) {
   PosixFileSystem fs;
   const std::string dir = tmp.path() + "/store";
   const std::vector<uint8_t> p1(100, 1), p2(100, 2);
-  PrefixRecord r;
-  r.name = "story.txt";
-  r.owner_uid = 1000;
-  r.text = "Once upon a time";
-  r.model_fingerprint = kFingerprint;
-  r.kv_format = "q4";
-  r.block_size = 16;
-  r.blocks = {BlockHash{1, 2}, BlockHash{3, 4}};
+  const PrefixRecord r = StoryPrefix();
   const std::vector<NewBlock> blocks = {{r.blocks[0], testing::kKvFormatId, 16, p1},
                                         {r.blocks[1], testing::kKvFormatId, 16, p2}};
   {
@@ -555,14 +561,7 @@ TEST(StoreCache, UnreadablePrefixRecordCanBeErasedOrReplaced) {
   for (const bool replace : {false, true}) {
     SCOPED_TRACE(replace ? "replaced" : "erased");
     FaultInjectingFileSystem fs;
-    PrefixRecord r;
-    r.name = "story.txt";
-    r.owner_uid = 1000;
-    r.text = "Once upon a time";
-    r.model_fingerprint = kFingerprint;
-    r.kv_format = "q4";
-    r.block_size = 16;
-    r.blocks = {BlockHash{1, 2}, BlockHash{3, 4}};
+    const PrefixRecord r = StoryPrefix();
     const std::vector<uint8_t> payload(100, 1);
     const std::vector<NewBlock> blocks = {{r.blocks[0], testing::kKvFormatId, 16, payload},
                                           {r.blocks[1], testing::kKvFormatId, 16, payload}};

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -192,6 +193,39 @@ inline std::set<std::string> ListTree(const std::string& root) {
   for (const auto& e : std::filesystem::recursive_directory_iterator(root))
     out.insert(e.path().string().substr(root.size()) + (e.is_directory() ? "/" : ""));
   return out;
+}
+
+// The checksum rule of manifests and prefix records (json_checksum.h) written out
+// independently: XXH3-64 of the text without its checksum field, which is appended last.
+template <typename Json>
+std::string Stamped(Json j) {
+  j.erase("checksum");
+  std::string body = j.dump();
+  const uint64_t h = XXH3_64bits(body.data(), body.size());
+  body.pop_back();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return body + ",\"checksum\":\"" + hex + "\"}";
+}
+
+// Flips every bit of `good` in turn: each flip must be refused by `parse(text)` (kCorrupt, or
+// kUnsupported where it changed the version). Returns how many refusals named the checksum
+// field (most flips leave valid JSON, which only the checksum catches).
+template <typename Parse>
+size_t ExpectEveryBitFlipRefused(const std::string& good, Parse parse) {
+  size_t by_checksum = 0;
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string bad = good;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+      const Status st = parse(bad).status();
+      EXPECT_FALSE(st.ok()) << "flip of bit " << bit << " of byte " << i << " went unnoticed";
+      if (st.ok()) return by_checksum;
+      EXPECT_TRUE(st.code() == StatusCode::kCorrupt || st.code() == StatusCode::kUnsupported) << st.message();
+      if (st.message().find("\"checksum\"") != std::string::npos) ++by_checksum;
+    }
+  }
+  return by_checksum;
 }
 
 }  // namespace kvfs::store::testing

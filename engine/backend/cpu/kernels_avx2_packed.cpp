@@ -9,13 +9,7 @@
 // holds 4 code bytes of each of 8 rows, one vpmaddubsw against a broadcast activation dword
 // advances 8 rows, and the block's float work is one set of ops per 8 rows.
 //
-// Layout of one group (rows 8g..8g+7; rows past the matrix are zero, scale 0): blocks in pairs
-// of 288 bytes (32-byte aligned):
-//   [16: 8 f16 scales of block 2p][16: of 2p+1][128: block 2p codes][128: block 2p+1 codes]
-// A block's 128 code bytes are 4 chunks of 32; chunk k, lane i (bytes 4i..4i+3) = bytes
-// 4k..4k+3 of row i's 16 nibble bytes: low nibbles = elements 4k..4k+3, high nibbles =
-// elements 16+4k..16+4k+3 (Q4_0 keeps element j in the low and j+16 in the high nibble).
-// An odd last block is paired with a zero block. Group g starts at g * GroupBytes(nb).
+// Layout: packed_q4_0_layout.h with 8 rows per group (pairs of blocks in 288 bytes).
 //
 // Arithmetic, exact in integers: codes are unsigned nibbles (0..15), activations int8, so
 // vpmaddubsw cannot saturate, and the 8 int16 pair sums of a block added in int16 stay below
@@ -23,21 +17,17 @@
 // row, minus 8 * sum(activation codes) (the Q4_0 offset); acc += isum * (d_w * d_a) in float,
 // blocks in order: per row the same operations as the AVX-512 packed kernel.
 #include "engine/backend/cpu/kernels_avx2_common.h"
+#include "engine/backend/cpu/packed_q4_0_layout.h"
 
 namespace kvfs::cpu {
 namespace {
 
 constexpr int kGroupRows = 8;
-constexpr int64_t kQ4Bytes = 18;  // Q4_0 block: f16 d, 16 nibble bytes
+using Layout = PackedQ4_0Layout<kGroupRows>;
 constexpr int64_t kQ8Bytes = 34;  // Q8_0 activation block: f16 d, 32 int8 codes
-constexpr int64_t kBlockCodeBytes = 128;
-constexpr int64_t kPairBytes = 2 * kBlockCodeBytes + 2 * 16;
-
-constexpr int64_t GroupBytes(int64_t nb) { return (nb + 1) / 2 * kPairBytes; }
-inline const uint8_t* CodesOf(const uint8_t* group, int64_t b) {
-  return group + (b >> 1) * kPairBytes + 32 + (b & 1) * kBlockCodeBytes;
-}
-inline const uint8_t* ScalesOf(const uint8_t* group, int64_t b) { return group + (b >> 1) * kPairBytes + (b & 1) * 16; }
+constexpr auto GroupBytes = Layout::GroupBytes;
+constexpr auto CodesOf = Layout::CodesOf;
+constexpr auto ScalesOf = Layout::ScalesOf;
 
 inline int32_t LoadI32(const uint8_t* p) {
   int32_t v;
@@ -51,27 +41,6 @@ inline int32_t SumCodes32(const uint8_t* codes) {
                                     _mm256_setzero_si256());
   const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
   return static_cast<int32_t>(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128);
-}
-
-int64_t PackedBytesQ4_0(int64_t n_rows, int64_t n_in) {
-  return (n_rows + kGroupRows - 1) / kGroupRows * GroupBytes(n_in / 32);
-}
-
-void PackQ4_0(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t n_in, uint8_t* dst) {
-  const int64_t nb = n_in / 32, groups = (n_rows + kGroupRows - 1) / kGroupRows;
-  std::memset(dst, 0, static_cast<size_t>(groups * GroupBytes(nb)));
-  for (int64_t g = 0; g < groups; ++g) {
-    uint8_t* group = dst + g * GroupBytes(nb);
-    for (int i = 0; i < kGroupRows && kGroupRows * g + i < n_rows; ++i) {
-      const uint8_t* row = w_rows + (kGroupRows * g + i) * w_row_bytes;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* src = row + b * kQ4Bytes;
-        std::memcpy(const_cast<uint8_t*>(ScalesOf(group, b)) + 2 * i, src, 2);
-        uint8_t* codes = const_cast<uint8_t*>(CodesOf(group, b));
-        for (int k = 0; k < 4; ++k) std::memcpy(codes + 32 * k + 4 * i, src + 2 + 4 * k, 4);
-      }
-    }
-  }
 }
 
 // Per (block, token) of the activations, prepared once per K chunk: the block scale and the
@@ -210,6 +179,6 @@ void MatMulPackedQ4_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const u
 }  // namespace
 
 namespace avx2 {
-const PackedKernels PackedQ4_0{&PackedBytesQ4_0, &PackQ4_0, &MatMulPackedQ4_0};
+const PackedKernels PackedQ4_0{&Layout::Bytes, &Layout::Pack, &MatMulPackedQ4_0};
 }  // namespace avx2
 }  // namespace kvfs::cpu

@@ -7,21 +7,13 @@
 // 16 rows, one vpdpbusd against a broadcast activation dword advances 16 rows, and the block's
 // float work (convert, scale, accumulate) is one set of ops per 16 rows.
 //
-// Layout of one group (rows 16g..16g+15; rows past the matrix are zero, scale 0): blocks in
-// pairs of 576 bytes (64-byte aligned):
-//   [32: 16 f16 scales of block 2p][32: of 2p+1][256: block 2p codes][256: block 2p+1 codes]
-// so the kernel reads every cache line in address order (scales after the codes measured
-// ~25% slower from DRAM).
-// A block's 256 code bytes are 4 chunks of 64; chunk k, lane i (bytes 4i..4i+3) = bytes
-// 4k..4k+3 of row i's 16 nibble bytes: low nibbles = elements 4k..4k+3, high nibbles =
-// elements 16+4k..16+4k+3 (Q4_0 keeps element j in the low and j+16 in the high nibble).
-// An odd last block is paired with a zero block. Groups follow each other, group g at
-// g * GroupBytes(nb).
+// Layout: packed_q4_0_layout.h with 16 rows per group (pairs of blocks in 576 bytes).
 //
 // Arithmetic: per (row, block) the exact int32 sum of codes times activation codes, minus
 // 8 * sum(activation codes) (the Q4_0 offset), then acc += isum * (d_w * d_a) in float, blocks
 // in order: the scalar reference's operations in its order, per row.
 #include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
+#include "engine/backend/cpu/packed_q4_0_layout.h"
 
 namespace kvfs::cpu {
 namespace {
@@ -29,39 +21,12 @@ namespace {
 #include "engine/backend/cpu/dpbusd_broadcast.h"
 
 constexpr int kGroupRows = 16;
-constexpr int64_t kQ4Bytes = 18;      // Q4_0 block: f16 d, 16 nibble bytes
-constexpr int64_t kQ8Bytes = 34;      // Q8_0 activation block: f16 d, 32 int8 codes
-constexpr int64_t kBlockCodeBytes = 256;
-constexpr int64_t kPairBytes = 2 * kBlockCodeBytes + 2 * 32;
-
-constexpr int64_t GroupBytes(int64_t nb) { return (nb + 1) / 2 * kPairBytes; }
-inline const uint8_t* CodesOf(const uint8_t* group, int64_t b) {
-  return group + (b >> 1) * kPairBytes + 64 + (b & 1) * kBlockCodeBytes;
-}
-inline const uint8_t* ScalesOf(const uint8_t* group, int64_t b) {
-  return group + (b >> 1) * kPairBytes + (b & 1) * 32;
-}
-
-int64_t PackedBytesQ4_0(int64_t n_rows, int64_t n_in) {
-  return (n_rows + kGroupRows - 1) / kGroupRows * GroupBytes(n_in / 32);
-}
-
-void PackQ4_0(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t n_in, uint8_t* dst) {
-  const int64_t nb = n_in / 32, groups = (n_rows + kGroupRows - 1) / kGroupRows;
-  std::memset(dst, 0, static_cast<size_t>(groups * GroupBytes(nb)));
-  for (int64_t g = 0; g < groups; ++g) {
-    uint8_t* group = dst + g * GroupBytes(nb);
-    for (int i = 0; i < kGroupRows && kGroupRows * g + i < n_rows; ++i) {
-      const uint8_t* row = w_rows + (kGroupRows * g + i) * w_row_bytes;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* src = row + b * kQ4Bytes;
-        std::memcpy(const_cast<uint8_t*>(ScalesOf(group, b)) + 2 * i, src, 2);
-        uint8_t* codes = const_cast<uint8_t*>(CodesOf(group, b));
-        for (int k = 0; k < 4; ++k) std::memcpy(codes + 64 * k + 4 * i, src + 2 + 4 * k, 4);
-      }
-    }
-  }
-}
+using Layout = PackedQ4_0Layout<kGroupRows>;
+constexpr int64_t kQ8Bytes = 34;  // Q8_0 activation block: f16 d, 32 int8 codes
+constexpr int64_t kPairBytes = Layout::kPairBytes;
+constexpr auto GroupBytes = Layout::GroupBytes;
+constexpr auto CodesOf = Layout::CodesOf;
+constexpr auto ScalesOf = Layout::ScalesOf;
 
 // Per (block, token) of the activations, prepared once per call: the block scale and the
 // Q4_0 offset term -8 * sum(codes), the initial value of the block's int32 sums.
@@ -241,6 +206,6 @@ void MatMulPackedQ4_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const u
 }  // namespace
 
 namespace avx512 {
-const PackedKernels PackedQ4_0{&PackedBytesQ4_0, &PackQ4_0, &MatMulPackedQ4_0};
+const PackedKernels PackedQ4_0{&Layout::Bytes, &Layout::Pack, &MatMulPackedQ4_0};
 }  // namespace avx512
 }  // namespace kvfs::cpu
