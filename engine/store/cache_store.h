@@ -8,9 +8,10 @@
 // the new tail (same), then a copy of the current manifest as manifest.prev.json (same), then
 // the new manifest (same); the old tail is removed only after the manifest is durable. The copy
 // is for damage, not crashes: when Open finds a manifest missing or unreadable (a checksum
-// mismatch included), it puts the previous one back, so the agent loses its last turn instead of
-// everything (the blocks and tail only that turn named are gone, so its cache is rebuilt). Anything a crash leaves behind (temp files, blocks and tails no manifest names,
-// an agent directory without a manifest, an interrupted erasure) is removed by the next Open.
+// mismatch included), it puts the previous one back, so the agent loses its last turn instead
+// of everything (the blocks and tail only that turn named are gone, so its cache is rebuilt).
+// Anything a crash leaves behind (temp files, blocks and tails no manifest names, an agent
+// directory without a manifest, an interrupted erasure) is removed by the next Open.
 //
 // Blocks are refcounted by the number of agents whose manifest names them: counted by scanning
 // the manifests at Open and maintained in memory after. A block whose refcount drops to zero is

@@ -39,4 +39,17 @@ std::string JsonChecksumProblem(std::string_view text, std::string_view hex) {
   return {};
 }
 
+Status CheckVersionAndChecksum(std::string_view text, const nlohmann::json& j, int64_t version, int oldest,
+                               int newest, std::string_view kind, std::string_view source) {
+  if (version < oldest || version > newest)
+    return Unsupported(fmt::format("{}: {} version {} is not supported (this build reads {} to {})", source, kind,
+                                   version, oldest, newest));
+  const std::string key(kJsonChecksumKey);
+  auto bad = [&](std::string_view why) { return Corrupt(fmt::format("{}: field \"{}\": {}", source, key, why)); };
+  if (version == 1) return j.contains(key) ? bad("not part of version 1") : Status::Ok();
+  if (!j.contains(key) || !j[key].is_string()) return bad("missing or not a string");
+  if (std::string why = JsonChecksumProblem(text, j[key].get<std::string>()); !why.empty()) return bad(why);
+  return Status::Ok();
+}
+
 }  // namespace kvfs::store

@@ -5,9 +5,13 @@
 // inside a string or a number, which would otherwise still parse.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
+#include "engine/core/status.h"
 #include "engine/store/block_format.h"
 
 namespace kvfs::store {
@@ -20,5 +24,12 @@ std::string AppendJsonChecksum(std::string object_text);
 // checksum matches; otherwise why not (for a "field \"checksum\": <why>" message). `hex` is the
 // value the parser read from the field.
 std::string JsonChecksumProblem(std::string_view text, std::string_view hex);
+
+// The version rules both records share. `version` (read from `j`, the parse of `text`) must lie
+// in [oldest, newest], else kUnsupported naming `kind` ("manifest", "prefix record"); version 1
+// has no checksum field and later ones end with a matching one, else kCorrupt naming `source`
+// and the field.
+Status CheckVersionAndChecksum(std::string_view text, const nlohmann::json& j, int64_t version, int oldest,
+                               int newest, std::string_view kind, std::string_view source);
 
 }  // namespace kvfs::store

@@ -239,16 +239,8 @@ Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
   KVFS_ASSIGN_OR_RETURN(std::string format, r.String(j, "format"));
   if (format != kManifestFormat) return r.Err("format", "is \"" + format + "\", expected \"kvfs-manifest\"");
   KVFS_ASSIGN_OR_RETURN(int64_t version, r.IntField(j, "version", 1, kI64Max));
-  if (version < kOldestManifestVersion || version > kManifestVersion)
-    return Unsupported(src + ": manifest version " + std::to_string(version) + " is not supported (this build reads " +
-                       std::to_string(kOldestManifestVersion) + " to " + std::to_string(kManifestVersion) + ")");
-  const std::string checksum_key(kJsonChecksumKey);
-  if (version == 1) {
-    if (j.contains(checksum_key)) return r.Err(checksum_key, "not part of manifest version 1");
-  } else {
-    KVFS_ASSIGN_OR_RETURN(std::string hex, r.String(j, checksum_key));
-    if (std::string why = JsonChecksumProblem(text, hex); !why.empty()) return r.Err(checksum_key, why);
-  }
+  KVFS_RETURN_IF_ERROR(
+      CheckVersionAndChecksum(text, j, version, kOldestManifestVersion, kManifestVersion, "manifest", source));
   KVFS_ASSIGN_OR_RETURN(m.name, r.String(j, "name"));
   if (!IsValidAgentName(m.name)) return r.Err("name", "not a valid agent name");
   KVFS_ASSIGN_OR_RETURN(m.model_fingerprint, r.String(j, "model_fingerprint"));

@@ -54,17 +54,8 @@ Result<PrefixRecord> ParsePrefix(std::string_view json, std::string_view source)
     if (!j.contains(f)) return bad(f, "missing");
   if (!j["format"].is_string() || j["format"].get<std::string>() != kPrefixFormat) return bad("format", "not kvfs-prefix");
   if (!j["version"].is_number_integer()) return bad("version", "not an integer");
-  const int64_t version = j["version"].get<int64_t>();
-  if (version < kOldestPrefixVersion || version > kPrefixVersion)
-    return Unsupported(where + ": prefix record version " + std::to_string(version) + " is not supported (this build reads " +
-                       std::to_string(kOldestPrefixVersion) + " to " + std::to_string(kPrefixVersion) + ")");
-  if (version == 1) {
-    if (j.contains(checksum_key)) return bad(checksum_key, "not part of version 1");
-  } else {
-    if (!j.contains(checksum_key) || !j[checksum_key].is_string()) return bad(checksum_key, "missing or not a string");
-    if (std::string why = JsonChecksumProblem(json, j[checksum_key].get<std::string>()); !why.empty())
-      return bad(checksum_key, why);
-  }
+  KVFS_RETURN_IF_ERROR(CheckVersionAndChecksum(json, j, j["version"].get<int64_t>(), kOldestPrefixVersion,
+                                               kPrefixVersion, "prefix record", source));
   PrefixRecord p;
   if (!j["name"].is_string() || !IsValidPrefixName(p.name = j["name"].get<std::string>())) return bad("name", "invalid");
   if (!j["owner_uid"].is_number_unsigned() || j["owner_uid"].get<uint64_t>() > UINT32_MAX) return bad("owner_uid", "invalid");
