@@ -22,6 +22,7 @@ bool Always() { return true; }
 
 #if defined(KVFS_X86_KERNELS)
 bool HasAvx2() { return HostCpuFeatures().avx2_fma_f16c; }
+bool HasAvx512Bw() { return HostCpuFeatures().avx512_core; }
 bool HasAvx512() { return HostCpuFeatures().avx512_vnni_bf16; }
 #endif
 
@@ -31,6 +32,7 @@ const std::vector<Entry>& Entries() {
       {"scalar", &ScalarKernels, &Always},
 #if defined(KVFS_X86_KERNELS)
       {"avx2", &Avx2Kernels, &HasAvx2},
+      {"avx512bw", &Avx512BwKernels, &HasAvx512Bw},
       {"avx512", &Avx512Kernels, &HasAvx512},
 #endif
   };

@@ -1,4 +1,4 @@
-// Choosing a CPU kernel table at run time from cpuid (or KVFS_CPU=scalar|avx2|avx512).
+// Choosing a CPU kernel table at run time from cpuid (or KVFS_CPU=scalar|avx2|avx512bw|avx512).
 #pragma once
 
 #include <string>

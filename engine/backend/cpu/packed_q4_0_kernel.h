@@ -1,0 +1,201 @@
+// The packed Q4_0 matmul without VNNI, written once over a vector width: the AVX2 table
+// (kernels_avx2_packed.cpp: ymm, 8 rows per group) and the AVX-512BW table
+// (kernels_avx512bw_packed.cpp: zmm, 16 rows per group) instantiate it with their own Isa
+// traits, each compiled with its own flags. The AVX-512 table has VNNI and its own kernel
+// (kernels_avx512_packed.cpp).
+//
+// Why: the plain AVX2 tile takes one row at a time against up to 4 tokens, so every (row, block,
+// token) pays a load of the token's 32 codes, two sign ops, the int16->int32 step and a float
+// convert, scale and FMA. It ran at ~15 MACs per ns on a 2-core Skylake-SP (pp128 15.6 tokens/s
+// on TinyLlama Q4_0, a tenth of the two cores' vpmaddubsw rate), and one-token decode at 5.5
+// GB/s, a third of the memory bandwidth. Here one dword lane is one row: a vector load holds 4
+// code bytes of each of kRows rows, one vpmaddubsw against a broadcast activation dword
+// advances kRows rows, and the block's float work is one set of ops per kRows rows.
+//
+// Layout: packed_q4_0_layout.h with Isa::kRows rows per group.
+//
+// Arithmetic, exact in integers: codes are unsigned nibbles (0..15), activations int8, so
+// vpmaddubsw cannot saturate, and the 8 int16 pair sums of a block added in int16 stay below
+// 8 * 2 * 15 * 128 = 30720 < 2^15 (in any order). vpmaddwd with ones then gives the block's
+// int32 sum per row, minus 8 * sum(activation codes) (the Q4_0 offset); acc += isum * (d_w * d_a)
+// in float, blocks in order: per row the same operations as the AVX-512 (VNNI) packed kernel,
+// so every table gives a row the same result.
+//
+// Include only from the ISA kernel files, like their common headers: internal linkage.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "engine/backend/cpu/packed_q4_0_layout.h"
+
+namespace kvfs::cpu {
+namespace {  // NOLINT: internal linkage on purpose
+
+// An Isa provides: kRows (rows per group = int32 lanes), kPassTokens, vector types I and F, and
+//   I Load(p)                  aligned load of kRows * 4 code bytes
+//   I LowNibbles(v), HighNibbles(v)
+//   I Broadcast32(p)           the 4 bytes at p in every dword lane
+//   I MulAddPairs(codes, act)  vpmaddubsw
+//   I Add16(a, b); void KeepChain(I&) (see GroupRows)
+//   I BlockSums(sum16, init)   vpmaddwd with ones, + init in every lane
+//   F Scales(p)                kRows f16 scales to float
+//   F Zero(); F FmaScaled(isum, dw, da, acc) = acc + float(isum) * (dw * da)
+//   F LoadF(p), void StoreF(p, v), StoreFU(p, v)   aligned / unaligned kRows floats
+template <typename Isa>
+struct PackedQ4_0Kernel {
+  static constexpr int kRows = Isa::kRows;
+  using Layout = PackedQ4_0Layout<kRows>;
+  using I = typename Isa::I;
+  using F = typename Isa::F;
+  static constexpr int64_t kQ8Bytes = 34;  // Q8_0 activation block: f16 d, 32 int8 codes
+
+  // Per (block, token) of the activations, prepared once per K chunk: the block scale and the
+  // Q4_0 offset term -8 * sum(codes), the initial value of the block's int32 sums.
+  struct ActTerms {
+    float da;
+    int32_t init;
+  };
+  // Tokens one sweep over the rows serves, and blocks per K chunk (8192 inputs): a group's chunk
+  // of weights (36 KiB at 8 rows, 72 at 16) is read from DRAM once and from cache by the sweep's
+  // other passes; the chunk's activations (16 tokens: 139 KiB) and terms (32 KiB) stay in L2.
+  static constexpr int64_t kSweepTokens = 16;
+  static constexpr int64_t kTermBlocks = 256;
+  static constexpr int kPassTokens = Isa::kPassTokens;
+  static_assert(kSweepTokens % kPassTokens == 0);
+  // Software prefetch distance, as for the AVX-512 packed kernel (which measured 4-8 KiB best).
+  static constexpr int64_t kPrefetchBytes = 6144;
+  static constexpr int kPairLines = static_cast<int>((Layout::kPairBytes + 63) / 64);
+
+  // Sum of 32 signed activation codes: sad of (a xor 0x80) = sum(a + 128), minus 32 * 128.
+  static int32_t SumCodes32(const uint8_t* codes) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+    const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80))),
+                                      _mm256_setzero_si256());
+    const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return static_cast<int32_t>(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128);
+  }
+
+  // Terms in pass order: the pass of tokens [p, p + n) (p a multiple of kPassTokens) has its
+  // own run at terms + p * kTermBlocks, (b - b0) * n + (t - p) within it.
+  static void PrepareTerms(const uint8_t* x0, int64_t x_stride, int64_t n_tokens, int64_t b0, int64_t b1,
+                           ActTerms* terms) {
+    for (int64_t p = 0; p < n_tokens; p += kPassTokens) {
+      const int64_t n = n_tokens - p < kPassTokens ? n_tokens - p : kPassTokens;
+      ActTerms* run = terms + p * kTermBlocks;
+      for (int64_t b = b0; b < b1; ++b) {
+        for (int64_t t = 0; t < n; ++t) {
+          const uint8_t* blk = x0 + (p + t) * x_stride + b * kQ8Bytes;
+          uint16_t d;
+          std::memcpy(&d, blk, sizeof d);
+          run[(b - b0) * n + t] = ActTerms{_cvtsh_ss(d), -8 * SumCodes32(blk + 2)};
+        }
+      }
+    }
+  }
+
+  // One group over blocks [b0, b1) against NT tokens: acc[t] lane i += row i . x[t], with the
+  // terms of token t and block b at terms[(b - b0) * NT + t].
+  template <int NT>
+  static void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
+                        const ActTerms* terms, bool prefetch, F (&acc)[NT]) {
+    for (int64_t b = b0; b < b1; ++b) {
+      if (prefetch && (b & 1) == 0) {
+        // The lines of this block pair, kPrefetchBytes ahead (a prefetch never faults).
+        const uint8_t* ahead = Layout::ScalesOf(group, b) + kPrefetchBytes;
+        for (int i = 0; i < kPairLines; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
+      }
+      const uint8_t* codes = Layout::CodesOf(group, b);
+      const uint8_t* a = x0 + b * kQ8Bytes + 2;
+      I sum[NT];
+      for (int k = 0; k < 4; ++k) {
+        const I v = Isa::Load(codes + Layout::kChunkBytes * k);
+        const I lo = Isa::LowNibbles(v), hi = Isa::HighNibbles(v);
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* at = a + t * x_stride;
+          const I p = Isa::Add16(Isa::MulAddPairs(lo, Isa::Broadcast32(at + 4 * k)),
+                                 Isa::MulAddPairs(hi, Isa::Broadcast32(at + 16 + 4 * k)));
+          sum[t] = k == 0 ? p : Isa::Add16(sum[t], p);
+          // Keeps each sum a chain in this order: GCC otherwise reassociates the integer adds
+          // into a tree whose products (4 tokens: 32) are all live at once, and the AVX2 loop
+          // made 48 stack accesses per block (GCC 12 -O3).
+          Isa::KeepChain(sum[t]);
+        }
+      }
+      const F dw = Isa::Scales(Layout::ScalesOf(group, b));
+      const ActTerms* tb = terms + (b - b0) * NT;
+      for (int t = 0; t < NT; ++t) acc[t] = Isa::FmaScaled(Isa::BlockSums(sum[t], tb[t].init), dw, tb[t].da, acc[t]);
+    }
+  }
+
+  // Rows [r, r + rows) of one group (rows <= kRows) x NT tokens over blocks [b0, b1); a later K
+  // chunk continues the sums the earlier ones stored in y: one chain of fmas over the blocks in
+  // order.
+  template <int NT>
+  static void GroupPass(const uint8_t* group, int64_t rows, int64_t b0, int64_t b1, const uint8_t* x,
+                        int64_t x_stride, const ActTerms* terms, bool prefetch, float* y, int64_t y_stride) {
+    alignas(64) float part[NT][kRows] = {};
+    F acc[NT];
+    for (int t = 0; t < NT; ++t) {
+      if (b0 > 0) std::memcpy(part[t], y + t * y_stride, sizeof(float) * static_cast<size_t>(rows));
+      acc[t] = Isa::LoadF(part[t]);
+    }
+    GroupRows<NT>(group, b0, b1, x, x_stride, terms, prefetch, acc);
+    for (int t = 0; t < NT; ++t) {
+      if (rows == kRows) {
+        Isa::StoreFU(y + t * y_stride, acc[t]);
+      } else {
+        Isa::StoreF(part[t], acc[t]);
+        std::memcpy(y + t * y_stride, part[t], sizeof(float) * static_cast<size_t>(rows));
+      }
+    }
+  }
+
+  // A pass of n (1..kPassTokens) tokens, as a call of the instantiation for n.
+  template <int NT = kPassTokens>
+  static void PassOf(int64_t n, const uint8_t* group, int64_t rows, int64_t b0, int64_t b1, const uint8_t* x,
+                     int64_t x_stride, const ActTerms* terms, bool prefetch, float* y, int64_t y_stride) {
+    if constexpr (NT > 1) {
+      if (n < NT) return PassOf<NT - 1>(n, group, rows, b0, b1, x, x_stride, terms, prefetch, y, y_stride);
+    }
+    GroupPass<NT>(group, rows, b0, b1, x, x_stride, terms, prefetch, y, y_stride);
+  }
+
+  // Rows [r0, r0 + n_rows) x n_tokens (<= kSweepTokens): per K chunk, per group, passes of up to
+  // kPassTokens tokens. Only the first pass over a group's chunk prefetches: the others find it
+  // in cache.
+  static void Sweep(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                    int64_t n_tokens, int64_t nb, float* y, int64_t y_stride) {
+    alignas(64) ActTerms terms[kTermBlocks * kSweepTokens];
+    for (int64_t b0 = 0; b0 < nb; b0 += kTermBlocks) {
+      const int64_t b1 = nb - b0 < kTermBlocks ? nb : b0 + kTermBlocks;
+      PrepareTerms(x_quant, x_row_bytes, n_tokens, b0, b1, terms);
+      for (int64_t r = 0; r < n_rows; r += kRows) {
+        const uint8_t* group = packed + (r0 + r) / kRows * Layout::GroupBytes(nb);
+        const int64_t rows = n_rows - r < kRows ? n_rows - r : kRows;
+        for (int64_t t = 0; t < n_tokens; t += kPassTokens) {
+          const int64_t n = n_tokens - t < kPassTokens ? n_tokens - t : kPassTokens;
+          PassOf(n, group, rows, b0, b1, x_quant + t * x_row_bytes, x_row_bytes, terms + t * kTermBlocks, t == 0,
+                 y + t * y_stride + r, y_stride);
+        }
+      }
+    }
+  }
+
+  // Every token count, in sweeps of up to kSweepTokens. A token's results do not depend on the
+  // sweep or pass it is in (the same operations per token and row).
+  static void MatMul(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                     int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
+    for (int64_t t = 0; t < n_tokens; t += kSweepTokens) {
+      const int64_t n = n_tokens - t < kSweepTokens ? n_tokens - t : kSweepTokens;
+      Sweep(packed, r0, n_rows, x_quant + t * x_row_bytes, x_row_bytes, n, n_in / 32, y + t * y_stride, y_stride);
+    }
+  }
+
+  static constexpr PackedKernels kKernels{&Layout::Bytes, &Layout::Pack, &MatMul};
+};
+
+}  // namespace
+}  // namespace kvfs::cpu
