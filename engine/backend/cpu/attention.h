@@ -204,10 +204,10 @@ struct AttentionKernels {
 };
 
 const AttentionKernels& ScalarAttentionKernels();
-// The attention table matching a matrix kernel table name ("scalar", "avx2", "avx512bw" (AVX2's),
+// The attention table matching a matrix kernel table name ("scalar", "avx2", "avx512bw",
 // "avx512"); the scalar one when there is no specialised table for that name or this CPU lacks
 // its ISA.
-// Debugging knob: KVFS_ATTN=scalar|avx2|avx512 in the environment overrides the name (an
+// Debugging knob: KVFS_ATTN=scalar|avx2|avx512bw|avx512 in the environment overrides the name (an
 // unsupported choice falls back as above), so the SIMD attention kernels can be run end to end
 // (golden tests, kvfs bench) under any matrix kernel table.
 const AttentionKernels& AttentionKernelsFor(const std::string& table_name);
@@ -218,6 +218,7 @@ const AttentionKernels* AttentionKernelsByName(const std::string& name);
 // The SIMD tables themselves (attention_avx2.cpp, attention_avx512.cpp). Compiled with their
 // ISA flags: call only after the matching cpuid check (AttentionKernelsByName does it).
 const AttentionKernels& Avx2AttentionKernels();
+const AttentionKernels& Avx512BwAttentionKernels();  // AVX-512 without VNNI/VBMI
 const AttentionKernels& Avx512AttentionKernels();
 #endif
 

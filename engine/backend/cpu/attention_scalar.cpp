@@ -264,8 +264,8 @@ const AttentionKernels* AttentionKernelsByName(const std::string& name) {
 #if defined(__x86_64__) || defined(_M_X64)
   // The same feature sets the files are compiled for (engine/CMakeLists.txt).
   const CpuFeatures& cpu = HostCpuFeatures();
-  // The avx512bw matrix table (AVX-512 without VNNI) is AVX2's but for packed Q4_0.
-  if ((name == "avx2" || name == "avx512bw") && cpu.avx2_fma_f16c) return &Avx2AttentionKernels();
+  if (name == "avx2" && cpu.avx2_fma_f16c) return &Avx2AttentionKernels();
+  if (name == "avx512bw" && cpu.avx512_core) return &Avx512BwAttentionKernels();
   if (name == "avx512" && cpu.avx512_core && cpu.avx512_vnni_bf16) {  // VNNI: the q4 keys' dpbusd
     return &Avx512AttentionKernels();
   }
