@@ -2,6 +2,7 @@
 // All new tokens of all sequences form one activation matrix of T rows, so every weight matrix
 // is read once per pass; attention runs per sequence over its own KV blocks.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
 
@@ -125,15 +126,22 @@ void CpuBackend::MatMul(const Matrix& w, const float* x, int64_t T, float* y, bo
   // Threads take whole 32-row units (the SIMD tiles' panel height, a multiple of the packed
   // row groups) and all T tokens; the tile blocks rows, K and tokens itself so each unpacked
   // weight block is reused across tokens.
+  // Units are claimed in chunks (a quarter of a thread's share) from a shared counter rather
+  // than split in advance: a thread that the host slows down (steal time on a shared VM, a
+  // busy sibling) then costs the step its share of one chunk, not of the whole matrix. A row's
+  // result does not depend on which thread or chunk computes it.
   constexpr int64_t kRowUnit = 32;
-  pool_.Run([&](int ith, int nth) {
-    auto [u0, u1] = SplitRange((w.n_out + kRowUnit - 1) / kRowUnit, ith, nth);
-    const int64_t r0 = u0 * kRowUnit, r1 = std::min(u1 * kRowUnit, w.n_out);
-    if (r1 <= r0) return;
-    if (packed != nullptr) {
-      packed->kernels->matmul(packed->data, r0, r1 - r0, in.data.data(), in.row_bytes, T, w.n_in, y + r0, w.n_out);
-    } else {
-      tile(w.row(r0), w.row_bytes, r1 - r0, in.data.data(), in.row_bytes, T, w.n_in, y + r0, w.n_out);
+  const int64_t units = (w.n_out + kRowUnit - 1) / kRowUnit;
+  const int64_t chunk = std::max<int64_t>(1, units / (4 * pool_.size()));
+  std::atomic<int64_t> next_unit{0};
+  pool_.Run([&](int, int) {
+    for (int64_t u0; (u0 = next_unit.fetch_add(chunk, std::memory_order_relaxed)) < units;) {
+      const int64_t r0 = u0 * kRowUnit, r1 = std::min((u0 + chunk) * kRowUnit, w.n_out);
+      if (packed != nullptr) {
+        packed->kernels->matmul(packed->data, r0, r1 - r0, in.data.data(), in.row_bytes, T, w.n_in, y + r0, w.n_out);
+      } else {
+        tile(w.row(r0), w.row_bytes, r1 - r0, in.data.data(), in.row_bytes, T, w.n_in, y + r0, w.n_out);
+      }
     }
   });
 }
@@ -164,10 +172,13 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
     }
     t = end;
   }
-  pool_.Run([&](int ith, int nth) {
+  // Items are claimed one at a time (each is a whole context's rows for a head and a tile of
+  // queries), for the same reason as the matmul's chunks.
+  std::atomic<int64_t> next_item{0};
+  const auto n_items = static_cast<int64_t>(items.size());
+  pool_.Run([&](int ith, int) {
     AttentionScratch& sc = scratch_[ith];
-    auto [i0, i1] = SplitRange(static_cast<int64_t>(items.size()), ith, nth);
-    for (int64_t it = i0; it < i1; ++it) {
+    for (int64_t it; (it = next_item.fetch_add(1, std::memory_order_relaxed)) < n_items;) {
       const AttentionItem& item = items[it];
       const SequenceKv& kv = *steps[item.step].kv;
       const KvFormat& fmt = kv.layout().format;
