@@ -5,6 +5,7 @@
 // compiled with the AVX-512 flags; internal linkage.
 #pragma once
 
+#include "engine/backend/cpu/activation_code_sum.h"
 #include "engine/backend/cpu/kernels_avx512_common.h"
 
 namespace kvfs::cpu {
@@ -48,14 +49,6 @@ struct alignas(64) ActInfo {
   int32_t corr[kMaxTokenBlock][kGroups];
   float sa[kMaxTokenBlock][kGroups];
 };
-
-// Sum of 32 signed activation codes: sad of (a xor 0x80) = sum(a + 128), minus 32 * 128.
-inline int64_t SumCodes32(const uint8_t* codes) {
-  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
-  const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80))), _mm256_setzero_si256());
-  const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-  return _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128;
-}
 
 template <class L>
 void FillActInfo(const uint8_t* x, int64_t x_row_bytes, int nt, int ng, ActInfo& info) {

@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "engine/backend/cpu/activation_code_sum.h"
+#include "engine/backend/cpu/kernels_avx2_common.h"
 #include "engine/backend/cpu/packed_q4_0_layout.h"
 
 namespace kvfs::cpu {
@@ -69,15 +71,6 @@ struct PackedQ4_0Kernel {
   static constexpr int64_t kPrefetchBytes = 6144;
   static constexpr int kPairLines = static_cast<int>((Layout::kPairBytes + 63) / 64);
 
-  // Sum of 32 signed activation codes: sad of (a xor 0x80) = sum(a + 128), minus 32 * 128.
-  static int32_t SumCodes32(const uint8_t* codes) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
-    const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80))),
-                                      _mm256_setzero_si256());
-    const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    return static_cast<int32_t>(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128);
-  }
-
   // Terms in pass order: the pass of tokens [p, p + n) (p a multiple of kPassTokens) has its
   // own run at terms + p * kTermBlocks, (b - b0) * n + (t - p) within it.
   static void PrepareTerms(const uint8_t* x0, int64_t x_stride, int64_t n_tokens, int64_t b0, int64_t b1,
@@ -88,9 +81,7 @@ struct PackedQ4_0Kernel {
       for (int64_t b = b0; b < b1; ++b) {
         for (int64_t t = 0; t < n; ++t) {
           const uint8_t* blk = x0 + (p + t) * x_stride + b * kQ8Bytes;
-          uint16_t d;
-          std::memcpy(&d, blk, sizeof d);
-          run[(b - b0) * n + t] = ActTerms{_cvtsh_ss(d), -8 * SumCodes32(blk + 2)};
+          run[(b - b0) * n + t] = ActTerms{HalfToFloat(blk), -8 * SumCodes32(blk + 2)};
         }
       }
     }
