@@ -32,7 +32,11 @@ struct Avx512BwIsa {
   }
   static I MulAddPairs(I codes, I act) { return _mm512_maddubs_epi16(codes, act); }
   static I Add16(I a, I b) { return _mm512_add_epi16(a, b); }
-  static void KeepChain(I& v) { asm("" : "+v"(v)); }
+  // No barrier: with 32 zmm registers GCC's tree of int16 adds does not spill, and it measured
+  // 2-5% faster than the chain in every alternating run (standalone, 2048 x 1024 x 16 tokens in
+  // cache, 5632 x 2048 x 4 and 8 tokens from DRAM, 2048 x 2048 x 512: 12 of 12). The int16 sums
+  // are exact in any order, so the results are the same bits.
+  static void KeepChain(I&) {}
   static I BlockSums(I sum16, int32_t init) {
     return _mm512_add_epi32(_mm512_madd_epi16(sum16, _mm512_set1_epi16(1)), _mm512_set1_epi32(init));
   }

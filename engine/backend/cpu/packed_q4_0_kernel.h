@@ -41,7 +41,7 @@ namespace {  // NOLINT: internal linkage on purpose
 //   I LowNibbles(v), HighNibbles(v)
 //   I Broadcast32(p)           the 4 bytes at p in every dword lane
 //   I MulAddPairs(codes, act)  vpmaddubsw
-//   I Add16(a, b); void KeepChain(I&) (see GroupRows)
+//   I Add16(a, b); void KeepChain(I&): a barrier, or nothing (see GroupRows)
 //   I BlockSums(sum16, init)   vpmaddwd with ones, + init in every lane
 //   F Scales(p)                kRows f16 scales to float
 //   F Zero(); F FmaScaled(isum, dw, da, acc) = acc + float(isum) * (dw * da)
@@ -109,9 +109,10 @@ struct PackedQ4_0Kernel {
           const I p = Isa::Add16(Isa::MulAddPairs(lo, Isa::Broadcast32(at + 4 * k)),
                                  Isa::MulAddPairs(hi, Isa::Broadcast32(at + 16 + 4 * k)));
           sum[t] = k == 0 ? p : Isa::Add16(sum[t], p);
-          // Keeps each sum a chain in this order: GCC otherwise reassociates the integer adds
-          // into a tree whose products (4 tokens: 32) are all live at once, and the AVX2 loop
-          // made 48 stack accesses per block (GCC 12 -O3).
+          // The Isa may keep each sum a chain in this order: GCC otherwise reassociates the
+          // integer adds into a tree whose products (4 tokens: 32) are all live at once, which
+          // the AVX2 loop's 16 ymm registers could not hold (48 stack accesses per block, GCC 12
+          // -O3). The sums are exact either way.
           Isa::KeepChain(sum[t]);
         }
       }
