@@ -16,7 +16,7 @@
 namespace kvfs::cpu {
 namespace {
 
-#include "engine/backend/cpu/attention_q4k_quad.h"
+#include "engine/backend/cpu/attention_x86_shared.h"
 
 struct Avx2 {
   static constexpr int W = 8;
@@ -150,11 +150,10 @@ struct Avx2 {
   // out[n] lane k = byte 8n + k of the 16 bytes at r[0], r[1], r[2], r[3] (in that byte order).
   static void InterleaveRows4(const uint8_t* const r[4], IV out[2]) {
     auto row = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(r[j])); };
-    const __m128i a = row(0), b = row(1), c = row(2), d = row(3);
-    const __m128i ab_lo = _mm_unpacklo_epi8(a, b), cd_lo = _mm_unpacklo_epi8(c, d);  // bytes 0..7
-    const __m128i ab_hi = _mm_unpackhi_epi8(a, b), cd_hi = _mm_unpackhi_epi8(c, d);  // bytes 8..15
-    out[0] = _mm256_set_m128i(_mm_unpackhi_epi16(ab_lo, cd_lo), _mm_unpacklo_epi16(ab_lo, cd_lo));
-    out[1] = _mm256_set_m128i(_mm_unpackhi_epi16(ab_hi, cd_hi), _mm_unpacklo_epi16(ab_hi, cd_hi));
+    __m128i q[4];
+    InterleaveBytes4(row(0), row(1), row(2), row(3), q);
+    out[0] = _mm256_set_m128i(q[1], q[0]);
+    out[1] = _mm256_set_m128i(q[3], q[2]);
   }
   // Every lane: the 4 bytes at p.
   static IV BcastDword(const int8_t* p) {

@@ -6,7 +6,7 @@
 // give the same results wherever the integer sums are exact (all of them).
 //
 // Include inside the including file's anonymous namespace (internal linkage, compiled with
-// that file's flags), after attention_q4k_quad.h, like attention_simd_impl.h.
+// that file's flags), after attention_x86_shared.h, like attention_simd_impl.h.
 #pragma once
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
@@ -206,7 +206,9 @@ struct Avx512 {
     x = _mm512_inserti32x4(x, row(3), 3);
     out[0] = _mm512_permutexvar_epi8(ByteOfLanes(), x);
 #else
-    out[0] = InterleaveBytes4(row(0), row(1), row(2), row(3));
+    __m128i q[4];
+    InterleaveBytes4(row(0), row(1), row(2), row(3), q);
+    out[0] = JoinQuarters(q);
 #endif
   }
   // Every lane: the 4 bytes at p.
@@ -220,24 +222,23 @@ struct Avx512 {
     *first = _mm512_permutex2var_ps(lo, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), hi);
     *second = _mm512_permutex2var_ps(lo, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), hi);
   }
-#if !KVFS_ATTN_AVX512_VNNI
-  // Without VBMI's vpermb: dword t of the result = byte t of a, b, c, d (in that order), by the
-  // byte and word unpacks AVX2's InterleaveRows4 makes, four 128-bit lanes put together.
-  static IV InterleaveBytes4(__m128i a, __m128i b, __m128i c, __m128i d) {
-    const __m128i ab_lo = _mm_unpacklo_epi8(a, b), cd_lo = _mm_unpacklo_epi8(c, d);  // bytes 0..7
-    const __m128i ab_hi = _mm_unpackhi_epi8(a, b), cd_hi = _mm_unpackhi_epi8(c, d);  // bytes 8..15
-    IV x = _mm512_castsi128_si512(_mm_unpacklo_epi16(ab_lo, cd_lo));
-    x = _mm512_inserti32x4(x, _mm_unpackhi_epi16(ab_lo, cd_lo), 1);
-    x = _mm512_inserti32x4(x, _mm_unpacklo_epi16(ab_hi, cd_hi), 2);
-    return _mm512_inserti32x4(x, _mm_unpackhi_epi16(ab_hi, cd_hi), 3);
-  }
-#endif
+#if KVFS_ATTN_AVX512_VNNI
   // vpermb indices: byte 4t + j of the result = byte t of 128-bit lane j.
   static IV ByteOfLanes() {
     return _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11, 58, 42, 26, 10,
                            57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4, 51, 35,
                            19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
   }
+#else
+  // Without VBMI's vpermb, the byte interleave is InterleaveBytes4's unpacks (attention_x86_shared.h,
+  // as in the AVX2 table); its four quarters in order make the vector.
+  static IV JoinQuarters(const __m128i q[4]) {
+    IV x = _mm512_castsi128_si512(q[0]);
+    x = _mm512_inserti32x4(x, q[1], 1);
+    x = _mm512_inserti32x4(x, q[2], 2);
+    return _mm512_inserti32x4(x, q[3], 3);
+  }
+#endif
 
   static V Abs(V x) { return _mm512_abs_ps(x); }
   static IV CvtRound(V x) { return _mm512_cvtps_epi32(x); }  // MXCSR: half to even
@@ -260,7 +261,9 @@ struct Avx512 {
       const __m128i x = codes(j), mask = _mm_set1_epi8(0x0F);
       return _mm_unpacklo_epi8(_mm_and_si128(x, mask), _mm_and_si128(_mm_srli_epi16(x, 4), mask));
     };
-    return InterleaveBytes4(tokens(0), tokens(1), tokens(2), tokens(3));  // dword t = token t of the 4
+    __m128i q[4];
+    InterleaveBytes4(tokens(0), tokens(1), tokens(2), tokens(3), q);
+    return JoinQuarters(q);  // dword t = token t of the 4
 #endif
   }
 

@@ -21,7 +21,7 @@
 namespace kvfs::cpu {
 namespace {
 
-#include "engine/backend/cpu/attention_q4k_quad.h"
+#include "engine/backend/cpu/attention_x86_shared.h"
 #include "engine/backend/cpu/attention_avx512_isa.h"
 
 #include "engine/backend/cpu/attention_simd_impl.h"

@@ -1,6 +1,6 @@
 // vpdpbusd with its dword operand broadcast from memory inside the instruction ({1to16}).
 // Included by AVX-512 files only, inside their anonymous namespace (internal linkage, compiled
-// with that file's flags), like attention_q4k_quad.h.
+// with that file's flags), like attention_x86_shared.h.
 //
 // Why: GCC 12 compiles _mm512_set1_epi32 of a loaded dword into a separate vpbroadcastd, which
 // on Zen 5 takes a vector-pipe slot: a stream of broadcast + vpdpbusd pairs ran at 0.82 cycles

@@ -1,7 +1,8 @@
-// q4k V quads (kv_format.h: 5 field bytes, then 4 sub-blocks of 8 code bytes) unpacked with the
-// 256-bit operations that the AVX2 and AVX-512 tables both have. Included by those two files
-// only, inside their anonymous namespace: each copy is compiled with its file's ISA flags and has
-// internal linkage (see attention_simd_impl.h).
+// Helpers the AVX2 and AVX-512 attention tables share, written with the 128- and 256-bit
+// operations both have: q4k V quads (kv_format.h: 5 field bytes, then 4 sub-blocks of 8 code
+// bytes) and the byte interleave of 4 rows. Included by those files only, inside their anonymous
+// namespace: each copy is compiled with its file's ISA flags and has internal linkage (see
+// attention_simd_impl.h).
 #pragma once
 
 // One quad of a row: lane k of d and m is sub-block k's d = D * sc and m = M * mn (the
@@ -31,4 +32,15 @@ inline Q4kQuad UnpackQ4kQuad(const uint8_t* fields, float D, float M) {
   out.q[2] = _mm256_extracti128_si256(a, 1);
   out.q[3] = _mm256_extracti128_si256(b, 1);
   return out;
+}
+
+// Byte t of a, b, c, d (t = 0..15) as dword t of the four quarters in order: quarter k holds
+// dwords 4k..4k+3. Byte and word unpacks, for tables without VBMI's vpermb.
+inline void InterleaveBytes4(__m128i a, __m128i b, __m128i c, __m128i d, __m128i quarters[4]) {
+  const __m128i ab_lo = _mm_unpacklo_epi8(a, b), cd_lo = _mm_unpacklo_epi8(c, d);  // bytes 0..7
+  const __m128i ab_hi = _mm_unpackhi_epi8(a, b), cd_hi = _mm_unpackhi_epi8(c, d);  // bytes 8..15
+  quarters[0] = _mm_unpacklo_epi16(ab_lo, cd_lo);
+  quarters[1] = _mm_unpackhi_epi16(ab_lo, cd_lo);
+  quarters[2] = _mm_unpacklo_epi16(ab_hi, cd_hi);
+  quarters[3] = _mm_unpackhi_epi16(ab_hi, cd_hi);
 }
