@@ -165,8 +165,7 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
     case AgentFile::kSystem: a.size = known_info->system.size(); break;
     case AgentFile::kConfig: a.size = AgentSettingsToJson(known_info->settings).dump(2).size() + 1; break;
     case AgentFile::kTranscript: {
-      KVFS_ASSIGN_OR_RETURN(std::string text, TranscriptText(node.agent));
-      a.size = text.size();
+      KVFS_ASSIGN_OR_RETURN(a.size, TranscriptRange(node.agent, 0, 0, nullptr));
       break;
     }
     case AgentFile::kResponse: {

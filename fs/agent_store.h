@@ -177,7 +177,10 @@ class AgentStore {
 
   // Turns and transcripts (agent_store_turns.cpp).
   Status SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::string text);
-  Result<std::string> TranscriptText(const std::shared_ptr<AgentRecord>& agent);
+  // Appends bytes [offset, offset + size) of the transcript to *out (when not null) and returns
+  // the transcript's length; copies only those bytes (`tail -f` stats and reads it often).
+  Result<uint64_t> TranscriptRange(const std::shared_ptr<AgentRecord>& agent, uint64_t offset, size_t size,
+                                   std::string* out);
   std::string LastReplyText(const std::shared_ptr<AgentRecord>& agent);
   static void InvalidateTranscript(AgentRecord& agent);
   static void OnTurnText(AgentRecord& agent, TurnStream& turn, std::string_view text);

@@ -188,8 +188,9 @@ Result<std::string> AgentStore::Read(HandleId id, uint64_t offset, size_t size, 
   switch (handle->kind) {
     case Kind::kResponse: return ReadResponse(*handle, offset, size, interrupt);
     case Kind::kTranscript: {
-      KVFS_ASSIGN_OR_RETURN(std::string text, TranscriptText(handle->node.agent));
-      return Slice(text, offset, size);
+      std::string bytes;
+      KVFS_RETURN_IF_ERROR(TranscriptRange(handle->node.agent, offset, size, &bytes).status());
+      return bytes;
     }
     case Kind::kAuditLog: return audit_->Read(offset, size);
     case Kind::kPrompt: return PermissionDenied("prompt is write-only");

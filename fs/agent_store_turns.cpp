@@ -11,15 +11,36 @@ namespace kvfs::fs {
 
 namespace {
 
-// The committed transcript plus the turns of this mount that have started but not finished.
-std::string ComposeTranscript(const AgentRecord& agent) {
-  std::string text = agent.transcript;
+// Copies the bytes of a text given in pieces that fall in [offset, offset + size) and counts its
+// whole length, so a read or a stat of a long transcript copies only what it returns.
+class RangeCopier {
+ public:
+  RangeCopier(uint64_t offset, size_t size, std::string* out) : offset_(offset), end_(offset + size), out_(out) {}
+  void Add(std::string_view piece) {
+    const uint64_t begin = length_;
+    length_ += piece.size();
+    if (out_ == nullptr || length_ <= offset_ || begin >= end_) return;
+    const uint64_t from = std::max(begin, offset_), to = std::min(length_, end_);
+    out_->append(piece.substr(static_cast<size_t>(from - begin), static_cast<size_t>(to - from)));
+  }
+  uint64_t length() const { return length_; }
+
+ private:
+  uint64_t offset_, end_;
+  std::string* out_;
+  uint64_t length_ = 0;
+};
+
+// The transcript as it reads now: the committed conversation, then every started turn still
+// streaming. Called with the agent's mutex held.
+void AddLiveTranscript(const AgentRecord& agent, RangeCopier& copier) {
+  copier.Add(agent.transcript);
   for (const auto& turn : agent.pending) {
     if (!turn->started) continue;
-    text += RenderTranscriptEntry("user", turn->user_text);
-    text += "[assistant]\n" + turn->reply;  // the entry's closing blank line comes at its end
+    copier.Add(RenderTranscriptEntry("user", turn->user_text));
+    copier.Add("[assistant]\n");
+    copier.Add(turn->reply);  // the entry's closing blank line comes at its end
   }
-  return text;
 }
 
 void RemovePending(AgentRecord& agent, const std::shared_ptr<TurnStream>& turn) {
@@ -112,12 +133,18 @@ void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream
   }
 }
 
-Result<std::string> AgentStore::TranscriptText(const std::shared_ptr<AgentRecord>& agent) {
+Result<uint64_t> AgentStore::TranscriptRange(const std::shared_ptr<AgentRecord>& agent, uint64_t offset, size_t size,
+                                             std::string* out) {
+  size = static_cast<size_t>(std::min<uint64_t>(size, UINT64_MAX - offset));
+  RangeCopier copier(offset, size, out);
   uint64_t epoch = 0;
   {
     std::lock_guard lock(agent->mu);
     if (agent->erased) return NotFound(fmt::format("agent '{}' was erased", agent->name));
-    if (agent->transcript_valid) return ComposeTranscript(*agent);
+    if (agent->transcript_valid) {
+      AddLiveTranscript(*agent, copier);
+      return copier.length();
+    }
     epoch = agent->transcript_epoch;
   }
   // Rendered outside the agent's lock: Conversation() is an engine call.
@@ -129,8 +156,12 @@ Result<std::string> AgentStore::TranscriptText(const std::shared_ptr<AgentRecord
     agent->transcript = std::move(rendered);
     agent->transcript_valid = true;
   }
-  if (agent->transcript_valid) return ComposeTranscript(*agent);
-  return rendered;  // invalidated meanwhile: this read sees the conversation as it was
+  if (agent->transcript_valid) {
+    AddLiveTranscript(*agent, copier);
+    return copier.length();
+  }
+  copier.Add(rendered);  // invalidated meanwhile: this read sees the conversation as it was
+  return copier.length();
 }
 
 std::string AgentStore::LastReplyText(const std::shared_ptr<AgentRecord>& agent) {

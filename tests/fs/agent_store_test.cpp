@@ -225,6 +225,41 @@ TEST_F(StoreTest, TranscriptOnlyGrowsWhileTurnsStream) {
   EXPECT_EQ(store_->GetAttr(*File("alice", "transcript"))->size, final_text.size());
 }
 
+// Reads copy only the window asked for, out of pieces (the committed conversation, then the turn
+// still streaming): every window at every offset must equal that slice of the whole file.
+TEST_F(StoreTest, TranscriptReadsAtAnyOffsetMatchTheWholeFile) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "first turn").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  engine_->HoldAfterFirstPiece(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "second turn, held after its first piece").ok());
+  const std::string committed = "[user]\nfirst turn\n\n[assistant]\n" + FakeEngine::ReplyFor(1, "first turn") + "\n\n";
+  const std::string second = "second turn, held after its first piece";
+  const std::string expected = committed + "[user]\n" + second + "\n\n[assistant]\n" + FakeEngine::ReplyFor(2, second).substr(0, 4);
+  std::string whole;
+  for (int i = 0; i < 2000 && whole != expected; ++i) {
+    whole = *Cat("alice", "transcript");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(whole, expected);
+  InodeId ino = *File("alice", "transcript");
+  EXPECT_EQ(store_->GetAttr(ino)->size, whole.size());
+  HandleId h = *store_->Open(ino, ReadFlags(), kRoot);
+  for (size_t window : {size_t{1}, size_t{3}, size_t{17}, size_t{4096}}) {
+    for (size_t offset = 0; offset <= whole.size() + 2; ++offset) {
+      Result<std::string> got = store_->Read(h, offset, window, nullptr);
+      ASSERT_TRUE(got.ok()) << got.status().message();
+      EXPECT_EQ(*got, offset < whole.size() ? whole.substr(offset, window) : "") << offset << " " << window;
+    }
+  }
+  EXPECT_EQ(*store_->Read(h, UINT64_MAX - 1, 4096, nullptr), "");
+  store_->Release(h);
+  engine_->HoldAfterFirstPiece(false);
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  EXPECT_EQ(*Cat("alice", "transcript"),
+            committed + "[user]\n" + second + "\n\n[assistant]\n" + FakeEngine::ReplyFor(2, second) + "\n\n");
+}
+
 TEST_F(StoreTest, TurnsOfOneAgentRunInOrderAndTheQueueIsBounded) {
   Mkdir("alice");
   engine_->HoldTurns(true);

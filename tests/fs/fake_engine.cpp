@@ -348,6 +348,10 @@ void FakeEngine::RunTurn(const std::shared_ptr<Agent>& agent, TurnRequest reques
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
     if (i == 0) ttft_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     request.on_text(std::string_view(reply).substr(i, end - i));
+    if (i == 0) {
+      std::unique_lock lock(mu_);
+      work_cv_.wait(lock, [&] { return !hold_after_first_piece_ || stopping_ || agent->cancel.load(); });
+    }
     i = end;
   }
   TurnStats stats;
@@ -403,6 +407,7 @@ Result<store::EraseReport> FakeEngine::EraseAgent(const std::string& name) {
   auto agent = Find(name);
   if (agent == nullptr) return NotFound("no agent " + name);
   agent->cancel = true;
+  work_cv_.notify_all();  // a turn held after its first piece sees the cancel
   std::deque<TurnRequest> queued = std::move(agent->queue);
   agent->queue.clear();
   idle_cv_.wait(lock, [&] { return !agent->running; });
@@ -585,6 +590,12 @@ void FakeEngine::Shutdown() {
 void FakeEngine::HoldTurns(bool hold) {
   std::lock_guard lock(mu_);
   hold_ = hold;
+  work_cv_.notify_all();
+}
+
+void FakeEngine::HoldAfterFirstPiece(bool hold) {
+  std::lock_guard lock(mu_);
+  hold_after_first_piece_ = hold;
   work_cv_.notify_all();
 }
 

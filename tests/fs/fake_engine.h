@@ -61,6 +61,7 @@ class FakeEngine : public AgentEngine {
 
   // Test controls.
   void HoldTurns(bool hold);                 // held turns wait before producing anything
+  void HoldAfterFirstPiece(bool hold);       // running turns wait after their first piece
   void FailNextTurn(kvfs::Status failure);   // the next turn to run fails with it
   void SetPieceDelay(std::chrono::milliseconds delay);
   size_t PrefetchCount();
@@ -99,6 +100,7 @@ class FakeEngine : public AgentEngine {
   std::map<std::string, uint32_t> prefix_owners_;
   std::deque<std::shared_ptr<Agent>> ready_;
   bool hold_ = false;
+  bool hold_after_first_piece_ = false;
   bool stopping_ = false;
   std::chrono::milliseconds piece_delay_;
   std::optional<kvfs::Status> fail_next_;
