@@ -31,6 +31,9 @@ struct TurnStream {
   std::string user_text;
   std::string reply;    // streamed so far
   bool started = false; // the engine produced text or finished: the turn is shown in the transcript
+  // The rendered transcript holds it already: the engine's conversation had it when rendered
+  // (it joins that before the turn is done here), so it is neither shown nor appended again.
+  bool in_transcript = false;
   bool done = false;
   Status failure;       // set when done and the turn failed
 };

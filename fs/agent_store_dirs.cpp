@@ -188,6 +188,8 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
         handle->utf8 = Utf8Validator();
         handle->refused = Status::Ok();
       } else {
+        const size_t limit = handle->kind == Handle::Kind::kImport ? config_.max_import_bytes : config_.max_text_bytes;
+        if (size > limit) return TooLarge(fmt::format("this file is limited to {} bytes", limit));
         handle->data.resize(size);
         handle->dirty = true;
       }

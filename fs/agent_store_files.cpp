@@ -156,6 +156,9 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
       if (!flags.truncate) {
         KVFS_ASSIGN_OR_RETURN(handle->data, RenderFile(node));
       }
+      // `: > system` (O_TRUNC, no write) empties the system prompt at close, as on any file.
+      // An empty config.json would only be refused, so there it changes nothing.
+      handle->dirty = flags.truncate && file == AgentFile::kSystem;
       return handle;
     }
     case AgentFile::kKvCache: {
@@ -263,8 +266,11 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
     case Kind::kImport: {
       size_t limit = handle.kind == Kind::kImport ? config_.max_import_bytes : config_.max_text_bytes;
       uint64_t at = handle.append ? handle.data.size() : offset;
-      if (at + bytes.size() > limit) return TooLarge(fmt::format("this file is limited to {} bytes", limit));
       if (!handle.refused.ok()) return handle.refused;
+      if (at + bytes.size() > limit) {
+        handle.refused = TooLarge(fmt::format("this file is limited to {} bytes", limit));  // nothing is applied
+        return handle.refused;
+      }
       if (handle.data.size() < at + bytes.size()) handle.data.resize(static_cast<size_t>(at + bytes.size()));
       handle.data.replace(static_cast<size_t>(at), bytes.size(), bytes);
       handle.dirty = true;

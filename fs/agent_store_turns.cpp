@@ -1,6 +1,7 @@
 // AgentStore: turns (a closed prompt becomes a turn; its reply streams into `response` and
 // `transcript`) and the transcript text.
 #include <algorithm>
+#include <set>
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -36,7 +37,7 @@ class RangeCopier {
 void AddLiveTranscript(const AgentRecord& agent, RangeCopier& copier) {
   copier.Add(agent.transcript);
   for (const auto& turn : agent.pending) {
-    if (!turn->started) continue;
+    if (!turn->started || turn->in_transcript) continue;
     copier.Add(RenderTranscriptEntry("user", turn->user_text));
     copier.Add("[assistant]\n");
     copier.Add(turn->reply);  // the entry's closing blank line comes at its end
@@ -74,6 +75,7 @@ Status AgentStore::SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::
   TurnRequest request;
   request.agent = agent->name;
   request.text = std::move(text);
+  request.tag = turn->seq;
   // The callbacks run on the engine thread: they only take the agent's and the metrics' mutex.
   request.on_text = [agent, turn](std::string_view piece) { OnTurnText(*agent, *turn, piece); };
   request.on_done = [agent, turn, metrics = metrics_](const Result<TurnStats>& result) {
@@ -109,7 +111,7 @@ void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream
     turn->started = true;
     turn->done = true;
     if (result.ok()) {
-      if (agent.transcript_valid) {
+      if (agent.transcript_valid && !turn->in_transcript) {
         agent.transcript += RenderTranscriptEntry("user", turn->user_text);
         agent.transcript += RenderTranscriptEntry("assistant", turn->reply);
       }
@@ -150,11 +152,17 @@ Result<uint64_t> AgentStore::TranscriptRange(const std::shared_ptr<AgentRecord>&
   // Rendered outside the agent's lock: Conversation() is an engine call.
   KVFS_ASSIGN_OR_RETURN(std::vector<ConversationTurn> conversation, engine_.Conversation(agent->name));
   std::string rendered;
-  for (const ConversationTurn& entry : conversation) rendered += RenderTranscriptEntry(entry.role, entry.text);
+  std::set<uint64_t> tags;
+  for (const ConversationTurn& entry : conversation) {
+    rendered += RenderTranscriptEntry(entry.role, entry.text);
+    if (entry.tag != 0) tags.insert(entry.tag);
+  }
   std::lock_guard lock(agent->mu);
   if (!agent->transcript_valid && agent->transcript_epoch == epoch) {
     agent->transcript = std::move(rendered);
     agent->transcript_valid = true;
+    for (const auto& turn : agent->pending)
+      if (tags.count(turn->seq)) turn->in_transcript = true;
   }
   if (agent->transcript_valid) {
     AddLiveTranscript(*agent, copier);

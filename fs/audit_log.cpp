@@ -75,7 +75,13 @@ Status AuditLog::Append(const AuditEvent& event) {
   while (done < line.size()) {
     ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus("cannot append to the audit log");
+    if (n < 0) {
+      Status failed = ErrnoStatus("cannot append to the audit log");
+      // No torn line: cut the file back to its last whole line, or, failing that, count the
+      // bytes written, so that reads still reach the end of the file.
+      if (done > 0 && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0) size_ += done;
+      return failed;
+    }
     done += static_cast<size_t>(n);
   }
   size_ += line.size();

@@ -3,6 +3,9 @@
 #include "fs/fuse_ops.h"
 
 #include <cerrno>
+#include <exception>
+#include <new>
+#include <string>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -298,33 +301,51 @@ void OnSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, in
   ReplyError(req, NotPermitted("kvfs extended attributes are read-only"), "setxattr");
 }
 
+// No exception leaves a callback: one that escapes an op (std::bad_alloc from a buffer a caller
+// asked to grow, say) fails that request with an errno instead of terminating the daemon and
+// every mount user with it. Every op replies as its last step, so none has replied yet.
+template <auto Op>
+struct Guarded;
+template <typename... Args, void (*Op)(fuse_req_t, Args...)>
+struct Guarded<Op> {
+  static void Run(fuse_req_t req, Args... args) {
+    try {
+      Op(req, args...);
+    } catch (const std::bad_alloc&) {
+      ReplyError(req, Status(StatusCode::kResourceExhausted, "out of memory"), "request");
+    } catch (const std::exception& e) {
+      ReplyError(req, Internal(std::string("unexpected exception: ") + e.what()), "request");
+    }
+  }
+};
+
 fuse_lowlevel_ops MakeOperations() {
   fuse_lowlevel_ops ops{};
   ops.init = OnInit;
-  ops.lookup = OnLookup;
+  ops.lookup = Guarded<OnLookup>::Run;
   ops.forget = OnForget;
   ops.forget_multi = OnForgetMulti;
-  ops.getattr = OnGetattr;
-  ops.setattr = OnSetattr;
-  ops.mkdir = OnMkdir;
-  ops.rmdir = OnRmdir;
-  ops.unlink = OnUnlink;
-  ops.rename = OnRename;
-  ops.mknod = OnMknod;
-  ops.open = OnOpen;
-  ops.create = OnCreate;
-  ops.read = OnRead;
-  ops.write = OnWrite;
-  ops.flush = OnFlush;
-  ops.release = OnRelease;
-  ops.fsync = OnFsync;
-  ops.opendir = OnOpendir;
-  ops.readdir = OnReaddir;
-  ops.readdirplus = OnReaddirplus;
-  ops.releasedir = OnReleasedir;
-  ops.getxattr = OnGetxattr;
-  ops.listxattr = OnListxattr;
-  ops.setxattr = OnSetxattr;
+  ops.getattr = Guarded<OnGetattr>::Run;
+  ops.setattr = Guarded<OnSetattr>::Run;
+  ops.mkdir = Guarded<OnMkdir>::Run;
+  ops.rmdir = Guarded<OnRmdir>::Run;
+  ops.unlink = Guarded<OnUnlink>::Run;
+  ops.rename = Guarded<OnRename>::Run;
+  ops.mknod = Guarded<OnMknod>::Run;
+  ops.open = Guarded<OnOpen>::Run;
+  ops.create = Guarded<OnCreate>::Run;
+  ops.read = Guarded<OnRead>::Run;
+  ops.write = Guarded<OnWrite>::Run;
+  ops.flush = Guarded<OnFlush>::Run;
+  ops.release = Guarded<OnRelease>::Run;
+  ops.fsync = Guarded<OnFsync>::Run;
+  ops.opendir = Guarded<OnOpendir>::Run;
+  ops.readdir = Guarded<OnReaddir>::Run;
+  ops.readdirplus = Guarded<OnReaddirplus>::Run;
+  ops.releasedir = Guarded<OnReleasedir>::Run;
+  ops.getxattr = Guarded<OnGetxattr>::Run;
+  ops.listxattr = Guarded<OnListxattr>::Run;
+  ops.setxattr = Guarded<OnSetxattr>::Run;
   return ops;
 }
 

@@ -77,6 +77,8 @@ struct TurnRequest {
   // Called exactly once when the turn ends: its stats, or why it failed (the reply streamed so
   // far stays valid; a failed turn leaves the agent at its previous turn).
   std::function<void(const Result<TurnStats>&)> on_done;
+  // The caller's name for the turn: its conversation entries carry it (ConversationTurn::tag).
+  uint64_t tag = 0;
 };
 
 struct CacheEntryStatus {

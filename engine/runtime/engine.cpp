@@ -73,8 +73,9 @@ Status Engine::Init() {
   KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
   (void)format;
   if (!options_.store_dir.empty()) {
-    fs_ = std::make_unique<store::PosixFileSystem>();
-    KVFS_ASSIGN_OR_RETURN(store_, store::CacheStore::Open(options_.store_dir, *fs_));
+    if (options_.file_system == nullptr) owned_fs_ = std::make_unique<store::PosixFileSystem>();
+    store::FileSystem& fs = options_.file_system != nullptr ? *options_.file_system : *owned_fs_;
+    KVFS_ASSIGN_OR_RETURN(store_, store::CacheStore::Open(options_.store_dir, fs));
     KVFS_RETURN_IF_ERROR(RestoreAgents());
   }
   spdlog::info("engine: model {} ({}), fingerprint {}, context {}, KV budget {} bytes, {} agents restored, backend {}",
@@ -267,7 +268,7 @@ void Engine::StoreLoop() {
     if (job.run) {
       status = job.run();
     } else if (store_) {
-      auto report = store_->CommitTurn(job.agent, job.manifest, job.new_blocks, job.tail);
+      auto report = store_->CommitTurn(job.agent, job.manifest, job.new_blocks, job.tail, job.keep_tail);
       status = report.status();
       if (report.ok()) {
         for (const store::NewBlock& b : job.new_blocks) pool_->MarkPersisted(b.hash);
@@ -279,7 +280,9 @@ void Engine::StoreLoop() {
           a.disk_tail = report->manifest.tail;
           const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
           a.disk_bytes = static_cast<int64_t>(report->manifest.blocks.size()) * layout.block_bytes() +
-                         (job.tail ? static_cast<int64_t>(job.tail->payload.size()) : 0);
+                         (job.tail                ? static_cast<int64_t>(job.tail->payload.size())
+                          : report->manifest.tail ? KvPayloadOf(layout).bytes(report->manifest.tail->n_tokens)  // kept
+                                                  : 0);
         }
       } else {
         spdlog::warn("engine: committing agent {} failed: {}", job.agent, status.message());
@@ -409,6 +412,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     edit(*it->second);
     j.agent = name;
     j.manifest = ManifestOf(*it->second);
+    j.keep_tail = true;  // the cache is unchanged: its stored tail stays
     return j;
   });
   KVFS_RETURN_IF_ERROR(found);

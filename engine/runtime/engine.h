@@ -13,6 +13,10 @@
 
 namespace kvfs {
 
+namespace store {
+class FileSystem;
+}  // namespace store
+
 struct EngineOptions {
   std::string model_path;
   std::string store_dir;          // empty: nothing persisted (tests, benchmarks)
@@ -31,6 +35,9 @@ struct EngineOptions {
   std::string backend = "cpu";    // where forward passes run: cpu | vulkan (falls back to the
                                   // CPU with a warning when there is no Vulkan device)
   int device = -1;                // Vulkan device index (kvfs devices); -1: the default one
+  // The file system under store_dir; null: the real one. Tests pass a fault-injecting one
+  // (store/fault_fs.h); it must outlive the engine.
+  store::FileSystem* file_system = nullptr;
 };
 
 // Loads the model, opens (and repairs) the store and restores its agents, starts the threads.

@@ -54,7 +54,8 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
   // Engine thread: stop its turns, take it out of the registry, collect its memory blocks.
   auto keys = RunOnEngine<Result<std::vector<BlockHash>>>([&]() -> Result<std::vector<BlockHash>> {
     KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why));
-    std::vector<BlockHash> k = AgentBlockKeys(*a);
+    NoteKeys(*a);
+    std::vector<BlockHash> k(a->pool_keys.begin(), a->pool_keys.end());
     std::lock_guard lock(mu_);
     // A turn whose commit is still queued keeps the record alive until the store thread is done
     // with it: the erasure job below runs after that commit.
@@ -105,7 +106,8 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   }
   const Status why(StatusCode::kNotFound, "the cache of agent " + name + " was erased");
   struct Taken {
-    std::vector<BlockHash> keys;
+    std::vector<BlockHash> keys;         // the cache's blocks and tail now (for the report)
+    std::vector<BlockHash> memory_keys;  // every key it has had in the pool
     CommitJob job;
     int64_t disk_bytes = 0;  // the cache's blocks and tail on disk
     size_t files = 0;        // its tail file
@@ -115,6 +117,8 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why));
     Taken t;
     t.keys = AgentBlockKeys(*a);
+    NoteKeys(*a);
+    t.memory_keys.assign(a->pool_keys.begin(), a->pool_keys.end());
     {
       std::lock_guard lock(mu_);
       t.disk_bytes = a->disk_bytes;
@@ -152,7 +156,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     std::lock_guard lock(mu_);
     for (auto& [n, a] : agents_) others.insert(a->blocks.begin(), a->blocks.end());
   }
-  for (const BlockHash& h : taken->keys)
+  for (const BlockHash& h : taken->memory_keys)
     if (!others.count(h)) pool_->Drop(h);
   RunOnEngine<int>([&] {
     ForgetFreedBlocks();
@@ -322,7 +326,19 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       a->cached_text = whole ? imported.info.context_text : std::string();
       a->updated_ms = Now();
     }
-    CommitAgent(*a, &seq, [&committed](const kvfs::Status& s) { committed.set_value(s); });
+    // Then, on the engine thread: a failed commit puts the agent back at its committed state;
+    // either way what it no longer names leaves the pool.
+    CommitAgent(*a, &seq, [this, a, &committed](const kvfs::Status& s) {
+      {
+        std::lock_guard lock(mu_);
+        tasks_.push_back([this, a, s, &committed] {
+          if (s.ok()) DropStaleKeys(*a);
+          else RollBackToCommitted(*a);
+          committed.set_value(s);
+        });
+      }
+      engine_cv_.notify_all();
+    });
     return kvfs::Status::Ok();
   });
   if (!started.ok()) return started;

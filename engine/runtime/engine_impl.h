@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +64,11 @@ struct AgentRecord {
   std::optional<BlockHash> parked_tail;      // key of the partial tail cached in the pool
   std::optional<store::TailRef> disk_tail;   // the committed tail on disk
   uint64_t tail_generation = 0;
+  // Keys its cache has had in the pool (NoteKeys). Those it no longer names are dropped after
+  // each commit (DropStaleKeys) and at erasure, so superseded attention state (a diverged
+  // branch, an earlier tail, a failed commit's blocks) neither lingers in memory nor, never
+  // persisted, holds the budget for good.
+  std::set<BlockHash> pool_keys;
 };
 
 struct ActiveTurn {
@@ -106,6 +112,7 @@ struct CommitJob {
   std::vector<uint8_t> tail_bytes;  // compact tail payload
   std::optional<store::TailData> tail;
   std::optional<BlockHash> tail_key;
+  bool keep_tail = false;                   // no tail data: keep the stored tail (an edit)
   std::function<Status()> run;              // instead of a commit: another store operation (erasure)
   std::function<void(const Status&)> done;  // on the store thread
 };
@@ -211,6 +218,14 @@ class Engine final : public AgentEngine {
   // Waits until the loader has finished every job queued so far.
   void DrainLoader();
   std::vector<BlockHash> AgentBlockKeys(const AgentRecord& agent) const;
+  // Engine thread: adds the agent's current keys to agent.pool_keys (before they change).
+  void NoteKeys(AgentRecord& agent) const;
+  // Engine thread: drops from the pool every key of agent.pool_keys that the agent no longer
+  // names and no other agent or prefix does (a key in use is tried again next time).
+  void DropStaleKeys(AgentRecord& agent);
+  // Engine thread, after a failed commit: the agent goes back to its committed manifest and
+  // what the failed commit named leaves the pool.
+  void RollBackToCommitted(AgentRecord& agent);
 
   // Store thread.
   void StoreLoop();
@@ -248,7 +263,7 @@ class Engine final : public AgentEngine {
   std::string fingerprint_;
   int64_t n_ctx_ = 0;
   std::unique_ptr<BlockPool> pool_;
-  std::unique_ptr<store::PosixFileSystem> fs_;
+  std::unique_ptr<store::FileSystem> owned_fs_;  // when EngineOptions::file_system is null
   std::unique_ptr<store::CacheStore> store_;
 
   std::mutex mu_;

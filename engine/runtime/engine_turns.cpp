@@ -218,6 +218,7 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
   AgentRecord& a = *turn.agent;
   const int64_t B = options_.block_tokens;
   const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, B);
+  NoteKeys(a);  // the blocks and tail it names now may be superseded below
   turn.seq = std::make_unique<SequenceKv>(layout, n_ctx_, *pool_);
   SequenceKv& seq = *turn.seq;
   std::vector<BlockHash> chain;
@@ -461,8 +462,8 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
   TurnStats stats = turn.stats;
   {
     std::lock_guard lock(mu_);
-    a.conversation.push_back(ConversationTurn{"user", turn.request.text});
-    a.conversation.push_back(ConversationTurn{"assistant", turn.reply});
+    a.conversation.push_back(ConversationTurn{"user", turn.request.text, turn.request.tag});
+    a.conversation.push_back(ConversationTurn{"assistant", turn.reply, turn.request.tag});
     a.tokens = turn.context;
     a.cached_text = turn.rendered_prompt + turn.fed_text;
     // Byte tokens can leave the fed text invalid UTF-8 (a character cut by max_tokens, bytes
@@ -482,11 +483,9 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
       // the next turn reloads), on the engine thread, before anyone hears of the failure.
       std::lock_guard lock(mu_);
       tasks_.push_back([this, &a, committed, on_done] {
-        ReleaseCache(a);
-        auto m = store_->ReadManifest(a.name);
+        RollBackToCommitted(a);
         {
           std::lock_guard l(mu_);
-          if (m.ok()) ApplyManifest(a, *m);
           a.running = a.generating = false;
           a.last_error = committed.message();
           ++counters_.turns_failed;
@@ -498,6 +497,7 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     }
     {
       std::lock_guard lock(mu_);
+      tasks_.push_back([this, &a] { DropStaleKeys(a); });
       a.running = a.generating = false;
       a.last_turn = stats;
       a.last_error.clear();
@@ -524,8 +524,10 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(con
       a.blocks.push_back(h);
     }
     const uint32_t format_id = KvFormatId(a.format);
+    // Every full block goes with the job, stored or not (the store skips those it has): a block
+    // stored now may be shredded before this job runs, by an erasure or a diverging commit of
+    // the agent that alone named it, queued ahead of this one.
     for (int64_t i = 0; i < n / B; ++i) {
-      if (store_ && store_->HasBlock(a.blocks[i])) continue;
       PoolBlock* b = seq->block(i);
       pool_->Retain(b);
       job.held.push_back(b);
@@ -542,6 +544,7 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(con
     } else {
       a.parked_tail.reset();
     }
+    NoteKeys(a);
     job.manifest = ManifestOf(a);
   }
   // job.tail's payload points into job.tail_bytes, whose heap buffer moves with the job.
@@ -557,12 +560,47 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(con
 }
 
 void Engine::ReleaseCache(AgentRecord& a) {
+  NoteKeys(a);
   std::lock_guard lock(mu_);
   a.tokens.clear();
   a.cached_text.clear();
   a.blocks.clear();
   a.parked_tail.reset();
   a.disk_tail.reset();
+}
+
+void Engine::NoteKeys(AgentRecord& a) const {
+  for (const BlockHash& h : AgentBlockKeys(a)) a.pool_keys.insert(h);
+}
+
+void Engine::DropStaleKeys(AgentRecord& a) {
+  std::set<BlockHash> others;
+  {
+    std::lock_guard lock(mu_);
+    auto it = agents_.find(a.name);
+    if (it == agents_.end() || it->second.get() != &a) return;  // erased: the erasure dropped them
+    for (auto& [n, other] : agents_)
+      if (other.get() != &a) others.insert(other->blocks.begin(), other->blocks.end());
+    for (auto& [n, p] : prefixes_) others.insert(p.blocks.begin(), p.blocks.end());
+  }
+  const std::vector<BlockHash> current = AgentBlockKeys(a);
+  const std::set<BlockHash> keep(current.begin(), current.end());
+  for (auto it = a.pool_keys.begin(); it != a.pool_keys.end();) {
+    // Named by someone else: theirs now. Gone from the pool: nothing to do. In use (an export,
+    // another agent's turn that found it by hash): tried again after the next commit.
+    const bool settled = !keep.count(*it) && (others.count(*it) || !pool_->Contains(*it) || pool_->Drop(*it));
+    it = settled ? a.pool_keys.erase(it) : std::next(it);
+  }
+}
+
+void Engine::RollBackToCommitted(AgentRecord& a) {
+  ReleaseCache(a);
+  auto m = store_->ReadManifest(a.name);
+  {
+    std::lock_guard lock(mu_);
+    if (m.ok()) ApplyManifest(a, *m);
+  }
+  DropStaleKeys(a);
 }
 
 std::vector<BlockHash> Engine::AgentBlockKeys(const AgentRecord& a) const {
@@ -591,6 +629,7 @@ bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
     a.loading = true;
     job.tail_key = TailKey(a.name, ++a.tail_generation);
   }
+  NoteKeys(a);
   // Back on the engine thread: adopt the loaded tail, then let the caller go on.
   job.done = [this, &a, on_loaded = std::move(on_loaded)](std::optional<BlockHash> tail) {
     std::lock_guard lock(mu_);

@@ -323,7 +323,8 @@ Status CacheStore::PublishManifest(const std::string& agent_dir, const std::stri
 }
 
 Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest manifest,
-                                            std::span<const NewBlock> new_blocks, std::optional<TailData> tail) {
+                                            std::span<const NewBlock> new_blocks, std::optional<TailData> tail,
+                                            bool keep_tail) {
   if (!IsValidAgentName(agent)) return InvalidArgument("invalid agent name \"" + agent + "\"");
   if (manifest.name.empty()) manifest.name = agent;
   if (manifest.name != agent) return InvalidArgument("manifest name \"" + manifest.name + "\" is not " + agent);
@@ -365,6 +366,10 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   manifest.updated_ms = now;
   manifest.tail.reset();
   if (tail) manifest.tail = TailRef{TailFileName(manifest.turn), tail->n_tokens};
+  // An edit that leaves the cache as it is keeps the tail file, while the tokens still end with it.
+  const bool keeps_tail = !tail && keep_tail && prev && prev->tail &&
+                          manifest.blocks.size() * manifest.block_size + prev->tail->n_tokens == manifest.tokens.size();
+  if (keeps_tail) manifest.tail = prev->tail;
   KVFS_ASSIGN_OR_RETURN(std::string manifest_bytes, SerializeManifest(manifest));
 
   const std::string adir = AgentDir(agent);
@@ -379,30 +384,54 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   }
 
   CommitReport report;
+  // On an error from here on, the blocks this call wrote that nothing references are shredded at
+  // once: they hold the agent's attention state, and an erasure only finds what a record names.
+  std::vector<BlockHash> written;
+  auto abandon = [&](Status st) {
+    std::vector<BlockHash> unreferenced;
+    for (const BlockHash& h : written)
+      if (!refs_.count(h)) unreferenced.push_back(h);
+    EraseReport shredded;
+    ShredBlocks(unreferenced, &shredded);
+    return st;
+  };
   for (const NewBlock& b : new_blocks) {
     if (present_.count(b.hash)) {
       ++report.blocks_already_present;
       continue;
     }
-    KVFS_RETURN_IF_ERROR(WriteBlock(b, &report.bytes_written).WithContext("writing a block of agent " + agent));
+    Status st = WriteBlock(b, &report.bytes_written);
+    if (!st.ok()) {
+      // The file may be in place already (the rename done, the directory sync failed).
+      if (auto size = fs_.FileSize(BlockPath(b.hash)); size.ok()) {
+        present_[b.hash] = *size;
+        written.push_back(b.hash);
+      }
+      return abandon(st.WithContext("writing a block of agent " + agent));
+    }
+    written.push_back(b.hash);
     ++report.blocks_written;
   }
   if (tail) {
-    KVFS_ASSIGN_OR_RETURN(std::vector<uint8_t> image, EncodeBlockFile(BlockKind::kTail, BlockHash{}, tail->kv_format,
-                                                                      tail->n_tokens, tail->payload, options_.encode));
-    KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, adir, manifest.tail->file, image).WithContext("writing the tail of " + agent));
-    report.bytes_written += image.size();
+    auto image = EncodeBlockFile(BlockKind::kTail, BlockHash{}, tail->kv_format, tail->n_tokens, tail->payload,
+                                 options_.encode);
+    if (!image.ok()) return abandon(image.status());
+    Status st = WriteFileAtomic(fs_, adir, manifest.tail->file, *image);
+    if (!st.ok()) return abandon(st.WithContext("writing the tail of " + agent));
+    report.bytes_written += image->size();
   }
   if (prev && previous) {
-    KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, adir, std::string(kPrevManifestName), *previous)
-                             .WithContext("keeping the previous manifest of " + agent));
+    Status st = WriteFileAtomic(fs_, adir, std::string(kPrevManifestName), *previous);
+    if (!st.ok()) return abandon(st.WithContext("keeping the previous manifest of " + agent));
     report.bytes_written += previous->size();
   } else if (was_broken) {
     // The copy belongs to the unreadable incarnation this commit replaces.
     uint64_t bytes = 0;
     size_t files = 0;
-    if (fs_.FileSize(JoinPath(adir, kPrevManifestName)).ok())
-      KVFS_RETURN_IF_ERROR(ShredFile(JoinPath(adir, kPrevManifestName), &bytes, &files));
+    if (fs_.FileSize(JoinPath(adir, kPrevManifestName)).ok()) {
+      Status st = ShredFile(JoinPath(adir, kPrevManifestName), &bytes, &files);
+      if (!st.ok()) return abandon(st);
+    }
   }
   Status published = PublishManifest(adir, manifest_bytes, previous);
   if (!published.ok()) {
@@ -417,7 +446,7 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
         broken_.erase(agent);
       }
     }
-    return published.WithContext("committing turn " + std::to_string(manifest.turn) + " of agent " + agent);
+    return abandon(published.WithContext("committing turn " + std::to_string(manifest.turn) + " of agent " + agent));
   }
   report.bytes_written += manifest_bytes.size();
 
@@ -429,7 +458,7 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   broken_.erase(agent);
   uint64_t bytes = 0;
   size_t files = 0;
-  if (prev && prev->tail) (void)ShredFile(JoinPath(adir, prev->tail->file), &bytes, &files);
+  if (prev && prev->tail && !keeps_tail) (void)ShredFile(JoinPath(adir, prev->tail->file), &bytes, &files);
   for (const BlockHash& h : unreferenced) {
     if (present_.count(h) && ShredFile(BlockPath(h), &bytes, &files).ok()) present_.erase(h);
   }

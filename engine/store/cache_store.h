@@ -140,9 +140,12 @@ class CacheStore {
   // tail, which the store fills in; every hash in manifest.blocks must be stored already or be
   // in new_blocks. A turn that clearly cannot fit in the free space fails with kNoSpace before
   // anything is written. On any error the previous manifest and every stored block are intact (the
-  // agent stays at its previous turn) and the error is returned (kNoSpace for a full disk).
+  // agent stays at its previous turn), the blocks it wrote that nothing names are shredded, and
+  // the error is returned (kNoSpace for a full disk). Without `tail`, the agent has no tail
+  // after the commit, unless keep_tail and the manifest's tokens still end with the current tail
+  // (an edit of the agent's settings or system text, which leaves its cache as it is).
   Result<CommitReport> CommitTurn(const std::string& agent, Manifest manifest, std::span<const NewBlock> new_blocks,
-                                  std::optional<TailData> tail);
+                                  std::optional<TailData> tail, bool keep_tail = false);
 
   // Loads and verifies an agent's cache. kNotFound for an unknown agent; kCorrupt when its
   // manifest cannot be read. A block or tail that fails verification is removed (with a

@@ -35,7 +35,13 @@ namespace kvfs::store {
 struct ConversationTurn {
   std::string role;
   std::string text;
-  friend bool operator==(const ConversationTurn&, const ConversationTurn&) = default;
+  // In memory only (never stored): the TurnRequest::tag of the turn that added the entry, so a
+  // caller that shows turns as they stream can tell which of them a snapshot already holds.
+  // 0 for entries read back from disk or imported.
+  uint64_t tag = 0;
+  friend bool operator==(const ConversationTurn& a, const ConversationTurn& b) {
+    return a.role == b.role && a.text == b.text;
+  }
 };
 
 struct TailRef {

@@ -137,6 +137,67 @@ TEST(StoreCache, TurnThatCannotFitFailsBeforeWriting) {
   EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), s1));
 }
 
+// A commit that fails at any step leaves no block file that no manifest names (they hold an
+// agent's attention state, and an erasure finds only what a manifest names): after each failure
+// the stored blocks are exactly the previous turn's, and an erasure leaves no block at all.
+TEST(StoreCache, FailedCommitLeavesNoBlockBehind) {
+  testing::QuietLogs quiet;
+  for (uint64_t k = 0;; ++k) {
+    FaultInjectingFileSystem fs;
+    auto store = OpenOk("/store", fs);
+    SimAgent a("a");
+    const AgentState s1 = a.Extend(Range(1, 6), "one block and a tail");
+    ASSERT_TRUE(Commit(*store, s1).ok());
+    fs.FailAt(fs.op_count() + k, StatusCode::kNoSpace);
+    if (Commit(*store, a.Extend(Range(20, 13), "three more blocks")).ok()) {
+      ASSERT_GT(k, 8u) << "the commit should take more operations than that";
+      break;
+    }
+    std::set<std::string> expected;
+    for (const BlockHash& h : s1.manifest.blocks) expected.insert(ToHex(h));
+    std::set<std::string> stored;
+    for (const std::string& f : fs.ListFilesRecursive("/store/blocks"))
+      stored.insert(f.substr(f.rfind('/') + 1, 32));
+    EXPECT_EQ(stored, expected) << "failing operation " << k;
+    EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), s1)) << "failing operation " << k;
+    ASSERT_TRUE(store->EraseAgent("a").ok());
+    EXPECT_TRUE(fs.ListFilesRecursive("/store/blocks").empty()) << "failing operation " << k;
+  }
+}
+
+// keep_tail (an edit of the agent's settings): the stored tail stays while the tokens still end
+// with it; otherwise the agent has no tail, as without keep_tail.
+TEST(StoreCache, EditKeepsTheTailWhileTheTokensEndWithIt) {
+  FaultInjectingFileSystem fs;
+  auto store = OpenOk("/store", fs);
+  SimAgent a("a");
+  AgentState s1 = a.Extend(Range(1, 6), "one block and a tail");
+  ASSERT_TRUE(Commit(*store, s1).ok());
+  Manifest edited = s1.manifest;
+  edited.config["max_tokens"] = 12;
+  auto r = store->CommitTurn("a", edited, {}, std::nullopt, /*keep_tail=*/true);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(r->manifest.tail.has_value());
+  EXPECT_EQ(r->manifest.tail->n_tokens, 2u);
+  auto loaded = store->LoadAgent("a", kFingerprint);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_FALSE(loaded->rebuild_from_block.has_value());
+  ASSERT_TRUE(loaded->tail.has_value());
+  EXPECT_EQ(*loaded->tail, s1.tail);
+  EXPECT_EQ(loaded->manifest.config["max_tokens"], 12);
+  // After a reopen too (the kept file is not collected as an orphan).
+  store.reset();
+  store = OpenOk("/store", fs);
+  EXPECT_TRUE(store->LoadAgent("a", kFingerprint)->tail.has_value());
+  // Tokens that no longer end with the tail: it goes.
+  Manifest shorter = s1.manifest;
+  shorter.tokens.pop_back();
+  r = store->CommitTurn("a", shorter, {}, std::nullopt, /*keep_tail=*/true);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FALSE(r->manifest.tail.has_value());
+  for (const std::string& f : fs.ListFilesRecursive("/store/agents/a")) EXPECT_EQ(f.find("tail"), std::string::npos) << f;
+}
+
 TEST(StoreCache, SharedPrefixBlocksAreWrittenOnce) {
   FaultInjectingFileSystem fs;
   auto store = OpenOk("/store", fs);

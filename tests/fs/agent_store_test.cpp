@@ -260,6 +260,60 @@ TEST_F(StoreTest, TranscriptReadsAtAnyOffsetMatchTheWholeFile) {
             committed + "[user]\n" + second + "\n\n[assistant]\n" + FakeEngine::ReplyFor(2, second) + "\n\n");
 }
 
+// The engine's conversation holds a finished turn before the turn is done here (its commit is
+// still being written). A transcript rendered in that window (a system change made the one
+// before stale) must show the turn once, and keep it once after the turn is done.
+TEST_F(StoreTest, TranscriptRenderedWhileATurnFinishesShowsItOnce) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  engine_->HoldBeforeDone(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "hi").ok());
+  for (int i = 0; i < 2000 && engine_->Conversation("alice")->size() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(engine_->Conversation("alice")->size(), 3u);  // the system entry and the turn's two
+  const std::string once = "[system]\nBe brief.\n\n[user]\nhi\n\n[assistant]\n" + FakeEngine::ReplyFor(1, "hi") + "\n\n";
+  EXPECT_EQ(store_->GetAttr(*File("alice", "transcript"))->size, once.size());  // ls -l renders it
+  EXPECT_EQ(*Cat("alice", "transcript"), once);
+  engine_->HoldBeforeDone(false);
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  EXPECT_EQ(*Cat("alice", "transcript"), once);
+}
+
+// Edits over the size limit: a truncation to a huge size is refused (it once allocated it and
+// ended the daemon on bad_alloc), and a write past the limit applies nothing of the file at
+// close, not the part before the limit.
+TEST_F(StoreTest, EditsOverTheLimitAreRefusedWhole) {
+  StoreConfig config;
+  config.max_text_bytes = 64;
+  Start(testing::FakeEngineOptions{}, config);
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  InodeId system = *File("alice", "system");
+  HandleId h = *store_->Open(system, OpenFlags{false, true, false, false}, kRoot);
+  EXPECT_EQ(store_->Truncate(system, uint64_t{1} << 50, h, kRoot).status().code(), StatusCode::kTooLarge);
+  EXPECT_EQ(store_->Truncate(system, 65, h, kRoot).status().code(), StatusCode::kTooLarge);
+  EXPECT_TRUE(store_->Truncate(system, 64, h, kRoot).ok());
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(Cat("alice", "system")->size(), 64u);
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  // 100 bytes in 4 writes: the first two fit, the third does not.
+  EXPECT_EQ(Echo("alice", "system", std::string(100, 'x'), kRoot, 4).code(), StatusCode::kTooLarge);
+  EXPECT_EQ(*Cat("alice", "system"), "Be brief.");
+}
+
+// `: > system` (open with O_TRUNC, no write) empties the system prompt, as on any file.
+TEST_F(StoreTest, TruncatingOpenWithoutWritesEmptiesTheSystemPrompt) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  ASSERT_EQ(*Cat("alice", "system"), "Be brief.");
+  HandleId h = *store_->Open(*File("alice", "system"), WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "system"), "");
+  EXPECT_EQ(engine_->GetAgent("alice")->system, "");
+}
+
 TEST_F(StoreTest, TurnsOfOneAgentRunInOrderAndTheQueueIsBounded) {
   Mkdir("alice");
   engine_->HoldTurns(true);

@@ -370,8 +370,8 @@ void FakeEngine::RunTurn(const std::shared_ptr<Agent>& agent, TurnRequest reques
       stats.stop_reason = "eog";
       AgentInfo before = agent->info;
       bool had_cache = agent->has_cache;
-      agent->conversation.push_back({"user", request.text});
-      agent->conversation.push_back({"assistant", reply});
+      agent->conversation.push_back({"user", request.text, request.tag});
+      agent->conversation.push_back({"assistant", reply, request.tag});
       agent->info.turns = turn_number;
       agent->info.updated_ms = NowMs();
       agent->info.context_tokens = ContextTokens(*agent);
@@ -399,6 +399,10 @@ void FakeEngine::RunTurn(const std::shared_ptr<Agent>& agent, TurnRequest reques
   }
   if (agent->cancel.load()) return request.on_done(Cancelled("the turn was cancelled"));
   if (failure) return request.on_done(*failure);
+  {
+    std::unique_lock lock(mu_);
+    work_cv_.wait(lock, [&] { return !hold_before_done_ || stopping_ || agent->cancel.load(); });
+  }
   request.on_done(stats);
 }
 
@@ -590,6 +594,12 @@ void FakeEngine::Shutdown() {
 void FakeEngine::HoldTurns(bool hold) {
   std::lock_guard lock(mu_);
   hold_ = hold;
+  work_cv_.notify_all();
+}
+
+void FakeEngine::HoldBeforeDone(bool hold) {
+  std::lock_guard lock(mu_);
+  hold_before_done_ = hold;
   work_cv_.notify_all();
 }
 

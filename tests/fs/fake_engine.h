@@ -62,6 +62,9 @@ class FakeEngine : public AgentEngine {
   // Test controls.
   void HoldTurns(bool hold);                 // held turns wait before producing anything
   void HoldAfterFirstPiece(bool hold);       // running turns wait after their first piece
+  // Finished turns wait before on_done, already in Conversation() (as the engine's do while
+  // their commit is written).
+  void HoldBeforeDone(bool hold);
   void FailNextTurn(kvfs::Status failure);   // the next turn to run fails with it
   void SetPieceDelay(std::chrono::milliseconds delay);
   size_t PrefetchCount();
@@ -101,6 +104,7 @@ class FakeEngine : public AgentEngine {
   std::deque<std::shared_ptr<Agent>> ready_;
   bool hold_ = false;
   bool hold_after_first_piece_ = false;
+  bool hold_before_done_ = false;
   bool stopping_ = false;
   std::chrono::milliseconds piece_delay_;
   std::optional<kvfs::Status> fail_next_;
