@@ -21,36 +21,42 @@ using EngineStateTest = testing::EngineTestBase;
 
 const char* kStory = "Once upon a time, there was a little girl named Lily. She liked to play outside.";
 
-// A system change makes the next turn diverge: the blocks of the old branch are superseded.
+// An agent whose second turn diverged from its first (a system change between them): the
+// blocks of the first branch are superseded.
+std::unique_ptr<AgentEngine> EngineWithADivergedAgent(const EngineOptions& options) {
+  auto engine = CreateEngine(options);
+  EXPECT_TRUE(engine.ok());
+  if (!engine.ok()) return nullptr;
+  EXPECT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  AgentSettings s;
+  s.sampling.temperature = 0;
+  s.max_tokens = 20;
+  s.kv = "f16";
+  EXPECT_TRUE((*engine)->SetSettings("alice", s).ok());
+  EXPECT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
+  EXPECT_TRUE((*engine)->SetSystem("alice", "Tom had a red car.").ok());
+  TurnOutcome out = RunTurn(**engine, "alice", " One day, she saw a big dog.");
+  EXPECT_TRUE(out.stats.ok() && out.stats->match == "diverge");
+  EXPECT_GT((*engine)->Stats().memory_used_bytes, 0);
+  return std::move(*engine);
+}
+
 // After the erasure of the only agent, no memory is in use.
 TEST_F(EngineStateTest, ErasureLeavesNoSupersededBlocksInMemory) {
-  auto engine = CreateEngine(Options());
-  ASSERT_TRUE(engine.ok());
-  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
-  Greedy(**engine, "alice");
-  ASSERT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
-  ASSERT_TRUE((*engine)->SetSystem("alice", "Tom had a red car.").ok());
-  TurnOutcome out = RunTurn(**engine, "alice", " One day, she saw a big dog.");
-  ASSERT_TRUE(out.stats.ok());
-  ASSERT_EQ(out.stats->match, "diverge");
-  ASSERT_GT((*engine)->Stats().memory_used_bytes, 0);
-  ASSERT_TRUE((*engine)->EraseAgent("alice").ok());
-  EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0);
+  std::unique_ptr<AgentEngine> engine = EngineWithADivergedAgent(Options());
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->EraseAgent("alice").ok());
+  EXPECT_EQ(engine->Stats().memory_used_bytes, 0);
 }
 
 // The same for the erasure of the cache alone (rm kv.safetensors): the agent stays, its memory
 // goes, the old branch's blocks included.
 TEST_F(EngineStateTest, CacheErasureLeavesNoSupersededBlocksInMemory) {
-  auto engine = CreateEngine(Options());
-  ASSERT_TRUE(engine.ok());
-  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
-  Greedy(**engine, "alice");
-  ASSERT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
-  ASSERT_TRUE((*engine)->SetSystem("alice", "Tom had a red car.").ok());
-  ASSERT_TRUE(RunTurn(**engine, "alice", " One day, she saw a big dog.").stats.ok());
-  ASSERT_TRUE((*engine)->EraseCache("alice").ok());
-  EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0);
-  EXPECT_TRUE((*engine)->GetAgent("alice").ok());
+  std::unique_ptr<AgentEngine> engine = EngineWithADivergedAgent(Options());
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->EraseCache("alice").ok());
+  EXPECT_EQ(engine->Stats().memory_used_bytes, 0);
+  EXPECT_TRUE(engine->GetAgent("alice").ok());
 }
 
 // A commit that fails on a full disk leaves the agent at its previous turn, and the blocks the
