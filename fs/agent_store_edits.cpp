@@ -207,9 +207,18 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
     return valid;
   }
   if (!pending) {
-    // Rewriting a prefix replaces it: the old one is unpinned and erased first.
+    // Rewriting a prefix replaces it: the old one is unpinned and erased first, on record like
+    // an rm of it (if the new text then cannot be added, the name is gone too).
     Result<store::EraseReport> removed = engine_.RemovePrefix(name);
     if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) return removed.status();
+    if (removed.ok()) {
+      AuditEvent event;
+      event.uid = handle.uid;
+      event.agent = name;
+      event.action = "prefix_remove";
+      event.erased = *removed;
+      Audit(std::move(event));
+    }
   }
   size_t bytes = handle.data.size();
   Status added = engine_.AddPrefix(name, handle.data, owner);

@@ -503,6 +503,16 @@ TEST_F(StoreTest, PrefixFilesAreAddedAndRemoved) {
   store_->Release(h);
   EXPECT_EQ(*engine_->PrefixText("story.txt"), "Once upon a time");
   EXPECT_EQ(*CatInode(store_->Lookup(prefixes, "story.txt")->ino), "Once upon a time");
+  // A rewrite replaces it; the old one's erasure is on record like an rm's.
+  h = *store_->Open(store_->Lookup(prefixes, "story.txt")->ino, WriteTruncFlags(), kAlice);
+  ASSERT_TRUE(store_->Write(h, 0, "Long ago").ok());
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(*engine_->PrefixText("story.txt"), "Long ago");
+  const std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  const size_t removed = audit.find("\"action\":\"prefix_remove\"");
+  ASSERT_NE(removed, std::string::npos) << audit;
+  EXPECT_NE(audit.find("\"action\":\"prefix_add\"", removed), std::string::npos) << audit;
   EXPECT_EQ(store_->Create(prefixes, ".hidden", WriteTruncFlags(), kRoot).status().code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(store_->Unlink(prefixes, "story.txt", kAlice).ok());
   EXPECT_TRUE(engine_->ListPrefixes().empty());
