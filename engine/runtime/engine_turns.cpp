@@ -574,6 +574,21 @@ void Engine::NoteKeys(AgentRecord& a) const {
 }
 
 void Engine::DropStaleKeys(AgentRecord& a) {
+  const std::vector<BlockHash> current = AgentBlockKeys(a);
+  const std::set<BlockHash> keep(current.begin(), current.end());
+  // Superseded keys still in the pool (a tail resumed by the next turn has left it already).
+  std::vector<BlockHash> stale;
+  for (auto it = a.pool_keys.begin(); it != a.pool_keys.end();) {
+    if (keep.count(*it)) {
+      ++it;
+    } else if (!pool_->Contains(*it)) {
+      it = a.pool_keys.erase(it);
+    } else {
+      stale.push_back(*it);
+      ++it;
+    }
+  }
+  if (stale.empty()) return;  // the usual turn, which extends the cache
   std::set<BlockHash> others;
   {
     std::lock_guard lock(mu_);
@@ -583,14 +598,10 @@ void Engine::DropStaleKeys(AgentRecord& a) {
       if (other.get() != &a) others.insert(other->blocks.begin(), other->blocks.end());
     for (auto& [n, p] : prefixes_) others.insert(p.blocks.begin(), p.blocks.end());
   }
-  const std::vector<BlockHash> current = AgentBlockKeys(a);
-  const std::set<BlockHash> keep(current.begin(), current.end());
-  for (auto it = a.pool_keys.begin(); it != a.pool_keys.end();) {
-    // Named by someone else: theirs now. Gone from the pool: nothing to do. In use (an export,
-    // another agent's turn that found it by hash): tried again after the next commit.
-    const bool settled = !keep.count(*it) && (others.count(*it) || !pool_->Contains(*it) || pool_->Drop(*it));
-    it = settled ? a.pool_keys.erase(it) : std::next(it);
-  }
+  // Named by someone else: theirs now. In use (an export, another agent's turn that found it by
+  // hash): tried again after the next commit.
+  for (const BlockHash& h : stale)
+    if (others.count(h) || !pool_->Contains(h) || pool_->Drop(h)) a.pool_keys.erase(h);
 }
 
 void Engine::RollBackToCommitted(AgentRecord& a) {
