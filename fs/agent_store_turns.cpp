@@ -107,32 +107,33 @@ void AgentStore::OnTurnText(AgentRecord& agent, TurnStream& turn, std::string_vi
 void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream>& turn, SharedMetrics& metrics,
                             const Result<TurnStats>& result) {
   {
-    std::lock_guard lock(agent.mu);
-    turn->started = true;
-    turn->done = true;
+    // Counted before readers of `response` wake: whoever sees the turn done sees it counted.
+    std::lock_guard m(metrics.mu);
     if (result.ok()) {
-      if (agent.transcript_valid && !turn->in_transcript) {
-        agent.transcript += RenderTranscriptEntry("user", turn->user_text);
-        agent.transcript += RenderTranscriptEntry("assistant", turn->reply);
-      }
-      agent.last_failure = Status::Ok();
-      agent.last_stats = result.value();
+      ++metrics.values.turns_ok;
+      metrics.values.ObserveTtft(result.value().ttft_ms);
     } else {
-      turn->failure = result.status();
-      agent.last_failure = result.status();
-      // The engine left the agent at its previous turn: render the transcript afresh.
-      InvalidateTranscript(agent);
+      ++metrics.values.turns_failed;
     }
-    RemovePending(agent, turn);
-    agent.changed.notify_all();
   }
-  std::lock_guard m(metrics.mu);
+  std::lock_guard lock(agent.mu);
+  turn->started = true;
+  turn->done = true;
   if (result.ok()) {
-    ++metrics.values.turns_ok;
-    metrics.values.ObserveTtft(result.value().ttft_ms);
+    if (agent.transcript_valid && !turn->in_transcript) {
+      agent.transcript += RenderTranscriptEntry("user", turn->user_text);
+      agent.transcript += RenderTranscriptEntry("assistant", turn->reply);
+    }
+    agent.last_failure = Status::Ok();
+    agent.last_stats = result.value();
   } else {
-    ++metrics.values.turns_failed;
+    turn->failure = result.status();
+    agent.last_failure = result.status();
+    // The engine left the agent at its previous turn: render the transcript afresh.
+    InvalidateTranscript(agent);
   }
+  RemovePending(agent, turn);
+  agent.changed.notify_all();
 }
 
 Result<uint64_t> AgentStore::TranscriptRange(const std::shared_ptr<AgentRecord>& agent, uint64_t offset, size_t size,
