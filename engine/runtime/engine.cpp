@@ -30,6 +30,12 @@ int64_t DefaultBudget() {
 
 constexpr int64_t kMaxDefaultContext = 32768;
 
+// Bytes a committed manifest's cache takes on disk: its full blocks and its compact tail.
+int64_t CacheDiskBytes(const KvLayout& layout, const store::Manifest& m) {
+  return static_cast<int64_t>(m.blocks.size()) * layout.block_bytes() +
+         (m.tail ? KvPayloadOf(layout).bytes(m.tail->n_tokens) : 0);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<AgentEngine>> CreateEngine(const EngineOptions& options) {
@@ -181,8 +187,7 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   a.blocks = m.blocks;
   a.disk_tail = m.tail;
   const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
-  a.disk_bytes = static_cast<int64_t>(m.blocks.size()) * layout.block_bytes() +
-                 (m.tail ? KvPayloadOf(layout).bytes(m.tail->n_tokens) : 0);
+  a.disk_bytes = CacheDiskBytes(layout, m);
 }
 
 Status Engine::RestoreAgents() {
@@ -279,10 +284,7 @@ void Engine::StoreLoop() {
           AgentRecord& a = *it->second;
           a.disk_tail = report->manifest.tail;
           const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
-          a.disk_bytes = static_cast<int64_t>(report->manifest.blocks.size()) * layout.block_bytes() +
-                         (job.tail                ? static_cast<int64_t>(job.tail->payload.size())
-                          : report->manifest.tail ? KvPayloadOf(layout).bytes(report->manifest.tail->n_tokens)  // kept
-                                                  : 0);
+          a.disk_bytes = CacheDiskBytes(layout, report->manifest);
         }
       } else {
         spdlog::warn("engine: committing agent {} failed: {}", job.agent, status.message());
@@ -450,9 +452,26 @@ Status Engine::SubmitTurn(TurnRequest request) {
   return Status::Ok();
 }
 
-void Engine::Prefetch(const std::string& name) {
+void Engine::Post(std::function<void()> task) {
+  {
+    std::lock_guard lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  engine_cv_.notify_all();
+}
+
+std::set<BlockHash> Engine::NamedBlocks(const AgentRecord* except, bool with_prefixes) {
+  std::set<BlockHash> named;
   std::lock_guard lock(mu_);
-  tasks_.push_back([this, name] {
+  for (auto& [n, a] : agents_)
+    if (a.get() != except) named.insert(a->blocks.begin(), a->blocks.end());
+  if (with_prefixes)
+    for (auto& [n, p] : prefixes_) named.insert(p.blocks.begin(), p.blocks.end());
+  return named;
+}
+
+void Engine::Prefetch(const std::string& name) {
+  Post([this, name] {
     AgentRecord* a = nullptr;
     {
       std::lock_guard l(mu_);
@@ -462,7 +481,6 @@ void Engine::Prefetch(const std::string& name) {
     }
     QueueLoad(*a, [] {});
   });
-  engine_cv_.notify_all();
 }
 
 std::vector<std::string> Engine::ListPrefixes() {

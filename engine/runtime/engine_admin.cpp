@@ -78,12 +78,7 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
   // Memory: zero and free every block no other agent names (those are still someone's state),
   // after any load of this agent's files has finished (it would put them back).
   DrainLoader();
-  std::set<BlockHash> others;
-  {
-    std::lock_guard lock(mu_);
-    for (auto& [n, a] : agents_) others.insert(a->blocks.begin(), a->blocks.end());
-    for (auto& [n, p] : prefixes_) others.insert(p.blocks.begin(), p.blocks.end());
-  }
+  const std::set<BlockHash> others = NamedBlocks(nullptr, /*with_prefixes=*/true);
   for (const BlockHash& h : *keys)
     if (!others.count(h)) pool_->Drop(h);
   // Device copies of the freed blocks (the turn's own blocks too) are zeroed before returning.
@@ -151,11 +146,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     report.bytes_freed = report.bytes_freed > kept ? report.bytes_freed - kept : 0;
   }
   DrainLoader();
-  std::set<BlockHash> others;
-  {
-    std::lock_guard lock(mu_);
-    for (auto& [n, a] : agents_) others.insert(a->blocks.begin(), a->blocks.end());
-  }
+  const std::set<BlockHash> others = NamedBlocks(nullptr, /*with_prefixes=*/true);
   for (const BlockHash& h : taken->memory_keys)
     if (!others.count(h)) pool_->Drop(h);
   RunOnEngine<int>([&] {
@@ -329,15 +320,11 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
     // Then, on the engine thread: a failed commit puts the agent back at its committed state;
     // either way what it no longer names leaves the pool.
     CommitAgent(*a, &seq, [this, a, &committed](const kvfs::Status& s) {
-      {
-        std::lock_guard lock(mu_);
-        tasks_.push_back([this, a, s, &committed] {
-          if (s.ok()) DropStaleKeys(*a);
-          else RollBackToCommitted(*a);
-          committed.set_value(s);
-        });
-      }
-      engine_cv_.notify_all();
+      Post([this, a, s, &committed] {
+        if (s.ok()) DropStaleKeys(*a);
+        else RollBackToCommitted(*a);
+        committed.set_value(s);
+      });
     });
     return kvfs::Status::Ok();
   });
@@ -394,11 +381,7 @@ Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sour
 
 store::EraseReport Engine::UnpinPrefix(const Prefix& p) {
   store::EraseReport report;
-  std::set<BlockHash> others;
-  {
-    std::lock_guard lock(mu_);
-    for (auto& [n, a] : agents_) others.insert(a->blocks.begin(), a->blocks.end());
-  }
+  const std::set<BlockHash> others = NamedBlocks(nullptr, /*with_prefixes=*/false);
   for (const BlockHash& h : p.blocks) {
     pool_->Unpin(h);
     if (others.count(h)) ++report.blocks_kept_shared;

@@ -195,6 +195,11 @@ class Engine final : public AgentEngine {
   // Runs `task` on the engine thread and waits for it.
   template <typename T>
   T RunOnEngine(std::function<T()> task);
+  // Queues `task` for the engine thread (from any thread; mu_ not held).
+  void Post(std::function<void()> task);
+  // The blocks every agent but `except` names, and with_prefixes the prefixes' too: those are
+  // still someone's state, not to be dropped (takes mu_).
+  std::set<BlockHash> NamedBlocks(const AgentRecord* except, bool with_prefixes);
   void StartTurns();
   kvfs::Status PrepareTurn(ActiveTurn& turn);
   // Makes the first `keep` tokens of `tokens` resident in turn.seq from the agent's own blocks,

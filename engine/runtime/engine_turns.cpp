@@ -481,8 +481,7 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     if (!committed.ok()) {
       // The turn is not on disk, so it did not happen: back to the previous commit (whose cache
       // the next turn reloads), on the engine thread, before anyone hears of the failure.
-      std::lock_guard lock(mu_);
-      tasks_.push_back([this, &a, committed, on_done] {
+      Post([this, &a, committed, on_done] {
         RollBackToCommitted(a);
         {
           std::lock_guard l(mu_);
@@ -492,12 +491,11 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
         }
         if (on_done) on_done(committed);
       });
-      engine_cv_.notify_all();
       return;
     }
+    Post([this, &a] { DropStaleKeys(a); });
     {
       std::lock_guard lock(mu_);
-      tasks_.push_back([this, &a] { DropStaleKeys(a); });
       a.running = a.generating = false;
       a.last_turn = stats;
       a.last_error.clear();
@@ -589,15 +587,12 @@ void Engine::DropStaleKeys(AgentRecord& a) {
     }
   }
   if (stale.empty()) return;  // the usual turn, which extends the cache
-  std::set<BlockHash> others;
   {
     std::lock_guard lock(mu_);
     auto it = agents_.find(a.name);
     if (it == agents_.end() || it->second.get() != &a) return;  // erased: the erasure dropped them
-    for (auto& [n, other] : agents_)
-      if (other.get() != &a) others.insert(other->blocks.begin(), other->blocks.end());
-    for (auto& [n, p] : prefixes_) others.insert(p.blocks.begin(), p.blocks.end());
   }
+  const std::set<BlockHash> others = NamedBlocks(&a, /*with_prefixes=*/true);
   // Named by someone else: theirs now. In use (an export, another agent's turn that found it by
   // hash): tried again after the next commit.
   for (const BlockHash& h : stale)
@@ -643,8 +638,7 @@ bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
   NoteKeys(a);
   // Back on the engine thread: adopt the loaded tail, then let the caller go on.
   job.done = [this, &a, on_loaded = std::move(on_loaded)](std::optional<BlockHash> tail) {
-    std::lock_guard lock(mu_);
-    tasks_.push_back([this, &a, tail, on_loaded] {
+    Post([this, &a, tail, on_loaded] {
       {
         std::lock_guard l(mu_);
         a.loading = false;
@@ -652,7 +646,6 @@ bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
       }
       on_loaded();
     });
-    engine_cv_.notify_all();
   };
   {
     std::lock_guard lock(load_mu_);
