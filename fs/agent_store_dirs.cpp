@@ -91,12 +91,7 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
     agent->transcript.shrink_to_fit();
     agent->changed.notify_all();
   }
-  AuditEvent event;
-  event.uid = caller.uid;
-  event.agent = name;
-  event.action = "erase";
-  event.erased = *report;
-  Audit(std::move(event));
+  Audit(AuditEvent{.uid = caller.uid, .agent = name, .action = "erase", .erased = *report});
   spdlog::info("erased agent '{}' for uid {}: {} bytes, {} blocks freed, {} kept shared", name, caller.uid,
                report->bytes_freed, report->blocks_freed, report->blocks_kept_shared);
   return Status::Ok();
@@ -128,12 +123,7 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
         inodes_.RemovePrefix(ino);
       }
     }
-    AuditEvent event;
-    event.uid = caller.uid;
-    event.agent = name;
-    event.action = "prefix_remove";
-    event.erased = report;
-    Audit(std::move(event));
+    Audit(AuditEvent{.uid = caller.uid, .agent = name, .action = "prefix_remove", .erased = report});
     return Status::Ok();
   }
   if (dir.kind != NodeKind::kAgentDir) return NotFound(fmt::format("no file '{}'", name));
@@ -146,12 +136,7 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
       std::lock_guard lock(metrics_->mu);
       ++metrics_->values.caches_erased;
     }
-    AuditEvent event;
-    event.uid = caller.uid;
-    event.agent = dir.agent->name;
-    event.action = "erase_cache";
-    event.erased = report;
-    Audit(std::move(event));
+    Audit(AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache", .erased = report});
     return Status::Ok();
   }
   for (AgentFile f : kAgentFiles) {

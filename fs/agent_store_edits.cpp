@@ -212,12 +212,7 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
     Result<store::EraseReport> removed = engine_.RemovePrefix(name);
     if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) return removed.status();
     if (removed.ok()) {
-      AuditEvent event;
-      event.uid = handle.uid;
-      event.agent = name;
-      event.action = "prefix_remove";
-      event.erased = *removed;
-      Audit(std::move(event));
+      Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_remove", .erased = *removed});
     }
   }
   size_t bytes = handle.data.size();
@@ -231,12 +226,7 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
     auto it = prefixes_.find(name);
     if (it != prefixes_.end()) it->second.pending = false;
   }
-  AuditEvent event;
-  event.uid = handle.uid;
-  event.agent = name;
-  event.action = "prefix_add";
-  event.bytes = bytes;
-  Audit(std::move(event));
+  Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_add", .bytes = bytes});
   return Status::Ok();
 }
 

@@ -174,12 +174,7 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
         ++metrics_->values.exports;
         metrics_->values.export_bytes += handle->data.size();
       }
-      AuditEvent event;
-      event.uid = caller.uid;
-      event.agent = agent->name;
-      event.action = "export";
-      event.bytes = handle->data.size();
-      Audit(std::move(event));
+      Audit(AuditEvent{.uid = caller.uid, .agent = agent->name, .action = "export", .bytes = handle->data.size()});
       return handle;
     }
   }

@@ -21,8 +21,8 @@ struct AuditEvent {
   uint32_t uid = 0;
   std::string agent;   // or the prefix name for prefix actions
   std::string action;  // erase | erase_cache | export | import | config | system | prefix_add | prefix_remove
-  std::optional<store::EraseReport> erased;
-  std::optional<uint64_t> bytes;  // export / import / system / prefix sizes
+  std::optional<store::EraseReport> erased = std::nullopt;
+  std::optional<uint64_t> bytes = std::nullopt;  // export / import / system / prefix sizes
 };
 
 std::string FormatAuditLine(const AuditEvent& event);  // one JSON object and '\n'
