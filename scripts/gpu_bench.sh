@@ -23,6 +23,8 @@ icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 # The image's driver is not where the loader looks (VK_ICD_FILENAMES for loaders before 1.3.234).
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; fi
 kvfs=.gpu/bin/kvfs
+# Without a device the bench falls back to the CPU: figures that would say nothing of the GPU.
+$kvfs devices > /dev/null || { echo "gpu_bench: no Vulkan device (kvfs devices failed)" >&2; exit 2; }
 models=/tmp/kvfs-models
 mkdir -p "$models"
 

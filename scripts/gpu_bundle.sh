@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu_bench.sh needs on a lent GPU machine, which has none of our Debian
 # packages and reaches nothing outside: the kvfs binary, the shared libraries it links besides
-# glibc and libstdc++ (newer ones there run a binary built here), glvnd's dispatcher for the
+# glibc and libstdc++ (newer ones there run a binary built here), glvnd's libraries for the
 # NVIDIA Vulkan driver, and the model synthesizer with the two vocabularies its presets use
 # (models are made there: a Q4_0 llama3.1-8b does not fit the device tool's 64 MiB of carry).
 # Run here after building with Vulkan on (the default):
@@ -27,8 +27,15 @@ cp "$kvfs" .gpu/bin/
 ldd "$kvfs" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
   grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so' |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
-dispatch=$(ldconfig -p | awk '$1 == "libGLdispatch.so.0" {print $NF; exit}')
-if [ -n "$dispatch" ]; then cp -L "$dispatch" .gpu/lib/; fi
+# NVIDIA's Vulkan driver (libGLX_nvidia) finds no instance entry points without glvnd's libraries
+# beside it (seen on an H100 machine: "Could not get 'vkCreateInstance'"), and the lent machines
+# have none: take Debian's, unpacked, not installed.
+debs=$(mktemp -d); chmod 755 "$debs"  # apt-get downloads as _apt
+(cd "$debs" && apt-get download -q libglvnd0 libglx0 libegl1 libgl1 libopengl0 libgles2 >/dev/null) ||
+  { echo "gpu_bundle: apt-get download of glvnd's libraries failed" >&2; exit 2; }
+for deb in "$debs"/*.deb; do dpkg -x "$deb" "$debs/root"; done
+cp -L "$debs"/root/usr/lib/x86_64-linux-gnu/lib*.so.[0-9] .gpu/lib/
+rm -rf "$debs"
 cp "$shared/tools/synth_gguf.py" .gpu/synth/tools/
 cp "$shared/models/vocab/ggml-vocab-llama-spm.gguf" "$shared/models/vocab/ggml-vocab-gpt-2.gguf" .gpu/synth/models/vocab/
 

@@ -30,7 +30,7 @@ namespace {
 
 constexpr const char* kBenchUsage =
     "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
-    "                  [--backend cpu|vulkan] [--device N] [--json]\n"
+    "                  [--backend cpu|vulkan] [--device N] [--profile] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
     "  With --backend vulkan, the decode figures compare with nothing measured here (the CPU's\n"
@@ -38,7 +38,9 @@ constexpr const char* kBenchUsage =
     "  --kv A,B,...: compare KV formats interleaved: each format's context is filled once, then\n"
     "  every repetition runs pp for each format back to back, then tg, so that all see the same\n"
     "  machine (memory bandwidth on shared hosts moves within minutes); each format's rate is\n"
-    "  also given relative to the first's, as the median of per-repetition ratios.\n";
+    "  also given relative to the first's, as the median of per-repetition ratios.\n"
+    "  --profile (vulkan): times every dispatch and prints, on stderr, where the device time of\n"
+    "  the last repetition's pp and tg went, per shader and matrix shape.\n";
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -204,7 +206,7 @@ int Bench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "agents") return BenchAgents(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "batched") return BenchBatched(argc - 1, argv + 1);
   Args args(argc, argv, {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device"},
-            {"--json", "-h", "--help"});
+            {"--json", "--profile", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -233,6 +235,7 @@ int Bench(int argc, char** argv) {
   const cpu::KernelTable& table = cpu::DefaultKernelTable();
   BackendChoice choice = backend_choice;
   choice.cpu.kernels = &table;
+  choice.profile = args.has("--profile");
   std::string backend_used;
   const auto t_backend = Clock::now();
   auto backend_or = MakeChosenBackend(model, choice, "bench", &backend_used);
@@ -284,20 +287,25 @@ int Bench(int argc, char** argv) {
       if (Status s = backend->Forward(std::span<const SequenceStep>(&one, 1), logits); !s.ok()) return Fail(s.message());
     }
   }
+  // --profile: the last repetition's pp and tg, each without the fill before it.
+  std::string pp_profile, tg_profile;
   for (int r = 0; r < reps; ++r) {
     if (n_pp > 0) {
       SequenceKv kv(layout, n_ctx);
       if (Status s = fill(kv); !s.ok()) return Fail(s.message());
       auto toks = random_tokens(n_pp);
       SequenceStep step{&kv, toks, false};
+      backend->TakeProfileReport();
       auto t0 = Clock::now();
       if (Status s = backend->Forward(std::span<const SequenceStep>(&step, 1), logits); !s.ok()) return Fail(s.message());
       pp_rates.push_back(n_pp / Seconds(t0, Clock::now()));
+      pp_profile = backend->TakeProfileReport();
     }
     if (n_tg > 0) {
       SequenceKv kv(layout, n_ctx);
       if (Status s = fill(kv); !s.ok()) return Fail(s.message());
       TokenId tok = static_cast<TokenId>(rng() % hp.n_vocab);
+      backend->TakeProfileReport();
       auto t0 = Clock::now();
       for (int64_t i = 0; i < n_tg; ++i) {
         SequenceStep step{&kv, std::span<const TokenId>(&tok, 1), false};
@@ -305,8 +313,11 @@ int Bench(int argc, char** argv) {
         tok = static_cast<TokenId>(rng() % hp.n_vocab);
       }
       tg_rates.push_back(n_tg / Seconds(t0, Clock::now()));
+      tg_profile = backend->TakeProfileReport();
     }
   }
+  if (!pp_profile.empty()) fmt::print(stderr, "profile of pp{} at depth {}:\n{}", n_pp, depth, pp_profile);
+  if (!tg_profile.empty()) fmt::print(stderr, "profile of tg{} at depth {}:\n{}", n_tg, depth, tg_profile);
   const int64_t rss = ResidentBytes();
 
   // The host's read bandwidth is the yardstick of CPU decoding only.

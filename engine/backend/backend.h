@@ -45,6 +45,9 @@ class Backend {
   virtual Status ForgetBlocks(std::span<const uint64_t> serials) { return Status::Ok(); }
   // Copies of blocks held now (tests, status).
   virtual int64_t BlockCopies() const { return 0; }
+  // Where device time went since the last call, as a table (kvfs bench --profile); empty
+  // unless the backend was made with profiling on.
+  virtual std::string TakeProfileReport() { return {}; }
 };
 
 namespace cpu { struct KernelTable; }
@@ -81,6 +84,9 @@ struct VulkanOptions {
   int64_t kv_device_bytes = 0;     // device memory for KV blocks; 0: a quarter of the device's
   int64_t max_binding_bytes = 0;   // cap on one storage binding (0: the device's limit); tests
                                    // lower it to exercise tensors split across bindings
+  bool profile = false;            // time every dispatch (Backend::TakeProfileReport)
+  bool integer_dot = true;         // packed 8-bit dot products where the device has them; tests
+                                   // turn them off to check the plain-integer shaders
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -90,6 +96,7 @@ Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const Vul
 struct BackendRequest {
   bool vulkan = false;
   int device = -1;  // -1: the default Vulkan device
+  bool profile = false;  // Vulkan: time every dispatch (Backend::TakeProfileReport)
   CpuOptions cpu;
 };
 struct ChosenBackend {

@@ -16,7 +16,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
         return InvalidArgument(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", request.device,
                                            devices->size()));
       }
-      KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, VulkanOptions{request.device}));
+      KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, VulkanOptions{.device = request.device, .profile = request.profile}));
       for (const VulkanDeviceInfo& d : *devices) {
         if (request.device >= 0 ? d.index == request.device : d.is_default) out.name = "vulkan: " + d.name;
       }

@@ -95,8 +95,9 @@ Status Engine::MakeBackend() {
     return InvalidArgument("backend must be cpu or vulkan, not " + options_.backend);
   }
   KVFS_ASSIGN_OR_RETURN(ChosenBackend chosen,
-                        MakeRequestedBackend(*model_, BackendRequest{options_.backend == "vulkan", options_.device,
-                                                                     CpuOptions{options_.n_threads, nullptr}}));
+                        MakeRequestedBackend(*model_, BackendRequest{.vulkan = options_.backend == "vulkan",
+                                                                     .device = options_.device,
+                                                                     .cpu = CpuOptions{options_.n_threads, nullptr}}));
   if (!chosen.warning.empty()) spdlog::warn("engine: {}", chosen.warning);
   backend_ = std::move(chosen.backend);
   backend_name_ = chosen.name;

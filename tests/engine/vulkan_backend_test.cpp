@@ -301,6 +301,29 @@ TEST_F(VulkanBackendTest, SmallDeviceKvBudgetEvictsAndReloads) {
   EXPECT_EQ(big.n_tokens(), 0);
 }
 
+// The packed integer dot product (the default where the device has it) and the plain-integer
+// shaders compute the same exact integer sums, so a prompt (tiled matrix shaders) and decode
+// steps (matrix-vector shaders) give the same logits either way.
+TEST_F(VulkanBackendTest, PackedAndPlainIntegerDotsGiveTheSameLogits) {
+  VulkanOptions options;
+  options.integer_dot = false;
+  auto plain = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  const int64_t V = hp().n_vocab, n = static_cast<int64_t>(prompt_.size());
+  SequenceKv ka(Layout("q4"), 256), kb(Layout("q4"), 256);
+  Logits a, b;
+  SequenceStep sa{&ka, prompt_, true}, sb{&kb, prompt_, true};
+  ASSERT_TRUE(vulkan_->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+  ASSERT_TRUE((*plain)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+  ASSERT_EQ(b.data.size(), static_cast<size_t>(n * V));
+  EXPECT_LE(Nmse(b.data.data(), a.data.data(), n * V), 1e-12) << "prompt";
+  for (TokenId next : {TokenId{42}, TokenId{7}, TokenId{1000}}) {
+    const std::vector<float> da = Step(*vulkan_, ka, std::span<const TokenId>(&next, 1));
+    const std::vector<float> db = Step(**plain, kb, std::span<const TokenId>(&next, 1));
+    EXPECT_LE(Nmse(db.data(), da.data(), V), 1e-12) << "decode of token " << next;
+  }
+}
+
 TEST_F(VulkanBackendTest, SplitWeightsAndMicroBatchesMatch) {
   // 2 MiB bindings: the output matrix (32000 rows, 4.6 MB) splits into 3 parts and a
   // micro-batch holds 16 tokens of 32000 logits, so the prompt runs in 3 command buffers. (Both

@@ -3,6 +3,7 @@
 // paths, matrices split into parts, bias and residual epilogues), embedding lookup, RMSNorm,
 // RoPE, SwiGLU and softmax. Errors are NMSE = sum (gpu - cpu)^2 / sum cpu^2, printed per case.
 // Attention and KV encoding: vulkan_attention_test.cpp. Without a Vulkan device the tests skip.
+#include <algorithm>
 #include <cstdio>
 
 #include <gtest/gtest.h>
@@ -38,8 +39,10 @@ void PutHalf(uint8_t* p, float v) {
 std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::mt19937& rng) {
   const int64_t row_bytes = RowBytes(t, n);
   std::vector<uint8_t> w(static_cast<size_t>(row_bytes * n_rows));
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
+  for (size_t i = 0; i < w.size(); i += 4) {  // random bytes, four per draw
+    const uint32_t bits = rng();
+    std::memcpy(w.data() + i, &bits, std::min<size_t>(4, w.size() - i));
+  }
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> mag(0.5f, 2.0f);
   const GgmlTypeTraits* info = GgmlTypeInfo(static_cast<uint32_t>(t));
@@ -163,10 +166,39 @@ TEST_F(VulkanOpsTest, QuantizeActivationsMatchCpuCodes) {
 }
 
 // y = W x (+ bias) (+ y_old) for every weight type against the scalar vec_dot, for token
-// counts on both sides of the matrix-vector / tiled switch and with the matrix split in parts.
-TEST_F(VulkanOpsTest, MatMulMatchesScalarForEveryType) {
+// counts on both sides of the matrix-vector / tiled switch and with the matrix split in parts;
+// with the packed integer dot product (the *_idot shaders) and without it.
+class VulkanMatMulTest : public VulkanOpsTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  bool IntegerDot() const override { return GetParam(); }
+  void SetUp() override {
+    VulkanOpsTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (GetParam() && !ctx_->integer_dot()) {
+      GTEST_SKIP() << "the Vulkan device has no packed integer dot product (VK_KHR_shader_integer_dot_product)";
+    }
+    ASSERT_EQ(ctx_->integer_dot(), GetParam());
+  }
+  // n_out x n_in matrices of every type, uploaded in parts of part_rows rows, times each
+  // token count's activations.
+  void CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_rows, std::initializer_list<int64_t> token_counts,
+                      bool quantized_only = false);
+};
+
+TEST_P(VulkanMatMulTest, MatchesScalarForEveryType) {
+  // Parts of 20 rows: 4 parts, the last one short.
+  CheckEveryType(512, 67, 20, {1, 2, 3, 5, 9, 40, 70});
+}
+
+// Matrices large enough that matvec_quant gives each slot of invocations 2 or 4 rows, with a
+// last workgroup that holds fewer rows than it has room for, and 3 tokens in a group of 4.
+TEST_P(VulkanMatMulTest, LargeMatricesMatchScalarForEveryQuantizedType) {
+  CheckEveryType(2048, 12247, 4099, {1, 3}, true);
+}
+
+void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_rows,
+                                      std::initializer_list<int64_t> token_counts, bool quantized_only) {
   std::mt19937 rng(11);
-  const int64_t n_in = 512, n_out = 67;
   const cpu::KernelTable& scalar = cpu::ScalarKernels();
   auto up = vk::Uploader::Create(*ctx_, 1 << 20);
   ASSERT_TRUE(up.ok());
@@ -174,15 +206,15 @@ TEST_F(VulkanOpsTest, MatMulMatchesScalarForEveryType) {
   for (float& b : bias) b = std::normal_distribution<float>(0.0f, 1.0f)(rng);
   const vk::Buffer bias_buf = Input(bias);
   for (GgmlType type : kTypes) {
+    if (quantized_only && vk::ActKindFor(type) == vk::ActKind::kFloat) continue;
     const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
     const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
     int64_t total = 0;
-    // Parts of 20 rows: 4 parts, the last one short.
-    auto dm = vk::UploadMatrix(*ctx_, **up, m, 20 * m.row_bytes + 4, total);
+    auto dm = vk::UploadMatrix(*ctx_, **up, m, part_rows * m.row_bytes + 4, total);
     ASSERT_TRUE(dm.ok()) << dm.status().message();
     ASSERT_TRUE((*up)->Flush().ok());
-    ASSERT_EQ(dm->parts.size(), 4u);
-    for (int64_t T : {1, 2, 3, 5, 9, 40, 70}) {
+    ASSERT_EQ(dm->parts.size(), static_cast<size_t>((n_out + part_rows - 1) / part_rows));
+    for (int64_t T : token_counts) {
       const bool epilogue = T == 3 || T == 40;  // bias and residual add
       std::vector<float> x;
       for (int64_t t = 0; t < T; ++t) {
@@ -224,12 +256,15 @@ TEST_F(VulkanOpsTest, MatMulMatchesScalarForEveryType) {
       });
       ASSERT_TRUE(s.ok()) << s.message();
       const double nmse = Nmse(Read<float>(y, T * n_out), want);
-      std::printf("[vulkan matmul] %-5s T=%-3lld NMSE %.3g\n", TypeName(type).c_str(), static_cast<long long>(T), nmse);
+      std::printf("[vulkan matmul] %-5s %lldx%lld T=%-3lld NMSE %.3g\n", TypeName(type).c_str(),
+                  static_cast<long long>(n_out), static_cast<long long>(n_in), static_cast<long long>(T), nmse);
       // Integer paths sum each unit exactly; only the float accumulation order differs.
       EXPECT_LE(nmse, 1e-10) << TypeName(type) << " T=" << T;
     }
   }
 }
+INSTANTIATE_TEST_SUITE_P(IntegerDot, VulkanMatMulTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Packed" : "Plain"; });
 
 TEST_F(VulkanOpsTest, EmbeddingMatchesDequantizeForEveryType) {
   std::mt19937 rng(3);

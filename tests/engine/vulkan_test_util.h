@@ -32,8 +32,11 @@ inline double Nmse(const std::vector<float>& got, const std::vector<float>& want
 
 class VulkanOpsTest : public ::testing::Test {
  protected:
+  // Whether the context may use the packed integer dot product (the *_idot shaders).
+  virtual bool IntegerDot() const { return true; }
+
   void SetUp() override {
-    auto ctx = vk::Context::Create(-1);
+    auto ctx = vk::Context::Create(-1, IntegerDot());
     KVFS_REQUIRE_VULKAN(ctx.status());
     ctx_ = std::move(*ctx);
     pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device());

@@ -8,27 +8,39 @@ file(GLOB KVFS_VK_SHADERS CONFIGURE_DEPENDS ${KVFS_VK_SHADER_DIR}/*.comp)
 file(GLOB KVFS_VK_SHADER_INCLUDES CONFIGURE_DEPENDS ${KVFS_VK_SHADER_DIR}/*.glsl)
 file(MAKE_DIRECTORY ${KVFS_VK_GEN_DIR})
 
+# The quantized matrix shaders are compiled a second time, as NAME_idot, with the packed 8-bit
+# dot product (KVFS_INTEGER_DOT): a capability the device must have, so it cannot be a
+# specialization constant of one module.
+set(KVFS_VK_IDOT_SHADERS matvec_quant matmul_quant)
+
 set(KVFS_VULKAN_SHADER_SOURCES "")
 set(kvfs_vk_includes "")
 set(kvfs_vk_entries "")
-foreach(shader ${KVFS_VK_SHADERS})
-  get_filename_component(name ${shader} NAME_WE)
+function(kvfs_compile_shader shader name defines)
   set(header ${KVFS_VK_GEN_DIR}/${name}.spv.h)
   set(binary ${KVFS_VK_GEN_DIR}/${name}.spv)
   # Compiled twice (a binary for spirv-val, then the header), so an invalid module fails the
   # build instead of the driver.
   add_custom_command(
     OUTPUT ${header}
-    COMMAND Vulkan::glslangValidator --quiet -V --target-env vulkan1.1 -I${KVFS_VK_SHADER_DIR} -o ${binary} ${shader}
+    COMMAND Vulkan::glslangValidator --quiet -V --target-env vulkan1.1 ${defines} -I${KVFS_VK_SHADER_DIR}
+            -o ${binary} ${shader}
     COMMAND ${KVFS_SPIRV_VAL} --target-env vulkan1.1 ${binary}
-    COMMAND Vulkan::glslangValidator --quiet -V --target-env vulkan1.1 -I${KVFS_VK_SHADER_DIR}
+    COMMAND Vulkan::glslangValidator --quiet -V --target-env vulkan1.1 ${defines} -I${KVFS_VK_SHADER_DIR}
             --vn kSpirv_${name} -o ${header} ${shader}
     DEPENDS ${shader} ${KVFS_VK_SHADER_INCLUDES}
-    COMMENT "Compiling shader ${name}.comp to SPIR-V (validated)"
+    COMMENT "Compiling shader ${name} to SPIR-V (validated)"
     VERBATIM)
-  list(APPEND KVFS_VULKAN_SHADER_SOURCES ${header})
-  string(APPEND kvfs_vk_includes "#include \"${name}.spv.h\"\n")
-  string(APPEND kvfs_vk_entries "    {\"${name}\", kSpirv_${name}, std::size(kSpirv_${name})},\n")
+  set(KVFS_VULKAN_SHADER_SOURCES ${KVFS_VULKAN_SHADER_SOURCES} ${header} PARENT_SCOPE)
+  set(kvfs_vk_includes "${kvfs_vk_includes}#include \"${name}.spv.h\"\n" PARENT_SCOPE)
+  set(kvfs_vk_entries "${kvfs_vk_entries}    {\"${name}\", kSpirv_${name}, std::size(kSpirv_${name})},\n" PARENT_SCOPE)
+endfunction()
+foreach(shader ${KVFS_VK_SHADERS})
+  get_filename_component(name ${shader} NAME_WE)
+  kvfs_compile_shader(${shader} ${name} "")
+  if(name IN_LIST KVFS_VK_IDOT_SHADERS)
+    kvfs_compile_shader(${shader} ${name}_idot -DKVFS_INTEGER_DOT)
+  endif()
 endforeach()
 
 set(kvfs_vk_registry ${KVFS_VK_GEN_DIR}/vk_shaders.cpp)

@@ -1,5 +1,7 @@
 #include "engine/backend/vulkan/vk_commands.h"
 
+#include <algorithm>
+
 #include <spdlog/fmt/fmt.h>
 
 namespace kvfs::vk {
@@ -10,6 +12,8 @@ constexpr uint32_t kSetsPerPool = 1024;
 
 Recorder::~Recorder() {
   VkDevice dev = ctx_.device();
+  if (in_flight_) vkQueueWaitIdle(ctx_.queue());  // an abandoned pass may still run
+  if (profile_ != nullptr) vkDestroyQueryPool(dev, profile_->queries, nullptr);
   if (fence_ != VK_NULL_HANDLE) vkDestroyFence(dev, fence_, nullptr);
   for (VkDescriptorPool p : descriptor_pools_) vkDestroyDescriptorPool(dev, p, nullptr);
   if (pool_ != VK_NULL_HANDLE) vkDestroyCommandPool(dev, pool_, nullptr);
@@ -19,19 +23,17 @@ Status Recorder::Begin() {
   VkDevice dev = ctx_.device();
   if (pool_ == VK_NULL_HANDLE) {
     VkCommandPoolCreateInfo info{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-    info.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
     info.queueFamilyIndex = ctx_.queue_family();
     VkResult r = vkCreateCommandPool(dev, &info, nullptr, &pool_);
     if (r != VK_SUCCESS) return VkError("vkCreateCommandPool", r);
-    VkCommandBufferAllocateInfo alloc{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-    alloc.commandPool = pool_;
-    alloc.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    alloc.commandBufferCount = 1;
-    r = vkAllocateCommandBuffers(dev, &alloc, &cmd_);
-    if (r != VK_SUCCESS) return VkError("vkAllocateCommandBuffers", r);
     VkFenceCreateInfo fence_info{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     r = vkCreateFence(dev, &fence_info, nullptr, &fence_);
     if (r != VK_SUCCESS) return VkError("vkCreateFence", r);
+  }
+  if (in_flight_) {  // a pass abandoned after an error: its submitted pieces must finish first
+    const VkResult r = vkQueueWaitIdle(ctx_.queue());
+    if (r != VK_SUCCESS) return VkError("vkQueueWaitIdle", r);
+    in_flight_ = false;
   }
   if (sets_epoch_ != ctx_.buffer_epoch()) {
     for (VkDescriptorPool p : descriptor_pools_) vkResetDescriptorPool(dev, p, 0);
@@ -39,13 +41,88 @@ Status Recorder::Begin() {
     sets_.clear();
     sets_epoch_ = ctx_.buffer_epoch();
   }
-  vkResetCommandBuffer(cmd_, 0);
+  const VkResult r = vkResetCommandPool(dev, pool_, 0);  // every piece of the last pass
+  if (r != VK_SUCCESS) return VkError("vkResetCommandPool", r);
+  n_pieces_ = 0;
+  deferred_ = Status::Ok();
+  KVFS_RETURN_IF_ERROR(BeginPiece());
+  recording_ = true;
+  if (profile_ != nullptr) {
+    profile_->begun = std::chrono::steady_clock::now();
+    profile_->labels.clear();
+    vkCmdResetQueryPool(cmd_, profile_->queries, 0, profile_->capacity);
+    vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, profile_->queries, 0);
+  }
+  return Status::Ok();
+}
+
+Status Recorder::BeginPiece() {
+  if (n_pieces_ == pieces_.size()) {
+    VkCommandBufferAllocateInfo alloc{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    alloc.commandPool = pool_;
+    alloc.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    alloc.commandBufferCount = 1;
+    VkCommandBuffer cmd;
+    const VkResult r = vkAllocateCommandBuffers(ctx_.device(), &alloc, &cmd);
+    if (r != VK_SUCCESS) return VkError("vkAllocateCommandBuffers", r);
+    pieces_.push_back(cmd);
+  }
+  cmd_ = pieces_[n_pieces_++];
+  piece_dispatches_ = 0;
+  bound_pipeline_ = VK_NULL_HANDLE;
+  bound_set_ = VK_NULL_HANDLE;
   VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   const VkResult r = vkBeginCommandBuffer(cmd_, &begin);
   if (r != VK_SUCCESS) return VkError("vkBeginCommandBuffer", r);
-  recording_ = true;
   return Status::Ok();
+}
+
+Status Recorder::SubmitPiece(VkFence fence) {
+  VkResult r = vkEndCommandBuffer(cmd_);
+  if (r != VK_SUCCESS) return VkError("vkEndCommandBuffer", r);
+  VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  submit.commandBufferCount = 1;
+  submit.pCommandBuffers = &cmd_;
+  r = vkQueueSubmit(ctx_.queue(), 1, &submit, fence);
+  if (r != VK_SUCCESS) return VkError("vkQueueSubmit", r);
+  in_flight_ = true;
+  return Status::Ok();
+}
+
+Status Recorder::EnableProfiling(uint32_t max_dispatches) {
+  if (profile_ != nullptr) return Status::Ok();
+  if (ctx_.limits().timestamp_period_ns <= 0) return Unsupported("the Vulkan queue has no timestamps to profile with");
+  auto profile = std::make_unique<Profile>();
+  profile->capacity = max_dispatches + 1;
+  VkQueryPoolCreateInfo info{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+  info.queryType = VK_QUERY_TYPE_TIMESTAMP;
+  info.queryCount = profile->capacity;
+  const VkResult r = vkCreateQueryPool(ctx_.device(), &info, nullptr, &profile->queries);
+  if (r != VK_SUCCESS) return VkError("vkCreateQueryPool", r);
+  profile_ = std::move(profile);
+  return Status::Ok();
+}
+
+std::string Recorder::TakeProfileReport() {
+  if (profile_ == nullptr) return {};
+  Profile& p = *profile_;
+  std::vector<std::pair<std::string, ProfileLine>> lines(p.lines.begin(), p.lines.end());
+  std::sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.second.device_ms > b.second.device_ms; });
+  double timed_ms = 0;
+  for (const auto& [label, line] : lines) timed_ms += line.device_ms;
+  std::string out = fmt::format("{:<28} {:>10} {:>12} {:>7}\n", "shader [groups]", "dispatches", "device ms", "share");
+  for (const auto& [label, line] : lines) {
+    out += fmt::format("{:<28} {:>10} {:>12.3f} {:>6.1f}%\n", label, line.dispatches, line.device_ms,
+                       timed_ms > 0 ? 100 * line.device_ms / timed_ms : 0.0);
+  }
+  out += fmt::format("{} passes in {} pieces, {} dispatches, {} barriers: device {:.3f} ms; host recording {:.3f} ms "
+                     "(overlapping the device), waiting {:.3f} ms\n",
+                     p.submissions, p.pieces, p.dispatches, p.barriers, p.device_ms, p.record_ms, p.wait_ms);
+  p.lines.clear();
+  p.submissions = p.pieces = p.dispatches = p.barriers = 0;
+  p.device_ms = p.record_ms = p.wait_ms = 0;
+  return out;
 }
 
 Result<VkDescriptorSet> Recorder::AllocateSet(VkDescriptorSetLayout layout) {
@@ -104,16 +181,48 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
     it = sets_.emplace(key, set).first;
   }
   const VkDescriptorSet set = it->second;
-  vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.pipeline);
-  vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout, 0, 1, &set, 0, nullptr);
+  if (pipeline.pipeline != bound_pipeline_) {
+    vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.pipeline);
+    bound_pipeline_ = pipeline.pipeline;
+  }
+  // A set is made for one layout, so the same set means the same layout.
+  if (set != bound_set_) {
+    vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout, 0, 1, &set, 0, nullptr);
+    bound_set_ = set;
+  }
   if (pipeline.push_bytes > 0) {
     vkCmdPushConstants(cmd_, pipeline.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, pipeline.push_bytes, push);
   }
   vkCmdDispatch(cmd_, x, y, z);
+  ++piece_dispatches_;
+  if (profile_ != nullptr) {
+    ++profile_->dispatches;
+    if (profile_->labels.size() + 1 < profile_->capacity) {
+      // Matrix shaders by grid width: one line per matrix shape.
+      profile_->labels.push_back(pipeline.name.substr(0, 3) == "mat" ? fmt::format("{} [{}]", pipeline.name, x)
+                                                                    : std::string(pipeline.name));
+      vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, profile_->queries,
+                          static_cast<uint32_t>(profile_->labels.size()));
+    }
+  }
   return Status::Ok();
 }
 
 void Recorder::Barrier() {
+  if (profile_ != nullptr) ++profile_->barriers;
+  const int64_t piece = n_pieces_ == 1 ? kFirstPieceDispatches : kPieceDispatches;
+  if (piece_dispatches_ < piece || !deferred_.ok()) {
+    RecordBarrier();
+    return;
+  }
+  // Submit the piece so far; the next one starts with the barrier, which orders it after
+  // everything submitted before it on the queue.
+  deferred_ = SubmitPiece(VK_NULL_HANDLE);
+  if (deferred_.ok()) deferred_ = BeginPiece();
+  if (deferred_.ok()) RecordBarrier();
+}
+
+void Recorder::RecordBarrier() {
   VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
   barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
@@ -143,16 +252,37 @@ Status Recorder::SubmitAndWait() {
   barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
   vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                        VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, nullptr, 0, nullptr);
-  VkResult r = vkEndCommandBuffer(cmd_);
-  if (r != VK_SUCCESS) return VkError("vkEndCommandBuffer", r);
-  VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-  submit.commandBufferCount = 1;
-  submit.pCommandBuffers = &cmd_;
-  r = vkQueueSubmit(ctx_.queue(), 1, &submit, fence_);
-  if (r != VK_SUCCESS) return VkError("vkQueueSubmit", r);
-  r = vkWaitForFences(ctx_.device(), 1, &fence_, VK_TRUE, UINT64_MAX);
+  KVFS_RETURN_IF_ERROR(deferred_);
+  const auto submitted = std::chrono::steady_clock::now();
+  KVFS_RETURN_IF_ERROR(SubmitPiece(fence_));
+  // The last piece began with a barrier after every earlier piece, so its fence covers them.
+  VkResult r = vkWaitForFences(ctx_.device(), 1, &fence_, VK_TRUE, UINT64_MAX);
   if (r != VK_SUCCESS) return VkError("vkWaitForFences", r);
+  in_flight_ = false;
   vkResetFences(ctx_.device(), 1, &fence_);
+  if (profile_ != nullptr) return CollectProfile(submitted);
+  return Status::Ok();
+}
+
+Status Recorder::CollectProfile(std::chrono::steady_clock::time_point submitted) {
+  Profile& p = *profile_;
+  const auto done = std::chrono::steady_clock::now();
+  p.record_ms += std::chrono::duration<double, std::milli>(submitted - p.begun).count();
+  p.wait_ms += std::chrono::duration<double, std::milli>(done - submitted).count();
+  ++p.submissions;
+  p.pieces += static_cast<int64_t>(n_pieces_);
+  const uint32_t n = static_cast<uint32_t>(p.labels.size()) + 1;
+  std::vector<uint64_t> ticks(n);
+  const VkResult r = vkGetQueryPoolResults(ctx_.device(), p.queries, 0, n, n * sizeof(uint64_t), ticks.data(),
+                                           sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+  if (r != VK_SUCCESS) return VkError("vkGetQueryPoolResults", r);
+  const double ms_per_tick = ctx_.limits().timestamp_period_ns * 1e-6;
+  for (uint32_t i = 1; i < n; ++i) {
+    ProfileLine& line = p.lines[p.labels[i - 1]];
+    ++line.dispatches;
+    line.device_ms += static_cast<double>(ticks[i] - ticks[i - 1]) * ms_per_tick;
+  }
+  p.device_ms += static_cast<double>(ticks[n - 1] - ticks[0]) * ms_per_tick;
   return Status::Ok();
 }
 

@@ -1,5 +1,10 @@
-// Recording and running compute work: one command buffer that is filled, submitted and waited
-// for (the forward pass is synchronous, like the CPU backend's). Descriptor sets are made once
+// Recording and running compute work: a pass is recorded, submitted and waited for (the forward
+// pass is synchronous, like the CPU backend's). Long passes go to the queue in pieces: at a
+// barrier after enough dispatches, the command buffer so far is submitted and recording goes
+// on in the next one, so the device runs the first layers while the host records the rest (on
+// a GPU, recording a decode step takes a good fraction of the time the device needs to run
+// it). The queue keeps the pieces in order; each piece starts with a barrier that orders it
+// after everything submitted before it. Descriptor sets are made once
 // per (shader layout, buffers) and reused by later passes: a decode step binds the same
 // buffers as the previous one, so it records dispatches without allocating or writing sets.
 // They are all dropped when any buffer of the context has been destroyed since (its handle
@@ -11,7 +16,10 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <chrono>
 #include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/backend/vulkan/vk_context.h"
@@ -27,13 +35,15 @@ class Recorder {
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
-  // Starts a new command buffer (the previous one must have been submitted).
+  // Starts a pass (the previous one must have been submitted and waited for, or abandoned: a
+  // pass abandoned after an error is waited for here).
   Status Begin();
   // Binds `buffers` (whole) to bindings 0.. and dispatches groups (x, y, z). `push` points at
   // pipeline.push_bytes bytes.
   Status Dispatch(const Pipeline& pipeline, std::initializer_list<const Buffer*> buffers, const void* push,
                   uint32_t x, uint32_t y = 1, uint32_t z = 1);
-  // Makes every earlier shader or transfer write visible to every later shader or transfer.
+  // Makes every earlier shader or transfer write visible to every later shader or transfer. May
+  // submit the pass so far (a failed submission is reported by SubmitAndWait).
   void Barrier();
   void Copy(const Buffer& src, int64_t src_offset, const Buffer& dst, int64_t dst_offset, int64_t bytes);
   // Fills bytes [offset, offset + bytes) of dst with zeros (offset and bytes multiples of 4).
@@ -41,20 +51,62 @@ class Recorder {
   // Ends, submits and waits; host reads of readback buffers are valid afterwards.
   Status SubmitAndWait();
 
+  // Profiling (kvfs bench --profile, KVFS_VULKAN_PROFILE=1): a timestamp after every dispatch
+  // of the first max_dispatches of each command buffer. A dispatch is charged the device time
+  // from the previous timestamp to its own: its run plus the wait at the barrier before it.
+  // Costs a little device time; off by default. Unsupported when the queue has no timestamps.
+  Status EnableProfiling(uint32_t max_dispatches = 8192);
+  // Per shader (matrix shaders per grid width, i.e. per matrix shape): dispatches, device
+  // milliseconds, share; then the device time of whole submissions against the host's time to
+  // record and to wait for them; then starts over. Empty when profiling is off.
+  std::string TakeProfileReport();
+
  private:
   static constexpr size_t kMaxBuffers = 8;  // no shader binds more
+  // Dispatches after which a barrier submits the piece recorded so far: a short first piece
+  // puts the device to work soon, longer later ones keep submissions few.
+  static constexpr int64_t kFirstPieceDispatches = 32;
+  static constexpr int64_t kPieceDispatches = 128;
   using SetKey = std::pair<VkDescriptorSetLayout, std::array<VkBuffer, kMaxBuffers>>;
   Result<VkDescriptorSet> AllocateSet(VkDescriptorSetLayout layout);
+  // Starts recording into the next command buffer of the pass (allocated on first use).
+  Status BeginPiece();
+  // Ends the current piece and submits it, with `fence` (or none).
+  Status SubmitPiece(VkFence fence);
+  void RecordBarrier();
+  Status CollectProfile(std::chrono::steady_clock::time_point submitted);
 
   Context& ctx_;
   VkCommandPool pool_ = VK_NULL_HANDLE;
+  std::vector<VkCommandBuffer> pieces_;  // command buffers of a pass, reused pass after pass
+  size_t n_pieces_ = 0;                  // used by the current pass; the last one is cmd_
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  int64_t piece_dispatches_ = 0;         // dispatches recorded into cmd_
+  VkPipeline bound_pipeline_ = VK_NULL_HANDLE;  // what cmd_ has bound (not bound again)
+  VkDescriptorSet bound_set_ = VK_NULL_HANDLE;
+  bool in_flight_ = false;               // pieces submitted that no fence wait has covered
+  Status deferred_;                      // a piece submission that failed inside Barrier()
   VkFence fence_ = VK_NULL_HANDLE;
   std::vector<VkDescriptorPool> descriptor_pools_;
   size_t current_pool_ = 0;             // the pool new sets come from; earlier ones are full
   std::map<SetKey, VkDescriptorSet> sets_;  // sets made so far, by layout and bound buffers
   uint64_t sets_epoch_ = 0;             // ctx_.buffer_epoch() when sets_ was last valid
   bool recording_ = false;
+
+  struct ProfileLine {
+    int64_t dispatches = 0;
+    double device_ms = 0;
+  };
+  struct Profile {
+    VkQueryPool queries = VK_NULL_HANDLE;
+    uint32_t capacity = 0;            // timestamps per command buffer (one before the first dispatch)
+    std::vector<std::string> labels;  // of the dispatches timed in the current command buffer
+    std::map<std::string, ProfileLine> lines;
+    int64_t submissions = 0, pieces = 0, dispatches = 0, barriers = 0;
+    double device_ms = 0, record_ms = 0, wait_ms = 0;
+    std::chrono::steady_clock::time_point begun;
+  };
+  std::unique_ptr<Profile> profile_;  // null unless EnableProfiling
 };
 
 }  // namespace kvfs::vk

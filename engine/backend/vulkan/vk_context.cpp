@@ -1,6 +1,7 @@
 #include "engine/backend/vulkan/vk_context.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include <spdlog/fmt/fmt.h>
@@ -65,6 +66,17 @@ int TypeRank(VkPhysicalDeviceType t) {
     case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
     default: return 4;
   }
+}
+
+bool HasDeviceExtension(VkPhysicalDevice device, const char* name) {
+  uint32_t n = 0;
+  if (vkEnumerateDeviceExtensionProperties(device, nullptr, &n, nullptr) != VK_SUCCESS) return false;
+  std::vector<VkExtensionProperties> extensions(n);
+  if (vkEnumerateDeviceExtensionProperties(device, nullptr, &n, extensions.data()) != VK_SUCCESS) return false;
+  for (const VkExtensionProperties& e : extensions) {
+    if (std::strcmp(e.extensionName, name) == 0) return true;
+  }
+  return false;
 }
 
 VulkanDeviceInfo Describe(VkPhysicalDevice device, int index) {
@@ -155,13 +167,13 @@ void Buffer::Reset() {
   destroyed_ = nullptr;
 }
 
-Result<std::unique_ptr<Context>> Context::Create(int index) {
+Result<std::unique_ptr<Context>> Context::Create(int index, bool integer_dot) {
   std::unique_ptr<Context> ctx(new Context());
-  KVFS_RETURN_IF_ERROR(ctx->Init(index));
+  KVFS_RETURN_IF_ERROR(ctx->Init(index, integer_dot));
   return ctx;
 }
 
-Status Context::Init(int index) {
+Status Context::Init(int index, bool integer_dot) {
   ScopedInstance instance;
   KVFS_RETURN_IF_ERROR(CreateInstance(instance));
   KVFS_ASSIGN_OR_RETURN(std::vector<VkPhysicalDevice> devices, PhysicalDevices(instance.instance));
@@ -203,6 +215,7 @@ Status Context::Init(int index) {
     }
   }
   if (!found) return Unsupported(fmt::format("Vulkan device {} ({}) has no compute queue", index, info_.name));
+  if (families[queue_family_].timestampValidBits > 0) limits_.timestamp_period_ns = props.limits.timestampPeriod;
 
   const float priority = 1.0f;
   VkDeviceQueueCreateInfo queue_info{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
@@ -212,6 +225,22 @@ Status Context::Init(int index) {
   VkDeviceCreateInfo device_info{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   device_info.queueCreateInfoCount = 1;
   device_info.pQueueCreateInfos = &queue_info;
+  // The integer dot product through its extension (the instance asks for Vulkan 1.1, so the
+  // 1.3 core feature is reached the same way on every device that lists it).
+  const char* dot_extension = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+  VkPhysicalDeviceShaderIntegerDotProductFeatures dot_features{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+  if (integer_dot && HasDeviceExtension(physical_, dot_extension)) {
+    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    features.pNext = &dot_features;
+    vkGetPhysicalDeviceFeatures2(physical_, &features);
+    if (dot_features.shaderIntegerDotProduct == VK_TRUE) {
+      device_info.pNext = &dot_features;
+      device_info.enabledExtensionCount = 1;
+      device_info.ppEnabledExtensionNames = &dot_extension;
+      integer_dot_ = true;
+    }
+  }
   const VkResult r = vkCreateDevice(physical_, &device_info, nullptr, &device_);
   if (r != VK_SUCCESS) return VkError(fmt::format("vkCreateDevice on {}", info_.name), r);
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);

@@ -58,12 +58,15 @@ struct DeviceLimits {
   int64_t max_shared_bytes = 0;       // shared memory per workgroup
   uint32_t max_group_count[3] = {};   // workgroups per dispatch, per dimension
   uint32_t max_group_invocations = 0;
+  float timestamp_period_ns = 0;      // nanoseconds per timestamp tick; 0: the queue has no timestamps
 };
 
 class Context {
  public:
-  // Opens device `index` of ListVulkanDevices() (-1: the default one).
-  static Result<std::unique_ptr<Context>> Create(int index);
+  // Opens device `index` of ListVulkanDevices() (-1: the default one). integer_dot: use the
+  // packed 4x8-bit integer dot product (VK_KHR_shader_integer_dot_product, core in Vulkan 1.3)
+  // where the device has it; false keeps the plain-integer shaders (tests compare both).
+  static Result<std::unique_ptr<Context>> Create(int index, bool integer_dot = true);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -73,6 +76,9 @@ class Context {
   uint32_t queue_family() const { return queue_family_; }
   const DeviceLimits& limits() const { return limits_; }
   const VulkanDeviceInfo& info() const { return info_; }
+  // Whether shaders may use OpSDot on packed 4x8-bit vectors (the quantized matrix shaders'
+  // *_idot variants): DP4A-class instructions on GPUs, a quarter of the integer work.
+  bool integer_dot() const { return integer_dot_; }
 
   Result<Buffer> CreateBuffer(int64_t bytes, MemoryKind kind);
   // Buffers of this context destroyed so far: descriptor sets that name buffers stay valid
@@ -81,7 +87,7 @@ class Context {
 
  private:
   Context() = default;
-  Status Init(int index);
+  Status Init(int index, bool integer_dot);
   Result<uint32_t> MemoryTypeFor(uint32_t allowed_types, MemoryKind kind) const;
 
   VkInstance instance_ = VK_NULL_HANDLE;
@@ -92,6 +98,7 @@ class Context {
   VkPhysicalDeviceMemoryProperties memory_{};
   DeviceLimits limits_;
   VulkanDeviceInfo info_;
+  bool integer_dot_ = false;
   uint64_t destroyed_buffers_ = 0;  // the buffer epoch; the engine thread alone makes and frees buffers
 };
 

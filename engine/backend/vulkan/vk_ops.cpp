@@ -67,6 +67,8 @@ constexpr ShaderInterface kRmsNorm{"rms_norm", 4, sizeof(RmsNormParams)};
 constexpr ShaderInterface kQuantize{"quantize_act", 3, sizeof(QuantizeParams)};
 constexpr ShaderInterface kMatvecQuant{"matvec_quant", 5, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatmulQuant{"matmul_quant", 5, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecQuantIdot{"matvec_quant_idot", 5, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatmulQuantIdot{"matmul_quant_idot", 5, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatvecFloat{"matvec_float", 4, sizeof(MatFloatParams)};
 constexpr ShaderInterface kMatmulFloat{"matmul_float", 4, sizeof(MatFloatParams)};
 constexpr ShaderInterface kMatmulF32{"matmul_f32", 4, sizeof(MatFloatParams)};
@@ -111,6 +113,16 @@ uint32_t MatvecLanes(int64_t work_items) {
   return lanes;
 }
 uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+
+// Rows per slot of matvec_quant: each activation unit it loads serves that many rows, as many
+// as leave at least kMatvecMinGroups workgroups (enough to keep a large GPU's cores busy).
+constexpr int64_t kMatvecMinGroups = 1024;
+constexpr uint32_t kMatvecMaxRowsPerSlot = 8;
+uint32_t MatvecRowsPerSlot(int64_t n_rows, uint32_t slots_per_group) {
+  uint32_t rows = 1;
+  while (rows < kMatvecMaxRowsPerSlot && n_rows / (int64_t{slots_per_group} * rows * 2) >= kMatvecMinGroups) rows *= 2;
+  return rows;
+}
 
 int64_t KvRowWords(const KvView& kv) { return kv.row_stride / 4; }
 
@@ -211,12 +223,20 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
     const uint32_t lanes = MatvecLanes(quantized ? w.n_in / 32 : w.n_in / 8);
     rows_per_group = kMatvecGroup / lanes;
     tokens_per_group = a.n_tokens == 1 ? 1 : (a.n_tokens == 2 ? 2 : 4);
-    const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group};
-    KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(quantized ? kMatvecQuant : kMatvecFloat, spec));
+    if (quantized) {
+      const uint32_t rows_per_slot = MatvecRowsPerSlot(part.n_rows, rows_per_group);
+      rows_per_group *= rows_per_slot;
+      const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group, rows_per_slot};
+      KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(ctx_.integer_dot() ? kMatvecQuantIdot : kMatvecQuant, spec));
+    } else {
+      const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group};
+      KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(kMatvecFloat, spec));
+    }
   } else {
     tokens_per_group = a.n_tokens <= 16 ? 16 : (a.n_tokens <= 32 ? 32 : 64);
     const uint32_t spec[] = {256, type, kTileRows, tokens_per_group, quantized ? 2u : 16u};
-    KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(quantized ? kMatmulQuant : kMatmulFloat, spec));
+    const ShaderInterface& quant = ctx_.integer_dot() ? kMatmulQuantIdot : kMatmulQuant;
+    KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(quantized ? quant : kMatmulFloat, spec));
   }
   const uint32_t flags = (a.accumulate ? 1u : 0u) | (a.bias != nullptr ? 2u : 0u);
   const Buffer* bias = a.bias != nullptr ? a.bias : &unused_;

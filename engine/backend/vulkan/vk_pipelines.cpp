@@ -1,5 +1,7 @@
 #include "engine/backend/vulkan/vk_pipelines.h"
 
+#include <algorithm>
+
 #include <spdlog/fmt/fmt.h>
 
 #include "engine/backend/vulkan/vk_context.h"
@@ -52,13 +54,19 @@ Result<PipelineCache::ShaderState*> PipelineCache::Shader(const ShaderInterface&
 }
 
 Result<const Pipeline*> PipelineCache::Get(const ShaderInterface& shader, std::span<const uint32_t> constants) {
+  if (constants.size() > kMaxConstants) {
+    return Internal(fmt::format("{} specialization constants for {}; at most {}", constants.size(), shader.name,
+                                kMaxConstants));
+  }
   KVFS_ASSIGN_OR_RETURN(ShaderState * state, Shader(shader));
-  std::vector<uint32_t> key(constants.begin(), constants.end());
+  ConstantsKey key{{}, constants.size()};
+  std::copy(constants.begin(), constants.end(), key.first.begin());
   if (auto it = state->pipelines.find(key); it != state->pipelines.end()) return it->second.get();
 
-  std::vector<VkSpecializationMapEntry> entries(key.size());
-  for (uint32_t i = 0; i < key.size(); ++i) entries[i] = {i, i * 4u, 4};
-  VkSpecializationInfo spec{static_cast<uint32_t>(entries.size()), entries.data(), key.size() * 4u, key.data()};
+  std::vector<VkSpecializationMapEntry> entries(constants.size());
+  for (uint32_t i = 0; i < constants.size(); ++i) entries[i] = {i, i * 4u, 4};
+  VkSpecializationInfo spec{static_cast<uint32_t>(entries.size()), entries.data(), constants.size() * 4u,
+                            key.first.data()};
   VkComputePipelineCreateInfo info{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
   info.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
   info.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
@@ -73,6 +81,7 @@ Result<const Pipeline*> PipelineCache::Get(const ShaderInterface& shader, std::s
   p->set_layout = state->set_layout;
   p->n_buffers = shader.n_buffers;
   p->push_bytes = shader.push_bytes;
+  p->name = shader.name;
   const Pipeline* out = p.get();
   state->pipelines.emplace(std::move(key), std::move(p));
   return out;

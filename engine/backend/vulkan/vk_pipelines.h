@@ -7,6 +7,7 @@
 
 #include <vulkan/vulkan.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,6 +42,7 @@ struct Pipeline {
   VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
   uint32_t n_buffers = 0;
   uint32_t push_bytes = 0;
+  std::string_view name;  // the shader's (profiles name dispatches by it)
 };
 
 class PipelineCache {
@@ -50,15 +52,19 @@ class PipelineCache {
   PipelineCache(const PipelineCache&) = delete;
   PipelineCache& operator=(const PipelineCache&) = delete;
 
-  // The pipeline of `shader` specialized with `constants` (ids 0..n-1).
+  static constexpr size_t kMaxConstants = 8;
+  // The pipeline of `shader` specialized with `constants` (ids 0..n-1, at most kMaxConstants).
+  // Called for every dispatch: a lookup allocates nothing.
   Result<const Pipeline*> Get(const ShaderInterface& shader, std::span<const uint32_t> constants);
 
  private:
+  // Specialization constants, unused ones zero, and how many there are.
+  using ConstantsKey = std::pair<std::array<uint32_t, kMaxConstants>, size_t>;
   struct ShaderState {
     VkShaderModule module = VK_NULL_HANDLE;
     VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
     VkPipelineLayout layout = VK_NULL_HANDLE;
-    std::map<std::vector<uint32_t>, std::unique_ptr<Pipeline>> pipelines;
+    std::map<ConstantsKey, std::unique_ptr<Pipeline>> pipelines;
   };
   Result<ShaderState*> Shader(const ShaderInterface& shader);
 

@@ -54,6 +54,7 @@ class VulkanBackend final : public Backend {
     return rec_->SubmitAndWait();
   }
   int64_t BlockCopies() const override { return kv_->copies(); }
+  std::string TakeProfileReport() override { return rec_->TakeProfileReport(); }
   // Test hooks (backend.h).
   Result<std::vector<uint8_t>> ReadBlockCopy(uint64_t serial) { return kv_->ReadCopy(*rec_, serial); }
   Result<std::vector<uint8_t>> ForgetAndReadSlot(uint64_t serial) {
@@ -116,11 +117,12 @@ class VulkanBackend final : public Backend {
 
 Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(vk::CheckWeightTypes(model_.weights()));
-  KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device));
+  KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device, options.integer_dot));
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
   pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device());
   rec_ = std::make_unique<vk::Recorder>(*ctx_);
+  if (options.profile) KVFS_RETURN_IF_ERROR(rec_->EnableProfiling());
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
   KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));

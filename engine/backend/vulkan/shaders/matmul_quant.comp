@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#if defined(KVFS_INTEGER_DOT)
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 // Y = X W^T for many activation rows (prefill, large batches) with quantized weights (the
 // types of matvec_quant). A workgroup of 16 x 16 invocations computes a tile of BM weight rows
 // by BN tokens: per step it decodes BK 32-value units of BM rows and loads the same units of

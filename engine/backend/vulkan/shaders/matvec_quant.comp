@@ -1,19 +1,27 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#if defined(KVFS_INTEGER_DOT)
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 // y = W x for a few activation rows (decode and small batches) with quantized weights:
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (WEIGHT_TYPE) against activations
-// quantized by quantize_act. A workgroup computes WG / LANES weight rows for TOKENS activation
-// rows: the LANES invocations of a row stride over its 32-value units, decode each weight unit
-// once for all TOKENS tokens, and their partial sums are added up in shared memory. LANES
-// follows the row length (short rows: several rows per workgroup, no idle invocations).
+// quantized by quantize_act. A workgroup has WG / LANES slots of LANES invocations; a slot
+// computes ROWS_PER_SLOT consecutive weight rows for TOKENS activation rows. Its invocations
+// stride over the 32-value units: each loads a unit of the activations once and uses it for
+// all of the slot's rows (activation units outweigh weight units about 3 to 1 in bytes, so
+// reloading them per row costs more cache bandwidth than the weights' memory bandwidth), and
+// decodes each weight unit once for all TOKENS tokens. Partial sums are added up in shared
+// memory. LANES follows the row length (short rows: several slots per workgroup, no idle
+// invocations); the host picks ROWS_PER_SLOT so that large matrices still fill the device.
 //
 // Epilogue (flags): y = [y_old +] (W x [+ bias]), the residual add and the qwen2 bias fused.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;       // invocations, a power of two
 layout(constant_id = 1) const uint WEIGHT_TYPE = 2;
-layout(constant_id = 2) const uint LANES = 64;    // invocations per row, a power of two <= WG
+layout(constant_id = 2) const uint LANES = 64;    // invocations per slot, a power of two <= WG
 layout(constant_id = 3) const uint TOKENS = 1;
+layout(constant_id = 4) const uint ROWS_PER_SLOT = 1;
 
 layout(push_constant) uniform Params {
   uint n_units;    // 32-value units per row (n_in / 32)
@@ -36,45 +44,55 @@ layout(binding = 4) readonly buffer Bias { float bias[]; };            // [y_str
 #include "weight_bytes.glsl"
 #include "weight_units.glsl"
 
-const uint ROWS = WG / LANES;
+const uint SLOTS = WG / LANES;
+const uint OUTPUTS = ROWS_PER_SLOT * TOKENS;  // per slot: output k * TOKENS + t is row k, token t
 
-shared float partial[TOKENS * WG];
+shared float partial[OUTPUTS * WG];
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint lane = tid % LANES;
-  const uint r = p.row_begin + gl_WorkGroupID.x * ROWS + tid / LANES;
+  const uint lane = tid % LANES, slot = tid / LANES;
+  const uint r0 = p.row_begin + (gl_WorkGroupID.x * SLOTS + slot) * ROWS_PER_SLOT;
   const uint t0 = gl_WorkGroupID.y * TOKENS;
-  float acc[TOKENS];
-  for (uint t = 0u; t < TOKENS; ++t) acc[t] = 0.0;
+  float acc[OUTPUTS];
+  for (uint o = 0u; o < OUTPUTS; ++o) acc[o] = 0.0;
 
-  if (r < p.n_rows) {
+  if (r0 < p.n_rows) {
     for (uint u = lane; u < p.n_units; u += LANES) {
-      const WeightUnit wu = LoadUnit(r * p.row_bytes, u);
+      uint a[TOKENS * 8u];
+      vec4 aux[TOKENS];
       for (uint t = 0u; t < TOKENS; ++t) {
-        if (t0 + t >= p.n_tokens) break;
-        const uint a0 = ((t0 + t) * p.n_units + u) * 8u;
-        uint a[8];
-        for (uint i = 0u; i < 8u; ++i) a[i] = act_codes[a0 + i];
-        acc[t] += UnitDot(wu, a, act_aux[(t0 + t) * p.n_units + u]);
+        const uint tt = min(t0 + t, p.n_tokens - 1u);  // past the last token: a copy, not stored
+        for (uint i = 0u; i < 8u; ++i) a[t * 8u + i] = act_codes[(tt * p.n_units + u) * 8u + i];
+        aux[t] = act_aux[tt * p.n_units + u];
+      }
+      for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
+        if (r0 + k >= p.n_rows) break;
+        const WeightUnit wu = LoadUnit((r0 + k) * p.row_bytes, u);
+        for (uint t = 0u; t < TOKENS; ++t) {
+          uint at[8];
+          for (uint i = 0u; i < 8u; ++i) at[i] = a[t * 8u + i];
+          acc[k * TOKENS + t] += UnitDot(wu, at, aux[t]);
+        }
       }
     }
   }
 
-  for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] = acc[t];
+  for (uint o = 0u; o < OUTPUTS; ++o) partial[o * WG + tid] = acc[o];
   barrier();
   for (uint s = LANES / 2u; s > 0u; s >>= 1) {
     if (lane < s) {
-      for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] += partial[t * WG + tid + s];
+      for (uint o = 0u; o < OUTPUTS; ++o) partial[o * WG + tid] += partial[o * WG + tid + s];
     }
     barrier();
   }
-  // Lane t of each row writes token t.
-  const uint t = t0 + lane;
-  if (r >= p.n_rows || lane >= TOKENS || t >= p.n_tokens) return;
-  const uint at = t * p.y_stride + p.y_col0 + r;
-  float v = partial[lane * WG + tid - lane];
-  if ((p.flags & 2u) != 0u) v += bias[p.y_col0 + r];
-  if ((p.flags & 1u) != 0u) v = y[at] + v;
-  y[at] = v;
+  for (uint o = lane; o < OUTPUTS; o += LANES) {
+    const uint r = r0 + o / TOKENS, t = t0 + o % TOKENS;
+    if (r >= p.n_rows || t >= p.n_tokens) continue;
+    const uint at = t * p.y_stride + p.y_col0 + r;
+    float v = partial[o * WG + slot * LANES];
+    if ((p.flags & 2u) != 0u) v += bias[p.y_col0 + r];
+    if ((p.flags & 1u) != 0u) v = y[at] + v;
+    y[at] = v;
+  }
 }

@@ -103,15 +103,31 @@ float UnitValue(WeightUnit wu, uint j) {
   return wu.s.x * q - wu.s.y;  // Q4_K, Q5_K
 }
 
+#if defined(KVFS_INTEGER_DOT)
+// OpSDot on two words read as 4 signed bytes each (PackedVectorFormat4x8Bit = literal 0):
+// glslang 12 lacks GL_EXT_integer_dot_product, so the instruction is named by its SPIR-V id.
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int SDot4x8(uint a, uint b, spirv_literal int packed_vector_format);
+#endif
+
+// The dot product of a word of 4 weight codes with a word of 4 signed activation codes. Every
+// code but Q8_0's is below 128, so reading them as signed bytes changes nothing.
+int CodeDot4(uint w, uint a) {
+#if defined(KVFS_INTEGER_DOT)
+  return SDot4x8(w, a, 0);
+#else
+  int s = 0;
+  for (int j = 0; j < 4; ++j) s += WeightCode(w, j) * bitfieldExtract(int(a), 8 * j, 8);
+  return s;
+#endif
+}
+
 // Integer dot products of a unit's codes with 32 signed activation codes (a[i] holds elements
 // 4i..4i+3): x = elements 0..15, y = elements 16..31.
 ivec2 UnitCodeDots(WeightUnit wu, uint a[8]) {
   ivec2 sums = ivec2(0);
-  for (uint i = 0u; i < 8u; ++i) {
-    int s = 0;
-    for (int j = 0; j < 4; ++j) s += WeightCode(wu.q[i], j) * bitfieldExtract(int(a[i]), 8 * j, 8);
-    if (i < 4u) sums.x += s; else sums.y += s;
-  }
+  for (uint i = 0u; i < 4u; ++i) sums.x += CodeDot4(wu.q[i], a[i]);
+  for (uint i = 4u; i < 8u; ++i) sums.y += CodeDot4(wu.q[i], a[i]);
   return sums;
 }
 
