@@ -156,6 +156,7 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
   if (buffers.size() != pipeline.n_buffers) {
     return Internal(fmt::format("dispatch binds {} buffers, the pipeline has {}", buffers.size(), pipeline.n_buffers));
   }
+  KVFS_RETURN_IF_ERROR(deferred_);
   if (x == 0 || y == 0 || z == 0) return Status::Ok();
   if (sets_epoch_ != ctx_.buffer_epoch()) {
     return Internal("a buffer was destroyed while a pass was being recorded");
@@ -209,9 +210,10 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
 }
 
 void Recorder::Barrier() {
+  if (!deferred_.ok()) return;  // the pass failed: nothing more is recorded
   if (profile_ != nullptr) ++profile_->barriers;
   const int64_t piece = n_pieces_ == 1 ? kFirstPieceDispatches : kPieceDispatches;
-  if (piece_dispatches_ < piece || !deferred_.ok()) {
+  if (piece_dispatches_ < piece) {
     RecordBarrier();
     return;
   }
@@ -232,27 +234,27 @@ void Recorder::RecordBarrier() {
 }
 
 void Recorder::Copy(const Buffer& src, int64_t src_offset, const Buffer& dst, int64_t dst_offset, int64_t bytes) {
-  if (bytes <= 0) return;
+  if (bytes <= 0 || !deferred_.ok()) return;
   const VkBufferCopy region{static_cast<VkDeviceSize>(src_offset), static_cast<VkDeviceSize>(dst_offset),
                             static_cast<VkDeviceSize>(bytes)};
   vkCmdCopyBuffer(cmd_, src.handle(), dst.handle(), 1, &region);
 }
 
 void Recorder::Zero(const Buffer& dst, int64_t offset, int64_t bytes) {
-  if (bytes <= 0) return;
+  if (bytes <= 0 || !deferred_.ok()) return;
   vkCmdFillBuffer(cmd_, dst.handle(), static_cast<VkDeviceSize>(offset), static_cast<VkDeviceSize>(bytes), 0u);
 }
 
 Status Recorder::SubmitAndWait() {
   if (!recording_) return Internal("SubmitAndWait without Begin");
   recording_ = false;
+  KVFS_RETURN_IF_ERROR(deferred_);  // a piece failed to go: the pass is abandoned
   // Device writes become visible to host reads after the fence.
   VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
   barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
   vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                        VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, nullptr, 0, nullptr);
-  KVFS_RETURN_IF_ERROR(deferred_);
   const auto submitted = std::chrono::steady_clock::now();
   KVFS_RETURN_IF_ERROR(SubmitPiece(fence_));
   // The last piece began with a barrier after every earlier piece, so its fence covers them.
