@@ -244,6 +244,7 @@ int Bench(int argc, char** argv) {
   std::unique_ptr<Backend> backend = std::move(*backend_or);
   const bool on_cpu = backend_used == "cpu";
   const std::string kernels = on_cpu ? table.name : backend_used;
+  if (choice.profile && on_cpu) std::fputs("kvfs bench: --profile times Vulkan dispatches; the CPU backend has none\n", stderr);
   std::vector<KvLayout> layouts;
   for (const std::string& t : kv_types) {
     auto kv_format = MakeKvFormat(t, args.get("--kv-rotate").value_or(""), hp.n_head_kv, hp.head_dim);

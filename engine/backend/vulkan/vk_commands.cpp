@@ -118,9 +118,9 @@ std::string Recorder::TakeProfileReport() {
   }
   out += fmt::format("{} passes in {} pieces, {} dispatches, {} barriers: device {:.3f} ms; host recording {:.3f} ms "
                      "(overlapping the device), waiting {:.3f} ms\n",
-                     p.submissions, p.pieces, p.dispatches, p.barriers, p.device_ms, p.record_ms, p.wait_ms);
+                     p.passes, p.pieces, p.dispatches, p.barriers, p.device_ms, p.record_ms, p.wait_ms);
   p.lines.clear();
-  p.submissions = p.pieces = p.dispatches = p.barriers = 0;
+  p.passes = p.pieces = p.dispatches = p.barriers = 0;
   p.device_ms = p.record_ms = p.wait_ms = 0;
   return out;
 }
@@ -271,7 +271,7 @@ Status Recorder::CollectProfile(std::chrono::steady_clock::time_point submitted)
   const auto done = std::chrono::steady_clock::now();
   p.record_ms += std::chrono::duration<double, std::milli>(submitted - p.begun).count();
   p.wait_ms += std::chrono::duration<double, std::milli>(done - submitted).count();
-  ++p.submissions;
+  ++p.passes;
   p.pieces += static_cast<int64_t>(n_pieces_);
   const uint32_t n = static_cast<uint32_t>(p.labels.size()) + 1;
   std::vector<uint64_t> ticks(n);

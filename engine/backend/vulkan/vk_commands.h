@@ -57,7 +57,7 @@ class Recorder {
   // Costs a little device time; off by default. Unsupported when the queue has no timestamps.
   Status EnableProfiling(uint32_t max_dispatches = 8192);
   // Per shader (matrix shaders per grid width, i.e. per matrix shape): dispatches, device
-  // milliseconds, share; then the device time of whole submissions against the host's time to
+  // milliseconds, share; then the device time of whole passes against the host's time to
   // record and to wait for them; then starts over. Empty when profiling is off.
   std::string TakeProfileReport();
 
@@ -102,7 +102,7 @@ class Recorder {
     uint32_t capacity = 0;            // timestamps per command buffer (one before the first dispatch)
     std::vector<std::string> labels;  // of the dispatches timed in the current command buffer
     std::map<std::string, ProfileLine> lines;
-    int64_t submissions = 0, pieces = 0, dispatches = 0, barriers = 0;
+    int64_t passes = 0, pieces = 0, dispatches = 0, barriers = 0;
     double device_ms = 0, record_ms = 0, wait_ms = 0;
     std::chrono::steady_clock::time_point begun;
   };

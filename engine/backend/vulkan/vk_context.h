@@ -1,6 +1,7 @@
 // The Vulkan device the backend runs on: instance, logical device, one compute queue, memory
-// and buffers. Plain Vulkan 1.1 C API; no extensions and no optional features are needed (the
-// shaders address every tensor as 32-bit words).
+// and buffers. Plain Vulkan 1.1 C API; no extension or optional feature is required (the
+// shaders address every tensor as 32-bit words). One is used where the device has it: the
+// packed integer dot product (integer_dot()).
 #pragma once
 
 #include <vulkan/vulkan.h>
