@@ -87,6 +87,9 @@ struct VulkanOptions {
   bool profile = false;            // time every dispatch (Backend::TakeProfileReport)
   bool integer_dot = true;         // packed 8-bit dot products where the device has them; tests
                                    // turn them off to check the plain-integer shaders
+  bool fuse_ops = true;            // one dispatch for ops that follow each other (norm or SwiGLU
+                                   // and the quantization after it, K and V stores); tests turn
+                                   // it off to compare with the separate ops
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -97,6 +100,7 @@ struct BackendRequest {
   bool vulkan = false;
   int device = -1;  // -1: the default Vulkan device
   bool profile = false;  // Vulkan: time every dispatch (Backend::TakeProfileReport)
+  bool fuse_ops = true;  // Vulkan: VulkanOptions::fuse_ops
   CpuOptions cpu;
 };
 struct ChosenBackend {

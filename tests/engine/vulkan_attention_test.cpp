@@ -3,7 +3,11 @@
 // bytes KvQuantizeRow writes; attention (decode and prefill, grouped-query heads, positions
 // spread over KV blocks in scattered device slots) must match the CPU backend's computation:
 // rotated and f16-rounded queries, scores against the decoded K rows, softmax, weighted V.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -112,6 +116,57 @@ TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuEncoding) {
                 f.Name().c_str(), static_cast<long long>(differing_rows), static_cast<long long>(T),
                 Nmse(got_values, want_values));
     EXPECT_EQ(differing_rows, 0) << f.Name();
+  }
+}
+
+// K and V stored in one dispatch that also applies RoPE to the keys: the bytes of rope, then
+// kv_store of K and of V, for every row format, both RoPE styles and partial rotation, from
+// source rows that start past the first (the cos/sin table is indexed by source row).
+TEST_F(VulkanAttentionTest, KvStoreBothRotatesKeysAsRopeThenKvStore) {
+  std::mt19937 rng(27);
+  const int64_t pos0 = 10, T = 30, row0 = 3, rows_total = row0 + T;
+  std::uniform_real_distribution<float> angle(-3.0f, 3.0f);
+  for (const KvFormat& f : Formats()) {
+    for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox}) {
+      for (int64_t n_rot : {kHeadDim, kHeadDim / 2}) {
+        const std::vector<float> k_rows = RandomRows(rows_total, rng), v_rows = RandomRows(rows_total, rng);
+        std::vector<float> table(rows_total * n_rot);
+        for (int64_t i = 0; i < rows_total * n_rot / 2; ++i) {
+          const float a = angle(rng);
+          table[2 * i] = std::cos(a);
+          table[2 * i + 1] = std::sin(a);
+        }
+        Plane plane = MakePlane(f, pos0 + T);
+        const vk::Buffer k_src = Input(k_rows), v_src = Input(v_rows), tb = Input(table), bt = Input(plane.table);
+        const vk::Buffer k_roped = Output(k_rows.size() * 4);
+        std::memcpy(k_roped.mapped(), k_rows.data(), k_rows.size() * 4);
+        const vk::Buffer k_want = Output(plane.bytes.size()), v_want = Output(plane.bytes.size());
+        const vk::Buffer k_got = Output(plane.bytes.size()), v_got = Output(plane.bytes.size());
+        vk::KvView separate = View(f, k_want, bt, plane.row_stride), both = View(f, k_got, bt, plane.row_stride);
+        separate.v_plane = &v_want;
+        both.v_plane = &v_got;
+        const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
+        const vk::Ops::RopeTable rope{&tb, n_rot, style};
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                      KVFS_RETURN_IF_ERROR(ops_->Rope(rec, k_roped, kRowValues, kHeadsKv, kHeadDim, n_rot, style, tb,
+                                                      rows_total));
+                      rec.Barrier();
+                      KVFS_RETURN_IF_ERROR(
+                          ops_->KvStore(rec, separate, k_want, shape, k_roped, kRowValues, row0, T, pos0));
+                      KVFS_RETURN_IF_ERROR(
+                          ops_->KvStore(rec, separate, v_want, shape, v_src, kRowValues, row0, T, pos0));
+                      return ops_->KvStoreBoth(rec, both, shape, k_src, v_src, kRowValues, row0, T, pos0, &rope);
+                    }).ok());
+        const size_t bytes = plane.bytes.size();
+        const std::string what = f.Name() + (style == RopeStyle::kNeox ? " neox" : " normal") + " n_rot " +
+                                 std::to_string(n_rot);
+        EXPECT_EQ(std::memcmp(k_got.mapped(), k_want.mapped(), bytes), 0) << what << ": K plane";
+        EXPECT_EQ(std::memcmp(v_got.mapped(), v_want.mapped(), bytes), 0) << what << ": V plane";
+        // Not vacuous: the rows landed where the block table says.
+        EXPECT_NE(std::count(k_got.mapped() + plane.RowOffset(pos0), k_got.mapped() + plane.RowOffset(pos0) + 8, 0), 8)
+            << what;
+      }
+    }
   }
 }
 

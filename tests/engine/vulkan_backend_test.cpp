@@ -324,6 +324,32 @@ TEST_F(VulkanBackendTest, PackedAndPlainIntegerDotsGiveTheSameLogits) {
   }
 }
 
+// Fused dispatches (norm or SwiGLU with the quantization after it, K and V stored in one
+// dispatch that also applies the keys' RoPE) compute what the separate ops compute, value for
+// value: the logits of a prompt and of decode steps are equal, for every KV format (q4k keeps
+// the separate key rope: its keys are staged as rows).
+TEST_F(VulkanBackendTest, FusedAndSeparateOpsGiveTheSameLogits) {
+  VulkanOptions options;
+  options.fuse_ops = false;
+  auto separate = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(separate.ok()) << separate.status().message();
+  for (const char* type : {"f16", "q8", "q4", "q4k"}) {
+    SequenceKv ka(Layout(type, 64), 256), kb(Layout(type, 64), 256);
+    Logits a, b;
+    SequenceStep sa{&ka, prompt_, true}, sb{&kb, prompt_, true};
+    ASSERT_TRUE(vulkan_->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+    ASSERT_TRUE((*separate)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+    ASSERT_EQ(a.data.size(), b.data.size());
+    EXPECT_TRUE(a.data == b.data) << type << " prompt: NMSE " << Nmse(a.data.data(), b.data.data(), a.data.size());
+    for (TokenId next : {TokenId{42}, TokenId{7}, TokenId{1000}}) {
+      const std::vector<float> da = Step(*vulkan_, ka, std::span<const TokenId>(&next, 1));
+      const std::vector<float> db = Step(**separate, kb, std::span<const TokenId>(&next, 1));
+      EXPECT_TRUE(da == db) << type << " decode of token " << next << ": NMSE "
+                            << Nmse(da.data(), db.data(), static_cast<int64_t>(da.size()));
+    }
+  }
+}
+
 TEST_F(VulkanBackendTest, SplitWeightsAndMicroBatchesMatch) {
   // 2 MiB bindings: the output matrix (32000 rows, 4.6 MB) splits into 3 parts and a
   // micro-batch holds 16 tokens of 32000 logits, so the prompt runs in 3 command buffers. (Both

@@ -372,6 +372,52 @@ TEST_F(VulkanOpsTest, SwiGluMatchesCpu) {
   EXPECT_LE(nmse, 1e-12);
 }
 
+// The fused ops (RMSNorm or SwiGLU and the quantization after them, one dispatch) give exactly
+// what the separate ops give: the f32 rows and every code, scale and sum; with input rows
+// strided, for every activation kind.
+TEST_F(VulkanOpsTest, FusedNormAndSwiGluQuantizeAsTheSeparateOps) {
+  std::mt19937 rng(17);
+  const int64_t n = 1024, rows = 3, x_stride = n + 64;
+  std::vector<float> x, gate, up;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> row = RandomActivations(x_stride, rng);
+    x.insert(x.end(), row.begin(), row.end());
+    const std::vector<float> g = RandomActivations(n, rng), u = RandomActivations(n, rng);
+    gate.insert(gate.end(), g.begin(), g.end());
+    up.insert(up.end(), u.begin(), u.end());
+  }
+  std::vector<float> w(n);
+  for (float& v : w) v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+  const vk::Buffer xb = Input(x), wb = Input(w), gb = Input(gate), ub = Input(up);
+  for (vk::ActKind kind : {vk::ActKind::kQ8_0, vk::ActKind::kQ8_1, vk::ActKind::kQ8_K}) {
+    for (const bool swiglu : {false, true}) {
+      const vk::Buffer y_sep = Output(rows * n * 4), y_fused = Output(rows * n * 4);
+      const vk::Buffer codes_sep = Output(rows * n), aux_sep = Output(rows * n / 32 * 16);
+      const vk::Buffer codes_fused = Output(rows * n), aux_fused = Output(rows * n / 32 * 16);
+      ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                    if (swiglu) {
+                      KVFS_RETURN_IF_ERROR(ops_->SwiGlu(rec, gb, ub, y_sep, rows * n));
+                    } else {
+                      KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, xb, x_stride, wb, n, 1e-5f, y_sep, n, rows, nullptr));
+                    }
+                    rec.Barrier();
+                    KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, y_sep, n, n, rows, {&codes_sep, &aux_sep}));
+                    if (swiglu) {
+                      return ops_->SwiGluQuantizeActs(rec, kind, gb, ub, n, rows, y_fused, {&codes_fused, &aux_fused});
+                    }
+                    return ops_->NormQuantizeActs(rec, kind, xb, x_stride, wb, n, 1e-5f, y_fused, n, rows,
+                                                  {&codes_fused, &aux_fused});
+                  }).ok());
+      const char* what = swiglu ? "swiglu" : "rms_norm";
+      const int kind_id = static_cast<int>(kind);
+      EXPECT_TRUE(Read<float>(y_sep, rows * n) == Read<float>(y_fused, rows * n)) << what << " kind " << kind_id;
+      EXPECT_TRUE(Read<int8_t>(codes_sep, rows * n) == Read<int8_t>(codes_fused, rows * n)) << what << " kind " << kind_id;
+      EXPECT_TRUE(Read<float>(aux_sep, rows * n / 32 * 4) == Read<float>(aux_fused, rows * n / 32 * 4))
+          << what << " kind " << kind_id;
+    }
+  }
+}
+
 TEST_F(VulkanOpsTest, SoftmaxMatchesCpu) {
   std::mt19937 rng(17);
   const int64_t n_head = 3, T = 4, pos0 = 300, stride = pos0 + T;

@@ -45,6 +45,7 @@ Status Recorder::Begin() {
   if (r != VK_SUCCESS) return VkError("vkResetCommandPool", r);
   n_pieces_ = 0;
   deferred_ = Status::Ok();
+  work_since_barrier_ = false;
   KVFS_RETURN_IF_ERROR(BeginPiece());
   recording_ = true;
   if (profile_ != nullptr) {
@@ -196,6 +197,7 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
   }
   vkCmdDispatch(cmd_, x, y, z);
   ++piece_dispatches_;
+  work_since_barrier_ = true;
   if (profile_ != nullptr) {
     ++profile_->dispatches;
     if (profile_->labels.size() + 1 < profile_->capacity) {
@@ -211,6 +213,10 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
 
 void Recorder::Barrier() {
   if (!deferred_.ok()) return;  // the pass failed: nothing more is recorded
+  // Nothing recorded since the last barrier (or since Begin: earlier passes were waited for):
+  // another barrier would only make the device wait again.
+  if (!work_since_barrier_) return;
+  work_since_barrier_ = false;
   if (profile_ != nullptr) ++profile_->barriers;
   const int64_t piece = n_pieces_ == 1 ? kFirstPieceDispatches : kPieceDispatches;
   if (piece_dispatches_ < piece) {
@@ -238,11 +244,13 @@ void Recorder::Copy(const Buffer& src, int64_t src_offset, const Buffer& dst, in
   const VkBufferCopy region{static_cast<VkDeviceSize>(src_offset), static_cast<VkDeviceSize>(dst_offset),
                             static_cast<VkDeviceSize>(bytes)};
   vkCmdCopyBuffer(cmd_, src.handle(), dst.handle(), 1, &region);
+  work_since_barrier_ = true;
 }
 
 void Recorder::Zero(const Buffer& dst, int64_t offset, int64_t bytes) {
   if (bytes <= 0 || !deferred_.ok()) return;
   vkCmdFillBuffer(cmd_, dst.handle(), static_cast<VkDeviceSize>(offset), static_cast<VkDeviceSize>(bytes), 0u);
+  work_since_barrier_ = true;
 }
 
 Status Recorder::SubmitAndWait() {

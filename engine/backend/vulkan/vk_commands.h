@@ -42,8 +42,9 @@ class Recorder {
   // pipeline.push_bytes bytes.
   Status Dispatch(const Pipeline& pipeline, std::initializer_list<const Buffer*> buffers, const void* push,
                   uint32_t x, uint32_t y = 1, uint32_t z = 1);
-  // Makes every earlier shader or transfer write visible to every later shader or transfer. May
-  // submit the pass so far (a failed submission is reported by SubmitAndWait).
+  // Makes every earlier shader or transfer write visible to every later shader or transfer
+  // (nothing when nothing was recorded since the last one). May submit the pass so far (a
+  // failed submission is reported by SubmitAndWait).
   void Barrier();
   void Copy(const Buffer& src, int64_t src_offset, const Buffer& dst, int64_t dst_offset, int64_t bytes);
   // Fills bytes [offset, offset + bytes) of dst with zeros (offset and bytes multiples of 4).
@@ -85,6 +86,7 @@ class Recorder {
   VkPipeline bound_pipeline_ = VK_NULL_HANDLE;  // what cmd_ has bound (not bound again)
   VkDescriptorSet bound_set_ = VK_NULL_HANDLE;
   bool in_flight_ = false;               // pieces submitted that no fence wait has covered
+  bool work_since_barrier_ = false;      // commands recorded after the last barrier
   Status deferred_;                      // a piece submission that failed inside Barrier()
   VkFence fence_ = VK_NULL_HANDLE;
   std::vector<VkDescriptorPool> descriptor_pools_;

@@ -19,7 +19,8 @@ struct RmsNormParams {
   float eps;
 };
 struct QuantizeParams {
-  uint32_t n, n_rows, x_stride;
+  uint32_t n, n_rows, x_stride, y_stride;
+  float eps;
 };
 struct MatQuantParams {
   uint32_t n_units, row_bytes, n_rows, row_begin, n_tokens, y_stride, y_col0, flags;
@@ -36,6 +37,7 @@ struct SwiGluParams {
 struct KvStoreParams {
   uint32_t n_tokens, pos0, src_stride, src_row0, block_tokens, table0;
   float hadamard_scale;
+  uint32_t n_rot;
 };
 struct ScoresParams {
   uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
@@ -64,7 +66,7 @@ struct ReduceParams {
 
 constexpr ShaderInterface kEmbed{"embed", 3, sizeof(EmbedParams)};
 constexpr ShaderInterface kRmsNorm{"rms_norm", 4, sizeof(RmsNormParams)};
-constexpr ShaderInterface kQuantize{"quantize_act", 3, sizeof(QuantizeParams)};
+constexpr ShaderInterface kQuantize{"quantize_act", 5, sizeof(QuantizeParams)};
 constexpr ShaderInterface kMatvecQuant{"matvec_quant", 5, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatmulQuant{"matmul_quant", 5, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatvecQuantIdot{"matvec_quant_idot", 5, sizeof(MatQuantParams)};
@@ -74,7 +76,7 @@ constexpr ShaderInterface kMatmulFloat{"matmul_float", 4, sizeof(MatFloatParams)
 constexpr ShaderInterface kMatmulF32{"matmul_f32", 4, sizeof(MatFloatParams)};
 constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
 constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
-constexpr ShaderInterface kKvStore{"kv_store", 3, sizeof(KvStoreParams)};
+constexpr ShaderInterface kKvStore{"kv_store", 6, sizeof(KvStoreParams)};
 constexpr ShaderInterface kScores{"attn_scores", 5, sizeof(ScoresParams)};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
@@ -125,6 +127,18 @@ uint32_t MatvecRowsPerSlot(int64_t n_rows, uint32_t slots_per_group) {
 }
 
 int64_t KvRowWords(const KvView& kv) { return kv.row_stride / 4; }
+
+// Heads per kv_store workgroup: the fewest that hold whole groups and end at a word boundary,
+// so a decode step's row spreads over several workgroups; the whole row for q4k (row-wide
+// units) and for groups that span heads.
+int64_t KvSegmentHeads(const KvFormat& f, const AttentionShape& shape) {
+  if (f.type == KvType::kQ4K || shape.head_dim % f.group != 0) return shape.n_head_kv;
+  const int64_t head_bytes = f.RowBytes(shape.head_dim);
+  for (int64_t h = 1; h < shape.n_head_kv; ++h) {
+    if (shape.n_head_kv % h == 0 && h * head_bytes % 4 == 0) return h;
+  }
+  return shape.n_head_kv;
+}
 
 float HadamardScale(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 
@@ -195,12 +209,35 @@ Status Ops::RmsNorm(Recorder& rec, const Buffer& x, int64_t x_stride, const Buff
 
 Status Ops::QuantizeActs(Recorder& rec, ActKind kind, const Buffer& x, int64_t x_stride, int64_t n, int64_t n_rows,
                          const QuantizedActs& out) {
+  return Quantize(rec, kind, QuantizeSource::kRows, x, x_stride, nullptr, n, 0.0f, nullptr, 0, n_rows, out);
+}
+
+Status Ops::NormQuantizeActs(Recorder& rec, ActKind kind, const Buffer& x, int64_t x_stride, const Buffer& w,
+                             int64_t n, float eps, const Buffer& y, int64_t y_stride, int64_t n_rows,
+                             const QuantizedActs& out) {
+  return Quantize(rec, kind, QuantizeSource::kRmsNorm, x, x_stride, &w, n, eps, &y, y_stride, n_rows, out);
+}
+
+Status Ops::SwiGluQuantizeActs(Recorder& rec, ActKind kind, const Buffer& gate, const Buffer& up, int64_t n,
+                               int64_t n_rows, const Buffer& y, const QuantizedActs& out) {
+  return Quantize(rec, kind, QuantizeSource::kSwiGlu, gate, n, &up, n, 0.0f, &y, n, n_rows, out);
+}
+
+Status Ops::Quantize(Recorder& rec, ActKind kind, QuantizeSource source, const Buffer& x, int64_t x_stride,
+                     const Buffer* x2, int64_t n, float eps, const Buffer* y, int64_t y_stride, int64_t n_rows,
+                     const QuantizedActs& out) {
   if (kind == ActKind::kFloat) return Internal("float activations are not quantized");
-  const uint32_t spec[] = {kElementwiseGroup, static_cast<uint32_t>(kind)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kQuantize, spec));
-  const QuantizeParams params{U32(n), U32(n_rows), U32(x_stride)};
   const int64_t block = kind == ActKind::kQ8_K ? 256 : 32;
-  return rec.Dispatch(*p, {&x, out.codes, out.aux}, &params, CeilDiv(n / block, kElementwiseGroup), U32(n_rows));
+  if (n % block != 0) return Internal(fmt::format("{} activations cannot be quantized in blocks of {}", n, block));
+  // The norm needs a row's sum of squares first: a workgroup per row, of rms_norm's size so
+  // that its tree of partial sums is the same.
+  const bool norm = source == QuantizeSource::kRmsNorm;
+  const uint32_t spec[] = {norm ? kRowGroup : kElementwiseGroup, static_cast<uint32_t>(kind),
+                           static_cast<uint32_t>(source)};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kQuantize, spec));
+  const QuantizeParams params{U32(n), U32(n_rows), U32(x_stride), U32(y_stride), eps};
+  return rec.Dispatch(*p, {&x, out.codes, out.aux, x2 != nullptr ? x2 : &unused_, y != nullptr ? y : &unused_},
+                      &params, norm ? 1u : CeilDiv(n / block, kElementwiseGroup), U32(n_rows));
 }
 
 Status Ops::MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a) {
@@ -293,18 +330,47 @@ Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
 
 Status Ops::KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
                     const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0) {
+  const KvStoreRows rows[] = {{&src, &plane}};
+  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, nullptr);
+}
+
+Status Ops::KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
+                        const Buffer& v_src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
+                        const RopeTable* k_rope) {
+  if (kv.format.KeysByChannel()) return Internal("q4k keys are stored in chunks, not by kv_store");
+  const KvStoreRows rows[] = {{&k_src, kv.k_plane}, {&v_src, kv.v_plane}};
+  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, k_rope);
+}
+
+Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape,
+                          std::span<const KvStoreRows> rows, int64_t src_stride, int64_t src_row0, int64_t n_tokens,
+                          int64_t pos0, const RopeTable* rope) {
   const int64_t row_values = shape.n_head_kv * shape.head_dim;
+  const int64_t seg_heads = KvSegmentHeads(kv.format, shape);
+  const uint32_t rope_mode = rope == nullptr ? 0u : (rope->style == RopeStyle::kNeox ? 2u : 1u);
   const uint32_t spec[] = {kElementwiseGroup,
                            static_cast<uint32_t>(kv.format.type),
                            U32(kv.format.group),
                            U32(shape.head_dim),
                            kv.format.rotate ? 1u : 0u,
                            U32(row_values),
-                           U32(KvRowWords(kv))};
+                           U32(KvRowWords(kv)),
+                           U32(seg_heads),
+                           rope_mode};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKvStore, spec));
-  const KvStoreParams params{U32(n_tokens),       U32(pos0), U32(src_stride), U32(src_row0), U32(kv.block_tokens),
-                             kv.table0, HadamardScale(shape.head_dim)};
-  return rec.Dispatch(*p, {&src, &plane, kv.block_table}, &params, U32(n_tokens));
+  const KvStoreParams params{U32(n_tokens),
+                             U32(pos0),
+                             U32(src_stride),
+                             U32(src_row0),
+                             U32(kv.block_tokens),
+                             kv.table0,
+                             HadamardScale(shape.head_dim),
+                             rope != nullptr ? U32(rope->n_rot) : 0u};
+  const KvStoreRows& second = rows.size() > 1 ? rows[1] : rows[0];
+  return rec.Dispatch(*p,
+                      {rows[0].src, rows[0].plane, kv.block_table, second.src, second.plane,
+                       rope != nullptr ? rope->cos_sin : &unused_},
+                      &params, U32(n_tokens), U32(shape.n_head_kv / seg_heads), U32(rows.size()));
 }
 
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,

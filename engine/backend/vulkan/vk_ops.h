@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/backend/vulkan/vk_commands.h"
@@ -87,6 +88,13 @@ class Ops {
   // Quantizes n_rows rows of n values of x for weights of activation kind `kind` (not kFloat).
   Status QuantizeActs(Recorder& rec, ActKind kind, const Buffer& x, int64_t x_stride, int64_t n, int64_t n_rows,
                       const QuantizedActs& out);
+  // Fused ops, one dispatch each: RmsNorm (without gather) into y, or SwiGlu of n_rows rows of
+  // n values (gate and up rows n apart) into y, and those rows quantized as QuantizeActs does.
+  // The values are those of the separate ops, bit for bit.
+  Status NormQuantizeActs(Recorder& rec, ActKind kind, const Buffer& x, int64_t x_stride, const Buffer& w, int64_t n,
+                          float eps, const Buffer& y, int64_t y_stride, int64_t n_rows, const QuantizedActs& out);
+  Status SwiGluQuantizeActs(Recorder& rec, ActKind kind, const Buffer& gate, const Buffer& up, int64_t n,
+                            int64_t n_rows, const Buffer& y, const QuantizedActs& out);
 
   struct MatMulArgs {
     const Buffer* x = nullptr;  // f32 input rows (read by float weights)
@@ -112,6 +120,17 @@ class Ops {
   // through KStage and KChunks).
   Status KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
                  const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0);
+  // The RoPE of Rope() (table rows = src rows), for ops that rotate their input first.
+  struct RopeTable {
+    const Buffer* cos_sin = nullptr;
+    int64_t n_rot = 0;
+    RopeStyle style = RopeStyle::kNormal;
+  };
+  // KvStore of K rows k_src[src_row0 ..], rotated by k_rope first when given, and of V rows
+  // v_src[src_row0 ..], in one dispatch. Not for q4k (its keys are chunks).
+  Status KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
+                     const Buffer& v_src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
+                     const RopeTable* k_rope);
   // q4k keys: rows src[src_row0 ..] as f16 into kv.keys at positions pos0 .. (no rotation).
   Status KStage(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& src, int64_t src_stride,
                 int64_t src_row0, int64_t n_tokens, int64_t pos0);
@@ -144,6 +163,18 @@ class Ops {
  private:
   Ops(Context& ctx, PipelineCache& pipelines) : ctx_(ctx), pipelines_(pipelines) {}
   Status MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a);
+  struct KvStoreRows {
+    const Buffer* src;
+    const Buffer* plane;
+  };
+  // kv_store of one or two (rows, plane) pairs; the first is rotated by `rope` when given.
+  Status KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape, std::span<const KvStoreRows> rows,
+                       int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0, const RopeTable* rope);
+  // quantize_act.comp's SOURCE: what the quantized rows are.
+  enum class QuantizeSource : uint32_t { kRows = 0, kSwiGlu = 1, kRmsNorm = 2 };
+  Status Quantize(Recorder& rec, ActKind kind, QuantizeSource source, const Buffer& x, int64_t x_stride,
+                  const Buffer* x2, int64_t n, float eps, const Buffer* y, int64_t y_stride, int64_t n_rows,
+                  const QuantizedActs& out);
 
   Context& ctx_;
   PipelineCache& pipelines_;

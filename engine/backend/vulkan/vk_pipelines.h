@@ -52,7 +52,7 @@ class PipelineCache {
   PipelineCache(const PipelineCache&) = delete;
   PipelineCache& operator=(const PipelineCache&) = delete;
 
-  static constexpr size_t kMaxConstants = 8;
+  static constexpr size_t kMaxConstants = 12;
   // The pipeline of `shader` specialized with `constants` (ids 0..n-1, at most kMaxConstants).
   // Called for every dispatch: a lookup allocates nothing.
   Result<const Pipeline*> Get(const ShaderInterface& shader, std::span<const uint32_t> constants);

@@ -8,6 +8,11 @@
 //   of the rows whose logits are wanted -> output matmul.
 // Quantized weights are multiplied with activations quantized like the CPU's (quantize_act),
 // so both backends compute the same integer dot products.
+// Decode is hundreds of small dispatches, each followed by a barrier, so ops that follow each
+// other are fused (VulkanOptions::fuse_ops): each rms_norm and the swiglu quantize their output
+// in the same dispatch, and one kv_store stores K and V, applying the keys' RoPE on the way
+// (beside the queries' rope, with no barrier between). The values are those of the separate
+// ops, bit for bit (vulkan_backend_test checks it).
 //
 // The batch's tokens are processed in micro-batches of at most max_ubatch_ tokens (a
 // sequence's later tokens attend to the K/V its earlier ones wrote on the device), which bounds
@@ -77,7 +82,14 @@ class VulkanBackend final : public Backend {
   // y (+)= W x, quantizing x first when W's type needs it (reused while same_input).
   Status MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
                 const vk::DeviceVector* bias, bool accumulate, bool same_input);
-  Status Attention(int64_t layer, std::span<const Piece> pieces);
+  // xb_ = RMSNorm(x_) * w for T rows, ready for `next` (the first matrix to read it): quantized
+  // in the same dispatch when fusing and next takes quantized activations.
+  Status NormFor(const vk::DeviceVector& w, int64_t T, const vk::DeviceMatrix& next);
+  // hidden_ = SwiGLU(gate_, up_) for T rows, ready for `next` in the same way.
+  Status SwiGluFor(int64_t T, const vk::DeviceMatrix& next);
+  // Stores the new K/V rows (K roped on the way when rope_keys; else k_ is already rotated)
+  // and runs attention.
+  Status Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys);
   // Makes logits_ and logits_out_ hold at least `rows` rows (at most max_ubatch_).
   Status ReserveLogitRows(int64_t rows);
 
@@ -92,6 +104,7 @@ class VulkanBackend final : public Backend {
   std::unique_ptr<vk::DeviceKvCache> kv_;
   std::vector<vk::StepKv> step_kv_;  // per step of the current pass
   int64_t max_ubatch_ = kMaxUbatch;
+  bool fuse_ops_ = true;
   vk::ActKind quantized_kind_ = vk::ActKind::kFloat;  // what act_codes_ holds (kFloat: nothing)
 
   // Activations on the device, row-major [max_ubatch_][width] f32 unless said otherwise.
@@ -118,6 +131,7 @@ class VulkanBackend final : public Backend {
 Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(vk::CheckWeightTypes(model_.weights()));
   KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device, options.integer_dot));
+  fuse_ops_ = options.fuse_ops;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
   pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device());
@@ -191,7 +205,35 @@ Status VulkanBackend::MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t
   return ops_->MatMul(*rec_, w, a);
 }
 
-Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces) {
+Status VulkanBackend::NormFor(const vk::DeviceVector& w, int64_t T, const vk::DeviceMatrix& next) {
+  const int64_t n = hp_.n_embd;
+  const vk::ActKind kind = vk::ActKindFor(next.type);
+  if (fuse_ops_ && kind != vk::ActKind::kFloat) {
+    KVFS_RETURN_IF_ERROR(
+        ops_->NormQuantizeActs(*rec_, kind, x_, n, w.buffer, n, hp_.rms_eps, xb_, n, T, {&act_codes_, &act_aux_}));
+    quantized_kind_ = kind;
+  } else {
+    KVFS_RETURN_IF_ERROR(ops_->RmsNorm(*rec_, x_, n, w.buffer, n, hp_.rms_eps, xb_, n, T, nullptr));
+    quantized_kind_ = vk::ActKind::kFloat;  // act_codes_ no longer holds xb_'s codes
+  }
+  rec_->Barrier();
+  return Status::Ok();
+}
+
+Status VulkanBackend::SwiGluFor(int64_t T, const vk::DeviceMatrix& next) {
+  const vk::ActKind kind = vk::ActKindFor(next.type);
+  if (fuse_ops_ && kind != vk::ActKind::kFloat) {
+    KVFS_RETURN_IF_ERROR(ops_->SwiGluQuantizeActs(*rec_, kind, gate_, up_, hp_.n_ff, T, hidden_, {&act_codes_, &act_aux_}));
+    quantized_kind_ = kind;
+  } else {
+    KVFS_RETURN_IF_ERROR(ops_->SwiGlu(*rec_, gate_, up_, hidden_, T * hp_.n_ff));
+    quantized_kind_ = vk::ActKind::kFloat;
+  }
+  rec_->Barrier();
+  return Status::Ok();
+}
+
+Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys) {
   const vk::AttentionShape shape{hp_.n_head, hp_.n_head_kv, hp_.head_dim};
   const int64_t n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv();
   // New K/V rows first (a query attends to its own position), then attention piece by piece,
@@ -203,10 +245,15 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces) {
     if (view.format.KeysByChannel()) {
       KVFS_RETURN_IF_ERROR(ops_->KStage(*rec_, view, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
       chunks = chunks || (pc.pos0 + pc.n) / view.format.chunk > pc.pos0 / view.format.chunk;
+      KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
+    } else if (fuse_ops_) {
+      const vk::Ops::RopeTable rope{&rope_, hp_.n_rot, hp_.rope_style};
+      KVFS_RETURN_IF_ERROR(ops_->KvStoreBoth(*rec_, view, shape, k_, v_, n_kv, pc.row0, pc.n, pc.pos0,
+                                             rope_keys ? &rope : nullptr));
     } else {
       KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.k_plane, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
+      KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
     }
-    KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
   }
   rec_->Barrier();
   if (chunks) {
@@ -266,6 +313,13 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   auto* row_ids = reinterpret_cast<int32_t*>(row_ids_.mapped());
   for (int64_t r = 0; r < R; ++r) row_ids[r] = static_cast<int32_t>(logit_rows[r]);
 
+  // Fusing, kv_store rotates the keys as it encodes them, beside the queries' rope (q4k keys go
+  // to k_stage as rows: they are rotated first).
+  bool keys_roped_by_store = fuse_ops_;
+  for (const Piece& pc : pieces) {
+    if (kv_->View(step_kv_[pc.step], 0).format.KeysByChannel()) keys_roped_by_store = false;
+  }
+
   KVFS_RETURN_IF_ERROR(ReserveLogitRows(R));  // before recording: it may replace buffers
   vk::Recorder& rec = *rec_;
   KVFS_RETURN_IF_ERROR(rec.Begin());
@@ -274,27 +328,26 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   rec.Barrier();
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const vk::DeviceLayer& l = w.layers[il];
-    KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, l.attn_norm.buffer, n_embd, eps, xb_, n_embd, T, nullptr));
-    rec.Barrier();
-    KVFS_RETURN_IF_ERROR(MatMul(l.wq, xb_, n_embd, T, q_, &l.bq, false, false));
+    KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, l.wq));
+    KVFS_RETURN_IF_ERROR(MatMul(l.wq, xb_, n_embd, T, q_, &l.bq, false, true));
     KVFS_RETURN_IF_ERROR(MatMul(l.wk, xb_, n_embd, T, k_, &l.bk, false, true));
     KVFS_RETURN_IF_ERROR(MatMul(l.wv, xb_, n_embd, T, v_, &l.bv, false, true));
     rec.Barrier();
     KVFS_RETURN_IF_ERROR(ops_->Rope(rec, q_, n_q, hp_.n_head, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
-    KVFS_RETURN_IF_ERROR(ops_->Rope(rec, k_, n_kv, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
-    rec.Barrier();
-    KVFS_RETURN_IF_ERROR(Attention(il, pieces));
+    if (!keys_roped_by_store) {
+      KVFS_RETURN_IF_ERROR(ops_->Rope(rec, k_, n_kv, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
+      rec.Barrier();
+    }
+    KVFS_RETURN_IF_ERROR(Attention(il, pieces, keys_roped_by_store));
     KVFS_RETURN_IF_ERROR(MatMul(l.wo, att_, n_q, T, x_, nullptr, true, false));
     rec.Barrier();
 
-    KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, l.ffn_norm.buffer, n_embd, eps, xb_, n_embd, T, nullptr));
-    rec.Barrier();
-    KVFS_RETURN_IF_ERROR(MatMul(l.w_gate, xb_, n_embd, T, gate_, nullptr, false, false));
+    KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, l.w_gate));
+    KVFS_RETURN_IF_ERROR(MatMul(l.w_gate, xb_, n_embd, T, gate_, nullptr, false, true));
     KVFS_RETURN_IF_ERROR(MatMul(l.w_up, xb_, n_embd, T, up_, nullptr, false, true));
     rec.Barrier();
-    KVFS_RETURN_IF_ERROR(ops_->SwiGlu(rec, gate_, up_, hidden_, T * n_ff));
-    rec.Barrier();
-    KVFS_RETURN_IF_ERROR(MatMul(l.w_down, hidden_, n_ff, T, x_, nullptr, true, false));
+    KVFS_RETURN_IF_ERROR(SwiGluFor(T, l.w_down));
+    KVFS_RETURN_IF_ERROR(MatMul(l.w_down, hidden_, n_ff, T, x_, nullptr, true, true));
     rec.Barrier();
   }
   if (R > 0) {

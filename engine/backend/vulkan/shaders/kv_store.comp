@@ -1,12 +1,17 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// Encodes new K (or V) rows into the sequence's KV format, in place in the device KV plane of
+// Encodes new K and V rows into the sequence's KV format, in place in the device KV planes of
 // one layer: per token, the row of n_head_kv heads is rotated head by head with the
 // Walsh-Hadamard transform when the format rotates, then quantized group by group with the
 // exact arithmetic of KvQuantizeRow (kv_format.cpp), so the device rows equal the CPU's
 // encoding and can be copied back into the host blocks as they are.
-// One workgroup per token; one invocation per group; the encoded row is assembled in shared
-// memory (groups need not start at word boundaries) and written as whole words.
+// Grid: (token, segment, plane). A plane is K or V (binding pairs 0/1 and 3/4: one dispatch
+// stores both). A segment is SEG_HEADS heads: the whole row, or fewer heads when their groups
+// and bytes start at word boundaries, so that a decode step's few rows still spread over many
+// workgroups. Invocations take a group each (f16: a word each); the encoded segment is
+// assembled in shared memory (groups need not start at word boundaries) and written as whole
+// words. With ROPE set, plane 0 (K) is rotated by RoPE first, with the arithmetic of rope.comp
+// (its cos/sin table): the keys need no separate rope dispatch and barrier.
 // q4k (KV_TYPE 4) encodes V rows here (QuantizeRowQ4k: row-wide units D and M, then per
 // sub-block of KV_GROUP values the best of 16 (minimum, scale) candidates by squared error);
 // its keys are stored per channel in chunks by k_chunks.comp, not as rows.
@@ -19,21 +24,26 @@ layout(constant_id = 3) const uint HD = 64;          // head_dim
 layout(constant_id = 4) const uint ROTATE = 0;
 layout(constant_id = 5) const uint ROW_VALUES = 128; // n_head_kv * head_dim
 layout(constant_id = 6) const uint ROW_WORDS = 64;   // words per device row (row bytes rounded up)
+layout(constant_id = 7) const uint SEG_HEADS = 2;    // heads per workgroup (q4k: all of them)
+layout(constant_id = 8) const uint ROPE = 0;         // plane 0: 0 as it is, 1 RoPE pairs (2i, 2i+1), 2 NeoX pairs (i, i + n_rot/2)
 
 layout(push_constant) uniform Params {
   uint n_tokens;
   uint pos0;          // position of the first token
   uint src_stride;    // floats between token rows of src
-  uint src_row0;      // src row of the first token
+  uint src_row0;      // src row of the first token (and its row of the cos/sin table)
   uint block_tokens;  // positions per KV block
   uint table0;        // this sequence's first entry in block_table
   float hadamard_scale;
+  uint n_rot;         // ROPE: dimensions rotated per head
 } p;
 
-layout(binding = 0) readonly buffer Source { float src[]; };       // [..][src_stride] after RoPE
-layout(binding = 1) buffer Plane { uint kv_words[]; };             // [slots * block_tokens][ROW_WORDS]
+layout(binding = 0) readonly buffer Source0 { float src0[]; };     // [..][src_stride] (K)
+layout(binding = 1) buffer Plane0 { uint kv_words[]; };            // [slots * block_tokens][ROW_WORDS]
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };  // block -> device slot
-
+layout(binding = 3) readonly buffer Source1 { float src1[]; };     // (V) as plane 0
+layout(binding = 4) buffer Plane1 { uint plane1[]; };
+layout(binding = 5) readonly buffer CosSin { vec2 cs[]; };         // ROPE: [rows][n_rot / 2] (cos, sin)
 #include "common.glsl"
 #include "kv_rows.glsl"
 
@@ -139,22 +149,45 @@ void EncodeQ4kRow(uint tid) {
   }
 }
 
+const uint kSegValues = SEG_HEADS * HD;
+
 void main() {
+  // Words of a segment: of the whole row (with its padding), or of whole groups that end at a
+  // word boundary (checked on the host).
+  const uint seg_words = kSegValues == ROW_VALUES ? ROW_WORDS : kSegValues / KV_GROUP * KvGroupBytes() / 4u;
   const uint tid = gl_LocalInvocationID.x;
-  const uint t = gl_WorkGroupID.x;
-  for (uint i = tid; i < ROW_VALUES; i += WG) hvec[i] = src[(p.src_row0 + t) * p.src_stride + i];
-  for (uint i = tid; i < ROW_WORDS; i += WG) row_words[i] = 0u;
+  const uint t = gl_WorkGroupID.x, seg = gl_WorkGroupID.y, plane = gl_WorkGroupID.z;
+  const uint src0_at = (p.src_row0 + t) * p.src_stride + seg * kSegValues;
+  for (uint i = tid; i < kSegValues; i += WG) hvec[i] = plane == 0u ? src0[src0_at + i] : src1[src0_at + i];
+  for (uint i = tid; i < seg_words; i += WG) row_words[i] = 0u;
   barrier();
-  if (ROTATE != 0u) HadamardShared(ROW_VALUES / HD, HD, p.hadamard_scale, tid, WG);
+  if (ROPE != 0u && plane == 0u) {
+    const uint half_rot = p.n_rot / 2u;
+    for (uint k = tid; k < SEG_HEADS * half_rot; k += WG) {
+      const uint i = k % half_rot, at = (k / half_rot) * HD;
+      const uint a = at + (ROPE == 2u ? i : 2u * i), b = at + (ROPE == 2u ? i + half_rot : 2u * i + 1u);
+      const vec2 c = cs[(p.src_row0 + t) * half_rot + i];
+      const float x0 = hvec[a], x1 = hvec[b];
+      precise float r0 = x0 * c.x - x1 * c.y;
+      precise float r1 = x0 * c.y + x1 * c.x;
+      hvec[a] = r0;
+      hvec[b] = r1;
+    }
+    barrier();
+  }
+  if (ROTATE != 0u) HadamardShared(SEG_HEADS, HD, p.hadamard_scale, tid, WG);
 
   if (KV_TYPE == kKvQ4K) EncodeQ4kRow(tid);
+  if (KV_TYPE == kKvF16) {  // a word (two values) per invocation: no shared atomics
+    for (uint i = tid; i < kSegValues / 2u; i += WG) {
+      row_words[i] = F32ToF16Bits(hvec[2u * i]) | (F32ToF16Bits(hvec[2u * i + 1u]) << 16);
+    }
+  }
   const uint group_bytes = KvGroupBytes();
-  const uint n_groups = KV_TYPE == kKvQ4K ? 0u : ROW_VALUES / KV_GROUP;  // q4k rows are not groups
+  const uint n_groups = KV_TYPE == kKvQ8 || KV_TYPE == kKvQ4 ? kSegValues / KV_GROUP : 0u;
   for (uint g = tid; g < n_groups; g += WG) {
     const uint v0 = g * KV_GROUP, at = g * group_bytes;
-    if (KV_TYPE == kKvF16) {
-      for (uint i = 0u; i < KV_GROUP; ++i) PutU16(at + 2u * i, F32ToF16Bits(hvec[v0 + i]));
-    } else if (KV_TYPE == kKvQ8) {
+    if (KV_TYPE == kKvQ8) {
       float amax = 0.0;
       for (uint i = 0u; i < KV_GROUP; ++i) amax = max(amax, abs(hvec[v0 + i]));
       const uint dh = F32ToF16Bits(amax / 127.0);
@@ -182,6 +215,12 @@ void main() {
   barrier();
   const uint pos = p.pos0 + t;
   const uint slot = block_table[p.table0 + pos / p.block_tokens];
-  const uint row0 = (slot * p.block_tokens + pos % p.block_tokens) * ROW_WORDS;
-  for (uint i = tid; i < ROW_WORDS; i += WG) kv_words[row0 + i] = row_words[i];
+  const uint row0 = (slot * p.block_tokens + pos % p.block_tokens) * ROW_WORDS + seg * seg_words;
+  for (uint i = tid; i < seg_words; i += WG) {
+    if (plane == 0u) {
+      kv_words[row0 + i] = row_words[i];
+    } else {
+      plane1[row0 + i] = row_words[i];
+    }
+  }
 }
