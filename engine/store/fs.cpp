@@ -216,7 +216,10 @@ Status WriteFileAtomic(FileSystem& fs, const std::string& dir, const std::string
   if (st.ok()) st = fs.SyncFile(tmp_path);
   if (st.ok()) st = fs.Rename(tmp_path, final_path);
   if (!st.ok()) {
-    (void)fs.Unlink(tmp_path);  // best effort; Open removes what is left
+    // Best effort; Open shreds what is left. The bytes written so far may be KV data, which an
+    // erasure must not find on the disk later: zeros first, as for every file the store drops.
+    if (fs.OverwriteWithZeros(tmp_path).ok()) (void)fs.SyncFile(tmp_path);
+    (void)fs.Unlink(tmp_path);
     return st;
   }
   // After the rename the new file is in place; only the directory fsync makes it durable. If

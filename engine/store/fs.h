@@ -86,7 +86,8 @@ std::string JoinPath(std::string_view a, std::string_view b);
 // Publishes `data` as `dir/name` crash-safely: write `dir/name.tmp`, fsync it, rename over
 // `dir/name`, fsync `dir`. After an Ok return the new contents are durable; after an error or a
 // crash at any step, `dir/name` is either its old contents or the new ones (a stray `.tmp` may
-// be left for the store's Open to remove). On error the temp file is unlinked (best effort).
+// be left for the store's Open to remove). On error the temp file is overwritten with zeros,
+// synced and unlinked (best effort): what it held may be KV data.
 Status WriteFileAtomic(FileSystem& fs, const std::string& dir, const std::string& name,
                        std::span<const uint8_t> data);
 

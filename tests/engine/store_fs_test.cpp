@@ -136,5 +136,26 @@ TEST(StoreFileSystem, WriteFileAtomicLeavesOldOrNew) {
   }
 }
 
+// A write that fails part way (full disk, failed fsync or rename) leaves no temp file, and the
+// bytes it got onto the disk are overwritten with zeros and synced before the unlink: they may be
+// KV data that an erasure must not find later.
+TEST(StoreFileSystem, WriteFileAtomicZeroesAFailedTempFileBeforeUnlinking) {
+  for (const char* failing : {"write ", "fsync ", "rename "}) {
+    FaultInjectingFileSystem fs;
+    ASSERT_TRUE(fs.MakeDir("/d").ok());
+    fs.ResetOpCount();
+    const uint64_t at = std::string(failing) == "write " ? 0 : (std::string(failing) == "fsync " ? 1 : 2);
+    fs.FailAt(at, StatusCode::kResourceExhausted);
+    EXPECT_FALSE(WriteFileAtomic(fs, "/d", "f", Bytes("secret attention state")).ok()) << failing;
+    const std::vector<std::string> log = fs.op_log();
+    ASSERT_GE(log.size(), at + 1) << failing;
+    EXPECT_EQ(log[at].rfind(failing, 0), 0u) << log[at];
+    const std::vector<std::string> after(log.begin() + static_cast<std::ptrdiff_t>(at) + 1, log.end());
+    const std::vector<std::string> want = {"overwrite /d/f.tmp", "fsync /d/f.tmp", "unlink /d/f.tmp"};
+    EXPECT_EQ(after, want) << failing;
+    EXPECT_TRUE(fs.ListFilesRecursive("/d").empty()) << failing;
+  }
+}
+
 }  // namespace
 }  // namespace kvfs::store
