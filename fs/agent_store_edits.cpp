@@ -206,16 +206,19 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
     if (pending) DropPendingPrefix(name, handle.ino);
     return valid;
   }
-  if (!pending) {
-    // Rewriting a prefix replaces it: the old one is unpinned and erased first, on record like
-    // an rm of it (if the new text then cannot be added, the name is gone too).
-    Result<store::EraseReport> removed = engine_.RemovePrefix(name);
-    if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) return removed.status();
-    if (removed.ok()) {
-      Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_remove", .erased = *removed});
-    }
-  }
   size_t bytes = handle.data.size();
+  if (!pending) {
+    // Rewriting a prefix replaces it: the new text is added first and the old one erased after,
+    // on record like an rm of it. If the new text cannot be added (too long, full disk), the
+    // old prefix stays as it was.
+    Result<store::EraseReport> replaced = engine_.ReplacePrefix(name, handle.data, owner);
+    if (replaced.ok()) {
+      Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_remove", .erased = *replaced});
+      Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_add", .bytes = bytes});
+      return Status::Ok();
+    }
+    if (replaced.status().code() != StatusCode::kNotFound) return replaced.status();
+  }
   Status added = engine_.AddPrefix(name, handle.data, owner);
   if (!added.ok()) {
     DropPendingPrefix(name, handle.ino);

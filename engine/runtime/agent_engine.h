@@ -155,6 +155,11 @@ class AgentEngine {
   // persisted record too. `owner_uid` is kept for the file's owner in .prefixes/.
   virtual Status AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) = 0;
   virtual Result<store::EraseReport> RemovePrefix(const std::string& name) = 0;
+  // Gives an existing prefix a new text: the new one is prefilled and stored first, the stored
+  // record replaced in one rename, and only then the old one unpinned and its blocks erased
+  // (what it returns). On any error (too long, full disk) the old prefix stays as it was.
+  // kNotFound when there is none (AddPrefix then).
+  virtual Result<store::EraseReport> ReplacePrefix(const std::string& name, std::string text, uint32_t owner_uid) = 0;
   // Every prefix, those whose saved record cannot be read included: PrefixText refuses them with
   // kIoError, and RemovePrefix (or RemovePrefix then AddPrefix) is all they allow.
   virtual std::vector<std::string> ListPrefixes() = 0;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <future>
 #include <set>
+#include <utility>
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -390,7 +391,8 @@ store::EraseReport Engine::UnpinPrefix(const Prefix& p) {
   return report;
 }
 
-Status Engine::PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held) {
+Status Engine::PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held,
+                             store::EraseReport* replaced) {
   CommitJob job;
   job.held = std::move(held);  // released by the store thread after the write
   auto format = FormatFor(DefaultSettings());
@@ -414,8 +416,8 @@ Status Engine::PersistPrefix(const std::string& name, const Prefix& p, std::vect
     fresh.push_back(store::NewBlock{p.blocks[i], KvFormatId(*format), record.block_size,
                                     std::span<const uint8_t>(job.held[i]->data, static_cast<size_t>(layout.block_bytes()))});
   }
-  job.run = [this, &record, &fresh]() -> kvfs::Status {
-    kvfs::Status st = store_->CommitPrefix(record, fresh);
+  job.run = [this, &record, &fresh, replaced]() -> kvfs::Status {
+    kvfs::Status st = store_->CommitPrefix(record, fresh, replaced);
     if (st.ok())
       for (const BlockHash& h : record.blocks) pool_->MarkPersisted(h);
     return st;
@@ -446,6 +448,43 @@ Status Engine::AddPrefix(const std::string& name, std::string text, uint32_t own
   std::lock_guard lock(mu_);
   prefixes_[name] = std::move(p);
   return kvfs::Status::Ok();
+}
+
+Result<store::EraseReport> Engine::ReplacePrefix(const std::string& name, std::string text, uint32_t owner_uid) {
+  std::lock_guard serial(prefix_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (!prefixes_.count(name)) return NotFound("no prefix \"" + name + "\"");
+  }
+  Prefix p;
+  p.text = std::move(text);
+  p.owner_uid = owner_uid;
+  // Blocks the old text shares with the new one are pinned twice for a while: the old
+  // prefix's unpinning below leaves them to the new one.
+  KVFS_ASSIGN_OR_RETURN(std::vector<PoolBlock*> held,
+                        RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, nullptr); }));
+  // The store swaps the record in one rename and erases the blocks only the old one named.
+  store::EraseReport stored;
+  if (kvfs::Status st = PersistPrefix(name, p, std::move(held), &stored); !st.ok()) {
+    (void)RunOnEngine<kvfs::Status>([&] {
+      UnpinPrefix(p);
+      ForgetFreedBlocks();
+      return kvfs::Status::Ok();
+    });
+    return st.WithContext("storing prefix " + name);
+  }
+  return RunOnEngine<Result<store::EraseReport>>([&]() -> Result<store::EraseReport> {
+    Prefix old;
+    {
+      std::lock_guard lock(mu_);
+      old = std::exchange(prefixes_[name], std::move(p));
+    }
+    store::EraseReport r = UnpinPrefix(old);
+    ForgetFreedBlocks();  // device copies of the dropped blocks, before the call returns
+    r.bytes_freed += stored.bytes_freed;
+    r.files_removed += stored.files_removed;
+    return r;
+  });
 }
 
 Status Engine::RestorePrefixes() {

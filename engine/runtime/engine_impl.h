@@ -141,6 +141,7 @@ class Engine final : public AgentEngine {
   void Prefetch(const std::string& name) override;
   Status AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) override;
   Result<store::EraseReport> RemovePrefix(const std::string& name) override;
+  Result<store::EraseReport> ReplacePrefix(const std::string& name, std::string text, uint32_t owner_uid) override;
   std::vector<std::string> ListPrefixes() override;
   Result<std::string> PrefixText(const std::string& name) override;
   uint32_t PrefixOwner(const std::string& name) override;
@@ -185,8 +186,10 @@ class Engine final : public AgentEngine {
   Result<std::vector<PoolBlock*>> PinPrefix(Prefix& p, PrefixSources* sources);
   // Engine thread: unpins p's blocks and drops those no agent holds (erasure of memory).
   store::EraseReport UnpinPrefix(const Prefix& p);
-  // Writes p's record and the blocks the store lacks (store thread); releases `held`.
-  kvfs::Status PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held);
+  // Writes p's record and the blocks the store lacks (store thread); releases `held`. A record
+  // of the same name is replaced; `replaced` (optional) counts the erasure of its blocks.
+  kvfs::Status PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held,
+                             store::EraseReport* replaced = nullptr);
   // Sets an agent's conversation, settings and cache references from its committed manifest.
   void ApplyManifest(AgentRecord& agent, const store::Manifest& manifest) const;
 

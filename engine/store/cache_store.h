@@ -177,8 +177,9 @@ class CacheStore {
   // Shared prefixes (prefix_record.h). CommitPrefix writes the blocks of `new_blocks` not
   // already stored, then publishes the record (replacing one of the same name; the blocks only
   // the old one named are erased). Every hash in record.blocks must be stored or in new_blocks.
-  // On an error the previous record, if any, is intact.
-  Status CommitPrefix(PrefixRecord record, std::span<const NewBlock> new_blocks);
+  // On an error the previous record, if any, is intact. `replaced` (optional) counts the
+  // erasure of the old record's blocks.
+  Status CommitPrefix(PrefixRecord record, std::span<const NewBlock> new_blocks, EraseReport* replaced = nullptr);
   // Every readable prefix record, by name.
   std::vector<PrefixRecord> ListPrefixes() const;
   // Prefix records that cannot be read (damaged, or a newer version): name -> why. They are

@@ -55,7 +55,7 @@ void CacheStore::ShredBlocks(const std::vector<BlockHash>& freed, EraseReport* r
   for (const std::string& d : touched) (void)fs_.SyncDir(d);
 }
 
-Status CacheStore::CommitPrefix(PrefixRecord record, std::span<const NewBlock> new_blocks) {
+Status CacheStore::CommitPrefix(PrefixRecord record, std::span<const NewBlock> new_blocks, EraseReport* replaced) {
   if (!IsValidPrefixName(record.name)) return InvalidArgument("invalid prefix name \"" + record.name + "\"");
   const std::set<BlockHash> named(record.blocks.begin(), record.blocks.end());
   uint64_t needed = 2 * (record.text.size() + 64 * record.blocks.size() + 4096);
@@ -98,7 +98,7 @@ Status CacheStore::CommitPrefix(PrefixRecord record, std::span<const NewBlock> n
   const std::string name = record.name;
   prefixes_[name] = std::move(record);
   EraseReport ignored;
-  ShredBlocks(unreferenced, &ignored);
+  ShredBlocks(unreferenced, replaced != nullptr ? replaced : &ignored);
   // Best effort, like the shredding above: what is left is collected by the next Open.
   if (was_unreadable && NothingUnreadable()) (void)CollectOrphanBlocks(&ignored);
   return Status::Ok();

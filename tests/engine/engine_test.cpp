@@ -684,6 +684,52 @@ TEST_F(EngineTest, PrefixesPersistAcrossRestart) {
   EXPECT_TRUE((*engine)->ListPrefixes().empty());
 }
 
+// Rewriting a prefix puts the new text in place only once it is stored: a text that cannot be
+// added (longer than the context) leaves the old prefix, its record and its blocks as they were;
+// a good one replaces the record, erases the blocks only the old text had, and is what a
+// restarted engine finds.
+TEST_F(EngineTest, ReplacingAPrefixKeepsTheOldOneUntilTheNewOneIsStored) {
+  const std::string old_text = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // 2+ blocks of 16
+  const std::string new_text = "Long ago, a small boy named Tom lived by the sea with his old grey cat.";
+  const fs::path store = dir_ / "store";
+  const fs::path record = store / "prefixes" / "story.txt.prefix";
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->AddPrefix("story.txt", old_text, 1000).ok());
+    const std::string old_record = testing::ReadFile(record);
+    const size_t old_blocks = BlockFiles(store);
+    ASSERT_GE(old_blocks, 2u);
+    std::string too_long;
+    while (too_long.size() < 100000) too_long += " dog";
+    auto failed = (*engine)->ReplacePrefix("story.txt", too_long, 1001);
+    EXPECT_EQ(failed.status().code(), StatusCode::kOutOfRange) << failed.status().message();
+    EXPECT_EQ(*(*engine)->PrefixText("story.txt"), old_text);
+    EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1000u);
+    EXPECT_EQ(testing::ReadFile(record), old_record);
+    EXPECT_EQ(BlockFiles(store), old_blocks);
+    EXPECT_EQ((*engine)->ReplacePrefix("other.txt", new_text, 1000).status().code(), StatusCode::kNotFound);
+
+    auto replaced = (*engine)->ReplacePrefix("story.txt", new_text, 1001);
+    ASSERT_TRUE(replaced.ok()) << replaced.status().message();
+    EXPECT_EQ(*(*engine)->PrefixText("story.txt"), new_text);
+    EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1001u);
+    EXPECT_NE(testing::ReadFile(record).find(new_text), std::string::npos);
+    // The texts differ from their first token: every old block is erased, in memory and on
+    // disk, and the new text's blocks are stored.
+    EXPECT_EQ(replaced->blocks_freed, old_blocks);
+    EXPECT_EQ(replaced->files_removed, old_blocks);
+    EXPECT_GE(BlockFiles(store), 1u);
+  }
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->ListPrefixes(), std::vector<std::string>{"story.txt"});
+  EXPECT_EQ(*(*engine)->PrefixText("story.txt"), new_text);
+  EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1001u);
+  ASSERT_TRUE((*engine)->RemovePrefix("story.txt").ok());
+  EXPECT_EQ(BlockFiles(store), 0u);
+}
+
 // A prefix whose saved record is damaged is listed, owned by root, refuses to be read, and can be
 // erased (its blocks go with it) or written anew.
 TEST_F(EngineTest, UnreadablePrefixIsListedAndCanBeErasedOrRewritten) {

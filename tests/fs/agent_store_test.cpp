@@ -513,6 +513,13 @@ TEST_F(StoreTest, PrefixFilesAreAddedAndRemoved) {
   const size_t removed = audit.find("\"action\":\"prefix_remove\"");
   ASSERT_NE(removed, std::string::npos) << audit;
   EXPECT_NE(audit.find("\"action\":\"prefix_add\"", removed), std::string::npos) << audit;
+  // A rewrite the engine refuses (longer than the context) fails and leaves the old text.
+  h = *store_->Open(store_->Lookup(prefixes, "story.txt")->ino, WriteTruncFlags(), kAlice);
+  ASSERT_TRUE(store_->Write(h, 0, std::string(5000, 'x')).ok());
+  EXPECT_EQ(store_->Flush(h).code(), StatusCode::kOutOfRange);
+  store_->Release(h);
+  EXPECT_EQ(*engine_->PrefixText("story.txt"), "Long ago");
+  EXPECT_EQ(*CatInode(store_->Lookup(prefixes, "story.txt")->ino), "Long ago");
   EXPECT_EQ(store_->Create(prefixes, ".hidden", WriteTruncFlags(), kRoot).status().code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(store_->Unlink(prefixes, "story.txt", kAlice).ok());
   EXPECT_TRUE(engine_->ListPrefixes().empty());

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -502,6 +503,7 @@ void FakeEngine::Prefetch(const std::string& name) {
 kvfs::Status FakeEngine::AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) {
   std::lock_guard lock(mu_);
   if (prefixes_.count(name)) return InvalidArgument("prefix exists: " + name);
+  if (static_cast<int64_t>(text.size()) > options_.n_ctx) return OutOfRange("the prefix is longer than the context");
   prefixes_[name] = std::move(text);
   prefix_owners_[name] = owner_uid;
   if (kvfs::Status st = PersistPrefixes(); !st.ok()) {
@@ -521,6 +523,23 @@ Result<store::EraseReport> FakeEngine::RemovePrefix(const std::string& name) {
   prefixes_.erase(it);
   prefix_owners_.erase(name);
   KVFS_RETURN_IF_ERROR(PersistPrefixes());
+  return report;
+}
+
+Result<store::EraseReport> FakeEngine::ReplacePrefix(const std::string& name, std::string text, uint32_t owner_uid) {
+  std::lock_guard lock(mu_);
+  auto it = prefixes_.find(name);
+  if (it == prefixes_.end()) return NotFound("no prefix " + name);
+  if (static_cast<int64_t>(text.size()) > options_.n_ctx) return OutOfRange("the prefix is longer than the context");
+  store::EraseReport report;
+  report.bytes_freed = it->second.size() * static_cast<uint64_t>(options_.kv_bytes_per_token);
+  std::string old = std::exchange(it->second, std::move(text));
+  const uint32_t old_owner = std::exchange(prefix_owners_[name], owner_uid);
+  if (kvfs::Status st = PersistPrefixes(); !st.ok()) {
+    prefixes_[name] = std::move(old);
+    prefix_owners_[name] = old_owner;
+    return st;
+  }
   return report;
 }
 

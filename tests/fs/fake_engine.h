@@ -52,6 +52,7 @@ class FakeEngine : public AgentEngine {
   void Prefetch(const std::string& name) override;
   kvfs::Status AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) override;
   Result<store::EraseReport> RemovePrefix(const std::string& name) override;
+  Result<store::EraseReport> ReplacePrefix(const std::string& name, std::string text, uint32_t owner_uid) override;
   std::vector<std::string> ListPrefixes() override;
   Result<std::string> PrefixText(const std::string& name) override;
   uint32_t PrefixOwner(const std::string& name) override;
