@@ -62,6 +62,7 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
     // with it: the erasure job below runs after that commit.
     erased_.push_back(std::move(agents_[name]));
     agents_.erase(name);
+    ++erasures_begun_;
     return k;
   });
   if (!keys.ok()) return keys.status();
@@ -123,6 +124,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     }
     ReleaseCache(*a);
     std::lock_guard lock(mu_);
+    ++erasures_begun_;
     t.job.agent = name;
     t.job.manifest = ManifestOf(*a);
     return t;
@@ -178,6 +180,7 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     std::vector<uint8_t> tail;  // compact
     int64_t tail_tokens = 0;
     int64_t block_bytes = 0;
+    uint64_t erasures_begun = 0;
   };
   auto snap = RunOnEngine<Result<Snapshot>>([&]() -> Result<Snapshot> {
     AgentRecord* a = nullptr;
@@ -220,6 +223,7 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
       }
     }
     std::lock_guard lock(mu_);
+    s.erasures_begun = erasures_begun_;
     s.info.model_fingerprint = fingerprint_;
     s.info.n_cached = full + s.tail_tokens;
     // No cache: written in the format the next one will have (so it imports back after a
@@ -239,7 +243,30 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     chunks.push_back(store::KvChunk{std::span<const uint8_t>(b->data, static_cast<size_t>(snap->block_bytes)), options_.block_tokens});
   if (snap->tail_tokens > 0) chunks.push_back(store::KvChunk{snap->tail, snap->tail_tokens});
   auto file = store::WriteKvSafetensors(snap->info, chunks);
-  for (PoolBlock* b : snap->blocks) pool_->Release(b);
+  std::vector<BlockHash> held;
+  for (PoolBlock* b : snap->blocks) {
+    held.push_back(b->key);
+    pool_->Release(b);
+  }
+  // An erasure that began while these blocks were held here could not drop them (they were in
+  // use): drop now, zeroed, those nothing names any more, as it would have.
+  bool erased_meanwhile = false;
+  {
+    std::lock_guard lock(mu_);
+    erased_meanwhile = erasures_begun_ != snap->erasures_begun;
+  }
+  if (erased_meanwhile) {
+    const std::set<BlockHash> named = NamedBlocks(nullptr, /*with_prefixes=*/true);
+    bool dropped = false;
+    for (const BlockHash& h : held)
+      if (!named.count(h)) dropped = pool_->Drop(h) || dropped;
+    if (dropped) {
+      RunOnEngine<int>([&] {
+        ForgetFreedBlocks();  // their device copies too
+        return 0;
+      });
+    }
+  }
   return file;
 }
 

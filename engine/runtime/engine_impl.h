@@ -285,6 +285,9 @@ class Engine final : public AgentEngine {
   bool stopping_ = false;
   bool store_stopping_ = false;
   EngineStatus counters_;  // the cumulative fields; the rest is filled by Status()
+  // Erasures (of an agent or of its cache) begun so far: an export that held blocks while one
+  // ran drops afterwards what that erasure could not (mu_).
+  uint64_t erasures_begun_ = 0;
 
   std::vector<std::unique_ptr<ActiveTurn>> active_;  // engine thread
   std::vector<std::unique_ptr<ActiveTurn>> warming_; // engine thread: waiting for their cache load

@@ -4,6 +4,7 @@
 // and with two agents sharing prefix blocks. Erasure removes the agent from memory and disk.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <algorithm>
@@ -728,6 +729,38 @@ TEST_F(EngineTest, ReplacingAPrefixKeepsTheOldOneUntilTheNewOneIsStored) {
   EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1001u);
   ASSERT_TRUE((*engine)->RemovePrefix("story.txt").ok());
   EXPECT_EQ(BlockFiles(store), 0u);
+}
+
+// An export running while its agent is erased holds the agent's blocks for a moment, so the
+// erasure cannot drop them then; they must still be gone from memory once both are done.
+TEST_F(EngineTest, ExportRacingAnErasureLeavesNoBlockInMemory) {
+  // Without a store the erasure reaches its drops within microseconds, as long as an export
+  // takes to copy out a cache of this model: the two overlap often.
+  EngineOptions options = Options();
+  options.store_dir.clear();
+  auto engine = CreateEngine(options);
+  ASSERT_TRUE(engine.ok());
+  for (int round = 0; round < 40; ++round) {
+    const std::string name = "r" + std::to_string(round);
+    ASSERT_TRUE((*engine)->CreateAgent(name, 1000).ok());
+    Greedy(**engine, name);
+    TurnOutcome out = RunTurn(**engine, name, std::string(kTurns[0]) + kTurns[1] + kTurns[2]);
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    std::atomic<bool> erased{false};
+    std::atomic<int> exports{0};
+    std::thread exporter([&] {
+      while (!erased.load()) {
+        (void)(*engine)->ExportCache(name);
+        ++exports;
+      }
+    });
+    while (exports.load() < 2) std::this_thread::yield();
+    const auto removed = (*engine)->EraseAgent(name);
+    erased = true;
+    exporter.join();
+    ASSERT_TRUE(removed.ok()) << removed.status().message();
+    EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0) << "round " << round;
+  }
 }
 
 // A prefix whose saved record is damaged is listed, owned by root, refuses to be read, and can be
