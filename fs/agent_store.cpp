@@ -62,6 +62,12 @@ Result<std::unique_ptr<AgentStore>> AgentStore::Create(AgentEngine& engine, Stor
 AgentStore::AgentStore(AgentEngine& engine, StoreConfig config, std::unique_ptr<AuditLog> audit)
     : engine_(engine), config_(std::move(config)), audit_(std::move(audit)) {
   root_mtime_ms_ = Now();
+  import_memory_limit_ = config_.max_import_memory_bytes;
+  if (import_memory_limit_ == 0) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    import_memory_limit_ = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2
+                                                 : uint64_t{8} << 30;
+  }
 }
 
 AgentStore::~AgentStore() = default;

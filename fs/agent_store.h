@@ -37,6 +37,9 @@ struct StoreConfig {
   size_t max_prompt_bytes = 1 << 20;       // a larger prompt: EFBIG at write
   size_t max_text_bytes = 1 << 20;         // system, config.json, a prefix file
   size_t max_import_bytes = size_t{16} << 30;  // kv.safetensors written for import
+  // Memory all kv.safetensors being written hold together (their buffers live until close);
+  // past it a write fails with ENOSPC. 0: half the machine's memory.
+  size_t max_import_memory_bytes = 0;
   std::string audit_log_path;              // empty: in memory
   uint32_t root_uid = 0, root_gid = 0;     // owner of the mount root and the special files
   std::function<int64_t()> now_ms;         // defaults to the system clock
@@ -169,6 +172,9 @@ class AgentStore {
   Status CheckWrittenSoFar(Handle& handle);  // early refusal of edits that cannot become valid
   Result<size_t> WriteLocked(Handle& handle, uint64_t offset, std::string_view bytes);
   Status FlushLocked(Handle& handle);
+  // Grows or shrinks an import buffer's share of import_memory_limit_ to `bytes` (handle.mu
+  // held); kNoSpace when the imports being written would hold more than that.
+  Status ReserveImportMemory(Handle& handle, uint64_t bytes);
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
   Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
   Result<std::string> RenderFile(const Node& node);
@@ -203,6 +209,9 @@ class AgentStore {
   // Engine callbacks update the metrics: they hold this (and their agent) by shared_ptr, never
   // the store, so a callback running late cannot touch a destroyed AgentStore.
   std::shared_ptr<SharedMetrics> metrics_ = std::make_shared<SharedMetrics>();
+  // Bytes the import buffers of open handles hold (Handle::import_memory), against this limit.
+  std::shared_ptr<std::atomic<uint64_t>> import_memory_ = std::make_shared<std::atomic<uint64_t>>(0);
+  uint64_t import_memory_limit_ = 0;
 };
 
 }  // namespace kvfs::fs

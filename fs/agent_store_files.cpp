@@ -164,6 +164,7 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
     case AgentFile::kKvCache: {
       if (writes) {
         handle->kind = Kind::kImport;  // the file written replaces the cache at close
+        handle->import_memory.Attach(import_memory_);
         return handle;
       }
       handle->kind = Kind::kSnapshot;
@@ -266,7 +267,10 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
         handle.refused = TooLarge(fmt::format("this file is limited to {} bytes", limit));  // nothing is applied
         return handle.refused;
       }
-      if (handle.data.size() < at + bytes.size()) handle.data.resize(static_cast<size_t>(at + bytes.size()));
+      if (handle.data.size() < at + bytes.size()) {
+        KVFS_RETURN_IF_ERROR(ReserveImportMemory(handle, at + bytes.size()));
+        handle.data.resize(static_cast<size_t>(at + bytes.size()));
+      }
       handle.data.replace(static_cast<size_t>(at), bytes.size(), bytes);
       handle.dirty = true;
       Status early = CheckWrittenSoFar(handle);
@@ -279,6 +283,15 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
     default:
       return PermissionDenied("file is read-only");
   }
+}
+
+Status AgentStore::ReserveImportMemory(Handle& handle, uint64_t bytes) {
+  if (handle.import_memory.Resize(bytes, import_memory_limit_)) return Status::Ok();
+  // Not sticky: the write can be tried again once other imports are done.
+  return Status(StatusCode::kNoSpace,
+                fmt::format("kv.safetensors files being written hold {} bytes of memory; with {} more this one "
+                            "would pass the {} bytes allowed to imports at once",
+                            import_memory_->load(), bytes - handle.import_memory.held(), import_memory_limit_));
 }
 
 Status AgentStore::Flush(HandleId id) {

@@ -425,6 +425,34 @@ TEST_F(StoreTest, SystemChangeKeepsTheConversation) {
   EXPECT_EQ(*Cat("alice", "system"), "You are terse.");
 }
 
+// The memory all kv.safetensors being written hold together is bounded: a write or truncation
+// that would pass it fails with ENOSPC (not for good: the file can go on once it fits), the gap
+// of a sparse write counts, and a closed import gives its memory back.
+TEST_F(StoreTest, ImportBuffersShareAMemoryBudget) {
+  StoreConfig config;
+  config.max_import_memory_bytes = 1000;
+  Start(testing::FakeEngineOptions{}, config);
+  Mkdir("alice");
+  Mkdir("bob");
+  const InodeId alice_kv = *File("alice", "kv.safetensors"), bob_kv = *File("bob", "kv.safetensors");
+  const HandleId a = *store_->Open(alice_kv, WriteTruncFlags(), kRoot);
+  const HandleId b = *store_->Open(bob_kv, WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(store_->Write(a, 0, std::string(600, 'a')).ok());
+  EXPECT_EQ(store_->Write(b, 0, std::string(500, 'b')).status().code(), StatusCode::kNoSpace);
+  EXPECT_EQ(store_->Write(b, 2000, "x").status().code(), StatusCode::kNoSpace);  // the gap counts
+  ASSERT_TRUE(store_->Write(b, 0, std::string(400, 'b')).ok());
+  EXPECT_EQ(store_->Truncate(bob_kv, 401, b, kRoot).status().code(), StatusCode::kNoSpace);
+  ASSERT_TRUE(store_->Truncate(alice_kv, 100, a, kRoot).ok());  // shrinking gives memory back
+  ASSERT_TRUE(store_->Write(b, 400, std::string(500, 'b')).ok());
+  store_->Release(a);  // not a valid file: refused at close, and its memory is free
+  ASSERT_TRUE(store_->Write(b, 900, std::string(100, 'b')).ok());
+  store_->Release(b);
+  const HandleId c = *store_->Open(alice_kv, WriteTruncFlags(), kRoot);
+  EXPECT_TRUE(store_->Write(c, 0, std::string(1000, 'c')).ok());
+  EXPECT_EQ(store_->Write(c, 1000, "c").status().code(), StatusCode::kNoSpace);
+  store_->Release(c);
+}
+
 TEST_F(StoreTest, KvExportImportAndEraseCache) {
   Mkdir("alice");
   Mkdir("bob");
