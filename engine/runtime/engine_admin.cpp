@@ -80,14 +80,7 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
   // Memory: zero and free every block no other agent names (those are still someone's state),
   // after any load of this agent's files has finished (it would put them back).
   DrainLoader();
-  const std::set<BlockHash> others = NamedBlocks(nullptr, /*with_prefixes=*/true);
-  for (const BlockHash& h : *keys)
-    if (!others.count(h)) pool_->Drop(h);
-  // Device copies of the freed blocks (the turn's own blocks too) are zeroed before returning.
-  RunOnEngine<int>([&] {
-    ForgetFreedBlocks();
-    return 0;
-  });
+  DropUnnamedBlocks(*keys);  // device copies of the turn's own blocks go too
   std::lock_guard lock(mu_);
   ++counters_.erasures;
   return report;
@@ -149,13 +142,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     report.bytes_freed = report.bytes_freed > kept ? report.bytes_freed - kept : 0;
   }
   DrainLoader();
-  const std::set<BlockHash> others = NamedBlocks(nullptr, /*with_prefixes=*/true);
-  for (const BlockHash& h : taken->memory_keys)
-    if (!others.count(h)) pool_->Drop(h);
-  RunOnEngine<int>([&] {
-    ForgetFreedBlocks();
-    return 0;
-  });
+  DropUnnamedBlocks(taken->memory_keys);
   return report;
 }
 
@@ -255,19 +242,19 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     std::lock_guard lock(mu_);
     erased_meanwhile = erasures_begun_ != snap->erasures_begun;
   }
-  if (erased_meanwhile) {
-    const std::set<BlockHash> named = NamedBlocks(nullptr, /*with_prefixes=*/true);
-    bool dropped = false;
-    for (const BlockHash& h : held)
-      if (!named.count(h)) dropped = pool_->Drop(h) || dropped;
-    if (dropped) {
-      RunOnEngine<int>([&] {
-        ForgetFreedBlocks();  // their device copies too
-        return 0;
-      });
-    }
-  }
+  if (erased_meanwhile) DropUnnamedBlocks(held);
   return file;
+}
+
+void Engine::DropUnnamedBlocks(std::span<const BlockHash> keys) {
+  const std::set<BlockHash> named = NamedBlocks(nullptr, /*with_prefixes=*/true);
+  for (const BlockHash& h : keys)
+    if (!named.count(h)) pool_->Drop(h);
+  // Device copies of the freed blocks are zeroed before the erasure returns.
+  RunOnEngine<int>([&] {
+    ForgetFreedBlocks();
+    return 0;
+  });
 }
 
 Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
@@ -452,19 +439,14 @@ Status Engine::PersistPrefix(const std::string& name, const Prefix& p, std::vect
   return CommitNow(std::move(job));
 }
 
-Status Engine::AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) {
-  if (!store::IsValidPrefixName(name)) return InvalidArgument("invalid prefix name \"" + name + "\"");
-  std::lock_guard serial(prefix_mu_);
-  {
-    std::lock_guard lock(mu_);
-    if (prefixes_.count(name)) return InvalidArgument("prefix \"" + name + "\" exists");
-  }
+Result<Engine::Prefix> Engine::PinAndPersistPrefix(const std::string& name, std::string text, uint32_t owner_uid,
+                                                   store::EraseReport* replaced) {
   Prefix p;
   p.text = std::move(text);
   p.owner_uid = owner_uid;
   KVFS_ASSIGN_OR_RETURN(std::vector<PoolBlock*> held,
                         RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, nullptr); }));
-  if (kvfs::Status st = PersistPrefix(name, p, std::move(held)); !st.ok()) {
+  if (kvfs::Status st = PersistPrefix(name, p, std::move(held), replaced); !st.ok()) {
     (void)RunOnEngine<kvfs::Status>([&] {
       UnpinPrefix(p);
       ForgetFreedBlocks();
@@ -472,6 +454,17 @@ Status Engine::AddPrefix(const std::string& name, std::string text, uint32_t own
     });
     return st.WithContext("storing prefix " + name);
   }
+  return p;
+}
+
+Status Engine::AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) {
+  if (!store::IsValidPrefixName(name)) return InvalidArgument("invalid prefix name \"" + name + "\"");
+  std::lock_guard serial(prefix_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (prefixes_.count(name)) return InvalidArgument("prefix \"" + name + "\" exists");
+  }
+  KVFS_ASSIGN_OR_RETURN(Prefix p, PinAndPersistPrefix(name, std::move(text), owner_uid, nullptr));
   std::lock_guard lock(mu_);
   prefixes_[name] = std::move(p);
   return kvfs::Status::Ok();
@@ -483,23 +476,11 @@ Result<store::EraseReport> Engine::ReplacePrefix(const std::string& name, std::s
     std::lock_guard lock(mu_);
     if (!prefixes_.count(name)) return NotFound("no prefix \"" + name + "\"");
   }
-  Prefix p;
-  p.text = std::move(text);
-  p.owner_uid = owner_uid;
   // Blocks the old text shares with the new one are pinned twice for a while: the old
-  // prefix's unpinning below leaves them to the new one.
-  KVFS_ASSIGN_OR_RETURN(std::vector<PoolBlock*> held,
-                        RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, nullptr); }));
-  // The store swaps the record in one rename and erases the blocks only the old one named.
+  // prefix's unpinning below leaves them to the new one. The store swaps the record in one
+  // rename and erases the blocks only the old one named.
   store::EraseReport stored;
-  if (kvfs::Status st = PersistPrefix(name, p, std::move(held), &stored); !st.ok()) {
-    (void)RunOnEngine<kvfs::Status>([&] {
-      UnpinPrefix(p);
-      ForgetFreedBlocks();
-      return kvfs::Status::Ok();
-    });
-    return st.WithContext("storing prefix " + name);
-  }
+  KVFS_ASSIGN_OR_RETURN(Prefix p, PinAndPersistPrefix(name, std::move(text), owner_uid, &stored));
   return RunOnEngine<Result<store::EraseReport>>([&]() -> Result<store::EraseReport> {
     Prefix old;
     {

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -190,6 +191,10 @@ class Engine final : public AgentEngine {
   // of the same name is replaced; `replaced` (optional) counts the erasure of its blocks.
   kvfs::Status PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held,
                              store::EraseReport* replaced = nullptr);
+  // PinPrefix then PersistPrefix of a prefix with this text and owner; on an error nothing of
+  // it stays pinned (AddPrefix and ReplacePrefix; prefix_mu_ held).
+  Result<Prefix> PinAndPersistPrefix(const std::string& name, std::string text, uint32_t owner_uid,
+                                     store::EraseReport* replaced);
   // Sets an agent's conversation, settings and cache references from its committed manifest.
   void ApplyManifest(AgentRecord& agent, const store::Manifest& manifest) const;
 
@@ -203,6 +208,9 @@ class Engine final : public AgentEngine {
   // The blocks every agent but `except` names, and with_prefixes the prefixes' too: those are
   // still someone's state, not to be dropped (takes mu_).
   std::set<BlockHash> NamedBlocks(const AgentRecord* except, bool with_prefixes);
+  // Erasure of memory: zeroes and frees those of `keys` that nothing names and nothing uses,
+  // and their device copies (not on the engine thread).
+  void DropUnnamedBlocks(std::span<const BlockHash> keys);
   void StartTurns();
   kvfs::Status PrepareTurn(ActiveTurn& turn);
   // Makes the first `keep` tokens of `tokens` resident in turn.seq from the agent's own blocks,
