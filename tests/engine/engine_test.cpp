@@ -28,11 +28,10 @@ using testing::ReadManifest;
 using testing::RunTurn;
 using testing::TurnOutcome;
 using testing::ExpectReloadsShown;
+using testing::kTurns;
 
 using EngineTest = testing::EngineTestBase;
 
-const char* kTurns[] = {"Once upon a time, there was a little girl named Lily.", " She liked to play outside.",
-                        " One day, she saw a big dog in the park."};
 
 TEST_F(EngineTest, TurnsMatchUncachedRunsAcrossRestartAndEviction) {
   for (int mode = 0; mode < 3; ++mode) {
@@ -614,123 +613,6 @@ TEST_F(EngineTest, InvalidUtf8FromByteTokensIsCommittedAndResumed) {
   EXPECT_EQ(out.reply, unbroken[1]);
 }
 
-size_t BlockFiles(const fs::path& store) {
-  size_t n = 0;
-  for (auto& e : fs::recursive_directory_iterator(store / "blocks")) n += e.is_regular_file();
-  return n;
-}
-
-// .prefixes/ entries persist: a restarted engine lists them with their text and owner, loads
-// their blocks from the store (no prefill), and an agent of any uid reuses them; a prefix whose
-// blocks are gone is prefilled again; removing one erases its record and its blocks.
-TEST_F(EngineTest, PrefixesPersistAcrossRestart) {
-  const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // > 32 tokens: 2+ blocks of 16
-  const fs::path store = dir_ / "store";
-  size_t prefix_blocks = 0;
-  {
-    auto engine = CreateEngine(Options());
-    ASSERT_TRUE(engine.ok());
-    ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 1000).ok());
-    EXPECT_EQ((*engine)->AddPrefix("story.txt", "again", 1000).code(), StatusCode::kInvalidArgument);
-    EXPECT_FALSE((*engine)->AddPrefix(".hidden", "x", 1000).ok());
-    ASSERT_TRUE(fs::exists(store / "prefixes" / "story.txt.prefix"));
-    prefix_blocks = BlockFiles(store);
-    EXPECT_GE(prefix_blocks, 2u);
-  }
-  for (int round = 0; round < 2; ++round) {
-    SCOPED_TRACE(round == 0 ? "restart" : "restart with the blocks gone");
-    if (round == 1) {
-      for (auto& e : fs::recursive_directory_iterator(store / "blocks"))
-        if (e.is_regular_file()) fs::remove(e.path());
-    }
-    auto engine = CreateEngine(Options());
-    ASSERT_TRUE(engine.ok()) << engine.status().message();
-    EXPECT_EQ((*engine)->ListPrefixes(), std::vector<std::string>{"story.txt"});
-    auto text = (*engine)->PrefixText("story.txt");
-    ASSERT_TRUE(text.ok());
-    EXPECT_EQ(*text, prefix);
-    EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1000u);
-    const EngineStatus st = (*engine)->Stats();
-    if (round == 0) {
-      EXPECT_GT(st.reload_bytes, 0u);  // loaded from the store, not prefilled
-    } else {
-      EXPECT_EQ(st.reload_bytes, 0u);  // nothing to load: prefilled, and stored again
-      EXPECT_EQ(BlockFiles(store), prefix_blocks);
-    }
-    // An agent of another uid whose context starts with the prefix reuses its blocks, and
-    // replies as an uncached run does.
-    const std::string agent = "a" + std::to_string(round);
-    ASSERT_TRUE((*engine)->CreateAgent(agent, 2000 + round).ok());
-    Greedy(**engine, agent);
-    TurnOutcome out = RunTurn(**engine, agent, prefix + " The dog ran away.");
-    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
-    EXPECT_GE(out.stats->reused_tokens, static_cast<int64_t>(16 * prefix_blocks));
-    EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, agent), *out.stats, 20));
-    ASSERT_TRUE((*engine)->EraseAgent(agent).ok());
-    EXPECT_EQ(BlockFiles(store), prefix_blocks);  // the prefix still holds its blocks
-  }
-  {
-    auto engine = CreateEngine(Options());
-    ASSERT_TRUE(engine.ok());
-    auto removed = (*engine)->RemovePrefix("story.txt");
-    ASSERT_TRUE(removed.ok()) << removed.status().message();
-    EXPECT_GE(removed->blocks_freed, prefix_blocks);
-    EXPECT_FALSE(fs::exists(store / "prefixes" / "story.txt.prefix"));
-    EXPECT_EQ(BlockFiles(store), 0u);
-    EXPECT_TRUE((*engine)->ListPrefixes().empty());
-    EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0);
-  }
-  auto engine = CreateEngine(Options());
-  ASSERT_TRUE(engine.ok());
-  EXPECT_TRUE((*engine)->ListPrefixes().empty());
-}
-
-// Rewriting a prefix puts the new text in place only once it is stored: a text that cannot be
-// added (longer than the context) leaves the old prefix, its record and its blocks as they were;
-// a good one replaces the record, erases the blocks only the old text had, and is what a
-// restarted engine finds.
-TEST_F(EngineTest, ReplacingAPrefixKeepsTheOldOneUntilTheNewOneIsStored) {
-  const std::string old_text = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // 2+ blocks of 16
-  const std::string new_text = "Long ago, a small boy named Tom lived by the sea with his old grey cat.";
-  const fs::path store = dir_ / "store";
-  const fs::path record = store / "prefixes" / "story.txt.prefix";
-  {
-    auto engine = CreateEngine(Options());
-    ASSERT_TRUE(engine.ok());
-    ASSERT_TRUE((*engine)->AddPrefix("story.txt", old_text, 1000).ok());
-    const std::string old_record = testing::ReadFile(record);
-    const size_t old_blocks = BlockFiles(store);
-    ASSERT_GE(old_blocks, 2u);
-    std::string too_long;
-    while (too_long.size() < 100000) too_long += " dog";
-    auto failed = (*engine)->ReplacePrefix("story.txt", too_long, 1001);
-    EXPECT_EQ(failed.status().code(), StatusCode::kOutOfRange) << failed.status().message();
-    EXPECT_EQ(*(*engine)->PrefixText("story.txt"), old_text);
-    EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1000u);
-    EXPECT_EQ(testing::ReadFile(record), old_record);
-    EXPECT_EQ(BlockFiles(store), old_blocks);
-    EXPECT_EQ((*engine)->ReplacePrefix("other.txt", new_text, 1000).status().code(), StatusCode::kNotFound);
-
-    auto replaced = (*engine)->ReplacePrefix("story.txt", new_text, 1001);
-    ASSERT_TRUE(replaced.ok()) << replaced.status().message();
-    EXPECT_EQ(*(*engine)->PrefixText("story.txt"), new_text);
-    EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1001u);
-    EXPECT_NE(testing::ReadFile(record).find(new_text), std::string::npos);
-    // The texts differ from their first token: every old block is erased, in memory and on
-    // disk, and the new text's blocks are stored.
-    EXPECT_EQ(replaced->blocks_freed, old_blocks);
-    EXPECT_EQ(replaced->files_removed, old_blocks);
-    EXPECT_GE(BlockFiles(store), 1u);
-  }
-  auto engine = CreateEngine(Options());
-  ASSERT_TRUE(engine.ok());
-  EXPECT_EQ((*engine)->ListPrefixes(), std::vector<std::string>{"story.txt"});
-  EXPECT_EQ(*(*engine)->PrefixText("story.txt"), new_text);
-  EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1001u);
-  ASSERT_TRUE((*engine)->RemovePrefix("story.txt").ok());
-  EXPECT_EQ(BlockFiles(store), 0u);
-}
-
 // An export running while its agent is erased holds the agent's blocks for a moment, so the
 // erasure cannot drop them then; they must still be gone from memory once both are done.
 TEST_F(EngineTest, ExportRacingAnErasureLeavesNoBlockInMemory) {
@@ -760,47 +642,6 @@ TEST_F(EngineTest, ExportRacingAnErasureLeavesNoBlockInMemory) {
     exporter.join();
     ASSERT_TRUE(removed.ok()) << removed.status().message();
     EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0) << "round " << round;
-  }
-}
-
-// A prefix whose saved record is damaged is listed, owned by root, refuses to be read, and can be
-// erased (its blocks go with it) or written anew.
-TEST_F(EngineTest, UnreadablePrefixIsListedAndCanBeErasedOrRewritten) {
-  const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // > 32 tokens: 2+ blocks of 16
-  const fs::path store = dir_ / "store";
-  const fs::path record = store / "prefixes" / "story.txt.prefix";
-  for (const bool rewrite : {false, true}) {
-    SCOPED_TRACE(rewrite ? "written anew" : "erased");
-    {
-      auto engine = CreateEngine(Options());
-      ASSERT_TRUE(engine.ok());
-      ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 1000).ok());
-    }
-    ASSERT_GE(BlockFiles(store), 2u);
-    std::string bytes = testing::ReadFile(record);
-    const size_t at = bytes.find("\"text\":\"") + 8;
-    bytes[at] = bytes[at] == 'x' ? 'y' : 'x';  // one letter of the text: valid JSON, wrong checksum
-    std::ofstream(record, std::ios::binary | std::ios::trunc) << bytes;
-
-    auto engine = CreateEngine(Options());
-    ASSERT_TRUE(engine.ok()) << engine.status().message();
-    EXPECT_EQ((*engine)->ListPrefixes(), std::vector<std::string>{"story.txt"});
-    const auto text = (*engine)->PrefixText("story.txt");
-    EXPECT_EQ(text.status().code(), StatusCode::kIoError);
-    EXPECT_NE(text.status().message().find("checksum"), std::string::npos) << text.status().message();
-    EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 0u);
-    EXPECT_EQ(testing::ReadFile(record), bytes);  // left as it was until the user acts
-    auto removed = (*engine)->RemovePrefix("story.txt");
-    ASSERT_TRUE(removed.ok()) << removed.status().message();
-    EXPECT_FALSE(fs::exists(record));
-    EXPECT_EQ(BlockFiles(store), 0u);  // the blocks only the damaged record named are collected
-    if (rewrite) {
-      ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 1000).ok());
-      EXPECT_EQ(*(*engine)->PrefixText("story.txt"), prefix);
-      EXPECT_GE(BlockFiles(store), 2u);
-      ASSERT_TRUE((*engine)->RemovePrefix("story.txt").ok());
-    }
-    EXPECT_TRUE((*engine)->ListPrefixes().empty());
   }
 }
 

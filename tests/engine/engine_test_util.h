@@ -21,6 +21,10 @@ namespace kvfs::testing {
 
 namespace fs = std::filesystem;
 
+// Three turns of a story (the first is a prompt the tiny model continues well).
+inline const char* const kTurns[] = {"Once upon a time, there was a little girl named Lily.",
+                                     " She liked to play outside.", " One day, she saw a big dog in the park."};
+
 struct TurnOutcome {
   std::string reply;
   Result<TurnStats> stats = Status(StatusCode::kInternal, "not finished");
