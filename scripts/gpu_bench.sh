@@ -12,6 +12,9 @@
 #   KVFS_GPU_DEPTHS   tokens already in the context (default "0 3500"; every model at one depth
 #                     before the next depth)
 #   KVFS_GPU_ARGS     more `kvfs bench` arguments (default "-p 512 -n 128 -r 3")
+#   KVFS_GPU_VARIANTS builds of the pass to compare, each run right after the other: "default"
+#                     and/or `kvfs bench` flags such as --gguf-rows or --separate-ops (default
+#                     "default"; e.g. "default --gguf-rows" for an A/B of the aligned weight rows)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/kvfs-gpu}
@@ -57,13 +60,13 @@ out, runs = sys.argv[1], sys.argv[2]
 copy = None
 m = re.search(r"copy_gbs ([0-9.]+)", open(os.path.join(out, "gpu.txt")).read())
 if m: copy = float(m.group(1))
-rows = ["%-16s %-4s %6s %10s %10s %9s %s" % ("model", "kv", "depth", "pp t/s", "tg t/s", "dec GB/s", "of copy bw")]
+rows = ["%-34s %-4s %6s %10s %10s %9s %s" % ("run", "kv", "depth", "pp t/s", "tg t/s", "dec GB/s", "of copy bw")]
 for f in sorted(glob.glob(os.path.join(runs, "*.json"))):
     try: j = json.load(open(f))
     except ValueError: continue
     name = os.path.basename(f)[:-5]
     gbs = j.get("decode_gbs", 0.0)
-    rows.append("%-16s %-4s %6d %10.1f %10.1f %9.1f %s" % (name.rsplit("-", 2)[0], j.get("kv"), j.get("depth", 0),
+    rows.append("%-34s %-4s %6d %10.1f %10.1f %9.1f %s" % (name, j.get("kv"), j.get("depth", 0),
                 j["pp"]["median"], j["tg"]["median"], gbs, "%.0f%%" % (100 * gbs / copy) if copy else "-"))
     rows.append("    %s" % j.get("kernels"))
 open(os.path.join(out, "summary.txt"), "w").write("\n".join(rows) + "\n")
@@ -79,13 +82,17 @@ done
 for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
   for p in $presets; do
     for kv in ${KVFS_GPU_KV:-f16 q4 q4k}; do
-      run="$runs/$p-$kv-d$d"
-      # shellcheck disable=SC2086  # KVFS_GPU_ARGS is a list of arguments
-      timeout 300 $kvfs bench -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" \
-        ${KVFS_GPU_ARGS:--p 512 -n 128 -r 3} --json > "$run.json" 2> "$run.err" ||
-        echo "gpu_bench: $p $kv depth $d failed (rc $?): $(tail -c 300 "$run.err")" >&2
-      summarize > /dev/null
-      tar -czf "$out/runs.tgz" -C "$runs" .
+      for v in ${KVFS_GPU_VARIANTS:-default}; do
+        flags="" suffix=""
+        [ "$v" = default ] || { flags=$v; suffix="-${v#--}"; }
+        run="$runs/$p-$kv-d$d$suffix"
+        # shellcheck disable=SC2086  # KVFS_GPU_ARGS and flags are lists of arguments
+        timeout 300 $kvfs bench -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" $flags \
+          ${KVFS_GPU_ARGS:--p 512 -n 128 -r 3} --json > "$run.json" 2> "$run.err" ||
+          echo "gpu_bench: $p $kv depth $d $v failed (rc $?): $(tail -c 300 "$run.err")" >&2
+        summarize > /dev/null
+        tar -czf "$out/runs.tgz" -C "$runs" .
+      done
     done
   done
 done

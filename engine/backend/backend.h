@@ -90,6 +90,8 @@ struct VulkanOptions {
   bool fuse_ops = true;            // one dispatch for ops that follow each other (norm or SwiGLU
                                    // and the quantization after it, K and V stores); tests turn
                                    // it off to compare with the separate ops
+  bool split_weight_rows = true;   // Q4_0 and Q8_0 rows with 16-byte-aligned codes on the device
+                                   // (vk::WeightLayout::kSplitRows); off: the GGUF rows as they are
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -101,6 +103,7 @@ struct BackendRequest {
   int device = -1;  // -1: the default Vulkan device
   bool profile = false;  // Vulkan: time every dispatch (Backend::TakeProfileReport)
   bool fuse_ops = true;  // Vulkan: VulkanOptions::fuse_ops
+  bool split_weight_rows = true;  // Vulkan: VulkanOptions::split_weight_rows
   CpuOptions cpu;
 };
 struct ChosenBackend {

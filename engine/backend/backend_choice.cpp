@@ -16,7 +16,10 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
         return InvalidArgument(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", request.device,
                                            devices->size()));
       }
-      const VulkanOptions options{.device = request.device, .profile = request.profile, .fuse_ops = request.fuse_ops};
+      const VulkanOptions options{.device = request.device,
+                                  .profile = request.profile,
+                                  .fuse_ops = request.fuse_ops,
+                                  .split_weight_rows = request.split_weight_rows};
       KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, options));
       for (const VulkanDeviceInfo& d : *devices) {
         if (request.device >= 0 ? d.index == request.device : d.is_default) out.name = "vulkan: " + d.name;

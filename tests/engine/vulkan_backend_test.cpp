@@ -350,6 +350,29 @@ TEST_F(VulkanBackendTest, FusedAndSeparateOpsGiveTheSameLogits) {
   }
 }
 
+// Q4_0 weights with their codes moved to 16-byte boundaries (the default) and as the GGUF file
+// stores them decode to the same values, so every matrix product, and so the logits of a
+// prompt (tiled shaders) and of decode steps (matrix-vector shaders), are equal.
+TEST_F(VulkanBackendTest, SplitAndGgufWeightRowsGiveTheSameLogits) {
+  VulkanOptions options;
+  options.split_weight_rows = false;
+  auto gguf_rows = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(gguf_rows.ok()) << gguf_rows.status().message();
+  SequenceKv ka(Layout("q4", 64), 256), kb(Layout("q4", 64), 256);
+  Logits a, b;
+  SequenceStep sa{&ka, prompt_, true}, sb{&kb, prompt_, true};
+  ASSERT_TRUE(vulkan_->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+  ASSERT_TRUE((*gguf_rows)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+  ASSERT_EQ(a.data.size(), b.data.size());
+  EXPECT_TRUE(a.data == b.data) << "prompt: NMSE " << Nmse(a.data.data(), b.data.data(), a.data.size());
+  for (TokenId next : {TokenId{42}, TokenId{7}, TokenId{1000}}) {
+    const std::vector<float> da = Step(*vulkan_, ka, std::span<const TokenId>(&next, 1));
+    const std::vector<float> db = Step(**gguf_rows, kb, std::span<const TokenId>(&next, 1));
+    EXPECT_TRUE(da == db) << "decode of token " << next << ": NMSE "
+                          << Nmse(da.data(), db.data(), static_cast<int64_t>(da.size()));
+  }
+}
+
 TEST_F(VulkanBackendTest, SplitWeightsAndMicroBatchesMatch) {
   // 2 MiB bindings: the output matrix (32000 rows, 4.6 MB) splits into 3 parts and a
   // micro-batch holds 16 tokens of 32000 logits, so the prompt runs in 3 command buffers. (Both

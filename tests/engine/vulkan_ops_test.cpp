@@ -16,6 +16,7 @@
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/ops.h"
 #include "engine/backend/vulkan/device_weights.h"
+#include "engine/backend/vulkan/weight_layout.h"
 #include "engine/backend/vulkan/vk_transfer.h"
 #include "engine/model/quant_block_access.h"
 #include "engine/model/quants.h"
@@ -181,10 +182,11 @@ class VulkanMatMulTest : public VulkanOpsTest, public ::testing::WithParamInterf
     }
     ASSERT_EQ(ctx_->integer_dot(), GetParam());
   }
-  // n_out x n_in matrices of every type, uploaded in parts of part_rows rows, times each
-  // token count's activations.
+  enum class Types { kAll, kQuantized, kWithSplitRows };
+  // n_out x n_in matrices of every type (of `types`), uploaded in parts of part_rows rows, times
+  // each token count's activations.
   void CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_rows, std::initializer_list<int64_t> token_counts,
-                      bool quantized_only = false);
+                      Types types = Types::kAll);
 };
 
 TEST_P(VulkanMatMulTest, MatchesScalarForEveryType) {
@@ -195,11 +197,16 @@ TEST_P(VulkanMatMulTest, MatchesScalarForEveryType) {
 // Matrices large enough that matvec_quant gives each slot of invocations 2 or 4 rows, with a
 // last workgroup that holds fewer rows than it has room for, and 3 tokens in a group of 4.
 TEST_P(VulkanMatMulTest, LargeMatricesMatchScalarForEveryQuantizedType) {
-  CheckEveryType(2048, 12247, 4099, {1, 3}, true);
+  CheckEveryType(2048, 12247, 4099, {1, 3}, Types::kQuantized);
+}
+
+// Rows of 25 units: split rows pad their 50 bytes of scales to 64 (weight_layout.h).
+TEST_P(VulkanMatMulTest, SplitRowsWithPaddedScalesMatchScalar) {
+  CheckEveryType(800, 300, 120, {1, 2, 3, 5, 70}, Types::kWithSplitRows);
 }
 
 void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_rows,
-                                      std::initializer_list<int64_t> token_counts, bool quantized_only) {
+                                      std::initializer_list<int64_t> token_counts, Types types) {
   std::mt19937 rng(11);
   const cpu::KernelTable& scalar = cpu::ScalarKernels();
   auto up = vk::Uploader::Create(*ctx_, 1 << 20);
@@ -208,14 +215,24 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
   for (float& b : bias) b = std::normal_distribution<float>(0.0f, 1.0f)(rng);
   const vk::Buffer bias_buf = Input(bias);
   for (GgmlType type : kTypes) {
-    if (quantized_only && vk::ActKindFor(type) == vk::ActKind::kFloat) continue;
+    if (types == Types::kQuantized && vk::ActKindFor(type) == vk::ActKind::kFloat) continue;
+    if (types == Types::kWithSplitRows && !vk::SplitRowsApplies(type)) continue;
     const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
     const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
-    int64_t total = 0;
-    auto dm = vk::UploadMatrix(*ctx_, **up, m, part_rows * m.row_bytes + 4, total);
-    ASSERT_TRUE(dm.ok()) << dm.status().message();
+    // The GGUF rows, and the split rows where the type has them: the same products, bit for bit.
+    std::vector<vk::DeviceMatrix> layouts;
+    for (bool split : {false, true}) {
+      if (split && !vk::SplitRowsApplies(type)) continue;
+      const int64_t device_row_bytes = split ? vk::SplitRowBytes(type, n_in) : m.row_bytes;
+      const vk::WeightUploadOptions options{.max_binding_bytes = part_rows * device_row_bytes + 4, .split_rows = split};
+      int64_t total = 0;
+      auto dm = vk::UploadMatrix(*ctx_, **up, m, options, total);
+      ASSERT_TRUE(dm.ok()) << dm.status().message();
+      ASSERT_EQ(dm->layout, split ? vk::WeightLayout::kSplitRows : vk::WeightLayout::kGguf);
+      ASSERT_EQ(dm->parts.size(), static_cast<size_t>((n_out + part_rows - 1) / part_rows));
+      layouts.push_back(std::move(*dm));
+    }
     ASSERT_TRUE((*up)->Flush().ok());
-    ASSERT_EQ(dm->parts.size(), static_cast<size_t>((n_out + part_rows - 1) / part_rows));
     for (int64_t T : token_counts) {
       const bool epilogue = T == 3 || T == 40;  // bias and residual add
       std::vector<float> x;
@@ -238,30 +255,42 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
       const vk::Buffer xb = Input(x);
       const vk::Buffer codes = Output(T * n_in);
       const vk::Buffer aux = Output(T * n_in / 32 * 16);
-      vk::Buffer y = Output(T * n_out * 4);
-      if (epilogue) std::memcpy(y.mapped(), y_old.data(), y_old.size() * 4);
       const vk::ActKind kind = vk::ActKindFor(type);
-      const Status s = Run([&](vk::Recorder& rec) -> Status {
-        if (kind != vk::ActKind::kFloat) {
-          KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, xb, n_in, n_in, T, {&codes, &aux}));
-          rec.Barrier();
+      std::vector<float> gguf_rows_y;
+      for (const vk::DeviceMatrix& dm : layouts) {
+        const bool split = dm.layout == vk::WeightLayout::kSplitRows;
+        vk::Buffer y = Output(T * n_out * 4);
+        if (epilogue) std::memcpy(y.mapped(), y_old.data(), y_old.size() * 4);
+        const Status s = Run([&](vk::Recorder& rec) -> Status {
+          if (kind != vk::ActKind::kFloat) {
+            KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, xb, n_in, n_in, T, {&codes, &aux}));
+            rec.Barrier();
+          }
+          vk::Ops::MatMulArgs a;
+          a.x = &xb;
+          a.x_stride = n_in;
+          a.acts = {&codes, &aux};
+          a.n_tokens = T;
+          a.y = &y;
+          a.bias = epilogue ? &bias_buf : nullptr;
+          a.accumulate = epilogue;
+          return ops_->MatMul(rec, dm, a);
+        });
+        ASSERT_TRUE(s.ok()) << s.message();
+        const std::vector<float> got = Read<float>(y, T * n_out);
+        const double nmse = Nmse(got, want);
+        std::printf("[vulkan matmul] %-5s %lldx%lld T=%-3lld%s NMSE %.3g\n", TypeName(type).c_str(),
+                    static_cast<long long>(n_out), static_cast<long long>(n_in), static_cast<long long>(T),
+                    split ? " split rows" : "", nmse);
+        // Integer paths sum each unit exactly; only the float accumulation order differs.
+        EXPECT_LE(nmse, 1e-10) << TypeName(type) << " T=" << T;
+        if (!split) {
+          gguf_rows_y = got;
+        } else {
+          EXPECT_EQ(std::memcmp(got.data(), gguf_rows_y.data(), got.size() * 4), 0)
+              << TypeName(type) << " T=" << T << ": split rows give other products than the GGUF rows";
         }
-        vk::Ops::MatMulArgs a;
-        a.x = &xb;
-        a.x_stride = n_in;
-        a.acts = {&codes, &aux};
-        a.n_tokens = T;
-        a.y = &y;
-        a.bias = epilogue ? &bias_buf : nullptr;
-        a.accumulate = epilogue;
-        return ops_->MatMul(rec, *dm, a);
-      });
-      ASSERT_TRUE(s.ok()) << s.message();
-      const double nmse = Nmse(Read<float>(y, T * n_out), want);
-      std::printf("[vulkan matmul] %-5s %lldx%lld T=%-3lld NMSE %.3g\n", TypeName(type).c_str(),
-                  static_cast<long long>(n_out), static_cast<long long>(n_in), static_cast<long long>(T), nmse);
-      // Integer paths sum each unit exactly; only the float accumulation order differs.
-      EXPECT_LE(nmse, 1e-10) << TypeName(type) << " T=" << T;
+      }
     }
   }
 }
@@ -279,17 +308,23 @@ TEST_F(VulkanOpsTest, EmbeddingMatchesDequantizeForEveryType) {
   for (GgmlType type : kTypes) {
     const std::vector<uint8_t> w = RandomWeights(type, n_vocab, n, rng);
     const Matrix m{type, n, n_vocab, RowBytes(type, n), w.data()};
-    int64_t total = 0;
-    auto dm = vk::UploadMatrix(*ctx_, **up, m, 16 * m.row_bytes, total);  // 3 parts
-    ASSERT_TRUE(dm.ok()) << dm.status().message();
-    ASSERT_TRUE((*up)->Flush().ok());
-    const vk::Buffer x = Output(T * n * 4);
-    ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->Embed(rec, *dm, ids, T, x); }).ok());
     std::vector<float> want(T * n);
     for (int64_t t = 0; t < T; ++t) DequantizeRow(type, m.row(tokens[t]), want.data() + t * n, n);
-    const double nmse = Nmse(Read<float>(x, T * n), want);
-    std::printf("[vulkan embed] %-5s NMSE %.3g\n", TypeName(type).c_str(), nmse);
-    EXPECT_LE(nmse, 1e-12) << TypeName(type);
+    for (bool split : {false, true}) {
+      if (split && !vk::SplitRowsApplies(type)) continue;
+      const int64_t device_row_bytes = split ? vk::SplitRowBytes(type, n) : m.row_bytes;
+      const vk::WeightUploadOptions options{.max_binding_bytes = 16 * device_row_bytes, .split_rows = split};
+      int64_t total = 0;
+      auto dm = vk::UploadMatrix(*ctx_, **up, m, options, total);  // 3 parts
+      ASSERT_TRUE(dm.ok()) << dm.status().message();
+      ASSERT_EQ(dm->parts.size(), 3u);
+      ASSERT_TRUE((*up)->Flush().ok());
+      const vk::Buffer x = Output(T * n * 4);
+      ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->Embed(rec, *dm, ids, T, x); }).ok());
+      const double nmse = Nmse(Read<float>(x, T * n), want);
+      std::printf("[vulkan embed] %-5s%s NMSE %.3g\n", TypeName(type).c_str(), split ? " split rows" : "", nmse);
+      EXPECT_LE(nmse, 1e-12) << TypeName(type) << (split ? " split rows" : "");
+    }
   }
 }
 

@@ -1,6 +1,8 @@
 // The model's weights on the device, uploaded once when the backend is made: every matrix as
-// its GGUF rows (the shaders decode the block formats themselves), split into parts of whole
-// rows where a matrix is larger than one storage binding may cover; norms and biases as f32.
+// its GGUF rows (the shaders decode the block formats themselves), Q4_0 and Q8_0 rows
+// rewritten with aligned codes (WeightLayout::kSplitRows) unless asked not to, split into
+// parts of whole rows where a matrix is larger than one storage binding may cover; norms and
+// biases as f32.
 #pragma once
 
 #include <cstdint>
@@ -40,13 +42,18 @@ struct DeviceWeights {
 // Unsupported, naming the tensor and its type, when a matrix has a type the shaders lack.
 Status CheckWeightTypes(const ModelWeights& w);
 
-// Copies one matrix to the device in parts of whole rows of at most max_binding_bytes each;
-// adds the bytes it takes to total_bytes. The copies run at the uploader's next flush.
-Result<DeviceMatrix> UploadMatrix(Context& ctx, Uploader& uploader, const Matrix& m, int64_t max_binding_bytes,
-                                  int64_t& total_bytes);
+struct WeightUploadOptions {
+  int64_t max_binding_bytes = 0;  // no part is larger
+  bool split_rows = true;         // kSplitRows for the types that have it; else kGguf
+};
 
-// Copies every tensor to the device; no binding exceeds max_binding_bytes.
+// Copies one matrix to the device in parts of whole rows; adds the bytes it takes to
+// total_bytes. The copies run at the uploader's next flush.
+Result<DeviceMatrix> UploadMatrix(Context& ctx, Uploader& uploader, const Matrix& m,
+                                  const WeightUploadOptions& options, int64_t& total_bytes);
+
+// Copies every tensor to the device.
 Result<std::unique_ptr<DeviceWeights>> UploadWeights(Context& ctx, Uploader& uploader, const ModelWeights& w,
-                                                     int64_t max_binding_bytes);
+                                                     const WeightUploadOptions& options);
 
 }  // namespace kvfs::vk

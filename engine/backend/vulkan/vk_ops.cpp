@@ -189,7 +189,7 @@ Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines)
 }
 
 Status Ops::Embed(Recorder& rec, const DeviceMatrix& table, const Buffer& tokens, int64_t n_tokens, const Buffer& x) {
-  const uint32_t spec[] = {kElementwiseGroup, static_cast<uint32_t>(table.type)};
+  const uint32_t spec[] = {kElementwiseGroup, static_cast<uint32_t>(table.type), static_cast<uint32_t>(table.layout)};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kEmbed, spec));
   for (const DeviceMatrixPart& part : table.parts) {
     const EmbedParams params{U32(table.n_in), U32(table.row_bytes), U32(part.row0), U32(part.n_rows), U32(n_tokens)};
@@ -249,6 +249,7 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
   const bool quantized = ActKindFor(w.type) != ActKind::kFloat;
   const bool matvec = a.n_tokens <= kMatvecMaxTokens;
   const uint32_t type = static_cast<uint32_t>(w.type);
+  const uint32_t layout = static_cast<uint32_t>(w.layout);
   uint32_t rows_per_group = kTileRows, tokens_per_group = 0;
   const Pipeline* p = nullptr;
   if (w.type == GgmlType::kF32) {  // one invocation per output, in the reference's order
@@ -263,7 +264,7 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
     if (quantized) {
       const uint32_t rows_per_slot = MatvecRowsPerSlot(part.n_rows, rows_per_group);
       rows_per_group *= rows_per_slot;
-      const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group, rows_per_slot};
+      const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group, rows_per_slot, layout};
       KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(ctx_.integer_dot() ? kMatvecQuantIdot : kMatvecQuant, spec));
     } else {
       const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group};
@@ -271,7 +272,7 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
     }
   } else {
     tokens_per_group = a.n_tokens <= 16 ? 16 : (a.n_tokens <= 32 ? 32 : 64);
-    const uint32_t spec[] = {256, type, kTileRows, tokens_per_group, quantized ? 2u : 16u};
+    const uint32_t spec[] = {256, type, kTileRows, tokens_per_group, quantized ? 2u : 16u, layout};
     const ShaderInterface& quant = ctx_.integer_dot() ? kMatmulQuantIdot : kMatmulQuant;
     KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(quantized ? quant : kMatmulFloat, spec));
   }

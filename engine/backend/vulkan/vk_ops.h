@@ -19,8 +19,18 @@
 
 namespace kvfs::vk {
 
-// A weight matrix on the device, as the GGUF file stores it (n_out rows of row_bytes), split
-// into parts of whole rows when it is larger than one storage binding may be.
+// How a weight matrix's rows are laid out on the device (the shaders' WEIGHT_LAYOUT).
+enum class WeightLayout : uint32_t {
+  kGguf = 0,       // as the GGUF file stores them: blocks back to back
+  // Q4_0 and Q8_0 only: each row's n_in / 32 f16 scales, zero padding to a multiple of 16
+  // bytes, then each block's 16 or 32 code bytes. Every block's codes start at a multiple of
+  // 16 bytes, so a shader reads them with 128-bit loads instead of 16-bit pieces of 18- or
+  // 34-byte blocks (weight_layout.h).
+  kSplitRows = 1,
+};
+
+// A weight matrix on the device (n_out rows of row_bytes in `layout`), split into parts of
+// whole rows when it is larger than one storage binding may be.
 struct DeviceMatrixPart {
   Buffer buffer;       // rows [row0, row0 + n_rows) of the matrix, back to back
   int64_t row0 = 0;
@@ -28,9 +38,10 @@ struct DeviceMatrixPart {
 };
 struct DeviceMatrix {
   GgmlType type = GgmlType::kF32;
+  WeightLayout layout = WeightLayout::kGguf;
   int64_t n_in = 0;       // values per row
   int64_t n_out = 0;      // rows
-  int64_t row_bytes = 0;
+  int64_t row_bytes = 0;  // bytes per row on the device (in `layout`)
   std::vector<DeviceMatrixPart> parts;
 };
 

@@ -140,7 +140,8 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
   KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));
-  KVFS_ASSIGN_OR_RETURN(weights_, vk::UploadWeights(*ctx_, *uploader_, model_.weights(), max_binding));
+  const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding, .split_rows = options.split_weight_rows};
+  KVFS_ASSIGN_OR_RETURN(weights_, vk::UploadWeights(*ctx_, *uploader_, model_.weights(), upload));
   const int64_t kv_budget = options.kv_device_bytes > 0 ? options.kv_device_bytes : ctx_->info().memory_bytes / 4;
   kv_ = std::make_unique<vk::DeviceKvCache>(*ctx_, *uploader_, kv_budget, max_binding);
 

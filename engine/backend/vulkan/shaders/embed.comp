@@ -8,6 +8,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
 layout(constant_id = 1) const uint WEIGHT_TYPE = 1;
+layout(constant_id = 2) const uint WEIGHT_LAYOUT = 0;  // vk::WeightLayout
 
 layout(push_constant) uniform Params {
   uint n;          // values per row (n_embd)
@@ -37,7 +38,7 @@ void main() {
   if (is_float) {
     for (uint j = 0u; j < 32u && 32u * u + j < p.n; ++j) x[t * p.n + 32u * u + j] = WeightValue(row, 32u * u + j);
   } else {
-    const WeightUnit wu = LoadUnit(row, u);
+    const WeightUnit wu = LoadUnit(row, u, (p.n + 31u) / 32u);
     for (uint j = 0u; j < 32u; ++j) x[t * p.n + 32u * u + j] = UnitValue(wu, j);
   }
 }

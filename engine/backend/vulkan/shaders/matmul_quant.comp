@@ -15,6 +15,7 @@ layout(constant_id = 1) const uint WEIGHT_TYPE = 2;
 layout(constant_id = 2) const uint BM = 64;  // weight rows per tile, a multiple of 16
 layout(constant_id = 3) const uint BN = 64;  // tokens per tile, a multiple of 16
 layout(constant_id = 4) const uint BK = 2;   // units per step
+layout(constant_id = 5) const uint WEIGHT_LAYOUT = 0;  // vk::WeightLayout
 
 layout(push_constant) uniform Params {
   uint n_units;    // 32-value units per row (n_in / 32)
@@ -28,7 +29,7 @@ layout(push_constant) uniform Params {
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
-layout(binding = 1) readonly buffer ActCodes { uint act_codes[]; };    // [n_tokens][n_units * 8]
+layout(binding = 1) readonly buffer ActCodes { uvec4 act_code4[]; };   // [n_tokens][n_units * 2]: 32 codes a unit
 layout(binding = 2) readonly buffer ActAux { vec4 act_aux[]; };        // [n_tokens][n_units]
 layout(binding = 3) buffer Output { float y[]; };                      // [n_tokens][y_stride]
 layout(binding = 4) readonly buffer Bias { float bias[]; };            // [y_stride] when flags & 2
@@ -58,7 +59,7 @@ void main() {
       const uint k = slot / BM, m = slot % BM;
       const uint r = tile_r + m, u = u0 + k;
       if (r < p.n_rows && u < p.n_units) {
-        const WeightUnit wu = LoadUnit(r * p.row_bytes, u);
+        const WeightUnit wu = LoadUnit(r * p.row_bytes, u, p.n_units);
         for (uint i = 0u; i < 8u; ++i) w_codes[slot * 8u + i] = wu.q[i];
         w_scales[slot] = wu.s;
       } else {
@@ -70,7 +71,11 @@ void main() {
       const uint k = slot / BN, n = slot % BN;
       const uint t = tile_t + n, u = u0 + k;
       if (t < p.n_tokens && u < p.n_units) {
-        for (uint i = 0u; i < 8u; ++i) a_codes[slot * 8u + i] = act_codes[(t * p.n_units + u) * 8u + i];
+        const uvec4 lo = act_code4[(t * p.n_units + u) * 2u], hi = act_code4[(t * p.n_units + u) * 2u + 1u];
+        for (uint i = 0u; i < 4u; ++i) {
+          a_codes[slot * 8u + i] = lo[i];
+          a_codes[slot * 8u + 4u + i] = hi[i];
+        }
         a_aux[slot] = act_aux[t * p.n_units + u];
       } else {
         for (uint i = 0u; i < 8u; ++i) a_codes[slot * 8u + i] = 0u;

@@ -22,6 +22,7 @@ layout(constant_id = 1) const uint WEIGHT_TYPE = 2;
 layout(constant_id = 2) const uint LANES = 64;    // invocations per slot, a power of two <= WG
 layout(constant_id = 3) const uint TOKENS = 1;
 layout(constant_id = 4) const uint ROWS_PER_SLOT = 1;
+layout(constant_id = 5) const uint WEIGHT_LAYOUT = 0;  // vk::WeightLayout
 
 layout(push_constant) uniform Params {
   uint n_units;    // 32-value units per row (n_in / 32)
@@ -35,7 +36,7 @@ layout(push_constant) uniform Params {
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
-layout(binding = 1) readonly buffer ActCodes { uint act_codes[]; };    // [n_tokens][n_units * 8]
+layout(binding = 1) readonly buffer ActCodes { uvec4 act_code4[]; };   // [n_tokens][n_units * 2]: 32 codes a unit
 layout(binding = 2) readonly buffer ActAux { vec4 act_aux[]; };        // [n_tokens][n_units]
 layout(binding = 3) buffer Output { float y[]; };                      // [n_tokens][y_stride]
 layout(binding = 4) readonly buffer Bias { float bias[]; };            // [y_stride] when flags & 2
@@ -63,12 +64,16 @@ void main() {
       vec4 aux[TOKENS];
       for (uint t = 0u; t < TOKENS; ++t) {
         const uint tt = min(t0 + t, p.n_tokens - 1u);  // past the last token: a copy, not stored
-        for (uint i = 0u; i < 8u; ++i) a[t * 8u + i] = act_codes[(tt * p.n_units + u) * 8u + i];
+        const uvec4 lo = act_code4[(tt * p.n_units + u) * 2u], hi = act_code4[(tt * p.n_units + u) * 2u + 1u];
+        for (uint i = 0u; i < 4u; ++i) {
+          a[t * 8u + i] = lo[i];
+          a[t * 8u + 4u + i] = hi[i];
+        }
         aux[t] = act_aux[tt * p.n_units + u];
       }
       for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
         if (r0 + k >= p.n_rows) break;
-        const WeightUnit wu = LoadUnit((r0 + k) * p.row_bytes, u);
+        const WeightUnit wu = LoadUnit((r0 + k) * p.row_bytes, u, p.n_units);
         for (uint t = 0u; t < TOKENS; ++t) {
           uint at[8];
           for (uint i = 0u; i < 8u; ++i) at[i] = a[t * 8u + i];

@@ -1,11 +1,23 @@
 // Quantized weights in units of 32 consecutive elements of a row (a Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
 // block, or a sub-block of a Q4_K/Q5_K/Q6_K super-block), unpacked from the ggml block layouts
-// of engine/model/quant_blocks.h. Needs WEIGHT_TYPE (a specialization constant holding the
-// ggml type id) and weight_bytes.glsl.
+// of engine/model/quant_blocks.h, or from split rows (below). Needs WEIGHT_TYPE (a
+// specialization constant holding the ggml type id), WEIGHT_LAYOUT (vk::WeightLayout) and
+// weight_bytes.glsl, with the weights at binding 0.
 //
 // A unit's 32 codes are kept as 8 words of 4 bytes (element 4i+j in byte j of q[i]): unsigned
 // codes for every type but Q8_0 (signed bytes). Offsets such as Q4_0's "q - 8" are applied to
 // the integer dot product through the activation's code sums, so every sum stays exact.
+
+// The weights again as 16-byte words, for code bytes that start at a multiple of 16: split rows,
+// and the Q4_K/Q5_K super-blocks (144 and 176 bytes, so rows and their code arrays are aligned).
+// NVIDIA's memory pipeline moves a 128-bit load per invocation for the cost of a 32-bit one.
+layout(binding = 0) readonly buffer WeightVec4s { uvec4 weight_vec4[]; };
+
+// WEIGHT_LAYOUT values (vk::WeightLayout).
+const uint kLayoutGguf = 0u;
+// Q4_0 and Q8_0 only (engine/backend/vulkan/weight_layout.h): a row holds its units' f16
+// scales, zero padding to a multiple of 16 bytes, then each unit's 16 or 32 code bytes.
+const uint kLayoutSplitRows = 1u;
 
 struct WeightUnit {
   uint q[8];  // 32 codes, 4 per word
@@ -26,9 +38,27 @@ uvec2 KScaleMin(uint at, uint s) {
   return uvec2(sc, m);
 }
 
-// Unit u (elements 32u .. 32u+31) of the row starting at byte `row`.
-WeightUnit LoadUnit(uint row, uint u) {
+// Unit u (elements 32u .. 32u+31) of the row of n_units units starting at byte `row`.
+WeightUnit LoadUnit(uint row, uint u, uint n_units) {
   WeightUnit wu;
+  if (WEIGHT_LAYOUT == kLayoutSplitRows && (WEIGHT_TYPE == kTypeQ4_0 || WEIGHT_TYPE == kTypeQ8_0)) {
+    wu.s = vec2(WeightF16(row + 2u * u), 0.0);
+    const uint codes = (row + ((2u * n_units + 15u) & ~15u)) >> 4;  // in 16-byte words
+    if (WEIGHT_TYPE == kTypeQ4_0) {  // the GGUF block's 16 code bytes, nibbles as there
+      const uvec4 w = weight_vec4[codes + u];
+      for (uint i = 0u; i < 4u; ++i) {
+        wu.q[i] = w[i] & 0x0F0F0F0Fu;
+        wu.q[i + 4u] = (w[i] >> 4) & 0x0F0F0F0Fu;
+      }
+    } else {
+      const uvec4 lo = weight_vec4[codes + 2u * u], hi = weight_vec4[codes + 2u * u + 1u];
+      for (uint i = 0u; i < 4u; ++i) {
+        wu.q[i] = lo[i];
+        wu.q[i + 4u] = hi[i];
+      }
+    }
+    return wu;
+  }
   if (WEIGHT_TYPE == kTypeQ4_0 || WEIGHT_TYPE == kTypeQ4_1) {
     const bool has_min = WEIGHT_TYPE == kTypeQ4_1;
     const uint base = row + u * (has_min ? 20u : 18u);
@@ -61,11 +91,14 @@ WeightUnit LoadUnit(uint row, uint u) {
     const uvec2 sm = KScaleMin(base + 4u, s);
     wu.s = vec2(WeightF16(base) * float(sm.x), WeightF16(base + 2u) * float(sm.y));
     // 32 bytes per pair of sub-blocks: sub-block 2c in the low nibbles, 2c+1 in the high ones.
-    const uint qs = base + (q5 ? 48u : 16u) + 32u * (s >> 1);
+    const uint qs = (base + (q5 ? 48u : 16u) + 32u * (s >> 1)) >> 4;  // in 16-byte words
     const uint shift = 4u * (s & 1u);
+    const uvec4 c[2] = uvec4[2](weight_vec4[qs], weight_vec4[qs + 1u]);
+    uvec4 h[2] = uvec4[2](uvec4(0u), uvec4(0u));
+    if (q5) h = uvec4[2](weight_vec4[(base + 16u) >> 4], weight_vec4[((base + 16u) >> 4) + 1u]);
     for (uint i = 0u; i < 8u; ++i) {
-      uint code = (WeightU32(qs + 4u * i) >> shift) & 0x0F0F0F0Fu;
-      if (q5) code |= ((WeightU32(base + 16u + 4u * i) >> s) & 0x01010101u) << 4;  // bit s of qh[l]
+      uint code = (c[i >> 2][i & 3u] >> shift) & 0x0F0F0F0Fu;
+      if (q5) code |= ((h[i >> 2][i & 3u] >> s) & 0x01010101u) << 4;  // bit s of qh[l]
       wu.q[i] = code;
     }
   } else if (WEIGHT_TYPE == kTypeQ6_K) {
