@@ -13,7 +13,8 @@
 #                     before the next depth)
 #   KVFS_GPU_ARGS     more `kvfs bench` arguments (default "-p 512 -n 128 -r 3")
 #   KVFS_GPU_VARIANTS builds of the pass to compare, each run right after the other: "default"
-#                     and/or `kvfs bench` flags such as --gguf-rows or --separate-ops (default
+#                     and/or `kvfs bench` flags such as --gguf-rows, --separate-ops or
+#                     --attn-split,512 (a comma stands for the space before a flag's value; default
 #                     "default"; e.g. "default --gguf-rows" for an A/B of the aligned weight rows)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,7 +85,7 @@ for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
     for kv in ${KVFS_GPU_KV:-f16 q4 q4k}; do
       for v in ${KVFS_GPU_VARIANTS:-default}; do
         flags="" suffix=""
-        [ "$v" = default ] || { flags=$v; suffix="-${v#--}"; }
+        [ "$v" = default ] || { flags=${v//,/ }; suffix="-${v#--}"; suffix=${suffix//,/-}; }
         run="$runs/$p-$kv-d$d$suffix"
         # shellcheck disable=SC2086  # KVFS_GPU_ARGS and flags are lists of arguments
         timeout 300 $kvfs bench -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" $flags \

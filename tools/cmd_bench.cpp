@@ -30,7 +30,8 @@ namespace {
 
 constexpr const char* kBenchUsage =
     "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
-    "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows] [--json]\n"
+    "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows]\n"
+    "                  [--attn-split N] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
     "  With --backend vulkan, the decode figures compare with nothing measured here (the CPU's\n"
@@ -43,7 +44,9 @@ constexpr const char* kBenchUsage =
     "  the last repetition's pp and tg went, per shader and matrix shape.\n"
     "  --separate-ops (vulkan): one dispatch per op, none fused, to measure what fusing saves.\n"
     "  --gguf-rows (vulkan): Q4_0 and Q8_0 weights on the device as the GGUF file stores them,\n"
-    "  not with their codes moved to 16-byte boundaries, to measure what the aligned rows save.\n";
+    "  not with their codes moved to 16-byte boundaries, to measure what the aligned rows save.\n"
+    "  --attn-split N (vulkan): decode attention's positions per workgroup (default 128; the\n"
+    "  earlier default was 512).\n";
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -208,7 +211,7 @@ int Bench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "fs") return BenchFs(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "agents") return BenchAgents(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "batched") return BenchBatched(argc - 1, argv + 1);
-  Args args(argc, argv, {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device"},
+  Args args(argc, argv, {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--attn-split"},
             {"--json", "--profile", "--separate-ops", "--gguf-rows", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
@@ -224,6 +227,7 @@ int Bench(int argc, char** argv) {
   const std::string kv_type = args.get("--kv").value_or("f16");
   const BackendChoice backend_choice = ReadBackendChoice(args, n_threads);
   const std::vector<std::string> kv_types = SplitList(kv_type);
+  const int64_t attention_split = args.get_int("--attn-split", 0, 0, 1 << 20);
   if (!args.error().empty()) return Fail(args.error());
 
   spdlog::set_level(spdlog::level::warn);
@@ -241,6 +245,7 @@ int Bench(int argc, char** argv) {
   choice.profile = args.has("--profile");
   choice.fuse_ops = !args.has("--separate-ops");
   choice.split_weight_rows = !args.has("--gguf-rows");
+  choice.attention_split = attention_split;
   std::string backend_used;
   const auto t_backend = Clock::now();
   auto backend_or = MakeChosenBackend(model, choice, "bench", &backend_used);

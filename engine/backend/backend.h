@@ -92,6 +92,8 @@ struct VulkanOptions {
                                    // it off to compare with the separate ops
   bool split_weight_rows = true;   // Q4_0 and Q8_0 rows with 16-byte-aligned codes on the device
                                    // (vk::WeightLayout::kSplitRows); off: the GGUF rows as they are
+  int64_t attention_split = 0;     // decode attention's positions per workgroup (0: the default,
+                                   // vk::Ops::kDefaultAttentionSplit)
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -104,6 +106,7 @@ struct BackendRequest {
   bool profile = false;  // Vulkan: time every dispatch (Backend::TakeProfileReport)
   bool fuse_ops = true;  // Vulkan: VulkanOptions::fuse_ops
   bool split_weight_rows = true;  // Vulkan: VulkanOptions::split_weight_rows
+  int64_t attention_split = 0;    // Vulkan: VulkanOptions::attention_split
   CpuOptions cpu;
 };
 struct ChosenBackend {

@@ -289,8 +289,9 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
   struct Case {
     int64_t pos0, T;
   };
-  // Decode with a long context spreads the positions over workgroups (attn_reduce adds them).
-  for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}}) {
+  // Decode with a long context spreads the positions over workgroups (attn_reduce adds them);
+  // at 131 the first of two splits ends inside a KV block.
+  for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}, Case{131, 1}}) {
     const int64_t n_ctx = c.pos0 + c.T;
     for (const KvFormat& f : Formats()) {
       const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
@@ -359,7 +360,9 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
     ASSERT_TRUE(f.ok());
     const int64_t C = f->chunk, B = 2 * C, chunk_bytes = f->ChunkBytes(kRowValues), slot_k = B / C * chunk_bytes;
     const int64_t row_bytes = f->RowBytes(kRowValues), row_stride = (row_bytes + 3) / 4 * 4;
-    for (const Case c : {Case{70, 1}, Case{0, 5}, Case{100, 40}, Case{300, 2}, Case{127, 1}}) {
+    // 131-190: decode split into 96 or 128 positions, the first split ending inside a block.
+    for (const Case c : {Case{70, 1}, Case{0, 5}, Case{100, 40}, Case{300, 2}, Case{127, 1}, Case{131, 1},
+                         Case{132, 1}, Case{190, 1}}) {
       const int64_t n_ctx = c.pos0 + c.T, n_blocks = (n_ctx + B - 1) / B, key_pos0 = c.pos0 / C * C;
       std::vector<float> keys = RandomRows(n_ctx, rng), values = RandomRows(n_ctx, rng);
       for (float& x : keys) x = Fp16ToFp32(Fp32ToFp16(x));  // staged keys are f16

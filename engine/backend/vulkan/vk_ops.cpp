@@ -91,18 +91,22 @@ constexpr uint32_t kRowGroup = 256;      // rms_norm, softmax, attn_output
 constexpr uint32_t kMatvecGroup = 64;
 constexpr int64_t kMatvecMaxTokens = 8;  // beyond this, matmul_* shaders
 constexpr uint32_t kTileRows = 64;
-// Attention of a few tokens (decode) spreads each (token, head) over workgroups of this many
-// positions, at most kMaxSplits of them.
+// Attention of a few tokens (decode) spreads each (token, head) over workgroups of about
+// Ops::attention_split_positions() positions, at most kMaxSplits of them.
 constexpr int64_t kSplitTokens = 4;
-constexpr int64_t kSplitPositions = 512;
-constexpr int64_t kMaxSplits = 64;
+constexpr int64_t kMaxSplits = 256;
+// attn_output takes all the query heads of a KV head in one workgroup (each value read once for
+// all of them) when there are at most this many.
+constexpr int64_t kMaxOutputHeads = 8;
 
 uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
 
-// Positions per split: whole KV blocks and whole 32-position tiles (attn_output's int8-weight
-// path quantizes per tile, as the CPU backend does), enough for n_splits to cover n_ctx.
+// Positions per split: a whole number of attn_output's 32-position tiles (its int8-weight path
+// quantizes per tile from each KV block's start, as the CPU backend does), so every split starts
+// at a tile start; enough for n_splits to cover n_ctx.
 int64_t SplitPositions(int64_t n_ctx, int64_t n_splits, int64_t block_tokens) {
-  const int64_t unit = std::lcm<int64_t>(32, block_tokens);
+  const bool tiles_align = block_tokens % 32 == 0 || 32 % block_tokens == 0;
+  const int64_t unit = tiles_align ? 32 : std::lcm<int64_t>(32, block_tokens);
   return ((n_ctx + n_splits - 1) / n_splits + unit - 1) / unit * unit;
 }
 
@@ -435,8 +439,10 @@ Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t
 Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
                        int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
                        int64_t n_splits, const Buffer* partials) {
+  const int64_t group = shape.n_head / shape.n_head_kv;
+  const int64_t heads = group <= kMaxOutputHeads ? group : 1;
   const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kv.format.type), U32(kv.format.group),
-                           U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u};
+                           U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u, U32(heads)};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kOutput, spec));
   const int64_t n_ctx = pos0 + n_tokens;
   const OutputParams params{U32(pos0),
@@ -452,7 +458,7 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(SplitPositions(n_ctx, n_splits, kv.block_tokens)),
                             U32(n_splits)};
   return rec.Dispatch(*p, {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_},
-                      &params, U32(shape.n_head), U32(n_tokens), U32(n_splits));
+                      &params, U32(shape.n_head / heads), U32(n_tokens), U32(n_splits));
 }
 
 Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
@@ -476,7 +482,8 @@ Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& sha
   int64_t n_splits = 1;
   if (n_tokens <= kSplitTokens) {
     const int64_t fit = partial_floats / (n_tokens * shape.n_head * shape.head_dim);
-    n_splits = std::clamp<int64_t>((pos0 + n_tokens + kSplitPositions - 1) / kSplitPositions, 1, std::min(kMaxSplits, fit));
+    const int64_t split = split_positions_;
+    n_splits = std::clamp<int64_t>((pos0 + n_tokens + split - 1) / split, 1, std::min(kMaxSplits, fit));
   }
   KVFS_RETURN_IF_ERROR(AttnOutput(rec, kv, shape, scores, n_tokens, pos0, out, out_stride, out_row0, n_splits,
                                   n_splits > 1 ? &partials : nullptr));

@@ -4,6 +4,7 @@
 // Buffers hold row-major f32 activations unless said otherwise.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -171,6 +172,14 @@ class Ops {
   // workgroup size), with the reason when they do not.
   Status CheckAttentionShape(const AttentionShape& shape) const;
 
+  // Positions per workgroup when a few tokens' attention is split over positions (decode). The
+  // invocations of attn_output walk their share of a split one position after another, so long
+  // splits leave a large GPU latency-bound on a few workgroups: at 512, an H100 spent ~140 us a
+  // layer on 3500 positions that take ~1 us to stream. Splits hold whole 32-position tiles.
+  static constexpr int64_t kDefaultAttentionSplit = 128;
+  int64_t attention_split_positions() const { return split_positions_; }
+  void set_attention_split_positions(int64_t n) { split_positions_ = std::max<int64_t>(n, 32); }
+
  private:
   Ops(Context& ctx, PipelineCache& pipelines) : ctx_(ctx), pipelines_(pipelines) {}
   Status MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a);
@@ -190,6 +199,7 @@ class Ops {
   Context& ctx_;
   PipelineCache& pipelines_;
   Buffer unused_;  // bound where a shader's optional input is absent
+  int64_t split_positions_ = kDefaultAttentionSplit;
 };
 
 }  // namespace kvfs::vk

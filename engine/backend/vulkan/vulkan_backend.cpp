@@ -139,6 +139,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   if (options.profile) KVFS_RETURN_IF_ERROR(rec_->EnableProfiling());
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
+  if (options.attention_split > 0) ops_->set_attention_split_positions(options.attention_split);
   KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));
   const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding, .split_rows = options.split_weight_rows};
   KVFS_ASSIGN_OR_RETURN(weights_, vk::UploadWeights(*ctx_, *uploader_, model_.weights(), upload));

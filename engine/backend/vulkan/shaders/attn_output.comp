@@ -2,9 +2,10 @@
 #extension GL_GOOGLE_include_directive : require
 // Attention output of one sequence's query tokens: out(t, h) = sum_p w[t][h][p] * V(p, h/group)
 // over the visible positions, V read in the stored KV format from the device plane of the
-// layer (dequantized here). One workgroup per (token, head, split): invocation (lane, d) sums
-// the split's positions p = lane (mod lanes) for dimension d and the lanes are added in shared
-// memory. With one split the result is rotated back by the Walsh-Hadamard transform when the
+// layer (dequantized here). One workgroup per (token, HEADS query heads of one KV head, split):
+// invocation (lane, d) sums the split's positions p = lane (mod lanes) for dimension d, each
+// value read once for all HEADS heads (grouped-query attention), and the lanes are added in
+// shared memory. With one split the result is rotated back by the Walsh-Hadamard transform when the
 // format rotates (H is its own inverse) and written out; with several (decode: few tokens, long
 // contexts, so the positions are spread over more workgroups) each split writes its partial sum
 // and attn_reduce adds them up and rotates.
@@ -15,6 +16,7 @@ layout(constant_id = 1) const uint KV_TYPE = 1;
 layout(constant_id = 2) const uint KV_GROUP = 64;
 layout(constant_id = 3) const uint HD = 64;
 layout(constant_id = 4) const uint ROTATE = 0;
+layout(constant_id = 5) const uint HEADS = 1;  // query heads per workgroup, all of one KV head
 
 layout(push_constant) uniform Params {
   uint pos0;          // position of query token 0
@@ -40,8 +42,8 @@ layout(binding = 4) writeonly buffer Partials { float partials[]; };    // [n_to
 #include "common.glsl"
 #include "kv_rows.glsl"
 
-shared float partial[WG];
-shared float hvec[HD];
+shared float partial[HEADS * WG];
+shared float hvec[HEADS * HD];
 
 #include "hadamard.glsl"
 
@@ -91,39 +93,45 @@ float TileSum(uint wrow, uint t0, uint t1, uint v) {
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, split = gl_WorkGroupID.z;
+  const uint h0 = gl_WorkGroupID.x * HEADS, t = gl_WorkGroupID.y, split = gl_WorkGroupID.z;
   const uint n_visible = min(p.pos0 + t + 1u, (split + 1u) * p.split_positions);
   const uint lanes = WG / HD;
   const uint d = tid % HD, lane = tid / HD;
-  const uint first = (h / p.group) * HD;
-  const uint wrow = (t * p.n_head + h) * p.score_stride;
-  float acc = 0.0;
+  const uint first = (h0 / p.group) * HD;
+  const uint wrow0 = (t * p.n_head + h0) * p.score_stride;  // head h0 + i: wrow0 + i * score_stride
+  float acc[HEADS];
+  for (uint i = 0u; i < HEADS; ++i) acc[i] = 0.0;
   if (kInt8Weights && lane < lanes) {
     // Lane l sums tiles l, l + lanes, ... of the split (which starts at a tile start).
-    const uint end = min(n_visible, (split + 1u) * p.split_positions);
     uint tile = 0u;
-    for (uint t0 = split * p.split_positions; t0 < end; t0 = TileEnd(t0), ++tile) {
-      if (tile % lanes == lane) acc += TileSum(wrow, t0, min(TileEnd(t0), end), first + d);
+    for (uint t0 = split * p.split_positions; t0 < n_visible; t0 = TileEnd(t0), ++tile) {
+      if (tile % lanes != lane) continue;
+      const uint t1 = min(TileEnd(t0), n_visible);
+      for (uint i = 0u; i < HEADS; ++i) acc[i] += TileSum(wrow0 + i * p.score_stride, t0, t1, first + d);
     }
   } else if (lane < lanes) {
     for (uint pos = split * p.split_positions + lane; pos < n_visible; pos += lanes) {
       const uint slot = block_table[p.table0 + pos / p.block_tokens];
       const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
-      acc = fma(w[wrow + pos], KvValue(row, first + d), acc);
+      const float v = KvValue(row, first + d);  // read once for every head of the group
+      for (uint i = 0u; i < HEADS; ++i) acc[i] = fma(w[wrow0 + i * p.score_stride + pos], v, acc[i]);
     }
   }
-  partial[tid] = acc;
+  for (uint i = 0u; i < HEADS; ++i) partial[i * WG + tid] = acc[i];
   barrier();
-  if (tid < HD) {
+  for (uint x = tid; x < HEADS * HD; x += WG) {
+    const uint i = x / HD;
     float sum = 0.0;
-    for (uint l = 0u; l < lanes; ++l) sum += partial[l * HD + tid];
-    hvec[tid] = sum;
+    for (uint l = 0u; l < lanes; ++l) sum += partial[i * WG + l * HD + x % HD];
+    hvec[x] = sum;
   }
   barrier();
   if (p.n_splits > 1u) {
-    for (uint i = tid; i < HD; i += WG) partials[((t * p.n_head + h) * p.n_splits + split) * HD + i] = hvec[i];
+    for (uint x = tid; x < HEADS * HD; x += WG) {
+      partials[((t * p.n_head + h0 + x / HD) * p.n_splits + split) * HD + x % HD] = hvec[x];
+    }
     return;
   }
-  if (ROTATE != 0u) HadamardShared(1u, HD, p.hadamard_scale, tid, WG);
-  for (uint i = tid; i < HD; i += WG) o[(p.out_row0 + t) * p.out_stride + h * HD + i] = hvec[i];
+  if (ROTATE != 0u) HadamardShared(HEADS, HD, p.hadamard_scale, tid, WG);
+  for (uint x = tid; x < HEADS * HD; x += WG) o[(p.out_row0 + t) * p.out_stride + h0 * HD + x] = hvec[x];
 }
