@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
@@ -14,6 +15,7 @@
 
 #if defined(KVFS_VULKAN)
 #include "engine/backend/vulkan/device_weights.h"
+#include "engine/backend/vulkan/weight_layout.h"
 #endif
 
 namespace kvfs {
@@ -404,6 +406,38 @@ TEST_F(VulkanBackendTest, SplitWeightsAndMicroBatchesMatch) {
 }
 
 #if defined(KVFS_VULKAN)
+// Split rows (weight_layout.h) hold each block's scale at 2 b and its codes at 16 b after the
+// scales padded to 16 bytes, the padding zero: checked byte by byte against the GGUF blocks.
+TEST(VulkanWeights, SplitRowsMoveEachBlocksCodesToA16ByteBoundary) {
+  std::mt19937 rng(5);
+  for (const GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0}) {
+    const int64_t code_bytes = type == GgmlType::kQ4_0 ? 16 : 32, block_bytes = 2 + code_bytes;
+    for (const int64_t n_blocks : {1, 7, 8, 25, 128}) {
+      const int64_t n_in = 32 * n_blocks, n_rows = 3;
+      const int64_t scales = (2 * n_blocks + 15) / 16 * 16;
+      ASSERT_EQ(vk::SplitRowBytes(type, n_in), scales + n_blocks * code_bytes);
+      if (n_blocks % 8 == 0) EXPECT_EQ(vk::SplitRowBytes(type, n_in), n_blocks * block_bytes);
+      std::vector<uint8_t> gguf(n_rows * n_blocks * block_bytes);
+      for (uint8_t& b : gguf) b = static_cast<uint8_t>(rng());
+      const int64_t row_bytes = vk::SplitRowBytes(type, n_in);
+      std::vector<uint8_t> split(n_rows * row_bytes, 0xAA);
+      vk::SplitRows(type, n_in, gguf.data(), n_blocks * block_bytes, n_rows, split.data());
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const uint8_t* row = split.data() + r * row_bytes;
+        for (int64_t b = 0; b < n_blocks; ++b) {
+          const uint8_t* block = gguf.data() + (r * n_blocks + b) * block_bytes;
+          EXPECT_EQ(std::memcmp(row + 2 * b, block, 2), 0) << "scale of block " << b;
+          EXPECT_EQ((scales + b * code_bytes) % 16, 0);
+          EXPECT_EQ(std::memcmp(row + scales + b * code_bytes, block + 2, code_bytes), 0) << "codes of block " << b;
+        }
+        for (int64_t i = 2 * n_blocks; i < scales; ++i) EXPECT_EQ(row[i], 0) << "padding byte " << i;
+      }
+    }
+  }
+  EXPECT_TRUE(vk::SplitRowsApplies(GgmlType::kQ4_0) && vk::SplitRowsApplies(GgmlType::kQ8_0));
+  EXPECT_FALSE(vk::SplitRowsApplies(GgmlType::kQ4_K) || vk::SplitRowsApplies(GgmlType::kF16));
+}
+
 TEST(VulkanWeights, UnsupportedTypeIsAClearError) {
   ModelWeights w;
   w.token_embd.type = GgmlType::kQ2_K;
