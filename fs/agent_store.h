@@ -40,6 +40,11 @@ struct StoreConfig {
   // Memory all kv.safetensors being written hold together (their buffers live until close);
   // past it a write fails with ENOSPC. 0: half the machine's memory.
   size_t max_import_memory_bytes = 0;
+  // A kv.safetensors being written that grows past import_spill_bytes moves out of memory into
+  // an unnamed file in import_spill_dir (kvfsd: the store directory), so one import is bounded
+  // by the disk, not by the memory budget. Empty: imports stay in memory.
+  std::string import_spill_dir;
+  size_t import_spill_bytes = size_t{64} << 20;
   std::string audit_log_path;              // empty: in memory
   uint32_t root_uid = 0, root_gid = 0;     // owner of the mount root and the special files
   std::function<int64_t()> now_ms;         // defaults to the system clock
@@ -172,9 +177,6 @@ class AgentStore {
   Status CheckWrittenSoFar(Handle& handle);  // early refusal of edits that cannot become valid
   Result<size_t> WriteLocked(Handle& handle, uint64_t offset, std::string_view bytes);
   Status FlushLocked(Handle& handle);
-  // Grows or shrinks an import buffer's share of import_memory_limit_ to `bytes` (handle.mu
-  // held); kNoSpace when the imports being written would hold more than that.
-  Status ReserveImportMemory(Handle& handle, uint64_t bytes);
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
   Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
   Result<std::string> RenderFile(const Node& node);
@@ -209,7 +211,7 @@ class AgentStore {
   // Engine callbacks update the metrics: they hold this (and their agent) by shared_ptr, never
   // the store, so a callback running late cannot touch a destroyed AgentStore.
   std::shared_ptr<SharedMetrics> metrics_ = std::make_shared<SharedMetrics>();
-  // Bytes the import buffers of open handles hold (Handle::import_memory), against this limit.
+  // Bytes the import buffers of open handles hold in memory (ImportBuffer), against this limit.
   std::shared_ptr<std::atomic<uint64_t>> import_memory_ = std::make_shared<std::atomic<uint64_t>>(0);
   uint64_t import_memory_limit_ = 0;
 };

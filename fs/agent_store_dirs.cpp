@@ -175,8 +175,11 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
       } else {
         const size_t limit = handle->kind == Handle::Kind::kImport ? config_.max_import_bytes : config_.max_text_bytes;
         if (size > limit) return TooLarge(fmt::format("this file is limited to {} bytes", limit));
-        if (handle->kind == Handle::Kind::kImport) KVFS_RETURN_IF_ERROR(ReserveImportMemory(*handle, size));
-        handle->data.resize(size);
+        if (handle->kind == Handle::Kind::kImport) {
+          KVFS_RETURN_IF_ERROR(handle->import->Resize(size));
+        } else {
+          handle->data.resize(size);
+        }
         handle->dirty = true;
       }
     }

@@ -156,10 +156,9 @@ Status AgentStore::ApplyWrites(Handle& handle) {
       break;
     }
     case AgentFile::kKvCache: {
-      size_t bytes = handle.data.size();
-      Status imported = engine_.ImportCache(name, handle.data);
-      handle.data.clear();
-      handle.data.shrink_to_fit();
+      const uint64_t bytes = handle.import->size();
+      Status imported =
+          handle.import->Consume([&](std::string_view file) { return engine_.ImportCache(name, file); });
       std::lock_guard m(metrics_->mu);
       if (!imported.ok()) {
         ++metrics_->values.imports_refused;

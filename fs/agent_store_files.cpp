@@ -164,7 +164,11 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
     case AgentFile::kKvCache: {
       if (writes) {
         handle->kind = Kind::kImport;  // the file written replaces the cache at close
-        handle->import_memory.Attach(import_memory_);
+        handle->import = std::make_unique<ImportBuffer>(ImportBufferOptions{
+            .memory_total = import_memory_,
+            .memory_limit = import_memory_limit_,
+            .spill_dir = config_.import_spill_dir,
+            .spill_bytes = config_.import_spill_bytes});
         return handle;
       }
       handle->kind = Kind::kSnapshot;
@@ -194,6 +198,10 @@ Result<std::string> AgentStore::Read(HandleId id, uint64_t offset, size_t size, 
     case Kind::kAuditLog: return audit_->Read(offset, size);
     case Kind::kPrompt: return PermissionDenied("prompt is write-only");
     case Kind::kDirectory: return InvalidArgument("is a directory");
+    case Kind::kImport: {
+      std::lock_guard lock(handle->mu);
+      return handle->import->Read(offset, size);
+    }
     default: {
       std::lock_guard lock(handle->mu);
       return Slice(handle->data, offset, size);
@@ -258,19 +266,27 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
       handle.data.append(bytes);
       return bytes.size();
     }
-    case Kind::kEditable:
     case Kind::kImport: {
-      size_t limit = handle.kind == Kind::kImport ? config_.max_import_bytes : config_.max_text_bytes;
+      const uint64_t at = handle.append ? handle.import->size() : offset;
+      if (!handle.refused.ok()) return handle.refused;
+      if (at + bytes.size() > config_.max_import_bytes) {
+        handle.refused = TooLarge(fmt::format("this file is limited to {} bytes", config_.max_import_bytes));
+        return handle.refused;
+      }
+      // Out of memory budget or disk: the write fails, not the file (it can be tried again).
+      KVFS_RETURN_IF_ERROR(handle.import->Write(at, bytes));
+      handle.dirty = true;
+      return bytes.size();
+    }
+    case Kind::kEditable: {
+      const size_t limit = config_.max_text_bytes;
       uint64_t at = handle.append ? handle.data.size() : offset;
       if (!handle.refused.ok()) return handle.refused;
       if (at + bytes.size() > limit) {
         handle.refused = TooLarge(fmt::format("this file is limited to {} bytes", limit));  // nothing is applied
         return handle.refused;
       }
-      if (handle.data.size() < at + bytes.size()) {
-        KVFS_RETURN_IF_ERROR(ReserveImportMemory(handle, at + bytes.size()));
-        handle.data.resize(static_cast<size_t>(at + bytes.size()));
-      }
+      if (handle.data.size() < at + bytes.size()) handle.data.resize(static_cast<size_t>(at + bytes.size()));
       handle.data.replace(static_cast<size_t>(at), bytes.size(), bytes);
       handle.dirty = true;
       Status early = CheckWrittenSoFar(handle);
@@ -283,15 +299,6 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
     default:
       return PermissionDenied("file is read-only");
   }
-}
-
-Status AgentStore::ReserveImportMemory(Handle& handle, uint64_t bytes) {
-  if (handle.import_memory.Resize(bytes, import_memory_limit_)) return Status::Ok();
-  // Not sticky: the write can be tried again once other imports are done.
-  return Status(StatusCode::kNoSpace,
-                fmt::format("kv.safetensors files being written hold {} bytes of memory; with {} more this one "
-                            "would pass the {} bytes allowed to imports at once",
-                            import_memory_->load(), bytes - handle.import_memory.held(), import_memory_limit_));
 }
 
 Status AgentStore::Flush(HandleId id) {

@@ -9,43 +9,10 @@
 #include <vector>
 
 #include "fs/agent_store.h"
+#include "fs/import_buffer.h"
 #include "fs/utf8.h"
 
 namespace kvfs::fs {
-
-// A share of a byte budget that several holders draw from (the memory of all import buffers),
-// given back when the holder goes.
-class MemoryShare {
- public:
-  MemoryShare() = default;
-  MemoryShare(const MemoryShare&) = delete;
-  MemoryShare& operator=(const MemoryShare&) = delete;
-  ~MemoryShare() {
-    if (total_) total_->fetch_sub(held_);
-  }
-  void Attach(std::shared_ptr<std::atomic<uint64_t>> total) { total_ = std::move(total); }
-  uint64_t held() const { return held_; }
-  // Holds `bytes` from now on; false, holding what it held, when the total would pass `limit`.
-  bool Resize(uint64_t bytes, uint64_t limit) {
-    if (!total_) return true;
-    if (bytes <= held_) {
-      total_->fetch_sub(held_ - bytes);
-      held_ = bytes;
-      return true;
-    }
-    const uint64_t more = bytes - held_;
-    uint64_t now = total_->load();
-    do {
-      if (now + more > limit) return false;
-    } while (!total_->compare_exchange_weak(now, now + more));
-    held_ = bytes;
-    return true;
-  }
-
- private:
-  std::shared_ptr<std::atomic<uint64_t>> total_;
-  uint64_t held_ = 0;
-};
 
 struct AgentStore::Handle {
   enum class Kind {
@@ -66,7 +33,7 @@ struct AgentStore::Handle {
 
   std::mutex mu;      // guards the fields below (writes to one fd may come concurrently)
   std::string data;   // snapshot or write buffer
-  MemoryShare import_memory;  // kImport: data's bytes, out of the daemon-wide import budget
+  std::unique_ptr<ImportBuffer> import;  // kImport: the bytes written (not `data`)
   bool dirty = false; // written since the last apply
   bool append = false;
   Utf8Validator utf8;

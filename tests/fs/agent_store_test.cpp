@@ -1,6 +1,7 @@
 // AgentStore over a FakeEngine, without a mount: names, files, turns, errors, privacy.
 #include <atomic>
 #include <filesystem>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <set>
 #include <thread>
@@ -451,6 +452,35 @@ TEST_F(StoreTest, ImportBuffersShareAMemoryBudget) {
   EXPECT_TRUE(store_->Write(c, 0, std::string(1000, 'c')).ok());
   EXPECT_EQ(store_->Write(c, 1000, "c").status().code(), StatusCode::kNoSpace);
   store_->Release(c);
+}
+
+// A kv.safetensors larger than the whole import memory budget goes through when the store has a
+// spill directory: past import_spill_bytes it waits in an unnamed file there, and the import
+// at close reads it back. Nothing is left in the directory.
+TEST_F(StoreTest, ImportsLargerThanTheMemoryBudgetWaitOnDisk) {
+  const std::string dir = ::testing::TempDir() + "/kvfs_import_spill_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  StoreConfig config;
+  config.max_import_memory_bytes = 1000;
+  config.import_spill_dir = dir;
+  config.import_spill_bytes = 200;
+  Start(testing::FakeEngineOptions{}, config);
+  Mkdir("alice");
+  Mkdir("bob");
+  ASSERT_TRUE(Echo("alice", "prompt", "remember this, and this, and this too, please").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  Result<std::string> exported = Cat("alice", "kv.safetensors");
+  ASSERT_TRUE(exported.ok());
+  ASSERT_GT(exported->size(), 3000u);  // three times the memory budget
+  ASSERT_TRUE(Echo("bob", "kv.safetensors", *exported, kRoot, 7).ok());  // in 7 writes
+  EXPECT_EQ(*Cat("bob", "transcript"), *Cat("alice", "transcript"));
+  EXPECT_EQ(*Cat("bob", "kv.safetensors"), *exported);
+  // A bad large file is refused at close as one in memory is, bob's cache unchanged.
+  std::string bad = *exported;
+  bad[0] ^= 1;
+  EXPECT_EQ(Echo("bob", "kv.safetensors", bad, kRoot, 3).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("bob", "kv.safetensors"), *exported);
+  EXPECT_EQ(::rmdir(dir.c_str()), 0) << "the spill directory is not empty";
 }
 
 TEST_F(StoreTest, KvExportImportAndEraseCache) {

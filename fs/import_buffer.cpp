@@ -1,0 +1,208 @@
+#include "fs/import_buffer.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <vector>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/store/fs.h"
+
+namespace kvfs::fs {
+
+bool MemoryShare::Resize(uint64_t bytes, uint64_t limit) {
+  if (!total_) return true;
+  if (bytes <= held_) {
+    total_->fetch_sub(held_ - bytes);
+    held_ = bytes;
+    return true;
+  }
+  const uint64_t more = bytes - held_;
+  uint64_t now = total_->load();
+  do {
+    if (now + more > limit) return false;
+  } while (!total_->compare_exchange_weak(now, now + more));
+  held_ = bytes;
+  return true;
+}
+
+namespace {
+
+// Writes all of bytes at offset; the errno of the failure otherwise (0: done).
+int PwriteAll(int fd, const char* p, size_t n, uint64_t offset) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return ENOSPC;  // no progress: treat as full
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return 0;
+}
+
+}  // namespace
+
+ImportBuffer::ImportBuffer(ImportBufferOptions options) : options_(std::move(options)) {
+  memory_.Attach(options_.memory_total);
+}
+
+ImportBuffer::~ImportBuffer() { Clear(); }
+
+Status ImportBuffer::NoMemory(uint64_t bytes) const {
+  // Not sticky: the write can be tried again once other imports are done.
+  return Status(StatusCode::kNoSpace,
+                fmt::format("kv.safetensors files being written hold {} bytes of memory; with {} more this one "
+                            "would pass the {} bytes allowed to imports at once",
+                            options_.memory_total ? options_.memory_total->load() : 0, bytes - memory_.held(),
+                            options_.memory_limit));
+}
+
+Status ImportBuffer::Spill(uint64_t new_size) {
+  const std::string& dir = options_.spill_dir;
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    // No O_TMPFILE on this file system: a named file, unlinked before anything is written.
+    std::string path = store::JoinPath(dir, ".import-XXXXXX");
+    fd = ::mkostemp(path.data(), O_CLOEXEC);
+    if (fd >= 0) ::unlink(path.c_str());
+  }
+  if (fd < 0) return store::ErrnoStatus(errno, "create a file for a large import in", dir);
+  if (const int err = PwriteAll(fd, data_.data(), data_.size(), 0); err != 0) {
+    fd_ = fd;  // wiped and closed below with what reached it
+    size_ = data_.size();
+    Wipe();
+    return store::ErrnoStatus(err, "write a large import into", dir);
+  }
+  if (::ftruncate(fd, static_cast<off_t>(std::max<uint64_t>(new_size, data_.size()))) != 0) {
+    const int err = errno;
+    fd_ = fd;
+    size_ = data_.size();
+    Wipe();
+    return store::ErrnoStatus(err, "size a large import in", dir);
+  }
+  fd_ = fd;
+  size_ = std::max<uint64_t>(new_size, data_.size());
+  std::fill(data_.begin(), data_.end(), '\0');  // KV data: not left in freed memory either
+  std::string().swap(data_);
+  memory_.Resize(0, options_.memory_limit);
+  return Status::Ok();
+}
+
+Status ImportBuffer::Write(uint64_t offset, std::string_view bytes) {
+  const uint64_t end = std::max<uint64_t>(size_, offset + bytes.size());
+  if (!spilled() && !options_.spill_dir.empty() && end > options_.spill_bytes) KVFS_RETURN_IF_ERROR(Spill(size_));
+  if (spilled()) {
+    if (const int err = PwriteAll(fd_, bytes.data(), bytes.size(), offset); err != 0) {
+      // Bytes past the old end that did land stay (they read as written); the size follows.
+      struct stat st {};
+      if (::fstat(fd_, &st) == 0) size_ = std::max<uint64_t>(size_, static_cast<uint64_t>(st.st_size));
+      return store::ErrnoStatus(err, "write a large import into", options_.spill_dir);
+    }
+    size_ = end;
+    return Status::Ok();
+  }
+  if (end > data_.size()) {
+    if (!memory_.Resize(end, options_.memory_limit)) return NoMemory(end);
+    data_.resize(static_cast<size_t>(end));
+  }
+  data_.replace(static_cast<size_t>(offset), bytes.size(), bytes);
+  size_ = end;
+  return Status::Ok();
+}
+
+Status ImportBuffer::Resize(uint64_t bytes) {
+  if (!spilled() && !options_.spill_dir.empty() && bytes > options_.spill_bytes) KVFS_RETURN_IF_ERROR(Spill(bytes));
+  if (spilled()) {
+    if (bytes < size_) {
+      // The cut bytes are KV data too: zeros over them before the file gives their blocks back.
+      const std::vector<char> zeros(std::min<uint64_t>(size_ - bytes, uint64_t{1} << 20), 0);
+      for (uint64_t at = bytes; at < size_; at += zeros.size()) {
+        PwriteAll(fd_, zeros.data(), static_cast<size_t>(std::min<uint64_t>(zeros.size(), size_ - at)), at);
+      }
+      ::fdatasync(fd_);
+    }
+    if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
+      return store::ErrnoStatus(errno, "size a large import in", options_.spill_dir);
+    }
+    size_ = bytes;
+    return Status::Ok();
+  }
+  if (bytes > data_.size() && !memory_.Resize(bytes, options_.memory_limit)) return NoMemory(bytes);
+  if (bytes < data_.size()) std::fill(data_.begin() + static_cast<std::ptrdiff_t>(bytes), data_.end(), '\0');
+  data_.resize(static_cast<size_t>(bytes));
+  if (bytes < memory_.held()) memory_.Resize(bytes, options_.memory_limit);
+  size_ = bytes;
+  return Status::Ok();
+}
+
+Result<std::string> ImportBuffer::Read(uint64_t offset, size_t size) const {
+  if (offset >= size_) return std::string();
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(size, size_ - offset));
+  if (!spilled()) return data_.substr(static_cast<size_t>(offset), n);
+  std::string out(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd_, out.data() + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return store::ErrnoStatus(errno, "read a large import in", options_.spill_dir);
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  out.resize(got);
+  return out;
+}
+
+Status ImportBuffer::Consume(const std::function<Status(std::string_view)>& f) {
+  Status result = Status::Ok();
+  if (!spilled()) {
+    result = f(data_);
+  } else if (size_ == 0) {
+    result = f(std::string_view());
+  } else {
+    void* map = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
+    if (map == MAP_FAILED) {
+      result = store::ErrnoStatus(errno, "map a large import in", options_.spill_dir);
+    } else {
+      result = f(std::string_view(static_cast<const char*>(map), static_cast<size_t>(size_)));
+      ::munmap(map, static_cast<size_t>(size_));
+    }
+  }
+  Clear();
+  return result;
+}
+
+void ImportBuffer::Wipe() {
+  if (fd_ < 0) return;
+  const std::vector<char> zeros(std::min<uint64_t>(size_, uint64_t{1} << 20), 0);
+  bool wiped = true;
+  for (uint64_t at = 0; at < size_ && wiped; at += zeros.size()) {
+    wiped = PwriteAll(fd_, zeros.data(), static_cast<size_t>(std::min<uint64_t>(zeros.size(), size_ - at)), at) == 0;
+  }
+  if (!wiped || ::fdatasync(fd_) != 0) {
+    spdlog::warn("import buffer in {}: could not overwrite its {} bytes with zeros before freeing them",
+                 options_.spill_dir, size_);
+  }
+  ::close(fd_);
+  fd_ = -1;
+}
+
+void ImportBuffer::Clear() {
+  Wipe();
+  std::fill(data_.begin(), data_.end(), '\0');
+  std::string().swap(data_);
+  memory_.Resize(0, options_.memory_limit);
+  size_ = 0;
+}
+
+}  // namespace kvfs::fs
