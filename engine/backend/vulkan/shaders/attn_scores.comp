@@ -38,6 +38,7 @@ layout(push_constant) uniform Params {
 
 layout(binding = 0) readonly buffer Queries { float q[]; };             // [..][q_stride]
 layout(binding = 1) readonly buffer Plane { uint kv_words[]; };         // K rows of this layer
+layout(binding = 1) readonly buffer PlaneVec4 { uvec4 kv_vec4[]; };     // the same, 16 bytes a load
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
 layout(binding = 3) writeonly buffer Scores { float scores[]; };        // [n_tokens][n_head][score_stride]
 layout(binding = 4) readonly buffer Keys { uint key_words[]; };         // q4k: [rows][n_channels / 2] f16 pairs
@@ -228,6 +229,17 @@ void main() {
   precise float s = 0.0;
   if (kInt8Queries) {
     s = Int8QueryScore(row, first);
+  } else if (KV_TYPE == kKvF16 && HD % 8u == 0u && (p.row_stride & 15u) == 0u) {
+    // f16 rows whose head slices start at 16-byte boundaries: 8 values a load instead of one
+    // word per value (an invocation reads a whole row of its own), summed in the same order.
+    const uint at = (row + 2u * first) >> 4;
+    for (uint j = 0u; j < HD / 8u; ++j) {
+      const uvec4 w = kv_vec4[at + j];
+      for (uint k = 0u; k < 8u; ++k) {
+        const uint word = w[k >> 1];
+        s += hvec[8u * j + k] * F16BitsToF32((k & 1u) != 0u ? (word >> 16) : (word & 0xFFFFu));
+      }
+    }
   } else {
     for (uint d = 0u; d < HD; ++d) s += hvec[d] * KvValue(row, first + d);
   }
