@@ -96,7 +96,8 @@ constexpr uint32_t kTileRows = 64;
 constexpr int64_t kSplitTokens = 4;
 constexpr int64_t kMaxSplits = 256;
 // attn_output takes all the query heads of a KV head in one workgroup (each value read once for
-// all of them) when there are at most this many.
+// all of them) when there are at most this many. Its shared memory, 4 * heads * (kRowGroup +
+// head_dim) bytes, then stays within the 16 KiB every device has (head_dim <= kRowGroup).
 constexpr int64_t kMaxOutputHeads = 8;
 
 uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
