@@ -41,10 +41,13 @@ struct StoreConfig {
   // past it a write fails with ENOSPC. 0: half the machine's memory.
   size_t max_import_memory_bytes = 0;
   // A kv.safetensors being written that grows past import_spill_bytes moves out of memory into
-  // an unnamed file in import_spill_dir (kvfsd: the store directory), so one import is bounded
-  // by the disk, not by the memory budget. Empty: imports stay in memory.
+  // an unnamed file in import_spill_dir (kvfsd: the store directory), so that writers hold disk
+  // rather than memory until close (the import at close still needs the file's size in memory,
+  // from the budget above, for as long as it runs). All such files together may hold at most
+  // max_import_spill_bytes (ENOSPC past it). Empty dir: imports stay in memory.
   std::string import_spill_dir;
   size_t import_spill_bytes = size_t{64} << 20;
+  size_t max_import_spill_bytes = size_t{64} << 30;
   std::string audit_log_path;              // empty: in memory
   uint32_t root_uid = 0, root_gid = 0;     // owner of the mount root and the special files
   std::function<int64_t()> now_ms;         // defaults to the system clock
@@ -213,6 +216,7 @@ class AgentStore {
   std::shared_ptr<SharedMetrics> metrics_ = std::make_shared<SharedMetrics>();
   // Bytes the import buffers of open handles hold in memory (ImportBuffer), against this limit.
   std::shared_ptr<std::atomic<uint64_t>> import_memory_ = std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<std::atomic<uint64_t>> import_disk_ = std::make_shared<std::atomic<uint64_t>>(0);  // spilled
   uint64_t import_memory_limit_ = 0;
 };
 

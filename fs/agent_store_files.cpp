@@ -168,7 +168,9 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
             .memory_total = import_memory_,
             .memory_limit = import_memory_limit_,
             .spill_dir = config_.import_spill_dir,
-            .spill_bytes = config_.import_spill_bytes});
+            .spill_bytes = config_.import_spill_bytes,
+            .disk_total = import_disk_,
+            .disk_limit = config_.max_import_spill_bytes});
         return handle;
       }
       handle->kind = Kind::kSnapshot;

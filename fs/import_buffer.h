@@ -2,11 +2,14 @@
 //
 // A file starts in memory, drawing on a budget shared by every import being written (a
 // MemoryShare). Past `spill_bytes`, when a spill directory is set, its bytes move into an
-// unnamed file there (O_TMPFILE, else a temporary name unlinked at once), so one import can be
-// larger than the memory budget; it is then read back through a read-only mapping. The bytes
-// are KV data: a spilled file is overwritten with zeros and synced before it is closed, as the
-// store does with its own temporary files, so that erasing the agent later leaves no copy in
-// freed disk blocks.
+// unnamed file there (O_TMPFILE, else a temporary name unlinked at once), drawing on a second
+// shared budget, of disk; many slow or idle writers then hold disk, not memory. The import at
+// close reads the file through a read-only mapping and copies the cache into memory, so it
+// reserves the file's size from the memory budget for that while (ENOSPC at close when it is
+// not there). The bytes are KV data: a spilled file's written ranges are overwritten with zeros
+// and synced before it is closed, as the store does with its own temporary files, so that
+// erasing the agent later leaves no copy in freed disk blocks (on file systems that overwrite in
+// place; copy-on-write ones write the zeros elsewhere).
 #pragma once
 
 #include <atomic>
@@ -45,6 +48,8 @@ struct ImportBufferOptions {
   uint64_t memory_limit = 0;                            // ... may not pass this
   std::string spill_dir;    // where a large import goes; empty: it stays in memory
   uint64_t spill_bytes = 0; // sizes past this spill (when spill_dir is set)
+  std::shared_ptr<std::atomic<uint64_t>> disk_total;    // every spilled import's size together
+  uint64_t disk_limit = 0;                              // ... may not pass this
 };
 
 class ImportBuffer {
@@ -63,8 +68,9 @@ class ImportBuffer {
   Status Resize(uint64_t bytes);
   // Up to size bytes from offset (a read through a descriptor opened for reading and writing).
   Result<std::string> Read(uint64_t offset, size_t size) const;
-  // Calls f with the whole content (mapped when spilled), then drops it: memory back to the
-  // budget, a spilled file wiped and closed.
+  // Calls f with the whole content (mapped when spilled, with its size reserved from the memory
+  // budget while f runs), then drops it: memory back to the budget, a spilled file wiped and
+  // closed.
   Status Consume(const std::function<Status(std::string_view)>& f);
   // Drops the content as Consume does, unread.
   void Clear();
@@ -77,8 +83,12 @@ class ImportBuffer {
   Status NoMemory(uint64_t bytes) const;
   void Wipe();                      // zeros over the spilled file's bytes, synced; then closed
 
+  Status NoDisk(uint64_t bytes) const;
+
   ImportBufferOptions options_;
   MemoryShare memory_;
+  MemoryShare disk_;       // a spilled file's size, out of the disk budget
+  bool poisoned_ = false;  // a truncation failed after zeroing: the content is not what was written
   std::string data_;  // in memory
   int fd_ = -1;       // spilled
   uint64_t size_ = 0;

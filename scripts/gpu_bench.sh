@@ -61,13 +61,13 @@ out, runs = sys.argv[1], sys.argv[2]
 copy = None
 m = re.search(r"copy_gbs ([0-9.]+)", open(os.path.join(out, "gpu.txt")).read())
 if m: copy = float(m.group(1))
-rows = ["%-34s %-4s %6s %10s %10s %9s %s" % ("run", "kv", "depth", "pp t/s", "tg t/s", "dec GB/s", "of copy bw")]
+rows = ["%-44s %-4s %6s %10s %10s %9s %s" % ("run", "kv", "depth", "pp t/s", "tg t/s", "dec GB/s", "of copy bw")]
 for f in sorted(glob.glob(os.path.join(runs, "*.json"))):
     try: j = json.load(open(f))
     except ValueError: continue
     name = os.path.basename(f)[:-5]
     gbs = j.get("decode_gbs", 0.0)
-    rows.append("%-34s %-4s %6d %10.1f %10.1f %9.1f %s" % (name, j.get("kv"), j.get("depth", 0),
+    rows.append("%-44s %-4s %6d %10.1f %10.1f %9.1f %s" % (name, j.get("kv"), j.get("depth", 0),
                 j["pp"]["median"], j["tg"]["median"], gbs, "%.0f%%" % (100 * gbs / copy) if copy else "-"))
     rows.append("    %s" % j.get("kernels"))
 open(os.path.join(out, "summary.txt"), "w").write("\n".join(rows) + "\n")

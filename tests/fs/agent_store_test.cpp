@@ -454,32 +454,47 @@ TEST_F(StoreTest, ImportBuffersShareAMemoryBudget) {
   store_->Release(c);
 }
 
-// A kv.safetensors larger than the whole import memory budget goes through when the store has a
-// spill directory: past import_spill_bytes it waits in an unnamed file there, and the import
-// at close reads it back. Nothing is left in the directory.
-TEST_F(StoreTest, ImportsLargerThanTheMemoryBudgetWaitOnDisk) {
+// With a spill directory, a kv.safetensors being written holds disk, not memory, past
+// import_spill_bytes: two imports that would not fit the memory budget together are written at
+// the same time, and each imports at its close, when it needs its size in memory for a while.
+// One larger than the memory budget is refused at close (ENOSPC), the agent unchanged. Nothing
+// is left in the directory.
+TEST_F(StoreTest, LargeImportsWaitOnDiskWhileWritten) {
   const std::string dir = ::testing::TempDir() + "/kvfs_import_spill_" + std::to_string(::getpid());
   ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
   StoreConfig config;
-  config.max_import_memory_bytes = 1000;
+  config.max_import_memory_bytes = 10000;
   config.import_spill_dir = dir;
   config.import_spill_bytes = 200;
   Start(testing::FakeEngineOptions{}, config);
-  Mkdir("alice");
-  Mkdir("bob");
+  for (const char* name : {"alice", "bob", "carol", "dave"}) Mkdir(name);
   ASSERT_TRUE(Echo("alice", "prompt", "remember this, and this, and this too, please").ok());
   ASSERT_TRUE(Cat("alice", "response").ok());
-  Result<std::string> exported = Cat("alice", "kv.safetensors");
-  ASSERT_TRUE(exported.ok());
-  ASSERT_GT(exported->size(), 3000u);  // three times the memory budget
-  ASSERT_TRUE(Echo("bob", "kv.safetensors", *exported, kRoot, 7).ok());  // in 7 writes
+  const std::string exported = *Cat("alice", "kv.safetensors");
+  ASSERT_GT(exported.size(), 5000u);  // two of them pass the memory budget
+  ASSERT_LT(exported.size(), 10000u);
+  const HandleId bob = *store_->Open(*File("bob", "kv.safetensors"), WriteTruncFlags(), kRoot);
+  const HandleId carol = *store_->Open(*File("carol", "kv.safetensors"), WriteTruncFlags(), kRoot);
+  for (size_t at = 0; at < exported.size(); at += 1000) {  // interleaved, as two cp would
+    ASSERT_TRUE(store_->Write(bob, at, exported.substr(at, 1000)).ok());
+    ASSERT_TRUE(store_->Write(carol, at, exported.substr(at, 1000)).ok());
+  }
+  ASSERT_TRUE(store_->Flush(bob).ok());
+  store_->Release(bob);
+  ASSERT_TRUE(store_->Flush(carol).ok());
+  store_->Release(carol);
   EXPECT_EQ(*Cat("bob", "transcript"), *Cat("alice", "transcript"));
-  EXPECT_EQ(*Cat("bob", "kv.safetensors"), *exported);
+  EXPECT_EQ(*Cat("carol", "kv.safetensors"), exported);
   // A bad large file is refused at close as one in memory is, bob's cache unchanged.
-  std::string bad = *exported;
+  std::string bad = exported;
   bad[0] ^= 1;
   EXPECT_EQ(Echo("bob", "kv.safetensors", bad, kRoot, 3).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(*Cat("bob", "kv.safetensors"), *exported);
+  EXPECT_EQ(*Cat("bob", "kv.safetensors"), exported);
+  // Larger than the memory budget: written, then refused at close.
+  std::string longer = exported;
+  while (longer.size() <= 10000) longer += exported;
+  EXPECT_EQ(Echo("dave", "kv.safetensors", longer, kRoot, 4).code(), StatusCode::kNoSpace);
+  EXPECT_EQ(*Cat("dave", "transcript"), "");
   EXPECT_EQ(::rmdir(dir.c_str()), 0) << "the spill directory is not empty";
 }
 

@@ -1,6 +1,7 @@
 // ImportBuffer: a kv.safetensors being written stays in memory under the shared budget, moves
-// into an unnamed file past spill_bytes, reads back exactly what was written (gaps as zeros),
-// and leaves zeros in the file's blocks when it goes.
+// into an unnamed file past spill_bytes under a disk budget, reads back exactly what was written
+// (gaps as zeros), reserves memory for the import at close, and leaves zeros in the file's
+// written blocks when it goes.
 #include "fs/import_buffer.h"
 
 #include <dirent.h>
@@ -22,9 +23,11 @@ class ImportBufferTest : public ::testing::Test {
     ::mkdir(dir_.c_str(), 0700);
   }
   void TearDown() override { ::rmdir(dir_.c_str()); }
-  ImportBufferOptions Options(uint64_t memory_limit, uint64_t spill_bytes, bool spill = true) {
+  ImportBufferOptions Options(uint64_t memory_limit, uint64_t spill_bytes, bool spill = true,
+                              uint64_t disk_limit = uint64_t{1} << 40) {
     return ImportBufferOptions{.memory_total = total_, .memory_limit = memory_limit,
-                               .spill_dir = spill ? dir_ : std::string(), .spill_bytes = spill_bytes};
+                               .spill_dir = spill ? dir_ : std::string(), .spill_bytes = spill_bytes,
+                               .disk_total = disk_, .disk_limit = disk_limit};
   }
   // Names in the spill directory: an import's file never has one there.
   int Entries() const {
@@ -43,6 +46,7 @@ class ImportBufferTest : public ::testing::Test {
 
   std::string dir_;
   std::shared_ptr<std::atomic<uint64_t>> total_ = std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<std::atomic<uint64_t>> disk_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 TEST_F(ImportBufferTest, StaysInMemoryUnderTheBudgetWithoutASpillDirectory) {
@@ -60,7 +64,7 @@ TEST_F(ImportBufferTest, StaysInMemoryUnderTheBudgetWithoutASpillDirectory) {
 }
 
 TEST_F(ImportBufferTest, MovesIntoAnUnnamedFileAndReadsBackWhatWasWritten) {
-  ImportBuffer buffer(Options(1000, 100));
+  ImportBuffer buffer(Options(10000, 100));
   std::string want = Pattern(60, 'a');
   ASSERT_TRUE(buffer.Write(0, want).ok());
   EXPECT_FALSE(buffer.spilled());
@@ -71,13 +75,15 @@ TEST_F(ImportBufferTest, MovesIntoAnUnnamedFileAndReadsBackWhatWasWritten) {
   EXPECT_EQ(total_->load(), 0u);
   EXPECT_EQ(Entries(), 0);
   want += std::string(30, '\0') + Pattern(30, 'b');
-  // Larger than the whole memory budget, out of order, overwriting.
+  // Out of order, overwriting; a 0-byte write past the end changes nothing.
   ASSERT_TRUE(buffer.Write(3000, Pattern(2000, 'c')).ok());
+  ASSERT_TRUE(buffer.Write(9000, "").ok());
   ASSERT_TRUE(buffer.Write(10, Pattern(5, 'd')).ok());
   want.resize(3000, '\0');
   want += Pattern(2000, 'c');
   want.replace(10, 5, Pattern(5, 'd'));
   EXPECT_EQ(buffer.size(), want.size());
+  EXPECT_EQ(disk_->load(), want.size());
   EXPECT_EQ(*buffer.Read(0, 1 << 20), want);
   EXPECT_EQ(*buffer.Read(95, 10), want.substr(95, 10));
   EXPECT_EQ(*buffer.Read(want.size(), 10), "");
@@ -88,15 +94,47 @@ TEST_F(ImportBufferTest, MovesIntoAnUnnamedFileAndReadsBackWhatWasWritten) {
   want.resize(200, '\0');
   EXPECT_EQ(*buffer.Read(0, 1000), want);
   std::string seen;
+  uint64_t memory_while_importing = 0;
   ASSERT_TRUE(buffer.Consume([&](std::string_view bytes) {
                       seen = std::string(bytes);
+                      memory_while_importing = total_->load();  // the importer copies the file
                       return Status::Ok();
                     })
                   .ok());
   EXPECT_EQ(seen, want);
+  EXPECT_EQ(memory_while_importing, want.size());
   EXPECT_FALSE(buffer.spilled());
   EXPECT_EQ(buffer.size(), 0u);
+  EXPECT_EQ(total_->load(), 0u);
+  EXPECT_EQ(disk_->load(), 0u);
   EXPECT_EQ(Entries(), 0);
+}
+
+// Spilled files share a disk budget as in-memory ones share memory; the import at close needs
+// the file's size in memory, and without it the file is refused with ENOSPC (and dropped).
+TEST_F(ImportBufferTest, SpilledFilesShareADiskBudgetAndTheImportReservesMemory) {
+  ImportBuffer a(Options(1000, 100, true, 5000)), b(Options(1000, 100, true, 5000));
+  ASSERT_TRUE(a.Write(0, Pattern(3000, 'a')).ok());
+  ASSERT_TRUE(a.spilled());
+  EXPECT_EQ(b.Write(0, Pattern(2500, 'b')).code(), StatusCode::kNoSpace);  // 3000 + 2500 > 5000
+  EXPECT_EQ(b.size(), 0u);
+  EXPECT_EQ(disk_->load(), 3000u);
+  ASSERT_TRUE(b.Write(0, Pattern(2000, 'b')).ok());
+  EXPECT_EQ(b.Resize(2001).code(), StatusCode::kNoSpace);
+  ASSERT_TRUE(a.Resize(500).ok());  // shrinking gives disk back
+  EXPECT_EQ(disk_->load(), 2500u);
+  ASSERT_TRUE(b.Write(2000, Pattern(2000, 'b')).ok());
+  EXPECT_EQ(total_->load(), 0u);  // spilled: no memory held while writing
+  bool called = false;
+  const Status s = b.Consume([&](std::string_view) {
+    called = true;
+    return Status::Ok();
+  });
+  EXPECT_EQ(s.code(), StatusCode::kNoSpace) << s.message();  // 4000 bytes, 1000 of memory
+  EXPECT_FALSE(called);
+  EXPECT_FALSE(b.spilled());
+  EXPECT_EQ(disk_->load(), 500u);
+  EXPECT_EQ(total_->load(), 0u);
 }
 
 TEST_F(ImportBufferTest, ConsumePassesOnTheImportersError) {
@@ -113,7 +151,7 @@ TEST_F(ImportBufferTest, ConsumePassesOnTheImportersError) {
 // the unnamed file readable after the buffer closed its own.
 TEST_F(ImportBufferTest, LeavesZerosInTheFileWhenItGoes) {
   for (const bool consumed : {false, true}) {
-    auto buffer = std::make_unique<ImportBuffer>(Options(1000, 10));
+    auto buffer = std::make_unique<ImportBuffer>(Options(uint64_t{1} << 30, 10));
     const std::string bytes = Pattern((3 << 20) + 17, 'k');  // several 1 MiB rounds of zeros
     ASSERT_TRUE(buffer->Write(0, bytes).ok());
     ASSERT_TRUE(buffer->spilled());
@@ -129,6 +167,31 @@ TEST_F(ImportBufferTest, LeavesZerosInTheFileWhenItGoes) {
     ::close(keep);
     EXPECT_EQ(after, std::string(bytes.size(), '\0')) << (consumed ? "consumed" : "dropped");
   }
+}
+
+// Zeros go over what was written, not over holes: a sparse file keeps its holes (writing zeros
+// there would only allocate the blocks, up to the 16 GiB an import may declare).
+TEST_F(ImportBufferTest, WipingSkipsHoles) {
+  auto buffer = std::make_unique<ImportBuffer>(Options(1000, 10));
+  const uint64_t far = uint64_t{1} << 30;
+  ASSERT_TRUE(buffer->Write(0, Pattern(4096, 'a')).ok());
+  ASSERT_TRUE(buffer->Write(far, Pattern(4096, 'b')).ok());
+  const int keep = ::dup(buffer->fd_for_test());
+  ASSERT_GE(keep, 0);
+  struct stat before {};
+  ASSERT_EQ(::fstat(keep, &before), 0);
+  buffer.reset();
+  struct stat after {};
+  ASSERT_EQ(::fstat(keep, &after), 0);
+  if (before.st_blocks * 512 < (64 << 20)) {  // the file system made a hole: it must stay one
+    EXPECT_LT(after.st_blocks * 512, 64 << 20) << "the wipe filled the hole";
+  }
+  std::string head(4096, 'x'), tail(4096, 'x');
+  ASSERT_EQ(::pread(keep, head.data(), head.size(), 0), 4096);
+  ASSERT_EQ(::pread(keep, tail.data(), tail.size(), static_cast<off_t>(far)), 4096);
+  ::close(keep);
+  EXPECT_EQ(head, std::string(4096, '\0'));
+  EXPECT_EQ(tail, std::string(4096, '\0'));
 }
 
 TEST_F(ImportBufferTest, AFailedSpillKeepsTheBytesInMemory) {

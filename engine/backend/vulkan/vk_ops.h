@@ -178,7 +178,8 @@ class Ops {
   // layer on 3500 positions that take ~1 us to stream. Splits hold whole 32-position tiles.
   static constexpr int64_t kDefaultAttentionSplit = 128;
   int64_t attention_split_positions() const { return split_positions_; }
-  void set_attention_split_positions(int64_t n) { split_positions_ = std::max<int64_t>(n, 32); }
+  // Rounded up to whole 32-position tiles, as the splits are.
+  void set_attention_split_positions(int64_t n) { split_positions_ = (std::max<int64_t>(n, 1) + 31) / 32 * 32; }
 
  private:
   Ops(Context& ctx, PipelineCache& pipelines) : ctx_(ctx), pipelines_(pipelines) {}

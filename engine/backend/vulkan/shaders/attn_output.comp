@@ -4,8 +4,9 @@
 // over the visible positions, V read in the stored KV format from the device plane of the
 // layer (dequantized here). One workgroup per (token, HEADS query heads of one KV head, split):
 // invocation (lane, d) sums the split's positions p = lane (mod lanes) for dimension d, each
-// value read once for all HEADS heads (grouped-query attention), and the lanes are added in
-// shared memory. With one split the result is rotated back by the Walsh-Hadamard transform when the
+// value read once for all HEADS heads (grouped-query attention; the q4 int8-weight path sums
+// tile by tile per head, so it reads a tile's codes once per head, from the cache after the
+// first), and the lanes are added in shared memory. With one split the result is rotated back by the Walsh-Hadamard transform when the
 // format rotates (H is its own inverse) and written out; with several (decode: few tokens, long
 // contexts, so the positions are spread over more workgroups) each split writes its partial sum
 // and attn_reduce adds them up and rotates.
