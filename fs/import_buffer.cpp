@@ -136,10 +136,17 @@ Status ImportBuffer::Spill(uint64_t new_size) {
   return Status::Ok();
 }
 
+bool ImportBuffer::ShouldSpill(uint64_t new_size) {
+  if (spilled() || options_.spill_dir.empty()) return false;
+  if (new_size > options_.spill_bytes) return true;
+  // Below the threshold too when the memory budget is full (what it takes stays held).
+  return new_size > data_.size() && !memory_.Resize(new_size, options_.memory_limit);
+}
+
 Status ImportBuffer::Write(uint64_t offset, std::string_view bytes) {
   if (bytes.empty()) return Status::Ok();  // as write(2): a 0-byte write does not extend the file
   const uint64_t end = std::max<uint64_t>(size_, offset + bytes.size());
-  if (!spilled() && !options_.spill_dir.empty() && end > options_.spill_bytes) KVFS_RETURN_IF_ERROR(Spill(size_));
+  if (ShouldSpill(end)) KVFS_RETURN_IF_ERROR(Spill(size_));
   if (spilled()) {
     if (end > disk_.held() && !disk_.Resize(end, options_.disk_limit)) return NoDisk(end);
     if (const int err = PwriteAll(fd_, bytes.data(), bytes.size(), offset); err != 0) {
@@ -162,7 +169,7 @@ Status ImportBuffer::Write(uint64_t offset, std::string_view bytes) {
 }
 
 Status ImportBuffer::Resize(uint64_t bytes) {
-  if (!spilled() && !options_.spill_dir.empty() && bytes > options_.spill_bytes) KVFS_RETURN_IF_ERROR(Spill(bytes));
+  if (ShouldSpill(bytes)) KVFS_RETURN_IF_ERROR(Spill(bytes));
   if (spilled()) {
     if (bytes > disk_.held() && !disk_.Resize(bytes, options_.disk_limit)) return NoDisk(bytes);
     // The cut bytes are KV data too: zeros over them before the file gives their blocks back.

@@ -1,7 +1,8 @@
 // What a kv.safetensors being written holds until close, when it is imported (private to fs/).
 //
 // A file starts in memory, drawing on a budget shared by every import being written (a
-// MemoryShare). Past `spill_bytes`, when a spill directory is set, its bytes move into an
+// MemoryShare). Past `spill_bytes`, or when that budget is full, and when a spill directory is
+// set, its bytes move into an
 // unnamed file there (O_TMPFILE, else a temporary name unlinked at once), drawing on a second
 // shared budget, of disk; many slow or idle writers then hold disk, not memory. The import at
 // close reads the file through a read-only mapping and copies the cache into memory, so it
@@ -79,6 +80,9 @@ class ImportBuffer {
   int fd_for_test() const { return fd_; }
 
  private:
+  // Whether growing to new_size moves the content to disk: past spill_bytes, or when the memory
+  // budget cannot take it (when it can, it is taken here).
+  bool ShouldSpill(uint64_t new_size);
   Status Spill(uint64_t new_size);  // moves the memory content into a new unnamed file
   Status NoMemory(uint64_t bytes) const;
   void Wipe();                      // zeros over the spilled file's bytes, synced; then closed

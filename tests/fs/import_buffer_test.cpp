@@ -110,6 +110,23 @@ TEST_F(ImportBufferTest, MovesIntoAnUnnamedFileAndReadsBackWhatWasWritten) {
   EXPECT_EQ(Entries(), 0);
 }
 
+// Below spill_bytes too, a write the memory budget cannot take goes to disk instead of failing.
+TEST_F(ImportBufferTest, SpillsWhenTheMemoryBudgetIsFull) {
+  ImportBuffer a(Options(1000, 100000)), b(Options(1000, 100000));
+  ASSERT_TRUE(a.Write(0, Pattern(600, 'a')).ok());
+  ASSERT_TRUE(b.Write(0, Pattern(300, 'b')).ok());
+  EXPECT_FALSE(a.spilled() || b.spilled());
+  ASSERT_TRUE(b.Write(300, Pattern(300, 'c')).ok());  // 600 + 600 > 1000
+  EXPECT_TRUE(b.spilled());
+  EXPECT_FALSE(a.spilled());
+  EXPECT_EQ(total_->load(), 600u);
+  EXPECT_EQ(*b.Read(0, 1000), Pattern(300, 'b') + Pattern(300, 'c'));
+  ASSERT_TRUE(a.Resize(2000).ok());  // a truncation that grows past the budget too
+  EXPECT_TRUE(a.spilled());
+  EXPECT_EQ(total_->load(), 0u);
+  EXPECT_EQ(*a.Read(0, 5000), Pattern(600, 'a') + std::string(1400, '\0'));
+}
+
 // Spilled files share a disk budget as in-memory ones share memory; the import at close needs
 // the file's size in memory, and without it the file is refused with ENOSPC (and dropped).
 TEST_F(ImportBufferTest, SpilledFilesShareADiskBudgetAndTheImportReservesMemory) {
