@@ -94,6 +94,9 @@ struct VulkanOptions {
                                    // (vk::WeightLayout::kSplitRows); off: the GGUF rows as they are
   int64_t attention_split = 0;     // decode attention's positions per workgroup (0: the default,
                                    // vk::Ops::kDefaultAttentionSplit)
+  bool fuse_softmax = true;        // decode attention makes its softmax weights inside the
+                                   // weighted sum (off: softmax.comp as its own dispatch); also
+                                   // off when fuse_ops is
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -107,6 +110,7 @@ struct BackendRequest {
   bool fuse_ops = true;  // Vulkan: VulkanOptions::fuse_ops
   bool split_weight_rows = true;  // Vulkan: VulkanOptions::split_weight_rows
   int64_t attention_split = 0;    // Vulkan: VulkanOptions::attention_split
+  bool fuse_softmax = true;       // Vulkan: VulkanOptions::fuse_softmax
   CpuOptions cpu;
 };
 struct ChosenBackend {

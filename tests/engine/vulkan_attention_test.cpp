@@ -290,8 +290,9 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
     int64_t pos0, T;
   };
   // Decode with a long context spreads the positions over workgroups (attn_reduce adds them);
-  // at 131 the first of two splits ends inside a KV block.
-  for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}, Case{131, 1}}) {
+  // at 131 the first of two splits ends inside a KV block; 2000 x 4 tokens is the most the
+  // fused softmax takes at once.
+  for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}, Case{131, 1}, Case{2000, 4}}) {
     const int64_t n_ctx = c.pos0 + c.T;
     for (const KvFormat& f : Formats()) {
       const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
@@ -307,43 +308,52 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
       const vk::Buffer kb = Input(kp.bytes), vb = Input(vp.bytes), table = Input(kp.table), qb = Input(q);
       const vk::Buffer scores = Output(c.T * kHeads * n_ctx * 4), raw = Output(c.T * kHeads * n_ctx * 4);
       const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4);
-      const vk::Buffer partials = Output(1 << 20);
+      const vk::Buffer partials = Output(1 << 20), stats = Output(1 << 16);
       vk::KvView view = View(f, kb, table, kp.row_stride);
       view.v_plane = &vb;
       const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
       const int64_t q_stride = kHeads * kHeadDim;
-      ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
-                    KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
-                    return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
-                                           partials.bytes() / 4, out, q_stride, 0);
-                  }).ok());
-      // Raw scores against the scalar dot products, then the whole attention.
-      const std::vector<float> got_raw = Read<float>(raw, c.T * kHeads * n_ctx);
-      const std::vector<float> got = Read<float>(out, c.T * kHeads * kHeadDim);
-      std::vector<float> want, raw_got, raw_want;
-      for (int64_t t = 0; t < c.T; ++t) {
-        for (int64_t h = 0; h < kHeads; ++h) {
-          const float* qh = q.data() + t * q_stride + h * kHeadDim;
-          const std::vector<float> o = ReferenceAttention(f, k, v, qh, h / (kHeads / kHeadsKv), c.pos0 + t + 1);
-          want.insert(want.end(), o.begin(), o.end());
-          std::vector<float> qr(qh, qh + kHeadDim);
-          if (f.rotate) HadamardTransform(qr.data(), kHeadDim);
-          if (f.type == KvType::kF16) cpu::ScalarAttentionKernels().round_f16(qr.data(), kHeadDim);
-          std::vector<float> s(c.pos0 + t + 1);
-          ScalarScores(f, cpu::KvRows{k.data(), row_bytes, c.pos0 + t + 1, h / (kHeads / kHeadsKv), kHeadDim}, qr,
-                       s.data());
-          for (int64_t p = 0; p <= c.pos0 + t; ++p) {
-            raw_want.push_back(s[p]);
-            raw_got.push_back(got_raw[(t * kHeads + h) * n_ctx + p]);
+      // Decode fuses the softmax into the weighted sum when given the stats buffer; prefill
+      // never does. Both ways are held to the reference.
+      const int64_t n_splits = ops_->AttentionSplits(shape, c.T, c.pos0, partials.bytes() / 4);
+      const bool fuses = ops_->FusesSoftmax(view, shape, c.T, c.pos0, n_splits, stats.bytes() / 4);
+      EXPECT_EQ(fuses, c.T <= 4) << f.Name();
+      for (const bool fused : {false, true}) {
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                      KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
+                      return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
+                                             partials.bytes() / 4, out, q_stride, 0, fused ? &stats : nullptr,
+                                             stats.bytes() / 4);
+                    }).ok());
+        // Raw scores against the scalar dot products, then the whole attention.
+        const std::vector<float> got_raw = Read<float>(raw, c.T * kHeads * n_ctx);
+        const std::vector<float> got = Read<float>(out, c.T * kHeads * kHeadDim);
+        std::vector<float> want, raw_got, raw_want;
+        for (int64_t t = 0; t < c.T; ++t) {
+          for (int64_t h = 0; h < kHeads; ++h) {
+            const float* qh = q.data() + t * q_stride + h * kHeadDim;
+            const std::vector<float> o = ReferenceAttention(f, k, v, qh, h / (kHeads / kHeadsKv), c.pos0 + t + 1);
+            want.insert(want.end(), o.begin(), o.end());
+            std::vector<float> qr(qh, qh + kHeadDim);
+            if (f.rotate) HadamardTransform(qr.data(), kHeadDim);
+            if (f.type == KvType::kF16) cpu::ScalarAttentionKernels().round_f16(qr.data(), kHeadDim);
+            std::vector<float> s(c.pos0 + t + 1);
+            ScalarScores(f, cpu::KvRows{k.data(), row_bytes, c.pos0 + t + 1, h / (kHeads / kHeadsKv), kHeadDim}, qr,
+                         s.data());
+            for (int64_t p = 0; p <= c.pos0 + t; ++p) {
+              raw_want.push_back(s[p]);
+              raw_got.push_back(got_raw[(t * kHeads + h) * n_ctx + p]);
+            }
           }
         }
+        const double nmse_scores = Nmse(raw_got, raw_want), nmse = Nmse(got, want);
+        std::printf("[vulkan attention] %-8s pos0=%-4lld T=%-3lld %s scores NMSE %.3g, output NMSE %.3g\n",
+                    f.Name().c_str(), static_cast<long long>(c.pos0), static_cast<long long>(c.T),
+                    fused && fuses ? "fused   " : "separate", nmse_scores, nmse);
+        EXPECT_LE(nmse_scores, 1e-12) << f.Name();
+        // f16 caches round the weights to f16 (a weight near a rounding boundary may go either way).
+        EXPECT_LE(nmse, 1e-9) << f.Name() << (fused ? " fused" : " separate");
       }
-      const double nmse_scores = Nmse(raw_got, raw_want), nmse = Nmse(got, want);
-      std::printf("[vulkan attention] %-8s pos0=%-3lld T=%-3lld scores NMSE %.3g, output NMSE %.3g\n",
-                  f.Name().c_str(), static_cast<long long>(c.pos0), static_cast<long long>(c.T), nmse_scores, nmse);
-      EXPECT_LE(nmse_scores, 1e-12) << f.Name();
-      // f16 caches round the weights to f16 (a weight near a rounding boundary may go either way).
-      EXPECT_LE(nmse, 1e-9) << f.Name();
     }
   }
 }
@@ -388,53 +398,67 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
       const vk::Buffer kb = Input(k_dev), vb = Input(v_dev), table = Input(slots), qb = Input(q), sb = Input(staged);
       const vk::Buffer scores = Output(c.T * kHeads * n_ctx * 4), raw = Output(c.T * kHeads * n_ctx * 4);
       const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4), partials = Output(1 << 20);
+      const vk::Buffer stats = Output(1 << 16);
       const vk::KvView view{.k_plane = &kb, .v_plane = &vb, .block_table = &table, .format = *f, .block_tokens = B,
                             .row_stride = row_stride, .k_slot_bytes = slot_k, .keys = &sb, .key_pos0 = key_pos0};
       const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
       const int64_t q_stride = kHeads * kHeadDim;
-      const Status st = Run([&](vk::Recorder& rec) -> Status {
-        KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
-        return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials, partials.bytes() / 4,
-                               out, q_stride, 0);
-      });
-      ASSERT_TRUE(st.ok()) << st.message();
-      const std::vector<float> got_raw = Read<float>(raw, c.T * kHeads * n_ctx);
-      const std::vector<float> got = Read<float>(out, c.T * kHeads * kHeadDim);
-      const cpu::AttentionKernels& attn = cpu::ScalarAttentionKernels();
-      std::vector<float> want, raw_got, raw_want;
-      for (int64_t t = 0; t < c.T; ++t) {
-        const int64_t n_vis = c.pos0 + t + 1, q_end = n_vis / C * C;
-        for (int64_t h = 0; h < kHeads; ++h) {
-          const int64_t kvh = h / (kHeads / kHeadsKv);
-          const std::vector<float> qh(q.begin() + t * q_stride + h * kHeadDim, q.begin() + t * q_stride + (h + 1) * kHeadDim);
-          std::vector<float> s(n_vis), o(kHeadDim, 0.0f);
-          for (int64_t p0 = 0; p0 < q_end; p0 += B) {
-            attn.dot_chunks(*f, cpu::KvChunks{k_host.data() + p0 / C * chunk_bytes, chunk_bytes, std::min(B, q_end - p0), kvh, kHeadDim},
-                            qh.data(), 1, s.data() + p0, n_vis);
+      const int64_t n_splits = ops_->AttentionSplits(shape, c.T, c.pos0, partials.bytes() / 4);
+      const bool fuses = ops_->FusesSoftmax(view, shape, c.T, c.pos0, n_splits, stats.bytes() / 4);
+      EXPECT_EQ(fuses, c.T <= 4);
+      for (const bool fused : {false, true}) {  // the softmax fused into the weighted sum (decode) or not
+        const Status st = Run([&](vk::Recorder& rec) -> Status {
+          KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
+          return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials, partials.bytes() / 4,
+                                 out, q_stride, 0, fused ? &stats : nullptr, stats.bytes() / 4);
+        });
+        ASSERT_TRUE(st.ok()) << st.message();
+        const std::vector<float> got_raw = Read<float>(raw, c.T * kHeads * n_ctx);
+        const std::vector<float> got = Read<float>(out, c.T * kHeads * kHeadDim);
+        const cpu::AttentionKernels& attn = cpu::ScalarAttentionKernels();
+        std::vector<float> want, raw_got, raw_want;
+        for (int64_t t = 0; t < c.T; ++t) {
+          const int64_t n_vis = c.pos0 + t + 1, q_end = n_vis / C * C;
+          for (int64_t h = 0; h < kHeads; ++h) {
+            const int64_t kvh = h / (kHeads / kHeadsKv);
+            const std::vector<float> qh(q.begin() + t * q_stride + h * kHeadDim,
+                                        q.begin() + t * q_stride + (h + 1) * kHeadDim);
+            std::vector<float> s(n_vis), o(kHeadDim, 0.0f);
+            for (int64_t p0 = 0; p0 < q_end; p0 += B) {
+              attn.dot_chunks(*f,
+                              cpu::KvChunks{k_host.data() + p0 / C * chunk_bytes, chunk_bytes, std::min(B, q_end - p0),
+                                            kvh, kHeadDim},
+                              qh.data(), 1, s.data() + p0, n_vis);
+            }
+            if (n_vis > q_end) {
+              std::vector<uint16_t> rows(staged.begin() + (q_end - key_pos0) * kRowValues,
+                                         staged.begin() + (n_vis - key_pos0) * kRowValues);
+              attn.dot_rows(f->StagingFormat(),
+                            cpu::KvRows{reinterpret_cast<const uint8_t*>(rows.data()), 2 * kRowValues, n_vis - q_end,
+                                        kvh, kHeadDim},
+                            qh.data(), 1, s.data() + q_end, n_vis);
+            }
+            for (int64_t p = 0; p < n_vis; ++p) {
+              raw_want.push_back(s[p]);
+              raw_got.push_back(got_raw[(t * kHeads + h) * n_ctx + p]);
+            }
+            attn.softmax(s.data(), n_vis, n_vis, 1.0f / std::sqrt(static_cast<float>(kHeadDim)), false);
+            for (int64_t p0 = 0; p0 < n_vis; p0 += B) {
+              attn.axpy_rows(
+                  *f, cpu::KvRows{v_host.data() + p0 * row_bytes, row_bytes, std::min(B, n_vis - p0), kvh, kHeadDim},
+                  s.data() + p0, 1, n_vis, o.data());
+            }
+            if (f->RotatesV()) attn.hadamard(o.data(), kHeadDim);
+            want.insert(want.end(), o.begin(), o.end());
           }
-          if (n_vis > q_end) {
-            std::vector<uint16_t> rows(staged.begin() + (q_end - key_pos0) * kRowValues, staged.begin() + (n_vis - key_pos0) * kRowValues);
-            attn.dot_rows(f->StagingFormat(), cpu::KvRows{reinterpret_cast<const uint8_t*>(rows.data()), 2 * kRowValues, n_vis - q_end, kvh, kHeadDim},
-                          qh.data(), 1, s.data() + q_end, n_vis);
-          }
-          for (int64_t p = 0; p < n_vis; ++p) {
-            raw_want.push_back(s[p]);
-            raw_got.push_back(got_raw[(t * kHeads + h) * n_ctx + p]);
-          }
-          attn.softmax(s.data(), n_vis, n_vis, 1.0f / std::sqrt(static_cast<float>(kHeadDim)), false);
-          for (int64_t p0 = 0; p0 < n_vis; p0 += B) {
-            attn.axpy_rows(*f, cpu::KvRows{v_host.data() + p0 * row_bytes, row_bytes, std::min(B, n_vis - p0), kvh, kHeadDim},
-                           s.data() + p0, 1, n_vis, o.data());
-          }
-          if (f->RotatesV()) attn.hadamard(o.data(), kHeadDim);
-          want.insert(want.end(), o.begin(), o.end());
         }
+        const double nmse_scores = Nmse(raw_got, raw_want), nmse = Nmse(got, want);
+        std::printf("[vulkan attention] %-10s pos0=%-4lld T=%-3lld %s scores NMSE %.3g, output NMSE %.3g\n",
+                    f->Name().c_str(), static_cast<long long>(c.pos0), static_cast<long long>(c.T),
+                    fused && fuses ? "fused   " : "separate", nmse_scores, nmse);
+        EXPECT_LE(nmse_scores, 1e-12) << f->Name() << " pos0 " << c.pos0;
+        EXPECT_LE(nmse, 1e-9) << f->Name() << " pos0 " << c.pos0 << (fused ? " fused" : " separate");
       }
-      const double nmse_scores = Nmse(raw_got, raw_want), nmse = Nmse(got, want);
-      std::printf("[vulkan attention] %-10s pos0=%-3lld T=%-3lld scores NMSE %.3g, output NMSE %.3g\n",
-                  f->Name().c_str(), static_cast<long long>(c.pos0), static_cast<long long>(c.T), nmse_scores, nmse);
-      EXPECT_LE(nmse_scores, 1e-12) << f->Name() << " pos0 " << c.pos0;
-      EXPECT_LE(nmse, 1e-9) << f->Name() << " pos0 " << c.pos0;
     }
   }
 }

@@ -43,6 +43,8 @@ struct ScoresParams {
   uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
   float hadamard_scale;
   uint32_t slot_words, n_channels, key_row0, key_pos0;
+  float scale;
+  uint32_t stats_stride;
 };
 struct KStageParams {
   uint32_t n_tokens, row_words, src_stride, src_row0, dst_row0;
@@ -58,6 +60,8 @@ struct OutputParams {
   uint32_t pos0, n_head, group, score_stride, block_tokens, row_stride, table0, out_stride, out_row0;
   float hadamard_scale;
   uint32_t split_positions, n_splits;
+  float scale;
+  uint32_t round_f16, stats_stride, stats_positions;
 };
 struct ReduceParams {
   uint32_t n_head, n_splits, out_stride, out_row0;
@@ -77,11 +81,11 @@ constexpr ShaderInterface kMatmulF32{"matmul_f32", 4, sizeof(MatFloatParams)};
 constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
 constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
 constexpr ShaderInterface kKvStore{"kv_store", 6, sizeof(KvStoreParams)};
-constexpr ShaderInterface kScores{"attn_scores", 5, sizeof(ScoresParams)};
+constexpr ShaderInterface kScores{"attn_scores", 6, sizeof(ScoresParams)};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
 constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
-constexpr ShaderInterface kOutput{"attn_output", 5, sizeof(OutputParams)};
+constexpr ShaderInterface kOutput{"attn_output", 6, sizeof(OutputParams)};
 constexpr ShaderInterface kReduce{"attn_reduce", 2, sizeof(ReduceParams)};
 
 // Workgroup sizes. Small batches go to the matrix-vector shaders, larger ones to the tiled
@@ -99,8 +103,20 @@ constexpr int64_t kMaxSplits = 256;
 // all of them) when there are at most this many. Its shared memory, 4 * heads * (kRowGroup +
 // head_dim) bytes, then stays within the 16 KiB every device has (head_dim <= kRowGroup).
 constexpr int64_t kMaxOutputHeads = 8;
+// attn_output's fused softmax keeps a split's weights in shared memory: splits of at most this
+// many positions (the default split) take it, longer ones run softmax.comp first.
+constexpr int64_t kFusedSplitCap = Ops::kDefaultAttentionSplit;
 
 uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
+
+// The softmax's scale of the scores (both the separate and the fused softmax use it).
+float AttentionScale(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+
+// Query heads per attn_output workgroup: all those of a KV head, when few enough.
+int64_t OutputHeads(const AttentionShape& shape) {
+  const int64_t group = shape.n_head / shape.n_head_kv;
+  return group <= kMaxOutputHeads ? group : 1;
+}
 
 // Positions per split: a whole number of attn_output's 32-position tiles (its int8-weight path
 // quantizes per tile from each KV block's start, as the CPU backend does), so every split starts
@@ -379,13 +395,21 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                       &params, U32(n_tokens), U32(shape.n_head_kv / seg_heads), U32(rows.size()));
 }
 
+int64_t Ops::ScoreGroupPositions(const KvFormat& format) {
+  return format.KeysByChannel() ? format.chunk : kElementwiseGroup;  // q4k: a workgroup is one K chunk
+}
+
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
-                       int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores) {
-  // q4k: a workgroup is one K chunk.
+                       int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats) {
   const bool q4k = kv.format.KeysByChannel();
-  const uint32_t wg = q4k ? U32(kv.format.chunk) : kElementwiseGroup;
-  const uint32_t spec[] = {wg, static_cast<uint32_t>(kv.format.type), U32(kv.format.group),
-                           U32(shape.head_dim), kv.format.RotatesK() ? 1u : 0u, q4k ? U32(kv.format.chunk) : 64u};
+  const uint32_t wg = U32(ScoreGroupPositions(kv.format));
+  const uint32_t spec[] = {wg,
+                           static_cast<uint32_t>(kv.format.type),
+                           U32(kv.format.group),
+                           U32(shape.head_dim),
+                           kv.format.RotatesK() ? 1u : 0u,
+                           q4k ? U32(kv.format.chunk) : 64u,
+                           stats != nullptr ? 1u : 0u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kScores, spec));
   const int64_t n_ctx = pos0 + n_tokens;
   const ScoresParams params{U32(pos0),
@@ -401,10 +425,12 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(kv.k_slot_bytes / 4),
                             U32(shape.n_head_kv * shape.head_dim),
                             U32(kv.key_row0),
-                            U32(kv.key_pos0)};
+                            U32(kv.key_pos0),
+                            AttentionScale(shape.head_dim),
+                            CeilDiv(n_ctx, wg)};
   const Buffer* keys = kv.keys != nullptr ? kv.keys : &unused_;
-  return rec.Dispatch(*p, {&q, kv.k_plane, kv.block_table, &scores, keys}, &params, CeilDiv(n_ctx, wg),
-                      U32(shape.n_head), U32(n_tokens));
+  return rec.Dispatch(*p, {&q, kv.k_plane, kv.block_table, &scores, keys, stats != nullptr ? stats : &unused_},
+                      &params, CeilDiv(n_ctx, wg), U32(shape.n_head), U32(n_tokens));
 }
 
 Status Ops::KStage(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& src, int64_t src_stride,
@@ -439,11 +465,16 @@ Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t
 
 Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
                        int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                       int64_t n_splits, const Buffer* partials) {
-  const int64_t group = shape.n_head / shape.n_head_kv;
-  const int64_t heads = group <= kMaxOutputHeads ? group : 1;
-  const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kv.format.type), U32(kv.format.group),
-                           U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u, U32(heads)};
+                       int64_t n_splits, const Buffer* partials, const Buffer* stats) {
+  const int64_t heads = OutputHeads(shape);
+  const uint32_t spec[] = {kRowGroup,
+                           static_cast<uint32_t>(kv.format.type),
+                           U32(kv.format.group),
+                           U32(shape.head_dim),
+                           kv.format.RotatesV() ? 1u : 0u,
+                           U32(heads),
+                           stats != nullptr ? 1u : 0u,
+                           U32(kFusedSplitCap)};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kOutput, spec));
   const int64_t n_ctx = pos0 + n_tokens;
   const OutputParams params{U32(pos0),
@@ -457,8 +488,14 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(out_row0),
                             HadamardScale(shape.head_dim),
                             U32(SplitPositions(n_ctx, n_splits, kv.block_tokens)),
-                            U32(n_splits)};
-  return rec.Dispatch(*p, {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_},
+                            U32(n_splits),
+                            AttentionScale(shape.head_dim),
+                            kv.format.type == KvType::kF16 ? 1u : 0u,
+                            CeilDiv(n_ctx, ScoreGroupPositions(kv.format)),
+                            U32(ScoreGroupPositions(kv.format))};
+  return rec.Dispatch(*p,
+                      {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_,
+                       stats != nullptr ? stats : &unused_},
                       &params, U32(shape.n_head / heads), U32(n_tokens), U32(n_splits));
 }
 
@@ -471,23 +508,44 @@ Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& sh
   return rec.Dispatch(*p, {&partials, &out}, &params, U32(shape.n_head), U32(n_tokens));
 }
 
+bool Ops::FusesSoftmax(const KvView& kv, const AttentionShape& shape, int64_t n_tokens, int64_t pos0,
+                       int64_t n_splits, int64_t stats_floats) const {
+  if (!fuse_softmax_ || n_tokens > kSplitTokens) return false;
+  const int64_t n_ctx = pos0 + n_tokens;
+  if (SplitPositions(n_ctx, n_splits, kv.block_tokens) > kFusedSplitCap) return false;
+  if (n_tokens * shape.n_head * CeilDiv(n_ctx, ScoreGroupPositions(kv.format)) * 2 > stats_floats) return false;
+  // attn_output folds the stats with 32 invocations per head; its shared memory holds partial,
+  // hvec, wsh, row_max and row_inv.
+  const int64_t heads = OutputHeads(shape);
+  if (heads * 32 > kRowGroup) return false;
+  const int64_t shared = 4 * heads * (kRowGroup + shape.head_dim + kFusedSplitCap + 2);
+  return shared <= ctx_.limits().max_shared_bytes;
+}
+
+int64_t Ops::AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int64_t pos0,
+                             int64_t partial_floats) const {
+  if (n_tokens > kSplitTokens) return 1;
+  const int64_t fit = partial_floats / (n_tokens * shape.n_head * shape.head_dim);
+  const int64_t split = split_positions_;
+  return std::clamp<int64_t>((pos0 + n_tokens + split - 1) / split, 1, std::min(kMaxSplits, fit));
+}
+
 Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                       int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& partials,
-                      int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0) {
-  KVFS_RETURN_IF_ERROR(AttnScores(rec, kv, shape, q, q_stride, q_row0, n_tokens, pos0, scores));
+                      int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0,
+                      const Buffer* stats, int64_t stats_floats) {
+  const int64_t n_splits = AttentionSplits(shape, n_tokens, pos0, partial_floats);
+  const bool fused = stats != nullptr && FusesSoftmax(kv, shape, n_tokens, pos0, n_splits, stats_floats);
+  KVFS_RETURN_IF_ERROR(
+      AttnScores(rec, kv, shape, q, q_stride, q_row0, n_tokens, pos0, scores, fused ? stats : nullptr));
   rec.Barrier();
-  KVFS_RETURN_IF_ERROR(Softmax(rec, scores, shape.n_head, n_tokens, pos0, pos0 + n_tokens,
-                               1.0f / std::sqrt(static_cast<float>(shape.head_dim)),
-                               kv.format.type == KvType::kF16));
-  rec.Barrier();
-  int64_t n_splits = 1;
-  if (n_tokens <= kSplitTokens) {
-    const int64_t fit = partial_floats / (n_tokens * shape.n_head * shape.head_dim);
-    const int64_t split = split_positions_;
-    n_splits = std::clamp<int64_t>((pos0 + n_tokens + split - 1) / split, 1, std::min(kMaxSplits, fit));
+  if (!fused) {
+    KVFS_RETURN_IF_ERROR(Softmax(rec, scores, shape.n_head, n_tokens, pos0, pos0 + n_tokens,
+                                 AttentionScale(shape.head_dim), kv.format.type == KvType::kF16));
+    rec.Barrier();
   }
   KVFS_RETURN_IF_ERROR(AttnOutput(rec, kv, shape, scores, n_tokens, pos0, out, out_stride, out_row0, n_splits,
-                                  n_splits > 1 ? &partials : nullptr));
+                                  n_splits > 1 ? &partials : nullptr, fused ? stats : nullptr));
   if (n_splits == 1) return Status::Ok();
   rec.Barrier();
   return AttnReduce(rec, kv, shape, partials, n_tokens, n_splits, out, out_stride, out_row0);

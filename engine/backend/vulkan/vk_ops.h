@@ -153,20 +153,37 @@ class Ops {
   // q rows q[q_row0 ..]: scores, causal softmax, weighted V sum into out[out_row0 ..].
   // `scores` holds [n_tokens][n_head][pos0 + n_tokens] floats; `partials` (partial_floats
   // floats) takes the partial sums when a few tokens' positions are split over workgroups.
+  // With `stats` (stats_floats floats), decode fuses the softmax into the weighted sum when
+  // FusesSoftmax says it can: one dispatch fewer, and no pass over the whole context by one
+  // workgroup per head.
   Status Attention(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                    int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& partials,
-                   int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0);
-  // The three steps of Attention, for tests.
+                   int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0,
+                   const Buffer* stats = nullptr, int64_t stats_floats = 0);
+  // The steps of Attention, for tests. With `stats`, AttnScores also writes each workgroup's
+  // softmax share (its max and sum: [n_tokens][n_head][ceil(n_ctx / ScoreGroupPositions)]
+  // float pairs) and AttnOutput takes raw scores and makes the weights itself from them.
   Status AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
-                    int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores);
+                    int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores,
+                    const Buffer* stats = nullptr);
   Status Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
                  int64_t score_stride, float scale, bool round_f16);
   // With n_splits > 1, writes partial sums into `partials` instead of out and needs AttnReduce.
   Status AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
                     int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                    int64_t n_splits, const Buffer* partials);
+                    int64_t n_splits, const Buffer* partials, const Buffer* stats = nullptr);
   Status AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
                     int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0);
+  // Workgroups per (token, head) that Attention's weighted sum uses: several for decode.
+  int64_t AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int64_t pos0, int64_t partial_floats) const;
+  // Positions per attn_scores workgroup (so per stats entry) for the format.
+  static int64_t ScoreGroupPositions(const KvFormat& format);
+  // Whether Attention fuses the softmax for this call: decode (a few tokens), splits short
+  // enough for their weights to sit in shared memory, and room for the stats.
+  bool FusesSoftmax(const KvView& kv, const AttentionShape& shape, int64_t n_tokens, int64_t pos0, int64_t n_splits,
+                    int64_t stats_floats) const;
+  // false: always run softmax.comp as its own dispatch (for A/B timing).
+  void set_fuse_softmax(bool on) { fuse_softmax_ = on; }
 
   // Whether attention and KV encoding fit this device for the geometry (shared memory,
   // workgroup size), with the reason when they do not.
@@ -201,6 +218,7 @@ class Ops {
   PipelineCache& pipelines_;
   Buffer unused_;  // bound where a shader's optional input is absent
   int64_t split_positions_ = kDefaultAttentionSplit;
+  bool fuse_softmax_ = true;
 };
 
 }  // namespace kvfs::vk

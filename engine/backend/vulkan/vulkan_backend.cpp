@@ -43,6 +43,8 @@ constexpr int64_t kMaxUbatch = 512;
 constexpr int64_t kStagingBytes = int64_t{64} << 20;
 constexpr int64_t kScoresBytes = int64_t{64} << 20;
 constexpr int64_t kPartialsBytes = int64_t{4} << 20;
+// 8 bytes per (token, head, 64 positions): decode of 4 tokens with 32 heads to 256k positions.
+constexpr int64_t kStatsBytes = int64_t{4} << 20;
 
 class VulkanBackend final : public Backend {
  public:
@@ -120,6 +122,7 @@ class VulkanBackend final : public Backend {
   Buffer act_aux_;    // [max_ubatch_][max n_in / 32] vec4 (see vk_ops.h)
   Buffer scores_;     // attention weights: [tokens][n_head][context], kScoresBytes
   Buffer partials_;   // attention split over positions: [tokens][n_head][splits][head_dim]
+  Buffer stats_;      // decode attention's softmax shares: [tokens][n_head][score workgroups] (max, sum)
   // Host-visible inputs and outputs of a micro-batch.
   Buffer tokens_;     // [max_ubatch_] int32 token ids
   Buffer rope_;       // [max_ubatch_][n_rot / 2] (cos, sin) pairs
@@ -140,6 +143,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
   if (options.attention_split > 0) ops_->set_attention_split_positions(options.attention_split);
+  ops_->set_fuse_softmax(options.fuse_softmax && options.fuse_ops);
   KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));
   const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding, .split_rows = options.split_weight_rows};
   KVFS_ASSIGN_OR_RETURN(weights_, vk::UploadWeights(*ctx_, *uploader_, model_.weights(), upload));
@@ -169,6 +173,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(device(act_aux_, n_in_max / 32 * 4));
   KVFS_ASSIGN_OR_RETURN(scores_, ctx_->CreateBuffer(std::min(kScoresBytes, max_binding), MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(partials_, ctx_->CreateBuffer(std::min(kPartialsBytes, max_binding), MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(stats_, ctx_->CreateBuffer(std::min(kStatsBytes, max_binding), MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
@@ -279,7 +284,8 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bo
                                   scores_.bytes()));
       }
       KVFS_RETURN_IF_ERROR(ops_->Attention(*rec_, view, shape, q_, n_q, pc.row0 + j, chunk, pc.pos0 + j, scores_,
-                                           partials_, partials_.bytes() / 4, att_, n_q, pc.row0 + j));
+                                           partials_, partials_.bytes() / 4, att_, n_q, pc.row0 + j, &stats_,
+                                           stats_.bytes() / 4));
       rec_->Barrier();
       j += chunk;
     }

@@ -10,6 +10,12 @@
 // format rotates (H is its own inverse) and written out; with several (decode: few tokens, long
 // contexts, so the positions are spread over more workgroups) each split writes its partial sum
 // and attn_reduce adds them up and rotates.
+// FUSED (decode): the weights are the raw scores' softmax, made here instead of by softmax.comp:
+// the row's max M and sum L come from attn_scores' per-workgroup (max, sum) stats, in the same
+// order in every workgroup, and the split's weights exp(scale * s - M) / L (f16-rounded when
+// asked) are made once into shared memory. That saves softmax.comp's dispatch and its one
+// workgroup per (token, head) walking the whole context; the weights differ from its only
+// in the order L is summed.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;  // >= HD
@@ -18,6 +24,8 @@ layout(constant_id = 2) const uint KV_GROUP = 64;
 layout(constant_id = 3) const uint HD = 64;
 layout(constant_id = 4) const uint ROTATE = 0;
 layout(constant_id = 5) const uint HEADS = 1;  // query heads per workgroup, all of one KV head
+layout(constant_id = 6) const uint FUSED = 0;
+layout(constant_id = 7) const uint SPLIT_CAP = 128;  // FUSED: the most positions a split has
 
 layout(push_constant) uniform Params {
   uint pos0;          // position of query token 0
@@ -32,19 +40,32 @@ layout(push_constant) uniform Params {
   float hadamard_scale;
   uint split_positions;  // positions per split
   uint n_splits;
+  float scale;            // FUSED: 1 / sqrt(head_dim)
+  uint round_f16;         // FUSED: weights rounded to f16 (an f16 cache, as softmax.comp)
+  uint stats_stride;      // FUSED: entries per (token, head) row of stats
+  uint stats_positions;   // FUSED: positions per stats entry (attn_scores' workgroup)
 } p;
 
-layout(binding = 0) readonly buffer Weights { float w[]; };             // [n_tokens][n_head][score_stride]
+layout(binding = 0) readonly buffer Weights { float w[]; };             // [n_tokens][n_head][score_stride] (FUSED: raw scores)
 layout(binding = 1) readonly buffer Plane { uint kv_words[]; };         // V rows of this layer
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
 layout(binding = 3) writeonly buffer Output { float o[]; };             // [..][out_stride]
 layout(binding = 4) writeonly buffer Partials { float partials[]; };    // [n_tokens][n_head][n_splits][HD]
+layout(binding = 5) readonly buffer Stats { vec2 stats[]; };            // FUSED: attn_scores' (max, sum) entries
 
 #include "common.glsl"
 #include "kv_rows.glsl"
 
 shared float partial[HEADS * WG];
 shared float hvec[HEADS * HD];
+shared float wsh[HEADS * SPLIT_CAP * FUSED + 1u];  // FUSED: head i's weight of split position k at i * SPLIT_CAP + k
+shared float row_max[HEADS], row_inv[HEADS];       // FUSED: M and 1 / L per head
+
+// Head h0 + i's weight of position pos (in split s0 ..): from shared memory when FUSED.
+float Weight(uint wrow0, uint i, uint s0, uint pos) {
+  if (FUSED != 0u) return wsh[i * SPLIT_CAP + pos - s0];
+  return w[wrow0 + i * p.score_stride + pos];
+}
 
 #include "hadamard.glsl"
 
@@ -68,11 +89,11 @@ uint RowOf(uint pos) {
 }
 
 // Value v's share of positions [t0, t1) (one tile, or its visible part): sum of w_p * V(p, v).
-float TileSum(uint wrow, uint t0, uint t1, uint v) {
+float TileSum(uint wrow0, uint i, uint s0, uint t0, uint t1, uint v) {
   const uint group_off = (v / KV_GROUP) * KvGroupBytes(), at = v % KV_GROUP;
   precise float amax = 0.0;
   for (uint pos = t0; pos < t1; ++pos) {
-    precise float a = w[wrow + pos] * F16BitsToF32(KvU16(RowOf(pos) + group_off));
+    precise float a = Weight(wrow0, i, s0, pos) * F16BitsToF32(KvU16(RowOf(pos) + group_off));
     amax = max(amax, abs(a));
   }
   const int e = Int8ScaleExponent(amax);
@@ -81,15 +102,64 @@ float TileSum(uint wrow, uint t0, uint t1, uint v) {
   for (uint pos = t0; pos < t1; ++pos) {
     const uint group = RowOf(pos) + group_off;
     const float d = F16BitsToF32(KvU16(group)), m = F16BitsToF32(KvU16(group + 2u));
-    precise float a = w[wrow + pos] * d;
+    const float wp = Weight(wrow0, i, s0, pos);
+    precise float a = wp * d;
     const int code = Int8Code(a, amax, e);
     const uint byte_value = KvU8(group + 4u + at / 2u);
     isum += code * (int((at & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u)) - 8);
     precise float m8 = m + 8.0 * d;
-    base = fma(w[wrow + pos], m8, base);
+    base = fma(wp, m8, base);
   }
   precise float sum = fma(float(isum), Int8Scale(amax, e), base);
   return sum;
+}
+
+// FUSED: row_max / row_inv of the HEADS heads from the stats of the whole row (pos0 + t + 1
+// positions), then the split's weights into wsh. Every workgroup of the row reduces the same
+// entries in the same order, so all splits use the same M and L.
+void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible) {
+  const uint n_stats = (p.pos0 + t + 1u + p.stats_positions - 1u) / p.stats_positions;
+  const uint base = (t * p.n_head + h0) * p.stats_stride;  // head h0 + i: base + i * stats_stride
+  // kFold invocations per head fold the entries (a strided pass each), then one invocation per
+  // head finishes in order: few barriers, and the same order in every workgroup.
+  const uint kFold = 32u, i = tid / kFold, lane = tid % kFold;  // HEADS * kFold <= WG
+  const bool folds = i < HEADS;
+  if (folds) {
+    float m = uintBitsToFloat(0xFF800000u);
+    for (uint g = lane; g < n_stats; g += kFold) m = max(m, stats[base + i * p.stats_stride + g].x);
+    partial[i * WG + lane] = m;
+  }
+  barrier();
+  if (tid < HEADS) {
+    float m = partial[tid * WG];
+    for (uint l = 1u; l < kFold; ++l) m = max(m, partial[tid * WG + l]);
+    row_max[tid] = m;
+  }
+  barrier();
+  if (folds) {
+    float l = 0.0;
+    for (uint g = lane; g < n_stats; g += kFold) {
+      const vec2 st = stats[base + i * p.stats_stride + g];
+      l += st.y * ExpPoly(st.x - row_max[i]);
+    }
+    partial[i * WG + lane] = l;
+  }
+  barrier();
+  if (tid < HEADS) {
+    float l = partial[tid * WG];
+    for (uint k = 1u; k < kFold; ++k) l += partial[tid * WG + k];
+    row_inv[tid] = 1.0 / l;
+  }
+  barrier();
+  // softmax.comp's arithmetic: e = ExpPoly(scale * s - M), w = e * (1 / L).
+  for (uint x = tid; x < HEADS * p.split_positions; x += WG) {
+    const uint head = x / p.split_positions, pos = s0 + x % p.split_positions;
+    if (pos >= n_visible) continue;
+    precise float v = w[wrow0 + head * p.score_stride + pos] * p.scale;
+    const float wt = ExpPoly(v - row_max[head]) * row_inv[head];
+    wsh[head * SPLIT_CAP + pos - s0] = p.round_f16 != 0u ? RoundF16(wt) : wt;
+  }
+  barrier();
 }
 
 void main() {
@@ -100,6 +170,8 @@ void main() {
   const uint d = tid % HD, lane = tid / HD;
   const uint first = (h0 / p.group) * HD;
   const uint wrow0 = (t * p.n_head + h0) * p.score_stride;  // head h0 + i: wrow0 + i * score_stride
+  const uint s0 = split * p.split_positions;
+  if (FUSED != 0u) FusedWeights(tid, t, h0, wrow0, s0, n_visible);
   float acc[HEADS];
   for (uint i = 0u; i < HEADS; ++i) acc[i] = 0.0;
   if (kInt8Weights && lane < lanes) {
@@ -108,14 +180,14 @@ void main() {
     for (uint t0 = split * p.split_positions; t0 < n_visible; t0 = TileEnd(t0), ++tile) {
       if (tile % lanes != lane) continue;
       const uint t1 = min(TileEnd(t0), n_visible);
-      for (uint i = 0u; i < HEADS; ++i) acc[i] += TileSum(wrow0 + i * p.score_stride, t0, t1, first + d);
+      for (uint i = 0u; i < HEADS; ++i) acc[i] += TileSum(wrow0, i, s0, t0, t1, first + d);
     }
   } else if (lane < lanes) {
     for (uint pos = split * p.split_positions + lane; pos < n_visible; pos += lanes) {
       const uint slot = block_table[p.table0 + pos / p.block_tokens];
       const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
       const float v = KvValue(row, first + d);  // read once for every head of the group
-      for (uint i = 0u; i < HEADS; ++i) acc[i] = fma(w[wrow0 + i * p.score_stride + pos], v, acc[i]);
+      for (uint i = 0u; i < HEADS; ++i) acc[i] = fma(Weight(wrow0, i, s0, pos), v, acc[i]);
     }
   }
   for (uint i = 0u; i < HEADS; ++i) partial[i * WG + tid] = acc[i];

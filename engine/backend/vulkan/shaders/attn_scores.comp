@@ -8,6 +8,9 @@
 // q4 keys it is quantized to int8 blocks (below), as the CPU backend does too.
 // Workgroup = WG positions of one (token, head); the block table maps position p to the
 // device slot of its KV block.
+// With STATS, each workgroup also writes its share of the row's softmax for attn_output's fused
+// path: the max m of scale * s over its visible positions and the sum of exp(scale * s - m)
+// (ExpPoly, as softmax.comp), so no pass over the whole row is needed before the weighted sum.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -16,6 +19,7 @@ layout(constant_id = 2) const uint KV_GROUP = 64;
 layout(constant_id = 3) const uint HD = 64;  // head_dim
 layout(constant_id = 4) const uint ROTATE = 0;
 layout(constant_id = 5) const uint CHUNK = 64;  // q4k: tokens per K chunk (= WG for q4k)
+layout(constant_id = 6) const uint STATS = 0;   // 1: write the workgroup's softmax share (above)
 
 layout(push_constant) uniform Params {
   uint pos0;          // position of query token 0
@@ -34,6 +38,8 @@ layout(push_constant) uniform Params {
   uint n_channels;    // values per key row
   uint key_row0;
   uint key_pos0;
+  float scale;        // STATS: the softmax's 1 / sqrt(head_dim)
+  uint stats_stride;  // STATS: entries per (token, head) row of stats
 } p;
 
 layout(binding = 0) readonly buffer Queries { float q[]; };             // [..][q_stride]
@@ -42,11 +48,13 @@ layout(binding = 1) readonly buffer PlaneVec4 { uvec4 kv_vec4[]; };     // the s
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
 layout(binding = 3) writeonly buffer Scores { float scores[]; };        // [n_tokens][n_head][score_stride]
 layout(binding = 4) readonly buffer Keys { uint key_words[]; };         // q4k: [rows][n_channels / 2] f16 pairs
+layout(binding = 5) writeonly buffer Stats { vec2 stats[]; };           // STATS: [n_tokens][n_head][stats_stride] (m, sum)
 
 #include "common.glsl"
 #include "kv_rows.glsl"
 
 shared float hvec[HD];
+shared float stat_max[WG], stat_sum[WG];  // STATS (WG is a power of two)
 
 #include "hadamard.glsl"
 
@@ -194,6 +202,26 @@ float StagedKeyScore(uint pos, uint first) {
   return s;
 }
 
+// The workgroup's (max, sum) of the row's softmax, over the invocations whose position is
+// visible (score s). Every invocation of the workgroup calls it.
+void WriteStats(uint tid, uint h, uint t, bool visible, float s) {
+  precise float v = s * p.scale;  // precise: the same rounding as softmax.comp and attn_output
+  stat_max[tid] = visible ? v : uintBitsToFloat(0xFF800000u);
+  barrier();
+  for (uint k = WG / 2u; k > 0u; k >>= 1) {
+    if (tid < k) stat_max[tid] = max(stat_max[tid], stat_max[tid + k]);
+    barrier();
+  }
+  const float m = stat_max[0];
+  stat_sum[tid] = visible ? ExpPoly(v - m) : 0.0;
+  barrier();
+  for (uint k = WG / 2u; k > 0u; k >>= 1) {
+    if (tid < k) stat_sum[tid] += stat_sum[tid + k];
+    barrier();
+  }
+  if (tid == 0u) stats[(t * p.n_head + h) * p.stats_stride + gl_WorkGroupID.x] = vec2(m, stat_sum[0]);
+}
+
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint h = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
@@ -210,38 +238,36 @@ void main() {
     QuantizeQueryBlocks(tid);
     barrier();
   }
+  // Invisible positions compute nothing but stay for the stats' barriers.
+  const uint pos = gl_WorkGroupID.x * WG + tid;
+  const bool visible = pos < n_visible;
+  precise float s = 0.0;
   if (KV_TYPE == kKvQ4K) {  // WG == CHUNK: this workgroup is chunk gl_WorkGroupID.x
     const uint chunk = gl_WorkGroupID.x, first = (h / p.group) * HD;
     const bool whole = (chunk + 1u) * CHUNK <= n_visible / CHUNK * CHUNK;
     PrepareChunk(chunk, first, tid, whole);
-    const uint pos = chunk * CHUNK + tid;
-    if (pos >= n_visible) return;
-    const float s = whole ? ChunkScore(chunk, first, tid) : StagedKeyScore(pos, first);
-    scores[(t * p.n_head + h) * p.score_stride + pos] = s;
-    return;
-  }
-
-  const uint pos = gl_WorkGroupID.x * WG + tid;
-  if (pos >= n_visible) return;
-  const uint slot = block_table[p.table0 + pos / p.block_tokens];
-  const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
-  const uint first = (h / p.group) * HD;
-  precise float s = 0.0;
-  if (kInt8Queries) {
-    s = Int8QueryScore(row, first);
-  } else if (KV_TYPE == kKvF16 && HD % 8u == 0u && (p.row_stride & 15u) == 0u) {
-    // f16 rows whose head slices start at 16-byte boundaries: 8 values a load instead of one
-    // word per value (an invocation reads a whole row of its own), summed in the same order.
-    const uint at = (row + 2u * first) >> 4;
-    for (uint j = 0u; j < HD / 8u; ++j) {
-      const uvec4 w = kv_vec4[at + j];
-      for (uint k = 0u; k < 8u; ++k) {
-        const uint word = w[k >> 1];
-        s += hvec[8u * j + k] * F16BitsToF32((k & 1u) != 0u ? (word >> 16) : (word & 0xFFFFu));
+    if (visible) s = whole ? ChunkScore(chunk, first, tid) : StagedKeyScore(pos, first);
+  } else if (visible) {
+    const uint slot = block_table[p.table0 + pos / p.block_tokens];
+    const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
+    const uint first = (h / p.group) * HD;
+    if (kInt8Queries) {
+      s = Int8QueryScore(row, first);
+    } else if (KV_TYPE == kKvF16 && HD % 8u == 0u && (p.row_stride & 15u) == 0u) {
+      // f16 rows whose head slices start at 16-byte boundaries: 8 values a load instead of one
+      // word per value (an invocation reads a whole row of its own), summed in the same order.
+      const uint at = (row + 2u * first) >> 4;
+      for (uint j = 0u; j < HD / 8u; ++j) {
+        const uvec4 w = kv_vec4[at + j];
+        for (uint k = 0u; k < 8u; ++k) {
+          const uint word = w[k >> 1];
+          s += hvec[8u * j + k] * F16BitsToF32((k & 1u) != 0u ? (word >> 16) : (word & 0xFFFFu));
+        }
       }
+    } else {
+      for (uint d = 0u; d < HD; ++d) s += hvec[d] * KvValue(row, first + d);
     }
-  } else {
-    for (uint d = 0u; d < HD; ++d) s += hvec[d] * KvValue(row, first + d);
   }
-  scores[(t * p.n_head + h) * p.score_stride + pos] = s;
+  if (visible) scores[(t * p.n_head + h) * p.score_stride + pos] = s;
+  if (STATS != 0u) WriteStats(tid, h, t, visible, s);
 }
