@@ -290,9 +290,11 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
     int64_t pos0, T;
   };
   // Decode with a long context spreads the positions over workgroups (attn_reduce adds them);
-  // at 131 the first of two splits ends inside a KV block; 2000 x 4 tokens is the most the
-  // fused softmax takes at once.
-  for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}, Case{131, 1}, Case{2000, 4}}) {
+  // at 131 the first of two splits ends inside a KV block; 2000 x 4 (the most tokens decode
+  // takes at once) has 16 splits; at 62 x 4 the tokens' rows span one or two score workgroups
+  // (so the fused softmax reads a different number of their stats per row).
+  for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}, Case{131, 1}, Case{2000, 4},
+                       Case{62, 4}}) {
     const int64_t n_ctx = c.pos0 + c.T;
     for (const KvFormat& f : Formats()) {
       const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
@@ -307,18 +309,20 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
       for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
       const vk::Buffer kb = Input(kp.bytes), vb = Input(vp.bytes), table = Input(kp.table), qb = Input(q);
       const vk::Buffer scores = Output(c.T * kHeads * n_ctx * 4), raw = Output(c.T * kHeads * n_ctx * 4);
-      const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4);
-      const vk::Buffer partials = Output(1 << 20), stats = Output(1 << 16);
+      const vk::Buffer stats = Output(1 << 16);
+      const int64_t partial_floats = (1 << 20) / 4;
       vk::KvView view = View(f, kb, table, kp.row_stride);
       view.v_plane = &vb;
       const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
       const int64_t q_stride = kHeads * kHeadDim;
       // Decode fuses the softmax into the weighted sum when given the stats buffer; prefill
       // never does. Both ways are held to the reference.
-      const int64_t n_splits = ops_->AttentionSplits(shape, c.T, c.pos0, partials.bytes() / 4);
+      const int64_t n_splits = ops_->AttentionSplits(shape, c.T, c.pos0, partial_floats);
       const bool fuses = ops_->FusesSoftmax(view, shape, c.T, c.pos0, n_splits, stats.bytes() / 4);
       EXPECT_EQ(fuses, c.T <= 4) << f.Name();
       for (const bool fused : {false, true}) {
+        // New each time: no result of the other way carries over.
+        const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4), partials = Output(partial_floats * 4);
         ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
                       KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
                       return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
@@ -370,9 +374,10 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
     ASSERT_TRUE(f.ok());
     const int64_t C = f->chunk, B = 2 * C, chunk_bytes = f->ChunkBytes(kRowValues), slot_k = B / C * chunk_bytes;
     const int64_t row_bytes = f->RowBytes(kRowValues), row_stride = (row_bytes + 3) / 4 * 4;
-    // 131-190: decode split into 96 or 128 positions, the first split ending inside a block.
+    // 131-190: decode split into 96 or 128 positions, the first split ending inside a block;
+    // 126 x 3: the tokens' rows span two or three K chunks (stats entries of the fused softmax).
     for (const Case c : {Case{70, 1}, Case{0, 5}, Case{100, 40}, Case{300, 2}, Case{127, 1}, Case{131, 1},
-                         Case{132, 1}, Case{190, 1}}) {
+                         Case{132, 1}, Case{190, 1}, Case{126, 3}}) {
       const int64_t n_ctx = c.pos0 + c.T, n_blocks = (n_ctx + B - 1) / B, key_pos0 = c.pos0 / C * C;
       std::vector<float> keys = RandomRows(n_ctx, rng), values = RandomRows(n_ctx, rng);
       for (float& x : keys) x = Fp16ToFp32(Fp32ToFp16(x));  // staged keys are f16
@@ -397,16 +402,18 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
       for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
       const vk::Buffer kb = Input(k_dev), vb = Input(v_dev), table = Input(slots), qb = Input(q), sb = Input(staged);
       const vk::Buffer scores = Output(c.T * kHeads * n_ctx * 4), raw = Output(c.T * kHeads * n_ctx * 4);
-      const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4), partials = Output(1 << 20);
       const vk::Buffer stats = Output(1 << 16);
+      const int64_t partial_floats = (1 << 20) / 4;
       const vk::KvView view{.k_plane = &kb, .v_plane = &vb, .block_table = &table, .format = *f, .block_tokens = B,
                             .row_stride = row_stride, .k_slot_bytes = slot_k, .keys = &sb, .key_pos0 = key_pos0};
       const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
       const int64_t q_stride = kHeads * kHeadDim;
-      const int64_t n_splits = ops_->AttentionSplits(shape, c.T, c.pos0, partials.bytes() / 4);
+      const int64_t n_splits = ops_->AttentionSplits(shape, c.T, c.pos0, partial_floats);
       const bool fuses = ops_->FusesSoftmax(view, shape, c.T, c.pos0, n_splits, stats.bytes() / 4);
       EXPECT_EQ(fuses, c.T <= 4);
       for (const bool fused : {false, true}) {  // the softmax fused into the weighted sum (decode) or not
+        // New each time: no result of the other way carries over.
+        const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4), partials = Output(partial_floats * 4);
         const Status st = Run([&](vk::Recorder& rec) -> Status {
           KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
           return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials, partials.bytes() / 4,

@@ -103,9 +103,11 @@ constexpr int64_t kMaxSplits = 256;
 // all of them) when there are at most this many. Its shared memory, 4 * heads * (kRowGroup +
 // head_dim) bytes, then stays within the 16 KiB every device has (head_dim <= kRowGroup).
 constexpr int64_t kMaxOutputHeads = 8;
-// attn_output's fused softmax keeps a split's weights in shared memory: splits of at most this
-// many positions (the default split) take it, longer ones run softmax.comp first.
+// attn_output's fused softmax keeps a split's weights in shared memory (in its array of
+// kRowGroup floats per head): splits of at most this many positions (the default split) take
+// it, longer ones run softmax.comp first.
 constexpr int64_t kFusedSplitCap = Ops::kDefaultAttentionSplit;
+static_assert(kFusedSplitCap <= kRowGroup);
 
 uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
 
@@ -467,6 +469,11 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                        int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
                        int64_t n_splits, const Buffer* partials, const Buffer* stats) {
   const int64_t heads = OutputHeads(shape);
+  const int64_t n_ctx = pos0 + n_tokens;
+  const int64_t split_positions = SplitPositions(n_ctx, n_splits, kv.block_tokens);
+  if (stats != nullptr && (split_positions > kFusedSplitCap || heads * 32 > kRowGroup)) {
+    return Internal("attn_output's fused softmax takes splits of at most 128 positions (FusesSoftmax)");
+  }
   const uint32_t spec[] = {kRowGroup,
                            static_cast<uint32_t>(kv.format.type),
                            U32(kv.format.group),
@@ -476,7 +483,6 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                            stats != nullptr ? 1u : 0u,
                            U32(kFusedSplitCap)};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kOutput, spec));
-  const int64_t n_ctx = pos0 + n_tokens;
   const OutputParams params{U32(pos0),
                             U32(shape.n_head),
                             U32(shape.n_head / shape.n_head_kv),
@@ -487,7 +493,7 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(out_stride),
                             U32(out_row0),
                             HadamardScale(shape.head_dim),
-                            U32(SplitPositions(n_ctx, n_splits, kv.block_tokens)),
+                            U32(split_positions),
                             U32(n_splits),
                             AttentionScale(shape.head_dim),
                             kv.format.type == KvType::kF16 ? 1u : 0u,
@@ -514,12 +520,9 @@ bool Ops::FusesSoftmax(const KvView& kv, const AttentionShape& shape, int64_t n_
   const int64_t n_ctx = pos0 + n_tokens;
   if (SplitPositions(n_ctx, n_splits, kv.block_tokens) > kFusedSplitCap) return false;
   if (n_tokens * shape.n_head * CeilDiv(n_ctx, ScoreGroupPositions(kv.format)) * 2 > stats_floats) return false;
-  // attn_output folds the stats with 32 invocations per head; its shared memory holds partial,
-  // hvec, wsh, row_max and row_inv.
-  const int64_t heads = OutputHeads(shape);
-  if (heads * 32 > kRowGroup) return false;
-  const int64_t shared = 4 * heads * (kRowGroup + shape.head_dim + kFusedSplitCap + 2);
-  return shared <= ctx_.limits().max_shared_bytes;
+  // attn_output folds the stats with 32 invocations per head (its shared memory is the
+  // separate path's).
+  return OutputHeads(shape) * 32 <= kRowGroup;
 }
 
 int64_t Ops::AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int64_t pos0,

@@ -14,8 +14,8 @@
 // the row's max M and sum L come from attn_scores' per-workgroup (max, sum) stats, in the same
 // order in every workgroup, and the split's weights exp(scale * s - M) / L (f16-rounded when
 // asked) are made once into shared memory. That saves softmax.comp's dispatch and its one
-// workgroup per (token, head) walking the whole context; the weights differ from its only
-// in the order L is summed.
+// workgroup per (token, head) walking the whole context. The weights can differ from its in
+// the last bits of L (a sum of the workgroups' sums, each scaled by exp(m_g - M)).
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;  // >= HD
@@ -58,12 +58,17 @@ layout(binding = 5) readonly buffer Stats { vec2 stats[]; };            // FUSED
 
 shared float partial[HEADS * WG];
 shared float hvec[HEADS * HD];
-shared float wsh[HEADS * SPLIT_CAP * FUSED + 1u];  // FUSED: head i's weight of split position k at i * SPLIT_CAP + k
-shared float row_max[HEADS], row_inv[HEADS];       // FUSED: M and 1 / L per head
+// FUSED keeps its data in the arrays above while they are free, so it needs no more shared
+// memory than the separate path: the split's weights in partial (head i's weight of split
+// position k at i * SPLIT_CAP + k; SPLIT_CAP <= WG) until the sums are taken, and each head's M
+// and 1 / L in hvec[i] and hvec[HEADS + i] until the lanes are added.
+uint WeightAt(uint i, uint k) { return i * SPLIT_CAP + k; }
+uint RowMaxAt(uint i) { return i; }
+uint RowInvAt(uint i) { return HEADS + i; }
 
 // Head h0 + i's weight of position pos (in split s0 ..): from shared memory when FUSED.
 float Weight(uint wrow0, uint i, uint s0, uint pos) {
-  if (FUSED != 0u) return wsh[i * SPLIT_CAP + pos - s0];
+  if (FUSED != 0u) return partial[WeightAt(i, pos - s0)];
   return w[wrow0 + i * p.score_stride + pos];
 }
 
@@ -114,8 +119,8 @@ float TileSum(uint wrow0, uint i, uint s0, uint t0, uint t1, uint v) {
   return sum;
 }
 
-// FUSED: row_max / row_inv of the HEADS heads from the stats of the whole row (pos0 + t + 1
-// positions), then the split's weights into wsh. Every workgroup of the row reduces the same
+// FUSED: M and 1 / L of the HEADS heads from the stats of the whole row (pos0 + t + 1
+// positions), then the split's weights into partial. Every workgroup of the row reduces the same
 // entries in the same order, so all splits use the same M and L.
 void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible) {
   const uint n_stats = (p.pos0 + t + 1u + p.stats_positions - 1u) / p.stats_positions;
@@ -133,14 +138,14 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
   if (tid < HEADS) {
     float m = partial[tid * WG];
     for (uint l = 1u; l < kFold; ++l) m = max(m, partial[tid * WG + l]);
-    row_max[tid] = m;
+    hvec[RowMaxAt(tid)] = m;
   }
   barrier();
   if (folds) {
     float l = 0.0;
     for (uint g = lane; g < n_stats; g += kFold) {
       const vec2 st = stats[base + i * p.stats_stride + g];
-      l += st.y * ExpPoly(st.x - row_max[i]);
+      l += st.y * ExpPoly(st.x - hvec[RowMaxAt(i)]);
     }
     partial[i * WG + lane] = l;
   }
@@ -148,7 +153,7 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
   if (tid < HEADS) {
     float l = partial[tid * WG];
     for (uint k = 1u; k < kFold; ++k) l += partial[tid * WG + k];
-    row_inv[tid] = 1.0 / l;
+    hvec[RowInvAt(tid)] = 1.0 / l;
   }
   barrier();
   // softmax.comp's arithmetic: e = ExpPoly(scale * s - M), w = e * (1 / L).
@@ -156,8 +161,8 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
     const uint head = x / p.split_positions, pos = s0 + x % p.split_positions;
     if (pos >= n_visible) continue;
     precise float v = w[wrow0 + head * p.score_stride + pos] * p.scale;
-    const float wt = ExpPoly(v - row_max[head]) * row_inv[head];
-    wsh[head * SPLIT_CAP + pos - s0] = p.round_f16 != 0u ? RoundF16(wt) : wt;
+    const float wt = ExpPoly(v - hvec[RowMaxAt(head)]) * hvec[RowInvAt(head)];
+    partial[WeightAt(head, pos - s0)] = p.round_f16 != 0u ? RoundF16(wt) : wt;
   }
   barrier();
 }
@@ -190,6 +195,7 @@ void main() {
       for (uint i = 0u; i < HEADS; ++i) acc[i] = fma(Weight(wrow0, i, s0, pos), v, acc[i]);
     }
   }
+  if (FUSED != 0u) barrier();  // every invocation is done reading the weights in partial
   for (uint i = 0u; i < HEADS; ++i) partial[i * WG + tid] = acc[i];
   barrier();
   for (uint x = tid; x < HEADS * HD; x += WG) {
