@@ -103,6 +103,8 @@ constexpr int64_t kMaxSplits = 256;
 // all of them) when there are at most this many. Its shared memory, 4 * heads * (kRowGroup +
 // head_dim) bytes, then stays within the 16 KiB every device has (head_dim <= kRowGroup).
 constexpr int64_t kMaxOutputHeads = 8;
+// The fused softmax folds the stats with 32 invocations per head of a workgroup.
+static_assert(kMaxOutputHeads * 32 <= kRowGroup);
 // attn_output's fused softmax keeps a split's weights in shared memory (in its array of
 // kRowGroup floats per head): splits of at most this many positions (the default split) take
 // it, longer ones run softmax.comp first.
@@ -111,8 +113,9 @@ static_assert(kFusedSplitCap <= kRowGroup);
 
 uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
 
-// The softmax's scale of the scores (both the separate and the fused softmax use it).
-float AttentionScale(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+// 1 / sqrt(head_dim): the orthonormal Walsh-Hadamard transform's scale, and the softmax's scale
+// of the scores.
+float InvSqrtHeadDim(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 
 // Query heads per attn_output workgroup: all those of a KV head, when few enough.
 int64_t OutputHeads(const AttentionShape& shape) {
@@ -139,6 +142,12 @@ uint32_t MatvecLanes(int64_t work_items) {
 }
 uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
 
+// Stats entries per (token, head) row of decode attention's fused softmax: one per attn_scores
+// workgroup over the context.
+int64_t StatsPerRow(const KvFormat& format, int64_t n_ctx) {
+  return CeilDiv(n_ctx, Ops::ScoreGroupPositions(format));
+}
+
 // Rows per slot of matvec_quant: each activation unit it loads serves that many rows, as many
 // as leave at least kMatvecMinGroups workgroups (enough to keep a large GPU's cores busy).
 constexpr int64_t kMatvecMinGroups = 1024;
@@ -162,8 +171,6 @@ int64_t KvSegmentHeads(const KvFormat& f, const AttentionShape& shape) {
   }
   return shape.n_head_kv;
 }
-
-float HadamardScale(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 
 }  // namespace
 
@@ -388,7 +395,7 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                              U32(src_row0),
                              U32(kv.block_tokens),
                              kv.table0,
-                             HadamardScale(shape.head_dim),
+                             InvSqrtHeadDim(shape.head_dim),
                              rope != nullptr ? U32(rope->n_rot) : 0u};
   const KvStoreRows& second = rows.size() > 1 ? rows[1] : rows[0];
   return rec.Dispatch(*p,
@@ -404,7 +411,7 @@ int64_t Ops::ScoreGroupPositions(const KvFormat& format) {
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                        int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats) {
   const bool q4k = kv.format.KeysByChannel();
-  const uint32_t wg = U32(ScoreGroupPositions(kv.format));
+  const uint32_t wg = U32(ScoreGroupPositions(kv.format));  // one stats entry per workgroup
   const uint32_t spec[] = {wg,
                            static_cast<uint32_t>(kv.format.type),
                            U32(kv.format.group),
@@ -423,13 +430,13 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(kv.block_tokens),
                             U32(kv.row_stride),
                             kv.table0,
-                            HadamardScale(shape.head_dim),
+                            InvSqrtHeadDim(shape.head_dim),
                             U32(kv.k_slot_bytes / 4),
                             U32(shape.n_head_kv * shape.head_dim),
                             U32(kv.key_row0),
                             U32(kv.key_pos0),
-                            AttentionScale(shape.head_dim),
-                            CeilDiv(n_ctx, wg)};
+                            InvSqrtHeadDim(shape.head_dim),
+                            U32(StatsPerRow(kv.format, n_ctx))};
   const Buffer* keys = kv.keys != nullptr ? kv.keys : &unused_;
   return rec.Dispatch(*p, {&q, kv.k_plane, kv.block_table, &scores, keys, stats != nullptr ? stats : &unused_},
                       &params, CeilDiv(n_ctx, wg), U32(shape.n_head), U32(n_tokens));
@@ -471,7 +478,7 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
   const int64_t heads = OutputHeads(shape);
   const int64_t n_ctx = pos0 + n_tokens;
   const int64_t split_positions = SplitPositions(n_ctx, n_splits, kv.block_tokens);
-  if (stats != nullptr && (split_positions > kFusedSplitCap || heads * 32 > kRowGroup)) {
+  if (stats != nullptr && split_positions > kFusedSplitCap) {
     return Internal("attn_output's fused softmax takes splits of at most 128 positions (FusesSoftmax)");
   }
   const uint32_t spec[] = {kRowGroup,
@@ -492,12 +499,12 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             kv.table0,
                             U32(out_stride),
                             U32(out_row0),
-                            HadamardScale(shape.head_dim),
+                            InvSqrtHeadDim(shape.head_dim),
                             U32(split_positions),
                             U32(n_splits),
-                            AttentionScale(shape.head_dim),
+                            InvSqrtHeadDim(shape.head_dim),
                             kv.format.type == KvType::kF16 ? 1u : 0u,
-                            CeilDiv(n_ctx, ScoreGroupPositions(kv.format)),
+                            U32(StatsPerRow(kv.format, n_ctx)),
                             U32(ScoreGroupPositions(kv.format))};
   return rec.Dispatch(*p,
                       {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_,
@@ -510,7 +517,7 @@ Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& sh
   const uint32_t spec[] = {kElementwiseGroup, U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kReduce, spec));
   const ReduceParams params{U32(shape.n_head), U32(n_splits), U32(out_stride), U32(out_row0),
-                            HadamardScale(shape.head_dim)};
+                            InvSqrtHeadDim(shape.head_dim)};
   return rec.Dispatch(*p, {&partials, &out}, &params, U32(shape.n_head), U32(n_tokens));
 }
 
@@ -519,10 +526,7 @@ bool Ops::FusesSoftmax(const KvView& kv, const AttentionShape& shape, int64_t n_
   if (!fuse_softmax_ || n_tokens > kSplitTokens) return false;
   const int64_t n_ctx = pos0 + n_tokens;
   if (SplitPositions(n_ctx, n_splits, kv.block_tokens) > kFusedSplitCap) return false;
-  if (n_tokens * shape.n_head * CeilDiv(n_ctx, ScoreGroupPositions(kv.format)) * 2 > stats_floats) return false;
-  // attn_output folds the stats with 32 invocations per head (its shared memory is the
-  // separate path's).
-  return OutputHeads(shape) * 32 <= kRowGroup;
+  return n_tokens * shape.n_head * StatsPerRow(kv.format, n_ctx) * 2 <= stats_floats;
 }
 
 int64_t Ops::AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int64_t pos0,
@@ -544,7 +548,7 @@ Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& sha
   rec.Barrier();
   if (!fused) {
     KVFS_RETURN_IF_ERROR(Softmax(rec, scores, shape.n_head, n_tokens, pos0, pos0 + n_tokens,
-                                 AttentionScale(shape.head_dim), kv.format.type == KvType::kF16));
+                                 InvSqrtHeadDim(shape.head_dim), kv.format.type == KvType::kF16));
     rec.Barrier();
   }
   KVFS_RETURN_IF_ERROR(AttnOutput(rec, kv, shape, scores, n_tokens, pos0, out, out_stride, out_row0, n_splits,

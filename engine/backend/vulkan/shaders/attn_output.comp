@@ -6,10 +6,10 @@
 // invocation (lane, d) sums the split's positions p = lane (mod lanes) for dimension d, each
 // value read once for all HEADS heads (grouped-query attention; the q4 int8-weight path sums
 // tile by tile per head, so it reads a tile's codes once per head, from the cache after the
-// first), and the lanes are added in shared memory. With one split the result is rotated back by the Walsh-Hadamard transform when the
-// format rotates (H is its own inverse) and written out; with several (decode: few tokens, long
-// contexts, so the positions are spread over more workgroups) each split writes its partial sum
-// and attn_reduce adds them up and rotates.
+// first), and the lanes are added in shared memory. With one split the result is rotated back
+// by the Walsh-Hadamard transform when the format rotates (H is its own inverse) and written
+// out; with several (decode: few tokens, long contexts, so the positions are spread over more
+// workgroups) each split writes its partial sum and attn_reduce adds them up and rotates.
 // FUSED (decode): the weights are the raw scores' softmax, made here instead of by softmax.comp:
 // the row's max M and sum L come from attn_scores' per-workgroup (max, sum) stats, in the same
 // order in every workgroup, and the split's weights exp(scale * s - M) / L (f16-rounded when
