@@ -14,6 +14,15 @@ namespace {
 
 using Kind = AgentStore::Handle::Kind;
 
+// A write that would take a kv.safetensors or an editable file to `end` bytes: refused for good
+// (nothing of the file is applied at close) past `limit`, or once an earlier write was.
+Status CheckWriteLimit(AgentStore::Handle& handle, uint64_t end, size_t limit) {
+  if (handle.refused.ok() && end > limit) {
+    handle.refused = TooLarge(fmt::format("this file is limited to {} bytes", limit));
+  }
+  return handle.refused;
+}
+
 Status ReadOnly(std::string_view name) { return PermissionDenied(fmt::format("{} is read-only", name)); }
 
 std::string Slice(const std::string& data, uint64_t offset, size_t size) {
@@ -270,24 +279,15 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
     }
     case Kind::kImport: {
       const uint64_t at = handle.append ? handle.import->size() : offset;
-      if (!handle.refused.ok()) return handle.refused;
-      if (at + bytes.size() > config_.max_import_bytes) {
-        handle.refused = TooLarge(fmt::format("this file is limited to {} bytes", config_.max_import_bytes));
-        return handle.refused;
-      }
+      KVFS_RETURN_IF_ERROR(CheckWriteLimit(handle, at + bytes.size(), config_.max_import_bytes));
       // Out of memory budget or disk: the write fails, not the file (it can be tried again).
       KVFS_RETURN_IF_ERROR(handle.import->Write(at, bytes));
       handle.dirty = true;
       return bytes.size();
     }
     case Kind::kEditable: {
-      const size_t limit = config_.max_text_bytes;
-      uint64_t at = handle.append ? handle.data.size() : offset;
-      if (!handle.refused.ok()) return handle.refused;
-      if (at + bytes.size() > limit) {
-        handle.refused = TooLarge(fmt::format("this file is limited to {} bytes", limit));  // nothing is applied
-        return handle.refused;
-      }
+      const uint64_t at = handle.append ? handle.data.size() : offset;
+      KVFS_RETURN_IF_ERROR(CheckWriteLimit(handle, at + bytes.size(), config_.max_text_bytes));
       if (handle.data.size() < at + bytes.size()) handle.data.resize(static_cast<size_t>(at + bytes.size()));
       handle.data.replace(static_cast<size_t>(at), bytes.size(), bytes);
       handle.dirty = true;

@@ -35,22 +35,6 @@ bool MemoryShare::Resize(uint64_t bytes, uint64_t limit) {
 
 namespace {
 
-// Writes all of bytes at offset; the errno of the failure otherwise (0: done).
-int PwriteAll(int fd, const char* p, size_t n, uint64_t offset) {
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (w == 0) return ENOSPC;  // no progress: treat as full
-    p += w;
-    n -= static_cast<size_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
-  return 0;
-}
-
 // Writes zeros over the bytes of [from, to) that hold data (holes are skipped: zeros there
 // would only allocate blocks), going on past a failed range, then syncs. False if any range or
 // the sync failed.
@@ -66,7 +50,7 @@ bool ZeroDataRanges(int fd, uint64_t from, uint64_t to) {
     off_t hole = ::lseek(fd, data, SEEK_HOLE);
     const uint64_t end = hole < 0 ? to : std::min<uint64_t>(to, static_cast<uint64_t>(hole));
     for (uint64_t at = static_cast<uint64_t>(data); at < end; at += zeros.size()) {
-      ok = PwriteAll(fd, zeros.data(), static_cast<size_t>(std::min<uint64_t>(zeros.size(), end - at)), at) == 0 && ok;
+      ok = store::PwriteAll(fd, zeros.data(), static_cast<size_t>(std::min<uint64_t>(zeros.size(), end - at)), at) == 0 && ok;
     }
     pos = end;
   }
@@ -124,7 +108,7 @@ Status ImportBuffer::Spill(uint64_t new_size) {
     disk_.Resize(0, options_.disk_limit);
     return store::ErrnoStatus(err, what, dir);
   };
-  if (const int err = PwriteAll(fd, data_.data(), data_.size(), 0); err != 0) {
+  if (const int err = store::PwriteAll(fd, data_.data(), data_.size(), 0); err != 0) {
     return give_up(err, "write a large import into");
   }
   if (::ftruncate(fd, static_cast<off_t>(file_size)) != 0) return give_up(errno, "size a large import in");
@@ -149,7 +133,7 @@ Status ImportBuffer::Write(uint64_t offset, std::string_view bytes) {
   if (ShouldSpill(end)) KVFS_RETURN_IF_ERROR(Spill(size_));
   if (spilled()) {
     if (end > disk_.held() && !disk_.Resize(end, options_.disk_limit)) return NoDisk(end);
-    if (const int err = PwriteAll(fd_, bytes.data(), bytes.size(), offset); err != 0) {
+    if (const int err = store::PwriteAll(fd_, bytes.data(), bytes.size(), offset); err != 0) {
       // Bytes past the old end that did land stay (they read as written); the size follows.
       struct stat st {};
       if (::fstat(fd_, &st) == 0) size_ = std::max<uint64_t>(size_, static_cast<uint64_t>(st.st_size));

@@ -52,17 +52,7 @@ int OpenRetry(const char* path, int flags, mode_t mode = 0) {
 }
 
 Status WriteAll(int fd, const uint8_t* p, size_t n, uint64_t offset, const std::string& path) {
-  while (n > 0) {
-    ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "write", path);
-    }
-    if (w == 0) return ErrnoStatus(ENOSPC, "write", path);  // no progress: treat as full
-    p += w;
-    n -= static_cast<size_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
+  if (const int err = PwriteAll(fd, p, n, offset); err != 0) return ErrnoStatus(err, "write", path);
   return Status::Ok();
 }
 
@@ -74,6 +64,22 @@ Status FsyncPath(const std::string& path, int flags, std::string_view op) {
 }
 
 }  // namespace
+
+int PwriteAll(int fd, const void* data, size_t n, uint64_t offset) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return ENOSPC;  // no progress: treat as full
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return 0;
+}
 
 Status PosixFileSystem::WriteFile(const std::string& path, std::span<const uint8_t> data) {
   Fd fd(OpenRetry(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600));

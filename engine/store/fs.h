@@ -80,6 +80,10 @@ class PosixFileSystem final : public FileSystem {
 // ENOENT -> kNotFound, everything else -> kIoError.
 Status ErrnoStatus(int err, std::string_view op, const std::string& path);
 
+// Writes all n bytes at offset of fd, through short writes and EINTR: 0, or the errno of the
+// failure (a write that makes no progress counts as ENOSPC).
+int PwriteAll(int fd, const void* p, size_t n, uint64_t offset);
+
 // Joins path components with exactly one '/'.
 std::string JoinPath(std::string_view a, std::string_view b);
 
