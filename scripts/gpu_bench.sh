@@ -16,6 +16,10 @@
 #                     and/or `kvfs bench` flags such as --gguf-rows, --separate-ops or
 #                     --attn-split,512 (a comma stands for the space before a flag's value; default
 #                     "default"; e.g. "default --gguf-rows" for an A/B of the aligned weight rows)
+#   KVFS_GPU_BATCHED  batch sizes for `kvfs bench batched` (e.g. "1,4,8,16"; default: none), run
+#                     per preset after the runs above, with and without --serial-attention (each
+#                     sequence's attention after the previous one's), KV KVFS_GPU_BATCHED_KV
+#                     (default q4) and KVFS_GPU_BATCHED_ARGS (default "--npp 1024 --ntg 32")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/kvfs-gpu}
@@ -70,6 +74,15 @@ for f in sorted(glob.glob(os.path.join(runs, "*.json"))):
     rows.append("%-44s %-4s %6d %10.1f %10.1f %9.1f %s" % (name, j.get("kv"), j.get("depth", 0),
                 j["pp"]["median"], j["tg"]["median"], gbs, "%.0f%%" % (100 * gbs / copy) if copy else "-"))
     rows.append("    %s" % j.get("kernels"))
+batched = sorted(glob.glob(os.path.join(runs, "*.bjson")))
+if batched:
+    rows.append("%-44s %-4s %5s %10s %10s %9s" % ("batched run", "kv", "npl", "tg t/s", "step ms", "vs npl 1"))
+for f in batched:
+    try: j = json.load(open(f))
+    except ValueError: continue
+    for r in j.get("results", []):
+        rows.append("%-44s %-4s %5d %10.1f %10.2f %9.2f" % (os.path.basename(f)[:-6], j.get("kv"), r["npl"],
+                    r["tg_tokens_per_s"], r["step_ms"], r["tg_vs_one"]))
 open(os.path.join(out, "summary.txt"), "w").write("\n".join(rows) + "\n")
 print("\n".join(rows))
 EOF
@@ -97,4 +110,19 @@ for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
     done
   done
 done
+if [ -n "${KVFS_GPU_BATCHED:-}" ]; then
+  for p in $presets; do
+    for v in default --serial-attention; do
+      flags="" suffix=""
+      [ "$v" = default ] || { flags=$v; suffix="-${v#--}"; }
+      run="$runs/batched-$p$suffix"
+      # shellcheck disable=SC2086  # KVFS_GPU_BATCHED_ARGS and flags are lists of arguments
+      timeout 300 $kvfs bench batched -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "${KVFS_GPU_BATCHED_KV:-q4}" \
+        --npl "$KVFS_GPU_BATCHED" ${KVFS_GPU_BATCHED_ARGS:---npp 1024 --ntg 32} ${suffix:+$flags} --json \
+        > "$run.bjson" 2> "$run.err" || echo "gpu_bench: batched $p $v failed (rc $?): $(tail -c 300 "$run.err")" >&2
+      summarize > /dev/null
+      tar -czf "$out/runs.tgz" -C "$runs" .
+    done
+  done
+fi
 summarize

@@ -27,10 +27,14 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: kvfs bench batched -m MODEL [--npp 1024] [--ntg 64] [--npl 1,4,8] [--kv q4] [-t 2] [-r 1]\n"
-    "                          [--backend cpu|vulkan] [--device N] [--json]\n"
+    "                          [--backend cpu|vulkan] [--device N] [--profile] [--serial-attention] [--json]\n"
     "  per batch size (--npl): prefill --npp tokens into each sequence (all together), then\n"
     "  --ntg steps decoding one token of every sequence per forward pass; tokens/s of all\n"
-    "  sequences, decode speed-up over one sequence, medians over -r repetitions.\n";
+    "  sequences, decode speed-up over one sequence, medians over -r repetitions.\n"
+    "  --profile (vulkan): times every dispatch and prints, on stderr, where the device time of\n"
+    "  each batch size's last decode steps went.\n"
+    "  --serial-attention (vulkan): each sequence's attention after the previous one's, with its\n"
+    "  own barriers, instead of all side by side, to measure what batching it saves.\n";
 
 using Clock = std::chrono::steady_clock;
 
@@ -45,7 +49,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 int BenchBatched(int argc, char** argv) {
   Args args(argc, argv, {"-m", "--npp", "--ntg", "--npl", "--kv", "--kv-rotate", "-t", "-r", "--backend", "--device"},
-            {"--json", "-h", "--help"});
+            {"--json", "--profile", "--serial-attention", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kUsage, stdout);
     std::fputs(kBackendUsage, stdout);
@@ -57,7 +61,9 @@ int BenchBatched(int argc, char** argv) {
   const int64_t n_tg = args.get_int("--ntg", 64, 1, 1 << 20);
   const int threads = static_cast<int>(args.get_int("-t", 2, 1, 1024));
   const int reps = static_cast<int>(args.get_int("-r", 1, 1, 1000));
-  const BackendChoice choice = ReadBackendChoice(args, threads);
+  BackendChoice choice = ReadBackendChoice(args, threads);
+  choice.profile = args.has("--profile");
+  choice.batch_attention = !args.has("--serial-attention");
   if (!args.error().empty()) return Fail(args.error());
   auto npl_list = ParseIntList(args.get("--npl").value_or("1,4,8"), "--npl", 1, 256);
   if (!npl_list.ok()) return Fail(npl_list.status().message());
@@ -110,6 +116,7 @@ int BenchBatched(int argc, char** argv) {
         if (Status s = backend.Forward(steps, logits); !s.ok()) return Fail(s.message());
       }
       const auto t1 = Clock::now();
+      backend.TakeProfileReport();  // --profile: the decode steps alone
       std::vector<TokenId> next = random_tokens(npl);
       for (int64_t k = 0; k < n_tg; ++k) {
         std::vector<SequenceStep> steps;
@@ -118,6 +125,10 @@ int BenchBatched(int argc, char** argv) {
         next = random_tokens(npl);
       }
       const auto t2 = Clock::now();
+      if (const std::string profile = backend.TakeProfileReport(); !profile.empty() && r + 1 == reps) {
+        std::fprintf(stderr, "== profile: npl %lld, %lld decode steps\n%s", static_cast<long long>(npl),
+                     static_cast<long long>(n_tg), profile.c_str());
+      }
       pp_rates.push_back(static_cast<double>(npl * n_pp) / Seconds(t0, t1));
       tg_rates.push_back(static_cast<double>(npl * n_tg) / Seconds(t1, t2));
     }

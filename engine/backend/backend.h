@@ -97,6 +97,8 @@ struct VulkanOptions {
   bool fuse_softmax = true;        // decode attention makes its softmax weights inside the
                                    // weighted sum (off: softmax.comp as its own dispatch); also
                                    // off when fuse_ops is
+  bool batch_attention = true;     // the attention steps of a pass's sequences recorded side by
+                                   // side, sharing barriers (off: one sequence after another)
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -111,6 +113,7 @@ struct BackendRequest {
   bool split_weight_rows = true;  // Vulkan: VulkanOptions::split_weight_rows
   int64_t attention_split = 0;    // Vulkan: VulkanOptions::attention_split
   bool fuse_softmax = true;       // Vulkan: VulkanOptions::fuse_softmax
+  bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention
   CpuOptions cpu;
 };
 struct ChosenBackend {

@@ -21,7 +21,8 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .fuse_ops = request.fuse_ops,
                                   .split_weight_rows = request.split_weight_rows,
                                   .attention_split = request.attention_split,
-                                  .fuse_softmax = request.fuse_softmax};
+                                  .fuse_softmax = request.fuse_softmax,
+                                  .batch_attention = request.batch_attention};
       KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, options));
       for (const VulkanDeviceInfo& d : *devices) {
         if (request.device >= 0 ? d.index == request.device : d.is_default) out.name = "vulkan: " + d.name;

@@ -470,6 +470,87 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
   }
 }
 
+// Several sequences' attention recorded side by side (the backend's batched passes): each job's
+// rows land in their own part of the shared scratch, so every output equals that job's attention
+// run alone with the same scratch sizes, bit for bit; with scratch too small for all jobs at once
+// they go in rounds. Jobs mix formats, decode (split, fused) and prefill (one split, separate
+// softmax), each with its own KV planes and q/out rows of one pass.
+TEST_F(VulkanAttentionTest, BatchedAttentionEqualsEachSequenceAlone) {
+  std::mt19937 rng(41);
+  struct Job {
+    const char* type;
+    const char* rotate;
+    int64_t pos0, T;
+  };
+  const Job jobs[] = {{"f16", "off", 70, 1}, {"q8", "on", 300, 1},  {"q4", "on", 1100, 2},
+                      {"q4", "off", 40, 24}, {"q8", "off", 0, 5},   {"f16", "off", 2000, 4},
+                      {"q4", "on", 131, 1}};
+  const int64_t q_stride = kHeads * kHeadDim;
+  const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
+  struct Planes {
+    vk::Buffer k, v, table;
+  };
+  std::vector<Planes> planes;
+  planes.reserve(std::size(jobs));  // the views point into it
+  std::vector<vk::Ops::AttentionJob> batch;
+  int64_t rows = 0;
+  for (const Job& j : jobs) {
+    auto f = MakeKvFormat(j.type, j.rotate, kHeadsKv, kHeadDim);
+    ASSERT_TRUE(f.ok());
+    const int64_t n_ctx = j.pos0 + j.T, row_bytes = f->RowBytes(kRowValues);
+    const std::vector<uint8_t> k = EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx);
+    const std::vector<uint8_t> v = EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx);
+    Plane kp = MakePlane(*f, n_ctx), vp = MakePlane(*f, n_ctx);
+    for (int64_t p = 0; p < n_ctx; ++p) {
+      std::memcpy(kp.bytes.data() + kp.RowOffset(p), k.data() + p * row_bytes, row_bytes);
+      std::memcpy(vp.bytes.data() + vp.RowOffset(p), v.data() + p * row_bytes, row_bytes);
+    }
+    const Planes& pl = planes.emplace_back(Planes{Input(kp.bytes), Input(vp.bytes), Input(kp.table)});
+    vk::KvView view = View(*f, pl.k, pl.table, kp.row_stride);
+    view.v_plane = &pl.v;
+    batch.push_back({view, rows, j.T, j.pos0, rows});
+    rows += j.T;
+  }
+  std::vector<float> q(rows * q_stride);
+  for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  const vk::Buffer qb = Input(q);
+  struct Sizes {
+    int64_t scores, partials, stats;  // floats
+  };
+  // All jobs at once; then scratch for about one long job at a time (rounds).
+  for (const Sizes sz : {Sizes{1 << 20, 1 << 18, 1 << 14}, Sizes{40000, 20000, 1100}}) {
+    const vk::Buffer scores = Output(sz.scores * 4), partials = Output(sz.partials * 4), stats = Output(sz.stats * 4);
+    const vk::Buffer out = Output(rows * q_stride * 4);
+    const vk::Ops::AttentionScratch scratch{&scores, sz.scores, &partials, sz.partials, &stats, sz.stats};
+    const Status st = Run([&](vk::Recorder& rec) {
+      return ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, batch, scratch);
+    });
+    ASSERT_TRUE(st.ok()) << st.message();
+    const std::vector<float> got = Read<float>(out, rows * q_stride);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const vk::Ops::AttentionJob& j = batch[i];
+      const vk::Buffer alone = Output(rows * q_stride * 4);
+      const vk::Buffer s1 = Output(sz.scores * 4), p1 = Output(sz.partials * 4), st1 = Output(sz.stats * 4);
+      ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                    return ops_->Attention(rec, j.kv, shape, qb, q_stride, j.q_row0, j.n_tokens, j.pos0, s1, p1,
+                                           sz.partials, alone, q_stride, j.out_row0, &st1, sz.stats);
+                  }).ok());
+      const std::vector<float> want = Read<float>(alone, rows * q_stride);
+      const size_t from = static_cast<size_t>(j.out_row0 * q_stride), n = static_cast<size_t>(j.n_tokens * q_stride);
+      EXPECT_TRUE(std::equal(got.begin() + from, got.begin() + from + n, want.begin() + from))
+          << jobs[i].type << " rotate " << jobs[i].rotate << " pos0 " << j.pos0 << " T " << j.n_tokens
+          << ", scratch " << sz.scores << " floats";
+    }
+  }
+  // A job whose scores alone exceed the scratch is refused, not truncated.
+  const vk::Buffer scores = Output(4000 * 4), partials = Output(1 << 16), out = Output(rows * q_stride * 4);
+  const vk::Ops::AttentionScratch small{&scores, 4000, &partials, (1 << 16) / 4, nullptr, 0};
+  const Status st = Run([&](vk::Recorder& rec) {
+    return ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, batch, small);
+  });
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.message();
+}
+
 }  // namespace
 }  // namespace kvfs::testing
 

@@ -416,7 +416,9 @@ TEST(VulkanWeights, SplitRowsMoveEachBlocksCodesToA16ByteBoundary) {
       const int64_t n_in = 32 * n_blocks, n_rows = 3;
       const int64_t scales = (2 * n_blocks + 15) / 16 * 16;
       ASSERT_EQ(vk::SplitRowBytes(type, n_in), scales + n_blocks * code_bytes);
-      if (n_blocks % 8 == 0) EXPECT_EQ(vk::SplitRowBytes(type, n_in), n_blocks * block_bytes);
+      if (n_blocks % 8 == 0) {
+        EXPECT_EQ(vk::SplitRowBytes(type, n_in), n_blocks * block_bytes);
+      }
       std::vector<uint8_t> gguf(n_rows * n_blocks * block_bytes);
       for (uint8_t& b : gguf) b = static_cast<uint8_t>(rng());
       const int64_t row_bytes = vk::SplitRowBytes(type, n_in);

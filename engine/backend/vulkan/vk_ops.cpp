@@ -44,7 +44,7 @@ struct ScoresParams {
   float hadamard_scale;
   uint32_t slot_words, n_channels, key_row0, key_pos0;
   float scale;
-  uint32_t stats_stride;
+  uint32_t stats_stride, score0, stats0;
 };
 struct KStageParams {
   uint32_t n_tokens, row_words, src_stride, src_row0, dst_row0;
@@ -55,17 +55,19 @@ struct KChunksParams {
 struct SoftmaxParams {
   uint32_t pos0, n_head, score_stride, round_f16;
   float scale;
+  uint32_t score0;
 };
 struct OutputParams {
   uint32_t pos0, n_head, group, score_stride, block_tokens, row_stride, table0, out_stride, out_row0;
   float hadamard_scale;
   uint32_t split_positions, n_splits;
   float scale;
-  uint32_t round_f16, stats_stride, stats_positions;
+  uint32_t round_f16, stats_stride, stats_positions, score0, partial0, stats0;
 };
 struct ReduceParams {
   uint32_t n_head, n_splits, out_stride, out_row0;
   float hadamard_scale;
+  uint32_t partial0;
 };
 
 constexpr ShaderInterface kEmbed{"embed", 3, sizeof(EmbedParams)};
@@ -409,7 +411,8 @@ int64_t Ops::ScoreGroupPositions(const KvFormat& format) {
 }
 
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
-                       int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats) {
+                       int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats,
+                       const ScratchOffsets& at) {
   const bool q4k = kv.format.KeysByChannel();
   const uint32_t wg = U32(ScoreGroupPositions(kv.format));  // one stats entry per workgroup
   const uint32_t spec[] = {wg,
@@ -436,7 +439,9 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(kv.key_row0),
                             U32(kv.key_pos0),
                             InvSqrtHeadDim(shape.head_dim),
-                            U32(StatsPerRow(kv.format, n_ctx))};
+                            U32(StatsPerRow(kv.format, n_ctx)),
+                            U32(at.score0),
+                            U32(at.stats0)};
   const Buffer* keys = kv.keys != nullptr ? kv.keys : &unused_;
   return rec.Dispatch(*p, {&q, kv.k_plane, kv.block_table, &scores, keys, stats != nullptr ? stats : &unused_},
                       &params, CeilDiv(n_ctx, wg), U32(shape.n_head), U32(n_tokens));
@@ -465,16 +470,16 @@ Status Ops::KChunks(Recorder& rec, const KvView& kv, const AttentionShape& shape
 }
 
 Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
-                    int64_t score_stride, float scale, bool round_f16) {
+                    int64_t score_stride, float scale, bool round_f16, int64_t score0) {
   const uint32_t spec[] = {kRowGroup};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kSoftmax, spec));
-  const SoftmaxParams params{U32(pos0), U32(n_head), U32(score_stride), round_f16 ? 1u : 0u, scale};
+  const SoftmaxParams params{U32(pos0), U32(n_head), U32(score_stride), round_f16 ? 1u : 0u, scale, U32(score0)};
   return rec.Dispatch(*p, {&scores}, &params, U32(n_head), U32(n_tokens));
 }
 
 Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
                        int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                       int64_t n_splits, const Buffer* partials, const Buffer* stats) {
+                       int64_t n_splits, const Buffer* partials, const Buffer* stats, const ScratchOffsets& at) {
   const int64_t heads = OutputHeads(shape);
   const int64_t n_ctx = pos0 + n_tokens;
   const int64_t split_positions = SplitPositions(n_ctx, n_splits, kv.block_tokens);
@@ -505,7 +510,10 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             InvSqrtHeadDim(shape.head_dim),
                             kv.format.type == KvType::kF16 ? 1u : 0u,
                             U32(StatsPerRow(kv.format, n_ctx)),
-                            U32(ScoreGroupPositions(kv.format))};
+                            U32(ScoreGroupPositions(kv.format)),
+                            U32(at.score0),
+                            U32(at.partial0),
+                            U32(at.stats0)};
   return rec.Dispatch(*p,
                       {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_,
                        stats != nullptr ? stats : &unused_},
@@ -513,11 +521,12 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
 }
 
 Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
-                       int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0) {
+                       int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0,
+                       int64_t partial0) {
   const uint32_t spec[] = {kElementwiseGroup, U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kReduce, spec));
   const ReduceParams params{U32(shape.n_head), U32(n_splits), U32(out_stride), U32(out_row0),
-                            InvSqrtHeadDim(shape.head_dim)};
+                            InvSqrtHeadDim(shape.head_dim), U32(partial0)};
   return rec.Dispatch(*p, {&partials, &out}, &params, U32(shape.n_head), U32(n_tokens));
 }
 
@@ -534,28 +543,95 @@ int64_t Ops::AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int6
   if (n_tokens > kSplitTokens) return 1;
   const int64_t fit = partial_floats / (n_tokens * shape.n_head * shape.head_dim);
   const int64_t split = split_positions_;
-  return std::clamp<int64_t>((pos0 + n_tokens + split - 1) / split, 1, std::min(kMaxSplits, fit));
+  return std::clamp<int64_t>((pos0 + n_tokens + split - 1) / split, 1, std::max<int64_t>(1, std::min(kMaxSplits, fit)));
 }
 
 Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                       int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& partials,
                       int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0,
                       const Buffer* stats, int64_t stats_floats) {
-  const int64_t n_splits = AttentionSplits(shape, n_tokens, pos0, partial_floats);
-  const bool fused = stats != nullptr && FusesSoftmax(kv, shape, n_tokens, pos0, n_splits, stats_floats);
-  KVFS_RETURN_IF_ERROR(
-      AttnScores(rec, kv, shape, q, q_stride, q_row0, n_tokens, pos0, scores, fused ? stats : nullptr));
-  rec.Barrier();
-  if (!fused) {
-    KVFS_RETURN_IF_ERROR(Softmax(rec, scores, shape.n_head, n_tokens, pos0, pos0 + n_tokens,
-                                 InvSqrtHeadDim(shape.head_dim), kv.format.type == KvType::kF16));
+  const AttentionJob job{kv, q_row0, n_tokens, pos0, out_row0};
+  const AttentionScratch scratch{&scores,       scores.bytes() / 4, &partials, partial_floats, stats,
+                                 stats_floats};
+  return AttentionBatch(rec, shape, q, q_stride, out, out_stride, std::span<const AttentionJob>(&job, 1), scratch);
+}
+
+Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
+                           const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
+                           const AttentionScratch& scratch) {
+  // A job as recorded: its splits and fusing (decided against the whole scratch, as alone) and
+  // where its rows lie in the scratch.
+  struct Planned {
+    const AttentionJob* job;
+    int64_t n_splits;
+    bool fused;
+    ScratchOffsets at;
+  };
+  std::vector<Planned> round;
+  // Records the steps of the jobs in `round`, a barrier between steps.
+  auto record_round = [&]() -> Status {
+    for (const Planned& p : round) {
+      const AttentionJob& j = *p.job;
+      KVFS_RETURN_IF_ERROR(AttnScores(rec, j.kv, shape, q, q_stride, j.q_row0, j.n_tokens, j.pos0, *scratch.scores,
+                                      p.fused ? scratch.stats : nullptr, p.at));
+    }
     rec.Barrier();
+    bool softmax = false, reduce = false;
+    for (const Planned& p : round) {
+      if (p.fused) continue;
+      const AttentionJob& j = *p.job;
+      KVFS_RETURN_IF_ERROR(Softmax(rec, *scratch.scores, shape.n_head, j.n_tokens, j.pos0, j.pos0 + j.n_tokens,
+                                   InvSqrtHeadDim(shape.head_dim), j.kv.format.type == KvType::kF16, p.at.score0));
+      softmax = true;
+    }
+    if (softmax) rec.Barrier();
+    for (const Planned& p : round) {
+      const AttentionJob& j = *p.job;
+      KVFS_RETURN_IF_ERROR(AttnOutput(rec, j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out, out_stride,
+                                      j.out_row0, p.n_splits, p.n_splits > 1 ? scratch.partials : nullptr,
+                                      p.fused ? scratch.stats : nullptr, p.at));
+      reduce = reduce || p.n_splits > 1;
+    }
+    if (!reduce) return Status::Ok();
+    rec.Barrier();
+    for (const Planned& p : round) {
+      if (p.n_splits == 1) continue;
+      const AttentionJob& j = *p.job;
+      KVFS_RETURN_IF_ERROR(AttnReduce(rec, j.kv, shape, *scratch.partials, j.n_tokens, p.n_splits, out, out_stride,
+                                      j.out_row0, p.at.partial0));
+    }
+    return Status::Ok();
+  };
+  ScratchOffsets used;  // what the round takes so far
+  for (const AttentionJob& j : jobs) {
+    const int64_t n_ctx = j.pos0 + j.n_tokens;
+    const int64_t score_floats = j.n_tokens * shape.n_head * n_ctx;
+    if (score_floats > scratch.score_floats) {
+      return Status(StatusCode::kResourceExhausted,
+                    fmt::format("attention of {} tokens over a context of {} needs {} floats of scores; the scratch "
+                                "holds {}",
+                                j.n_tokens, n_ctx, score_floats, scratch.score_floats));
+    }
+    const int64_t n_splits = AttentionSplits(shape, j.n_tokens, j.pos0, scratch.partial_floats);
+    const bool fused = scratch.stats != nullptr &&
+                       FusesSoftmax(j.kv, shape, j.n_tokens, j.pos0, n_splits, scratch.stats_floats);
+    const int64_t partial_floats = n_splits > 1 ? j.n_tokens * shape.n_head * n_splits * shape.head_dim : 0;
+    const int64_t stats_entries = fused ? j.n_tokens * shape.n_head * StatsPerRow(j.kv.format, n_ctx) : 0;
+    const bool fits = used.score0 + score_floats <= scratch.score_floats &&
+                      used.partial0 + partial_floats <= scratch.partial_floats &&
+                      2 * (used.stats0 + stats_entries) <= scratch.stats_floats;
+    if (!fits) {  // the next round reuses the scratch once this one is done with it
+      KVFS_RETURN_IF_ERROR(record_round());
+      rec.Barrier();
+      round.clear();
+      used = {};
+    }
+    round.push_back({&j, n_splits, fused, used});
+    used.score0 += score_floats;
+    used.partial0 += partial_floats;
+    used.stats0 += stats_entries;
   }
-  KVFS_RETURN_IF_ERROR(AttnOutput(rec, kv, shape, scores, n_tokens, pos0, out, out_stride, out_row0, n_splits,
-                                  n_splits > 1 ? &partials : nullptr, fused ? stats : nullptr));
-  if (n_splits == 1) return Status::Ok();
-  rec.Barrier();
-  return AttnReduce(rec, kv, shape, partials, n_tokens, n_splits, out, out_stride, out_row0);
+  return round.empty() ? Status::Ok() : record_round();
 }
 
 }  // namespace kvfs::vk

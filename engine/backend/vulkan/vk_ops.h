@@ -88,6 +88,14 @@ struct AttentionShape {
   int64_t head_dim = 0;
 };
 
+// Where one call's rows start in the attention scratch (AttentionBatch shares it): floats of
+// scores and of partials, (max, sum) entries of stats.
+struct ScratchOffsets {
+  int64_t score0 = 0;
+  int64_t partial0 = 0;
+  int64_t stats0 = 0;
+};
+
 class Ops {
  public:
   static Result<std::unique_ptr<Ops>> Create(Context& ctx, PipelineCache& pipelines);
@@ -160,20 +168,51 @@ class Ops {
                    int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& partials,
                    int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0,
                    const Buffer* stats = nullptr, int64_t stats_floats = 0);
+
+  // One sequence's query tokens in AttentionBatch: as Attention's arguments.
+  struct AttentionJob {
+    KvView kv;
+    int64_t q_row0 = 0;    // q row of its first token
+    int64_t n_tokens = 0;
+    int64_t pos0 = 0;      // position of its first token
+    int64_t out_row0 = 0;  // out row of its first token
+  };
+  // The scratch the jobs share, sizes in floats; no stats: no fused softmax.
+  struct AttentionScratch {
+    const Buffer* scores = nullptr;
+    int64_t score_floats = 0;
+    const Buffer* partials = nullptr;
+    int64_t partial_floats = 0;
+    const Buffer* stats = nullptr;
+    int64_t stats_floats = 0;
+  };
+  // Attention of several sequences' tokens (q and out rows of one pass): each step (scores,
+  // softmax, weighted sum, split sums) is recorded for every job whose scratch fits beside the
+  // others', with one barrier between steps instead of three per sequence, so the device runs
+  // the sequences side by side (batched decode of many agents). Jobs that do not fit wait for
+  // the next round. Every job gets the splits and fusing Attention alone would give it, so its
+  // output is the same bit for bit. ResourceExhausted when one job's scores exceed the buffer.
+  // Records no barrier after the last step.
+  Status AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
+                        const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
+                        const AttentionScratch& scratch);
+
   // The steps of Attention, for tests. With `stats`, AttnScores also writes each workgroup's
   // softmax share (its max and sum: [n_tokens][n_head][ceil(n_ctx / ScoreGroupPositions)]
   // float pairs) and AttnOutput takes raw scores and makes the weights itself from them.
   Status AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                     int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores,
-                    const Buffer* stats = nullptr);
+                    const Buffer* stats = nullptr, const ScratchOffsets& at = {});
   Status Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
-                 int64_t score_stride, float scale, bool round_f16);
+                 int64_t score_stride, float scale, bool round_f16, int64_t score0 = 0);
   // With n_splits > 1, writes partial sums into `partials` instead of out and needs AttnReduce.
   Status AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
                     int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                    int64_t n_splits, const Buffer* partials, const Buffer* stats = nullptr);
+                    int64_t n_splits, const Buffer* partials, const Buffer* stats = nullptr,
+                    const ScratchOffsets& at = {});
   Status AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
-                    int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0);
+                    int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0,
+                    int64_t partial0 = 0);
   // Workgroups per (token, head) that Attention's weighted sum uses: several for decode.
   int64_t AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int64_t pos0, int64_t partial_floats) const;
   // Positions per attn_scores workgroup (so per stats entry) for the format.

@@ -14,6 +14,8 @@
 // (beside the queries' rope, with no barrier between). The values are those of the separate
 // ops, bit for bit (vulkan_backend_test checks it).
 //
+// The sequences of a pass record each attention step side by side (Ops::AttentionBatch): a
+// decode step of many agents waits at three barriers a layer for attention, not three per agent.
 // The batch's tokens are processed in micro-batches of at most max_ubatch_ tokens (a
 // sequence's later tokens attend to the K/V its earlier ones wrote on the device), which bounds
 // every activation buffer below the device's storage-binding size. Each micro-batch is one
@@ -42,7 +44,9 @@ using vk::MemoryKind;
 constexpr int64_t kMaxUbatch = 512;
 constexpr int64_t kStagingBytes = int64_t{64} << 20;
 constexpr int64_t kScoresBytes = int64_t{64} << 20;
-constexpr int64_t kPartialsBytes = int64_t{4} << 20;
+// Decode attention's split sums: 16 MiB holds those of 32 sequences at 4096 positions (32 heads
+// of 128 values, splits of 128 positions), all recorded side by side (Ops::AttentionBatch).
+constexpr int64_t kPartialsBytes = int64_t{16} << 20;
 // 8 bytes per (token, head, 64 positions): decode of 4 tokens with 32 heads to 256k positions.
 constexpr int64_t kStatsBytes = int64_t{4} << 20;
 
@@ -107,6 +111,7 @@ class VulkanBackend final : public Backend {
   std::vector<vk::StepKv> step_kv_;  // per step of the current pass
   int64_t max_ubatch_ = kMaxUbatch;
   bool fuse_ops_ = true;
+  bool batch_attention_ = true;
   vk::ActKind quantized_kind_ = vk::ActKind::kFloat;  // what act_codes_ holds (kFloat: nothing)
 
   // Activations on the device, row-major [max_ubatch_][width] f32 unless said otherwise.
@@ -135,6 +140,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(vk::CheckWeightTypes(model_.weights()));
   KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device, options.integer_dot));
   fuse_ops_ = options.fuse_ops;
+  batch_attention_ = options.batch_attention;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
   pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device());
@@ -272,23 +278,28 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bo
     }
     rec_->Barrier();
   }
+  // Attention of every piece, in jobs whose scores fit the scratch (a long prefill piece takes
+  // several, of consecutive tokens); batched, the pieces' steps share their barriers.
   const int64_t score_floats = scores_.bytes() / 4;
+  std::vector<vk::Ops::AttentionJob> jobs;
   for (const Piece& pc : pieces) {
     const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
-    for (int64_t j = 0; j < pc.n;) {
-      const int64_t n_ctx_last = pc.pos0 + pc.n;  // the most any token of the piece sees
-      const int64_t chunk = std::clamp<int64_t>(score_floats / (hp_.n_head * n_ctx_last), 1, pc.n - j);
-      if (chunk * hp_.n_head * (pc.pos0 + j + chunk) > score_floats) {
-        return Status(StatusCode::kResourceExhausted,
-                      fmt::format("a context of {} tokens needs more attention scratch than {} bytes", n_ctx_last,
-                                  scores_.bytes()));
-      }
-      KVFS_RETURN_IF_ERROR(ops_->Attention(*rec_, view, shape, q_, n_q, pc.row0 + j, chunk, pc.pos0 + j, scores_,
-                                           partials_, partials_.bytes() / 4, att_, n_q, pc.row0 + j, &stats_,
-                                           stats_.bytes() / 4));
-      rec_->Barrier();
-      j += chunk;
+    const int64_t n_ctx_last = pc.pos0 + pc.n;  // the most any token of the piece sees
+    for (int64_t j = 0, chunk = 0; j < pc.n; j += chunk) {
+      chunk = std::clamp<int64_t>(score_floats / (hp_.n_head * n_ctx_last), 1, pc.n - j);
+      jobs.push_back({view, pc.row0 + j, chunk, pc.pos0 + j, pc.row0 + j});
     }
+  }
+  const vk::Ops::AttentionScratch scratch{&scores_, score_floats,        &partials_, partials_.bytes() / 4,
+                                          &stats_,  stats_.bytes() / 4};
+  if (batch_attention_) {
+    KVFS_RETURN_IF_ERROR(ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, jobs, scratch));
+    rec_->Barrier();
+    return Status::Ok();
+  }
+  for (const vk::Ops::AttentionJob& job : jobs) {  // one after another (VulkanOptions::batch_attention)
+    KVFS_RETURN_IF_ERROR(ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, {&job, 1}, scratch));
+    rec_->Barrier();
   }
   return Status::Ok();
 }

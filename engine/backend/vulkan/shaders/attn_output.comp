@@ -44,13 +44,18 @@ layout(push_constant) uniform Params {
   uint round_f16;         // FUSED: weights rounded to f16 (an f16 cache, as softmax.comp)
   uint stats_stride;      // FUSED: entries per (token, head) row of stats
   uint stats_positions;   // FUSED: positions per stats entry (attn_scores' workgroup)
+  // Where this call's rows start in the scratch buffers (shared by several sequences' attention
+  // in a pass): floats of w and partials, entries of stats.
+  uint score0;
+  uint partial0;
+  uint stats0;
 } p;
 
-layout(binding = 0) readonly buffer Weights { float w[]; };             // [n_tokens][n_head][score_stride] (FUSED: raw scores)
+layout(binding = 0) readonly buffer Weights { float w[]; };             // from score0: [n_tokens][n_head][score_stride] (FUSED: raw scores)
 layout(binding = 1) readonly buffer Plane { uint kv_words[]; };         // V rows of this layer
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
 layout(binding = 3) writeonly buffer Output { float o[]; };             // [..][out_stride]
-layout(binding = 4) writeonly buffer Partials { float partials[]; };    // [n_tokens][n_head][n_splits][HD]
+layout(binding = 4) writeonly buffer Partials { float partials[]; };    // from partial0: [n_tokens][n_head][n_splits][HD]
 layout(binding = 5) readonly buffer Stats { vec2 stats[]; };            // FUSED: attn_scores' (max, sum) entries
 
 #include "common.glsl"
@@ -124,7 +129,7 @@ float TileSum(uint wrow0, uint i, uint s0, uint t0, uint t1, uint v) {
 // entries in the same order, so all splits use the same M and L.
 void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible) {
   const uint n_stats = (p.pos0 + t + 1u + p.stats_positions - 1u) / p.stats_positions;
-  const uint base = (t * p.n_head + h0) * p.stats_stride;  // head h0 + i: base + i * stats_stride
+  const uint base = p.stats0 + (t * p.n_head + h0) * p.stats_stride;  // head h0 + i: base + i * stats_stride
   // kFold invocations per head fold the entries (a strided pass each), then one invocation per
   // head finishes in order: few barriers, and the same order in every workgroup.
   const uint kFold = 32u, i = tid / kFold, lane = tid % kFold;  // HEADS * kFold <= WG
@@ -174,7 +179,7 @@ void main() {
   const uint lanes = WG / HD;
   const uint d = tid % HD, lane = tid / HD;
   const uint first = (h0 / p.group) * HD;
-  const uint wrow0 = (t * p.n_head + h0) * p.score_stride;  // head h0 + i: wrow0 + i * score_stride
+  const uint wrow0 = p.score0 + (t * p.n_head + h0) * p.score_stride;  // head h0 + i: wrow0 + i * score_stride
   const uint s0 = split * p.split_positions;
   if (FUSED != 0u) FusedWeights(tid, t, h0, wrow0, s0, n_visible);
   float acc[HEADS];
@@ -207,7 +212,7 @@ void main() {
   barrier();
   if (p.n_splits > 1u) {
     for (uint x = tid; x < HEADS * HD; x += WG) {
-      partials[((t * p.n_head + h0 + x / HD) * p.n_splits + split) * HD + x % HD] = hvec[x];
+      partials[p.partial0 + ((t * p.n_head + h0 + x / HD) * p.n_splits + split) * HD + x % HD] = hvec[x];
     }
     return;
   }

@@ -15,9 +15,10 @@ layout(push_constant) uniform Params {
   uint out_stride;  // floats between token rows of out
   uint out_row0;    // out row of query token 0
   float hadamard_scale;
+  uint partial0;    // this call's first float of partials
 } p;
 
-layout(binding = 0) readonly buffer Partials { float partials[]; };  // [n_tokens][n_head][n_splits][HD]
+layout(binding = 0) readonly buffer Partials { float partials[]; };  // from partial0: [n_tokens][n_head][n_splits][HD]
 layout(binding = 1) writeonly buffer Output { float o[]; };          // [..][out_stride]
 
 shared float hvec[HD];
@@ -27,7 +28,7 @@ shared float hvec[HD];
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
-  const uint base = (t * p.n_head + h) * p.n_splits * HD;
+  const uint base = p.partial0 + (t * p.n_head + h) * p.n_splits * HD;
   for (uint d = tid; d < HD; d += WG) {
     float sum = 0.0;
     for (uint s = 0u; s < p.n_splits; ++s) sum += partials[base + s * HD + d];

@@ -40,15 +40,19 @@ layout(push_constant) uniform Params {
   uint key_pos0;
   float scale;        // STATS: the softmax's 1 / sqrt(head_dim)
   uint stats_stride;  // STATS: entries per (token, head) row of stats
+  // Where this call's rows start in the scratch buffers (several sequences' attention share
+  // them within one pass): floats of scores, entries of stats.
+  uint score0;
+  uint stats0;
 } p;
 
 layout(binding = 0) readonly buffer Queries { float q[]; };             // [..][q_stride]
 layout(binding = 1) readonly buffer Plane { uint kv_words[]; };         // K rows of this layer
 layout(binding = 1) readonly buffer PlaneVec4 { uvec4 kv_vec4[]; };     // the same, 16 bytes a load
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
-layout(binding = 3) writeonly buffer Scores { float scores[]; };        // [n_tokens][n_head][score_stride]
+layout(binding = 3) writeonly buffer Scores { float scores[]; };        // from score0: [n_tokens][n_head][score_stride]
 layout(binding = 4) readonly buffer Keys { uint key_words[]; };         // q4k: [rows][n_channels / 2] f16 pairs
-layout(binding = 5) writeonly buffer Stats { vec2 stats[]; };           // STATS: [n_tokens][n_head][stats_stride] (m, sum)
+layout(binding = 5) writeonly buffer Stats { vec2 stats[]; };           // STATS, from stats0: [n_tokens][n_head][stats_stride] (m, sum)
 
 #include "common.glsl"
 #include "kv_rows.glsl"
@@ -219,7 +223,7 @@ void WriteStats(uint tid, uint h, uint t, bool visible, float s) {
     if (tid < k) stat_sum[tid] += stat_sum[tid + k];
     barrier();
   }
-  if (tid == 0u) stats[(t * p.n_head + h) * p.stats_stride + gl_WorkGroupID.x] = vec2(m, stat_sum[0]);
+  if (tid == 0u) stats[p.stats0 + (t * p.n_head + h) * p.stats_stride + gl_WorkGroupID.x] = vec2(m, stat_sum[0]);
 }
 
 void main() {
@@ -268,6 +272,6 @@ void main() {
       for (uint d = 0u; d < HD; ++d) s += hvec[d] * KvValue(row, first + d);
     }
   }
-  if (visible) scores[(t * p.n_head + h) * p.score_stride + pos] = s;
+  if (visible) scores[p.score0 + (t * p.n_head + h) * p.score_stride + pos] = s;
   if (STATS != 0u) WriteStats(tid, h, t, visible, s);
 }

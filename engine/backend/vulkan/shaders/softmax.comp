@@ -15,9 +15,10 @@ layout(push_constant) uniform Params {
   uint score_stride;  // floats per row
   uint round_f16;
   float scale;        // 1 / sqrt(head_dim)
+  uint score0;        // this call's first float of s
 } p;
 
-layout(binding = 0) buffer Scores { float s[]; };  // [n_tokens][n_head][score_stride]
+layout(binding = 0) buffer Scores { float s[]; };  // from score0: [n_tokens][n_head][score_stride]
 
 #include "common.glsl"
 
@@ -27,7 +28,7 @@ void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
   const uint n = p.pos0 + t + 1u;
-  const uint row = (t * p.n_head + h) * p.score_stride;
+  const uint row = p.score0 + (t * p.n_head + h) * p.score_stride;
 
   float m = uintBitsToFloat(0xFF800000u);  // -inf
   for (uint i = tid; i < n; i += WG) {
