@@ -31,7 +31,7 @@ namespace {
 constexpr const char* kBenchUsage =
     "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
     "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows]\n"
-    "                  [--attn-split N] [--separate-softmax] [--json]\n"
+    "                  [--attn-split N] [--separate-softmax] [--separate-matrices] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
     "  With --backend vulkan, the decode figures compare with nothing measured here (the CPU's\n"
@@ -48,7 +48,9 @@ constexpr const char* kBenchUsage =
     "  --attn-split N (vulkan): decode attention's positions per workgroup (default 128; the\n"
     "  earlier default was 512).\n"
     "  --separate-softmax (vulkan): decode attention runs its softmax as its own dispatch instead\n"
-    "  of inside the weighted sum, to measure what fusing it saves.\n";
+    "  of inside the weighted sum, to measure what fusing it saves.\n"
+    "  --separate-matrices (vulkan): a dispatch for each of q, k, v and of gate, up, instead of one\n"
+    "  for each stack, to measure what stacking them saves.\n";
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -214,7 +216,8 @@ int Bench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "agents") return BenchAgents(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "batched") return BenchBatched(argc - 1, argv + 1);
   Args args(argc, argv, {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--attn-split"},
-            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "-h", "--help"});
+            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-matrices", "-h",
+             "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -249,6 +252,7 @@ int Bench(int argc, char** argv) {
   choice.split_weight_rows = !args.has("--gguf-rows");
   choice.attention_split = attention_split;
   choice.fuse_softmax = !args.has("--separate-softmax");
+  choice.stack_matrices = !args.has("--separate-matrices");
   std::string backend_used;
   const auto t_backend = Clock::now();
   auto backend_or = MakeChosenBackend(model, choice, "bench", &backend_used);

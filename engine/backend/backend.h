@@ -97,6 +97,8 @@ struct VulkanOptions {
   bool fuse_softmax = true;        // decode attention makes its softmax weights inside the
                                    // weighted sum (off: softmax.comp as its own dispatch); also
                                    // off when fuse_ops is
+  bool stack_matrices = true;      // q, k, v (and gate, up) as one matrix and one dispatch where
+                                   // their types agree (off: a dispatch each)
   bool batch_attention = true;     // the attention steps of a pass's sequences recorded side by
                                    // side, sharing barriers (off: one sequence after another)
 };
@@ -114,6 +116,7 @@ struct BackendRequest {
   int64_t attention_split = 0;    // Vulkan: VulkanOptions::attention_split
   bool fuse_softmax = true;       // Vulkan: VulkanOptions::fuse_softmax
   bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention
+  bool stack_matrices = true;     // Vulkan: VulkanOptions::stack_matrices
   CpuOptions cpu;
 };
 struct ChosenBackend {

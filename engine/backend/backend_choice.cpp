@@ -22,6 +22,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .split_weight_rows = request.split_weight_rows,
                                   .attention_split = request.attention_split,
                                   .fuse_softmax = request.fuse_softmax,
+                                  .stack_matrices = request.stack_matrices,
                                   .batch_attention = request.batch_attention};
       KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, options));
       for (const VulkanDeviceInfo& d : *devices) {

@@ -15,6 +15,7 @@
 
 #if defined(KVFS_VULKAN)
 #include "engine/backend/vulkan/device_weights.h"
+#include "engine/backend/vulkan/vk_transfer.h"
 #include "engine/backend/vulkan/weight_layout.h"
 #endif
 
@@ -438,6 +439,83 @@ TEST(VulkanWeights, SplitRowsMoveEachBlocksCodesToA16ByteBoundary) {
   }
   EXPECT_TRUE(vk::SplitRowsApplies(GgmlType::kQ4_0) && vk::SplitRowsApplies(GgmlType::kQ8_0));
   EXPECT_FALSE(vk::SplitRowsApplies(GgmlType::kQ4_K) || vk::SplitRowsApplies(GgmlType::kF16));
+}
+
+// q, k, v (and gate, up) go to the device stacked into one matrix where their types agree,
+// their biases one after another; a layer whose types differ keeps them apart (tiny-llama
+// Q4_K_M: layer 1's attn_v is Q6_K).
+TEST(VulkanWeights, StacksQkvAndGateUpWhereTheTypesAgree) {
+  for (const char* name : {"tiny-llama-Q4_K_M.gguf", "tiny-qwen2-Q4_0.gguf"}) {
+    const std::string path = testing::TestModelsDir() + "/" + name;
+    KVFS_REQUIRE_DATA(path);
+    auto model = Model::Load(path);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    auto ctx = vk::Context::Create(-1);
+    KVFS_REQUIRE_VULKAN(ctx.status());
+    auto up = vk::Uploader::Create(**ctx, 1 << 20);
+    ASSERT_TRUE(up.ok());
+    const vk::WeightUploadOptions options{.max_binding_bytes = (*ctx)->limits().max_binding_bytes};
+    auto dw = vk::UploadWeights(**ctx, **up, (*model)->weights(), options);
+    ASSERT_TRUE(dw.ok()) << dw.status().message();
+    const HParams& hp = (*model)->hparams();
+    const ModelWeights& w = (*model)->weights();
+    for (size_t il = 0; il < w.layers.size(); ++il) {
+      const LayerWeights& l = w.layers[il];
+      const vk::DeviceLayer& d = (*dw)->layers[il];
+      const bool qkv = l.wq.type == l.wk.type && l.wk.type == l.wv.type;
+      SCOPED_TRACE(std::string(name) + " layer " + std::to_string(il));
+      EXPECT_EQ(d.wqkv.parts.empty(), !qkv);
+      EXPECT_EQ(d.wq.parts.empty(), qkv);
+      if (qkv) {
+        EXPECT_EQ(d.wqkv.n_out, hp.n_embd_q() + 2 * hp.n_embd_kv());
+        EXPECT_EQ(d.wqkv.segment_rows, (std::vector<int64_t>{hp.n_embd_q(), hp.n_embd_q() + hp.n_embd_kv()}));
+        EXPECT_EQ(d.bqkv.n, l.bq.empty() ? 0 : hp.n_embd_q() + 2 * hp.n_embd_kv());
+        EXPECT_TRUE(d.bq.empty());
+      }
+      EXPECT_EQ(d.w_gate_up.parts.empty(), l.w_gate.type != l.w_up.type);
+      EXPECT_EQ(d.w_gate_up.segment_rows, (std::vector<int64_t>{hp.n_ff}));
+    }
+    if (std::string(name) == "tiny-llama-Q4_K_M.gguf") {
+      EXPECT_FALSE((*dw)->layers[0].wqkv.parts.empty());  // both kinds of layer are there
+      EXPECT_TRUE((*dw)->layers[1].wqkv.parts.empty());
+    } else {
+      EXPECT_GT((*dw)->layers[0].bqkv.n, 0);  // qwen2's biases, stacked
+    }
+  }
+}
+
+// The stacked matrices give the logits the separate ones give, bit for bit (the same products
+// into the same outputs): a prompt (tiled shaders) and decode steps (matrix-vector shaders), with
+// qwen2's biases, float weights, and layers where some stack and some do not.
+TEST(VulkanStackedMatrices, GiveTheSameLogitsAsSeparateMatrices) {
+  for (const char* name : {"tiny-llama-Q4_K_M.gguf", "tiny-qwen2-Q4_0.gguf", "tiny-llama-F16.gguf"}) {
+    const std::string path = testing::TestModelsDir() + "/" + name;
+    KVFS_REQUIRE_DATA(path);
+    auto model = Model::Load(path);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    auto stacked = MakeVulkanBackend(**model, VulkanOptions{});
+    KVFS_REQUIRE_VULKAN(stacked.status());
+    VulkanOptions options;
+    options.stack_matrices = false;
+    auto separate = MakeVulkanBackend(**model, options);
+    ASSERT_TRUE(separate.ok()) << separate.status().message();
+    const HParams& hp = (*model)->hparams();
+    const KvLayout layout = KvLayoutFor(hp, *MakeKvFormat("q8", "", hp.n_head_kv, hp.head_dim), 16);
+    const std::vector<TokenId> prompt = (*model)->tokenizer().Encode("Stacked matrices, one dispatch each.", true, false);
+    SequenceKv ka(layout, 128), kb(layout, 128);
+    Logits a, b;
+    SequenceStep sa{&ka, prompt, true}, sb{&kb, prompt, true};
+    ASSERT_TRUE((*stacked)->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+    ASSERT_TRUE((*separate)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+    ASSERT_EQ(a.data.size(), prompt.size() * static_cast<size_t>(hp.n_vocab));
+    EXPECT_TRUE(a.data == b.data) << name << " prompt";
+    for (TokenId next : {TokenId{42}, TokenId{7}}) {
+      SequenceStep da{&ka, std::span<const TokenId>(&next, 1), false}, db{&kb, std::span<const TokenId>(&next, 1), false};
+      ASSERT_TRUE((*stacked)->Forward(std::span<const SequenceStep>(&da, 1), a).ok());
+      ASSERT_TRUE((*separate)->Forward(std::span<const SequenceStep>(&db, 1), b).ok());
+      EXPECT_TRUE(a.data == b.data) << name << " decode of token " << next;
+    }
+  }
 }
 
 TEST(VulkanWeights, UnsupportedTypeIsAClearError) {

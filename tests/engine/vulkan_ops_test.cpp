@@ -220,7 +220,13 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
     const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
     const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
     // The GGUF rows, and the split rows where the type has them: the same products, bit for bit.
-    std::vector<vk::DeviceMatrix> layouts;
+    // Each also as three matrices stacked into one (rows [0, n/3), [n/3, 2n/3), the rest: q|k|v),
+    // whose outputs must hold the same products too.
+    std::vector<vk::DeviceMatrix> layouts, stacked;
+    const int64_t seg[] = {0, n_out / 3, 2 * n_out / 3, n_out};
+    std::vector<Matrix> thirds;
+    for (int i = 0; i < 3; ++i) thirds.push_back({type, n_in, seg[i + 1] - seg[i], m.row_bytes, m.row(seg[i])});
+    const Matrix* thirds_ptrs[] = {&thirds[0], &thirds[1], &thirds[2]};
     for (bool split : {false, true}) {
       if (split && !vk::SplitRowsApplies(type)) continue;
       const int64_t device_row_bytes = split ? vk::SplitRowBytes(type, n_in) : m.row_bytes;
@@ -231,6 +237,11 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
       ASSERT_EQ(dm->layout, split ? vk::WeightLayout::kSplitRows : vk::WeightLayout::kGguf);
       ASSERT_EQ(dm->parts.size(), static_cast<size_t>((n_out + part_rows - 1) / part_rows));
       layouts.push_back(std::move(*dm));
+      auto sm = vk::UploadStacked(*ctx_, **up, thirds_ptrs, options, total);
+      ASSERT_TRUE(sm.ok()) << sm.status().message();
+      ASSERT_EQ(sm->segment_rows, (std::vector<int64_t>{seg[1], seg[2]}));
+      ASSERT_EQ(sm->n_out, n_out);
+      stacked.push_back(std::move(*sm));
     }
     ASSERT_TRUE((*up)->Flush().ok());
     for (int64_t T : token_counts) {
@@ -257,7 +268,8 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
       const vk::Buffer aux = Output(T * n_in / 32 * 16);
       const vk::ActKind kind = vk::ActKindFor(type);
       std::vector<float> gguf_rows_y;
-      for (const vk::DeviceMatrix& dm : layouts) {
+      for (size_t li = 0; li < layouts.size(); ++li) {
+        const vk::DeviceMatrix& dm = layouts[li];
         const bool split = dm.layout == vk::WeightLayout::kSplitRows;
         vk::Buffer y = Output(T * n_out * 4);
         if (epilogue) std::memcpy(y.mapped(), y_old.data(), y_old.size() * 4);
@@ -289,6 +301,43 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
         } else {
           EXPECT_EQ(std::memcmp(got.data(), gguf_rows_y.data(), got.size() * 4), 0)
               << TypeName(type) << " T=" << T << ": split rows give other products than the GGUF rows";
+        }
+        // The stacked matrix: each third's rows in its own output, [T][rows of the third].
+        std::vector<vk::Buffer> ys;
+        for (int i = 0; i < 3; ++i) {
+          const int64_t w3 = seg[i + 1] - seg[i];
+          ys.push_back(Output(T * w3 * 4));
+          if (!epilogue) continue;
+          for (int64_t t = 0; t < T; ++t) {
+            std::memcpy(ys[i].mapped() + t * w3 * 4, y_old.data() + t * n_out + seg[i], w3 * 4);
+          }
+        }
+        const Status ss = Run([&](vk::Recorder& rec) -> Status {
+          if (kind != vk::ActKind::kFloat) {
+            KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, xb, n_in, n_in, T, {&codes, &aux}));
+            rec.Barrier();
+          }
+          vk::Ops::MatMulArgs a;
+          a.x = &xb;
+          a.x_stride = n_in;
+          a.acts = {&codes, &aux};
+          a.n_tokens = T;
+          a.y = &ys[0];
+          a.y1 = &ys[1];
+          a.y2 = &ys[2];
+          a.bias = epilogue ? &bias_buf : nullptr;
+          a.accumulate = epilogue;
+          return ops_->MatMul(rec, stacked[li], a);
+        });
+        ASSERT_TRUE(ss.ok()) << ss.message();
+        for (int i = 0; i < 3; ++i) {
+          const int64_t w3 = seg[i + 1] - seg[i];
+          const std::vector<float> part = Read<float>(ys[i], T * w3);
+          for (int64_t t = 0; t < T; ++t) {
+            EXPECT_EQ(std::memcmp(part.data() + t * w3, got.data() + t * n_out + seg[i], w3 * 4), 0)
+                << TypeName(type) << " T=" << T << (split ? " split rows" : "") << ": stacked matrix " << i
+                << " token " << t << " differs from the whole matrix's rows";
+          }
         }
       }
     }

@@ -23,10 +23,11 @@ struct QuantizeParams {
   float eps;
 };
 struct MatQuantParams {
-  uint32_t n_units, row_bytes, n_rows, row_begin, n_tokens, y_stride, y_col0, flags;
+  uint32_t n_units, row_bytes, n_rows, row_begin, n_tokens, y_stride, y_col0, flags, seg1, seg2, y1_stride, y2_stride;
 };
 struct MatFloatParams {
-  uint32_t n_in, row_bytes, n_rows, row_begin, n_tokens, x_stride, y_stride, y_col0, flags;
+  uint32_t n_in, row_bytes, n_rows, row_begin, n_tokens, x_stride, y_stride, y_col0, flags, seg1, seg2, y1_stride,
+      y2_stride;
 };
 struct RopeParams {
   uint32_t n_heads, head_dim, n_rot, x_stride, n_tokens;
@@ -73,13 +74,13 @@ struct ReduceParams {
 constexpr ShaderInterface kEmbed{"embed", 3, sizeof(EmbedParams)};
 constexpr ShaderInterface kRmsNorm{"rms_norm", 4, sizeof(RmsNormParams)};
 constexpr ShaderInterface kQuantize{"quantize_act", 5, sizeof(QuantizeParams)};
-constexpr ShaderInterface kMatvecQuant{"matvec_quant", 5, sizeof(MatQuantParams)};
-constexpr ShaderInterface kMatmulQuant{"matmul_quant", 5, sizeof(MatQuantParams)};
-constexpr ShaderInterface kMatvecQuantIdot{"matvec_quant_idot", 5, sizeof(MatQuantParams)};
-constexpr ShaderInterface kMatmulQuantIdot{"matmul_quant_idot", 5, sizeof(MatQuantParams)};
-constexpr ShaderInterface kMatvecFloat{"matvec_float", 4, sizeof(MatFloatParams)};
-constexpr ShaderInterface kMatmulFloat{"matmul_float", 4, sizeof(MatFloatParams)};
-constexpr ShaderInterface kMatmulF32{"matmul_f32", 4, sizeof(MatFloatParams)};
+constexpr ShaderInterface kMatvecQuant{"matvec_quant", 7, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatmulQuant{"matmul_quant", 7, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecQuantIdot{"matvec_quant_idot", 7, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatmulQuantIdot{"matmul_quant_idot", 7, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecFloat{"matvec_float", 6, sizeof(MatFloatParams)};
+constexpr ShaderInterface kMatmulFloat{"matmul_float", 6, sizeof(MatFloatParams)};
+constexpr ShaderInterface kMatmulF32{"matmul_f32", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
 constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
 constexpr ShaderInterface kKvStore{"kv_store", 6, sizeof(KvStoreParams)};
@@ -273,6 +274,10 @@ Status Ops::Quantize(Recorder& rec, ActKind kind, QuantizeSource source, const B
 }
 
 Status Ops::MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a) {
+  const size_t n_seg = w.segment_rows.size();
+  if (n_seg > 2 || (n_seg >= 1 && a.y1 == nullptr) || (n_seg == 2 && a.y2 == nullptr)) {
+    return Internal(fmt::format("a stack of {} matrices needs as many outputs", n_seg + 1));
+  }
   for (const DeviceMatrixPart& part : w.parts) KVFS_RETURN_IF_ERROR(MatMulPart(rec, w, part, a));
   return Status::Ok();
 }
@@ -310,6 +315,15 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
   }
   const uint32_t flags = (a.accumulate ? 1u : 0u) | (a.bias != nullptr ? 2u : 0u);
   const Buffer* bias = a.bias != nullptr ? a.bias : &unused_;
+  // Stacked matrices: rows from seg1 (seg2) on go to y1 (y2), rows of their own width.
+  const std::vector<int64_t>& seg = w.segment_rows;
+  const uint32_t none = 0xFFFFFFFFu;
+  const uint32_t seg1 = seg.empty() ? none : U32(seg[0]), seg2 = seg.size() < 2 ? none : U32(seg[1]);
+  const uint32_t y_stride = U32(seg.empty() ? w.n_out : seg[0]);
+  const uint32_t y1_stride = seg.empty() ? 0u : U32((seg.size() < 2 ? w.n_out : seg[1]) - seg[0]);
+  const uint32_t y2_stride = seg.size() < 2 ? 0u : U32(w.n_out - seg[1]);
+  const Buffer* y1 = a.y1 != nullptr ? a.y1 : &unused_;
+  const Buffer* y2 = a.y2 != nullptr ? a.y2 : &unused_;
   const uint32_t group_y = CeilDiv(a.n_tokens, tokens_per_group);
   // The grid's x dimension is limited (65535 groups on many devices): long matrices (output
   // layers of large vocabularies) take several dispatches over consecutive row ranges.
@@ -318,12 +332,14 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
     const uint32_t groups = CeilDiv(std::min(part.n_rows - r0, max_groups * rows_per_group), rows_per_group);
     if (quantized) {
       const MatQuantParams params{U32(w.n_in / 32), U32(w.row_bytes), U32(part.n_rows), U32(r0), U32(a.n_tokens),
-                                  U32(w.n_out), U32(part.row0), flags};
-      KVFS_RETURN_IF_ERROR(rec.Dispatch(*p, {&part.buffer, a.acts.codes, a.acts.aux, a.y, bias}, &params, groups, group_y));
+                                  y_stride, U32(part.row0), flags, seg1, seg2, y1_stride, y2_stride};
+      KVFS_RETURN_IF_ERROR(
+          rec.Dispatch(*p, {&part.buffer, a.acts.codes, a.acts.aux, a.y, bias, y1, y2}, &params, groups, group_y));
     } else {
-      const MatFloatParams params{U32(w.n_in), U32(w.row_bytes), U32(part.n_rows), U32(r0), U32(a.n_tokens),
-                                  U32(a.x_stride), U32(w.n_out), U32(part.row0), flags};
-      KVFS_RETURN_IF_ERROR(rec.Dispatch(*p, {&part.buffer, a.x, a.y, bias}, &params, groups, group_y));
+      const MatFloatParams params{U32(w.n_in), U32(w.row_bytes), U32(part.n_rows), U32(r0),   U32(a.n_tokens),
+                                  U32(a.x_stride), y_stride, U32(part.row0), flags, seg1, seg2, y1_stride,
+                                  y2_stride};
+      KVFS_RETURN_IF_ERROR(rec.Dispatch(*p, {&part.buffer, a.x, a.y, bias, y1, y2}, &params, groups, group_y));
     }
   }
   return Status::Ok();

@@ -44,6 +44,10 @@ struct DeviceMatrix {
   int64_t n_out = 0;      // rows
   int64_t row_bytes = 0;  // bytes per row on the device (in `layout`)
   std::vector<DeviceMatrixPart> parts;
+  // Matrices of the same type and input stacked into one (q|k|v, gate|up), multiplied by one
+  // dispatch: the first rows of the second and third (at most two entries); empty: one matrix.
+  // Ops::MatMul writes each one's rows to an output of its own.
+  std::vector<int64_t> segment_rows;
 };
 
 // How activations are prepared for a weight type's dot product: quantized to 8-bit units like
@@ -121,11 +125,14 @@ class Ops {
     int64_t x_stride = 0;
     QuantizedActs acts;         // x quantized for w's ActKind (read by quantized weights)
     int64_t n_tokens = 0;
-    const Buffer* y = nullptr;  // [n_tokens][w.n_out]
+    const Buffer* y = nullptr;  // [n_tokens][w.n_out]; stacked matrices: [n_tokens][rows of the first]
+    const Buffer* y1 = nullptr;  // stacked matrices: [n_tokens][rows of the second]
+    const Buffer* y2 = nullptr;  // three stacked: [n_tokens][rows of the third]
     const Buffer* bias = nullptr;  // [w.n_out] or null
     bool accumulate = false;    // y += W x instead of y = W x
   };
-  // y[t][r] = W.row(r) . x[t] (+ bias[r]) (+ old y[t][r]) for every part of W.
+  // y[t][r] = W.row(r) . x[t] (+ bias[r]) (+ old y[t][r]) for every part of W (the rows of
+  // stacked matrices going to y, y1, y2; bias indexed by the stacked row).
   Status MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a);
 
   // Rotates the first n_rot dimensions of every head (head_dim apart) of n_tokens rows in place

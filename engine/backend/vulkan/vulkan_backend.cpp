@@ -1,11 +1,11 @@
 // The Vulkan forward pass over a batch of sequences (llama and qwen2), the same computation as
 // the CPU backend (cpu_backend.cpp) op for op, with the shaders of shaders/:
-//   embed -> per layer: rms_norm, q/k/v matmuls (+bias), rope, kv_store (K and V encoded into
-//   the KV format on the device, rotated when the format rotates; q4k keys: k_stage, then
-//   k_chunks for the chunks the tokens complete), attention (scores, softmax,
-//   weighted V, reading the encoded rows of the sequence's device KV blocks), wo matmul
-//   (+residual), rms_norm, gate/up matmuls, swiglu, down matmul (+residual) -> final rms_norm
-//   of the rows whose logits are wanted -> output matmul.
+//   embed -> per layer: rms_norm, q/k/v matmuls (+bias; one dispatch of the three stacked),
+//   rope, kv_store (K and V encoded into the KV format on the device, rotated when the format
+//   rotates; q4k keys: k_stage, then k_chunks for the chunks the tokens complete), attention
+//   (scores, softmax, weighted V, reading the encoded rows of the sequence's device KV blocks),
+//   wo matmul (+residual), rms_norm, gate/up matmuls (stacked likewise), swiglu, down matmul
+//   (+residual) -> final rms_norm of the rows whose logits are wanted -> output matmul.
 // Quantized weights are multiplied with activations quantized like the CPU's (quantize_act),
 // so both backends compute the same integer dot products.
 // Decode is hundreds of small dispatches, each followed by a barrier, so ops that follow each
@@ -86,8 +86,10 @@ class VulkanBackend final : public Backend {
   Status RunUbatch(std::span<const SequenceStep> steps, std::span<const Piece> pieces, int64_t T,
                    std::span<const int64_t> logit_rows, bool last, Logits& out);
   // y (+)= W x, quantizing x first when W's type needs it (reused while same_input).
+  // Stacked matrices (q|k|v, gate|up) write their second and third parts to y1 and y2.
   Status MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
-                const vk::DeviceVector* bias, bool accumulate, bool same_input);
+                const vk::DeviceVector* bias, bool accumulate, bool same_input, const Buffer* y1 = nullptr,
+                const Buffer* y2 = nullptr);
   // xb_ = RMSNorm(x_) * w for T rows, ready for `next` (the first matrix to read it): quantized
   // in the same dispatch when fusing and next takes quantized activations.
   Status NormFor(const vk::DeviceVector& w, int64_t T, const vk::DeviceMatrix& next);
@@ -151,7 +153,9 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   if (options.attention_split > 0) ops_->set_attention_split_positions(options.attention_split);
   ops_->set_fuse_softmax(options.fuse_softmax && options.fuse_ops);
   KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));
-  const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding, .split_rows = options.split_weight_rows};
+  const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding,
+                                       .split_rows = options.split_weight_rows,
+                                       .stack_matrices = options.stack_matrices};
   KVFS_ASSIGN_OR_RETURN(weights_, vk::UploadWeights(*ctx_, *uploader_, model_.weights(), upload));
   const int64_t kv_budget = options.kv_device_bytes > 0 ? options.kv_device_bytes : ctx_->info().memory_bytes / 4;
   kv_ = std::make_unique<vk::DeviceKvCache>(*ctx_, *uploader_, kv_budget, max_binding);
@@ -198,7 +202,8 @@ Status VulkanBackend::ReserveLogitRows(int64_t rows) {
 }
 
 Status VulkanBackend::MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
-                             const vk::DeviceVector* bias, bool accumulate, bool same_input) {
+                             const vk::DeviceVector* bias, bool accumulate, bool same_input, const Buffer* y1,
+                             const Buffer* y2) {
   const vk::ActKind kind = vk::ActKindFor(w.type);
   const vk::QuantizedActs acts{&act_codes_, &act_aux_};
   if (kind != vk::ActKind::kFloat && !(same_input && quantized_kind_ == kind)) {
@@ -213,6 +218,8 @@ Status VulkanBackend::MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t
   a.acts = acts;
   a.n_tokens = T;
   a.y = &y;
+  a.y1 = y1;
+  a.y2 = y2;
   a.bias = bias != nullptr && !bias->empty() ? &bias->buffer : nullptr;
   a.accumulate = accumulate;
   return ops_->MatMul(*rec_, w, a);
@@ -347,10 +354,15 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   rec.Barrier();
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const vk::DeviceLayer& l = w.layers[il];
-    KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, l.wq));
-    KVFS_RETURN_IF_ERROR(MatMul(l.wq, xb_, n_embd, T, q_, &l.bq, false, true));
-    KVFS_RETURN_IF_ERROR(MatMul(l.wk, xb_, n_embd, T, k_, &l.bk, false, true));
-    KVFS_RETURN_IF_ERROR(MatMul(l.wv, xb_, n_embd, T, v_, &l.bv, false, true));
+    const bool qkv_stacked = !l.wqkv.parts.empty();
+    KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, qkv_stacked ? l.wqkv : l.wq));
+    if (qkv_stacked) {
+      KVFS_RETURN_IF_ERROR(MatMul(l.wqkv, xb_, n_embd, T, q_, &l.bqkv, false, true, &k_, &v_));
+    } else {
+      KVFS_RETURN_IF_ERROR(MatMul(l.wq, xb_, n_embd, T, q_, &l.bq, false, true));
+      KVFS_RETURN_IF_ERROR(MatMul(l.wk, xb_, n_embd, T, k_, &l.bk, false, true));
+      KVFS_RETURN_IF_ERROR(MatMul(l.wv, xb_, n_embd, T, v_, &l.bv, false, true));
+    }
     rec.Barrier();
     KVFS_RETURN_IF_ERROR(ops_->Rope(rec, q_, n_q, hp_.n_head, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
     if (!keys_roped_by_store) {
@@ -361,9 +373,14 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     KVFS_RETURN_IF_ERROR(MatMul(l.wo, att_, n_q, T, x_, nullptr, true, false));
     rec.Barrier();
 
-    KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, l.w_gate));
-    KVFS_RETURN_IF_ERROR(MatMul(l.w_gate, xb_, n_embd, T, gate_, nullptr, false, true));
-    KVFS_RETURN_IF_ERROR(MatMul(l.w_up, xb_, n_embd, T, up_, nullptr, false, true));
+    const bool gate_up_stacked = !l.w_gate_up.parts.empty();
+    KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, gate_up_stacked ? l.w_gate_up : l.w_gate));
+    if (gate_up_stacked) {
+      KVFS_RETURN_IF_ERROR(MatMul(l.w_gate_up, xb_, n_embd, T, gate_, nullptr, false, true, &up_));
+    } else {
+      KVFS_RETURN_IF_ERROR(MatMul(l.w_gate, xb_, n_embd, T, gate_, nullptr, false, true));
+      KVFS_RETURN_IF_ERROR(MatMul(l.w_up, xb_, n_embd, T, up_, nullptr, false, true));
+    }
     rec.Barrier();
     KVFS_RETURN_IF_ERROR(SwiGluFor(T, l.w_down));
     KVFS_RETURN_IF_ERROR(MatMul(l.w_down, hidden_, n_ff, T, x_, nullptr, true, true));

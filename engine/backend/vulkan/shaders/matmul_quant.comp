@@ -23,9 +23,15 @@ layout(push_constant) uniform Params {
   uint n_rows;     // rows in this part of the matrix
   uint row_begin;  // first row (within the part) of this dispatch
   uint n_tokens;   // activation rows
-  uint y_stride;   // floats between rows of y (the matrix's n_out)
+  uint y_stride;   // floats between rows of y (the matrix's n_out, or seg1 with several outputs)
   uint y_col0;     // column of y (and index of bias) of the part's row 0
   uint flags;      // 1: add to y's old value; 2: add bias
+  // Concatenated matrices (matrix_store.glsl): first rows of the second and third output
+  // (0xFFFFFFFF: none), and those outputs' row strides.
+  uint seg1;
+  uint seg2;
+  uint y1_stride;
+  uint y2_stride;
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
@@ -33,6 +39,8 @@ layout(binding = 1) readonly buffer ActCodes { uvec4 act_code4[]; };   // [n_tok
 layout(binding = 2) readonly buffer ActAux { vec4 act_aux[]; };        // [n_tokens][n_units]
 layout(binding = 3) buffer Output { float y[]; };                      // [n_tokens][y_stride]
 layout(binding = 4) readonly buffer Bias { float bias[]; };            // [y_stride] when flags & 2
+layout(binding = 5) buffer Output1 { float y1[]; };                     // [n_tokens][y1_stride]: rows from seg1
+layout(binding = 6) buffer Output2 { float y2[]; };                     // [n_tokens][y2_stride]: rows from seg2
 
 #include "common.glsl"
 #include "weight_bytes.glsl"
@@ -45,6 +53,8 @@ shared uint w_codes[BK * BM * 8];  // [k][row][8]: decoded weight units
 shared vec2 w_scales[BK * BM];     // [k][row]
 shared uint a_codes[BK * BN * 8];  // [k][token][8]
 shared vec4 a_aux[BK * BN];        // [k][token]
+
+#include "matrix_store.glsl"
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
@@ -106,11 +116,7 @@ void main() {
     for (uint j = 0u; j < TN; ++j) {
       const uint t = tile_t + tx + 16u * j;
       if (t >= p.n_tokens) continue;
-      const uint at = t * p.y_stride + p.y_col0 + r;
-      float v = acc[i * TN + j];
-      if ((p.flags & 2u) != 0u) v += bias[p.y_col0 + r];
-      if ((p.flags & 1u) != 0u) v = y[at] + v;
-      y[at] = v;
+      StoreOutput(t, r, acc[i * TN + j]);
     }
   }
 }

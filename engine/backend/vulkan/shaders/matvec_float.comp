@@ -19,15 +19,23 @@ layout(push_constant) uniform Params {
   uint row_begin;  // first row (within the part) of this dispatch
   uint n_tokens;   // activation rows
   uint x_stride;   // floats between rows of x
-  uint y_stride;   // floats between rows of y (the matrix's n_out)
+  uint y_stride;   // floats between rows of y (the matrix's n_out, or seg1 with several outputs)
   uint y_col0;     // column of y (and index of bias) of the part's row 0
   uint flags;      // 1: add to y's old value; 2: add bias
+  // Concatenated matrices (matrix_store.glsl): first rows of the second and third output
+  // (0xFFFFFFFF: none), and those outputs' row strides.
+  uint seg1;
+  uint seg2;
+  uint y1_stride;
+  uint y2_stride;
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
 layout(binding = 1) readonly buffer Input { float x[]; };              // [n_tokens][x_stride]
 layout(binding = 2) buffer Output { float y[]; };                      // [n_tokens][y_stride]
 layout(binding = 3) readonly buffer Bias { float bias[]; };            // [y_stride] when flags & 2
+layout(binding = 4) buffer Output1 { float y1[]; };                     // [n_tokens][y1_stride]: rows from seg1
+layout(binding = 5) buffer Output2 { float y2[]; };                     // [n_tokens][y2_stride]: rows from seg2
 
 #include "common.glsl"
 #include "weight_bytes.glsl"
@@ -36,6 +44,8 @@ layout(binding = 3) readonly buffer Bias { float bias[]; };            // [y_str
 const uint ROWS = WG / LANES;
 
 shared float partial[TOKENS * WG];
+
+#include "matrix_store.glsl"
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
@@ -66,9 +76,5 @@ void main() {
   // Lane t of each row writes token t.
   const uint t = t0 + lane;
   if (r >= p.n_rows || lane >= TOKENS || t >= p.n_tokens) return;
-  const uint at = t * p.y_stride + p.y_col0 + r;
-  float v = partial[lane * WG + tid - lane];
-  if ((p.flags & 2u) != 0u) v += bias[p.y_col0 + r];
-  if ((p.flags & 1u) != 0u) v = y[at] + v;
-  y[at] = v;
+  StoreOutput(t, r, partial[lane * WG + tid - lane]);
 }
