@@ -13,9 +13,11 @@
 #                     before the next depth)
 #   KVFS_GPU_ARGS     more `kvfs bench` arguments (default "-p 512 -n 128 -r 3")
 #   KVFS_GPU_VARIANTS builds of the pass to compare, each run right after the other: "default"
-#                     and/or `kvfs bench` flags such as --gguf-rows, --separate-ops or
-#                     --attn-split,512 (a comma stands for the space before a flag's value; default
-#                     "default"; e.g. "default --gguf-rows" for an A/B of the aligned weight rows)
+#                     and/or `kvfs bench` flags such as --gguf-rows, --separate-ops,
+#                     --separate-matrices, --separate-softmax or --attn-split,512 (a comma stands
+#                     for a space: "--matvec-group,256,--matvec-lanes,32" is one variant of the
+#                     matrix-vector shape; default "default"; e.g. "default --gguf-rows" for an
+#                     A/B of the aligned weight rows)
 #   KVFS_GPU_BATCHED  batch sizes for `kvfs bench batched` (e.g. "1,4,8,16"; default: none), run
 #                     per preset after the runs above, with and without --serial-attention (each
 #                     sequence's attention after the previous one's), KV KVFS_GPU_BATCHED_KV

@@ -31,7 +31,8 @@ namespace {
 constexpr const char* kBenchUsage =
     "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
     "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows]\n"
-    "                  [--attn-split N] [--separate-softmax] [--separate-matrices] [--json]\n"
+    "                  [--attn-split N] [--separate-softmax] [--separate-matrices]\n"
+    "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
     "  With --backend vulkan, the decode figures compare with nothing measured here (the CPU's\n"
@@ -50,7 +51,11 @@ constexpr const char* kBenchUsage =
     "  --separate-softmax (vulkan): decode attention runs its softmax as its own dispatch instead\n"
     "  of inside the weighted sum, to measure what fusing it saves.\n"
     "  --separate-matrices (vulkan): a dispatch for each of q, k, v and of gate, up, instead of one\n"
-    "  for each stack, to measure what stacking them saves.\n";
+    "  for each stack, to measure what stacking them saves.\n"
+    "  --matvec-group N, --matvec-lanes N, --matvec-min-groups N, --matvec-rows N (vulkan): the\n"
+    "  matrix-vector shaders' workgroup size (default 64), invocations per row at most (the\n"
+    "  group), workgroups below which rows per slot stop growing (1024) and rows per slot at most\n"
+    "  (8), for sweeps on a GPU.\n";
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -215,7 +220,9 @@ int Bench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "fs") return BenchFs(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "agents") return BenchAgents(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "batched") return BenchBatched(argc - 1, argv + 1);
-  Args args(argc, argv, {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--attn-split"},
+  Args args(argc, argv,
+            {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--attn-split",
+             "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows"},
             {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-matrices", "-h",
              "--help"});
   if (args.has("-h") || args.has("--help")) {
@@ -233,6 +240,10 @@ int Bench(int argc, char** argv) {
   const BackendChoice backend_choice = ReadBackendChoice(args, n_threads);
   const std::vector<std::string> kv_types = SplitList(kv_type);
   const int64_t attention_split = args.get_int("--attn-split", 0, 0, 1 << 20);
+  const VulkanMatvecShape matvec{.group = args.get_int("--matvec-group", 0, 0, 1024),
+                                 .lanes = args.get_int("--matvec-lanes", 0, 0, 1024),
+                                 .min_groups = args.get_int("--matvec-min-groups", 0, 0, 1 << 24),
+                                 .rows = args.get_int("--matvec-rows", 0, 0, 64)};
   if (!args.error().empty()) return Fail(args.error());
 
   spdlog::set_level(spdlog::level::warn);
@@ -253,6 +264,7 @@ int Bench(int argc, char** argv) {
   choice.attention_split = attention_split;
   choice.fuse_softmax = !args.has("--separate-softmax");
   choice.stack_matrices = !args.has("--separate-matrices");
+  choice.matvec = matvec;
   std::string backend_used;
   const auto t_backend = Clock::now();
   auto backend_or = MakeChosenBackend(model, choice, "bench", &backend_used);

@@ -79,6 +79,15 @@ struct VulkanDeviceInfo {
 // NotFound when there is no Vulkan driver or device.
 Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices();
 
+// The matrix-vector shaders' shape (decode's matrix products), for sweeps on a GPU (kvfs bench
+// --matvec-*); 0 keeps the default of each.
+struct VulkanMatvecShape {
+  int64_t group = 0;       // invocations per workgroup (default 64), a power of two
+  int64_t lanes = 0;       // invocations per row at most (default: the group), a power of two >= 4
+  int64_t min_groups = 0;  // quantized rows per slot grow while this many workgroups remain (1024)
+  int64_t rows = 0;        // quantized rows per slot at most (8), a power of two
+};
+
 struct VulkanOptions {
   int device = -1;                 // index into ListVulkanDevices(); -1: the default device
   int64_t kv_device_bytes = 0;     // device memory for KV blocks; 0: a quarter of the device's
@@ -101,6 +110,7 @@ struct VulkanOptions {
                                    // their types agree (off: a dispatch each)
   bool batch_attention = true;     // the attention steps of a pass's sequences recorded side by
                                    // side, sharing barriers (off: one sequence after another)
+  VulkanMatvecShape matvec;
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -117,6 +127,7 @@ struct BackendRequest {
   bool fuse_softmax = true;       // Vulkan: VulkanOptions::fuse_softmax
   bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention
   bool stack_matrices = true;     // Vulkan: VulkanOptions::stack_matrices
+  VulkanMatvecShape matvec;       // Vulkan: VulkanOptions::matvec
   CpuOptions cpu;
 };
 struct ChosenBackend {

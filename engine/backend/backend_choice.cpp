@@ -23,7 +23,8 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .attention_split = request.attention_split,
                                   .fuse_softmax = request.fuse_softmax,
                                   .stack_matrices = request.stack_matrices,
-                                  .batch_attention = request.batch_attention};
+                                  .batch_attention = request.batch_attention,
+                                  .matvec = request.matvec};
       KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, options));
       for (const VulkanDeviceInfo& d : *devices) {
         if (request.device >= 0 ? d.index == request.device : d.is_default) out.name = "vulkan: " + d.name;

@@ -95,7 +95,6 @@ constexpr ShaderInterface kReduce{"attn_reduce", 2, sizeof(ReduceParams)};
 // matrix-matrix shaders (which stage operands in shared memory).
 constexpr uint32_t kElementwiseGroup = 64;
 constexpr uint32_t kRowGroup = 256;      // rms_norm, softmax, attn_output
-constexpr uint32_t kMatvecGroup = 64;
 constexpr int64_t kMatvecMaxTokens = 8;  // beyond this, matmul_* shaders
 constexpr uint32_t kTileRows = 64;
 // Attention of a few tokens (decode) spreads each (token, head) over workgroups of about
@@ -136,11 +135,11 @@ int64_t SplitPositions(int64_t n_ctx, int64_t n_splits, int64_t block_tokens) {
 }
 
 // Invocations per row of the matrix-vector shaders: enough for the row's work items (32-value
-// units, or groups of 8 float values), a power of two in [4, kMatvecGroup]; short rows share a
+// units, or groups of 8 float values), a power of two in [4, max_lanes]; short rows share a
 // workgroup instead of leaving invocations idle. At least 4: lane t writes token t.
-uint32_t MatvecLanes(int64_t work_items) {
+uint32_t MatvecLanes(int64_t work_items, uint32_t max_lanes) {
   uint32_t lanes = 4;
-  while (lanes < kMatvecGroup && lanes < work_items) lanes *= 2;
+  while (lanes < max_lanes && lanes < work_items) lanes *= 2;
   return lanes;
 }
 uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
@@ -152,14 +151,14 @@ int64_t StatsPerRow(const KvFormat& format, int64_t n_ctx) {
 }
 
 // Rows per slot of matvec_quant: each activation unit it loads serves that many rows, as many
-// as leave at least kMatvecMinGroups workgroups (enough to keep a large GPU's cores busy).
-constexpr int64_t kMatvecMinGroups = 1024;
-constexpr uint32_t kMatvecMaxRowsPerSlot = 8;
-uint32_t MatvecRowsPerSlot(int64_t n_rows, uint32_t slots_per_group) {
+// as leave at least shape.min_groups workgroups (enough to keep a large GPU's cores busy).
+uint32_t MatvecRowsPerSlot(int64_t n_rows, uint32_t slots_per_group, const MatvecShape& shape) {
   uint32_t rows = 1;
-  while (rows < kMatvecMaxRowsPerSlot && n_rows / (int64_t{slots_per_group} * rows * 2) >= kMatvecMinGroups) rows *= 2;
+  while (rows < shape.max_rows && n_rows / (int64_t{slots_per_group} * rows * 2) >= shape.min_groups) rows *= 2;
   return rows;
 }
+// The most tokens a matrix-vector dispatch takes (its TOKENS).
+constexpr uint32_t kMatvecTokens = 4;
 
 int64_t KvRowWords(const KvView& kv) { return kv.row_stride / 4; }
 
@@ -219,6 +218,27 @@ Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines)
   std::unique_ptr<Ops> ops(new Ops(ctx, pipelines));
   KVFS_ASSIGN_OR_RETURN(ops->unused_, ctx.CreateBuffer(16, MemoryKind::kDevice));
   return ops;
+}
+
+Status Ops::set_matvec_shape(const MatvecShape& shape) {
+  auto pow2 = [](int64_t v) { return v > 0 && (v & (v - 1)) == 0; };
+  if (!pow2(shape.group) || !pow2(shape.max_lanes) || !pow2(shape.max_rows) || shape.min_groups < 1) {
+    return InvalidArgument("the matrix-vector group, lanes and rows must be powers of two, min groups at least 1");
+  }
+  if (shape.max_lanes < 4 || shape.max_lanes > shape.group || shape.group > ctx_.limits().max_group_invocations) {
+    return InvalidArgument(fmt::format("matrix-vector lanes must lie in [4, group] and the group within the device's "
+                                       "{} invocations (lanes {}, group {})",
+                                       ctx_.limits().max_group_invocations, shape.max_lanes, shape.group));
+  }
+  // matvec_quant's partial sums: rows x tokens floats per invocation.
+  const int64_t shared = int64_t{shape.max_rows} * kMatvecTokens * shape.group * 4;
+  if (shared > ctx_.limits().max_shared_bytes) {
+    return InvalidArgument(fmt::format("{} rows per slot in workgroups of {} need {} bytes of shared memory; the "
+                                       "device has {}",
+                                       shape.max_rows, shape.group, shared, ctx_.limits().max_shared_bytes));
+  }
+  matvec_ = shape;
+  return Status::Ok();
 }
 
 Status Ops::Embed(Recorder& rec, const DeviceMatrix& table, const Buffer& tokens, int64_t n_tokens, const Buffer& x) {
@@ -295,16 +315,16 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
     const uint32_t spec[] = {kElementwiseGroup};
     KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(kMatmulF32, spec));
   } else if (matvec) {
-    const uint32_t lanes = MatvecLanes(quantized ? w.n_in / 32 : w.n_in / 8);
-    rows_per_group = kMatvecGroup / lanes;
-    tokens_per_group = a.n_tokens == 1 ? 1 : (a.n_tokens == 2 ? 2 : 4);
+    const uint32_t lanes = MatvecLanes(quantized ? w.n_in / 32 : w.n_in / 8, matvec_.max_lanes);
+    rows_per_group = matvec_.group / lanes;
+    tokens_per_group = a.n_tokens == 1 ? 1 : (a.n_tokens == 2 ? 2 : kMatvecTokens);
     if (quantized) {
-      const uint32_t rows_per_slot = MatvecRowsPerSlot(part.n_rows, rows_per_group);
+      const uint32_t rows_per_slot = MatvecRowsPerSlot(part.n_rows, rows_per_group, matvec_);
       rows_per_group *= rows_per_slot;
-      const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group, rows_per_slot, layout};
+      const uint32_t spec[] = {matvec_.group, type, lanes, tokens_per_group, rows_per_slot, layout};
       KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(ctx_.integer_dot() ? kMatvecQuantIdot : kMatvecQuant, spec));
     } else {
-      const uint32_t spec[] = {kMatvecGroup, type, lanes, tokens_per_group};
+      const uint32_t spec[] = {matvec_.group, type, lanes, tokens_per_group};
       KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(kMatvecFloat, spec));
     }
   } else {

@@ -100,6 +100,14 @@ struct ScratchOffsets {
   int64_t stats0 = 0;
 };
 
+// The matrix-vector shaders' shape (VulkanMatvecShape with the defaults filled in).
+struct MatvecShape {
+  uint32_t group = 64;        // invocations per workgroup
+  uint32_t max_lanes = 64;    // invocations per row (slot) at most; short rows take fewer
+  int64_t min_groups = 1024;  // matvec_quant's rows per slot grow while this many workgroups remain
+  uint32_t max_rows = 8;      // matvec_quant's rows per slot at most
+};
+
 class Ops {
  public:
   static Result<std::unique_ptr<Ops>> Create(Context& ctx, PipelineCache& pipelines);
@@ -230,6 +238,11 @@ class Ops {
                     int64_t stats_floats) const;
   // false: always run softmax.comp as its own dispatch (for A/B timing).
   void set_fuse_softmax(bool on) { fuse_softmax_ = on; }
+  // InvalidArgument for shapes the shaders or the device cannot take (powers of two, lanes >= 4
+  // and <= group, group within the device's workgroup size, partial sums within its shared
+  // memory).
+  Status set_matvec_shape(const MatvecShape& shape);
+  const MatvecShape& matvec_shape() const { return matvec_; }
 
   // Whether attention and KV encoding fit this device for the geometry (shared memory,
   // workgroup size), with the reason when they do not.
@@ -265,6 +278,7 @@ class Ops {
   Buffer unused_;  // bound where a shader's optional input is absent
   int64_t split_positions_ = kDefaultAttentionSplit;
   bool fuse_softmax_ = true;
+  MatvecShape matvec_;
 };
 
 }  // namespace kvfs::vk

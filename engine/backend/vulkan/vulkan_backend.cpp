@@ -152,6 +152,13 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
   if (options.attention_split > 0) ops_->set_attention_split_positions(options.attention_split);
   ops_->set_fuse_softmax(options.fuse_softmax && options.fuse_ops);
+  vk::MatvecShape matvec;
+  const VulkanMatvecShape& asked = options.matvec;
+  if (asked.group > 0) matvec.group = static_cast<uint32_t>(std::min<int64_t>(asked.group, 1 << 16));
+  matvec.max_lanes = asked.lanes > 0 ? static_cast<uint32_t>(std::min<int64_t>(asked.lanes, 1 << 16)) : matvec.group;
+  if (asked.min_groups > 0) matvec.min_groups = asked.min_groups;
+  if (asked.rows > 0) matvec.max_rows = static_cast<uint32_t>(std::min<int64_t>(asked.rows, 1 << 16));
+  KVFS_RETURN_IF_ERROR(ops_->set_matvec_shape(matvec));
   KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));
   const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding,
                                        .split_rows = options.split_weight_rows,
