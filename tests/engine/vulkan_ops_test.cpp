@@ -283,13 +283,10 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
       const vk::Buffer codes = Output(T * n_in);
       const vk::Buffer aux = Output(T * n_in / 32 * 16);
       const vk::ActKind kind = vk::ActKindFor(type);
-      std::vector<float> gguf_rows_y;
-      for (size_t li = 0; li < layouts.size(); ++li) {
-        const vk::DeviceMatrix& dm = layouts[li];
-        const bool split = dm.layout == vk::WeightLayout::kSplitRows;
-        vk::Buffer y = Output(T * n_out * 4);
-        if (epilogue) std::memcpy(y.mapped(), y_old.data(), y_old.size() * 4);
-        const Status s = Run([&](vk::Recorder& rec) -> Status {
+      // Quantizes x (quantized types) and multiplies by dm into y (stacked: y, y1, y2).
+      auto multiply = [&](const vk::DeviceMatrix& dm, const vk::Buffer* y, const vk::Buffer* y1,
+                          const vk::Buffer* y2) {
+        return Run([&](vk::Recorder& rec) -> Status {
           if (kind != vk::ActKind::kFloat) {
             KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, xb, n_in, n_in, T, {&codes, &aux}));
             rec.Barrier();
@@ -299,11 +296,21 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
           a.x_stride = n_in;
           a.acts = {&codes, &aux};
           a.n_tokens = T;
-          a.y = &y;
+          a.y = y;
+          a.y1 = y1;
+          a.y2 = y2;
           a.bias = epilogue ? &bias_buf : nullptr;
           a.accumulate = epilogue;
           return ops_->MatMul(rec, dm, a);
         });
+      };
+      std::vector<float> gguf_rows_y;
+      for (size_t li = 0; li < layouts.size(); ++li) {
+        const vk::DeviceMatrix& dm = layouts[li];
+        const bool split = dm.layout == vk::WeightLayout::kSplitRows;
+        vk::Buffer y = Output(T * n_out * 4);
+        if (epilogue) std::memcpy(y.mapped(), y_old.data(), y_old.size() * 4);
+        const Status s = multiply(dm, &y, nullptr, nullptr);
         ASSERT_TRUE(s.ok()) << s.message();
         const std::vector<float> got = Read<float>(y, T * n_out);
         const double nmse = Nmse(got, want);
@@ -328,23 +335,7 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
             std::memcpy(ys[i].mapped() + t * w3 * 4, y_old.data() + t * n_out + seg[i], w3 * 4);
           }
         }
-        const Status ss = Run([&](vk::Recorder& rec) -> Status {
-          if (kind != vk::ActKind::kFloat) {
-            KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, xb, n_in, n_in, T, {&codes, &aux}));
-            rec.Barrier();
-          }
-          vk::Ops::MatMulArgs a;
-          a.x = &xb;
-          a.x_stride = n_in;
-          a.acts = {&codes, &aux};
-          a.n_tokens = T;
-          a.y = &ys[0];
-          a.y1 = &ys[1];
-          a.y2 = &ys[2];
-          a.bias = epilogue ? &bias_buf : nullptr;
-          a.accumulate = epilogue;
-          return ops_->MatMul(rec, stacked[li], a);
-        });
+        const Status ss = multiply(stacked[li], &ys[0], &ys[1], &ys[2]);
         ASSERT_TRUE(ss.ok()) << ss.message();
         for (int i = 0; i < 3; ++i) {
           const int64_t w3 = seg[i + 1] - seg[i];
