@@ -55,7 +55,8 @@ constexpr const char* kBenchUsage =
     "  --matvec-group N, --matvec-lanes N, --matvec-min-groups N, --matvec-rows N (vulkan): the\n"
     "  matrix-vector shaders' workgroup size (default 64), invocations per row at most (the\n"
     "  group), workgroups below which rows per slot stop growing (1024) and rows per slot at most\n"
-    "  (8), for sweeps on a GPU.\n";
+    "  (8), for sweeps on a GPU (groups of 512 or more need fewer rows: the partial sums take\n"
+    "  rows x 4 x group floats of shared memory).\n";
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }

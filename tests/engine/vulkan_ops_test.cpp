@@ -205,15 +205,18 @@ TEST_P(VulkanMatMulTest, SplitRowsWithPaddedScalesMatchScalar) {
   CheckEveryType(800, 300, 120, {1, 2, 3, 5, 70}, Types::kWithSplitRows);
 }
 
-// Other matrix-vector shapes than the default (kvfs bench --matvec-*, for sweeps on a GPU):
-// wide workgroups whose slots take 32 lanes and up to 8 rows, and workgroups of one 128-lane
-// slot with 2 rows; the packed and the plain shaders each take one. Shapes the shaders cannot
-// take are refused.
+// Other matrix-vector shapes than the default (kvfs bench --matvec-*, for sweeps on a GPU), on
+// rows of 1024 values (32 quantized units, 128 float groups of 8) in one part of 300 rows:
+// workgroups of 256 whose slots take 32 lanes and 8 rows (the most shared memory lavapipe has),
+// and workgroups of 128 with float rows in one 128-lane slot and quantized ones in four slots
+// of 2 rows. Shapes the shaders cannot take are refused.
 TEST_P(VulkanMatMulTest, OtherMatvecShapesMatchScalar) {
   const vk::MatvecShape wide{.group = 256, .max_lanes = 32, .min_groups = 4, .max_rows = 8};
   const vk::MatvecShape one_slot{.group = 128, .max_lanes = 128, .min_groups = 1, .max_rows = 2};
-  ASSERT_TRUE(ops_->set_matvec_shape(GetParam() ? wide : one_slot).ok());
-  CheckEveryType(512, 67, 20, {1, 3, 6});
+  for (const vk::MatvecShape& shape : {wide, one_slot}) {
+    ASSERT_TRUE(ops_->set_matvec_shape(shape).ok());
+    CheckEveryType(1024, 300, 300, {1, 3, 6});
+  }
   for (const vk::MatvecShape bad : {vk::MatvecShape{.group = 96}, vk::MatvecShape{.group = 64, .max_lanes = 128},
                                     vk::MatvecShape{.group = 64, .max_lanes = 2},
                                     vk::MatvecShape{.group = 1024, .max_lanes = 64, .max_rows = 64}}) {

@@ -56,14 +56,17 @@ bool Stackable(std::span<const Matrix* const> ms) {
 
 Result<DeviceMatrix> UploadStacked(Context& ctx, Uploader& up, std::span<const Matrix* const> ms,
                                    const WeightUploadOptions& options, int64_t& total) {
+  for (const Matrix* m : ms) {
+    if (m->empty()) return InvalidArgument("an empty weight matrix cannot go to the device");
+  }
   if (!Stackable(ms)) return Internal("matrices of different types or row lengths cannot be stacked");
   const Matrix& first = *ms[0];
   DeviceMatrix d;
   d.type = first.type;
   d.n_in = first.n_in;
-  for (const Matrix* m : ms) {
-    if (m != ms[0]) d.segment_rows.push_back(d.n_out);
-    d.n_out += m->n_out;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    if (i > 0) d.segment_rows.push_back(d.n_out);
+    d.n_out += ms[i]->n_out;
   }
   const bool split = options.split_rows && SplitRowsApplies(first.type);
   d.layout = split ? WeightLayout::kSplitRows : WeightLayout::kGguf;

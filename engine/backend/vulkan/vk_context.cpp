@@ -201,6 +201,8 @@ Status Context::Init(int index, bool integer_dot) {
   std::copy(std::begin(props.limits.maxComputeWorkGroupCount), std::end(props.limits.maxComputeWorkGroupCount),
             limits_.max_group_count);
   limits_.max_group_invocations = props.limits.maxComputeWorkGroupInvocations;
+  limits_.max_group_size_x = props.limits.maxComputeWorkGroupSize[0];
+  limits_.max_storage_buffers = props.limits.maxPerStageDescriptorStorageBuffers;
   vkGetPhysicalDeviceMemoryProperties(physical_, &memory_);
 
   uint32_t n_families = 0;

@@ -59,6 +59,8 @@ struct DeviceLimits {
   int64_t max_shared_bytes = 0;       // shared memory per workgroup
   uint32_t max_group_count[3] = {};   // workgroups per dispatch, per dimension
   uint32_t max_group_invocations = 0;
+  uint32_t max_group_size_x = 0;      // invocations along x (the shaders' only dimension)
+  uint32_t max_storage_buffers = 0;   // storage buffers one shader may bind
   float timestamp_period_ns = 0;      // nanoseconds per timestamp tick; 0: the queue has no timestamps
 };
 

@@ -210,10 +210,18 @@ bool SupportedWeightType(GgmlType t) {
 Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines) {
   // The row and tile shaders use workgroups of 256 invocations and up to ~12 KiB of shared
   // memory (Vulkan only guarantees 128 and 16 KiB).
-  if (ctx.limits().max_group_invocations < 256 || ctx.limits().max_shared_bytes < 16384) {
+  if (ctx.limits().max_group_invocations < 256 || ctx.limits().max_group_size_x < 256 ||
+      ctx.limits().max_shared_bytes < 16384) {
     return Unsupported(fmt::format("Vulkan device {} allows {} invocations and {} bytes of shared memory per "
                                    "workgroup; the shaders need 256 and 16384",
-                                   ctx.info().name, ctx.limits().max_group_invocations, ctx.limits().max_shared_bytes));
+                                   ctx.info().name,
+                                   std::min(ctx.limits().max_group_invocations, ctx.limits().max_group_size_x),
+                                   ctx.limits().max_shared_bytes));
+  }
+  // The quantized matrix shaders bind the most storage buffers (Vulkan only guarantees 4).
+  if (ctx.limits().max_storage_buffers < kMatvecQuant.n_buffers) {
+    return Unsupported(fmt::format("Vulkan device {} lets a shader bind {} storage buffers; the shaders need {}",
+                                   ctx.info().name, ctx.limits().max_storage_buffers, kMatvecQuant.n_buffers));
   }
   std::unique_ptr<Ops> ops(new Ops(ctx, pipelines));
   KVFS_ASSIGN_OR_RETURN(ops->unused_, ctx.CreateBuffer(16, MemoryKind::kDevice));
@@ -225,10 +233,11 @@ Status Ops::set_matvec_shape(const MatvecShape& shape) {
   if (!pow2(shape.group) || !pow2(shape.max_lanes) || !pow2(shape.max_rows) || shape.min_groups < 1) {
     return InvalidArgument("the matrix-vector group, lanes and rows must be powers of two, min groups at least 1");
   }
-  if (shape.max_lanes < 4 || shape.max_lanes > shape.group || shape.group > ctx_.limits().max_group_invocations) {
+  const uint32_t device_group = std::min(ctx_.limits().max_group_invocations, ctx_.limits().max_group_size_x);
+  if (shape.max_lanes < 4 || shape.max_lanes > shape.group || shape.group > device_group) {
     return InvalidArgument(fmt::format("matrix-vector lanes must lie in [4, group] and the group within the device's "
                                        "{} invocations (lanes {}, group {})",
-                                       ctx_.limits().max_group_invocations, shape.max_lanes, shape.group));
+                                       device_group, shape.max_lanes, shape.group));
   }
   // matvec_quant's partial sums: rows x tokens floats per invocation.
   const int64_t shared = int64_t{shape.max_rows} * kMatvecTokens * shape.group * 4;
