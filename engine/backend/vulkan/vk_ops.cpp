@@ -604,25 +604,18 @@ Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& sha
 Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                            const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
                            const AttentionScratch& scratch) {
-  // A job as recorded: its splits and fusing (decided against the whole scratch, as alone) and
-  // where its rows lie in the scratch.
-  struct Planned {
-    const AttentionJob* job;
-    int64_t n_splits;
-    bool fused;
-    ScratchOffsets at;
-  };
-  std::vector<Planned> round;
+  std::vector<PlannedJob>& round = round_;  // kept between calls: no allocation per layer
+  round.clear();
   // Records the steps of the jobs in `round`, a barrier between steps.
   auto record_round = [&]() -> Status {
-    for (const Planned& p : round) {
+    for (const PlannedJob& p : round) {
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(AttnScores(rec, j.kv, shape, q, q_stride, j.q_row0, j.n_tokens, j.pos0, *scratch.scores,
                                       p.fused ? scratch.stats : nullptr, p.at));
     }
     rec.Barrier();
     bool softmax = false, reduce = false;
-    for (const Planned& p : round) {
+    for (const PlannedJob& p : round) {
       if (p.fused) continue;
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(Softmax(rec, *scratch.scores, shape.n_head, j.n_tokens, j.pos0, j.pos0 + j.n_tokens,
@@ -630,7 +623,7 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
       softmax = true;
     }
     if (softmax) rec.Barrier();
-    for (const Planned& p : round) {
+    for (const PlannedJob& p : round) {
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(AttnOutput(rec, j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out, out_stride,
                                       j.out_row0, p.n_splits, p.n_splits > 1 ? scratch.partials : nullptr,
@@ -639,7 +632,7 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
     }
     if (!reduce) return Status::Ok();
     rec.Barrier();
-    for (const Planned& p : round) {
+    for (const PlannedJob& p : round) {
       if (p.n_splits == 1) continue;
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(AttnReduce(rec, j.kv, shape, *scratch.partials, j.n_tokens, p.n_splits, out, out_stride,

@@ -279,6 +279,15 @@ class Ops {
   int64_t split_positions_ = kDefaultAttentionSplit;
   bool fuse_softmax_ = true;
   MatvecShape matvec_;
+  // An AttentionBatch job as recorded: its splits and fusing (decided against the whole
+  // scratch, as alone) and where its rows lie in the scratch; round_ holds a round's jobs.
+  struct PlannedJob {
+    const AttentionJob* job;
+    int64_t n_splits;
+    bool fused;
+    ScratchOffsets at;
+  };
+  std::vector<PlannedJob> round_;
 };
 
 }  // namespace kvfs::vk

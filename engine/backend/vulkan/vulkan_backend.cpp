@@ -111,6 +111,7 @@ class VulkanBackend final : public Backend {
   std::unique_ptr<vk::DeviceWeights> weights_;
   std::unique_ptr<vk::DeviceKvCache> kv_;
   std::vector<vk::StepKv> step_kv_;  // per step of the current pass
+  std::vector<vk::Ops::AttentionJob> attention_jobs_;  // Attention()'s, reused layer after layer
   int64_t max_ubatch_ = kMaxUbatch;
   bool fuse_ops_ = true;
   bool batch_attention_ = true;
@@ -295,7 +296,8 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bo
   // Attention of every piece, in jobs whose scores fit the scratch (a long prefill piece takes
   // several, of consecutive tokens); batched, the pieces' steps share their barriers.
   const int64_t score_floats = scores_.bytes() / 4;
-  std::vector<vk::Ops::AttentionJob> jobs;
+  std::vector<vk::Ops::AttentionJob>& jobs = attention_jobs_;  // kept between layers: no allocation
+  jobs.clear();
   for (const Piece& pc : pieces) {
     const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
     const int64_t n_ctx_last = pc.pos0 + pc.n;  // the most any token of the piece sees
