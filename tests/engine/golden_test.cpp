@@ -3,12 +3,16 @@
 // greedy continuation identical (a split allowed only where the reference's top-1/top-2 margin
 // is under 0.04); quantized weights rms(last row) <= 0.10, teacher-forced top-1 identical where
 // the margin is >= 0.5, greedy identical up to the first step with a margin under 0.5.
-// One measured exception, kept visible: over the 536 x 512 logits of stories260K p3 (every row
-// given), one tail logit of one row differs by 0.025 (the reference's own f16 and f16_fa paths
-// differ by 0.10 on those rows). Full rows are therefore held to 0.02 on 99% of rows and 0.03
-// everywhere; the top-5 entries of every row and the last row stay at 0.02.
+// stories260K gives every row's logits (536 x 512 for p3): on the CPU every row is held to 0.02.
+// That needs the reference's summation order where it is sensitive (reference_order_test.cpp;
+// rows 446-447 of p3 differed by 0.025 before): the reference's own f16 and f16_fa paths differ
+// by 0.10 on some rows.
 // Every case also runs on the Vulkan backend ("vulkan" in place of a CPU kernel table) with the
-// same thresholds; it skips with the reason when there is no Vulkan device.
+// same thresholds but one measured exception, kept visible: the GPU sums in parallel orders
+// (norms, softmax, exp of a row's last values), and one row of stories260K p3 (446) differs by
+// 0.025 there. Its full rows are held to 0.02 on 99% of rows and 0.03 everywhere; the top-5
+// entries of every row and the last row stay at 0.02. It skips with the reason when there is
+// no Vulkan device.
 #include <cmath>
 #include <fstream>
 
@@ -139,8 +143,12 @@ TEST_P(GoldenTest, MatchesReference) {
       max_err_all = std::max(max_err_all, row_err);
       rows_over += row_err > 0.02;
     }
-    EXPECT_LE(max_err_all, 0.03);
-    EXPECT_LE(rows_over, n / 100) << rows_over << " of " << n << " full rows differ by more than 0.02";
+    if (c.table == "vulkan") {
+      EXPECT_LE(max_err_all, 0.03);
+      EXPECT_LE(rows_over, n / 100) << rows_over << " of " << n << " full rows differ by more than 0.02";
+    } else {
+      EXPECT_LE(max_err_all, 0.02) << rows_over << " of " << n << " full rows differ by more than 0.02";
+    }
   }
   std::printf("[golden] %s %s table=%s max|dlogit| top5+last=%.4f all rows=%.4f (rows>0.02: %d) rms(last)=%.4f top1 checked=%d\n",
               c.label.c_str(), c.prompt.c_str(), c.table.c_str(), max_err, max_err_all, rows_over, rms_last, top1_checked);

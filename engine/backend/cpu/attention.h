@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 
 #include "engine/kv/kv_format.h"
@@ -159,6 +160,15 @@ using KvDotRowsQ8Fn = void (*)(const KvFormat& f, const KvRows& k, const Int8Que
 // out[i * hd + d] += sum_p w[i * w_stride + p] * V row p's head slice [d], i < nq.
 using KvAxpyRowsFn = void (*)(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride,
                               float* out);
+// The same over a sequence's KV blocks in position order: w's columns run on across blocks
+// (block b's row p is column p + the rows of blocks before it). Where every table takes the
+// scalar path (head_dim not a multiple of 16; float values: position p into lane p % 16, one
+// pairwise tree at the end) the lanes run on across blocks, so the whole context is one sum as
+// in the reference engine's f16 GEMM; a tree per block moved stories260K p3 logits by up to
+// 0.025 after position 256 (the block size). Otherwise (int8-weight values, the SIMD tables'
+// head sizes) blocks are summed one by one.
+using KvAxpyBlocksFn = void (*)(const KvFormat& f, std::span<const KvRows> blocks, const float* w, int64_t nq,
+                                int64_t w_stride, float* out);
 // q4 values (when ValuesUseInt8Weights) are summed the same way with int8 weights: an integer
 // dot product over positions, codes against codes, is 4x the work per instruction of a float
 // one and needs no decode of V to floats. For query i and 32-value block b of the head slice
@@ -197,6 +207,7 @@ struct AttentionKernels {
   KvDotRowsQ8Fn dot_rows_q8;
   QuantizeQueriesFn quantize_queries;
   KvAxpyRowsFn axpy_rows;
+  KvAxpyBlocksFn axpy_blocks;
   KvDotChunksFn dot_chunks;
   KvSoftmaxFn softmax;
   RoundF16Fn round_f16;

@@ -276,7 +276,7 @@ struct Avx2 {
 #include "engine/backend/cpu/attention_simd_impl.h"
 
 constexpr AttentionKernels kAvx2Table{"avx2", &detail::DotRowsAny<Avx2>, &detail::DotRowsQ8Any<Avx2>, &detail::QuantizeQueriesT<Avx2>,
-                                      &detail::AxpyRowsAny<Avx2>, &detail::DotChunksAny<Avx2>,
+                                      &detail::AxpyRowsAny<Avx2>, &detail::AxpyBlocksAny<Avx2>, &detail::DotChunksAny<Avx2>,
                                       &detail::SoftmaxRow<Avx2>, &detail::RoundF16<Avx2>,
                                       &detail::Hadamard<Avx2>};
 

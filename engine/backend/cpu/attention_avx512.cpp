@@ -22,7 +22,7 @@ namespace {
 #include "engine/backend/cpu/attention_simd_impl.h"
 
 constexpr AttentionKernels kAvx512Table{"avx512", &detail::DotRowsAny<Avx512>, &detail::DotRowsQ8Any<Avx512>, &detail::QuantizeQueriesT<Avx512>,
-                                        &detail::AxpyRowsAny<Avx512>, &detail::DotChunksAny<Avx512>,
+                                        &detail::AxpyRowsAny<Avx512>, &detail::AxpyBlocksAny<Avx512>, &detail::DotChunksAny<Avx512>,
                                         &detail::SoftmaxRow<Avx512>, &detail::RoundF16<Avx512>,
                                         &detail::Hadamard<Avx512>};
 

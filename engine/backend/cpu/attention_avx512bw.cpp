@@ -29,7 +29,7 @@ namespace {
 static_assert(!KVFS_ATTN_AVX512_VNNI, "attention_avx512bw.cpp must be compiled without VNNI/VBMI flags");
 
 constexpr AttentionKernels kAvx512BwTable{"avx512bw", &detail::DotRowsAny<Avx512>, &detail::DotRowsQ8Any<Avx512>,
-                                          &detail::QuantizeQueriesT<Avx512>, &detail::AxpyRowsAny<Avx512>,
+                                          &detail::QuantizeQueriesT<Avx512>, &detail::AxpyRowsAny<Avx512>, &detail::AxpyBlocksAny<Avx512>,
                                           &detail::DotChunksAny<Avx512>, &detail::SoftmaxRow<Avx512>,
                                           &detail::RoundF16<Avx512>, &detail::Hadamard<Avx512>};
 

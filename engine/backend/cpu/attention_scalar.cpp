@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "engine/backend/cpu/attention.h"
@@ -18,12 +19,41 @@ namespace kvfs::cpu {
 
 namespace {
 
+// The reference engine's dot product for lengths that are not a multiple of 16 (the only ones
+// this path serves in a SIMD table; its f16 vec_dot): four 16-lane accumulators over 64-element
+// steps, combined 0+2, 1+3, then the two, reduced pairwise, and the rest added in double. With
+// f16 queries and keys every product is exact, so for head_dim < 64 the score is their sum
+// rounded once (a float sum in order moved stories260K's median logit error 0.00015 -> 0.00046).
+float DotReferenceOrder(const float* q, const float* k, int64_t n) {
+  float acc[4][16] = {};
+  const int64_t n64 = n / 64 * 64;
+  for (int64_t i = 0; i < n64; i += 64) {
+    for (int j = 0; j < 4; ++j) {
+      for (int l = 0; l < 16; ++l) acc[j][l] = std::fma(q[i + 16 * j + l], k[i + 16 * j + l], acc[j][l]);
+    }
+  }
+  for (int l = 0; l < 16; ++l) acc[0][l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+  for (int width = 8; width >= 1; width /= 2) {
+    for (int l = 0; l < width; ++l) acc[0][l] += acc[0][l + width];
+  }
+  double sum = acc[0][0];
+  for (int64_t i = n64; i < n; ++i) sum += static_cast<double>(q[i] * k[i]);
+  return static_cast<float>(sum);
+}
+
+// Head sizes that are a multiple of 16 (the SIMD tables' own; this table is their conformance
+// reference there) keep a float sum in order.
 void DotRowsScalar(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, float* scores, int64_t s_stride) {
   std::vector<float> row(k.hd);
+  const bool reference_order = k.hd % 16 != 0;
   for (int64_t p = 0; p < k.n_rows; ++p) {
     KvDequantize(f, k.rows + p * k.row_bytes, k.head * k.hd, k.hd, row.data());
     for (int64_t i = 0; i < nq; ++i) {
       const float* qi = q + i * k.hd;
+      if (reference_order) {
+        scores[i * s_stride + p] = DotReferenceOrder(qi, row.data(), k.hd);
+        continue;
+      }
       float s = 0.0f;
       for (int64_t d = 0; d < k.hd; ++d) s += qi[d] * row[d];
       scores[i * s_stride + p] = s;
@@ -157,26 +187,51 @@ void AxpyRowsQ8Scalar(const KvFormat& f, const KvRows& v, const float* w, int64_
   }
 }
 
+// The float path keeps 16 lanes per output value across all blocks (attention.h: axpy_blocks)
+// for head sizes that are not a multiple of 16, where every table comes here. For the SIMD
+// tables' own head sizes this table is their conformance reference and sums block by block.
+void AxpyBlocksScalar(const KvFormat& f, std::span<const KvRows> blocks, const float* w, int64_t nq, int64_t w_stride,
+                      float* out) {
+  if (blocks.empty()) return;
+  const int64_t hd = blocks[0].hd;
+  if (ValuesUseInt8Weights(f, hd)) {
+    for (const KvRows& rows : blocks) {
+      AxpyRowsQ8Scalar(f, rows, w, nq, w_stride, out);
+      w += rows.n_rows;
+    }
+    return;
+  }
+  std::vector<float> row(hd);
+  std::vector<float> lanes(nq * hd * 16, 0.0f);
+  int64_t pos = 0;  // position across blocks: its lane is pos % 16
+  const bool one_run = hd % 16 != 0;
+  auto flush = [&] {
+    for (int64_t j = 0; j < nq * hd; ++j) {
+      float* a = lanes.data() + j * 16;
+      for (int width = 8; width >= 1; width /= 2) {
+        for (int l = 0; l < width; ++l) a[l] += a[l + width];
+      }
+      out[j] += a[0];
+    }
+    std::fill(lanes.begin(), lanes.end(), 0.0f);
+  };
+  for (const KvRows& v : blocks) {
+    if (!one_run && pos > 0) flush();
+    for (int64_t p = 0; p < v.n_rows; ++p, ++pos) {
+      KvDequantize(f, v.rows + p * v.row_bytes, v.head * hd, hd, row.data());
+      const int64_t lane = (one_run ? pos : p) % 16;
+      for (int64_t i = 0; i < nq; ++i) {
+        const float a = w[i * w_stride + pos];
+        float* acc = lanes.data() + i * hd * 16;
+        for (int64_t d = 0; d < hd; ++d) acc[d * 16 + lane] = std::fma(a, row[d], acc[d * 16 + lane]);
+      }
+    }
+  }
+  flush();
+}
+
 void AxpyRowsScalar(const KvFormat& f, const KvRows& v, const float* w, int64_t nq, int64_t w_stride, float* out) {
-  if (ValuesUseInt8Weights(f, v.hd)) return AxpyRowsQ8Scalar(f, v, w, nq, w_stride, out);
-  std::vector<float> row(v.hd);
-  std::vector<float> lanes(nq * v.hd * 16, 0.0f);
-  for (int64_t p = 0; p < v.n_rows; ++p) {
-    KvDequantize(f, v.rows + p * v.row_bytes, v.head * v.hd, v.hd, row.data());
-    const int64_t lane = p % 16;
-    for (int64_t i = 0; i < nq; ++i) {
-      const float a = w[i * w_stride + p];
-      float* acc = lanes.data() + i * v.hd * 16;
-      for (int64_t d = 0; d < v.hd; ++d) acc[d * 16 + lane] = std::fma(a, row[d], acc[d * 16 + lane]);
-    }
-  }
-  for (int64_t j = 0; j < nq * v.hd; ++j) {
-    float* a = lanes.data() + j * 16;
-    for (int width = 8; width >= 1; width /= 2) {
-      for (int l = 0; l < width; ++l) a[l] += a[l + width];
-    }
-    out[j] += a[0];
-  }
+  AxpyBlocksScalar(f, std::span<const KvRows>(&v, 1), w, nq, w_stride, out);
 }
 
 void RoundF16Scalar(float* x, int64_t n) {
@@ -254,7 +309,7 @@ void QuantizeQueries(const float* q, int64_t nq, int64_t hd, int8_t* codes, floa
 }
 
 const AttentionKernels& ScalarAttentionKernels() {
-  static const AttentionKernels table{"scalar",        &DotRowsScalar,   &DotRowsQ8Scalar, &QuantizeQueries, &AxpyRowsScalar,
+  static const AttentionKernels table{"scalar",        &DotRowsScalar,   &DotRowsQ8Scalar, &QuantizeQueries, &AxpyRowsScalar, &AxpyBlocksScalar,
                                       &DotChunksScalar, &SoftmaxScalar, &RoundF16Scalar, &HadamardTransform};
   return table;
 }

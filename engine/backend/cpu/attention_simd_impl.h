@@ -514,4 +514,15 @@ void AxpyRowsAny(const KvFormat& f, const KvRows& v, const float* w, int64_t nq,
   }
 }
 
+template <class T>
+void AxpyBlocksAny(const KvFormat& f, std::span<const KvRows> blocks, const float* w, int64_t nq, int64_t w_stride,
+                   float* out) {
+  if (blocks.empty()) return;
+  if (!FastPathOk<T>(f, blocks[0].hd)) return ScalarAttentionKernels().axpy_blocks(f, blocks, w, nq, w_stride, out);
+  for (const KvRows& rows : blocks) {
+    AxpyRowsAny<T>(f, rows, w, nq, w_stride, out);
+    w += rows.n_rows;
+  }
+}
+
 }  // namespace detail

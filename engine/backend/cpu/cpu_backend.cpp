@@ -76,6 +76,7 @@ class CpuBackend final : public Backend {
     std::vector<int8_t> q8_codes;
     std::vector<float> q8_scales, q8_sums;
     std::vector<int32_t> q8_code_sums;
+    std::vector<cpu::KvRows> v_blocks;  // the item's V blocks in position order
   };
   // Attention work item: (step, KV head, tile of consecutive new tokens of that step).
   struct AttentionItem {
@@ -244,9 +245,11 @@ void CpuBackend::Attention(int64_t layer, std::span<const SequenceStep> steps, i
           attn_.softmax(sc.scores.data() + (j * group + g) * n_ctx, visible, n_ctx, scale, fmt.type == KvType::kF16);
         }
       }
-      for_each_block([&](int64_t p) { return kv.v_row(layer, p); }, [&](int64_t p0, const cpu::KvRows& rows) {
-        attn_.axpy_rows(fmt, rows, sc.scores.data() + p0, nq, n_ctx, sc.out.data());
-      });
+      // V block by block, summed as one (attention.h: axpy_blocks).
+      sc.v_blocks.clear();
+      for_each_block([&](int64_t p) { return kv.v_row(layer, p); },
+                     [&](int64_t, const cpu::KvRows& rows) { sc.v_blocks.push_back(rows); });
+      attn_.axpy_blocks(fmt, sc.v_blocks, sc.scores.data(), nq, n_ctx, sc.out.data());
       for (int64_t j = 0; j < item.n; ++j) {
         for (int64_t g = 0; g < group; ++g) {
           float* o = sc.out.data() + (j * group + g) * hd;

@@ -170,7 +170,7 @@ inline float Load1(const uint8_t* p) {
 
 // F32 rows whose length is not a multiple of 16, in the scalar reference's order: four 16-lane
 // accumulators over 64-element steps (two ymm each), combined 0+2, 1+3, then the two, the
-// pairwise lane tree, and the rest in double.
+// pairwise lane tree, and the rest as float multiply-adds, each rounded (not fused).
 float F32DotOddLength(const uint8_t* w, const uint8_t* a, int64_t n) {
   __m256 acc[4][2];
   for (auto& j : acc) j[0] = j[1] = _mm256_setzero_ps();
@@ -186,9 +186,9 @@ float F32DotOddLength(const uint8_t* w, const uint8_t* a, int64_t n) {
   }
   __m256 lanes[2];
   for (int h = 0; h < 2; ++h) lanes[h] = _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[2][h]), _mm256_add_ps(acc[1][h], acc[3][h]));
-  double sum = HSum8(_mm256_add_ps(lanes[0], lanes[1]));
-  for (int64_t i = n64; i < n; ++i) sum += static_cast<double>(LoadF32(w + 4 * i) * LoadF32(a + 4 * i));
-  return static_cast<float>(sum);
+  float sum = HSum8(_mm256_add_ps(lanes[0], lanes[1]));
+  for (int64_t i = n64; i < n; ++i) sum += LoadF32(w + 4 * i) * LoadF32(a + 4 * i);
+  return sum;
 }
 
 // R rows x NT tokens. Each (row, token) has one 16-lane accumulator (two ymm), which for F32

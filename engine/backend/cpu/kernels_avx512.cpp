@@ -197,7 +197,8 @@ void Bf16Block(const uint8_t* w, int64_t w_row_bytes, const uint8_t* x, int64_t 
 
 // F32 rows whose length is not a multiple of 16, in the scalar reference's order (which is the
 // reference engine's dot product): four 16-lane accumulators over 64-element steps, combined
-// (0+2, 1+3, then the two), the pairwise lane tree, and the remaining elements in double.
+// (0+2, 1+3, then the two), the pairwise lane tree, and the remaining elements as float
+// multiply-adds, each rounded (not fused).
 float F32DotOddLength(const uint8_t* w, const uint8_t* a, int64_t n) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   const int64_t n64 = n / 64 * 64;
@@ -206,9 +207,9 @@ float F32DotOddLength(const uint8_t* w, const uint8_t* a, int64_t n) {
       acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(w + 4 * (i + 16 * j)), _mm512_loadu_ps(a + 4 * (i + 16 * j)), acc[j]);
     }
   }
-  double sum = HSum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
-  for (int64_t i = n64; i < n; ++i) sum += static_cast<double>(LoadF32(w + 4 * i) * LoadF32(a + 4 * i));
-  return static_cast<float>(sum);
+  float sum = HSum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+  for (int64_t i = n64; i < n; ++i) sum += LoadF32(w + 4 * i) * LoadF32(a + 4 * i);
+  return sum;
 }
 
 template <FloatFmt F>

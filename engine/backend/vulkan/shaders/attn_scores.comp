@@ -206,6 +206,25 @@ float StagedKeyScore(uint pos, uint first) {
   return s;
 }
 
+// f16 keys with head_dim < 16: the reference engine (and the CPU backend's scalar attention)
+// adds the exact products of f16 query and key values in double and rounds once. Float
+// TwoSum (error-free) accumulation gives that sum's rounding too but in rare near-ties. The
+// order of these sums decides stories260K p3's most sensitive rows (446-447) to 0.02.
+const bool kExactF16Dot = uint(KV_TYPE == kKvF16) * uint(HD < 16u) != 0u;
+
+float ExactF16Dot(uint row, uint first) {
+  precise float hi = 0.0, lo = 0.0;
+  for (uint d = 0u; d < HD; ++d) {
+    precise float prod = hvec[d] * KvValue(row, first + d);  // exact: two f16 values
+    precise float s = hi + prod;
+    precise float bb = s - hi;
+    lo += (hi - (s - bb)) + (prod - bb);
+    hi = s;
+  }
+  precise float sum = hi + lo;
+  return sum;
+}
+
 // The workgroup's (max, sum) of the row's softmax, over the invocations whose position is
 // visible (score s). Every invocation of the workgroup calls it.
 void WriteStats(uint tid, uint h, uint t, bool visible, float s) {
@@ -257,6 +276,8 @@ void main() {
     const uint first = (h / p.group) * HD;
     if (kInt8Queries) {
       s = Int8QueryScore(row, first);
+    } else if (kExactF16Dot) {
+      s = ExactF16Dot(row, first);
     } else if (KV_TYPE == kKvF16 && HD % 8u == 0u && (p.row_stride & 15u) == 0u) {
       // f16 rows whose head slices start at 16-byte boundaries: 8 values a load instead of one
       // word per value (an invocation reads a whole row of its own), summed in the same order.
