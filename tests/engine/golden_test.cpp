@@ -3,10 +3,10 @@
 // greedy continuation identical (a split allowed only where the reference's top-1/top-2 margin
 // is under 0.04); quantized weights rms(last row) <= 0.10, teacher-forced top-1 identical where
 // the margin is >= 0.5, greedy identical up to the first step with a margin under 0.5.
-// stories260K gives every row's logits (536 x 512 for p3): on the CPU every row is held to 0.02.
-// That needs the reference's summation order where it is sensitive (reference_order_test.cpp;
-// rows 446-447 of p3 differed by 0.025 before): the reference's own f16 and f16_fa paths differ
-// by 0.10 on some rows.
+// stories260K gives every row's logits (536 x 512 for p3): on the CPU every row is held to
+// 0.02. That needs the reference's summation order where it is sensitive
+// (reference_order_test.cpp; rows 446-447 of p3 differed by 0.025 before): the reference's own
+// f16 and f16_fa paths differ by 0.10 on some rows.
 // Every case also runs on the Vulkan backend ("vulkan" in place of a CPU kernel table) with the
 // same thresholds but one measured exception, kept visible: its logits leave the CPU's in the
 // last bits from the first row, the f16 rounding of queries and weights turns such bits into

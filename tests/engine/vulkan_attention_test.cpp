@@ -274,7 +274,8 @@ std::vector<float> ReferenceAttention(const KvFormat& f, const std::vector<uint8
   ScalarScores(f, cpu::KvRows{k.data(), row_bytes, n_visible, kv_head, kHeadDim}, q, scores.data());
   attn.softmax(scores.data(), n_visible, n_visible, 1.0f / std::sqrt(static_cast<float>(kHeadDim)),
                f.type == KvType::kF16);
-  // Block by block, as the backend walks V (q4's int8 weights are quantized per tile of a block).
+  // Block by block, as the backend walks V at this head size (a multiple of 16; q4's int8 weights
+  // are quantized per tile of a block).
   for (int64_t p0 = 0; p0 < n_visible; p0 += kBlockTokens) {
     attn.axpy_rows(f, cpu::KvRows{v.data() + p0 * row_bytes, row_bytes, std::min(kBlockTokens, n_visible - p0), kv_head,
                                   kHeadDim},

@@ -19,11 +19,12 @@ namespace kvfs::cpu {
 
 namespace {
 
-// The reference engine's dot product for lengths that are not a multiple of 16 (the only ones
-// this path serves in a SIMD table; its f16 vec_dot): four 16-lane accumulators over 64-element
-// steps, combined 0+2, 1+3, then the two, reduced pairwise, and the rest added in double. With
-// f16 queries and keys every product is exact, so for head_dim < 64 the score is their sum
-// rounded once (a float sum in order moved stories260K's median logit error 0.00015 -> 0.00046).
+// The reference engine's f16 dot product (vec_dot_f16), which it takes for lengths that are not a
+// multiple of 16 (the only ones this path serves in a SIMD table): four 16-lane accumulators over
+// 64-element steps, combined 0+2, 1+3, then the two, reduced pairwise, and the rest added in
+// double. With f16 queries and keys every product is exact, so for head_dim < 64 the score is
+// their sum rounded once (a float sum in order instead: stories260K p3 max 0.0085 -> 0.0108,
+// median row 0.00023 -> 0.00051).
 float DotReferenceOrder(const float* q, const float* k, int64_t n) {
   float acc[4][16] = {};
   const int64_t n64 = n / 64 * 64;
@@ -41,11 +42,12 @@ float DotReferenceOrder(const float* q, const float* k, int64_t n) {
   return static_cast<float>(sum);
 }
 
-// Head sizes that are a multiple of 16 (the SIMD tables' own; this table is their conformance
-// reference there) keep a float sum in order.
+// Other caches (q8, q4: kvfs's own formats, which the reference has no order for) and head sizes
+// that are a multiple of 16 (the SIMD tables' own; this table is their conformance reference
+// there) keep a float sum in order, as the Vulkan shader does.
 void DotRowsScalar(const KvFormat& f, const KvRows& k, const float* q, int64_t nq, float* scores, int64_t s_stride) {
   std::vector<float> row(k.hd);
-  const bool reference_order = k.hd % 16 != 0;
+  const bool reference_order = f.type == KvType::kF16 && k.hd % 16 != 0;
   for (int64_t p = 0; p < k.n_rows; ++p) {
     KvDequantize(f, k.rows + p * k.row_bytes, k.head * k.hd, k.hd, row.data());
     for (int64_t i = 0; i < nq; ++i) {

@@ -206,11 +206,12 @@ float StagedKeyScore(uint pos, uint first) {
   return s;
 }
 
-// f16 keys with head_dim < 16: the reference engine (and the CPU backend's scalar attention)
-// adds the exact products of f16 query and key values in double and rounds once. Float
-// TwoSum (error-free) accumulation gives that sum's rounding too but in rare near-ties. The
-// order of these sums decides stories260K p3's most sensitive rows (446-447) to 0.02.
-const bool kExactF16Dot = uint(KV_TYPE == kKvF16) * uint(HD < 16u) != 0u;
+// f16 keys with head_dim < 64 and not a multiple of 16: the reference engine (and the CPU
+// backend's scalar attention) adds the exact products of f16 query and key values in double and
+// rounds once. Float TwoSum (error-free) accumulation gives that sum's rounding too but in rare
+// near-ties. The order of these sums decides stories260K p3's most sensitive rows (446-447) to
+// 0.02.
+const bool kExactF16Dot = uint(KV_TYPE == kKvF16) * uint(HD % 16u != 0u) * uint(HD < 64u) != 0u;
 
 float ExactF16Dot(uint row, uint first) {
   precise float hi = 0.0, lo = 0.0;
