@@ -19,6 +19,15 @@ namespace kvfs::cpu {
 
 namespace {
 
+// The reference's reduction of 16 lanes (its 16-wide horizontal sum): lanes[l] += lanes[l + w]
+// for w = 8, 4, 2, 1; returns lanes[0]. Every lane sum of this file ends with it.
+float PairwiseSum16(float* lanes) {
+  for (int width = 8; width >= 1; width /= 2) {
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  }
+  return lanes[0];
+}
+
 // The reference engine's f16 dot product (vec_dot_f16), which it takes for lengths that are not a
 // multiple of 16 (the only ones this path serves in a SIMD table): four 16-lane accumulators over
 // 64-element steps, combined 0+2, 1+3, then the two, reduced pairwise, and the rest added in
@@ -34,10 +43,7 @@ float DotReferenceOrder(const float* q, const float* k, int64_t n) {
     }
   }
   for (int l = 0; l < 16; ++l) acc[0][l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-  for (int width = 8; width >= 1; width /= 2) {
-    for (int l = 0; l < width; ++l) acc[0][l] += acc[0][l + width];
-  }
-  double sum = acc[0][0];
+  double sum = PairwiseSum16(acc[0]);
   for (int64_t i = n64; i < n; ++i) sum += static_cast<double>(q[i] * k[i]);
   return static_cast<float>(sum);
 }
@@ -180,10 +186,8 @@ void AxpyRowsQ8Scalar(const KvFormat& f, const KvRows& v, const float* w, int64_
         }
         float lanes[16] = {};
         for (int64_t p = s0; p < s1; ++p) lanes[(p - s0) % 16] = std::fma(wi[p], m8(p), lanes[(p - s0) % 16]);
-        for (int width = 8; width >= 1; width /= 2) {
-          for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-        }
-        for (int64_t j = 0; j < kQueryBlock; ++j) out[i * v.hd + b * kQueryBlock + j] += acc[j] + lanes[0];
+        const float base = PairwiseSum16(lanes);
+        for (int64_t j = 0; j < kQueryBlock; ++j) out[i * v.hd + b * kQueryBlock + j] += acc[j] + base;
       }
     }
   }
@@ -208,13 +212,7 @@ void AxpyBlocksScalar(const KvFormat& f, std::span<const KvRows> blocks, const f
   int64_t pos = 0;  // position across blocks: its lane is pos % 16
   const bool one_run = hd % 16 != 0;
   auto flush = [&] {
-    for (int64_t j = 0; j < nq * hd; ++j) {
-      float* a = lanes.data() + j * 16;
-      for (int width = 8; width >= 1; width /= 2) {
-        for (int l = 0; l < width; ++l) a[l] += a[l + width];
-      }
-      out[j] += a[0];
-    }
+    for (int64_t j = 0; j < nq * hd; ++j) out[j] += PairwiseSum16(lanes.data() + j * 16);
     std::fill(lanes.begin(), lanes.end(), 0.0f);
   };
   for (const KvRows& v : blocks) {
@@ -279,10 +277,7 @@ QuantizedBlock QuantizeInt8Block(const float* x, int8_t* codes) {
 void QuantizeChunkQuery(const float* q, const float* d, const float* m, int64_t hd, ChunkQueryQ8* out) {
   float lanes[16] = {};
   for (int64_t c = 0; c < hd; ++c) lanes[c % 16] = std::fma(q[c], m[c] + 8.0f * d[c], lanes[c % 16]);
-  for (int w = 8; w >= 1; w /= 2) {
-    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-  }
-  out->base = lanes[0];
+  out->base = PairwiseSum16(lanes);
   for (int64_t b = 0; b < hd / kQueryBlock; ++b) {
     float a[kQueryBlock];
     for (int64_t j = 0; j < kQueryBlock; ++j) a[j] = q[b * kQueryBlock + j] * d[b * kQueryBlock + j];
