@@ -32,7 +32,8 @@ constexpr const char* kBenchUsage =
     "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
     "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows]\n"
     "                  [--attn-split N] [--separate-softmax] [--separate-matrices]\n"
-    "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N] [--json]\n"
+    "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N]\n"
+    "                  [--shared-trees] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
     "  With --backend vulkan, the decode figures compare with nothing measured here (the CPU's\n"
@@ -56,7 +57,10 @@ constexpr const char* kBenchUsage =
     "  matrix-vector shaders' workgroup size (default 64), invocations per row at most (the\n"
     "  group), workgroups below which rows per slot stop growing (1024) and rows per slot at most\n"
     "  (8), for sweeps on a GPU (groups of 512 or more need fewer rows: the partial sums take\n"
-    "  rows x 4 x group floats of shared memory).\n";
+    "  rows x 4 x group floats of shared memory).\n"
+    "  --shared-trees (vulkan): reduction trees (matrix-vector sums, RMSNorm, activation\n"
+    "  quantization) entirely in shared memory, not their last steps by subgroup shuffles where\n"
+    "  the device has them (the same values), to measure what the shuffles save.\n";
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -224,8 +228,8 @@ int Bench(int argc, char** argv) {
   Args args(argc, argv,
             {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--attn-split",
              "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows"},
-            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-matrices", "-h",
-             "--help"});
+            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-matrices",
+             "--shared-trees", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -266,6 +270,7 @@ int Bench(int argc, char** argv) {
   choice.fuse_softmax = !args.has("--separate-softmax");
   choice.stack_matrices = !args.has("--separate-matrices");
   choice.matvec = matvec;
+  choice.subgroup_trees = !args.has("--shared-trees");
   std::string backend_used;
   const auto t_backend = Clock::now();
   auto backend_or = MakeChosenBackend(model, choice, "bench", &backend_used);

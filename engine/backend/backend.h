@@ -110,6 +110,10 @@ struct VulkanOptions {
                                    // their types agree (off: a dispatch each)
   bool batch_attention = true;     // the attention steps of a pass's sequences recorded side by
                                    // side, sharing barriers (off: one sequence after another)
+  bool subgroup_trees = true;      // the steps of reduction trees within a subgroup by shuffles
+                                   // where the device has them (matrix-vector sums, RMSNorm,
+                                   // activation quantization; the same values); off: all in
+                                   // shared memory
   VulkanMatvecShape matvec;
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
@@ -127,6 +131,7 @@ struct BackendRequest {
   bool fuse_softmax = true;       // Vulkan: VulkanOptions::fuse_softmax
   bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention
   bool stack_matrices = true;     // Vulkan: VulkanOptions::stack_matrices
+  bool subgroup_trees = true;     // Vulkan: VulkanOptions::subgroup_trees
   VulkanMatvecShape matvec;       // Vulkan: VulkanOptions::matvec
   CpuOptions cpu;
 };

@@ -24,6 +24,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .fuse_softmax = request.fuse_softmax,
                                   .stack_matrices = request.stack_matrices,
                                   .batch_attention = request.batch_attention,
+                                  .subgroup_trees = request.subgroup_trees,
                                   .matvec = request.matvec};
       KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, options));
       for (const VulkanDeviceInfo& d : *devices) {

@@ -5,6 +5,7 @@
 // Attention and KV encoding: vulkan_attention_test.cpp. Without a Vulkan device the tests skip.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include <gtest/gtest.h>
 
@@ -102,67 +103,89 @@ std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
   return x;
 }
 
+// Lengths whose blocks fill the shader's passes of 8 blocks and lengths that leave a part pass
+// (1056: 33 blocks of 32; 2304: 9 of 256), with Q8_K blocks whose largest magnitude is tied.
 TEST_F(VulkanOpsTest, QuantizeActivationsMatchCpuCodes) {
-  std::mt19937 rng(7);
-  const int64_t n = 1024, rows = 3;
-  std::vector<float> x;
-  for (int64_t r = 0; r < rows; ++r) {
-    const std::vector<float> row = RandomActivations(n, rng);
-    x.insert(x.end(), row.begin(), row.end());
-  }
-  const cpu::KernelTable& scalar = cpu::ScalarKernels();
-  // One weight type per activation kind picks the CPU quantizer.
-  for (GgmlType weight : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ4_K}) {
-    const vk::ActKind kind = vk::ActKindFor(weight);
-    const vk::Buffer in = Input(x);
-    const vk::Buffer codes = Output(rows * n);
-    const vk::Buffer aux = Output(rows * n / 32 * 16);
-    ASSERT_TRUE(Run([&](vk::Recorder& rec) {
-                  return ops_->QuantizeActs(rec, kind, in, n, n, rows, {&codes, &aux});
-                }).ok());
-    const std::vector<int8_t> got_codes = Read<int8_t>(codes, rows * n);
-    const std::vector<float> got_aux = Read<float>(aux, rows * n / 32 * 4);
-    int64_t code_diffs = 0, scale_diffs = 0;
+  for (const int64_t n : {1024, 1056, 2304}) {
+    SCOPED_TRACE(n);
+    const int64_t rows = 3;
+    std::mt19937 rng(7);
+    std::vector<float> x;
     for (int64_t r = 0; r < rows; ++r) {
-      std::vector<uint8_t> q(static_cast<size_t>(cpu::QuantizedActivationRowBytes(weight, n)));
-      scalar.quantize_row[static_cast<int>(weight)](x.data() + r * n, q.data(), n);
-      for (int64_t u = 0; u < n / 32; ++u) {
-        const float* a = got_aux.data() + (r * n / 32 + u) * 4;
-        const int8_t* c = got_codes.data() + r * n + u * 32;
-        const int8_t* want = nullptr;
-        float want_d = 0, want_s = 0;
-        int want_lo = 0, want_hi = 0;
-        if (kind == vk::ActKind::kQ8_K) {
-          const BlockQ8_K b = LoadBlock<BlockQ8_K>(q.data(), u / 8);
-          want = b.qs + 32 * (u % 8);
-          want_d = b.d;
-          want_lo = b.bsums[2 * (u % 8)];
-          want_hi = b.bsums[2 * (u % 8) + 1];
-          code_diffs += std::memcmp(c, want, 32) != 0;
-        } else {
-          // Only the row's own block type: the other's stride would read past the row.
-          BlockQ8_1 b1{};
-          BlockQ8_0 b0{};
-          if (kind == vk::ActKind::kQ8_1) {
-            b1 = LoadBlock<BlockQ8_1>(q.data(), u);
-          } else {
-            b0 = LoadBlock<BlockQ8_0>(q.data(), u);
-          }
-          want = kind == vk::ActKind::kQ8_1 ? b1.qs : b0.qs;
-          want_d = Fp16ToFp32(kind == vk::ActKind::kQ8_1 ? b1.d : b0.d);
-          want_s = kind == vk::ActKind::kQ8_1 ? Fp16ToFp32(b1.s) : 0.0f;
-          for (int j = 0; j < 16; ++j) want_lo += want[j];
-          for (int j = 16; j < 32; ++j) want_hi += want[j];
-          code_diffs += std::memcmp(c, want, 32) != 0;
-        }
-        scale_diffs += a[0] != want_d || a[1] != want_s || a[2] != want_lo || a[3] != want_hi;
+      std::vector<float> row = RandomActivations(n, rng);
+      if (n >= 768) {
+        // Ties for Q8_K's signed maximum, which the CPU takes at its first index: across the
+        // invocations of a block (values 43 and 161 of block 2), and inside one (260 and 263).
+        for (int64_t j = 512; j < 768; ++j) row[j] *= 1e-4f;
+        row[512 + 161] = 3.0f;
+        row[512 + 43] = -3.0f;
+        for (int64_t j = 256; j < 512; ++j) row[j] *= 1e-4f;
+        row[263] = -2.5f;
+        row[260] = 2.5f;
       }
+      x.insert(x.end(), row.begin(), row.end());
     }
-    std::printf("[vulkan quantize] %s activations: %lld of %lld units with different codes, %lld with different scales/sums\n",
-                TypeName(cpu::VecDotType(weight)).c_str(), static_cast<long long>(code_diffs),
-                static_cast<long long>(rows * n / 32), static_cast<long long>(scale_diffs));
-    EXPECT_EQ(code_diffs, 0);
-    EXPECT_EQ(scale_diffs, 0);
+    const cpu::KernelTable& scalar = cpu::ScalarKernels();
+    // One weight type per activation kind picks the CPU quantizer; each kind with the trees' last steps by subgroup shuffles (where the device has them) and
+    // entirely in shared memory.
+    for (const auto& [weight, trees] : {std::pair{GgmlType::kQ4_0, true}, {GgmlType::kQ4_1, true},
+                                        {GgmlType::kQ4_K, true}, {GgmlType::kQ4_0, false},
+                                        {GgmlType::kQ4_1, false}, {GgmlType::kQ4_K, false}}) {
+      ops_->set_subgroup_trees(trees);
+      const vk::ActKind kind = vk::ActKindFor(weight);
+      if (kind == vk::ActKind::kQ8_K && n % 256 != 0) continue;
+      const vk::Buffer in = Input(x);
+      const vk::Buffer codes = Output(rows * n);
+      const vk::Buffer aux = Output(rows * n / 32 * 16);
+      ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                    return ops_->QuantizeActs(rec, kind, in, n, n, rows, {&codes, &aux});
+                  }).ok());
+      const std::vector<int8_t> got_codes = Read<int8_t>(codes, rows * n);
+      const std::vector<float> got_aux = Read<float>(aux, rows * n / 32 * 4);
+      int64_t code_diffs = 0, scale_diffs = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<uint8_t> q(static_cast<size_t>(cpu::QuantizedActivationRowBytes(weight, n)));
+        scalar.quantize_row[static_cast<int>(weight)](x.data() + r * n, q.data(), n);
+        for (int64_t u = 0; u < n / 32; ++u) {
+          const float* a = got_aux.data() + (r * n / 32 + u) * 4;
+          const int8_t* c = got_codes.data() + r * n + u * 32;
+          const int8_t* want = nullptr;
+          float want_d = 0, want_s = 0;
+          int want_lo = 0, want_hi = 0;
+          if (kind == vk::ActKind::kQ8_K) {
+            const BlockQ8_K b = LoadBlock<BlockQ8_K>(q.data(), u / 8);
+            want = b.qs + 32 * (u % 8);
+            want_d = b.d;
+            want_lo = b.bsums[2 * (u % 8)];
+            want_hi = b.bsums[2 * (u % 8) + 1];
+            code_diffs += std::memcmp(c, want, 32) != 0;
+          } else {
+            // Only the row's own block type: the other's stride would read past the row.
+            BlockQ8_1 b1{};
+            BlockQ8_0 b0{};
+            if (kind == vk::ActKind::kQ8_1) {
+              b1 = LoadBlock<BlockQ8_1>(q.data(), u);
+            } else {
+              b0 = LoadBlock<BlockQ8_0>(q.data(), u);
+            }
+            want = kind == vk::ActKind::kQ8_1 ? b1.qs : b0.qs;
+            want_d = Fp16ToFp32(kind == vk::ActKind::kQ8_1 ? b1.d : b0.d);
+            want_s = kind == vk::ActKind::kQ8_1 ? Fp16ToFp32(b1.s) : 0.0f;
+            for (int j = 0; j < 16; ++j) want_lo += want[j];
+            for (int j = 16; j < 32; ++j) want_hi += want[j];
+            code_diffs += std::memcmp(c, want, 32) != 0;
+          }
+          scale_diffs += a[0] != want_d || a[1] != want_s || a[2] != want_lo || a[3] != want_hi;
+        }
+      }
+      std::printf("[vulkan quantize] %s activations%s: %lld of %lld units with different codes, %lld with different "
+                  "scales/sums\n",
+                  TypeName(cpu::VecDotType(weight)).c_str(), ops_->subgroup_trees() ? " (subgroup trees)" : "",
+                  static_cast<long long>(code_diffs), static_cast<long long>(rows * n / 32),
+                  static_cast<long long>(scale_diffs));
+      EXPECT_EQ(code_diffs, 0);
+      EXPECT_EQ(scale_diffs, 0);
+    }
   }
 }
 
@@ -221,6 +244,74 @@ TEST_P(VulkanMatMulTest, OtherMatvecShapesMatchScalar) {
                                     vk::MatvecShape{.group = 64, .max_lanes = 2},
                                     vk::MatvecShape{.group = 1024, .max_lanes = 64, .max_rows = 64}}) {
     EXPECT_EQ(ops_->set_matvec_shape(bad).code(), StatusCode::kInvalidArgument) << bad.group << " " << bad.max_lanes;
+  }
+}
+
+// The matrix-vector shaders' tree by subgroup shuffles (the *_sg variants, subgroup_tree.glsl)
+// against the same tree in shared memory: the products must be equal bit for bit, for slots
+// wider than a subgroup (steps of both kinds), as wide as one (shuffles only) and narrower
+// (several slots in a subgroup), for quantized and float types (the tree is the same code for
+// all) and 1, 3 and 6 tokens.
+TEST_P(VulkanMatMulTest, SubgroupSumsEqualSharedMemorySums) {
+  if (!ctx_->subgroup_shuffle()) {
+    if (InCi()) FAIL() << "CI=true but the Vulkan device has no subgroup shuffles in compute shaders";
+    GTEST_SKIP() << "the Vulkan device has no subgroup shuffles in compute shaders";
+  }
+  const uint32_t subgroup = ctx_->info().subgroup_size;
+  // ctest's vulkan_ops_subgroup16 asks lavapipe for 16 lanes: check that it got them.
+  if (const char* expect = std::getenv("KVFS_EXPECT_SUBGROUP"); expect != nullptr && ctx_->info().type == "cpu") {
+    ASSERT_EQ(subgroup, static_cast<uint32_t>(std::atoi(expect)));
+  }
+  std::mt19937 rng(5);
+  const int64_t n_in = 1024, n_out = 300;  // 32 quantized units, 128 float groups a row
+  auto up = vk::Uploader::Create(*ctx_, 1 << 20);
+  ASSERT_TRUE(up.ok());
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+    const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
+    const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
+    int64_t total = 0;
+    const vk::WeightUploadOptions options{.max_binding_bytes = ctx_->limits().max_binding_bytes};
+    auto dm = vk::UploadMatrix(*ctx_, **up, m, options, total);
+    ASSERT_TRUE(dm.ok()) << dm.status().message();
+    ASSERT_TRUE((*up)->Flush().ok());
+    const vk::ActKind kind = vk::ActKindFor(type);
+    for (const int64_t T : {1, 3, 6}) {
+      std::vector<float> x;
+      for (int64_t t = 0; t < T; ++t) {
+        const std::vector<float> row = RandomActivations(n_in, rng);
+        x.insert(x.end(), row.begin(), row.end());
+      }
+      const vk::Buffer xb = Input(x), codes = Output(T * n_in), aux = Output(T * n_in / 32 * 16);
+      for (const uint32_t lanes : {64u, subgroup, std::max(4u, subgroup / 2)}) {
+        std::vector<float> got[2];
+        for (const bool trees : {true, false}) {
+          ASSERT_TRUE(ops_->set_matvec_shape({.group = 64, .max_lanes = lanes, .min_groups = 4}).ok());
+          ops_->set_subgroup_trees(trees);
+          ASSERT_EQ(ops_->subgroup_trees(), trees);
+          const vk::Buffer y = Output(T * n_out * 4);
+          // The activations are quantized with the shared-memory trees both times, so that only
+          // the products' sums differ in how they are made.
+          ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                        if (kind != vk::ActKind::kFloat) {
+                          ops_->set_subgroup_trees(false);
+                          KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, xb, n_in, n_in, T, {&codes, &aux}));
+                          ops_->set_subgroup_trees(trees);
+                          rec.Barrier();
+                        }
+                        vk::Ops::MatMulArgs a;
+                        a.x = &xb;
+                        a.x_stride = n_in;
+                        a.acts = {&codes, &aux};
+                        a.n_tokens = T;
+                        a.y = &y;
+                        return ops_->MatMul(rec, *dm, a);
+                      }).ok());
+          got[trees ? 0 : 1] = Read<float>(y, T * n_out);
+        }
+        EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4), 0)
+            << TypeName(type) << " T=" << T << " lanes " << lanes << " (subgroup " << subgroup << ")";
+      }
+    }
   }
 }
 
@@ -396,18 +487,27 @@ TEST_F(VulkanOpsTest, RmsNormMatchesCpu) {
   for (float& v : w) v = normal(rng);
   const std::vector<int32_t> gather = {3, 0};
   const vk::Buffer xb = Input(x), wb = Input(w), ids = Input(gather);
-  const vk::Buffer y = Output(rows * n * 4), yg = Output(gather.size() * n * 4);
-  ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
-                KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, y, n, rows, nullptr));
-                return ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, yg, n, 2, &ids);
-              }).ok());
   std::vector<float> want(rows * n), want_g(2 * n);
   for (int64_t r = 0; r < rows; ++r) cpu::RmsNorm(x.data() + r * n, w.data(), want.data() + r * n, n, 1e-5f);
   for (int64_t r = 0; r < 2; ++r) cpu::RmsNorm(x.data() + gather[r] * n, w.data(), want_g.data() + r * n, n, 1e-5f);
-  const double nmse = Nmse(Read<float>(y, rows * n), want), nmse_g = Nmse(Read<float>(yg, 2 * n), want_g);
-  std::printf("[vulkan rms_norm] NMSE %.3g, gathered rows %.3g\n", nmse, nmse_g);
-  EXPECT_LE(nmse, 1e-12);
-  EXPECT_LE(nmse_g, 1e-12);
+  // The tree's last steps by subgroup shuffles (where the device has them), then all in shared
+  // memory: the same sums, so the same rows bit for bit.
+  std::vector<float> got[2];
+  for (const bool trees : {true, false}) {
+    ops_->set_subgroup_trees(trees);
+    const vk::Buffer y = Output(rows * n * 4), yg = Output(gather.size() * n * 4);
+    ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                  KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, y, n, rows, nullptr));
+                  return ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, yg, n, 2, &ids);
+                }).ok());
+    got[trees ? 0 : 1] = Read<float>(y, rows * n);
+    const double nmse = Nmse(got[trees ? 0 : 1], want), nmse_g = Nmse(Read<float>(yg, 2 * n), want_g);
+    std::printf("[vulkan rms_norm]%s NMSE %.3g, gathered rows %.3g\n", ops_->subgroup_trees() ? " (subgroup trees)" : "",
+                nmse, nmse_g);
+    EXPECT_LE(nmse, 1e-12);
+    EXPECT_LE(nmse_g, 1e-12);
+  }
+  EXPECT_TRUE(got[0] == got[1]) << "subgroup shuffles changed the norm's sums";
 }
 
 TEST_F(VulkanOpsTest, RopeMatchesCpuBothStyles) {
@@ -469,46 +569,61 @@ TEST_F(VulkanOpsTest, SwiGluMatchesCpu) {
 // The fused ops (RMSNorm or SwiGLU and the quantization after them, one dispatch) give exactly
 // what the separate ops give: the f32 rows and every code, scale and sum; with input rows
 // strided, for every activation kind.
+// Decode-like (3 rows: a row over several workgroups) and prefill-like (100 rows: a workgroup
+// takes several passes, the last one part full).
 TEST_F(VulkanOpsTest, FusedNormAndSwiGluQuantizeAsTheSeparateOps) {
-  std::mt19937 rng(17);
-  const int64_t n = 1024, rows = 3, x_stride = n + 64;
-  std::vector<float> x, gate, up;
-  for (int64_t r = 0; r < rows; ++r) {
-    const std::vector<float> row = RandomActivations(x_stride, rng);
-    x.insert(x.end(), row.begin(), row.end());
-    const std::vector<float> g = RandomActivations(n, rng), u = RandomActivations(n, rng);
-    gate.insert(gate.end(), g.begin(), g.end());
-    up.insert(up.end(), u.begin(), u.end());
-  }
-  std::vector<float> w(n);
-  for (float& v : w) v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
-  const vk::Buffer xb = Input(x), wb = Input(w), gb = Input(gate), ub = Input(up);
-  for (vk::ActKind kind : {vk::ActKind::kQ8_0, vk::ActKind::kQ8_1, vk::ActKind::kQ8_K}) {
-    for (const bool swiglu : {false, true}) {
-      const vk::Buffer y_sep = Output(rows * n * 4), y_fused = Output(rows * n * 4);
-      const vk::Buffer codes_sep = Output(rows * n), aux_sep = Output(rows * n / 32 * 16);
-      const vk::Buffer codes_fused = Output(rows * n), aux_fused = Output(rows * n / 32 * 16);
-      ASSERT_TRUE(Run([&](vk::Recorder& rec) {
-                    if (swiglu) {
-                      KVFS_RETURN_IF_ERROR(ops_->SwiGlu(rec, gb, ub, y_sep, rows * n));
-                    } else {
-                      KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, xb, x_stride, wb, n, 1e-5f, y_sep, n, rows, nullptr));
-                    }
-                    rec.Barrier();
-                    KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, y_sep, n, n, rows, {&codes_sep, &aux_sep}));
-                    if (swiglu) {
-                      return ops_->SwiGluQuantizeActs(rec, kind, gb, ub, n, rows, y_fused, {&codes_fused, &aux_fused});
-                    }
-                    return ops_->NormQuantizeActs(rec, kind, xb, x_stride, wb, n, 1e-5f, y_fused, n, rows,
-                                                  {&codes_fused, &aux_fused});
-                  }).ok());
-      const char* what = swiglu ? "swiglu" : "rms_norm";
-      const int kind_id = static_cast<int>(kind);
-      EXPECT_TRUE(Read<float>(y_sep, rows * n) == Read<float>(y_fused, rows * n)) << what << " kind " << kind_id;
-      EXPECT_TRUE(Read<int8_t>(codes_sep, rows * n) == Read<int8_t>(codes_fused, rows * n)) << what << " kind " << kind_id;
-      EXPECT_TRUE(Read<float>(aux_sep, rows * n / 32 * 4) == Read<float>(aux_fused, rows * n / 32 * 4))
-          << what << " kind " << kind_id;
+  for (const auto& [n, rows] : {std::pair<int64_t, int64_t>{1024, 3}, {2304, 100}}) {
+    SCOPED_TRACE(n);
+    std::mt19937 rng(17);
+    const int64_t x_stride = n + 64;
+    std::vector<float> x, gate, up;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<float> row = RandomActivations(x_stride, rng);
+      x.insert(x.end(), row.begin(), row.end());
+      const std::vector<float> g = RandomActivations(n, rng), u = RandomActivations(n, rng);
+      gate.insert(gate.end(), g.begin(), g.end());
+      up.insert(up.end(), u.begin(), u.end());
     }
+    std::vector<float> w(n);
+    for (float& v : w) v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+    const vk::Buffer xb = Input(x), wb = Input(w), gb = Input(gate), ub = Input(up);
+    // With the trees' last steps by subgroup shuffles (where the device has them), then all in
+    // shared memory: the same rows, codes and scales.
+    std::vector<std::vector<uint8_t>> outputs[2];
+    for (const bool trees : {true, false}) {
+      ops_->set_subgroup_trees(trees);
+      for (vk::ActKind kind : {vk::ActKind::kQ8_0, vk::ActKind::kQ8_1, vk::ActKind::kQ8_K}) {
+        for (const bool swiglu : {false, true}) {
+          const vk::Buffer y_sep = Output(rows * n * 4), y_fused = Output(rows * n * 4);
+          const vk::Buffer codes_sep = Output(rows * n), aux_sep = Output(rows * n / 32 * 16);
+          const vk::Buffer codes_fused = Output(rows * n), aux_fused = Output(rows * n / 32 * 16);
+          ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                        if (swiglu) {
+                          KVFS_RETURN_IF_ERROR(ops_->SwiGlu(rec, gb, ub, y_sep, rows * n));
+                        } else {
+                          KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, xb, x_stride, wb, n, 1e-5f, y_sep, n, rows, nullptr));
+                        }
+                        rec.Barrier();
+                        KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, y_sep, n, n, rows, {&codes_sep, &aux_sep}));
+                        if (swiglu) {
+                          return ops_->SwiGluQuantizeActs(rec, kind, gb, ub, n, rows, y_fused, {&codes_fused, &aux_fused});
+                        }
+                        return ops_->NormQuantizeActs(rec, kind, xb, x_stride, wb, n, 1e-5f, y_fused, n, rows,
+                                                      {&codes_fused, &aux_fused});
+                      }).ok());
+          const char* what = swiglu ? "swiglu" : "rms_norm";
+          const int kind_id = static_cast<int>(kind);
+          EXPECT_TRUE(Read<float>(y_sep, rows * n) == Read<float>(y_fused, rows * n)) << what << " kind " << kind_id;
+          EXPECT_TRUE(Read<int8_t>(codes_sep, rows * n) == Read<int8_t>(codes_fused, rows * n)) << what << " kind " << kind_id;
+          EXPECT_TRUE(Read<float>(aux_sep, rows * n / 32 * 4) == Read<float>(aux_fused, rows * n / 32 * 4))
+              << what << " kind " << kind_id;
+          outputs[trees ? 0 : 1].push_back(Read<uint8_t>(y_fused, rows * n * 4));
+          outputs[trees ? 0 : 1].push_back(Read<uint8_t>(codes_fused, rows * n));
+          outputs[trees ? 0 : 1].push_back(Read<uint8_t>(aux_fused, rows * n / 32 * 16));
+        }
+      }
+    }
+    EXPECT_TRUE(outputs[0] == outputs[1]) << "subgroup shuffles changed the fused ops' outputs";
   }
 }
 

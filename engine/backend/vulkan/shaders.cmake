@@ -12,6 +12,9 @@ file(MAKE_DIRECTORY ${KVFS_VK_GEN_DIR})
 # dot product (KVFS_INTEGER_DOT): a capability the device must have, so it cannot be a
 # specialization constant of one module.
 set(KVFS_VK_IDOT_SHADERS matvec_quant matmul_quant)
+# Shaders that add partial sums across a subgroup by shuffles where the device has them
+# (KVFS_SUBGROUP), compiled again as NAME_sg (and NAME_idot_sg): also a capability.
+set(KVFS_VK_SUBGROUP_SHADERS matvec_quant matvec_float rms_norm quantize_act)
 
 set(KVFS_VULKAN_SHADER_SOURCES "")
 set(kvfs_vk_includes "")
@@ -40,6 +43,12 @@ foreach(shader ${KVFS_VK_SHADERS})
   kvfs_compile_shader(${shader} ${name} "")
   if(name IN_LIST KVFS_VK_IDOT_SHADERS)
     kvfs_compile_shader(${shader} ${name}_idot -DKVFS_INTEGER_DOT)
+  endif()
+  if(name IN_LIST KVFS_VK_SUBGROUP_SHADERS)
+    kvfs_compile_shader(${shader} ${name}_sg -DKVFS_SUBGROUP)
+    if(name IN_LIST KVFS_VK_IDOT_SHADERS)
+      kvfs_compile_shader(${shader} ${name}_idot_sg "-DKVFS_INTEGER_DOT;-DKVFS_SUBGROUP")
+    endif()
   endif()
 endforeach()
 

@@ -82,6 +82,8 @@ class Context {
   // Whether shaders may use OpSDot on packed 4x8-bit vectors (the quantized matrix shaders'
   // *_idot variants): DP4A-class instructions on GPUs, a quarter of the integer work.
   bool integer_dot() const { return integer_dot_; }
+  // Whether compute shaders may shuffle values within a subgroup (the *_sg shader variants).
+  bool subgroup_shuffle() const { return subgroup_shuffle_; }
 
   Result<Buffer> CreateBuffer(int64_t bytes, MemoryKind kind);
   // Buffers of this context destroyed so far: descriptor sets that name buffers stay valid
@@ -102,6 +104,7 @@ class Context {
   DeviceLimits limits_;
   VulkanDeviceInfo info_;
   bool integer_dot_ = false;
+  bool subgroup_shuffle_ = false;
   uint64_t destroyed_buffers_ = 0;  // the buffer epoch; the engine thread alone makes and frees buffers
 };
 

@@ -21,6 +21,7 @@ struct RmsNormParams {
 struct QuantizeParams {
   uint32_t n, n_rows, x_stride, y_stride;
   float eps;
+  uint32_t blocks_per_group;
 };
 struct MatQuantParams {
   uint32_t n_units, row_bytes, n_rows, row_begin, n_tokens, y_stride, y_col0, flags, seg1, seg2, y1_stride, y2_stride;
@@ -73,12 +74,17 @@ struct ReduceParams {
 
 constexpr ShaderInterface kEmbed{"embed", 3, sizeof(EmbedParams)};
 constexpr ShaderInterface kRmsNorm{"rms_norm", 4, sizeof(RmsNormParams)};
+constexpr ShaderInterface kRmsNormSg{"rms_norm_sg", 4, sizeof(RmsNormParams)};
 constexpr ShaderInterface kQuantize{"quantize_act", 5, sizeof(QuantizeParams)};
+constexpr ShaderInterface kQuantizeSg{"quantize_act_sg", 5, sizeof(QuantizeParams)};
 constexpr ShaderInterface kMatvecQuant{"matvec_quant", 7, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatmulQuant{"matmul_quant", 7, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatvecQuantIdot{"matvec_quant_idot", 7, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecQuantSg{"matvec_quant_sg", 7, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecQuantIdotSg{"matvec_quant_idot_sg", 7, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatmulQuantIdot{"matmul_quant_idot", 7, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatvecFloat{"matvec_float", 6, sizeof(MatFloatParams)};
+constexpr ShaderInterface kMatvecFloatSg{"matvec_float_sg", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kMatmulFloat{"matmul_float", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kMatmulF32{"matmul_f32", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
@@ -94,7 +100,9 @@ constexpr ShaderInterface kReduce{"attn_reduce", 2, sizeof(ReduceParams)};
 // Workgroup sizes. Small batches go to the matrix-vector shaders, larger ones to the tiled
 // matrix-matrix shaders (which stage operands in shared memory).
 constexpr uint32_t kElementwiseGroup = 64;
-constexpr uint32_t kRowGroup = 256;      // rms_norm, softmax, attn_output
+constexpr uint32_t kRowGroup = 256;      // rms_norm, softmax, attn_output, quantize_act
+// quantize_act with the norm: about this many workgroups in all (each reads its row whole).
+constexpr int64_t kQuantizeSpreadGroups = 128;
 constexpr int64_t kMatvecMaxTokens = 8;  // beyond this, matmul_* shaders
 constexpr uint32_t kTileRows = 64;
 // Attention of a few tokens (decode) spreads each (token, head) over workgroups of about
@@ -264,7 +272,7 @@ Status Ops::Embed(Recorder& rec, const DeviceMatrix& table, const Buffer& tokens
 Status Ops::RmsNorm(Recorder& rec, const Buffer& x, int64_t x_stride, const Buffer& w, int64_t n, float eps,
                     const Buffer& y, int64_t y_stride, int64_t n_rows, const Buffer* row_ids) {
   const uint32_t spec[] = {kRowGroup};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kRmsNorm, spec));
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kRmsNormSg : kRmsNorm, spec));
   const RmsNormParams params{U32(n), U32(x_stride), U32(y_stride), row_ids != nullptr ? 1u : 0u, eps};
   return rec.Dispatch(*p, {&x, &w, &y, row_ids != nullptr ? row_ids : &unused_}, &params, U32(n_rows));
 }
@@ -291,15 +299,21 @@ Status Ops::Quantize(Recorder& rec, ActKind kind, QuantizeSource source, const B
   if (kind == ActKind::kFloat) return Internal("float activations are not quantized");
   const int64_t block = kind == ActKind::kQ8_K ? 256 : 32;
   if (n % block != 0) return Internal(fmt::format("{} activations cannot be quantized in blocks of {}", n, block));
-  // The norm needs a row's sum of squares first: a workgroup per row, of rms_norm's size so
-  // that its tree of partial sums is the same.
+  // Workgroups of rms_norm's size, so that the norm's tree of partial sums is the same; each
+  // takes kRowGroup / 32 blocks a pass. Rows spread over up to kQuantizeSpreadGroups workgroups
+  // in all (decode: a few rows, each over many workgroups); with the norm, every workgroup of
+  // a row reads the whole row for its scale, so many rows (prefill) take fewer per row.
   const bool norm = source == QuantizeSource::kRmsNorm;
-  const uint32_t spec[] = {norm ? kRowGroup : kElementwiseGroup, static_cast<uint32_t>(kind),
-                           static_cast<uint32_t>(source)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kQuantize, spec));
-  const QuantizeParams params{U32(n), U32(n_rows), U32(x_stride), U32(y_stride), eps};
+  const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kind), static_cast<uint32_t>(source)};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kQuantizeSg : kQuantize, spec));
+  const int64_t n_blocks = n / block, pass = kRowGroup / 32;
+  const int64_t most_groups = (n_blocks + pass - 1) / pass;
+  const int64_t groups_per_row =
+      norm ? std::clamp<int64_t>((kQuantizeSpreadGroups + n_rows - 1) / n_rows, 1, most_groups) : most_groups;
+  const int64_t blocks_per_group = ((n_blocks + groups_per_row - 1) / groups_per_row + pass - 1) / pass * pass;
+  const QuantizeParams params{U32(n), U32(n_rows), U32(x_stride), U32(y_stride), eps, U32(blocks_per_group)};
   return rec.Dispatch(*p, {&x, out.codes, out.aux, x2 != nullptr ? x2 : &unused_, y != nullptr ? y : &unused_},
-                      &params, norm ? 1u : CeilDiv(n / block, kElementwiseGroup), U32(n_rows));
+                      &params, CeilDiv(n_blocks, blocks_per_group), U32(n_rows));
 }
 
 Status Ops::MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a) {
@@ -324,6 +338,7 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
     const uint32_t spec[] = {kElementwiseGroup};
     KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(kMatmulF32, spec));
   } else if (matvec) {
+    const bool sg = subgroup_trees();
     const uint32_t lanes = MatvecLanes(quantized ? w.n_in / 32 : w.n_in / 8, matvec_.max_lanes);
     rows_per_group = matvec_.group / lanes;
     tokens_per_group = a.n_tokens == 1 ? 1 : (a.n_tokens == 2 ? 2 : kMatvecTokens);
@@ -331,10 +346,12 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
       const uint32_t rows_per_slot = MatvecRowsPerSlot(part.n_rows, rows_per_group, matvec_);
       rows_per_group *= rows_per_slot;
       const uint32_t spec[] = {matvec_.group, type, lanes, tokens_per_group, rows_per_slot, layout};
-      KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(ctx_.integer_dot() ? kMatvecQuantIdot : kMatvecQuant, spec));
+      const ShaderInterface& shader = ctx_.integer_dot() ? (sg ? kMatvecQuantIdotSg : kMatvecQuantIdot)
+                                                         : (sg ? kMatvecQuantSg : kMatvecQuant);
+      KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(shader, spec));
     } else {
       const uint32_t spec[] = {matvec_.group, type, lanes, tokens_per_group};
-      KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(kMatvecFloat, spec));
+      KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(sg ? kMatvecFloatSg : kMatvecFloat, spec));
     }
   } else {
     tokens_per_group = a.n_tokens <= 16 ? 16 : (a.n_tokens <= 32 ? 32 : 64);

@@ -238,6 +238,10 @@ class Ops {
                     int64_t stats_floats) const;
   // false: always run softmax.comp as its own dispatch (for A/B timing).
   void set_fuse_softmax(bool on) { fuse_softmax_ = on; }
+  // false: reduction trees entirely in shared memory, not their steps within a subgroup by
+  // shuffles (the *_sg shader variants, subgroup_tree.glsl; the same values), for A/B timing.
+  void set_subgroup_trees(bool on) { subgroup_trees_ = on; }
+  bool subgroup_trees() const { return subgroup_trees_ && ctx_.subgroup_shuffle(); }
   // InvalidArgument for shapes the shaders or the device cannot take (powers of two, lanes >= 4
   // and <= group, group within the device's workgroup size, partial sums within its shared
   // memory).
@@ -278,6 +282,7 @@ class Ops {
   Buffer unused_;  // bound where a shader's optional input is absent
   int64_t split_positions_ = kDefaultAttentionSplit;
   bool fuse_softmax_ = true;
+  bool subgroup_trees_ = true;
   MatvecShape matvec_;
   // An AttentionBatch job as recorded: its splits and fusing (decided against the whole
   // scratch, as alone) and where its rows lie in the scratch; round_ holds a round's jobs.

@@ -153,6 +153,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
   if (options.attention_split > 0) ops_->set_attention_split_positions(options.attention_split);
   ops_->set_fuse_softmax(options.fuse_softmax && options.fuse_ops);
+  ops_->set_subgroup_trees(options.subgroup_trees);
   vk::MatvecShape matvec;
   const VulkanMatvecShape& asked = options.matvec;
   if (asked.group > 0) matvec.group = static_cast<uint32_t>(std::min<int64_t>(asked.group, 1 << 16));

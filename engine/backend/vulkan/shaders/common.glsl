@@ -6,6 +6,17 @@
 // offsets with no 4-byte alignment, and plain words need no 8/16-bit storage features, so the
 // shaders run on any Vulkan 1.1 device.
 
+// v rounded to the nearest integer, ties to even, from exact operations (floor, the fraction
+// v - floor(v), compares). roundEven is exact by the Vulkan spec, but lavapipe built for 16
+// lanes on an AVX2 host rounded ties away from zero in some shaders; the codes must be the
+// CPU's on every device.
+float RoundHalfEven(float v) {
+  const float f = floor(v);
+  precise float fraction = v - f;
+  const bool odd = mod(f, 2.0) != 0.0;
+  return fraction > 0.5 || (fraction == 0.5 && odd) ? f + 1.0 : f;
+}
+
 // f32 -> IEEE binary16 bits, rounding to nearest even (packHalf2x16 leaves rounding to the
 // implementation). Overflow gives infinity, NaN stays NaN, subnormal halfs are exact.
 uint F32ToF16Bits(float f) {
@@ -16,13 +27,50 @@ uint F32ToF16Bits(float f) {
   if (ax >= 0x477FF000u) return sign | 0x7C00u;  // rounds to 65536 or more: infinity
   if (ax < 0x38800000u) {
     // Below the smallest normal half (2^-14): the half is round(|f| * 2^24) units of 2^-24;
-    // scaling by a power of two is exact, roundEven rounds ties to even.
-    return sign | uint(roundEven(uintBitsToFloat(ax) * 16777216.0));
+    // scaling by a power of two is exact, RoundHalfEven rounds ties to even.
+    return sign | uint(RoundHalfEven(uintBitsToFloat(ax) * 16777216.0));
   }
   uint h = (ax - 0x38000000u) >> 13;  // rebias the exponent (127 -> 15), keep 10 mantissa bits
   const uint rest = ax & 0x1FFFu;
   if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0u)) h += 1u;  // may carry into the exponent
   return sign | h;
+}
+
+// a / b as IEEE division rounds it (to nearest, ties to even), on any device. Vulkan lets a
+// shader's division be off by up to 2.5 ulp (GPUs and lavapipe multiply by a reciprocal),
+// and the quantizers must pick the CPU's codes, so the significands are divided here as
+// integers, 25 quotient bits by shift and subtract, and rounded with the remainder as sticky
+// bit. Zeros, infinities, NaN, subnormal operands and results out of the normal range (none of
+// which the quantizers divide) fall back to the device's division.
+float Div(float a, float b) {
+  const uint ua = floatBitsToUint(a), ub = floatBitsToUint(b);
+  const uint ea = (ua >> 23) & 0xFFu, eb = (ub >> 23) & 0xFFu;
+  if (ea == 0u || ea == 0xFFu || eb == 0u || eb == 0xFFu) return a / b;
+  uint ma = (ua & 0x7FFFFFu) | 0x800000u;  // significands in [2^23, 2^24)
+  const uint mb = (ub & 0x7FFFFFu) | 0x800000u;
+  int e = int(ea) - int(eb) + 127;  // the quotient's biased exponent once ma / mb is in [1, 2)
+  if (ma < mb) {
+    ma <<= 1;
+    e -= 1;
+  }
+  uint q = 0u, r = ma;  // r < 2 mb < 2^25 throughout
+  for (int i = 0; i < 25; ++i) {  // floor(ma / mb * 2^24): 24 significand bits and a round bit
+    q <<= 1;
+    if (r >= mb) {
+      r -= mb;
+      q |= 1u;
+    }
+    r <<= 1;
+  }
+  const bool round_bit = (q & 1u) != 0u;
+  q >>= 1;
+  if (round_bit && (r != 0u || (q & 1u) != 0u)) q += 1u;
+  if (q == 0x1000000u) {  // rounded up to 2
+    q >>= 1;
+    e += 1;
+  }
+  if (e <= 0 || e >= 255) return a / b;
+  return uintBitsToFloat(((ua ^ ub) & 0x80000000u) | (uint(e) << 23) | (q & 0x7FFFFFu));
 }
 
 float F16BitsToF32(uint h) { return unpackHalf2x16(h & 0xFFFFu).x; }
@@ -72,7 +120,7 @@ int Int8Code(float x, float amax, int e) {
   if (!(amax > 0.0)) return 0;
   const float inv = -e <= 126 ? ldexp(1.0, -e) : 0.0;
   precise float scaled = inv != 0.0 ? x * inv : ldexp(x, -e);
-  return int(clamp(roundEven(scaled), -127.0, 127.0));
+  return int(clamp(RoundHalfEven(scaled), -127.0, 127.0));
 }
 
 // A q4 group's coding (engine/kv/kv_format.h) with the CPU's arithmetic (QuantizeGroupQ4): the
@@ -87,13 +135,13 @@ Q4Coding Q4CodingOf(float lo, float hi) {
   Q4Coding c;
   c.mh = F32ToF16Bits(lo);
   c.m = F16BitsToF32(c.mh);
-  precise float range = (hi - c.m) / 15.0;
+  precise float range = Div(hi - c.m, 15.0);
   c.dh = F32ToF16Bits(range);
   const float d = F16BitsToF32(c.dh);
-  c.id = d > 0.0 ? 1.0 / d : 0.0;
+  c.id = d > 0.0 ? Div(1.0, d) : 0.0;
   return c;
 }
 uint Q4Code(float x, Q4Coding c) {
   precise float scaled = (x - c.m) * c.id;
-  return uint(clamp(roundEven(scaled), 0.0, 15.0));
+  return uint(clamp(RoundHalfEven(scaled), 0.0, 15.0));
 }

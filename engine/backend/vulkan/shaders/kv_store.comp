@@ -69,12 +69,12 @@ float F16AtLeast(float x) {
   return F16BitsToF32(h);
 }
 
-int Q4kCodedMin(float lo, float M) { return M > 0.0 ? clamp(int(floor(lo / M)), -15, 15) : 0; }
+int Q4kCodedMin(float lo, float M) { return M > 0.0 ? clamp(int(floor(Div(lo, M))), -15, 15) : 0; }
 
 // Q4kCode of kv_format.cpp: the squared error of sub-block values hvec[v0 ..] coded as m + d*q,
 // summed in 4 lanes (value i into lane i % 4) and reduced as (0 + 2) + (1 + 3); q rounds half up.
 float Q4kError(uint v0, float m, float d) {
-  const float id = d > 0.0 ? 1.0 / d : 0.0;
+  const float id = d > 0.0 ? Div(1.0, d) : 0.0;
   precise float lanes[4] = float[4](0.0, 0.0, 0.0, 0.0);
   for (uint i = 0u; i < KV_GROUP; ++i) {
     precise float t = min(max((hvec[v0 + i] - m) * id, 0.0), 15.0);
@@ -100,14 +100,14 @@ void EncodeQ4kRow(uint tid) {
   // Row-wide units (every invocation computes them; maxima do not depend on the order).
   float max_abs_lo = 0.0;
   for (uint j = 0u; j < kSubBlocks; ++j) max_abs_lo = max(max_abs_lo, abs(sub_lo[j]));
-  precise float m_unit = max_abs_lo / 15.0;
+  precise float m_unit = Div(max_abs_lo, 15.0);
   const float M = F16AtLeast(m_unit);
   float max_span = 0.0;
   for (uint j = 0u; j < kSubBlocks; ++j) {
     precise float span = sub_hi[j] - M * float(Q4kCodedMin(sub_lo[j], M));
     max_span = max(max_span, span);
   }
-  precise float d_unit = max_span / 465.0;  // 15 levels x 31 scale steps
+  precise float d_unit = Div(max_span, 465.0);  // 15 levels x 31 scale steps
   const float D = F16AtLeast(d_unit);
   if (tid == 0u) {
     PutU16(0u, F32ToF16Bits(D));
@@ -117,7 +117,7 @@ void EncodeQ4kRow(uint tid) {
     const uint v0 = j * KV_GROUP;
     const int mn0 = Q4kCodedMin(sub_lo[j], M);
     precise float m0 = M * float(mn0);
-    precise float steps = (sub_hi[j] - m0) / (15.0 * D);
+    precise float steps = Div(sub_hi[j] - m0, 15.0 * D);
     const int sc0 = D > 0.0 ? clamp(int(ceil(steps)), 0, 31) : 0;
     int best_mn = mn0, best_sc = sc0;
     float best = -1.0;
@@ -140,7 +140,7 @@ void EncodeQ4kRow(uint tid) {
     PutByte(at + 1u, bits >> 8);
     precise float m = M * float(best_mn);
     precise float d = D * float(best_sc);
-    const float id = d > 0.0 ? 1.0 / d : 0.0;
+    const float id = d > 0.0 ? Div(1.0, d) : 0.0;
     for (uint i = 0u; i < KV_GROUP; i += 2u) {
       precise float t0 = min(max((hvec[v0 + i] - m) * id, 0.0), 15.0);
       precise float t1 = min(max((hvec[v0 + i + 1u] - m) * id, 0.0), 15.0);
@@ -190,13 +190,13 @@ void main() {
     if (KV_TYPE == kKvQ8) {
       float amax = 0.0;
       for (uint i = 0u; i < KV_GROUP; ++i) amax = max(amax, abs(hvec[v0 + i]));
-      const uint dh = F32ToF16Bits(amax / 127.0);
+      const uint dh = F32ToF16Bits(Div(amax, 127.0));
       const float d = F16BitsToF32(dh);
-      const float id = d > 0.0 ? 1.0 / d : 0.0;
+      const float id = d > 0.0 ? Div(1.0, d) : 0.0;
       PutU16(at, dh);
       for (uint i = 0u; i < KV_GROUP; ++i) {
         precise float scaled = hvec[v0 + i] * id;
-        PutByte(at + 2u + i, uint(int(clamp(roundEven(scaled), -127.0, 127.0))));
+        PutByte(at + 2u + i, uint(int(clamp(RoundHalfEven(scaled), -127.0, 127.0))));
       }
     } else {
       float lo = hvec[v0], hi = hvec[v0];

@@ -1,10 +1,14 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#if defined(KVFS_SUBGROUP)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 // y = W x for a few activation rows with float weights (F32, F16, BF16: WEIGHT_TYPE) and f32
 // activations, rounded to the weight's type first as the CPU's dot products do. A workgroup
 // computes WG / LANES rows for TOKENS activation rows; the LANES invocations of a row stride
-// over its values and their partial sums are added up in shared memory. Epilogue as in
-// matvec_quant.
+// over its values and their partial sums are added up as a tree (subgroup_tree.glsl).
+// Epilogue as in matvec_quant.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;  // invocations, a power of two
@@ -46,9 +50,11 @@ const uint ROWS = WG / LANES;
 shared float partial[TOKENS * WG];
 
 #include "matrix_store.glsl"
+#include "subgroup_tree.glsl"
 
 void main() {
-  const uint tid = gl_LocalInvocationID.x;
+  const uint subgroup = TreeSubgroupSize();
+  const uint tid = TreeTid(subgroup);
   const uint lane = tid % LANES;
   const uint r = p.row_begin + gl_WorkGroupID.x * ROWS + tid / LANES;
   const uint t0 = gl_WorkGroupID.y * TOKENS;
@@ -65,16 +71,22 @@ void main() {
     }
   }
 
-  for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] = acc[t];
-  barrier();
-  for (uint s = LANES / 2u; s > 0u; s >>= 1) {
-    if (lane < s) {
-      for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] += partial[t * WG + tid + s];
-    }
+  // The tree: shared memory down to the subgroup size, then shuffles (subgroup_tree.glsl).
+  if (LANES > subgroup) {
+    for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] = acc[t];
     barrier();
+    for (uint s = LANES / 2u; s >= subgroup; s >>= 1) {
+      if (lane < s) {
+        for (uint t = 0u; t < TOKENS; ++t) partial[t * WG + tid] += partial[t * WG + tid + s];
+      }
+      barrier();
+    }
+    for (uint t = 0u; t < TOKENS; ++t) acc[t] = partial[t * WG + tid];
   }
-  // Lane t of each row writes token t.
-  const uint t = t0 + lane;
-  if (r >= p.n_rows || lane >= TOKENS || t >= p.n_tokens) return;
-  StoreOutput(t, r, partial[lane * WG + tid - lane]);
+  for (uint t = 0u; t < TOKENS; ++t) acc[t] = SubgroupTreeSteps(acc[t], min(LANES, subgroup));
+  // Lane 0 of each row holds the sums.
+  if (r >= p.n_rows || lane != 0u) return;
+  for (uint t = 0u; t < TOKENS; ++t) {
+    if (t0 + t < p.n_tokens) StoreOutput(t0 + t, r, acc[t]);
+  }
 }

@@ -3,6 +3,10 @@
 #if defined(KVFS_INTEGER_DOT)
 #extension GL_EXT_spirv_intrinsics : require
 #endif
+#if defined(KVFS_SUBGROUP)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 // y = W x for a few activation rows (decode and small batches) with quantized weights:
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (WEIGHT_TYPE) against activations
 // quantized by quantize_act. A workgroup has WG / LANES slots of LANES invocations; a slot
@@ -10,9 +14,10 @@
 // stride over the 32-value units: each loads a unit of the activations once and uses it for
 // all of the slot's rows (activation units outweigh weight units about 3 to 1 in bytes, so
 // reloading them per row costs more cache bandwidth than the weights' memory bandwidth), and
-// decodes each weight unit once for all TOKENS tokens. Partial sums are added up in shared
-// memory. LANES follows the row length (short rows: several slots per workgroup, no idle
-// invocations); the host picks ROWS_PER_SLOT so that large matrices still fill the device.
+// decodes each weight unit once for all TOKENS tokens. Partial sums are added up as a tree
+// (subgroup_tree.glsl). LANES follows the row length (short rows: several slots per
+// workgroup, no idle invocations); the host picks ROWS_PER_SLOT so that large matrices still
+// fill the device.
 //
 // Epilogue (flags): y = [y_old +] (W x [+ bias]), the residual add and the qwen2 bias fused.
 
@@ -59,9 +64,11 @@ const uint OUTPUTS = ROWS_PER_SLOT * TOKENS;  // per slot: output k * TOKENS + t
 shared float partial[OUTPUTS * WG];
 
 #include "matrix_store.glsl"
+#include "subgroup_tree.glsl"
 
 void main() {
-  const uint tid = gl_LocalInvocationID.x;
+  const uint subgroup = TreeSubgroupSize();
+  const uint tid = TreeTid(subgroup);
   const uint lane = tid % LANES, slot = tid / LANES;
   const uint r0 = p.row_begin + (gl_WorkGroupID.x * SLOTS + slot) * ROWS_PER_SLOT;
   const uint t0 = gl_WorkGroupID.y * TOKENS;
@@ -93,17 +100,24 @@ void main() {
     }
   }
 
-  for (uint o = 0u; o < OUTPUTS; ++o) partial[o * WG + tid] = acc[o];
-  barrier();
-  for (uint s = LANES / 2u; s > 0u; s >>= 1) {
-    if (lane < s) {
-      for (uint o = 0u; o < OUTPUTS; ++o) partial[o * WG + tid] += partial[o * WG + tid + s];
-    }
+  // The tree: the steps from LANES / 2 down to the subgroup size in shared memory, the rest
+  // by shuffles (lane 0 of the slot holds the sums; subgroup_tree.glsl).
+  if (LANES > subgroup) {
+    for (uint o = 0u; o < OUTPUTS; ++o) partial[o * WG + tid] = acc[o];
     barrier();
+    for (uint s = LANES / 2u; s >= subgroup; s >>= 1) {
+      if (lane < s) {
+        for (uint o = 0u; o < OUTPUTS; ++o) partial[o * WG + tid] += partial[o * WG + tid + s];
+      }
+      barrier();
+    }
+    for (uint o = 0u; o < OUTPUTS; ++o) acc[o] = partial[o * WG + tid];
   }
-  for (uint o = lane; o < OUTPUTS; o += LANES) {
+  for (uint o = 0u; o < OUTPUTS; ++o) acc[o] = SubgroupTreeSteps(acc[o], min(LANES, subgroup));
+  if (lane != 0u) return;
+  for (uint o = 0u; o < OUTPUTS; ++o) {
     const uint r = r0 + o / TOKENS, t = t0 + o % TOKENS;
     if (r >= p.n_rows || t >= p.n_tokens) continue;
-    StoreOutput(t, r, partial[o * WG + slot * LANES]);
+    StoreOutput(t, r, acc[o]);
   }
 }
