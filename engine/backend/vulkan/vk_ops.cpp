@@ -303,6 +303,7 @@ Status Ops::Quantize(Recorder& rec, ActKind kind, QuantizeSource source, const B
   // takes kRowGroup / 32 blocks a pass. Rows spread over up to kQuantizeSpreadGroups workgroups
   // in all (decode: a few rows, each over many workgroups); with the norm, every workgroup of
   // a row reads the whole row for its scale, so many rows (prefill) take fewer per row.
+  if (n == 0 || n_rows == 0) return Status::Ok();
   const bool norm = source == QuantizeSource::kRmsNorm;
   const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kind), static_cast<uint32_t>(source)};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kQuantizeSg : kQuantize, spec));

@@ -197,7 +197,8 @@ void QuantizeBlock(uint r, uint b, bool live, uint tid, uint width, float norm_s
     sum_of[tid] = sum;
     byte_of[tid] = words[0];
     barrier();
-    if (2u * HALF_LANES > width) second_half = sum_of[tid + HALF_LANES];
+    // Only a unit's first lane: tid + HALF_LANES stays inside its block (and the array).
+    if (2u * HALF_LANES > width && (lane * PER_LANE) % 32u == 0u) second_half = sum_of[tid + HALF_LANES];
   }
   if (live) {
     const uint code0 = r * (p.n / 4u) + b * (BLOCK / 4u);
