@@ -282,6 +282,13 @@ TEST_P(VulkanMatMulTest, SubgroupSumsEqualSharedMemorySums) {
         x.insert(x.end(), row.begin(), row.end());
       }
       const vk::Buffer xb = Input(x), codes = Output(T * n_in), aux = Output(T * n_in / 32 * 16);
+      // The activations once, with shared-memory trees: only the products' sums differ below.
+      if (kind != vk::ActKind::kFloat) {
+        ops_->set_subgroup_trees(false);
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                      return ops_->QuantizeActs(rec, kind, xb, n_in, n_in, T, {&codes, &aux});
+                    }).ok());
+      }
       // Slots of 64 lanes (the group), of a subgroup and of half of one (at least 4 lanes).
       for (const uint32_t lanes : {64u, std::min(64u, subgroup), std::clamp(subgroup / 2, 4u, 64u)}) {
         std::vector<float> got[2];
@@ -290,23 +297,13 @@ TEST_P(VulkanMatMulTest, SubgroupSumsEqualSharedMemorySums) {
           ops_->set_subgroup_trees(trees);
           ASSERT_EQ(ops_->subgroup_trees(), trees);
           const vk::Buffer y = Output(T * n_out * 4);
-          // The activations are quantized with the shared-memory trees both times, so that only
-          // the products' sums differ in how they are made.
-          ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
-                        if (kind != vk::ActKind::kFloat) {
-                          ops_->set_subgroup_trees(false);
-                          KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(rec, kind, xb, n_in, n_in, T, {&codes, &aux}));
-                          ops_->set_subgroup_trees(trees);
-                          rec.Barrier();
-                        }
-                        vk::Ops::MatMulArgs a;
-                        a.x = &xb;
-                        a.x_stride = n_in;
-                        a.acts = {&codes, &aux};
-                        a.n_tokens = T;
-                        a.y = &y;
-                        return ops_->MatMul(rec, *dm, a);
-                      }).ok());
+          vk::Ops::MatMulArgs a;
+          a.x = &xb;
+          a.x_stride = n_in;
+          a.acts = {&codes, &aux};
+          a.n_tokens = T;
+          a.y = &y;
+          ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->MatMul(rec, *dm, a); }).ok());
           got[trees ? 0 : 1] = Read<float>(y, T * n_out);
         }
         EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4), 0)
