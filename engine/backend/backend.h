@@ -73,6 +73,8 @@ struct VulkanDeviceInfo {
   int64_t max_binding_bytes = 0;   // maxStorageBufferRange: larger tensors are split
   int64_t shared_memory_bytes = 0; // maxComputeSharedMemorySize
   uint32_t subgroup_size = 0;
+  bool subgroup_shuffle = false;   // compute shaders may shuffle within a subgroup (the shaders'
+                                   // reduction trees then end in shuffles)
   bool is_default = false;         // the device picked when none is named
 };
 // Every Vulkan device the loader reports. Unsupported when the build has no Vulkan backend;

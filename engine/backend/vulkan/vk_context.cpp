@@ -100,6 +100,9 @@ VulkanDeviceInfo Describe(VkPhysicalDevice device, int index) {
   info.max_binding_bytes = props.properties.limits.maxStorageBufferRange;
   info.shared_memory_bytes = props.properties.limits.maxComputeSharedMemorySize;
   info.subgroup_size = subgroup.subgroupSize;
+  const VkSubgroupFeatureFlags shuffle = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
+  info.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
+                          (subgroup.supportedOperations & shuffle) == shuffle;
   return info;
 }
 
@@ -192,14 +195,9 @@ Status Context::Init(int index, bool integer_dot) {
   }
   // One buffer is one allocation here, so a binding is also bounded by the allocation size.
   VkPhysicalDeviceMaintenance3Properties maintenance3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
-  VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
-  maintenance3.pNext = &subgroup;
   VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
   props2.pNext = &maintenance3;
   vkGetPhysicalDeviceProperties2(physical_, &props2);
-  const VkSubgroupFeatureFlags shuffle = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
-  subgroup_shuffle_ = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
-                      (subgroup.supportedOperations & shuffle) == shuffle;
   limits_.max_binding_bytes = std::min<int64_t>(props.limits.maxStorageBufferRange,
                                                 static_cast<int64_t>(maintenance3.maxMemoryAllocationSize));
   limits_.max_shared_bytes = props.limits.maxComputeSharedMemorySize;

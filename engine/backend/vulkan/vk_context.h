@@ -83,7 +83,7 @@ class Context {
   // *_idot variants): DP4A-class instructions on GPUs, a quarter of the integer work.
   bool integer_dot() const { return integer_dot_; }
   // Whether compute shaders may shuffle values within a subgroup (the *_sg shader variants).
-  bool subgroup_shuffle() const { return subgroup_shuffle_; }
+  bool subgroup_shuffle() const { return info_.subgroup_shuffle; }
 
   Result<Buffer> CreateBuffer(int64_t bytes, MemoryKind kind);
   // Buffers of this context destroyed so far: descriptor sets that name buffers stay valid
@@ -104,7 +104,6 @@ class Context {
   DeviceLimits limits_;
   VulkanDeviceInfo info_;
   bool integer_dot_ = false;
-  bool subgroup_shuffle_ = false;
   uint64_t destroyed_buffers_ = 0;  // the buffer epoch; the engine thread alone makes and frees buffers
 };
 

@@ -196,8 +196,9 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
-  spdlog::info("vulkan: {} ({}), {:.1f} MiB of weights, micro-batch {} tokens, KV budget {:.1f} MiB",
-               ctx_->info().name, ctx_->info().type, weights_->bytes / 1048576.0, max_ubatch_, kv_budget / 1048576.0);
+  spdlog::info("vulkan: {} ({}), {:.1f} MiB of weights, micro-batch {} tokens, KV budget {:.1f} MiB, {}",
+               ctx_->info().name, ctx_->info().type, weights_->bytes / 1048576.0, max_ubatch_, kv_budget / 1048576.0,
+               ops_->subgroup_trees() ? "subgroup trees" : "shared-memory trees");
   return Status::Ok();
 }
 
