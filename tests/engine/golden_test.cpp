@@ -10,9 +10,9 @@
 // Every case also runs on the Vulkan backend ("vulkan" in place of a CPU kernel table) with the
 // same thresholds but one measured exception, kept visible: its logits leave the CPU's in the
 // last bits from the first row, the f16 rounding of queries and weights turns such bits into
-// f16 steps now and then, and one row of stories260K p3 (446) differs by 0.025 there. Its full rows are held to 0.02 on 99% of rows and 0.03 everywhere; the top-5
-// entries of every row and the last row stay at 0.02. It skips with the reason when there is
-// no Vulkan device.
+// f16 steps now and then, and one row of stories260K p3 (446) differs by 0.025 there. Its full
+// rows are held to 0.02 on 99% of rows and 0.03 everywhere; the top-5 entries of every row and
+// the last row stay at 0.02. It skips with the reason when there is no Vulkan device.
 #include <cmath>
 #include <fstream>
 

@@ -300,9 +300,10 @@ Status Ops::Quantize(Recorder& rec, ActKind kind, QuantizeSource source, const B
   const int64_t block = kind == ActKind::kQ8_K ? 256 : 32;
   if (n % block != 0) return Internal(fmt::format("{} activations cannot be quantized in blocks of {}", n, block));
   // Workgroups of rms_norm's size, so that the norm's tree of partial sums is the same; each
-  // takes kRowGroup / 32 blocks a pass. Rows spread over up to kQuantizeSpreadGroups workgroups
-  // in all (decode: a few rows, each over many workgroups); with the norm, every workgroup of
-  // a row reads the whole row for its scale, so many rows (prefill) take fewer per row.
+  // takes kRowGroup / 32 blocks a pass, and a row spreads over as many workgroups as that
+  // leaves. With the norm every workgroup of a row reads the whole row for its scale, so the
+  // rows together take about kQuantizeSpreadGroups workgroups (decode: a few rows, each over
+  // many; prefill: fewer per row).
   if (n == 0 || n_rows == 0) return Status::Ok();
   const bool norm = source == QuantizeSource::kRmsNorm;
   const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kind), static_cast<uint32_t>(source)};

@@ -13,7 +13,7 @@
 float RoundHalfEven(float v) {
   const float f = floor(v);
   precise float fraction = v - f;
-  const bool odd = mod(f, 2.0) != 0.0;
+  const bool odd = floor(f * 0.5) * 2.0 != f;
   return fraction > 0.5 || (fraction == 0.5 && odd) ? f + 1.0 : f;
 }
 

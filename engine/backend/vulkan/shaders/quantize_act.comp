@@ -31,7 +31,7 @@
 // their block format does; Q8_K keeps d as f32 and repeats it in its 8 units.
 
 layout(local_size_x_id = 0) in;
-layout(constant_id = 0) const uint WG = 256;  // a power of two >= 32 (SOURCE 2: rms_norm's, for its tree)
+layout(constant_id = 0) const uint WG = 256;  // a power of two >= 32 (SOURCE 2: rms_norm's)
 layout(constant_id = 1) const uint KIND = 0;  // 0: Q8_0, 1: Q8_1, 2: Q8_K
 layout(constant_id = 2) const uint SOURCE = 0;
 
@@ -139,12 +139,14 @@ void QuantizeBlock(uint r, uint b, bool live, uint tid, uint width, float norm_s
     }
   }
 #endif
-  if (32u > width) {  // from lane 0 to the block
-    if (lane == 0u) {
-      amax_of[tid] = amax;
-      vmax_of[tid] = vmax;
+  if (32u > width) {  // from lane 0 to the block (already there without shuffles)
+    if (width > 1u) {
+      if (lane == 0u) {
+        amax_of[tid] = amax;
+        vmax_of[tid] = vmax;
+      }
+      barrier();
     }
-    barrier();
     amax = amax_of[lead];
     vmax = vmax_of[lead];
   }

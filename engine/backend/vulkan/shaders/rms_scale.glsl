@@ -21,10 +21,12 @@ float RmsScale(uint x0, uint n, float eps, uint tid, uint subgroup) {
     }
     sum = partial[tid];
   }
-  sum = SubgroupTreeSteps(sum, width);
-  // Invocation 0 holds the tree's sum (the others' shuffles added in other orders).
-  if (tid == 0u) partial[0] = sum;
-  barrier();
+  if (width > 1u) {
+    // Invocation 0 holds the tree's sum (the others' shuffles added in other orders).
+    sum = SubgroupTreeSteps(sum, width);
+    if (tid == 0u) partial[0] = sum;
+    barrier();
+  }
   const float mean = partial[0] / float(n);
   return 1.0 / sqrt(mean + eps);
 }
