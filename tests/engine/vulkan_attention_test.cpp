@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
+#include <spdlog/fmt/fmt.h>
 
 #if defined(KVFS_VULKAN)
 
@@ -466,6 +468,90 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
                     fused && fuses ? "fused   " : "separate", nmse_scores, nmse);
         EXPECT_LE(nmse_scores, 1e-12) << f->Name() << " pos0 " << c.pos0;
         EXPECT_LE(nmse, 1e-9) << f->Name() << " pos0 " << c.pos0 << (fused ? " fused" : " separate");
+      }
+    }
+  }
+}
+
+// The output shaders' fused quantization for the o matrix (attn_output with one split,
+// attn_reduce with several): the codes and scales must be those QuantizeActs gives for the
+// output rows, bit for bit, and the output itself unchanged. Q8_K blocks (256 values) need
+// workgroups of 4 heads of 64 (8 query heads over 2 KV heads: Q8_0 and Q8_K run, with subgroup
+// trees and without); with 2 heads per workgroup only Q8_0 and Q8_1 fuse (Q8_1 runs). Rotated
+// and plain formats, decode (one split, several, fused softmax) and prefill; rows at an offset
+// (out_row0 2).
+TEST_F(VulkanAttentionTest, OutputCodesAreQuantizeActsOfTheOutput) {
+  std::mt19937 rng(43);
+  const vk::ActKind kinds[] = {vk::ActKind::kQ8_0, vk::ActKind::kQ8_1, vk::ActKind::kQ8_K};
+  EXPECT_FALSE(ops_->QuantizesAttentionOutput({4, 2, 64}, vk::ActKind::kQ8_K));  // 128 values a workgroup
+  EXPECT_FALSE(ops_->QuantizesAttentionOutput({2, 2, 16}, vk::ActKind::kQ8_0));  // 16
+  EXPECT_FALSE(ops_->QuantizesAttentionOutput({8, 2, 64}, vk::ActKind::kFloat));
+  struct Case {
+    int64_t pos0, T;
+  };
+  for (const int64_t n_head : {int64_t{4}, int64_t{8}}) {
+    const vk::AttentionShape shape{n_head, kHeadsKv, kHeadDim};
+    const int64_t q_stride = n_head * kHeadDim, row0 = 2;
+    for (const auto& [type, rotate] : {std::pair{"f16", "off"}, std::pair{"q4", "on"}}) {
+      auto f = MakeKvFormat(type, rotate, kHeadsKv, kHeadDim);
+      ASSERT_TRUE(f.ok());
+      for (const Case c : {Case{70, 1}, Case{1100, 2}, Case{40, 24}}) {
+        const int64_t n_ctx = c.pos0 + c.T, row_bytes = f->RowBytes(kRowValues), rows = row0 + c.T;
+        const std::vector<uint8_t> k = EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx);
+        const std::vector<uint8_t> v = EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx);
+        Plane kp = MakePlane(*f, n_ctx), vp = MakePlane(*f, n_ctx);
+        for (int64_t p = 0; p < n_ctx; ++p) {
+          std::memcpy(kp.bytes.data() + kp.RowOffset(p), k.data() + p * row_bytes, row_bytes);
+          std::memcpy(vp.bytes.data() + vp.RowOffset(p), v.data() + p * row_bytes, row_bytes);
+        }
+        std::vector<float> q(c.T * q_stride);
+        for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+        const vk::Buffer kb = Input(kp.bytes), vb = Input(vp.bytes), table = Input(kp.table), qb = Input(q);
+        vk::KvView view = View(*f, kb, table, kp.row_stride);
+        view.v_plane = &vb;
+        const vk::Ops::AttentionJob job{view, 0, c.T, c.pos0, row0};
+        const vk::Buffer scores = Output(c.T * n_head * n_ctx * 4), partials = Output(1 << 20), stats = Output(1 << 16);
+        const vk::Ops::AttentionScratch scratch{&scores, c.T * n_head * n_ctx, &partials, (1 << 20) / 4, &stats,
+                                                (1 << 16) / 4};
+        const vk::Buffer plain = Output(rows * q_stride * 4);
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                      return ops_->AttentionBatch(rec, shape, qb, q_stride, plain, q_stride, {&job, 1}, scratch);
+                    }).ok());
+        const std::vector<float> want_out = Read<float>(plain, rows * q_stride);
+        for (const vk::ActKind kind : kinds) {
+          const bool fuses = ops_->QuantizesAttentionOutput(shape, kind);
+          EXPECT_EQ(fuses, kind != vk::ActKind::kQ8_K || n_head == 8);
+          // (Fewer pipelines to compile: lavapipe takes about a second for each.)
+          if (!fuses || (n_head == 4) != (kind == vk::ActKind::kQ8_1)) continue;
+          for (const bool trees : {true, false}) {
+            if (!trees && n_head == 4) continue;
+            ops_->set_subgroup_trees(trees);
+            const vk::Buffer out = Output(rows * q_stride * 4);
+            const vk::Buffer codes = Output(rows * q_stride), aux = Output(rows * q_stride / 32 * 16);
+            const vk::Buffer want_codes = Output(rows * q_stride), want_aux = Output(rows * q_stride / 32 * 16);
+            const vk::OutputCodes oc{kind, {&codes, &aux}};
+            const Status st = Run([&](vk::Recorder& rec) -> Status {
+              KVFS_RETURN_IF_ERROR(
+                  ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, {&job, 1}, scratch, &oc));
+              rec.Barrier();
+              return ops_->QuantizeActs(rec, kind, out, q_stride, q_stride, rows, {&want_codes, &want_aux});
+            });
+            ASSERT_TRUE(st.ok()) << st.message();
+            const std::string what = fmt::format("{} heads, {}, pos0 {} T {}, kind {}, subgroup trees {}", n_head,
+                                                 f->Name(), c.pos0, c.T, static_cast<int>(kind), trees);
+            EXPECT_EQ(Read<float>(out, rows * q_stride), want_out) << what;
+            const size_t code_words = static_cast<size_t>(q_stride / 4), units = static_cast<size_t>(q_stride / 32);
+            const std::vector<uint32_t> got_c = Read<uint32_t>(codes, rows * code_words);
+            const std::vector<uint32_t> want_c = Read<uint32_t>(want_codes, rows * code_words);
+            EXPECT_TRUE(std::equal(got_c.begin() + row0 * code_words, got_c.end(), want_c.begin() + row0 * code_words))
+                << what;
+            const std::vector<float> got_a = Read<float>(aux, rows * units * 4);
+            const std::vector<float> want_a = Read<float>(want_aux, rows * units * 4);
+            EXPECT_TRUE(std::equal(got_a.begin() + row0 * units * 4, got_a.end(), want_a.begin() + row0 * units * 4))
+                << what;
+          }
+          ops_->set_subgroup_trees(true);
+        }
       }
     }
   }

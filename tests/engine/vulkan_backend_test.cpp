@@ -473,7 +473,9 @@ TEST(VulkanWeights, StacksQkvAndGateUpWhereTheTypesAgree) {
         EXPECT_TRUE(d.bq.empty());
       }
       EXPECT_EQ(d.w_gate_up.parts.empty(), l.w_gate.type != l.w_up.type);
-      if (!d.w_gate_up.parts.empty()) EXPECT_EQ(d.w_gate_up.segment_rows, (std::vector<int64_t>{hp.n_ff}));
+      if (!d.w_gate_up.parts.empty()) {
+        EXPECT_EQ(d.w_gate_up.segment_rows, (std::vector<int64_t>{hp.n_ff}));
+      }
     }
     if (std::string(name) == "tiny-llama-Q4_K_M.gguf") {
       EXPECT_FALSE((*dw)->layers[0].wqkv.parts.empty());  // both kinds of layer are there

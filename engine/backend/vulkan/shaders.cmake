@@ -14,7 +14,7 @@ file(MAKE_DIRECTORY ${KVFS_VK_GEN_DIR})
 set(KVFS_VK_IDOT_SHADERS matvec_quant matmul_quant)
 # Shaders that add partial sums across a subgroup by shuffles where the device has them
 # (KVFS_SUBGROUP), compiled again as NAME_sg (and NAME_idot_sg): also a capability.
-set(KVFS_VK_SUBGROUP_SHADERS matvec_quant matvec_float rms_norm quantize_act)
+set(KVFS_VK_SUBGROUP_SHADERS matvec_quant matvec_float rms_norm quantize_act attn_output attn_reduce)
 
 set(KVFS_VULKAN_SHADER_SOURCES "")
 set(kvfs_vk_includes "")

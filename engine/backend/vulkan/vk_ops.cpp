@@ -94,8 +94,12 @@ constexpr ShaderInterface kScores{"attn_scores", 6, sizeof(ScoresParams)};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
 constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
-constexpr ShaderInterface kOutput{"attn_output", 6, sizeof(OutputParams)};
-constexpr ShaderInterface kReduce{"attn_reduce", 2, sizeof(ReduceParams)};
+constexpr ShaderInterface kOutput{"attn_output", 8, sizeof(OutputParams)};
+constexpr ShaderInterface kOutputSg{"attn_output_sg", 8, sizeof(OutputParams)};
+constexpr ShaderInterface kReduce{"attn_reduce", 4, sizeof(ReduceParams)};
+constexpr ShaderInterface kReduceSg{"attn_reduce_sg", 4, sizeof(ReduceParams)};
+// The most storage buffers a shader binds (Vulkan only guarantees 4 per stage).
+constexpr uint32_t kMostBuffers = std::max(kMatvecQuant.n_buffers, kOutput.n_buffers);
 
 // Workgroup sizes. Small batches go to the matrix-vector shaders, larger ones to the tiled
 // matrix-matrix shaders (which stage operands in shared memory).
@@ -111,7 +115,9 @@ constexpr int64_t kSplitTokens = 4;
 constexpr int64_t kMaxSplits = 256;
 // attn_output takes all the query heads of a KV head in one workgroup (each value read once for
 // all of them) when there are at most this many. Its shared memory, 4 * heads * (kRowGroup +
-// head_dim) bytes, then stays within the 16 KiB every device has (head_dim <= kRowGroup).
+// head_dim) bytes, then stays within about the 16 KiB every device has (head_dim <= kRowGroup;
+// 20 bytes over at 8 heads of 256, CheckAttentionShape says so), plus the quantizer's 5 KiB
+// where it quantizes its output (QuantizesAttentionOutput checks the device's limit).
 constexpr int64_t kMaxOutputHeads = 8;
 // The fused softmax folds the stats with 32 invocations per head of a workgroup.
 static_assert(kMaxOutputHeads * 32 <= kRowGroup);
@@ -131,6 +137,23 @@ float InvSqrtHeadDim(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<flo
 int64_t OutputHeads(const AttentionShape& shape) {
   const int64_t group = shape.n_head / shape.n_head_kv;
   return group <= kMaxOutputHeads ? group : 1;
+}
+
+// attn_reduce's workgroup: a power of two in [64, kRowGroup] covering its heads' values.
+uint32_t ReduceGroup(int64_t values) {
+  uint32_t wg = 64;
+  while (wg < kRowGroup && wg < values) wg *= 2;
+  return wg;
+}
+
+// The quantizer's shared arrays (quantize_block.glsl): 5 words per invocation when quantizing.
+int64_t QuantizerSharedBytes(uint32_t group, const OutputCodes* codes) {
+  return codes != nullptr ? int64_t{20} * group : 20;
+}
+
+// The spec constant KIND of the attention output shaders: the codes' kind, 3 (float) for none.
+uint32_t CodesKind(const OutputCodes* codes) {
+  return static_cast<uint32_t>(codes != nullptr ? codes->kind : ActKind::kFloat);
 }
 
 // Positions per split: a whole number of attn_output's 32-position tiles (its int8-weight path
@@ -226,10 +249,9 @@ Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines)
                                    std::min(ctx.limits().max_group_invocations, ctx.limits().max_group_size_x),
                                    ctx.limits().max_shared_bytes));
   }
-  // The quantized matrix shaders bind the most storage buffers (Vulkan only guarantees 4).
-  if (ctx.limits().max_storage_buffers < kMatvecQuant.n_buffers) {
+  if (ctx.limits().max_storage_buffers < kMostBuffers) {
     return Unsupported(fmt::format("Vulkan device {} lets a shader bind {} storage buffers; the shaders need {}",
-                                   ctx.info().name, ctx.limits().max_storage_buffers, kMatvecQuant.n_buffers));
+                                   ctx.info().name, ctx.limits().max_storage_buffers, kMostBuffers));
   }
   std::unique_ptr<Ops> ops(new Ops(ctx, pipelines));
   KVFS_ASSIGN_OR_RETURN(ops->unused_, ctx.CreateBuffer(16, MemoryKind::kDevice));
@@ -422,6 +444,13 @@ Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
     return Unsupported(fmt::format("a KV row of {} values needs {} bytes of shared memory; the device has {}",
                                    row_values, kv_store_shared, ctx_.limits().max_shared_bytes));
   }
+  // attn_output: the lanes' sums and the heads' values, and the quantizer's (unused) arrays.
+  const int64_t output_shared = 4 * OutputHeads(shape) * (kRowGroup + hd) + QuantizerSharedBytes(kRowGroup, nullptr);
+  if (output_shared > ctx_.limits().max_shared_bytes) {
+    return Unsupported(fmt::format("attention over {} query heads per KV head of {} values needs {} bytes of shared "
+                                   "memory; the device has {}",
+                                   OutputHeads(shape), hd, output_shared, ctx_.limits().max_shared_bytes));
+  }
   return Status::Ok();
 }
 
@@ -543,8 +572,12 @@ Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t
 
 Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
                        int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                       int64_t n_splits, const Buffer* partials, const Buffer* stats, const ScratchOffsets& at) {
+                       int64_t n_splits, const Buffer* partials, const Buffer* stats, const ScratchOffsets& at,
+                       const OutputCodes* codes) {
   const int64_t heads = OutputHeads(shape);
+  if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
+    return Internal("attn_output cannot quantize its output for this shape (QuantizesAttentionOutput)");
+  }
   const int64_t n_ctx = pos0 + n_tokens;
   const int64_t split_positions = SplitPositions(n_ctx, n_splits, kv.block_tokens);
   if (stats != nullptr && split_positions > kFusedSplitCap) {
@@ -557,8 +590,9 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                            kv.format.RotatesV() ? 1u : 0u,
                            U32(heads),
                            stats != nullptr ? 1u : 0u,
-                           U32(kFusedSplitCap)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kOutput, spec));
+                           U32(kFusedSplitCap),
+                           CodesKind(codes)};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kOutputSg : kOutput, spec));
   const OutputParams params{U32(pos0),
                             U32(shape.n_head),
                             U32(shape.n_head / shape.n_head_kv),
@@ -580,18 +614,37 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(at.stats0)};
   return rec.Dispatch(*p,
                       {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_,
-                       stats != nullptr ? stats : &unused_},
+                       stats != nullptr ? stats : &unused_, codes != nullptr ? codes->acts.codes : &unused_,
+                       codes != nullptr ? codes->acts.aux : &unused_},
                       &params, U32(shape.n_head / heads), U32(n_tokens), U32(n_splits));
 }
 
 Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
                        int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                       int64_t partial0) {
-  const uint32_t spec[] = {kElementwiseGroup, U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kReduce, spec));
+                       int64_t partial0, const OutputCodes* codes) {
+  if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
+    return Internal("attn_reduce cannot quantize its output for this shape (QuantizesAttentionOutput)");
+  }
+  const int64_t heads = OutputHeads(shape);
+  const uint32_t spec[] = {ReduceGroup(heads * shape.head_dim), U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u,
+                           U32(heads), CodesKind(codes)};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kReduceSg : kReduce, spec));
   const ReduceParams params{U32(shape.n_head), U32(n_splits), U32(out_stride), U32(out_row0),
                             InvSqrtHeadDim(shape.head_dim), U32(partial0)};
-  return rec.Dispatch(*p, {&partials, &out}, &params, U32(shape.n_head), U32(n_tokens));
+  return rec.Dispatch(*p,
+                      {&partials, &out, codes != nullptr ? codes->acts.codes : &unused_,
+                       codes != nullptr ? codes->acts.aux : &unused_},
+                      &params, U32(shape.n_head / heads), U32(n_tokens));
+}
+
+bool Ops::QuantizesAttentionOutput(const AttentionShape& shape, ActKind kind) const {
+  if (kind == ActKind::kFloat) return false;
+  const int64_t heads = OutputHeads(shape), values = heads * shape.head_dim;
+  if (values % (kind == ActKind::kQ8_K ? 256 : 32) != 0) return false;
+  const OutputCodes codes{kind, {}};
+  const int64_t output_shared = 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, &codes);
+  const int64_t reduce_shared = 4 * values + QuantizerSharedBytes(ReduceGroup(values), &codes);
+  return std::max(output_shared, reduce_shared) <= ctx_.limits().max_shared_bytes;
 }
 
 bool Ops::FusesSoftmax(const KvView& kv, const AttentionShape& shape, int64_t n_tokens, int64_t pos0,
@@ -622,7 +675,10 @@ Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& sha
 
 Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                            const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
-                           const AttentionScratch& scratch) {
+                           const AttentionScratch& scratch, const OutputCodes* codes) {
+  if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
+    return Internal("the attention output cannot be quantized for this shape (QuantizesAttentionOutput)");
+  }
   std::vector<PlannedJob>& round = round_;  // kept between calls: no allocation per layer
   round.clear();
   // Records the steps of the jobs in `round`, a barrier between steps.
@@ -646,7 +702,7 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(AttnOutput(rec, j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out, out_stride,
                                       j.out_row0, p.n_splits, p.n_splits > 1 ? scratch.partials : nullptr,
-                                      p.fused ? scratch.stats : nullptr, p.at));
+                                      p.fused ? scratch.stats : nullptr, p.at, p.n_splits > 1 ? nullptr : codes));
       reduce = reduce || p.n_splits > 1;
     }
     if (!reduce) return Status::Ok();
@@ -655,7 +711,7 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
       if (p.n_splits == 1) continue;
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(AttnReduce(rec, j.kv, shape, *scratch.partials, j.n_tokens, p.n_splits, out, out_stride,
-                                      j.out_row0, p.at.partial0));
+                                      j.out_row0, p.at.partial0, codes));
     }
     return Status::Ok();
   };

@@ -65,6 +65,13 @@ struct QuantizedActs {
   const Buffer* aux = nullptr;
 };
 
+// Where the attention output shaders also write their rows quantized (for an o matrix of
+// activation kind `kind`, as QuantizeActs would): Ops::QuantizesAttentionOutput says when.
+struct OutputCodes {
+  ActKind kind = ActKind::kFloat;
+  QuantizedActs acts;
+};
+
 // One sequence's KV on the device for one layer: the K and V planes of its layout's arena,
 // indexed through a block table (block index -> device slot) starting at table0.
 struct KvView {
@@ -207,10 +214,15 @@ class Ops {
   // the sequences side by side (batched decode of many agents). Jobs that do not fit wait for
   // the next round. Every job gets the splits and fusing Attention alone would give it, so its
   // output is the same bit for bit. ResourceExhausted when one job's scores exceed the buffer.
-  // Records no barrier after the last step.
+  // Records no barrier after the last step. With `codes`, the output rows are also quantized
+  // (QuantizesAttentionOutput must hold): the o matrix needs no QuantizeActs of its own.
   Status AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                         const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
-                        const AttentionScratch& scratch);
+                        const AttentionScratch& scratch, const OutputCodes* codes = nullptr);
+  // Whether the attention output shaders can quantize their rows for `kind`: each workgroup
+  // writes whole blocks (its heads hold a whole number of them) and the quantizer's shared
+  // memory fits the device.
+  bool QuantizesAttentionOutput(const AttentionShape& shape, ActKind kind) const;
 
   // The steps of Attention, for tests. With `stats`, AttnScores also writes each workgroup's
   // softmax share (its max and sum: [n_tokens][n_head][ceil(n_ctx / ScoreGroupPositions)]
@@ -224,10 +236,10 @@ class Ops {
   Status AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
                     int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
                     int64_t n_splits, const Buffer* partials, const Buffer* stats = nullptr,
-                    const ScratchOffsets& at = {});
+                    const ScratchOffsets& at = {}, const OutputCodes* codes = nullptr);
   Status AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
                     int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                    int64_t partial0 = 0);
+                    int64_t partial0 = 0, const OutputCodes* codes = nullptr);
   // Workgroups per (token, head) that Attention's weighted sum uses: several for decode.
   int64_t AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int64_t pos0, int64_t partial_floats) const;
   // Positions per attn_scores workgroup (so per stats entry) for the format.

@@ -96,8 +96,9 @@ class VulkanBackend final : public Backend {
   // hidden_ = SwiGLU(gate_, up_) for T rows, ready for `next` in the same way.
   Status SwiGluFor(int64_t T, const vk::DeviceMatrix& next);
   // Stores the new K/V rows (K roped on the way when rope_keys; else k_ is already rotated)
-  // and runs attention.
-  Status Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys);
+  // and runs attention into att_; fusing, it also quantizes att_ for `next` (the o matrix)
+  // where the output shaders can.
+  Status Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys, const vk::DeviceMatrix& next);
   // Makes logits_ and logits_out_ hold at least `rows` rows (at most max_ubatch_).
   Status ReserveLogitRows(int64_t rows);
 
@@ -263,7 +264,8 @@ Status VulkanBackend::SwiGluFor(int64_t T, const vk::DeviceMatrix& next) {
   return Status::Ok();
 }
 
-Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys) {
+Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys,
+                                const vk::DeviceMatrix& next) {
   const vk::AttentionShape shape{hp_.n_head, hp_.n_head_kv, hp_.head_dim};
   const int64_t n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv();
   // New K/V rows first (a query attends to its own position), then attention piece by piece,
@@ -310,13 +312,20 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bo
   }
   const vk::Ops::AttentionScratch scratch{&scores_, score_floats,        &partials_, partials_.bytes() / 4,
                                           &stats_,  stats_.bytes() / 4};
+  // The codes of att_ for the o matrix, written by the output shaders (no quantize_act then).
+  // act_codes_ is free: the q, k, v matrices that read it ran before the barriers above.
+  const vk::OutputCodes codes{vk::ActKindFor(next.type), {&act_codes_, &act_aux_}};
+  const bool quantize = fuse_ops_ && ops_->QuantizesAttentionOutput(shape, codes.kind);
+  quantized_kind_ = quantize ? codes.kind : vk::ActKind::kFloat;  // act_codes_ no longer holds xb_'s codes
   if (batch_attention_) {
-    KVFS_RETURN_IF_ERROR(ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, jobs, scratch));
+    KVFS_RETURN_IF_ERROR(
+        ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, jobs, scratch, quantize ? &codes : nullptr));
     rec_->Barrier();
     return Status::Ok();
   }
   for (const vk::Ops::AttentionJob& job : jobs) {  // one after another (VulkanOptions::batch_attention)
-    KVFS_RETURN_IF_ERROR(ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, {&job, 1}, scratch));
+    KVFS_RETURN_IF_ERROR(
+        ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, {&job, 1}, scratch, quantize ? &codes : nullptr));
     rec_->Barrier();
   }
   return Status::Ok();
@@ -380,8 +389,8 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
       KVFS_RETURN_IF_ERROR(ops_->Rope(rec, k_, n_kv, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
       rec.Barrier();
     }
-    KVFS_RETURN_IF_ERROR(Attention(il, pieces, keys_roped_by_store));
-    KVFS_RETURN_IF_ERROR(MatMul(l.wo, att_, n_q, T, x_, nullptr, true, false));
+    KVFS_RETURN_IF_ERROR(Attention(il, pieces, keys_roped_by_store, l.wo));
+    KVFS_RETURN_IF_ERROR(MatMul(l.wo, att_, n_q, T, x_, nullptr, true, true));  // codes from Attention, if any
     rec.Barrier();
 
     const bool gate_up_stacked = !l.w_gate_up.parts.empty();

@@ -1,5 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#if defined(KVFS_SUBGROUP)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 // Attention output of one sequence's query tokens: out(t, h) = sum_p w[t][h][p] * V(p, h/group)
 // over the visible positions, V read in the stored KV format from the device plane of the
 // layer (dequantized here). One workgroup per (token, HEADS query heads of one KV head, split):
@@ -16,6 +20,8 @@
 // asked) are made once into shared memory. That saves softmax.comp's dispatch and its one
 // workgroup per (token, head) walking the whole context. The weights can differ from its in
 // the last bits of L (a sum of the workgroups' sums, each scaled by exp(m_g - M)).
+// KIND (not 3): the workgroup that writes the output (one split) also quantizes it for the o
+// matrix (quantize_heads.glsl), which then needs no quantize_act dispatch.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;  // >= HD
@@ -26,6 +32,7 @@ layout(constant_id = 4) const uint ROTATE = 0;
 layout(constant_id = 5) const uint HEADS = 1;  // query heads per workgroup, all of one KV head
 layout(constant_id = 6) const uint FUSED = 0;
 layout(constant_id = 7) const uint SPLIT_CAP = 128;  // FUSED: the most positions a split has
+layout(constant_id = 8) const uint KIND = 3;  // the output's codes: vk::ActKind (3, float: none)
 
 layout(push_constant) uniform Params {
   uint pos0;          // position of query token 0
@@ -57,6 +64,8 @@ layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
 layout(binding = 3) writeonly buffer Output { float o[]; };             // [..][out_stride]
 layout(binding = 4) writeonly buffer Partials { float partials[]; };    // from partial0: [n_tokens][n_head][n_splits][HD]
 layout(binding = 5) readonly buffer Stats { vec2 stats[]; };            // FUSED: attn_scores' (max, sum) entries
+layout(binding = 6) writeonly buffer Codes { uint codes[]; };           // KIND: [..][n_head * HD / 4]
+layout(binding = 7) writeonly buffer Aux { vec4 aux[]; };               // KIND: [..][n_head * HD / 32]
 
 #include "common.glsl"
 #include "kv_rows.glsl"
@@ -78,6 +87,10 @@ float Weight(uint wrow0, uint i, uint s0, uint pos) {
 }
 
 #include "hadamard.glsl"
+#include "subgroup_tree.glsl"
+const uint QUANT_SHARED = KIND == 3u ? 1u : WG;
+#include "quantize_block.glsl"
+#include "quantize_heads.glsl"
 
 // q4 values take the int8-weight path of the CPU backend (engine/backend/cpu/attention.h), with
 // the same codes: per tile (kQueryBlock positions from each KV block's start, cut at the last
@@ -218,4 +231,5 @@ void main() {
   }
   if (ROTATE != 0u) HadamardShared(HEADS, HD, p.hadamard_scale, tid, WG);
   for (uint x = tid; x < HEADS * HD; x += WG) o[(p.out_row0 + t) * p.out_stride + h0 * HD + x] = hvec[x];
+  if (KIND != 3u) QuantizeHeads(p.out_row0 + t, h0, p.n_head);
 }
