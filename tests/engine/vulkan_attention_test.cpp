@@ -172,6 +172,58 @@ TEST_F(VulkanAttentionTest, KvStoreBothRotatesKeysAsRopeThenKvStore) {
   }
 }
 
+// attn_scores with q_rope rotates each query as Rope() then scores would: the scores equal bit
+// for bit, for every row format (the int8-query q4 path, rotated formats), both RoPE styles and
+// partial rotation, with query rows at an offset (their table rows are q's rows).
+TEST_F(VulkanAttentionTest, ScoresRotateQueriesAsRopeThenScores) {
+  std::mt19937 rng(29);
+  const int64_t pos0 = 20, T = 3, row0 = 2, rows_total = row0 + T, n_ctx = pos0 + T, q_stride = kHeads * kHeadDim;
+  std::uniform_real_distribution<float> angle(-3.0f, 3.0f);
+  for (const KvFormat& f : Formats()) {
+    const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
+    Plane kp = MakePlane(f, n_ctx);
+    const int64_t row_bytes = f.RowBytes(kRowValues);
+    for (int64_t p = 0; p < n_ctx; ++p) {
+      std::memcpy(kp.bytes.data() + kp.RowOffset(p), k.data() + p * row_bytes, row_bytes);
+    }
+    const vk::Buffer kb = Input(kp.bytes), table = Input(kp.table);
+    const vk::KvView view = View(f, kb, table, kp.row_stride);
+    const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
+    for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox}) {
+      for (int64_t n_rot : {kHeadDim, kHeadDim / 2}) {
+        std::vector<float> q(rows_total * q_stride), cos_sin(rows_total * n_rot);
+        for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+        for (int64_t i = 0; i < rows_total * n_rot / 2; ++i) {
+          const float a = angle(rng);
+          cos_sin[2 * i] = std::cos(a);
+          cos_sin[2 * i + 1] = std::sin(a);
+        }
+        const vk::Buffer q_raw = Input(q), q_roped = Input(q), tb = Input(cos_sin);
+        const vk::Buffer want = Output(T * kHeads * n_ctx * 4), got = Output(T * kHeads * n_ctx * 4);
+        const vk::Ops::RopeTable rope{&tb, n_rot, style};
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                      KVFS_RETURN_IF_ERROR(
+                          ops_->Rope(rec, q_roped, q_stride, kHeads, kHeadDim, n_rot, style, tb, rows_total));
+                      rec.Barrier();
+                      KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, q_roped, q_stride, row0, T, pos0, want));
+                      return ops_->AttnScores(rec, view, shape, q_raw, q_stride, row0, T, pos0, got, nullptr, {},
+                                              &rope);
+                    }).ok());
+        const std::string what = f.Name() + (style == RopeStyle::kNeox ? " neox" : " normal") + " n_rot " +
+                                 std::to_string(n_rot);
+        const std::vector<float> w = Read<float>(want, T * kHeads * n_ctx), g = Read<float>(got, T * kHeads * n_ctx);
+        EXPECT_EQ(g, w) << what;
+        // Not vacuous: the rotation changes the scores.
+        const vk::Buffer plain = Output(T * kHeads * n_ctx * 4);
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                      return ops_->AttnScores(rec, view, shape, q_raw, q_stride, row0, T, pos0, plain);
+                    }).ok());
+        EXPECT_NE(Read<float>(plain, T * kHeads * n_ctx), w) << what;
+      }
+    }
+  }
+}
+
 // q4k's V rows (keys are chunks, not rows): the row-wide units and the per-sub-block search of
 // (minimum, scale) candidates must pick what QuantizeRowQ4k picks, bit for bit, also for rows
 // that are all zero, constant, all negative, tiny or with one huge value.

@@ -46,7 +46,7 @@ struct ScoresParams {
   float hadamard_scale;
   uint32_t slot_words, n_channels, key_row0, key_pos0;
   float scale;
-  uint32_t stats_stride, score0, stats0;
+  uint32_t stats_stride, score0, stats0, n_rot;
 };
 struct KStageParams {
   uint32_t n_tokens, row_words, src_stride, src_row0, dst_row0;
@@ -90,7 +90,7 @@ constexpr ShaderInterface kMatmulF32{"matmul_f32", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
 constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
 constexpr ShaderInterface kKvStore{"kv_store", 6, sizeof(KvStoreParams)};
-constexpr ShaderInterface kScores{"attn_scores", 6, sizeof(ScoresParams)};
+constexpr ShaderInterface kScores{"attn_scores", 7, sizeof(ScoresParams)};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
 constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
@@ -149,6 +149,11 @@ uint32_t ReduceGroup(int64_t values) {
 // The quantizer's shared arrays (quantize_block.glsl): 5 words per invocation when quantizing.
 int64_t QuantizerSharedBytes(uint32_t group, const OutputCodes* codes) {
   return codes != nullptr ? int64_t{20} * group : 20;
+}
+
+// The spec constant ROPE of kv_store and attn_scores: 0 none, 1 pairs (2i, 2i+1), 2 NeoX pairs.
+uint32_t RopeMode(const Ops::RopeTable* rope) {
+  return rope == nullptr ? 0u : (rope->style == RopeStyle::kNeox ? 2u : 1u);
 }
 
 // The spec constant KIND of the attention output shaders: the codes' kind, 3 (float) for none.
@@ -473,7 +478,7 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                           int64_t pos0, const RopeTable* rope) {
   const int64_t row_values = shape.n_head_kv * shape.head_dim;
   const int64_t seg_heads = KvSegmentHeads(kv.format, shape);
-  const uint32_t rope_mode = rope == nullptr ? 0u : (rope->style == RopeStyle::kNeox ? 2u : 1u);
+  const uint32_t rope_mode = RopeMode(rope);
   const uint32_t spec[] = {kElementwiseGroup,
                            static_cast<uint32_t>(kv.format.type),
                            U32(kv.format.group),
@@ -505,7 +510,7 @@ int64_t Ops::ScoreGroupPositions(const KvFormat& format) {
 
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                        int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats,
-                       const ScratchOffsets& at) {
+                       const ScratchOffsets& at, const RopeTable* q_rope) {
   const bool q4k = kv.format.KeysByChannel();
   const uint32_t wg = U32(ScoreGroupPositions(kv.format));  // one stats entry per workgroup
   const uint32_t spec[] = {wg,
@@ -514,7 +519,8 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                            U32(shape.head_dim),
                            kv.format.RotatesK() ? 1u : 0u,
                            q4k ? U32(kv.format.chunk) : 64u,
-                           stats != nullptr ? 1u : 0u};
+                           stats != nullptr ? 1u : 0u,
+                           RopeMode(q_rope)};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kScores, spec));
   const int64_t n_ctx = pos0 + n_tokens;
   const ScoresParams params{U32(pos0),
@@ -534,9 +540,12 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             InvSqrtHeadDim(shape.head_dim),
                             U32(StatsPerRow(kv.format, n_ctx)),
                             U32(at.score0),
-                            U32(at.stats0)};
+                            U32(at.stats0),
+                            q_rope != nullptr ? U32(q_rope->n_rot) : 0u};
   const Buffer* keys = kv.keys != nullptr ? kv.keys : &unused_;
-  return rec.Dispatch(*p, {&q, kv.k_plane, kv.block_table, &scores, keys, stats != nullptr ? stats : &unused_},
+  return rec.Dispatch(*p,
+                      {&q, kv.k_plane, kv.block_table, &scores, keys, stats != nullptr ? stats : &unused_,
+                       q_rope != nullptr ? q_rope->cos_sin : &unused_},
                       &params, CeilDiv(n_ctx, wg), U32(shape.n_head), U32(n_tokens));
 }
 
@@ -675,7 +684,7 @@ Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& sha
 
 Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                            const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
-                           const AttentionScratch& scratch, const OutputCodes* codes) {
+                           const AttentionScratch& scratch, const OutputCodes* codes, const RopeTable* q_rope) {
   if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
     return Internal("the attention output cannot be quantized for this shape (QuantizesAttentionOutput)");
   }
@@ -686,7 +695,7 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
     for (const PlannedJob& p : round) {
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(AttnScores(rec, j.kv, shape, q, q_stride, j.q_row0, j.n_tokens, j.pos0, *scratch.scores,
-                                      p.fused ? scratch.stats : nullptr, p.at));
+                                      p.fused ? scratch.stats : nullptr, p.at, q_rope));
     }
     rec.Barrier();
     bool softmax = false, reduce = false;

@@ -215,10 +215,13 @@ class Ops {
   // the next round. Every job gets the splits and fusing Attention alone would give it, so its
   // output is the same bit for bit. ResourceExhausted when one job's scores exceed the buffer.
   // Records no barrier after the last step. With `codes`, the output rows are also quantized
-  // (QuantizesAttentionOutput must hold): the o matrix needs no QuantizeActs of its own.
+  // (QuantizesAttentionOutput must hold): the o matrix needs no QuantizeActs of its own. With
+  // `q_rope` (rows = q's rows), the scores rotate the queries by RoPE as Rope() would (q itself
+  // stays as it is): no rope dispatch for them.
   Status AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                         const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
-                        const AttentionScratch& scratch, const OutputCodes* codes = nullptr);
+                        const AttentionScratch& scratch, const OutputCodes* codes = nullptr,
+                        const RopeTable* q_rope = nullptr);
   // Whether the attention output shaders can quantize their rows for `kind`: each workgroup
   // writes whole blocks (its heads hold a whole number of them) and the quantizer's shared
   // memory fits the device.
@@ -229,7 +232,7 @@ class Ops {
   // float pairs) and AttnOutput takes raw scores and makes the weights itself from them.
   Status AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                     int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores,
-                    const Buffer* stats = nullptr, const ScratchOffsets& at = {});
+                    const Buffer* stats = nullptr, const ScratchOffsets& at = {}, const RopeTable* q_rope = nullptr);
   Status Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
                  int64_t score_stride, float scale, bool round_f16, int64_t score0 = 0);
   // With n_splits > 1, writes partial sums into `partials` instead of out and needs AttnReduce.

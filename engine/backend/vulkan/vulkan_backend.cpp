@@ -96,7 +96,8 @@ class VulkanBackend final : public Backend {
   // hidden_ = SwiGLU(gate_, up_) for T rows, ready for `next` in the same way.
   Status SwiGluFor(int64_t T, const vk::DeviceMatrix& next);
   // Stores the new K/V rows (K roped on the way when rope_keys; else k_ is already rotated)
-  // and runs attention into att_; fusing, it also quantizes att_ for `next` (the o matrix)
+  // and runs attention into att_ (q_ as the q matrix left it: fusing, the scores rotate it;
+  // else it was rotated in place); fusing, it also quantizes att_ for `next` (the o matrix)
   // where the output shaders can.
   Status Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys, const vk::DeviceMatrix& next);
   // Makes logits_ and logits_out_ hold at least `rows` rows (at most max_ubatch_).
@@ -315,17 +316,21 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bo
   // The codes of att_ for the o matrix, written by the output shaders (no quantize_act then).
   // act_codes_ is free: the q, k, v matrices that read it ran before the barriers above.
   const vk::OutputCodes codes{vk::ActKindFor(next.type), {&act_codes_, &act_aux_}};
+  const vk::Ops::RopeTable q_rope{&rope_, hp_.n_rot, hp_.rope_style};
+  const vk::Ops::RopeTable* q_rope_in_scores = fuse_ops_ ? &q_rope : nullptr;
   const bool quantize = fuse_ops_ && ops_->QuantizesAttentionOutput(shape, codes.kind);
   quantized_kind_ = quantize ? codes.kind : vk::ActKind::kFloat;  // act_codes_ no longer holds xb_'s codes
   if (batch_attention_) {
     KVFS_RETURN_IF_ERROR(
-        ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, jobs, scratch, quantize ? &codes : nullptr));
+        ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, jobs, scratch, quantize ? &codes : nullptr,
+                             q_rope_in_scores));
     rec_->Barrier();
     return Status::Ok();
   }
   for (const vk::Ops::AttentionJob& job : jobs) {  // one after another (VulkanOptions::batch_attention)
     KVFS_RETURN_IF_ERROR(
-        ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, {&job, 1}, scratch, quantize ? &codes : nullptr));
+        ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, {&job, 1}, scratch, quantize ? &codes : nullptr,
+                             q_rope_in_scores));
     rec_->Barrier();
   }
   return Status::Ok();
@@ -384,7 +389,10 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
       KVFS_RETURN_IF_ERROR(MatMul(l.wv, xb_, n_embd, T, v_, &l.bv, false, true));
     }
     rec.Barrier();
-    KVFS_RETURN_IF_ERROR(ops_->Rope(rec, q_, n_q, hp_.n_head, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
+    // Fusing, the scores rotate the queries as they load them (Attention).
+    if (!fuse_ops_) {
+      KVFS_RETURN_IF_ERROR(ops_->Rope(rec, q_, n_q, hp_.n_head, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
+    }
     if (!keys_roped_by_store) {
       KVFS_RETURN_IF_ERROR(ops_->Rope(rec, k_, n_kv, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
       rec.Barrier();

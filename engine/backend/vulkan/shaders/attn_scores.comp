@@ -11,6 +11,8 @@
 // With STATS, each workgroup also writes its share of the row's softmax for attn_output's fused
 // path: the max m of scale * s over its visible positions and the sum of exp(scale * s - m)
 // (ExpPoly, as softmax.comp), so no pass over the whole row is needed before the weighted sum.
+// With ROPE, the query is rotated by RoPE first, with the arithmetic of rope.comp (its cos/sin
+// table, whose rows are q's rows): the queries need no rope dispatch of their own.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -20,6 +22,7 @@ layout(constant_id = 3) const uint HD = 64;  // head_dim
 layout(constant_id = 4) const uint ROTATE = 0;
 layout(constant_id = 5) const uint CHUNK = 64;  // q4k: tokens per K chunk (= WG for q4k)
 layout(constant_id = 6) const uint STATS = 0;   // 1: write the workgroup's softmax share (above)
+layout(constant_id = 7) const uint ROPE = 0;    // 0: q as it is, 1 RoPE pairs (2i, 2i+1), 2 NeoX pairs (i, i + n_rot/2)
 
 layout(push_constant) uniform Params {
   uint pos0;          // position of query token 0
@@ -44,6 +47,7 @@ layout(push_constant) uniform Params {
   // them within one pass): floats of scores, entries of stats.
   uint score0;
   uint stats0;
+  uint n_rot;         // ROPE: dimensions rotated per head
 } p;
 
 layout(binding = 0) readonly buffer Queries { float q[]; };             // [..][q_stride]
@@ -53,6 +57,7 @@ layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
 layout(binding = 3) writeonly buffer Scores { float scores[]; };        // from score0: [n_tokens][n_head][score_stride]
 layout(binding = 4) readonly buffer Keys { uint key_words[]; };         // q4k: [rows][n_channels / 2] f16 pairs
 layout(binding = 5) writeonly buffer Stats { vec2 stats[]; };           // STATS, from stats0: [n_tokens][n_head][stats_stride] (m, sum)
+layout(binding = 6) readonly buffer CosSin { vec2 cs[]; };              // ROPE: [q rows][n_rot / 2] (cos, sin)
 
 #include "common.glsl"
 #include "kv_rows.glsl"
@@ -246,6 +251,20 @@ void WriteStats(uint tid, uint h, uint t, bool visible, float s) {
   if (tid == 0u) stats[p.stats0 + (t * p.n_head + h) * p.stats_stride + gl_WorkGroupID.x] = vec2(m, stat_sum[0]);
 }
 
+// The query in hvec (q row `row`) rotated by RoPE, as rope.comp rotates it in place.
+void RopeQuery(uint row, uint tid) {
+  const uint half_rot = p.n_rot / 2u;
+  for (uint i = tid; i < half_rot; i += WG) {
+    const uint a = ROPE == 2u ? i : 2u * i, b = ROPE == 2u ? i + half_rot : 2u * i + 1u;
+    const vec2 c = cs[row * half_rot + i];
+    const float x0 = hvec[a], x1 = hvec[b];
+    precise float r0 = x0 * c.x - x1 * c.y;
+    precise float r1 = x0 * c.y + x1 * c.x;
+    hvec[a] = r0;
+    hvec[b] = r1;
+  }
+}
+
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint h = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
@@ -253,6 +272,10 @@ void main() {
   if (gl_WorkGroupID.x * WG >= n_visible) return;  // the whole workgroup: barriers stay uniform
   for (uint d = tid; d < HD; d += WG) hvec[d] = q[(p.q_row0 + t) * p.q_stride + h * HD + d];
   barrier();
+  if (ROPE != 0u) {
+    RopeQuery(p.q_row0 + t, tid);
+    barrier();
+  }
   if (ROTATE != 0u) HadamardShared(1u, HD, p.hadamard_scale, tid, WG);
   if (KV_TYPE == kKvF16) {
     for (uint d = tid; d < HD; d += WG) hvec[d] = RoundF16(hvec[d]);
