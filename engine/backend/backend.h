@@ -134,7 +134,7 @@ struct BackendRequest {
   bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention
   bool stack_matrices = true;     // Vulkan: VulkanOptions::stack_matrices
   bool subgroup_trees = true;     // Vulkan: VulkanOptions::subgroup_trees
-  VulkanMatvecShape matvec;       // Vulkan: VulkanOptions::matvec
+  VulkanMatvecShape matvec{};     // Vulkan: VulkanOptions::matvec
   CpuOptions cpu;
 };
 struct ChosenBackend {

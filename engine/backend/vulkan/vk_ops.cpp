@@ -1,5 +1,7 @@
 #include "engine/backend/vulkan/vk_ops.h"
 
+#include "engine/backend/vulkan/vk_ops_common.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -7,6 +9,8 @@
 #include <spdlog/fmt/fmt.h>
 
 namespace kvfs::vk {
+
+using namespace ops_detail;
 
 namespace {
 
@@ -36,42 +40,6 @@ struct RopeParams {
 struct SwiGluParams {
   uint32_t n;
 };
-struct KvStoreParams {
-  uint32_t n_tokens, pos0, src_stride, src_row0, block_tokens, table0;
-  float hadamard_scale;
-  uint32_t n_rot;
-};
-struct ScoresParams {
-  uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
-  float hadamard_scale;
-  uint32_t slot_words, n_channels, key_row0, key_pos0;
-  float scale;
-  uint32_t stats_stride, score0, stats0, n_rot;
-};
-struct KStageParams {
-  uint32_t n_tokens, row_words, src_stride, src_row0, dst_row0;
-};
-struct KChunksParams {
-  uint32_t n_channels, chunk0, n_chunks, key_row0, key_pos0, block_tokens, table0, slot_words;
-};
-struct SoftmaxParams {
-  uint32_t pos0, n_head, score_stride, round_f16;
-  float scale;
-  uint32_t score0;
-};
-struct OutputParams {
-  uint32_t pos0, n_head, group, score_stride, block_tokens, row_stride, table0, out_stride, out_row0;
-  float hadamard_scale;
-  uint32_t split_positions, n_splits;
-  float scale;
-  uint32_t round_f16, stats_stride, stats_positions, score0, partial0, stats0;
-};
-struct ReduceParams {
-  uint32_t n_head, n_splits, out_stride, out_row0;
-  float hadamard_scale;
-  uint32_t partial0;
-};
-
 constexpr ShaderInterface kEmbed{"embed", 3, sizeof(EmbedParams)};
 constexpr ShaderInterface kRmsNorm{"rms_norm", 4, sizeof(RmsNormParams)};
 constexpr ShaderInterface kRmsNormSg{"rms_norm_sg", 4, sizeof(RmsNormParams)};
@@ -89,86 +57,14 @@ constexpr ShaderInterface kMatmulFloat{"matmul_float", 6, sizeof(MatFloatParams)
 constexpr ShaderInterface kMatmulF32{"matmul_f32", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
 constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
-constexpr ShaderInterface kKvStore{"kv_store", 6, sizeof(KvStoreParams)};
-constexpr ShaderInterface kScores{"attn_scores", 7, sizeof(ScoresParams)};
-constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
-constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
-constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
-constexpr ShaderInterface kOutput{"attn_output", 8, sizeof(OutputParams)};
-constexpr ShaderInterface kOutputSg{"attn_output_sg", 8, sizeof(OutputParams)};
-constexpr ShaderInterface kReduce{"attn_reduce", 4, sizeof(ReduceParams)};
-constexpr ShaderInterface kReduceSg{"attn_reduce_sg", 4, sizeof(ReduceParams)};
-// The most storage buffers a shader binds (Vulkan only guarantees 4 per stage).
-constexpr uint32_t kMostBuffers = std::max(kMatvecQuant.n_buffers, kOutput.n_buffers);
+static_assert(kMatvecQuant.n_buffers <= kMostStorageBuffers);
 
-// Workgroup sizes. Small batches go to the matrix-vector shaders, larger ones to the tiled
-// matrix-matrix shaders (which stage operands in shared memory).
-constexpr uint32_t kElementwiseGroup = 64;
-constexpr uint32_t kRowGroup = 256;      // rms_norm, softmax, attn_output, quantize_act
 // quantize_act with the norm: about this many workgroups in all (each reads its row whole).
 constexpr int64_t kQuantizeSpreadGroups = 128;
+// Small batches go to the matrix-vector shaders, larger ones to the tiled matrix-matrix
+// shaders (which stage operands in shared memory).
 constexpr int64_t kMatvecMaxTokens = 8;  // beyond this, matmul_* shaders
 constexpr uint32_t kTileRows = 64;
-// Attention of a few tokens (decode) spreads each (token, head) over workgroups of about
-// Ops::attention_split_positions() positions, at most kMaxSplits of them.
-constexpr int64_t kSplitTokens = 4;
-constexpr int64_t kMaxSplits = 256;
-// attn_output takes all the query heads of a KV head in one workgroup (each value read once for
-// all of them) when there are at most this many. Its shared memory, 4 * heads * (kRowGroup +
-// head_dim) bytes, then stays within about the 16 KiB every device has (head_dim <= kRowGroup;
-// 20 bytes over at 8 heads of 256, CheckAttentionShape says so), plus the quantizer's 5 KiB
-// where it quantizes its output (QuantizesAttentionOutput checks the device's limit).
-constexpr int64_t kMaxOutputHeads = 8;
-// The fused softmax folds the stats with 32 invocations per head of a workgroup.
-static_assert(kMaxOutputHeads * 32 <= kRowGroup);
-// attn_output's fused softmax keeps a split's weights in shared memory (in its array of
-// kRowGroup floats per head): splits of at most this many positions (the default split) take
-// it, longer ones run softmax.comp first.
-constexpr int64_t kFusedSplitCap = Ops::kDefaultAttentionSplit;
-static_assert(kFusedSplitCap <= kRowGroup);
-
-uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
-
-// 1 / sqrt(head_dim): the orthonormal Walsh-Hadamard transform's scale, and the softmax's scale
-// of the scores.
-float InvSqrtHeadDim(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
-
-// Query heads per attn_output workgroup: all those of a KV head, when few enough.
-int64_t OutputHeads(const AttentionShape& shape) {
-  const int64_t group = shape.n_head / shape.n_head_kv;
-  return group <= kMaxOutputHeads ? group : 1;
-}
-
-// attn_reduce's workgroup: a power of two in [64, kRowGroup] covering its heads' values.
-uint32_t ReduceGroup(int64_t values) {
-  uint32_t wg = 64;
-  while (wg < kRowGroup && wg < values) wg *= 2;
-  return wg;
-}
-
-// The quantizer's shared arrays (quantize_block.glsl): 5 words per invocation when quantizing.
-int64_t QuantizerSharedBytes(uint32_t group, const OutputCodes* codes) {
-  return codes != nullptr ? int64_t{20} * group : 20;
-}
-
-// The spec constant ROPE of kv_store and attn_scores: 0 none, 1 pairs (2i, 2i+1), 2 NeoX pairs.
-uint32_t RopeMode(const Ops::RopeTable* rope) {
-  return rope == nullptr ? 0u : (rope->style == RopeStyle::kNeox ? 2u : 1u);
-}
-
-// The spec constant KIND of the attention output shaders: the codes' kind, 3 (float) for none.
-uint32_t CodesKind(const OutputCodes* codes) {
-  return static_cast<uint32_t>(codes != nullptr ? codes->kind : ActKind::kFloat);
-}
-
-// Positions per split: a whole number of attn_output's 32-position tiles (its int8-weight path
-// quantizes per tile from each KV block's start, as the CPU backend does), so every split starts
-// at a tile start; enough for n_splits to cover n_ctx.
-int64_t SplitPositions(int64_t n_ctx, int64_t n_splits, int64_t block_tokens) {
-  const bool tiles_align = block_tokens % 32 == 0 || 32 % block_tokens == 0;
-  const int64_t unit = tiles_align ? 32 : std::lcm<int64_t>(32, block_tokens);
-  return ((n_ctx + n_splits - 1) / n_splits + unit - 1) / unit * unit;
-}
 
 // Invocations per row of the matrix-vector shaders: enough for the row's work items (32-value
 // units, or groups of 8 float values), a power of two in [4, max_lanes]; short rows share a
@@ -177,13 +73,6 @@ uint32_t MatvecLanes(int64_t work_items, uint32_t max_lanes) {
   uint32_t lanes = 4;
   while (lanes < max_lanes && lanes < work_items) lanes *= 2;
   return lanes;
-}
-uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
-
-// Stats entries per (token, head) row of decode attention's fused softmax: one per attn_scores
-// workgroup over the context.
-int64_t StatsPerRow(const KvFormat& format, int64_t n_ctx) {
-  return CeilDiv(n_ctx, Ops::ScoreGroupPositions(format));
 }
 
 // Rows per slot of matvec_quant: each activation unit it loads serves that many rows, as many
@@ -195,20 +84,6 @@ uint32_t MatvecRowsPerSlot(int64_t n_rows, uint32_t slots_per_group, const Matve
 }
 // The most tokens a matrix-vector dispatch takes (its TOKENS).
 constexpr uint32_t kMatvecTokens = 4;
-
-int64_t KvRowWords(const KvView& kv) { return kv.row_stride / 4; }
-
-// Heads per kv_store workgroup: the fewest that hold whole groups and end at a word boundary,
-// so a decode step's row spreads over several workgroups; the whole row for q4k (row-wide
-// units) and for groups that span heads.
-int64_t KvSegmentHeads(const KvFormat& f, const AttentionShape& shape) {
-  if (f.type == KvType::kQ4K || shape.head_dim % f.group != 0) return shape.n_head_kv;
-  const int64_t head_bytes = f.RowBytes(shape.head_dim);
-  for (int64_t h = 1; h < shape.n_head_kv; ++h) {
-    if (shape.n_head_kv % h == 0 && h * head_bytes % 4 == 0) return h;
-  }
-  return shape.n_head_kv;
-}
 
 }  // namespace
 
@@ -254,9 +129,9 @@ Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines)
                                    std::min(ctx.limits().max_group_invocations, ctx.limits().max_group_size_x),
                                    ctx.limits().max_shared_bytes));
   }
-  if (ctx.limits().max_storage_buffers < kMostBuffers) {
+  if (ctx.limits().max_storage_buffers < kMostStorageBuffers) {
     return Unsupported(fmt::format("Vulkan device {} lets a shader bind {} storage buffers; the shaders need {}",
-                                   ctx.info().name, ctx.limits().max_storage_buffers, kMostBuffers));
+                                   ctx.info().name, ctx.limits().max_storage_buffers, kMostStorageBuffers));
   }
   std::unique_ptr<Ops> ops(new Ops(ctx, pipelines));
   KVFS_ASSIGN_OR_RETURN(ops->unused_, ctx.CreateBuffer(16, MemoryKind::kDevice));
@@ -436,324 +311,6 @@ Status Ops::SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Bu
   const uint32_t groups = CeilDiv(n, kRowGroup);
   const uint32_t gx = std::min<uint32_t>(groups, 32768), gy = CeilDiv(groups, gx);
   return rec.Dispatch(*p, {&gate, &up, &out}, &params, gx, gy);
-}
-
-Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
-  const int64_t hd = shape.head_dim, row_values = shape.n_head_kv * hd;
-  if (hd > kRowGroup) {
-    return Unsupported(fmt::format("the Vulkan attention handles head_dim up to {}, the model has {}", kRowGroup, hd));
-  }
-  // kv_store keeps a row's values and its encoding (at most 2 bytes a value) in shared memory.
-  const int64_t kv_store_shared = row_values * 4 + (row_values * 2 + 3) / 4 * 4;
-  if (kv_store_shared > ctx_.limits().max_shared_bytes) {
-    return Unsupported(fmt::format("a KV row of {} values needs {} bytes of shared memory; the device has {}",
-                                   row_values, kv_store_shared, ctx_.limits().max_shared_bytes));
-  }
-  // attn_output: the lanes' sums and the heads' values, and the quantizer's (unused) arrays.
-  const int64_t output_shared = 4 * OutputHeads(shape) * (kRowGroup + hd) + QuantizerSharedBytes(kRowGroup, nullptr);
-  if (output_shared > ctx_.limits().max_shared_bytes) {
-    return Unsupported(fmt::format("attention over {} query heads per KV head of {} values needs {} bytes of shared "
-                                   "memory; the device has {}",
-                                   OutputHeads(shape), hd, output_shared, ctx_.limits().max_shared_bytes));
-  }
-  return Status::Ok();
-}
-
-Status Ops::KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
-                    const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0) {
-  const KvStoreRows rows[] = {{&src, &plane}};
-  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, nullptr);
-}
-
-Status Ops::KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
-                        const Buffer& v_src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
-                        const RopeTable* k_rope) {
-  if (kv.format.KeysByChannel()) return Internal("q4k keys are stored in chunks, not by kv_store");
-  const KvStoreRows rows[] = {{&k_src, kv.k_plane}, {&v_src, kv.v_plane}};
-  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, k_rope);
-}
-
-Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape,
-                          std::span<const KvStoreRows> rows, int64_t src_stride, int64_t src_row0, int64_t n_tokens,
-                          int64_t pos0, const RopeTable* rope) {
-  const int64_t row_values = shape.n_head_kv * shape.head_dim;
-  const int64_t seg_heads = KvSegmentHeads(kv.format, shape);
-  const uint32_t rope_mode = RopeMode(rope);
-  const uint32_t spec[] = {kElementwiseGroup,
-                           static_cast<uint32_t>(kv.format.type),
-                           U32(kv.format.group),
-                           U32(shape.head_dim),
-                           kv.format.rotate ? 1u : 0u,
-                           U32(row_values),
-                           U32(KvRowWords(kv)),
-                           U32(seg_heads),
-                           rope_mode};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKvStore, spec));
-  const KvStoreParams params{U32(n_tokens),
-                             U32(pos0),
-                             U32(src_stride),
-                             U32(src_row0),
-                             U32(kv.block_tokens),
-                             kv.table0,
-                             InvSqrtHeadDim(shape.head_dim),
-                             rope != nullptr ? U32(rope->n_rot) : 0u};
-  const KvStoreRows& second = rows.size() > 1 ? rows[1] : rows[0];
-  return rec.Dispatch(*p,
-                      {rows[0].src, rows[0].plane, kv.block_table, second.src, second.plane,
-                       rope != nullptr ? rope->cos_sin : &unused_},
-                      &params, U32(n_tokens), U32(shape.n_head_kv / seg_heads), U32(rows.size()));
-}
-
-int64_t Ops::ScoreGroupPositions(const KvFormat& format) {
-  return format.KeysByChannel() ? format.chunk : kElementwiseGroup;  // q4k: a workgroup is one K chunk
-}
-
-Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
-                       int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats,
-                       const ScratchOffsets& at, const RopeTable* q_rope) {
-  const bool q4k = kv.format.KeysByChannel();
-  const uint32_t wg = U32(ScoreGroupPositions(kv.format));  // one stats entry per workgroup
-  const uint32_t spec[] = {wg,
-                           static_cast<uint32_t>(kv.format.type),
-                           U32(kv.format.group),
-                           U32(shape.head_dim),
-                           kv.format.RotatesK() ? 1u : 0u,
-                           q4k ? U32(kv.format.chunk) : 64u,
-                           stats != nullptr ? 1u : 0u,
-                           RopeMode(q_rope)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kScores, spec));
-  const int64_t n_ctx = pos0 + n_tokens;
-  const ScoresParams params{U32(pos0),
-                            U32(shape.n_head),
-                            U32(shape.n_head / shape.n_head_kv),
-                            U32(q_stride),
-                            U32(q_row0),
-                            U32(n_ctx),
-                            U32(kv.block_tokens),
-                            U32(kv.row_stride),
-                            kv.table0,
-                            InvSqrtHeadDim(shape.head_dim),
-                            U32(kv.k_slot_bytes / 4),
-                            U32(shape.n_head_kv * shape.head_dim),
-                            U32(kv.key_row0),
-                            U32(kv.key_pos0),
-                            InvSqrtHeadDim(shape.head_dim),
-                            U32(StatsPerRow(kv.format, n_ctx)),
-                            U32(at.score0),
-                            U32(at.stats0),
-                            q_rope != nullptr ? U32(q_rope->n_rot) : 0u};
-  const Buffer* keys = kv.keys != nullptr ? kv.keys : &unused_;
-  return rec.Dispatch(*p,
-                      {&q, kv.k_plane, kv.block_table, &scores, keys, stats != nullptr ? stats : &unused_,
-                       q_rope != nullptr ? q_rope->cos_sin : &unused_},
-                      &params, CeilDiv(n_ctx, wg), U32(shape.n_head), U32(n_tokens));
-}
-
-Status Ops::KStage(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& src, int64_t src_stride,
-                   int64_t src_row0, int64_t n_tokens, int64_t pos0) {
-  const uint32_t spec[] = {kElementwiseGroup};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKStage, spec));
-  const int64_t row_words = shape.n_head_kv * shape.head_dim / 2;
-  const KStageParams params{U32(n_tokens), U32(row_words), U32(src_stride), U32(src_row0),
-                            U32(kv.key_row0 + pos0 - kv.key_pos0)};
-  return rec.Dispatch(*p, {&src, kv.keys}, &params, CeilDiv(n_tokens * row_words, kElementwiseGroup));
-}
-
-Status Ops::KChunks(Recorder& rec, const KvView& kv, const AttentionShape& shape, int64_t chunk0, int64_t n_chunks) {
-  if (n_chunks <= 0) return Status::Ok();
-  const uint32_t spec[] = {kElementwiseGroup, U32(kv.format.chunk)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKChunks, spec));
-  const int64_t n_channels = shape.n_head_kv * shape.head_dim;
-  const KChunksParams params{U32(n_channels),       U32(chunk0),  U32(n_chunks),
-                             U32(kv.key_row0),      U32(kv.key_pos0), U32(kv.block_tokens),
-                             kv.table0,             U32(kv.k_slot_bytes / 4)};
-  return rec.Dispatch(*p, {kv.keys, kv.k_plane, kv.block_table}, &params, CeilDiv(n_channels, kElementwiseGroup),
-                      U32(n_chunks));
-}
-
-Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
-                    int64_t score_stride, float scale, bool round_f16, int64_t score0) {
-  const uint32_t spec[] = {kRowGroup};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kSoftmax, spec));
-  const SoftmaxParams params{U32(pos0), U32(n_head), U32(score_stride), round_f16 ? 1u : 0u, scale, U32(score0)};
-  return rec.Dispatch(*p, {&scores}, &params, U32(n_head), U32(n_tokens));
-}
-
-Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
-                       int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                       int64_t n_splits, const Buffer* partials, const Buffer* stats, const ScratchOffsets& at,
-                       const OutputCodes* codes) {
-  const int64_t heads = OutputHeads(shape);
-  if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
-    return Internal("attn_output cannot quantize its output for this shape (QuantizesAttentionOutput)");
-  }
-  const int64_t n_ctx = pos0 + n_tokens;
-  const int64_t split_positions = SplitPositions(n_ctx, n_splits, kv.block_tokens);
-  if (stats != nullptr && split_positions > kFusedSplitCap) {
-    return Internal("attn_output's fused softmax takes splits of at most 128 positions (FusesSoftmax)");
-  }
-  const uint32_t spec[] = {kRowGroup,
-                           static_cast<uint32_t>(kv.format.type),
-                           U32(kv.format.group),
-                           U32(shape.head_dim),
-                           kv.format.RotatesV() ? 1u : 0u,
-                           U32(heads),
-                           stats != nullptr ? 1u : 0u,
-                           U32(kFusedSplitCap),
-                           CodesKind(codes)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kOutputSg : kOutput, spec));
-  const OutputParams params{U32(pos0),
-                            U32(shape.n_head),
-                            U32(shape.n_head / shape.n_head_kv),
-                            U32(n_ctx),
-                            U32(kv.block_tokens),
-                            U32(kv.row_stride),
-                            kv.table0,
-                            U32(out_stride),
-                            U32(out_row0),
-                            InvSqrtHeadDim(shape.head_dim),
-                            U32(split_positions),
-                            U32(n_splits),
-                            InvSqrtHeadDim(shape.head_dim),
-                            kv.format.type == KvType::kF16 ? 1u : 0u,
-                            U32(StatsPerRow(kv.format, n_ctx)),
-                            U32(ScoreGroupPositions(kv.format)),
-                            U32(at.score0),
-                            U32(at.partial0),
-                            U32(at.stats0)};
-  return rec.Dispatch(*p,
-                      {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_,
-                       stats != nullptr ? stats : &unused_, codes != nullptr ? codes->acts.codes : &unused_,
-                       codes != nullptr ? codes->acts.aux : &unused_},
-                      &params, U32(shape.n_head / heads), U32(n_tokens), U32(n_splits));
-}
-
-Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
-                       int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                       int64_t partial0, const OutputCodes* codes) {
-  if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
-    return Internal("attn_reduce cannot quantize its output for this shape (QuantizesAttentionOutput)");
-  }
-  const int64_t heads = OutputHeads(shape);
-  const uint32_t spec[] = {ReduceGroup(heads * shape.head_dim), U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u,
-                           U32(heads), CodesKind(codes)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kReduceSg : kReduce, spec));
-  const ReduceParams params{U32(shape.n_head), U32(n_splits), U32(out_stride), U32(out_row0),
-                            InvSqrtHeadDim(shape.head_dim), U32(partial0)};
-  return rec.Dispatch(*p,
-                      {&partials, &out, codes != nullptr ? codes->acts.codes : &unused_,
-                       codes != nullptr ? codes->acts.aux : &unused_},
-                      &params, U32(shape.n_head / heads), U32(n_tokens));
-}
-
-bool Ops::QuantizesAttentionOutput(const AttentionShape& shape, ActKind kind) const {
-  if (kind == ActKind::kFloat) return false;
-  const int64_t heads = OutputHeads(shape), values = heads * shape.head_dim;
-  if (values % (kind == ActKind::kQ8_K ? 256 : 32) != 0) return false;
-  const OutputCodes codes{kind, {}};
-  const int64_t output_shared = 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, &codes);
-  const int64_t reduce_shared = 4 * values + QuantizerSharedBytes(ReduceGroup(values), &codes);
-  return std::max(output_shared, reduce_shared) <= ctx_.limits().max_shared_bytes;
-}
-
-bool Ops::FusesSoftmax(const KvView& kv, const AttentionShape& shape, int64_t n_tokens, int64_t pos0,
-                       int64_t n_splits, int64_t stats_floats) const {
-  if (!fuse_softmax_ || n_tokens > kSplitTokens) return false;
-  const int64_t n_ctx = pos0 + n_tokens;
-  if (SplitPositions(n_ctx, n_splits, kv.block_tokens) > kFusedSplitCap) return false;
-  return n_tokens * shape.n_head * StatsPerRow(kv.format, n_ctx) * 2 <= stats_floats;
-}
-
-int64_t Ops::AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int64_t pos0,
-                             int64_t partial_floats) const {
-  if (n_tokens > kSplitTokens) return 1;
-  const int64_t fit = partial_floats / (n_tokens * shape.n_head * shape.head_dim);
-  const int64_t split = split_positions_;
-  return std::clamp<int64_t>((pos0 + n_tokens + split - 1) / split, 1, std::max<int64_t>(1, std::min(kMaxSplits, fit)));
-}
-
-Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
-                      int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer& partials,
-                      int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0,
-                      const Buffer* stats, int64_t stats_floats) {
-  const AttentionJob job{kv, q_row0, n_tokens, pos0, out_row0};
-  const AttentionScratch scratch{&scores,       scores.bytes() / 4, &partials, partial_floats, stats,
-                                 stats_floats};
-  return AttentionBatch(rec, shape, q, q_stride, out, out_stride, std::span<const AttentionJob>(&job, 1), scratch);
-}
-
-Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
-                           const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
-                           const AttentionScratch& scratch, const OutputCodes* codes, const RopeTable* q_rope) {
-  if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
-    return Internal("the attention output cannot be quantized for this shape (QuantizesAttentionOutput)");
-  }
-  std::vector<PlannedJob>& round = round_;  // kept between calls: no allocation per layer
-  round.clear();
-  // Records the steps of the jobs in `round`, a barrier between steps.
-  auto record_round = [&]() -> Status {
-    for (const PlannedJob& p : round) {
-      const AttentionJob& j = *p.job;
-      KVFS_RETURN_IF_ERROR(AttnScores(rec, j.kv, shape, q, q_stride, j.q_row0, j.n_tokens, j.pos0, *scratch.scores,
-                                      p.fused ? scratch.stats : nullptr, p.at, q_rope));
-    }
-    rec.Barrier();
-    bool softmax = false, reduce = false;
-    for (const PlannedJob& p : round) {
-      if (p.fused) continue;
-      const AttentionJob& j = *p.job;
-      KVFS_RETURN_IF_ERROR(Softmax(rec, *scratch.scores, shape.n_head, j.n_tokens, j.pos0, j.pos0 + j.n_tokens,
-                                   InvSqrtHeadDim(shape.head_dim), j.kv.format.type == KvType::kF16, p.at.score0));
-      softmax = true;
-    }
-    if (softmax) rec.Barrier();
-    for (const PlannedJob& p : round) {
-      const AttentionJob& j = *p.job;
-      KVFS_RETURN_IF_ERROR(AttnOutput(rec, j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out, out_stride,
-                                      j.out_row0, p.n_splits, p.n_splits > 1 ? scratch.partials : nullptr,
-                                      p.fused ? scratch.stats : nullptr, p.at, p.n_splits > 1 ? nullptr : codes));
-      reduce = reduce || p.n_splits > 1;
-    }
-    if (!reduce) return Status::Ok();
-    rec.Barrier();
-    for (const PlannedJob& p : round) {
-      if (p.n_splits == 1) continue;
-      const AttentionJob& j = *p.job;
-      KVFS_RETURN_IF_ERROR(AttnReduce(rec, j.kv, shape, *scratch.partials, j.n_tokens, p.n_splits, out, out_stride,
-                                      j.out_row0, p.at.partial0, codes));
-    }
-    return Status::Ok();
-  };
-  ScratchOffsets used;  // what the round takes so far
-  for (const AttentionJob& j : jobs) {
-    const int64_t n_ctx = j.pos0 + j.n_tokens;
-    const int64_t score_floats = j.n_tokens * shape.n_head * n_ctx;
-    if (score_floats > scratch.score_floats) {
-      return Status(StatusCode::kResourceExhausted,
-                    fmt::format("attention of {} tokens over a context of {} needs {} floats of scores; the scratch "
-                                "holds {}",
-                                j.n_tokens, n_ctx, score_floats, scratch.score_floats));
-    }
-    const int64_t n_splits = AttentionSplits(shape, j.n_tokens, j.pos0, scratch.partial_floats);
-    const bool fused = scratch.stats != nullptr &&
-                       FusesSoftmax(j.kv, shape, j.n_tokens, j.pos0, n_splits, scratch.stats_floats);
-    const int64_t partial_floats = n_splits > 1 ? j.n_tokens * shape.n_head * n_splits * shape.head_dim : 0;
-    const int64_t stats_entries = fused ? j.n_tokens * shape.n_head * StatsPerRow(j.kv.format, n_ctx) : 0;
-    const bool fits = used.score0 + score_floats <= scratch.score_floats &&
-                      used.partial0 + partial_floats <= scratch.partial_floats &&
-                      2 * (used.stats0 + stats_entries) <= scratch.stats_floats;
-    if (!fits) {  // the next round reuses the scratch once this one is done with it
-      KVFS_RETURN_IF_ERROR(record_round());
-      rec.Barrier();
-      round.clear();
-      used = {};
-    }
-    round.push_back({&j, n_splits, fused, used});
-    used.score0 += score_floats;
-    used.partial0 += partial_floats;
-    used.stats0 += stats_entries;
-  }
-  return round.empty() ? Status::Ok() : record_round();
 }
 
 }  // namespace kvfs::vk

@@ -1,0 +1,26 @@
+// What the Ops implementation files (vk_ops.cpp: norms, quantizers, matrices; vk_attention_ops.cpp:
+// KV encoding and attention) share: workgroup sizes and small conversions. Internal to them.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "engine/backend/vulkan/vk_ops.h"
+
+namespace kvfs::vk::ops_detail {
+
+// Workgroup sizes of the element-wise and the row shaders.
+constexpr uint32_t kElementwiseGroup = 64;
+constexpr uint32_t kRowGroup = 256;  // rms_norm, softmax, attn_output, quantize_act
+// The most storage buffers a shader binds (attn_output; Vulkan only guarantees 4 per stage):
+// Ops::Create requires them, each file checks its shaders against it.
+constexpr uint32_t kMostStorageBuffers = 8;
+
+inline uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
+inline uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+
+// 1 / sqrt(head_dim): the orthonormal Walsh-Hadamard transform's scale, and the softmax's scale
+// of the scores.
+inline float InvSqrtHeadDim(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+
+}  // namespace kvfs::vk::ops_detail
