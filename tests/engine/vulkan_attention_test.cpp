@@ -531,7 +531,8 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
 // workgroups of 4 heads of 64 (8 query heads over 2 KV heads: Q8_0 and Q8_K run, with subgroup
 // trees and without); with 2 heads per workgroup only Q8_0 and Q8_1 fuse (Q8_1 runs). Rotated
 // and plain formats, decode (one split, several, fused softmax) and prefill; rows at an offset
-// (out_row0 2).
+// (out_row0 2). Quantizing, split decode adds its sums in one pass (split counters): the output
+// must still equal the plain run's, whose sums attn_reduce adds.
 TEST_F(VulkanAttentionTest, OutputCodesAreQuantizeActsOfTheOutput) {
   std::mt19937 rng(43);
   const vk::ActKind kinds[] = {vk::ActKind::kQ8_0, vk::ActKind::kQ8_1, vk::ActKind::kQ8_K};
@@ -569,6 +570,11 @@ TEST_F(VulkanAttentionTest, OutputCodesAreQuantizeActsOfTheOutput) {
         ASSERT_TRUE(Run([&](vk::Recorder& rec) {
                       return ops_->AttentionBatch(rec, shape, qb, q_stride, plain, q_stride, {&job, 1}, scratch);
                     }).ok());
+        // Quantizing, split decode adds up in one pass (the last split writes and quantizes).
+        const vk::Buffer counters = Output(256 * 4);
+        vk::Ops::AttentionScratch one_pass = scratch;
+        one_pass.counters = &counters;
+        one_pass.counter_words = 256;
         const std::vector<float> want_out = Read<float>(plain, rows * q_stride);
         for (const vk::ActKind kind : kinds) {
           const bool fuses = ops_->QuantizesAttentionOutput(shape, kind);
@@ -584,7 +590,7 @@ TEST_F(VulkanAttentionTest, OutputCodesAreQuantizeActsOfTheOutput) {
             const vk::OutputCodes oc{kind, {&codes, &aux}};
             const Status st = Run([&](vk::Recorder& rec) -> Status {
               KVFS_RETURN_IF_ERROR(
-                  ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, {&job, 1}, scratch, &oc));
+                  ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, {&job, 1}, one_pass, &oc));
               rec.Barrier();
               return ops_->QuantizeActs(rec, kind, out, q_stride, q_stride, rows, {&want_codes, &want_aux});
             });
@@ -655,12 +661,20 @@ TEST_F(VulkanAttentionTest, BatchedAttentionEqualsEachSequenceAlone) {
   const vk::Buffer qb = Input(q);
   struct Sizes {
     int64_t scores, partials, stats;  // floats
+    int64_t counters;                 // words
   };
-  // All jobs at once; then scratch for about one long job at a time (rounds).
-  for (const Sizes sz : {Sizes{1 << 20, 1 << 18, 1 << 14}, Sizes{40000, 20000, 1100}}) {
+  // The split counters, used again and again: each run must leave them 0.
+  const vk::Buffer counters = Output(4096 * 4);
+  // All jobs at once; then scratch for about one long job at a time (rounds), whose 6 counters
+  // take a job of 2 tokens (4 counters) in one pass but not one of 4 (attn_reduce adds up); then
+  // no counters. The jobs alone run without counters (attn_reduce), so one pass must give its
+  // sums bit for bit.
+  for (const Sizes sz : {Sizes{1 << 20, 1 << 18, 1 << 14, 4096}, Sizes{40000, 20000, 1100, 6},
+                         Sizes{1 << 20, 1 << 18, 1 << 14, 4096}, Sizes{40000, 20000, 1100, 0}}) {
     const vk::Buffer scores = Output(sz.scores * 4), partials = Output(sz.partials * 4), stats = Output(sz.stats * 4);
     const vk::Buffer out = Output(rows * q_stride * 4);
-    const vk::Ops::AttentionScratch scratch{&scores, sz.scores, &partials, sz.partials, &stats, sz.stats};
+    const vk::Ops::AttentionScratch scratch{&scores,   sz.scores, &partials, sz.partials, &stats, sz.stats,
+                                            sz.counters > 0 ? &counters : nullptr, sz.counters};
     const Status st = Run([&](vk::Recorder& rec) {
       return ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, batch, scratch);
     });
@@ -678,8 +692,10 @@ TEST_F(VulkanAttentionTest, BatchedAttentionEqualsEachSequenceAlone) {
       const size_t from = static_cast<size_t>(j.out_row0 * q_stride), n = static_cast<size_t>(j.n_tokens * q_stride);
       EXPECT_TRUE(std::equal(got.begin() + from, got.begin() + from + n, want.begin() + from))
           << jobs[i].type << " rotate " << jobs[i].rotate << " pos0 " << j.pos0 << " T " << j.n_tokens
-          << ", scratch " << sz.scores << " floats";
+          << ", scratch " << sz.scores << " floats, " << sz.counters << " counters";
     }
+    const std::vector<uint32_t> left = Read<uint32_t>(counters, 4096);
+    EXPECT_EQ(std::count(left.begin(), left.end(), 0u), 4096) << "counters left non-zero";
   }
   // A job whose scores alone exceed the scratch is refused, not truncated.
   const vk::Buffer scores = Output(4000 * 4), partials = Output(1 << 16), out = Output(rows * q_stride * 4);

@@ -44,7 +44,7 @@ struct OutputParams {
   float hadamard_scale;
   uint32_t split_positions, n_splits;
   float scale;
-  uint32_t round_f16, stats_stride, stats_positions, score0, partial0, stats0;
+  uint32_t round_f16, stats_stride, stats_positions, score0, partial0, stats0, counter0;
 };
 struct ReduceParams {
   uint32_t n_head, n_splits, out_stride, out_row0;
@@ -57,8 +57,8 @@ constexpr ShaderInterface kScores{"attn_scores", 7, sizeof(ScoresParams)};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
 constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
-constexpr ShaderInterface kOutput{"attn_output", 8, sizeof(OutputParams)};
-constexpr ShaderInterface kOutputSg{"attn_output_sg", 8, sizeof(OutputParams)};
+constexpr ShaderInterface kOutput{"attn_output", 9, sizeof(OutputParams)};
+constexpr ShaderInterface kOutputSg{"attn_output_sg", 9, sizeof(OutputParams)};
 constexpr ShaderInterface kReduce{"attn_reduce", 4, sizeof(ReduceParams)};
 constexpr ShaderInterface kReduceSg{"attn_reduce_sg", 4, sizeof(ReduceParams)};
 static_assert(kOutput.n_buffers <= kMostStorageBuffers);
@@ -284,8 +284,9 @@ Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t
 Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
                        int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
                        int64_t n_splits, const Buffer* partials, const Buffer* stats, const ScratchOffsets& at,
-                       const OutputCodes* codes) {
+                       const OutputCodes* codes, const Buffer* counters) {
   const int64_t heads = OutputHeads(shape);
+  const bool one_pass = counters != nullptr && n_splits > 1;
   if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
     return Internal("attn_output cannot quantize its output for this shape (QuantizesAttentionOutput)");
   }
@@ -302,7 +303,8 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                            U32(heads),
                            stats != nullptr ? 1u : 0u,
                            U32(kFusedSplitCap),
-                           CodesKind(codes)};
+                           CodesKind(codes),
+                           one_pass ? 1u : 0u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kOutputSg : kOutput, spec));
   const OutputParams params{U32(pos0),
                             U32(shape.n_head),
@@ -322,12 +324,17 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(ScoreGroupPositions(kv.format)),
                             U32(at.score0),
                             U32(at.partial0),
-                            U32(at.stats0)};
+                            U32(at.stats0),
+                            U32(at.counter0)};
   return rec.Dispatch(*p,
                       {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_,
                        stats != nullptr ? stats : &unused_, codes != nullptr ? codes->acts.codes : &unused_,
-                       codes != nullptr ? codes->acts.aux : &unused_},
+                       codes != nullptr ? codes->acts.aux : &unused_, one_pass ? counters : &unused_},
                       &params, U32(shape.n_head / heads), U32(n_tokens), U32(n_splits));
+}
+
+int64_t Ops::SplitCounters(const AttentionShape& shape, int64_t n_tokens) {
+  return n_tokens * (shape.n_head / OutputHeads(shape));
 }
 
 Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
@@ -411,15 +418,17 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
     if (softmax) rec.Barrier();
     for (const PlannedJob& p : round) {
       const AttentionJob& j = *p.job;
+      const bool writes_output = p.n_splits == 1 || p.one_pass;
       KVFS_RETURN_IF_ERROR(AttnOutput(rec, j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out, out_stride,
                                       j.out_row0, p.n_splits, p.n_splits > 1 ? scratch.partials : nullptr,
-                                      p.fused ? scratch.stats : nullptr, p.at, p.n_splits > 1 ? nullptr : codes));
-      reduce = reduce || p.n_splits > 1;
+                                      p.fused ? scratch.stats : nullptr, p.at, writes_output ? codes : nullptr,
+                                      p.one_pass ? scratch.counters : nullptr));
+      reduce = reduce || !writes_output;
     }
     if (!reduce) return Status::Ok();
     rec.Barrier();
     for (const PlannedJob& p : round) {
-      if (p.n_splits == 1) continue;
+      if (p.n_splits == 1 || p.one_pass) continue;
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(AttnReduce(rec, j.kv, shape, *scratch.partials, j.n_tokens, p.n_splits, out, out_stride,
                                       j.out_row0, p.at.partial0, codes));
@@ -441,19 +450,25 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
                        FusesSoftmax(j.kv, shape, j.n_tokens, j.pos0, n_splits, scratch.stats_floats);
     const int64_t partial_floats = n_splits > 1 ? j.n_tokens * shape.n_head * n_splits * shape.head_dim : 0;
     const int64_t stats_entries = fused ? j.n_tokens * shape.n_head * StatsPerRow(j.kv.format, n_ctx) : 0;
+    // One pass where the counters can take the job even alone (else attn_reduce adds up).
+    const int64_t counters = SplitCounters(shape, j.n_tokens);
+    const bool one_pass = n_splits > 1 && scratch.counters != nullptr && counters <= scratch.counter_words;
+    const int64_t counter_words = one_pass ? counters : 0;
     const bool fits = used.score0 + score_floats <= scratch.score_floats &&
                       used.partial0 + partial_floats <= scratch.partial_floats &&
-                      2 * (used.stats0 + stats_entries) <= scratch.stats_floats;
+                      2 * (used.stats0 + stats_entries) <= scratch.stats_floats &&
+                      used.counter0 + counter_words <= scratch.counter_words;
     if (!fits) {  // the next round reuses the scratch once this one is done with it
       KVFS_RETURN_IF_ERROR(record_round());
       rec.Barrier();
       round.clear();
       used = {};
     }
-    round.push_back({&j, n_splits, fused, used});
+    round.push_back({&j, n_splits, fused, one_pass, used});
     used.score0 += score_floats;
     used.partial0 += partial_floats;
     used.stats0 += stats_entries;
+    used.counter0 += counter_words;
   }
   return round.empty() ? Status::Ok() : record_round();
 }

@@ -157,6 +157,9 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
   if (buffers.size() != pipeline.n_buffers) {
     return Internal(fmt::format("dispatch binds {} buffers, the pipeline has {}", buffers.size(), pipeline.n_buffers));
   }
+  if (buffers.size() > kMaxBuffers) {
+    return Internal(fmt::format("dispatch binds {} buffers, the recorder at most {}", buffers.size(), kMaxBuffers));
+  }
   KVFS_RETURN_IF_ERROR(deferred_);
   if (x == 0 || y == 0 || z == 0) return Status::Ok();
   if (sets_epoch_ != ctx_.buffer_epoch()) {

@@ -30,6 +30,7 @@ namespace kvfs::vk {
 
 class Recorder {
  public:
+  static constexpr size_t kMaxBuffers = 9;  // the most buffers a dispatch binds (attn_output); Dispatch checks
   explicit Recorder(Context& ctx) : ctx_(ctx) {}
   ~Recorder();
   Recorder(const Recorder&) = delete;
@@ -63,7 +64,6 @@ class Recorder {
   std::string TakeProfileReport();
 
  private:
-  static constexpr size_t kMaxBuffers = 8;  // no shader binds more
   // Dispatches after which a barrier submits the piece recorded so far: a short first piece
   // puts the device to work soon, longer later ones keep submissions few.
   static constexpr int64_t kFirstPieceDispatches = 32;

@@ -105,6 +105,7 @@ struct ScratchOffsets {
   int64_t score0 = 0;
   int64_t partial0 = 0;
   int64_t stats0 = 0;
+  int64_t counter0 = 0;  // words of the split counters
 };
 
 // The matrix-vector shaders' shape (VulkanMatvecShape with the defaults filled in).
@@ -207,9 +208,13 @@ class Ops {
     int64_t partial_floats = 0;
     const Buffer* stats = nullptr;
     int64_t stats_floats = 0;
+    // Counters (uint32 words, all 0 to begin with; the shaders leave them 0): with them the split
+    // workgroup that finishes last adds the splits up itself, without attn_reduce.
+    const Buffer* counters = nullptr;
+    int64_t counter_words = 0;
   };
   // Attention of several sequences' tokens (q and out rows of one pass): each step (scores,
-  // softmax, weighted sum, split sums) is recorded for every job whose scratch fits beside the
+  // softmax, weighted sum, split sums unless counted in one pass) is recorded for every job whose scratch fits beside the
   // others', with one barrier between steps instead of three per sequence, so the device runs
   // the sequences side by side (batched decode of many agents). Jobs that do not fit wait for
   // the next round. Every job gets the splits and fusing Attention alone would give it, so its
@@ -235,11 +240,15 @@ class Ops {
                     const Buffer* stats = nullptr, const ScratchOffsets& at = {}, const RopeTable* q_rope = nullptr);
   Status Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
                  int64_t score_stride, float scale, bool round_f16, int64_t score0 = 0);
-  // With n_splits > 1, writes partial sums into `partials` instead of out and needs AttnReduce.
+  // With n_splits > 1, writes partial sums into `partials` instead of out and needs AttnReduce,
+  // unless given `counters` (AttentionScratch): then the last split of each row adds them up.
   Status AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
                     int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
                     int64_t n_splits, const Buffer* partials, const Buffer* stats = nullptr,
-                    const ScratchOffsets& at = {}, const OutputCodes* codes = nullptr);
+                    const ScratchOffsets& at = {}, const OutputCodes* codes = nullptr,
+                    const Buffer* counters = nullptr);
+  // Counter words AttnOutput uses in one pass (n_splits > 1, with counters).
+  static int64_t SplitCounters(const AttentionShape& shape, int64_t n_tokens);
   Status AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
                     int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0,
                     int64_t partial0 = 0, const OutputCodes* codes = nullptr);
@@ -305,6 +314,7 @@ class Ops {
     const AttentionJob* job;
     int64_t n_splits;
     bool fused;
+    bool one_pass;  // split, its sums added by the last split (no attn_reduce)
     ScratchOffsets at;
   };
   std::vector<PlannedJob> round_;

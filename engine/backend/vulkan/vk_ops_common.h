@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "engine/backend/vulkan/vk_commands.h"
 #include "engine/backend/vulkan/vk_ops.h"
 
 namespace kvfs::vk::ops_detail {
@@ -12,9 +13,10 @@ namespace kvfs::vk::ops_detail {
 // Workgroup sizes of the element-wise and the row shaders.
 constexpr uint32_t kElementwiseGroup = 64;
 constexpr uint32_t kRowGroup = 256;  // rms_norm, softmax, attn_output, quantize_act
-// The most storage buffers a shader binds (attn_output; Vulkan only guarantees 4 per stage):
-// Ops::Create requires them, each file checks its shaders against it.
-constexpr uint32_t kMostStorageBuffers = 8;
+// The most storage buffers a shader binds (attn_output; Vulkan only guarantees 4 per stage, real
+// devices allow dozens or more): Ops::Create requires them, each file checks its shaders.
+constexpr uint32_t kMostStorageBuffers = 9;
+static_assert(kMostStorageBuffers <= Recorder::kMaxBuffers);
 
 inline uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
 inline uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }

@@ -49,6 +49,9 @@ constexpr int64_t kScoresBytes = int64_t{64} << 20;
 constexpr int64_t kPartialsBytes = int64_t{16} << 20;
 // 8 bytes per (token, head, 64 positions): decode of 4 tokens with 32 heads to 256k positions.
 constexpr int64_t kStatsBytes = int64_t{4} << 20;
+// A word per (token, attn_output head group) of split decode attention: 16384, e.g. 512
+// sequences of 4 tokens with 8 groups (llama3.1-8b) in one round.
+constexpr int64_t kCounterBytes = int64_t{64} << 10;
 
 class VulkanBackend final : public Backend {
  public:
@@ -133,6 +136,7 @@ class VulkanBackend final : public Backend {
   Buffer scores_;     // attention weights: [tokens][n_head][context], kScoresBytes
   Buffer partials_;   // attention split over positions: [tokens][n_head][splits][head_dim]
   Buffer stats_;      // decode attention's softmax shares: [tokens][n_head][score workgroups] (max, sum)
+  Buffer counters_;   // split attention's counters (uint32, kept 0 between uses): one-pass split sums
   // Host-visible inputs and outputs of a micro-batch.
   Buffer tokens_;     // [max_ubatch_] int32 token ids
   Buffer rope_;       // [max_ubatch_][n_rot / 2] (cos, sin) pairs
@@ -195,6 +199,10 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(scores_, ctx_->CreateBuffer(std::min(kScoresBytes, max_binding), MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(partials_, ctx_->CreateBuffer(std::min(kPartialsBytes, max_binding), MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(stats_, ctx_->CreateBuffer(std::min(kStatsBytes, max_binding), MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(counters_, ctx_->CreateBuffer(kCounterBytes, MemoryKind::kDevice));
+  KVFS_RETURN_IF_ERROR(rec_->Begin());  // the counters start at 0; the shaders leave them so
+  rec_->Zero(counters_, 0, kCounterBytes);
+  KVFS_RETURN_IF_ERROR(rec_->SubmitAndWait());
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
@@ -311,8 +319,15 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bo
       jobs.push_back({view, pc.row0 + j, chunk, pc.pos0 + j, pc.row0 + j});
     }
   }
-  const vk::Ops::AttentionScratch scratch{&scores_, score_floats,        &partials_, partials_.bytes() / 4,
-                                          &stats_,  stats_.bytes() / 4};
+  // Fusing, the split sums are added by each row's last split (counters), without attn_reduce.
+  const vk::Ops::AttentionScratch scratch{&scores_,
+                                          score_floats,
+                                          &partials_,
+                                          partials_.bytes() / 4,
+                                          &stats_,
+                                          stats_.bytes() / 4,
+                                          fuse_ops_ ? &counters_ : nullptr,
+                                          fuse_ops_ ? counters_.bytes() / 4 : 0};
   // The codes of att_ for the o matrix, written by the output shaders (no quantize_act then).
   // act_codes_ is free: the q, k, v matrices that read it ran before the barriers above.
   const vk::OutputCodes codes{vk::ActKindFor(next.type), {&act_codes_, &act_aux_}};

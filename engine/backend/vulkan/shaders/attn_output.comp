@@ -20,8 +20,11 @@
 // asked) are made once into shared memory. That saves softmax.comp's dispatch and its one
 // workgroup per (token, head) walking the whole context. The weights can differ from its in
 // the last bits of L (a sum of the workgroups' sums, each scaled by exp(m_g - M)).
-// KIND (not 3): the workgroup that writes the output (one split) also quantizes it for the o
-// matrix (quantize_heads.glsl), which then needs no quantize_act dispatch.
+// ONE_PASS (several splits): the split workgroup that finishes last for its (token, heads) adds
+// the splits' partial sums itself, as attn_reduce would (same order, same bits), counted by an
+// atomic per (token, heads) that it then resets to 0: no attn_reduce dispatch and barrier.
+// KIND (not 3): the workgroup that writes the output also quantizes it for the o matrix
+// (quantize_heads.glsl), which then needs no quantize_act dispatch.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;  // >= HD
@@ -33,6 +36,7 @@ layout(constant_id = 5) const uint HEADS = 1;  // query heads per workgroup, all
 layout(constant_id = 6) const uint FUSED = 0;
 layout(constant_id = 7) const uint SPLIT_CAP = 128;  // FUSED: the most positions a split has
 layout(constant_id = 8) const uint KIND = 3;  // the output's codes: vk::ActKind (3, float: none)
+layout(constant_id = 9) const uint ONE_PASS = 0;
 
 layout(push_constant) uniform Params {
   uint pos0;          // position of query token 0
@@ -56,22 +60,25 @@ layout(push_constant) uniform Params {
   uint score0;
   uint partial0;
   uint stats0;
+  uint counter0;  // ONE_PASS: this call's first counter
 } p;
 
 layout(binding = 0) readonly buffer Weights { float w[]; };             // from score0: [n_tokens][n_head][score_stride] (FUSED: raw scores)
 layout(binding = 1) readonly buffer Plane { uint kv_words[]; };         // V rows of this layer
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
 layout(binding = 3) writeonly buffer Output { float o[]; };             // [..][out_stride]
-layout(binding = 4) writeonly buffer Partials { float partials[]; };    // from partial0: [n_tokens][n_head][n_splits][HD]
+layout(binding = 4) coherent buffer Partials { float partials[]; };     // from partial0: [n_tokens][n_head][n_splits][HD]
 layout(binding = 5) readonly buffer Stats { vec2 stats[]; };            // FUSED: attn_scores' (max, sum) entries
 layout(binding = 6) writeonly buffer Codes { uint codes[]; };           // KIND: [..][n_head * HD / 4]
 layout(binding = 7) writeonly buffer Aux { vec4 aux[]; };               // KIND: [..][n_head * HD / 32]
+layout(binding = 8) coherent buffer Counters { uint counters[]; };      // ONE_PASS, from counter0: [n_tokens][n_head / HEADS]
 
 #include "common.glsl"
 #include "kv_rows.glsl"
 
 shared float partial[HEADS * WG];
 shared float hvec[HEADS * HD];
+shared uint finishes;  // ONE_PASS: whether this workgroup is its row's last split
 // FUSED keeps its data in the arrays above while they are free, so it needs no more shared
 // memory than the separate path: the split's weights in partial (head i's weight of split
 // position k at i * SPLIT_CAP + k; SPLIT_CAP <= WG) until the sums are taken, and each head's M
@@ -227,7 +234,27 @@ void main() {
     for (uint x = tid; x < HEADS * HD; x += WG) {
       partials[p.partial0 + ((t * p.n_head + h0 + x / HD) * p.n_splits + split) * HD + x % HD] = hvec[x];
     }
-    return;
+    if (ONE_PASS == 0u) return;
+    // Every invocation's partial sums are out (device-wide) before the count says so; the
+    // count's last one reads all splits' sums after it.
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) {
+      const uint counter = p.counter0 + t * (p.n_head / HEADS) + gl_WorkGroupID.x;
+      finishes = atomicAdd(counters[counter], 1u) == p.n_splits - 1u ? 1u : 0u;
+      if (finishes != 0u) atomicExchange(counters[counter], 0u);  // every split has counted: ready for the next use
+    }
+    barrier();
+    if (finishes == 0u) return;
+    memoryBarrierBuffer();
+    // attn_reduce's sums, in its order.
+    for (uint x = tid; x < HEADS * HD; x += WG) {
+      const uint base = p.partial0 + (t * p.n_head + h0 + x / HD) * p.n_splits * HD + x % HD;
+      float sum = 0.0;
+      for (uint s = 0u; s < p.n_splits; ++s) sum += partials[base + s * HD];
+      hvec[x] = sum;
+    }
+    barrier();
   }
   if (ROTATE != 0u) HadamardShared(HEADS, HD, p.hadamard_scale, tid, WG);
   for (uint x = tid; x < HEADS * HD; x += WG) o[(p.out_row0 + t) * p.out_stride + h0 * HD + x] = hvec[x];
