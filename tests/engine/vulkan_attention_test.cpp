@@ -531,8 +531,9 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
 // workgroups of 4 heads of 64 (8 query heads over 2 KV heads: Q8_0 and Q8_K run, with subgroup
 // trees and without); with 2 heads per workgroup only Q8_0 and Q8_1 fuse (Q8_1 runs). Rotated
 // and plain formats, decode (one split, several, fused softmax) and prefill; rows at an offset
-// (out_row0 2). Quantizing, split decode adds its sums in one pass (split counters): the output
-// must still equal the plain run's, whose sums attn_reduce adds.
+// (out_row0 2). Split decode quantizes in attn_reduce and, with split counters, in the split that
+// finishes last (one pass): the output must equal the plain run's (attn_reduce, no codes), also
+// when the split workgroups run alone with counters (so one pass did write it).
 TEST_F(VulkanAttentionTest, OutputCodesAreQuantizeActsOfTheOutput) {
   std::mt19937 rng(43);
   const vk::ActKind kinds[] = {vk::ActKind::kQ8_0, vk::ActKind::kQ8_1, vk::ActKind::kQ8_K};
@@ -576,13 +577,43 @@ TEST_F(VulkanAttentionTest, OutputCodesAreQuantizeActsOfTheOutput) {
         one_pass.counters = &counters;
         one_pass.counter_words = 256;
         const std::vector<float> want_out = Read<float>(plain, rows * q_stride);
+        const int64_t n_splits = ops_->AttentionSplits(shape, c.T, c.pos0, (1 << 20) / 4);
+        if (n_splits > 1) {
+          // The split workgroups alone, given counters, write the output: no attn_reduce runs
+          // here (the output starts as NaN), yet it equals attn_reduce's sums.
+          const vk::Buffer alone = Output(rows * q_stride * 4);
+          std::fill_n(reinterpret_cast<float*>(alone.mapped()), rows * q_stride, std::nanf(""));
+          const bool fused = ops_->FusesSoftmax(view, shape, c.T, c.pos0, n_splits, (1 << 16) / 4);
+          const Status st = Run([&](vk::Recorder& rec) -> Status {
+            KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores,
+                                                  fused ? &stats : nullptr));
+            rec.Barrier();
+            if (!fused) {
+              KVFS_RETURN_IF_ERROR(ops_->Softmax(rec, scores, n_head, c.T, c.pos0, n_ctx,
+                                                 1.0f / std::sqrt(static_cast<float>(kHeadDim)),
+                                                 f->type == KvType::kF16));
+              rec.Barrier();
+            }
+            return ops_->AttnOutput(rec, view, shape, scores, c.T, c.pos0, alone, q_stride, row0, n_splits, &partials,
+                                    fused ? &stats : nullptr, {}, nullptr, &counters);
+          });
+          ASSERT_TRUE(st.ok()) << st.message();
+          const std::vector<float> got = Read<float>(alone, rows * q_stride);
+          EXPECT_TRUE(std::equal(got.begin() + row0 * q_stride, got.end(), want_out.begin() + row0 * q_stride))
+              << n_head << " heads, " << f->Name() << ", pos0 " << c.pos0 << ": one pass";
+        }
         for (const vk::ActKind kind : kinds) {
           const bool fuses = ops_->QuantizesAttentionOutput(shape, kind);
           EXPECT_EQ(fuses, kind != vk::ActKind::kQ8_K || n_head == 8);
           // (Fewer pipelines to compile: lavapipe takes about a second for each.)
           if (!fuses || (n_head == 4) != (kind == vk::ActKind::kQ8_1)) continue;
-          for (const bool trees : {true, false}) {
+          struct Way {
+            bool trees, counters;
+          };
+          for (const Way way : {Way{true, true}, Way{false, true}, Way{true, false}}) {
+            const bool trees = way.trees;
             if (!trees && n_head == 4) continue;
+            if (!way.counters && n_splits == 1) continue;  // the same dispatches as with counters
             ops_->set_subgroup_trees(trees);
             const vk::Buffer out = Output(rows * q_stride * 4);
             const vk::Buffer codes = Output(rows * q_stride), aux = Output(rows * q_stride / 32 * 16);
@@ -590,13 +621,15 @@ TEST_F(VulkanAttentionTest, OutputCodesAreQuantizeActsOfTheOutput) {
             const vk::OutputCodes oc{kind, {&codes, &aux}};
             const Status st = Run([&](vk::Recorder& rec) -> Status {
               KVFS_RETURN_IF_ERROR(
-                  ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, {&job, 1}, one_pass, &oc));
+                  ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, {&job, 1},
+                                       way.counters ? one_pass : scratch, &oc));
               rec.Barrier();
               return ops_->QuantizeActs(rec, kind, out, q_stride, q_stride, rows, {&want_codes, &want_aux});
             });
             ASSERT_TRUE(st.ok()) << st.message();
-            const std::string what = fmt::format("{} heads, {}, pos0 {} T {}, kind {}, subgroup trees {}", n_head,
-                                                 f->Name(), c.pos0, c.T, static_cast<int>(kind), trees);
+            const std::string what =
+                fmt::format("{} heads, {}, pos0 {} T {}, kind {}, subgroup trees {}, {}", n_head, f->Name(), c.pos0,
+                            c.T, static_cast<int>(kind), trees, way.counters ? "one pass" : "attn_reduce");
             EXPECT_EQ(Read<float>(out, rows * q_stride), want_out) << what;
             const size_t code_words = static_cast<size_t>(q_stride / 4), units = static_cast<size_t>(q_stride / 32);
             const std::vector<uint32_t> got_c = Read<uint32_t>(codes, rows * code_words);

@@ -70,8 +70,9 @@ constexpr int64_t kMaxSplits = 256;
 // attn_output takes all the query heads of a KV head in one workgroup (each value read once for
 // all of them) when there are at most this many. Its shared memory, 4 * heads * (kRowGroup +
 // head_dim) bytes, then stays within about the 16 KiB every device has (head_dim <= kRowGroup;
-// 20 bytes over at 8 heads of 256, CheckAttentionShape says so), plus the quantizer's 5 KiB
-// where it quantizes its output (QuantizesAttentionOutput checks the device's limit).
+// at 8 heads of 256 the quantizer's unused arrays are 20 bytes over, which CheckAttentionShape
+// reports), plus the quantizer's 5 KiB where it quantizes its output (QuantizesAttentionOutput
+// checks the device's limit).
 constexpr int64_t kMaxOutputHeads = 8;
 // The fused softmax folds the stats with 32 invocations per head of a workgroup.
 static_assert(kMaxOutputHeads * 32 <= kRowGroup);
@@ -287,6 +288,9 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                        const OutputCodes* codes, const Buffer* counters) {
   const int64_t heads = OutputHeads(shape);
   const bool one_pass = counters != nullptr && n_splits > 1;
+  if (codes != nullptr && n_splits > 1 && !one_pass) {
+    return Internal("attn_output's partial sums are quantized by attn_reduce, or in one pass with counters");
+  }
   if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
     return Internal("attn_output cannot quantize its output for this shape (QuantizesAttentionOutput)");
   }

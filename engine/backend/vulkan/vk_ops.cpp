@@ -119,8 +119,10 @@ bool SupportedWeightType(GgmlType t) {
 }
 
 Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines) {
-  // The row and tile shaders use workgroups of 256 invocations and up to ~12 KiB of shared
-  // memory (Vulkan only guarantees 128 and 16 KiB).
+  // The row and tile shaders use workgroups of 256 invocations and up to about 16 KiB of shared
+  // memory (attn_output; 21 KiB where it quantizes its output, if the device has it: Vulkan only
+  // guarantees 128 invocations and 16 KiB). Shaders bind up to 9 storage buffers (attn_output;
+  // Vulkan guarantees 4, real devices dozens or more).
   if (ctx.limits().max_group_invocations < 256 || ctx.limits().max_group_size_x < 256 ||
       ctx.limits().max_shared_bytes < 16384) {
     return Unsupported(fmt::format("Vulkan device {} allows {} invocations and {} bytes of shared memory per "

@@ -78,7 +78,6 @@ layout(binding = 8) coherent buffer Counters { uint counters[]; };      // ONE_P
 
 shared float partial[HEADS * WG];
 shared float hvec[HEADS * HD];
-shared uint finishes;  // ONE_PASS: whether this workgroup is its row's last split
 // FUSED keeps its data in the arrays above while they are free, so it needs no more shared
 // memory than the separate path: the split's weights in partial (head i's weight of split
 // position k at i * SPLIT_CAP + k; SPLIT_CAP <= WG) until the sums are taken, and each head's M
@@ -237,15 +236,21 @@ void main() {
     if (ONE_PASS == 0u) return;
     // Every invocation's partial sums are out (device-wide) before the count says so; the
     // count's last one reads all splits' sums after it.
+    // (The CUDA threadfence-reduction idiom: every invocation's fence, the workgroup barrier, then
+    // the counting invocation's own fences around the atomic.) Whether this workgroup finishes
+    // goes through partial[0], free once the lanes' sums are in hvec: no shared memory of its own.
     memoryBarrierBuffer();
     barrier();
     if (tid == 0u) {
       const uint counter = p.counter0 + t * (p.n_head / HEADS) + gl_WorkGroupID.x;
-      finishes = atomicAdd(counters[counter], 1u) == p.n_splits - 1u ? 1u : 0u;
-      if (finishes != 0u) atomicExchange(counters[counter], 0u);  // every split has counted: ready for the next use
+      memoryBarrierBuffer();
+      const bool last = atomicAdd(counters[counter], 1u) == p.n_splits - 1u;
+      if (last) atomicExchange(counters[counter], 0u);  // every split has counted: ready for the next use
+      memoryBarrierBuffer();
+      partial[0] = last ? 1.0 : 0.0;
     }
     barrier();
-    if (finishes == 0u) return;
+    if (partial[0] == 0.0) return;
     memoryBarrierBuffer();
     // attn_reduce's sums, in its order.
     for (uint x = tid; x < HEADS * HD; x += WG) {
