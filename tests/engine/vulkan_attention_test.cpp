@@ -77,6 +77,16 @@ Plane MakePlane(const KvFormat& f, int64_t n_positions) {
   return p;
 }
 
+// A plane holding the n encoded rows (EncodeRows' layout) at positions 0 .. n-1.
+Plane PlaneOf(const KvFormat& f, const std::vector<uint8_t>& rows, int64_t n) {
+  Plane plane = MakePlane(f, n);
+  const int64_t row_bytes = f.RowBytes(kRowValues);
+  for (int64_t p = 0; p < n; ++p) {
+    std::memcpy(plane.bytes.data() + plane.RowOffset(p), rows.data() + p * row_bytes, row_bytes);
+  }
+  return plane;
+}
+
 class VulkanAttentionTest : public VulkanOpsTest {
  protected:
   vk::KvView View(const KvFormat& f, const vk::Buffer& plane, const vk::Buffer& table, int64_t row_stride) {
@@ -180,12 +190,7 @@ TEST_F(VulkanAttentionTest, ScoresRotateQueriesAsRopeThenScores) {
   const int64_t pos0 = 20, T = 3, row0 = 2, rows_total = row0 + T, n_ctx = pos0 + T, q_stride = kHeads * kHeadDim;
   std::uniform_real_distribution<float> angle(-3.0f, 3.0f);
   for (const KvFormat& f : Formats()) {
-    const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
-    Plane kp = MakePlane(f, n_ctx);
-    const int64_t row_bytes = f.RowBytes(kRowValues);
-    for (int64_t p = 0; p < n_ctx; ++p) {
-      std::memcpy(kp.bytes.data() + kp.RowOffset(p), k.data() + p * row_bytes, row_bytes);
-    }
+    const Plane kp = PlaneOf(f, EncodeRows(f, RandomRows(n_ctx, rng), n_ctx), n_ctx);
     const vk::Buffer kb = Input(kp.bytes), table = Input(kp.table);
     const vk::KvView view = View(f, kb, table, kp.row_stride);
     const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
@@ -354,12 +359,8 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
     for (const KvFormat& f : Formats()) {
       const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
       const std::vector<uint8_t> v = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
-      Plane kp = MakePlane(f, n_ctx), vp = MakePlane(f, n_ctx);
+      const Plane kp = PlaneOf(f, k, n_ctx), vp = PlaneOf(f, v, n_ctx);
       const int64_t row_bytes = f.RowBytes(kRowValues);
-      for (int64_t p = 0; p < n_ctx; ++p) {
-        std::memcpy(kp.bytes.data() + kp.RowOffset(p), k.data() + p * row_bytes, row_bytes);
-        std::memcpy(vp.bytes.data() + vp.RowOffset(p), v.data() + p * row_bytes, row_bytes);
-      }
       std::vector<float> q(c.T * kHeads * kHeadDim);
       for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
       const vk::Buffer kb = Input(kp.bytes), vb = Input(vp.bytes), table = Input(kp.table), qb = Input(q);
@@ -550,14 +551,10 @@ TEST_F(VulkanAttentionTest, OutputCodesAreQuantizeActsOfTheOutput) {
       auto f = MakeKvFormat(type, rotate, kHeadsKv, kHeadDim);
       ASSERT_TRUE(f.ok());
       for (const Case c : {Case{70, 1}, Case{1100, 2}, Case{40, 24}}) {
-        const int64_t n_ctx = c.pos0 + c.T, row_bytes = f->RowBytes(kRowValues), rows = row0 + c.T;
+        const int64_t n_ctx = c.pos0 + c.T, rows = row0 + c.T;
         const std::vector<uint8_t> k = EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx);
         const std::vector<uint8_t> v = EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx);
-        Plane kp = MakePlane(*f, n_ctx), vp = MakePlane(*f, n_ctx);
-        for (int64_t p = 0; p < n_ctx; ++p) {
-          std::memcpy(kp.bytes.data() + kp.RowOffset(p), k.data() + p * row_bytes, row_bytes);
-          std::memcpy(vp.bytes.data() + vp.RowOffset(p), v.data() + p * row_bytes, row_bytes);
-        }
+        const Plane kp = PlaneOf(*f, k, n_ctx), vp = PlaneOf(*f, v, n_ctx);
         std::vector<float> q(c.T * q_stride);
         for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
         const vk::Buffer kb = Input(kp.bytes), vb = Input(vp.bytes), table = Input(kp.table), qb = Input(q);
@@ -675,14 +672,10 @@ TEST_F(VulkanAttentionTest, BatchedAttentionEqualsEachSequenceAlone) {
   for (const Job& j : jobs) {
     auto f = MakeKvFormat(j.type, j.rotate, kHeadsKv, kHeadDim);
     ASSERT_TRUE(f.ok());
-    const int64_t n_ctx = j.pos0 + j.T, row_bytes = f->RowBytes(kRowValues);
+    const int64_t n_ctx = j.pos0 + j.T;
     const std::vector<uint8_t> k = EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx);
     const std::vector<uint8_t> v = EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx);
-    Plane kp = MakePlane(*f, n_ctx), vp = MakePlane(*f, n_ctx);
-    for (int64_t p = 0; p < n_ctx; ++p) {
-      std::memcpy(kp.bytes.data() + kp.RowOffset(p), k.data() + p * row_bytes, row_bytes);
-      std::memcpy(vp.bytes.data() + vp.RowOffset(p), v.data() + p * row_bytes, row_bytes);
-    }
+    const Plane kp = PlaneOf(*f, k, n_ctx), vp = PlaneOf(*f, v, n_ctx);
     const Planes& pl = planes.emplace_back(Planes{Input(kp.bytes), Input(vp.bytes), Input(kp.table)});
     vk::KvView view = View(*f, pl.k, pl.table, kp.row_stride);
     view.v_plane = &pl.v;

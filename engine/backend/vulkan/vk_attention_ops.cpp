@@ -96,8 +96,8 @@ uint32_t ReduceGroup(int64_t values) {
 }
 
 // The quantizer's shared arrays (quantize_block.glsl): 5 words per invocation when quantizing.
-int64_t QuantizerSharedBytes(uint32_t group, const OutputCodes* codes) {
-  return codes != nullptr ? int64_t{20} * group : 20;
+int64_t QuantizerSharedBytes(uint32_t group, bool quantizes) {
+  return quantizes ? int64_t{20} * group : 20;
 }
 
 // The spec constant ROPE of kv_store and attn_scores: 0 none, 1 pairs (2i, 2i+1), 2 NeoX pairs.
@@ -153,7 +153,7 @@ Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
                                    row_values, kv_store_shared, ctx_.limits().max_shared_bytes));
   }
   // attn_output: the lanes' sums and the heads' values, and the quantizer's (unused) arrays.
-  const int64_t output_shared = 4 * OutputHeads(shape) * (kRowGroup + hd) + QuantizerSharedBytes(kRowGroup, nullptr);
+  const int64_t output_shared = 4 * OutputHeads(shape) * (kRowGroup + hd) + QuantizerSharedBytes(kRowGroup, false);
   if (output_shared > ctx_.limits().max_shared_bytes) {
     return Unsupported(fmt::format("attention over {} query heads per KV head of {} values needs {} bytes of shared "
                                    "memory; the device has {}",
@@ -363,9 +363,8 @@ bool Ops::QuantizesAttentionOutput(const AttentionShape& shape, ActKind kind) co
   if (kind == ActKind::kFloat) return false;
   const int64_t heads = OutputHeads(shape), values = heads * shape.head_dim;
   if (values % (kind == ActKind::kQ8_K ? 256 : 32) != 0) return false;
-  const OutputCodes codes{kind, {}};
-  const int64_t output_shared = 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, &codes);
-  const int64_t reduce_shared = 4 * values + QuantizerSharedBytes(ReduceGroup(values), &codes);
+  const int64_t output_shared = 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, true);
+  const int64_t reduce_shared = 4 * values + QuantizerSharedBytes(ReduceGroup(values), true);
   return std::max(output_shared, reduce_shared) <= ctx_.limits().max_shared_bytes;
 }
 

@@ -93,6 +93,7 @@ float Weight(uint wrow0, uint i, uint s0, uint pos) {
 }
 
 #include "hadamard.glsl"
+#include "split_sums.glsl"
 #include "subgroup_tree.glsl"
 const uint QUANT_SHARED = KIND == 3u ? 1u : WG;
 #include "quantize_block.glsl"
@@ -252,14 +253,7 @@ void main() {
     barrier();
     if (partial[0] == 0.0) return;
     memoryBarrierBuffer();
-    // attn_reduce's sums, in its order.
-    for (uint x = tid; x < HEADS * HD; x += WG) {
-      const uint base = p.partial0 + (t * p.n_head + h0 + x / HD) * p.n_splits * HD + x % HD;
-      float sum = 0.0;
-      for (uint s = 0u; s < p.n_splits; ++s) sum += partials[base + s * HD];
-      hvec[x] = sum;
-    }
-    barrier();
+    SumSplits(t, h0, tid);  // attn_reduce's sums
   }
   if (ROTATE != 0u) HadamardShared(HEADS, HD, p.hadamard_scale, tid, WG);
   for (uint x = tid; x < HEADS * HD; x += WG) o[(p.out_row0 + t) * p.out_stride + h0 * HD + x] = hvec[x];

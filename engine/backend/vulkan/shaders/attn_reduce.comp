@@ -36,6 +36,7 @@ layout(binding = 3) writeonly buffer Aux { vec4 aux[]; };            // KIND: [.
 shared float hvec[HEADS * HD];
 
 #include "hadamard.glsl"
+#include "split_sums.glsl"
 #include "subgroup_tree.glsl"
 const uint QUANT_SHARED = KIND == 3u ? 1u : WG;
 #include "quantize_block.glsl"
@@ -44,13 +45,7 @@ const uint QUANT_SHARED = KIND == 3u ? 1u : WG;
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint h0 = gl_WorkGroupID.x * HEADS, t = gl_WorkGroupID.y;
-  for (uint x = tid; x < HEADS * HD; x += WG) {
-    const uint base = p.partial0 + (t * p.n_head + h0 + x / HD) * p.n_splits * HD + x % HD;
-    float sum = 0.0;
-    for (uint s = 0u; s < p.n_splits; ++s) sum += partials[base + s * HD];
-    hvec[x] = sum;
-  }
-  barrier();
+  SumSplits(t, h0, tid);
   if (ROTATE != 0u) HadamardShared(HEADS, HD, p.hadamard_scale, tid, WG);
   for (uint x = tid; x < HEADS * HD; x += WG) o[(p.out_row0 + t) * p.out_stride + h0 * HD + x] = hvec[x];
   if (KIND != 3u) QuantizeHeads(p.out_row0 + t, h0, p.n_head);
