@@ -31,7 +31,7 @@ namespace {
 constexpr const char* kBenchUsage =
     "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
     "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows]\n"
-    "                  [--attn-split N] [--separate-softmax] [--separate-matrices]\n"
+    "                  [--attn-split N] [--separate-softmax] [--separate-swiglu] [--separate-matrices]\n"
     "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N]\n"
     "                  [--shared-trees] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
@@ -51,6 +51,8 @@ constexpr const char* kBenchUsage =
     "  earlier default was 512).\n"
     "  --separate-softmax (vulkan): decode attention runs its softmax as its own dispatch instead\n"
     "  of inside the weighted sum, to measure what fusing it saves.\n"
+    "  --separate-swiglu (vulkan): decode quantizes SwiGLU for the down matrix in a dispatch of\n"
+    "  its own instead of in the gate|up matrix's shader, to measure what fusing it saves.\n"
     "  --separate-matrices (vulkan): a dispatch for each of q, k, v and of gate, up, instead of one\n"
     "  for each stack, to measure what stacking them saves.\n"
     "  --matvec-group N, --matvec-lanes N, --matvec-min-groups N, --matvec-rows N (vulkan): the\n"
@@ -228,7 +230,7 @@ int Bench(int argc, char** argv) {
   Args args(argc, argv,
             {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--attn-split",
              "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows"},
-            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-matrices",
+            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices",
              "--shared-trees", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
@@ -268,6 +270,7 @@ int Bench(int argc, char** argv) {
   choice.split_weight_rows = !args.has("--gguf-rows");
   choice.attention_split = attention_split;
   choice.fuse_softmax = !args.has("--separate-softmax");
+  choice.swiglu_in_matvec = !args.has("--separate-swiglu");
   choice.stack_matrices = !args.has("--separate-matrices");
   choice.matvec = matvec;
   choice.subgroup_trees = !args.has("--shared-trees");

@@ -108,6 +108,10 @@ struct VulkanOptions {
   bool fuse_softmax = true;        // decode attention makes its softmax weights inside the
                                    // weighted sum (off: softmax.comp as its own dispatch); also
                                    // off when fuse_ops is
+  bool swiglu_in_matvec = true;    // decode: a stacked gate|up matrix's shader also quantizes
+                                   // SwiGLU for the down matrix (off: quantize_act does, a
+                                   // dispatch and a barrier more per layer); also off when
+                                   // fuse_ops is
   bool stack_matrices = true;      // q, k, v (and gate, up) as one matrix and one dispatch where
                                    // their types agree (off: a dispatch each)
   bool batch_attention = true;     // the attention steps of a pass's sequences recorded side by
@@ -131,6 +135,7 @@ struct BackendRequest {
   bool split_weight_rows = true;  // Vulkan: VulkanOptions::split_weight_rows
   int64_t attention_split = 0;    // Vulkan: VulkanOptions::attention_split
   bool fuse_softmax = true;       // Vulkan: VulkanOptions::fuse_softmax
+  bool swiglu_in_matvec = true;   // Vulkan: VulkanOptions::swiglu_in_matvec
   bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention
   bool stack_matrices = true;     // Vulkan: VulkanOptions::stack_matrices
   bool subgroup_trees = true;     // Vulkan: VulkanOptions::subgroup_trees

@@ -22,6 +22,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .split_weight_rows = request.split_weight_rows,
                                   .attention_split = request.attention_split,
                                   .fuse_softmax = request.fuse_softmax,
+                                  .swiglu_in_matvec = request.swiglu_in_matvec,
                                   .stack_matrices = request.stack_matrices,
                                   .batch_attention = request.batch_attention,
                                   .subgroup_trees = request.subgroup_trees,

@@ -4,17 +4,21 @@
 
 #if defined(KVFS_VULKAN)
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/backend/vulkan/vk_commands.h"
 #include "engine/backend/vulkan/vk_context.h"
 #include "engine/backend/vulkan/vk_ops.h"
 #include "engine/backend/vulkan/vk_pipelines.h"
+#include "engine/model/ggml_types.h"
+#include "engine/model/quants.h"
 #include "tests/test_support.h"
 
 namespace kvfs::testing {
@@ -28,6 +32,79 @@ inline double Nmse(const std::vector<float>& got, const std::vector<float>& want
     den += static_cast<double>(want[i]) * want[i];
   }
   return den > 0.0 ? num / den : num;
+}
+
+inline std::string TypeName(GgmlType t) { return std::string(GgmlTypeInfo(static_cast<uint32_t>(t))->name); }
+
+inline void PutHalf(uint8_t* p, float v) {
+  const uint16_t h = Fp32ToFp16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// n_rows rows of n values of type t: random bytes with sane f16 scale fields; float types N(0, 1).
+inline std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::mt19937& rng) {
+  const int64_t row_bytes = RowBytes(t, n);
+  std::vector<uint8_t> w(static_cast<size_t>(row_bytes * n_rows));
+  for (size_t i = 0; i < w.size(); i += 4) {  // random bytes, four per draw
+    const uint32_t bits = rng();
+    std::memcpy(w.data() + i, &bits, std::min<size_t>(4, w.size() - i));
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> mag(0.5f, 2.0f);
+  const GgmlTypeTraits* info = GgmlTypeInfo(static_cast<uint32_t>(t));
+  const int64_t nb = n / info->block_elems, bb = info->block_bytes;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t i = 0; i < nb; ++i) {
+      uint8_t* b = w.data() + r * row_bytes + i * bb;
+      switch (t) {
+        case GgmlType::kF32: {
+          const float v = normal(rng);
+          std::memcpy(b, &v, 4);
+          break;
+        }
+        case GgmlType::kF16: PutHalf(b, normal(rng)); break;
+        case GgmlType::kBF16: {
+          const uint16_t h = Fp32ToBf16(normal(rng));
+          std::memcpy(b, &h, 2);
+          break;
+        }
+        case GgmlType::kQ4_0:
+        case GgmlType::kQ5_0:
+        case GgmlType::kQ8_0: PutHalf(b, 0.01f * mag(rng)); break;
+        case GgmlType::kQ4_1:
+        case GgmlType::kQ5_1:
+          PutHalf(b, 0.01f * mag(rng));
+          PutHalf(b + 2, -0.1f * mag(rng));
+          break;
+        case GgmlType::kQ4_K:
+        case GgmlType::kQ5_K:
+          PutHalf(b, 0.001f * mag(rng));
+          PutHalf(b + 2, 0.001f * mag(rng));
+          break;
+        case GgmlType::kQ6_K: PutHalf(b + 208, 0.001f * mag(rng)); break;
+        default: break;
+      }
+    }
+  }
+  return w;
+}
+
+// N(0, 1) scaled per 32 values by 10^U(-2, 2), with an all-zero block and a block of rounding
+// ties (amax 127) when n allows.
+inline std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
+  std::vector<float> x(static_cast<size_t>(n));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> expo(-2.0f, 2.0f);
+  for (int64_t i = 0; i < n; i += 32) {
+    const float s = std::pow(10.0f, expo(rng));
+    for (int64_t j = i; j < std::min(n, i + 32); ++j) x[j] = s * normal(rng);
+  }
+  if (n >= 96) {
+    for (int64_t j = 32; j < 64; ++j) x[j] = 0.0f;
+    for (int64_t j = 64; j < 96; ++j) x[j] = (j % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(j % 7));
+    x[64] = -127.0f;
+  }
+  return x;
 }
 
 class VulkanOpsTest : public ::testing::Test {

@@ -30,7 +30,7 @@ namespace kvfs::vk {
 
 class Recorder {
  public:
-  static constexpr size_t kMaxBuffers = 9;  // the most buffers a dispatch binds (attn_output); Dispatch checks
+  static constexpr size_t kMaxBuffers = 10;  // the most buffers a dispatch binds (matvec_quant); Dispatch checks
   explicit Recorder(Context& ctx) : ctx_(ctx) {}
   ~Recorder();
   Recorder(const Recorder&) = delete;

@@ -30,6 +30,10 @@ struct QuantizeParams {
 struct MatQuantParams {
   uint32_t n_units, row_bytes, n_rows, row_begin, n_tokens, y_stride, y_col0, flags, seg1, seg2, y1_stride, y2_stride;
 };
+struct MatvecQuantParams {
+  MatQuantParams mat;
+  uint32_t counter0;
+};
 struct MatFloatParams {
   uint32_t n_in, row_bytes, n_rows, row_begin, n_tokens, x_stride, y_stride, y_col0, flags, seg1, seg2, y1_stride,
       y2_stride;
@@ -45,11 +49,11 @@ constexpr ShaderInterface kRmsNorm{"rms_norm", 4, sizeof(RmsNormParams)};
 constexpr ShaderInterface kRmsNormSg{"rms_norm_sg", 4, sizeof(RmsNormParams)};
 constexpr ShaderInterface kQuantize{"quantize_act", 5, sizeof(QuantizeParams)};
 constexpr ShaderInterface kQuantizeSg{"quantize_act_sg", 5, sizeof(QuantizeParams)};
-constexpr ShaderInterface kMatvecQuant{"matvec_quant", 7, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecQuant{"matvec_quant", 10, sizeof(MatvecQuantParams)};
 constexpr ShaderInterface kMatmulQuant{"matmul_quant", 7, sizeof(MatQuantParams)};
-constexpr ShaderInterface kMatvecQuantIdot{"matvec_quant_idot", 7, sizeof(MatQuantParams)};
-constexpr ShaderInterface kMatvecQuantSg{"matvec_quant_sg", 7, sizeof(MatQuantParams)};
-constexpr ShaderInterface kMatvecQuantIdotSg{"matvec_quant_idot_sg", 7, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecQuantIdot{"matvec_quant_idot", 10, sizeof(MatvecQuantParams)};
+constexpr ShaderInterface kMatvecQuantSg{"matvec_quant_sg", 10, sizeof(MatvecQuantParams)};
+constexpr ShaderInterface kMatvecQuantIdotSg{"matvec_quant_idot_sg", 10, sizeof(MatvecQuantParams)};
 constexpr ShaderInterface kMatmulQuantIdot{"matmul_quant_idot", 7, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatvecFloat{"matvec_float", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kMatvecFloatSg{"matvec_float_sg", 6, sizeof(MatFloatParams)};
@@ -61,9 +65,8 @@ static_assert(kMatvecQuant.n_buffers <= kMostStorageBuffers);
 
 // quantize_act with the norm: about this many workgroups in all (each reads its row whole).
 constexpr int64_t kQuantizeSpreadGroups = 128;
-// Small batches go to the matrix-vector shaders, larger ones to the tiled matrix-matrix
-// shaders (which stage operands in shared memory).
-constexpr int64_t kMatvecMaxTokens = 8;  // beyond this, matmul_* shaders
+// Small batches (up to Ops::kMatvecMaxTokens rows) go to the matrix-vector shaders, larger
+// ones to the tiled matrix-matrix shaders (which stage operands in shared memory).
 constexpr uint32_t kTileRows = 64;
 
 // Invocations per row of the matrix-vector shaders: enough for the row's work items (32-value
@@ -82,8 +85,11 @@ uint32_t MatvecRowsPerSlot(int64_t n_rows, uint32_t slots_per_group, const Matve
   while (rows < shape.max_rows && n_rows / (int64_t{slots_per_group} * rows * 2) >= shape.min_groups) rows *= 2;
   return rows;
 }
-// The most tokens a matrix-vector dispatch takes (its TOKENS).
+// The most tokens a matrix-vector dispatch takes (its TOKENS), and what it takes for n_tokens.
 constexpr uint32_t kMatvecTokens = 4;
+uint32_t MatvecTokensPerGroup(int64_t n_tokens) { return n_tokens == 1 ? 1 : (n_tokens == 2 ? 2 : kMatvecTokens); }
+// matvec_quant's KIND when it has no SwiGLU epilogue.
+constexpr uint32_t kNoSwiGlu = 3;
 
 }  // namespace
 
@@ -121,8 +127,8 @@ bool SupportedWeightType(GgmlType t) {
 Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines) {
   // The row and tile shaders use workgroups of 256 invocations and up to about 16 KiB of shared
   // memory (attn_output; 21 KiB where it quantizes its output, if the device has it: Vulkan only
-  // guarantees 128 invocations and 16 KiB). Shaders bind up to 9 storage buffers (attn_output;
-  // Vulkan guarantees 4, real devices dozens or more).
+  // guarantees 128 invocations and 16 KiB). Shaders bind up to 10 storage buffers
+  // (matvec_quant; Vulkan guarantees 4, real devices dozens or more).
   if (ctx.limits().max_group_invocations < 256 || ctx.limits().max_group_size_x < 256 ||
       ctx.limits().max_shared_bytes < 16384) {
     return Unsupported(fmt::format("Vulkan device {} allows {} invocations and {} bytes of shared memory per "
@@ -227,8 +233,31 @@ Status Ops::MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a) {
   if (n_seg > 2 || (n_seg >= 1 && a.y1 == nullptr) || (n_seg == 2 && a.y2 == nullptr)) {
     return Internal(fmt::format("a stack of {} matrices needs as many outputs", n_seg + 1));
   }
+  if (a.swiglu != nullptr && !FusesSwiGlu(w, a.n_tokens, a.swiglu->kind, a.swiglu->counter_words)) {
+    return Internal("this matrix product cannot hand on SwiGLU codes");
+  }
   for (const DeviceMatrixPart& part : w.parts) KVFS_RETURN_IF_ERROR(MatMulPart(rec, w, part, a));
   return Status::Ok();
+}
+
+bool Ops::FusesSwiGlu(const DeviceMatrix& w, int64_t n_tokens, ActKind kind, int64_t counter_words) const {
+  if (kind == ActKind::kFloat || ActKindFor(w.type) == ActKind::kFloat) return false;
+  if (w.segment_rows.size() != 1 || 2 * w.segment_rows[0] != w.n_out) return false;
+  if (n_tokens < 1 || n_tokens > kMatvecMaxTokens || matvec_.group < 32) return false;
+  const int64_t n = w.segment_rows[0], block = kind == ActKind::kQ8_K ? 256 : 32;
+  if (n % block != 0) return false;
+  // Counters: a word per block and group of tokens (matvec_quant's grid rows).
+  if (CeilDiv(n_tokens, MatvecTokensPerGroup(n_tokens)) * (n / block) > counter_words) return false;
+  // Shared memory, as matvec_quant declares it for each part's shape: the partial sums, the
+  // quantizer's five arrays, the finished blocks' list.
+  const int64_t group = matvec_.group, tokens = MatvecTokensPerGroup(n_tokens);
+  const int64_t slots = group / MatvecLanes(w.n_in / 32, matvec_.max_lanes);
+  for (const DeviceMatrixPart& part : w.parts) {
+    const int64_t rows = MatvecRowsPerSlot(part.n_rows, static_cast<uint32_t>(slots), matvec_);
+    const int64_t shared = rows * tokens * group * 4 + 20 * group + 4 * (2 * (slots * rows / 32 + 2) + 1);
+    if (shared > ctx_.limits().max_shared_bytes) return false;
+  }
+  return true;
 }
 
 Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a) {
@@ -247,11 +276,12 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
     const bool sg = subgroup_trees();
     const uint32_t lanes = MatvecLanes(quantized ? w.n_in / 32 : w.n_in / 8, matvec_.max_lanes);
     rows_per_group = matvec_.group / lanes;
-    tokens_per_group = a.n_tokens == 1 ? 1 : (a.n_tokens == 2 ? 2 : kMatvecTokens);
+    tokens_per_group = MatvecTokensPerGroup(a.n_tokens);
     if (quantized) {
       const uint32_t rows_per_slot = MatvecRowsPerSlot(part.n_rows, rows_per_group, matvec_);
       rows_per_group *= rows_per_slot;
-      const uint32_t spec[] = {matvec_.group, type, lanes, tokens_per_group, rows_per_slot, layout};
+      const uint32_t glu = a.swiglu != nullptr ? static_cast<uint32_t>(a.swiglu->kind) : kNoSwiGlu;
+      const uint32_t spec[] = {matvec_.group, type, lanes, tokens_per_group, rows_per_slot, layout, glu};
       const ShaderInterface& shader = ctx_.integer_dot() ? (sg ? kMatvecQuantIdotSg : kMatvecQuantIdot)
                                                          : (sg ? kMatvecQuantSg : kMatvecQuant);
       KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(shader, spec));
@@ -282,9 +312,17 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
   const int64_t max_groups = ctx_.limits().max_group_count[0];
   for (int64_t r0 = 0; r0 < part.n_rows; r0 += max_groups * rows_per_group) {
     const uint32_t groups = CeilDiv(std::min(part.n_rows - r0, max_groups * rows_per_group), rows_per_group);
-    if (quantized) {
-      const MatQuantParams params{U32(w.n_in / 32), U32(w.row_bytes), U32(part.n_rows), U32(r0), U32(a.n_tokens),
-                                  y_stride, U32(part.row0), flags, seg1, seg2, y1_stride, y2_stride};
+    const MatQuantParams params{U32(w.n_in / 32), U32(w.row_bytes), U32(part.n_rows), U32(r0), U32(a.n_tokens),
+                                y_stride, U32(part.row0), flags, seg1, seg2, y1_stride, y2_stride};
+    if (quantized && matvec) {
+      const SwiGluCodes* g = a.swiglu;
+      const MatvecQuantParams matvec_params{params, 0};
+      KVFS_RETURN_IF_ERROR(rec.Dispatch(*p,
+                                        {&part.buffer, a.acts.codes, a.acts.aux, a.y, bias, y1, y2,
+                                         g != nullptr ? g->acts.codes : &unused_, g != nullptr ? g->acts.aux : &unused_,
+                                         g != nullptr ? g->counters : &unused_},
+                                        &matvec_params, groups, group_y));
+    } else if (quantized) {
       KVFS_RETURN_IF_ERROR(
           rec.Dispatch(*p, {&part.buffer, a.acts.codes, a.acts.aux, a.y, bias, y1, y2}, &params, groups, group_y));
     } else {

@@ -136,6 +136,19 @@ class Ops {
   Status SwiGluQuantizeActs(Recorder& rec, ActKind kind, const Buffer& gate, const Buffer& up, int64_t n,
                             int64_t n_rows, const Buffer& y, const QuantizedActs& out);
 
+  // The most activation rows the matrix-vector shaders take; more go to the tiled shaders.
+  static constexpr int64_t kMatvecMaxTokens = 8;
+
+  // SwiGLU of a stacked gate|up matrix's outputs (y = gate, y1 = up), quantized for the down
+  // matrix by the matrix-vector shader itself: the workgroup that completes a block's gate and
+  // up rows writes the block's codes, as SwiGluQuantizeActs would (FusesSwiGlu says when).
+  struct SwiGluCodes {
+    ActKind kind = ActKind::kFloat;     // the down matrix's
+    QuantizedActs acts;                 // [n_tokens][n_ff / 4] codes, [n_tokens][n_ff / 32] aux
+    const Buffer* counters = nullptr;   // uint32 words, all 0; left 0
+    int64_t counter_words = 0;
+  };
+
   struct MatMulArgs {
     const Buffer* x = nullptr;  // f32 input rows (read by float weights)
     int64_t x_stride = 0;
@@ -146,10 +159,16 @@ class Ops {
     const Buffer* y2 = nullptr;  // three stacked: [n_tokens][rows of the third]
     const Buffer* bias = nullptr;  // [w.n_out] or null
     bool accumulate = false;    // y += W x instead of y = W x
+    const SwiGluCodes* swiglu = nullptr;  // with it, also SwiGLU(y, y1) quantized (FusesSwiGlu)
   };
   // y[t][r] = W.row(r) . x[t] (+ bias[r]) (+ old y[t][r]) for every part of W (the rows of
   // stacked matrices going to y, y1, y2; bias indexed by the stacked row).
   Status MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a);
+  // Whether MatMul can hand on SwiGLU codes of `kind` for n_tokens rows: w is gate|up stacked
+  // (two halves of a quantized type, each a whole number of kind's blocks), the rows go to the
+  // matrix-vector shader, whose workgroups have room for the quantizer (at least 32
+  // invocations, its shared memory), and the blocks' counters fit in counter_words.
+  bool FusesSwiGlu(const DeviceMatrix& w, int64_t n_tokens, ActKind kind, int64_t counter_words) const;
 
   // Rotates the first n_rot dimensions of every head (head_dim apart) of n_tokens rows in place
   // with the (cos, sin) table [n_tokens][n_rot / 2].

@@ -13,9 +13,9 @@ namespace kvfs::vk::ops_detail {
 // Workgroup sizes of the element-wise and the row shaders.
 constexpr uint32_t kElementwiseGroup = 64;
 constexpr uint32_t kRowGroup = 256;  // rms_norm, softmax, attn_output, quantize_act
-// The most storage buffers a shader binds (attn_output; Vulkan only guarantees 4 per stage, real
+// The most storage buffers a shader binds (matvec_quant; Vulkan only guarantees 4 per stage, real
 // devices allow dozens or more): Ops::Create requires them, each file checks its shaders.
-constexpr uint32_t kMostStorageBuffers = 9;
+constexpr uint32_t kMostStorageBuffers = 10;
 static_assert(kMostStorageBuffers <= Recorder::kMaxBuffers);
 
 inline uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }

@@ -90,9 +90,10 @@ class VulkanBackend final : public Backend {
                    std::span<const int64_t> logit_rows, bool last, Logits& out);
   // y (+)= W x, quantizing x first when W's type needs it (reused while same_input).
   // Stacked matrices (q|k|v, gate|up) write their second and third parts to y1 and y2.
+  // With `swiglu`, gate|up also hands on SwiGLU(y, y1)'s codes for the down matrix.
   Status MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
                 const vk::DeviceVector* bias, bool accumulate, bool same_input, const Buffer* y1 = nullptr,
-                const Buffer* y2 = nullptr);
+                const Buffer* y2 = nullptr, const vk::Ops::SwiGluCodes* swiglu = nullptr);
   // xb_ = RMSNorm(x_) * w for T rows, ready for `next` (the first matrix to read it): quantized
   // in the same dispatch when fusing and next takes quantized activations.
   Status NormFor(const vk::DeviceVector& w, int64_t T, const vk::DeviceMatrix& next);
@@ -103,6 +104,11 @@ class VulkanBackend final : public Backend {
   // else it was rotated in place); fusing, it also quantizes att_ for `next` (the o matrix)
   // where the output shaders can.
   Status Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys, const vk::DeviceMatrix& next);
+  // act_codes_ now holds codes of `kind` (kFloat: none) of the next matrices' input.
+  void HoldCodes(vk::ActKind kind) {
+    quantized_kind_ = kind;
+    quantized_acts_ = {&act_codes_, &act_aux_};
+  }
   // Makes logits_ and logits_out_ hold at least `rows` rows (at most max_ubatch_).
   Status ReserveLogitRows(int64_t rows);
 
@@ -119,8 +125,12 @@ class VulkanBackend final : public Backend {
   std::vector<vk::Ops::AttentionJob> attention_jobs_;  // Attention()'s, reused layer after layer
   int64_t max_ubatch_ = kMaxUbatch;
   bool fuse_ops_ = true;
+  bool swiglu_in_matvec_ = true;  // VulkanOptions::swiglu_in_matvec (and fuse_ops)
   bool batch_attention_ = true;
-  vk::ActKind quantized_kind_ = vk::ActKind::kFloat;  // what act_codes_ holds (kFloat: nothing)
+  // The codes of the input the next matrix reads (kFloat: none): act_codes_ / act_aux_, or
+  // swiglu_codes_ / swiglu_aux_ when gate|up made them.
+  vk::ActKind quantized_kind_ = vk::ActKind::kFloat;
+  vk::QuantizedActs quantized_acts_;
 
   // Activations on the device, row-major [max_ubatch_][width] f32 unless said otherwise.
   Buffer x_;          // [n_embd] residual stream
@@ -133,6 +143,8 @@ class VulkanBackend final : public Backend {
   Buffer logits_;     // [logit_rows_][n_vocab]: grown on demand (decode needs one row)
   Buffer act_codes_;  // quantized activations: [max_ubatch_][max n_in / 4] words
   Buffer act_aux_;    // [max_ubatch_][max n_in / 32] vec4 (see vk_ops.h)
+  Buffer swiglu_codes_;  // the down matrix's codes from gate|up (decode): [kMatvecMaxTokens][n_ff / 4] words
+  Buffer swiglu_aux_;    // [kMatvecMaxTokens][n_ff / 32] vec4
   Buffer scores_;     // attention weights: [tokens][n_head][context], kScoresBytes
   Buffer partials_;   // attention split over positions: [tokens][n_head][splits][head_dim]
   Buffer stats_;      // decode attention's softmax shares: [tokens][n_head][score workgroups] (max, sum)
@@ -149,6 +161,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(vk::CheckWeightTypes(model_.weights()));
   KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device, options.integer_dot));
   fuse_ops_ = options.fuse_ops;
+  swiglu_in_matvec_ = options.fuse_ops && options.swiglu_in_matvec;
   batch_attention_ = options.batch_attention;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
@@ -196,6 +209,9 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(device(xn_, hp_.n_embd));
   KVFS_RETURN_IF_ERROR(device(act_codes_, n_in_max / 4));
   KVFS_RETURN_IF_ERROR(device(act_aux_, n_in_max / 32 * 4));
+  const int64_t swiglu_rows = vk::Ops::kMatvecMaxTokens;
+  KVFS_ASSIGN_OR_RETURN(swiglu_codes_, ctx_->CreateBuffer(swiglu_rows * hp_.n_ff, MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(swiglu_aux_, ctx_->CreateBuffer(swiglu_rows * hp_.n_ff / 32 * 16, MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(scores_, ctx_->CreateBuffer(std::min(kScoresBytes, max_binding), MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(partials_, ctx_->CreateBuffer(std::min(kPartialsBytes, max_binding), MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(stats_, ctx_->CreateBuffer(std::min(kStatsBytes, max_binding), MemoryKind::kDevice));
@@ -223,25 +239,25 @@ Status VulkanBackend::ReserveLogitRows(int64_t rows) {
 
 Status VulkanBackend::MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
                              const vk::DeviceVector* bias, bool accumulate, bool same_input, const Buffer* y1,
-                             const Buffer* y2) {
+                             const Buffer* y2, const vk::Ops::SwiGluCodes* swiglu) {
   const vk::ActKind kind = vk::ActKindFor(w.type);
-  const vk::QuantizedActs acts{&act_codes_, &act_aux_};
   if (kind != vk::ActKind::kFloat && !(same_input && quantized_kind_ == kind)) {
     rec_->Barrier();  // earlier matmuls may still read the previous codes
-    KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(*rec_, kind, x, x_stride, w.n_in, T, acts));
+    KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(*rec_, kind, x, x_stride, w.n_in, T, {&act_codes_, &act_aux_}));
     rec_->Barrier();
-    quantized_kind_ = kind;
+    HoldCodes(kind);
   }
   vk::Ops::MatMulArgs a;
   a.x = &x;
   a.x_stride = x_stride;
-  a.acts = acts;
+  a.acts = quantized_acts_;
   a.n_tokens = T;
   a.y = &y;
   a.y1 = y1;
   a.y2 = y2;
   a.bias = bias != nullptr && !bias->empty() ? &bias->buffer : nullptr;
   a.accumulate = accumulate;
+  a.swiglu = swiglu;
   return ops_->MatMul(*rec_, w, a);
 }
 
@@ -251,10 +267,10 @@ Status VulkanBackend::NormFor(const vk::DeviceVector& w, int64_t T, const vk::De
   if (fuse_ops_ && kind != vk::ActKind::kFloat) {
     KVFS_RETURN_IF_ERROR(
         ops_->NormQuantizeActs(*rec_, kind, x_, n, w.buffer, n, hp_.rms_eps, xb_, n, T, {&act_codes_, &act_aux_}));
-    quantized_kind_ = kind;
+    HoldCodes(kind);
   } else {
     KVFS_RETURN_IF_ERROR(ops_->RmsNorm(*rec_, x_, n, w.buffer, n, hp_.rms_eps, xb_, n, T, nullptr));
-    quantized_kind_ = vk::ActKind::kFloat;  // act_codes_ no longer holds xb_'s codes
+    HoldCodes(vk::ActKind::kFloat);  // act_codes_ no longer holds xb_'s codes
   }
   rec_->Barrier();
   return Status::Ok();
@@ -264,10 +280,10 @@ Status VulkanBackend::SwiGluFor(int64_t T, const vk::DeviceMatrix& next) {
   const vk::ActKind kind = vk::ActKindFor(next.type);
   if (fuse_ops_ && kind != vk::ActKind::kFloat) {
     KVFS_RETURN_IF_ERROR(ops_->SwiGluQuantizeActs(*rec_, kind, gate_, up_, hp_.n_ff, T, hidden_, {&act_codes_, &act_aux_}));
-    quantized_kind_ = kind;
+    HoldCodes(kind);
   } else {
     KVFS_RETURN_IF_ERROR(ops_->SwiGlu(*rec_, gate_, up_, hidden_, T * hp_.n_ff));
-    quantized_kind_ = vk::ActKind::kFloat;
+    HoldCodes(vk::ActKind::kFloat);
   }
   rec_->Barrier();
   return Status::Ok();
@@ -334,7 +350,7 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bo
   const vk::Ops::RopeTable q_rope{&rope_, hp_.n_rot, hp_.rope_style};
   const vk::Ops::RopeTable* q_rope_in_scores = fuse_ops_ ? &q_rope : nullptr;
   const bool quantize = fuse_ops_ && ops_->QuantizesAttentionOutput(shape, codes.kind);
-  quantized_kind_ = quantize ? codes.kind : vk::ActKind::kFloat;  // act_codes_ no longer holds xb_'s codes
+  HoldCodes(quantize ? codes.kind : vk::ActKind::kFloat);  // act_codes_ no longer holds xb_'s codes
   if (batch_attention_) {
     KVFS_RETURN_IF_ERROR(
         ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, jobs, scratch, quantize ? &codes : nullptr,
@@ -389,7 +405,7 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   KVFS_RETURN_IF_ERROR(ReserveLogitRows(R));  // before recording: it may replace buffers
   vk::Recorder& rec = *rec_;
   KVFS_RETURN_IF_ERROR(rec.Begin());
-  quantized_kind_ = vk::ActKind::kFloat;
+  HoldCodes(vk::ActKind::kFloat);
   KVFS_RETURN_IF_ERROR(ops_->Embed(rec, w.token_embd, tokens_, T, x_));
   rec.Barrier();
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
@@ -418,14 +434,25 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
 
     const bool gate_up_stacked = !l.w_gate_up.parts.empty();
     KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, gate_up_stacked ? l.w_gate_up : l.w_gate));
+    // Fusing, a stacked gate|up hands the down matrix SwiGLU's codes itself (decode).
+    const vk::Ops::SwiGluCodes swiglu{vk::ActKindFor(l.w_down.type), {&swiglu_codes_, &swiglu_aux_}, &counters_,
+                                      counters_.bytes() / 4};
+    const bool swiglu_in_matvec =
+        swiglu_in_matvec_ && gate_up_stacked && ops_->FusesSwiGlu(l.w_gate_up, T, swiglu.kind, swiglu.counter_words);
     if (gate_up_stacked) {
-      KVFS_RETURN_IF_ERROR(MatMul(l.w_gate_up, xb_, n_embd, T, gate_, nullptr, false, true, &up_));
+      KVFS_RETURN_IF_ERROR(MatMul(l.w_gate_up, xb_, n_embd, T, gate_, nullptr, false, true, &up_, nullptr,
+                                  swiglu_in_matvec ? &swiglu : nullptr));
     } else {
       KVFS_RETURN_IF_ERROR(MatMul(l.w_gate, xb_, n_embd, T, gate_, nullptr, false, true));
       KVFS_RETURN_IF_ERROR(MatMul(l.w_up, xb_, n_embd, T, up_, nullptr, false, true));
     }
     rec.Barrier();
-    KVFS_RETURN_IF_ERROR(SwiGluFor(T, l.w_down));
+    if (swiglu_in_matvec) {
+      quantized_kind_ = swiglu.kind;
+      quantized_acts_ = swiglu.acts;
+    } else {
+      KVFS_RETURN_IF_ERROR(SwiGluFor(T, l.w_down));
+    }
     KVFS_RETURN_IF_ERROR(MatMul(l.w_down, hidden_, n_ff, T, x_, nullptr, true, true));
     rec.Barrier();
   }

@@ -103,6 +103,14 @@ float ExpPoly(float x) {
   return n < -192.0 ? 0.0 : (n > 192.0 ? uintBitsToFloat(0x7F800000u) : r);
 }
 
+// SwiGLU of one value: silu(gate) * up with ExpPoly, as the CPU computes it. swiglu.comp,
+// quantize_act.comp (SOURCE 1) and matvec_quant.comp's epilogue all call it, so they agree
+// bit for bit.
+float SwiGluOf(float gate, float up) {
+  precise float v = gate / (1.0 + ExpPoly(-gate)) * up;
+  return v;
+}
+
 // Int8 blocks with a power-of-two scale, as the CPU backend's integer attention paths make them
 // (engine/backend/cpu/attention.h: BlockScaleFor, QuantizeInt8Block): for a block whose largest
 // magnitude is amax, the scale is 2^e (0 for an all-zero block) and x's code is x / 2^e rounded

@@ -20,6 +20,11 @@
 // fill the device.
 //
 // Epilogue (flags): y = [y_old +] (W x [+ bias]), the residual add and the qwen2 bias fused.
+// With KIND < 3, a stacked gate|up matrix (gate rows [0, seg1) to y, up rows [seg1, 2 seg1) to
+// y1) also hands on SwiGLU(gate, up) quantized for the down matrix, as quantize_act (SOURCE 1)
+// would: the workgroup whose rows complete a block of BLOCK values (its gate and its up rows,
+// counted with an atomic per block and token group) quantizes that block. Decode then needs
+// no quantize_act dispatch, and no barrier, between gate|up and down.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;       // invocations, a power of two
@@ -28,6 +33,7 @@ layout(constant_id = 2) const uint LANES = 64;    // invocations per slot, a pow
 layout(constant_id = 3) const uint TOKENS = 1;
 layout(constant_id = 4) const uint ROWS_PER_SLOT = 1;
 layout(constant_id = 5) const uint WEIGHT_LAYOUT = 0;  // vk::WeightLayout
+layout(constant_id = 6) const uint KIND = 3;  // SwiGLU epilogue's codes: 0 Q8_0, 1 Q8_1, 2 Q8_K; 3 none
 
 layout(push_constant) uniform Params {
   uint n_units;    // 32-value units per row (n_in / 32)
@@ -44,15 +50,21 @@ layout(push_constant) uniform Params {
   uint seg2;
   uint y1_stride;
   uint y2_stride;
+  uint counter0;  // KIND < 3: this dispatch's first word of counters
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
 layout(binding = 1) readonly buffer ActCodes { uvec4 act_code4[]; };   // [n_tokens][n_units * 2]: 32 codes a unit
 layout(binding = 2) readonly buffer ActAux { vec4 act_aux[]; };        // [n_tokens][n_units]
-layout(binding = 3) buffer Output { float y[]; };                      // [n_tokens][y_stride]
+// y and y1 are coherent: the SwiGLU epilogue reads rows other workgroups wrote.
+layout(binding = 3) coherent buffer Output { float y[]; };             // [n_tokens][y_stride]
 layout(binding = 4) readonly buffer Bias { float bias[]; };            // [y_stride] when flags & 2
-layout(binding = 5) buffer Output1 { float y1[]; };                     // [n_tokens][y1_stride]: rows from seg1
+layout(binding = 5) coherent buffer Output1 { float y1[]; };           // [n_tokens][y1_stride]: rows from seg1
 layout(binding = 6) buffer Output2 { float y2[]; };                     // [n_tokens][y2_stride]: rows from seg2
+// KIND < 3: SwiGLU(y, y1) quantized (quantize_block.glsl's layout), and the blocks' counters.
+layout(binding = 7) writeonly buffer Codes { uint codes[]; };          // [n_tokens][seg1 / 4]
+layout(binding = 8) writeonly buffer Aux { vec4 aux[]; };              // [n_tokens][seg1 / 32]
+layout(binding = 9) coherent buffer Counters { uint counters[]; };     // from counter0: [token groups][seg1 / BLOCK]
 
 #include "common.glsl"
 #include "weight_bytes.glsl"
@@ -65,6 +77,68 @@ shared float partial[OUTPUTS * WG];
 
 #include "matrix_store.glsl"
 #include "subgroup_tree.glsl"
+
+const uint QUANT_SHARED = KIND < 3u ? WG : 1u;
+#include "quantize_block.glsl"
+
+const uint GROUP_ROWS = SLOTS * ROWS_PER_SLOT;  // rows per workgroup
+// Blocks whose counts a workgroup's rows can complete: in each of gate and up, its rows'
+// blocks (BLOCK >= 32); [0] holds the count.
+shared uint finished[KIND < 3u ? 2u * (GROUP_ROWS / 32u + 2u) + 1u : 1u];
+
+// The SwiGLU epilogue (KIND < 3), after this workgroup's rows are stored: every invocation
+// calls it. Counting follows the CUDA threadfence-reduction idiom, as attn_output's one pass:
+// every invocation's fence, the workgroup barrier, then the counting invocation's fences
+// around the atomics. A block completes once its 2 * BLOCK gate and up rows are counted; the
+// workgroup that completes it resets its counter (0 for the next use) and quantizes it.
+void QuantizeFinishedBlocks(uint tid, uint subgroup) {
+  const uint first = p.row_begin + gl_WorkGroupID.x * GROUP_ROWS;
+  const uint s0 = p.y_col0 + first, s1 = p.y_col0 + min(first + GROUP_ROWS, p.n_rows);  // stacked rows
+  const uint n = p.seg1, n_blocks = n / BLOCK;
+  memoryBarrierBuffer();
+  barrier();
+  // Every invocation walks the blocks (uniform control flow); invocation 0 counts.
+  uint n_counted = 0u;
+  for (uint which = 0u; which < 2u; ++which) {  // gate rows, then up rows
+    const uint base = which * n, lo = max(s0, base), hi = min(s1, base + n);
+    const uint b_end = lo < hi ? (hi - base + BLOCK - 1u) / BLOCK : 0u;
+    for (uint b = lo < hi ? (lo - base) / BLOCK : 0u; b < b_end; ++b) {
+      if (tid == 0u) {
+        const uint rows = min(hi, base + (b + 1u) * BLOCK) - max(lo, base + b * BLOCK);
+        const uint counter = p.counter0 + gl_WorkGroupID.y * n_blocks + b;
+        memoryBarrierBuffer();
+        if (atomicAdd(counters[counter], rows) + rows == 2u * BLOCK) {
+          atomicExchange(counters[counter], 0u);
+          finished[1u + n_counted++] = b;
+        }
+      }
+    }
+  }
+  if (tid == 0u) {
+    memoryBarrierBuffer();
+    finished[0] = n_counted;
+  }
+  barrier();
+  const uint n_finished = finished[0];
+  if (n_finished == 0u) return;  // the same for the whole workgroup
+  memoryBarrierBuffer();
+  // 32 invocations a block, WG / 32 blocks a pass, each for the workgroup's tokens.
+  for (uint i0 = 0u; i0 < n_finished; i0 += WG / 32u) {
+    const uint i = i0 + tid / 32u;
+    const uint b = i < n_finished ? finished[1u + i] : 0u;
+    for (uint k = 0u; k < TOKENS; ++k) {
+      const uint t = gl_WorkGroupID.y * TOKENS + k;
+      const bool live = i < n_finished && t < p.n_tokens;
+      float v[PER_LANE];
+      for (uint j = 0u; j < PER_LANE; ++j) {
+        const uint x = b * BLOCK + (tid % 32u) * PER_LANE + j;
+        v[j] = live ? SwiGluOf(y[t * p.y_stride + x], y1[t * p.y1_stride + x]) : 0.0;
+      }
+      QuantizeBlock(v, t * (n / 4u) + b * (BLOCK / 4u), t * (n / 32u) + b * (BLOCK / 32u), live, tid,
+                    min(32u, subgroup));
+    }
+  }
+}
 
 void main() {
   const uint subgroup = TreeSubgroupSize();
@@ -114,10 +188,12 @@ void main() {
     for (uint o = 0u; o < OUTPUTS; ++o) acc[o] = partial[o * WG + tid];
   }
   for (uint o = 0u; o < OUTPUTS; ++o) acc[o] = SubgroupTreeSteps(acc[o], min(LANES, subgroup));
-  if (lane != 0u) return;
-  for (uint o = 0u; o < OUTPUTS; ++o) {
-    const uint r = r0 + o / TOKENS, t = t0 + o % TOKENS;
-    if (r >= p.n_rows || t >= p.n_tokens) continue;
-    StoreOutput(t, r, acc[o]);
+  if (lane == 0u) {
+    for (uint o = 0u; o < OUTPUTS; ++o) {
+      const uint r = r0 + o / TOKENS, t = t0 + o % TOKENS;
+      if (r >= p.n_rows || t >= p.n_tokens) continue;
+      StoreOutput(t, r, acc[o]);
+    }
   }
+  if (KIND < 3u) QuantizeFinishedBlocks(tid, subgroup);
 }

@@ -53,10 +53,7 @@ const uint QUANT_SHARED = WG;
 // Value i of row r (norm_scale: SOURCE 2's RMSNorm scale of the row).
 float Value(uint r, uint i, float norm_scale) {
   const float a = x[r * p.x_stride + i];
-  if (SOURCE == 1u) {
-    precise float v = a / (1.0 + ExpPoly(-a)) * x2[r * p.x_stride + i];
-    return v;
-  }
+  if (SOURCE == 1u) return SwiGluOf(a, x2[r * p.x_stride + i]);
   if (SOURCE == 2u) {
     precise float v = (a * norm_scale) * x2[i];
     return v;

@@ -19,7 +19,5 @@ layout(binding = 2) writeonly buffer Output { float y[]; };
 void main() {
   const uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * WG;
   if (i >= p.n) return;
-  const float g = gate[i];
-  precise float v = g / (1.0 + ExpPoly(-g)) * up[i];
-  y[i] = v;
+  y[i] = SwiGluOf(gate[i], up[i]);
 }
