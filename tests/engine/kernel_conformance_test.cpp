@@ -18,6 +18,7 @@
 #include "engine/backend/cpu/kernel_select.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/model/quants.h"
+#include "tests/engine/random_weights.h"
 
 namespace kvfs::cpu {
 namespace {
@@ -46,10 +47,6 @@ std::vector<const KernelTable*> SimdTables() {
   return out;
 }
 
-void PutHalf(uint8_t* p, float v) {
-  const uint16_t h = Fp32ToFp16(v);
-  std::memcpy(p, &h, 2);
-}
 
 // n_rows rows of n elements of type t: random bytes, with every scale field set to a sane
 // fp16 (random bytes could be NaN or huge) and float types drawn from N(0, 1).
@@ -58,43 +55,7 @@ std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::m
   std::vector<uint8_t> w(static_cast<size_t>(row_bytes * n_rows));
   std::uniform_int_distribution<int> byte(0, 255);
   for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> mag(0.5f, 2.0f);
-  const int64_t nb = n / BlockElems(t), bb = GgmlTypeInfo(Id(t))->block_bytes;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    uint8_t* row = w.data() + r * row_bytes;
-    for (int64_t i = 0; i < nb; ++i) {
-      uint8_t* b = row + i * bb;
-      switch (t) {
-        case GgmlType::kF32: {
-          const float v = normal(rng);
-          std::memcpy(b, &v, 4);
-          break;
-        }
-        case GgmlType::kF16: PutHalf(b, normal(rng)); break;
-        case GgmlType::kBF16: {
-          const uint16_t h = Fp32ToBf16(normal(rng));
-          std::memcpy(b, &h, 2);
-          break;
-        }
-        case GgmlType::kQ4_0:
-        case GgmlType::kQ5_0:
-        case GgmlType::kQ8_0: PutHalf(b, 0.01f * mag(rng)); break;
-        case GgmlType::kQ4_1:
-        case GgmlType::kQ5_1:
-          PutHalf(b, 0.01f * mag(rng));
-          PutHalf(b + 2, -0.1f * mag(rng));
-          break;
-        case GgmlType::kQ4_K:
-        case GgmlType::kQ5_K:
-          PutHalf(b, 0.001f * mag(rng));
-          PutHalf(b + 2, 0.001f * mag(rng));
-          break;
-        case GgmlType::kQ6_K: PutHalf(b + 208, 0.001f * mag(rng)); break;
-        default: break;
-      }
-    }
-  }
+  kvfs::testing::SetSaneScales(t, w, n_rows, n, rng);
   return w;
 }
 

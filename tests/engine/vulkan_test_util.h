@@ -19,6 +19,7 @@
 #include "engine/backend/vulkan/vk_pipelines.h"
 #include "engine/model/ggml_types.h"
 #include "engine/model/quants.h"
+#include "tests/engine/random_weights.h"
 #include "tests/test_support.h"
 
 namespace kvfs::testing {
@@ -36,11 +37,6 @@ inline double Nmse(const std::vector<float>& got, const std::vector<float>& want
 
 inline std::string TypeName(GgmlType t) { return std::string(GgmlTypeInfo(static_cast<uint32_t>(t))->name); }
 
-inline void PutHalf(uint8_t* p, float v) {
-  const uint16_t h = Fp32ToFp16(v);
-  std::memcpy(p, &h, 2);
-}
-
 // n_rows rows of n values of type t: random bytes with sane f16 scale fields; float types N(0, 1).
 inline std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::mt19937& rng) {
   const int64_t row_bytes = RowBytes(t, n);
@@ -49,43 +45,7 @@ inline std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n,
     const uint32_t bits = rng();
     std::memcpy(w.data() + i, &bits, std::min<size_t>(4, w.size() - i));
   }
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> mag(0.5f, 2.0f);
-  const GgmlTypeTraits* info = GgmlTypeInfo(static_cast<uint32_t>(t));
-  const int64_t nb = n / info->block_elems, bb = info->block_bytes;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t i = 0; i < nb; ++i) {
-      uint8_t* b = w.data() + r * row_bytes + i * bb;
-      switch (t) {
-        case GgmlType::kF32: {
-          const float v = normal(rng);
-          std::memcpy(b, &v, 4);
-          break;
-        }
-        case GgmlType::kF16: PutHalf(b, normal(rng)); break;
-        case GgmlType::kBF16: {
-          const uint16_t h = Fp32ToBf16(normal(rng));
-          std::memcpy(b, &h, 2);
-          break;
-        }
-        case GgmlType::kQ4_0:
-        case GgmlType::kQ5_0:
-        case GgmlType::kQ8_0: PutHalf(b, 0.01f * mag(rng)); break;
-        case GgmlType::kQ4_1:
-        case GgmlType::kQ5_1:
-          PutHalf(b, 0.01f * mag(rng));
-          PutHalf(b + 2, -0.1f * mag(rng));
-          break;
-        case GgmlType::kQ4_K:
-        case GgmlType::kQ5_K:
-          PutHalf(b, 0.001f * mag(rng));
-          PutHalf(b + 2, 0.001f * mag(rng));
-          break;
-        case GgmlType::kQ6_K: PutHalf(b + 208, 0.001f * mag(rng)); break;
-        default: break;
-      }
-    }
-  }
+  SetSaneScales(t, w, n_rows, n, rng);
   return w;
 }
 

@@ -1,0 +1,64 @@
+// Random weight matrices for the conformance tests: random code bytes with the scale fields
+// (and float types' values) set to sane values, so that products stay finite and comparable.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/model/ggml_types.h"
+#include "engine/model/quants.h"
+
+namespace kvfs::testing {
+
+inline void PutHalf(uint8_t* p, float v) {
+  const uint16_t h = Fp32ToFp16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Overwrites the f16 scale fields of every block of n_rows rows of n values of type t in w
+// (random bytes could make them NaN or huge), and float types' values, with draws from rng:
+// N(0, 1) values, scales of a type-dependent magnitude.
+inline void SetSaneScales(GgmlType t, std::vector<uint8_t>& w, int64_t n_rows, int64_t n, std::mt19937& rng) {
+  const int64_t row_bytes = RowBytes(t, n);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> mag(0.5f, 2.0f);
+  const GgmlTypeTraits* info = GgmlTypeInfo(static_cast<uint32_t>(t));
+  const int64_t nb = n / info->block_elems, bb = info->block_bytes;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t i = 0; i < nb; ++i) {
+      uint8_t* b = w.data() + r * row_bytes + i * bb;
+      switch (t) {
+        case GgmlType::kF32: {
+          const float v = normal(rng);
+          std::memcpy(b, &v, 4);
+          break;
+        }
+        case GgmlType::kF16: PutHalf(b, normal(rng)); break;
+        case GgmlType::kBF16: {
+          const uint16_t h = Fp32ToBf16(normal(rng));
+          std::memcpy(b, &h, 2);
+          break;
+        }
+        case GgmlType::kQ4_0:
+        case GgmlType::kQ5_0:
+        case GgmlType::kQ8_0: PutHalf(b, 0.01f * mag(rng)); break;
+        case GgmlType::kQ4_1:
+        case GgmlType::kQ5_1:
+          PutHalf(b, 0.01f * mag(rng));
+          PutHalf(b + 2, -0.1f * mag(rng));
+          break;
+        case GgmlType::kQ4_K:
+        case GgmlType::kQ5_K:
+          PutHalf(b, 0.001f * mag(rng));
+          PutHalf(b + 2, 0.001f * mag(rng));
+          break;
+        case GgmlType::kQ6_K: PutHalf(b + 208, 0.001f * mag(rng)); break;
+        default: break;
+      }
+    }
+  }
+}
+
+}  // namespace kvfs::testing
