@@ -18,7 +18,7 @@
 #include "engine/backend/cpu/kernel_select.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/model/quants.h"
-#include "tests/engine/random_weights.h"
+#include "tests/engine/random_operands.h"
 
 namespace kvfs::cpu {
 namespace {
@@ -59,24 +59,7 @@ std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::m
   return w;
 }
 
-// Activations: N(0, 1) scaled per 32 elements by 10^U(-2, 2), one all-zero block and one block
-// of exact halves at unit scale (rounding ties) when n allows.
-std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
-  std::vector<float> x(static_cast<size_t>(n));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> expo(-2.0f, 2.0f);
-  for (int64_t i = 0; i < n; i += 32) {
-    const float s = std::pow(10.0f, expo(rng));
-    for (int64_t j = i; j < std::min(n, i + 32); ++j) x[j] = s * normal(rng);
-  }
-  if (n >= 96) {
-    for (int64_t j = 32; j < 64; ++j) x[j] = 0.0f;
-    // amax 127 makes the Q8_0 scale factor exactly 1, so these halves are rounding ties.
-    for (int64_t j = 64; j < 96; ++j) x[j] = (j % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(j % 7));
-    x[64] = -127.0f;
-  }
-  return x;
-}
+using kvfs::testing::RandomActivations;
 
 double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0.0, den = 0.0;

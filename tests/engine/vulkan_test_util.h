@@ -19,7 +19,7 @@
 #include "engine/backend/vulkan/vk_pipelines.h"
 #include "engine/model/ggml_types.h"
 #include "engine/model/quants.h"
-#include "tests/engine/random_weights.h"
+#include "tests/engine/random_operands.h"
 #include "tests/test_support.h"
 
 namespace kvfs::testing {
@@ -49,23 +49,6 @@ inline std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n,
   return w;
 }
 
-// N(0, 1) scaled per 32 values by 10^U(-2, 2), with an all-zero block and a block of rounding
-// ties (amax 127) when n allows.
-inline std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
-  std::vector<float> x(static_cast<size_t>(n));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> expo(-2.0f, 2.0f);
-  for (int64_t i = 0; i < n; i += 32) {
-    const float s = std::pow(10.0f, expo(rng));
-    for (int64_t j = i; j < std::min(n, i + 32); ++j) x[j] = s * normal(rng);
-  }
-  if (n >= 96) {
-    for (int64_t j = 32; j < 64; ++j) x[j] = 0.0f;
-    for (int64_t j = 64; j < 96; ++j) x[j] = (j % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(j % 7));
-    x[64] = -127.0f;
-  }
-  return x;
-}
 
 class VulkanOpsTest : public ::testing::Test {
  protected:

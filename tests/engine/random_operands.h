@@ -1,7 +1,10 @@
-// Random weight matrices for the conformance tests: random code bytes with the scale fields
-// (and float types' values) set to sane values, so that products stay finite and comparable.
+// Random operands for the conformance tests: weight matrices of random code bytes with the
+// scale fields (and float types' values) set to sane values, so that products stay finite and
+// comparable; activations with the cases quantizers get wrong (zero blocks, rounding ties).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -59,6 +62,25 @@ inline void SetSaneScales(GgmlType t, std::vector<uint8_t>& w, int64_t n_rows, i
       }
     }
   }
+}
+
+// Activations: N(0, 1) scaled per 32 values by 10^U(-2, 2), one all-zero block and one block of
+// exact halves at unit scale (rounding ties) when n allows.
+inline std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
+  std::vector<float> x(static_cast<size_t>(n));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> expo(-2.0f, 2.0f);
+  for (int64_t i = 0; i < n; i += 32) {
+    const float s = std::pow(10.0f, expo(rng));
+    for (int64_t j = i; j < std::min(n, i + 32); ++j) x[j] = s * normal(rng);
+  }
+  if (n >= 96) {
+    for (int64_t j = 32; j < 64; ++j) x[j] = 0.0f;
+    // amax 127 makes the Q8_0 scale factor exactly 1, so these halves are rounding ties.
+    for (int64_t j = 64; j < 96; ++j) x[j] = (j % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(j % 7));
+    x[64] = -127.0f;
+  }
+  return x;
 }
 
 }  // namespace kvfs::testing
