@@ -157,8 +157,9 @@ Status Ops::set_matvec_shape(const MatvecShape& shape) {
                                        "{} invocations (lanes {}, group {})",
                                        device_group, shape.max_lanes, shape.group));
   }
-  // matvec_quant's partial sums: rows x tokens floats per invocation.
-  const int64_t shared = int64_t{shape.max_rows} * kMatvecTokens * shape.group * 4;
+  // matvec_quant's partial sums (rows x tokens floats per invocation), and the 24 bytes its
+  // SwiGLU epilogue's arrays keep when unused (FusesSwiGlu counts them in use).
+  const int64_t shared = int64_t{shape.max_rows} * kMatvecTokens * shape.group * 4 + 24;
   if (shared > ctx_.limits().max_shared_bytes) {
     return InvalidArgument(fmt::format("{} rows per slot in workgroups of {} need {} bytes of shared memory; the "
                                        "device has {}",
