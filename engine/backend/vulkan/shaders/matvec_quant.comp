@@ -97,7 +97,10 @@ void QuantizeFinishedBlocks(uint tid, uint subgroup) {
   const uint n = p.seg1, n_blocks = n / BLOCK;
   memoryBarrierBuffer();
   barrier();
-  // Every invocation walks the blocks (uniform control flow); invocation 0 counts.
+  // Every invocation walks the blocks (uniform control flow: on lavapipe, a loop of atomics
+  // inside `if (tid == 0)` left the rest of that invocation's SIMD group writing nothing
+  // afterwards); invocation 0 counts.
+  if (tid == 0u) memoryBarrierBuffer();
   uint n_counted = 0u;
   for (uint which = 0u; which < 2u; ++which) {  // gate rows, then up rows
     const uint base = which * n, lo = max(s0, base), hi = min(s1, base + n);
@@ -106,7 +109,6 @@ void QuantizeFinishedBlocks(uint tid, uint subgroup) {
       if (tid == 0u) {
         const uint rows = min(hi, base + (b + 1u) * BLOCK) - max(lo, base + b * BLOCK);
         const uint counter = p.counter0 + gl_WorkGroupID.y * n_blocks + b;
-        memoryBarrierBuffer();
         if (atomicAdd(counters[counter], rows) + rows == 2u * BLOCK) {
           atomicExchange(counters[counter], 0u);
           finished[1u + n_counted++] = b;
