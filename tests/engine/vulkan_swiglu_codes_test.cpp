@@ -114,50 +114,48 @@ void VulkanSwiGluCodesTest::CheckCases(bool all) {
         const bool trees = s.subgroup_trees;
         const vk::DeviceMatrix* dm = s.whole ? &*whole : &*in_parts;
         ASSERT_TRUE(ops_->set_matvec_shape(shape).ok());
-        {
-          ops_->set_subgroup_trees(trees);
-          SCOPED_TRACE(::testing::Message() << TypeName(c.gate_up) << " -> kind " << static_cast<int>(c.down)
-                                            << " n_ff " << n << " T=" << T << " group " << shape.group << " lanes "
-                                            << shape.max_lanes << (trees ? " subgroup trees" : "")
-                                            << (s.whole ? " whole" : " in parts"));
-          ASSERT_TRUE(ops_->FusesSwiGlu(*dm, T, c.down, counter_words));
-          const vk::Buffer gate_sep = Output(T * n * 4), up_sep = Output(T * n * 4), hidden = Output(T * n * 4);
-          const vk::Buffer codes_sep = Output(T * n), aux_sep = Output(T * n / 32 * 16);
-          const vk::Buffer gate_fused = Output(T * n * 4), up_fused = Output(T * n * 4);
-          vk::Buffer codes_fused = Output(T * n), aux_fused = Output(T * n / 32 * 16);
-          std::memset(codes_fused.mapped(), 0xA5, static_cast<size_t>(codes_fused.bytes()));  // all must be written
-          std::memset(aux_fused.mapped(), 0xA5, static_cast<size_t>(aux_fused.bytes()));
-          const vk::Ops::SwiGluCodes swiglu{c.down, {&codes_fused, &aux_fused}, &counters, counter_words};
-          ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
-                        vk::Ops::MatMulArgs a;
-                        a.acts = {&in_codes, &in_aux};
-                        a.n_tokens = T;
-                        a.y = &gate_sep;
-                        a.y1 = &up_sep;
-                        KVFS_RETURN_IF_ERROR(ops_->MatMul(rec, *dm, a));
-                        rec.Barrier();
-                        KVFS_RETURN_IF_ERROR(
-                            ops_->SwiGluQuantizeActs(rec, c.down, gate_sep, up_sep, n, T, hidden, {&codes_sep, &aux_sep}));
-                        a.y = &gate_fused;
-                        a.y1 = &up_fused;
-                        a.swiglu = &swiglu;
-                        return ops_->MatMul(rec, *dm, a);
-                      }).ok());
-          EXPECT_TRUE(Read<float>(gate_sep, T * n) == Read<float>(gate_fused, T * n));
-          EXPECT_TRUE(Read<float>(up_sep, T * n) == Read<float>(up_fused, T * n));
-          const std::vector<int8_t> want_codes = Read<int8_t>(codes_sep, T * n);
-          ASSERT_TRUE(std::any_of(want_codes.begin(), want_codes.end(), [](int8_t v) { return v != 0; }));
-          const std::vector<int8_t> got_codes = Read<int8_t>(codes_fused, T * n);
-          int64_t code_diffs = 0;
-          for (int64_t b = 0; b < T * n / block; ++b) {
-            code_diffs += std::memcmp(want_codes.data() + b * block, got_codes.data() + b * block, block) != 0;
-          }
-          EXPECT_EQ(code_diffs, 0) << "of " << T * n / block << " blocks";
-          EXPECT_EQ(std::memcmp(aux_sep.mapped(), aux_fused.mapped(), static_cast<size_t>(T * n / 32 * 16)), 0);
-          const std::vector<uint32_t> left = Read<uint32_t>(counters, counter_words);
-          EXPECT_TRUE(std::all_of(left.begin(), left.end(), [](uint32_t v) { return v == 0; }))
-              << "counters not left at 0";
+        ops_->set_subgroup_trees(trees);
+        SCOPED_TRACE(::testing::Message() << TypeName(c.gate_up) << " -> kind " << static_cast<int>(c.down)
+                                          << " n_ff " << n << " T=" << T << " group " << shape.group << " lanes "
+                                          << shape.max_lanes << (trees ? " subgroup trees" : "")
+                                          << (s.whole ? " whole" : " in parts"));
+        ASSERT_TRUE(ops_->FusesSwiGlu(*dm, T, c.down, counter_words));
+        const vk::Buffer gate_sep = Output(T * n * 4), up_sep = Output(T * n * 4), hidden = Output(T * n * 4);
+        const vk::Buffer codes_sep = Output(T * n), aux_sep = Output(T * n / 32 * 16);
+        const vk::Buffer gate_fused = Output(T * n * 4), up_fused = Output(T * n * 4);
+        vk::Buffer codes_fused = Output(T * n), aux_fused = Output(T * n / 32 * 16);
+        std::memset(codes_fused.mapped(), 0xA5, static_cast<size_t>(codes_fused.bytes()));  // all must be written
+        std::memset(aux_fused.mapped(), 0xA5, static_cast<size_t>(aux_fused.bytes()));
+        const vk::Ops::SwiGluCodes swiglu{c.down, {&codes_fused, &aux_fused}, &counters, counter_words};
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                      vk::Ops::MatMulArgs a;
+                      a.acts = {&in_codes, &in_aux};
+                      a.n_tokens = T;
+                      a.y = &gate_sep;
+                      a.y1 = &up_sep;
+                      KVFS_RETURN_IF_ERROR(ops_->MatMul(rec, *dm, a));
+                      rec.Barrier();
+                      KVFS_RETURN_IF_ERROR(
+                          ops_->SwiGluQuantizeActs(rec, c.down, gate_sep, up_sep, n, T, hidden, {&codes_sep, &aux_sep}));
+                      a.y = &gate_fused;
+                      a.y1 = &up_fused;
+                      a.swiglu = &swiglu;
+                      return ops_->MatMul(rec, *dm, a);
+                    }).ok());
+        EXPECT_TRUE(Read<float>(gate_sep, T * n) == Read<float>(gate_fused, T * n));
+        EXPECT_TRUE(Read<float>(up_sep, T * n) == Read<float>(up_fused, T * n));
+        const std::vector<int8_t> want_codes = Read<int8_t>(codes_sep, T * n);
+        ASSERT_TRUE(std::any_of(want_codes.begin(), want_codes.end(), [](int8_t v) { return v != 0; }));
+        const std::vector<int8_t> got_codes = Read<int8_t>(codes_fused, T * n);
+        int64_t code_diffs = 0;
+        for (int64_t b = 0; b < T * n / block; ++b) {
+          code_diffs += std::memcmp(want_codes.data() + b * block, got_codes.data() + b * block, block) != 0;
         }
+        EXPECT_EQ(code_diffs, 0) << "of " << T * n / block << " blocks";
+        EXPECT_EQ(std::memcmp(aux_sep.mapped(), aux_fused.mapped(), static_cast<size_t>(T * n / 32 * 16)), 0);
+        const std::vector<uint32_t> left = Read<uint32_t>(counters, counter_words);
+        EXPECT_TRUE(std::all_of(left.begin(), left.end(), [](uint32_t v) { return v == 0; }))
+            << "counters not left at 0";
       }
     }
     // Where it does not apply: more tokens than the matrix-vector shader takes, too few

@@ -95,11 +95,6 @@ uint32_t ReduceGroup(int64_t values) {
   return wg;
 }
 
-// The quantizer's shared arrays (quantize_block.glsl): 5 words per invocation when quantizing.
-int64_t QuantizerSharedBytes(uint32_t group, bool quantizes) {
-  return quantizes ? int64_t{20} * group : 20;
-}
-
 // The spec constant ROPE of kv_store and attn_scores: 0 none, 1 pairs (2i, 2i+1), 2 NeoX pairs.
 uint32_t RopeMode(const Ops::RopeTable* rope) {
   return rope == nullptr ? 0u : (rope->style == RopeStyle::kNeox ? 2u : 1u);

@@ -30,10 +30,6 @@ struct QuantizeParams {
 struct MatQuantParams {
   uint32_t n_units, row_bytes, n_rows, row_begin, n_tokens, y_stride, y_col0, flags, seg1, seg2, y1_stride, y2_stride;
 };
-struct MatvecQuantParams {
-  MatQuantParams mat;
-  uint32_t counter0;
-};
 struct MatFloatParams {
   uint32_t n_in, row_bytes, n_rows, row_begin, n_tokens, x_stride, y_stride, y_col0, flags, seg1, seg2, y1_stride,
       y2_stride;
@@ -49,11 +45,11 @@ constexpr ShaderInterface kRmsNorm{"rms_norm", 4, sizeof(RmsNormParams)};
 constexpr ShaderInterface kRmsNormSg{"rms_norm_sg", 4, sizeof(RmsNormParams)};
 constexpr ShaderInterface kQuantize{"quantize_act", 5, sizeof(QuantizeParams)};
 constexpr ShaderInterface kQuantizeSg{"quantize_act_sg", 5, sizeof(QuantizeParams)};
-constexpr ShaderInterface kMatvecQuant{"matvec_quant", 10, sizeof(MatvecQuantParams)};
+constexpr ShaderInterface kMatvecQuant{"matvec_quant", 10, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatmulQuant{"matmul_quant", 7, sizeof(MatQuantParams)};
-constexpr ShaderInterface kMatvecQuantIdot{"matvec_quant_idot", 10, sizeof(MatvecQuantParams)};
-constexpr ShaderInterface kMatvecQuantSg{"matvec_quant_sg", 10, sizeof(MatvecQuantParams)};
-constexpr ShaderInterface kMatvecQuantIdotSg{"matvec_quant_idot_sg", 10, sizeof(MatvecQuantParams)};
+constexpr ShaderInterface kMatvecQuantIdot{"matvec_quant_idot", 10, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecQuantSg{"matvec_quant_sg", 10, sizeof(MatQuantParams)};
+constexpr ShaderInterface kMatvecQuantIdotSg{"matvec_quant_idot_sg", 10, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatmulQuantIdot{"matmul_quant_idot", 7, sizeof(MatQuantParams)};
 constexpr ShaderInterface kMatvecFloat{"matvec_float", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kMatvecFloatSg{"matvec_float_sg", 6, sizeof(MatFloatParams)};
@@ -90,6 +86,13 @@ constexpr uint32_t kMatvecTokens = 4;
 uint32_t MatvecTokensPerGroup(int64_t n_tokens) { return n_tokens == 1 ? 1 : (n_tokens == 2 ? 2 : kMatvecTokens); }
 // matvec_quant's KIND when it has no SwiGLU epilogue.
 constexpr uint32_t kNoSwiGlu = 3;
+// The shared memory matvec_quant declares: the partial sums (rows x tokens floats per
+// invocation), the quantizer's arrays and the list of finished blocks (of a workgroup's slots x
+// rows), both one-element without the SwiGLU epilogue.
+int64_t MatvecQuantSharedBytes(int64_t rows, int64_t tokens, uint32_t group, int64_t slots, bool swiglu) {
+  const int64_t finished = swiglu ? 2 * (slots * rows / 32 + 2) + 1 : 1;
+  return rows * tokens * group * 4 + QuantizerSharedBytes(group, swiglu) + 4 * finished;
+}
 
 }  // namespace
 
@@ -157,9 +160,8 @@ Status Ops::set_matvec_shape(const MatvecShape& shape) {
                                        "{} invocations (lanes {}, group {})",
                                        device_group, shape.max_lanes, shape.group));
   }
-  // matvec_quant's partial sums (rows x tokens floats per invocation), and the 24 bytes its
-  // SwiGLU epilogue's arrays keep when unused (FusesSwiGlu counts them in use).
-  const int64_t shared = int64_t{shape.max_rows} * kMatvecTokens * shape.group * 4 + 24;
+  // matvec_quant without the SwiGLU epilogue (FusesSwiGlu checks that one).
+  const int64_t shared = MatvecQuantSharedBytes(shape.max_rows, kMatvecTokens, shape.group, 1, false);
   if (shared > ctx_.limits().max_shared_bytes) {
     return InvalidArgument(fmt::format("{} rows per slot in workgroups of {} need {} bytes of shared memory; the "
                                        "device has {}",
@@ -249,13 +251,11 @@ bool Ops::FusesSwiGlu(const DeviceMatrix& w, int64_t n_tokens, ActKind kind, int
   if (n % block != 0) return false;
   // Counters: a word per block and group of tokens (matvec_quant's grid rows).
   if (CeilDiv(n_tokens, MatvecTokensPerGroup(n_tokens)) * (n / block) > counter_words) return false;
-  // Shared memory, as matvec_quant declares it for each part's shape: the partial sums, the
-  // quantizer's five arrays, the finished blocks' list.
-  const int64_t group = matvec_.group, tokens = MatvecTokensPerGroup(n_tokens);
-  const int64_t slots = group / MatvecLanes(w.n_in / 32, matvec_.max_lanes);
+  // Shared memory, for each part's shape.
+  const uint32_t slots = matvec_.group / MatvecLanes(w.n_in / 32, matvec_.max_lanes);
   for (const DeviceMatrixPart& part : w.parts) {
-    const int64_t rows = MatvecRowsPerSlot(part.n_rows, static_cast<uint32_t>(slots), matvec_);
-    const int64_t shared = rows * tokens * group * 4 + 20 * group + 4 * (2 * (slots * rows / 32 + 2) + 1);
+    const int64_t rows = MatvecRowsPerSlot(part.n_rows, slots, matvec_);
+    const int64_t shared = MatvecQuantSharedBytes(rows, MatvecTokensPerGroup(n_tokens), matvec_.group, slots, true);
     if (shared > ctx_.limits().max_shared_bytes) return false;
   }
   return true;
@@ -317,12 +317,11 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
                                 y_stride, U32(part.row0), flags, seg1, seg2, y1_stride, y2_stride};
     if (quantized && matvec) {
       const SwiGluCodes* g = a.swiglu;
-      const MatvecQuantParams matvec_params{params, 0};
       KVFS_RETURN_IF_ERROR(rec.Dispatch(*p,
                                         {&part.buffer, a.acts.codes, a.acts.aux, a.y, bias, y1, y2,
                                          g != nullptr ? g->acts.codes : &unused_, g != nullptr ? g->acts.aux : &unused_,
                                          g != nullptr ? g->counters : &unused_},
-                                        &matvec_params, groups, group_y));
+                                        &params, groups, group_y));
     } else if (quantized) {
       KVFS_RETURN_IF_ERROR(
           rec.Dispatch(*p, {&part.buffer, a.acts.codes, a.acts.aux, a.y, bias, y1, y2}, &params, groups, group_y));

@@ -18,6 +18,9 @@ constexpr uint32_t kRowGroup = 256;  // rms_norm, softmax, attn_output, quantize
 constexpr uint32_t kMostStorageBuffers = 10;
 static_assert(kMostStorageBuffers <= Recorder::kMaxBuffers);
 
+// The quantizer's shared arrays (quantize_block.glsl): 5 words per invocation when quantizing.
+inline int64_t QuantizerSharedBytes(uint32_t group, bool quantizes) { return quantizes ? int64_t{20} * group : 20; }
+
 inline uint32_t U32(int64_t v) { return static_cast<uint32_t>(v); }
 inline uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
 

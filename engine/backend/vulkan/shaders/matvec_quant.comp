@@ -50,7 +50,6 @@ layout(push_constant) uniform Params {
   uint seg2;
   uint y1_stride;
   uint y2_stride;
-  uint counter0;  // KIND < 3: this dispatch's first word of counters
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
@@ -64,7 +63,7 @@ layout(binding = 6) buffer Output2 { float y2[]; };                     // [n_to
 // KIND < 3: SwiGLU(y, y1) quantized (quantize_block.glsl's layout), and the blocks' counters.
 layout(binding = 7) writeonly buffer Codes { uint codes[]; };          // [n_tokens][seg1 / 4]
 layout(binding = 8) writeonly buffer Aux { vec4 aux[]; };              // [n_tokens][seg1 / 32]
-layout(binding = 9) coherent buffer Counters { uint counters[]; };     // from counter0: [token groups][seg1 / BLOCK]
+layout(binding = 9) coherent buffer Counters { uint counters[]; };     // [token groups][seg1 / BLOCK]
 
 #include "common.glsl"
 #include "weight_bytes.glsl"
@@ -108,7 +107,7 @@ void QuantizeFinishedBlocks(uint tid, uint subgroup) {
     for (uint b = lo < hi ? (lo - base) / BLOCK : 0u; b < b_end; ++b) {
       if (tid == 0u) {
         const uint rows = min(hi, base + (b + 1u) * BLOCK) - max(lo, base + b * BLOCK);
-        const uint counter = p.counter0 + gl_WorkGroupID.y * n_blocks + b;
+        const uint counter = gl_WorkGroupID.y * n_blocks + b;
         if (atomicAdd(counters[counter], rows) + rows == 2u * BLOCK) {
           atomicExchange(counters[counter], 0u);
           finished[1u + n_counted++] = b;
