@@ -76,6 +76,7 @@ const std::map<std::string, Setter>& Settings() {
       {"fuse_threads", {Setter::Type::kInt, 2, 4096}},
       {"backend", {Setter::Type::kString}},
       {"device", {Setter::Type::kInt, 0, 1 << 16}},
+      {"vulkan_tuning", {Setter::Type::kString}},
       {"foreground", {Setter::Type::kBool}},
       {"log_level", {Setter::Type::kString}},
       {"log_file", {Setter::Type::kString}},
@@ -103,6 +104,7 @@ Status Apply(const std::string& key, const std::string& text, int64_t number, bo
     if (text != "cpu" && text != "vulkan") return InvalidArgument(fmt::format("{} must be cpu or vulkan, not '{}'", what, text));
     c.backend = text;
   } else if (key == "device") c.device = static_cast<int>(number);
+  else if (key == "vulkan_tuning") c.vulkan_tuning = text;
   else if (key == "foreground") c.foreground = flag;
   else if (key == "log_level") {
     KVFS_RETURN_IF_ERROR(CheckLogLevel(text, what));
@@ -148,6 +150,7 @@ const std::map<std::string, std::pair<std::string, bool>>& Options() {
       {"--max-prompt-bytes", {"max_prompt_bytes", true}},
       {"--fuse-threads", {"fuse_threads", true}},
       {"--backend", {"backend", true}},  {"--device", {"device", true}},
+      {"--vulkan-tuning", {"vulkan_tuning", true}},
       {"-f", {"foreground", false}},   {"--foreground", {"foreground", false}},
       {"--log-level", {"log_level", true}},
       {"--log-file", {"log_file", true}},
@@ -304,6 +307,9 @@ Status ResolveDefaults(DaemonConfig& config, const Environment& env) {
     config.model_path = *found;
   }
   if (!IsFile(config.model_path)) return InvalidArgument("model not found: " + config.model_path);
+  if (!config.vulkan_tuning.empty() && config.backend != "vulkan") {
+    return InvalidArgument("--vulkan-tuning applies to --backend vulkan only");
+  }
   if (config.log_file.empty()) config.log_file = config.store_dir + "/kvfsd.log";
   return Status::Ok();
 }
@@ -312,7 +318,7 @@ std::string DaemonUsage() {
   return "usage: kvfsd --mount DIR [-m MODEL] [--store DIR] [--config FILE] [-t THREADS] [--kv f16|q8|q4|q4k]\n"
          "             [--kv-budget BYTES] [-c CONTEXT] [--block-tokens N] [--max-queued-turns N]\n"
          "             [--max-prompt-bytes BYTES] [--fuse-threads N] [--foreground] [--log-level L]\n"
-         "             [--log-file FILE] [--backend cpu|vulkan] [--device N]\n"
+         "             [--log-file FILE] [--backend cpu|vulkan] [--device N] [--vulkan-tuning FILE]\n"
          "Mounts the kvfs filesystem at DIR: every agent is a directory (see README.md).\n"
          "  -m MODEL            GGUF model (default: $KVFS_MODEL, else models/default.gguf next to the\n"
          "                      build tree that scripts/setup.sh set up, else STORE/models/default.gguf)\n"
@@ -320,10 +326,12 @@ std::string DaemonUsage() {
          "                      ~/.local/share/kvfs; /var/lib/kvfs as root)\n"
          "  --config FILE       JSON settings (keys: model, mount, store, threads, kv, kv_budget, context,\n"
          "                      block_tokens, max_queued_turns, max_prompt_bytes, fuse_threads,\n"
-         "                      foreground, log_level, log_file, backend, device); the command line\n"
-         "                      overrides it\n"
+         "                      foreground, log_level, log_file, backend, device, vulkan_tuning); the\n"
+         "                      command line overrides it\n"
          "  --backend B         cpu (default) or vulkan: forward passes on a GPU (kvfs devices lists\n"
          "                      them; --device N picks one); without a device, the CPU, with a warning\n"
+         "  --vulkan-tuning FILE  the settings kvfs tune found for this device and model (ignored,\n"
+         "                      with a warning, when made for another device or model)\n"
          "  --kv-budget BYTES   KV memory, e.g. 2G (default: a quarter of the machine's memory)\n"
          "  --foreground, -f    stay in the foreground and log to stderr (systemd: use this)\n"
          "  --log-level L       trace|debug|info|warn|error|critical|off (default info)\n"

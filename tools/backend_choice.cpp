@@ -16,6 +16,7 @@ BackendChoice ReadBackendChoice(Args& args, int n_threads) {
     args.set_error(fmt::format("--backend must be cpu or vulkan, not '{}'", backend));
   }
   c.device = static_cast<int>(args.get_int("--device", -1, 0, 1 << 16));
+  c.tuning_file = args.get("--tuning").value_or("");
   return c;
 }
 

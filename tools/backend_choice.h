@@ -12,11 +12,13 @@ namespace kvfs::cli {
 inline constexpr const char* kBackendUsage =
     "  --backend cpu|vulkan  where the forward pass runs (default cpu); vulkan falls back to the\n"
     "                      CPU with a warning when there is no Vulkan device\n"
-    "  --device N          Vulkan device index (see kvfs devices; default: the first GPU)\n";
+    "  --device N          Vulkan device index (see kvfs devices; default: the first GPU)\n"
+    "  --tuning FILE       Vulkan: the settings kvfs tune found for this device and model (a\n"
+    "                      file made for another device or model is ignored with a warning)\n";
 
 using BackendChoice = BackendRequest;
 
-// Reads --backend and --device; a bad value is recorded in args.error().
+// Reads --backend, --device and --tuning; a bad value is recorded in args.error().
 BackendChoice ReadBackendChoice(Args& args, int n_threads);
 
 // The chosen backend; `used` says which one runs ("cpu", or "vulkan: DEVICE NAME"). Without a

@@ -33,7 +33,7 @@ constexpr const char* kBenchUsage =
     "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows]\n"
     "                  [--attn-split N] [--separate-softmax] [--separate-swiglu] [--separate-matrices]\n"
     "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N]\n"
-    "                  [--shared-trees] [--json]\n"
+    "                  [--shared-trees] [--tuning FILE] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
     "  With --backend vulkan, the decode figures compare with nothing measured here (the CPU's\n"
@@ -62,7 +62,9 @@ constexpr const char* kBenchUsage =
     "  rows x 4 x group floats of shared memory).\n"
     "  --shared-trees (vulkan): reduction trees (matrix-vector sums, RMSNorm, activation\n"
     "  quantization) entirely in shared memory, not their last steps by subgroup shuffles where\n"
-    "  the device has them (the same values), to measure what the shuffles save.\n";
+    "  the device has them (the same values), to measure what the shuffles save.\n"
+    "  --tuning FILE (vulkan): the settings kvfs tune found (instead of the options above that\n"
+    "  set the same things).\n";
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -228,7 +230,7 @@ int Bench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "agents") return BenchAgents(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "batched") return BenchBatched(argc - 1, argv + 1);
   Args args(argc, argv,
-            {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--attn-split",
+            {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--tuning", "--attn-split",
              "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows"},
             {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices",
              "--shared-trees", "-h", "--help"});
@@ -268,12 +270,16 @@ int Bench(int argc, char** argv) {
   choice.profile = args.has("--profile");
   choice.fuse_ops = !args.has("--separate-ops");
   choice.split_weight_rows = !args.has("--gguf-rows");
-  choice.attention_split = attention_split;
-  choice.fuse_softmax = !args.has("--separate-softmax");
-  choice.swiglu_in_matvec = !args.has("--separate-swiglu");
+  choice.tuning.attention_split = attention_split;
+  choice.tuning.fuse_softmax = !args.has("--separate-softmax");
+  choice.tuning.swiglu_in_matvec = !args.has("--separate-swiglu");
   choice.stack_matrices = !args.has("--separate-matrices");
-  choice.matvec = matvec;
-  choice.subgroup_trees = !args.has("--shared-trees");
+  choice.tuning.matvec = matvec;
+  choice.tuning.subgroup_trees = !args.has("--shared-trees");
+  if (!choice.tuning_file.empty() && !(choice.tuning == VulkanTuning{})) {
+    return Fail("--tuning and the options it sets (--attn-split, --separate-softmax, --separate-swiglu, "
+                "--shared-trees, --matvec-*) exclude each other");
+  }
   std::string backend_used;
   const auto t_backend = Clock::now();
   auto backend_or = MakeChosenBackend(model, choice, "bench", &backend_used);

@@ -48,7 +48,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 }  // namespace
 
 int BenchBatched(int argc, char** argv) {
-  Args args(argc, argv, {"-m", "--npp", "--ntg", "--npl", "--kv", "--kv-rotate", "-t", "-r", "--backend", "--device"},
+  Args args(argc, argv, {"-m", "--npp", "--ntg", "--npl", "--kv", "--kv-rotate", "-t", "-r", "--backend", "--device", "--tuning"},
             {"--json", "--profile", "--serial-attention", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kUsage, stdout);

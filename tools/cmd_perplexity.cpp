@@ -55,7 +55,7 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 int Perplexity(int argc, char** argv) {
-  Args args(argc, argv, {"-m", "-f", "-c", "-t", "--kv", "--kv-rotate", "--chunks", "--backend", "--device"},
+  Args args(argc, argv, {"-m", "-f", "-c", "-t", "--kv", "--kv-rotate", "--chunks", "--backend", "--device", "--tuning"},
             {"--kl-divergence", "--json", "--verbose", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kPerplexityUsage, stdout);

@@ -57,7 +57,7 @@ std::string JoinIds(const std::vector<TokenId>& ids) {
 int Run(int argc, char** argv) {
   Args args(argc, argv,
             {"-m", "-p", "-f", "-n", "-c", "-t", "--temp", "--seed", "--top-k", "--top-p", "--min-p",
-             "--repeat-penalty", "--system", "--logits-out", "--kv", "--kv-rotate", "--backend", "--device"},
+             "--repeat-penalty", "--system", "--logits-out", "--kv", "--kv-rotate", "--backend", "--device", "--tuning"},
             {"--raw", "--ignore-eos", "--token-ids", "--verbose", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(RunUsage().c_str(), stdout);

@@ -14,5 +14,6 @@ int Perplexity(int argc, char** argv);
 int ShowStatus(int argc, char** argv);  // kvfs status
 int BenchFs(int argc, char** argv);     // kvfs bench fs
 int Devices(int argc, char** argv);      // kvfs devices
+int Tune(int argc, char** argv);         // kvfs tune
 
 }  // namespace kvfs::cli

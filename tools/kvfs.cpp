@@ -16,6 +16,7 @@ void Usage(FILE* out) {
       "  bench       speed: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t 2] [-r 3] [--json]\n"
       "              [--backend cpu|vulkan] [--device N]\n"
       "  devices     list the Vulkan devices (--device N of run, bench and perplexity)\n"
+      "  tune        the fastest Vulkan settings for a device and model:  kvfs tune -m MODEL [-o FILE]\n"
       "  inspect     print a GGUF file's metadata and tensor table:  kvfs inspect MODEL\n"
       "  status      cache status of a mounted kvfs:  kvfs status [--mount DIR] [--json]\n"
       "  bench fs    filesystem overhead:  kvfs bench fs -m MODEL [--turns 20] [--agents 10000]\n"
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   if (cmd == "perplexity") return kvfs::cli::Perplexity(argc - 1, argv + 1);
   if (cmd == "status") return kvfs::cli::ShowStatus(argc - 1, argv + 1);
   if (cmd == "devices") return kvfs::cli::Devices(argc - 1, argv + 1);
+  if (cmd == "tune") return kvfs::cli::Tune(argc - 1, argv + 1);
   std::fprintf(stderr, "kvfs: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);
   return 2;

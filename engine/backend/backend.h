@@ -30,6 +30,8 @@ struct Logits {
   const float* row(int64_t r) const { return data.data() + r * n_vocab; }
 };
 
+struct VulkanTuning;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -48,6 +50,9 @@ class Backend {
   // Where device time went since the last call, as a table (kvfs bench --profile); empty
   // unless the backend was made with profiling on.
   virtual std::string TakeProfileReport() { return {}; }
+  // Vulkan: records later passes with `tuning` (the same values; kvfs tune compares settings
+  // with it). A setting the device cannot run is refused and the current one kept.
+  virtual Status SetVulkanTuning(const VulkanTuning& tuning);
 };
 
 namespace cpu { struct KernelTable; }
@@ -84,10 +89,35 @@ Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices();
 // The matrix-vector shaders' shape (decode's matrix products), for sweeps on a GPU (kvfs bench
 // --matvec-*); 0 keeps the default of each.
 struct VulkanMatvecShape {
+  static constexpr int64_t kDefaultGroup = 64;
+  static constexpr int64_t kDefaultMinGroups = 1024;
+  static constexpr int64_t kDefaultRows = 8;
   int64_t group = 0;       // invocations per workgroup (default 64), a power of two
   int64_t lanes = 0;       // invocations per row at most (default: the group), a power of two >= 4
   int64_t min_groups = 0;  // quantized rows per slot grow while this many workgroups remain (1024)
   int64_t rows = 0;        // quantized rows per slot at most (8), a power of two
+  bool operator==(const VulkanMatvecShape&) const = default;
+};
+
+// How the Vulkan backend records a pass, where the best choice depends on the device: every
+// setting computes the same values (up to the order of float sums), so a tuner may change them
+// between passes (Backend::SetVulkanTuning, kvfs tune) and keep the fastest.
+struct VulkanTuning {
+  static constexpr int64_t kDefaultAttentionSplit = 128;
+  int64_t attention_split = 0;     // decode attention's positions per workgroup (0: the default,
+                                   // vk::Ops::kDefaultAttentionSplit)
+  bool fuse_softmax = true;        // decode attention makes its softmax weights inside the
+                                   // weighted sum (off: softmax.comp as its own dispatch); also
+                                   // off when VulkanOptions::fuse_ops is
+  bool swiglu_in_matvec = true;    // decode: a stacked gate|up matrix's shader also quantizes
+                                   // SwiGLU for the down matrix (off: quantize_act does, a
+                                   // dispatch and a barrier more per layer); also off when
+                                   // VulkanOptions::fuse_ops is
+  bool subgroup_trees = true;      // the steps of reduction trees within a subgroup by shuffles
+                                   // where the device has them (matrix-vector sums, RMSNorm,
+                                   // activation quantization); off: all in shared memory
+  VulkanMatvecShape matvec;
+  bool operator==(const VulkanTuning&) const = default;
 };
 
 struct VulkanOptions {
@@ -103,24 +133,11 @@ struct VulkanOptions {
                                    // it off to compare with the separate ops
   bool split_weight_rows = true;   // Q4_0 and Q8_0 rows with 16-byte-aligned codes on the device
                                    // (vk::WeightLayout::kSplitRows); off: the GGUF rows as they are
-  int64_t attention_split = 0;     // decode attention's positions per workgroup (0: the default,
-                                   // vk::Ops::kDefaultAttentionSplit)
-  bool fuse_softmax = true;        // decode attention makes its softmax weights inside the
-                                   // weighted sum (off: softmax.comp as its own dispatch); also
-                                   // off when fuse_ops is
-  bool swiglu_in_matvec = true;    // decode: a stacked gate|up matrix's shader also quantizes
-                                   // SwiGLU for the down matrix (off: quantize_act does, a
-                                   // dispatch and a barrier more per layer); also off when
-                                   // fuse_ops is
   bool stack_matrices = true;      // q, k, v (and gate, up) as one matrix and one dispatch where
                                    // their types agree (off: a dispatch each)
   bool batch_attention = true;     // the attention steps of a pass's sequences recorded side by
                                    // side, sharing barriers (off: one sequence after another)
-  bool subgroup_trees = true;      // the steps of reduction trees within a subgroup by shuffles
-                                   // where the device has them (matrix-vector sums, RMSNorm,
-                                   // activation quantization; the same values); off: all in
-                                   // shared memory
-  VulkanMatvecShape matvec;
+  VulkanTuning tuning;
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -133,19 +150,19 @@ struct BackendRequest {
   bool profile = false;  // Vulkan: time every dispatch (Backend::TakeProfileReport)
   bool fuse_ops = true;  // Vulkan: VulkanOptions::fuse_ops
   bool split_weight_rows = true;  // Vulkan: VulkanOptions::split_weight_rows
-  int64_t attention_split = 0;    // Vulkan: VulkanOptions::attention_split
-  bool fuse_softmax = true;       // Vulkan: VulkanOptions::fuse_softmax
-  bool swiglu_in_matvec = true;   // Vulkan: VulkanOptions::swiglu_in_matvec
   bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention
   bool stack_matrices = true;     // Vulkan: VulkanOptions::stack_matrices
-  bool subgroup_trees = true;     // Vulkan: VulkanOptions::subgroup_trees
-  VulkanMatvecShape matvec{};     // Vulkan: VulkanOptions::matvec
+  VulkanTuning tuning;            // Vulkan: VulkanOptions::tuning
+  std::string tuning_file;        // Vulkan: a file of kvfs tune's; its tuning replaces `tuning`
+                                  // when it was made for this device and model (else a warning)
   CpuOptions cpu;
 };
 struct ChosenBackend {
   std::unique_ptr<Backend> backend;
   std::string name;     // "cpu" or "vulkan: DEVICE NAME"
-  std::string warning;  // set when Vulkan was asked for and the CPU serves instead
+  std::string warning;  // set when Vulkan was asked for and the CPU serves instead, or a
+                        // tuning file was not made for this device and model
+  bool tuned = false;   // a tuning file's settings are in use
 };
 // Without a Vulkan driver or device (or in a build without Vulkan) a Vulkan request gives the
 // CPU backend and a warning; a device index that does not exist, or a model the shaders cannot

@@ -2,12 +2,22 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/vulkan_tuning.h"
 
 namespace kvfs {
+
+Status Backend::SetVulkanTuning(const VulkanTuning&) {
+  return Unsupported(fmt::format("the {} backend has no Vulkan tuning", name()));
+}
 
 Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequest& request) {
   ChosenBackend out;
   if (request.vulkan) {
+    // A bad tuning file is an error even when no device would use it: the user named it.
+    std::optional<TuningRecord> tuning_record;
+    if (!request.tuning_file.empty()) {
+      KVFS_ASSIGN_OR_RETURN(tuning_record, ReadTuningFile(request.tuning_file));
+    }
     auto devices = ListVulkanDevices();
     if (!devices.ok()) {
       out.warning = devices.status().message() + "; running on the CPU";
@@ -16,21 +26,31 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
         return InvalidArgument(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", request.device,
                                            devices->size()));
       }
+      const VulkanDeviceInfo* chosen = nullptr;
+      for (const VulkanDeviceInfo& d : *devices) {
+        if (request.device >= 0 ? d.index == request.device : d.is_default) chosen = &d;
+      }
+      VulkanTuning tuning = request.tuning;
+      if (tuning_record.has_value()) {
+        std::string why;
+        const std::string device_name = chosen != nullptr ? chosen->name : "";
+        if (std::optional<VulkanTuning> t = TuningFor(*tuning_record, device_name, model, &why)) {
+          tuning = *t;
+          out.tuned = true;
+        } else {
+          out.warning = fmt::format("tuning file {} not used: {}; run kvfs tune for this device and model",
+                                    request.tuning_file, why);
+        }
+      }
       const VulkanOptions options{.device = request.device,
                                   .profile = request.profile,
                                   .fuse_ops = request.fuse_ops,
                                   .split_weight_rows = request.split_weight_rows,
-                                  .attention_split = request.attention_split,
-                                  .fuse_softmax = request.fuse_softmax,
-                                  .swiglu_in_matvec = request.swiglu_in_matvec,
                                   .stack_matrices = request.stack_matrices,
                                   .batch_attention = request.batch_attention,
-                                  .subgroup_trees = request.subgroup_trees,
-                                  .matvec = request.matvec};
+                                  .tuning = tuning};
       KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, options));
-      for (const VulkanDeviceInfo& d : *devices) {
-        if (request.device >= 0 ? d.index == request.device : d.is_default) out.name = "vulkan: " + d.name;
-      }
+      if (chosen != nullptr) out.name = "vulkan: " + chosen->name;
       return out;
     }
   }

@@ -97,8 +97,11 @@ Status Engine::MakeBackend() {
   KVFS_ASSIGN_OR_RETURN(ChosenBackend chosen,
                         MakeRequestedBackend(*model_, BackendRequest{.vulkan = options_.backend == "vulkan",
                                                                      .device = options_.device,
+                                                                     .tuning = VulkanTuning{},
+                                                                     .tuning_file = options_.vulkan_tuning,
                                                                      .cpu = CpuOptions{options_.n_threads, nullptr}}));
   if (!chosen.warning.empty()) spdlog::warn("engine: {}", chosen.warning);
+  if (chosen.tuned) spdlog::info("engine: Vulkan settings from {}", options_.vulkan_tuning);
   backend_ = std::move(chosen.backend);
   backend_name_ = chosen.name;
   if (backend_->KeepsBlockCopies()) pool_->TrackFreed();  // device copies follow the host blocks' frees

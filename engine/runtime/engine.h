@@ -35,6 +35,8 @@ struct EngineOptions {
   std::string backend = "cpu";    // where forward passes run: cpu | vulkan (falls back to the
                                   // CPU with a warning when there is no Vulkan device)
   int device = -1;                // Vulkan device index (kvfs devices); -1: the default one
+  std::string vulkan_tuning;      // Vulkan: a file of kvfs tune's (used when made for this device
+                                  // and model); empty: the default settings
   // The file system under store_dir; null: the real one. Tests pass a fault-injecting one
   // (store/fault_fs.h); it must outlive the engine.
   store::FileSystem* file_system = nullptr;

@@ -101,7 +101,7 @@ TEST_F(VulkanBackendTest, Q4kMatchesTheCpuBackend) {
   // random-weight layers then carry into every later K and V row. With 4096 positions per split
   // this test checks the q4k chunk and block handling it is about, bit for bit.
   VulkanOptions options;
-  options.attention_split = 4096;
+  options.tuning.attention_split = 4096;
   auto vulkan_or = MakeVulkanBackend(*model_, options);
   ASSERT_TRUE(vulkan_or.ok()) << vulkan_or.status().message();
   Backend* const vulkan = vulkan_or->get();

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/backend/vulkan/vk_commands.h"
 #include "engine/backend/vulkan/vk_context.h"
 #include "engine/backend/vulkan/vk_pipelines.h"
@@ -110,10 +111,11 @@ struct ScratchOffsets {
 
 // The matrix-vector shaders' shape (VulkanMatvecShape with the defaults filled in).
 struct MatvecShape {
-  uint32_t group = 64;        // invocations per workgroup
-  uint32_t max_lanes = 64;    // invocations per row (slot) at most; short rows take fewer
-  int64_t min_groups = 1024;  // matvec_quant's rows per slot grow while this many workgroups remain
-  uint32_t max_rows = 8;      // matvec_quant's rows per slot at most
+  uint32_t group = VulkanMatvecShape::kDefaultGroup;  // invocations per workgroup
+  uint32_t max_lanes = VulkanMatvecShape::kDefaultGroup;  // invocations per row (slot) at most; short rows take fewer
+  int64_t min_groups = VulkanMatvecShape::kDefaultMinGroups;  // matvec_quant's rows per slot grow
+                                                              // while this many workgroups remain
+  uint32_t max_rows = VulkanMatvecShape::kDefaultRows;  // matvec_quant's rows per slot at most
 };
 
 class Ops {
@@ -299,7 +301,7 @@ class Ops {
   // invocations of attn_output walk their share of a split one position after another, so long
   // splits leave a large GPU latency-bound on a few workgroups: at 512, an H100 spent ~140 us a
   // layer on 3500 positions that take ~1 us to stream. Splits hold whole 32-position tiles.
-  static constexpr int64_t kDefaultAttentionSplit = 128;
+  static constexpr int64_t kDefaultAttentionSplit = VulkanTuning::kDefaultAttentionSplit;
   int64_t attention_split_positions() const { return split_positions_; }
   // Rounded up to whole 32-position tiles, as the splits are.
   void set_attention_split_positions(int64_t n) { split_positions_ = (std::max<int64_t>(n, 1) + 31) / 32 * 32; }

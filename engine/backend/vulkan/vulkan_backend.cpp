@@ -69,6 +69,7 @@ class VulkanBackend final : public Backend {
   }
   int64_t BlockCopies() const override { return kv_->copies(); }
   std::string TakeProfileReport() override { return rec_->TakeProfileReport(); }
+  Status SetVulkanTuning(const VulkanTuning& tuning) override;
   // Test hooks (backend.h).
   Result<std::vector<uint8_t>> ReadBlockCopy(uint64_t serial) { return kv_->ReadCopy(*rec_, serial); }
   Result<std::vector<uint8_t>> ForgetAndReadSlot(uint64_t serial) {
@@ -161,7 +162,6 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(vk::CheckWeightTypes(model_.weights()));
   KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device, options.integer_dot));
   fuse_ops_ = options.fuse_ops;
-  swiglu_in_matvec_ = options.fuse_ops && options.swiglu_in_matvec;
   batch_attention_ = options.batch_attention;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
@@ -170,16 +170,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   if (options.profile) KVFS_RETURN_IF_ERROR(rec_->EnableProfiling());
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
-  if (options.attention_split > 0) ops_->set_attention_split_positions(options.attention_split);
-  ops_->set_fuse_softmax(options.fuse_softmax && options.fuse_ops);
-  ops_->set_subgroup_trees(options.subgroup_trees);
-  vk::MatvecShape matvec;
-  const VulkanMatvecShape& asked = options.matvec;
-  if (asked.group > 0) matvec.group = static_cast<uint32_t>(std::min<int64_t>(asked.group, 1 << 16));
-  matvec.max_lanes = asked.lanes > 0 ? static_cast<uint32_t>(std::min<int64_t>(asked.lanes, 1 << 16)) : matvec.group;
-  if (asked.min_groups > 0) matvec.min_groups = asked.min_groups;
-  if (asked.rows > 0) matvec.max_rows = static_cast<uint32_t>(std::min<int64_t>(asked.rows, 1 << 16));
-  KVFS_RETURN_IF_ERROR(ops_->set_matvec_shape(matvec));
+  KVFS_RETURN_IF_ERROR(SetVulkanTuning(options.tuning));
   KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));
   const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding,
                                        .split_rows = options.split_weight_rows,
@@ -225,6 +216,25 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   spdlog::info("vulkan: {} ({}), {:.1f} MiB of weights, micro-batch {} tokens, KV budget {:.1f} MiB, {}",
                ctx_->info().name, ctx_->info().type, weights_->bytes / 1048576.0, max_ubatch_, kv_budget / 1048576.0,
                ops_->subgroup_trees() ? "subgroup trees" : "shared-memory trees");
+  return Status::Ok();
+}
+
+Status VulkanBackend::SetVulkanTuning(const VulkanTuning& tuning) {
+  // The matrix-vector shape is the one setting the device may refuse: checked first, so that a
+  // refused tuning changes nothing.
+  vk::MatvecShape matvec;
+  const VulkanMatvecShape& asked = tuning.matvec;
+  if (asked.group > 0) matvec.group = static_cast<uint32_t>(std::min<int64_t>(asked.group, 1 << 16));
+  matvec.max_lanes = asked.lanes > 0 ? static_cast<uint32_t>(std::min<int64_t>(asked.lanes, 1 << 16)) : matvec.group;
+  if (asked.min_groups > 0) matvec.min_groups = asked.min_groups;
+  if (asked.rows > 0) matvec.max_rows = static_cast<uint32_t>(std::min<int64_t>(asked.rows, 1 << 16));
+  if (tuning.attention_split < 0) return InvalidArgument("the attention split must not be negative");
+  KVFS_RETURN_IF_ERROR(ops_->set_matvec_shape(matvec));
+  swiglu_in_matvec_ = fuse_ops_ && tuning.swiglu_in_matvec;
+  ops_->set_attention_split_positions(tuning.attention_split > 0 ? tuning.attention_split
+                                                                 : vk::Ops::kDefaultAttentionSplit);
+  ops_->set_fuse_softmax(tuning.fuse_softmax && fuse_ops_);
+  ops_->set_subgroup_trees(tuning.subgroup_trees);
   return Status::Ok();
 }
 
