@@ -4,7 +4,8 @@ compressed block). Block checksums are left zero: the fuzz target recomputes the
 are version 1 (no checksum, which the stdlib cannot compute), so mutations reach every field;
 manifest/with_tail_v2.json, the same manifest in version 2 as kvfs writes it (XXH3-64 checksum
 last), is kept in the corpus as is, and so is manifest/story_v2.prefix (a prefix record in
-version 2). manifest/story.prefix is a prefix record in version 1.
+version 2). manifest/story.prefix is a prefix record in version 1. manifest/tuning.json is a
+tuning file as kvfs tune writes it (lavapipe), also kept as is.
 Usage: make_store_seeds.py FUZZ_CORPUS_DIR  (writes DIR/manifest/* and DIR/block/*)"""
 import json, os, shutil, struct, subprocess, sys
 

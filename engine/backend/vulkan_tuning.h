@@ -41,6 +41,7 @@ struct TuningRecord {
   VulkanTuning tuning;       // the settings found
   double default_step_ms = 0;  // decode step with the starting settings, as measured
   double tuned_step_ms = 0;    // and with `tuning`
+  bool operator==(const TuningRecord&) const = default;
 };
 
 // The model's shape and weight types, which is what a tuning depends on: e.g.

@@ -117,6 +117,41 @@ if r.returncode == 0:
         j = json.loads(r.stdout) if ok else {}
         check(f'bench --backend vulkan --kv {kv}', ok and j['backend'] == 'vulkan' and j['pp']['median'] > 0
               and j['tg']['median'] > 0, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+    # kvfs tune: a short search (two knobs) writes a file that run and bench take, on this
+    # device and model only.
+    default_name = [d['name'] for d in json.loads(run(['devices', '--json']).stdout) if d['default']][0]
+    with tempfile.TemporaryDirectory() as tmp:
+        tuned = os.path.join(tmp, 'tuning.json')
+        skip = 'matvec_group,matvec_lanes,matvec_rows,matvec_min_groups,fuse_softmax,subgroup_trees'
+        r = run(['tune', '-m', stories, '-d', '40', '-n', '2', '-r', '1', '--skip', skip, '-o', tuned, '--json'])
+        ok = r.returncode == 0
+        j = json.loads(r.stdout) if ok else {}
+        f = json.load(open(tuned)) if ok and os.path.exists(tuned) else {}
+        check('tune writes a tuning file', ok and f.get('format') == 'kvfs-vulkan-tuning' and
+              f.get('device') == default_name and f.get('model') == j.get('model') and
+              f['model'].startswith('llama L5 E64 ') and f.get('kv') == 'q4k' and f.get('depth') == 40 and
+              {t['knob'] for t in j['trials']} == {'swiglu_in_matvec', 'attention_split'} and
+              f['decode_step_ms']['default'] > 0 and f['decode_step_ms']['tuned'] > 0,
+              f'rc={r.returncode} out={r.stdout[:400]!r} err={r.stderr!r}')
+        r = run(['run', '-m', stories, '-p', g['prompt']['text'], '-n', '32', '--temp', '0', '--backend', 'vulkan',
+                 '--tuning', tuned])
+        check('run --tuning: the same greedy text, no warning',
+              r.returncode == 0 and r.stdout == g['configs']['f16']['greedy_text'] + '\n' and 'warning' not in r.stderr,
+              f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+        other = os.path.join(tmp, 'other.json')
+        f['device'] = 'Some Other GPU'
+        json.dump(f, open(other, 'w'))
+        r = run(['run', '-m', stories, '-p', g['prompt']['text'], '-n', '32', '--temp', '0', '--backend', 'vulkan',
+                 '--tuning', other])
+        check('run --tuning of another device: a warning, the defaults',
+              r.returncode == 0 and r.stdout == g['configs']['f16']['greedy_text'] + '\n' and
+              'not used: it was measured on "Some Other GPU"' in r.stderr, f'rc={r.returncode} err={r.stderr!r}')
+        garbage = os.path.join(tmp, 'garbage.json'); open(garbage, 'w').write('{"format": ')
+        bad('run --tuning with a broken file', ['run', '-m', stories, '-p', 'x', '--backend', 'vulkan', '--tuning', garbage],
+            'tuning file: not valid JSON')
+        bad('bench --tuning with the options it sets',
+            ['bench', '-m', stories, '--backend', 'vulkan', '--tuning', tuned, '--separate-swiglu'], 'exclude each other')
+        bad('tune --skip of no knob', ['tune', '-m', stories, '--skip', 'warp_speed'], "no knob 'warp_speed'")
 elif os.environ.get('CI') == 'true' and 'built without the Vulkan backend' not in r.stderr:
     check('CI=true: a Vulkan device (lavapipe) is listed', False, r.stderr.strip())
 else:

@@ -37,10 +37,12 @@ TEST(DaemonConfig, CommandLine) {
   EXPECT_EQ(c->max_prompt_bytes, 1 << 20);
   EXPECT_EQ(c->backend, "cpu");
   EXPECT_EQ(c->device, -1);
-  auto v = Parse({"--mount", "/m", "--backend", "vulkan", "--device", "1"});
+  EXPECT_EQ(c->vulkan_tuning, "");
+  auto v = Parse({"--mount", "/m", "--backend", "vulkan", "--device", "1", "--vulkan-tuning", "/etc/kvfs/h100.json"});
   ASSERT_TRUE(v.ok()) << v.status().message();
   EXPECT_EQ(v->backend, "vulkan");
   EXPECT_EQ(v->device, 1);
+  EXPECT_EQ(v->vulkan_tuning, "/etc/kvfs/h100.json");
 }
 
 TEST(DaemonConfig, BadOptionsNameThemselves) {
@@ -63,7 +65,8 @@ TEST(DaemonConfig, BadOptionsNameThemselves) {
 
 TEST(DaemonConfig, ConfigFileThenCommandLine) {
   std::string path = WriteTemp("kvfsd.json", R"({"model": "a.gguf", "mount": "/mnt/a", "threads": 2,
-      "kv_budget": "512M", "max_prompt_bytes": 4096, "foreground": true, "log_level": "warn"})");
+      "kv_budget": "512M", "max_prompt_bytes": 4096, "foreground": true, "log_level": "warn",
+      "vulkan_tuning": "/etc/kvfs/tuning.json"})");
   auto c = Parse({"--config", path, "-t", "4"});
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->model_path, "a.gguf");
@@ -73,6 +76,7 @@ TEST(DaemonConfig, ConfigFileThenCommandLine) {
   EXPECT_EQ(c->max_prompt_bytes, 4096);
   EXPECT_TRUE(c->foreground);
   EXPECT_EQ(c->log_level, "warn");
+  EXPECT_EQ(c->vulkan_tuning, "/etc/kvfs/tuning.json");
   std::filesystem::remove(path);
 }
 
@@ -136,6 +140,15 @@ TEST(DaemonConfig, DefaultStoreAndModel) {
   DaemonConfig missing;
   missing.model_path = "/no/such.gguf";
   EXPECT_EQ(ResolveDefaults(missing, env).code(), StatusCode::kInvalidArgument);
+  // A tuning file is for the Vulkan backend: with the CPU's it is a mistake, said at start.
+  DaemonConfig tuned_cpu;
+  tuned_cpu.mountpoint = "/m";
+  tuned_cpu.vulkan_tuning = "/etc/kvfs/h100.json";
+  const Status cpu_tuned = ResolveDefaults(tuned_cpu, env);
+  EXPECT_EQ(cpu_tuned.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(cpu_tuned.message().find("--vulkan-tuning applies to --backend vulkan only"), std::string::npos);
+  tuned_cpu.backend = "vulkan";
+  EXPECT_TRUE(ResolveDefaults(tuned_cpu, env).ok());
   std::filesystem::remove_all(root);
 }
 
