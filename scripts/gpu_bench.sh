@@ -18,13 +18,16 @@
 #                     --attn-split,512 (a comma stands
 #                     for a space: "--matvec-group,256,--matvec-lanes,32" is one variant of the
 #                     matrix-vector shape; default "default"; e.g. "default --gguf-rows" for an
-#                     A/B of the aligned weight rows)
+#                     A/B of the aligned weight rows); "tuned" runs with the settings `kvfs tune`
+#                     found for the preset on this device (run first, once per preset, with
+#                     KVFS_GPU_TUNE_ARGS, default "-d 1024 -n 16 -r 5"; its table goes into
+#                     runs.tgz as PRESET-tune.txt and its file as PRESET.tuning.json)
 #   KVFS_GPU_BATCHED  batch sizes for `kvfs bench batched` (e.g. "1,4,8,16"; default: none), run
 #                     per preset after the runs above, with and without --serial-attention (each
 #                     sequence's attention after the previous one's), KV KVFS_GPU_BATCHED_KV
 #                     (default q4) and KVFS_GPU_BATCHED_ARGS (default "--npp 1024 --ntg 32")
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/kvfs-gpu}
 runs=/tmp/kvfs-gpu-runs
 mkdir -p "$out" "$runs"
@@ -72,6 +75,7 @@ rows = ["%-44s %-4s %6s %10s %10s %9s %s" % ("run", "kv", "depth", "pp t/s", "tg
 for f in sorted(glob.glob(os.path.join(runs, "*.json"))):
     try: j = json.load(open(f))
     except ValueError: continue
+    if "pp" not in j: continue  # PRESET.tuning.json
     name = os.path.basename(f)[:-5]
     gbs = j.get("decode_gbs", 0.0)
     rows.append("%-44s %-4s %6d %10.1f %10.1f %9.1f %s" % (name, j.get("kv"), j.get("depth", 0),
@@ -96,12 +100,25 @@ for p in $presets; do
   m="$models/$p-Q4_0.gguf"
   [ -f "$m" ] || python3 .gpu/synth/tools/synth_gguf.py --preset "$p" --type Q4_0 -o "$m" -q || exit 1
 done
+case " ${KVFS_GPU_VARIANTS:-default} " in
+  *" tuned "*)
+    for p in $presets; do
+      # shellcheck disable=SC2086  # KVFS_GPU_TUNE_ARGS is a list of arguments
+      timeout 540 $kvfs tune -m "$models/$p-Q4_0.gguf" ${KVFS_GPU_TUNE_ARGS:--d 1024 -n 16 -r 5} \
+        -o "$runs/$p.tuning.json" > "$runs/$p-tune.txt" 2>&1 ||
+        echo "gpu_bench: kvfs tune $p failed (rc $?): $(tail -c 300 "$runs/$p-tune.txt")" >&2
+      tail -4 "$runs/$p-tune.txt"
+      tar -czf "$out/runs.tgz" -C "$runs" .
+    done
+    ;;
+esac
 for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
   for p in $presets; do
     for kv in ${KVFS_GPU_KV:-f16 q4 q4k}; do
       for v in ${KVFS_GPU_VARIANTS:-default}; do
         flags="" suffix=""
         [ "$v" = default ] || { flags=${v//,/ }; suffix="-${v#--}"; suffix=${suffix//,/-}; }
+        [ "$v" = tuned ] && flags="--tuning $runs/$p.tuning.json"
         run="$runs/$p-$kv-d$d$suffix"
         # shellcheck disable=SC2086  # KVFS_GPU_ARGS and flags are lists of arguments
         timeout 300 $kvfs bench -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" $flags \
