@@ -43,7 +43,7 @@ double Cost(const VulkanTuning& t, double penalty = 0.1) {
 
 TEST(VulkanTuningSearch, FindsTheOptimumOfASeparableCost) {
   int calls = 0;
-  auto outcome = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 3},
+  auto outcome = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 3, .skip = {}},
                                     [&](const VulkanTuning& t) -> Result<double> {
                                       ++calls;
                                       return Cost(t);
@@ -65,7 +65,7 @@ TEST(VulkanTuningSearch, FindsTheOptimumOfASeparableCost) {
 TEST(VulkanTuningSearch, NoiseBelowTheGainDoesNotMisleadIt) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> noise(-0.01, 0.01);
-  auto outcome = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 5, .min_gain = 0.02},
+  auto outcome = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 5, .min_gain = 0.02, .skip = {}},
                                     [&](const VulkanTuning& t) -> Result<double> { return Cost(t) * (1 + noise(rng)); });
   ASSERT_TRUE(outcome.ok()) << outcome.status().message();
   EXPECT_TRUE(outcome->best == Optimum());
@@ -73,7 +73,7 @@ TEST(VulkanTuningSearch, NoiseBelowTheGainDoesNotMisleadIt) {
 
 TEST(VulkanTuningSearch, WinsSmallerThanTheMinimumGainAreNotTaken) {
   // Every better value is only 1% better: below a 2% minimum gain, nothing changes.
-  auto outcome = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 3, .min_gain = 0.02},
+  auto outcome = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 3, .min_gain = 0.02, .skip = {}},
                                     [&](const VulkanTuning& t) -> Result<double> { return Cost(t, 0.01); });
   ASSERT_TRUE(outcome.ok());
   EXPECT_TRUE(outcome->best == outcome->start);
@@ -136,7 +136,7 @@ TEST(VulkanTuningSearch, AStartThatCannotRunIsAnError) {
                                     [](const VulkanTuning&) -> Result<double> { return IoError("device lost"); });
   ASSERT_FALSE(outcome.ok());
   EXPECT_NE(outcome.status().message().find("device lost"), std::string::npos);
-  auto bad = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 0},
+  auto bad = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 0, .skip = {}},
                                 [](const VulkanTuning&) -> Result<double> { return 1.0; });
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
 }
