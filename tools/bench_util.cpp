@@ -14,12 +14,6 @@ std::vector<std::string> SplitList(const std::string& text) {
   return out;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 Result<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& option, int64_t lo, int64_t hi) {
   std::vector<int64_t> out;
   for (const std::string& item : SplitList(text)) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/median.h"  // Median, for the benchmarks
 #include "engine/model/tokenizer.h"
 #include "engine/runtime/agent_engine.h"
 
@@ -15,9 +16,6 @@ Result<std::vector<int64_t>> ParseIntList(const std::string& text, const std::st
 
 // Splits "f16,q4k" at commas (empty items kept: the caller's parser rejects them).
 std::vector<std::string> SplitList(const std::string& text);
-
-// The median of v (0 when empty).
-double Median(std::vector<double> v);
 
 // Runs one turn and waits for it.
 Result<TurnStats> RunTurnSync(AgentEngine& engine, const std::string& agent, const std::string& text);

@@ -16,6 +16,7 @@
 #include "engine/backend/vulkan_tuning.h"
 #include "engine/kv/sequence_kv.h"
 #include "tools/args.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 
 namespace kvfs::cli {
@@ -76,14 +77,11 @@ int Tune(int argc, char** argv) {
   search.passes = static_cast<int>(args.get_int("--passes", 2, 1, 10));
   const std::vector<std::string> knobs = TuningKnobNames();
   if (auto skip = args.get("--skip")) {
-    for (size_t at = 0; at <= skip->size();) {
-      const size_t comma = std::min(skip->find(',', at), skip->size());
-      std::string name = skip->substr(at, comma - at);
+    for (std::string& name : SplitList(*skip)) {
       if (std::find(knobs.begin(), knobs.end(), name) == knobs.end()) {
         args.set_error(fmt::format("--skip: no knob '{}' (see kvfs tune --help)", name));
       }
       search.skip.push_back(std::move(name));
-      at = comma + 1;
     }
   }
   const std::string kv_type = args.get("--kv").value_or("q4k");
@@ -92,10 +90,7 @@ int Tune(int argc, char** argv) {
 
   auto devices = ListVulkanDevices();
   if (!devices.ok()) return Fail(1, devices.status().message() + " (kvfs tune needs a Vulkan device)");
-  const VulkanDeviceInfo* info = nullptr;
-  for (const VulkanDeviceInfo& d : *devices) {
-    if (device >= 0 ? d.index == device : d.is_default) info = &d;
-  }
+  const VulkanDeviceInfo* info = ChosenVulkanDevice(*devices, device);
   if (info == nullptr) return Fail(2, fmt::format("no Vulkan device {} (see kvfs devices)", device));
   if (!info->subgroup_shuffle) search.skip.push_back("subgroup_trees");  // the same shaders either way
 

@@ -85,6 +85,8 @@ struct VulkanDeviceInfo {
 // Every Vulkan device the loader reports. Unsupported when the build has no Vulkan backend;
 // NotFound when there is no Vulkan driver or device.
 Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices();
+// The device `device` names (-1: the default one) among `devices`; nullptr when none is.
+const VulkanDeviceInfo* ChosenVulkanDevice(const std::vector<VulkanDeviceInfo>& devices, int device);
 
 // The matrix-vector shaders' shape (decode's matrix products), for sweeps on a GPU (kvfs bench
 // --matvec-*); 0 keeps the default of each.
@@ -93,7 +95,8 @@ struct VulkanMatvecShape {
   static constexpr int64_t kDefaultMinGroups = 1024;
   static constexpr int64_t kDefaultRows = 8;
   int64_t group = 0;       // invocations per workgroup (default 64), a power of two
-  int64_t lanes = 0;       // invocations per row at most (default: the group), a power of two >= 4
+  int64_t lanes = 0;       // invocations per row at most (default, or more than the group: the
+                           // group), a power of two >= 4
   int64_t min_groups = 0;  // quantized rows per slot grow while this many workgroups remain (1024)
   int64_t rows = 0;        // quantized rows per slot at most (8), a power of two
   bool operator==(const VulkanMatvecShape&) const = default;

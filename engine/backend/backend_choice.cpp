@@ -10,6 +10,13 @@ Status Backend::SetVulkanTuning(const VulkanTuning&) {
   return Unsupported(fmt::format("the {} backend has no Vulkan tuning", name()));
 }
 
+const VulkanDeviceInfo* ChosenVulkanDevice(const std::vector<VulkanDeviceInfo>& devices, int device) {
+  for (const VulkanDeviceInfo& d : devices) {
+    if (device >= 0 ? d.index == device : d.is_default) return &d;
+  }
+  return nullptr;
+}
+
 Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequest& request) {
   ChosenBackend out;
   if (request.vulkan) {
@@ -26,10 +33,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
         return InvalidArgument(fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", request.device,
                                            devices->size()));
       }
-      const VulkanDeviceInfo* chosen = nullptr;
-      for (const VulkanDeviceInfo& d : *devices) {
-        if (request.device >= 0 ? d.index == request.device : d.is_default) chosen = &d;
-      }
+      const VulkanDeviceInfo* chosen = ChosenVulkanDevice(*devices, request.device);
       VulkanTuning tuning = request.tuning;
       if (tuning_record.has_value()) {
         std::string why;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/median.h"
 #include "engine/model/ggml_types.h"
 #include "engine/store/fs.h"
 
@@ -19,7 +20,6 @@ using Json = nlohmann::json;
 struct Knob {
   std::string_view name;
   std::vector<int64_t> values;
-  int64_t (*get)(const VulkanTuning&);
   void (*set)(VulkanTuning&, int64_t);
 };
 
@@ -27,35 +27,15 @@ struct Knob {
 // (8 to 64 wide) and shared memory suggest; the backend refuses those the device cannot run.
 std::vector<Knob> Knobs() {
   return {
-      {"matvec_group", {32, 64, 128, 256},
-       [](const VulkanTuning& t) { return t.matvec.group; }, [](VulkanTuning& t, int64_t v) { t.matvec.group = v; }},
-      {"matvec_lanes", {0, 32, 16, 8},
-       [](const VulkanTuning& t) { return t.matvec.lanes; }, [](VulkanTuning& t, int64_t v) { t.matvec.lanes = v; }},
-      {"matvec_rows", {2, 4, 8, 16},
-       [](const VulkanTuning& t) { return t.matvec.rows; }, [](VulkanTuning& t, int64_t v) { t.matvec.rows = v; }},
-      {"matvec_min_groups", {256, 1024, 4096},
-       [](const VulkanTuning& t) { return t.matvec.min_groups; },
-       [](VulkanTuning& t, int64_t v) { t.matvec.min_groups = v; }},
-      {"swiglu_in_matvec", {1, 0},
-       [](const VulkanTuning& t) { return int64_t{t.swiglu_in_matvec}; },
-       [](VulkanTuning& t, int64_t v) { t.swiglu_in_matvec = v != 0; }},
-      {"fuse_softmax", {1, 0},
-       [](const VulkanTuning& t) { return int64_t{t.fuse_softmax}; },
-       [](VulkanTuning& t, int64_t v) { t.fuse_softmax = v != 0; }},
-      {"subgroup_trees", {1, 0},
-       [](const VulkanTuning& t) { return int64_t{t.subgroup_trees}; },
-       [](VulkanTuning& t, int64_t v) { t.subgroup_trees = v != 0; }},
-      {"attention_split", {32, 64, 128, 256, 512},
-       [](const VulkanTuning& t) { return t.attention_split; },
-       [](VulkanTuning& t, int64_t v) { t.attention_split = v; }},
+      {"matvec_group", {32, 64, 128, 256}, [](VulkanTuning& t, int64_t v) { t.matvec.group = v; }},
+      {"matvec_lanes", {0, 32, 16, 8}, [](VulkanTuning& t, int64_t v) { t.matvec.lanes = v; }},
+      {"matvec_rows", {2, 4, 8, 16}, [](VulkanTuning& t, int64_t v) { t.matvec.rows = v; }},
+      {"matvec_min_groups", {256, 1024, 4096}, [](VulkanTuning& t, int64_t v) { t.matvec.min_groups = v; }},
+      {"swiglu_in_matvec", {1, 0}, [](VulkanTuning& t, int64_t v) { t.swiglu_in_matvec = v != 0; }},
+      {"fuse_softmax", {1, 0}, [](VulkanTuning& t, int64_t v) { t.fuse_softmax = v != 0; }},
+      {"subgroup_trees", {1, 0}, [](VulkanTuning& t, int64_t v) { t.subgroup_trees = v != 0; }},
+      {"attention_split", {32, 64, 128, 256, 512}, [](VulkanTuning& t, int64_t v) { t.attention_split = v; }},
   };
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Medians of paired measurements of `current` and `candidate`, alternating which goes first.
@@ -210,10 +190,12 @@ Result<TuningRecord> ParseTuningJson(std::string_view text) {
 
 Result<TuningRecord> ReadTuningFile(const std::string& path) {
   store::PosixFileSystem fs;
+  // A tuning file is a few hundred bytes; anything huge is not one (and is not read).
+  Result<uint64_t> size = fs.FileSize(path);
+  if (!size.ok()) return Status(size.status().code(), "tuning file: " + size.status().message());
+  if (*size > (1 << 20)) return InvalidArgument(fmt::format("tuning file {}: over 1 MiB", path));
   Result<std::vector<uint8_t>> bytes = fs.ReadFile(path);
   if (!bytes.ok()) return Status(bytes.status().code(), "tuning file: " + bytes.status().message());
-  // A tuning file is a few hundred bytes; anything huge is not one.
-  if (bytes->size() > (1 << 20)) return InvalidArgument(fmt::format("tuning file {}: over 1 MiB", path));
   Result<TuningRecord> r = ParseTuningJson(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
   if (!r.ok()) return Status(r.status().code(), fmt::format("{} ({})", r.status().message(), path));
   return r;

@@ -145,10 +145,9 @@ TEST_F(VulkanTuningBackendTest, ARefusedSettingChangesNothing) {
 TEST_F(VulkanTuningBackendTest, ATuningFileAppliesToItsDeviceAndModelOnly) {
   auto devices = ListVulkanDevices();
   ASSERT_TRUE(devices.ok());
-  std::string device_name;
-  for (const VulkanDeviceInfo& d : *devices) {
-    if (d.is_default) device_name = d.name;
-  }
+  const VulkanDeviceInfo* device = ChosenVulkanDevice(*devices, -1);
+  ASSERT_NE(device, nullptr);
+  const std::string device_name = device->name;
   TuningRecord record;
   record.device = device_name;
   record.model = TuningModelKey(*model_);

@@ -29,6 +29,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/vulkan_tuning.h"
 #include "engine/backend/cpu/ops.h"
 #include "engine/backend/vulkan/device_kv.h"
 #include "engine/backend/vulkan/device_weights.h"
@@ -222,19 +223,18 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
 Status VulkanBackend::SetVulkanTuning(const VulkanTuning& tuning) {
   // The matrix-vector shape is the one setting the device may refuse: checked first, so that a
   // refused tuning changes nothing.
-  vk::MatvecShape matvec;
-  const VulkanMatvecShape& asked = tuning.matvec;
-  if (asked.group > 0) matvec.group = static_cast<uint32_t>(std::min<int64_t>(asked.group, 1 << 16));
-  matvec.max_lanes = asked.lanes > 0 ? static_cast<uint32_t>(std::min<int64_t>(asked.lanes, 1 << 16)) : matvec.group;
-  if (asked.min_groups > 0) matvec.min_groups = asked.min_groups;
-  if (asked.rows > 0) matvec.max_rows = static_cast<uint32_t>(std::min<int64_t>(asked.rows, 1 << 16));
   if (tuning.attention_split < 0) return InvalidArgument("the attention split must not be negative");
+  const VulkanTuning t = ResolvedTuning(tuning);  // 0s as the defaults they stand for
+  auto narrow = [](int64_t v) { return static_cast<uint32_t>(std::min<int64_t>(v, 1 << 16)); };
+  const vk::MatvecShape matvec{.group = narrow(t.matvec.group),
+                               .max_lanes = narrow(t.matvec.lanes > 0 ? t.matvec.lanes : t.matvec.group),
+                               .min_groups = t.matvec.min_groups,
+                               .max_rows = narrow(t.matvec.rows)};
   KVFS_RETURN_IF_ERROR(ops_->set_matvec_shape(matvec));
-  swiglu_in_matvec_ = fuse_ops_ && tuning.swiglu_in_matvec;
-  ops_->set_attention_split_positions(tuning.attention_split > 0 ? tuning.attention_split
-                                                                 : vk::Ops::kDefaultAttentionSplit);
-  ops_->set_fuse_softmax(tuning.fuse_softmax && fuse_ops_);
-  ops_->set_subgroup_trees(tuning.subgroup_trees);
+  swiglu_in_matvec_ = fuse_ops_ && t.swiglu_in_matvec;
+  ops_->set_attention_split_positions(t.attention_split);
+  ops_->set_fuse_softmax(t.fuse_softmax && fuse_ops_);
+  ops_->set_subgroup_trees(t.subgroup_trees);
   return Status::Ok();
 }
 
