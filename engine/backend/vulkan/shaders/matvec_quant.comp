@@ -163,13 +163,17 @@ void main() {
         }
         aux[t] = act_aux[tt * p.n_units + u];
       }
+      // Every row's unit is loaded before any is used, with no branch between the loads, so
+      // the slot's ROWS_PER_SLOT loads are in flight together (a break at the matrix's last row
+      // kept them one row at a time: a GPU then waits a memory latency per row). Rows past the
+      // matrix load its last row again; their sums are not stored.
+      WeightUnit wu[ROWS_PER_SLOT];
+      for (uint k = 0u; k < ROWS_PER_SLOT; ++k) wu[k] = LoadUnit(min(r0 + k, p.n_rows - 1u) * p.row_bytes, u, p.n_units);
       for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
-        if (r0 + k >= p.n_rows) break;
-        const WeightUnit wu = LoadUnit((r0 + k) * p.row_bytes, u, p.n_units);
         for (uint t = 0u; t < TOKENS; ++t) {
           uint at[8];
           for (uint i = 0u; i < 8u; ++i) at[i] = a[t * 8u + i];
-          acc[k * TOKENS + t] += UnitDot(wu, at, aux[t]);
+          acc[k * TOKENS + t] += UnitDot(wu[k], at, aux[t]);
         }
       }
     }
