@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <vector>
 #include <sys/stat.h>
 
 namespace kvfs::testing {
@@ -39,6 +40,22 @@ std::string VulkanUnavailable(const Status& made) {
   // a weight type the shaders lack is also Unsupported, but tests only use supported ones.
   if (made.code() == StatusCode::kUnsupported || made.code() == StatusCode::kNotFound) return made.message();
   return "";
+}
+
+std::map<std::string, int> ProfileDispatches(const std::string& report) {
+  std::map<std::string, int> out;
+  std::istringstream lines(report);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x);
+    if (w.size() < 4 || w[0] == "shader" || line.find("passes in") != std::string::npos) continue;
+    std::string key = w[0];
+    for (size_t i = 1; i + 3 < w.size(); ++i) key += " " + w[i];
+    out[key] += std::stoi(w[w.size() - 3]);
+  }
+  return out;
 }
 
 }  // namespace kvfs::testing

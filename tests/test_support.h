@@ -2,6 +2,7 @@
 // absent, but fail when CI=true (CI must run them).
 #pragma once
 
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -22,6 +23,10 @@ std::string ReadFile(const std::string& path);
 // context) is not about a missing backend or device: a build without Vulkan, or a machine
 // without a Vulkan driver or device.
 std::string VulkanUnavailable(const Status& made);
+
+// A Vulkan profile's "shader [groups] -> dispatches" lines (Backend::TakeProfileReport), which
+// show what a pass recorded.
+std::map<std::string, int> ProfileDispatches(const std::string& report);
 
 }  // namespace kvfs::testing
 

@@ -15,5 +15,6 @@ int ShowStatus(int argc, char** argv);  // kvfs status
 int BenchFs(int argc, char** argv);     // kvfs bench fs
 int Devices(int argc, char** argv);      // kvfs devices
 int Tune(int argc, char** argv);         // kvfs tune
+int Shaders(int argc, char** argv);      // kvfs shaders
 
 }  // namespace kvfs::cli

@@ -17,6 +17,7 @@ void Usage(FILE* out) {
       "              [--backend cpu|vulkan] [--device N]\n"
       "  devices     list the Vulkan devices (--device N of run, bench and perplexity)\n"
       "  tune        the fastest Vulkan settings for a device and model:  kvfs tune -m MODEL [-o FILE]\n"
+      "  shaders     the compiler's statistics of a model's Vulkan matrix shaders:  kvfs shaders -m MODEL\n"
       "  inspect     print a GGUF file's metadata and tensor table:  kvfs inspect MODEL\n"
       "  status      cache status of a mounted kvfs:  kvfs status [--mount DIR] [--json]\n"
       "  bench fs    filesystem overhead:  kvfs bench fs -m MODEL [--turns 20] [--agents 10000]\n"
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   if (cmd == "status") return kvfs::cli::ShowStatus(argc - 1, argv + 1);
   if (cmd == "devices") return kvfs::cli::Devices(argc - 1, argv + 1);
   if (cmd == "tune") return kvfs::cli::Tune(argc - 1, argv + 1);
+  if (cmd == "shaders") return kvfs::cli::Shaders(argc - 1, argv + 1);
   std::fprintf(stderr, "kvfs: unknown command '%s'\n", cmd.c_str());
   Usage(stderr);
   return 2;

@@ -152,6 +152,37 @@ if r.returncode == 0:
         bad('bench --tuning with the options it sets',
             ['bench', '-m', stories, '--backend', 'vulkan', '--tuning', tuned, '--separate-swiglu'], 'exclude each other')
         bad('tune --skip of no knob', ['tune', '-m', stories, '--skip', 'warp_speed'], "no knob 'warp_speed'")
+    # kvfs shaders: the matrix pipelines of a model, with the device compiler's statistics where
+    # it reports them. Mesa's AMD driver compiles for a GPU that is not there (its null device),
+    # and does report them; mesa-vulkan-drivers ships it beside lavapipe.
+    q4km = os.path.join(models, 'tiny-llama-Q4_K_M.gguf')
+    r = run(['shaders', '-m', q4km, '-t', '1', '--json'])
+    ok = r.returncode == 0
+    j = json.loads(r.stdout) if ok else {}
+    kinds = {}
+    for line in j.get('shaders', []):
+        kinds[line['matrices']] = kinds.get(line['matrices'], 0) + line['layers']
+    check('shaders lists every matrix of every layer once', ok and kinds.get('o') == 2 and kinds.get('down') == 2 and
+          kinds.get('output') == 1 and kinds.get('q|k|v', 0) + kinds.get('q', 0) == 2 and
+          all(l['tokens'] == 1 and l['shader'].startswith('matvec_quant') for l in j['shaders']),
+          f'rc={r.returncode} out={r.stdout[:400]!r} err={r.stderr!r}')
+    bad('shaders -t out of range', ['shaders', '-m', q4km, '-t', '0'], '-t takes token counts')
+    radv = '/usr/share/vulkan/icd.d/radeon_icd.x86_64.json'
+    if os.path.exists(radv):
+        env = dict(os.environ, VK_ICD_FILENAMES=radv, VK_DRIVER_FILES=radv, RADV_FORCE_FAMILY='gfx1100',
+                   RADV_DEBUG='nocache')
+        r = run(['shaders', '-m', q4km, '-t', '1,64', '--stat', 'VGPRs,Spilled VGPRs', '--json'], env=env)
+        ok = r.returncode == 0
+        j = json.loads(r.stdout) if ok else {}
+        check('shaders on a GPU compiler without a GPU (RADV null device): registers, no spills',
+              ok and j['statistics'] and 'GFX1100' in j['device'] and len(j['shaders']) > 0 and
+              all(set(l['statistics']) == {'VGPRs', 'Spilled VGPRs'} and l['statistics']['VGPRs'] > 0 and
+                  l['statistics']['Spilled VGPRs'] == 0 for l in j['shaders']),
+              f'rc={r.returncode} out={r.stdout[:400]!r} err={r.stderr!r}')
+    elif os.environ.get('CI') == 'true':
+        check('CI=true: Mesa\'s AMD Vulkan driver (mesa-vulkan-drivers) is installed', False, radv)
+    else:
+        print('SKIP shaders on RADV: no ' + radv)
 elif os.environ.get('CI') == 'true' and 'built without the Vulkan backend' not in r.stderr:
     check('CI=true: a Vulkan device (lavapipe) is listed', False, r.stderr.strip())
 else:

@@ -5,7 +5,6 @@
 // Runs on lavapipe in CI; skips without a Vulkan device.
 #include <cstring>
 #include <map>
-#include <sstream>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/vulkan_tuning.h"
@@ -56,21 +55,8 @@ class VulkanTuningBackendTest : public ::testing::Test {
     options.tuning = tuning;
     return options;
   }
-  // The profile's "shader [groups] -> dispatches" lines (Recorder::TakeProfileReport).
   static std::map<std::string, int> Dispatches(const std::string& report) {
-    std::map<std::string, int> out;
-    std::istringstream lines(report);
-    std::string line;
-    while (std::getline(lines, line)) {
-      std::istringstream words(line);
-      std::vector<std::string> w;
-      for (std::string x; words >> x;) w.push_back(x);
-      if (w.size() < 4 || w[0] == "shader" || line.find("passes in") != std::string::npos) continue;
-      std::string key = w[0];
-      for (size_t i = 1; i + 3 < w.size(); ++i) key += " " + w[i];
-      out[key] += std::stoi(w[w.size() - 3]);
-    }
-    return out;
+    return testing::ProfileDispatches(report);
   }
   static bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

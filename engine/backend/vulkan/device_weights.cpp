@@ -54,8 +54,7 @@ bool Stackable(std::span<const Matrix* const> ms) {
   return true;
 }
 
-Result<DeviceMatrix> UploadStacked(Context& ctx, Uploader& up, std::span<const Matrix* const> ms,
-                                   const WeightUploadOptions& options, int64_t& total) {
+Result<DeviceMatrix> PlanStacked(std::span<const Matrix* const> ms, const WeightUploadOptions& options) {
   for (const Matrix* m : ms) {
     if (m->empty()) return InvalidArgument("an empty weight matrix cannot go to the device");
   }
@@ -78,15 +77,37 @@ Result<DeviceMatrix> UploadStacked(Context& ctx, Uploader& up, std::span<const M
     return Unsupported(fmt::format("a weight row of {} bytes exceeds the device's storage binding of {} bytes",
                                    d.row_bytes, options.max_binding_bytes));
   }
+  for (int64_t r0 = 0; r0 < d.n_out; r0 += rows_per_part) {
+    DeviceMatrixPart part;
+    part.row0 = r0;
+    part.n_rows = std::min(rows_per_part, d.n_out - r0);
+    d.parts.push_back(std::move(part));
+  }
+  return d;
+}
+
+bool StacksQkv(const LayerWeights& l, const WeightUploadOptions& options) {
+  const Matrix* qkv[] = {&l.wq, &l.wk, &l.wv};
+  const bool biases_agree = l.bq.empty() == l.bk.empty() && l.bk.empty() == l.bv.empty();
+  return options.stack_matrices && Stackable(qkv) && biases_agree;
+}
+
+bool StacksGateUp(const LayerWeights& l, const WeightUploadOptions& options) {
+  const Matrix* gate_up[] = {&l.w_gate, &l.w_up};
+  return options.stack_matrices && Stackable(gate_up);
+}
+
+Result<DeviceMatrix> UploadStacked(Context& ctx, Uploader& up, std::span<const Matrix* const> ms,
+                                   const WeightUploadOptions& options, int64_t& total) {
+  KVFS_ASSIGN_OR_RETURN(DeviceMatrix d, PlanStacked(ms, options));
+  const bool split = d.layout == WeightLayout::kSplitRows;
   // Split rows are rewritten on the host a slice at a time (the uploader copies them into its
   // staging buffer at once), so the rewrite never holds more than one slice.
   constexpr int64_t kSliceBytes = int64_t{16} << 20;
   const int64_t rows_per_copy = split ? std::max<int64_t>(1, kSliceBytes / d.row_bytes) : d.n_out;
   std::vector<uint8_t> slice;
-  for (int64_t r0 = 0; r0 < d.n_out; r0 += rows_per_part) {
-    DeviceMatrixPart part;
-    part.row0 = r0;
-    part.n_rows = std::min(rows_per_part, d.n_out - r0);
+  for (DeviceMatrixPart& part : d.parts) {
+    const int64_t r0 = part.row0;
     KVFS_ASSIGN_OR_RETURN(part.buffer, ctx.CreateBuffer(part.n_rows * d.row_bytes, MemoryKind::kDevice));
     // Copies of rows that lie in one source matrix (and one slice).
     for (int64_t r = r0; r < r0 + part.n_rows;) {
@@ -106,7 +127,6 @@ Result<DeviceMatrix> UploadStacked(Context& ctx, Uploader& up, std::span<const M
       r += n;
     }
     total += part.buffer.bytes();
-    d.parts.push_back(std::move(part));
   }
   return d;
 }
@@ -146,10 +166,8 @@ Result<std::unique_ptr<DeviceWeights>> UploadWeights(Context& ctx, Uploader& up,
   for (const LayerWeights& l : w.layers) {
     DeviceLayer dl;
     KVFS_ASSIGN_OR_RETURN(dl.attn_norm, UploadVector(ctx, up, l.attn_norm, total));
-    // Stacked where the types agree (and the biases are all there or all absent).
-    const Matrix* qkv[] = {&l.wq, &l.wk, &l.wv};
-    const bool biases_agree = l.bq.empty() == l.bk.empty() && l.bk.empty() == l.bv.empty();
-    if (options.stack_matrices && Stackable(qkv) && biases_agree) {
+    if (StacksQkv(l, options)) {
+      const Matrix* qkv[] = {&l.wq, &l.wk, &l.wv};
       KVFS_ASSIGN_OR_RETURN(dl.wqkv, UploadStacked(ctx, up, qkv, options, total));
       if (!l.bq.empty()) {
         KVFS_ASSIGN_OR_RETURN(dl.bqkv, UploadVectors(ctx, up, {&l.bq, &l.bk, &l.bv}, total));
@@ -164,8 +182,8 @@ Result<std::unique_ptr<DeviceWeights>> UploadWeights(Context& ctx, Uploader& up,
     }
     KVFS_ASSIGN_OR_RETURN(dl.wo, UploadMatrix(ctx, up, l.wo, options, total));
     KVFS_ASSIGN_OR_RETURN(dl.ffn_norm, UploadVector(ctx, up, l.ffn_norm, total));
-    const Matrix* gate_up[] = {&l.w_gate, &l.w_up};
-    if (options.stack_matrices && Stackable(gate_up)) {
+    if (StacksGateUp(l, options)) {
+      const Matrix* gate_up[] = {&l.w_gate, &l.w_up};
       KVFS_ASSIGN_OR_RETURN(dl.w_gate_up, UploadStacked(ctx, up, gate_up, options, total));
     } else {
       KVFS_ASSIGN_OR_RETURN(dl.w_gate, UploadMatrix(ctx, up, l.w_gate, options, total));

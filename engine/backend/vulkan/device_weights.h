@@ -61,6 +61,13 @@ Result<DeviceMatrix> UploadMatrix(Context& ctx, Uploader& uploader, const Matrix
                                   const WeightUploadOptions& options, int64_t& total_bytes);
 // Whether matrices can be stacked into one: up to three, all of one type and row length.
 bool Stackable(std::span<const Matrix* const> ms);
+// The device matrix UploadStacked makes of Stackable matrices (type, layout, rows, segments and
+// parts), without buffers: what kvfs shaders plans its pipelines for.
+Result<DeviceMatrix> PlanStacked(std::span<const Matrix* const> ms, const WeightUploadOptions& options);
+// Whether a layer's q, k, v (all of one type, biases all there or all absent) and its gate, up
+// go to the device stacked.
+bool StacksQkv(const LayerWeights& l, const WeightUploadOptions& options);
+bool StacksGateUp(const LayerWeights& l, const WeightUploadOptions& options);
 // Copies Stackable matrices to the device as one, their rows one after another
 // (DeviceMatrix::segment_rows says where each starts), in parts of whole rows as UploadMatrix.
 Result<DeviceMatrix> UploadStacked(Context& ctx, Uploader& uploader, std::span<const Matrix* const> ms,

@@ -85,6 +85,7 @@ Status Recorder::SubmitPiece(VkFence fence) {
   VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   submit.commandBufferCount = 1;
   submit.pCommandBuffers = &cmd_;
+  ctx_.NoteSubmission();
   r = vkQueueSubmit(ctx_.queue(), 1, &submit, fence);
   if (r != VK_SUCCESS) return VkError("vkQueueSubmit", r);
   in_flight_ = true;
@@ -167,7 +168,10 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
   }
   SetKey key{pipeline.set_layout, {}};
   size_t n = 0;
-  for (const Buffer* b : buffers) key.second[n++] = b->handle();
+  for (const Buffer* b : buffers) {
+    if (b->empty()) return Internal(fmt::format("dispatch of {} binds a buffer that was never made", pipeline.name));
+    key.second[n++] = b->handle();
+  }
   auto it = sets_.find(key);
   if (it == sets_.end()) {
     KVFS_ASSIGN_OR_RETURN(VkDescriptorSet set, AllocateSet(pipeline.set_layout));

@@ -170,13 +170,13 @@ void Buffer::Reset() {
   destroyed_ = nullptr;
 }
 
-Result<std::unique_ptr<Context>> Context::Create(int index, bool integer_dot) {
+Result<std::unique_ptr<Context>> Context::Create(int index, bool integer_dot, bool capture_statistics) {
   std::unique_ptr<Context> ctx(new Context());
-  KVFS_RETURN_IF_ERROR(ctx->Init(index, integer_dot));
+  KVFS_RETURN_IF_ERROR(ctx->Init(index, integer_dot, capture_statistics));
   return ctx;
 }
 
-Status Context::Init(int index, bool integer_dot) {
+Status Context::Init(int index, bool integer_dot, bool capture_statistics) {
   ScopedInstance instance;
   KVFS_RETURN_IF_ERROR(CreateInstance(instance));
   KVFS_ASSIGN_OR_RETURN(std::vector<VkPhysicalDevice> devices, PhysicalDevices(instance.instance));
@@ -230,6 +230,20 @@ Status Context::Init(int index, bool integer_dot) {
   VkDeviceCreateInfo device_info{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   device_info.queueCreateInfoCount = 1;
   device_info.pQueueCreateInfos = &queue_info;
+  // Optional extensions and their features, chained into device_info.
+  std::vector<const char*> extensions;
+  VkBaseOutStructure* chain_tail = nullptr;
+  auto enable = [&](const char* extension, auto& features) {
+    extensions.push_back(extension);
+    auto* link = reinterpret_cast<VkBaseOutStructure*>(&features);
+    link->pNext = nullptr;
+    if (chain_tail == nullptr) {
+      device_info.pNext = link;
+    } else {
+      chain_tail->pNext = link;
+    }
+    chain_tail = link;
+  };
   // The integer dot product through its extension (the instance asks for Vulkan 1.1, so the
   // 1.3 core feature is reached the same way on every device that lists it).
   const char* dot_extension = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
@@ -240,12 +254,24 @@ Status Context::Init(int index, bool integer_dot) {
     features.pNext = &dot_features;
     vkGetPhysicalDeviceFeatures2(physical_, &features);
     if (dot_features.shaderIntegerDotProduct == VK_TRUE) {
-      device_info.pNext = &dot_features;
-      device_info.enabledExtensionCount = 1;
-      device_info.ppEnabledExtensionNames = &dot_extension;
+      enable(dot_extension, dot_features);
       integer_dot_ = true;
     }
   }
+  const char* stats_extension = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR stats_features{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  if (capture_statistics && HasDeviceExtension(physical_, stats_extension)) {
+    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    features.pNext = &stats_features;
+    vkGetPhysicalDeviceFeatures2(physical_, &features);
+    if (stats_features.pipelineExecutableInfo == VK_TRUE) {
+      enable(stats_extension, stats_features);
+      captures_statistics_ = true;
+    }
+  }
+  device_info.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+  device_info.ppEnabledExtensionNames = extensions.data();
   const VkResult r = vkCreateDevice(physical_, &device_info, nullptr, &device_);
   if (r != VK_SUCCESS) return VkError(fmt::format("vkCreateDevice on {}", info_.name), r);
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
@@ -255,7 +281,9 @@ Status Context::Init(int index, bool integer_dot) {
 
 Context::~Context() {
   if (device_ != VK_NULL_HANDLE) {
-    vkDeviceWaitIdle(device_);
+    // Only a device that ran something has anything to wait for; one that never did may be
+    // unable to (RADV's null device, which kvfs shaders compiles on, crashes here).
+    if (submitted_) vkDeviceWaitIdle(device_);
     vkDestroyDevice(device_, nullptr);
   }
   if (instance_ != VK_NULL_HANDLE) vkDestroyInstance(instance_, nullptr);

@@ -69,7 +69,9 @@ class Context {
   // Opens device `index` of ListVulkanDevices() (-1: the default one). integer_dot: use the
   // packed 4x8-bit integer dot product (VK_KHR_shader_integer_dot_product, core in Vulkan 1.3)
   // where the device has it; false keeps the plain-integer shaders (tests compare both).
-  static Result<std::unique_ptr<Context>> Create(int index, bool integer_dot = true);
+  // capture_statistics: enable VK_KHR_pipeline_executable_properties where the device has it,
+  // so that pipelines can report their compiler's statistics (kvfs shaders).
+  static Result<std::unique_ptr<Context>> Create(int index, bool integer_dot = true, bool capture_statistics = false);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -84,15 +86,19 @@ class Context {
   bool integer_dot() const { return integer_dot_; }
   // Whether compute shaders may shuffle values within a subgroup (the *_sg shader variants).
   bool subgroup_shuffle() const { return info_.subgroup_shuffle; }
+  // Whether pipelines made on this device can report their statistics (Create's capture_statistics).
+  bool captures_statistics() const { return captures_statistics_; }
 
   Result<Buffer> CreateBuffer(int64_t bytes, MemoryKind kind);
+  // Called with every queue submission (the destructor then waits for the device).
+  void NoteSubmission() { submitted_ = true; }
   // Buffers of this context destroyed so far: descriptor sets that name buffers stay valid
   // while it does not change (Recorder caches them on that condition).
   uint64_t buffer_epoch() const { return destroyed_buffers_; }
 
  private:
   Context() = default;
-  Status Init(int index, bool integer_dot);
+  Status Init(int index, bool integer_dot, bool capture_statistics);
   Result<uint32_t> MemoryTypeFor(uint32_t allowed_types, MemoryKind kind) const;
 
   VkInstance instance_ = VK_NULL_HANDLE;
@@ -104,6 +110,8 @@ class Context {
   DeviceLimits limits_;
   VulkanDeviceInfo info_;
   bool integer_dot_ = false;
+  bool captures_statistics_ = false;
+  bool submitted_ = false;  // anything was submitted to the queue
   uint64_t destroyed_buffers_ = 0;  // the buffer epoch; the engine thread alone makes and frees buffers
 };
 

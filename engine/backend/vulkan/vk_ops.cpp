@@ -96,6 +96,14 @@ int64_t MatvecQuantSharedBytes(int64_t rows, int64_t tokens, uint32_t group, int
 
 }  // namespace
 
+MatvecShape MatvecShapeFor(const VulkanTuning& t) {
+  auto narrow = [](int64_t v) { return static_cast<uint32_t>(std::min<int64_t>(v, 1 << 16)); };
+  return {.group = narrow(t.matvec.group),
+          .max_lanes = narrow(t.matvec.lanes > 0 ? t.matvec.lanes : t.matvec.group),
+          .min_groups = t.matvec.min_groups,
+          .max_rows = narrow(t.matvec.rows)};
+}
+
 ActKind ActKindFor(GgmlType t) {
   switch (t) {
     case GgmlType::kQ4_0:
@@ -128,6 +136,12 @@ bool SupportedWeightType(GgmlType t) {
 }
 
 Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines) {
+  KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Ops> ops, CreateForPlanning(ctx, pipelines));
+  KVFS_ASSIGN_OR_RETURN(ops->unused_, ctx.CreateBuffer(16, MemoryKind::kDevice));
+  return ops;
+}
+
+Result<std::unique_ptr<Ops>> Ops::CreateForPlanning(Context& ctx, PipelineCache& pipelines) {
   // The row and tile shaders use workgroups of 256 invocations and up to about 16 KiB of shared
   // memory (attn_output; 21 KiB where it quantizes its output, if the device has it: Vulkan only
   // guarantees 128 invocations and 16 KiB). Shaders bind up to 10 storage buffers
@@ -144,9 +158,7 @@ Result<std::unique_ptr<Ops>> Ops::Create(Context& ctx, PipelineCache& pipelines)
     return Unsupported(fmt::format("Vulkan device {} lets a shader bind {} storage buffers; the shaders need {}",
                                    ctx.info().name, ctx.limits().max_storage_buffers, kMostStorageBuffers));
   }
-  std::unique_ptr<Ops> ops(new Ops(ctx, pipelines));
-  KVFS_ASSIGN_OR_RETURN(ops->unused_, ctx.CreateBuffer(16, MemoryKind::kDevice));
-  return ops;
+  return std::unique_ptr<Ops>(new Ops(ctx, pipelines));
 }
 
 Status Ops::set_matvec_shape(const MatvecShape& shape) {
@@ -261,41 +273,51 @@ bool Ops::FusesSwiGlu(const DeviceMatrix& w, int64_t n_tokens, ActKind kind, int
   return true;
 }
 
-Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a) {
+Result<Ops::MatMulPlan> Ops::PlanMatMul(const DeviceMatrix& w, int64_t part_rows, int64_t n_tokens,
+                                        const SwiGluCodes* swiglu) {
   const bool quantized = ActKindFor(w.type) != ActKind::kFloat;
-  const bool matvec = a.n_tokens <= kMatvecMaxTokens;
+  const bool matvec = n_tokens <= kMatvecMaxTokens;
   const uint32_t type = static_cast<uint32_t>(w.type);
   const uint32_t layout = static_cast<uint32_t>(w.layout);
-  uint32_t rows_per_group = kTileRows, tokens_per_group = 0;
-  const Pipeline* p = nullptr;
+  MatMulPlan plan;
+  plan.rows_per_group = kTileRows;
   if (w.type == GgmlType::kF32) {  // one invocation per output, in the reference's order
-    rows_per_group = kElementwiseGroup;
-    tokens_per_group = 1;
+    plan.rows_per_group = kElementwiseGroup;
+    plan.tokens_per_group = 1;
     const uint32_t spec[] = {kElementwiseGroup};
-    KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(kMatmulF32, spec));
+    KVFS_ASSIGN_OR_RETURN(plan.pipeline, pipelines_.Get(kMatmulF32, spec));
   } else if (matvec) {
     const bool sg = subgroup_trees();
     const uint32_t lanes = MatvecLanes(quantized ? w.n_in / 32 : w.n_in / 8, matvec_.max_lanes);
-    rows_per_group = matvec_.group / lanes;
-    tokens_per_group = MatvecTokensPerGroup(a.n_tokens);
+    plan.rows_per_group = matvec_.group / lanes;
+    plan.tokens_per_group = MatvecTokensPerGroup(n_tokens);
     if (quantized) {
-      const uint32_t rows_per_slot = MatvecRowsPerSlot(part.n_rows, rows_per_group, matvec_);
-      rows_per_group *= rows_per_slot;
-      const uint32_t glu = a.swiglu != nullptr ? static_cast<uint32_t>(a.swiglu->kind) : kNoSwiGlu;
-      const uint32_t spec[] = {matvec_.group, type, lanes, tokens_per_group, rows_per_slot, layout, glu};
+      const uint32_t rows_per_slot = MatvecRowsPerSlot(part_rows, plan.rows_per_group, matvec_);
+      plan.rows_per_group *= rows_per_slot;
+      const uint32_t glu = swiglu != nullptr ? static_cast<uint32_t>(swiglu->kind) : kNoSwiGlu;
+      const uint32_t spec[] = {matvec_.group, type, lanes, plan.tokens_per_group, rows_per_slot, layout, glu};
       const ShaderInterface& shader = ctx_.integer_dot() ? (sg ? kMatvecQuantIdotSg : kMatvecQuantIdot)
                                                          : (sg ? kMatvecQuantSg : kMatvecQuant);
-      KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(shader, spec));
+      KVFS_ASSIGN_OR_RETURN(plan.pipeline, pipelines_.Get(shader, spec));
     } else {
-      const uint32_t spec[] = {matvec_.group, type, lanes, tokens_per_group};
-      KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(sg ? kMatvecFloatSg : kMatvecFloat, spec));
+      const uint32_t spec[] = {matvec_.group, type, lanes, plan.tokens_per_group};
+      KVFS_ASSIGN_OR_RETURN(plan.pipeline, pipelines_.Get(sg ? kMatvecFloatSg : kMatvecFloat, spec));
     }
   } else {
-    tokens_per_group = a.n_tokens <= 16 ? 16 : (a.n_tokens <= 32 ? 32 : 64);
-    const uint32_t spec[] = {256, type, kTileRows, tokens_per_group, quantized ? 2u : 16u, layout};
+    plan.tokens_per_group = n_tokens <= 16 ? 16 : (n_tokens <= 32 ? 32 : 64);
+    const uint32_t spec[] = {256, type, kTileRows, plan.tokens_per_group, quantized ? 2u : 16u, layout};
     const ShaderInterface& quant = ctx_.integer_dot() ? kMatmulQuantIdot : kMatmulQuant;
-    KVFS_ASSIGN_OR_RETURN(p, pipelines_.Get(quantized ? quant : kMatmulFloat, spec));
+    KVFS_ASSIGN_OR_RETURN(plan.pipeline, pipelines_.Get(quantized ? quant : kMatmulFloat, spec));
   }
+  return plan;
+}
+
+Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a) {
+  const bool quantized = ActKindFor(w.type) != ActKind::kFloat;
+  const bool matvec = a.n_tokens <= kMatvecMaxTokens;
+  KVFS_ASSIGN_OR_RETURN(const MatMulPlan plan, PlanMatMul(w, part.n_rows, a.n_tokens, a.swiglu));
+  const Pipeline* p = plan.pipeline;
+  const uint32_t rows_per_group = plan.rows_per_group, tokens_per_group = plan.tokens_per_group;
   const uint32_t flags = (a.accumulate ? 1u : 0u) | (a.bias != nullptr ? 2u : 0u);
   const Buffer* bias = a.bias != nullptr ? a.bias : &unused_;
   // Stacked matrices: rows from seg1 (seg2) on go to y1 (y2), rows of their own width.

@@ -118,9 +118,16 @@ struct MatvecShape {
   uint32_t max_rows = VulkanMatvecShape::kDefaultRows;  // matvec_quant's rows per slot at most
 };
 
+// The shape a VulkanTuning asks for (ResolvedTuning's: no 0s left); lanes above the group mean
+// the group.
+MatvecShape MatvecShapeFor(const VulkanTuning& resolved);
+
 class Ops {
  public:
   static Result<std::unique_ptr<Ops>> Create(Context& ctx, PipelineCache& pipelines);
+  // Ops that only plan (PlanMatMul, FusesSwiGlu: kvfs shaders) and make no buffer, for devices
+  // that have no memory to give (RADV's null device). Recording any op with them is an error.
+  static Result<std::unique_ptr<Ops>> CreateForPlanning(Context& ctx, PipelineCache& pipelines);
 
   // x[t] = row tokens[t] of `table` (int32 ids, n_tokens of them), dequantized.
   Status Embed(Recorder& rec, const DeviceMatrix& table, const Buffer& tokens, int64_t n_tokens, const Buffer& x);
@@ -137,6 +144,10 @@ class Ops {
                           float eps, const Buffer& y, int64_t y_stride, int64_t n_rows, const QuantizedActs& out);
   Status SwiGluQuantizeActs(Recorder& rec, ActKind kind, const Buffer& gate, const Buffer& up, int64_t n,
                             int64_t n_rows, const Buffer& y, const QuantizedActs& out);
+
+  // Words of the counters (all 0 between uses) the backend gives split attention and the
+  // SwiGLU epilogue: 16384, e.g. 512 sequences of 4 tokens with 8 head groups in one round.
+  static constexpr int64_t kCounterWords = 16384;
 
   // The most activation rows the matrix-vector shaders take; more go to the tiled shaders.
   static constexpr int64_t kMatvecMaxTokens = 8;
@@ -166,6 +177,16 @@ class Ops {
   // y[t][r] = W.row(r) . x[t] (+ bias[r]) (+ old y[t][r]) for every part of W (the rows of
   // stacked matrices going to y, y1, y2; bias indexed by the stacked row).
   Status MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a);
+  // The pipeline MatMul runs for a part of `part_rows` rows of w and n_tokens activation rows
+  // (with SwiGLU's codes when `swiglu`), and the outputs each workgroup computes: rows by
+  // tokens. kvfs shaders reports the compiler's statistics of these.
+  struct MatMulPlan {
+    const Pipeline* pipeline = nullptr;
+    uint32_t rows_per_group = 0;
+    uint32_t tokens_per_group = 0;
+  };
+  Result<MatMulPlan> PlanMatMul(const DeviceMatrix& w, int64_t part_rows, int64_t n_tokens,
+                                const SwiGluCodes* swiglu = nullptr);
   // Whether MatMul can hand on SwiGLU codes of `kind` for n_tokens rows: w is gate|up stacked
   // (two halves of a quantized type, each a whole number of kind's blocks), the rows go to the
   // matrix-vector shader, whose workgroups have room for the quantizer (at least 32

@@ -74,6 +74,7 @@ Result<const Pipeline*> PipelineCache::Get(const ShaderInterface& shader, std::s
   info.stage.pName = "main";
   info.stage.pSpecializationInfo = &spec;
   info.layout = state->layout;
+  if (capture_statistics_) info.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   auto p = std::make_unique<Pipeline>();
   const VkResult r = vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &info, nullptr, &p->pipeline);
   if (r != VK_SUCCESS) return VkError(fmt::format("creating the {} pipeline", shader.name), r);
@@ -82,8 +83,51 @@ Result<const Pipeline*> PipelineCache::Get(const ShaderInterface& shader, std::s
   p->n_buffers = shader.n_buffers;
   p->push_bytes = shader.push_bytes;
   p->name = shader.name;
+  p->constants.assign(constants.begin(), constants.end());
   const Pipeline* out = p.get();
   state->pipelines.emplace(std::move(key), std::move(p));
+  return out;
+}
+
+Result<std::vector<PipelineStatistic>> PipelineCache::Statistics(const Pipeline& pipeline) const {
+  if (!capture_statistics_) return Unsupported("pipeline statistics were not asked for (or the device lacks them)");
+  // Extension entry points: the loader does not export them, the device hands them out.
+  const auto properties = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+      vkGetDeviceProcAddr(device_, "vkGetPipelineExecutablePropertiesKHR"));
+  const auto statistics = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+      vkGetDeviceProcAddr(device_, "vkGetPipelineExecutableStatisticsKHR"));
+  if (properties == nullptr || statistics == nullptr) {
+    return Unsupported("the device does not hand out VK_KHR_pipeline_executable_properties' functions");
+  }
+  VkPipelineInfoKHR info{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+  info.pipeline = pipeline.pipeline;
+  uint32_t n_executables = 0;
+  VkResult r = properties(device_, &info, &n_executables, nullptr);
+  if (r != VK_SUCCESS) return VkError("vkGetPipelineExecutablePropertiesKHR", r);
+  std::vector<PipelineStatistic> out;
+  for (uint32_t e = 0; e < n_executables; ++e) {
+    VkPipelineExecutableInfoKHR executable{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+    executable.pipeline = pipeline.pipeline;
+    executable.executableIndex = e;
+    uint32_t n = 0;
+    r = statistics(device_, &executable, &n, nullptr);
+    if (r != VK_SUCCESS) return VkError("vkGetPipelineExecutableStatisticsKHR", r);
+    std::vector<VkPipelineExecutableStatisticKHR> stats(n, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+    r = statistics(device_, &executable, &n, stats.data());
+    if (r != VK_SUCCESS && r != VK_INCOMPLETE) return VkError("vkGetPipelineExecutableStatisticsKHR", r);
+    for (uint32_t i = 0; i < n; ++i) {
+      const VkPipelineExecutableStatisticKHR& s = stats[i];
+      double value = 0;
+      switch (s.format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: value = s.value.b32 ? 1 : 0; break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: value = static_cast<double>(s.value.i64); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: value = static_cast<double>(s.value.u64); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: value = s.value.f64; break;
+        default: continue;
+      }
+      out.push_back({s.name, s.description, value});
+    }
+  }
   return out;
 }
 

@@ -43,11 +43,23 @@ struct Pipeline {
   uint32_t n_buffers = 0;
   uint32_t push_bytes = 0;
   std::string_view name;  // the shader's (profiles name dispatches by it)
+  std::vector<uint32_t> constants;  // its specialization constants (ids 0..)
+};
+
+// One number the driver's compiler reports about a pipeline (VK_KHR_pipeline_executable_properties),
+// in its own words: e.g. RADV's "VGPRs", "Subgroups per SIMD", "Spilled VGPRs".
+struct PipelineStatistic {
+  std::string name;
+  std::string description;
+  double value = 0;  // integers, floats and booleans (0/1) alike
 };
 
 class PipelineCache {
  public:
-  explicit PipelineCache(VkDevice device) : device_(device) {}
+  // capture_statistics: the device was made with VK_KHR_pipeline_executable_properties
+  // (Context::captures_statistics()); pipelines then keep their statistics for Statistics().
+  explicit PipelineCache(VkDevice device, bool capture_statistics = false)
+      : device_(device), capture_statistics_(capture_statistics) {}
   ~PipelineCache();
   PipelineCache(const PipelineCache&) = delete;
   PipelineCache& operator=(const PipelineCache&) = delete;
@@ -56,6 +68,9 @@ class PipelineCache {
   // The pipeline of `shader` specialized with `constants` (ids 0..n-1, at most kMaxConstants).
   // Called for every dispatch: a lookup allocates nothing.
   Result<const Pipeline*> Get(const ShaderInterface& shader, std::span<const uint32_t> constants);
+  // The compiler's statistics of a pipeline made by this cache (of its one executable, the
+  // compute shader). Unsupported unless made with capture_statistics.
+  Result<std::vector<PipelineStatistic>> Statistics(const Pipeline& pipeline) const;
 
  private:
   // Specialization constants, unused ones zero, and how many there are.
@@ -69,6 +84,7 @@ class PipelineCache {
   Result<ShaderState*> Shader(const ShaderInterface& shader);
 
   VkDevice device_;
+  bool capture_statistics_;
   std::map<std::string, ShaderState, std::less<>> shaders_;
 };
 

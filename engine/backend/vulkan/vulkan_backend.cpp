@@ -50,9 +50,7 @@ constexpr int64_t kScoresBytes = int64_t{64} << 20;
 constexpr int64_t kPartialsBytes = int64_t{16} << 20;
 // 8 bytes per (token, head, 64 positions): decode of 4 tokens with 32 heads to 256k positions.
 constexpr int64_t kStatsBytes = int64_t{4} << 20;
-// A word per (token, attn_output head group) of split decode attention: 16384, e.g. 512
-// sequences of 4 tokens with 8 groups (llama3.1-8b) in one round.
-constexpr int64_t kCounterBytes = int64_t{64} << 10;
+constexpr int64_t kCounterBytes = vk::Ops::kCounterWords * 4;
 
 class VulkanBackend final : public Backend {
  public:
@@ -225,12 +223,7 @@ Status VulkanBackend::SetVulkanTuning(const VulkanTuning& tuning) {
   // refused tuning changes nothing.
   if (tuning.attention_split < 0) return InvalidArgument("the attention split must not be negative");
   const VulkanTuning t = ResolvedTuning(tuning);  // 0s as the defaults they stand for
-  auto narrow = [](int64_t v) { return static_cast<uint32_t>(std::min<int64_t>(v, 1 << 16)); };
-  const vk::MatvecShape matvec{.group = narrow(t.matvec.group),
-                               .max_lanes = narrow(t.matvec.lanes > 0 ? t.matvec.lanes : t.matvec.group),
-                               .min_groups = t.matvec.min_groups,
-                               .max_rows = narrow(t.matvec.rows)};
-  KVFS_RETURN_IF_ERROR(ops_->set_matvec_shape(matvec));
+  KVFS_RETURN_IF_ERROR(ops_->set_matvec_shape(vk::MatvecShapeFor(t)));
   swiglu_in_matvec_ = fuse_ops_ && t.swiglu_in_matvec;
   ops_->set_attention_split_positions(t.attention_split);
   ops_->set_fuse_softmax(t.fuse_softmax && fuse_ops_);

@@ -1,5 +1,6 @@
 // The Vulkan entry points of a build configured with -DKVFS_VULKAN=OFF.
 #include "engine/backend/backend.h"
+#include "engine/backend/vulkan_shaders.h"
 
 namespace kvfs {
 
@@ -12,5 +13,6 @@ Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices() { return NoVulkan(); }
 Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model&, const VulkanOptions&) { return NoVulkan(); }
 Result<std::vector<uint8_t>> VulkanReadBlockCopy(Backend&, uint64_t) { return NoVulkan(); }
 Result<std::vector<uint8_t>> VulkanForgetAndReadSlot(Backend&, uint64_t) { return NoVulkan(); }
+Result<ShaderReport> VulkanShaderReport(const Model&, const ShaderReportOptions&) { return NoVulkan(); }
 
 }  // namespace kvfs

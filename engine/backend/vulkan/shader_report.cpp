@@ -1,0 +1,121 @@
+// kvfs shaders (engine/backend/vulkan_shaders.h): plans the matrix products of a model as the
+// backend would record them (device_weights.h's stacking and layouts, Ops::PlanMatMul's
+// pipelines) and asks the driver for each pipeline's compiler statistics. No buffer is made
+// and nothing is submitted, so a device that can only compile (RADV's null device) will do.
+#include <map>
+#include <tuple>
+
+#include "engine/backend/vulkan/device_weights.h"
+#include "engine/backend/vulkan/vk_ops.h"
+#include "engine/backend/vulkan_shaders.h"
+#include "engine/backend/vulkan_tuning.h"
+#include "engine/model/ggml_types.h"
+#include "engine/model/model.h"
+
+namespace kvfs {
+
+namespace {
+
+// A planned device matrix and what it is, before the layers with the same one are counted.
+struct PlannedMatrix {
+  std::string matrices;
+  vk::DeviceMatrix matrix;  // without buffers
+  GgmlType down_type = GgmlType::kF32;  // gate|up: the down matrix's (its SwiGLU codes' kind)
+};
+
+std::string TypeName(GgmlType t) {
+  const GgmlTypeTraits* info = GgmlTypeInfo(static_cast<uint32_t>(t));
+  return info != nullptr ? std::string(info->name) : std::to_string(static_cast<uint32_t>(t));
+}
+
+// The device matrices of every layer, and the output, as UploadWeights makes them.
+Result<std::vector<PlannedMatrix>> PlanMatrices(const ModelWeights& w, const vk::WeightUploadOptions& upload) {
+  std::vector<PlannedMatrix> out;
+  auto plan = [&](const std::string& what, std::initializer_list<const Matrix*> ms, GgmlType down) -> Status {
+    KVFS_ASSIGN_OR_RETURN(vk::DeviceMatrix d, vk::PlanStacked(std::span<const Matrix* const>(ms.begin(), ms.size()),
+                                                              upload));
+    out.push_back({what, std::move(d), down});
+    return Status::Ok();
+  };
+  for (const LayerWeights& l : w.layers) {
+    if (vk::StacksQkv(l, upload)) {
+      KVFS_RETURN_IF_ERROR(plan("q|k|v", {&l.wq, &l.wk, &l.wv}, GgmlType::kF32));
+    } else {
+      KVFS_RETURN_IF_ERROR(plan("q", {&l.wq}, GgmlType::kF32));
+      KVFS_RETURN_IF_ERROR(plan("k", {&l.wk}, GgmlType::kF32));
+      KVFS_RETURN_IF_ERROR(plan("v", {&l.wv}, GgmlType::kF32));
+    }
+    KVFS_RETURN_IF_ERROR(plan("o", {&l.wo}, GgmlType::kF32));
+    if (vk::StacksGateUp(l, upload)) {
+      KVFS_RETURN_IF_ERROR(plan("gate|up", {&l.w_gate, &l.w_up}, l.w_down.type));
+    } else {
+      KVFS_RETURN_IF_ERROR(plan("gate", {&l.w_gate}, GgmlType::kF32));
+      KVFS_RETURN_IF_ERROR(plan("up", {&l.w_up}, GgmlType::kF32));
+    }
+    KVFS_RETURN_IF_ERROR(plan("down", {&l.w_down}, GgmlType::kF32));
+  }
+  KVFS_RETURN_IF_ERROR(plan("output", {&w.output}, GgmlType::kF32));
+  return out;
+}
+
+}  // namespace
+
+Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOptions& options) {
+  KVFS_RETURN_IF_ERROR(vk::CheckWeightTypes(model.weights()));
+  KVFS_ASSIGN_OR_RETURN(std::unique_ptr<vk::Context> ctx,
+                        vk::Context::Create(options.device, /*integer_dot=*/true, /*capture_statistics=*/true));
+  vk::PipelineCache pipelines(ctx->device(), ctx->captures_statistics());
+  KVFS_ASSIGN_OR_RETURN(std::unique_ptr<vk::Ops> ops, vk::Ops::CreateForPlanning(*ctx, pipelines));
+  const VulkanTuning tuning = ResolvedTuning(options.tuning);
+  KVFS_RETURN_IF_ERROR(ops->set_matvec_shape(vk::MatvecShapeFor(tuning)));
+  ops->set_subgroup_trees(tuning.subgroup_trees);
+
+  const vk::WeightUploadOptions upload{.max_binding_bytes = ctx->limits().max_binding_bytes,
+                                       .split_rows = options.split_weight_rows,
+                                       .stack_matrices = options.stack_matrices};
+  KVFS_ASSIGN_OR_RETURN(std::vector<PlannedMatrix> planned, PlanMatrices(model.weights(), upload));
+
+  ShaderReport report;
+  report.device = ctx->info();
+  report.statistics = ctx->captures_statistics();
+  // One line per (matrix kind, type, shape, tokens), counting the layers that have it.
+  using Key = std::tuple<std::string, GgmlType, int64_t, int64_t, int64_t>;
+  std::map<Key, size_t> line_of;
+  for (const PlannedMatrix& pm : planned) {
+    const vk::DeviceMatrix& m = pm.matrix;
+    for (const int64_t tokens : options.tokens) {
+      const Key key{pm.matrices, m.type, m.n_in, m.n_out, tokens};
+      if (auto it = line_of.find(key); it != line_of.end()) {
+        ++report.shaders[it->second].layers;
+        continue;
+      }
+      // gate|up hands on SwiGLU's codes where the backend would have it do so (decode).
+      vk::Ops::SwiGluCodes swiglu;
+      swiglu.kind = vk::ActKindFor(pm.down_type);
+      const bool glu = pm.matrices == "gate|up" && tuning.swiglu_in_matvec &&
+                       ops->FusesSwiGlu(m, tokens, swiglu.kind, vk::Ops::kCounterWords);
+      KVFS_ASSIGN_OR_RETURN(const vk::Ops::MatMulPlan plan,
+                            ops->PlanMatMul(m, m.parts.front().n_rows, tokens, glu ? &swiglu : nullptr));
+      MatrixShader line;
+      line.matrices = pm.matrices;
+      line.type = TypeName(m.type);
+      line.n_in = m.n_in;
+      line.n_out = m.n_out;
+      line.layers = 1;
+      line.tokens = tokens;
+      line.shader = std::string(plan.pipeline->name);
+      line.constants = plan.pipeline->constants;
+      line.rows_per_group = plan.rows_per_group;
+      line.tokens_per_group = plan.tokens_per_group;
+      if (report.statistics) {
+        KVFS_ASSIGN_OR_RETURN(std::vector<vk::PipelineStatistic> stats, pipelines.Statistics(*plan.pipeline));
+        for (const vk::PipelineStatistic& s : stats) line.statistics.push_back({s.name, s.value});
+      }
+      line_of.emplace(key, report.shaders.size());
+      report.shaders.push_back(std::move(line));
+    }
+  }
+  return report;
+}
+
+}  // namespace kvfs

@@ -1,0 +1,60 @@
+// What the device's shader compiler makes of the matrix shaders a model runs (kvfs shaders):
+// for each distinct weight matrix (type and shape, stacked as the backend stacks them), the
+// pipeline a decode step or a prompt batch multiplies it with, and the compiler's statistics
+// of that pipeline (registers, spills, shared memory, occupancy, in the driver's own words;
+// VK_KHR_pipeline_executable_properties).
+//
+// Why: the matrix products stream the weights, so their code decides decode speed, and
+// whether a change helps a GPU is first a question of what its compiler emits (registers per
+// invocation, so occupancy; loads in flight). Nothing is run, so it also works on Mesa's
+// driver for AMD GPUs with no GPU present (RADV_FORCE_FAMILY=gfx1100, a "null" device that
+// compiles but cannot run; docs/performance.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/core/status.h"
+
+namespace kvfs {
+
+struct ShaderStatistic {
+  std::string name;  // the driver's, e.g. RADV's "VGPRs" or "Subgroups per SIMD"
+  double value = 0;  // integers, floats and booleans (0/1) alike
+  bool operator==(const ShaderStatistic&) const = default;
+};
+
+struct MatrixShader {
+  std::string matrices;  // which of a layer's matrices ("q|k|v", "o", "gate|up", "down"), or "output"
+  std::string type;      // the weights' type name ("q4_0")
+  int64_t n_in = 0;
+  int64_t n_out = 0;     // rows (of all stacked matrices)
+  int64_t layers = 0;    // layers with a matrix of this kind, type and shape (1 for "output")
+  int64_t tokens = 0;    // activation rows multiplied at once
+  std::string shader;    // the pipeline's shader (e.g. "matvec_quant_idot_sg")
+  std::vector<uint32_t> constants;  // its specialization constants, ids 0.. in order
+  uint32_t rows_per_group = 0;      // outputs each workgroup computes: rows by tokens
+  uint32_t tokens_per_group = 0;
+  std::vector<ShaderStatistic> statistics;  // empty when the device reports none
+};
+
+struct ShaderReport {
+  VulkanDeviceInfo device;
+  bool statistics = false;  // whether the device reports pipeline statistics at all
+  std::vector<MatrixShader> shaders;  // by matrix, then tokens
+};
+
+struct ShaderReportOptions {
+  int device = -1;                        // as VulkanOptions::device
+  std::vector<int64_t> tokens = {1, 512};  // batch sizes to plan (decode, a prompt)
+  VulkanTuning tuning;                    // as the backend would record with it
+  bool split_weight_rows = true;          // as VulkanOptions
+  bool stack_matrices = true;
+};
+
+// Unsupported without the Vulkan backend; the device's errors otherwise.
+Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOptions& options);
+
+}  // namespace kvfs

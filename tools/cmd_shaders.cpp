@@ -1,0 +1,129 @@
+// kvfs shaders: the matrix shaders a model runs on a Vulkan device and what the device's
+// compiler makes of them (engine/backend/vulkan_shaders.h). Compiles, runs nothing.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
+
+#include "engine/backend/vulkan_shaders.h"
+#include "engine/backend/vulkan_tuning.h"
+#include "engine/model/model.h"
+#include "tools/args.h"
+#include "tools/bench_util.h"
+#include "tools/commands.h"
+
+namespace kvfs::cli {
+namespace {
+
+constexpr const char* kShadersUsage =
+    "usage: kvfs shaders -m MODEL [--device N] [-t 1,512] [--tuning FILE] [--stat NAME,...] [--json]\n"
+    "  For each distinct weight matrix of the model (type and shape, stacked as the Vulkan\n"
+    "  backend stacks them), the pipeline that multiplies it by -t activation rows (1: decode,\n"
+    "  512: a prompt) and the device compiler's statistics of that pipeline: registers,\n"
+    "  spills, shared memory, occupancy, in the driver's words. Nothing runs, so Mesa's AMD\n"
+    "  driver can report on a machine without a GPU:\n"
+    "    RADV_FORCE_FAMILY=gfx1100 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json \\\n"
+    "    RADV_DEBUG=nocache kvfs shaders -m MODEL\n"
+    "  --stat: the statistics to print (default all); --tuning: plan with the settings kvfs\n"
+    "  tune found.\n";
+
+int Fail(int code, const std::string& m) {
+  std::fprintf(stderr, "kvfs shaders: %s\n", m.c_str());
+  return code;
+}
+
+std::string Constants(const std::vector<uint32_t>& c) {
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(c[i]);
+  }
+  return out;
+}
+
+bool Wanted(const std::vector<std::string>& stats, const std::string& name) {
+  if (stats.empty()) return true;
+  for (const std::string& s : stats) {
+    if (s == name) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int Shaders(int argc, char** argv) {
+  Args args(argc, argv, {"-m", "--device", "-t", "--tuning", "--stat"}, {"--json", "-h", "--help"});
+  if (args.has("-h") || args.has("--help")) {
+    std::fputs(kShadersUsage, stdout);
+    return 0;
+  }
+  ShaderReportOptions options;
+  options.device = static_cast<int>(args.get_int("--device", -1, 0, 1 << 16));
+  if (auto t = args.get("-t")) {
+    options.tokens.clear();
+    for (const std::string& v : SplitList(*t)) {
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 1 || n > 512) {
+        args.set_error(fmt::format("-t takes token counts from 1 to 512, not \"{}\"", v));
+        break;
+      }
+      options.tokens.push_back(n);
+    }
+  }
+  const std::vector<std::string> stats = args.has("--stat") ? SplitList(*args.get("--stat")) : std::vector<std::string>{};
+  if (!args.error().empty()) return Fail(2, args.error() + " (see kvfs shaders --help)");
+  if (!args.has("-m")) return Fail(2, "missing -m MODEL");
+  if (auto path = args.get("--tuning")) {
+    auto record = ReadTuningFile(*path);
+    if (!record.ok()) return Fail(2, record.status().message());
+    options.tuning = record->tuning;
+  }
+  auto model_or = Model::Load(*args.get("-m"));
+  if (!model_or.ok()) return Fail(2, model_or.status().message());
+  auto report_or = VulkanShaderReport(**model_or, options);
+  if (!report_or.ok()) return Fail(1, report_or.status().message());
+  const ShaderReport& report = *report_or;
+
+  if (args.has("--json")) {
+    nlohmann::json lines = nlohmann::json::array();
+    for (const MatrixShader& s : report.shaders) {
+      nlohmann::json statistics = nlohmann::json::object();
+      for (const ShaderStatistic& st : s.statistics) {
+        if (Wanted(stats, st.name)) statistics[st.name] = st.value;
+      }
+      lines.push_back({{"matrices", s.matrices},
+                       {"type", s.type},
+                       {"n_in", s.n_in},
+                       {"n_out", s.n_out},
+                       {"layers", s.layers},
+                       {"tokens", s.tokens},
+                       {"shader", s.shader},
+                       {"constants", s.constants},
+                       {"rows_per_group", s.rows_per_group},
+                       {"tokens_per_group", s.tokens_per_group},
+                       {"statistics", statistics}});
+    }
+    const nlohmann::json out = {
+        {"device", report.device.name}, {"api_version", report.device.api_version}, {"statistics", report.statistics},
+        {"shaders", lines}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("device %s (Vulkan %s)%s\n", report.device.name.c_str(), report.device.api_version.c_str(),
+              report.statistics ? "" : ": reports no pipeline statistics");
+  for (const MatrixShader& s : report.shaders) {
+    std::string line = fmt::format("{:<8} {:<5} {:>6} -> {:<7} x{:<3} t{:<4} {} [{}] {}x{} per group", s.matrices,
+                                   s.type, s.n_in, s.n_out, s.layers, s.tokens, s.shader, Constants(s.constants),
+                                   s.rows_per_group, s.tokens_per_group);
+    for (const ShaderStatistic& st : s.statistics) {
+      if (Wanted(stats, st.name)) line += fmt::format("; {} {}", st.name, st.value);
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  return 0;
+}
+
+}  // namespace kvfs::cli
