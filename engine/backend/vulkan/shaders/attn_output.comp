@@ -213,11 +213,24 @@ void main() {
       for (uint i = 0u; i < HEADS; ++i) acc[i] += TileSum(wrow0, i, s0, t0, t1, first + d);
     }
   } else if (lane < lanes) {
-    for (uint pos = split * p.split_positions + lane; pos < n_visible; pos += lanes) {
-      const uint slot = block_table[p.table0 + pos / p.block_tokens];
-      const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
-      const float v = KvValue(row, first + d);  // read once for every head of the group
-      for (uint i = 0u; i < HEADS; ++i) acc[i] = fma(Weight(wrow0, i, s0, pos), v, acc[i]);
+    // kBatch positions at a time: their block-table entries, then their values, are loaded
+    // before any is used, so an invocation waits two memory latencies per kBatch positions, not
+    // per position (a split's positions are walked one after another by few invocations, so
+    // decode attention is latency-bound). Positions past the visible ones load the last one
+    // again and are not added. The sums are taken in position order, as one at a time.
+    const uint kBatch = 4u;
+    for (uint pos = split * p.split_positions + lane; pos < n_visible; pos += kBatch * lanes) {
+      uint slot[kBatch];
+      for (uint b = 0u; b < kBatch; ++b) slot[b] = block_table[p.table0 + min(pos + b * lanes, n_visible - 1u) / p.block_tokens];
+      float v[kBatch];  // read once for every head of the group
+      for (uint b = 0u; b < kBatch; ++b) {
+        const uint at = min(pos + b * lanes, n_visible - 1u);
+        v[b] = KvValue((slot[b] * p.block_tokens + at % p.block_tokens) * p.row_stride, first + d);
+      }
+      for (uint b = 0u; b < kBatch; ++b) {
+        if (pos + b * lanes >= n_visible) break;  // after the loads: they stay in flight together
+        for (uint i = 0u; i < HEADS; ++i) acc[i] = fma(Weight(wrow0, i, s0, pos + b * lanes), v[b], acc[i]);
+      }
     }
   }
   if (FUSED != 0u) barrier();  // every invocation is done reading the weights in partial
