@@ -113,24 +113,22 @@ uint TileEnd(uint pos) {  // the end of the tile holding pos
   return min(pos - (pos % p.block_tokens) % 32u + 32u, block_end);
 }
 
-uint RowOf(uint pos) {
-  const uint slot = block_table[p.table0 + pos / p.block_tokens];
-  return (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
-}
-
 // Value v's share of positions [t0, t1) (one tile, or its visible part): sum of w_p * V(p, v).
+// A tile lies in one KV block (TileEnd), so its block-table entry is read once: each position
+// then waits for one load, not for the table's and then its own.
 float TileSum(uint wrow0, uint i, uint s0, uint t0, uint t1, uint v) {
   const uint group_off = (v / KV_GROUP) * KvGroupBytes(), at = v % KV_GROUP;
+  const uint block_row0 = block_table[p.table0 + t0 / p.block_tokens] * p.block_tokens - t0 / p.block_tokens * p.block_tokens;
   precise float amax = 0.0;
   for (uint pos = t0; pos < t1; ++pos) {
-    precise float a = Weight(wrow0, i, s0, pos) * F16BitsToF32(KvU16(RowOf(pos) + group_off));
+    precise float a = Weight(wrow0, i, s0, pos) * F16BitsToF32(KvU16((block_row0 + pos) * p.row_stride + group_off));
     amax = max(amax, abs(a));
   }
   const int e = Int8ScaleExponent(amax);
   int isum = 0;
   precise float base = 0.0;
   for (uint pos = t0; pos < t1; ++pos) {
-    const uint group = RowOf(pos) + group_off;
+    const uint group = (block_row0 + pos) * p.row_stride + group_off;
     const float d = F16BitsToF32(KvU16(group)), m = F16BitsToF32(KvU16(group + 2u));
     const float wp = Weight(wrow0, i, s0, pos);
     precise float a = wp * d;
