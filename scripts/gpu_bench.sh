@@ -5,7 +5,7 @@
 #   bash scripts/gpu_bench.sh
 # Writes three files into $OUT (the device tool's folder, which returns at most 8; else
 # /tmp/kvfs-gpu): gpu.txt (nvidia-smi, kvfs devices, copy bandwidth), summary.txt and runs.tgz
-# (PRESET-KV-dDEPTH.json and .err per run), the last two rewritten after every run so that a
+# (PRESET-KV-dDEPTH.json and .err per run, PRESET-shaders.txt from kvfs shaders), the last two rewritten after every run so that a
 # command cut short still returns what it measured. Settings by environment:
 #   KVFS_GPU_PRESETS  synth_gguf.py presets, Q4_0 (default "tinyllama-1.1b llama3.1-8b")
 #   KVFS_GPU_KV       KV formats (default "f16 q4 q4k")
@@ -99,6 +99,9 @@ presets=${KVFS_GPU_PRESETS:-"tinyllama-1.1b llama3.1-8b"}
 for p in $presets; do
   m="$models/$p-Q4_0.gguf"
   [ -f "$m" ] || python3 .gpu/synth/tools/synth_gguf.py --preset "$p" --type Q4_0 -o "$m" -q || exit 1
+  # What the device's compiler made of the matrix shaders (registers, spills, occupancy): the
+  # same report RADV's null device gives without a GPU (docs/performance.md).
+  $kvfs shaders -m "$m" > "$runs/$p-shaders.txt" 2>&1 || echo "gpu_bench: kvfs shaders $p failed" >&2
 done
 case " ${KVFS_GPU_VARIANTS:-default} " in
   *" tuned "*)
