@@ -1,5 +1,6 @@
 // kvfs shaders: the matrix shaders a model runs on a Vulkan device and what the device's
 // compiler makes of them (engine/backend/vulkan_shaders.h). Compiles, runs nothing.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -44,11 +45,7 @@ std::string Constants(const std::vector<uint32_t>& c) {
 }
 
 bool Wanted(const std::vector<std::string>& stats, const std::string& name) {
-  if (stats.empty()) return true;
-  for (const std::string& s : stats) {
-    if (s == name) return true;
-  }
-  return false;
+  return stats.empty() || std::ranges::find(stats, name) != stats.end();
 }
 
 }  // namespace
@@ -62,18 +59,15 @@ int Shaders(int argc, char** argv) {
   ShaderReportOptions options;
   options.device = static_cast<int>(args.get_int("--device", -1, 0, 1 << 16));
   if (auto t = args.get("-t")) {
-    options.tokens.clear();
-    for (const std::string& v : SplitList(*t)) {
-      char* end = nullptr;
-      const long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 1 || n > 512) {
-        args.set_error(fmt::format("-t takes token counts from 1 to 512, not \"{}\"", v));
-        break;
-      }
-      options.tokens.push_back(n);
+    auto tokens = ParseIntList(*t, "-t", 1, 512);
+    if (tokens.ok()) {
+      options.tokens = *tokens;
+    } else {
+      args.set_error(tokens.status().message());
     }
   }
-  const std::vector<std::string> stats = args.has("--stat") ? SplitList(*args.get("--stat")) : std::vector<std::string>{};
+  const std::vector<std::string> stats =
+      args.has("--stat") ? SplitList(*args.get("--stat")) : std::vector<std::string>{};
   if (!args.error().empty()) return Fail(2, args.error() + " (see kvfs shaders --help)");
   if (!args.has("-m")) return Fail(2, "missing -m MODEL");
   if (auto path = args.get("--tuning")) {

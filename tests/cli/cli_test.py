@@ -166,7 +166,7 @@ if r.returncode == 0:
           kinds.get('output') == 1 and kinds.get('q|k|v', 0) + kinds.get('q', 0) == 2 and
           all(l['tokens'] == 1 and l['shader'].startswith('matvec_quant') for l in j['shaders']),
           f'rc={r.returncode} out={r.stdout[:400]!r} err={r.stderr!r}')
-    bad('shaders -t out of range', ['shaders', '-m', q4km, '-t', '0'], '-t takes token counts')
+    bad('shaders -t out of range', ['shaders', '-m', q4km, '-t', '0'], '-t takes a comma-separated list of numbers in [1, 512]')
     radv = '/usr/share/vulkan/icd.d/radeon_icd.x86_64.json'
     if os.path.exists(radv):
         env = dict(os.environ, VK_ICD_FILENAMES=radv, VK_DRIVER_FILES=radv, RADV_FORCE_FAMILY='gfx1100',

@@ -55,9 +55,6 @@ class VulkanTuningBackendTest : public ::testing::Test {
     options.tuning = tuning;
     return options;
   }
-  static std::map<std::string, int> Dispatches(const std::string& report) {
-    return testing::ProfileDispatches(report);
-  }
   static bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
@@ -69,7 +66,7 @@ class VulkanTuningBackendTest : public ::testing::Test {
 
 TEST_F(VulkanTuningBackendTest, ALiveChangeComputesWhatConstructionWithItComputes) {
   const std::vector<float> by_default = Run(*live_);
-  const std::map<std::string, int> default_dispatches = Dispatches(live_->TakeProfileReport());
+  const std::map<std::string, int> default_dispatches = testing::ProfileDispatches(live_->TakeProfileReport());
   ASSERT_FALSE(default_dispatches.empty());
   VulkanTuning narrow;  // short rows per slot, long splits, nothing fused in decode
   narrow.matvec = {.group = 32, .lanes = 16, .min_groups = 0, .rows = 16};
@@ -83,7 +80,7 @@ TEST_F(VulkanTuningBackendTest, ALiveChangeComputesWhatConstructionWithItCompute
   for (const VulkanTuning& t : {narrow, wide}) {
     ASSERT_TRUE(live_->SetVulkanTuning(t).ok());
     const std::vector<float> live = Run(*live_);
-    const std::map<std::string, int> live_dispatches = Dispatches(live_->TakeProfileReport());
+    const std::map<std::string, int> live_dispatches = testing::ProfileDispatches(live_->TakeProfileReport());
     auto made = MakeVulkanBackend(*model_, Profiled(t));
     ASSERT_TRUE(made.ok()) << made.status().message();
     // The same values (every setting computes them; the tiny model's rows are too short for
@@ -91,21 +88,22 @@ TEST_F(VulkanTuningBackendTest, ALiveChangeComputesWhatConstructionWithItCompute
     EXPECT_TRUE(BitwiseEqual(live, Run(**made))) << "matvec group " << t.matvec.group;
     EXPECT_TRUE(BitwiseEqual(live, by_default)) << "matvec group " << t.matvec.group;
     // ...recorded as the setting says: its shaders, grid widths and dispatch counts.
-    EXPECT_EQ(live_dispatches, Dispatches((*made)->TakeProfileReport())) << "matvec group " << t.matvec.group;
+    EXPECT_EQ(live_dispatches, testing::ProfileDispatches((*made)->TakeProfileReport()))
+        << "matvec group " << t.matvec.group;
     EXPECT_NE(live_dispatches, default_dispatches) << "matvec group " << t.matvec.group;
   }
   // Without the fusions, each decode step's layers (2) run softmax and quantize_act (for the
   // down matrix) as dispatches of their own; the prompt's pass runs them either way.
   ASSERT_TRUE(live_->SetVulkanTuning(narrow).ok());
   Run(*live_);
-  std::map<std::string, int> narrow_dispatches = Dispatches(live_->TakeProfileReport());
+  std::map<std::string, int> narrow_dispatches = testing::ProfileDispatches(live_->TakeProfileReport());
   std::map<std::string, int> fused = default_dispatches;
   EXPECT_EQ(narrow_dispatches["softmax"], fused["softmax"] + 4 * 2);
   EXPECT_EQ(narrow_dispatches["quantize_act_sg"], fused["quantize_act_sg"] + 4 * 2);
   // And back to the defaults.
   ASSERT_TRUE(live_->SetVulkanTuning(VulkanTuning{}).ok());
   EXPECT_TRUE(BitwiseEqual(by_default, Run(*live_)));
-  EXPECT_EQ(Dispatches(live_->TakeProfileReport()), default_dispatches);
+  EXPECT_EQ(testing::ProfileDispatches(live_->TakeProfileReport()), default_dispatches);
 }
 
 TEST_F(VulkanTuningBackendTest, ARefusedSettingChangesNothing) {
@@ -114,7 +112,7 @@ TEST_F(VulkanTuningBackendTest, ARefusedSettingChangesNothing) {
   too_big.matvec = {.group = 1024, .lanes = 0, .min_groups = 0, .rows = 64};
   too_big.attention_split = 512;
   too_big.swiglu_in_matvec = false;
-  const std::map<std::string, int> default_dispatches = Dispatches(live_->TakeProfileReport());
+  const std::map<std::string, int> default_dispatches = testing::ProfileDispatches(live_->TakeProfileReport());
   Status st = live_->SetVulkanTuning(too_big);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
   VulkanTuning odd;
@@ -122,7 +120,7 @@ TEST_F(VulkanTuningBackendTest, ARefusedSettingChangesNothing) {
   odd.fuse_softmax = false;
   EXPECT_EQ(live_->SetVulkanTuning(odd).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(BitwiseEqual(by_default, Run(*live_)));
-  EXPECT_EQ(Dispatches(live_->TakeProfileReport()), default_dispatches);
+  EXPECT_EQ(testing::ProfileDispatches(live_->TakeProfileReport()), default_dispatches);
 
   auto cpu = MakeCpuBackend(*model_, CpuOptions{});
   EXPECT_EQ(cpu->SetVulkanTuning(VulkanTuning{}).code(), StatusCode::kUnsupported);
@@ -156,7 +154,8 @@ TEST_F(VulkanTuningBackendTest, ATuningFileAppliesToItsDeviceAndModelOnly) {
   ASSERT_TRUE(made.ok());
   Run(*profiled->backend);
   Run(**made);
-  EXPECT_EQ(Dispatches(profiled->backend->TakeProfileReport()), Dispatches((*made)->TakeProfileReport()));
+  EXPECT_EQ(testing::ProfileDispatches(profiled->backend->TakeProfileReport()),
+            testing::ProfileDispatches((*made)->TakeProfileReport()));
 
   record.device = "Some Other GPU";
   ASSERT_TRUE(WriteTuningFile(path, record).ok());
@@ -167,7 +166,8 @@ TEST_F(VulkanTuningBackendTest, ATuningFileAppliesToItsDeviceAndModelOnly) {
   live_->TakeProfileReport();  // drops what earlier runs recorded
   Run(*other->backend);
   Run(*live_);
-  EXPECT_EQ(Dispatches(other->backend->TakeProfileReport()), Dispatches(live_->TakeProfileReport()));  // the defaults
+  EXPECT_EQ(testing::ProfileDispatches(other->backend->TakeProfileReport()),
+            testing::ProfileDispatches(live_->TakeProfileReport()));  // the defaults
 
   request.tuning_file = path + ".absent";
   EXPECT_EQ(MakeRequestedBackend(*model_, request).status().code(), StatusCode::kNotFound);

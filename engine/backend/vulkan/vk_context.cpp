@@ -230,10 +230,16 @@ Status Context::Init(int index, bool integer_dot, bool capture_statistics) {
   VkDeviceCreateInfo device_info{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   device_info.queueCreateInfoCount = 1;
   device_info.pQueueCreateInfos = &queue_info;
-  // Optional extensions and their features, chained into device_info.
+  // Optional extensions: enabled, with their feature structure chained into device_info, when
+  // wanted and the device has the extension and reports `feature` (a member of `features`) on.
   std::vector<const char*> extensions;
   VkBaseOutStructure* chain_tail = nullptr;
-  auto enable = [&](const char* extension, auto& features) {
+  auto enable_if = [&](bool wanted, const char* extension, auto& features, const VkBool32& feature) {
+    if (!wanted || !HasDeviceExtension(physical_, extension)) return false;
+    VkPhysicalDeviceFeatures2 query{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    query.pNext = &features;
+    vkGetPhysicalDeviceFeatures2(physical_, &query);
+    if (feature != VK_TRUE) return false;
     extensions.push_back(extension);
     auto* link = reinterpret_cast<VkBaseOutStructure*>(&features);
     link->pNext = nullptr;
@@ -243,33 +249,18 @@ Status Context::Init(int index, bool integer_dot, bool capture_statistics) {
       chain_tail->pNext = link;
     }
     chain_tail = link;
+    return true;
   };
   // The integer dot product through its extension (the instance asks for Vulkan 1.1, so the
   // 1.3 core feature is reached the same way on every device that lists it).
-  const char* dot_extension = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
   VkPhysicalDeviceShaderIntegerDotProductFeatures dot_features{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
-  if (integer_dot && HasDeviceExtension(physical_, dot_extension)) {
-    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    features.pNext = &dot_features;
-    vkGetPhysicalDeviceFeatures2(physical_, &features);
-    if (dot_features.shaderIntegerDotProduct == VK_TRUE) {
-      enable(dot_extension, dot_features);
-      integer_dot_ = true;
-    }
-  }
-  const char* stats_extension = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
+  integer_dot_ = enable_if(integer_dot, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME, dot_features,
+                           dot_features.shaderIntegerDotProduct);
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR stats_features{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
-  if (capture_statistics && HasDeviceExtension(physical_, stats_extension)) {
-    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    features.pNext = &stats_features;
-    vkGetPhysicalDeviceFeatures2(physical_, &features);
-    if (stats_features.pipelineExecutableInfo == VK_TRUE) {
-      enable(stats_extension, stats_features);
-      captures_statistics_ = true;
-    }
-  }
+  captures_statistics_ = enable_if(capture_statistics, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME,
+                                   stats_features, stats_features.pipelineExecutableInfo);
   device_info.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
   device_info.ppEnabledExtensionNames = extensions.data();
   const VkResult r = vkCreateDevice(physical_, &device_info, nullptr, &device_);

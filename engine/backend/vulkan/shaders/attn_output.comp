@@ -118,7 +118,10 @@ uint TileEnd(uint pos) {  // the end of the tile holding pos
 // then waits for one load, not for the table's and then its own.
 float TileSum(uint wrow0, uint i, uint s0, uint t0, uint t1, uint v) {
   const uint group_off = (v / KV_GROUP) * KvGroupBytes(), at = v % KV_GROUP;
-  const uint block_row0 = block_table[p.table0 + t0 / p.block_tokens] * p.block_tokens - t0 / p.block_tokens * p.block_tokens;
+  // Row of the block's slot minus the block's first position: adding a position of the block
+  // gives its row (uint arithmetic wraps, so the difference may).
+  const uint block = t0 / p.block_tokens;
+  const uint block_row0 = block_table[p.table0 + block] * p.block_tokens - block * p.block_tokens;
   precise float amax = 0.0;
   for (uint pos = t0; pos < t1; ++pos) {
     precise float a = Weight(wrow0, i, s0, pos) * F16BitsToF32(KvU16((block_row0 + pos) * p.row_stride + group_off));
@@ -218,12 +221,14 @@ void main() {
     // again and are not added. The sums are taken in position order, as one at a time.
     const uint kBatch = 4u;
     for (uint pos = split * p.split_positions + lane; pos < n_visible; pos += kBatch * lanes) {
-      uint slot[kBatch];
-      for (uint b = 0u; b < kBatch; ++b) slot[b] = block_table[p.table0 + min(pos + b * lanes, n_visible - 1u) / p.block_tokens];
+      uint at[kBatch], slot[kBatch];
+      for (uint b = 0u; b < kBatch; ++b) {
+        at[b] = min(pos + b * lanes, n_visible - 1u);
+        slot[b] = block_table[p.table0 + at[b] / p.block_tokens];
+      }
       float v[kBatch];  // read once for every head of the group
       for (uint b = 0u; b < kBatch; ++b) {
-        const uint at = min(pos + b * lanes, n_visible - 1u);
-        v[b] = KvValue((slot[b] * p.block_tokens + at % p.block_tokens) * p.row_stride, first + d);
+        v[b] = KvValue((slot[b] * p.block_tokens + at[b] % p.block_tokens) * p.row_stride, first + d);
       }
       for (uint b = 0u; b < kBatch; ++b) {
         if (pos + b * lanes >= n_visible) break;  // after the loads: they stay in flight together

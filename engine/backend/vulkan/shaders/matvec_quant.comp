@@ -168,7 +168,9 @@ void main() {
       // kept them one row at a time: a GPU then waits a memory latency per row). Rows past the
       // matrix load its last row again; their sums are not stored.
       WeightUnit wu[ROWS_PER_SLOT];
-      for (uint k = 0u; k < ROWS_PER_SLOT; ++k) wu[k] = LoadUnit(min(r0 + k, p.n_rows - 1u) * p.row_bytes, u, p.n_units);
+      for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
+        wu[k] = LoadUnit(min(r0 + k, p.n_rows - 1u) * p.row_bytes, u, p.n_units);
+      }
       for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
         for (uint t = 0u; t < TOKENS; ++t) {
           uint at[8];
