@@ -140,6 +140,9 @@ struct VulkanOptions {
                                    // their types agree (off: a dispatch each)
   bool batch_attention = true;     // the attention steps of a pass's sequences recorded side by
                                    // side, sharing barriers (off: one sequence after another)
+  bool query_tiles = true;         // an attention workgroup takes several queries (prefill's
+                                   // tokens, a KV head's query heads) and reads each key and value
+                                   // once for all; off: one query a workgroup (the same values)
   VulkanTuning tuning;
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
@@ -155,6 +158,7 @@ struct BackendRequest {
   bool split_weight_rows = true;  // Vulkan: VulkanOptions::split_weight_rows
   bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention
   bool stack_matrices = true;     // Vulkan: VulkanOptions::stack_matrices
+  bool query_tiles = true;        // Vulkan: VulkanOptions::query_tiles
   VulkanTuning tuning;            // Vulkan: VulkanOptions::tuning
   std::string tuning_file;        // Vulkan: a file of kvfs tune's; its tuning replaces `tuning`
                                   // when it was made for this device and model (else a warning)

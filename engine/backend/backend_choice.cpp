@@ -52,6 +52,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .split_weight_rows = request.split_weight_rows,
                                   .stack_matrices = request.stack_matrices,
                                   .batch_attention = request.batch_attention,
+                                  .query_tiles = request.query_tiles,
                                   .tuning = tuning};
       KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, options));
       if (chosen != nullptr) out.name = "vulkan: " + chosen->name;

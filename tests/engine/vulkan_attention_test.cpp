@@ -100,6 +100,23 @@ class VulkanAttentionTest : public VulkanOpsTest {
     v.row_stride = row_stride;
     return v;
   }
+
+  // Query tiles (several queries per attention workgroup, the default) must give the bits of one
+  // query per workgroup: `run` writes raw scores and the output into the buffers it is given
+  // (of the sizes of raw and out), here with query tiles off.
+  template <typename RunFn>
+  void ExpectSameWithoutQueryTiles(const std::vector<float>& raw, const std::vector<float>& out, RunFn run) {
+    const vk::Buffer raw1 = Output(raw.size() * 4), out1 = Output(out.size() * 4);
+    ops_->set_query_tiles(false);
+    const Status st = run(raw1, out1);
+    ops_->set_query_tiles(true);
+    ASSERT_TRUE(st.ok()) << st.message();
+    const std::vector<float> raw_untiled = Read<float>(raw1, raw.size());
+    const std::vector<float> out_untiled = Read<float>(out1, out.size());
+    // Both write exactly the scores of the positions each query sees, into zeros.
+    EXPECT_EQ(0, std::memcmp(raw.data(), raw_untiled.data(), raw.size() * 4)) << "scores differ with query tiles";
+    EXPECT_EQ(0, std::memcmp(out.data(), out_untiled.data(), out.size() * 4)) << "output differs with query tiles";
+  }
 };
 
 TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuEncoding) {
@@ -352,9 +369,10 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
   // Decode with a long context spreads the positions over workgroups (attn_reduce adds them);
   // at 131 the first of two splits ends inside a KV block; 2000 x 4 (the most tokens decode
   // takes at once) has 16 splits; at 62 x 4 the tokens' rows span one or two score workgroups
-  // (so the fused softmax reads a different number of their stats per row).
+  // (so the fused softmax reads a different number of their stats per row); 37 x 21 ends in a
+  // part tile of queries (prefill takes 8 tokens a workgroup here).
   for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}, Case{131, 1}, Case{2000, 4},
-                       Case{62, 4}}) {
+                       Case{62, 4}, Case{37, 21}}) {
     const int64_t n_ctx = c.pos0 + c.T;
     for (const KvFormat& f : Formats()) {
       const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
@@ -410,6 +428,15 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
         std::printf("[vulkan attention] %-8s pos0=%-4lld T=%-3lld %s scores NMSE %.3g, output NMSE %.3g\n",
                     f.Name().c_str(), static_cast<long long>(c.pos0), static_cast<long long>(c.T),
                     fused && fuses ? "fused   " : "separate", nmse_scores, nmse);
+        ExpectSameWithoutQueryTiles(got_raw, got, [&](const vk::Buffer& raw1, const vk::Buffer& out1) {
+          const vk::Buffer partials = Output(partial_floats * 4);
+          return Run([&](vk::Recorder& rec) -> Status {
+            KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw1));
+            return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
+                                   partials.bytes() / 4, out1, q_stride, 0, fused ? &stats : nullptr,
+                                   stats.bytes() / 4);
+          });
+        });
         EXPECT_LE(nmse_scores, 1e-12) << f.Name();
         // f16 caches round the weights to f16 (a weight near a rounding boundary may go either way).
         EXPECT_LE(nmse, 1e-9) << f.Name() << (fused ? " fused" : " separate");
@@ -432,8 +459,10 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
     const int64_t row_bytes = f->RowBytes(kRowValues), row_stride = (row_bytes + 3) / 4 * 4;
     // 131-190: decode split into 96 or 128 positions, the first split ending inside a block;
     // 126 x 3: the tokens' rows span two or three K chunks (stats entries of the fused softmax).
+    // 180 x 21: a tile of queries (8 tokens) whose first tokens see chunk 2 (positions 128-191)
+    // through the staged keys and whose last ones see it whole.
     for (const Case c : {Case{70, 1}, Case{0, 5}, Case{100, 40}, Case{300, 2}, Case{127, 1}, Case{131, 1},
-                         Case{132, 1}, Case{190, 1}, Case{126, 3}}) {
+                         Case{132, 1}, Case{190, 1}, Case{126, 3}, Case{180, 21}}) {
       const int64_t n_ctx = c.pos0 + c.T, n_blocks = (n_ctx + B - 1) / B, key_pos0 = c.pos0 / C * C;
       std::vector<float> keys = RandomRows(n_ctx, rng), values = RandomRows(n_ctx, rng);
       for (float& x : keys) x = Fp16ToFp32(Fp32ToFp16(x));  // staged keys are f16
@@ -521,6 +550,15 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
                     fused && fuses ? "fused   " : "separate", nmse_scores, nmse);
         EXPECT_LE(nmse_scores, 1e-12) << f->Name() << " pos0 " << c.pos0;
         EXPECT_LE(nmse, 1e-9) << f->Name() << " pos0 " << c.pos0 << (fused ? " fused" : " separate");
+        ExpectSameWithoutQueryTiles(got_raw, got, [&](const vk::Buffer& raw1, const vk::Buffer& out1) {
+          const vk::Buffer partials = Output(partial_floats * 4);
+          return Run([&](vk::Recorder& rec) -> Status {
+            KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw1));
+            return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
+                                   partials.bytes() / 4, out1, q_stride, 0, fused ? &stats : nullptr,
+                                   stats.bytes() / 4);
+          });
+        });
       }
     }
   }

@@ -386,6 +386,35 @@ TEST_F(VulkanBackendTest, SplitAndGgufWeightRowsGiveTheSameLogits) {
   }
 }
 
+// Attention with tiles of queries (the default: a workgroup scores several tokens and a KV head's
+// query heads, and sums several tokens' outputs) computes each query as one query a workgroup
+// does: a prompt, the same prompt again at depth (prefill over cached positions) and decode
+// steps give the same logits, bit for bit, in every KV format.
+TEST_F(VulkanBackendTest, QueryTilesGiveTheSameLogits) {
+  VulkanOptions options;
+  options.query_tiles = false;
+  auto untiled = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(untiled.ok()) << untiled.status().message();
+  for (const char* type : {"f16", "q4", "q4k"}) {
+    SequenceKv ka(Layout(type, 64), 256), kb(Layout(type, 64), 256);
+    for (int pass = 0; pass < 2; ++pass) {
+      Logits a, b;
+      SequenceStep sa{&ka, prompt_, true}, sb{&kb, prompt_, true};
+      ASSERT_TRUE(vulkan_->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+      ASSERT_TRUE((*untiled)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+      ASSERT_EQ(a.data.size(), b.data.size());
+      EXPECT_TRUE(a.data == b.data) << type << " prompt pass " << pass << ": NMSE "
+                                    << Nmse(a.data.data(), b.data.data(), a.data.size());
+    }
+    for (TokenId next : {TokenId{42}, TokenId{7}}) {
+      const std::vector<float> da = Step(*vulkan_, ka, std::span<const TokenId>(&next, 1));
+      const std::vector<float> db = Step(**untiled, kb, std::span<const TokenId>(&next, 1));
+      EXPECT_TRUE(da == db) << type << " decode of token " << next << ": NMSE "
+                            << Nmse(da.data(), db.data(), static_cast<int64_t>(da.size()));
+    }
+  }
+}
+
 TEST_F(VulkanBackendTest, SplitWeightsAndMicroBatchesMatch) {
   // 2 MiB bindings: the output matrix (32000 rows, 4.6 MB) splits into 3 parts and a
   // micro-batch holds 16 tokens of 32000 logits, so the prompt runs in 3 command buffers. (Both

@@ -26,7 +26,7 @@ struct ScoresParams {
   float hadamard_scale;
   uint32_t slot_words, n_channels, key_row0, key_pos0;
   float scale;
-  uint32_t stats_stride, score0, stats0, n_rot;
+  uint32_t stats_stride, score0, stats0, n_rot, n_tokens;
 };
 struct KStageParams {
   uint32_t n_tokens, row_words, src_stride, src_row0, dst_row0;
@@ -44,7 +44,7 @@ struct OutputParams {
   float hadamard_scale;
   uint32_t split_positions, n_splits;
   float scale;
-  uint32_t round_f16, stats_stride, stats_positions, score0, partial0, stats0, counter0;
+  uint32_t round_f16, stats_stride, stats_positions, score0, partial0, stats0, counter0, n_tokens;
 };
 struct ReduceParams {
   uint32_t n_head, n_splits, out_stride, out_row0;
@@ -87,6 +87,10 @@ int64_t OutputHeads(const AttentionShape& shape) {
   const int64_t group = shape.n_head / shape.n_head_kv;
   return group <= kMaxOutputHeads ? group : 1;
 }
+
+// attn_output's tokens per workgroup with query tiles (one split, weights from softmax.comp):
+// each invocation keeps tokens x heads sums in registers, at most kOutputSums of them.
+constexpr int64_t kOutputSums = 32, kMaxOutputTokens = 8;
 
 // attn_reduce's workgroup: a power of two in [64, kRowGroup] covering its heads' values.
 uint32_t ReduceGroup(int64_t values) {
@@ -206,11 +210,39 @@ int64_t Ops::ScoreGroupPositions(const KvFormat& format) {
   return format.KeysByChannel() ? format.chunk : kElementwiseGroup;  // q4k: a workgroup is one K chunk
 }
 
+Ops::ScoreTile Ops::ScoreQueries(const KvFormat& format, const AttentionShape& shape, int64_t n_tokens,
+                                  bool stats) const {
+  const int64_t group = shape.n_head / shape.n_head_kv;
+  ScoreTile tile;
+  if (!query_tiles_) return tile;
+  tile.heads = group <= kMaxOutputHeads ? group : 1;
+  tile.tokens = std::clamp<int64_t>(kScoreQueries / tile.heads, 1, std::max<int64_t>(n_tokens, 1));
+  // attn_scores' shared memory (its arrays, in words) must fit the device: fewer tokens, then
+  // fewer heads, until it does (one query is what CheckAttentionShape allows for).
+  const int64_t hd = shape.head_dim, blocks = hd / 32 + 1, wg = ScoreGroupPositions(format);
+  const bool int8_queries = format.type == KvType::kQ4 && hd % 32 == 0 && format.group % 32 == 0;
+  const bool int8_chunks = format.type == KvType::kQ4K && hd % 32 == 0;
+  auto shared_bytes = [&](int64_t nq) {
+    const int64_t words = nq * hd + 2 * (stats ? wg * nq + 1 : 1) + (int8_queries ? nq * hd : 0) + 1 +
+                          3 * nq * blocks + 2 * hd + (int8_chunks ? nq * hd : 0) + 1 + nq * blocks + nq;
+    return 4 * words;
+  };
+  while (tile.tokens * tile.heads > 1 && shared_bytes(tile.tokens * tile.heads) > ctx_.limits().max_shared_bytes) {
+    if (tile.tokens > 1) {
+      tile.tokens = (tile.tokens + 1) / 2;
+    } else {
+      tile.heads = 1;
+    }
+  }
+  return tile;
+}
+
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                        int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats,
                        const ScratchOffsets& at, const RopeTable* q_rope) {
   const bool q4k = kv.format.KeysByChannel();
   const uint32_t wg = U32(ScoreGroupPositions(kv.format));  // one stats entry per workgroup
+  const ScoreTile tile = ScoreQueries(kv.format, shape, n_tokens, stats != nullptr);
   const uint32_t spec[] = {wg,
                            static_cast<uint32_t>(kv.format.type),
                            U32(kv.format.group),
@@ -218,7 +250,9 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                            kv.format.RotatesK() ? 1u : 0u,
                            q4k ? U32(kv.format.chunk) : 64u,
                            stats != nullptr ? 1u : 0u,
-                           RopeMode(q_rope)};
+                           RopeMode(q_rope),
+                           U32(tile.tokens),
+                           U32(tile.heads)};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kScores, spec));
   const int64_t n_ctx = pos0 + n_tokens;
   const ScoresParams params{U32(pos0),
@@ -239,12 +273,13 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(StatsPerRow(kv.format, n_ctx)),
                             U32(at.score0),
                             U32(at.stats0),
-                            q_rope != nullptr ? U32(q_rope->n_rot) : 0u};
+                            q_rope != nullptr ? U32(q_rope->n_rot) : 0u,
+                            U32(n_tokens)};
   const Buffer* keys = kv.keys != nullptr ? kv.keys : &unused_;
   return rec.Dispatch(*p,
                       {&q, kv.k_plane, kv.block_table, &scores, keys, stats != nullptr ? stats : &unused_,
                        q_rope != nullptr ? q_rope->cos_sin : &unused_},
-                      &params, CeilDiv(n_ctx, wg), U32(shape.n_head), U32(n_tokens));
+                      &params, CeilDiv(n_ctx, wg), U32(shape.n_head / tile.heads), CeilDiv(n_tokens, tile.tokens));
 }
 
 Status Ops::KStage(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& src, int64_t src_stride,
@@ -294,6 +329,10 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
   if (stats != nullptr && split_positions > kFusedSplitCap) {
     return Internal("attn_output's fused softmax takes splits of at most 128 positions (FusesSoftmax)");
   }
+  // Several tokens a workgroup where each token's weights are a row of their own in `scores`.
+  const int64_t tokens = query_tiles_ && stats == nullptr && n_splits == 1
+                             ? std::clamp<int64_t>(std::min(kOutputSums / heads, n_tokens), 1, kMaxOutputTokens)
+                             : 1;
   const uint32_t spec[] = {kRowGroup,
                            static_cast<uint32_t>(kv.format.type),
                            U32(kv.format.group),
@@ -303,7 +342,8 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                            stats != nullptr ? 1u : 0u,
                            U32(kFusedSplitCap),
                            CodesKind(codes),
-                           one_pass ? 1u : 0u};
+                           one_pass ? 1u : 0u,
+                           U32(tokens)};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kOutputSg : kOutput, spec));
   const OutputParams params{U32(pos0),
                             U32(shape.n_head),
@@ -324,12 +364,13 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(at.score0),
                             U32(at.partial0),
                             U32(at.stats0),
-                            U32(at.counter0)};
+                            U32(at.counter0),
+                            U32(n_tokens)};
   return rec.Dispatch(*p,
                       {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_,
                        stats != nullptr ? stats : &unused_, codes != nullptr ? codes->acts.codes : &unused_,
                        codes != nullptr ? codes->acts.aux : &unused_, one_pass ? counters : &unused_},
-                      &params, U32(shape.n_head / heads), U32(n_tokens), U32(n_splits));
+                      &params, U32(shape.n_head / heads), CeilDiv(n_tokens, tokens), U32(n_splits));
 }
 
 int64_t Ops::SplitCounters(const AttentionShape& shape, int64_t n_tokens) {

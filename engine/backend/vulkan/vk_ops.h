@@ -298,6 +298,18 @@ class Ops {
   int64_t AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int64_t pos0, int64_t partial_floats) const;
   // Positions per attn_scores workgroup (so per stats entry) for the format.
   static int64_t ScoreGroupPositions(const KvFormat& format);
+  // The queries an attn_scores workgroup scores (each of its keys loaded once for all): tokens
+  // by query heads of one KV head. At most kScoreQueries, fewer where the device's shared
+  // memory asks; one query with query tiles off.
+  static constexpr int64_t kScoreQueries = 16;
+  struct ScoreTile {
+    int64_t tokens = 1;
+    int64_t heads = 1;
+  };
+  ScoreTile ScoreQueries(const KvFormat& format, const AttentionShape& shape, int64_t n_tokens, bool stats) const;
+  // false: one query (token, head) per attention workgroup, as before query tiles (the same
+  // values; for A/B timing and the tests' comparison).
+  void set_query_tiles(bool on) { query_tiles_ = on; }
   // Whether Attention fuses the softmax for this call: decode (a few tokens), splits short
   // enough for their weights to sit in shared memory, and room for the stats.
   bool FusesSoftmax(const KvView& kv, const AttentionShape& shape, int64_t n_tokens, int64_t pos0, int64_t n_splits,
@@ -349,6 +361,7 @@ class Ops {
   int64_t split_positions_ = kDefaultAttentionSplit;
   bool fuse_softmax_ = true;
   bool subgroup_trees_ = true;
+  bool query_tiles_ = true;
   MatvecShape matvec_;
   // An AttentionBatch job as recorded: its splits and fusing (decided against the whole
   // scratch, as alone) and where its rows lie in the scratch; round_ holds a round's jobs.

@@ -169,6 +169,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   if (options.profile) KVFS_RETURN_IF_ERROR(rec_->EnableProfiling());
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
+  ops_->set_query_tiles(options.query_tiles);
   KVFS_RETURN_IF_ERROR(SetVulkanTuning(options.tuning));
   KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));
   const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding,

@@ -25,6 +25,9 @@
 // atomic per (token, heads) that it then resets to 0: no attn_reduce dispatch and barrier.
 // KIND (not 3): the workgroup that writes the output also quantizes it for the o matrix
 // (quantize_heads.glsl), which then needs no quantize_act dispatch.
+// QT (prefill: one split, weights from softmax.comp): a workgroup sums QT consecutive tokens,
+// each value read once for all of them (so once per tile of tokens, not per token), each
+// token's sums in the order of a workgroup of that token alone.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;  // >= HD
@@ -37,6 +40,7 @@ layout(constant_id = 6) const uint FUSED = 0;
 layout(constant_id = 7) const uint SPLIT_CAP = 128;  // FUSED: the most positions a split has
 layout(constant_id = 8) const uint KIND = 3;  // the output's codes: vk::ActKind (3, float: none)
 layout(constant_id = 9) const uint ONE_PASS = 0;
+layout(constant_id = 10) const uint QT = 1;  // query tokens per workgroup (1 with FUSED or splits)
 
 layout(push_constant) uniform Params {
   uint pos0;          // position of query token 0
@@ -61,6 +65,7 @@ layout(push_constant) uniform Params {
   uint partial0;
   uint stats0;
   uint counter0;  // ONE_PASS: this call's first counter
+  uint n_tokens;  // query tokens of this call
 } p;
 
 layout(binding = 0) readonly buffer Weights { float w[]; };             // from score0: [n_tokens][n_head][score_stride] (FUSED: raw scores)
@@ -195,23 +200,29 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint h0 = gl_WorkGroupID.x * HEADS, t = gl_WorkGroupID.y, split = gl_WorkGroupID.z;
-  const uint n_visible = min(p.pos0 + t + 1u, (split + 1u) * p.split_positions);
+  const uint h0 = gl_WorkGroupID.x * HEADS, t0 = gl_WorkGroupID.y * QT, split = gl_WorkGroupID.z;
+  const uint n_valid = min(QT, p.n_tokens - t0);  // tokens of this tile: t0 .. t0 + n_valid - 1
+  const uint s0 = split * p.split_positions, split_end = s0 + p.split_positions;
+  const uint n_visible = min(p.pos0 + t0 + n_valid, split_end);  // the most a token of the tile sees
   const uint lanes = WG / HD;
   const uint d = tid % HD, lane = tid / HD;
   const uint first = (h0 / p.group) * HD;
-  const uint wrow0 = p.score0 + (t * p.n_head + h0) * p.score_stride;  // head h0 + i: wrow0 + i * score_stride
-  const uint s0 = split * p.split_positions;
-  if (FUSED != 0u) FusedWeights(tid, t, h0, wrow0, s0, n_visible);
-  float acc[HEADS];
-  for (uint i = 0u; i < HEADS; ++i) acc[i] = 0.0;
+  // Token t0 + k's weight rows: head h0 + i at wrow0 + k * n_head * score_stride + i * score_stride.
+  const uint wrow0 = p.score0 + (t0 * p.n_head + h0) * p.score_stride, token_rows = p.n_head * p.score_stride;
+  if (FUSED != 0u) FusedWeights(tid, t0, h0, wrow0, s0, n_visible);
+  float acc[QT * HEADS];  // token k, head i at k * HEADS + i
+  for (uint x = 0u; x < QT * HEADS; ++x) acc[x] = 0.0;
   if (kInt8Weights && lane < lanes) {
     // Lane l sums tiles l, l + lanes, ... of the split (which starts at a tile start).
     uint tile = 0u;
-    for (uint t0 = split * p.split_positions; t0 < n_visible; t0 = TileEnd(t0), ++tile) {
+    for (uint a = s0; a < n_visible; a = TileEnd(a), ++tile) {
       if (tile % lanes != lane) continue;
-      const uint t1 = min(TileEnd(t0), n_visible);
-      for (uint i = 0u; i < HEADS; ++i) acc[i] += TileSum(wrow0, i, s0, t0, t1, first + d);
+      for (uint k = 0u; k < QT; ++k) {
+        const uint visible = min(p.pos0 + t0 + k + 1u, split_end);
+        if (k >= n_valid || a >= visible) continue;
+        const uint b = min(TileEnd(a), visible);
+        for (uint i = 0u; i < HEADS; ++i) acc[k * HEADS + i] += TileSum(wrow0 + k * token_rows, i, s0, a, b, first + d);
+      }
     }
   } else if (lane < lanes) {
     // kBatch positions at a time: their block-table entries, then their values, are loaded
@@ -220,58 +231,73 @@ void main() {
     // decode attention is latency-bound). Positions past the visible ones load the last one
     // again and are not added. The sums are taken in position order, as one at a time.
     const uint kBatch = 4u;
-    for (uint pos = split * p.split_positions + lane; pos < n_visible; pos += kBatch * lanes) {
+    for (uint pos = s0 + lane; pos < n_visible; pos += kBatch * lanes) {
       uint at[kBatch], slot[kBatch];
       for (uint b = 0u; b < kBatch; ++b) {
         at[b] = min(pos + b * lanes, n_visible - 1u);
         slot[b] = block_table[p.table0 + at[b] / p.block_tokens];
       }
-      float v[kBatch];  // read once for every head of the group
+      float v[kBatch];  // read once for every head of the group and every token of the tile
       for (uint b = 0u; b < kBatch; ++b) {
         v[b] = KvValue((slot[b] * p.block_tokens + at[b] % p.block_tokens) * p.row_stride, first + d);
       }
       for (uint b = 0u; b < kBatch; ++b) {
-        if (pos + b * lanes >= n_visible) break;  // after the loads: they stay in flight together
-        for (uint i = 0u; i < HEADS; ++i) acc[i] = fma(Weight(wrow0, i, s0, pos + b * lanes), v[b], acc[i]);
+        const uint at_b = pos + b * lanes;
+        if (at_b >= n_visible) break;  // after the loads: they stay in flight together
+        for (uint k = 0u; k < QT; ++k) {
+          if (k >= n_valid || at_b >= p.pos0 + t0 + k + 1u) continue;  // token t0 + k sees at_b?
+          for (uint i = 0u; i < HEADS; ++i) {
+            acc[k * HEADS + i] = fma(Weight(wrow0 + k * token_rows, i, s0, at_b), v[b], acc[k * HEADS + i]);
+          }
+        }
       }
     }
   }
   if (FUSED != 0u) barrier();  // every invocation is done reading the weights in partial
-  for (uint i = 0u; i < HEADS; ++i) partial[i * WG + tid] = acc[i];
-  barrier();
-  for (uint x = tid; x < HEADS * HD; x += WG) {
-    const uint i = x / HD;
-    float sum = 0.0;
-    for (uint l = 0u; l < lanes; ++l) sum += partial[i * WG + l * HD + x % HD];
-    hvec[x] = sum;
-  }
-  barrier();
-  if (p.n_splits > 1u) {
+  for (uint k = 0u; k < QT; ++k) {  // token by token through the shared arrays
+    if (k >= n_valid) break;  // the same for the whole workgroup: barriers stay uniform
+    const uint t = t0 + k;
+    if (k > 0u) barrier();  // the previous token is done with partial and hvec
+    for (uint i = 0u; i < HEADS; ++i) {
+      float a = 0.0;  // acc[k * HEADS + i] without indexing registers by a variable
+      for (uint j = 0u; j < QT; ++j) a = j == k ? acc[j * HEADS + i] : a;
+      partial[i * WG + tid] = a;
+    }
+    barrier();
     for (uint x = tid; x < HEADS * HD; x += WG) {
-      partials[p.partial0 + ((t * p.n_head + h0 + x / HD) * p.n_splits + split) * HD + x % HD] = hvec[x];
-    }
-    if (ONE_PASS == 0u) return;
-    // Every invocation's partial sums are out (device-wide) before the count says so; the
-    // count's last one reads all splits' sums after it.
-    // (The CUDA threadfence-reduction idiom: every invocation's fence, the workgroup barrier, then
-    // the counting invocation's own fences around the atomic.) Whether this workgroup finishes
-    // goes through partial[0], free once the lanes' sums are in hvec: no shared memory of its own.
-    memoryBarrierBuffer();
-    barrier();
-    if (tid == 0u) {
-      const uint counter = p.counter0 + t * (p.n_head / HEADS) + gl_WorkGroupID.x;
-      memoryBarrierBuffer();
-      const bool last = atomicAdd(counters[counter], 1u) == p.n_splits - 1u;
-      if (last) atomicExchange(counters[counter], 0u);  // every split has counted: ready for the next use
-      memoryBarrierBuffer();
-      partial[0] = last ? 1.0 : 0.0;
+      const uint i = x / HD;
+      float sum = 0.0;
+      for (uint l = 0u; l < lanes; ++l) sum += partial[i * WG + l * HD + x % HD];
+      hvec[x] = sum;
     }
     barrier();
-    if (partial[0] == 0.0) return;
-    memoryBarrierBuffer();
-    SumSplits(t, h0, tid);  // attn_reduce's sums
+    if (p.n_splits > 1u) {  // QT == 1
+      for (uint x = tid; x < HEADS * HD; x += WG) {
+        partials[p.partial0 + ((t * p.n_head + h0 + x / HD) * p.n_splits + split) * HD + x % HD] = hvec[x];
+      }
+      if (ONE_PASS == 0u) return;
+      // Every invocation's partial sums are out (device-wide) before the count says so; the
+      // count's last one reads all splits' sums after it.
+      // (The CUDA threadfence-reduction idiom: every invocation's fence, the workgroup barrier, then
+      // the counting invocation's own fences around the atomic.) Whether this workgroup finishes
+      // goes through partial[0], free once the lanes' sums are in hvec: no shared memory of its own.
+      memoryBarrierBuffer();
+      barrier();
+      if (tid == 0u) {
+        const uint counter = p.counter0 + t * (p.n_head / HEADS) + gl_WorkGroupID.x;
+        memoryBarrierBuffer();
+        const bool last = atomicAdd(counters[counter], 1u) == p.n_splits - 1u;
+        if (last) atomicExchange(counters[counter], 0u);  // every split has counted: ready for the next use
+        memoryBarrierBuffer();
+        partial[0] = last ? 1.0 : 0.0;
+      }
+      barrier();
+      if (partial[0] == 0.0) return;
+      memoryBarrierBuffer();
+      SumSplits(t, h0, tid);  // attn_reduce's sums
+    }
+    if (ROTATE != 0u) HadamardShared(HEADS, HD, p.hadamard_scale, tid, WG);
+    for (uint x = tid; x < HEADS * HD; x += WG) o[(p.out_row0 + t) * p.out_stride + h0 * HD + x] = hvec[x];
+    if (KIND != 3u) QuantizeHeads(p.out_row0 + t, h0, p.n_head);
   }
-  if (ROTATE != 0u) HadamardShared(HEADS, HD, p.hadamard_scale, tid, WG);
-  for (uint x = tid; x < HEADS * HD; x += WG) o[(p.out_row0 + t) * p.out_stride + h0 * HD + x] = hvec[x];
-  if (KIND != 3u) QuantizeHeads(p.out_row0 + t, h0, p.n_head);
 }

@@ -6,8 +6,12 @@
 // The query is rotated by the Walsh-Hadamard transform when the format rotates (so Q.K is that
 // of the unrotated vectors) and rounded to f16 for an f16 cache, as the CPU backend does; for
 // q4 keys it is quantized to int8 blocks (below), as the CPU backend does too.
-// Workgroup = WG positions of one (token, head); the block table maps position p to the
-// device slot of its KV block.
+// Workgroup = WG positions of QT query tokens by QH query heads (all of one KV head): each
+// invocation is one position and loads its key once for all QT x QH queries, then scores them
+// one after another, each with the arithmetic (and so the bits) of a workgroup of one query.
+// Prefill takes several tokens a workgroup: every key row is read once per tile of queries
+// instead of once per query, and there are QT x QH times fewer workgroups, each of which
+// prepares its queries once. The block table maps position p to the device slot of its KV block.
 // With STATS, each workgroup also writes its share of the row's softmax for attn_output's fused
 // path: the max m of scale * s over its visible positions and the sum of exp(scale * s - m)
 // (ExpPoly, as softmax.comp), so no pass over the whole row is needed before the weighted sum.
@@ -23,6 +27,9 @@ layout(constant_id = 4) const uint ROTATE = 0;
 layout(constant_id = 5) const uint CHUNK = 64;  // q4k: tokens per K chunk (= WG for q4k)
 layout(constant_id = 6) const uint STATS = 0;   // 1: write the workgroup's softmax share (above)
 layout(constant_id = 7) const uint ROPE = 0;    // 0: q as it is, 1 RoPE pairs (2i, 2i+1), 2 NeoX pairs (i, i + n_rot/2)
+layout(constant_id = 8) const uint QT = 1;      // query tokens per workgroup
+layout(constant_id = 9) const uint QH = 1;      // query heads per workgroup, of one KV head (QH divides group)
+const uint NQ = QT * QH;                        // queries per workgroup: query i is token i / QH, head i % QH
 
 layout(push_constant) uniform Params {
   uint pos0;          // position of query token 0
@@ -48,6 +55,7 @@ layout(push_constant) uniform Params {
   uint score0;
   uint stats0;
   uint n_rot;         // ROPE: dimensions rotated per head
+  uint n_tokens;      // query tokens of this call
 } p;
 
 layout(binding = 0) readonly buffer Queries { float q[]; };             // [..][q_stride]
@@ -62,10 +70,19 @@ layout(binding = 6) readonly buffer CosSin { vec2 cs[]; };              // ROPE:
 #include "common.glsl"
 #include "kv_rows.glsl"
 
-shared float hvec[HD];
-shared float stat_max[WG], stat_sum[WG];  // STATS (WG is a power of two)
+// The queries (query i at hvec[i * HD]), prepared as the format asks: RoPE, rotation, f16.
+shared float hvec[NQ * HD];
+// STATS: the queries' trees of maxima and sums, query i's at [i * WG] (WG is a power of two).
+shared float stat_max[WG * STATS * NQ + 1u], stat_sum[WG * STATS * NQ + 1u];
 
 #include "hadamard.glsl"
+
+// Query i's token, head and visible positions. The queries of a part tile (tokens past the
+// call's last) repeat its last token: they are computed like the others and never written.
+uint QueryToken(uint i) { return min(gl_WorkGroupID.z * QT + i / QH, p.n_tokens - 1u); }
+bool QueryReal(uint i) { return gl_WorkGroupID.z * QT + i / QH < p.n_tokens; }
+uint QueryHead(uint i) { return gl_WorkGroupID.y * QH + i % QH; }
+uint QueryVisible(uint i) { return p.pos0 + QueryToken(i) + 1u; }
 
 // q4 keys take the int8-query path of the CPU backend (engine/backend/cpu/attention.h), with
 // the same arithmetic: the query cut into blocks of 32, each quantized with a power-of-two scale
@@ -74,49 +91,32 @@ shared float stat_max[WG], stat_sum[WG];  // STATS (WG is a power of two)
 // (A product, not &&: glslang turns && of specialization constants into branches, which
 // spirv-val rejects once the flag is read outside main.)
 const bool kInt8Queries = uint(KV_TYPE == kKvQ4) * uint(HD % 32u == 0u) * uint(KV_GROUP % 32u == 0u) != 0u;
-const uint kBlocks = HD / 32u + 1u;  // + 1: never an empty array
-shared int qcode[HD];
-shared float qscale[kBlocks], qsum[kBlocks];
-shared int qcode_sum[kBlocks];
+const uint kBlocks = HD / 32u + 1u;  // per query: + 1, never an empty array
+shared int qcode[NQ * HD * uint(kInt8Queries) + 1u];  // query i's codes at [i * HD]
+shared float qscale[NQ * kBlocks], qsum[NQ * kBlocks];  // query i's block b at [i * kBlocks + b]
+shared int qcode_sum[NQ * kBlocks];
 
 void QuantizeQueryBlocks(uint tid) {
-  for (uint b = tid; b < HD / 32u; b += WG) {
+  for (uint x = tid; x < NQ * kBlocks; x += WG) {
+    const uint i = x / kBlocks, b = x % kBlocks;
+    if (b >= HD / 32u) continue;
+    const uint v = i * HD + 32u * b;
     precise float amax = 0.0, sum = 0.0;
     for (uint j = 0u; j < 32u; ++j) {
-      amax = max(amax, abs(hvec[32u * b + j]));
-      sum += hvec[32u * b + j];
+      amax = max(amax, abs(hvec[v + j]));
+      sum += hvec[v + j];
     }
     const int e = Int8ScaleExponent(amax);
     int code_sum = 0;
     for (uint j = 0u; j < 32u; ++j) {
-      const int code = Int8Code(hvec[32u * b + j], amax, e);
-      qcode[32u * b + j] = code;
+      const int code = Int8Code(hvec[v + j], amax, e);
+      qcode[v + j] = code;
       code_sum += code;
     }
-    qscale[b] = Int8Scale(amax, e);
-    qsum[b] = sum;
-    qcode_sum[b] = code_sum;
+    qscale[x] = Int8Scale(amax, e);
+    qsum[x] = sum;
+    qcode_sum[x] = code_sum;
   }
-}
-
-// The score of the query blocks against the q4 key row at byte `row`, head slice from value `first`.
-float Int8QueryScore(uint row, uint first) {
-  precise float s = 0.0;
-  for (uint b = 0u; b < HD / 32u; ++b) {
-    const uint v0 = first + 32u * b;
-    const uint group = row + (v0 / KV_GROUP) * KvGroupBytes();
-    const float d = F16BitsToF32(KvU16(group)), m = F16BitsToF32(KvU16(group + 2u));
-    int isum = -8 * qcode_sum[b];
-    for (uint j = 0u; j < 32u; ++j) {
-      const uint off = v0 % KV_GROUP + j;
-      const uint byte_value = KvU8(group + 4u + off / 2u);
-      isum += qcode[32u * b + j] * int((off & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u));
-    }
-    precise float m8 = m + 8.0 * d;
-    precise float t = fma(m8, qsum[b], float(isum) * (d * qscale[b]));
-    s = b == 0u ? t : s + t;
-  }
-  return s;
 }
 
 // q4k keys (engine/backend/cpu/attention.h, DotChunks): a workgroup is one chunk. A chunk the
@@ -128,9 +128,9 @@ float Int8QueryScore(uint row, uint first) {
 // pass's f16 rows.
 const bool kChunksInt8 = uint(KV_TYPE == kKvQ4K) * uint(HD % 32u == 0u) != 0u;
 shared float chunk_d[HD], chunk_m[HD];
-shared int chunk_code[HD];  // int8 codes of a_c
-shared float chunk_scale[kBlocks];
-shared float chunk_base;
+shared int chunk_code[NQ * HD * uint(kChunksInt8) + 1u];  // int8 codes of a_c, query i's at [i * HD]
+shared float chunk_scale[NQ * kBlocks];
+shared float chunk_base[NQ];
 
 uint ChunkRecord(uint chunk, uint ch) {  // byte offset of channel ch's record
   const uint pos = chunk * CHUNK, record = 4u + CHUNK / 2u;
@@ -143,8 +143,11 @@ uint ChunkCode(uint record, uint t) {
   return (t & 1u) != 0u ? (b >> 4) : (b & 15u);
 }
 
+// Whether query i sees chunk `chunk` whole (else its keys there are the staged f16 rows).
+bool ChunkWhole(uint chunk, uint i) { return (chunk + 1u) * CHUNK <= QueryVisible(i) / CHUNK * CHUNK; }
+
 // Barriers in uniform control flow only: every invocation runs them, `whole` says whether there
-// is a chunk to prepare.
+// is a chunk to prepare (some query sees it whole).
 void PrepareChunk(uint chunk, uint first, uint tid, bool whole) {
   for (uint c = tid; whole && c < HD; c += WG) {
     const uint record = ChunkRecord(chunk, first + c);
@@ -153,60 +156,45 @@ void PrepareChunk(uint chunk, uint first, uint tid, bool whole) {
   }
   barrier();
   if (whole && kChunksInt8) {
-    for (uint b = tid; b < HD / 32u; b += WG) {
+    for (uint x = tid; x < NQ * kBlocks; x += WG) {
+      const uint i = x / kBlocks, b = x % kBlocks;
+      if (b >= HD / 32u) continue;
+      const uint v = i * HD + 32u * b;
       float amax = 0.0;
       for (uint j = 0u; j < 32u; ++j) {
-        precise float a = hvec[32u * b + j] * chunk_d[32u * b + j];
+        precise float a = hvec[v + j] * chunk_d[32u * b + j];
         amax = max(amax, abs(a));
       }
       const int e = Int8ScaleExponent(amax);
       for (uint j = 0u; j < 32u; ++j) {
-        precise float a = hvec[32u * b + j] * chunk_d[32u * b + j];
-        chunk_code[32u * b + j] = Int8Code(a, amax, e);
+        precise float a = hvec[v + j] * chunk_d[32u * b + j];
+        chunk_code[v + j] = Int8Code(a, amax, e);
       }
-      chunk_scale[b] = Int8Scale(amax, e);
+      chunk_scale[x] = Int8Scale(amax, e);
     }
-    if (tid == 0u) {
+    for (uint i = tid; i < NQ; i += WG) {  // a query's base by one invocation, in the CPU's lane order
       precise float lanes[16];
       for (uint l = 0u; l < 16u; ++l) lanes[l] = 0.0;
       for (uint c = 0u; c < HD; ++c) {
         precise float m8 = chunk_m[c] + 8.0 * chunk_d[c];
-        lanes[c % 16u] = fma(hvec[c], m8, lanes[c % 16u]);
+        lanes[c % 16u] = fma(hvec[i * HD + c], m8, lanes[c % 16u]);
       }
       for (uint w = 8u; w >= 1u; w /= 2u) {
         for (uint l = 0u; l < w; ++l) lanes[l] += lanes[l + w];
       }
-      chunk_base = lanes[0];
+      chunk_base[i] = lanes[0];
     }
   }
   barrier();
 }
 
-float ChunkScore(uint chunk, uint first, uint t) {
-  const uint base = ChunkRecord(chunk, first), record = 4u + CHUNK / 2u;  // channels' records are contiguous
-  precise float s = 0.0;
-  if (kChunksInt8) {
-    s = chunk_base;
-    for (uint b = 0u; b < HD / 32u; ++b) {
-      int isum = 0;
-      for (uint c = 32u * b; c < 32u * b + 32u; ++c) isum += chunk_code[c] * (int(ChunkCode(base + c * record, t)) - 8);
-      s = fma(float(isum), chunk_scale[b], s);
-    }
-  } else {
-    for (uint c = 0u; c < HD; ++c) {
-      precise float key = chunk_m[c] + chunk_d[c] * float(ChunkCode(base + c * record, t));
-      s += hvec[c] * key;
-    }
-  }
-  return s;
-}
-
-float StagedKeyScore(uint pos, uint first) {
+// Query `at` (its offset in hvec) against the staged f16 key of position pos.
+float StagedKeyScore(uint pos, uint first, uint at) {
   const uint row = p.key_row0 + pos - p.key_pos0;
   precise float s = 0.0;
   for (uint d = 0u; d < HD; ++d) {
     const uint ch = first + d, w = key_words[row * (p.n_channels / 2u) + ch / 2u];
-    s += hvec[d] * F16BitsToF32((ch & 1u) != 0u ? (w >> 16) : (w & 0xFFFFu));
+    s += hvec[at + d] * F16BitsToF32((ch & 1u) != 0u ? (w >> 16) : (w & 0xFFFFu));
   }
   return s;
 }
@@ -218,10 +206,10 @@ float StagedKeyScore(uint pos, uint first) {
 // 0.02.
 const bool kExactF16Dot = uint(KV_TYPE == kKvF16) * uint(HD % 16u != 0u) * uint(HD < 64u) != 0u;
 
-float ExactF16Dot(uint row, uint first) {
+float ExactF16Dot(uint row, uint first, uint at) {
   precise float hi = 0.0, lo = 0.0;
   for (uint d = 0u; d < HD; ++d) {
-    precise float prod = hvec[d] * KvValue(row, first + d);  // exact: two f16 values
+    precise float prod = hvec[at + d] * KvValue(row, first + d);  // exact: two f16 values
     precise float s = hi + prod;
     precise float bb = s - hi;
     lo += (hi - (s - bb)) + (prod - bb);
@@ -231,32 +219,13 @@ float ExactF16Dot(uint row, uint first) {
   return sum;
 }
 
-// The workgroup's (max, sum) of the row's softmax, over the invocations whose position is
-// visible (score s). Every invocation of the workgroup calls it.
-void WriteStats(uint tid, uint h, uint t, bool visible, float s) {
-  precise float v = s * p.scale;  // precise: the same rounding as softmax.comp and attn_output
-  stat_max[tid] = visible ? v : uintBitsToFloat(0xFF800000u);
-  barrier();
-  for (uint k = WG / 2u; k > 0u; k >>= 1) {
-    if (tid < k) stat_max[tid] = max(stat_max[tid], stat_max[tid + k]);
-    barrier();
-  }
-  const float m = stat_max[0];
-  stat_sum[tid] = visible ? ExpPoly(v - m) : 0.0;
-  barrier();
-  for (uint k = WG / 2u; k > 0u; k >>= 1) {
-    if (tid < k) stat_sum[tid] += stat_sum[tid + k];
-    barrier();
-  }
-  if (tid == 0u) stats[p.stats0 + (t * p.n_head + h) * p.stats_stride + gl_WorkGroupID.x] = vec2(m, stat_sum[0]);
-}
-
-// The query in hvec (q row `row`) rotated by RoPE, as rope.comp rotates it in place.
-void RopeQuery(uint row, uint tid) {
+// The queries in hvec rotated by RoPE, as rope.comp rotates each in place (table row = q row).
+void RopeQueries(uint tid) {
   const uint half_rot = p.n_rot / 2u;
-  for (uint i = tid; i < half_rot; i += WG) {
-    const uint a = ROPE == 2u ? i : 2u * i, b = ROPE == 2u ? i + half_rot : 2u * i + 1u;
-    const vec2 c = cs[row * half_rot + i];
+  for (uint x = tid; x < NQ * half_rot; x += WG) {
+    const uint i = x / half_rot, k = x % half_rot;
+    const uint a = i * HD + (ROPE == 2u ? k : 2u * k), b = i * HD + (ROPE == 2u ? k + half_rot : 2u * k + 1u);
+    const vec2 c = cs[(p.q_row0 + QueryToken(i)) * half_rot + k];
     const float x0 = hvec[a], x1 = hvec[b];
     precise float r0 = x0 * c.x - x1 * c.y;
     precise float r1 = x0 * c.y + x1 * c.x;
@@ -267,41 +236,84 @@ void RopeQuery(uint row, uint tid) {
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint h = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
-  const uint n_visible = p.pos0 + t + 1u;
+  const uint n_visible = QueryVisible(NQ - 1u);  // the most any query sees (tokens ascend with i)
   if (gl_WorkGroupID.x * WG >= n_visible) return;  // the whole workgroup: barriers stay uniform
-  for (uint d = tid; d < HD; d += WG) hvec[d] = q[(p.q_row0 + t) * p.q_stride + h * HD + d];
+  for (uint x = tid; x < NQ * HD; x += WG) {
+    const uint i = x / HD;
+    hvec[x] = q[(p.q_row0 + QueryToken(i)) * p.q_stride + QueryHead(i) * HD + x % HD];
+  }
   barrier();
   if (ROPE != 0u) {
-    RopeQuery(p.q_row0 + t, tid);
+    RopeQueries(tid);
     barrier();
   }
-  if (ROTATE != 0u) HadamardShared(1u, HD, p.hadamard_scale, tid, WG);
+  if (ROTATE != 0u) HadamardShared(NQ, HD, p.hadamard_scale, tid, WG);
   if (KV_TYPE == kKvF16) {
-    for (uint d = tid; d < HD; d += WG) hvec[d] = RoundF16(hvec[d]);
+    for (uint x = tid; x < NQ * HD; x += WG) hvec[x] = RoundF16(hvec[x]);
     barrier();
   }
   if (kInt8Queries) {
     QuantizeQueryBlocks(tid);
     barrier();
   }
-  // Invisible positions compute nothing but stay for the stats' barriers.
+  // Each query's score is summed as a workgroup of that query alone sums it; the key is read
+  // once for all. Positions no query sees compute nothing but stay for the stats' barriers.
   const uint pos = gl_WorkGroupID.x * WG + tid;
   const bool visible = pos < n_visible;
-  precise float s = 0.0;
+  const uint first = (QueryHead(0u) / p.group) * HD;
+  precise float s[NQ];
+  for (uint i = 0u; i < NQ; ++i) s[i] = 0.0;
   if (KV_TYPE == kKvQ4K) {  // WG == CHUNK: this workgroup is chunk gl_WorkGroupID.x
-    const uint chunk = gl_WorkGroupID.x, first = (h / p.group) * HD;
-    const bool whole = (chunk + 1u) * CHUNK <= n_visible / CHUNK * CHUNK;
+    const uint chunk = gl_WorkGroupID.x;
+    const bool whole = ChunkWhole(chunk, NQ - 1u);
     PrepareChunk(chunk, first, tid, whole);
-    if (visible) s = whole ? ChunkScore(chunk, first, tid) : StagedKeyScore(pos, first);
+    if (visible && whole) {
+      const uint base = ChunkRecord(chunk, first), record = 4u + CHUNK / 2u;  // channels' records are contiguous
+      if (kChunksInt8) {
+        for (uint i = 0u; i < NQ; ++i) s[i] = chunk_base[i];
+        for (uint b = 0u; b < HD / 32u; ++b) {
+          int isum[NQ];
+          for (uint i = 0u; i < NQ; ++i) isum[i] = 0;
+          for (uint c = 32u * b; c < 32u * b + 32u; ++c) {
+            const int code = int(ChunkCode(base + c * record, tid)) - 8;
+            for (uint i = 0u; i < NQ; ++i) isum[i] += chunk_code[i * HD + c] * code;
+          }
+          for (uint i = 0u; i < NQ; ++i) s[i] = fma(float(isum[i]), chunk_scale[i * kBlocks + b], s[i]);
+        }
+      } else {
+        for (uint c = 0u; c < HD; ++c) {
+          precise float key = chunk_m[c] + chunk_d[c] * float(ChunkCode(base + c * record, tid));
+          for (uint i = 0u; i < NQ; ++i) s[i] += hvec[i * HD + c] * key;
+        }
+      }
+    }
+    for (uint i = 0u; visible && i < NQ; ++i) {
+      if (!ChunkWhole(chunk, i) && pos < QueryVisible(i)) s[i] = StagedKeyScore(pos, first, i * HD);
+    }
   } else if (visible) {
     const uint slot = block_table[p.table0 + pos / p.block_tokens];
     const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
-    const uint first = (h / p.group) * HD;
     if (kInt8Queries) {
-      s = Int8QueryScore(row, first);
+      for (uint b = 0u; b < HD / 32u; ++b) {
+        const uint v0 = first + 32u * b;
+        const uint group = row + (v0 / KV_GROUP) * KvGroupBytes();
+        const float d = F16BitsToF32(KvU16(group)), m = F16BitsToF32(KvU16(group + 2u));
+        int isum[NQ];
+        for (uint i = 0u; i < NQ; ++i) isum[i] = -8 * qcode_sum[i * kBlocks + b];
+        for (uint j = 0u; j < 32u; ++j) {
+          const uint off = v0 % KV_GROUP + j;
+          const uint byte_value = KvU8(group + 4u + off / 2u);
+          const int code = int((off & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u));
+          for (uint i = 0u; i < NQ; ++i) isum[i] += qcode[i * HD + 32u * b + j] * code;
+        }
+        precise float m8 = m + 8.0 * d;
+        for (uint i = 0u; i < NQ; ++i) {
+          precise float t = fma(m8, qsum[i * kBlocks + b], float(isum[i]) * (d * qscale[i * kBlocks + b]));
+          s[i] = b == 0u ? t : s[i] + t;
+        }
+      }
     } else if (kExactF16Dot) {
-      s = ExactF16Dot(row, first);
+      for (uint i = 0u; i < NQ; ++i) s[i] = ExactF16Dot(row, first, i * HD);
     } else if (KV_TYPE == kKvF16 && HD % 8u == 0u && (p.row_stride & 15u) == 0u) {
       // f16 rows whose head slices start at 16-byte boundaries: 8 values a load instead of one
       // word per value (an invocation reads a whole row of its own), summed in the same order.
@@ -310,13 +322,46 @@ void main() {
         const uvec4 w = kv_vec4[at + j];
         for (uint k = 0u; k < 8u; ++k) {
           const uint word = w[k >> 1];
-          s += hvec[8u * j + k] * F16BitsToF32((k & 1u) != 0u ? (word >> 16) : (word & 0xFFFFu));
+          const float key = F16BitsToF32((k & 1u) != 0u ? (word >> 16) : (word & 0xFFFFu));
+          for (uint i = 0u; i < NQ; ++i) s[i] += hvec[i * HD + 8u * j + k] * key;
         }
       }
     } else {
-      for (uint d = 0u; d < HD; ++d) s += hvec[d] * KvValue(row, first + d);
+      for (uint d = 0u; d < HD; ++d) {
+        const float key = KvValue(row, first + d);
+        for (uint i = 0u; i < NQ; ++i) s[i] += hvec[i * HD + d] * key;
+      }
     }
   }
-  if (visible) scores[p.score0 + (t * p.n_head + h) * p.score_stride + pos] = s;
-  if (STATS != 0u) WriteStats(tid, h, t, visible, s);
+  for (uint i = 0u; i < NQ; ++i) {
+    if (QueryReal(i) && pos < QueryVisible(i)) {
+      scores[p.score0 + (QueryToken(i) * p.n_head + QueryHead(i)) * p.score_stride + pos] = s[i];
+    }
+  }
+  if (STATS == 0u) return;
+  // The workgroup's (max, sum) of each query's softmax, over the positions it sees.
+  for (uint i = 0u; i < NQ; ++i) {
+    precise float v = s[i] * p.scale;  // precise: the same rounding as softmax.comp and attn_output
+    stat_max[i * WG + tid] = pos < QueryVisible(i) ? v : uintBitsToFloat(0xFF800000u);
+  }
+  barrier();
+  for (uint k = WG / 2u; k > 0u; k >>= 1) {
+    for (uint i = 0u; tid < k && i < NQ; ++i) stat_max[i * WG + tid] = max(stat_max[i * WG + tid], stat_max[i * WG + tid + k]);
+    barrier();
+  }
+  for (uint i = 0u; i < NQ; ++i) {
+    precise float v = s[i] * p.scale;
+    stat_sum[i * WG + tid] = pos < QueryVisible(i) ? ExpPoly(v - stat_max[i * WG]) : 0.0;
+  }
+  barrier();
+  for (uint k = WG / 2u; k > 0u; k >>= 1) {
+    for (uint i = 0u; tid < k && i < NQ; ++i) stat_sum[i * WG + tid] += stat_sum[i * WG + tid + k];
+    barrier();
+  }
+  for (uint i = 0u; tid == 0u && i < NQ; ++i) {
+    if (QueryReal(i)) {
+      stats[p.stats0 + (QueryToken(i) * p.n_head + QueryHead(i)) * p.stats_stride + gl_WorkGroupID.x] =
+          vec2(stat_max[i * WG], stat_sum[i * WG]);
+    }
+  }
 }
