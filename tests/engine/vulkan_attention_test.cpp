@@ -101,14 +101,30 @@ class VulkanAttentionTest : public VulkanOpsTest {
     return v;
   }
 
+  // Raw scores of T query tokens (rows of kHeads heads) into `raw`, then the whole attention into
+  // `out`, its softmax fused into the weighted sum when given `stats`.
+  Status ScoresAndAttention(const vk::KvView& view, const vk::Buffer& q, int64_t T, int64_t pos0,
+                            const vk::Buffer& scores, const vk::Buffer& raw, const vk::Buffer& out,
+                            const vk::Buffer* stats, int64_t partial_floats) {
+    const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
+    const int64_t q_stride = kHeads * kHeadDim;
+    const vk::Buffer partials = Output(partial_floats * 4);
+    return Run([&](vk::Recorder& rec) -> Status {
+      KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, q, q_stride, 0, T, pos0, raw));
+      return ops_->Attention(rec, view, shape, q, q_stride, 0, T, pos0, scores, partials, partial_floats, out, q_stride,
+                             0, stats, stats != nullptr ? stats->bytes() / 4 : 0);
+    });
+  }
+
   // Query tiles (several queries per attention workgroup, the default) must give the bits of one
-  // query per workgroup: `run` writes raw scores and the output into the buffers it is given
-  // (of the sizes of raw and out), here with query tiles off.
-  template <typename RunFn>
-  void ExpectSameWithoutQueryTiles(const std::vector<float>& raw, const std::vector<float>& out, RunFn run) {
+  // query per workgroup: ScoresAndAttention's raw scores and output (raw, out) again with query
+  // tiles off.
+  void ExpectSameWithoutQueryTiles(const std::vector<float>& raw, const std::vector<float>& out,
+                                   const vk::KvView& view, const vk::Buffer& q, int64_t T, int64_t pos0,
+                                   const vk::Buffer& scores, const vk::Buffer* stats, int64_t partial_floats) {
     const vk::Buffer raw1 = Output(raw.size() * 4), out1 = Output(out.size() * 4);
     ops_->set_query_tiles(false);
-    const Status st = run(raw1, out1);
+    const Status st = ScoresAndAttention(view, q, T, pos0, scores, raw1, out1, stats, partial_floats);
     ops_->set_query_tiles(true);
     ASSERT_TRUE(st.ok()) << st.message();
     const std::vector<float> raw_untiled = Read<float>(raw1, raw.size());
@@ -396,13 +412,10 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
       EXPECT_EQ(fuses, c.T <= 4) << f.Name();
       for (const bool fused : {false, true}) {
         // New each time: no result of the other way carries over.
-        const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4), partials = Output(partial_floats * 4);
-        ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
-                      KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
-                      return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
-                                             partials.bytes() / 4, out, q_stride, 0, fused ? &stats : nullptr,
-                                             stats.bytes() / 4);
-                    }).ok());
+        const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4);
+        const vk::Buffer* stats_in = fused ? &stats : nullptr;
+        const Status st = ScoresAndAttention(view, qb, c.T, c.pos0, scores, raw, out, stats_in, partial_floats);
+        ASSERT_TRUE(st.ok()) << st.message();
         // Raw scores against the scalar dot products, then the whole attention.
         const std::vector<float> got_raw = Read<float>(raw, c.T * kHeads * n_ctx);
         const std::vector<float> got = Read<float>(out, c.T * kHeads * kHeadDim);
@@ -428,15 +441,7 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
         std::printf("[vulkan attention] %-8s pos0=%-4lld T=%-3lld %s scores NMSE %.3g, output NMSE %.3g\n",
                     f.Name().c_str(), static_cast<long long>(c.pos0), static_cast<long long>(c.T),
                     fused && fuses ? "fused   " : "separate", nmse_scores, nmse);
-        ExpectSameWithoutQueryTiles(got_raw, got, [&](const vk::Buffer& raw1, const vk::Buffer& out1) {
-          const vk::Buffer partials = Output(partial_floats * 4);
-          return Run([&](vk::Recorder& rec) -> Status {
-            KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw1));
-            return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
-                                   partials.bytes() / 4, out1, q_stride, 0, fused ? &stats : nullptr,
-                                   stats.bytes() / 4);
-          });
-        });
+        ExpectSameWithoutQueryTiles(got_raw, got, view, qb, c.T, c.pos0, scores, stats_in, partial_floats);
         EXPECT_LE(nmse_scores, 1e-12) << f.Name();
         // f16 caches round the weights to f16 (a weight near a rounding boundary may go either way).
         EXPECT_LE(nmse, 1e-9) << f.Name() << (fused ? " fused" : " separate");
@@ -498,12 +503,9 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
       EXPECT_EQ(fuses, c.T <= 4);
       for (const bool fused : {false, true}) {  // the softmax fused into the weighted sum (decode) or not
         // New each time: no result of the other way carries over.
-        const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4), partials = Output(partial_floats * 4);
-        const Status st = Run([&](vk::Recorder& rec) -> Status {
-          KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw));
-          return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials, partials.bytes() / 4,
-                                 out, q_stride, 0, fused ? &stats : nullptr, stats.bytes() / 4);
-        });
+        const vk::Buffer out = Output(c.T * kHeads * kHeadDim * 4);
+        const vk::Buffer* stats_in = fused ? &stats : nullptr;
+        const Status st = ScoresAndAttention(view, qb, c.T, c.pos0, scores, raw, out, stats_in, partial_floats);
         ASSERT_TRUE(st.ok()) << st.message();
         const std::vector<float> got_raw = Read<float>(raw, c.T * kHeads * n_ctx);
         const std::vector<float> got = Read<float>(out, c.T * kHeads * kHeadDim);
@@ -550,15 +552,7 @@ TEST_F(VulkanAttentionTest, Q4kAttentionMatchesCpu) {
                     fused && fuses ? "fused   " : "separate", nmse_scores, nmse);
         EXPECT_LE(nmse_scores, 1e-12) << f->Name() << " pos0 " << c.pos0;
         EXPECT_LE(nmse, 1e-9) << f->Name() << " pos0 " << c.pos0 << (fused ? " fused" : " separate");
-        ExpectSameWithoutQueryTiles(got_raw, got, [&](const vk::Buffer& raw1, const vk::Buffer& out1) {
-          const vk::Buffer partials = Output(partial_floats * 4);
-          return Run([&](vk::Recorder& rec) -> Status {
-            KVFS_RETURN_IF_ERROR(ops_->AttnScores(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, raw1));
-            return ops_->Attention(rec, view, shape, qb, q_stride, 0, c.T, c.pos0, scores, partials,
-                                   partials.bytes() / 4, out1, q_stride, 0, fused ? &stats : nullptr,
-                                   stats.bytes() / 4);
-          });
-        });
+        ExpectSameWithoutQueryTiles(got_raw, got, view, qb, c.T, c.pos0, scores, stats_in, partial_floats);
       }
     }
   }
