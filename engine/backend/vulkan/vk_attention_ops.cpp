@@ -91,6 +91,9 @@ int64_t OutputHeads(const AttentionShape& shape) {
 // attn_output's tokens per workgroup with query tiles (one split, weights from softmax.comp):
 // each invocation keeps tokens x heads sums in registers, at most kOutputSums of them.
 constexpr int64_t kOutputSums = 32, kMaxOutputTokens = 8;
+// attn_scores' queries per workgroup with query tiles (Ops::ScoreQueries): the query heads of a
+// KV head (as attn_output takes them) by tokens.
+constexpr int64_t kScoreQueries = 16;
 
 // attn_reduce's workgroup: a power of two in [64, kRowGroup] covering its heads' values.
 uint32_t ReduceGroup(int64_t values) {
@@ -212,10 +215,9 @@ int64_t Ops::ScoreGroupPositions(const KvFormat& format) {
 
 Ops::ScoreTile Ops::ScoreQueries(const KvFormat& format, const AttentionShape& shape, int64_t n_tokens,
                                   bool stats) const {
-  const int64_t group = shape.n_head / shape.n_head_kv;
   ScoreTile tile;
   if (!query_tiles_) return tile;
-  tile.heads = group <= kMaxOutputHeads ? group : 1;
+  tile.heads = OutputHeads(shape);
   tile.tokens = std::clamp<int64_t>(kScoreQueries / tile.heads, 1, std::max<int64_t>(n_tokens, 1));
   // attn_scores' shared memory (its arrays, in words) must fit the device: fewer tokens, then
   // fewer heads, until it does (one query is what CheckAttentionShape allows for).

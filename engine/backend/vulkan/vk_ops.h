@@ -298,15 +298,6 @@ class Ops {
   int64_t AttentionSplits(const AttentionShape& shape, int64_t n_tokens, int64_t pos0, int64_t partial_floats) const;
   // Positions per attn_scores workgroup (so per stats entry) for the format.
   static int64_t ScoreGroupPositions(const KvFormat& format);
-  // The queries an attn_scores workgroup scores (each of its keys loaded once for all): tokens
-  // by query heads of one KV head. At most kScoreQueries, fewer where the device's shared
-  // memory asks; one query with query tiles off.
-  static constexpr int64_t kScoreQueries = 16;
-  struct ScoreTile {
-    int64_t tokens = 1;
-    int64_t heads = 1;
-  };
-  ScoreTile ScoreQueries(const KvFormat& format, const AttentionShape& shape, int64_t n_tokens, bool stats) const;
   // false: one query (token, head) per attention workgroup, as before query tiles (the same
   // values; for A/B timing and the tests' comparison).
   void set_query_tiles(bool on) { query_tiles_ = on; }
@@ -349,6 +340,14 @@ class Ops {
   // kv_store of one or two (rows, plane) pairs; the first is rotated by `rope` when given.
   Status KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape, std::span<const KvStoreRows> rows,
                        int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0, const RopeTable* rope);
+  // The queries an attn_scores workgroup scores (each of its keys loaded once for all): tokens
+  // by query heads of one KV head. At most 16, fewer where the device's shared memory asks; one
+  // query with query tiles off.
+  struct ScoreTile {
+    int64_t tokens = 1;
+    int64_t heads = 1;
+  };
+  ScoreTile ScoreQueries(const KvFormat& format, const AttentionShape& shape, int64_t n_tokens, bool stats) const;
   // quantize_act.comp's SOURCE: what the quantized rows are.
   enum class QuantizeSource : uint32_t { kRows = 0, kSwiGlu = 1, kRmsNorm = 2 };
   Status Quantize(Recorder& rec, ActKind kind, QuantizeSource source, const Buffer& x, int64_t x_stride,
