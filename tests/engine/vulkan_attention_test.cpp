@@ -166,12 +166,16 @@ TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuEncoding) {
 
 // K and V stored in one dispatch that also applies RoPE to the keys: the bytes of rope, then
 // kv_store of K and of V, for every row format, both RoPE styles and partial rotation, from
-// source rows that start past the first (the cos/sin table is indexed by source row).
+// source rows that start past the first (the cos/sin table is indexed by source row). For q4k
+// (rotated and not) the keys are staged: the f16 rows of rope, then k_stage, at a key row
+// offset, and the V rows those of kv_store.
 TEST_F(VulkanAttentionTest, KvStoreBothRotatesKeysAsRopeThenKvStore) {
   std::mt19937 rng(27);
   const int64_t pos0 = 10, T = 30, row0 = 3, rows_total = row0 + T;
   std::uniform_real_distribution<float> angle(-3.0f, 3.0f);
-  for (const KvFormat& f : Formats()) {
+  std::vector<KvFormat> formats = Formats();
+  for (const char* rotate : {"off", "on"}) formats.push_back(*MakeKvFormat("q4k", rotate, kHeadsKv, kHeadDim));
+  for (const KvFormat& f : formats) {
     for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox}) {
       for (int64_t n_rot : {kHeadDim, kHeadDim / 2}) {
         const std::vector<float> k_rows = RandomRows(rows_total, rng), v_rows = RandomRows(rows_total, rng);
@@ -185,11 +189,20 @@ TEST_F(VulkanAttentionTest, KvStoreBothRotatesKeysAsRopeThenKvStore) {
         const vk::Buffer k_src = Input(k_rows), v_src = Input(v_rows), tb = Input(table), bt = Input(plane.table);
         const vk::Buffer k_roped = Output(k_rows.size() * 4);
         std::memcpy(k_roped.mapped(), k_rows.data(), k_rows.size() * 4);
-        const vk::Buffer k_want = Output(plane.bytes.size()), v_want = Output(plane.bytes.size());
-        const vk::Buffer k_got = Output(plane.bytes.size()), v_got = Output(plane.bytes.size());
+        // q4k: the pass's key rows, this sequence's from row 5 (position pos0 - 2 there).
+        const bool staged = f.KeysByChannel();
+        const size_t k_bytes = staged ? (5 + T + 2) * kRowValues * 2 : plane.bytes.size();
+        const vk::Buffer k_want = Output(k_bytes), v_want = Output(plane.bytes.size());
+        const vk::Buffer k_got = Output(k_bytes), v_got = Output(plane.bytes.size());
         vk::KvView separate = View(f, k_want, bt, plane.row_stride), both = View(f, k_got, bt, plane.row_stride);
         separate.v_plane = &v_want;
         both.v_plane = &v_got;
+        if (staged) {
+          separate.keys = &k_want;
+          both.keys = &k_got;
+          separate.key_row0 = both.key_row0 = 5;
+          separate.key_pos0 = both.key_pos0 = pos0 - 2;
+        }
         const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
         const vk::Ops::RopeTable rope{&tb, n_rot, style};
         ASSERT_TRUE(Run([&](vk::Recorder& rec) {
@@ -197,7 +210,8 @@ TEST_F(VulkanAttentionTest, KvStoreBothRotatesKeysAsRopeThenKvStore) {
                                                       rows_total));
                       rec.Barrier();
                       KVFS_RETURN_IF_ERROR(
-                          ops_->KvStore(rec, separate, k_want, shape, k_roped, kRowValues, row0, T, pos0));
+                          staged ? ops_->KStage(rec, separate, shape, k_roped, kRowValues, row0, T, pos0)
+                                 : ops_->KvStore(rec, separate, k_want, shape, k_roped, kRowValues, row0, T, pos0));
                       KVFS_RETURN_IF_ERROR(
                           ops_->KvStore(rec, separate, v_want, shape, v_src, kRowValues, row0, T, pos0));
                       return ops_->KvStoreBoth(rec, both, shape, k_src, v_src, kRowValues, row0, T, pos0, &rope);
@@ -205,11 +219,11 @@ TEST_F(VulkanAttentionTest, KvStoreBothRotatesKeysAsRopeThenKvStore) {
         const size_t bytes = plane.bytes.size();
         const std::string what = f.Name() + (style == RopeStyle::kNeox ? " neox" : " normal") + " n_rot " +
                                  std::to_string(n_rot);
-        EXPECT_EQ(std::memcmp(k_got.mapped(), k_want.mapped(), bytes), 0) << what << ": K plane";
+        EXPECT_EQ(std::memcmp(k_got.mapped(), k_want.mapped(), k_bytes), 0) << what << ": K plane or key rows";
         EXPECT_EQ(std::memcmp(v_got.mapped(), v_want.mapped(), bytes), 0) << what << ": V plane";
-        // Not vacuous: the rows landed where the block table says.
-        EXPECT_NE(std::count(k_got.mapped() + plane.RowOffset(pos0), k_got.mapped() + plane.RowOffset(pos0) + 8, 0), 8)
-            << what;
+        // Not vacuous: the rows landed where the block table (q4k: the key rows) says.
+        const uint8_t* k_row = k_got.mapped() + (staged ? (5 + 2) * kRowValues * 2 : plane.RowOffset(pos0));
+        EXPECT_NE(std::count(k_row, k_row + 8, 0), 8) << what;
       }
     }
   }

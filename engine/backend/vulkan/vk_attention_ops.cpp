@@ -19,7 +19,7 @@ namespace {
 struct KvStoreParams {
   uint32_t n_tokens, pos0, src_stride, src_row0, block_tokens, table0;
   float hadamard_scale;
-  uint32_t n_rot;
+  uint32_t n_rot, stage_keys, key_row0;
 };
 struct ScoresParams {
   uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
@@ -173,8 +173,8 @@ Status Ops::KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const 
 Status Ops::KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
                         const Buffer& v_src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
                         const RopeTable* k_rope) {
-  if (kv.format.KeysByChannel()) return Internal("q4k keys are stored in chunks, not by kv_store");
-  const KvStoreRows rows[] = {{&k_src, kv.k_plane}, {&v_src, kv.v_plane}};
+  // q4k: the keys go to the pass's f16 key rows (kv_store stages them as KStage does).
+  const KvStoreRows rows[] = {{&k_src, kv.format.KeysByChannel() ? kv.keys : kv.k_plane}, {&v_src, kv.v_plane}};
   return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, k_rope);
 }
 
@@ -201,7 +201,9 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                              U32(kv.block_tokens),
                              kv.table0,
                              InvSqrtHeadDim(shape.head_dim),
-                             rope != nullptr ? U32(rope->n_rot) : 0u};
+                             rope != nullptr ? U32(rope->n_rot) : 0u,
+                             rows[0].plane == kv.keys ? 1u : 0u,
+                             U32(kv.key_row0 + pos0 - kv.key_pos0)};
   const KvStoreRows& second = rows.size() > 1 ? rows[1] : rows[0];
   return rec.Dispatch(*p,
                       {rows[0].src, rows[0].plane, kv.block_table, second.src, second.plane,

@@ -212,7 +212,8 @@ class Ops {
     RopeStyle style = RopeStyle::kNormal;
   };
   // KvStore of K rows k_src[src_row0 ..], rotated by k_rope first when given, and of V rows
-  // v_src[src_row0 ..], in one dispatch. Not for q4k (its keys are chunks).
+  // v_src[src_row0 ..], in one dispatch. q4k: the keys are staged as KStage stages them (after
+  // k_rope), for KChunks.
   Status KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
                      const Buffer& v_src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
                      const RopeTable* k_rope);

@@ -10,9 +10,9 @@
 // so both backends compute the same integer dot products.
 // Decode is hundreds of small dispatches, each followed by a barrier, so ops that follow each
 // other are fused (VulkanOptions::fuse_ops): each rms_norm and the swiglu quantize their output
-// in the same dispatch, and one kv_store stores K and V, applying the keys' RoPE on the way
-// (beside the queries' rope, with no barrier between). The values are those of the separate
-// ops, bit for bit (vulkan_backend_test checks it).
+// in the same dispatch, and one kv_store stores K and V (q4k: stages the keys as f16 rows),
+// applying the keys' RoPE on the way, while the scores apply the queries'. The values are
+// those of the separate ops, bit for bit (vulkan_backend_test checks it).
 //
 // The sequences of a pass record each attention step side by side (Ops::AttentionBatch): a
 // decode step of many agents waits at three barriers a layer for attention, not three per agent.
@@ -99,11 +99,10 @@ class VulkanBackend final : public Backend {
   Status NormFor(const vk::DeviceVector& w, int64_t T, const vk::DeviceMatrix& next);
   // hidden_ = SwiGLU(gate_, up_) for T rows, ready for `next` in the same way.
   Status SwiGluFor(int64_t T, const vk::DeviceMatrix& next);
-  // Stores the new K/V rows (K roped on the way when rope_keys; else k_ is already rotated)
-  // and runs attention into att_ (q_ as the q matrix left it: fusing, the scores rotate it;
-  // else it was rotated in place); fusing, it also quantizes att_ for `next` (the o matrix)
-  // where the output shaders can.
-  Status Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys, const vk::DeviceMatrix& next);
+  // Stores the new K/V rows and runs attention into att_ (q_ and k_ as the matrix left them:
+  // fusing, kv_store rotates the keys and the scores the queries; else both were rotated in
+  // place); fusing, it also quantizes att_ for `next` (the o matrix) where the output shaders can.
+  Status Attention(int64_t layer, std::span<const Piece> pieces, const vk::DeviceMatrix& next);
   // act_codes_ now holds codes of `kind` (kFloat: none) of the next matrices' input.
   void HoldCodes(vk::ActKind kind) {
     quantized_kind_ = kind;
@@ -293,24 +292,25 @@ Status VulkanBackend::SwiGluFor(int64_t T, const vk::DeviceMatrix& next) {
   return Status::Ok();
 }
 
-Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, bool rope_keys,
-                                const vk::DeviceMatrix& next) {
+Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, const vk::DeviceMatrix& next) {
   const vk::AttentionShape shape{hp_.n_head, hp_.n_head_kv, hp_.head_dim};
   const int64_t n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv();
   // New K/V rows first (a query attends to its own position), then attention piece by piece,
   // in chunks of tokens whose scores fit the scores buffer.
   // q4k: keys as f16 rows into the pass's key rows, then the chunks each piece completes.
+  // Fusing, one kv_store stores (q4k: stages) K and V, rotating the keys by RoPE on the way.
   bool chunks = false;
   for (const Piece& pc : pieces) {
     const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
     if (view.format.KeysByChannel()) {
-      KVFS_RETURN_IF_ERROR(ops_->KStage(*rec_, view, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
       chunks = chunks || (pc.pos0 + pc.n) / view.format.chunk > pc.pos0 / view.format.chunk;
-      KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
-    } else if (fuse_ops_) {
+    }
+    if (fuse_ops_) {
       const vk::Ops::RopeTable rope{&rope_, hp_.n_rot, hp_.rope_style};
-      KVFS_RETURN_IF_ERROR(ops_->KvStoreBoth(*rec_, view, shape, k_, v_, n_kv, pc.row0, pc.n, pc.pos0,
-                                             rope_keys ? &rope : nullptr));
+      KVFS_RETURN_IF_ERROR(ops_->KvStoreBoth(*rec_, view, shape, k_, v_, n_kv, pc.row0, pc.n, pc.pos0, &rope));
+    } else if (view.format.KeysByChannel()) {
+      KVFS_RETURN_IF_ERROR(ops_->KStage(*rec_, view, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
+      KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
     } else {
       KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.k_plane, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
       KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
@@ -399,13 +399,6 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   auto* row_ids = reinterpret_cast<int32_t*>(row_ids_.mapped());
   for (int64_t r = 0; r < R; ++r) row_ids[r] = static_cast<int32_t>(logit_rows[r]);
 
-  // Fusing, kv_store rotates the keys as it encodes them, beside the queries' rope (q4k keys go
-  // to k_stage as rows: they are rotated first).
-  bool keys_roped_by_store = fuse_ops_;
-  for (const Piece& pc : pieces) {
-    if (kv_->View(step_kv_[pc.step], 0).format.KeysByChannel()) keys_roped_by_store = false;
-  }
-
   KVFS_RETURN_IF_ERROR(ReserveLogitRows(R));  // before recording: it may replace buffers
   vk::Recorder& rec = *rec_;
   KVFS_RETURN_IF_ERROR(rec.Begin());
@@ -424,15 +417,13 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
       KVFS_RETURN_IF_ERROR(MatMul(l.wv, xb_, n_embd, T, v_, &l.bv, false, true));
     }
     rec.Barrier();
-    // Fusing, the scores rotate the queries as they load them (Attention).
+    // Fusing, kv_store rotates the keys and the scores the queries as they load them (Attention).
     if (!fuse_ops_) {
       KVFS_RETURN_IF_ERROR(ops_->Rope(rec, q_, n_q, hp_.n_head, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
-    }
-    if (!keys_roped_by_store) {
       KVFS_RETURN_IF_ERROR(ops_->Rope(rec, k_, n_kv, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
       rec.Barrier();
     }
-    KVFS_RETURN_IF_ERROR(Attention(il, pieces, keys_roped_by_store, l.wo));
+    KVFS_RETURN_IF_ERROR(Attention(il, pieces, l.wo));
     KVFS_RETURN_IF_ERROR(MatMul(l.wo, att_, n_q, T, x_, nullptr, true, true));  // codes from Attention, if any
     rec.Barrier();
 

@@ -13,8 +13,10 @@
 // words. With ROPE set, plane 0 (K) is rotated by RoPE first, with the arithmetic of rope.comp
 // (its cos/sin table): the keys need no separate rope dispatch and barrier.
 // q4k (KV_TYPE 4) encodes V rows here (QuantizeRowQ4k: row-wide units D and M, then per
-// sub-block of KV_GROUP values the best of 16 (minimum, scale) candidates by squared error);
-// its keys are stored per channel in chunks by k_chunks.comp, not as rows.
+// sub-block of KV_GROUP values the best of 16 (minimum, scale) candidates by squared error).
+// Its keys are stored per channel in chunks by k_chunks.comp, not as rows: plane 0 then stages
+// them, after RoPE, as the f16 rows of the pass's key rows that k_stage.comp writes (not
+// rotated by the Hadamard transform), so a fused step needs no rope or k_stage dispatch.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -36,10 +38,12 @@ layout(push_constant) uniform Params {
   uint table0;        // this sequence's first entry in block_table
   float hadamard_scale;
   uint n_rot;         // ROPE: dimensions rotated per head
+  uint stage_keys;    // q4k, 1: plane 0 is the pass's f16 key rows (else the V rows, as plane 1)
+  uint key_row0;      // stage_keys: the key row of the first token
 } p;
 
 layout(binding = 0) readonly buffer Source0 { float src0[]; };     // [..][src_stride] (K)
-layout(binding = 1) buffer Plane0 { uint kv_words[]; };            // [slots * block_tokens][ROW_WORDS]
+layout(binding = 1) buffer Plane0 { uint kv_words[]; };            // [slots * block_tokens][ROW_WORDS]; stage_keys: [key rows][ROW_VALUES / 2]
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };  // block -> device slot
 layout(binding = 3) readonly buffer Source1 { float src1[]; };     // (V) as plane 0
 layout(binding = 4) buffer Plane1 { uint plane1[]; };
@@ -154,12 +158,15 @@ const uint kSegValues = SEG_HEADS * HD;
 void main() {
   // Words of a segment: of the whole row (with its padding), or of whole groups that end at a
   // word boundary (checked on the host).
-  const uint seg_words = kSegValues == ROW_VALUES ? ROW_WORDS : kSegValues / KV_GROUP * KvGroupBytes() / 4u;
   const uint tid = gl_LocalInvocationID.x;
   const uint t = gl_WorkGroupID.x, seg = gl_WorkGroupID.y, plane = gl_WorkGroupID.z;
+  const bool stage_keys = KV_TYPE == kKvQ4K && plane == 0u && p.stage_keys != 0u;  // (q4k: one segment a row)
+  const uint seg_words = stage_keys                 ? ROW_VALUES / 2u
+                         : kSegValues == ROW_VALUES ? ROW_WORDS
+                                                    : kSegValues / KV_GROUP * KvGroupBytes() / 4u;
   const uint src0_at = (p.src_row0 + t) * p.src_stride + seg * kSegValues;
   for (uint i = tid; i < kSegValues; i += WG) hvec[i] = plane == 0u ? src0[src0_at + i] : src1[src0_at + i];
-  for (uint i = tid; i < seg_words; i += WG) row_words[i] = 0u;
+  for (uint i = tid; i < (stage_keys ? 0u : seg_words); i += WG) row_words[i] = 0u;
   barrier();
   if (ROPE != 0u && plane == 0u) {
     const uint half_rot = p.n_rot / 2u;
@@ -175,9 +182,10 @@ void main() {
     }
     barrier();
   }
-  if (ROTATE != 0u) HadamardShared(SEG_HEADS, HD, p.hadamard_scale, tid, WG);
+  // (stage_keys is the same for the whole workgroup, so the barriers below stay uniform.)
+  if (ROTATE != 0u && !stage_keys) HadamardShared(SEG_HEADS, HD, p.hadamard_scale, tid, WG);
 
-  if (KV_TYPE == kKvQ4K) EncodeQ4kRow(tid);
+  if (KV_TYPE == kKvQ4K && !stage_keys) EncodeQ4kRow(tid);
   if (KV_TYPE == kKvF16) {  // a word (two values) per invocation: no shared atomics
     for (uint i = tid; i < kSegValues / 2u; i += WG) {
       row_words[i] = F32ToF16Bits(hvec[2u * i]) | (F32ToF16Bits(hvec[2u * i + 1u]) << 16);
@@ -213,6 +221,12 @@ void main() {
     }
   }
   barrier();
+  if (stage_keys) {  // straight from hvec: the key row is larger than row_words
+    for (uint i = tid; i < seg_words; i += WG) {
+      kv_words[(p.key_row0 + t) * seg_words + i] = F32ToF16Bits(hvec[2u * i]) | (F32ToF16Bits(hvec[2u * i + 1u]) << 16);
+    }
+    return;
+  }
   const uint pos = p.pos0 + t;
   const uint slot = block_table[p.table0 + pos / p.block_tokens];
   const uint row0 = (slot * p.block_tokens + pos % p.block_tokens) * ROW_WORDS + seg * seg_words;
