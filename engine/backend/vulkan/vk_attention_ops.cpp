@@ -26,7 +26,7 @@ struct ScoresParams {
   float hadamard_scale;
   uint32_t slot_words, n_channels, key_row0, key_pos0;
   float scale;
-  uint32_t stats_stride, score0, stats0, n_rot, n_tokens;
+  uint32_t stats_stride, score0, stats0, n_rot, n_tokens, k_stride;
 };
 struct KStageParams {
   uint32_t n_tokens, row_words, src_stride, src_row0, dst_row0;
@@ -53,7 +53,7 @@ struct ReduceParams {
 };
 
 constexpr ShaderInterface kKvStore{"kv_store", 6, sizeof(KvStoreParams)};
-constexpr ShaderInterface kScores{"attn_scores", 7, sizeof(ScoresParams)};
+constexpr ShaderInterface kScores{"attn_scores", 8, sizeof(ScoresParams)};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
 constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
@@ -211,6 +211,13 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                       &params, U32(n_tokens), U32(shape.n_head_kv / seg_heads), U32(rows.size()));
 }
 
+bool Ops::ScoresReadNewKeys(const KvFormat& format, int64_t n_tokens, int64_t pos0) {
+  if (n_tokens < 1 || n_tokens > kNewKeyTokens) return false;
+  if (format.type == KvType::kF16) return !format.RotatesK();
+  // q4k: the new keys must stay staged rows, in a chunk this pass does not complete.
+  return format.KeysByChannel() && (pos0 + n_tokens) / format.chunk == pos0 / format.chunk;
+}
+
 int64_t Ops::ScoreGroupPositions(const KvFormat& format) {
   return format.KeysByChannel() ? format.chunk : kElementwiseGroup;  // q4k: a workgroup is one K chunk
 }
@@ -243,7 +250,10 @@ Ops::ScoreTile Ops::ScoreQueries(const KvFormat& format, const AttentionShape& s
 
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                        int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats,
-                       const ScratchOffsets& at, const RopeTable* q_rope) {
+                       const ScratchOffsets& at, const RopeTable* q_rope, const NewKeys* new_keys) {
+  if (new_keys != nullptr && (q_rope == nullptr || !ScoresReadNewKeys(kv.format, n_tokens, pos0))) {
+    return Internal("attn_scores takes new keys from K rows for f16 and staged q4k keys, with RoPE, in decode");
+  }
   const bool q4k = kv.format.KeysByChannel();
   const uint32_t wg = U32(ScoreGroupPositions(kv.format));  // one stats entry per workgroup
   const ScoreTile tile = ScoreQueries(kv.format, shape, n_tokens, stats != nullptr);
@@ -256,7 +266,8 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                            stats != nullptr ? 1u : 0u,
                            RopeMode(q_rope),
                            U32(tile.tokens),
-                           U32(tile.heads)};
+                           U32(tile.heads),
+                           new_keys != nullptr ? U32(kNewKeyTokens) : 0u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kScores, spec));
   const int64_t n_ctx = pos0 + n_tokens;
   const ScoresParams params{U32(pos0),
@@ -278,11 +289,12 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(at.score0),
                             U32(at.stats0),
                             q_rope != nullptr ? U32(q_rope->n_rot) : 0u,
-                            U32(n_tokens)};
+                            U32(n_tokens),
+                            new_keys != nullptr ? U32(new_keys->k_stride) : 0u};
   const Buffer* keys = kv.keys != nullptr ? kv.keys : &unused_;
   return rec.Dispatch(*p,
                       {&q, kv.k_plane, kv.block_table, &scores, keys, stats != nullptr ? stats : &unused_,
-                       q_rope != nullptr ? q_rope->cos_sin : &unused_},
+                       q_rope != nullptr ? q_rope->cos_sin : &unused_, new_keys != nullptr ? new_keys->k : &unused_},
                       &params, CeilDiv(n_ctx, wg), U32(shape.n_head / tile.heads), CeilDiv(n_tokens, tile.tokens));
 }
 
@@ -436,7 +448,8 @@ Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& sha
 
 Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                            const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
-                           const AttentionScratch& scratch, const OutputCodes* codes, const RopeTable* q_rope) {
+                           const AttentionScratch& scratch, const OutputCodes* codes, const RopeTable* q_rope,
+                           const NewKeys* new_keys) {
   if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
     return Internal("the attention output cannot be quantized for this shape (QuantizesAttentionOutput)");
   }
@@ -447,7 +460,7 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
     for (const PlannedJob& p : round) {
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(AttnScores(rec, j.kv, shape, q, q_stride, j.q_row0, j.n_tokens, j.pos0, *scratch.scores,
-                                      p.fused ? scratch.stats : nullptr, p.at, q_rope));
+                                      p.fused ? scratch.stats : nullptr, p.at, q_rope, new_keys));
     }
     rec.Barrier();
     bool softmax = false, reduce = false;

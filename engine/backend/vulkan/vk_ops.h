@@ -266,10 +266,23 @@ class Ops {
   // (QuantizesAttentionOutput must hold): the o matrix needs no QuantizeActs of its own. With
   // `q_rope` (rows = q's rows), the scores rotate the queries by RoPE as Rope() would (q itself
   // stays as it is): no rope dispatch for them.
+  //
+  // With `new_keys` (and q_rope; every job ScoresReadNewKeys), the scores take the keys of each
+  // job's own tokens from new_keys' rows (q's rows) and rotate them by q_rope, as kv_store stores
+  // them, instead of reading them from the cache: a decode step may record kv_store and the
+  // scores with no barrier between (the weighted sums, after a barrier, read V from the cache).
+  struct NewKeys {
+    const Buffer* k = nullptr;  // K rows as the q|k|v matrix leaves them, before RoPE
+    int64_t k_stride = 0;       // floats between rows
+  };
+  static constexpr int64_t kNewKeyTokens = 4;
+  // f16 keys (not rotated) or q4k's staged keys in a chunk the job does not complete, and at
+  // most kNewKeyTokens tokens.
+  static bool ScoresReadNewKeys(const KvFormat& format, int64_t n_tokens, int64_t pos0);
   Status AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                         const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
                         const AttentionScratch& scratch, const OutputCodes* codes = nullptr,
-                        const RopeTable* q_rope = nullptr);
+                        const RopeTable* q_rope = nullptr, const NewKeys* new_keys = nullptr);
   // Whether the attention output shaders can quantize their rows for `kind`: each workgroup
   // writes whole blocks (its heads hold a whole number of them) and the quantizer's shared
   // memory fits the device.
@@ -280,7 +293,8 @@ class Ops {
   // float pairs) and AttnOutput takes raw scores and makes the weights itself from them.
   Status AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                     int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores,
-                    const Buffer* stats = nullptr, const ScratchOffsets& at = {}, const RopeTable* q_rope = nullptr);
+                    const Buffer* stats = nullptr, const ScratchOffsets& at = {}, const RopeTable* q_rope = nullptr,
+                    const NewKeys* new_keys = nullptr);
   Status Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
                  int64_t score_stride, float scale, bool round_f16, int64_t score0 = 0);
   // With n_splits > 1, writes partial sums into `partials` instead of out and needs AttnReduce,

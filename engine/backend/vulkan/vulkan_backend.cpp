@@ -299,6 +299,26 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
   // in chunks of tokens whose scores fit the scores buffer.
   // q4k: keys as f16 rows into the pass's key rows, then the chunks each piece completes.
   // Fusing, one kv_store stores (q4k: stages) K and V, rotating the keys by RoPE on the way.
+  // Attention of every piece, in jobs whose scores fit the scratch (a long prefill piece takes
+  // several, of consecutive tokens); batched, the pieces' steps share their barriers.
+  const int64_t score_floats = scores_.bytes() / 4;
+  std::vector<vk::Ops::AttentionJob>& jobs = attention_jobs_;  // kept between layers: no allocation
+  jobs.clear();
+  for (const Piece& pc : pieces) {
+    const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
+    const int64_t n_ctx_last = pc.pos0 + pc.n;  // the most any token of the piece sees
+    for (int64_t j = 0, chunk = 0; j < pc.n; j += chunk) {
+      chunk = std::clamp<int64_t>(score_floats / (hp_.n_head * n_ctx_last), 1, pc.n - j);
+      jobs.push_back({view, pc.row0 + j, chunk, pc.pos0 + j, pc.row0 + j});
+    }
+  }
+  // Fusing, a decode step's scores make the new keys from k_ themselves (Ops::NewKeys) where
+  // each piece is one job that can: then no barrier between kv_store and the scores (the
+  // weighted sums read V after the scores' barrier).
+  bool new_keys_in_scores = fuse_ops_ && jobs.size() == pieces.size();
+  for (const vk::Ops::AttentionJob& j : jobs) {
+    new_keys_in_scores = new_keys_in_scores && vk::Ops::ScoresReadNewKeys(j.kv.format, j.n_tokens, j.pos0);
+  }
   bool chunks = false;
   for (const Piece& pc : pieces) {
     const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
@@ -316,8 +336,8 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
       KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
     }
   }
-  rec_->Barrier();
-  if (chunks) {
+  if (!new_keys_in_scores) rec_->Barrier();
+  if (chunks) {  // (ScoresReadNewKeys refuses these pieces: the barrier above came first)
     for (const Piece& pc : pieces) {
       const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
       if (!view.format.KeysByChannel()) continue;
@@ -325,19 +345,6 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
       KVFS_RETURN_IF_ERROR(ops_->KChunks(*rec_, view, shape, pc.pos0 / C, (pc.pos0 + pc.n) / C - pc.pos0 / C));
     }
     rec_->Barrier();
-  }
-  // Attention of every piece, in jobs whose scores fit the scratch (a long prefill piece takes
-  // several, of consecutive tokens); batched, the pieces' steps share their barriers.
-  const int64_t score_floats = scores_.bytes() / 4;
-  std::vector<vk::Ops::AttentionJob>& jobs = attention_jobs_;  // kept between layers: no allocation
-  jobs.clear();
-  for (const Piece& pc : pieces) {
-    const vk::KvView view = kv_->View(step_kv_[pc.step], layer);
-    const int64_t n_ctx_last = pc.pos0 + pc.n;  // the most any token of the piece sees
-    for (int64_t j = 0, chunk = 0; j < pc.n; j += chunk) {
-      chunk = std::clamp<int64_t>(score_floats / (hp_.n_head * n_ctx_last), 1, pc.n - j);
-      jobs.push_back({view, pc.row0 + j, chunk, pc.pos0 + j, pc.row0 + j});
-    }
   }
   // Fusing, the split sums are added by each row's last split (counters), without attn_reduce.
   const vk::Ops::AttentionScratch scratch{&scores_,
@@ -354,18 +361,20 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
   const vk::Ops::RopeTable q_rope{&rope_, hp_.n_rot, hp_.rope_style};
   const vk::Ops::RopeTable* q_rope_in_scores = fuse_ops_ ? &q_rope : nullptr;
   const bool quantize = fuse_ops_ && ops_->QuantizesAttentionOutput(shape, codes.kind);
+  const vk::Ops::NewKeys new_keys{&k_, n_kv};
+  const vk::Ops::NewKeys* new_keys_for_scores = new_keys_in_scores ? &new_keys : nullptr;
   HoldCodes(quantize ? codes.kind : vk::ActKind::kFloat);  // act_codes_ no longer holds xb_'s codes
   if (batch_attention_) {
     KVFS_RETURN_IF_ERROR(
         ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, jobs, scratch, quantize ? &codes : nullptr,
-                             q_rope_in_scores));
+                             q_rope_in_scores, new_keys_for_scores));
     rec_->Barrier();
     return Status::Ok();
   }
   for (const vk::Ops::AttentionJob& job : jobs) {  // one after another (VulkanOptions::batch_attention)
     KVFS_RETURN_IF_ERROR(
         ops_->AttentionBatch(*rec_, shape, q_, n_q, att_, n_q, {&job, 1}, scratch, quantize ? &codes : nullptr,
-                             q_rope_in_scores));
+                             q_rope_in_scores, new_keys_for_scores));
     rec_->Barrier();
   }
   return Status::Ok();

@@ -17,6 +17,10 @@
 // (ExpPoly, as softmax.comp), so no pass over the whole row is needed before the weighted sum.
 // With ROPE, the query is rotated by RoPE first, with the arithmetic of rope.comp (its cos/sin
 // table, whose rows are q's rows): the queries need no rope dispatch of their own.
+// With NEW_KEYS (decode: at most NEW_KEYS query tokens, f16 keys or q4k's staged ones), the keys
+// of the call's own tokens (positions pos0 ..) come from the q|k|v matrix's K rows (rows = q's
+// rows), made here as kv_store stores them (RoPE, then f16), not from the cache: kv_store then
+// runs beside this dispatch, with no barrier between.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -29,6 +33,7 @@ layout(constant_id = 6) const uint STATS = 0;   // 1: write the workgroup's soft
 layout(constant_id = 7) const uint ROPE = 0;    // 0: q as it is, 1 RoPE pairs (2i, 2i+1), 2 NeoX pairs (i, i + n_rot/2)
 layout(constant_id = 8) const uint QT = 1;      // query tokens per workgroup
 layout(constant_id = 9) const uint QH = 1;      // query heads per workgroup, of one KV head (QH divides group)
+layout(constant_id = 10) const uint NEW_KEYS = 0;  // see above; 0: every key from the cache
 const uint NQ = QT * QH;                        // queries per workgroup: query i is token i / QH, head i % QH
 
 layout(push_constant) uniform Params {
@@ -56,6 +61,7 @@ layout(push_constant) uniform Params {
   uint stats0;
   uint n_rot;         // ROPE: dimensions rotated per head
   uint n_tokens;      // query tokens of this call
+  uint k_stride;      // NEW_KEYS: floats between rows of k_new
 } p;
 
 layout(binding = 0) readonly buffer Queries { float q[]; };             // [..][q_stride]
@@ -66,6 +72,7 @@ layout(binding = 3) writeonly buffer Scores { float scores[]; };        // from 
 layout(binding = 4) readonly buffer Keys { uint key_words[]; };         // q4k: [rows][n_channels / 2] f16 pairs
 layout(binding = 5) writeonly buffer Stats { vec2 stats[]; };           // STATS, from stats0: [n_tokens][n_head][stats_stride] (m, sum)
 layout(binding = 6) readonly buffer CosSin { vec2 cs[]; };              // ROPE: [q rows][n_rot / 2] (cos, sin)
+layout(binding = 7) readonly buffer NewKeys { float k_new[]; };         // NEW_KEYS: [q rows][k_stride], before RoPE
 
 #include "common.glsl"
 #include "kv_rows.glsl"
@@ -219,6 +226,46 @@ float ExactF16Dot(uint row, uint first, uint at) {
   return sum;
 }
 
+// NEW_KEYS: the call's new keys of this workgroup's KV head, new token j's at [j * HD].
+shared float new_key[NEW_KEYS * HD + 1u];
+
+// Stages new_key from k_new as kv_store would store the keys (its RoPE arithmetic, then f16).
+void StageNewKeys(uint tid, uint first) {
+  const uint half_rot = p.n_rot / 2u;
+  for (uint x = tid; x < min(p.n_tokens, NEW_KEYS) * HD; x += WG) {
+    const uint j = x / HD, d = x % HD, row = (p.q_row0 + j) * p.k_stride + first;
+    float v = k_new[row + d];
+    if (d < p.n_rot) {
+      const uint i = ROPE == 2u ? d % half_rot : d / 2u;
+      const uint a = ROPE == 2u ? i : 2u * i, b = ROPE == 2u ? i + half_rot : 2u * i + 1u;
+      const vec2 c = cs[(p.q_row0 + j) * half_rot + i];
+      const float x0 = k_new[row + a], x1 = k_new[row + b];
+      precise float r0 = x0 * c.x - x1 * c.y;
+      precise float r1 = x0 * c.y + x1 * c.x;
+      v = d == a ? r0 : r1;
+    }
+    new_key[x] = F16BitsToF32(F32ToF16Bits(v));
+  }
+}
+
+// Query `at` against new key j, summed as the cached (or staged) key would be.
+float NewKeyScore(uint j, uint at) {
+  precise float hi = 0.0, lo = 0.0;
+  for (uint d = 0u; d < HD; ++d) {
+    precise float prod = hvec[at + d] * new_key[j * HD + d];
+    if (kExactF16Dot) {  // as ExactF16Dot
+      precise float s = hi + prod;
+      precise float bb = s - hi;
+      lo += (hi - (s - bb)) + (prod - bb);
+      hi = s;
+    } else {
+      hi += prod;
+    }
+  }
+  precise float sum = hi + lo;
+  return kExactF16Dot ? sum : hi;
+}
+
 // The queries in hvec rotated by RoPE, as rope.comp rotates each in place (table row = q row).
 void RopeQueries(uint tid) {
   const uint half_rot = p.n_rot / 2u;
@@ -256,11 +303,16 @@ void main() {
     QuantizeQueryBlocks(tid);
     barrier();
   }
+  const uint first = (QueryHead(0u) / p.group) * HD;
+  if (NEW_KEYS > 0u && (gl_WorkGroupID.x + 1u) * WG > p.pos0) {  // (uniform) a workgroup with new positions
+    StageNewKeys(tid, first);
+    barrier();
+  }
   // Each query's score is summed as a workgroup of that query alone sums it; the key is read
   // once for all. Positions no query sees compute nothing but stay for the stats' barriers.
   const uint pos = gl_WorkGroupID.x * WG + tid;
   const bool visible = pos < n_visible;
-  const uint first = (QueryHead(0u) / p.group) * HD;
+  const bool new_key = NEW_KEYS > 0u && pos >= p.pos0;  // not in the cache yet (kv_store runs beside)
   precise float s[NQ];
   for (uint i = 0u; i < NQ; ++i) s[i] = 0.0;
   if (KV_TYPE == kKvQ4K) {  // WG == CHUNK: this workgroup is chunk gl_WorkGroupID.x
@@ -288,8 +340,15 @@ void main() {
       }
     }
     for (uint i = 0u; visible && i < NQ; ++i) {
-      if (!ChunkWhole(chunk, i) && pos < QueryVisible(i)) s[i] = StagedKeyScore(pos, first, i * HD);
+      if (ChunkWhole(chunk, i) || pos >= QueryVisible(i)) continue;
+      if (new_key) {
+        s[i] = NewKeyScore(pos - p.pos0, i * HD);
+      } else {
+        s[i] = StagedKeyScore(pos, first, i * HD);
+      }
     }
+  } else if (visible && new_key) {
+    for (uint i = 0u; i < NQ; ++i) s[i] = NewKeyScore(pos - p.pos0, i * HD);
   } else if (visible) {
     const uint slot = block_table[p.table0 + pos / p.block_tokens];
     const uint row = (slot * p.block_tokens + pos % p.block_tokens) * p.row_stride;
