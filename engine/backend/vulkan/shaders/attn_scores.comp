@@ -312,7 +312,7 @@ void main() {
   // once for all. Positions no query sees compute nothing but stay for the stats' barriers.
   const uint pos = gl_WorkGroupID.x * WG + tid;
   const bool visible = pos < n_visible;
-  const bool new_key = NEW_KEYS > 0u && pos >= p.pos0;  // not in the cache yet (kv_store runs beside)
+  const bool is_new = NEW_KEYS > 0u && pos >= p.pos0;  // not in the cache yet (kv_store runs beside)
   precise float s[NQ];
   for (uint i = 0u; i < NQ; ++i) s[i] = 0.0;
   if (KV_TYPE == kKvQ4K) {  // WG == CHUNK: this workgroup is chunk gl_WorkGroupID.x
@@ -341,13 +341,13 @@ void main() {
     }
     for (uint i = 0u; visible && i < NQ; ++i) {
       if (ChunkWhole(chunk, i) || pos >= QueryVisible(i)) continue;
-      if (new_key) {
+      if (is_new) {
         s[i] = NewKeyScore(pos - p.pos0, i * HD);
       } else {
         s[i] = StagedKeyScore(pos, first, i * HD);
       }
     }
-  } else if (visible && new_key) {
+  } else if (visible && is_new) {
     for (uint i = 0u; i < NQ; ++i) s[i] = NewKeyScore(pos - p.pos0, i * HD);
   } else if (visible) {
     const uint slot = block_table[p.table0 + pos / p.block_tokens];
