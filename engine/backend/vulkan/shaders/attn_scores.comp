@@ -76,6 +76,7 @@ layout(binding = 7) readonly buffer NewKeys { float k_new[]; };         // NEW_K
 
 #include "common.glsl"
 #include "kv_rows.glsl"
+#include "rope_pair.glsl"
 
 // The queries (query i at hvec[i * HD]), prepared as the format asks: RoPE, rotation, f16.
 shared float hvec[NQ * HD];
@@ -240,9 +241,8 @@ void StageNewKeys(uint tid, uint first) {
       const uint a = ROPE == 2u ? i : 2u * i, b = ROPE == 2u ? i + half_rot : 2u * i + 1u;
       const vec2 c = cs[(p.q_row0 + j) * half_rot + i];
       const float x0 = k_new[row + a], x1 = k_new[row + b];
-      precise float r0 = x0 * c.x - x1 * c.y;
-      precise float r1 = x0 * c.y + x1 * c.x;
-      v = d == a ? r0 : r1;
+      const vec2 r = RopePair(x0, x1, c);
+      v = d == a ? r.x : r.y;
     }
     new_key[x] = F16BitsToF32(F32ToF16Bits(v));
   }
@@ -274,10 +274,9 @@ void RopeQueries(uint tid) {
     const uint a = i * HD + (ROPE == 2u ? k : 2u * k), b = i * HD + (ROPE == 2u ? k + half_rot : 2u * k + 1u);
     const vec2 c = cs[(p.q_row0 + QueryToken(i)) * half_rot + k];
     const float x0 = hvec[a], x1 = hvec[b];
-    precise float r0 = x0 * c.x - x1 * c.y;
-    precise float r1 = x0 * c.y + x1 * c.x;
-    hvec[a] = r0;
-    hvec[b] = r1;
+    const vec2 r = RopePair(x0, x1, c);
+    hvec[a] = r.x;
+    hvec[b] = r.y;
   }
 }
 

@@ -50,6 +50,7 @@ layout(binding = 4) buffer Plane1 { uint plane1[]; };
 layout(binding = 5) readonly buffer CosSin { vec2 cs[]; };         // ROPE: [rows][n_rot / 2] (cos, sin)
 #include "common.glsl"
 #include "kv_rows.glsl"
+#include "rope_pair.glsl"
 
 shared float hvec[ROW_VALUES];
 shared uint row_words[ROW_WORDS];
@@ -175,10 +176,9 @@ void main() {
       const uint a = at + (ROPE == 2u ? i : 2u * i), b = at + (ROPE == 2u ? i + half_rot : 2u * i + 1u);
       const vec2 c = cs[(p.src_row0 + t) * half_rot + i];
       const float x0 = hvec[a], x1 = hvec[b];
-      precise float r0 = x0 * c.x - x1 * c.y;
-      precise float r1 = x0 * c.y + x1 * c.x;
-      hvec[a] = r0;
-      hvec[b] = r1;
+      const vec2 r = RopePair(x0, x1, c);
+      hvec[a] = r.x;
+      hvec[b] = r.y;
     }
     barrier();
   }

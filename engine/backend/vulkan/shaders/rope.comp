@@ -1,4 +1,5 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 // RoPE: rotates the first n_rot dimensions of every head of every token row in place, with
 // the per-token cos/sin table made on the host by the CPU's RopeAngles (frequency base, linear
 // freq_scale and Llama-3 rope_freqs divisors included): the host computes the angles in the
@@ -21,6 +22,8 @@ layout(push_constant) uniform Params {
 layout(binding = 0) buffer Rows { float x[]; };                // [n_tokens][x_stride]
 layout(binding = 1) readonly buffer CosSin { vec2 cs[]; };     // [n_tokens][n_rot / 2]: (cos, sin)
 
+#include "rope_pair.glsl"
+
 void main() {
   const uint half_rot = p.n_rot / 2u;
   const uint i = gl_GlobalInvocationID.x % half_rot;
@@ -32,8 +35,7 @@ void main() {
   const uint b = base + (NEOX != 0u ? i + half_rot : 2u * i + 1u);
   const vec2 c = cs[t * half_rot + i];
   const float x0 = x[a], x1 = x[b];
-  precise float r0 = x0 * c.x - x1 * c.y;
-  precise float r1 = x0 * c.y + x1 * c.x;
-  x[a] = r0;
-  x[b] = r1;
+  const vec2 r = RopePair(x0, x1, c);
+  x[a] = r.x;
+  x[b] = r.y;
 }
