@@ -76,6 +76,7 @@ const std::map<std::string, Setter>& Settings() {
       {"fuse_threads", {Setter::Type::kInt, 2, 4096}},
       {"backend", {Setter::Type::kString}},
       {"device", {Setter::Type::kInt, 0, 1 << 16}},
+      {"kv_device_budget", {Setter::Type::kBytes, 0, INT64_MAX}},
       {"vulkan_tuning", {Setter::Type::kString}},
       {"foreground", {Setter::Type::kBool}},
       {"log_level", {Setter::Type::kString}},
@@ -104,6 +105,7 @@ Status Apply(const std::string& key, const std::string& text, int64_t number, bo
     if (text != "cpu" && text != "vulkan") return InvalidArgument(fmt::format("{} must be cpu or vulkan, not '{}'", what, text));
     c.backend = text;
   } else if (key == "device") c.device = static_cast<int>(number);
+  else if (key == "kv_device_budget") c.kv_device_budget_bytes = number;
   else if (key == "vulkan_tuning") c.vulkan_tuning = text;
   else if (key == "foreground") c.foreground = flag;
   else if (key == "log_level") {
@@ -151,6 +153,7 @@ const std::map<std::string, std::pair<std::string, bool>>& Options() {
       {"--fuse-threads", {"fuse_threads", true}},
       {"--backend", {"backend", true}},  {"--device", {"device", true}},
       {"--vulkan-tuning", {"vulkan_tuning", true}},
+      {"--kv-device-budget", {"kv_device_budget", true}},
       {"-f", {"foreground", false}},   {"--foreground", {"foreground", false}},
       {"--log-level", {"log_level", true}},
       {"--log-file", {"log_file", true}},
@@ -310,6 +313,9 @@ Status ResolveDefaults(DaemonConfig& config, const Environment& env) {
   if (!config.vulkan_tuning.empty() && config.backend != "vulkan") {
     return InvalidArgument("--vulkan-tuning applies to --backend vulkan only");
   }
+  if (config.kv_device_budget_bytes > 0 && config.backend != "vulkan") {
+    return InvalidArgument("--kv-device-budget applies to --backend vulkan only");
+  }
   if (config.log_file.empty()) config.log_file = config.store_dir + "/kvfsd.log";
   return Status::Ok();
 }
@@ -319,6 +325,7 @@ std::string DaemonUsage() {
          "             [--kv-budget BYTES] [-c CONTEXT] [--block-tokens N] [--max-queued-turns N]\n"
          "             [--max-prompt-bytes BYTES] [--fuse-threads N] [--foreground] [--log-level L]\n"
          "             [--log-file FILE] [--backend cpu|vulkan] [--device N] [--vulkan-tuning FILE]\n"
+         "             [--kv-device-budget BYTES]\n"
          "Mounts the kvfs filesystem at DIR: every agent is a directory (see README.md).\n"
          "  -m MODEL            GGUF model (default: $KVFS_MODEL, else models/default.gguf next to the\n"
          "                      build tree that scripts/setup.sh set up, else STORE/models/default.gguf)\n"
@@ -326,10 +333,15 @@ std::string DaemonUsage() {
          "                      ~/.local/share/kvfs; /var/lib/kvfs as root)\n"
          "  --config FILE       JSON settings (keys: model, mount, store, threads, kv, kv_budget, context,\n"
          "                      block_tokens, max_queued_turns, max_prompt_bytes, fuse_threads,\n"
-         "                      foreground, log_level, log_file, backend, device, vulkan_tuning); the\n"
+         "                      foreground, log_level, log_file, backend, device, vulkan_tuning,\n"
+         "                      kv_device_budget); the\n"
          "                      command line overrides it\n"
          "  --backend B         cpu (default) or vulkan: forward passes on a GPU (kvfs devices lists\n"
-         "                      them; --device N picks one); without a device, the CPU, with a warning\n"
+         "                      them; --device N picks one); without a device, the CPU, with a warning;\n"
+         "                      what the device cannot run (a lost device, KV over its budget) runs\n"
+         "                      on the CPU, logged, and no agent's state is lost\n"
+         "  --kv-device-budget BYTES  Vulkan: device memory for copies of KV blocks (default: a quarter\n"
+         "                      of the device's); a step whose blocks do not fit runs on the CPU\n"
          "  --vulkan-tuning FILE  the settings kvfs tune found for this device and model (ignored,\n"
          "                      with a warning, when made for another device or model)\n"
          "  --kv-budget BYTES   KV memory, e.g. 2G (default: a quarter of the machine's memory)\n"

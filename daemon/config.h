@@ -27,6 +27,7 @@ struct DaemonConfig {
   int fuse_threads = 64;         // most FUSE requests served at once (blocked readers hold one each)
   std::string backend = "cpu";   // cpu | vulkan (CPU fallback with a warning without a device)
   int device = -1;               // Vulkan device index; -1: the default one
+  int64_t kv_device_budget_bytes = 0;  // Vulkan: device memory for KV copies; 0: a quarter of the device's
   std::string vulkan_tuning;     // kvfs tune's file for this device and model; empty: defaults
   bool foreground = false;
   std::string log_level = "info";

@@ -188,6 +188,7 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   engine_options.kv_budget_bytes = config.kv_budget_bytes;
   engine_options.backend = config.backend;
   engine_options.device = config.device;
+  engine_options.kv_device_bytes = config.kv_device_budget_bytes;
   engine_options.vulkan_tuning = config.vulkan_tuning;
   engine_options.block_tokens = config.block_tokens;
   engine_options.n_ctx = config.context_tokens;

@@ -18,6 +18,7 @@ int ErrnoFromStatus(const Status& status) {
     case StatusCode::kIoError: return EIO;
     case StatusCode::kNoSpace: return ENOSPC;
     case StatusCode::kResourceExhausted: return EAGAIN;
+    case StatusCode::kUnavailable: return EIO;
     case StatusCode::kInternal: return EIO;
     case StatusCode::kAlreadyExists: return EEXIST;
     case StatusCode::kPermissionDenied: return EACCES;

@@ -270,6 +270,7 @@ int Bench(int argc, char** argv) {
   const int64_t n_ctx = depth + std::max(n_pp, n_tg) + 1;
   const cpu::KernelTable& table = cpu::DefaultKernelTable();
   BackendChoice choice = backend_choice;
+  choice.cpu_fallback = false;  // the figures are the device's or an error, never the CPU's
   choice.cpu.kernels = &table;
   choice.profile = args.has("--profile");
   choice.fuse_ops = !args.has("--separate-ops");

@@ -32,6 +32,12 @@ struct Logits {
 
 struct VulkanTuning;
 
+// What a backend with a CPU fallback has had to do (FallbackBackend); zeros for others.
+struct BackendHealth {
+  int64_t cpu_fallback_steps = 0;  // steps meant for the device that the CPU ran
+  bool device_lost = false;        // the device was lost: every pass runs on the CPU
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -39,6 +45,13 @@ class Backend {
   // Runs the model over every step's new tokens, writes their K/V into each step's kv, and
   // advances kv->n_tokens(). Fails without touching any kv when a step does not fit.
   virtual Status Forward(std::span<const SequenceStep> steps, Logits& out) = 0;
+  // Whether one pass over these steps fits the backend's memory (a device's KV budget), judged
+  // before their kv->Reserve; false means Forward would refuse it with kUnavailable, touching
+  // nothing. FallbackBackend runs what does not fit on the CPU.
+  virtual bool Fits(std::span<const SequenceStep> steps) const { return true; }
+  // The device stopped working for good (a lost Vulkan device): every Forward fails.
+  virtual bool Lost() const { return false; }
+  virtual BackendHealth Health() const { return {}; }
   // Whether the backend keeps copies of KV blocks (by PoolBlock::serial) that must be told
   // when the host blocks are freed.
   virtual bool KeepsBlockCopies() const { return false; }
@@ -144,6 +157,8 @@ struct VulkanOptions {
                                    // tokens, a KV head's query heads) and reads each key and value
                                    // once for all; off: one query a workgroup (the same values)
   VulkanTuning tuning;
+  int64_t lose_device_at_submission = 0;  // fault injection (tests): the n-th queue submission
+                                          // reports VK_ERROR_DEVICE_LOST; 0: never
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -153,6 +168,9 @@ Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const Vul
 struct BackendRequest {
   bool vulkan = false;
   int device = -1;  // -1: the default Vulkan device
+  int64_t kv_device_bytes = 0;  // Vulkan: VulkanOptions::kv_device_bytes (0: a quarter of the device's)
+  bool cpu_fallback = true;     // Vulkan: inside a FallbackBackend (passes the device cannot run go
+                                // to the CPU); benchmarks turn it off, so their figures are the device's
   bool profile = false;  // Vulkan: time every dispatch (Backend::TakeProfileReport)
   bool fuse_ops = true;  // Vulkan: VulkanOptions::fuse_ops
   bool split_weight_rows = true;  // Vulkan: VulkanOptions::split_weight_rows
@@ -171,8 +189,9 @@ struct ChosenBackend {
                         // tuning file was not made for this device and model
   bool tuned = false;   // a tuning file's settings are in use
 };
-// Without a Vulkan driver or device (or in a build without Vulkan) a Vulkan request gives the
-// CPU backend and a warning; a device index that does not exist, or a model the shaders cannot
+// A Vulkan backend comes inside a FallbackBackend (fallback_backend.h; request.cpu_fallback):
+// passes the device cannot run go to the CPU. Without a Vulkan driver or device (or in a build without Vulkan) a Vulkan
+// request gives the CPU backend and a warning; a device index that does not exist, or a model the shaders cannot
 // run, is an error.
 Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequest& request);
 

@@ -2,6 +2,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/fallback_backend.h"
 #include "engine/backend/vulkan_tuning.h"
 
 namespace kvfs {
@@ -47,6 +48,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
         }
       }
       const VulkanOptions options{.device = request.device,
+                                  .kv_device_bytes = request.kv_device_bytes,
                                   .profile = request.profile,
                                   .fuse_ops = request.fuse_ops,
                                   .split_weight_rows = request.split_weight_rows,
@@ -54,7 +56,13 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .batch_attention = request.batch_attention,
                                   .query_tiles = request.query_tiles,
                                   .tuning = tuning};
-      KVFS_ASSIGN_OR_RETURN(out.backend, MakeVulkanBackend(model, options));
+      KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, MakeVulkanBackend(model, options));
+      // What the device cannot run (KV over its budget, a full or lost device) runs on the CPU.
+      if (request.cpu_fallback) {
+        out.backend = std::make_unique<FallbackBackend>(model, std::move(device), request.cpu);
+      } else {
+        out.backend = std::move(device);
+      }
       if (chosen != nullptr) out.name = "vulkan: " + chosen->name;
       return out;
     }

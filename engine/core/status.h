@@ -20,6 +20,8 @@ enum class StatusCode {
   kIoError,           // EIO
   kNoSpace,           // ENOSPC
   kResourceExhausted, // EAGAIN / ENOMEM
+  kUnavailable,       // a device cannot run this now (device memory full, device lost): the
+                      // caller may run it elsewhere (EIO)
   kInternal,          // a broken invariant
   // Filesystem-facing conditions (fs/ maps each to its own errno).
   kAlreadyExists,     // EEXIST
@@ -63,6 +65,7 @@ inline Status PermissionDenied(std::string m) { return {StatusCode::kPermissionD
 inline Status NotPermitted(std::string m) { return {StatusCode::kNotPermitted, std::move(m)}; }
 inline Status IllegalSequence(std::string m) { return {StatusCode::kIllegalSequence, std::move(m)}; }
 inline Status TooLarge(std::string m) { return {StatusCode::kTooLarge, std::move(m)}; }
+inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
 // Result<T> holds either a value or a non-ok Status.

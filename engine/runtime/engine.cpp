@@ -97,6 +97,7 @@ Status Engine::MakeBackend() {
   KVFS_ASSIGN_OR_RETURN(ChosenBackend chosen,
                         MakeRequestedBackend(*model_, BackendRequest{.vulkan = options_.backend == "vulkan",
                                                                      .device = options_.device,
+                                                                     .kv_device_bytes = options_.kv_device_bytes,
                                                                      .tuning = VulkanTuning{},
                                                                      .tuning_file = options_.vulkan_tuning,
                                                                      .cpu = CpuOptions{options_.n_threads, nullptr}}));
@@ -535,6 +536,11 @@ EngineStatus Engine::Stats() {
   return s;
 }
 
+std::string Engine::BackendName() {
+  std::lock_guard lock(mu_);
+  return counters_.device_lost ? backend_name_ + " (device lost: passes run on the CPU)" : backend_name_;
+}
+
 nlohmann::json Engine::ModelInfo() {
   const HParams& hp = model_->hparams();
   auto fmt = FormatFor(DefaultSettings());
@@ -556,7 +562,7 @@ nlohmann::json Engine::ModelInfo() {
                         {"kv_format", fmt.ok() ? fmt->Name() : options_.kv},
                         {"kv_block_tokens", options_.block_tokens},
                         {"kv_budget_bytes", counters_.memory_budget_bytes},
-                        {"backend", backend_name_}};
+                        {"backend", BackendName()}};
 }
 
 }  // namespace kvfs

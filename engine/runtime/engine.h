@@ -35,6 +35,8 @@ struct EngineOptions {
   std::string backend = "cpu";    // where forward passes run: cpu | vulkan (falls back to the
                                   // CPU with a warning when there is no Vulkan device)
   int device = -1;                // Vulkan device index (kvfs devices); -1: the default one
+  int64_t kv_device_bytes = 0;    // Vulkan: device memory for copies of KV blocks; 0: a quarter
+                                  // of the device's (steps over it run on the CPU)
   std::string vulkan_tuning;      // Vulkan: a file of kvfs tune's (used when made for this device
                                   // and model); empty: the default settings
   // The file system under store_dir; null: the real one. Tests pass a fault-injecting one

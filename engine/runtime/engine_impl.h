@@ -271,6 +271,8 @@ class Engine final : public AgentEngine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Backend> backend_;
   std::string backend_name_;  // "cpu" or "vulkan: DEVICE"
+  // backend_name_, and what became of the device (a lost one: the CPU runs every pass).
+  std::string BackendName();
   // Backend choice (EngineOptions::backend), with the CPU as fallback.
   Status MakeBackend();
   // Engine thread: device copies of the blocks the pool freed since the last call are zeroed

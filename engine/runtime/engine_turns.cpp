@@ -362,6 +362,9 @@ void Engine::Step() {
     PushBounded(counters_.batch_sizes, steps.size());
     ++counters_.forward_passes;
     counters_.device_block_copies = backend_->BlockCopies();
+    const BackendHealth health = backend_->Health();
+    counters_.cpu_fallback_steps = health.cpu_fallback_steps;
+    counters_.device_lost = health.device_lost;
     counters_.decode_tokens += decode_count;
     counters_.prefill_tokens += prefill_tokens;
     counters_.forward_ms += ms;

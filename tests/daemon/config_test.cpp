@@ -38,8 +38,11 @@ TEST(DaemonConfig, CommandLine) {
   EXPECT_EQ(c->backend, "cpu");
   EXPECT_EQ(c->device, -1);
   EXPECT_EQ(c->vulkan_tuning, "");
-  auto v = Parse({"--mount", "/m", "--backend", "vulkan", "--device", "1", "--vulkan-tuning", "/etc/kvfs/h100.json"});
+  EXPECT_EQ(c->kv_device_budget_bytes, 0);
+  auto v = Parse({"--mount", "/m", "--backend", "vulkan", "--device", "1", "--vulkan-tuning", "/etc/kvfs/h100.json",
+                  "--kv-device-budget", "1536M"});
   ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_EQ(v->kv_device_budget_bytes, int64_t{1536} << 20);
   EXPECT_EQ(v->backend, "vulkan");
   EXPECT_EQ(v->device, 1);
   EXPECT_EQ(v->vulkan_tuning, "/etc/kvfs/h100.json");
@@ -56,6 +59,7 @@ TEST(DaemonConfig, BadOptionsNameThemselves) {
   check({"--mount", "/m", "--kv", "q5"}, "--kv");
   check({"--mount", "/m", "-t", "many"}, "-t");
   check({"--mount", "/m", "--kv-budget", "lots"}, "--kv-budget");
+  check({"--mount", "/m", "--kv-device-budget", "-1"}, "--kv-device-budget");
   check({"--mount", "/m", "--log-level", "loud"}, "--log-level");
   check({"--mount", "/m", "--backend", "tpu"}, "--backend");
   check({"--mount", "/m", "--device", "-2"}, "--device");
@@ -149,6 +153,15 @@ TEST(DaemonConfig, DefaultStoreAndModel) {
   EXPECT_NE(cpu_tuned.message().find("--vulkan-tuning applies to --backend vulkan only"), std::string::npos);
   tuned_cpu.backend = "vulkan";
   EXPECT_TRUE(ResolveDefaults(tuned_cpu, env).ok());
+  // So is a device KV budget.
+  DaemonConfig budget_cpu;
+  budget_cpu.mountpoint = "/m";
+  budget_cpu.kv_device_budget_bytes = int64_t{1} << 30;
+  const Status cpu_budget = ResolveDefaults(budget_cpu, env);
+  EXPECT_NE(cpu_budget.message().find("--kv-device-budget applies to --backend vulkan only"), std::string::npos)
+      << cpu_budget.message();
+  budget_cpu.backend = "vulkan";
+  EXPECT_TRUE(ResolveDefaults(budget_cpu, env).ok());
   std::filesystem::remove_all(root);
 }
 

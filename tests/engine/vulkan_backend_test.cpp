@@ -304,14 +304,23 @@ TEST_F(VulkanBackendTest, SmallDeviceKvBudgetEvictsAndReloads) {
   const std::vector<float> want = Step(*vulkan_, ref, std::span<const TokenId>(&next, 1));
   EXPECT_LE(Nmse(got.data(), want.data(), hp().n_vocab), 1e-10);
 
-  // A sequence that alone needs more blocks than the budget fails cleanly.
+  // A sequence that alone needs more blocks than the budget fails cleanly, as Fits foretells;
+  // so does a pass of two sequences that each fit alone (3 blocks each, 4 in the budget).
   SequenceKv big(layout, 256);
   std::vector<TokenId> long_prompt(5 * B, 450);
   Logits lg;
   SequenceStep s{&big, long_prompt, false};
+  EXPECT_FALSE((*small)->Fits(std::span<const SequenceStep>(&s, 1)));
   const Status st = (*small)->Forward(std::span<const SequenceStep>(&s, 1), lg);
-  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.message();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.message();
   EXPECT_EQ(big.n_tokens(), 0);
+  SequenceKv c(layout, 256), d(layout, 256);
+  const SequenceStep pair[2] = {{&c, p, false}, {&d, p, false}};
+  EXPECT_TRUE((*small)->Fits(std::span<const SequenceStep>(pair, 1)));
+  EXPECT_TRUE((*small)->Fits(std::span<const SequenceStep>(pair + 1, 1)));
+  EXPECT_FALSE((*small)->Fits(pair));
+  EXPECT_EQ((*small)->Forward(pair, lg).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(c.n_tokens() + d.n_tokens(), 0);
 }
 
 // The packed integer dot product (the default where the device has it) and the plain-integer

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -74,9 +75,8 @@ Result<int64_t> DeviceKvCache::AllocateSlot(KvArena& arena) {
         if (victim == resident_.end() || it->second.last_use < victim->second.last_use) victim = it;
       }
       if (victim == resident_.end()) {
-        return Status(StatusCode::kResourceExhausted,
-                      fmt::format("device KV memory is full: {} blocks of {} bytes, all needed by this pass "
-                                  "(raise the device KV budget of {} bytes)",
+        return Unavailable(fmt::format("device KV memory is full: {} blocks of {} bytes, all needed by this pass "
+                                  "(the device KV budget is {} bytes: --kv-device-budget)",
                                   arena.n_slots, arena.slot_bytes(), budget_bytes_));
       }
       arena.free_slots.push_back(victim->second.slot);
@@ -86,6 +86,68 @@ Result<int64_t> DeviceKvCache::AllocateSlot(KvArena& arena) {
   const int64_t slot = arena.free_slots.back();
   arena.free_slots.pop_back();
   return slot;
+}
+
+bool DeviceKvCache::Fits(std::span<const SequenceStep> steps) const {
+  struct Need {
+    const KvLayout* layout = nullptr;
+    const KvArena* arena = nullptr;  // null: Prepare would make it
+    std::unordered_set<uint64_t> serials;  // blocks that exist
+    int64_t fresh = 0;                     // blocks Reserve has yet to add
+  };
+  std::vector<Need> needs;
+  int64_t key_rows = 0, key_row_bytes = 0;
+  for (const SequenceStep& s : steps) {
+    const KvLayout& kl = s.kv->layout();
+    auto need = std::find_if(needs.begin(), needs.end(), [&](const Need& n) { return SameLayout(*n.layout, kl); });
+    if (need == needs.end()) {
+      Need n{.layout = &kl};
+      for (const auto& a : arenas_) {
+        if (SameLayout(a->layout, kl)) n.arena = a.get();
+      }
+      needs.push_back(std::move(n));
+      need = needs.end() - 1;
+    }
+    const int64_t n_new = s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size());
+    const int64_t n_blocks = CeilDiv(n_new, kl.block_tokens);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      if (b < s.kv->n_blocks()) {
+        need->serials.insert(s.kv->block(b)->serial);
+      } else {
+        ++need->fresh;
+      }
+    }
+    if (kl.format.KeysByChannel()) {
+      key_rows += n_new - s.kv->n_tokens() / kl.format.chunk * kl.format.chunk;
+      key_row_bytes = kl.row_values() * 2;
+    }
+  }
+  if (key_rows * key_row_bytes > max_binding_bytes_) return false;
+  int64_t spare = budget_bytes_ - used_bytes_;
+  for (const Need& n : needs) {
+    KvArena probe;  // the sizes of the arena Prepare would make
+    probe.layout = *n.layout;
+    probe.row_stride = (n.layout->row_bytes() + 3) / 4 * 4;
+    const KvArena& a = n.arena != nullptr ? *n.arena : probe;
+    if (a.largest_plane_bytes() > max_binding_bytes_) return false;
+    const int64_t blocks = static_cast<int64_t>(n.serials.size()) + n.fresh;
+    // AllocateSlot grows the arena whenever it has no free slot, before it drops copies, so it
+    // may grow past `blocks` by the copies of other blocks it holds: the largest growth.
+    int64_t others = 0;
+    for (const auto& [serial, res] : resident_) {
+      if (res.arena == n.arena && n.arena != nullptr && !n.serials.contains(serial)) ++others;
+    }
+    const int64_t by_binding = max_binding_bytes_ / a.largest_plane_bytes();
+    int64_t slots = a.n_slots;
+    while (slots < std::min(blocks + others, by_binding)) {
+      const int64_t target = std::min({std::max(kInitialSlots, 2 * slots), by_binding, slots + spare / a.slot_bytes()});
+      if (target <= slots) break;
+      spare -= (target - slots) * a.slot_bytes();
+      slots = target;
+    }
+    if (blocks > slots) return false;
+  }
+  return true;
 }
 
 Status DeviceKvCache::Upload(SequenceKv& kv, int64_t block, const Resident& res, int64_t r0, int64_t r1) {
@@ -160,8 +222,7 @@ Status DeviceKvCache::Prepare(std::span<const SequenceStep> steps, std::vector<S
   }
   if (key_rows > key_rows_) {
     if (key_rows * key_row_bytes_ > max_binding_bytes_) {
-      return Status(StatusCode::kResourceExhausted,
-                    fmt::format("a pass of {} q4k key rows exceeds the device's storage binding", key_rows));
+      return Unavailable(fmt::format("a pass of {} q4k key rows exceeds the device's storage binding", key_rows));
     }
     const int64_t rows = std::min(std::max(key_rows, 2 * key_rows_), max_binding_bytes_ / key_row_bytes_);
     for (Buffer& b : keys_) {

@@ -79,6 +79,12 @@ class DeviceKvCache {
   DeviceKvCache(Context& ctx, Uploader& uploader, int64_t budget_bytes, int64_t max_binding_bytes)
       : ctx_(ctx), uploader_(uploader), budget_bytes_(budget_bytes), max_binding_bytes_(max_binding_bytes) {}
 
+  // Whether Prepare can hold these steps' blocks (Reserve'd or not) at once: per KV layout, the
+  // distinct blocks they name against the slots its arena can reach (grown as AllocateSlot grows
+  // it, within the budget and the binding, or by dropping copies no step names); q4k's key rows
+  // against the binding. Exact for one layout; with several it takes each arena's largest
+  // growth, so it may say no where Prepare would have managed. Changes nothing.
+  bool Fits(std::span<const SequenceStep> steps) const;
   // After every step's kv->Reserve: steps[i]'s blocks for positions [0, n_tokens + tokens)
   // are resident, their rows below n_tokens uploaded; out[i] describes step i.
   Status Prepare(std::span<const SequenceStep> steps, std::vector<StepKv>& out);

@@ -31,8 +31,7 @@ Status Recorder::Begin() {
     if (r != VK_SUCCESS) return VkError("vkCreateFence", r);
   }
   if (in_flight_) {  // a pass abandoned after an error: its submitted pieces must finish first
-    const VkResult r = vkQueueWaitIdle(ctx_.queue());
-    if (r != VK_SUCCESS) return VkError("vkQueueWaitIdle", r);
+    KVFS_RETURN_IF_ERROR(ctx_.Check("vkQueueWaitIdle", vkQueueWaitIdle(ctx_.queue())));
     in_flight_ = false;
   }
   if (sets_epoch_ != ctx_.buffer_epoch()) {
@@ -85,9 +84,7 @@ Status Recorder::SubmitPiece(VkFence fence) {
   VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   submit.commandBufferCount = 1;
   submit.pCommandBuffers = &cmd_;
-  ctx_.NoteSubmission();
-  r = vkQueueSubmit(ctx_.queue(), 1, &submit, fence);
-  if (r != VK_SUCCESS) return VkError("vkQueueSubmit", r);
+  KVFS_RETURN_IF_ERROR(ctx_.Submit(submit, fence));
   in_flight_ = true;
   return Status::Ok();
 }
@@ -273,8 +270,7 @@ Status Recorder::SubmitAndWait() {
   const auto submitted = std::chrono::steady_clock::now();
   KVFS_RETURN_IF_ERROR(SubmitPiece(fence_));
   // The last piece began with a barrier after every earlier piece, so its fence covers them.
-  VkResult r = vkWaitForFences(ctx_.device(), 1, &fence_, VK_TRUE, UINT64_MAX);
-  if (r != VK_SUCCESS) return VkError("vkWaitForFences", r);
+  KVFS_RETURN_IF_ERROR(ctx_.Check("vkWaitForFences", vkWaitForFences(ctx_.device(), 1, &fence_, VK_TRUE, UINT64_MAX)));
   in_flight_ = false;
   vkResetFences(ctx_.device(), 1, &fence_);
   if (profile_ != nullptr) return CollectProfile(submitted);

@@ -136,11 +136,43 @@ Result<std::vector<VulkanDeviceInfo>> ListVulkanDevicesImpl() {
 
 }  // namespace
 
+namespace {
+const char* VkResultName(VkResult result) {
+  switch (result) {
+    case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
+    case VK_ERROR_DEVICE_LOST: return "VK_ERROR_DEVICE_LOST";
+    case VK_ERROR_INITIALIZATION_FAILED: return "VK_ERROR_INITIALIZATION_FAILED";
+    case VK_ERROR_TOO_MANY_OBJECTS: return "VK_ERROR_TOO_MANY_OBJECTS";
+    case VK_TIMEOUT: return "VK_TIMEOUT";
+    default: return "VkResult";
+  }
+}
+}  // namespace
+
+// Device memory and a lost device are kUnavailable: the host state is the authoritative copy, so
+// the pass can run on the CPU instead (FallbackBackend).
 Status VkError(const std::string& what, VkResult result) {
-  const StatusCode code = result == VK_ERROR_OUT_OF_DEVICE_MEMORY || result == VK_ERROR_OUT_OF_HOST_MEMORY
-                              ? StatusCode::kResourceExhausted
-                              : StatusCode::kInternal;
-  return Status(code, fmt::format("{} failed: VkResult {}", what, static_cast<int>(result)));
+  StatusCode code = StatusCode::kInternal;
+  if (result == VK_ERROR_OUT_OF_DEVICE_MEMORY || result == VK_ERROR_DEVICE_LOST) code = StatusCode::kUnavailable;
+  if (result == VK_ERROR_OUT_OF_HOST_MEMORY) code = StatusCode::kResourceExhausted;
+  return Status(code, fmt::format("{} failed: {} ({})", what, VkResultName(result), static_cast<int>(result)));
+}
+
+Status Context::Submit(const VkSubmitInfo& submit, VkFence fence) {
+  if (lost_) return VkError("vkQueueSubmit", VK_ERROR_DEVICE_LOST);
+  if (lose_at_submission_ > 0 && --lose_at_submission_ == 0) {
+    lost_ = true;
+    return VkError("vkQueueSubmit (injected fault)", VK_ERROR_DEVICE_LOST);
+  }
+  submitted_ = true;
+  return Check("vkQueueSubmit", vkQueueSubmit(queue_, 1, &submit, fence));
+}
+
+Status Context::Check(const char* what, VkResult result) {
+  if (result == VK_SUCCESS) return Status::Ok();
+  if (result == VK_ERROR_DEVICE_LOST) lost_ = true;
+  return VkError(what, result);
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {

@@ -90,8 +90,15 @@ class Context {
   bool captures_statistics() const { return captures_statistics_; }
 
   Result<Buffer> CreateBuffer(int64_t bytes, MemoryKind kind);
-  // Called with every queue submission (the destructor then waits for the device).
-  void NoteSubmission() { submitted_ = true; }
+  // Every queue submission goes through here (the destructor then waits for the device).
+  Status Submit(const VkSubmitInfo& submit, VkFence fence);
+  // A VkResult of a queue or fence call as a Status; VK_ERROR_DEVICE_LOST marks the device lost.
+  Status Check(const char* what, VkResult result);
+  // The device reported VK_ERROR_DEVICE_LOST: nothing submitted to it runs any more, and every
+  // later submission fails at once, as a driver's do.
+  bool lost() const { return lost_; }
+  // Fault injection (tests): the n-th submission from now reports the device lost.
+  void LoseAtSubmission(int64_t n) { lose_at_submission_ = n; }
   // Buffers of this context destroyed so far: descriptor sets that name buffers stay valid
   // while it does not change (Recorder caches them on that condition).
   uint64_t buffer_epoch() const { return destroyed_buffers_; }
@@ -112,6 +119,8 @@ class Context {
   bool integer_dot_ = false;
   bool captures_statistics_ = false;
   bool submitted_ = false;  // anything was submitted to the queue
+  bool lost_ = false;
+  int64_t lose_at_submission_ = 0;  // LoseAtSubmission's countdown; 0: none
   uint64_t destroyed_buffers_ = 0;  // the buffer epoch; the engine thread alone makes and frees buffers
 };
 

@@ -29,6 +29,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/fallback_backend.h"
 #include "engine/backend/vulkan_tuning.h"
 #include "engine/backend/cpu/ops.h"
 #include "engine/backend/vulkan/device_kv.h"
@@ -59,6 +60,8 @@ class VulkanBackend final : public Backend {
 
   const char* name() const override { return "vulkan"; }
   Status Forward(std::span<const SequenceStep> steps, Logits& out) override;
+  bool Fits(std::span<const SequenceStep> steps) const override { return kv_->Fits(steps); }
+  bool Lost() const override { return ctx_->lost(); }
   bool KeepsBlockCopies() const override { return true; }
   Status ForgetBlocks(std::span<const uint64_t> serials) override {
     if (serials.empty()) return Status::Ok();
@@ -209,6 +212,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(rec_->Begin());  // the counters start at 0; the shaders leave them so
   rec_->Zero(counters_, 0, kCounterBytes);
   KVFS_RETURN_IF_ERROR(rec_->SubmitAndWait());
+  ctx_->LoseAtSubmission(options.lose_device_at_submission);
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
@@ -490,6 +494,11 @@ Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) 
     KVFS_RETURN_IF_ERROR(s.kv->Reserve(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size())));
     total += static_cast<int64_t>(s.tokens.size());
   }
+  // Steps whose blocks cannot all be resident at once are refused before anything runs
+  // (FallbackBackend runs them elsewhere).
+  if (!kv_->Fits(steps)) {
+    return Unavailable("the pass's KV blocks do not fit the device's KV budget (kvfsd --kv-device-budget)");
+  }
   KVFS_RETURN_IF_ERROR(kv_->Prepare(steps, step_kv_));
 
   out.n_vocab = hp_.n_vocab;
@@ -533,14 +542,22 @@ Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) 
 
 }  // namespace
 
+namespace {
+// The Vulkan backend itself, or the one inside a FallbackBackend; null for others.
+VulkanBackend* AsVulkan(Backend& backend) {
+  if (auto* f = dynamic_cast<FallbackBackend*>(&backend)) return f->device() ? AsVulkan(*f->device()) : nullptr;
+  return dynamic_cast<VulkanBackend*>(&backend);
+}
+}  // namespace
+
 Result<std::vector<uint8_t>> VulkanReadBlockCopy(Backend& backend, uint64_t serial) {
-  auto* vb = dynamic_cast<VulkanBackend*>(&backend);
+  auto* vb = AsVulkan(backend);
   if (vb == nullptr) return Unsupported("not the Vulkan backend");
   return vb->ReadBlockCopy(serial);
 }
 
 Result<std::vector<uint8_t>> VulkanForgetAndReadSlot(Backend& backend, uint64_t serial) {
-  auto* vb = dynamic_cast<VulkanBackend*>(&backend);
+  auto* vb = AsVulkan(backend);
   if (vb == nullptr) return Unsupported("not the Vulkan backend");
   return vb->ForgetAndReadSlot(serial);
 }

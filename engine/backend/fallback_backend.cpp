@@ -1,0 +1,159 @@
+#include "engine/backend/fallback_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+namespace kvfs {
+
+namespace {
+
+// A part of a pass: some of its steps (indices into the pass) and their logits.
+struct Part {
+  std::vector<size_t> index;
+  std::vector<SequenceStep> steps;
+  Logits logits;
+  bool on_cpu = false;
+};
+
+}  // namespace
+
+Status FallbackBackend::SetVulkanTuning(const VulkanTuning& tuning) {
+  if (device_ == nullptr) return Unsupported("the Vulkan device was lost: passes run on the CPU");
+  return device_->SetVulkanTuning(tuning);
+}
+
+Result<Backend*> FallbackBackend::Cpu() {
+  if (cpu_ == nullptr) cpu_ = MakeCpuBackend(model_, cpu_options_);
+  return cpu_.get();
+}
+
+void FallbackBackend::DropDevice(const Status& why) {
+  spdlog::error("backend: the {} device was lost ({}); every pass runs on the CPU from now on", device_->name(),
+                why.message());
+  device_.reset();  // its memory, KV copies included, goes with the device
+  stats_.device_lost = true;
+}
+
+Status FallbackBackend::RunOnCpu(std::span<const SequenceStep> steps, Logits& out, const std::string& why) {
+  if (device_ != nullptr && keeps_copies_) {
+    // The device may hold copies of the blocks these steps write, with rows past the
+    // sequence's end (a truncated sequence) that it would trust again once the sequence has
+    // grown back: drop them.
+    std::vector<uint64_t> written;
+    for (const SequenceStep& s : steps) {
+      const int64_t B = s.kv->layout().block_tokens;
+      const int64_t end = s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size());
+      for (int64_t b = s.kv->n_tokens() / B; b < std::min(s.kv->n_blocks(), (end + B - 1) / B); ++b) {
+        written.push_back(s.kv->block(b)->serial);
+      }
+    }
+    if (Status st = device_->ForgetBlocks(written); !st.ok()) {
+      if (!device_->Lost()) return st;
+      DropDevice(st);
+    }
+  }
+  KVFS_ASSIGN_OR_RETURN(Backend * cpu, Cpu());
+  spdlog::warn("backend: {} step(s) on the CPU: {}", steps.size(), why);
+  KVFS_RETURN_IF_ERROR(cpu->Forward(steps, out));
+  ++stats_.cpu_passes;
+  stats_.cpu_steps += static_cast<int64_t>(steps.size());
+  stats_.last_reason = why;
+  return Status::Ok();
+}
+
+Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
+  // Every step's blocks first: a full host pool fails the pass here, before any part has run.
+  for (const SequenceStep& s : steps) {
+    if (s.kv == nullptr || s.tokens.empty()) return InvalidArgument("empty step in a batch");
+    KVFS_RETURN_IF_ERROR(s.kv->Reserve(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size())));
+  }
+  if (device_ != nullptr && device_->Lost()) DropDevice(Unavailable("lost before this pass"));
+  if (device_ == nullptr) {
+    KVFS_ASSIGN_OR_RETURN(Backend * cpu, Cpu());
+    KVFS_RETURN_IF_ERROR(cpu->Forward(steps, out));
+    ++stats_.cpu_passes;
+    stats_.cpu_steps += static_cast<int64_t>(steps.size());
+    return Status::Ok();
+  }
+
+  // Parts: groups of consecutive steps that fit the device together, and the steps that do not
+  // fit alone, for the CPU.
+  std::vector<Part> parts;
+  Part too_large;
+  too_large.on_cpu = true;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!device_->Fits(steps.subspan(i, 1))) {
+      too_large.index.push_back(i);
+      too_large.steps.push_back(steps[i]);
+      continue;
+    }
+    if (!parts.empty()) {
+      Part& last = parts.back();
+      last.steps.push_back(steps[i]);
+      if (device_->Fits(last.steps)) {
+        last.index.push_back(i);
+        continue;
+      }
+      last.steps.pop_back();
+    }
+    parts.emplace_back();
+    parts.back().index.push_back(i);
+    parts.back().steps.push_back(steps[i]);
+  }
+  if (parts.size() == 1 && too_large.index.empty()) {  // the usual pass: all on the device at once
+    const Status st = device_->Forward(steps, out);
+    if (st.ok()) {
+      ++stats_.device_passes;
+      return st;
+    }
+    if (st.code() != StatusCode::kUnavailable) return st;
+    if (device_->Lost()) DropDevice(st);
+    return RunOnCpu(steps, out, st.message());
+  }
+
+  for (Part& part : parts) {
+    if (device_ == nullptr) {  // lost during an earlier part
+      part.on_cpu = true;
+      KVFS_RETURN_IF_ERROR(RunOnCpu(part.steps, part.logits, "the device was lost"));
+      continue;
+    }
+    const Status st = device_->Forward(part.steps, part.logits);
+    if (st.ok()) {
+      ++stats_.device_passes;
+      continue;
+    }
+    if (st.code() != StatusCode::kUnavailable) return st;
+    if (device_->Lost()) DropDevice(st);
+    part.on_cpu = true;
+    KVFS_RETURN_IF_ERROR(RunOnCpu(part.steps, part.logits, st.message()));
+  }
+  if (!too_large.index.empty()) {
+    KVFS_RETURN_IF_ERROR(RunOnCpu(too_large.steps, too_large.logits,
+                                  "its KV blocks do not fit the device's KV budget (kvfsd --kv-device-budget)"));
+    parts.push_back(std::move(too_large));
+  }
+
+  // The logits in the pass's order of steps.
+  out.n_vocab = model_.hparams().n_vocab;
+  out.data.clear();
+  out.first_row.assign(steps.size(), 0);
+  std::vector<std::pair<const Part*, size_t>> where(steps.size());
+  for (const Part& part : parts) {
+    for (size_t k = 0; k < part.index.size(); ++k) where[part.index[k]] = {&part, k};
+  }
+  int64_t rows = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto [part, k] = where[i];
+    const int64_t n = steps[i].all_logits ? static_cast<int64_t>(steps[i].tokens.size()) : 1;
+    const float* from = part->logits.row(part->logits.first_row[k]);
+    out.first_row[i] = rows;
+    out.data.insert(out.data.end(), from, from + n * out.n_vocab);
+    rows += n;
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvfs

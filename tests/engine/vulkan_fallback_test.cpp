@@ -1,0 +1,226 @@
+// FallbackBackend over the Vulkan backend: passes whose KV blocks do not fit the device's KV
+// budget run in groups that fit, steps that do not fit alone run on the CPU, and a lost device
+// (injected at the n-th queue submission) hands every pass to the CPU. In every case the logits
+// must be the CPU backend's for the same history (the scalar table: the Vulkan backend matches
+// it to NMSE < 1e-14 on these models), so no state is lost on the way. Runs on lavapipe in CI.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/backend/fallback_backend.h"
+#include "tests/test_support.h"
+
+namespace kvfs {
+namespace {
+
+double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+constexpr int64_t kBlockTokens = 16;
+
+class VulkanFallbackTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
+    KVFS_REQUIRE_DATA(path);
+    auto model = Model::Load(path);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    model_ = std::move(*model);
+    KVFS_REQUIRE_VULKAN(MakeVulkanBackend(*model_, VulkanOptions{}).status());
+    cpu_ = MakeCpuBackend(*model_, CpuOptions{2, &cpu::ScalarKernels()});
+    layout_ = KvLayoutFor(hp(), *MakeKvFormat("q8", "", hp().n_head_kv, hp().head_dim), kBlockTokens);
+    prompt_ = model_->tokenizer().Encode(
+        "The quick brown fox jumps over the lazy dog, twice, and then it sleeps under the old oak tree "
+        "until the farmer comes home with a basket of apples for the children.",
+        true, false);
+    ASSERT_GE(prompt_.size(), 39u);
+  }
+  const HParams& hp() const { return model_->hparams(); }
+  // A FallbackBackend over a Vulkan device with room for `blocks` KV blocks of layout_.
+  // max_binding_bytes > 0 caps the storage bindings, and so the micro-batches.
+  std::unique_ptr<FallbackBackend> Make(int64_t blocks, int64_t lose_at_submission = 0, int64_t max_binding_bytes = 0) {
+    VulkanOptions options;
+    options.max_binding_bytes = max_binding_bytes;
+    options.kv_device_bytes = blocks * 2 * layout_.n_layer * kBlockTokens * ((layout_.row_bytes() + 3) / 4 * 4);
+    options.lose_device_at_submission = lose_at_submission;
+    auto device = MakeVulkanBackend(*model_, options);
+    EXPECT_TRUE(device.ok()) << device.status().message();
+    if (!device.ok()) return nullptr;
+    return std::make_unique<FallbackBackend>(*model_, std::move(*device), CpuOptions{2, &cpu::ScalarKernels()});
+  }
+  std::span<const TokenId> Prompt(size_t n) const { return std::span<const TokenId>(prompt_).first(n); }
+  // One pass over steps; each step's last logits row.
+  std::vector<std::vector<float>> Pass(Backend& backend, std::span<const SequenceStep> steps) {
+    Logits lg;
+    const Status st = backend.Forward(steps, lg);
+    EXPECT_TRUE(st.ok()) << st.message();
+    std::vector<std::vector<float>> rows;
+    for (size_t i = 0; i < steps.size() && st.ok(); ++i) {
+      const int64_t last = lg.first_row[i] + (steps[i].all_logits ? static_cast<int64_t>(steps[i].tokens.size()) - 1 : 0);
+      rows.emplace_back(lg.row(last), lg.row(last) + hp().n_vocab);
+    }
+    return rows;
+  }
+  std::vector<float> Alone(Backend& backend, SequenceKv& kv, std::span<const TokenId> tokens) {
+    const SequenceStep s{&kv, tokens, false};
+    auto rows = Pass(backend, std::span<const SequenceStep>(&s, 1));
+    return rows.empty() ? std::vector<float>() : rows[0];
+  }
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Backend> cpu_;
+  KvLayout layout_;
+  std::vector<TokenId> prompt_;
+};
+
+// Room for 4 blocks: three 39-token prompts (3 blocks each) in one pass run as three device
+// passes, not on the CPU; two short prompts (a block each) still share one pass.
+TEST_F(VulkanFallbackTest, PassesOverTheDeviceBudgetRunInGroupsThatFit) {
+  auto fb = Make(4);
+  ASSERT_NE(fb, nullptr);
+  SequenceKv a(layout_, 256), b(layout_, 256), c(layout_, 256), ra(layout_, 256), rb(layout_, 256), rc(layout_, 256);
+  const SequenceStep three[3] = {{&a, Prompt(39), false}, {&b, Prompt(38), false}, {&c, Prompt(37), false}};
+  EXPECT_FALSE(fb->device()->Fits(three));
+  const auto got = Pass(*fb, three);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(fb->stats().device_passes, 3);
+  EXPECT_EQ(fb->stats().cpu_steps, 0);
+  EXPECT_LE(Nmse(got[0], Alone(*cpu_, ra, Prompt(39))), 1e-8);
+  EXPECT_LE(Nmse(got[1], Alone(*cpu_, rb, Prompt(38))), 1e-8);
+  EXPECT_LE(Nmse(got[2], Alone(*cpu_, rc, Prompt(37))), 1e-8);
+  EXPECT_EQ(a.n_tokens() + b.n_tokens() + c.n_tokens(), 39 + 38 + 37);
+
+  // A decode step of all three, evicting each other's copies on the way.
+  const TokenId next[3] = {42, 7, 1000};
+  const SequenceStep decode[3] = {{&a, std::span<const TokenId>(&next[0], 1), false},
+                                  {&b, std::span<const TokenId>(&next[1], 1), false},
+                                  {&c, std::span<const TokenId>(&next[2], 1), false}};
+  const auto stepped = Pass(*fb, decode);
+  ASSERT_EQ(stepped.size(), 3u);
+  EXPECT_EQ(fb->stats().device_passes, 6);
+  EXPECT_LE(Nmse(stepped[0], Alone(*cpu_, ra, std::span<const TokenId>(&next[0], 1))), 1e-8);
+  EXPECT_LE(Nmse(stepped[1], Alone(*cpu_, rb, std::span<const TokenId>(&next[1], 1))), 1e-8);
+  EXPECT_LE(Nmse(stepped[2], Alone(*cpu_, rc, std::span<const TokenId>(&next[2], 1))), 1e-8);
+
+  SequenceKv d(layout_, 256), e(layout_, 256);
+  const SequenceStep two[2] = {{&d, Prompt(12), true}, {&e, Prompt(9), false}};
+  Logits lg;
+  ASSERT_TRUE(fb->Forward(two, lg).ok());
+  EXPECT_EQ(fb->stats().device_passes, 7);
+  EXPECT_EQ(lg.first_row, (std::vector<int64_t>{0, 12}));  // all 12 rows of d, then e's last
+  EXPECT_EQ(lg.data.size(), static_cast<size_t>(13 * hp().n_vocab));
+  EXPECT_EQ(fb->Health().cpu_fallback_steps, 0);
+}
+
+// A step whose blocks exceed the budget alone runs on the CPU, beside the device's steps. The
+// CPU then wrote rows the device held stale copies of (a truncated sequence): those copies
+// must be dropped, or the device's next pass over that sequence would read old rows.
+TEST_F(VulkanFallbackTest, AStepOverTheDeviceBudgetRunsOnTheCpu) {
+  auto fb = Make(3);
+  ASSERT_NE(fb, nullptr);
+  const std::vector<TokenId> other(40, 450);  // rows 10.. differ from the prompt's
+  SequenceKv s(layout_, 256), r(layout_, 256), small(layout_, 256), r_small(layout_, 256);
+
+  const auto first = Alone(*fb, s, Prompt(30));  // 2 blocks: on the device
+  EXPECT_LE(Nmse(first, Alone(*cpu_, r, Prompt(30))), 1e-8);
+  EXPECT_EQ(fb->stats().device_passes, 1);
+  s.Truncate(10);
+  r.Truncate(10);
+  // 50 positions (4 blocks): s on the CPU, `small` beside it on the device.
+  const SequenceStep both[2] = {{&s, other, false}, {&small, Prompt(20), false}};
+  const auto mixed = Pass(*fb, both);
+  ASSERT_EQ(mixed.size(), 2u);
+  EXPECT_EQ(fb->stats().cpu_steps, 1);
+  EXPECT_EQ(fb->stats().device_passes, 2);
+  EXPECT_EQ(fb->Health().cpu_fallback_steps, 1);
+  EXPECT_LE(Nmse(mixed[0], Alone(*cpu_, r, other)), 1e-8);
+  EXPECT_LE(Nmse(mixed[1], Alone(*cpu_, r_small, Prompt(20))), 1e-8);
+  EXPECT_EQ(s.n_tokens(), 50);
+
+  // Back under the budget: the device runs s again and must see the CPU's rows 10..19.
+  s.Truncate(20);
+  r.Truncate(20);
+  const auto back = Alone(*fb, s, Prompt(5));
+  EXPECT_EQ(fb->stats().device_passes, 3);
+  EXPECT_EQ(fb->stats().cpu_steps, 1);
+  EXPECT_LE(Nmse(back, Alone(*cpu_, r, Prompt(5))), 1e-8);
+}
+
+// The device is lost at its n-th submission from the first pass on (before a pass, or in a
+// later pass; with micro-batches of 8 tokens, in the middle of the first pass, after some of
+// its command buffers ran): the failed pass runs again on the CPU, every later one runs there,
+// and each pass's logits are those of a Vulkan backend for the passes before the loss and of
+// the CPU backend from the lost pass on, continuing from the rows the device wrote back: the
+// same bits.
+TEST_F(VulkanFallbackTest, ALostDeviceHandsEveryPassToTheCpu) {
+  const TokenId next[4] = {42, 7, 1000, 3};
+  const int64_t ubatch8_binding = 4 * 8 * std::max({hp().n_vocab, hp().n_embd, hp().n_ff});
+  for (int64_t binding : {int64_t{0}, ubatch8_binding}) {
+    VulkanOptions options;
+    options.max_binding_bytes = binding;
+    auto vulkan = MakeVulkanBackend(*model_, options);
+    ASSERT_TRUE(vulkan.ok()) << vulkan.status().message();
+    for (int64_t lose_at : {1, 2, 3, 4, 5}) {
+      SCOPED_TRACE(::testing::Message() << "binding " << binding << ", lost at submission " << lose_at);
+      auto fb = Make(64, lose_at, binding);
+      ASSERT_NE(fb, nullptr);
+      SequenceKv s(layout_, 256);
+      std::vector<std::vector<float>> got{Alone(*fb, s, Prompt(39))};
+      for (const TokenId& t : next) got.push_back(Alone(*fb, s, std::span<const TokenId>(&t, 1)));
+      EXPECT_EQ(s.n_tokens(), 39 + 4);
+      // Five passes make at least five submissions, so the device is gone by now.
+      EXPECT_TRUE(fb->stats().device_lost);
+      EXPECT_TRUE(fb->Health().device_lost);
+      EXPECT_EQ(fb->device(), nullptr);
+      EXPECT_STREQ(fb->name(), "cpu");
+      const int64_t on_device = fb->stats().device_passes;
+      EXPECT_EQ(on_device + fb->stats().cpu_passes, 5);
+      EXPECT_EQ(fb->Health().cpu_fallback_steps, 5 - on_device);
+      std::printf("[vulkan fallback] binding %lld, lost at submission %lld: %lld of 5 passes on the device\n",
+                  static_cast<long long>(binding), static_cast<long long>(lose_at), static_cast<long long>(on_device));
+
+      SequenceKv r(layout_, 256);
+      auto backend = [&](size_t pass) -> Backend& { return static_cast<int64_t>(pass) < on_device ? **vulkan : *cpu_; };
+      std::vector<std::vector<float>> want{Alone(backend(0), r, Prompt(39))};
+      for (size_t i = 0; i < 4; ++i) want.push_back(Alone(backend(i + 1), r, std::span<const TokenId>(&next[i], 1)));
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "pass " << i;
+
+      // The engine zeroes freed blocks' copies: a lost device has none left, and says so calmly.
+      const uint64_t serial = s.block(0)->serial;
+      EXPECT_TRUE(fb->ForgetBlocks(std::span<const uint64_t>(&serial, 1)).ok());
+      EXPECT_TRUE(fb->KeepsBlockCopies());
+      EXPECT_EQ(fb->BlockCopies(), 0);
+      EXPECT_EQ(fb->SetVulkanTuning(VulkanTuning{}).code(), StatusCode::kUnsupported);
+    }
+  }
+}
+
+// Without the fallback (what kvfs bench asks for), a lost device is an error that leaves the
+// sequence as it was.
+TEST_F(VulkanFallbackTest, WithoutTheFallbackALostDeviceIsAnError) {
+  VulkanOptions options;
+  options.lose_device_at_submission = 1;
+  auto device = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(device.ok()) << device.status().message();
+  SequenceKv s(layout_, 256);
+  Logits lg;
+  const SequenceStep step{&s, Prompt(20), false};
+  const Status st = (*device)->Forward(std::span<const SequenceStep>(&step, 1), lg);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.message();
+  EXPECT_NE(st.message().find("VK_ERROR_DEVICE_LOST"), std::string::npos) << st.message();
+  EXPECT_TRUE((*device)->Lost());
+  EXPECT_EQ(s.n_tokens(), 0);
+  EXPECT_EQ((*device)->Forward(std::span<const SequenceStep>(&step, 1), lg).code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvfs
