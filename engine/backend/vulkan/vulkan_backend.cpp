@@ -473,6 +473,7 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   }
   if (last) KVFS_RETURN_IF_ERROR(kv_->RecordWriteBack(rec, step_kv_));
   KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
+  if (R == 0) return Status::Ok();  // a micro-batch whose tokens want no logits (none mapped)
   const size_t at = out.data.size();
   out.data.resize(at + static_cast<size_t>(R * hp_.n_vocab));
   std::memcpy(out.data.data() + at, logits_out_.mapped(), static_cast<size_t>(R * hp_.n_vocab * 4));
