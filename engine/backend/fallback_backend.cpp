@@ -25,6 +25,14 @@ Status FallbackBackend::SetVulkanTuning(const VulkanTuning& tuning) {
   return device_->SetVulkanTuning(tuning);
 }
 
+Status FallbackBackend::ForgetBlocks(std::span<const uint64_t> serials) {
+  if (device_ == nullptr) return Status::Ok();
+  const Status st = device_->ForgetBlocks(serials);
+  if (st.ok() || !device_->Lost()) return st;
+  DropDevice(st);  // the loss seen first here, between passes
+  return Status::Ok();
+}
+
 Result<Backend*> FallbackBackend::Cpu() {
   if (cpu_ == nullptr) cpu_ = MakeCpuBackend(model_, cpu_options_);
   return cpu_.get();
@@ -79,6 +87,17 @@ Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out
     return Status::Ok();
   }
 
+  if (device_->Fits(steps)) {  // the usual pass: all on the device at once
+    const Status st = device_->Forward(steps, out);
+    if (st.ok()) {
+      ++stats_.device_passes;
+      return st;
+    }
+    if (st.code() != StatusCode::kUnavailable) return st;
+    if (device_->Lost()) DropDevice(st);
+    return RunOnCpu(steps, out, st.message());
+  }
+
   // Parts: groups of consecutive steps that fit the device together, and the steps that do not
   // fit alone, for the CPU.
   std::vector<Part> parts;
@@ -103,17 +122,6 @@ Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out
     parts.back().index.push_back(i);
     parts.back().steps.push_back(steps[i]);
   }
-  if (parts.size() == 1 && too_large.index.empty()) {  // the usual pass: all on the device at once
-    const Status st = device_->Forward(steps, out);
-    if (st.ok()) {
-      ++stats_.device_passes;
-      return st;
-    }
-    if (st.code() != StatusCode::kUnavailable) return st;
-    if (device_->Lost()) DropDevice(st);
-    return RunOnCpu(steps, out, st.message());
-  }
-
   for (Part& part : parts) {
     if (device_ == nullptr) {  // lost during an earlier part
       part.on_cpu = true;

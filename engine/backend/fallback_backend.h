@@ -9,6 +9,10 @@
 // The CPU backend is made on first need (it may pack the weights: memory and seconds).
 // Before the CPU writes rows into blocks the device holds copies of, those copies are dropped
 // (ForgetBlocks), so the device never trusts rows it did not write itself.
+// A pass is all-or-nothing when it runs whole on the device or the CPU (the usual case: it
+// fits). Split into groups, an error other than kUnavailable in a later group leaves the
+// earlier groups' sequences advanced; the engine then fails every turn of the pass and drops
+// their sequences, as for any failed pass.
 #pragma once
 
 #include <cstdint>
@@ -36,10 +40,9 @@ class FallbackBackend final : public Backend {
   Status Forward(std::span<const SequenceStep> steps, Logits& out) override;
   // Constant for the backend's life: the engine tracks freed blocks from the start.
   bool KeepsBlockCopies() const override { return keeps_copies_; }
-  // A lost device's memory went with it: nothing is left to zero.
-  Status ForgetBlocks(std::span<const uint64_t> serials) override {
-    return device_ != nullptr ? device_->ForgetBlocks(serials) : Status::Ok();
-  }
+  // A lost device's memory went with it: nothing is left to zero (and the engine, which treats
+  // a failed zeroing as fatal, goes on).
+  Status ForgetBlocks(std::span<const uint64_t> serials) override;
   int64_t BlockCopies() const override { return device_ != nullptr ? device_->BlockCopies() : 0; }
   std::string TakeProfileReport() override { return device_ != nullptr ? device_->TakeProfileReport() : ""; }
   Status SetVulkanTuning(const VulkanTuning& tuning) override;

@@ -204,6 +204,25 @@ TEST_F(VulkanFallbackTest, ALostDeviceHandsEveryPassToTheCpu) {
   }
 }
 
+// The engine zeroes the copies of freed blocks before each pass, so the loss may show there
+// first: that is no error (the engine aborts on one), and the next pass runs on the CPU.
+TEST_F(VulkanFallbackTest, ALossSeenFirstWhenZeroingCopiesIsNoError) {
+  auto fb = Make(64, 2);
+  ASSERT_NE(fb, nullptr);
+  auto vulkan = MakeVulkanBackend(*model_, VulkanOptions{});
+  ASSERT_TRUE(vulkan.ok()) << vulkan.status().message();
+  SequenceKv s(layout_, 256), r(layout_, 256);
+  EXPECT_EQ(Alone(*fb, s, Prompt(39)), Alone(**vulkan, r, Prompt(39)));  // submission 1
+  const uint64_t freed = ~uint64_t{0};  // a block the device holds no copy of: still a submission
+  EXPECT_TRUE(fb->ForgetBlocks(std::span<const uint64_t>(&freed, 1)).ok());  // submission 2: lost
+  EXPECT_TRUE(fb->stats().device_lost);
+  EXPECT_EQ(fb->device(), nullptr);
+  const TokenId next = 42;
+  EXPECT_EQ(Alone(*fb, s, std::span<const TokenId>(&next, 1)), Alone(*cpu_, r, std::span<const TokenId>(&next, 1)));
+  EXPECT_EQ(fb->stats().device_passes, 1);
+  EXPECT_EQ(fb->stats().cpu_passes, 1);
+}
+
 // Without the fallback (what kvfs bench asks for), a lost device is an error that leaves the
 // sequence as it was.
 TEST_F(VulkanFallbackTest, WithoutTheFallbackALostDeviceIsAnError) {

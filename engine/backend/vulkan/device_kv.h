@@ -82,8 +82,10 @@ class DeviceKvCache {
   // Whether Prepare can hold these steps' blocks (Reserve'd or not) at once: per KV layout, the
   // distinct blocks they name against the slots its arena can reach (grown as AllocateSlot grows
   // it, within the budget and the binding, or by dropping copies no step names); q4k's key rows
-  // against the binding. Exact for one layout; with several it takes each arena's largest
-  // growth, so it may say no where Prepare would have managed. Changes nothing.
+  // against the binding. Exact for one layout. With several, arenas share the budget in the
+  // order Prepare happens to grow them, which this does not follow: it may then say yes where
+  // Prepare fails (kUnavailable, touching nothing: FallbackBackend runs the pass on the CPU) or
+  // no where Prepare would have managed. Changes nothing.
   bool Fits(std::span<const SequenceStep> steps) const;
   // After every step's kv->Reserve: steps[i]'s blocks for positions [0, n_tokens + tokens)
   // are resident, their rows below n_tokens uploaded; out[i] describes step i.

@@ -19,6 +19,11 @@ Recorder::~Recorder() {
   if (pool_ != VK_NULL_HANDLE) vkDestroyCommandPool(dev, pool_, nullptr);
 }
 
+void Recorder::Drain() {
+  if (in_flight_) vkQueueWaitIdle(ctx_.queue());
+  in_flight_ = false;
+}
+
 Status Recorder::Begin() {
   VkDevice dev = ctx_.device();
   if (pool_ == VK_NULL_HANDLE) {
@@ -288,7 +293,7 @@ Status Recorder::CollectProfile(std::chrono::steady_clock::time_point submitted)
   std::vector<uint64_t> ticks(n);
   const VkResult r = vkGetQueryPoolResults(ctx_.device(), p.queries, 0, n, n * sizeof(uint64_t), ticks.data(),
                                            sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
-  if (r != VK_SUCCESS) return VkError("vkGetQueryPoolResults", r);
+  KVFS_RETURN_IF_ERROR(ctx_.Check("vkGetQueryPoolResults", r));
   const double ms_per_tick = ctx_.limits().timestamp_period_ns * 1e-6;
   for (uint32_t i = 1; i < n; ++i) {
     ProfileLine& line = p.lines[p.labels[i - 1]];

@@ -52,6 +52,8 @@ class Recorder {
   void Zero(const Buffer& dst, int64_t offset, int64_t bytes);
   // Ends, submits and waits; host reads of readback buffers are valid afterwards.
   Status SubmitAndWait();
+  // Waits for the pieces of an abandoned pass that may still run (before freeing what they use).
+  void Drain();
 
   // Profiling (kvfs bench --profile, KVFS_VULKAN_PROFILE=1): a timestamp after every dispatch
   // of the first max_dispatches of each command buffer. A dispatch is charged the device time

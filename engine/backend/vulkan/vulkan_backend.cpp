@@ -56,6 +56,11 @@ constexpr int64_t kCounterBytes = vk::Ops::kCounterWords * 4;
 class VulkanBackend final : public Backend {
  public:
   explicit VulkanBackend(const Model& model) : model_(model), hp_(model.hparams()) {}
+  // The pieces of an abandoned pass (a later piece failed to go) may still run: they must
+  // finish before the buffers they use are freed (members go before rec_).
+  ~VulkanBackend() override {
+    if (rec_ != nullptr) rec_->Drain();
+  }
   Status Init(const VulkanOptions& options);
 
   const char* name() const override { return "vulkan"; }
