@@ -15,7 +15,6 @@ struct Part {
   std::vector<size_t> index;
   std::vector<SequenceStep> steps;
   Logits logits;
-  bool on_cpu = false;
 };
 
 }  // namespace
@@ -102,7 +101,6 @@ Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out
   // fit alone, for the CPU.
   std::vector<Part> parts;
   Part too_large;
-  too_large.on_cpu = true;
   for (size_t i = 0; i < steps.size(); ++i) {
     if (!device_->Fits(steps.subspan(i, 1))) {
       too_large.index.push_back(i);
@@ -124,7 +122,6 @@ Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out
   }
   for (Part& part : parts) {
     if (device_ == nullptr) {  // lost during an earlier part
-      part.on_cpu = true;
       KVFS_RETURN_IF_ERROR(RunOnCpu(part.steps, part.logits, "the device was lost"));
       continue;
     }
@@ -135,7 +132,6 @@ Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out
     }
     if (st.code() != StatusCode::kUnavailable) return st;
     if (device_->Lost()) DropDevice(st);
-    part.on_cpu = true;
     KVFS_RETURN_IF_ERROR(RunOnCpu(part.steps, part.logits, st.message()));
   }
   if (!too_large.index.empty()) {
