@@ -190,9 +190,9 @@ struct ChosenBackend {
   bool tuned = false;   // a tuning file's settings are in use
 };
 // A Vulkan backend comes inside a FallbackBackend (fallback_backend.h; request.cpu_fallback):
-// passes the device cannot run go to the CPU. Without a Vulkan driver or device (or in a build without Vulkan) a Vulkan
-// request gives the CPU backend and a warning; a device index that does not exist, or a model the shaders cannot
-// run, is an error.
+// passes the device cannot run go to the CPU. Without a Vulkan driver or device (or in a build
+// without Vulkan) a Vulkan request gives the CPU backend and a warning; a device index that does
+// not exist, or a model the shaders cannot run, is an error.
 Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequest& request);
 
 // Test hooks of the Vulkan backend (Unsupported for other backends and builds): the bytes of

@@ -1,9 +1,7 @@
 #include "engine/backend/fallback_backend.h"
 
 #include <algorithm>
-#include <cstring>
 
-#include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
 namespace kvfs {
@@ -63,12 +61,24 @@ Status FallbackBackend::RunOnCpu(std::span<const SequenceStep> steps, Logits& ou
     }
   }
   KVFS_ASSIGN_OR_RETURN(Backend * cpu, Cpu());
-  spdlog::warn("backend: {} step(s) on the CPU: {}", steps.size(), why);
+  if (device_ != nullptr) spdlog::warn("backend: {} step(s) on the CPU: {}", steps.size(), why);  // (a loss is logged once)
   KVFS_RETURN_IF_ERROR(cpu->Forward(steps, out));
   ++stats_.cpu_passes;
   stats_.cpu_steps += static_cast<int64_t>(steps.size());
   stats_.last_reason = why;
   return Status::Ok();
+}
+
+Status FallbackBackend::RunOnDevice(std::span<const SequenceStep> steps, Logits& out) {
+  if (device_ == nullptr) return RunOnCpu(steps, out, "the device was lost");
+  const Status st = device_->Forward(steps, out);
+  if (st.ok()) {
+    ++stats_.device_passes;
+    return st;
+  }
+  if (st.code() != StatusCode::kUnavailable) return st;
+  if (device_->Lost()) DropDevice(st);
+  return RunOnCpu(steps, out, st.message());
 }
 
 Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
@@ -78,24 +88,8 @@ Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out
     KVFS_RETURN_IF_ERROR(s.kv->Reserve(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size())));
   }
   if (device_ != nullptr && device_->Lost()) DropDevice(Unavailable("lost before this pass"));
-  if (device_ == nullptr) {
-    KVFS_ASSIGN_OR_RETURN(Backend * cpu, Cpu());
-    KVFS_RETURN_IF_ERROR(cpu->Forward(steps, out));
-    ++stats_.cpu_passes;
-    stats_.cpu_steps += static_cast<int64_t>(steps.size());
-    return Status::Ok();
-  }
-
-  if (device_->Fits(steps)) {  // the usual pass: all on the device at once
-    const Status st = device_->Forward(steps, out);
-    if (st.ok()) {
-      ++stats_.device_passes;
-      return st;
-    }
-    if (st.code() != StatusCode::kUnavailable) return st;
-    if (device_->Lost()) DropDevice(st);
-    return RunOnCpu(steps, out, st.message());
-  }
+  // The usual pass: all on the device at once (or, the device lost, all on the CPU).
+  if (device_ == nullptr || device_->Fits(steps)) return RunOnDevice(steps, out);
 
   // Parts: groups of consecutive steps that fit the device together, and the steps that do not
   // fit alone, for the CPU.
@@ -120,20 +114,7 @@ Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out
     parts.back().index.push_back(i);
     parts.back().steps.push_back(steps[i]);
   }
-  for (Part& part : parts) {
-    if (device_ == nullptr) {  // lost during an earlier part
-      KVFS_RETURN_IF_ERROR(RunOnCpu(part.steps, part.logits, "the device was lost"));
-      continue;
-    }
-    const Status st = device_->Forward(part.steps, part.logits);
-    if (st.ok()) {
-      ++stats_.device_passes;
-      continue;
-    }
-    if (st.code() != StatusCode::kUnavailable) return st;
-    if (device_->Lost()) DropDevice(st);
-    KVFS_RETURN_IF_ERROR(RunOnCpu(part.steps, part.logits, st.message()));
-  }
+  for (Part& part : parts) KVFS_RETURN_IF_ERROR(RunOnDevice(part.steps, part.logits));
   if (!too_large.index.empty()) {
     KVFS_RETURN_IF_ERROR(RunOnCpu(too_large.steps, too_large.logits,
                                   "its KV blocks do not fit the device's KV budget (kvfsd --kv-device-budget)"));

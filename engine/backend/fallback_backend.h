@@ -55,6 +55,9 @@ class FallbackBackend final : public Backend {
  private:
   Result<Backend*> Cpu();
   void DropDevice(const Status& why);
+  // Runs `steps` on the device into `out`; what it refuses with kUnavailable (memory full, a
+  // lost device) on the CPU.
+  Status RunOnDevice(std::span<const SequenceStep> steps, Logits& out);
   // Runs `steps` on the CPU into `out`, after dropping the device's copies of the blocks they write.
   Status RunOnCpu(std::span<const SequenceStep> steps, Logits& out, const std::string& why);
 

@@ -134,9 +134,6 @@ Result<std::vector<VulkanDeviceInfo>> ListVulkanDevicesImpl() {
   return out;
 }
 
-}  // namespace
-
-namespace {
 const char* VkResultName(VkResult result) {
   switch (result) {
     case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";

@@ -500,11 +500,6 @@ Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) 
     KVFS_RETURN_IF_ERROR(s.kv->Reserve(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size())));
     total += static_cast<int64_t>(s.tokens.size());
   }
-  // Steps whose blocks cannot all be resident at once are refused before anything runs
-  // (FallbackBackend runs them elsewhere).
-  if (!kv_->Fits(steps)) {
-    return Unavailable("the pass's KV blocks do not fit the device's KV budget (kvfsd --kv-device-budget)");
-  }
   KVFS_RETURN_IF_ERROR(kv_->Prepare(steps, step_kv_));
 
   out.n_vocab = hp_.n_vocab;
@@ -546,9 +541,6 @@ Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) 
   return Status::Ok();
 }
 
-}  // namespace
-
-namespace {
 // The Vulkan backend itself, or the one inside a FallbackBackend; null for others.
 VulkanBackend* AsVulkan(Backend& backend) {
   if (auto* f = dynamic_cast<FallbackBackend*>(&backend)) return f->device() ? AsVulkan(*f->device()) : nullptr;
