@@ -59,7 +59,7 @@ bool Run(const std::string& type, int64_t tokens, int reps, int copies, bool csv
     for (const auto& b : blocks[c]) chunks[c].push_back({b, static_cast<int64_t>(b.size()) / token_bytes});
   }
   CacheExportInfo info{
-      kFingerprint, g, {}, tokens, {{"system", "You are a helpful assistant."}, {"user", std::string(20000, 'x')}}};
+      kFingerprint, g, {}, tokens, {{"system", "You are a helpful assistant."}, {"user", std::string(20000, 'x')}}, ""};
   for (int64_t i = 0; i < tokens; ++i) info.tokens.push_back(static_cast<int32_t>(i * 7919 % 32000));
 
   std::vector<std::string> files;

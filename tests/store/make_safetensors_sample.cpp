@@ -101,7 +101,8 @@ bool WriteSample(const std::string& dir, const std::string& type) {
   const KvGeometry geom{kLayers, kHeads, kHeadDim, type, G, type != "f16", q4k ? kQ4kChunk : 0};
   const int64_t rb = KvRowBytes(geom);
   CacheExportInfo info{"00112233445566778899aabbccddeeff", geom, {1, 529, 29871, 13, 2147483647, 0, 42}, 5,
-                       {{"system", "You are terse."}, {"user", "Caf\xC3\xA9? \"yes\"\n"}}};
+                       {{"system", "You are terse."}, {"user", "Caf\xC3\xA9? \"yes\"\n"}},
+                       ""};
   std::vector<std::vector<uint8_t>> chunks;
   std::vector<KvChunk> spans;
   if (q4k) {
