@@ -104,6 +104,7 @@ nlohmann::json EngineStatusJson(const EngineStatus& s) {
           {"erasures", s.erasures},
           {"cpu_fallback_steps", s.cpu_fallback_steps},
           {"device_lost", s.device_lost},
+          {"device_losses", s.device_losses},
           {"top_entries", top}};
 }
 
@@ -123,9 +124,13 @@ std::string EngineStatusText(const EngineStatus& s) {
   out += fmt::format("turns      {} completed, {} failed\n", s.turns_completed, s.turns_failed);
   out += fmt::format("evictions  {} blocks; reloaded {} from disk; {} erasures\n", s.evictions,
                      HumanBytes(static_cast<int64_t>(s.reload_bytes)), s.erasures);
-  if (s.device_lost || s.cpu_fallback_steps > 0) {
-    out += fmt::format("device     {}{} steps ran on the CPU instead\n",
-                       s.device_lost ? "lost (every pass runs on the CPU); " : "", s.cpu_fallback_steps);
+  if (s.device_lost || s.device_losses > 0 || s.cpu_fallback_steps > 0) {
+    std::string losses;
+    if (s.device_losses > 0) {
+      losses = fmt::format("{} ({} loss{}); ", s.device_lost ? "lost, every pass runs on the CPU" : "made again",
+                           s.device_losses, s.device_losses == 1 ? "" : "es");
+    }
+    out += fmt::format("device     {}{} steps ran on the CPU instead\n", losses, s.cpu_fallback_steps);
   }
   if (!s.top_entries.empty()) {
     out += fmt::format("\n{:<24} {:>12} {:>12} {:>10}\n", "top entries", "memory", "disk", "hits");
@@ -165,6 +170,9 @@ std::string MetricsText(const EngineStatus& s, const FsMetrics& fs, size_t agent
   Metric(out, "kvfs_cpu_fallback_steps_total", "counter",
          "Forward steps meant for the Vulkan device that ran on the CPU (KV over the device budget, device lost).");
   out += fmt::format("kvfs_cpu_fallback_steps_total {}\n", s.cpu_fallback_steps);
+  Metric(out, "kvfs_device_losses_total", "counter",
+         "Times the Vulkan device was lost (passes then run on the CPU until it is made again).");
+  out += fmt::format("kvfs_device_losses_total {}\n", s.device_losses);
   Metric(out, "kvfs_fs_turns_submitted_total", "counter", "Turns submitted through prompt files.");
   out += fmt::format("kvfs_fs_turns_submitted_total {}\n", fs.turns_submitted);
   Metric(out, "kvfs_fs_turns_rejected_total", "counter", "Prompts refused at close, by reason.");

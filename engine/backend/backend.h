@@ -35,7 +35,9 @@ struct VulkanTuning;
 // What a backend with a CPU fallback has had to do (FallbackBackend); zeros for others.
 struct BackendHealth {
   int64_t cpu_fallback_steps = 0;  // steps meant for the device that the CPU ran
-  bool device_lost = false;        // the device was lost: every pass runs on the CPU
+  bool device_lost = false;        // the device is lost: every pass runs on the CPU until it is
+                                   // made again
+  int64_t device_losses = 0;       // times the device was lost
 };
 
 class Backend {
@@ -49,7 +51,7 @@ class Backend {
   // before their kv->Reserve; false means Forward would refuse it with kUnavailable, touching
   // nothing. FallbackBackend runs what does not fit on the CPU.
   virtual bool Fits(std::span<const SequenceStep> steps) const { return true; }
-  // The device stopped working for good (a lost Vulkan device): every Forward fails.
+  // The device stopped working (a lost Vulkan device): every Forward of this backend fails.
   virtual bool Lost() const { return false; }
   virtual BackendHealth Health() const { return {}; }
   // Whether the backend keeps copies of KV blocks (by PoolBlock::serial) that must be told
@@ -196,9 +198,11 @@ struct ChosenBackend {
 Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequest& request);
 
 // Test hooks of the Vulkan backend (Unsupported for other backends and builds): the bytes of
-// the device copy of host block `serial` (every layer's K then V plane of its slot); and that
-// slot's bytes after ForgetBlocks({serial}), which must be zeros.
+// the device copy of host block `serial` (every layer's K then V plane of its slot); that
+// slot's bytes after ForgetBlocks({serial}), which must be zeros; and a device loss injected at
+// its `at_submission`-th queue submission from now (VulkanOptions::lose_device_at_submission).
 Result<std::vector<uint8_t>> VulkanReadBlockCopy(Backend& backend, uint64_t serial);
 Result<std::vector<uint8_t>> VulkanForgetAndReadSlot(Backend& backend, uint64_t serial);
+Status VulkanLoseDevice(Backend& backend, int64_t at_submission);
 
 }  // namespace kvfs

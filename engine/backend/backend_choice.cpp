@@ -58,8 +58,11 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .tuning = tuning};
       KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, MakeVulkanBackend(model, options));
       // What the device cannot run (KV over its budget, a full or lost device) runs on the CPU.
+      // A lost device is made again (the same device and options) once the wait is over.
       if (request.cpu_fallback) {
-        out.backend = std::make_unique<FallbackBackend>(model, std::move(device), request.cpu);
+        DeviceRecovery recovery;
+        recovery.make = [&model, options] { return MakeVulkanBackend(model, options); };
+        out.backend = std::make_unique<FallbackBackend>(model, std::move(device), request.cpu, std::move(recovery));
       } else {
         out.backend = std::move(device);
       }

@@ -1,6 +1,7 @@
 #include "engine/backend/fallback_backend.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <spdlog/spdlog.h>
 
@@ -17,9 +18,25 @@ struct Part {
 
 }  // namespace
 
+FallbackBackend::FallbackBackend(const Model& model, std::unique_ptr<Backend> device, CpuOptions cpu,
+                                 DeviceRecovery recovery)
+    : model_(model),
+      device_(std::move(device)),
+      cpu_options_(cpu),
+      keeps_copies_(device_->KeepsBlockCopies()),
+      recovery_(std::move(recovery)) {}
+
 Status FallbackBackend::SetVulkanTuning(const VulkanTuning& tuning) {
   if (device_ == nullptr) return Unsupported("the Vulkan device was lost: passes run on the CPU");
-  return device_->SetVulkanTuning(tuning);
+  KVFS_RETURN_IF_ERROR(device_->SetVulkanTuning(tuning));
+  tuning_ = tuning;
+  return Status::Ok();
+}
+
+int64_t FallbackBackend::NowMs() const {
+  if (recovery_.now_ms) return recovery_.now_ms();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 Status FallbackBackend::ForgetBlocks(std::span<const uint64_t> serials) {
@@ -36,10 +53,49 @@ Result<Backend*> FallbackBackend::Cpu() {
 }
 
 void FallbackBackend::DropDevice(const Status& why) {
-  spdlog::error("backend: the {} device was lost ({}); every pass runs on the CPU from now on", device_->name(),
-                why.message());
+  const std::string name = device_->name();
   device_.reset();  // its memory, KV copies included, goes with the device
   stats_.device_lost = true;
+  ++stats_.device_losses;
+  if (!recovery_.make) {
+    spdlog::error("backend: the {} device was lost ({}); every pass runs on the CPU from now on", name, why.message());
+    return;
+  }
+  // Lost again soon after it was made again: wait longer than last time.
+  const int64_t now = NowMs();
+  const bool again_soon = remade_at_ms_.has_value() && now - *remade_at_ms_ < recovery_.max_delay_ms;
+  remake_delay_ms_ = again_soon ? std::min(2 * remake_delay_ms_, recovery_.max_delay_ms) : recovery_.first_delay_ms;
+  next_remake_ms_ = now + remake_delay_ms_;
+  spdlog::error("backend: the {} device was lost ({}); passes run on the CPU, and the device is made again in {} ms",
+                name, why.message(), remake_delay_ms_);
+}
+
+void FallbackBackend::TryRemakeDevice() {
+  const int64_t now = NowMs();
+  if (!recovery_.make || now < next_remake_ms_) return;
+  Result<std::unique_ptr<Backend>> made = recovery_.make();
+  Status why = made.ok() ? Status::Ok() : made.status();
+  if (made.ok() && (*made)->KeepsBlockCopies() != keeps_copies_) {
+    why = Internal("the remade device keeps KV copies differently");  // the engine fixed that at start
+  }
+  if (made.ok() && why.ok() && tuning_.has_value()) why = (*made)->SetVulkanTuning(*tuning_);
+  if (!why.ok()) {
+    ++stats_.remake_failures;
+    remake_delay_ms_ = std::min(2 * remake_delay_ms_, recovery_.max_delay_ms);
+    next_remake_ms_ = now + remake_delay_ms_;
+    spdlog::warn("backend: the lost device could not be made again ({}); next try in {} ms", why.message(),
+                 remake_delay_ms_);
+    return;
+  }
+  device_ = std::move(*made);
+  stats_.device_lost = false;
+  ++stats_.device_remakes;
+  remade_at_ms_ = now;
+  // The CPU backend may hold repacked weights (as large as the model): made again on need.
+  cpu_.reset();
+  spdlog::info("backend: the {} device was made again; passes run on it (its KV copies are reloaded from host "
+               "memory as passes need them)",
+               device_->name());
 }
 
 Status FallbackBackend::RunOnCpu(std::span<const SequenceStep> steps, Logits& out, const std::string& why) {
@@ -88,6 +144,7 @@ Status FallbackBackend::Forward(std::span<const SequenceStep> steps, Logits& out
     KVFS_RETURN_IF_ERROR(s.kv->Reserve(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size())));
   }
   if (device_ != nullptr && device_->Lost()) DropDevice(Unavailable("lost before this pass"));
+  if (device_ == nullptr) TryRemakeDevice();
   // The usual pass: all on the device at once (or, the device lost, all on the CPU).
   if (device_ == nullptr || device_->Fits(steps)) return RunOnDevice(steps, out);
 

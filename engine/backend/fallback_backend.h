@@ -4,8 +4,10 @@
 //   - steps whose KV blocks do not fit the device's KV budget (Backend::Fits) run on the CPU;
 //     the rest of the pass runs on the device, in as few groups as fit;
 //   - a group the device refuses with kUnavailable (device memory full) runs on the CPU;
-//   - once the device is lost (Backend::Lost), every pass runs on the CPU and the device
-//     backend is released.
+//   - once the device is lost (Backend::Lost), the device backend is released and every pass
+//     runs on the CPU until the device can be made again (DeviceRecovery: a GPU reset or a
+//     driver timeout usually leaves it usable); tries come at the start of a pass, at doubling
+//     intervals, so a device that stays gone costs little.
 // The CPU backend is made on first need (it may pack the weights: memory and seconds).
 // Before the CPU writes rows into blocks the device holds copies of, those copies are dropped
 // (ForgetBlocks), so the device never trusts rows it did not write itself.
@@ -16,25 +18,40 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/backend/backend.h"
 
 namespace kvfs {
 
+// How a lost device is made again. The first try comes first_delay_ms after the loss, each
+// failed one doubles the wait (up to max_delay_ms), and so does a loss within max_delay_ms of
+// the last recovery (a device that keeps failing is not remade every second).
+struct DeviceRecovery {
+  std::function<Result<std::unique_ptr<Backend>>()> make;  // a new device backend; empty: a lost
+                                                           // device stays lost
+  std::function<int64_t()> now_ms;                         // a clock; empty: the steady clock
+  int64_t first_delay_ms = 1000;
+  int64_t max_delay_ms = 5 * 60 * 1000;
+};
+
 struct FallbackStats {
   int64_t device_passes = 0;  // Forward calls the device ran
   int64_t cpu_passes = 0;     // Forward calls the CPU ran (some or all steps of a pass)
   int64_t cpu_steps = 0;      // steps the CPU ran
-  bool device_lost = false;
+  bool device_lost = false;   // lost now: every pass runs on the CPU
+  int64_t device_losses = 0;  // times the device was lost
+  int64_t device_remakes = 0; // times it was made again after a loss
+  int64_t remake_failures = 0;
   std::string last_reason;    // why the CPU last ran something
 };
 
 class FallbackBackend final : public Backend {
  public:
-  FallbackBackend(const Model& model, std::unique_ptr<Backend> device, CpuOptions cpu)
-      : model_(model), device_(std::move(device)), cpu_options_(cpu), keeps_copies_(device_->KeepsBlockCopies()) {}
+  FallbackBackend(const Model& model, std::unique_ptr<Backend> device, CpuOptions cpu, DeviceRecovery recovery = {});
 
   const char* name() const override { return device_ != nullptr ? device_->name() : "cpu"; }
   Status Forward(std::span<const SequenceStep> steps, Logits& out) override;
@@ -47,14 +64,17 @@ class FallbackBackend final : public Backend {
   std::string TakeProfileReport() override { return device_ != nullptr ? device_->TakeProfileReport() : ""; }
   Status SetVulkanTuning(const VulkanTuning& tuning) override;
 
-  BackendHealth Health() const override { return {stats_.cpu_steps, stats_.device_lost}; }
+  BackendHealth Health() const override { return {stats_.cpu_steps, stats_.device_lost, stats_.device_losses}; }
   const FallbackStats& stats() const { return stats_; }
-  // The device backend (null once lost): tests reach its hooks through it.
+  // The device backend (null while lost): tests reach its hooks through it.
   Backend* device() { return device_.get(); }
 
  private:
   Result<Backend*> Cpu();
+  int64_t NowMs() const;
   void DropDevice(const Status& why);
+  // After a loss, once the wait is over: makes the device again, or schedules the next try.
+  void TryRemakeDevice();
   // Runs `steps` on the device into `out`; what it refuses with kUnavailable (memory full, a
   // lost device) on the CPU.
   Status RunOnDevice(std::span<const SequenceStep> steps, Logits& out);
@@ -66,6 +86,11 @@ class FallbackBackend final : public Backend {
   std::unique_ptr<Backend> cpu_;
   const CpuOptions cpu_options_;
   const bool keeps_copies_;
+  const DeviceRecovery recovery_;
+  int64_t remake_delay_ms_ = 0;          // the current wait between tries
+  int64_t next_remake_ms_ = 0;           // when the next try may come
+  std::optional<int64_t> remade_at_ms_;  // when the device was last made again
+  std::optional<VulkanTuning> tuning_;   // the last tuning set: a remade device gets it too
   FallbackStats stats_;
 };
 

@@ -107,7 +107,9 @@ struct EngineStatus {
   double forward_ms = 0;            // time spent inside them
   int64_t device_block_copies = 0;  // KV block copies in device memory (Vulkan backend)
   int64_t cpu_fallback_steps = 0;   // Vulkan: steps the CPU ran because the device could not
-  bool device_lost = false;         // Vulkan: the device was lost; passes run on the CPU
+  bool device_lost = false;         // Vulkan: the device is lost; passes run on the CPU until it is
+                                    // made again
+  int64_t device_losses = 0;        // Vulkan: times the device was lost
   std::vector<CacheEntryStatus> top_entries;  // largest agents first, at most 10
 };
 

@@ -538,7 +538,7 @@ EngineStatus Engine::Stats() {
 
 std::string Engine::BackendName() {
   std::lock_guard lock(mu_);
-  return counters_.device_lost ? backend_name_ + " (device lost: passes run on the CPU)" : backend_name_;
+  return counters_.device_lost ? backend_name_ + " (device lost: passes run on the CPU until it is made again)" : backend_name_;
 }
 
 nlohmann::json Engine::ModelInfo() {

@@ -365,6 +365,7 @@ void Engine::Step() {
     const BackendHealth health = backend_->Health();
     counters_.cpu_fallback_steps = health.cpu_fallback_steps;
     counters_.device_lost = health.device_lost;
+    counters_.device_losses = health.device_losses;
     counters_.decode_tokens += decode_count;
     counters_.prefill_tokens += prefill_tokens;
     counters_.forward_ms += ms;

@@ -196,8 +196,11 @@ TEST_F(BatchForwardTiny, Q4kTruncateAndContinue) {
     const double d = MaxDiff(got.data(), ref.data(), V);
     std::printf("[batch] q4k truncate to %lld and continue: max |dlogit| %.3g (q4k vs f16: %.3g)\n",
                 static_cast<long long>(cut), d, q4k_vs_f16);
-    if (cut % 64 == 0 || cut > 128) EXPECT_LE(d, 1e-3) << cut;  // nothing re-quantized
-    else EXPECT_LE(d, 0.2 * q4k_vs_f16) << cut;
+    if (cut % 64 == 0 || cut > 128) {
+      EXPECT_LE(d, 1e-3) << cut;  // nothing re-quantized
+    } else {
+      EXPECT_LE(d, 0.2 * q4k_vs_f16) << cut;
+    }
   }
 }
 

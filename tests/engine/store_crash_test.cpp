@@ -184,8 +184,11 @@ TEST(StoreCrash, FailAtEveryOpOfATurn) {
         EXPECT_EQ(r.status().code(), f.code) << ctx << ": " << r.status().message();
         // In this process: still the old turn, every block readable.
         auto alice = store->LoadAgent("alice", kFingerprint);
-        if (turn == 1) EXPECT_EQ(alice.status().code(), StatusCode::kNotFound) << ctx;
-        else EXPECT_TRUE(alice.ok() && LoadedIs(*alice, sc.alice[turn - 2])) << ctx;
+        if (turn == 1) {
+          EXPECT_EQ(alice.status().code(), StatusCode::kNotFound) << ctx;
+        } else {
+          EXPECT_TRUE(alice.ok() && LoadedIs(*alice, sc.alice[turn - 2])) << ctx;
+        }
         auto bob = store->LoadAgent("bob", kFingerprint);
         EXPECT_TRUE(bob.ok() && LoadedIs(*bob, sc.bob)) << ctx;
         // Once space is back the same turn commits.

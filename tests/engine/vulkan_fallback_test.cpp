@@ -4,8 +4,10 @@
 // must be the CPU backend's for the same history (the scalar table: the Vulkan backend matches
 // it to NMSE < 1e-14 on these models), so no state is lost on the way. Runs on lavapipe in CI.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
@@ -221,6 +223,79 @@ TEST_F(VulkanFallbackTest, ALossSeenFirstWhenZeroingCopiesIsNoError) {
   EXPECT_EQ(Alone(*fb, s, std::span<const TokenId>(&next, 1)), Alone(*cpu_, r, std::span<const TokenId>(&next, 1)));
   EXPECT_EQ(fb->stats().device_passes, 1);
   EXPECT_EQ(fb->stats().cpu_passes, 1);
+}
+
+// A lost device is made again once the wait is over, and the new one starts with no KV copies:
+// it must upload the host rows, written by the old device and by the CPU in between. The
+// logits must equal, bit for bit, those of the old device, then the CPU, then a fresh Vulkan
+// backend that also starts from the host rows.
+TEST_F(VulkanFallbackTest, ALostDeviceIsMadeAgainAndReadsTheHostRows) {
+  VulkanOptions options;
+  options.kv_device_bytes = 64 * 2 * layout_.n_layer * kBlockTokens * ((layout_.row_bytes() + 3) / 4 * 4);
+  VulkanOptions losing = options;
+  losing.lose_device_at_submission = 2;  // in the second pass
+  auto device = MakeVulkanBackend(*model_, losing);
+  ASSERT_TRUE(device.ok()) << device.status().message();
+  int64_t now_ms = 0;
+  int makes = 0;
+  DeviceRecovery recovery;
+  recovery.now_ms = [&] { return now_ms; };
+  recovery.make = [&]() {
+    ++makes;
+    return MakeVulkanBackend(*model_, options);
+  };
+  FallbackBackend fb(*model_, std::move(*device), CpuOptions{2, &cpu::ScalarKernels()}, std::move(recovery));
+
+  auto before = MakeVulkanBackend(*model_, options), after = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(before.ok() && after.ok());
+  const TokenId next[4] = {42, 7, 1000, 3};
+  SequenceKv s(layout_, 256), r(layout_, 256);
+  auto one = [](const TokenId& t) { return std::span<const TokenId>(&t, 1); };
+  EXPECT_EQ(Alone(fb, s, Prompt(39)), Alone(**before, r, Prompt(39)));
+  EXPECT_EQ(Alone(fb, s, one(next[0])), Alone(*cpu_, r, one(next[0])));  // lost: on the CPU
+  EXPECT_TRUE(fb.stats().device_lost);
+  now_ms = 999;
+  EXPECT_EQ(Alone(fb, s, one(next[1])), Alone(*cpu_, r, one(next[1])));
+  EXPECT_EQ(makes, 0);
+  now_ms = 1000;
+  EXPECT_EQ(Alone(fb, s, one(next[2])), Alone(**after, r, one(next[2])));  // made again
+  EXPECT_EQ(Alone(fb, s, one(next[3])), Alone(**after, r, one(next[3])));
+  EXPECT_EQ(makes, 1);
+  ASSERT_NE(fb.device(), nullptr);
+  EXPECT_FALSE(fb.Health().device_lost);
+  EXPECT_EQ(fb.Health().device_losses, 1);
+  EXPECT_EQ(fb.stats().device_passes, 3);
+  EXPECT_EQ(fb.stats().cpu_passes, 2);
+  EXPECT_EQ(s.n_tokens(), 39 + 4);
+  EXPECT_EQ(fb.BlockCopies(), (*after)->BlockCopies());
+  EXPECT_GT(fb.BlockCopies(), 0);
+  const uint64_t serial = s.block(0)->serial;
+  EXPECT_TRUE(fb.ForgetBlocks(std::span<const uint64_t>(&serial, 1)).ok());
+  EXPECT_EQ(fb.BlockCopies(), (*after)->BlockCopies() - 1);
+}
+
+// The backend kvfsd asks for makes a lost device again by itself, on the steady clock, a
+// second after the loss.
+TEST_F(VulkanFallbackTest, TheRequestedBackendMakesALostDeviceAgain) {
+  auto chosen = MakeRequestedBackend(*model_, BackendRequest{.vulkan = true, .cpu = CpuOptions{2, &cpu::ScalarKernels()}});
+  ASSERT_TRUE(chosen.ok()) << chosen.status().message();
+  auto* fb = dynamic_cast<FallbackBackend*>(chosen->backend.get());
+  ASSERT_NE(fb, nullptr);
+  ASSERT_TRUE(VulkanLoseDevice(*fb, 1).ok());
+  SequenceKv s(layout_, 256), r(layout_, 256);
+  EXPECT_EQ(Alone(*fb, s, Prompt(20)), Alone(*cpu_, r, Prompt(20)));
+  EXPECT_TRUE(fb->Health().device_lost);
+  EXPECT_EQ(VulkanLoseDevice(*fb, 1).code(), StatusCode::kUnsupported);  // no device now
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto fresh = MakeVulkanBackend(*model_, VulkanOptions{});
+  ASSERT_TRUE(fresh.ok()) << fresh.status().message();
+  const TokenId next = 42;
+  EXPECT_EQ(Alone(*fb, s, std::span<const TokenId>(&next, 1)), Alone(**fresh, r, std::span<const TokenId>(&next, 1)));
+  EXPECT_FALSE(fb->Health().device_lost);
+  EXPECT_EQ(fb->Health().device_losses, 1);
+  EXPECT_EQ(fb->stats().device_remakes, 1);
+  EXPECT_EQ(fb->stats().device_passes, 1);
+  EXPECT_TRUE(VulkanLoseDevice(*fb, 1).ok());  // a device again
 }
 
 // Without the fallback (what kvfs bench asks for), a lost device is an error that leaves the

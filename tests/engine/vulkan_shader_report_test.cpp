@@ -53,7 +53,9 @@ void CheckPlan(const std::string& model_file, const VulkanTuning& tuning) {
   std::map<std::string, int64_t> layers;
   for (const MatrixShader& s : report->shaders) {
     if (s.tokens == 1) layers[s.matrices] += s.layers;
-    if (!report->statistics) EXPECT_TRUE(s.statistics.empty());
+    if (!report->statistics) {
+      EXPECT_TRUE(s.statistics.empty());
+    }
   }
   const int64_t n_layer = (*model)->hparams().n_layer;
   EXPECT_EQ(layers["o"], n_layer);

@@ -1,5 +1,5 @@
 // The cache status and metrics report what became of a Vulkan device: steps the CPU ran in its
-// place, and a lost device; a machine where nothing fell back shows no device line.
+// place, a lost device and one made again; a machine where nothing fell back shows no device line.
 #include <gtest/gtest.h>
 
 #include "fs/render.h"
@@ -11,20 +11,34 @@ TEST(Render, DeviceFallbackIsReported) {
   EngineStatus s;
   EXPECT_EQ(EngineStatusText(s).find("device"), std::string::npos);
   EXPECT_EQ(EngineStatusJson(s)["device_lost"], false);
+  EXPECT_EQ(EngineStatusJson(s)["device_losses"], 0);
   EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_cpu_fallback_steps_total 0\n"), std::string::npos);
+  EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_device_losses_total 0\n"), std::string::npos);
 
   s.cpu_fallback_steps = 3;
   EXPECT_NE(EngineStatusText(s).find("device     3 steps ran on the CPU instead\n"), std::string::npos)
       << EngineStatusText(s);
   s.device_lost = true;
+  s.device_losses = 1;
   s.cpu_fallback_steps = 17;
-  EXPECT_NE(EngineStatusText(s).find("device     lost (every pass runs on the CPU); 17 steps ran on the CPU instead\n"),
+  EXPECT_NE(EngineStatusText(s).find("device     lost, every pass runs on the CPU (1 loss); 17 steps ran on the CPU "
+                                     "instead\n"),
             std::string::npos)
       << EngineStatusText(s);
   const nlohmann::json j = EngineStatusJson(s);
   EXPECT_EQ(j["device_lost"], true);
+  EXPECT_EQ(j["device_losses"], 1);
   EXPECT_EQ(j["cpu_fallback_steps"], 17);
   EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_cpu_fallback_steps_total 17\n"), std::string::npos);
+
+  // Made again after two losses.
+  s.device_lost = false;
+  s.device_losses = 2;
+  EXPECT_NE(EngineStatusText(s).find("device     made again (2 losses); 17 steps ran on the CPU instead\n"),
+            std::string::npos)
+      << EngineStatusText(s);
+  EXPECT_EQ(EngineStatusJson(s)["device_lost"], false);
+  EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_device_losses_total 2\n"), std::string::npos);
 }
 
 }  // namespace

@@ -79,6 +79,7 @@ class VulkanBackend final : public Backend {
   Status SetVulkanTuning(const VulkanTuning& tuning) override;
   // Test hooks (backend.h).
   Result<std::vector<uint8_t>> ReadBlockCopy(uint64_t serial) { return kv_->ReadCopy(*rec_, serial); }
+  void LoseAtSubmission(int64_t n) { ctx_->LoseAtSubmission(n); }
   Result<std::vector<uint8_t>> ForgetAndReadSlot(uint64_t serial) {
     KVFS_ASSIGN_OR_RETURN(auto where, kv_->SlotOf(serial));
     const uint64_t one[1] = {serial};
@@ -558,6 +559,13 @@ Result<std::vector<uint8_t>> VulkanForgetAndReadSlot(Backend& backend, uint64_t 
   auto* vb = AsVulkan(backend);
   if (vb == nullptr) return Unsupported("not the Vulkan backend");
   return vb->ForgetAndReadSlot(serial);
+}
+
+Status VulkanLoseDevice(Backend& backend, int64_t at_submission) {
+  auto* vb = AsVulkan(backend);
+  if (vb == nullptr) return Unsupported("not the Vulkan backend");
+  vb->LoseAtSubmission(at_submission);
+  return Status::Ok();
 }
 
 Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const VulkanOptions& options) {

@@ -13,6 +13,7 @@ Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices() { return NoVulkan(); }
 Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model&, const VulkanOptions&) { return NoVulkan(); }
 Result<std::vector<uint8_t>> VulkanReadBlockCopy(Backend&, uint64_t) { return NoVulkan(); }
 Result<std::vector<uint8_t>> VulkanForgetAndReadSlot(Backend&, uint64_t) { return NoVulkan(); }
+Status VulkanLoseDevice(Backend&, int64_t) { return NoVulkan(); }
 Result<ShaderReport> VulkanShaderReport(const Model&, const ShaderReportOptions&) { return NoVulkan(); }
 
 }  // namespace kvfs
