@@ -38,6 +38,7 @@ struct BackendHealth {
   bool device_lost = false;        // the device is lost: every pass runs on the CPU until it is
                                    // made again
   int64_t device_losses = 0;       // times the device was lost
+  int64_t device_remakes = 0;      // times it was made again
 };
 
 class Backend {
@@ -102,6 +103,11 @@ struct VulkanDeviceInfo {
 Result<std::vector<VulkanDeviceInfo>> ListVulkanDevices();
 // The device `device` names (-1: the default one) among `devices`; nullptr when none is.
 const VulkanDeviceInfo* ChosenVulkanDevice(const std::vector<VulkanDeviceInfo>& devices, int device);
+// The device that was `name` at `index`, listed again after a loss: the one named `name`, at
+// `index` if that one still is; nullptr when none is (it is gone, and the default may now be
+// another device).
+const VulkanDeviceInfo* SameVulkanDevice(const std::vector<VulkanDeviceInfo>& devices, int index,
+                                         const std::string& name);
 
 // The matrix-vector shaders' shape (decode's matrix products), for sweeps on a GPU (kvfs bench
 // --matvec-*); 0 keeps the default of each.

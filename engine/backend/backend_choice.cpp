@@ -11,12 +11,39 @@ Status Backend::SetVulkanTuning(const VulkanTuning&) {
   return Unsupported(fmt::format("the {} backend has no Vulkan tuning", name()));
 }
 
+const VulkanDeviceInfo* SameVulkanDevice(const std::vector<VulkanDeviceInfo>& devices, int index,
+                                         const std::string& name) {
+  const VulkanDeviceInfo* same = nullptr;
+  for (const VulkanDeviceInfo& d : devices) {
+    if (d.name == name && (same == nullptr || d.index == index)) same = &d;
+  }
+  return same;
+}
+
 const VulkanDeviceInfo* ChosenVulkanDevice(const std::vector<VulkanDeviceInfo>& devices, int device) {
   for (const VulkanDeviceInfo& d : devices) {
     if (device >= 0 ? d.index == device : d.is_default) return &d;
   }
   return nullptr;
 }
+
+namespace {
+
+// The device lost, made again: found by its name, at its old index if that still has it.
+// Indices may shift, and the default may now be another device (a GPU that fell off the bus
+// leaves an integrated GPU or lavapipe, slower than the CPU backend): those are failed tries.
+Result<std::unique_ptr<Backend>> MakeSameVulkanDevice(const Model& model, VulkanOptions options, int index,
+                                                      const std::string& name) {
+  if (!name.empty()) {
+    KVFS_ASSIGN_OR_RETURN(std::vector<VulkanDeviceInfo> devices, ListVulkanDevices());
+    const VulkanDeviceInfo* same = SameVulkanDevice(devices, index, name);
+    if (same == nullptr) return Unavailable(fmt::format("the Vulkan device {} is no longer listed", name));
+    options.device = same->index;
+  }
+  return MakeVulkanBackend(model, options);
+}
+
+}  // namespace
 
 Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequest& request) {
   ChosenBackend out;
@@ -61,7 +88,10 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
       // A lost device is made again (the same device and options) once the wait is over.
       if (request.cpu_fallback) {
         DeviceRecovery recovery;
-        recovery.make = [&model, options] { return MakeVulkanBackend(model, options); };
+        recovery.make = [&model, options, index = chosen != nullptr ? chosen->index : request.device,
+                         name = chosen != nullptr ? chosen->name : std::string()]() -> Result<std::unique_ptr<Backend>> {
+          return MakeSameVulkanDevice(model, options, index, name);
+        };
         out.backend = std::make_unique<FallbackBackend>(model, std::move(device), request.cpu, std::move(recovery));
       } else {
         out.backend = std::move(device);

@@ -27,7 +27,9 @@ FallbackBackend::FallbackBackend(const Model& model, std::unique_ptr<Backend> de
       recovery_(std::move(recovery)) {}
 
 Status FallbackBackend::SetVulkanTuning(const VulkanTuning& tuning) {
-  if (device_ == nullptr) return Unsupported("the Vulkan device was lost: passes run on the CPU");
+  if (device_ == nullptr) {
+    return Unsupported("the Vulkan device is lost: passes run on the CPU until it is made again");
+  }
   KVFS_RETURN_IF_ERROR(device_->SetVulkanTuning(tuning));
   tuning_ = tuning;
   return Status::Ok();
@@ -78,7 +80,6 @@ void FallbackBackend::TryRemakeDevice() {
   if (made.ok() && (*made)->KeepsBlockCopies() != keeps_copies_) {
     why = Internal("the remade device keeps KV copies differently");  // the engine fixed that at start
   }
-  if (made.ok() && why.ok() && tuning_.has_value()) why = (*made)->SetVulkanTuning(*tuning_);
   if (!why.ok()) {
     ++stats_.remake_failures;
     remake_delay_ms_ = std::min(2 * remake_delay_ms_, recovery_.max_delay_ms);
@@ -88,10 +89,16 @@ void FallbackBackend::TryRemakeDevice() {
     return;
   }
   device_ = std::move(*made);
+  if (tuning_.has_value()) {
+    if (Status st = device_->SetVulkanTuning(*tuning_); !st.ok()) {  // it keeps the tuning it was made with
+      spdlog::warn("backend: the remade device refused the tuning set before ({})", st.message());
+    }
+  }
   stats_.device_lost = false;
   ++stats_.device_remakes;
   remade_at_ms_ = now;
-  // The CPU backend may hold repacked weights (as large as the model): made again on need.
+  // The CPU backend may hold repacked weights (as large as the model): made again on need
+  // (steps over the device's KV budget), at the cost of packing them again.
   cpu_.reset();
   spdlog::info("backend: the {} device was made again; passes run on it (its KV copies are reloaded from host "
                "memory as passes need them)",

@@ -64,7 +64,9 @@ class FallbackBackend final : public Backend {
   std::string TakeProfileReport() override { return device_ != nullptr ? device_->TakeProfileReport() : ""; }
   Status SetVulkanTuning(const VulkanTuning& tuning) override;
 
-  BackendHealth Health() const override { return {stats_.cpu_steps, stats_.device_lost, stats_.device_losses}; }
+  BackendHealth Health() const override {
+    return {stats_.cpu_steps, stats_.device_lost, stats_.device_losses, stats_.device_remakes};
+  }
   const FallbackStats& stats() const { return stats_; }
   // The device backend (null while lost): tests reach its hooks through it.
   Backend* device() { return device_.get(); }

@@ -340,20 +340,25 @@ void Engine::Step() {
   }
   Logits logits;
   ForgetFreedBlocks();
+  const BackendHealth health_before = backend_->Health();
   const auto t0 = engine_internal::Clock::now();
   kvfs::Status s = backend_->Forward(steps, logits);
   const double ms = MsSince(t0);
+  const BackendHealth health = backend_->Health();
   // Step costs for sizing prefill chunks: decode-only steps, and prefill-only steps per token.
-  if (s.ok() && prefill_tokens == 0 && decode_count > 0) {
+  // Not from a pass in which the device was lost or made again (a rerun, a weight upload).
+  const bool usual_pass = health.device_losses == health_before.device_losses &&
+                          health.device_remakes == health_before.device_remakes;
+  if (s.ok() && usual_pass && prefill_tokens == 0 && decode_count > 0) {
     decode_step_ms_ = decode_step_ms_ > 0 ? 0.8 * decode_step_ms_ + 0.2 * ms : ms;
   }
-  if (s.ok() && prefill_tokens >= 32 && decode_count == 0) {
+  if (s.ok() && usual_pass && prefill_tokens >= 32 && decode_count == 0) {
     const double per_token = ms / static_cast<double>(prefill_tokens);
     prefill_ms_per_token_ = prefill_ms_per_token_ > 0 ? 0.8 * prefill_ms_per_token_ + 0.2 * per_token : per_token;
   }
   // Shared steps price their chunk too (what it added to a decode step), so the estimate
   // follows the prefilling turn's depth and the chunk's real cost.
-  if (s.ok() && prefill_tokens >= 4 && decode_count > 0 && decode_step_ms_ > 0) {
+  if (s.ok() && usual_pass && prefill_tokens >= 4 && decode_count > 0 && decode_step_ms_ > 0) {
     const double per_token = std::max(0.0, ms - decode_step_ms_) / static_cast<double>(prefill_tokens);
     prefill_ms_per_token_ = prefill_ms_per_token_ > 0 ? 0.7 * prefill_ms_per_token_ + 0.3 * per_token : per_token;
   }
@@ -362,7 +367,6 @@ void Engine::Step() {
     PushBounded(counters_.batch_sizes, steps.size());
     ++counters_.forward_passes;
     counters_.device_block_copies = backend_->BlockCopies();
-    const BackendHealth health = backend_->Health();
     counters_.cpu_fallback_steps = health.cpu_fallback_steps;
     counters_.device_lost = health.device_lost;
     counters_.device_losses = health.device_losses;

@@ -1,7 +1,7 @@
 // FallbackBackend's recovery policy over a scripted device (no Vulkan needed): a lost device is
 // made again once the wait is over, the wait doubles after a failed try and after a loss soon
 // after the last recovery, and resets after a long healthy run; a remade device gets the tuning
-// set before. Every pass advances its sequence exactly once, wherever it ran: the logits must
+// set before, and is kept if it refuses it. Every pass advances its sequence exactly once, wherever it ran: the logits must
 // equal, bit for bit, those of the CPU backend over the same tokens.
 #include <vector>
 
@@ -17,8 +17,8 @@ namespace {
 // pass fails with kUnavailable, as a lost Vulkan device's does.
 class ScriptedDevice final : public Backend {
  public:
-  ScriptedDevice(const Model& model, std::vector<VulkanTuning>* tunings)
-      : cpu_(MakeCpuBackend(model, CpuOptions{1, &cpu::ScalarKernels()})), tunings_(tunings) {}
+  ScriptedDevice(const Model& model, std::vector<VulkanTuning>* tunings, bool refuse_tuning = false)
+      : cpu_(MakeCpuBackend(model, CpuOptions{1, &cpu::ScalarKernels()})), tunings_(tunings), refuse_tuning_(refuse_tuning) {}
   const char* name() const override { return "scripted"; }
   Status Forward(std::span<const SequenceStep> steps, Logits& out) override {
     if (lost) return Unavailable("VK_ERROR_DEVICE_LOST (-4) (scripted)");
@@ -28,6 +28,7 @@ class ScriptedDevice final : public Backend {
   bool Lost() const override { return lost; }
   bool KeepsBlockCopies() const override { return true; }
   Status SetVulkanTuning(const VulkanTuning& tuning) override {
+    if (refuse_tuning_) return Unsupported("matrix-vector shape not supported (scripted)");
     tunings_->push_back(tuning);
     return Status::Ok();
   }
@@ -38,6 +39,7 @@ class ScriptedDevice final : public Backend {
  private:
   std::unique_ptr<Backend> cpu_;
   std::vector<VulkanTuning>* tunings_;
+  const bool refuse_tuning_;
 };
 
 class FallbackRecoveryTest : public ::testing::Test {
@@ -68,7 +70,7 @@ class FallbackRecoveryTest : public ::testing::Test {
         return Unavailable("no Vulkan device 0 (scripted)");
       }
       tunings_.emplace_back();
-      return std::unique_ptr<Backend>(std::make_unique<ScriptedDevice>(*model_, &tunings_.back()));
+      return std::unique_ptr<Backend>(std::make_unique<ScriptedDevice>(*model_, &tunings_.back(), refuse_tuning_));
     };
     tunings_.reserve(16);  // ScriptedDevice keeps a pointer into it
     tunings_.emplace_back();
@@ -97,6 +99,7 @@ class FallbackRecoveryTest : public ::testing::Test {
   int64_t now_ms_ = 0;
   int make_calls_ = 0;
   int fail_makes_ = 0;
+  bool refuse_tuning_ = false;  // devices made from now on refuse SetVulkanTuning
 };
 
 TEST_F(FallbackRecoveryTest, ALostDeviceIsMadeAgainAfterAWaitThatDoubles) {
@@ -157,7 +160,9 @@ TEST_F(FallbackRecoveryTest, ALostDeviceIsMadeAgainAfterAWaitThatDoubles) {
   EXPECT_EQ(make_calls_, 3);
   ASSERT_NE(fb->device(), nullptr);
 
-  // After a healthy run longer than the longest wait, a loss waits 1 s again.
+  // After a healthy run longer than the longest wait, a loss waits 1 s again. The device made
+  // then refuses the tuning: it is kept, with the tuning it was made with.
+  refuse_tuning_ = true;
   now_ms_ = 8000 + 8000;
   Device(*fb)->lost = true;
   Step(*fb, 10);
@@ -168,6 +173,10 @@ TEST_F(FallbackRecoveryTest, ALostDeviceIsMadeAgainAfterAWaitThatDoubles) {
   Step(*fb, 12);
   EXPECT_EQ(make_calls_, 4);
   ASSERT_NE(fb->device(), nullptr);
+  EXPECT_EQ(Device(*fb)->passes, 1);
+  EXPECT_TRUE(tunings_.back().empty());
+  EXPECT_EQ(fb->stats().remake_failures, 1);
+  EXPECT_EQ(fb->Health().device_remakes, 3);
   EXPECT_EQ(fb->stats().device_passes, 1 + 1 + 1 + 1);  // tokens 1, 6, 9, 12
   EXPECT_EQ(fb->stats().cpu_passes, 8);
   EXPECT_EQ(seq_->n_tokens(), 12);
@@ -189,6 +198,26 @@ TEST_F(FallbackRecoveryTest, FailedTriesBackOffToTheLongestWait) {
   EXPECT_EQ(tries, (std::vector<int64_t>{1000, 3000, 7000, 15000, 23000, 31000, 39000}));
   EXPECT_EQ(fb->device(), nullptr);
   EXPECT_TRUE(fb->Health().device_lost);
+}
+
+// A lost device is made again only as the same device: found by name, at its old index when two
+// share the name, and not at all when it is gone (the default is then another device).
+TEST(SameVulkanDevice, FindsTheLostDeviceByNameOrNothing) {
+  const auto list = [](std::vector<std::string> names) {
+    std::vector<VulkanDeviceInfo> devices;
+    for (size_t i = 0; i < names.size(); ++i) devices.push_back({.index = static_cast<int>(i), .name = names[i]});
+    return devices;
+  };
+  const auto gpu_then_cpu = list({"NVIDIA H100", "llvmpipe"});
+  ASSERT_NE(SameVulkanDevice(gpu_then_cpu, 0, "NVIDIA H100"), nullptr);
+  EXPECT_EQ(SameVulkanDevice(gpu_then_cpu, 0, "NVIDIA H100")->index, 0);
+  EXPECT_EQ(SameVulkanDevice(list({"llvmpipe"}), 0, "NVIDIA H100"), nullptr);  // fell off the bus
+  EXPECT_EQ(SameVulkanDevice(list({}), 0, "NVIDIA H100"), nullptr);
+  EXPECT_EQ(SameVulkanDevice(list({"llvmpipe", "NVIDIA H100"}), 0, "NVIDIA H100")->index, 1);  // shifted
+  const auto twins = list({"NVIDIA H100", "NVIDIA H100"});
+  EXPECT_EQ(SameVulkanDevice(twins, 1, "NVIDIA H100")->index, 1);
+  EXPECT_EQ(SameVulkanDevice(twins, 0, "NVIDIA H100")->index, 0);
+  EXPECT_EQ(SameVulkanDevice(list({"AMD Radeon", "NVIDIA H100"}), 0, "NVIDIA H100")->index, 1);
 }
 
 }  // namespace
