@@ -538,7 +538,8 @@ EngineStatus Engine::Stats() {
 
 std::string Engine::BackendName() {
   std::lock_guard lock(mu_);
-  return counters_.device_lost ? backend_name_ + " (device lost: passes run on the CPU until it is made again)" : backend_name_;
+  if (!counters_.device_lost) return backend_name_;
+  return backend_name_ + " (device lost: passes run on the CPU until it is made again)";
 }
 
 nlohmann::json Engine::ModelInfo() {

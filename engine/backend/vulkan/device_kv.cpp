@@ -19,6 +19,12 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 constexpr int64_t kInitialSlots = 4;
 
+// q4k: a pass holds a step's keys as f16 rows from the start of the chunk holding its first new
+// position (the host's staged rows of that incomplete chunk, then the new keys), since a chunk
+// is encoded only when complete.
+int64_t KeyChunkStart(const KvLayout& kl, int64_t n_old) { return n_old / kl.format.chunk * kl.format.chunk; }
+int64_t StagedKeyRowBytes(const KvLayout& kl) { return kl.row_values() * 2; }
+
 }  // namespace
 
 Result<KvArena*> DeviceKvCache::ArenaFor(const KvLayout& layout) {
@@ -27,7 +33,6 @@ Result<KvArena*> DeviceKvCache::ArenaFor(const KvLayout& layout) {
   }
   auto arena = std::make_unique<KvArena>();
   arena->layout = layout;
-  arena->row_stride = (layout.row_bytes() + 3) / 4 * 4;
   if (arena->largest_plane_bytes() > max_binding_bytes_) {
     return Unsupported(fmt::format("one KV block plane ({} bytes) exceeds the device's storage binding ({} bytes)",
                                    arena->largest_plane_bytes(), max_binding_bytes_));
@@ -118,8 +123,8 @@ bool DeviceKvCache::Fits(std::span<const SequenceStep> steps) const {
       }
     }
     if (kl.format.KeysByChannel()) {
-      key_rows += n_new - s.kv->n_tokens() / kl.format.chunk * kl.format.chunk;
-      key_row_bytes = kl.row_values() * 2;
+      key_rows += n_new - KeyChunkStart(kl, s.kv->n_tokens());
+      key_row_bytes = StagedKeyRowBytes(kl);
     }
   }
   if (key_rows * key_row_bytes > max_binding_bytes_) return false;
@@ -127,15 +132,16 @@ bool DeviceKvCache::Fits(std::span<const SequenceStep> steps) const {
   for (const Need& n : needs) {
     KvArena probe;  // the sizes of the arena Prepare would make
     probe.layout = *n.layout;
-    probe.row_stride = (n.layout->row_bytes() + 3) / 4 * 4;
     const KvArena& a = n.arena != nullptr ? *n.arena : probe;
     if (a.largest_plane_bytes() > max_binding_bytes_) return false;
     const int64_t blocks = static_cast<int64_t>(n.serials.size()) + n.fresh;
     // AllocateSlot grows the arena whenever it has no free slot, before it drops copies, so it
     // may grow past `blocks` by the copies of other blocks it holds: the largest growth.
     int64_t others = 0;
-    for (const auto& [serial, res] : resident_) {
-      if (res.arena == n.arena && n.arena != nullptr && !n.serials.contains(serial)) ++others;
+    if (n.arena != nullptr) {
+      for (const auto& [serial, res] : resident_) {
+        if (res.arena == n.arena && !n.serials.contains(serial)) ++others;
+      }
     }
     const int64_t by_binding = max_binding_bytes_ / a.largest_plane_bytes();
     int64_t slots = a.n_slots;
@@ -153,7 +159,7 @@ bool DeviceKvCache::Fits(std::span<const SequenceStep> steps) const {
 Status DeviceKvCache::Upload(SequenceKv& kv, int64_t block, const Resident& res, int64_t r0, int64_t r1) {
   const KvArena& a = *res.arena;
   const int64_t B = a.layout.block_tokens, row_bytes = a.layout.row_bytes();
-  const int64_t dst = (res.slot * B + r0) * a.row_stride;
+  const int64_t dst = (res.slot * B + r0) * a.row_stride();
   const bool q4k = a.layout.format.KeysByChannel();
   const int64_t C = a.layout.format.chunk, chunk_bytes = a.layout.chunk_bytes();
   for (int64_t l = 0; l < a.layout.n_layer; ++l) {
@@ -165,10 +171,10 @@ Status DeviceKvCache::Upload(SequenceKv& kv, int64_t block, const Resident& res,
       }
     } else {
       KVFS_RETURN_IF_ERROR(uploader_.AddRows(kv.k_row(l, block * B + r0), r1 - r0, row_bytes, row_bytes, a.k_planes[l],
-                                             dst, a.row_stride));
+                                             dst, a.row_stride()));
     }
     KVFS_RETURN_IF_ERROR(
-        uploader_.AddRows(kv.v_row(l, block * B + r0), r1 - r0, row_bytes, row_bytes, a.v_planes[l], dst, a.row_stride));
+        uploader_.AddRows(kv.v_row(l, block * B + r0), r1 - r0, row_bytes, row_bytes, a.v_planes[l], dst, a.row_stride()));
   }
   return Status::Ok();
 }
@@ -210,10 +216,10 @@ Status DeviceKvCache::Prepare(std::span<const SequenceStep> steps, std::vector<S
   for (size_t i = 0; i < steps.size(); ++i) {
     const KvLayout& kl = steps[i].kv->layout();
     if (!kl.format.KeysByChannel()) continue;
-    out[i].key_pos0 = out[i].n_old / kl.format.chunk * kl.format.chunk;
+    out[i].key_pos0 = KeyChunkStart(kl, out[i].n_old);
     out[i].key_row0 = key_rows;
     key_rows += out[i].n_new - out[i].key_pos0;
-    key_row_bytes_ = kl.row_values() * 2;
+    key_row_bytes_ = StagedKeyRowBytes(kl);
     if (static_cast<int64_t>(keys_.size()) != kl.n_layer) {
       keys_.clear();
       keys_.resize(static_cast<size_t>(kl.n_layer));
@@ -271,7 +277,7 @@ KvView DeviceKvCache::View(const StepKv& s, int64_t layer) const {
   v.table0 = s.table0;
   v.format = s.arena->layout.format;
   v.block_tokens = s.arena->layout.block_tokens;
-  v.row_stride = s.arena->row_stride;
+  v.row_stride = s.arena->row_stride();
   if (s.arena->layout.format.KeysByChannel()) {
     v.k_slot_bytes = s.arena->k_plane_bytes();
     v.keys = &keys_[layer];
@@ -309,8 +315,8 @@ Status DeviceKvCache::RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs
     const WriteBackShape w = ShapeOf(s);
     const int64_t k_bytes = a.layout.format.KeysByChannel()
                                 ? w.n_chunks * a.layout.chunk_bytes() + (s.n_new - w.staged0) * key_row_bytes_
-                                : (s.n_new - s.n_old) * a.row_stride;
-    bytes += a.layout.n_layer * (k_bytes + (s.n_new - s.n_old) * a.row_stride);
+                                : (s.n_new - s.n_old) * a.row_stride();
+    bytes += a.layout.n_layer * (k_bytes + (s.n_new - s.n_old) * a.row_stride());
   }
   if (readback_.bytes() < bytes) {
     KVFS_ASSIGN_OR_RETURN(readback_, ctx_.CreateBuffer(bytes, MemoryKind::kReadback));
@@ -343,8 +349,8 @@ Status DeviceKvCache::RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs
         for (int64_t p = s.n_old; p < s.n_new;) {
           const int64_t end = std::min(s.n_new, (p / B + 1) * B);
           const int64_t slot = table[s.table0 + p / B];
-          rec.Copy(rows, (slot * B + p % B) * a.row_stride, readback_, at, (end - p) * a.row_stride);
-          at += (end - p) * a.row_stride;
+          rec.Copy(rows, (slot * B + p % B) * a.row_stride(), readback_, at, (end - p) * a.row_stride());
+          at += (end - p) * a.row_stride();
           p = end;
         }
       }
@@ -375,7 +381,7 @@ void DeviceKvCache::FinishWriteBack(std::span<const SequenceStep> steps, std::sp
         }
       }
       for (int plane = q4k ? 1 : 0; plane < 2; ++plane) {
-        for (int64_t p = s.n_old; p < s.n_new; ++p, in += s.arena->row_stride) {
+        for (int64_t p = s.n_old; p < s.n_new; ++p, in += s.arena->row_stride()) {
           std::memcpy(plane == 0 ? kv.k_row(l, p) : kv.v_row(l, p), in, static_cast<size_t>(row_bytes));
         }
       }

@@ -50,12 +50,13 @@ namespace kvfs::vk {
 
 struct KvArena {
   KvLayout layout;
-  int64_t row_stride = 0;  // bytes between device rows: the row's bytes rounded up to a word
   int64_t n_slots = 0;     // blocks it holds
   std::vector<Buffer> k_planes, v_planes;  // [n_layer]: n_slots slots each
   std::vector<int64_t> free_slots;
+  // Bytes between device rows: the row's bytes rounded up to a word.
+  int64_t row_stride() const { return (layout.row_bytes() + 3) / 4 * 4; }
   // One slot of one layer: V (and K but for q4k) block_tokens rows; q4k K the block's chunks.
-  int64_t v_plane_bytes() const { return layout.block_tokens * row_stride; }
+  int64_t v_plane_bytes() const { return layout.block_tokens * row_stride(); }
   int64_t k_plane_bytes() const { return layout.format.KeysByChannel() ? layout.k_plane_bytes() : v_plane_bytes(); }
   int64_t slot_bytes() const { return layout.n_layer * (k_plane_bytes() + v_plane_bytes()); }
   int64_t largest_plane_bytes() const { return std::max(k_plane_bytes(), v_plane_bytes()); }  // vs the binding limit

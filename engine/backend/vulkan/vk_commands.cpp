@@ -11,8 +11,8 @@ constexpr uint32_t kSetsPerPool = 1024;
 }  // namespace
 
 Recorder::~Recorder() {
+  Drain();
   VkDevice dev = ctx_.device();
-  if (in_flight_) vkQueueWaitIdle(ctx_.queue());  // an abandoned pass may still run
   if (profile_ != nullptr) vkDestroyQueryPool(dev, profile_->queries, nullptr);
   if (fence_ != VK_NULL_HANDLE) vkDestroyFence(dev, fence_, nullptr);
   for (VkDescriptorPool p : descriptor_pools_) vkDestroyDescriptorPool(dev, p, nullptr);

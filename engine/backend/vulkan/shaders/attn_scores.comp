@@ -238,11 +238,10 @@ void StageNewKeys(uint tid, uint first) {
     float v = k_new[row + d];
     if (d < p.n_rot) {
       const uint i = ROPE == 2u ? d % half_rot : d / 2u;
-      const uint a = ROPE == 2u ? i : 2u * i, b = ROPE == 2u ? i + half_rot : 2u * i + 1u;
+      const uvec2 dims = RopePairDims(i, half_rot, ROPE == 2u);
       const vec2 c = cs[(p.q_row0 + j) * half_rot + i];
-      const float x0 = k_new[row + a], x1 = k_new[row + b];
-      const vec2 r = RopePair(x0, x1, c);
-      v = d == a ? r.x : r.y;
+      const vec2 r = RopePair(k_new[row + dims.x], k_new[row + dims.y], c);
+      v = d == dims.x ? r.x : r.y;
     }
     new_key[x] = F16BitsToF32(F32ToF16Bits(v));
   }
@@ -271,7 +270,8 @@ void RopeQueries(uint tid) {
   const uint half_rot = p.n_rot / 2u;
   for (uint x = tid; x < NQ * half_rot; x += WG) {
     const uint i = x / half_rot, k = x % half_rot;
-    const uint a = i * HD + (ROPE == 2u ? k : 2u * k), b = i * HD + (ROPE == 2u ? k + half_rot : 2u * k + 1u);
+    const uvec2 dims = RopePairDims(k, half_rot, ROPE == 2u);
+    const uint a = i * HD + dims.x, b = i * HD + dims.y;
     const vec2 c = cs[(p.q_row0 + QueryToken(i)) * half_rot + k];
     const float x0 = hvec[a], x1 = hvec[b];
     const vec2 r = RopePair(x0, x1, c);

@@ -173,7 +173,8 @@ void main() {
     const uint half_rot = p.n_rot / 2u;
     for (uint k = tid; k < SEG_HEADS * half_rot; k += WG) {
       const uint i = k % half_rot, at = (k / half_rot) * HD;
-      const uint a = at + (ROPE == 2u ? i : 2u * i), b = at + (ROPE == 2u ? i + half_rot : 2u * i + 1u);
+      const uvec2 dims = RopePairDims(i, half_rot, ROPE == 2u);
+      const uint a = at + dims.x, b = at + dims.y;
       const vec2 c = cs[(p.src_row0 + t) * half_rot + i];
       const float x0 = hvec[a], x1 = hvec[b];
       const vec2 r = RopePair(x0, x1, c);

@@ -31,8 +31,8 @@ void main() {
   const uint t = gl_GlobalInvocationID.y;
   if (h >= p.n_heads || t >= p.n_tokens) return;
   const uint base = t * p.x_stride + h * p.head_dim;
-  const uint a = base + (NEOX != 0u ? i : 2u * i);
-  const uint b = base + (NEOX != 0u ? i + half_rot : 2u * i + 1u);
+  const uvec2 dims = RopePairDims(i, half_rot, NEOX != 0u);
+  const uint a = base + dims.x, b = base + dims.y;
   const vec2 c = cs[t * half_rot + i];
   const float x0 = x[a], x1 = x[b];
   const vec2 r = RopePair(x0, x1, c);
