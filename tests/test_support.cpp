@@ -50,10 +50,30 @@ std::map<std::string, int> ProfileDispatches(const std::string& report) {
     std::istringstream words(line);
     std::vector<std::string> w;
     for (std::string x; words >> x;) w.push_back(x);
+    if (w.size() >= 1 && w[0] == "pipeline") break;  // the per-pipeline lines follow
     if (w.size() < 4 || w[0] == "shader" || line.find("passes in") != std::string::npos) continue;
     std::string key = w[0];
     for (size_t i = 1; i + 3 < w.size(); ++i) key += " " + w[i];
     out[key] += std::stoi(w[w.size() - 3]);
+  }
+  return out;
+}
+
+std::map<std::string, int> ProfilePipelineDispatches(const std::string& report) {
+  std::map<std::string, int> out;
+  std::istringstream lines(report);
+  std::string line;
+  bool in_pipelines = false;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x);
+    if (!w.empty() && w[0] == "pipeline") {
+      in_pipelines = true;
+      continue;
+    }
+    // name [constants] dispatches device-ms share [statistics...]
+    if (in_pipelines && w.size() >= 5) out[w[0] + " " + w[1]] += std::stoi(w[2]);
   }
   return out;
 }

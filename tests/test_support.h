@@ -27,6 +27,8 @@ std::string VulkanUnavailable(const Status& made);
 // A Vulkan profile's "shader [groups] -> dispatches" lines (Backend::TakeProfileReport), which
 // show what a pass recorded.
 std::map<std::string, int> ProfileDispatches(const std::string& report);
+// The same profile's per-pipeline lines: "shader [specialization constants]" -> dispatches.
+std::map<std::string, int> ProfilePipelineDispatches(const std::string& report);
 
 }  // namespace kvfs::testing
 

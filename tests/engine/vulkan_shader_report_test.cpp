@@ -1,7 +1,8 @@
 // kvfs shaders' report (engine/backend/vulkan_shaders.h) plans the matrix products a pass
 // records: its pipelines and grids must be those of a real prompt pass and decode step (the
-// profile's "shader [groups]" dispatch counts), for stacked and unstacked layers and under a
-// tuning with another matrix-vector shape. Runs on lavapipe in CI; skips without a device.
+// profile's "shader [groups]" dispatch counts, and its pipelines' specialization constants),
+// for stacked and unstacked layers and under a tuning with another matrix-vector shape. Runs on
+// lavapipe in CI; skips without a device.
 #include <map>
 
 #include "engine/backend/backend.h"
@@ -30,6 +31,32 @@ std::map<std::string, int> MatrixDispatches(const std::string& profile) {
   for (const auto& [label, n] : testing::ProfileDispatches(profile)) {
     if (label.rfind("mat", 0) == 0) out[label] = n;
   }
+  return out;
+}
+
+// The same per pipeline: the report's shader and specialization constants.
+std::map<std::string, int> PredictedPipelines(const ShaderReport& report, int64_t tokens, int64_t output_tokens) {
+  std::map<std::string, int> out;
+  for (const MatrixShader& s : report.shaders) {
+    if (s.tokens != (s.matrices == "output" ? output_tokens : tokens)) continue;
+    std::string constants;
+    for (const uint32_t c : s.constants) constants += (constants.empty() ? "" : ",") + std::to_string(c);
+    out[s.shader + " [" + constants + "]"] += static_cast<int>(s.layers);
+  }
+  return out;
+}
+
+// The profile's matrix pipelines; and its per-pipeline lines must add up, shader by shader, to
+// its per-shader lines (every dispatch is in both).
+std::map<std::string, int> MatrixPipelines(const std::string& profile) {
+  std::map<std::string, int> by_shader, pipelines_by_shader, out;
+  for (const auto& [label, n] : testing::ProfileDispatches(profile)) by_shader[label.substr(0, label.find(' '))] += n;
+  for (const auto& [label, n] : testing::ProfilePipelineDispatches(profile)) {
+    pipelines_by_shader[label.substr(0, label.find(' '))] += n;
+    if (label.rfind("mat", 0) == 0) out[label] = n;
+  }
+  EXPECT_EQ(pipelines_by_shader, by_shader) << profile;
+  EXPECT_GT(by_shader.size(), 4u);  // attention, norms and the rest besides the matrices
   return out;
 }
 
@@ -72,11 +99,15 @@ void CheckPlan(const std::string& model_file, const VulkanTuning& tuning) {
   Logits logits;
   SequenceStep step{&kv, prompt, false};
   ASSERT_TRUE((*backend)->Forward(std::span<const SequenceStep>(&step, 1), logits).ok());
-  EXPECT_EQ(MatrixDispatches((*backend)->TakeProfileReport()), Predicted(*report, kPrompt, 1));
+  const std::string prompt_profile = (*backend)->TakeProfileReport();
+  EXPECT_EQ(MatrixDispatches(prompt_profile), Predicted(*report, kPrompt, 1));
+  EXPECT_EQ(MatrixPipelines(prompt_profile), PredictedPipelines(*report, kPrompt, 1));
   const TokenId next = 42;
   SequenceStep decode{&kv, std::span<const TokenId>(&next, 1), false};
   ASSERT_TRUE((*backend)->Forward(std::span<const SequenceStep>(&decode, 1), logits).ok());
-  EXPECT_EQ(MatrixDispatches((*backend)->TakeProfileReport()), Predicted(*report, 1, 1));
+  const std::string decode_profile = (*backend)->TakeProfileReport();
+  EXPECT_EQ(MatrixDispatches(decode_profile), Predicted(*report, 1, 1));
+  EXPECT_EQ(MatrixPipelines(decode_profile), PredictedPipelines(*report, 1, 1));
 }
 
 TEST(VulkanShaderReport, PlansThePipelinesAPassRecords) {

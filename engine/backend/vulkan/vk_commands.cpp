@@ -55,6 +55,7 @@ Status Recorder::Begin() {
   if (profile_ != nullptr) {
     profile_->begun = std::chrono::steady_clock::now();
     profile_->labels.clear();
+    profile_->pipelines.clear();
     vkCmdResetQueryPool(cmd_, profile_->queries, 0, profile_->capacity);
     vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, profile_->queries, 0);
   }
@@ -108,22 +109,59 @@ Status Recorder::EnableProfiling(uint32_t max_dispatches) {
   return Status::Ok();
 }
 
-std::string Recorder::TakeProfileReport() {
+namespace {
+
+// Lines by device time, the longest first.
+template <typename Key, typename Line>
+std::vector<std::pair<Key, Line>> ByDeviceTime(const std::map<Key, Line>& lines, double* total_ms) {
+  std::vector<std::pair<Key, Line>> out(lines.begin(), lines.end());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second.device_ms > b.second.device_ms; });
+  *total_ms = 0;
+  for (const auto& [key, line] : out) *total_ms += line.device_ms;
+  return out;
+}
+
+std::string PipelineLabel(const Pipeline& p) {
+  std::string out = fmt::format("{} [", p.name);
+  for (size_t i = 0; i < p.constants.size(); ++i) out += fmt::format("{}{}", i > 0 ? "," : "", p.constants[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+std::string Recorder::TakeProfileReport(const PipelineCache* statistics) {
   if (profile_ == nullptr) return {};
   Profile& p = *profile_;
-  std::vector<std::pair<std::string, ProfileLine>> lines(p.lines.begin(), p.lines.end());
-  std::sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.second.device_ms > b.second.device_ms; });
   double timed_ms = 0;
-  for (const auto& [label, line] : lines) timed_ms += line.device_ms;
   std::string out = fmt::format("{:<28} {:>10} {:>12} {:>7}\n", "shader [groups]", "dispatches", "device ms", "share");
-  for (const auto& [label, line] : lines) {
+  for (const auto& [label, line] : ByDeviceTime(p.lines, &timed_ms)) {
     out += fmt::format("{:<28} {:>10} {:>12.3f} {:>6.1f}%\n", label, line.dispatches, line.device_ms,
                        timed_ms > 0 ? 100 * line.device_ms / timed_ms : 0.0);
   }
   out += fmt::format("{} passes in {} pieces, {} dispatches, {} barriers: device {:.3f} ms; host recording {:.3f} ms "
                      "(overlapping the device), waiting {:.3f} ms\n",
                      p.passes, p.pieces, p.dispatches, p.barriers, p.device_ms, p.record_ms, p.wait_ms);
+  // Per pipeline: which variant of a shader ran, and what the compiler made of it.
+  const bool with_statistics = statistics != nullptr && statistics->captures_statistics();
+  out += fmt::format("{:<48} {:>10} {:>12} {:>7}{}\n", "pipeline [specialization constants]", "dispatches",
+                     "device ms", "share", with_statistics ? "  compiler statistics" : "");
+  for (const auto& [pipeline, line] : ByDeviceTime(p.by_pipeline, &timed_ms)) {
+    std::string stats;
+    if (with_statistics) {
+      Result<std::vector<PipelineStatistic>> got = statistics->Statistics(*pipeline);
+      if (!got.ok()) {
+        stats = "  (" + got.status().message() + ")";
+      } else {
+        for (size_t i = 0; i < got->size(); ++i) {
+          stats += fmt::format("{}{}={}", i == 0 ? "  " : ", ", (*got)[i].name, (*got)[i].value);
+        }
+      }
+    }
+    out += fmt::format("{:<48} {:>10} {:>12.3f} {:>6.1f}%{}\n", PipelineLabel(*pipeline), line.dispatches,
+                       line.device_ms, timed_ms > 0 ? 100 * line.device_ms / timed_ms : 0.0, stats);
+  }
   p.lines.clear();
+  p.by_pipeline.clear();
   p.passes = p.pieces = p.dispatches = p.barriers = 0;
   p.device_ms = p.record_ms = p.wait_ms = 0;
   return out;
@@ -213,6 +251,7 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
       // Matrix shaders by grid width: one line per matrix shape.
       profile_->labels.push_back(pipeline.name.substr(0, 3) == "mat" ? fmt::format("{} [{}]", pipeline.name, x)
                                                                     : std::string(pipeline.name));
+      profile_->pipelines.push_back(&pipeline);
       vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, profile_->queries,
                           static_cast<uint32_t>(profile_->labels.size()));
     }
@@ -296,9 +335,11 @@ Status Recorder::CollectProfile(std::chrono::steady_clock::time_point submitted)
   KVFS_RETURN_IF_ERROR(ctx_.Check("vkGetQueryPoolResults", r));
   const double ms_per_tick = ctx_.limits().timestamp_period_ns * 1e-6;
   for (uint32_t i = 1; i < n; ++i) {
-    ProfileLine& line = p.lines[p.labels[i - 1]];
-    ++line.dispatches;
-    line.device_ms += static_cast<double>(ticks[i] - ticks[i - 1]) * ms_per_tick;
+    const double ms = static_cast<double>(ticks[i] - ticks[i - 1]) * ms_per_tick;
+    for (ProfileLine* line : {&p.lines[p.labels[i - 1]], &p.by_pipeline[p.pipelines[i - 1]]}) {
+      ++line->dispatches;
+      line->device_ms += ms;
+    }
   }
   p.device_ms += static_cast<double>(ticks[n - 1] - ticks[0]) * ms_per_tick;
   return Status::Ok();

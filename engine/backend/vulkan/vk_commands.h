@@ -62,8 +62,11 @@ class Recorder {
   Status EnableProfiling(uint32_t max_dispatches = 8192);
   // Per shader (matrix shaders per grid width, i.e. per matrix shape): dispatches, device
   // milliseconds, share; then the device time of whole passes against the host's time to
-  // record and to wait for them; then starts over. Empty when profiling is off.
-  std::string TakeProfileReport();
+  // record and to wait for them; then the same per pipeline (a shader and its specialization
+  // constants) with, where `statistics` captures them, the compiler's statistics of each
+  // (registers, spills; VK_KHR_pipeline_executable_properties); then starts over. Empty when
+  // profiling is off.
+  std::string TakeProfileReport(const PipelineCache* statistics = nullptr);
 
  private:
   // Dispatches after which a barrier submits the piece recorded so far: a short first piece
@@ -105,7 +108,9 @@ class Recorder {
     VkQueryPool queries = VK_NULL_HANDLE;
     uint32_t capacity = 0;            // timestamps per command buffer (one before the first dispatch)
     std::vector<std::string> labels;  // of the dispatches timed in the current command buffer
+    std::vector<const Pipeline*> pipelines;  // and their pipelines
     std::map<std::string, ProfileLine> lines;
+    std::map<const Pipeline*, ProfileLine> by_pipeline;
     int64_t passes = 0, pieces = 0, dispatches = 0, barriers = 0;
     double device_ms = 0, record_ms = 0, wait_ms = 0;
     std::chrono::steady_clock::time_point begun;

@@ -71,6 +71,7 @@ class PipelineCache {
   // The compiler's statistics of a pipeline made by this cache (of its one executable, the
   // compute shader). Unsupported unless made with capture_statistics.
   Result<std::vector<PipelineStatistic>> Statistics(const Pipeline& pipeline) const;
+  bool captures_statistics() const { return capture_statistics_; }
 
  private:
   // Specialization constants, unused ones zero, and how many there are.

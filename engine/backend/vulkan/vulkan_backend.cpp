@@ -75,7 +75,7 @@ class VulkanBackend final : public Backend {
     return rec_->SubmitAndWait();
   }
   int64_t BlockCopies() const override { return kv_->copies(); }
-  std::string TakeProfileReport() override { return rec_->TakeProfileReport(); }
+  std::string TakeProfileReport() override { return rec_->TakeProfileReport(pipelines_.get()); }
   Status SetVulkanTuning(const VulkanTuning& tuning) override;
   // Test hooks (backend.h).
   Result<std::vector<uint8_t>> ReadBlockCopy(uint64_t serial) { return kv_->ReadCopy(*rec_, serial); }
@@ -167,12 +167,14 @@ class VulkanBackend final : public Backend {
 
 Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(vk::CheckWeightTypes(model_.weights()));
-  KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device, options.integer_dot));
+  // Profiling: the compiler's statistics of the pipelines too, where the device reports them.
+  KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device, options.integer_dot,
+                                                  /*capture_statistics=*/options.profile));
   fuse_ops_ = options.fuse_ops;
   batch_attention_ = options.batch_attention;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
-  pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device());
+  pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device(), ctx_->captures_statistics());
   rec_ = std::make_unique<vk::Recorder>(*ctx_);
   if (options.profile) KVFS_RETURN_IF_ERROR(rec_->EnableProfiling());
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
