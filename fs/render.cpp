@@ -105,6 +105,8 @@ nlohmann::json EngineStatusJson(const EngineStatus& s) {
           {"cpu_fallback_steps", s.cpu_fallback_steps},
           {"device_lost", s.device_lost},
           {"device_losses", s.device_losses},
+          {"device_remakes", s.device_remakes},
+          {"device_remake_failures", s.device_remake_failures},
           {"top_entries", top}};
 }
 
@@ -127,8 +129,13 @@ std::string EngineStatusText(const EngineStatus& s) {
   if (s.device_lost || s.device_losses > 0 || s.cpu_fallback_steps > 0) {
     std::string losses;
     if (s.device_losses > 0) {
-      losses = fmt::format("{} ({} loss{}); ", s.device_lost ? "lost, every pass runs on the CPU" : "made again",
-                           s.device_losses, s.device_losses == 1 ? "" : "es");
+      const std::string failed =
+          s.device_remake_failures > 0
+              ? fmt::format(", {} failed tr{} to make it again", s.device_remake_failures,
+                            s.device_remake_failures == 1 ? "y" : "ies")
+              : "";
+      losses = fmt::format("{} ({} loss{}{}); ", s.device_lost ? "lost, every pass runs on the CPU" : "made again",
+                           s.device_losses, s.device_losses == 1 ? "" : "es", failed);
     }
     out += fmt::format("device     {}{} steps ran on the CPU instead\n", losses, s.cpu_fallback_steps);
   }
@@ -173,6 +180,9 @@ std::string MetricsText(const EngineStatus& s, const FsMetrics& fs, size_t agent
   Metric(out, "kvfs_device_losses_total", "counter",
          "Times the Vulkan device was lost (passes then run on the CPU until it is made again).");
   out += fmt::format("kvfs_device_losses_total {}\n", s.device_losses);
+  Metric(out, "kvfs_device_remakes_total", "counter", "Times a lost Vulkan device was made again, by result.");
+  out += fmt::format("kvfs_device_remakes_total{{result=\"ok\"}} {}\nkvfs_device_remakes_total{{result=\"failed\"}} {}\n",
+                     s.device_remakes, s.device_remake_failures);
   Metric(out, "kvfs_fs_turns_submitted_total", "counter", "Turns submitted through prompt files.");
   out += fmt::format("kvfs_fs_turns_submitted_total {}\n", fs.turns_submitted);
   Metric(out, "kvfs_fs_turns_rejected_total", "counter", "Prompts refused at close, by reason.");

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@ struct BackendHealth {
                                    // made again
   int64_t device_losses = 0;       // times the device was lost
   int64_t device_remakes = 0;      // times it was made again
+  int64_t remake_failures = 0;     // tries to make it again that failed
 };
 
 class Backend {
@@ -55,6 +57,12 @@ class Backend {
   // The device stopped working (a lost Vulkan device): every Forward of this backend fails.
   virtual bool Lost() const { return false; }
   virtual BackendHealth Health() const { return {}; }
+  // Work due between passes (FallbackBackend: making a lost device again), in ms from now;
+  // nullopt: none. The engine thread calls Maintain() while idle once it is due, so that the
+  // next pass does not wait for it (a new device's weight upload). Maintain() does the work or
+  // moves the due time on (else the engine would call it again at once).
+  virtual std::optional<int64_t> MaintenanceDueInMs() const { return std::nullopt; }
+  virtual void Maintain() {}
   // Whether the backend keeps copies of KV blocks (by PoolBlock::serial) that must be told
   // when the host blocks are freed.
   virtual bool KeepsBlockCopies() const { return false; }

@@ -72,9 +72,14 @@ void FallbackBackend::DropDevice(const Status& why) {
                 name, why.message(), remake_delay_ms_);
 }
 
+std::optional<int64_t> FallbackBackend::MaintenanceDueInMs() const {
+  if (device_ != nullptr || !recovery_.make) return std::nullopt;
+  return std::max<int64_t>(0, next_remake_ms_ - NowMs());
+}
+
 void FallbackBackend::TryRemakeDevice() {
   const int64_t now = NowMs();
-  if (!recovery_.make || now < next_remake_ms_) return;
+  if (device_ != nullptr || !recovery_.make || now < next_remake_ms_) return;
   Result<std::unique_ptr<Backend>> made = recovery_.make();
   Status why = made.ok() ? Status::Ok() : made.status();
   if (made.ok() && (*made)->KeepsBlockCopies() != keeps_copies_) {

@@ -6,8 +6,8 @@
 //   - a group the device refuses with kUnavailable (device memory full) runs on the CPU;
 //   - once the device is lost (Backend::Lost), the device backend is released and every pass
 //     runs on the CPU until the device can be made again (DeviceRecovery: a GPU reset or a
-//     driver timeout usually leaves it usable); tries come at the start of a pass, at doubling
-//     intervals, so a device that stays gone costs little.
+//     driver timeout usually leaves it usable); tries come at doubling intervals, so a device
+//     that stays gone costs little, at the start of a pass or between passes (Maintain).
 // The CPU backend is made on first need (it may pack the weights: memory and seconds).
 // Before the CPU writes rows into blocks the device holds copies of, those copies are dropped
 // (ForgetBlocks), so the device never trusts rows it did not write itself.
@@ -65,8 +65,12 @@ class FallbackBackend final : public Backend {
   Status SetVulkanTuning(const VulkanTuning& tuning) override;
 
   BackendHealth Health() const override {
-    return {stats_.cpu_steps, stats_.device_lost, stats_.device_losses, stats_.device_remakes};
+    return {stats_.cpu_steps, stats_.device_lost, stats_.device_losses, stats_.device_remakes,
+            stats_.remake_failures};
   }
+  // While the device is lost: the next try to make it again (which Forward would also make).
+  std::optional<int64_t> MaintenanceDueInMs() const override;
+  void Maintain() override { TryRemakeDevice(); }
   const FallbackStats& stats() const { return stats_; }
   // The device backend (null while lost): tests reach its hooks through it.
   Backend* device() { return device_.get(); }

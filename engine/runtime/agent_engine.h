@@ -110,6 +110,8 @@ struct EngineStatus {
   bool device_lost = false;         // Vulkan: the device is lost; passes run on the CPU until it is
                                     // made again
   int64_t device_losses = 0;        // Vulkan: times the device was lost
+  int64_t device_remakes = 0;       // Vulkan: times it was made again
+  int64_t device_remake_failures = 0;  // Vulkan: tries to make it again that failed
   std::vector<CacheEntryStatus> top_entries;  // largest agents first, at most 10
 };
 

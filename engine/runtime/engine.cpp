@@ -91,20 +91,25 @@ Status Engine::Init() {
 }
 
 Status Engine::MakeBackend() {
-  if (options_.backend != "cpu" && options_.backend != "vulkan") {
-    return InvalidArgument("backend must be cpu or vulkan, not " + options_.backend);
+  if (options_.make_backend) {
+    KVFS_ASSIGN_OR_RETURN(backend_, options_.make_backend(*model_));
+    backend_name_ = backend_->name();
+  } else {
+    if (options_.backend != "cpu" && options_.backend != "vulkan") {
+      return InvalidArgument("backend must be cpu or vulkan, not " + options_.backend);
+    }
+    KVFS_ASSIGN_OR_RETURN(ChosenBackend chosen,
+                          MakeRequestedBackend(*model_, BackendRequest{.vulkan = options_.backend == "vulkan",
+                                                                       .device = options_.device,
+                                                                       .kv_device_bytes = options_.kv_device_bytes,
+                                                                       .tuning = VulkanTuning{},
+                                                                       .tuning_file = options_.vulkan_tuning,
+                                                                       .cpu = CpuOptions{options_.n_threads, nullptr}}));
+    if (!chosen.warning.empty()) spdlog::warn("engine: {}", chosen.warning);
+    if (chosen.tuned) spdlog::info("engine: Vulkan settings from {}", options_.vulkan_tuning);
+    backend_ = std::move(chosen.backend);
+    backend_name_ = chosen.name;
   }
-  KVFS_ASSIGN_OR_RETURN(ChosenBackend chosen,
-                        MakeRequestedBackend(*model_, BackendRequest{.vulkan = options_.backend == "vulkan",
-                                                                     .device = options_.device,
-                                                                     .kv_device_bytes = options_.kv_device_bytes,
-                                                                     .tuning = VulkanTuning{},
-                                                                     .tuning_file = options_.vulkan_tuning,
-                                                                     .cpu = CpuOptions{options_.n_threads, nullptr}}));
-  if (!chosen.warning.empty()) spdlog::warn("engine: {}", chosen.warning);
-  if (chosen.tuned) spdlog::info("engine: Vulkan settings from {}", options_.vulkan_tuning);
-  backend_ = std::move(chosen.backend);
-  backend_name_ = chosen.name;
   if (backend_->KeepsBlockCopies()) pool_->TrackFreed();  // device copies follow the host blocks' frees
   return Status::Ok();
 }

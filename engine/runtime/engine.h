@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,8 @@ namespace kvfs {
 namespace store {
 class FileSystem;
 }  // namespace store
+class Backend;
+class Model;
 
 struct EngineOptions {
   std::string model_path;
@@ -42,6 +45,9 @@ struct EngineOptions {
   // The file system under store_dir; null: the real one. Tests pass a fault-injecting one
   // (store/fault_fs.h); it must outlive the engine.
   store::FileSystem* file_system = nullptr;
+  // Makes the backend; empty: the one `backend` and `device` name. Tests pass their own (a
+  // scripted device behind a FallbackBackend).
+  std::function<Result<std::unique_ptr<Backend>>(const Model&)> make_backend;
 };
 
 // Loads the model, opens (and repairs) the store and restores its agents, starts the threads.

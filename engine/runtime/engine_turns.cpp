@@ -64,7 +64,19 @@ void Engine::EngineLoop() {
           if (!a->running && !a->queue.empty()) return true;
         return false;
       };
-      if (active_.empty()) engine_cv_.wait(lock, [&] { return stopping_ || !tasks_.empty() || startable(); });
+      auto ready = [&] { return stopping_ || !tasks_.empty() || startable(); };
+      if (active_.empty()) {
+        // Idle: the backend's upkeep (a lost device made again) when it is due.
+        const std::optional<int64_t> due = backend_->MaintenanceDueInMs();
+        if (!due.has_value()) {
+          engine_cv_.wait(lock, ready);
+        } else if (!engine_cv_.wait_for(lock, std::chrono::milliseconds(*due), ready)) {
+          lock.unlock();
+          backend_->Maintain();
+          NoteBackendHealth(backend_->Health());
+          continue;
+        }
+      }
       tasks.swap(tasks_);
       stop = stopping_;
     }
@@ -366,14 +378,11 @@ void Engine::Step() {
     std::lock_guard lock(mu_);
     PushBounded(counters_.batch_sizes, steps.size());
     ++counters_.forward_passes;
-    counters_.device_block_copies = backend_->BlockCopies();
-    counters_.cpu_fallback_steps = health.cpu_fallback_steps;
-    counters_.device_lost = health.device_lost;
-    counters_.device_losses = health.device_losses;
     counters_.decode_tokens += decode_count;
     counters_.prefill_tokens += prefill_tokens;
     counters_.forward_ms += ms;
   }
+  NoteBackendHealth(health);
   if (!s.ok()) {
     for (ActiveTurn* t : owners) t->cancelled = true;
     for (auto& t : active_)
@@ -394,6 +403,16 @@ void Engine::Step() {
     }
   }
   std::erase_if(active_, [](const std::unique_ptr<ActiveTurn>& t) { return t->agent == nullptr; });
+}
+
+void Engine::NoteBackendHealth(const BackendHealth& health) {
+  std::lock_guard lock(mu_);
+  counters_.device_block_copies = backend_->BlockCopies();
+  counters_.cpu_fallback_steps = health.cpu_fallback_steps;
+  counters_.device_lost = health.device_lost;
+  counters_.device_losses = health.device_losses;
+  counters_.device_remakes = health.device_remakes;
+  counters_.device_remake_failures = health.remake_failures;
 }
 
 // While others decode, a prefill chunk may add at most kDecodeSlowdown of a decode step's time,

@@ -1,46 +1,22 @@
 // FallbackBackend's recovery policy over a scripted device (no Vulkan needed): a lost device is
-// made again once the wait is over, the wait doubles after a failed try and after a loss soon
-// after the last recovery, and resets after a long healthy run; a remade device gets the tuning
-// set before, and is kept if it refuses it. Every pass advances its sequence exactly once, wherever it ran: the logits must
-// equal, bit for bit, those of the CPU backend over the same tokens.
+// made again once the wait is over, in a pass or between passes (Maintain); the wait doubles
+// after a failed try and after a loss soon after the last recovery, and resets after a long
+// healthy run; a remade device gets the tuning set before, and is kept if it refuses it. Every
+// pass advances its sequence exactly once, wherever it ran: the logits must equal, bit for bit,
+// those of the CPU backend over the same tokens.
+#include <optional>
 #include <vector>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/fallback_backend.h"
+#include "tests/engine/scripted_device.h"
 #include "tests/test_support.h"
 
 namespace kvfs {
 namespace {
 
-// A "device" that runs passes on the scalar CPU backend until it is marked lost; then every
-// pass fails with kUnavailable, as a lost Vulkan device's does.
-class ScriptedDevice final : public Backend {
- public:
-  ScriptedDevice(const Model& model, std::vector<VulkanTuning>* tunings, bool refuse_tuning = false)
-      : cpu_(MakeCpuBackend(model, CpuOptions{1, &cpu::ScalarKernels()})), tunings_(tunings), refuse_tuning_(refuse_tuning) {}
-  const char* name() const override { return "scripted"; }
-  Status Forward(std::span<const SequenceStep> steps, Logits& out) override {
-    if (lost) return Unavailable("VK_ERROR_DEVICE_LOST (-4) (scripted)");
-    ++passes;
-    return cpu_->Forward(steps, out);
-  }
-  bool Lost() const override { return lost; }
-  bool KeepsBlockCopies() const override { return true; }
-  Status SetVulkanTuning(const VulkanTuning& tuning) override {
-    if (refuse_tuning_) return Unsupported("matrix-vector shape not supported (scripted)");
-    tunings_->push_back(tuning);
-    return Status::Ok();
-  }
-
-  bool lost = false;
-  int passes = 0;
-
- private:
-  std::unique_ptr<Backend> cpu_;
-  std::vector<VulkanTuning>* tunings_;
-  const bool refuse_tuning_;
-};
+using testing::ScriptedDevice;
 
 class FallbackRecoveryTest : public ::testing::Test {
  protected:
@@ -70,13 +46,14 @@ class FallbackRecoveryTest : public ::testing::Test {
         return Unavailable("no Vulkan device 0 (scripted)");
       }
       tunings_.emplace_back();
-      return std::unique_ptr<Backend>(std::make_unique<ScriptedDevice>(*model_, &tunings_.back(), refuse_tuning_));
+      return std::unique_ptr<Backend>(std::make_unique<ScriptedDevice>(*model_, Scalar(), &tunings_.back(), refuse_tuning_));
     };
     tunings_.reserve(16);  // ScriptedDevice keeps a pointer into it
     tunings_.emplace_back();
-    return std::make_unique<FallbackBackend>(*model_, std::make_unique<ScriptedDevice>(*model_, &tunings_.back()),
+    return std::make_unique<FallbackBackend>(*model_, std::make_unique<ScriptedDevice>(*model_, Scalar(), &tunings_.back()),
                                              CpuOptions{1, &cpu::ScalarKernels()}, std::move(recovery));
   }
+  static CpuOptions Scalar() { return CpuOptions{1, &cpu::ScalarKernels()}; }
   ScriptedDevice* Device(FallbackBackend& fb) { return static_cast<ScriptedDevice*>(fb.device()); }
 
   // One decode step of token t on the fallback and on the reference; their logits must match.
@@ -108,7 +85,7 @@ TEST_F(FallbackRecoveryTest, ALostDeviceIsMadeAgainAfterAWaitThatDoubles) {
   tuning.attention_split = 96;
   ASSERT_TRUE(fb->SetVulkanTuning(tuning).ok());
   Step(*fb, 1);
-  EXPECT_EQ(Device(*fb)->passes, 1);
+  EXPECT_EQ(Device(*fb)->passes.load(), 1);
 
   // Lost in a pass: that pass and the next ones run on the CPU until the first try, 1 s later.
   Device(*fb)->lost = true;
@@ -138,7 +115,7 @@ TEST_F(FallbackRecoveryTest, ALostDeviceIsMadeAgainAfterAWaitThatDoubles) {
   Step(*fb, 6);
   EXPECT_EQ(make_calls_, 2);
   ASSERT_NE(fb->device(), nullptr);
-  EXPECT_EQ(Device(*fb)->passes, 1);
+  EXPECT_EQ(Device(*fb)->passes.load(), 1);
   EXPECT_FALSE(fb->Health().device_lost);
   EXPECT_EQ(fb->Health().device_losses, 1);
   EXPECT_EQ(fb->Health().cpu_fallback_steps, 4);
@@ -173,7 +150,7 @@ TEST_F(FallbackRecoveryTest, ALostDeviceIsMadeAgainAfterAWaitThatDoubles) {
   Step(*fb, 12);
   EXPECT_EQ(make_calls_, 4);
   ASSERT_NE(fb->device(), nullptr);
-  EXPECT_EQ(Device(*fb)->passes, 1);
+  EXPECT_EQ(Device(*fb)->passes.load(), 1);
   EXPECT_TRUE(tunings_.back().empty());
   EXPECT_EQ(fb->stats().remake_failures, 1);
   EXPECT_EQ(fb->Health().device_remakes, 3);
@@ -200,12 +177,55 @@ TEST_F(FallbackRecoveryTest, FailedTriesBackOffToTheLongestWait) {
   EXPECT_TRUE(fb->Health().device_lost);
 }
 
+// Between passes: the upkeep is due exactly when the next try is, Maintain() makes the device
+// again without a pass (and does nothing before its time), and a healthy device has none.
+TEST_F(FallbackRecoveryTest, MaintenanceMakesTheDeviceAgainBetweenPasses) {
+  auto fb = Make();
+  EXPECT_EQ(fb->MaintenanceDueInMs(), std::nullopt);
+  Step(*fb, 1);
+  Device(*fb)->lost = true;
+  now_ms_ = 100;
+  Step(*fb, 2);  // lost at 100 ms: the first try is due at 1100 ms
+  EXPECT_EQ(fb->MaintenanceDueInMs(), std::optional<int64_t>(1000));
+  now_ms_ = 700;
+  EXPECT_EQ(fb->MaintenanceDueInMs(), std::optional<int64_t>(400));
+  fb->Maintain();  // early: nothing
+  EXPECT_EQ(make_calls_, 0);
+
+  fail_makes_ = 1;
+  now_ms_ = 1100;
+  EXPECT_EQ(fb->MaintenanceDueInMs(), std::optional<int64_t>(0));
+  fb->Maintain();  // fails: the next try 2 s later
+  EXPECT_EQ(make_calls_, 1);
+  EXPECT_EQ(fb->Health().remake_failures, 1);
+  EXPECT_EQ(fb->MaintenanceDueInMs(), std::optional<int64_t>(2000));
+  now_ms_ = 5000;  // overdue
+  EXPECT_EQ(fb->MaintenanceDueInMs(), std::optional<int64_t>(0));
+  fb->Maintain();
+  EXPECT_EQ(make_calls_, 2);
+  ASSERT_NE(fb->device(), nullptr);
+  EXPECT_EQ(Device(*fb)->passes.load(), 0);  // made without a pass
+  EXPECT_FALSE(fb->Health().device_lost);
+  EXPECT_EQ(fb->Health().device_remakes, 1);
+  EXPECT_EQ(fb->MaintenanceDueInMs(), std::nullopt);
+  fb->Maintain();  // nothing to do
+  EXPECT_EQ(make_calls_, 2);
+  Step(*fb, 3);
+  EXPECT_EQ(Device(*fb)->passes.load(), 1);
+  EXPECT_EQ(fb->stats().cpu_passes, 1);  // token 2 only
+}
+
 // A lost device is made again only as the same device: found by name, at its old index when two
 // share the name, and not at all when it is gone (the default is then another device).
 TEST(SameVulkanDevice, FindsTheLostDeviceByNameOrNothing) {
   const auto list = [](std::vector<std::string> names) {
     std::vector<VulkanDeviceInfo> devices;
-    for (size_t i = 0; i < names.size(); ++i) devices.push_back({.index = static_cast<int>(i), .name = names[i]});
+    for (size_t i = 0; i < names.size(); ++i) {
+      VulkanDeviceInfo d;
+      d.index = static_cast<int>(i);
+      d.name = names[i];
+      devices.push_back(d);
+    }
     return devices;
   };
   const auto gpu_then_cpu = list({"NVIDIA H100", "llvmpipe"});

@@ -277,7 +277,10 @@ TEST_F(VulkanFallbackTest, ALostDeviceIsMadeAgainAndReadsTheHostRows) {
 // The backend kvfsd asks for makes a lost device again by itself, on the steady clock, a
 // second after the loss.
 TEST_F(VulkanFallbackTest, TheRequestedBackendMakesALostDeviceAgain) {
-  auto chosen = MakeRequestedBackend(*model_, BackendRequest{.vulkan = true, .cpu = CpuOptions{2, &cpu::ScalarKernels()}});
+  BackendRequest request;
+  request.vulkan = true;
+  request.cpu = CpuOptions{2, &cpu::ScalarKernels()};
+  auto chosen = MakeRequestedBackend(*model_, request);
   ASSERT_TRUE(chosen.ok()) << chosen.status().message();
   auto* fb = dynamic_cast<FallbackBackend*>(chosen->backend.get());
   ASSERT_NE(fb, nullptr);

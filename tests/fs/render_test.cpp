@@ -20,9 +20,10 @@ TEST(Render, DeviceFallbackIsReported) {
       << EngineStatusText(s);
   s.device_lost = true;
   s.device_losses = 1;
+  s.device_remake_failures = 1;
   s.cpu_fallback_steps = 17;
-  EXPECT_NE(EngineStatusText(s).find("device     lost, every pass runs on the CPU (1 loss); 17 steps ran on the CPU "
-                                     "instead\n"),
+  EXPECT_NE(EngineStatusText(s).find("device     lost, every pass runs on the CPU (1 loss, 1 failed try to make it "
+                                     "again); 17 steps ran on the CPU instead\n"),
             std::string::npos)
       << EngineStatusText(s);
   const nlohmann::json j = EngineStatusJson(s);
@@ -31,14 +32,23 @@ TEST(Render, DeviceFallbackIsReported) {
   EXPECT_EQ(j["cpu_fallback_steps"], 17);
   EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_cpu_fallback_steps_total 17\n"), std::string::npos);
 
-  // Made again after two losses.
+  EXPECT_EQ(j["device_remake_failures"], 1);
+
+  // Made again after two losses (and three failed tries).
   s.device_lost = false;
   s.device_losses = 2;
-  EXPECT_NE(EngineStatusText(s).find("device     made again (2 losses); 17 steps ran on the CPU instead\n"),
+  s.device_remakes = 2;
+  s.device_remake_failures = 3;
+  EXPECT_NE(EngineStatusText(s).find("device     made again (2 losses, 3 failed tries to make it again); 17 steps "
+                                     "ran on the CPU instead\n"),
             std::string::npos)
       << EngineStatusText(s);
   EXPECT_EQ(EngineStatusJson(s)["device_lost"], false);
-  EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_device_losses_total 2\n"), std::string::npos);
+  EXPECT_EQ(EngineStatusJson(s)["device_remakes"], 2);
+  const std::string metrics = MetricsText(s, FsMetrics{}, 0);
+  EXPECT_NE(metrics.find("kvfs_device_losses_total 2\n"), std::string::npos);
+  EXPECT_NE(metrics.find("kvfs_device_remakes_total{result=\"ok\"} 2\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("kvfs_device_remakes_total{result=\"failed\"} 3\n"), std::string::npos) << metrics;
 }
 
 }  // namespace

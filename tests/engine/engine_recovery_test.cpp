@@ -1,0 +1,140 @@
+// The engine makes a lost device again while it is idle, so that the next turn does not wait
+// for it (a new VkDevice and its weight upload): a scripted device behind the FallbackBackend,
+// lost during a turn, comes back with no pass run, and what the engine reports (Stats, which
+// .status.json and .metrics show) follows. Replies equal the uncached reference's throughout:
+// the device, the CPU in its place and the remade device run the same kernels.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "engine/backend/fallback_backend.h"
+#include "tests/engine/engine_test_util.h"
+#include "tests/engine/scripted_device.h"
+
+namespace kvfs {
+namespace {
+
+using testing::RunTurn;
+using testing::ScriptedDevice;
+using testing::TurnOutcome;
+
+class EngineRecoveryTest : public testing::EngineTestBase {
+ protected:
+  // Options whose backend is a scripted device with the CPU behind it; tries to make a lost
+  // device again start `first_delay_ms` after the loss, and the first `failures` fail.
+  EngineOptions RecoveringOptions(int64_t first_delay_ms, int failures) {
+    fail_makes_ = failures;
+    EngineOptions o = Options();
+    o.make_backend = [this, first_delay_ms](const Model& model) -> Result<std::unique_ptr<Backend>> {
+      DeviceRecovery recovery;
+      recovery.first_delay_ms = first_delay_ms;
+      recovery.max_delay_ms = 60000;
+      recovery.make = [this, &model]() -> Result<std::unique_ptr<Backend>> {
+        ++make_calls_;
+        if (fail_makes_ > 0) {
+          --fail_makes_;
+          return Unavailable("no Vulkan device 0 (scripted)");
+        }
+        auto device = std::make_unique<ScriptedDevice>(model, Kernels());
+        device_ = device.get();
+        return std::unique_ptr<Backend>(std::move(device));
+      };
+      auto device = std::make_unique<ScriptedDevice>(model, Kernels());
+      device_ = device.get();
+      return std::unique_ptr<Backend>(
+          std::make_unique<FallbackBackend>(model, std::move(device), Kernels(), std::move(recovery)));
+    };
+    return o;
+  }
+  // The kernels of the fixture's reference (the best this CPU has).
+  static CpuOptions Kernels() { return CpuOptions{1, nullptr}; }
+
+  // Polls the engine's status until `done` holds (at most 20 s).
+  static EngineStatus WaitFor(AgentEngine& engine, const std::function<bool(const EngineStatus&)>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    EngineStatus st = engine.Stats();
+    while (!done(st) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      st = engine.Stats();
+    }
+    return st;
+  }
+
+  // A greedy turn whose reply must equal the reference's.
+  void Turn(AgentEngine& engine, const char* text) {
+    TurnOutcome out = RunTurn(engine, "alice", text);
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    EXPECT_EQ(out.reply, Reference(testing::ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+  }
+
+  std::atomic<ScriptedDevice*> device_{nullptr};  // the device made last (set on the engine thread)
+  std::atomic<int> make_calls_{0};
+  std::atomic<int> fail_makes_{0};
+};
+
+TEST_F(EngineRecoveryTest, ALostDeviceIsMadeAgainWhileIdle) {
+  auto engine = CreateEngine(RecoveringOptions(/*first_delay_ms=*/500, /*failures=*/0));
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  AgentEngine& e = **engine;
+  ASSERT_TRUE(e.CreateAgent("alice", 1000).ok());
+  Greedy(e, "alice");
+  Turn(e, testing::kTurns[0]);
+  ScriptedDevice* first = device_.load();
+  EXPECT_GT(first->passes.load(), 0);
+  EXPECT_EQ(e.Stats().cpu_fallback_steps, 0);
+
+  // Lost while idle: the loss shows at the next turn's first pass, which the CPU reruns.
+  first->lost = true;
+  Turn(e, testing::kTurns[1]);
+  EngineStatus lost = e.Stats();
+  EXPECT_GT(lost.cpu_fallback_steps, 0);
+  EXPECT_EQ(lost.device_losses, 1);
+
+  // With no turn to run, the engine makes the device again once the wait is over.
+  const EngineStatus back = WaitFor(e, [](const EngineStatus& st) { return st.device_remakes > 0; });
+  ASSERT_EQ(back.device_remakes, 1) << "not made again while idle";
+  EXPECT_FALSE(back.device_lost);
+  EXPECT_EQ(back.device_losses, 1);
+  EXPECT_EQ(back.device_remake_failures, 0);
+  EXPECT_EQ(back.forward_passes, lost.forward_passes);  // no pass made it
+  EXPECT_EQ(make_calls_.load(), 1);
+  ScriptedDevice* remade = device_.load();
+  ASSERT_NE(remade, first);
+  EXPECT_EQ(remade->passes.load(), 0);
+
+  // The next turn runs on it, with no step on the CPU.
+  Turn(e, testing::kTurns[2]);
+  EXPECT_GT(remade->passes.load(), 0);
+  EXPECT_EQ(e.Stats().cpu_fallback_steps, lost.cpu_fallback_steps);
+}
+
+// Failed tries while idle back off (50, then 100 and 200 ms later) and are reported; the third
+// makes it. An idle engine with a healthy device has nothing to do (no tries at all).
+TEST_F(EngineRecoveryTest, FailedTriesWhileIdleBackOffAndAreReported) {
+  auto engine = CreateEngine(RecoveringOptions(/*first_delay_ms=*/50, /*failures=*/2));
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  AgentEngine& e = **engine;
+  ASSERT_TRUE(e.CreateAgent("alice", 1000).ok());
+  Greedy(e, "alice");
+  Turn(e, testing::kTurns[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(make_calls_.load(), 0);
+
+  device_.load()->lost = true;
+  const auto lost_at = std::chrono::steady_clock::now();
+  Turn(e, testing::kTurns[1]);
+  const EngineStatus back = WaitFor(e, [](const EngineStatus& st) { return st.device_remakes > 0; });
+  const auto waited = std::chrono::steady_clock::now() - lost_at;
+  ASSERT_EQ(back.device_remakes, 1);
+  EXPECT_EQ(back.device_remake_failures, 2);
+  EXPECT_EQ(make_calls_.load(), 3);
+  EXPECT_GE(waited, std::chrono::milliseconds(50 + 100 + 200));
+  EXPECT_FALSE(back.device_lost);
+  Turn(e, testing::kTurns[2]);
+  EXPECT_EQ(e.Stats().device_remakes, 1);
+}
+
+}  // namespace
+}  // namespace kvfs
