@@ -66,20 +66,21 @@ void FallbackBackend::DropDevice(const Status& why) {
   // Lost again soon after it was made again: wait longer than last time.
   const int64_t now = NowMs();
   const bool again_soon = remade_at_ms_.has_value() && now - *remade_at_ms_ < recovery_.max_delay_ms;
-  remake_delay_ms_ = again_soon ? std::min(2 * remake_delay_ms_, recovery_.max_delay_ms) : recovery_.first_delay_ms;
+  remake_delay_ms_ = again_soon ? std::min(2 * remake_delay_ms_, recovery_.max_delay_ms)
+                                : std::max<int64_t>(1, recovery_.first_delay_ms);
   next_remake_ms_ = now + remake_delay_ms_;
   spdlog::error("backend: the {} device was lost ({}); passes run on the CPU, and the device is made again in {} ms",
                 name, why.message(), remake_delay_ms_);
 }
 
 std::optional<int64_t> FallbackBackend::MaintenanceDueInMs() const {
-  if (device_ != nullptr || !recovery_.make) return std::nullopt;
+  if (!Recovering()) return std::nullopt;
   return std::max<int64_t>(0, next_remake_ms_ - NowMs());
 }
 
 void FallbackBackend::TryRemakeDevice() {
   const int64_t now = NowMs();
-  if (device_ != nullptr || !recovery_.make || now < next_remake_ms_) return;
+  if (!Recovering() || now < next_remake_ms_) return;
   Result<std::unique_ptr<Backend>> made = recovery_.make();
   Status why = made.ok() ? Status::Ok() : made.status();
   if (made.ok() && (*made)->KeepsBlockCopies() != keeps_copies_) {

@@ -34,7 +34,7 @@ struct DeviceRecovery {
   std::function<Result<std::unique_ptr<Backend>>()> make;  // a new device backend; empty: a lost
                                                            // device stays lost
   std::function<int64_t()> now_ms;                         // a clock; empty: the steady clock
-  int64_t first_delay_ms = 1000;
+  int64_t first_delay_ms = 1000;  // at least 1 ms is used: tries between passes need a wait
   int64_t max_delay_ms = 5 * 60 * 1000;
 };
 
@@ -78,6 +78,8 @@ class FallbackBackend final : public Backend {
  private:
   Result<Backend*> Cpu();
   int64_t NowMs() const;
+  // Lost, and to be made again.
+  bool Recovering() const { return device_ == nullptr && recovery_.make; }
   void DropDevice(const Status& why);
   // After a loss, once the wait is over: makes the device again, or schedules the next try.
   void TryRemakeDevice();

@@ -122,8 +122,7 @@ void Engine::ForgetFreedBlocks() {
     spdlog::critical("engine: could not zero device copies of freed KV blocks: {}", s.message());
     std::abort();
   }
-  std::lock_guard lock(mu_);
-  counters_.device_block_copies = backend_->BlockCopies();
+  NoteBackendHealth();  // the loss of a device may show first here
 }
 
 Result<KvFormat> Engine::FormatFor(const AgentSettings& settings) const {

@@ -380,7 +380,9 @@ Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sour
     } else {
       SequenceStep step{&*seq, span, false};
       Logits logits;
-      if (kvfs::Status st = backend_->Forward(std::span<const SequenceStep>(&step, 1), logits); !st.ok()) return undo(st);
+      const kvfs::Status st = backend_->Forward(std::span<const SequenceStep>(&step, 1), logits);
+      NoteBackendHealth();
+      if (!st.ok()) return undo(st);
       seq->NameBlock(i, h);
       if (sources) ++sources->prefilled;
     }

@@ -218,8 +218,10 @@ class Engine final : public AgentEngine {
   int64_t AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& tokens, int64_t keep);
   PoolBlock* LoadBlock(const BlockHash& hash, const KvLayout& layout);
   void Step();
-  // Copies the backend's health (fallbacks, a lost or remade device) into counters_.
-  void NoteBackendHealth(const BackendHealth& health);
+  // Copies the backend's health (fallbacks, a lost or remade device) and its block copies into
+  // counters_; the second with mu_ held.
+  void NoteBackendHealth();
+  void NoteBackendHealthLocked(const BackendHealth& health);
   size_t SharedPrefillChunk() const;
   void OnLogits(ActiveTurn& turn, const float* logits);
   void FinishTurn(ActiveTurn& turn, kvfs::Status error);

@@ -73,7 +73,7 @@ void Engine::EngineLoop() {
         } else if (!engine_cv_.wait_for(lock, std::chrono::milliseconds(*due), ready)) {
           lock.unlock();
           backend_->Maintain();
-          NoteBackendHealth(backend_->Health());
+          NoteBackendHealth();
           continue;
         }
       }
@@ -381,8 +381,8 @@ void Engine::Step() {
     counters_.decode_tokens += decode_count;
     counters_.prefill_tokens += prefill_tokens;
     counters_.forward_ms += ms;
+    NoteBackendHealthLocked(health);
   }
-  NoteBackendHealth(health);
   if (!s.ok()) {
     for (ActiveTurn* t : owners) t->cancelled = true;
     for (auto& t : active_)
@@ -405,8 +405,13 @@ void Engine::Step() {
   std::erase_if(active_, [](const std::unique_ptr<ActiveTurn>& t) { return t->agent == nullptr; });
 }
 
-void Engine::NoteBackendHealth(const BackendHealth& health) {
+void Engine::NoteBackendHealth() {
+  const BackendHealth health = backend_->Health();
   std::lock_guard lock(mu_);
+  NoteBackendHealthLocked(health);
+}
+
+void Engine::NoteBackendHealthLocked(const BackendHealth& health) {
   counters_.device_block_copies = backend_->BlockCopies();
   counters_.cpu_fallback_steps = health.cpu_fallback_steps;
   counters_.device_lost = health.device_lost;

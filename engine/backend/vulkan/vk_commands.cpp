@@ -111,13 +111,26 @@ Status Recorder::EnableProfiling(uint32_t max_dispatches) {
 
 namespace {
 
-// Lines by device time, the longest first.
 template <typename Key, typename Line>
-std::vector<std::pair<Key, Line>> ByDeviceTime(const std::map<Key, Line>& lines, double* total_ms) {
-  std::vector<std::pair<Key, Line>> out(lines.begin(), lines.end());
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second.device_ms > b.second.device_ms; });
+struct ReportRow {
+  std::string label;
+  Key key;
+  Line line;
+};
+
+// Lines by device time, the longest first (ties by label, so reports compare run to run).
+template <typename Key, typename Line, typename LabelOf>
+std::vector<ReportRow<Key, Line>> ByDeviceTime(const std::map<Key, Line>& lines, LabelOf label_of, double* total_ms) {
+  std::vector<ReportRow<Key, Line>> out;
   *total_ms = 0;
-  for (const auto& [key, line] : out) *total_ms += line.device_ms;
+  for (const auto& [key, line] : lines) {
+    out.push_back({label_of(key), key, line});
+    *total_ms += line.device_ms;
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    if (a.line.device_ms != b.line.device_ms) return a.line.device_ms > b.line.device_ms;
+    return a.label < b.label;
+  });
   return out;
 }
 
@@ -134,9 +147,10 @@ std::string Recorder::TakeProfileReport(const PipelineCache* statistics) {
   Profile& p = *profile_;
   double timed_ms = 0;
   std::string out = fmt::format("{:<28} {:>10} {:>12} {:>7}\n", "shader [groups]", "dispatches", "device ms", "share");
-  for (const auto& [label, line] : ByDeviceTime(p.lines, &timed_ms)) {
-    out += fmt::format("{:<28} {:>10} {:>12.3f} {:>6.1f}%\n", label, line.dispatches, line.device_ms,
-                       timed_ms > 0 ? 100 * line.device_ms / timed_ms : 0.0);
+  const auto same = [](const std::string& label) { return label; };
+  for (const auto& row : ByDeviceTime(p.lines, same, &timed_ms)) {
+    out += fmt::format("{:<28} {:>10} {:>12.3f} {:>6.1f}%\n", row.label, row.line.dispatches, row.line.device_ms,
+                       timed_ms > 0 ? 100 * row.line.device_ms / timed_ms : 0.0);
   }
   out += fmt::format("{} passes in {} pieces, {} dispatches, {} barriers: device {:.3f} ms; host recording {:.3f} ms "
                      "(overlapping the device), waiting {:.3f} ms\n",
@@ -145,10 +159,11 @@ std::string Recorder::TakeProfileReport(const PipelineCache* statistics) {
   const bool with_statistics = statistics != nullptr && statistics->captures_statistics();
   out += fmt::format("{:<48} {:>10} {:>12} {:>7}{}\n", "pipeline [specialization constants]", "dispatches",
                      "device ms", "share", with_statistics ? "  compiler statistics" : "");
-  for (const auto& [pipeline, line] : ByDeviceTime(p.by_pipeline, &timed_ms)) {
+  const auto label_of = [](const Pipeline* pipeline) { return PipelineLabel(*pipeline); };
+  for (const auto& row : ByDeviceTime(p.by_pipeline, label_of, &timed_ms)) {
     std::string stats;
     if (with_statistics) {
-      Result<std::vector<PipelineStatistic>> got = statistics->Statistics(*pipeline);
+      Result<std::vector<PipelineStatistic>> got = statistics->Statistics(*row.key);
       if (!got.ok()) {
         stats = "  (" + got.status().message() + ")";
       } else {
@@ -157,8 +172,8 @@ std::string Recorder::TakeProfileReport(const PipelineCache* statistics) {
         }
       }
     }
-    out += fmt::format("{:<48} {:>10} {:>12.3f} {:>6.1f}%{}\n", PipelineLabel(*pipeline), line.dispatches,
-                       line.device_ms, timed_ms > 0 ? 100 * line.device_ms / timed_ms : 0.0, stats);
+    out += fmt::format("{:<48} {:>10} {:>12.3f} {:>6.1f}%{}\n", row.label, row.line.dispatches, row.line.device_ms,
+                       timed_ms > 0 ? 100 * row.line.device_ms / timed_ms : 0.0, stats);
   }
   p.lines.clear();
   p.by_pipeline.clear();
