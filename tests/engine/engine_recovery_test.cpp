@@ -62,11 +62,15 @@ class EngineRecoveryTest : public testing::EngineTestBase {
     return st;
   }
 
-  // A greedy turn whose reply must equal the reference's.
-  void Turn(AgentEngine& engine, const char* text) {
+  // A greedy turn whose reply must equal the reference's. Returns the engine's status and the
+  // tries to make a device so far, as they were when the turn ended (before the reference run).
+  std::pair<EngineStatus, int> Turn(AgentEngine& engine, const char* text) {
     TurnOutcome out = RunTurn(engine, "alice", text);
-    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    const std::pair<EngineStatus, int> after{engine.Stats(), make_calls_.load()};
+    EXPECT_TRUE(out.stats.ok()) << out.stats.status().message();
+    if (!out.stats.ok()) return after;
     EXPECT_EQ(out.reply, Reference(testing::ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+    return after;
   }
 
   std::atomic<ScriptedDevice*> device_{nullptr};  // the device made last (set on the engine thread)
@@ -88,8 +92,7 @@ TEST_F(EngineRecoveryTest, ALostDeviceIsMadeAgainWhileIdle) {
 
   // Lost while idle: the loss shows at the next turn's first pass, which the CPU reruns.
   first->lost = true;
-  Turn(e, testing::kTurns[1]);
-  EngineStatus lost = e.Stats();
+  const EngineStatus lost = Turn(e, testing::kTurns[1]).first;
   EXPECT_GT(lost.cpu_fallback_steps, 0);
   EXPECT_EQ(lost.device_losses, 1);
   ASSERT_EQ(lost.device_remakes, 0) << "made again within the turn: the turn outlasted the wait";
@@ -127,9 +130,8 @@ TEST_F(EngineRecoveryTest, FailedTriesWhileIdleBackOffAndAreReported) {
 
   device_.load()->lost = true;
   const auto lost_at = std::chrono::steady_clock::now();
-  Turn(e, testing::kTurns[1]);
-  const EngineStatus lost = e.Stats();
-  ASSERT_EQ(make_calls_.load(), 0) << "a try within the turn: the turn outlasted the wait";
+  const auto [lost, makes_in_turn] = Turn(e, testing::kTurns[1]);
+  ASSERT_EQ(makes_in_turn, 0) << "a try within the turn: the turn outlasted the wait";
   const EngineStatus back = WaitFor(e, [](const EngineStatus& st) { return st.device_remakes > 0; });
   const auto waited = std::chrono::steady_clock::now() - lost_at;
   ASSERT_EQ(back.device_remakes, 1);
