@@ -173,8 +173,6 @@ struct VulkanOptions {
                                    // tokens, a KV head's query heads) and reads each key and value
                                    // once for all; off: one query a workgroup (the same values)
   VulkanTuning tuning;
-  int64_t lose_device_at_submission = 0;  // fault injection (tests): the n-th queue submission
-                                          // reports VK_ERROR_DEVICE_LOST; 0: never
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
 // backend or the model has a weight type the shaders lack; NotFound without a device.
@@ -214,7 +212,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
 // Test hooks of the Vulkan backend (Unsupported for other backends and builds): the bytes of
 // the device copy of host block `serial` (every layer's K then V plane of its slot); that
 // slot's bytes after ForgetBlocks({serial}), which must be zeros; and a device loss injected at
-// its `at_submission`-th queue submission from now (VulkanOptions::lose_device_at_submission).
+// its `at_submission`-th queue submission from now.
 Result<std::vector<uint8_t>> VulkanReadBlockCopy(Backend& backend, uint64_t serial);
 Result<std::vector<uint8_t>> VulkanForgetAndReadSlot(Backend& backend, uint64_t serial);
 Status VulkanLoseDevice(Backend& backend, int64_t at_submission);

@@ -73,6 +73,18 @@ class EngineRecoveryTest : public testing::EngineTestBase {
     return after;
   }
 
+  // An engine over RecoveringOptions with agent "alice" (greedy) after its first turn, on the
+  // device; null after a failure (reported).
+  std::unique_ptr<AgentEngine> StartWithOneTurn(int64_t first_delay_ms, int failures) {
+    auto engine = CreateEngine(RecoveringOptions(first_delay_ms, failures));
+    EXPECT_TRUE(engine.ok()) << engine.status().message();
+    if (!engine.ok()) return nullptr;
+    EXPECT_TRUE((*engine)->CreateAgent("alice", 1000).ok());
+    Greedy(**engine, "alice");
+    Turn(**engine, testing::kTurns[0]);
+    return std::move(*engine);
+  }
+
   std::atomic<ScriptedDevice*> device_{nullptr};  // the device made last (set on the engine thread)
   std::atomic<int> make_calls_{0};
   std::atomic<int> fail_makes_{0};
@@ -80,12 +92,9 @@ class EngineRecoveryTest : public testing::EngineTestBase {
 
 TEST_F(EngineRecoveryTest, ALostDeviceIsMadeAgainWhileIdle) {
   // The wait (1.5 s) is far longer than a turn of this tiny model, also under sanitizers.
-  auto engine = CreateEngine(RecoveringOptions(/*first_delay_ms=*/1500, /*failures=*/0));
-  ASSERT_TRUE(engine.ok()) << engine.status().message();
-  AgentEngine& e = **engine;
-  ASSERT_TRUE(e.CreateAgent("alice", 1000).ok());
-  Greedy(e, "alice");
-  Turn(e, testing::kTurns[0]);
+  auto engine = StartWithOneTurn(/*first_delay_ms=*/1500, /*failures=*/0);
+  ASSERT_NE(engine, nullptr);
+  AgentEngine& e = *engine;
   ScriptedDevice* first = device_.load();
   EXPECT_GT(first->passes.load(), 0);
   EXPECT_EQ(e.Stats().cpu_fallback_steps, 0);
@@ -119,12 +128,9 @@ TEST_F(EngineRecoveryTest, ALostDeviceIsMadeAgainWhileIdle) {
 // reported; the third makes it. An idle engine with a healthy device has nothing to do (no
 // tries at all).
 TEST_F(EngineRecoveryTest, FailedTriesWhileIdleBackOffAndAreReported) {
-  auto engine = CreateEngine(RecoveringOptions(/*first_delay_ms=*/400, /*failures=*/2));
-  ASSERT_TRUE(engine.ok()) << engine.status().message();
-  AgentEngine& e = **engine;
-  ASSERT_TRUE(e.CreateAgent("alice", 1000).ok());
-  Greedy(e, "alice");
-  Turn(e, testing::kTurns[0]);
+  auto engine = StartWithOneTurn(/*first_delay_ms=*/400, /*failures=*/2);
+  ASSERT_NE(engine, nullptr);
+  AgentEngine& e = *engine;
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(make_calls_.load(), 0);
 

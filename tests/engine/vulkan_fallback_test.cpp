@@ -52,10 +52,10 @@ class VulkanFallbackTest : public ::testing::Test {
     VulkanOptions options;
     options.max_binding_bytes = max_binding_bytes;
     options.kv_device_bytes = blocks * 2 * layout_.n_layer * kBlockTokens * ((layout_.row_bytes() + 3) / 4 * 4);
-    options.lose_device_at_submission = lose_at_submission;
     auto device = MakeVulkanBackend(*model_, options);
     EXPECT_TRUE(device.ok()) << device.status().message();
     if (!device.ok()) return nullptr;
+    if (lose_at_submission > 0) EXPECT_TRUE(VulkanLoseDevice(**device, lose_at_submission).ok());
     return std::make_unique<FallbackBackend>(*model_, std::move(*device), CpuOptions{2, &cpu::ScalarKernels()});
   }
   std::span<const TokenId> Prompt(size_t n) const { return std::span<const TokenId>(prompt_).first(n); }
@@ -232,10 +232,9 @@ TEST_F(VulkanFallbackTest, ALossSeenFirstWhenZeroingCopiesIsNoError) {
 TEST_F(VulkanFallbackTest, ALostDeviceIsMadeAgainAndReadsTheHostRows) {
   VulkanOptions options;
   options.kv_device_bytes = 64 * 2 * layout_.n_layer * kBlockTokens * ((layout_.row_bytes() + 3) / 4 * 4);
-  VulkanOptions losing = options;
-  losing.lose_device_at_submission = 2;  // in the second pass
-  auto device = MakeVulkanBackend(*model_, losing);
+  auto device = MakeVulkanBackend(*model_, options);
   ASSERT_TRUE(device.ok()) << device.status().message();
+  ASSERT_TRUE(VulkanLoseDevice(**device, 2).ok());  // in the second pass
   int64_t now_ms = 0;
   int makes = 0;
   DeviceRecovery recovery;
@@ -304,10 +303,9 @@ TEST_F(VulkanFallbackTest, TheRequestedBackendMakesALostDeviceAgain) {
 // Without the fallback (what kvfs bench asks for), a lost device is an error that leaves the
 // sequence as it was.
 TEST_F(VulkanFallbackTest, WithoutTheFallbackALostDeviceIsAnError) {
-  VulkanOptions options;
-  options.lose_device_at_submission = 1;
-  auto device = MakeVulkanBackend(*model_, options);
+  auto device = MakeVulkanBackend(*model_, VulkanOptions{});
   ASSERT_TRUE(device.ok()) << device.status().message();
+  ASSERT_TRUE(VulkanLoseDevice(**device, 1).ok());
   SequenceKv s(layout_, 256);
   Logits lg;
   const SequenceStep step{&s, Prompt(20), false};

@@ -11,7 +11,7 @@ constexpr uint32_t kSetsPerPool = 1024;
 }  // namespace
 
 Recorder::~Recorder() {
-  Drain();
+  (void)Drain();
   VkDevice dev = ctx_.device();
   if (profile_ != nullptr) vkDestroyQueryPool(dev, profile_->queries, nullptr);
   if (fence_ != VK_NULL_HANDLE) vkDestroyFence(dev, fence_, nullptr);
@@ -19,9 +19,10 @@ Recorder::~Recorder() {
   if (pool_ != VK_NULL_HANDLE) vkDestroyCommandPool(dev, pool_, nullptr);
 }
 
-void Recorder::Drain() {
-  if (in_flight_) vkQueueWaitIdle(ctx_.queue());
+Status Recorder::Drain() {
+  if (!in_flight_) return Status::Ok();
   in_flight_ = false;
+  return ctx_.Check("vkQueueWaitIdle", vkQueueWaitIdle(ctx_.queue()));
 }
 
 Status Recorder::Begin() {
@@ -35,10 +36,7 @@ Status Recorder::Begin() {
     r = vkCreateFence(dev, &fence_info, nullptr, &fence_);
     if (r != VK_SUCCESS) return VkError("vkCreateFence", r);
   }
-  if (in_flight_) {  // a pass abandoned after an error: its submitted pieces must finish first
-    KVFS_RETURN_IF_ERROR(ctx_.Check("vkQueueWaitIdle", vkQueueWaitIdle(ctx_.queue())));
-    in_flight_ = false;
-  }
+  KVFS_RETURN_IF_ERROR(Drain());  // a pass abandoned after an error: its pieces finish first
   if (sets_epoch_ != ctx_.buffer_epoch()) {
     for (VkDescriptorPool p : descriptor_pools_) vkResetDescriptorPool(dev, p, 0);
     current_pool_ = 0;
@@ -54,8 +52,7 @@ Status Recorder::Begin() {
   recording_ = true;
   if (profile_ != nullptr) {
     profile_->begun = std::chrono::steady_clock::now();
-    profile_->labels.clear();
-    profile_->pipelines.clear();
+    profile_->timed.clear();
     vkCmdResetQueryPool(cmd_, profile_->queries, 0, profile_->capacity);
     vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, profile_->queries, 0);
   }
@@ -262,13 +259,10 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const 
   work_since_barrier_ = true;
   if (profile_ != nullptr) {
     ++profile_->dispatches;
-    if (profile_->labels.size() + 1 < profile_->capacity) {
-      // Matrix shaders by grid width: one line per matrix shape.
-      profile_->labels.push_back(pipeline.name.substr(0, 3) == "mat" ? fmt::format("{} [{}]", pipeline.name, x)
-                                                                    : std::string(pipeline.name));
-      profile_->pipelines.push_back(&pipeline);
+    if (profile_->timed.size() + 1 < profile_->capacity) {
+      profile_->timed.emplace_back(&pipeline, x);
       vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, profile_->queries,
-                          static_cast<uint32_t>(profile_->labels.size()));
+                          static_cast<uint32_t>(profile_->timed.size()));
     }
   }
   return Status::Ok();
@@ -343,7 +337,7 @@ Status Recorder::CollectProfile(std::chrono::steady_clock::time_point submitted)
   p.wait_ms += std::chrono::duration<double, std::milli>(done - submitted).count();
   ++p.passes;
   p.pieces += static_cast<int64_t>(n_pieces_);
-  const uint32_t n = static_cast<uint32_t>(p.labels.size()) + 1;
+  const uint32_t n = static_cast<uint32_t>(p.timed.size()) + 1;
   std::vector<uint64_t> ticks(n);
   const VkResult r = vkGetQueryPoolResults(ctx_.device(), p.queries, 0, n, n * sizeof(uint64_t), ticks.data(),
                                            sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
@@ -351,7 +345,11 @@ Status Recorder::CollectProfile(std::chrono::steady_clock::time_point submitted)
   const double ms_per_tick = ctx_.limits().timestamp_period_ns * 1e-6;
   for (uint32_t i = 1; i < n; ++i) {
     const double ms = static_cast<double>(ticks[i] - ticks[i - 1]) * ms_per_tick;
-    for (ProfileLine* line : {&p.lines[p.labels[i - 1]], &p.by_pipeline[p.pipelines[i - 1]]}) {
+    const auto [pipeline, groups] = p.timed[i - 1];
+    // Matrix shaders by grid width: one line per matrix shape.
+    const std::string label = pipeline->name.substr(0, 3) == "mat" ? fmt::format("{} [{}]", pipeline->name, groups)
+                                                                   : std::string(pipeline->name);
+    for (ProfileLine* line : {&p.lines[label], &p.by_pipeline[pipeline]}) {
       ++line->dispatches;
       line->device_ms += ms;
     }

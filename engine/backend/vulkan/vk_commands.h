@@ -52,8 +52,9 @@ class Recorder {
   void Zero(const Buffer& dst, int64_t offset, int64_t bytes);
   // Ends, submits and waits; host reads of readback buffers are valid afterwards.
   Status SubmitAndWait();
-  // Waits for the pieces of an abandoned pass that may still run (before freeing what they use).
-  void Drain();
+  // Waits for the pieces of an abandoned pass that may still run (before freeing what they use
+  // or recording the next pass); the wait's error, a lost device's, is for callers that go on.
+  Status Drain();
 
   // Profiling (kvfs bench --profile, KVFS_VULKAN_PROFILE=1): a timestamp after every dispatch
   // of the first max_dispatches of each command buffer. A dispatch is charged the device time
@@ -107,8 +108,8 @@ class Recorder {
   struct Profile {
     VkQueryPool queries = VK_NULL_HANDLE;
     uint32_t capacity = 0;            // timestamps per command buffer (one before the first dispatch)
-    std::vector<std::string> labels;  // of the dispatches timed in the current command buffer
-    std::vector<const Pipeline*> pipelines;  // and their pipelines
+    // The dispatches timed in the current command buffer: their pipelines and grid widths.
+    std::vector<std::pair<const Pipeline*, uint32_t>> timed;
     std::map<std::string, ProfileLine> lines;
     std::map<const Pipeline*, ProfileLine> by_pipeline;
     int64_t passes = 0, pieces = 0, dispatches = 0, barriers = 0;

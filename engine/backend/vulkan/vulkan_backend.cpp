@@ -59,7 +59,7 @@ class VulkanBackend final : public Backend {
   // The pieces of an abandoned pass (a later piece failed to go) may still run: they must
   // finish before the buffers they use are freed (members go before rec_).
   ~VulkanBackend() override {
-    if (rec_ != nullptr) rec_->Drain();
+    if (rec_ != nullptr) (void)rec_->Drain();
   }
   Status Init(const VulkanOptions& options);
 
@@ -220,7 +220,6 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(rec_->Begin());  // the counters start at 0; the shaders leave them so
   rec_->Zero(counters_, 0, kCounterBytes);
   KVFS_RETURN_IF_ERROR(rec_->SubmitAndWait());
-  ctx_->LoseAtSubmission(options.lose_device_at_submission);
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
