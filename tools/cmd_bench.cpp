@@ -32,7 +32,7 @@ constexpr const char* kBenchUsage =
     "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
     "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows]\n"
     "                  [--attn-split N] [--separate-softmax] [--separate-swiglu] [--separate-matrices]\n"
-    "                  [--untiled-attention]\n"
+    "                  [--untiled-attention] [--copy-kv-rows]\n"
     "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N]\n"
     "                  [--shared-trees] [--tuning FILE] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
@@ -58,6 +58,9 @@ constexpr const char* kBenchUsage =
     "  its own instead of in the gate|up matrix's shader, to measure what fusing it saves.\n"
     "  --separate-matrices (vulkan): a dispatch for each of q, k, v and of gate, up, instead of one\n"
     "  for each stack, to measure what stacking them saves.\n"
+    "  --copy-kv-rows (vulkan): the new K/V rows copied into the host's write-back buffer at the\n"
+    "  end of each pass (a copy per sequence, layer and plane) instead of written there by\n"
+    "  kv_store as it stores them, to measure what that saves.\n"
     "  --untiled-attention (vulkan): one query (token, head) per attention workgroup instead of\n"
     "  several tokens and a KV head's query heads, each key and value read once for all of them,\n"
     "  to measure what the tiles save (prefill at depth above all; the same values).\n"
@@ -238,7 +241,7 @@ int Bench(int argc, char** argv) {
   Args args(argc, argv,
             {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--tuning", "--attn-split",
              "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows"},
-            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices",
+            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices", "--copy-kv-rows",
              "--shared-trees", "--untiled-attention", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
@@ -282,6 +285,7 @@ int Bench(int argc, char** argv) {
   choice.tuning.swiglu_in_matvec = !args.has("--separate-swiglu");
   choice.stack_matrices = !args.has("--separate-matrices");
   choice.query_tiles = !args.has("--untiled-attention");
+  choice.kv_rows_by_kv_store = !args.has("--copy-kv-rows");
   choice.tuning.matvec = matvec;
   choice.tuning.subgroup_trees = !args.has("--shared-trees");
   if (!choice.tuning_file.empty() && !(choice.tuning == VulkanTuning{})) {

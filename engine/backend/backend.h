@@ -172,6 +172,9 @@ struct VulkanOptions {
   bool query_tiles = true;         // an attention workgroup takes several queries (prefill's
                                    // tokens, a KV head's query heads) and reads each key and value
                                    // once for all; off: one query a workgroup (the same values)
+  bool kv_rows_by_kv_store = true; // fused kv_store also writes the new K/V rows into the host's
+                                   // write-back buffer; off: copied there at the end of each pass
+                                   // (a copy per sequence, layer and plane), to measure the saving
   VulkanTuning tuning;
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
@@ -191,6 +194,7 @@ struct BackendRequest {
   bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention
   bool stack_matrices = true;     // Vulkan: VulkanOptions::stack_matrices
   bool query_tiles = true;        // Vulkan: VulkanOptions::query_tiles
+  bool kv_rows_by_kv_store = true;  // Vulkan: VulkanOptions::kv_rows_by_kv_store
   VulkanTuning tuning;            // Vulkan: VulkanOptions::tuning
   std::string tuning_file;        // Vulkan: a file of kvfs tune's; its tuning replaces `tuning`
                                   // when it was made for this device and model (else a warning)

@@ -4,9 +4,11 @@
 // a small device KV budget, weights split across bindings and micro-batches. Runs on lavapipe
 // in CI; skips without a Vulkan device.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
@@ -369,6 +371,82 @@ TEST_F(VulkanBackendTest, FusedAndSeparateOpsGiveTheSameLogits) {
       EXPECT_TRUE(da == db) << type << " decode of token " << next << ": NMSE "
                             << Nmse(da.data(), db.data(), static_cast<int64_t>(da.size()));
     }
+  }
+}
+
+// The "N copies" of a Vulkan profile's summary line (-1 when there is none).
+int64_t ProfileCopies(const std::string& report) {
+  const size_t at = report.find(" copies:");
+  if (at == std::string::npos) return -1;
+  size_t begin = at;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(report[begin - 1]))) --begin;
+  return std::stoll(report.substr(begin, at - begin));
+}
+
+// The new K/V rows reach the host blocks through the write-back buffer. Fused, kv_store writes
+// them there as it stores them; the separate ops copy them there at the end of the pass. The
+// host blocks must hold the same bytes either way (row formats' K and V rows, q4k's chunks,
+// staged keys and V rows), across blocks, micro-batches, sequences of every format batched
+// together and decode steps; and a fused decode pass records no copy but the logits'.
+TEST_F(VulkanBackendTest, KvStoreWritesTheHostRowsTheCopiesWould) {
+  VulkanOptions fused_options;
+  fused_options.max_binding_bytes = 2 << 20;  // micro-batches of 16 tokens
+  fused_options.profile = true;
+  VulkanOptions separate_options = fused_options;
+  separate_options.fuse_ops = false;
+  auto fused = MakeVulkanBackend(*model_, fused_options);
+  auto separate = MakeVulkanBackend(*model_, separate_options);
+  ASSERT_TRUE(fused.ok()) << fused.status().message();
+  ASSERT_TRUE(separate.ok()) << separate.status().message();
+  std::vector<TokenId> prompt = prompt_;
+  while (prompt.size() < 100) prompt.insert(prompt.end(), prompt_.begin() + 1, prompt_.end());
+  const char* types[] = {"f16", "q8", "q4", "q4k"};
+  const int64_t n_decode = 3;
+  std::vector<std::unique_ptr<SequenceKv>> kvs[2];  // [fused, separate][format]
+  int64_t decode_copies[2] = {0, 0};
+  for (int which = 0; which < 2; ++which) {
+    Backend& backend = which == 0 ? **fused : **separate;
+    std::vector<SequenceStep> steps;
+    for (size_t i = 0; i < std::size(types); ++i) {
+      // Row formats in blocks of 16 (runs of rows across blocks); q4k in blocks of one 64-key chunk.
+      const int64_t block = std::string(types[i]) == "q4k" ? 64 : 16;
+      kvs[which].push_back(std::make_unique<SequenceKv>(Layout(types[i], block), 256));
+      // Prompts of different lengths, so the sequences' rows lie at different offsets.
+      steps.push_back({kvs[which].back().get(), std::span<const TokenId>(prompt).first(100 - 7 * i), false});
+    }
+    Logits lg;
+    ASSERT_TRUE(backend.Forward(steps, lg).ok());
+    backend.TakeProfileReport();
+    const TokenId next = 42;
+    for (int64_t d = 0; d < n_decode; ++d) {
+      for (SequenceStep& s : steps) s.tokens = std::span<const TokenId>(&next, 1);
+      ASSERT_TRUE(backend.Forward(steps, lg).ok());
+    }
+    decode_copies[which] = ProfileCopies(backend.TakeProfileReport());
+  }
+  EXPECT_EQ(decode_copies[0], n_decode) << "fused decode passes: the logits' copy alone";
+  EXPECT_GT(decode_copies[1], n_decode) << "separate ops: the rows are copied";
+  for (size_t i = 0; i < std::size(types); ++i) {
+    const SequenceKv &a = *kvs[0][i], &b = *kvs[1][i];
+    ASSERT_EQ(a.n_tokens(), b.n_tokens());
+    const KvLayout& L = a.layout();
+    const bool q4k = L.format.KeysByChannel();
+    int64_t differing = 0;
+    for (int64_t l = 0; l < L.n_layer; ++l) {
+      for (int64_t p = 0; p < a.n_tokens(); ++p) {
+        differing += std::memcmp(a.v_row(l, p), b.v_row(l, p), static_cast<size_t>(L.row_bytes())) != 0;
+        if (!q4k) differing += std::memcmp(a.k_row(l, p), b.k_row(l, p), static_cast<size_t>(L.row_bytes())) != 0;
+      }
+      if (!q4k) continue;
+      const int64_t C = L.format.chunk, complete = a.n_tokens() / C;
+      for (int64_t c = 0; c < complete; ++c) {
+        differing += std::memcmp(a.k_chunk(l, c), b.k_chunk(l, c), static_cast<size_t>(L.chunk_bytes())) != 0;
+      }
+      const int64_t staged = a.n_tokens() - complete * C;
+      differing += std::memcmp(a.k_staging(l, complete * C), b.k_staging(l, complete * C),
+                               static_cast<size_t>(staged * L.row_values() * 2)) != 0;
+    }
+    EXPECT_EQ(differing, 0) << types[i] << ": rows (or chunks) of the host blocks that differ";
   }
 }
 

@@ -55,7 +55,9 @@ class VulkanFallbackTest : public ::testing::Test {
     auto device = MakeVulkanBackend(*model_, options);
     EXPECT_TRUE(device.ok()) << device.status().message();
     if (!device.ok()) return nullptr;
-    if (lose_at_submission > 0) EXPECT_TRUE(VulkanLoseDevice(**device, lose_at_submission).ok());
+    if (lose_at_submission > 0) {
+      EXPECT_TRUE(VulkanLoseDevice(**device, lose_at_submission).ok());
+    }
     return std::make_unique<FallbackBackend>(*model_, std::move(*device), CpuOptions{2, &cpu::ScalarKernels()});
   }
   std::span<const TokenId> Prompt(size_t n) const { return std::span<const TokenId>(prompt_).first(n); }

@@ -287,7 +287,7 @@ KvView DeviceKvCache::View(const StepKv& s, int64_t layer) const {
   return v;
 }
 
-// What a step's write-back copies, per layer: its new V rows (and K rows but for q4k); q4k: the
+// What a step's write-back holds, per layer: its new V rows (and K rows but for q4k); q4k: the
 // chunks the pass completed and the new rows of the chunk left incomplete (the host already
 // holds its rows from before the pass: they were uploaded from there).
 namespace {
@@ -306,51 +306,88 @@ WriteBackShape ShapeOf(const StepKv& s) {
   w.staged0 = std::max(s.n_old, w.chunk_start);
   return w;
 }
+int64_t RoundUpToWord(int64_t bytes) { return (bytes + 3) / 4 * 4; }
 }  // namespace
 
-Status DeviceKvCache::RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs) {
+Status DeviceKvCache::PlanWriteBack(std::span<const StepKv> kvs, bool mirror) {
+  write_back_.clear();
   int64_t bytes = 0;
   for (const StepKv& s : kvs) {
     const KvArena& a = *s.arena;
     const WriteBackShape w = ShapeOf(s);
-    const int64_t k_bytes = a.layout.format.KeysByChannel()
-                                ? w.n_chunks * a.layout.chunk_bytes() + (s.n_new - w.staged0) * key_row_bytes_
-                                : (s.n_new - s.n_old) * a.row_stride();
-    bytes += a.layout.n_layer * (k_bytes + (s.n_new - s.n_old) * a.row_stride());
+    const int64_t n_rows = s.n_new - s.n_old;
+    StepWriteBack at;
+    at.base = bytes;
+    at.q4k = a.layout.format.KeysByChannel();
+    at.n_old = s.n_old;
+    at.staged0 = w.staged0;
+    if (a.layout.format.KeysByChannel()) {
+      at.staged = RoundUpToWord(w.n_chunks * a.layout.chunk_bytes());
+      at.v_rows = at.staged + (s.n_new - w.staged0) * key_row_bytes_;
+    } else {
+      at.k_rows = 0;
+      at.v_rows = n_rows * a.row_stride();
+    }
+    at.layer_bytes = at.v_rows + n_rows * a.row_stride();
+    bytes += a.layout.n_layer * at.layer_bytes;
+    write_back_.push_back(at);
   }
   if (readback_.bytes() < bytes) {
     KVFS_ASSIGN_OR_RETURN(readback_, ctx_.CreateBuffer(bytes, MemoryKind::kReadback));
   }
+  // kv_store binds the whole buffer: it must fit one binding.
+  mirrored_ = mirror && readback_.bytes() <= max_binding_bytes_;
+  return Status::Ok();
+}
+
+Ops::KvMirror DeviceKvCache::Mirror(size_t step, int64_t layer) const {
+  Ops::KvMirror m;
+  if (!mirrored_) return m;
+  const StepWriteBack& at = write_back_[step];
+  const int64_t layer0 = at.base + layer * at.layer_bytes;
+  m.buffer = &readback_;
+  // q4k: the staged keys from staged0 on (those of completed chunks are copied as chunks).
+  m.bytes0[0] = layer0 + (at.q4k ? at.staged : at.k_rows);
+  m.pos0[0] = at.q4k ? at.staged0 : at.n_old;
+  m.bytes0[1] = layer0 + at.v_rows;
+  m.pos0[1] = at.n_old;
+  return m;
+}
+
+Status DeviceKvCache::RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs) {
+  if (write_back_.size() != kvs.size()) return Internal("RecordWriteBack without PlanWriteBack for these steps");
   const auto* table = reinterpret_cast<const uint32_t*>(table_.mapped());
-  int64_t at = 0;
-  for (const StepKv& s : kvs) {
+  for (size_t i = 0; i < kvs.size(); ++i) {
+    const StepKv& s = kvs[i];
+    const StepWriteBack& at = write_back_[i];
     const KvArena& a = *s.arena;
     const int64_t B = a.layout.block_tokens;
     const bool q4k = a.layout.format.KeysByChannel();
     const WriteBackShape w = ShapeOf(s);
     for (int64_t l = 0; l < a.layout.n_layer; ++l) {
-      if (q4k) {
+      const int64_t layer0 = at.base + l * at.layer_bytes;
+      if (q4k) {  // completed chunks: k_chunks wrote them, after kv_store
         const int64_t C = a.layout.format.chunk, chunk_bytes = a.layout.chunk_bytes();
         for (int64_t c = w.chunk0; c < w.chunk0 + w.n_chunks; ++c) {
           const int64_t slot = table[s.table0 + c * C / B];
-          rec.Copy(a.k_planes[l], slot * a.k_plane_bytes() + (c * C % B) / C * chunk_bytes, readback_, at, chunk_bytes);
-          at += chunk_bytes;
+          rec.Copy(a.k_planes[l], slot * a.k_plane_bytes() + (c * C % B) / C * chunk_bytes, readback_,
+                   layer0 + (c - w.chunk0) * chunk_bytes, chunk_bytes);
         }
-        const int64_t staged = s.n_new - w.staged0;
-        if (staged > 0) {
-          rec.Copy(keys_[l], (s.key_row0 + w.staged0 - s.key_pos0) * key_row_bytes_, readback_, at,
-                   staged * key_row_bytes_);
-          at += staged * key_row_bytes_;
-        }
+      }
+      if (mirrored_) continue;  // kv_store wrote the rows there itself
+      if (q4k && s.n_new > w.staged0) {
+        rec.Copy(keys_[l], (s.key_row0 + w.staged0 - s.key_pos0) * key_row_bytes_, readback_, layer0 + at.staged,
+                 (s.n_new - w.staged0) * key_row_bytes_);
       }
       for (int plane = q4k ? 1 : 0; plane < 2; ++plane) {
         const Buffer& rows = plane == 0 ? a.k_planes[l] : a.v_planes[l];
+        int64_t out = layer0 + (plane == 0 ? at.k_rows : at.v_rows);
         // Runs of consecutive positions within one block are contiguous on the device.
         for (int64_t p = s.n_old; p < s.n_new;) {
           const int64_t end = std::min(s.n_new, (p / B + 1) * B);
           const int64_t slot = table[s.table0 + p / B];
-          rec.Copy(rows, (slot * B + p % B) * a.row_stride(), readback_, at, (end - p) * a.row_stride());
-          at += (end - p) * a.row_stride();
+          rec.Copy(rows, (slot * B + p % B) * a.row_stride(), readback_, out, (end - p) * a.row_stride());
+          out += (end - p) * a.row_stride();
           p = end;
         }
       }
@@ -364,25 +401,28 @@ void DeviceKvCache::FinishWriteBack(std::span<const SequenceStep> steps, std::sp
   for (size_t i = 0; i < steps.size(); ++i) {
     SequenceKv& kv = *steps[i].kv;
     const StepKv& s = kvs[i];
+    const StepWriteBack& at = write_back_[i];
     const int64_t row_bytes = kv.layout().row_bytes(), B = kv.layout().block_tokens;
+    const int64_t row_stride = s.arena->row_stride();
     const bool q4k = kv.layout().format.KeysByChannel();
     const WriteBackShape w = ShapeOf(s);
     for (int64_t l = 0; l < kv.layout().n_layer; ++l) {
+      const uint8_t* layer = in + at.base + l * at.layer_bytes;
       if (q4k) {
         const int64_t chunk_bytes = kv.layout().chunk_bytes();
-        for (int64_t c = w.chunk0; c < w.chunk0 + w.n_chunks; ++c, in += chunk_bytes) {
-          std::memcpy(kv.k_chunk(l, c), in, static_cast<size_t>(chunk_bytes));
+        for (int64_t c = w.chunk0; c < w.chunk0 + w.n_chunks; ++c) {
+          std::memcpy(kv.k_chunk(l, c), layer + (c - w.chunk0) * chunk_bytes, static_cast<size_t>(chunk_bytes));
         }
         const int64_t staged_bytes = (s.n_new - w.staged0) * key_row_bytes_;
         if (staged_bytes > 0) {
           uint16_t* rows = kv.k_staging(l, w.chunk_start) + (w.staged0 - w.chunk_start) * kv.layout().row_values();
-          std::memcpy(rows, in, static_cast<size_t>(staged_bytes));
-          in += staged_bytes;
+          std::memcpy(rows, layer + at.staged, static_cast<size_t>(staged_bytes));
         }
       }
       for (int plane = q4k ? 1 : 0; plane < 2; ++plane) {
-        for (int64_t p = s.n_old; p < s.n_new; ++p, in += s.arena->row_stride()) {
-          std::memcpy(plane == 0 ? kv.k_row(l, p) : kv.v_row(l, p), in, static_cast<size_t>(row_bytes));
+        const uint8_t* rows = layer + (plane == 0 ? at.k_rows : at.v_rows);
+        for (int64_t p = s.n_old; p < s.n_new; ++p, rows += row_stride) {
+          std::memcpy(plane == 0 ? kv.k_row(l, p) : kv.v_row(l, p), rows, static_cast<size_t>(row_bytes));
         }
       }
     }

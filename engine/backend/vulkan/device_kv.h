@@ -10,7 +10,9 @@
 //      sequence, or written by the CPU backend); writes each step's block table.
 //   2. the shaders write the new K/V rows into the device slots (kv_store) and attend over them;
 //   3. write-back: the new rows are copied into the host blocks, so persistence, sharing and the
-//      CPU backend see them; the copy is marked as holding them.
+//      CPU backend see them; the copy is marked as holding them. kv_store writes them into a
+//      host-visible buffer as it stores them (PlanWriteBack), so a pass ends without a copy
+//      command per sequence, layer and plane.
 // A row is only trusted while it is below the sequence's n_tokens at a Prepare, so a truncated
 // sequence re-uploads what it rewrites elsewhere. Limitation: rows rewritten in place by
 // another backend after a truncation, with no pass here in between, are not noticed (one
@@ -93,8 +95,17 @@ class DeviceKvCache {
   Status Prepare(std::span<const SequenceStep> steps, std::vector<StepKv>& out);
   // The view of layer `layer` for a step of this pass.
   KvView View(const StepKv& s, int64_t layer) const;
-  // Records copies of every step's new rows into the readback buffer (before the pass is
-  // submitted); FinishWriteBack (after it completed) writes them into the host blocks.
+  // Write-back of a pass's new rows into the host blocks, through a host-visible buffer laid
+  // out per step and layer: q4k's completed chunks, its staged keys, then the K rows of row
+  // formats, then the V rows. PlanWriteBack (after Prepare, before recording the pass) sizes
+  // and lays it out; with `mirror` (and the buffer within one binding) kv_store writes the rows
+  // into it as it stores them (Mirror says where), and RecordWriteBack (recorded last, before
+  // the pass is submitted) copies only q4k's completed chunks; without, it copies every row
+  // there. FinishWriteBack (after the pass completed) writes them into the host blocks.
+  Status PlanWriteBack(std::span<const StepKv> kvs, bool mirror);
+  // What kv_store of step `step`, layer `layer` writes to the buffer too (no buffer: nothing).
+  Ops::KvMirror Mirror(size_t step, int64_t layer) const;
+  bool mirrored() const { return mirrored_; }
   Status RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs);
   void FinishWriteBack(std::span<const SequenceStep> steps, std::span<const StepKv> kvs);
 
@@ -134,6 +145,19 @@ class DeviceKvCache {
   std::vector<Buffer> keys_;  // q4k: [n_layer] the pass's f16 key rows (StepKv::key_row0)
   int64_t key_row_bytes_ = 0, key_rows_ = 0;
   Buffer readback_;  // host-visible: the pass's new rows, per step, layer, K then V
+  // Where each step's rows lie in readback_ (bytes; offsets in a layer from the layer's start).
+  struct StepWriteBack {
+    int64_t base = 0;         // the step's layer 0
+    int64_t layer_bytes = 0;  // a layer's share
+    int64_t staged = 0;       // q4k: staged keys (after the completed chunks, from 0)
+    int64_t k_rows = 0;       // row formats: K rows
+    int64_t v_rows = 0;
+    bool q4k = false;
+    int64_t n_old = 0;        // the first new position
+    int64_t staged0 = 0;      // q4k: the first staged position written back
+  };
+  std::vector<StepWriteBack> write_back_;
+  bool mirrored_ = false;  // kv_store writes the rows into readback_ this pass
 };
 
 }  // namespace kvfs::vk

@@ -20,6 +20,7 @@ struct KvStoreParams {
   uint32_t n_tokens, pos0, src_stride, src_row0, block_tokens, table0;
   float hadamard_scale;
   uint32_t n_rot, stage_keys, key_row0;
+  uint32_t mirror, mirror_word0[2], mirror_pos0[2];
 };
 struct ScoresParams {
   uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
@@ -52,7 +53,7 @@ struct ReduceParams {
   uint32_t partial0;
 };
 
-constexpr ShaderInterface kKvStore{"kv_store", 6, sizeof(KvStoreParams)};
+constexpr ShaderInterface kKvStore{"kv_store", 7, sizeof(KvStoreParams)};
 constexpr ShaderInterface kScores{"attn_scores", 8, sizeof(ScoresParams)};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
@@ -165,22 +166,23 @@ Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
 }
 
 Status Ops::KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
-                    const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0) {
+                    const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
+                    const KvMirror* mirror) {
   const KvStoreRows rows[] = {{&src, &plane}};
-  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, nullptr);
+  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, nullptr, mirror);
 }
 
 Status Ops::KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
                         const Buffer& v_src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
-                        const RopeTable* k_rope) {
+                        const RopeTable* k_rope, const KvMirror* mirror) {
   // q4k: the keys go to the pass's f16 key rows (kv_store stages them as KStage does).
   const KvStoreRows rows[] = {{&k_src, kv.format.KeysByChannel() ? kv.keys : kv.k_plane}, {&v_src, kv.v_plane}};
-  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, k_rope);
+  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, k_rope, mirror);
 }
 
 Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape,
                           std::span<const KvStoreRows> rows, int64_t src_stride, int64_t src_row0, int64_t n_tokens,
-                          int64_t pos0, const RopeTable* rope) {
+                          int64_t pos0, const RopeTable* rope, const KvMirror* mirror) {
   const int64_t row_values = shape.n_head_kv * shape.head_dim;
   const int64_t seg_heads = KvSegmentHeads(kv.format, shape);
   const uint32_t rope_mode = RopeMode(rope);
@@ -194,20 +196,32 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                            U32(seg_heads),
                            rope_mode};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKvStore, spec));
-  const KvStoreParams params{U32(n_tokens),
-                             U32(pos0),
-                             U32(src_stride),
-                             U32(src_row0),
-                             U32(kv.block_tokens),
-                             kv.table0,
-                             InvSqrtHeadDim(shape.head_dim),
-                             rope != nullptr ? U32(rope->n_rot) : 0u,
-                             rows[0].plane == kv.keys ? 1u : 0u,
-                             U32(kv.key_row0 + pos0 - kv.key_pos0)};
+  KvStoreParams params{U32(n_tokens),
+                       U32(pos0),
+                       U32(src_stride),
+                       U32(src_row0),
+                       U32(kv.block_tokens),
+                       kv.table0,
+                       InvSqrtHeadDim(shape.head_dim),
+                       rope != nullptr ? U32(rope->n_rot) : 0u,
+                       rows[0].plane == kv.keys ? 1u : 0u,
+                       U32(kv.key_row0 + pos0 - kv.key_pos0),
+                       0u,
+                       {0u, 0u},
+                       {0u, 0u}};
+  if (mirror != nullptr && mirror->buffer != nullptr) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (mirror->bytes0[i] < 0) continue;
+      if (mirror->bytes0[i] % 4 != 0) return Internal("kv_store's mirror rows must start at whole words");
+      params.mirror |= 1u << i;
+      params.mirror_word0[i] = U32(mirror->bytes0[i] / 4);
+      params.mirror_pos0[i] = U32(mirror->pos0[i]);
+    }
+  }
   const KvStoreRows& second = rows.size() > 1 ? rows[1] : rows[0];
   return rec.Dispatch(*p,
                       {rows[0].src, rows[0].plane, kv.block_table, second.src, second.plane,
-                       rope != nullptr ? rope->cos_sin : &unused_},
+                       rope != nullptr ? rope->cos_sin : &unused_, params.mirror != 0u ? mirror->buffer : &unused_},
                       &params, U32(n_tokens), U32(shape.n_head_kv / seg_heads), U32(rows.size()));
 }
 

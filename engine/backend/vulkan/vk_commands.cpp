@@ -149,9 +149,9 @@ std::string Recorder::TakeProfileReport(const PipelineCache* statistics) {
     out += fmt::format("{:<28} {:>10} {:>12.3f} {:>6.1f}%\n", row.label, row.line.dispatches, row.line.device_ms,
                        timed_ms > 0 ? 100 * row.line.device_ms / timed_ms : 0.0);
   }
-  out += fmt::format("{} passes in {} pieces, {} dispatches, {} barriers: device {:.3f} ms; host recording {:.3f} ms "
-                     "(overlapping the device), waiting {:.3f} ms\n",
-                     p.passes, p.pieces, p.dispatches, p.barriers, p.device_ms, p.record_ms, p.wait_ms);
+  out += fmt::format("{} passes in {} pieces, {} dispatches, {} barriers, {} copies: device {:.3f} ms; host recording "
+                     "{:.3f} ms (overlapping the device), waiting {:.3f} ms\n",
+                     p.passes, p.pieces, p.dispatches, p.barriers, p.copies, p.device_ms, p.record_ms, p.wait_ms);
   // Per pipeline: which variant of a shader ran, and what the compiler made of it.
   const bool with_statistics = statistics != nullptr && statistics->captures_statistics();
   out += fmt::format("{:<48} {:>10} {:>12} {:>7}{}\n", "pipeline [specialization constants]", "dispatches",
@@ -174,7 +174,7 @@ std::string Recorder::TakeProfileReport(const PipelineCache* statistics) {
   }
   p.lines.clear();
   p.by_pipeline.clear();
-  p.passes = p.pieces = p.dispatches = p.barriers = 0;
+  p.passes = p.pieces = p.dispatches = p.barriers = p.copies = 0;
   p.device_ms = p.record_ms = p.wait_ms = 0;
   return out;
 }
@@ -302,6 +302,7 @@ void Recorder::Copy(const Buffer& src, int64_t src_offset, const Buffer& dst, in
                             static_cast<VkDeviceSize>(bytes)};
   vkCmdCopyBuffer(cmd_, src.handle(), dst.handle(), 1, &region);
   work_since_barrier_ = true;
+  if (profile_ != nullptr) ++profile_->copies;
 }
 
 void Recorder::Zero(const Buffer& dst, int64_t offset, int64_t bytes) {

@@ -62,10 +62,11 @@ class Recorder {
   // Costs a little device time; off by default. Unsupported when the queue has no timestamps.
   Status EnableProfiling(uint32_t max_dispatches = 8192);
   // Per shader (matrix shaders per grid width, i.e. per matrix shape): dispatches, device
-  // milliseconds, share; then the device time of whole passes against the host's time to
-  // record and to wait for them; then the same per pipeline (a shader and its specialization
-  // constants) with, where `statistics` captures them, the compiler's statistics of each
-  // (registers, spills; VK_KHR_pipeline_executable_properties); then starts over. Empty when
+  // milliseconds, share; then the passes' dispatches, barriers and copy commands, and their
+  // device time against the host's time to record and to wait for them; then the same per
+  // pipeline (a shader and its specialization constants) with, where `statistics` captures
+  // them, the compiler's statistics of each (registers, spills;
+  // VK_KHR_pipeline_executable_properties); then starts over. Empty when
   // profiling is off.
   std::string TakeProfileReport(const PipelineCache* statistics = nullptr);
 
@@ -112,7 +113,7 @@ class Recorder {
     std::vector<std::pair<const Pipeline*, uint32_t>> timed;
     std::map<std::string, ProfileLine> lines;
     std::map<const Pipeline*, ProfileLine> by_pipeline;
-    int64_t passes = 0, pieces = 0, dispatches = 0, barriers = 0;
+    int64_t passes = 0, pieces = 0, dispatches = 0, barriers = 0, copies = 0;
     double device_ms = 0, record_ms = 0, wait_ms = 0;
     std::chrono::steady_clock::time_point begun;
   };

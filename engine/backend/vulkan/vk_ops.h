@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -200,11 +201,22 @@ class Ops {
   // out = silu(gate) * up over n values.
   Status SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Buffer& out, int64_t n);
 
+  // Where kv_store also writes the rows it stores, for the host: in `buffer` (host-visible, the
+  // write-back's), row formats' row of position p >= pos0[i] at byte bytes0[i] + (p - pos0[i])
+  // * kv.row_stride, q4k's staged keys at (p - pos0[0]) * their row bytes; entry 0 is the first
+  // (rows, plane) pair, 1 the second (KvStoreBoth's V). Negative bytes0: that plane is not
+  // mirrored. Offsets are multiples of 4.
+  struct KvMirror {
+    const Buffer* buffer = nullptr;
+    std::array<int64_t, 2> bytes0{-1, -1};
+    std::array<int64_t, 2> pos0{0, 0};
+  };
   // Encodes rows src[src_row0 ..] (n_tokens rows of n_head_kv * head_dim values) into `plane`
   // at positions pos0 .. pos0 + n_tokens - 1 of the sequence (q4k: V rows only; its keys go
   // through KStage and KChunks).
   Status KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
-                 const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0);
+                 const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
+                 const KvMirror* mirror = nullptr);
   // The RoPE of Rope() (table rows = src rows), for ops that rotate their input first.
   struct RopeTable {
     const Buffer* cos_sin = nullptr;
@@ -216,7 +228,7 @@ class Ops {
   // k_rope), for KChunks.
   Status KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
                      const Buffer& v_src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
-                     const RopeTable* k_rope);
+                     const RopeTable* k_rope, const KvMirror* mirror = nullptr);
   // q4k keys: rows src[src_row0 ..] as f16 into kv.keys at positions pos0 .. (no rotation).
   Status KStage(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& src, int64_t src_stride,
                 int64_t src_row0, int64_t n_tokens, int64_t pos0);
@@ -354,7 +366,8 @@ class Ops {
   };
   // kv_store of one or two (rows, plane) pairs; the first is rotated by `rope` when given.
   Status KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape, std::span<const KvStoreRows> rows,
-                       int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0, const RopeTable* rope);
+                       int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0, const RopeTable* rope,
+                       const KvMirror* mirror);
   // The queries an attn_scores workgroup scores (each of its keys loaded once for all): tokens
   // by query heads of one KV head. At most 16, fewer where the device's shared memory asks; one
   // query with query tiles off.

@@ -19,8 +19,9 @@
 // The batch's tokens are processed in micro-batches of at most max_ubatch_ tokens (a
 // sequence's later tokens attend to the K/V its earlier ones wrote on the device), which bounds
 // every activation buffer below the device's storage-binding size. Each micro-batch is one
-// command buffer, submitted and waited for; the last one also copies the new K/V rows back to
-// the host blocks (device_kv.h has the design of the device KV copies).
+// command buffer, submitted and waited for. The new K/V rows reach the host blocks through a
+// host-visible buffer that kv_store writes as it stores them (fused; the separate ops copy them
+// there at the end of the last micro-batch); device_kv.h has the design of the device KV copies.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -135,6 +136,7 @@ class VulkanBackend final : public Backend {
   bool fuse_ops_ = true;
   bool swiglu_in_matvec_ = true;  // VulkanOptions::swiglu_in_matvec (and fuse_ops)
   bool batch_attention_ = true;
+  bool kv_rows_by_kv_store_ = true;  // VulkanOptions::kv_rows_by_kv_store (and fuse_ops)
   // The codes of the input the next matrix reads (kFloat: none): act_codes_ / act_aux_, or
   // swiglu_codes_ / swiglu_aux_ when gate|up made them.
   vk::ActKind quantized_kind_ = vk::ActKind::kFloat;
@@ -172,6 +174,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
                                                   /*capture_statistics=*/options.profile));
   fuse_ops_ = options.fuse_ops;
   batch_attention_ = options.batch_attention;
+  kv_rows_by_kv_store_ = options.kv_rows_by_kv_store && options.fuse_ops;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
   pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device(), ctx_->captures_statistics());
@@ -338,7 +341,10 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
     }
     if (fuse_ops_) {
       const vk::Ops::RopeTable rope{&rope_, hp_.n_rot, hp_.rope_style};
-      KVFS_RETURN_IF_ERROR(ops_->KvStoreBoth(*rec_, view, shape, k_, v_, n_kv, pc.row0, pc.n, pc.pos0, &rope));
+      // The rows also go to the write-back buffer (DeviceKvCache::Mirror): no copies at the end.
+      const vk::Ops::KvMirror mirror = kv_->Mirror(static_cast<size_t>(pc.step), layer);
+      KVFS_RETURN_IF_ERROR(
+          ops_->KvStoreBoth(*rec_, view, shape, k_, v_, n_kv, pc.row0, pc.n, pc.pos0, &rope, &mirror));
     } else if (view.format.KeysByChannel()) {
       KVFS_RETURN_IF_ERROR(ops_->KStage(*rec_, view, shape, k_, n_kv, pc.row0, pc.n, pc.pos0));
       KVFS_RETURN_IF_ERROR(ops_->KvStore(*rec_, view, *view.v_plane, shape, v_, n_kv, pc.row0, pc.n, pc.pos0));
@@ -503,6 +509,9 @@ Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) 
     total += static_cast<int64_t>(s.tokens.size());
   }
   KVFS_RETURN_IF_ERROR(kv_->Prepare(steps, step_kv_));
+  // Fused, kv_store writes the new rows for the host as it stores them (the separate ops, and
+  // --copy-kv-rows, copy them at the end of the pass).
+  KVFS_RETURN_IF_ERROR(kv_->PlanWriteBack(step_kv_, kv_rows_by_kv_store_));
 
   out.n_vocab = hp_.n_vocab;
   out.data.clear();

@@ -17,6 +17,11 @@
 // Its keys are stored per channel in chunks by k_chunks.comp, not as rows: plane 0 then stages
 // them, after RoPE, as the f16 rows of the pass's key rows that k_stage.comp writes (not
 // rotated by the Hadamard transform), so a fused step needs no rope or k_stage dispatch.
+// Mirror (push constant `mirror`, bit i for plane i): each word stored into plane i is also
+// written to the host-visible write-back buffer, the row of position pos at word
+// mirror_word0[i] + (pos - mirror_pos0[i]) * (words a row) for pos >= mirror_pos0[i], where the
+// engine's write-back reads it after the pass: no copy command per sequence, layer and plane
+// at the end of every pass (on a GPU, hundreds of small copies that wait for the last layer).
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -40,6 +45,9 @@ layout(push_constant) uniform Params {
   uint n_rot;         // ROPE: dimensions rotated per head
   uint stage_keys;    // q4k, 1: plane 0 is the pass's f16 key rows (else the V rows, as plane 1)
   uint key_row0;      // stage_keys: the key row of the first token
+  uint mirror;        // bit i: plane i's rows also go to `mirror_words`
+  uint mirror_word0[2];
+  uint mirror_pos0[2];
 } p;
 
 layout(binding = 0) readonly buffer Source0 { float src0[]; };     // [..][src_stride] (K)
@@ -48,6 +56,7 @@ layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };  // bloc
 layout(binding = 3) readonly buffer Source1 { float src1[]; };     // (V) as plane 0
 layout(binding = 4) buffer Plane1 { uint plane1[]; };
 layout(binding = 5) readonly buffer CosSin { vec2 cs[]; };         // ROPE: [rows][n_rot / 2] (cos, sin)
+layout(binding = 6) writeonly buffer Mirror { uint mirror_words[]; };  // host-visible: rows as in the planes
 #include "common.glsl"
 #include "kv_rows.glsl"
 #include "rope_pair.glsl"
@@ -222,13 +231,19 @@ void main() {
     }
   }
   barrier();
+  const uint pos = p.pos0 + t;
+  // Where this position's row starts in the mirror, in words (when mirrored).
+  const bool mirrored = (p.mirror & (1u << plane)) != 0u && pos >= p.mirror_pos0[plane];
+  const uint mirror_row_words = stage_keys ? seg_words : ROW_WORDS;
+  const uint mirror0 = mirrored ? p.mirror_word0[plane] + (pos - p.mirror_pos0[plane]) * mirror_row_words : 0u;
   if (stage_keys) {  // straight from hvec: the key row is larger than row_words
     for (uint i = tid; i < seg_words; i += WG) {
-      kv_words[(p.key_row0 + t) * seg_words + i] = F32ToF16Bits(hvec[2u * i]) | (F32ToF16Bits(hvec[2u * i + 1u]) << 16);
+      const uint w = F32ToF16Bits(hvec[2u * i]) | (F32ToF16Bits(hvec[2u * i + 1u]) << 16);
+      kv_words[(p.key_row0 + t) * seg_words + i] = w;
+      if (mirrored) mirror_words[mirror0 + i] = w;
     }
     return;
   }
-  const uint pos = p.pos0 + t;
   const uint slot = block_table[p.table0 + pos / p.block_tokens];
   const uint row0 = (slot * p.block_tokens + pos % p.block_tokens) * ROW_WORDS + seg * seg_words;
   for (uint i = tid; i < seg_words; i += WG) {
@@ -237,5 +252,6 @@ void main() {
     } else {
       plane1[row0 + i] = row_words[i];
     }
+    if (mirrored) mirror_words[mirror0 + seg * seg_words + i] = row_words[i];
   }
 }
