@@ -23,9 +23,11 @@
 #                     KVFS_GPU_TUNE_ARGS, default "-d 1024 -n 16 -r 5"; its table goes into
 #                     runs.tgz as PRESET-tune.txt and its file as PRESET.tuning.json)
 #   KVFS_GPU_BATCHED  batch sizes for `kvfs bench batched` (e.g. "1,4,8,16"; default: none), run
-#                     per preset after the runs above, with and without --serial-attention (each
-#                     sequence's attention after the previous one's), KV KVFS_GPU_BATCHED_KV
-#                     (default q4) and KVFS_GPU_BATCHED_ARGS (default "--npp 1024 --ntg 32")
+#                     per preset after the runs above, for each of KVFS_GPU_BATCHED_VARIANTS
+#                     (default "default --serial-attention": with and without each sequence's
+#                     attention after the previous one's; --copy-kv-rows copies the new K/V rows
+#                     at the end of each pass), KV KVFS_GPU_BATCHED_KV (default q4) and
+#                     KVFS_GPU_BATCHED_ARGS (default "--npp 1024 --ntg 32")
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/kvfs-gpu}
@@ -135,7 +137,7 @@ for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
 done
 if [ -n "${KVFS_GPU_BATCHED:-}" ]; then
   for p in $presets; do
-    for v in default --serial-attention; do
+    for v in ${KVFS_GPU_BATCHED_VARIANTS:-default --serial-attention}; do
       flags="" suffix=""
       [ "$v" = default ] || { flags=$v; suffix="-${v#--}"; }
       run="$runs/batched-$p$suffix"

@@ -332,11 +332,14 @@ Status DeviceKvCache::PlanWriteBack(std::span<const StepKv> kvs, bool mirror) {
     bytes += a.layout.n_layer * at.layer_bytes;
     write_back_.push_back(at);
   }
-  if (readback_.bytes() < bytes) {
+  // kv_store binds the whole buffer, so with the mirror it must fit one binding: a buffer grown
+  // past it by a long prefill (which copied its rows) is made again at this pass's size.
+  const bool fits = bytes <= max_binding_bytes_;
+  if (readback_.bytes() < bytes || (mirror && fits && readback_.bytes() > max_binding_bytes_)) {
+    readback_ = Buffer();  // freed before its successor is made
     KVFS_ASSIGN_OR_RETURN(readback_, ctx_.CreateBuffer(bytes, MemoryKind::kReadback));
   }
-  // kv_store binds the whole buffer: it must fit one binding.
-  mirrored_ = mirror && readback_.bytes() <= max_binding_bytes_;
+  mirrored_ = mirror && fits;
   return Status::Ok();
 }
 

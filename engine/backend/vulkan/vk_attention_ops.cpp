@@ -166,10 +166,9 @@ Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
 }
 
 Status Ops::KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
-                    const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
-                    const KvMirror* mirror) {
+                    const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0) {
   const KvStoreRows rows[] = {{&src, &plane}};
-  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, nullptr, mirror);
+  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, nullptr, nullptr);
 }
 
 Status Ops::KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
@@ -210,6 +209,7 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                        {0u, 0u},
                        {0u, 0u}};
   if (mirror != nullptr && mirror->buffer != nullptr) {
+    if (rows.size() != 2) return Internal("kv_store mirrors the rows of K and V stored together");
     for (size_t i = 0; i < rows.size(); ++i) {
       if (mirror->bytes0[i] < 0) continue;
       if (mirror->bytes0[i] % 4 != 0) return Internal("kv_store's mirror rows must start at whole words");

@@ -201,11 +201,10 @@ class Ops {
   // out = silu(gate) * up over n values.
   Status SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Buffer& out, int64_t n);
 
-  // Where kv_store also writes the rows it stores, for the host: in `buffer` (host-visible, the
-  // write-back's), row formats' row of position p >= pos0[i] at byte bytes0[i] + (p - pos0[i])
-  // * kv.row_stride, q4k's staged keys at (p - pos0[0]) * their row bytes; entry 0 is the first
-  // (rows, plane) pair, 1 the second (KvStoreBoth's V). Negative bytes0: that plane is not
-  // mirrored. Offsets are multiples of 4.
+  // Where KvStoreBoth also writes the rows it stores, for the host: in `buffer` (host-visible,
+  // the write-back's), the row of position p >= pos0[i] at byte bytes0[i] + (p - pos0[i]) times
+  // the row's bytes (kv.row_stride; q4k's staged keys: 2 per value); entry 0 is K (q4k: the
+  // staged keys), 1 is V. Negative bytes0: that plane is not mirrored. Offsets are multiples of 4.
   struct KvMirror {
     const Buffer* buffer = nullptr;
     std::array<int64_t, 2> bytes0{-1, -1};
@@ -215,8 +214,7 @@ class Ops {
   // at positions pos0 .. pos0 + n_tokens - 1 of the sequence (q4k: V rows only; its keys go
   // through KStage and KChunks).
   Status KvStore(Recorder& rec, const KvView& kv, const Buffer& plane, const AttentionShape& shape,
-                 const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
-                 const KvMirror* mirror = nullptr);
+                 const Buffer& src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0);
   // The RoPE of Rope() (table rows = src rows), for ops that rotate their input first.
   struct RopeTable {
     const Buffer* cos_sin = nullptr;
@@ -364,7 +362,8 @@ class Ops {
     const Buffer* src;
     const Buffer* plane;
   };
-  // kv_store of one or two (rows, plane) pairs; the first is rotated by `rope` when given.
+  // kv_store of one or two (rows, plane) pairs; the first is rotated by `rope` when given; with
+  // `mirror` (two pairs: K, V), the rows also go where it says.
   Status KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape, std::span<const KvStoreRows> rows,
                        int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0, const RopeTable* rope,
                        const KvMirror* mirror);

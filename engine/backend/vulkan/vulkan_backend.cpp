@@ -494,6 +494,9 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
 }
 
 Status VulkanBackend::Forward(std::span<const SequenceStep> steps, Logits& out) {
+  // A pass abandoned after an error may still run pieces that use the buffers Prepare and
+  // PlanWriteBack may replace (they grow): they finish first.
+  KVFS_RETURN_IF_ERROR(rec_->Drain());
   // Validate and reserve every sequence first so a failure leaves all of them untouched.
   int64_t total = 0;
   for (const SequenceStep& s : steps) {
