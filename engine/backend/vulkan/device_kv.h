@@ -105,7 +105,6 @@ class DeviceKvCache {
   Status PlanWriteBack(std::span<const StepKv> kvs, bool mirror);
   // What kv_store of step `step`, layer `layer` writes to the buffer too (no buffer: nothing).
   Ops::KvMirror Mirror(size_t step, int64_t layer) const;
-  bool mirrored() const { return mirrored_; }
   Status RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs);
   void FinishWriteBack(std::span<const SequenceStep> steps, std::span<const StepKv> kvs);
 
