@@ -318,9 +318,6 @@ Status DeviceKvCache::PlanWriteBack(std::span<const StepKv> kvs, bool mirror) {
     const int64_t n_rows = s.n_new - s.n_old;
     StepWriteBack at;
     at.base = bytes;
-    at.q4k = a.layout.format.KeysByChannel();
-    at.n_old = s.n_old;
-    at.staged0 = w.staged0;
     if (a.layout.format.KeysByChannel()) {
       at.staged = RoundUpToWord(w.n_chunks * a.layout.chunk_bytes());
       at.v_rows = at.staged + (s.n_new - w.staged0) * key_row_bytes_;
@@ -343,17 +340,19 @@ Status DeviceKvCache::PlanWriteBack(std::span<const StepKv> kvs, bool mirror) {
   return Status::Ok();
 }
 
-Ops::KvMirror DeviceKvCache::Mirror(size_t step, int64_t layer) const {
+Ops::KvMirror DeviceKvCache::Mirror(std::span<const StepKv> kvs, size_t step, int64_t layer) const {
   Ops::KvMirror m;
   if (!mirrored_) return m;
+  const StepKv& s = kvs[step];
   const StepWriteBack& at = write_back_[step];
   const int64_t layer0 = at.base + layer * at.layer_bytes;
+  const bool q4k = s.arena->layout.format.KeysByChannel();
   m.buffer = &readback_;
   // q4k: the staged keys from staged0 on (those of completed chunks are copied as chunks).
-  m.bytes0[0] = layer0 + (at.q4k ? at.staged : at.k_rows);
-  m.pos0[0] = at.q4k ? at.staged0 : at.n_old;
+  m.bytes0[0] = layer0 + (q4k ? at.staged : at.k_rows);
+  m.pos0[0] = q4k ? ShapeOf(s).staged0 : s.n_old;
   m.bytes0[1] = layer0 + at.v_rows;
-  m.pos0[1] = at.n_old;
+  m.pos0[1] = s.n_old;
   return m;
 }
 

@@ -103,8 +103,9 @@ class DeviceKvCache {
   // the pass is submitted) copies only q4k's completed chunks; without, it copies every row
   // there. FinishWriteBack (after the pass completed) writes them into the host blocks.
   Status PlanWriteBack(std::span<const StepKv> kvs, bool mirror);
-  // What kv_store of step `step`, layer `layer` writes to the buffer too (no buffer: nothing).
-  Ops::KvMirror Mirror(size_t step, int64_t layer) const;
+  // What kv_store of step `step` (of the kvs PlanWriteBack laid out), layer `layer` writes to
+  // the buffer too (no buffer: nothing).
+  Ops::KvMirror Mirror(std::span<const StepKv> kvs, size_t step, int64_t layer) const;
   Status RecordWriteBack(Recorder& rec, std::span<const StepKv> kvs);
   void FinishWriteBack(std::span<const SequenceStep> steps, std::span<const StepKv> kvs);
 
@@ -151,9 +152,6 @@ class DeviceKvCache {
     int64_t staged = 0;       // q4k: staged keys (after the completed chunks, from 0)
     int64_t k_rows = 0;       // row formats: K rows
     int64_t v_rows = 0;
-    bool q4k = false;
-    int64_t n_old = 0;        // the first new position
-    int64_t staged0 = 0;      // q4k: the first staged position written back
   };
   std::vector<StepWriteBack> write_back_;
   bool mirrored_ = false;  // kv_store writes the rows into readback_ this pass

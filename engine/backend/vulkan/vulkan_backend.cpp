@@ -342,7 +342,7 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
     if (fuse_ops_) {
       const vk::Ops::RopeTable rope{&rope_, hp_.n_rot, hp_.rope_style};
       // The rows also go to the write-back buffer (DeviceKvCache::Mirror): no copies at the end.
-      const vk::Ops::KvMirror mirror = kv_->Mirror(static_cast<size_t>(pc.step), layer);
+      const vk::Ops::KvMirror mirror = kv_->Mirror(step_kv_, static_cast<size_t>(pc.step), layer);
       KVFS_RETURN_IF_ERROR(
           ops_->KvStoreBoth(*rec_, view, shape, k_, v_, n_kv, pc.row0, pc.n, pc.pos0, &rope, &mirror));
     } else if (view.format.KeysByChannel()) {
