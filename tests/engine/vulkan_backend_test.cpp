@@ -383,6 +383,22 @@ int64_t ProfileCopies(const std::string& report) {
   return std::stoll(report.substr(begin, at - begin));
 }
 
+// The dispatches of `shader` in a Vulkan profile's per-shader table (-1 when it has no line).
+int64_t ProfileDispatches(const std::string& report, const std::string& shader) {
+  for (size_t at = 0; at < report.size();) {
+    const size_t end = std::min(report.find('\n', at), report.size());
+    const std::string line = report.substr(at, end - at);
+    at = end + 1;
+    if (line.rfind(shader + " ", 0) != 0) continue;
+    size_t digits = shader.size();
+    while (digits < line.size() && line[digits] == ' ') ++digits;
+    if (digits < line.size() && std::isdigit(static_cast<unsigned char>(line[digits]))) {
+      return std::stoll(line.substr(digits));
+    }
+  }
+  return -1;
+}
+
 // Rows (and q4k chunks and staged keys) of positions [0, n_tokens) that differ between two
 // sequences' host blocks.
 int64_t HostRowsDiffering(const SequenceKv& a, const SequenceKv& b) {
@@ -468,6 +484,64 @@ TEST_F(VulkanBackendTest, KvStoreWritesTheHostRowsTheCopiesWould) {
           << formats[i].first << " in blocks of " << formats[i].second << ": host rows (or chunks) that differ "
           << "between kv_store's and " << names[which];
     }
+  }
+}
+
+// Batched, a layer stores the new K/V rows of all the sequences that share a KV arena (format
+// and block size) with one kv_store dispatch (row table), instead of one per sequence. The host
+// rows and the logits must be those of one kv_store per sequence (batch_attention off), bit for
+// bit: prompts of several sequences in micro-batches of 16 tokens (pieces of several sequences
+// and arenas in one micro-batch), then decode steps of all of them; and a decode pass must
+// record one kv_store per arena and layer.
+TEST_F(VulkanBackendTest, KvStoresOfAnArenaAreOneDispatch) {
+  VulkanOptions batched_options;
+  batched_options.max_binding_bytes = 2 << 20;  // micro-batches of 16 tokens
+  batched_options.profile = true;
+  VulkanOptions serial_options = batched_options;
+  serial_options.batch_attention = false;
+  std::unique_ptr<Backend> backends[2];
+  for (int which = 0; which < 2; ++which) {
+    auto b = MakeVulkanBackend(*model_, which == 0 ? batched_options : serial_options);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    backends[which] = std::move(*b);
+  }
+  // Three arenas: f16 in blocks of 16 (three sequences), q4k in blocks of 64 (two), q4 (one).
+  const std::pair<const char*, int64_t> formats[] = {{"f16", 16}, {"q4k", 64}, {"f16", 16},
+                                                     {"q4", 16},  {"q4k", 64}, {"f16", 16}};
+  const int64_t n_arenas = 3, n_decode = 3;
+  std::vector<TokenId> text = prompt_;
+  while (text.size() < 80) text.insert(text.end(), prompt_.begin() + 1, prompt_.end());
+  std::vector<std::unique_ptr<SequenceKv>> kvs[2];
+  std::vector<float> logits[2];
+  int64_t decode_stores[2] = {0, 0};
+  for (int which = 0; which < 2; ++which) {
+    Backend& backend = *backends[which];
+    for (const auto& [type, block] : formats) kvs[which].push_back(std::make_unique<SequenceKv>(Layout(type, block), 256));
+    std::vector<SequenceStep> steps(kvs[which].size());
+    for (size_t i = 0; i < steps.size(); ++i) {  // 9 to 79 tokens, every row's logits
+      steps[i] = {kvs[which][i].get(), std::span<const TokenId>(text).first(9 + 14 * i), true};
+    }
+    Logits lg;
+    ASSERT_TRUE(backend.Forward(steps, lg).ok());
+    logits[which] = lg.data;
+    backend.TakeProfileReport();
+    const TokenId next[] = {42, 7, 1000};
+    for (int64_t d = 0; d < n_decode; ++d) {
+      for (SequenceStep& s : steps) s = {s.kv, std::span<const TokenId>(&next[d], 1), false};
+      ASSERT_TRUE(backend.Forward(steps, lg).ok());
+      logits[which].insert(logits[which].end(), lg.data.begin(), lg.data.end());
+    }
+    decode_stores[which] = ProfileDispatches(backend.TakeProfileReport(), "kv_store");
+  }
+  const int64_t n_seq = static_cast<int64_t>(std::size(formats));
+  EXPECT_EQ(decode_stores[0], n_decode * hp().n_layer * n_arenas) << "batched: one kv_store per arena and layer";
+  EXPECT_EQ(decode_stores[1], n_decode * hp().n_layer * n_seq) << "serial: one kv_store per sequence and layer";
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  EXPECT_TRUE(logits[0] == logits[1]) << "NMSE " << Nmse(logits[0].data(), logits[1].data(), logits[0].size());
+  for (size_t i = 0; i < std::size(formats); ++i) {
+    EXPECT_EQ(HostRowsDiffering(*kvs[0][i], *kvs[1][i]), 0)
+        << "sequence " << i << " (" << formats[i].first << "): host rows that differ between one kv_store per "
+        << "arena and one per sequence";
   }
 }
 

@@ -353,6 +353,7 @@ Ops::KvMirror DeviceKvCache::Mirror(std::span<const StepKv> kvs, size_t step, in
   m.pos0[0] = q4k ? ShapeOf(s).staged0 : s.n_old;
   m.bytes0[1] = layer0 + at.v_rows;
   m.pos0[1] = s.n_old;
+  m.layer_bytes = at.layer_bytes;
   return m;
 }
 

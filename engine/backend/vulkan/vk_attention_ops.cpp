@@ -21,7 +21,9 @@ struct KvStoreParams {
   float hadamard_scale;
   uint32_t n_rot, stage_keys, key_row0;
   uint32_t mirror, mirror_word0[2], mirror_pos0[2];
+  uint32_t entry0, layer;
 };
+static_assert(sizeof(Ops::KvStoreEntry) == 32);  // kv_store.comp's KvStoreEntry (std430)
 struct ScoresParams {
   uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
   float hadamard_scale;
@@ -53,7 +55,7 @@ struct ReduceParams {
   uint32_t partial0;
 };
 
-constexpr ShaderInterface kKvStore{"kv_store", 7, sizeof(KvStoreParams)};
+constexpr ShaderInterface kKvStore{"kv_store", 8, sizeof(KvStoreParams)};
 constexpr ShaderInterface kScores{"attn_scores", 8, sizeof(ScoresParams)};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
@@ -179,9 +181,40 @@ Status Ops::KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& s
   return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, k_rope, mirror);
 }
 
+Ops::KvStoreEntry Ops::KvStoreEntryFor(const KvView& kv, const AttentionShape& shape, int64_t src_row, int64_t pos,
+                                       const KvMirror* mirror) {
+  KvStoreEntry e;
+  e.src_row = U32(src_row);
+  e.pos = U32(pos);
+  e.table0 = kv.table0;
+  const bool q4k = kv.format.KeysByChannel();
+  e.key_row = q4k ? U32(kv.key_row0 + pos - kv.key_pos0) : 0u;
+  if (mirror == nullptr || mirror->buffer == nullptr) return e;
+  // Row bytes in the mirror as in kv_store.comp: q4k's staged keys are f16 rows.
+  const int64_t row_bytes[2] = {q4k ? shape.n_head_kv * shape.head_dim * 2 : kv.row_stride, kv.row_stride};
+  for (size_t i = 0; i < 2; ++i) {
+    if (mirror->bytes0[i] < 0 || pos < mirror->pos0[i]) continue;
+    e.mirror_word[i] = U32((mirror->bytes0[i] + (pos - mirror->pos0[i]) * row_bytes[i]) / 4);
+  }
+  e.mirror_layer_words = U32(mirror->layer_bytes / 4);
+  return e;
+}
+
+Status Ops::KvStoreBatch(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
+                         const Buffer& v_src, int64_t src_stride, const Buffer& entries, int64_t entry0,
+                         int64_t n_entries, int64_t layer, const RopeTable* k_rope, const Buffer* mirror) {
+  const KvStoreRows rows[] = {{&k_src, kv.format.KeysByChannel() ? kv.keys : kv.k_plane}, {&v_src, kv.v_plane}};
+  KvMirror all;  // the entries say which rows; both planes may be
+  all.buffer = mirror;
+  all.bytes0 = {0, 0};
+  const KvStoreTable table{&entries, entry0, layer};
+  return KvStoreRowsOf(rec, kv, shape, rows, src_stride, 0, n_entries, 0, k_rope, mirror != nullptr ? &all : nullptr,
+                       &table);
+}
+
 Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape,
                           std::span<const KvStoreRows> rows, int64_t src_stride, int64_t src_row0, int64_t n_tokens,
-                          int64_t pos0, const RopeTable* rope, const KvMirror* mirror) {
+                          int64_t pos0, const RopeTable* rope, const KvMirror* mirror, const KvStoreTable* table) {
   const int64_t row_values = shape.n_head_kv * shape.head_dim;
   const int64_t seg_heads = KvSegmentHeads(kv.format, shape);
   const uint32_t rope_mode = RopeMode(rope);
@@ -193,7 +226,8 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                            U32(row_values),
                            U32(KvRowWords(kv)),
                            U32(seg_heads),
-                           rope_mode};
+                           rope_mode,
+                           table != nullptr ? 1u : 0u};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKvStore, spec));
   KvStoreParams params{U32(n_tokens),
                        U32(pos0),
@@ -207,7 +241,9 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                        U32(kv.key_row0 + pos0 - kv.key_pos0),
                        0u,
                        {0u, 0u},
-                       {0u, 0u}};
+                       {0u, 0u},
+                       table != nullptr ? U32(table->entry0) : 0u,
+                       table != nullptr ? U32(table->layer) : 0u};
   if (mirror != nullptr && mirror->buffer != nullptr) {
     if (rows.size() != 2) return Internal("kv_store mirrors the rows of K and V stored together");
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -221,7 +257,8 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
   const KvStoreRows& second = rows.size() > 1 ? rows[1] : rows[0];
   return rec.Dispatch(*p,
                       {rows[0].src, rows[0].plane, kv.block_table, second.src, second.plane,
-                       rope != nullptr ? rope->cos_sin : &unused_, params.mirror != 0u ? mirror->buffer : &unused_},
+                       rope != nullptr ? rope->cos_sin : &unused_, params.mirror != 0u ? mirror->buffer : &unused_,
+                       table != nullptr ? table->entries : &unused_},
                       &params, U32(n_tokens), U32(shape.n_head_kv / seg_heads), U32(rows.size()));
 }
 

@@ -209,6 +209,7 @@ class Ops {
     const Buffer* buffer = nullptr;
     std::array<int64_t, 2> bytes0{-1, -1};
     std::array<int64_t, 2> pos0{0, 0};
+    int64_t layer_bytes = 0;  // the next layer's rows lie this much further (KvStoreBatch)
   };
   // Encodes rows src[src_row0 ..] (n_tokens rows of n_head_kv * head_dim values) into `plane`
   // at positions pos0 .. pos0 + n_tokens - 1 of the sequence (q4k: V rows only; its keys go
@@ -227,6 +228,29 @@ class Ops {
   Status KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
                      const Buffer& v_src, int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0,
                      const RopeTable* k_rope, const KvMirror* mirror = nullptr);
+  // One row of KvStoreBatch, as kv_store.comp's KvStoreEntry: entries are written by the host
+  // into a host-visible buffer before the pass is submitted.
+  static constexpr uint32_t kNotMirrored = 0xFFFFFFFFu;
+  struct KvStoreEntry {
+    uint32_t src_row = 0;  // its row of the K and V sources (and of the RoPE table)
+    uint32_t pos = 0;      // its position in its sequence
+    uint32_t table0 = 0;   // its sequence's first block table entry (KvView::table0)
+    uint32_t key_row = 0;  // q4k: its row of the pass's key rows
+    std::array<uint32_t, 2> mirror_word{kNotMirrored, kNotMirrored};  // layer 0's K (q4k: staged keys) and V row
+    uint32_t mirror_layer_words = 0;  // in the mirror, words from a layer's row to the next layer's
+    uint32_t unused = 0;
+  };
+  // The entry of source row src_row, position pos of the sequence kv views, its rows also
+  // written where `mirror` (layer 0's, or null) says, as KvStoreBoth's mirror would.
+  static KvStoreEntry KvStoreEntryFor(const KvView& kv, const AttentionShape& shape, int64_t src_row, int64_t pos,
+                                      const KvMirror* mirror);
+  // KvStoreBoth in one dispatch for rows of several sequences that share kv's planes (one KV
+  // arena): entries[entry0 .. entry0 + n_entries) (KvStoreEntry each) say where each row comes
+  // from and goes, for layer `layer` (kv's planes and keys); with `mirror`, the rows whose
+  // entries say so also go there. The same bytes as KvStoreBoth for each sequence.
+  Status KvStoreBatch(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& k_src,
+                      const Buffer& v_src, int64_t src_stride, const Buffer& entries, int64_t entry0,
+                      int64_t n_entries, int64_t layer, const RopeTable* k_rope, const Buffer* mirror);
   // q4k keys: rows src[src_row0 ..] as f16 into kv.keys at positions pos0 .. (no rotation).
   Status KStage(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& src, int64_t src_stride,
                 int64_t src_row0, int64_t n_tokens, int64_t pos0);
@@ -362,11 +386,18 @@ class Ops {
     const Buffer* src;
     const Buffer* plane;
   };
+  // A KvStoreBatch dispatch's rows: entries [entry0, entry0 + n) of `entries`, for `layer`.
+  struct KvStoreTable {
+    const Buffer* entries;
+    int64_t entry0;
+    int64_t layer;
+  };
   // kv_store of one or two (rows, plane) pairs; the first is rotated by `rope` when given; with
-  // `mirror` (two pairs: K, V), the rows also go where it says.
+  // `mirror` (two pairs: K, V), the rows also go where it says. With `table`, n_tokens rows
+  // as its entries say (src_row0, pos0 unused; mirror: its buffer).
   Status KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape, std::span<const KvStoreRows> rows,
                        int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0, const RopeTable* rope,
-                       const KvMirror* mirror);
+                       const KvMirror* mirror, const KvStoreTable* table = nullptr);
   // The queries an attn_scores workgroup scores (each of its keys loaded once for all): tokens
   // by query heads of one KV head. At most 16, fewer where the device's shared memory asks; one
   // query with query tiles off.

@@ -22,6 +22,10 @@
 // mirror_word0[i] + (pos - mirror_pos0[i]) * (words a row) for pos >= mirror_pos0[i], where the
 // engine's write-back reads it after the pass: no copy command per sequence, layer and plane
 // at the end of every pass (on a GPU, hundreds of small copies that wait for the last layer).
+// Row table (ROW_TABLE = 1): the rows of several sequences that share a KV arena (planes,
+// format, block size) in one dispatch, workgroup x taking entry entry0 + x of `rows`: its source
+// row, position, block table start, key row and mirror words come from there instead of the push
+// constants (a batched decode step of n agents: one kv_store a layer instead of n).
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -33,6 +37,7 @@ layout(constant_id = 5) const uint ROW_VALUES = 128; // n_head_kv * head_dim
 layout(constant_id = 6) const uint ROW_WORDS = 64;   // words per device row (row bytes rounded up)
 layout(constant_id = 7) const uint SEG_HEADS = 2;    // heads per workgroup (q4k: all of them)
 layout(constant_id = 8) const uint ROPE = 0;         // plane 0: 0 as it is, 1 RoPE pairs (2i, 2i+1), 2 NeoX pairs (i, i + n_rot/2)
+layout(constant_id = 9) const uint ROW_TABLE = 0;    // 1: each workgroup's row from `rows`
 
 layout(push_constant) uniform Params {
   uint n_tokens;
@@ -48,7 +53,21 @@ layout(push_constant) uniform Params {
   uint mirror;        // bit i: plane i's rows also go to `mirror_words`
   uint mirror_word0[2];
   uint mirror_pos0[2];
+  uint entry0;        // ROW_TABLE: the dispatch's first entry of `rows`
+  uint layer;         // ROW_TABLE: the layer (an entry's mirror words are layer 0's)
 } p;
+
+// A row of a ROW_TABLE dispatch (Ops::KvStoreEntry): its mirror words are those of layer 0
+// (0xFFFFFFFF: not mirrored); layer l's lie l * mirror_layer_words further.
+struct KvStoreEntry {
+  uint src_row;  // src row (and cos/sin row)
+  uint pos;      // position in its sequence
+  uint table0;   // its sequence's first block table entry
+  uint key_row;  // stage_keys: its key row
+  uint mirror_word[2];
+  uint mirror_layer_words;
+  uint unused;
+};
 
 layout(binding = 0) readonly buffer Source0 { float src0[]; };     // [..][src_stride] (K)
 layout(binding = 1) buffer Plane0 { uint kv_words[]; };            // [slots * block_tokens][ROW_WORDS]; stage_keys: [key rows][ROW_VALUES / 2]
@@ -57,6 +76,7 @@ layout(binding = 3) readonly buffer Source1 { float src1[]; };     // (V) as pla
 layout(binding = 4) buffer Plane1 { uint plane1[]; };
 layout(binding = 5) readonly buffer CosSin { vec2 cs[]; };         // ROPE: [rows][n_rot / 2] (cos, sin)
 layout(binding = 6) writeonly buffer Mirror { uint mirror_words[]; };  // host-visible: rows as in the planes
+layout(binding = 7) readonly buffer Rows { KvStoreEntry rows[]; };      // ROW_TABLE: the dispatch's rows
 #include "common.glsl"
 #include "kv_rows.glsl"
 #include "rope_pair.glsl"
@@ -170,11 +190,24 @@ void main() {
   // word boundary (checked on the host).
   const uint tid = gl_LocalInvocationID.x;
   const uint t = gl_WorkGroupID.x, seg = gl_WorkGroupID.y, plane = gl_WorkGroupID.z;
+  // This workgroup's row: from the push constants (a run of one sequence's tokens) or its entry.
+  uint src_row = p.src_row0 + t, pos = p.pos0 + t, table0 = p.table0, key_row = p.key_row0 + t;
+  uint mirror_word = 0xFFFFFFFFu;  // where the row starts in the mirror; none
+  if (ROW_TABLE != 0u) {
+    const KvStoreEntry e = rows[p.entry0 + t];
+    src_row = e.src_row;
+    pos = e.pos;
+    table0 = e.table0;
+    key_row = e.key_row;
+    if ((p.mirror & (1u << plane)) != 0u && e.mirror_word[plane] != 0xFFFFFFFFu) {
+      mirror_word = e.mirror_word[plane] + p.layer * e.mirror_layer_words;
+    }
+  }
   const bool stage_keys = KV_TYPE == kKvQ4K && plane == 0u && p.stage_keys != 0u;  // (q4k: one segment a row)
   const uint seg_words = stage_keys                 ? ROW_VALUES / 2u
                          : kSegValues == ROW_VALUES ? ROW_WORDS
                                                     : kSegValues / KV_GROUP * KvGroupBytes() / 4u;
-  const uint src0_at = (p.src_row0 + t) * p.src_stride + seg * kSegValues;
+  const uint src0_at = src_row * p.src_stride + seg * kSegValues;
   for (uint i = tid; i < kSegValues; i += WG) hvec[i] = plane == 0u ? src0[src0_at + i] : src1[src0_at + i];
   for (uint i = tid; i < (stage_keys ? 0u : seg_words); i += WG) row_words[i] = 0u;
   barrier();
@@ -184,7 +217,7 @@ void main() {
       const uint i = k % half_rot, at = (k / half_rot) * HD;
       const uvec2 dims = RopePairDims(i, half_rot, ROPE == 2u);
       const uint a = at + dims.x, b = at + dims.y;
-      const vec2 c = cs[(p.src_row0 + t) * half_rot + i];
+      const vec2 c = cs[src_row * half_rot + i];
       const float x0 = hvec[a], x1 = hvec[b];
       const vec2 r = RopePair(x0, x1, c);
       hvec[a] = r.x;
@@ -231,20 +264,21 @@ void main() {
     }
   }
   barrier();
-  const uint pos = p.pos0 + t;
   // Where this position's row starts in the mirror, in words (when mirrored).
-  const bool mirrored = (p.mirror & (1u << plane)) != 0u && pos >= p.mirror_pos0[plane];
-  const uint mirror_row_words = stage_keys ? seg_words : ROW_WORDS;
-  const uint mirror0 = mirrored ? p.mirror_word0[plane] + (pos - p.mirror_pos0[plane]) * mirror_row_words : 0u;
+  if (ROW_TABLE == 0u && (p.mirror & (1u << plane)) != 0u && pos >= p.mirror_pos0[plane]) {
+    const uint mirror_row_words = stage_keys ? seg_words : ROW_WORDS;
+    mirror_word = p.mirror_word0[plane] + (pos - p.mirror_pos0[plane]) * mirror_row_words;
+  }
+  const bool mirrored = mirror_word != 0xFFFFFFFFu;
   if (stage_keys) {  // straight from hvec: the key row is larger than row_words
     for (uint i = tid; i < seg_words; i += WG) {
       const uint w = F32ToF16Bits(hvec[2u * i]) | (F32ToF16Bits(hvec[2u * i + 1u]) << 16);
-      kv_words[(p.key_row0 + t) * seg_words + i] = w;
-      if (mirrored) mirror_words[mirror0 + i] = w;
+      kv_words[key_row * seg_words + i] = w;
+      if (mirrored) mirror_words[mirror_word + i] = w;
     }
     return;
   }
-  const uint slot = block_table[p.table0 + pos / p.block_tokens];
+  const uint slot = block_table[table0 + pos / p.block_tokens];
   const uint row0 = (slot * p.block_tokens + pos % p.block_tokens) * ROW_WORDS + seg * seg_words;
   for (uint i = tid; i < seg_words; i += WG) {
     if (plane == 0u) {
@@ -252,6 +286,6 @@ void main() {
     } else {
       plane1[row0 + i] = row_words[i];
     }
-    if (mirrored) mirror_words[mirror0 + seg * seg_words + i] = row_words[i];
+    if (mirrored) mirror_words[mirror_word + seg * seg_words + i] = row_words[i];
   }
 }
