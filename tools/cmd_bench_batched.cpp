@@ -28,7 +28,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: kvfs bench batched -m MODEL [--npp 1024] [--ntg 64] [--npl 1,4,8] [--kv q4] [-t 2] [-r 1]\n"
     "                          [--backend cpu|vulkan] [--device N] [--profile] [--serial-attention]\n"
-    "                          [--copy-kv-rows] [--json]\n"
+    "                          [--dispatch-per-sequence] [--copy-kv-rows] [--json]\n"
     "  per batch size (--npl): prefill --npp tokens into each sequence (all together), then\n"
     "  --ntg steps decoding one token of every sequence per forward pass; tokens/s of all\n"
     "  sequences, decode speed-up over one sequence, medians over -r repetitions.\n"
@@ -36,6 +36,9 @@ constexpr const char* kUsage =
     "  each batch size's last decode steps went.\n"
     "  --serial-attention (vulkan): each sequence's attention after the previous one's, with its\n"
     "  own barriers, instead of all side by side, to measure what batching it saves.\n"
+    "  --dispatch-per-sequence (vulkan): a kv_store, attn_scores and attn_output dispatch per\n"
+    "  sequence and layer, side by side, instead of one for all the sequences of a KV layout, to\n"
+    "  measure what merging them saves.\n"
     "  --copy-kv-rows (vulkan): the new K/V rows copied into the host's write-back buffer at the\n"
     "  end of each pass (a copy per sequence, layer and plane) instead of written there by\n"
     "  kv_store, to measure what that saves.\n";
@@ -53,7 +56,8 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 int BenchBatched(int argc, char** argv) {
   Args args(argc, argv, {"-m", "--npp", "--ntg", "--npl", "--kv", "--kv-rotate", "-t", "-r", "--backend", "--device", "--tuning"},
-            {"--json", "--profile", "--serial-attention", "--copy-kv-rows", "-h", "--help"});
+            {"--json", "--profile", "--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows", "-h",
+             "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kUsage, stdout);
     std::fputs(kBackendUsage, stdout);
@@ -70,6 +74,7 @@ int BenchBatched(int argc, char** argv) {
   choice.profile = args.has("--profile");
   choice.batch_attention = !args.has("--serial-attention");
   choice.kv_rows_by_kv_store = !args.has("--copy-kv-rows");
+  choice.merge_sequences = !args.has("--dispatch-per-sequence");
   if (!args.error().empty()) return Fail(args.error());
   auto npl_list = ParseIntList(args.get("--npl").value_or("1,4,8"), "--npl", 1, 256);
   if (!npl_list.ok()) return Fail(npl_list.status().message());

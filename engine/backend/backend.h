@@ -172,6 +172,10 @@ struct VulkanOptions {
   bool query_tiles = true;         // an attention workgroup takes several queries (prefill's
                                    // tokens, a KV head's query heads) and reads each key and value
                                    // once for all; off: one query a workgroup (the same values)
+  bool merge_sequences = true;     // batched and fused: the kv_store, attn_scores and attn_output
+                                   // of a pass's sequences that share a KV layout one dispatch
+                                   // each a layer (a table of the calls); off: one per sequence,
+                                   // side by side (the same values), to measure the saving
   bool kv_rows_by_kv_store = true; // fused kv_store also writes the new K/V rows into the host's
                                    // write-back buffer; off: copied there at the end of each pass
                                    // (a copy per sequence, layer and plane), to measure the saving
@@ -195,6 +199,7 @@ struct BackendRequest {
   bool stack_matrices = true;     // Vulkan: VulkanOptions::stack_matrices
   bool query_tiles = true;        // Vulkan: VulkanOptions::query_tiles
   bool kv_rows_by_kv_store = true;  // Vulkan: VulkanOptions::kv_rows_by_kv_store
+  bool merge_sequences = true;      // Vulkan: VulkanOptions::merge_sequences
   VulkanTuning tuning;            // Vulkan: VulkanOptions::tuning
   std::string tuning_file;        // Vulkan: a file of kvfs tune's; its tuning replaces `tuning`
                                   // when it was made for this device and model (else a warning)

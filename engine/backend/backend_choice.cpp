@@ -82,6 +82,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .stack_matrices = request.stack_matrices,
                                   .batch_attention = request.batch_attention,
                                   .query_tiles = request.query_tiles,
+                                  .merge_sequences = request.merge_sequences,
                                   .kv_rows_by_kv_store = request.kv_rows_by_kv_store,
                                   .tuning = tuning};
       KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, MakeVulkanBackend(model, options));

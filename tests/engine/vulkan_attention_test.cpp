@@ -4,6 +4,7 @@
 // spread over KV blocks in scattered device slots) must match the CPU backend's computation:
 // rotated and f16-rounded queries, scores against the decoded K rows, softmax, weighted V.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -664,6 +665,71 @@ TEST_F(VulkanAttentionTest, BatchedAttentionEqualsEachSequenceAlone) {
     return ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, batch, small);
   });
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.message();
+}
+
+// Jobs that share a pipeline and KV planes are recorded as one attn_scores and one attn_output
+// dispatch (their calls in a table of the pass, each workgroup finding its own): the outputs
+// must be those of a dispatch per job, bit for bit, for decode jobs split over positions (with
+// the splits' sums added in one pass by counters, and by attn_reduce without them) and prefill
+// jobs of several query tiles, at different positions of one sequence; and there must be fewer
+// dispatches.
+TEST_F(VulkanAttentionTest, MergedJobsEqualADispatchPerJob) {
+  std::mt19937 rng(43);
+  ASSERT_TRUE(rec_->EnableProfiling().ok());
+  struct Job {
+    int64_t pos0, T;
+  };
+  const Job jobs[] = {{70, 1}, {300, 1}, {1100, 2}, {40, 24}, {0, 5}, {2000, 4}, {131, 1}, {1500, 1}};
+  const int64_t n_ctx = 2004, q_stride = kHeads * kHeadDim;
+  const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
+  for (const auto& [type, rotate] : {std::pair{"f16", "off"}, std::pair{"q4", "on"}, std::pair{"q8", "off"}}) {
+    auto f = MakeKvFormat(type, rotate, kHeadsKv, kHeadDim);
+    ASSERT_TRUE(f.ok());
+    const Plane kp = PlaneOf(*f, EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx), n_ctx);
+    const Plane vp = PlaneOf(*f, EncodeRows(*f, RandomRows(n_ctx, rng), n_ctx), n_ctx);
+    const vk::Buffer k = Input(kp.bytes), v = Input(vp.bytes), table = Input(kp.table);
+    vk::KvView view = View(*f, k, table, kp.row_stride);
+    view.v_plane = &v;
+    std::vector<vk::Ops::AttentionJob> batch;
+    int64_t rows = 0;
+    for (const Job& j : jobs) {
+      batch.push_back({view, rows, j.T, j.pos0, rows});
+      rows += j.T;
+    }
+    std::vector<float> q(rows * q_stride);
+    for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+    const vk::Buffer qb = Input(q);
+    const vk::Buffer counters = Output(4096 * 4);
+    for (const bool with_counters : {true, false}) {
+      std::vector<float> outs[2];
+      int64_t dispatches[2] = {0, 0};
+      for (int merged = 0; merged < 2; ++merged) {
+        ops_->set_merge_jobs(merged == 1);
+        const vk::Buffer scores = Output((1 << 20) * 4), partials = Output((1 << 18) * 4), stats = Output((1 << 14) * 4);
+        const vk::Buffer out = Output(rows * q_stride * 4);
+        const vk::Ops::AttentionScratch scratch{&scores,  1 << 20, &partials, 1 << 18, &stats, 1 << 14,
+                                                with_counters ? &counters : nullptr, with_counters ? 4096 : 0};
+        rec_->TakeProfileReport();
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                      return ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, batch, scratch);
+                    }).ok());
+        const std::string report = rec_->TakeProfileReport();
+        const size_t at = report.find(" dispatches,");
+        ASSERT_NE(at, std::string::npos) << report;
+        size_t begin = at;
+        while (begin > 0 && std::isdigit(static_cast<unsigned char>(report[begin - 1]))) --begin;
+        dispatches[merged] = std::stoll(report.substr(begin, at - begin));
+        outs[merged] = Read<float>(out, rows * q_stride);
+      }
+      ops_->set_merge_jobs(true);
+      const std::string what = fmt::format("{} rotate {}, {}", type, rotate, with_counters ? "counters" : "attn_reduce");
+      EXPECT_TRUE(outs[0] == outs[1]) << what << ": NMSE " << Nmse(outs[1], outs[0]);
+      // Alone: a scores and an output dispatch per job at least. Merged: the decode jobs of
+      // one split count and the prefill jobs of one tile shape share theirs.
+      EXPECT_GE(dispatches[0], 2 * static_cast<int64_t>(std::size(jobs))) << what;
+      EXPECT_LT(dispatches[1], dispatches[0] - 6) << what;
+    }
+  }
 }
 
 }  // namespace

@@ -487,21 +487,27 @@ TEST_F(VulkanBackendTest, KvStoreWritesTheHostRowsTheCopiesWould) {
   }
 }
 
-// Batched, a layer stores the new K/V rows of all the sequences that share a KV arena (format
-// and block size) with one kv_store dispatch (row table), instead of one per sequence. The host
-// rows and the logits must be those of one kv_store per sequence (batch_attention off), bit for
-// bit: prompts of several sequences in micro-batches of 16 tokens (pieces of several sequences
-// and arenas in one micro-batch), then decode steps of all of them; and a decode pass must
-// record one kv_store per arena and layer.
-TEST_F(VulkanBackendTest, KvStoresOfAnArenaAreOneDispatch) {
-  VulkanOptions batched_options;
-  batched_options.max_binding_bytes = 2 << 20;  // micro-batches of 16 tokens
-  batched_options.profile = true;
-  VulkanOptions serial_options = batched_options;
+// Batched, the sequences of a pass that share a KV arena (format and block size) share each
+// layer's kv_store (a table of rows), attn_scores and attn_output (a table of calls) dispatches,
+// instead of one each per sequence. The logits and host rows must be those of one dispatch per
+// sequence side by side (merge_sequences off) and one sequence after another (batch_attention
+// off), bit for bit: prompts of several sequences in micro-batches of 16 tokens (pieces of
+// several sequences and arenas in one micro-batch), then decode steps of all of them. A decode
+// pass must record each of the three once per arena and layer.
+TEST_F(VulkanBackendTest, SequencesOfAnArenaShareTheirAttentionDispatches) {
+  VulkanOptions merged_options;
+  merged_options.max_binding_bytes = 2 << 20;  // micro-batches of 16 tokens
+  merged_options.profile = true;
+  VulkanOptions side_by_side_options = merged_options, serial_options = merged_options;
+  side_by_side_options.merge_sequences = false;
   serial_options.batch_attention = false;
-  std::unique_ptr<Backend> backends[2];
-  for (int which = 0; which < 2; ++which) {
-    auto b = MakeVulkanBackend(*model_, which == 0 ? batched_options : serial_options);
+  const char* names[] = {"merged", "side by side", "one after another"};
+  constexpr int kWays = 3;
+  std::unique_ptr<Backend> backends[kWays];
+  for (int which = 0; which < kWays; ++which) {
+    auto b = MakeVulkanBackend(*model_, which == 0   ? merged_options
+                                        : which == 1 ? side_by_side_options
+                                                     : serial_options);
     ASSERT_TRUE(b.ok()) << b.status().message();
     backends[which] = std::move(*b);
   }
@@ -509,12 +515,13 @@ TEST_F(VulkanBackendTest, KvStoresOfAnArenaAreOneDispatch) {
   const std::pair<const char*, int64_t> formats[] = {{"f16", 16}, {"q4k", 64}, {"f16", 16},
                                                      {"q4", 16},  {"q4k", 64}, {"f16", 16}};
   const int64_t n_arenas = 3, n_decode = 3;
+  const char* shaders[] = {"kv_store", "attn_scores", "attn_output"};
   std::vector<TokenId> text = prompt_;
   while (text.size() < 80) text.insert(text.end(), prompt_.begin() + 1, prompt_.end());
-  std::vector<std::unique_ptr<SequenceKv>> kvs[2];
-  std::vector<float> logits[2];
-  int64_t decode_stores[2] = {0, 0};
-  for (int which = 0; which < 2; ++which) {
+  std::vector<std::unique_ptr<SequenceKv>> kvs[kWays];
+  std::vector<float> logits[kWays];
+  int64_t decode_dispatches[kWays][3] = {};
+  for (int which = 0; which < kWays; ++which) {
     Backend& backend = *backends[which];
     for (const auto& [type, block] : formats) kvs[which].push_back(std::make_unique<SequenceKv>(Layout(type, block), 256));
     std::vector<SequenceStep> steps(kvs[which].size());
@@ -531,17 +538,26 @@ TEST_F(VulkanBackendTest, KvStoresOfAnArenaAreOneDispatch) {
       ASSERT_TRUE(backend.Forward(steps, lg).ok());
       logits[which].insert(logits[which].end(), lg.data.begin(), lg.data.end());
     }
-    decode_stores[which] = ProfileDispatches(backend.TakeProfileReport(), "kv_store");
+    const std::string report = backend.TakeProfileReport();
+    for (int k = 0; k < 3; ++k) {  // attn_output may be its subgroup variant
+      decode_dispatches[which][k] = std::max<int64_t>(ProfileDispatches(report, shaders[k]), 0) +
+                                    std::max<int64_t>(ProfileDispatches(report, std::string(shaders[k]) + "_sg"), 0);
+    }
   }
   const int64_t n_seq = static_cast<int64_t>(std::size(formats));
-  EXPECT_EQ(decode_stores[0], n_decode * hp().n_layer * n_arenas) << "batched: one kv_store per arena and layer";
-  EXPECT_EQ(decode_stores[1], n_decode * hp().n_layer * n_seq) << "serial: one kv_store per sequence and layer";
-  ASSERT_EQ(logits[0].size(), logits[1].size());
-  EXPECT_TRUE(logits[0] == logits[1]) << "NMSE " << Nmse(logits[0].data(), logits[1].data(), logits[0].size());
-  for (size_t i = 0; i < std::size(formats); ++i) {
-    EXPECT_EQ(HostRowsDiffering(*kvs[0][i], *kvs[1][i]), 0)
-        << "sequence " << i << " (" << formats[i].first << "): host rows that differ between one kv_store per "
-        << "arena and one per sequence";
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(decode_dispatches[0][k], n_decode * hp().n_layer * n_arenas) << shaders[k] << ": once per arena and layer";
+    EXPECT_EQ(decode_dispatches[1][k], n_decode * hp().n_layer * n_seq) << shaders[k] << ": once per sequence and layer";
+  }
+  for (int which = 1; which < kWays; ++which) {
+    ASSERT_EQ(logits[0].size(), logits[which].size());
+    EXPECT_TRUE(logits[0] == logits[which])
+        << "merged and " << names[which] << ": NMSE " << Nmse(logits[0].data(), logits[which].data(), logits[0].size());
+    for (size_t i = 0; i < std::size(formats); ++i) {
+      EXPECT_EQ(HostRowsDiffering(*kvs[0][i], *kvs[which][i]), 0)
+          << "sequence " << i << " (" << formats[i].first << "): host rows that differ between merged and "
+          << names[which];
+    }
   }
 }
 

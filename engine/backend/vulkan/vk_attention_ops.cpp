@@ -2,7 +2,11 @@
 // k_stage, k_chunks) and attention over them (attn_scores, softmax, attn_output, attn_reduce),
 // decode split over positions, several sequences side by side. The rest of Ops is in vk_ops.cpp.
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <iterator>
 #include <numeric>
+#include <tuple>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -56,12 +60,14 @@ struct ReduceParams {
 };
 
 constexpr ShaderInterface kKvStore{"kv_store", 8, sizeof(KvStoreParams)};
-constexpr ShaderInterface kScores{"attn_scores", 8, sizeof(ScoresParams)};
+// attn_scores and attn_output push their Params, then jobs.glsl's job0 and n_jobs.
+constexpr uint32_t kJobsPushBytes = 8;
+constexpr ShaderInterface kScores{"attn_scores", 9, sizeof(ScoresParams) + kJobsPushBytes};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
 constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
-constexpr ShaderInterface kOutput{"attn_output", 9, sizeof(OutputParams)};
-constexpr ShaderInterface kOutputSg{"attn_output_sg", 9, sizeof(OutputParams)};
+constexpr ShaderInterface kOutput{"attn_output", 10, sizeof(OutputParams) + kJobsPushBytes};
+constexpr ShaderInterface kOutputSg{"attn_output_sg", 10, sizeof(OutputParams) + kJobsPushBytes};
 constexpr ShaderInterface kReduce{"attn_reduce", 4, sizeof(ReduceParams)};
 constexpr ShaderInterface kReduceSg{"attn_reduce_sg", 4, sizeof(ReduceParams)};
 static_assert(kOutput.n_buffers <= kMostStorageBuffers);
@@ -299,9 +305,37 @@ Ops::ScoreTile Ops::ScoreQueries(const KvFormat& format, const AttentionShape& s
   return tile;
 }
 
+namespace {
+// An AttnCall's spec constants, Params and buffers from arrays (JOBS 0; the jobs table unbound).
+template <size_t NS, typename Params, size_t NB>
+void FillCall(const uint32_t (&spec)[NS], const Params& params, const Buffer* const (&buffers)[NB],
+              const Buffer* unused, Ops::AttnCall& call) {
+  static_assert(NS + 1 <= std::tuple_size_v<decltype(call.spec)>);
+  static_assert(NB + 1 <= std::tuple_size_v<decltype(call.buffers)>);
+  static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * Ops::kMaxCallWords);
+  std::copy(std::begin(spec), std::end(spec), call.spec.begin());
+  call.spec[NS] = 0;
+  call.n_spec = NS + 1;
+  std::copy(std::begin(buffers), std::end(buffers), call.buffers.begin());
+  call.buffers[NB] = unused;
+  call.n_buffers = NB + 1;
+  std::memcpy(call.params.data(), &params, sizeof(Params));
+  call.n_params = sizeof(Params) / 4;
+}
+}  // namespace
+
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                        int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats,
                        const ScratchOffsets& at, const RopeTable* q_rope, const NewKeys* new_keys) {
+  KVFS_ASSIGN_OR_RETURN(const AttnCall call,
+                        PlanScores(kv, shape, q, q_stride, q_row0, n_tokens, pos0, scores, stats, at, q_rope, new_keys));
+  return RecordCall(rec, call);
+}
+
+Result<Ops::AttnCall> Ops::PlanScores(const KvView& kv, const AttentionShape& shape, const Buffer& q,
+                                      int64_t q_stride, int64_t q_row0, int64_t n_tokens, int64_t pos0,
+                                      const Buffer& scores, const Buffer* stats, const ScratchOffsets& at,
+                                      const RopeTable* q_rope, const NewKeys* new_keys) {
   if (new_keys != nullptr && (q_rope == nullptr || !ScoresReadNewKeys(kv.format, n_tokens, pos0))) {
     return Internal("attn_scores takes new keys from K rows for f16 and staged q4k keys, with RoPE, in decode");
   }
@@ -319,7 +353,6 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                            U32(tile.tokens),
                            U32(tile.heads),
                            new_keys != nullptr ? U32(kNewKeyTokens) : 0u};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kScores, spec));
   const int64_t n_ctx = pos0 + n_tokens;
   const ScoresParams params{U32(pos0),
                             U32(shape.n_head),
@@ -343,10 +376,17 @@ Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(n_tokens),
                             new_keys != nullptr ? U32(new_keys->k_stride) : 0u};
   const Buffer* keys = kv.keys != nullptr ? kv.keys : &unused_;
-  return rec.Dispatch(*p,
-                      {&q, kv.k_plane, kv.block_table, &scores, keys, stats != nullptr ? stats : &unused_,
-                       q_rope != nullptr ? q_rope->cos_sin : &unused_, new_keys != nullptr ? new_keys->k : &unused_},
-                      &params, CeilDiv(n_ctx, wg), U32(shape.n_head / tile.heads), CeilDiv(n_tokens, tile.tokens));
+  const Buffer* const buffers[] = {&q,   kv.k_plane,
+                                   kv.block_table, &scores,
+                                   keys, stats != nullptr ? stats : &unused_,
+                                   q_rope != nullptr ? q_rope->cos_sin : &unused_,
+                                   new_keys != nullptr ? new_keys->k : &unused_};
+  AttnCall call;
+  call.shader = &kScores;
+  FillCall(spec, params, buffers, &unused_, call);
+  call.grid = {CeilDiv(n_ctx, wg), U32(shape.n_head / tile.heads), CeilDiv(n_tokens, tile.tokens)};
+  call.flat_dim = 0;  // the calls of a step share the heads (y)
+  return call;
 }
 
 Status Ops::KStage(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& src, int64_t src_stride,
@@ -383,6 +423,15 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                        int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
                        int64_t n_splits, const Buffer* partials, const Buffer* stats, const ScratchOffsets& at,
                        const OutputCodes* codes, const Buffer* counters) {
+  KVFS_ASSIGN_OR_RETURN(const AttnCall call, PlanOutput(kv, shape, scores, n_tokens, pos0, out, out_stride, out_row0,
+                                                        n_splits, partials, stats, at, codes, counters));
+  return RecordCall(rec, call);
+}
+
+Result<Ops::AttnCall> Ops::PlanOutput(const KvView& kv, const AttentionShape& shape, const Buffer& scores,
+                                      int64_t n_tokens, int64_t pos0, const Buffer& out, int64_t out_stride,
+                                      int64_t out_row0, int64_t n_splits, const Buffer* partials, const Buffer* stats,
+                                      const ScratchOffsets& at, const OutputCodes* codes, const Buffer* counters) {
   const int64_t heads = OutputHeads(shape);
   const bool one_pass = counters != nullptr && n_splits > 1;
   if (codes != nullptr && n_splits > 1 && !one_pass) {
@@ -411,7 +460,6 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                            CodesKind(codes),
                            one_pass ? 1u : 0u,
                            U32(tokens)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kOutputSg : kOutput, spec));
   const OutputParams params{U32(pos0),
                             U32(shape.n_head),
                             U32(shape.n_head / shape.n_head_kv),
@@ -433,11 +481,98 @@ Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& sh
                             U32(at.stats0),
                             U32(at.counter0),
                             U32(n_tokens)};
-  return rec.Dispatch(*p,
-                      {&scores, kv.v_plane, kv.block_table, &out, partials != nullptr ? partials : &unused_,
-                       stats != nullptr ? stats : &unused_, codes != nullptr ? codes->acts.codes : &unused_,
-                       codes != nullptr ? codes->acts.aux : &unused_, one_pass ? counters : &unused_},
-                      &params, U32(shape.n_head / heads), CeilDiv(n_tokens, tokens), U32(n_splits));
+  const Buffer* const buffers[] = {&scores,
+                                   kv.v_plane,
+                                   kv.block_table,
+                                   &out,
+                                   partials != nullptr ? partials : &unused_,
+                                   stats != nullptr ? stats : &unused_,
+                                   codes != nullptr ? codes->acts.codes : &unused_,
+                                   codes != nullptr ? codes->acts.aux : &unused_,
+                                   one_pass ? counters : &unused_};
+  AttnCall call;
+  call.shader = subgroup_trees() ? &kOutputSg : &kOutput;
+  FillCall(spec, params, buffers, &unused_, call);
+  call.grid = {U32(shape.n_head / heads), CeilDiv(n_tokens, tokens), U32(n_splits)};
+  call.flat_dim = 1;  // the calls of a step share the head groups (x)
+  return call;
+}
+
+Status Ops::RecordCall(Recorder& rec, const AttnCall& call) {
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(*call.shader, std::span(call.spec.data(), call.n_spec)));
+  std::array<uint32_t, kMaxCallWords + 2> push{};  // Params, then job0 and n_jobs (0: alone)
+  std::copy_n(call.params.begin(), call.n_params, push.begin());
+  return rec.Dispatch(*p, std::span(call.buffers.data(), call.n_buffers), push.data(), call.grid[0], call.grid[1],
+                      call.grid[2]);
+}
+
+namespace {
+// Whether two calls can be one dispatch (jobs.glsl): the same pipeline and buffers, and the
+// grid dimension they would share alike.
+bool Mergeable(const Ops::AttnCall& a, const Ops::AttnCall& b) {
+  return a.shader == b.shader && a.flat_dim == b.flat_dim && a.n_spec == b.n_spec && a.spec == b.spec &&
+         a.n_buffers == b.n_buffers && a.buffers == b.buffers && a.n_params == b.n_params &&
+         a.grid[1 - a.flat_dim] == b.grid[1 - b.flat_dim];
+}
+}  // namespace
+
+Status Ops::RecordCalls(Recorder& rec, std::span<const AttnCall> calls) {
+  if (!merge_jobs_ || calls.size() < 2) {
+    for (const AttnCall& c : calls) KVFS_RETURN_IF_ERROR(RecordCall(rec, c));
+    return Status::Ok();
+  }
+  // Groups of mergeable calls, in the order of their first call (a step has few: one per KV
+  // arena and pipeline).
+  call_group_.clear();
+  group_first_.clear();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    size_t g = 0;
+    while (g < group_first_.size() && !Mergeable(calls[group_first_[g]], calls[i])) ++g;
+    if (g == group_first_.size()) group_first_.push_back(i);
+    call_group_.push_back(g);
+  }
+  for (size_t g = 0; g < group_first_.size(); ++g) {
+    const AttnCall& first = calls[group_first_[g]];
+    const uint32_t flat = first.flat_dim;
+    // The table: per call its first workgroup along `flat`, its workgroups along it, its Params.
+    job_table_.clear();
+    int64_t total = 0, n_jobs = 0;
+    for (size_t i = group_first_[g]; i < calls.size(); ++i) {
+      if (call_group_[i] != g) continue;
+      const AttnCall& c = calls[i];
+      job_table_.push_back(U32(total));
+      job_table_.push_back(c.grid[flat]);
+      job_table_.insert(job_table_.end(), c.params.begin(), c.params.begin() + static_cast<ptrdiff_t>(c.n_params));
+      total += int64_t{c.grid[flat]} * c.grid[2];
+      ++n_jobs;
+    }
+    int64_t job0 = -1;
+    if (n_jobs > 1 && total <= ctx_.limits().max_group_count[flat]) {
+      const auto bytes = std::as_bytes(std::span(job_table_));
+      KVFS_ASSIGN_OR_RETURN(job0, rec.PassTable(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                                                static_cast<int64_t>(4 * (2 + first.n_params))));
+    }
+    if (job0 < 0) {  // alone: one call, or no room for the merged grid or its table
+      for (size_t i = group_first_[g]; i < calls.size(); ++i) {
+        if (call_group_[i] == g) KVFS_RETURN_IF_ERROR(RecordCall(rec, calls[i]));
+      }
+      continue;
+    }
+    AttnCall merged = first;
+    merged.spec[merged.n_spec - 1] = 1;  // JOBS
+    merged.buffers[merged.n_buffers - 1] = &rec.pass_tables();
+    KVFS_ASSIGN_OR_RETURN(const Pipeline* p,
+                          pipelines_.Get(*merged.shader, std::span(merged.spec.data(), merged.n_spec)));
+    std::array<uint32_t, kMaxCallWords + 2> push{};
+    std::copy_n(merged.params.begin(), merged.n_params, push.begin());
+    push[merged.n_params] = U32(job0);
+    push[merged.n_params + 1] = U32(n_jobs);
+    merged.grid[flat] = U32(total);
+    merged.grid[2] = 1;
+    KVFS_RETURN_IF_ERROR(rec.Dispatch(*p, std::span(merged.buffers.data(), merged.n_buffers), push.data(),
+                                      merged.grid[0], merged.grid[1], merged.grid[2]));
+  }
+  return Status::Ok();
 }
 
 int64_t Ops::SplitCounters(const AttentionShape& shape, int64_t n_tokens) {
@@ -508,11 +643,15 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
   round.clear();
   // Records the steps of the jobs in `round`, a barrier between steps.
   auto record_round = [&]() -> Status {
+    calls_.clear();
     for (const PlannedJob& p : round) {
       const AttentionJob& j = *p.job;
-      KVFS_RETURN_IF_ERROR(AttnScores(rec, j.kv, shape, q, q_stride, j.q_row0, j.n_tokens, j.pos0, *scratch.scores,
-                                      p.fused ? scratch.stats : nullptr, p.at, q_rope, new_keys));
+      KVFS_ASSIGN_OR_RETURN(AttnCall call, PlanScores(j.kv, shape, q, q_stride, j.q_row0, j.n_tokens, j.pos0,
+                                                      *scratch.scores, p.fused ? scratch.stats : nullptr, p.at,
+                                                      q_rope, new_keys));
+      calls_.push_back(call);
     }
+    KVFS_RETURN_IF_ERROR(RecordCalls(rec, calls_));
     rec.Barrier();
     bool softmax = false, reduce = false;
     for (const PlannedJob& p : round) {
@@ -523,15 +662,20 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
       softmax = true;
     }
     if (softmax) rec.Barrier();
+    calls_.clear();
     for (const PlannedJob& p : round) {
       const AttentionJob& j = *p.job;
       const bool writes_output = p.n_splits == 1 || p.one_pass;
-      KVFS_RETURN_IF_ERROR(AttnOutput(rec, j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out, out_stride,
-                                      j.out_row0, p.n_splits, p.n_splits > 1 ? scratch.partials : nullptr,
-                                      p.fused ? scratch.stats : nullptr, p.at, writes_output ? codes : nullptr,
-                                      p.one_pass ? scratch.counters : nullptr));
+      KVFS_ASSIGN_OR_RETURN(AttnCall call, PlanOutput(j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out,
+                                                      out_stride, j.out_row0, p.n_splits,
+                                                      p.n_splits > 1 ? scratch.partials : nullptr,
+                                                      p.fused ? scratch.stats : nullptr, p.at,
+                                                      writes_output ? codes : nullptr,
+                                                      p.one_pass ? scratch.counters : nullptr));
+      calls_.push_back(call);
       reduce = reduce || !writes_output;
     }
+    KVFS_RETURN_IF_ERROR(RecordCalls(rec, calls_));
     if (!reduce) return Status::Ok();
     rec.Barrier();
     for (const PlannedJob& p : round) {

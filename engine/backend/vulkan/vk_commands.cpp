@@ -25,6 +25,32 @@ Status Recorder::Drain() {
   return ctx_.Check("vkQueueWaitIdle", vkQueueWaitIdle(ctx_.queue()));
 }
 
+Result<int64_t> Recorder::PassTable(std::span<const uint8_t> bytes, int64_t entry_bytes) {
+  if (!recording_) return Internal("a pass table outside a pass");
+  if (entry_bytes <= 0 || static_cast<int64_t>(bytes.size()) % entry_bytes != 0) {
+    return Internal("a pass table must hold whole entries");
+  }
+  for (const RecentTable& t : recent_tables_) {
+    if (t.offset >= 0 && t.entry_bytes == entry_bytes && std::equal(bytes.begin(), bytes.end(), t.bytes.begin(),
+                                                                     t.bytes.end())) {
+      return t.offset / entry_bytes;
+    }
+  }
+  if (pass_tables_.bytes() == 0) {
+    KVFS_ASSIGN_OR_RETURN(pass_tables_, ctx_.CreateBuffer(kPassTableBytes, MemoryKind::kUpload));
+  }
+  const int64_t offset = (pass_table_used_ + entry_bytes - 1) / entry_bytes * entry_bytes;
+  const auto size = static_cast<int64_t>(bytes.size());
+  if (offset + size > kPassTableBytes) return int64_t{-1};
+  std::copy(bytes.begin(), bytes.end(), pass_tables_.mapped() + offset);
+  pass_table_used_ = offset + size;
+  RecentTable& t = recent_tables_[next_recent_++ % recent_tables_.size()];
+  t.offset = offset;
+  t.entry_bytes = entry_bytes;
+  t.bytes.assign(bytes.begin(), bytes.end());
+  return offset / entry_bytes;
+}
+
 Status Recorder::Begin() {
   VkDevice dev = ctx_.device();
   if (pool_ == VK_NULL_HANDLE) {
@@ -46,6 +72,8 @@ Status Recorder::Begin() {
   const VkResult r = vkResetCommandPool(dev, pool_, 0);  // every piece of the last pass
   if (r != VK_SUCCESS) return VkError("vkResetCommandPool", r);
   n_pieces_ = 0;
+  pass_table_used_ = 0;
+  for (RecentTable& t : recent_tables_) t.offset = -1;
   deferred_ = Status::Ok();
   work_since_barrier_ = false;
   KVFS_RETURN_IF_ERROR(BeginPiece());
@@ -205,7 +233,7 @@ Result<VkDescriptorSet> Recorder::AllocateSet(VkDescriptorSetLayout layout) {
   }
 }
 
-Status Recorder::Dispatch(const Pipeline& pipeline, std::initializer_list<const Buffer*> buffers, const void* push,
+Status Recorder::Dispatch(const Pipeline& pipeline, std::span<const Buffer* const> buffers, const void* push,
                           uint32_t x, uint32_t y, uint32_t z) {
   if (buffers.size() != pipeline.n_buffers) {
     return Internal(fmt::format("dispatch binds {} buffers, the pipeline has {}", buffers.size(), pipeline.n_buffers));

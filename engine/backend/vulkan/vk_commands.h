@@ -19,6 +19,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,12 @@ class Recorder {
   Status Begin();
   // Binds `buffers` (whole) to bindings 0.. and dispatches groups (x, y, z). `push` points at
   // pipeline.push_bytes bytes.
+  Status Dispatch(const Pipeline& pipeline, std::span<const Buffer* const> buffers, const void* push, uint32_t x,
+                  uint32_t y = 1, uint32_t z = 1);
   Status Dispatch(const Pipeline& pipeline, std::initializer_list<const Buffer*> buffers, const void* push,
-                  uint32_t x, uint32_t y = 1, uint32_t z = 1);
+                  uint32_t x, uint32_t y = 1, uint32_t z = 1) {
+    return Dispatch(pipeline, std::span<const Buffer* const>(buffers.begin(), buffers.size()), push, x, y, z);
+  }
   // Makes every earlier shader or transfer write visible to every later shader or transfer
   // (nothing when nothing was recorded since the last one). May submit the pass so far (a
   // failed submission is reported by SubmitAndWait).
@@ -55,6 +60,16 @@ class Recorder {
   // Waits for the pieces of an abandoned pass that may still run (before freeing what they use
   // or recording the next pass); the wait's error, a lost device's, is for callers that go on.
   Status Drain();
+
+  // Tables the host writes for the pass's shaders to read (the calls a merged dispatch runs),
+  // in one host-visible buffer that dispatches bind whole (pass_tables()). Returns the index of
+  // the table's first entry (its byte offset is a multiple of entry_bytes), reusing a table of
+  // the same bytes written earlier in the pass (the layers of a pass repeat theirs), or -1 when
+  // the pass has used up kPassTableBytes: the caller then records without it. The table stays
+  // as written until the pass has been waited for.
+  static constexpr int64_t kPassTableBytes = int64_t{1} << 20;
+  Result<int64_t> PassTable(std::span<const uint8_t> bytes, int64_t entry_bytes);
+  const Buffer& pass_tables() const { return pass_tables_; }
 
   // Profiling (kvfs bench --profile, KVFS_VULKAN_PROFILE=1): a timestamp after every dispatch
   // of the first max_dispatches of each command buffer. A dispatch is charged the device time
@@ -101,6 +116,16 @@ class Recorder {
   std::map<SetKey, VkDescriptorSet> sets_;  // sets made so far, by layout and bound buffers
   uint64_t sets_epoch_ = 0;             // ctx_.buffer_epoch() when sets_ was last valid
   bool recording_ = false;
+  Buffer pass_tables_;       // host-visible, kPassTableBytes; made at the first PassTable
+  int64_t pass_table_used_ = 0;  // bytes of it this pass has written
+  // The last tables written this pass (a host copy: the buffer may be slow for the host to read).
+  struct RecentTable {
+    int64_t offset = -1;
+    int64_t entry_bytes = 0;
+    std::vector<uint8_t> bytes;
+  };
+  std::array<RecentTable, 16> recent_tables_;
+  size_t next_recent_ = 0;
 
   struct ProfileLine {
     int64_t dispatches = 0;

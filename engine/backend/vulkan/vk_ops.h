@@ -269,6 +269,21 @@ class Ops {
                    int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0,
                    const Buffer* stats = nullptr, int64_t stats_floats = 0);
 
+  // A call of attn_scores or attn_output as it would be recorded alone. AttentionBatch merges
+  // the calls of a step that share a pipeline, buffers and grid width into one dispatch, their
+  // parameters in a table of the pass (jobs.glsl).
+  static constexpr size_t kMaxCallWords = 24;
+  struct AttnCall {
+    const ShaderInterface* shader = nullptr;
+    std::array<uint32_t, 12> spec{};  // the last one used is JOBS (0)
+    size_t n_spec = 0;
+    std::array<const Buffer*, Recorder::kMaxBuffers> buffers{};  // the last one used: the jobs table (unused_)
+    size_t n_buffers = 0;
+    std::array<uint32_t, kMaxCallWords> params{};  // the shader's Params, word by word
+    size_t n_params = 0;
+    std::array<uint32_t, 3> grid{};
+    uint32_t flat_dim = 0;  // jobs.glsl's kJobsFlatDim: the grid dimension the calls share is the other one
+  };
   // One sequence's query tokens in AttentionBatch: as Attention's arguments.
   struct AttentionJob {
     KvView kv;
@@ -293,7 +308,9 @@ class Ops {
   // Attention of several sequences' tokens (q and out rows of one pass): each step (scores,
   // softmax, weighted sum, split sums unless counted in one pass) is recorded for every job whose scratch fits beside the
   // others', with one barrier between steps instead of three per sequence, so the device runs
-  // the sequences side by side (batched decode of many agents). Jobs that do not fit wait for
+  // the sequences side by side (batched decode of many agents). The scores (and the weighted
+  // sums) of jobs that share a pipeline and KV plane are one dispatch (set_merge_jobs): their
+  // parameters go to a table of the pass (Recorder::PassTable). Jobs that do not fit wait for
   // the next round. Every job gets the splits and fusing Attention alone would give it, so its
   // output is the same bit for bit. ResourceExhausted when one job's scores exceed the buffer.
   // Records no barrier after the last step. With `codes`, the output rows are also quantized
@@ -356,6 +373,10 @@ class Ops {
                     int64_t stats_floats) const;
   // false: always run softmax.comp as its own dispatch (for A/B timing).
   void set_fuse_softmax(bool on) { fuse_softmax_ = on; }
+  // false: AttentionBatch records each job's attn_scores and attn_output dispatches side by side
+  // instead of merging the jobs that share a pipeline and KV plane into one dispatch (the same
+  // values; for A/B timing and the tests' comparison).
+  void set_merge_jobs(bool on) { merge_jobs_ = on; }
   // false: reduction trees entirely in shared memory, not their steps within a subgroup by
   // shuffles (the *_sg shader variants, subgroup_tree.glsl; the same values), for A/B timing.
   void set_subgroup_trees(bool on) { subgroup_trees_ = on; }
@@ -398,6 +419,17 @@ class Ops {
   Status KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape, std::span<const KvStoreRows> rows,
                        int64_t src_stride, int64_t src_row0, int64_t n_tokens, int64_t pos0, const RopeTable* rope,
                        const KvMirror* mirror, const KvStoreTable* table = nullptr);
+  Result<AttnCall> PlanScores(const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
+                              int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores,
+                              const Buffer* stats, const ScratchOffsets& at, const RopeTable* q_rope,
+                              const NewKeys* new_keys);
+  Result<AttnCall> PlanOutput(const KvView& kv, const AttentionShape& shape, const Buffer& scores, int64_t n_tokens,
+                              int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
+                              int64_t n_splits, const Buffer* partials, const Buffer* stats, const ScratchOffsets& at,
+                              const OutputCodes* codes, const Buffer* counters);
+  Status RecordCall(Recorder& rec, const AttnCall& call);
+  // Records calls that need no barrier between them, merged where they can be (merge_jobs_).
+  Status RecordCalls(Recorder& rec, std::span<const AttnCall> calls);
   // The queries an attn_scores workgroup scores (each of its keys loaded once for all): tokens
   // by query heads of one KV head. At most 16, fewer where the device's shared memory asks; one
   // query with query tiles off.
@@ -430,6 +462,12 @@ class Ops {
     ScratchOffsets at;
   };
   std::vector<PlannedJob> round_;
+  bool merge_jobs_ = true;
+  // RecordCalls' scratch, kept between calls (no allocation per layer): the calls of a step,
+  // each call's group, each group's first call, a merged dispatch's table.
+  std::vector<AttnCall> calls_;
+  std::vector<size_t> call_group_, group_first_;
+  std::vector<uint32_t> job_table_;
 };
 
 }  // namespace kvfs::vk

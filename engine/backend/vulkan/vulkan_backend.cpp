@@ -16,6 +16,9 @@
 //
 // The sequences of a pass record each attention step side by side (Ops::AttentionBatch): a
 // decode step of many agents waits at three barriers a layer for attention, not three per agent.
+// Those that share a KV arena (format and block size) also share the dispatches: one kv_store
+// (a table of rows) and one attn_scores and attn_output (a table of calls) a layer, not one per
+// agent (VulkanOptions::merge_sequences).
 // The batch's tokens are processed in micro-batches of at most max_ubatch_ tokens (a
 // sequence's later tokens attend to the K/V its earlier ones wrote on the device), which bounds
 // every activation buffer below the device's storage-binding size. Each micro-batch is one
@@ -98,9 +101,9 @@ class VulkanBackend final : public Backend {
   };
   Status RunUbatch(std::span<const SequenceStep> steps, std::span<const Piece> pieces, int64_t T,
                    std::span<const int64_t> logit_rows, bool last, Logits& out);
-  // Fused and batched: writes the micro-batch's kv_store entries into kv_store_rows_, those of
-  // pieces that share a KV arena side by side (a group each), so that each layer stores a
-  // group's rows with one dispatch (Ops::KvStoreBatch). Else leaves no groups.
+  // Fused, batched and merging sequences: writes the micro-batch's kv_store entries into
+  // kv_store_rows_, those of pieces that share a KV arena side by side (a group each), so that
+  // each layer stores a group's rows with one dispatch (Ops::KvStoreBatch). Else no groups.
   void PlanKvStores(std::span<const Piece> pieces);
   // y (+)= W x, quantizing x first when W's type needs it (reused while same_input).
   // Stacked matrices (q|k|v, gate|up) write their second and third parts to y1 and y2.
@@ -149,6 +152,7 @@ class VulkanBackend final : public Backend {
   bool fuse_ops_ = true;
   bool swiglu_in_matvec_ = true;  // VulkanOptions::swiglu_in_matvec (and fuse_ops)
   bool batch_attention_ = true;
+  bool merge_sequences_ = true;  // VulkanOptions::merge_sequences
   bool kv_rows_by_kv_store_ = true;  // VulkanOptions::kv_rows_by_kv_store (and fuse_ops)
   // The codes of the input the next matrix reads (kFloat: none): act_codes_ / act_aux_, or
   // swiglu_codes_ / swiglu_aux_ when gate|up made them.
@@ -188,6 +192,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
                                                   /*capture_statistics=*/options.profile));
   fuse_ops_ = options.fuse_ops;
   batch_attention_ = options.batch_attention;
+  merge_sequences_ = options.merge_sequences;
   kv_rows_by_kv_store_ = options.kv_rows_by_kv_store && options.fuse_ops;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
@@ -197,6 +202,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
   ops_->set_query_tiles(options.query_tiles);
+  ops_->set_merge_jobs(options.merge_sequences);
   KVFS_RETURN_IF_ERROR(SetVulkanTuning(options.tuning));
   KVFS_RETURN_IF_ERROR(ops_->CheckAttentionShape({hp_.n_head, hp_.n_head_kv, hp_.head_dim}));
   const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding,
@@ -421,7 +427,7 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
 
 void VulkanBackend::PlanKvStores(std::span<const Piece> pieces) {
   kv_store_groups_.clear();
-  if (!fuse_ops_ || !batch_attention_) return;  // per piece (the separate ops, or for A/B timing)
+  if (!fuse_ops_ || !batch_attention_ || !merge_sequences_) return;  // per piece (the separate ops; A/B timing)
   const vk::AttentionShape shape{hp_.n_head, hp_.n_head_kv, hp_.head_dim};
   auto* entries = reinterpret_cast<vk::Ops::KvStoreEntry*>(kv_store_rows_.mapped());
   int64_t n = 0;

@@ -28,6 +28,8 @@
 // QT (prefill: one split, weights from softmax.comp): a workgroup sums QT consecutive tokens,
 // each value read once for all of them (so once per tile of tokens, not per token), each
 // token's sums in the order of a workgroup of that token alone.
+// JOBS: the workgroups of several calls (sequences of a pass sharing the V plane) run as one
+// dispatch (jobs.glsl): a decode step of n agents records one attn_output a layer, not n.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;  // >= HD
@@ -41,8 +43,9 @@ layout(constant_id = 7) const uint SPLIT_CAP = 128;  // FUSED: the most position
 layout(constant_id = 8) const uint KIND = 3;  // the output's codes: vk::ActKind (3, float: none)
 layout(constant_id = 9) const uint ONE_PASS = 0;
 layout(constant_id = 10) const uint QT = 1;  // query tokens per workgroup (1 with FUSED or splits)
+layout(constant_id = 11) const uint JOBS = 0;  // 1: the calls of `jobs` (jobs.glsl)
 
-layout(push_constant) uniform Params {
+struct Params {
   uint pos0;          // position of query token 0
   uint n_head;
   uint group;         // query heads per KV head
@@ -66,7 +69,7 @@ layout(push_constant) uniform Params {
   uint stats0;
   uint counter0;  // ONE_PASS: this call's first counter
   uint n_tokens;  // query tokens of this call
-} p;
+};
 
 layout(binding = 0) readonly buffer Weights { float w[]; };             // from score0: [n_tokens][n_head][score_stride] (FUSED: raw scores)
 layout(binding = 1) readonly buffer Plane { uint kv_words[]; };         // V rows of this layer
@@ -77,6 +80,9 @@ layout(binding = 5) readonly buffer Stats { vec2 stats[]; };            // FUSED
 layout(binding = 6) writeonly buffer Codes { uint codes[]; };           // KIND: [..][n_head * HD / 4]
 layout(binding = 7) writeonly buffer Aux { vec4 aux[]; };               // KIND: [..][n_head * HD / 32]
 layout(binding = 8) coherent buffer Counters { uint counters[]; };      // ONE_PASS, from counter0: [n_tokens][n_head / HEADS]
+const uint kJobsBinding = 9;
+const uint kJobsFlatDim = 1;  // a call's workgroups along y and z are numbered along y
+#include "jobs.glsl"
 
 #include "common.glsl"
 #include "kv_rows.glsl"
@@ -199,8 +205,9 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
 }
 
 void main() {
+  LoadCall();
   const uint tid = gl_LocalInvocationID.x;
-  const uint h0 = gl_WorkGroupID.x * HEADS, t0 = gl_WorkGroupID.y * QT, split = gl_WorkGroupID.z;
+  const uint h0 = group_id.x * HEADS, t0 = group_id.y * QT, split = group_id.z;
   const uint n_valid = min(QT, p.n_tokens - t0);  // tokens of this tile: t0 .. t0 + n_valid - 1
   const uint s0 = split * p.split_positions, split_end = s0 + p.split_positions;
   const uint n_visible = min(p.pos0 + t0 + n_valid, split_end);  // the most a token of the tile sees
@@ -284,7 +291,7 @@ void main() {
       memoryBarrierBuffer();
       barrier();
       if (tid == 0u) {
-        const uint counter = p.counter0 + t * (p.n_head / HEADS) + gl_WorkGroupID.x;
+        const uint counter = p.counter0 + t * (p.n_head / HEADS) + group_id.x;
         memoryBarrierBuffer();
         const bool last = atomicAdd(counters[counter], 1u) == p.n_splits - 1u;
         if (last) atomicExchange(counters[counter], 0u);  // every split has counted: ready for the next use

@@ -21,6 +21,8 @@
 // of the call's own tokens (positions pos0 ..) come from the q|k|v matrix's K rows (rows = q's
 // rows), made here as kv_store stores them (RoPE, then f16), not from the cache: kv_store then
 // runs beside this dispatch, with no barrier between.
+// JOBS: the workgroups of several calls (sequences of a pass sharing the K plane) run as one
+// dispatch (jobs.glsl): a decode step of n agents records one attn_scores a layer, not n.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -34,9 +36,10 @@ layout(constant_id = 7) const uint ROPE = 0;    // 0: q as it is, 1 RoPE pairs (
 layout(constant_id = 8) const uint QT = 1;      // query tokens per workgroup
 layout(constant_id = 9) const uint QH = 1;      // query heads per workgroup, of one KV head (QH divides group)
 layout(constant_id = 10) const uint NEW_KEYS = 0;  // see above; 0: every key from the cache
+layout(constant_id = 11) const uint JOBS = 0;      // 1: the calls of `jobs` (jobs.glsl)
 const uint NQ = QT * QH;                        // queries per workgroup: query i is token i / QH, head i % QH
 
-layout(push_constant) uniform Params {
+struct Params {
   uint pos0;          // position of query token 0
   uint n_head;
   uint group;         // query heads per KV head
@@ -62,7 +65,7 @@ layout(push_constant) uniform Params {
   uint n_rot;         // ROPE: dimensions rotated per head
   uint n_tokens;      // query tokens of this call
   uint k_stride;      // NEW_KEYS: floats between rows of k_new
-} p;
+};
 
 layout(binding = 0) readonly buffer Queries { float q[]; };             // [..][q_stride]
 layout(binding = 1) readonly buffer Plane { uint kv_words[]; };         // K rows of this layer
@@ -73,6 +76,9 @@ layout(binding = 4) readonly buffer Keys { uint key_words[]; };         // q4k: 
 layout(binding = 5) writeonly buffer Stats { vec2 stats[]; };           // STATS, from stats0: [n_tokens][n_head][stats_stride] (m, sum)
 layout(binding = 6) readonly buffer CosSin { vec2 cs[]; };              // ROPE: [q rows][n_rot / 2] (cos, sin)
 layout(binding = 7) readonly buffer NewKeys { float k_new[]; };         // NEW_KEYS: [q rows][k_stride], before RoPE
+const uint kJobsBinding = 8;
+const uint kJobsFlatDim = 0;  // a call's workgroups along x and z are numbered along x
+#include "jobs.glsl"
 
 #include "common.glsl"
 #include "kv_rows.glsl"
@@ -87,9 +93,9 @@ shared float stat_max[WG * STATS * NQ + 1u], stat_sum[WG * STATS * NQ + 1u];
 
 // Query i's token, head and visible positions. The queries of a part tile (tokens past the
 // call's last) repeat its last token: they are computed like the others and never written.
-uint QueryToken(uint i) { return min(gl_WorkGroupID.z * QT + i / QH, p.n_tokens - 1u); }
-bool QueryReal(uint i) { return gl_WorkGroupID.z * QT + i / QH < p.n_tokens; }
-uint QueryHead(uint i) { return gl_WorkGroupID.y * QH + i % QH; }
+uint QueryToken(uint i) { return min(group_id.z * QT + i / QH, p.n_tokens - 1u); }
+bool QueryReal(uint i) { return group_id.z * QT + i / QH < p.n_tokens; }
+uint QueryHead(uint i) { return group_id.y * QH + i % QH; }
 uint QueryVisible(uint i) { return p.pos0 + QueryToken(i) + 1u; }
 
 // q4 keys take the int8-query path of the CPU backend (engine/backend/cpu/attention.h), with
@@ -281,9 +287,10 @@ void RopeQueries(uint tid) {
 }
 
 void main() {
+  LoadCall();
   const uint tid = gl_LocalInvocationID.x;
   const uint n_visible = QueryVisible(NQ - 1u);  // the most any query sees (tokens ascend with i)
-  if (gl_WorkGroupID.x * WG >= n_visible) return;  // the whole workgroup: barriers stay uniform
+  if (group_id.x * WG >= n_visible) return;  // the whole workgroup: barriers stay uniform
   for (uint x = tid; x < NQ * HD; x += WG) {
     const uint i = x / HD;
     hvec[x] = q[(p.q_row0 + QueryToken(i)) * p.q_stride + QueryHead(i) * HD + x % HD];
@@ -303,19 +310,19 @@ void main() {
     barrier();
   }
   const uint first = (QueryHead(0u) / p.group) * HD;
-  if (NEW_KEYS > 0u && (gl_WorkGroupID.x + 1u) * WG > p.pos0) {  // (uniform) a workgroup with new positions
+  if (NEW_KEYS > 0u && (group_id.x + 1u) * WG > p.pos0) {  // (uniform) a workgroup with new positions
     StageNewKeys(tid, first);
     barrier();
   }
   // Each query's score is summed as a workgroup of that query alone sums it; the key is read
   // once for all. Positions no query sees compute nothing but stay for the stats' barriers.
-  const uint pos = gl_WorkGroupID.x * WG + tid;
+  const uint pos = group_id.x * WG + tid;
   const bool visible = pos < n_visible;
   const bool is_new = NEW_KEYS > 0u && pos >= p.pos0;  // not in the cache yet (kv_store runs beside)
   precise float s[NQ];
   for (uint i = 0u; i < NQ; ++i) s[i] = 0.0;
-  if (KV_TYPE == kKvQ4K) {  // WG == CHUNK: this workgroup is chunk gl_WorkGroupID.x
-    const uint chunk = gl_WorkGroupID.x;
+  if (KV_TYPE == kKvQ4K) {  // WG == CHUNK: this workgroup is chunk group_id.x
+    const uint chunk = group_id.x;
     const bool whole = ChunkWhole(chunk, NQ - 1u);
     PrepareChunk(chunk, first, tid, whole);
     if (visible && whole) {
@@ -418,7 +425,7 @@ void main() {
   }
   for (uint i = 0u; tid == 0u && i < NQ; ++i) {
     if (QueryReal(i)) {
-      stats[p.stats0 + (QueryToken(i) * p.n_head + QueryHead(i)) * p.stats_stride + gl_WorkGroupID.x] =
+      stats[p.stats0 + (QueryToken(i) * p.n_head + QueryHead(i)) * p.stats_stride + group_id.x] =
           vec2(stat_max[i * WG], stat_sum[i * WG]);
     }
   }
