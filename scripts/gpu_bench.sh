@@ -26,7 +26,9 @@
 #                     per preset after the runs above, for each of KVFS_GPU_BATCHED_VARIANTS
 #                     (default "default --serial-attention": with and without each sequence's
 #                     attention after the previous one's; --copy-kv-rows copies the new K/V rows
-#                     at the end of each pass), KV KVFS_GPU_BATCHED_KV (default q4) and
+#                     at the end of each pass; --dispatch-per-sequence records the attention
+#                     dispatches per sequence instead of one per KV layout), KV
+#                     KVFS_GPU_BATCHED_KV (default q4) and
 #                     KVFS_GPU_BATCHED_ARGS (default "--npp 1024 --ntg 32")
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
