@@ -172,10 +172,11 @@ struct VulkanOptions {
   bool query_tiles = true;         // an attention workgroup takes several queries (prefill's
                                    // tokens, a KV head's query heads) and reads each key and value
                                    // once for all; off: one query a workgroup (the same values)
-  bool merge_sequences = true;     // batched and fused: the kv_store, attn_scores and attn_output
-                                   // of a pass's sequences that share a KV layout one dispatch
-                                   // each a layer (a table of the calls); off: one per sequence,
-                                   // side by side (the same values), to measure the saving
+  bool merge_sequences = true;     // batched: the sequences of a pass that share a KV layout share
+                                   // each layer's kv_store (fused) and their attn_scores and
+                                   // attn_output where these are specialized alike (a table of
+                                   // the calls); off: one of each per sequence, side by side
+                                   // (the same values), to measure the saving
   bool kv_rows_by_kv_store = true; // fused kv_store also writes the new K/V rows into the host's
                                    // write-back buffer; off: copied there at the end of each pass
                                    // (a copy per sequence, layer and plane), to measure the saving

@@ -671,15 +671,17 @@ TEST_F(VulkanAttentionTest, BatchedAttentionEqualsEachSequenceAlone) {
 // dispatch (their calls in a table of the pass, each workgroup finding its own): the outputs
 // must be those of a dispatch per job, bit for bit, for decode jobs split over positions (with
 // the splits' sums added in one pass by counters, and by attn_reduce without them) and prefill
-// jobs of several query tiles, at different positions of one sequence; and there must be fewer
-// dispatches.
+// jobs of several query tiles (24 and 12 tokens: merged with 3 and 2 tiles of scores along z),
+// at different positions of one sequence; and there must be fewer dispatches. With the pass's
+// table space used up, the calls are recorded one by one: the same outputs, as many dispatches
+// as alone.
 TEST_F(VulkanAttentionTest, MergedJobsEqualADispatchPerJob) {
   std::mt19937 rng(43);
   ASSERT_TRUE(rec_->EnableProfiling().ok());
   struct Job {
     int64_t pos0, T;
   };
-  const Job jobs[] = {{70, 1}, {300, 1}, {1100, 2}, {40, 24}, {0, 5}, {2000, 4}, {131, 1}, {1500, 1}};
+  const Job jobs[] = {{70, 1}, {300, 1}, {1100, 2}, {40, 24}, {0, 5}, {2000, 4}, {131, 1}, {1500, 1}, {600, 12}};
   const int64_t n_ctx = 2004, q_stride = kHeads * kHeadDim;
   const vk::AttentionShape shape{kHeads, kHeadsKv, kHeadDim};
   for (const auto& [type, rotate] : {std::pair{"f16", "off"}, std::pair{"q4", "on"}, std::pair{"q8", "off"}}) {
@@ -701,16 +703,22 @@ TEST_F(VulkanAttentionTest, MergedJobsEqualADispatchPerJob) {
     const vk::Buffer qb = Input(q);
     const vk::Buffer counters = Output(4096 * 4);
     for (const bool with_counters : {true, false}) {
-      std::vector<float> outs[2];
-      int64_t dispatches[2] = {0, 0};
-      for (int merged = 0; merged < 2; ++merged) {
-        ops_->set_merge_jobs(merged == 1);
+      // 0: a dispatch per job; 1: merged; 2: merged, but no table space left in the pass.
+      std::vector<float> outs[3];
+      int64_t dispatches[3] = {0, 0, 0};
+      for (int merged = 0; merged < 3; ++merged) {
+        ops_->set_merge_jobs(merged >= 1);
         const vk::Buffer scores = Output((1 << 20) * 4), partials = Output((1 << 18) * 4), stats = Output((1 << 14) * 4);
         const vk::Buffer out = Output(rows * q_stride * 4);
         const vk::Ops::AttentionScratch scratch{&scores,  1 << 20, &partials, 1 << 18, &stats, 1 << 14,
                                                 with_counters ? &counters : nullptr, with_counters ? 4096 : 0};
         rec_->TakeProfileReport();
-        ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                      if (merged == 2) {  // fill the table space
+                        const std::vector<uint8_t> fill(vk::Recorder::kPassTableBytes - 64, 1);
+                        KVFS_ASSIGN_OR_RETURN(const int64_t at, rec.PassTable(fill, 4));
+                        if (at != 0) return Internal("the filling table is not the pass's first");
+                      }
                       return ops_->AttentionBatch(rec, shape, qb, q_stride, out, q_stride, batch, scratch);
                     }).ok());
         const std::string report = rec_->TakeProfileReport();
@@ -724,6 +732,8 @@ TEST_F(VulkanAttentionTest, MergedJobsEqualADispatchPerJob) {
       ops_->set_merge_jobs(true);
       const std::string what = fmt::format("{} rotate {}, {}", type, rotate, with_counters ? "counters" : "attn_reduce");
       EXPECT_TRUE(outs[0] == outs[1]) << what << ": NMSE " << Nmse(outs[1], outs[0]);
+      EXPECT_TRUE(outs[0] == outs[2]) << what << ", table space used up: NMSE " << Nmse(outs[2], outs[0]);
+      EXPECT_EQ(dispatches[2], dispatches[0]) << what << ", table space used up";
       // Alone: a scores and an output dispatch per job at least. Merged: the decode jobs of
       // one split count and the prefill jobs of one tile shape share theirs.
       EXPECT_GE(dispatches[0], 2 * static_cast<int64_t>(std::size(jobs))) << what;

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 
@@ -383,22 +384,6 @@ int64_t ProfileCopies(const std::string& report) {
   return std::stoll(report.substr(begin, at - begin));
 }
 
-// The dispatches of `shader` in a Vulkan profile's per-shader table (-1 when it has no line).
-int64_t ProfileDispatches(const std::string& report, const std::string& shader) {
-  for (size_t at = 0; at < report.size();) {
-    const size_t end = std::min(report.find('\n', at), report.size());
-    const std::string line = report.substr(at, end - at);
-    at = end + 1;
-    if (line.rfind(shader + " ", 0) != 0) continue;
-    size_t digits = shader.size();
-    while (digits < line.size() && line[digits] == ' ') ++digits;
-    if (digits < line.size() && std::isdigit(static_cast<unsigned char>(line[digits]))) {
-      return std::stoll(line.substr(digits));
-    }
-  }
-  return -1;
-}
-
 // Rows (and q4k chunks and staged keys) of positions [0, n_tokens) that differ between two
 // sequences' host blocks.
 int64_t HostRowsDiffering(const SequenceKv& a, const SequenceKv& b) {
@@ -488,15 +473,18 @@ TEST_F(VulkanBackendTest, KvStoreWritesTheHostRowsTheCopiesWould) {
 }
 
 // Batched, the sequences of a pass that share a KV arena (format and block size) share each
-// layer's kv_store (a table of rows), attn_scores and attn_output (a table of calls) dispatches,
-// instead of one each per sequence. The logits and host rows must be those of one dispatch per
-// sequence side by side (merge_sequences off) and one sequence after another (batch_attention
-// off), bit for bit: prompts of several sequences in micro-batches of 16 tokens (pieces of
-// several sequences and arenas in one micro-batch), then decode steps of all of them. A decode
-// pass must record each of the three once per arena and layer.
+// layer's kv_store (a table of rows) and, where their calls are specialized alike, their
+// attn_scores and attn_output dispatches (a table of calls), instead of one each per sequence.
+// The logits and host rows must be those of one dispatch per sequence side by side
+// (merge_sequences off) and of one sequence after another (batch_attention off), bit for bit:
+// prompts of 12 tokens in micro-batches of 65 (two sequences of an arena side by side: merged
+// prompt calls of two query tiles each; the last prompt split over two micro-batches), then
+// decode steps of all of them, whose scores make the new keys themselves (f16 and q4k). Every
+// decode context stays under one 128-position split, so a decode pass must record each of the
+// three once per arena and layer.
 TEST_F(VulkanBackendTest, SequencesOfAnArenaShareTheirAttentionDispatches) {
   VulkanOptions merged_options;
-  merged_options.max_binding_bytes = 2 << 20;  // micro-batches of 16 tokens
+  merged_options.max_binding_bytes = 8 << 20;  // micro-batches of 65 tokens
   merged_options.profile = true;
   VulkanOptions side_by_side_options = merged_options, serial_options = merged_options;
   side_by_side_options.merge_sequences = false;
@@ -511,44 +499,52 @@ TEST_F(VulkanBackendTest, SequencesOfAnArenaShareTheirAttentionDispatches) {
     ASSERT_TRUE(b.ok()) << b.status().message();
     backends[which] = std::move(*b);
   }
-  // Three arenas: f16 in blocks of 16 (three sequences), q4k in blocks of 64 (two), q4 (one).
-  const std::pair<const char*, int64_t> formats[] = {{"f16", 16}, {"q4k", 64}, {"f16", 16},
-                                                     {"q4", 16},  {"q4k", 64}, {"f16", 16}};
-  const int64_t n_arenas = 3, n_decode = 3;
+  // Three arenas, two sequences each: f16 in blocks of 16, q4k in blocks of 64, f16 in blocks of 32.
+  const std::pair<const char*, int64_t> formats[] = {{"f16", 16}, {"f16", 16}, {"q4k", 64},
+                                                     {"q4k", 64}, {"f16", 32}, {"f16", 32}};
+  const int64_t n_arenas = 3, n_decode = 3, n_prompt = 12;
   const char* shaders[] = {"kv_store", "attn_scores", "attn_output"};
   std::vector<TokenId> text = prompt_;
-  while (text.size() < 80) text.insert(text.end(), prompt_.begin() + 1, prompt_.end());
+  while (static_cast<int64_t>(text.size()) < 4 * n_prompt) text.insert(text.end(), prompt_.begin() + 1, prompt_.end());
   std::vector<std::unique_ptr<SequenceKv>> kvs[kWays];
   std::vector<float> logits[kWays];
-  int64_t decode_dispatches[kWays][3] = {};
+  std::map<std::string, int> prompt_dispatches[kWays], decode_dispatches[kWays];
   for (int which = 0; which < kWays; ++which) {
     Backend& backend = *backends[which];
     for (const auto& [type, block] : formats) kvs[which].push_back(std::make_unique<SequenceKv>(Layout(type, block), 256));
     std::vector<SequenceStep> steps(kvs[which].size());
-    for (size_t i = 0; i < steps.size(); ++i) {  // 9 to 79 tokens, every row's logits
-      steps[i] = {kvs[which][i].get(), std::span<const TokenId>(text).first(9 + 14 * i), true};
+    for (size_t i = 0; i < steps.size(); ++i) {  // every row's logits
+      steps[i] = {kvs[which][i].get(), std::span<const TokenId>(text).subspan(3 * i, n_prompt), true};
     }
     Logits lg;
     ASSERT_TRUE(backend.Forward(steps, lg).ok());
     logits[which] = lg.data;
-    backend.TakeProfileReport();
+    for (const auto& [label, n] : testing::ProfileDispatches(backend.TakeProfileReport())) {
+      prompt_dispatches[which][label.substr(0, label.find(' '))] += n;
+    }
     const TokenId next[] = {42, 7, 1000};
     for (int64_t d = 0; d < n_decode; ++d) {
       for (SequenceStep& s : steps) s = {s.kv, std::span<const TokenId>(&next[d], 1), false};
       ASSERT_TRUE(backend.Forward(steps, lg).ok());
       logits[which].insert(logits[which].end(), lg.data.begin(), lg.data.end());
     }
-    const std::string report = backend.TakeProfileReport();
-    for (int k = 0; k < 3; ++k) {  // attn_output may be its subgroup variant
-      decode_dispatches[which][k] = std::max<int64_t>(ProfileDispatches(report, shaders[k]), 0) +
-                                    std::max<int64_t>(ProfileDispatches(report, std::string(shaders[k]) + "_sg"), 0);
+    for (const auto& [label, n] : testing::ProfileDispatches(backend.TakeProfileReport())) {
+      decode_dispatches[which][label.substr(0, label.find(' '))] += n;
     }
   }
   const int64_t n_seq = static_cast<int64_t>(std::size(formats));
-  for (int k = 0; k < 3; ++k) {
-    EXPECT_EQ(decode_dispatches[0][k], n_decode * hp().n_layer * n_arenas) << shaders[k] << ": once per arena and layer";
-    EXPECT_EQ(decode_dispatches[1][k], n_decode * hp().n_layer * n_seq) << shaders[k] << ": once per sequence and layer";
+  for (const char* shader : shaders) {
+    // attn_output may be its subgroup variant.
+    auto count = [&](int which) {
+      return decode_dispatches[which][shader] + decode_dispatches[which][std::string(shader) + "_sg"];
+    };
+    EXPECT_EQ(count(0), n_decode * hp().n_layer * n_arenas) << shader << ": once per arena and layer";
+    EXPECT_EQ(count(1), n_decode * hp().n_layer * n_seq) << shader << ": once per sequence and layer";
   }
+  // The prompt pass: kv_store once per arena and micro-batch; attention merged for the pairs of
+  // 12-token pieces (the split last prompt's two pieces have other tiles).
+  EXPECT_EQ(prompt_dispatches[0]["kv_store"], 4 * hp().n_layer) << "3 arenas in the first micro-batch, 1 in the second";
+  EXPECT_LT(prompt_dispatches[0]["attn_scores"], prompt_dispatches[1]["attn_scores"]) << "merged prompt scores";
   for (int which = 1; which < kWays; ++which) {
     ASSERT_EQ(logits[0].size(), logits[which].size());
     EXPECT_TRUE(logits[0] == logits[which])

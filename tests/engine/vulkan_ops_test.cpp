@@ -372,6 +372,42 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
 INSTANTIATE_TEST_SUITE_P(IntegerDot, VulkanMatMulTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Packed" : "Plain"; });
 
+// The tables of a pass (Recorder::PassTable, e.g. merged attention calls): each starts at a
+// multiple of its entry size, holds the bytes given, and a table of the same bytes as an earlier
+// one of the pass is that one (a pass's layers repeat theirs); a table that does not fit the
+// space left is refused (-1) without taking any; the next pass starts over; a table of part
+// entries, or outside a pass, is an error.
+TEST_F(VulkanOpsTest, PassTablesAreSharedWithinAPassAndStartOverInTheNext) {
+  const std::vector<uint8_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};  // 3 entries of 4 bytes
+  const std::vector<uint8_t> b(16, 7);                                     // 2 entries of 8 bytes
+  const std::vector<uint8_t> too_big(vk::Recorder::kPassTableBytes, 0);
+  int64_t ia = -1, ib = -1, ia2 = -1, ib2 = -1, ic = -1, refused = 0;
+  ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                KVFS_ASSIGN_OR_RETURN(ia, rec.PassTable(a, 4));
+                KVFS_ASSIGN_OR_RETURN(ib, rec.PassTable(b, 8));
+                KVFS_ASSIGN_OR_RETURN(ia2, rec.PassTable(a, 4));
+                KVFS_ASSIGN_OR_RETURN(refused, rec.PassTable(too_big, 4));
+                KVFS_ASSIGN_OR_RETURN(ic, rec.PassTable(a, 12));  // the same bytes, other entries: a new table
+                if (rec.PassTable(std::span(a).first(5), 4).ok()) return Internal("a part entry was taken");
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(ia, 0);
+  EXPECT_EQ(ib, 2) << "bytes 12..16 skipped: 8-byte entries start at 16";
+  EXPECT_EQ(ia2, ia) << "the same table again";
+  EXPECT_EQ(refused, -1);
+  EXPECT_EQ(ic, 3) << "after b's 32 bytes, at 36: 12-byte entry 3";
+  const uint8_t* tables = rec_->pass_tables().mapped();
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), tables));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), tables + 16));
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), tables + 36));
+  ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                KVFS_ASSIGN_OR_RETURN(ib2, rec.PassTable(b, 8));
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(ib2, 0) << "a new pass starts over";
+  EXPECT_FALSE(rec_->PassTable(a, 4).ok()) << "outside a pass";
+}
+
 TEST_F(VulkanOpsTest, EmbeddingMatchesDequantizeForEveryType) {
   std::mt19937 rng(3);
   const int64_t n = 512, n_vocab = 45;

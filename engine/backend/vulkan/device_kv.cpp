@@ -248,7 +248,7 @@ Status DeviceKvCache::Prepare(std::span<const SequenceStep> steps, std::vector<S
   }
 
   if (table_.bytes() < table_entries * 4) {
-    KVFS_ASSIGN_OR_RETURN(table_, ctx_.CreateBuffer(table_entries * 4 * 2, MemoryKind::kUpload));
+    KVFS_ASSIGN_OR_RETURN(table_, ctx_.CreateBuffer(table_entries * 4 * 2, MemoryKind::kDeviceUpload));
   }
   auto* table = reinterpret_cast<uint32_t*>(table_.mapped());
   for (size_t i = 0; i < steps.size(); ++i) {

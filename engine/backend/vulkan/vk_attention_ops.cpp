@@ -27,7 +27,7 @@ struct KvStoreParams {
   uint32_t mirror, mirror_word0[2], mirror_pos0[2];
   uint32_t entry0, layer;
 };
-static_assert(sizeof(Ops::KvStoreEntry) == 32);  // kv_store.comp's KvStoreEntry (std430)
+static_assert(sizeof(Ops::KvStoreEntry) == 28);  // kv_store.comp's KvStoreEntry (std430: 7 words)
 struct ScoresParams {
   uint32_t pos0, n_head, group, q_stride, q_row0, score_stride, block_tokens, row_stride, table0;
   float hadamard_scale;
@@ -187,8 +187,8 @@ Status Ops::KvStoreBoth(Recorder& rec, const KvView& kv, const AttentionShape& s
   return KvStoreRowsOf(rec, kv, shape, rows, src_stride, src_row0, n_tokens, pos0, k_rope, mirror);
 }
 
-Ops::KvStoreEntry Ops::KvStoreEntryFor(const KvView& kv, const AttentionShape& shape, int64_t src_row, int64_t pos,
-                                       const KvMirror* mirror) {
+Result<Ops::KvStoreEntry> Ops::KvStoreEntryFor(const KvView& kv, const AttentionShape& shape, int64_t src_row,
+                                               int64_t pos, const KvMirror* mirror) {
   KvStoreEntry e;
   e.src_row = U32(src_row);
   e.pos = U32(pos);
@@ -198,9 +198,12 @@ Ops::KvStoreEntry Ops::KvStoreEntryFor(const KvView& kv, const AttentionShape& s
   if (mirror == nullptr || mirror->buffer == nullptr) return e;
   // Row bytes in the mirror as in kv_store.comp: q4k's staged keys are f16 rows.
   const int64_t row_bytes[2] = {q4k ? shape.n_head_kv * shape.head_dim * 2 : kv.row_stride, kv.row_stride};
+  if (mirror->layer_bytes % 4 != 0) return Internal("kv_store's mirror layers must start at whole words");
   for (size_t i = 0; i < 2; ++i) {
     if (mirror->bytes0[i] < 0 || pos < mirror->pos0[i]) continue;
-    e.mirror_word[i] = U32((mirror->bytes0[i] + (pos - mirror->pos0[i]) * row_bytes[i]) / 4);
+    const int64_t at = mirror->bytes0[i] + (pos - mirror->pos0[i]) * row_bytes[i];
+    if (at % 4 != 0) return Internal("kv_store's mirror rows must start at whole words");
+    e.mirror_word[i] = U32(at / 4);
   }
   e.mirror_layer_words = U32(mirror->layer_bytes / 4);
   return e;
@@ -244,7 +247,7 @@ Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape&
                        InvSqrtHeadDim(shape.head_dim),
                        rope != nullptr ? U32(rope->n_rot) : 0u,
                        rows[0].plane == kv.keys ? 1u : 0u,
-                       U32(kv.key_row0 + pos0 - kv.key_pos0),
+                       table != nullptr ? 0u : U32(kv.key_row0 + pos0 - kv.key_pos0),  // (table: the entries')
                        0u,
                        {0u, 0u},
                        {0u, 0u},
@@ -305,24 +308,6 @@ Ops::ScoreTile Ops::ScoreQueries(const KvFormat& format, const AttentionShape& s
   return tile;
 }
 
-namespace {
-// An AttnCall's spec constants, Params and buffers from arrays (JOBS 0; the jobs table unbound).
-template <size_t NS, typename Params, size_t NB>
-void FillCall(const uint32_t (&spec)[NS], const Params& params, const Buffer* const (&buffers)[NB],
-              const Buffer* unused, Ops::AttnCall& call) {
-  static_assert(NS + 1 <= std::tuple_size_v<decltype(call.spec)>);
-  static_assert(NB + 1 <= std::tuple_size_v<decltype(call.buffers)>);
-  static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * Ops::kMaxCallWords);
-  std::copy(std::begin(spec), std::end(spec), call.spec.begin());
-  call.spec[NS] = 0;
-  call.n_spec = NS + 1;
-  std::copy(std::begin(buffers), std::end(buffers), call.buffers.begin());
-  call.buffers[NB] = unused;
-  call.n_buffers = NB + 1;
-  std::memcpy(call.params.data(), &params, sizeof(Params));
-  call.n_params = sizeof(Params) / 4;
-}
-}  // namespace
 
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                        int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats,
@@ -496,83 +481,6 @@ Result<Ops::AttnCall> Ops::PlanOutput(const KvView& kv, const AttentionShape& sh
   call.grid = {U32(shape.n_head / heads), CeilDiv(n_tokens, tokens), U32(n_splits)};
   call.flat_dim = 1;  // the calls of a step share the head groups (x)
   return call;
-}
-
-Status Ops::RecordCall(Recorder& rec, const AttnCall& call) {
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(*call.shader, std::span(call.spec.data(), call.n_spec)));
-  std::array<uint32_t, kMaxCallWords + 2> push{};  // Params, then job0 and n_jobs (0: alone)
-  std::copy_n(call.params.begin(), call.n_params, push.begin());
-  return rec.Dispatch(*p, std::span(call.buffers.data(), call.n_buffers), push.data(), call.grid[0], call.grid[1],
-                      call.grid[2]);
-}
-
-namespace {
-// Whether two calls can be one dispatch (jobs.glsl): the same pipeline and buffers, and the
-// grid dimension they would share alike.
-bool Mergeable(const Ops::AttnCall& a, const Ops::AttnCall& b) {
-  return a.shader == b.shader && a.flat_dim == b.flat_dim && a.n_spec == b.n_spec && a.spec == b.spec &&
-         a.n_buffers == b.n_buffers && a.buffers == b.buffers && a.n_params == b.n_params &&
-         a.grid[1 - a.flat_dim] == b.grid[1 - b.flat_dim];
-}
-}  // namespace
-
-Status Ops::RecordCalls(Recorder& rec, std::span<const AttnCall> calls) {
-  if (!merge_jobs_ || calls.size() < 2) {
-    for (const AttnCall& c : calls) KVFS_RETURN_IF_ERROR(RecordCall(rec, c));
-    return Status::Ok();
-  }
-  // Groups of mergeable calls, in the order of their first call (a step has few: one per KV
-  // arena and pipeline).
-  call_group_.clear();
-  group_first_.clear();
-  for (size_t i = 0; i < calls.size(); ++i) {
-    size_t g = 0;
-    while (g < group_first_.size() && !Mergeable(calls[group_first_[g]], calls[i])) ++g;
-    if (g == group_first_.size()) group_first_.push_back(i);
-    call_group_.push_back(g);
-  }
-  for (size_t g = 0; g < group_first_.size(); ++g) {
-    const AttnCall& first = calls[group_first_[g]];
-    const uint32_t flat = first.flat_dim;
-    // The table: per call its first workgroup along `flat`, its workgroups along it, its Params.
-    job_table_.clear();
-    int64_t total = 0, n_jobs = 0;
-    for (size_t i = group_first_[g]; i < calls.size(); ++i) {
-      if (call_group_[i] != g) continue;
-      const AttnCall& c = calls[i];
-      job_table_.push_back(U32(total));
-      job_table_.push_back(c.grid[flat]);
-      job_table_.insert(job_table_.end(), c.params.begin(), c.params.begin() + static_cast<ptrdiff_t>(c.n_params));
-      total += int64_t{c.grid[flat]} * c.grid[2];
-      ++n_jobs;
-    }
-    int64_t job0 = -1;
-    if (n_jobs > 1 && total <= ctx_.limits().max_group_count[flat]) {
-      const auto bytes = std::as_bytes(std::span(job_table_));
-      KVFS_ASSIGN_OR_RETURN(job0, rec.PassTable(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
-                                                static_cast<int64_t>(4 * (2 + first.n_params))));
-    }
-    if (job0 < 0) {  // alone: one call, or no room for the merged grid or its table
-      for (size_t i = group_first_[g]; i < calls.size(); ++i) {
-        if (call_group_[i] == g) KVFS_RETURN_IF_ERROR(RecordCall(rec, calls[i]));
-      }
-      continue;
-    }
-    AttnCall merged = first;
-    merged.spec[merged.n_spec - 1] = 1;  // JOBS
-    merged.buffers[merged.n_buffers - 1] = &rec.pass_tables();
-    KVFS_ASSIGN_OR_RETURN(const Pipeline* p,
-                          pipelines_.Get(*merged.shader, std::span(merged.spec.data(), merged.n_spec)));
-    std::array<uint32_t, kMaxCallWords + 2> push{};
-    std::copy_n(merged.params.begin(), merged.n_params, push.begin());
-    push[merged.n_params] = U32(job0);
-    push[merged.n_params + 1] = U32(n_jobs);
-    merged.grid[flat] = U32(total);
-    merged.grid[2] = 1;
-    KVFS_RETURN_IF_ERROR(rec.Dispatch(*p, std::span(merged.buffers.data(), merged.n_buffers), push.data(),
-                                      merged.grid[0], merged.grid[1], merged.grid[2]));
-  }
-  return Status::Ok();
 }
 
 int64_t Ops::SplitCounters(const AttentionShape& shape, int64_t n_tokens) {

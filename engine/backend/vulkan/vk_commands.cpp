@@ -37,7 +37,7 @@ Result<int64_t> Recorder::PassTable(std::span<const uint8_t> bytes, int64_t entr
     }
   }
   if (pass_tables_.bytes() == 0) {
-    KVFS_ASSIGN_OR_RETURN(pass_tables_, ctx_.CreateBuffer(kPassTableBytes, MemoryKind::kUpload));
+    KVFS_ASSIGN_OR_RETURN(pass_tables_, ctx_.CreateBuffer(kPassTableBytes, MemoryKind::kDeviceUpload));
   }
   const int64_t offset = (pass_table_used_ + entry_bytes - 1) / entry_bytes * entry_bytes;
   const auto size = static_cast<int64_t>(bytes.size());

@@ -31,7 +31,7 @@ namespace kvfs::vk {
 
 class Recorder {
  public:
-  static constexpr size_t kMaxBuffers = 10;  // the most buffers a dispatch binds (matvec_quant); Dispatch checks
+  static constexpr size_t kMaxBuffers = 10;  // the most buffers a dispatch binds (matvec_quant, attn_output); Dispatch checks
   explicit Recorder(Context& ctx) : ctx_(ctx) {}
   ~Recorder();
   Recorder(const Recorder&) = delete;
@@ -64,7 +64,7 @@ class Recorder {
   // Tables the host writes for the pass's shaders to read (the calls a merged dispatch runs),
   // in one host-visible buffer that dispatches bind whole (pass_tables()). Returns the index of
   // the table's first entry (its byte offset is a multiple of entry_bytes), reusing a table of
-  // the same bytes written earlier in the pass (the layers of a pass repeat theirs), or -1 when
+  // the same bytes among the last 16 the pass wrote (its layers repeat theirs), or -1 when
   // the pass has used up kPassTableBytes: the caller then records without it. The table stays
   // as written until the pass has been waited for.
   static constexpr int64_t kPassTableBytes = int64_t{1} << 20;

@@ -315,6 +315,7 @@ Result<uint32_t> Context::MemoryTypeFor(uint32_t allowed_types, MemoryKind kind)
   switch (kind) {
     case MemoryKind::kDevice: preferred = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT; break;
     case MemoryKind::kUpload: required = host; break;
+    case MemoryKind::kDeviceUpload: required = host; preferred = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT; break;
     case MemoryKind::kReadback: required = host; preferred = VK_MEMORY_PROPERTY_HOST_CACHED_BIT; break;
   }
   int fallback = -1;
@@ -347,6 +348,10 @@ Result<Buffer> Context::CreateBuffer(int64_t bytes, MemoryKind kind) {
   alloc.allocationSize = req.size;
   alloc.memoryTypeIndex = type;
   r = vkAllocateMemory(device_, &alloc, nullptr, &b.memory_);
+  if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY && kind == MemoryKind::kDeviceUpload) {  // a small BAR, full
+    KVFS_ASSIGN_OR_RETURN(alloc.memoryTypeIndex, MemoryTypeFor(req.memoryTypeBits, MemoryKind::kUpload));
+    r = vkAllocateMemory(device_, &alloc, nullptr, &b.memory_);
+  }
   if (r != VK_SUCCESS) return VkError(fmt::format("allocating {} bytes of device memory", req.size), r);
   r = vkBindBufferMemory(device_, b.buffer_, b.memory_, 0);
   if (r != VK_SUCCESS) return VkError("vkBindBufferMemory", r);

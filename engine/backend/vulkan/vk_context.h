@@ -20,6 +20,10 @@ namespace kvfs::vk {
 enum class MemoryKind {
   kDevice,    // device-local: weights, activations, KV planes
   kUpload,    // host-visible, coherent, mapped: inputs the host writes each pass, staging
+  // As kUpload, in device-local memory where the device has host-visible such memory (a GPU's
+  // PCIe BAR): small tables the host writes each pass and every workgroup reads (block tables,
+  // the calls of merged dispatches), which then need not cross the bus. Falls back to kUpload.
+  kDeviceUpload,
   kReadback,  // host-visible, mapped, cached where possible: results the host reads
 };
 

@@ -145,7 +145,7 @@ Result<std::unique_ptr<Ops>> Ops::CreateForPlanning(Context& ctx, PipelineCache&
   // The row and tile shaders use workgroups of 256 invocations and up to about 16 KiB of shared
   // memory (attn_output; 21 KiB where it quantizes its output, if the device has it: Vulkan only
   // guarantees 128 invocations and 16 KiB). Shaders bind up to 10 storage buffers
-  // (matvec_quant; Vulkan guarantees 4, real devices dozens or more).
+  // (matvec_quant, attn_output; Vulkan guarantees 4, real devices dozens or more).
   if (ctx.limits().max_group_invocations < 256 || ctx.limits().max_group_size_x < 256 ||
       ctx.limits().max_shared_bytes < 16384) {
     return Unsupported(fmt::format("Vulkan device {} allows {} invocations and {} bytes of shared memory per "

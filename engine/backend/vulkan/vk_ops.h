@@ -238,12 +238,12 @@ class Ops {
     uint32_t key_row = 0;  // q4k: its row of the pass's key rows
     std::array<uint32_t, 2> mirror_word{kNotMirrored, kNotMirrored};  // layer 0's K (q4k: staged keys) and V row
     uint32_t mirror_layer_words = 0;  // in the mirror, words from a layer's row to the next layer's
-    uint32_t unused = 0;
   };
   // The entry of source row src_row, position pos of the sequence kv views, its rows also
   // written where `mirror` (layer 0's, or null) says, as KvStoreBoth's mirror would.
-  static KvStoreEntry KvStoreEntryFor(const KvView& kv, const AttentionShape& shape, int64_t src_row, int64_t pos,
-                                      const KvMirror* mirror);
+  // Internal when the mirror's rows do not start at whole words.
+  static Result<KvStoreEntry> KvStoreEntryFor(const KvView& kv, const AttentionShape& shape, int64_t src_row,
+                                              int64_t pos, const KvMirror* mirror);
   // KvStoreBoth in one dispatch for rows of several sequences that share kv's planes (one KV
   // arena): entries[entry0 .. entry0 + n_entries) (KvStoreEntry each) say where each row comes
   // from and goes, for layer `layer` (kv's planes and keys); with `mirror`, the rows whose
@@ -270,8 +270,10 @@ class Ops {
                    const Buffer* stats = nullptr, int64_t stats_floats = 0);
 
   // A call of attn_scores or attn_output as it would be recorded alone. AttentionBatch merges
-  // the calls of a step that share a pipeline, buffers and grid width into one dispatch, their
-  // parameters in a table of the pass (jobs.glsl).
+  // the calls of a step that share a pipeline (so the same specialization: split or not, fused
+  // softmax, query tiles), buffers and the grid dimension not numbered across calls (scores:
+  // heads; output: head groups) into one dispatch, their parameters in a table of the pass
+  // (jobs.glsl, vk_attention_calls.cpp).
   static constexpr size_t kMaxCallWords = 24;
   struct AttnCall {
     const ShaderInterface* shader = nullptr;
@@ -427,9 +429,14 @@ class Ops {
                               int64_t pos0, const Buffer& out, int64_t out_stride, int64_t out_row0,
                               int64_t n_splits, const Buffer* partials, const Buffer* stats, const ScratchOffsets& at,
                               const OutputCodes* codes, const Buffer* counters);
+  // Records a call alone (vk_attention_calls.cpp).
   Status RecordCall(Recorder& rec, const AttnCall& call);
-  // Records calls that need no barrier between them, merged where they can be (merge_jobs_).
+  // Records calls that need no barrier between them, merged where they can be (merge_jobs_):
+  // the calls of each group of mergeable ones in dispatches within the device's grid limit.
   Status RecordCalls(Recorder& rec, std::span<const AttnCall> calls);
+  // Records mergeable calls as one dispatch with their table (or alone when the pass's table
+  // space is used up).
+  Status RecordMerged(Recorder& rec, std::span<const AttnCall* const> calls);
   // The queries an attn_scores workgroup scores (each of its keys loaded once for all): tokens
   // by query heads of one KV head. At most 16, fewer where the device's shared memory asks; one
   // query with query tiles off.
@@ -467,7 +474,9 @@ class Ops {
   // each call's group, each group's first call, a merged dispatch's table.
   std::vector<AttnCall> calls_;
   std::vector<size_t> call_group_, group_first_;
+  std::vector<const AttnCall*> merged_calls_;
   std::vector<uint32_t> job_table_;
+  bool warned_table_full_ = false;
 };
 
 }  // namespace kvfs::vk

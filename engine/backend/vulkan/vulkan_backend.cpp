@@ -17,8 +17,9 @@
 // The sequences of a pass record each attention step side by side (Ops::AttentionBatch): a
 // decode step of many agents waits at three barriers a layer for attention, not three per agent.
 // Those that share a KV arena (format and block size) also share the dispatches: one kv_store
-// (a table of rows) and one attn_scores and attn_output (a table of calls) a layer, not one per
-// agent (VulkanOptions::merge_sequences).
+// (a table of rows; fused) a layer, and one attn_scores and one attn_output for those whose
+// calls are specialized alike (decode: those of one split count), not one per agent
+// (VulkanOptions::merge_sequences).
 // The batch's tokens are processed in micro-batches of at most max_ubatch_ tokens (a
 // sequence's later tokens attend to the K/V its earlier ones wrote on the device), which bounds
 // every activation buffer below the device's storage-binding size. Each micro-batch is one
@@ -104,7 +105,7 @@ class VulkanBackend final : public Backend {
   // Fused, batched and merging sequences: writes the micro-batch's kv_store entries into
   // kv_store_rows_, those of pieces that share a KV arena side by side (a group each), so that
   // each layer stores a group's rows with one dispatch (Ops::KvStoreBatch). Else no groups.
-  void PlanKvStores(std::span<const Piece> pieces);
+  Status PlanKvStores(std::span<const Piece> pieces);
   // y (+)= W x, quantizing x first when W's type needs it (reused while same_input).
   // Stacked matrices (q|k|v, gate|up) write their second and third parts to y1 and y2.
   // With `swiglu`, gate|up also hands on SwiGLU(y, y1)'s codes for the down matrix.
@@ -244,10 +245,10 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   rec_->Zero(counters_, 0, kCounterBytes);
   KVFS_RETURN_IF_ERROR(rec_->SubmitAndWait());
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
-  KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kUpload));
+  KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kDeviceUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(kv_store_rows_,
-                        ctx_->CreateBuffer(U * static_cast<int64_t>(sizeof(vk::Ops::KvStoreEntry)), MemoryKind::kUpload));
+                        ctx_->CreateBuffer(U * static_cast<int64_t>(sizeof(vk::Ops::KvStoreEntry)), MemoryKind::kDeviceUpload));
   spdlog::info("vulkan: {} ({}), {:.1f} MiB of weights, micro-batch {} tokens, KV budget {:.1f} MiB, {}",
                ctx_->info().name, ctx_->info().type, weights_->bytes / 1048576.0, max_ubatch_, kv_budget / 1048576.0,
                ops_->subgroup_trees() ? "subgroup trees" : "shared-memory trees");
@@ -334,7 +335,8 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
   // New K/V rows first (a query attends to its own position), then attention piece by piece,
   // in chunks of tokens whose scores fit the scores buffer.
   // q4k: keys as f16 rows into the pass's key rows, then the chunks each piece completes.
-  // Fusing, one kv_store stores (q4k: stages) K and V, rotating the keys by RoPE on the way.
+  // Fusing, a kv_store stores (q4k: stages) K and V, rotating the keys by RoPE on the way: one
+  // for all the pieces of a KV arena (PlanKvStores), else one per piece.
   // Attention of every piece, in jobs whose scores fit the scratch (a long prefill piece takes
   // several, of consecutive tokens); batched, the pieces' steps share their barriers.
   const int64_t score_floats = scores_.bytes() / 4;
@@ -425,9 +427,9 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
   return Status::Ok();
 }
 
-void VulkanBackend::PlanKvStores(std::span<const Piece> pieces) {
+Status VulkanBackend::PlanKvStores(std::span<const Piece> pieces) {
   kv_store_groups_.clear();
-  if (!fuse_ops_ || !batch_attention_ || !merge_sequences_) return;  // per piece (the separate ops; A/B timing)
+  if (!fuse_ops_ || !batch_attention_ || !merge_sequences_) return Status::Ok();  // per piece (the separate ops; A/B timing)
   const vk::AttentionShape shape{hp_.n_head, hp_.n_head_kv, hp_.head_dim};
   auto* entries = reinterpret_cast<vk::Ops::KvStoreEntry*>(kv_store_rows_.mapped());
   int64_t n = 0;
@@ -445,12 +447,13 @@ void VulkanBackend::PlanKvStores(std::span<const Piece> pieces) {
       const vk::Ops::KvMirror mirror = kv_->Mirror(step_kv_, static_cast<size_t>(pc.step), 0);
       if (mirror.buffer != nullptr) group.mirror = mirror.buffer;
       for (int64_t t = 0; t < pc.n; ++t) {
-        entries[n++] = vk::Ops::KvStoreEntryFor(view, shape, pc.row0 + t, pc.pos0 + t, &mirror);
+        KVFS_ASSIGN_OR_RETURN(entries[n++], vk::Ops::KvStoreEntryFor(view, shape, pc.row0 + t, pc.pos0 + t, &mirror));
       }
     }
     group.n = n - group.entry0;
     kv_store_groups_.push_back(group);
   }
+  return Status::Ok();
 }
 
 Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<const Piece> pieces, int64_t T,
@@ -481,7 +484,7 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   auto* row_ids = reinterpret_cast<int32_t*>(row_ids_.mapped());
   for (int64_t r = 0; r < R; ++r) row_ids[r] = static_cast<int32_t>(logit_rows[r]);
 
-  PlanKvStores(pieces);
+  KVFS_RETURN_IF_ERROR(PlanKvStores(pieces));
   KVFS_RETURN_IF_ERROR(ReserveLogitRows(R));  // before recording: it may replace buffers
   vk::Recorder& rec = *rec_;
   KVFS_RETURN_IF_ERROR(rec.Begin());

@@ -58,7 +58,7 @@ layout(push_constant) uniform Params {
 } p;
 
 // A row of a ROW_TABLE dispatch (Ops::KvStoreEntry): its mirror words are those of layer 0
-// (0xFFFFFFFF: not mirrored); layer l's lie l * mirror_layer_words further.
+// (kNotMirrored: not mirrored); layer l's lie l * mirror_layer_words further.
 struct KvStoreEntry {
   uint src_row;  // src row (and cos/sin row)
   uint pos;      // position in its sequence
@@ -66,8 +66,8 @@ struct KvStoreEntry {
   uint key_row;  // stage_keys: its key row
   uint mirror_word[2];
   uint mirror_layer_words;
-  uint unused;
 };
+const uint kNotMirrored = 0xFFFFFFFFu;  // a mirror word: the row is not mirrored
 
 layout(binding = 0) readonly buffer Source0 { float src0[]; };     // [..][src_stride] (K)
 layout(binding = 1) buffer Plane0 { uint kv_words[]; };            // [slots * block_tokens][ROW_WORDS]; stage_keys: [key rows][ROW_VALUES / 2]
@@ -192,14 +192,14 @@ void main() {
   const uint t = gl_WorkGroupID.x, seg = gl_WorkGroupID.y, plane = gl_WorkGroupID.z;
   // This workgroup's row: from the push constants (a run of one sequence's tokens) or its entry.
   uint src_row = p.src_row0 + t, pos = p.pos0 + t, table0 = p.table0, key_row = p.key_row0 + t;
-  uint mirror_word = 0xFFFFFFFFu;  // where the row starts in the mirror; none
+  uint mirror_word = kNotMirrored;  // where the row starts in the mirror
   if (ROW_TABLE != 0u) {
     const KvStoreEntry e = rows[p.entry0 + t];
     src_row = e.src_row;
     pos = e.pos;
     table0 = e.table0;
     key_row = e.key_row;
-    if ((p.mirror & (1u << plane)) != 0u && e.mirror_word[plane] != 0xFFFFFFFFu) {
+    if ((p.mirror & (1u << plane)) != 0u && e.mirror_word[plane] != kNotMirrored) {
       mirror_word = e.mirror_word[plane] + p.layer * e.mirror_layer_words;
     }
   }
@@ -269,7 +269,7 @@ void main() {
     const uint mirror_row_words = stage_keys ? seg_words : ROW_WORDS;
     mirror_word = p.mirror_word0[plane] + (pos - p.mirror_pos0[plane]) * mirror_row_words;
   }
-  const bool mirrored = mirror_word != 0xFFFFFFFFu;
+  const bool mirrored = mirror_word != kNotMirrored;
   if (stage_keys) {  // straight from hvec: the key row is larger than row_words
     for (uint i = tid; i < seg_words; i += WG) {
       const uint w = F32ToF16Bits(hvec[2u * i]) | (F32ToF16Bits(hvec[2u * i + 1u]) << 16);
