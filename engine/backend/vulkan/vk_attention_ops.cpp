@@ -221,23 +221,26 @@ Status Ops::KvStoreBatch(Recorder& rec, const KvView& kv, const AttentionShape& 
                        &table);
 }
 
-Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape,
-                          std::span<const KvStoreRows> rows, int64_t src_stride, int64_t src_row0, int64_t n_tokens,
-                          int64_t pos0, const RopeTable* rope, const KvMirror* mirror, const KvStoreTable* table) {
-  const int64_t row_values = shape.n_head_kv * shape.head_dim;
-  const int64_t seg_heads = KvSegmentHeads(kv.format, shape);
-  const uint32_t rope_mode = RopeMode(rope);
+Result<const Pipeline*> Ops::KvStorePipeline(const KvView& kv, const AttentionShape& shape, const RopeTable* rope,
+                                             bool table) {
   const uint32_t spec[] = {kElementwiseGroup,
                            static_cast<uint32_t>(kv.format.type),
                            U32(kv.format.group),
                            U32(shape.head_dim),
                            kv.format.rotate ? 1u : 0u,
-                           U32(row_values),
+                           U32(shape.n_head_kv * shape.head_dim),
                            U32(KvRowWords(kv)),
-                           U32(seg_heads),
-                           rope_mode,
-                           table != nullptr ? 1u : 0u};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kKvStore, spec));
+                           U32(KvSegmentHeads(kv.format, shape)),
+                           RopeMode(rope),
+                           table ? 1u : 0u};
+  return pipelines_.Get(kKvStore, spec);
+}
+
+Status Ops::KvStoreRowsOf(Recorder& rec, const KvView& kv, const AttentionShape& shape,
+                          std::span<const KvStoreRows> rows, int64_t src_stride, int64_t src_row0, int64_t n_tokens,
+                          int64_t pos0, const RopeTable* rope, const KvMirror* mirror, const KvStoreTable* table) {
+  const int64_t seg_heads = KvSegmentHeads(kv.format, shape);
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, KvStorePipeline(kv, shape, rope, table != nullptr));
   KvStoreParams params{U32(n_tokens),
                        U32(pos0),
                        U32(src_stride),
@@ -396,10 +399,14 @@ Status Ops::KChunks(Recorder& rec, const KvView& kv, const AttentionShape& shape
                       U32(n_chunks));
 }
 
+Result<const Pipeline*> Ops::SoftmaxPipeline() {
+  const uint32_t spec[] = {kRowGroup};
+  return pipelines_.Get(kSoftmax, spec);
+}
+
 Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
                     int64_t score_stride, float scale, bool round_f16, int64_t score0) {
-  const uint32_t spec[] = {kRowGroup};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kSoftmax, spec));
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, SoftmaxPipeline());
   const SoftmaxParams params{U32(pos0), U32(n_head), U32(score_stride), round_f16 ? 1u : 0u, scale, U32(score0)};
   return rec.Dispatch(*p, {&scores}, &params, U32(n_head), U32(n_tokens));
 }
@@ -487,16 +494,21 @@ int64_t Ops::SplitCounters(const AttentionShape& shape, int64_t n_tokens) {
   return n_tokens * (shape.n_head / OutputHeads(shape));
 }
 
+Result<const Pipeline*> Ops::ReducePipeline(const KvView& kv, const AttentionShape& shape, const OutputCodes* codes) {
+  const int64_t heads = OutputHeads(shape);
+  const uint32_t spec[] = {ReduceGroup(heads * shape.head_dim), U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u,
+                           U32(heads), CodesKind(codes)};
+  return pipelines_.Get(subgroup_trees() ? kReduceSg : kReduce, spec);
+}
+
 Status Ops::AttnReduce(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& partials,
                        int64_t n_tokens, int64_t n_splits, const Buffer& out, int64_t out_stride, int64_t out_row0,
                        int64_t partial0, const OutputCodes* codes) {
   if (codes != nullptr && !QuantizesAttentionOutput(shape, codes->kind)) {
     return Internal("attn_reduce cannot quantize its output for this shape (QuantizesAttentionOutput)");
   }
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, ReducePipeline(kv, shape, codes));
   const int64_t heads = OutputHeads(shape);
-  const uint32_t spec[] = {ReduceGroup(heads * shape.head_dim), U32(shape.head_dim), kv.format.RotatesV() ? 1u : 0u,
-                           U32(heads), CodesKind(codes)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kReduceSg : kReduce, spec));
   const ReduceParams params{U32(shape.n_head), U32(n_splits), U32(out_stride), U32(out_row0),
                             InvSqrtHeadDim(shape.head_dim), U32(partial0)};
   return rec.Dispatch(*p,
@@ -540,6 +552,45 @@ Status Ops::Attention(Recorder& rec, const KvView& kv, const AttentionShape& sha
   return AttentionBatch(rec, shape, q, q_stride, out, out_stride, std::span<const AttentionJob>(&job, 1), scratch);
 }
 
+Result<Ops::PlannedJob> Ops::PlanJob(const AttentionJob& j, const AttentionShape& shape,
+                                     const AttentionScratch& scratch, const ScratchOffsets& at) const {
+  const int64_t n_ctx = j.pos0 + j.n_tokens;
+  const int64_t score_floats = j.n_tokens * shape.n_head * n_ctx;
+  if (score_floats > scratch.score_floats) {
+    return Status(StatusCode::kResourceExhausted,
+                  fmt::format("attention of {} tokens over a context of {} needs {} floats of scores; the scratch "
+                              "holds {}",
+                              j.n_tokens, n_ctx, score_floats, scratch.score_floats));
+  }
+  PlannedJob p{&j, AttentionSplits(shape, j.n_tokens, j.pos0, scratch.partial_floats), false, false, at, {}};
+  p.fused = scratch.stats != nullptr && FusesSoftmax(j.kv, shape, j.n_tokens, j.pos0, p.n_splits, scratch.stats_floats);
+  // One pass where the counters can take the job even alone (else attn_reduce adds up).
+  const int64_t counters = SplitCounters(shape, j.n_tokens);
+  p.one_pass = p.n_splits > 1 && scratch.counters != nullptr && counters <= scratch.counter_words;
+  p.takes.score0 = score_floats;
+  p.takes.partial0 = p.n_splits > 1 ? j.n_tokens * shape.n_head * p.n_splits * shape.head_dim : 0;
+  p.takes.stats0 = p.fused ? j.n_tokens * shape.n_head * StatsPerRow(j.kv.format, n_ctx) : 0;
+  p.takes.counter0 = p.one_pass ? counters : 0;
+  return p;
+}
+
+Result<Ops::AttnCall> Ops::ScoresCall(const PlannedJob& p, const AttentionShape& shape, const Buffer& q,
+                                      int64_t q_stride, const AttentionScratch& scratch, const RopeTable* q_rope,
+                                      const NewKeys* new_keys) {
+  const AttentionJob& j = *p.job;
+  return PlanScores(j.kv, shape, q, q_stride, j.q_row0, j.n_tokens, j.pos0, *scratch.scores,
+                    p.fused ? scratch.stats : nullptr, p.at, q_rope, new_keys);
+}
+
+Result<Ops::AttnCall> Ops::OutputCall(const PlannedJob& p, const AttentionShape& shape, const Buffer& out,
+                                      int64_t out_stride, const AttentionScratch& scratch, const OutputCodes* codes) {
+  const AttentionJob& j = *p.job;
+  const bool writes_output = p.n_splits == 1 || p.one_pass;  // else attn_reduce writes (and quantizes) it
+  return PlanOutput(j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out, out_stride, j.out_row0, p.n_splits,
+                    p.n_splits > 1 ? scratch.partials : nullptr, p.fused ? scratch.stats : nullptr, p.at,
+                    writes_output ? codes : nullptr, p.one_pass ? scratch.counters : nullptr);
+}
+
 Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                            const Buffer& out, int64_t out_stride, std::span<const AttentionJob> jobs,
                            const AttentionScratch& scratch, const OutputCodes* codes, const RopeTable* q_rope,
@@ -553,10 +604,7 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
   auto record_round = [&]() -> Status {
     calls_.clear();
     for (const PlannedJob& p : round) {
-      const AttentionJob& j = *p.job;
-      KVFS_ASSIGN_OR_RETURN(AttnCall call, PlanScores(j.kv, shape, q, q_stride, j.q_row0, j.n_tokens, j.pos0,
-                                                      *scratch.scores, p.fused ? scratch.stats : nullptr, p.at,
-                                                      q_rope, new_keys));
+      KVFS_ASSIGN_OR_RETURN(AttnCall call, ScoresCall(p, shape, q, q_stride, scratch, q_rope, new_keys));
       calls_.push_back(call);
     }
     KVFS_RETURN_IF_ERROR(RecordCalls(rec, calls_));
@@ -572,16 +620,9 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
     if (softmax) rec.Barrier();
     calls_.clear();
     for (const PlannedJob& p : round) {
-      const AttentionJob& j = *p.job;
-      const bool writes_output = p.n_splits == 1 || p.one_pass;
-      KVFS_ASSIGN_OR_RETURN(AttnCall call, PlanOutput(j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out,
-                                                      out_stride, j.out_row0, p.n_splits,
-                                                      p.n_splits > 1 ? scratch.partials : nullptr,
-                                                      p.fused ? scratch.stats : nullptr, p.at,
-                                                      writes_output ? codes : nullptr,
-                                                      p.one_pass ? scratch.counters : nullptr));
+      KVFS_ASSIGN_OR_RETURN(AttnCall call, OutputCall(p, shape, out, out_stride, scratch, codes));
       calls_.push_back(call);
-      reduce = reduce || !writes_output;
+      reduce = reduce || !(p.n_splits == 1 || p.one_pass);
     }
     KVFS_RETURN_IF_ERROR(RecordCalls(rec, calls_));
     if (!reduce) return Status::Ok();
@@ -596,40 +637,72 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
   };
   ScratchOffsets used;  // what the round takes so far
   for (const AttentionJob& j : jobs) {
-    const int64_t n_ctx = j.pos0 + j.n_tokens;
-    const int64_t score_floats = j.n_tokens * shape.n_head * n_ctx;
-    if (score_floats > scratch.score_floats) {
-      return Status(StatusCode::kResourceExhausted,
-                    fmt::format("attention of {} tokens over a context of {} needs {} floats of scores; the scratch "
-                                "holds {}",
-                                j.n_tokens, n_ctx, score_floats, scratch.score_floats));
-    }
-    const int64_t n_splits = AttentionSplits(shape, j.n_tokens, j.pos0, scratch.partial_floats);
-    const bool fused = scratch.stats != nullptr &&
-                       FusesSoftmax(j.kv, shape, j.n_tokens, j.pos0, n_splits, scratch.stats_floats);
-    const int64_t partial_floats = n_splits > 1 ? j.n_tokens * shape.n_head * n_splits * shape.head_dim : 0;
-    const int64_t stats_entries = fused ? j.n_tokens * shape.n_head * StatsPerRow(j.kv.format, n_ctx) : 0;
-    // One pass where the counters can take the job even alone (else attn_reduce adds up).
-    const int64_t counters = SplitCounters(shape, j.n_tokens);
-    const bool one_pass = n_splits > 1 && scratch.counters != nullptr && counters <= scratch.counter_words;
-    const int64_t counter_words = one_pass ? counters : 0;
-    const bool fits = used.score0 + score_floats <= scratch.score_floats &&
-                      used.partial0 + partial_floats <= scratch.partial_floats &&
-                      2 * (used.stats0 + stats_entries) <= scratch.stats_floats &&
-                      used.counter0 + counter_words <= scratch.counter_words;
+    KVFS_ASSIGN_OR_RETURN(PlannedJob p, PlanJob(j, shape, scratch, used));
+    const bool fits = used.score0 + p.takes.score0 <= scratch.score_floats &&
+                      used.partial0 + p.takes.partial0 <= scratch.partial_floats &&
+                      2 * (used.stats0 + p.takes.stats0) <= scratch.stats_floats &&
+                      used.counter0 + p.takes.counter0 <= scratch.counter_words;
     if (!fits) {  // the next round reuses the scratch once this one is done with it
       KVFS_RETURN_IF_ERROR(record_round());
       rec.Barrier();
       round.clear();
       used = {};
+      p.at = used;
     }
-    round.push_back({&j, n_splits, fused, one_pass, used});
-    used.score0 += score_floats;
-    used.partial0 += partial_floats;
-    used.stats0 += stats_entries;
-    used.counter0 += counter_words;
+    round.push_back(p);
+    used.score0 += p.takes.score0;
+    used.partial0 += p.takes.partial0;
+    used.stats0 += p.takes.stats0;
+    used.counter0 += p.takes.counter0;
   }
   return round.empty() ? Status::Ok() : record_round();
+}
+
+Ops::ScratchBytes Ops::BackendScratch(int64_t max_binding_bytes) {
+  // Decode attention's split sums: 16 MiB holds those of 32 sequences at 4096 positions (32
+  // heads of 128 values, splits of 128 positions), all recorded side by side; stats: 8 bytes
+  // per (token, head, 64 positions), decode of 4 tokens with 32 heads to 256k positions.
+  constexpr int64_t kScores = int64_t{64} << 20, kPartials = int64_t{16} << 20, kStats = int64_t{4} << 20;
+  return {std::min(kScores, max_binding_bytes), std::min(kPartials, max_binding_bytes),
+          std::min(kStats, max_binding_bytes)};
+}
+
+Result<const Pipeline*> Ops::CallPipeline(const AttnCall& call, bool merged) {
+  std::array<uint32_t, std::tuple_size_v<decltype(call.spec)>> spec = call.spec;
+  spec[call.n_spec - 1] = merged ? 1u : 0u;  // JOBS
+  return pipelines_.Get(*call.shader, std::span(spec.data(), call.n_spec));
+}
+
+Result<Ops::StepPipelines> Ops::PlanAttentionStep(const KvView& kv, const AttentionShape& shape, int64_t n_tokens,
+                                                  int64_t pos0, int64_t max_binding_bytes, RopeStyle rope_style,
+                                                  int64_t n_rot, ActKind o_kind) {
+  const Buffer none;  // planning binds nothing
+  const ScratchBytes bytes = BackendScratch(max_binding_bytes);
+  const AttentionScratch scratch{&none, bytes.scores / 4, &none, bytes.partials / 4,
+                                 &none, bytes.stats / 4,  &none, kCounterWords};
+  const RopeTable rope{&none, n_rot, rope_style};
+  const NewKeys new_keys{&none, shape.n_head_kv * shape.head_dim};
+  const bool makes_new_keys = ScoresReadNewKeys(kv.format, n_tokens, pos0);
+  const OutputCodes codes{o_kind, {&none, &none}};
+  const bool quantizes = QuantizesAttentionOutput(shape, o_kind);
+  const AttentionJob job{kv, 0, n_tokens, pos0, 0};
+  KVFS_ASSIGN_OR_RETURN(const PlannedJob p, PlanJob(job, shape, scratch, {}));
+  StepPipelines out;
+  KVFS_ASSIGN_OR_RETURN(out.kv_store, KvStorePipeline(kv, shape, &rope, /*table=*/true));
+  KVFS_ASSIGN_OR_RETURN(const AttnCall scores,
+                        ScoresCall(p, shape, none, 0, scratch, &rope, makes_new_keys ? &new_keys : nullptr));
+  KVFS_ASSIGN_OR_RETURN(const AttnCall output, OutputCall(p, shape, none, 0, scratch, quantizes ? &codes : nullptr));
+  for (int merged = 0; merged < 2; ++merged) {
+    KVFS_ASSIGN_OR_RETURN(out.scores[merged], CallPipeline(scores, merged == 1));
+    KVFS_ASSIGN_OR_RETURN(out.output[merged], CallPipeline(output, merged == 1));
+  }
+  if (!p.fused) {
+    KVFS_ASSIGN_OR_RETURN(out.softmax, SoftmaxPipeline());
+  }
+  if (p.n_splits > 1 && !p.one_pass) {
+    KVFS_ASSIGN_OR_RETURN(out.reduce, ReducePipeline(kv, shape, quantizes ? &codes : nullptr));
+  }
+  return out;
 }
 
 }  // namespace kvfs::vk

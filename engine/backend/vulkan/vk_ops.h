@@ -341,6 +341,30 @@ class Ops {
   // memory fits the device.
   bool QuantizesAttentionOutput(const AttentionShape& shape, ActKind kind) const;
 
+  // The attention scratch the backend makes, in bytes, each within one binding.
+  struct ScratchBytes {
+    int64_t scores = 0;
+    int64_t partials = 0;
+    int64_t stats = 0;
+  };
+  static ScratchBytes BackendScratch(int64_t max_binding_bytes);
+  // The pipelines a fused pass records for one sequence's attention step of n_tokens query
+  // tokens at positions pos0 .. (kvfs shaders), planned as the backend and AttentionBatch plan
+  // them, with the backend's scratch and its choices (RoPE of the keys in kv_store and of the
+  // queries in the scores; the new keys made by the scores where they can; the output quantized
+  // for an o matrix of activation kind o_kind where it can). Records nothing; kv's buffers may
+  // be absent.
+  struct StepPipelines {
+    const Pipeline* kv_store = nullptr;       // with a row table, as the backend stores
+    std::array<const Pipeline*, 2> scores{};  // alone; merged with other sequences' calls
+    const Pipeline* softmax = nullptr;        // where the softmax is not fused into the weighted sum
+    std::array<const Pipeline*, 2> output{};
+    const Pipeline* reduce = nullptr;         // where attn_reduce adds the splits' sums
+  };
+  Result<StepPipelines> PlanAttentionStep(const KvView& kv, const AttentionShape& shape, int64_t n_tokens, int64_t pos0,
+                                          int64_t max_binding_bytes, RopeStyle rope_style, int64_t n_rot,
+                                          ActKind o_kind);
+
   // The steps of Attention, for tests. With `stats`, AttnScores also writes each workgroup's
   // softmax share (its max and sum: [n_tokens][n_head][ceil(n_ctx / ScoreGroupPositions)]
   // float pairs) and AttnOutput takes raw scores and makes the weights itself from them.
@@ -467,7 +491,23 @@ class Ops {
     bool fused;
     bool one_pass;  // split, its sums added by the last split (no attn_reduce)
     ScratchOffsets at;
+    ScratchOffsets takes;  // the scratch it takes: floats of scores and partials, stats entries, counter words
   };
+  // A job's splits and fusing against the whole scratch (as alone), its rows at `at`;
+  // ResourceExhausted when its scores alone exceed the scratch.
+  Result<PlannedJob> PlanJob(const AttentionJob& j, const AttentionShape& shape, const AttentionScratch& scratch,
+                             const ScratchOffsets& at) const;
+  // Its attn_scores and attn_output calls (AttentionBatch's arguments).
+  Result<AttnCall> ScoresCall(const PlannedJob& p, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
+                              const AttentionScratch& scratch, const RopeTable* q_rope, const NewKeys* new_keys);
+  Result<AttnCall> OutputCall(const PlannedJob& p, const AttentionShape& shape, const Buffer& out, int64_t out_stride,
+                              const AttentionScratch& scratch, const OutputCodes* codes);
+  Result<const Pipeline*> SoftmaxPipeline();
+  Result<const Pipeline*> ReducePipeline(const KvView& kv, const AttentionShape& shape, const OutputCodes* codes);
+  Result<const Pipeline*> KvStorePipeline(const KvView& kv, const AttentionShape& shape, const RopeTable* rope,
+                                          bool table);
+  // A call's pipeline alone or merged (JOBS).
+  Result<const Pipeline*> CallPipeline(const AttnCall& call, bool merged);
   std::vector<PlannedJob> round_;
   bool merge_jobs_ = true;
   // RecordCalls' scratch, kept between calls (no allocation per layer): the calls of a step,
