@@ -1,5 +1,5 @@
-// kvfs shaders: the matrix shaders a model runs on a Vulkan device and what the device's
-// compiler makes of them (engine/backend/vulkan_shaders.h). Compiles, runs nothing.
+// kvfs shaders: the matrix and attention shaders a model runs on a Vulkan device and what the
+// device's compiler makes of them (engine/backend/vulkan_shaders.h). Compiles, runs nothing.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -19,11 +19,16 @@ namespace kvfs::cli {
 namespace {
 
 constexpr const char* kShadersUsage =
-    "usage: kvfs shaders -m MODEL [--device N] [-t 1,512] [--tuning FILE] [--stat NAME,...] [--json]\n"
+    "usage: kvfs shaders -m MODEL [--device N] [-t 1,512] [--kv f16,q4k] [-d 4096] [--block N]\n"
+    "                    [--tuning FILE] [--stat NAME,...] [--json]\n"
     "  For each distinct weight matrix of the model (type and shape, stacked as the Vulkan\n"
     "  backend stacks them), the pipeline that multiplies it by -t activation rows (1: decode,\n"
     "  512: a prompt) and the device compiler's statistics of that pipeline: registers,\n"
-    "  spills, shared memory, occupancy, in the driver's words. Nothing runs, so Mesa's AMD\n"
+    "  spills, shared memory, occupancy, in the driver's words. Then, per KV format (--kv;\n"
+    "  'none': skip), the pipelines of one sequence's attention step of -t tokens after -d cached\n"
+    "  positions in blocks of --block (default 256): kv_store, the scores, softmax, the\n"
+    "  weighted sums and their reduction where the pass has them, the scores and sums both alone\n"
+    "  and merged with other sequences' calls (a batched step). Nothing runs, so Mesa's AMD\n"
     "  driver can report on a machine without a GPU:\n"
     "    RADV_FORCE_FAMILY=gfx1100 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json \\\n"
     "    RADV_DEBUG=nocache kvfs shaders -m MODEL\n"
@@ -51,7 +56,8 @@ bool Wanted(const std::vector<std::string>& stats, const std::string& name) {
 }  // namespace
 
 int Shaders(int argc, char** argv) {
-  Args args(argc, argv, {"-m", "--device", "-t", "--tuning", "--stat"}, {"--json", "-h", "--help"});
+  Args args(argc, argv, {"-m", "--device", "-t", "--kv", "-d", "--block", "--tuning", "--stat"},
+            {"--json", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kShadersUsage, stdout);
     return 0;
@@ -66,6 +72,9 @@ int Shaders(int argc, char** argv) {
       args.set_error(tokens.status().message());
     }
   }
+  if (auto kv = args.get("--kv")) options.kv = *kv == "none" ? std::vector<std::string>{} : SplitList(*kv);
+  options.depth = args.get_int("-d", 4096, 0, 1 << 24);
+  options.block_tokens = args.get_int("--block", 256, 1, 1 << 16);
   const std::vector<std::string> stats =
       args.has("--stat") ? SplitList(*args.get("--stat")) : std::vector<std::string>{};
   if (!args.error().empty()) return Fail(2, args.error() + " (see kvfs shaders --help)");
@@ -100,9 +109,26 @@ int Shaders(int argc, char** argv) {
                        {"tokens_per_group", s.tokens_per_group},
                        {"statistics", statistics}});
     }
-    const nlohmann::json out = {
-        {"device", report.device.name}, {"api_version", report.device.api_version}, {"statistics", report.statistics},
-        {"shaders", lines}};
+    nlohmann::json attention = nlohmann::json::array();
+    for (const AttentionShader& s : report.attention) {
+      nlohmann::json statistics = nlohmann::json::object();
+      for (const ShaderStatistic& st : s.statistics) {
+        if (Wanted(stats, st.name)) statistics[st.name] = st.value;
+      }
+      attention.push_back({{"kv", s.kv},
+                           {"tokens", s.tokens},
+                           {"depth", s.depth},
+                           {"step", s.step},
+                           {"merged", s.merged},
+                           {"shader", s.shader},
+                           {"constants", s.constants},
+                           {"statistics", statistics}});
+    }
+    const nlohmann::json out = {{"device", report.device.name},
+                                {"api_version", report.device.api_version},
+                                {"statistics", report.statistics},
+                                {"shaders", lines},
+                                {"attention", attention}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
@@ -112,6 +138,14 @@ int Shaders(int argc, char** argv) {
     std::string line = fmt::format("{:<8} {:<5} {:>6} -> {:<7} x{:<3} t{:<4} {} [{}] {}x{} per group", s.matrices,
                                    s.type, s.n_in, s.n_out, s.layers, s.tokens, s.shader, Constants(s.constants),
                                    s.rows_per_group, s.tokens_per_group);
+    for (const ShaderStatistic& st : s.statistics) {
+      if (Wanted(stats, st.name)) line += fmt::format("; {} {}", st.name, st.value);
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  for (const AttentionShader& s : report.attention) {
+    std::string line = fmt::format("attn {:<5} t{:<4} d{:<6} {:<8} {:<6} {} [{}]", s.kv, s.tokens, s.depth, s.step,
+                                   s.merged ? "merged" : "alone", s.shader, Constants(s.constants));
     for (const ShaderStatistic& st : s.statistics) {
       if (Wanted(stats, st.name)) line += fmt::format("; {} {}", st.name, st.value);
     }

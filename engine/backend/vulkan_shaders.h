@@ -2,7 +2,9 @@
 // for each distinct weight matrix (type and shape, stacked as the backend stacks them), the
 // pipeline a decode step or a prompt batch multiplies it with, and the compiler's statistics
 // of that pipeline (registers, spills, shared memory, occupancy, in the driver's own words;
-// VK_KHR_pipeline_executable_properties).
+// VK_KHR_pipeline_executable_properties). The same for the attention steps of one sequence
+// per KV format (kv_store, the scores, softmax, the weighted sums, their reduction), alone and
+// merged with other sequences' calls.
 //
 // Why: the matrix products stream the weights, so their code decides decode speed, and
 // whether a change helps a GPU is first a question of what its compiler emits (registers per
@@ -40,10 +42,23 @@ struct MatrixShader {
   std::vector<ShaderStatistic> statistics;  // empty when the device reports none
 };
 
+// A pipeline of one sequence's attention step as a fused pass records it.
+struct AttentionShader {
+  std::string kv;       // the KV format ("q4k")
+  int64_t tokens = 0;   // query tokens of the sequence
+  int64_t depth = 0;    // positions cached before them
+  std::string step;     // "kv_store", "scores", "softmax", "output" or "reduce"
+  bool merged = false;  // the variant that runs several sequences' calls (kv_store: rows) in one dispatch
+  std::string shader;
+  std::vector<uint32_t> constants;
+  std::vector<ShaderStatistic> statistics;
+};
+
 struct ShaderReport {
   VulkanDeviceInfo device;
   bool statistics = false;  // whether the device reports pipeline statistics at all
   std::vector<MatrixShader> shaders;  // by matrix, then tokens
+  std::vector<AttentionShader> attention;  // by KV format, then tokens, then step
 };
 
 struct ShaderReportOptions {
@@ -52,6 +67,9 @@ struct ShaderReportOptions {
   VulkanTuning tuning;                    // as the backend would record with it
   bool split_weight_rows = true;          // as VulkanOptions
   bool stack_matrices = true;
+  std::vector<std::string> kv = {"f16", "q4k"};  // KV formats whose attention to plan (none: skip)
+  int64_t depth = 4096;                          // positions cached before the tokens
+  int64_t block_tokens = 256;                    // tokens per KV block (as the engine's default)
 };
 
 // Unsupported without the Vulkan backend; the device's errors otherwise.

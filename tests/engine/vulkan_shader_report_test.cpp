@@ -4,6 +4,7 @@
 // for stacked and unstacked layers and under a tuning with another matrix-vector shape. Runs on
 // lavapipe in CI; skips without a device.
 #include <map>
+#include <set>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/vulkan_shaders.h"
@@ -121,6 +122,69 @@ TEST(VulkanShaderReport, FollowsATuning) {
   tuning.matvec = {.group = 128, .lanes = 32, .min_groups = 4, .rows = 4};
   tuning.swiglu_in_matvec = false;
   CheckPlan("tiny-llama-Q4_0.gguf", tuning);
+}
+
+// The report's attention lines are the pipelines a pass records for one sequence's attention
+// step, alone (one sequence) and merged (two sequences of a KV layout in one pass): the
+// profile's attention pipelines (kv_store, attn_scores, softmax, attn_output, attn_reduce) of a
+// prompt pass and decode passes, for f16 and q4k.
+TEST(VulkanShaderReport, PlansTheAttentionPipelinesAPassRecords) {
+  const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
+  KVFS_REQUIRE_DATA(path);
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  VulkanOptions options;
+  options.profile = true;
+  auto backend = MakeVulkanBackend(**model, options);
+  KVFS_REQUIRE_VULKAN(backend.status());
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  const HParams& hp = (*model)->hparams();
+  constexpr int64_t kPrompt = 16, kBlock = 64;
+  auto is_attention = [](const std::string& label) {
+    for (const char* s : {"kv_store ", "attn_scores ", "softmax ", "attn_output", "attn_reduce"}) {
+      if (label.rfind(s, 0) == 0) return true;
+    }
+    return false;
+  };
+  // The pass's attention pipelines, from its profile.
+  auto recorded = [&]() {
+    std::set<std::string> out;
+    for (const auto& [label, n] : testing::ProfilePipelineDispatches((*backend)->TakeProfileReport())) {
+      if (is_attention(label)) out.insert(label);
+    }
+    return out;
+  };
+  // The report's lines for one step, alone or merged (kv_store has only its row table's).
+  auto planned = [&](const char* kv, int64_t tokens, int64_t depth, bool merged) {
+    std::set<std::string> out;
+    auto report = VulkanShaderReport(**model, {.tokens = {tokens}, .kv = {kv}, .depth = depth, .block_tokens = kBlock});
+    EXPECT_TRUE(report.ok()) << report.status().message();
+    if (!report.ok()) return out;
+    for (const AttentionShader& s : report->attention) {
+      if (s.merged != merged && s.step != "kv_store" && s.step != "softmax" && s.step != "reduce") continue;
+      std::string constants;
+      for (const uint32_t c : s.constants) constants += (constants.empty() ? "" : ",") + std::to_string(c);
+      out.insert(s.shader + " [" + constants + "]");
+    }
+    return out;
+  };
+  for (const char* kv : {"f16", "q4k"}) {
+    SCOPED_TRACE(kv);
+    const KvLayout layout = KvLayoutFor(hp, *MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim), kBlock);
+    SequenceKv a(layout, 256), b(layout, 256);
+    std::vector<TokenId> prompt;
+    for (int64_t i = 0; i < kPrompt; ++i) prompt.push_back(static_cast<TokenId>(100 + 7 * i));
+    Logits logits;
+    SequenceStep both[] = {{&a, prompt, false}, {&b, prompt, false}};
+    ASSERT_TRUE((*backend)->Forward(both, logits).ok());
+    EXPECT_EQ(recorded(), planned(kv, kPrompt, 0, true)) << "two prompts";
+    const TokenId next = 42;
+    for (SequenceStep& s : both) s.tokens = std::span<const TokenId>(&next, 1);
+    ASSERT_TRUE((*backend)->Forward(both, logits).ok());
+    EXPECT_EQ(recorded(), planned(kv, 1, kPrompt, true)) << "two decode steps";
+    ASSERT_TRUE((*backend)->Forward(std::span<const SequenceStep>(both, 1), logits).ok());
+    EXPECT_EQ(recorded(), planned(kv, 1, kPrompt + 1, false)) << "one decode step";
+  }
 }
 
 }  // namespace

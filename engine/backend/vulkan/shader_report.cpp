@@ -1,11 +1,14 @@
 // kvfs shaders (engine/backend/vulkan_shaders.h): plans the matrix products of a model as the
 // backend would record them (device_weights.h's stacking and layouts, Ops::PlanMatMul's
-// pipelines) and asks the driver for each pipeline's compiler statistics. No buffer is made
+// pipelines), and its attention steps (Ops::PlanAttentionStep), and asks the driver for each
+// pipeline's compiler statistics. No buffer is made
 // and nothing is submitted, so a device that can only compile (RADV's null device) will do.
 #include <map>
 #include <tuple>
 
 #include "engine/backend/vulkan/device_weights.h"
+#include "engine/kv/kv_format.h"
+#include "engine/kv/sequence_kv.h"
 #include "engine/backend/vulkan/vk_ops.h"
 #include "engine/backend/vulkan_shaders.h"
 #include "engine/backend/vulkan_tuning.h"
@@ -56,6 +59,56 @@ Result<std::vector<PlannedMatrix>> PlanMatrices(const ModelWeights& w, const vk:
   }
   KVFS_RETURN_IF_ERROR(plan("output", {&w.output}, GgmlType::kF32));
   return out;
+}
+
+Result<std::vector<ShaderStatistic>> StatisticsOf(const vk::PipelineCache& pipelines, const vk::Pipeline& p,
+                                                   bool captured) {
+  std::vector<ShaderStatistic> out;
+  if (!captured) return out;
+  KVFS_ASSIGN_OR_RETURN(std::vector<vk::PipelineStatistic> stats, pipelines.Statistics(p));
+  for (const vk::PipelineStatistic& s : stats) out.push_back({s.name, s.value});
+  return out;
+}
+
+// The attention steps of one sequence per KV format and token count, as a fused pass plans them
+// (Ops::PlanAttentionStep).
+Status ReportAttention(const Model& model, const ShaderReportOptions& options, const VulkanTuning& tuning,
+                       vk::Context& ctx, vk::Ops& ops, const vk::PipelineCache& pipelines, ShaderReport& report) {
+  const HParams& hp = model.hparams();
+  ops.set_attention_split_positions(tuning.attention_split);
+  ops.set_fuse_softmax(tuning.fuse_softmax);
+  const vk::AttentionShape shape{hp.n_head, hp.n_head_kv, hp.head_dim};
+  KVFS_RETURN_IF_ERROR(ops.CheckAttentionShape(shape));
+  const vk::ActKind o_kind = vk::ActKindFor(model.weights().layers.front().wo.type);
+  for (const std::string& kv_name : options.kv) {
+    KVFS_ASSIGN_OR_RETURN(const KvFormat format, MakeKvFormat(kv_name, "", hp.n_head_kv, hp.head_dim));
+    const KvLayout layout = KvLayoutFor(hp, format, options.block_tokens);
+    vk::KvView view;  // no buffers: planning binds nothing
+    view.format = format;
+    view.block_tokens = layout.block_tokens;
+    view.row_stride = (layout.row_bytes() + 3) / 4 * 4;
+    if (format.KeysByChannel()) view.k_slot_bytes = layout.k_plane_bytes();
+    for (const int64_t tokens : options.tokens) {
+      KVFS_ASSIGN_OR_RETURN(const vk::Ops::StepPipelines step,
+                            ops.PlanAttentionStep(view, shape, tokens, options.depth, ctx.limits().max_binding_bytes,
+                                                  hp.rope_style, hp.n_rot, o_kind));
+      auto add = [&](const char* what, const vk::Pipeline* p, bool merged) -> Status {
+        if (p == nullptr) return Status::Ok();
+        AttentionShader line{kv_name, tokens, options.depth, what, merged, std::string(p->name), p->constants, {}};
+        KVFS_ASSIGN_OR_RETURN(line.statistics, StatisticsOf(pipelines, *p, report.statistics));
+        report.attention.push_back(std::move(line));
+        return Status::Ok();
+      };
+      KVFS_RETURN_IF_ERROR(add("kv_store", step.kv_store, true));
+      KVFS_RETURN_IF_ERROR(add("scores", step.scores[0], false));
+      KVFS_RETURN_IF_ERROR(add("scores", step.scores[1], true));
+      KVFS_RETURN_IF_ERROR(add("softmax", step.softmax, false));
+      KVFS_RETURN_IF_ERROR(add("output", step.output[0], false));
+      KVFS_RETURN_IF_ERROR(add("output", step.output[1], true));
+      KVFS_RETURN_IF_ERROR(add("reduce", step.reduce, false));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -115,6 +168,7 @@ Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOp
       report.shaders.push_back(std::move(line));
     }
   }
+  KVFS_RETURN_IF_ERROR(ReportAttention(model, options, tuning, *ctx, *ops, pipelines, report));
   return report;
 }
 

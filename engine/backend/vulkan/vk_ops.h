@@ -352,8 +352,9 @@ class Ops {
   // tokens at positions pos0 .. (kvfs shaders), planned as the backend and AttentionBatch plan
   // them, with the backend's scratch and its choices (RoPE of the keys in kv_store and of the
   // queries in the scores; the new keys made by the scores where they can; the output quantized
-  // for an o matrix of activation kind o_kind where it can). Records nothing; kv's buffers may
-  // be absent.
+  // for an o matrix of activation kind o_kind where it can); a step whose scores exceed the
+  // scratch as its first job of the tokens that fit, as the backend splits it. Records nothing;
+  // kv's buffers may be absent.
   struct StepPipelines {
     const Pipeline* kv_store = nullptr;       // with a row table, as the backend stores
     std::array<const Pipeline*, 2> scores{};  // alone; merged with other sequences' calls

@@ -50,12 +50,6 @@ using vk::MemoryKind;
 
 constexpr int64_t kMaxUbatch = 512;
 constexpr int64_t kStagingBytes = int64_t{64} << 20;
-constexpr int64_t kScoresBytes = int64_t{64} << 20;
-// Decode attention's split sums: 16 MiB holds those of 32 sequences at 4096 positions (32 heads
-// of 128 values, splits of 128 positions), all recorded side by side (Ops::AttentionBatch).
-constexpr int64_t kPartialsBytes = int64_t{16} << 20;
-// 8 bytes per (token, head, 64 positions): decode of 4 tokens with 32 heads to 256k positions.
-constexpr int64_t kStatsBytes = int64_t{4} << 20;
 constexpr int64_t kCounterBytes = vk::Ops::kCounterWords * 4;
 
 class VulkanBackend final : public Backend {
@@ -173,7 +167,7 @@ class VulkanBackend final : public Backend {
   Buffer act_aux_;    // [max_ubatch_][max n_in / 32] vec4 (see vk_ops.h)
   Buffer swiglu_codes_;  // the down matrix's codes from gate|up (decode): [kMatvecMaxTokens][n_ff / 4] words
   Buffer swiglu_aux_;    // [kMatvecMaxTokens][n_ff / 32] vec4
-  Buffer scores_;     // attention weights: [tokens][n_head][context], kScoresBytes
+  Buffer scores_;     // attention weights: [tokens][n_head][context], Ops::BackendScratch
   Buffer partials_;   // attention split over positions: [tokens][n_head][splits][head_dim]
   Buffer stats_;      // decode attention's softmax shares: [tokens][n_head][score workgroups] (max, sum)
   Buffer counters_;   // split attention's counters (uint32, kept 0 between uses): one-pass split sums
@@ -237,9 +231,10 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   const int64_t swiglu_rows = vk::Ops::kMatvecMaxTokens;
   KVFS_ASSIGN_OR_RETURN(swiglu_codes_, ctx_->CreateBuffer(swiglu_rows * hp_.n_ff, MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(swiglu_aux_, ctx_->CreateBuffer(swiglu_rows * hp_.n_ff / 32 * 16, MemoryKind::kDevice));
-  KVFS_ASSIGN_OR_RETURN(scores_, ctx_->CreateBuffer(std::min(kScoresBytes, max_binding), MemoryKind::kDevice));
-  KVFS_ASSIGN_OR_RETURN(partials_, ctx_->CreateBuffer(std::min(kPartialsBytes, max_binding), MemoryKind::kDevice));
-  KVFS_ASSIGN_OR_RETURN(stats_, ctx_->CreateBuffer(std::min(kStatsBytes, max_binding), MemoryKind::kDevice));
+  const vk::Ops::ScratchBytes scratch = vk::Ops::BackendScratch(max_binding);  // (kvfs shaders plans with it too)
+  KVFS_ASSIGN_OR_RETURN(scores_, ctx_->CreateBuffer(scratch.scores, MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(partials_, ctx_->CreateBuffer(scratch.partials, MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(stats_, ctx_->CreateBuffer(scratch.stats, MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(counters_, ctx_->CreateBuffer(kCounterBytes, MemoryKind::kDevice));
   KVFS_RETURN_IF_ERROR(rec_->Begin());  // the counters start at 0; the shaders leave them so
   rec_->Zero(counters_, 0, kCounterBytes);
