@@ -28,12 +28,15 @@ namespace {
 constexpr const char* kUsage =
     "usage: kvfs bench batched -m MODEL [--npp 1024] [--ntg 64] [--npl 1,4,8] [--kv q4] [-t 2] [-r 1]\n"
     "                          [--backend cpu|vulkan] [--device N] [--profile] [--serial-attention]\n"
-    "                          [--dispatch-per-sequence] [--copy-kv-rows] [--json]\n"
+    "                          [--dispatch-per-sequence] [--copy-kv-rows] [--no-warmup] [--json]\n"
     "  per batch size (--npl): prefill --npp tokens into each sequence (all together), then\n"
     "  --ntg steps decoding one token of every sequence per forward pass; tokens/s of all\n"
     "  sequences, decode speed-up over one sequence, medians over -r repetitions.\n"
     "  --profile (vulkan): times every dispatch and prints, on stderr, where the device time of\n"
     "  each batch size's last decode steps went.\n"
+    "  Vulkan compiles a shader variant when a pass first needs it, so before each batch size's\n"
+    "  timed runs an untimed prefill and two decode steps of the same shapes make them;\n"
+    "  --no-warmup skips that.\n"
     "  --serial-attention (vulkan): each sequence's attention after the previous one's, with its\n"
     "  own barriers, instead of all side by side, to measure what batching it saves.\n"
     "  --dispatch-per-sequence (vulkan): a kv_store, attn_scores and attn_output dispatch per\n"
@@ -56,8 +59,8 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 int BenchBatched(int argc, char** argv) {
   Args args(argc, argv, {"-m", "--npp", "--ntg", "--npl", "--kv", "--kv-rotate", "-t", "-r", "--backend", "--device", "--tuning"},
-            {"--json", "--profile", "--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows", "-h",
-             "--help"});
+            {"--json", "--profile", "--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows", "--no-warmup",
+             "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kUsage, stdout);
     std::fputs(kBackendUsage, stdout);
@@ -107,10 +110,12 @@ int BenchBatched(int argc, char** argv) {
                 fmt->Name().c_str(), threads, static_cast<long long>(n_pp), static_cast<long long>(n_tg));
     std::printf("%5s %12s %12s %12s %10s\n", "npl", "pp_t/s", "tg_t/s", "step_ms", "tg_vs_1");
   }
+  const bool warmup = choice.vulkan && !args.has("--no-warmup");
   double tg_one = 0;
   for (int64_t npl : *npl_list) {
     std::vector<double> pp_rates, tg_rates;
-    for (int r = 0; r < reps; ++r) {
+    for (int r = warmup ? -1 : 0; r < reps; ++r) {  // r -1: the untimed warm-up
+      const int64_t n_decode = r < 0 ? std::min<int64_t>(n_tg, 2) : n_tg;
       std::vector<std::unique_ptr<SequenceKv>> kvs;
       for (int64_t i = 0; i < npl; ++i) kvs.push_back(std::make_unique<SequenceKv>(layout, n_pp + n_tg + 1));
       Logits logits;
@@ -129,13 +134,14 @@ int BenchBatched(int argc, char** argv) {
       const auto t1 = Clock::now();
       backend.TakeProfileReport();  // --profile: the decode steps alone
       std::vector<TokenId> next = random_tokens(npl);
-      for (int64_t k = 0; k < n_tg; ++k) {
+      for (int64_t k = 0; k < n_decode; ++k) {
         std::vector<SequenceStep> steps;
         for (int64_t i = 0; i < npl; ++i) steps.push_back(SequenceStep{kvs[i].get(), std::span<const TokenId>(&next[i], 1), false});
         if (Status s = backend.Forward(steps, logits); !s.ok()) return Fail(s.message());
         next = random_tokens(npl);
       }
       const auto t2 = Clock::now();
+      if (r < 0) continue;
       if (const std::string profile = backend.TakeProfileReport(); !profile.empty() && r + 1 == reps) {
         std::fprintf(stderr, "== profile: npl %lld, %lld decode steps\n%s", static_cast<long long>(npl),
                      static_cast<long long>(n_tg), profile.c_str());
