@@ -545,6 +545,7 @@ TEST_F(VulkanBackendTest, SequencesOfAnArenaShareTheirAttentionDispatches) {
   // 12-token pieces (the split last prompt's two pieces have other tiles).
   EXPECT_EQ(prompt_dispatches[0]["kv_store"], 4 * hp().n_layer) << "3 arenas in the first micro-batch, 1 in the second";
   EXPECT_LT(prompt_dispatches[0]["attn_scores"], prompt_dispatches[1]["attn_scores"]) << "merged prompt scores";
+  EXPECT_EQ(prompt_dispatches[0]["softmax"], 2 * hp().n_layer) << "one softmax a micro-batch and layer";
   for (int which = 1; which < kWays; ++which) {
     ASSERT_EQ(logits[0].size(), logits[which].size());
     EXPECT_TRUE(logits[0] == logits[which])

@@ -161,7 +161,7 @@ TEST(VulkanShaderReport, PlansTheAttentionPipelinesAPassRecords) {
     EXPECT_TRUE(report.ok()) << report.status().message();
     if (!report.ok()) return out;
     for (const AttentionShader& s : report->attention) {
-      if (s.merged != merged && s.step != "kv_store" && s.step != "softmax" && s.step != "reduce") continue;
+      if (s.merged != merged && s.step != "kv_store" && s.step != "reduce") continue;
       std::string constants;
       for (const uint32_t c : s.constants) constants += (constants.empty() ? "" : ",") + std::to_string(c);
       out.insert(s.shader + " [" + constants + "]");

@@ -102,7 +102,8 @@ Status ReportAttention(const Model& model, const ShaderReportOptions& options, c
       KVFS_RETURN_IF_ERROR(add("kv_store", step.kv_store, true));
       KVFS_RETURN_IF_ERROR(add("scores", step.scores[0], false));
       KVFS_RETURN_IF_ERROR(add("scores", step.scores[1], true));
-      KVFS_RETURN_IF_ERROR(add("softmax", step.softmax, false));
+      KVFS_RETURN_IF_ERROR(add("softmax", step.softmax[0], false));
+      KVFS_RETURN_IF_ERROR(add("softmax", step.softmax[1], true));
       KVFS_RETURN_IF_ERROR(add("output", step.output[0], false));
       KVFS_RETURN_IF_ERROR(add("output", step.output[1], true));
       KVFS_RETURN_IF_ERROR(add("reduce", step.reduce, false));

@@ -1,4 +1,4 @@
-// Recording attention calls (Ops::AttnCall: attn_scores, attn_output), alone or merged: calls
+// Recording attention calls (Ops::AttnCall: attn_scores, softmax, attn_output), alone or merged: calls
 // that need no barrier between them and share a pipeline, buffers and the grid dimension that
 // is not numbered across calls run as one dispatch, which finds each workgroup's call in a table
 // of the pass (shaders/jobs.glsl). A batched decode step of n agents then launches one

@@ -65,7 +65,7 @@ constexpr uint32_t kJobsPushBytes = 8;
 constexpr ShaderInterface kScores{"attn_scores", 9, sizeof(ScoresParams) + kJobsPushBytes};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
 constexpr ShaderInterface kKChunks{"k_chunks", 3, sizeof(KChunksParams)};
-constexpr ShaderInterface kSoftmax{"softmax", 1, sizeof(SoftmaxParams)};
+constexpr ShaderInterface kSoftmax{"softmax", 2, sizeof(SoftmaxParams) + kJobsPushBytes};
 constexpr ShaderInterface kOutput{"attn_output", 10, sizeof(OutputParams) + kJobsPushBytes};
 constexpr ShaderInterface kOutputSg{"attn_output_sg", 10, sizeof(OutputParams) + kJobsPushBytes};
 constexpr ShaderInterface kReduce{"attn_reduce", 4, sizeof(ReduceParams)};
@@ -399,16 +399,28 @@ Status Ops::KChunks(Recorder& rec, const KvView& kv, const AttentionShape& shape
                       U32(n_chunks));
 }
 
-Result<const Pipeline*> Ops::SoftmaxPipeline() {
+Ops::AttnCall Ops::PlanSoftmax(const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
+                               int64_t score_stride, float scale, bool round_f16, int64_t score0) const {
   const uint32_t spec[] = {kRowGroup};
-  return pipelines_.Get(kSoftmax, spec);
+  const SoftmaxParams params{U32(pos0), U32(n_head), U32(score_stride), round_f16 ? 1u : 0u, scale, U32(score0)};
+  const Buffer* const buffers[] = {&scores};
+  AttnCall call;
+  call.shader = &kSoftmax;
+  FillCall(spec, params, buffers, &unused_, call);
+  call.grid = {U32(n_head), U32(n_tokens), 1u};
+  call.flat_dim = 1;  // the calls share the heads (x)
+  return call;
 }
 
 Status Ops::Softmax(Recorder& rec, const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0,
                     int64_t score_stride, float scale, bool round_f16, int64_t score0) {
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, SoftmaxPipeline());
-  const SoftmaxParams params{U32(pos0), U32(n_head), U32(score_stride), round_f16 ? 1u : 0u, scale, U32(score0)};
-  return rec.Dispatch(*p, {&scores}, &params, U32(n_head), U32(n_tokens));
+  return RecordCall(rec, PlanSoftmax(scores, n_head, n_tokens, pos0, score_stride, scale, round_f16, score0));
+}
+
+Ops::AttnCall Ops::SoftmaxCall(const PlannedJob& p, const AttentionShape& shape, const AttentionScratch& scratch) const {
+  const AttentionJob& j = *p.job;
+  return PlanSoftmax(*scratch.scores, shape.n_head, j.n_tokens, j.pos0, j.pos0 + j.n_tokens,
+                     InvSqrtHeadDim(shape.head_dim), j.kv.format.type == KvType::kF16, p.at.score0);
 }
 
 Status Ops::AttnOutput(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& scores,
@@ -609,15 +621,13 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
     }
     KVFS_RETURN_IF_ERROR(RecordCalls(rec, calls_));
     rec.Barrier();
-    bool softmax = false, reduce = false;
+    calls_.clear();
     for (const PlannedJob& p : round) {
-      if (p.fused) continue;
-      const AttentionJob& j = *p.job;
-      KVFS_RETURN_IF_ERROR(Softmax(rec, *scratch.scores, shape.n_head, j.n_tokens, j.pos0, j.pos0 + j.n_tokens,
-                                   InvSqrtHeadDim(shape.head_dim), j.kv.format.type == KvType::kF16, p.at.score0));
-      softmax = true;
+      if (!p.fused) calls_.push_back(SoftmaxCall(p, shape, scratch));
     }
-    if (softmax) rec.Barrier();
+    KVFS_RETURN_IF_ERROR(RecordCalls(rec, calls_));
+    if (!calls_.empty()) rec.Barrier();
+    bool reduce = false;
     calls_.clear();
     for (const PlannedJob& p : round) {
       KVFS_ASSIGN_OR_RETURN(AttnCall call, OutputCall(p, shape, out, out_stride, scratch, codes));
@@ -700,7 +710,10 @@ Result<Ops::StepPipelines> Ops::PlanAttentionStep(const KvView& kv, const Attent
     KVFS_ASSIGN_OR_RETURN(out.output[merged], CallPipeline(output, merged == 1));
   }
   if (!p.fused) {
-    KVFS_ASSIGN_OR_RETURN(out.softmax, SoftmaxPipeline());
+    const AttnCall softmax = SoftmaxCall(p, shape, scratch);
+    for (int merged = 0; merged < 2; ++merged) {
+      KVFS_ASSIGN_OR_RETURN(out.softmax[merged], CallPipeline(softmax, merged == 1));
+    }
   }
   if (p.n_splits > 1 && !p.one_pass) {
     KVFS_ASSIGN_OR_RETURN(out.reduce, ReducePipeline(kv, shape, quantizes ? &codes : nullptr));

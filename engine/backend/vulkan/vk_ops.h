@@ -269,11 +269,11 @@ class Ops {
                    int64_t partial_floats, const Buffer& out, int64_t out_stride, int64_t out_row0,
                    const Buffer* stats = nullptr, int64_t stats_floats = 0);
 
-  // A call of attn_scores or attn_output as it would be recorded alone. AttentionBatch merges
-  // the calls of a step that share a pipeline (so the same specialization: split or not, fused
-  // softmax, query tiles), buffers and the grid dimension not numbered across calls (scores:
-  // heads; output: head groups) into one dispatch, their parameters in a table of the pass
-  // (jobs.glsl, vk_attention_calls.cpp).
+  // A call of attn_scores, softmax or attn_output as it would be recorded alone. AttentionBatch
+  // merges the calls of a step that share a pipeline (so the same specialization: split or not,
+  // fused softmax, query tiles), buffers and the grid dimension not numbered across calls
+  // (scores, softmax: heads; output: head groups) into one dispatch, their parameters in a table
+  // of the pass (jobs.glsl, vk_attention_calls.cpp).
   static constexpr size_t kMaxCallWords = 24;
   struct AttnCall {
     const ShaderInterface* shader = nullptr;
@@ -358,7 +358,7 @@ class Ops {
   struct StepPipelines {
     const Pipeline* kv_store = nullptr;       // with a row table, as the backend stores
     std::array<const Pipeline*, 2> scores{};  // alone; merged with other sequences' calls
-    const Pipeline* softmax = nullptr;        // where the softmax is not fused into the weighted sum
+    std::array<const Pipeline*, 2> softmax{};  // where the softmax is not fused into the weighted sum
     std::array<const Pipeline*, 2> output{};
     const Pipeline* reduce = nullptr;         // where attn_reduce adds the splits' sums
   };
@@ -503,7 +503,9 @@ class Ops {
                               const AttentionScratch& scratch, const RopeTable* q_rope, const NewKeys* new_keys);
   Result<AttnCall> OutputCall(const PlannedJob& p, const AttentionShape& shape, const Buffer& out, int64_t out_stride,
                               const AttentionScratch& scratch, const OutputCodes* codes);
-  Result<const Pipeline*> SoftmaxPipeline();
+  AttnCall PlanSoftmax(const Buffer& scores, int64_t n_head, int64_t n_tokens, int64_t pos0, int64_t score_stride,
+                       float scale, bool round_f16, int64_t score0) const;
+  AttnCall SoftmaxCall(const PlannedJob& p, const AttentionShape& shape, const AttentionScratch& scratch) const;
   Result<const Pipeline*> ReducePipeline(const KvView& kv, const AttentionShape& shape, const OutputCodes* codes);
   Result<const Pipeline*> KvStorePipeline(const KvView& kv, const AttentionShape& shape, const RopeTable* rope,
                                           bool table);

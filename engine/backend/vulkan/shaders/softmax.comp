@@ -5,28 +5,35 @@
 // with the CPU's exp polynomial; with round_f16 the weights are rounded to f16 (an f16 cache:
 // the reference multiplies V by f16 weights, and so does the CPU backend). Positions past
 // n_visible are not touched (attn_output does not read them).
+// JOBS: the rows of several calls (prompts of several sequences in one pass) in one dispatch
+// (jobs.glsl).
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;  // a power of two
+layout(constant_id = 1) const uint JOBS = 0;  // 1: the calls of `jobs` (jobs.glsl)
 
-layout(push_constant) uniform Params {
+struct Params {
   uint pos0;          // position of token 0
   uint n_head;
   uint score_stride;  // floats per row
   uint round_f16;
   float scale;        // 1 / sqrt(head_dim)
   uint score0;        // this call's first float of s
-} p;
+};
 
 layout(binding = 0) buffer Scores { float s[]; };  // from score0: [n_tokens][n_head][score_stride]
+const uint kJobsBinding = 1;
+const uint kJobsFlatDim = 1;  // a call's tokens (y) are numbered along y
+#include "jobs.glsl"
 
 #include "common.glsl"
 
 shared float partial[WG];
 
 void main() {
+  LoadCall();
   const uint tid = gl_LocalInvocationID.x;
-  const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
+  const uint h = group_id.x, t = group_id.y;
   const uint n = p.pos0 + t + 1u;
   const uint row = p.score0 + (t * p.n_head + h) * p.score_stride;
 
