@@ -1,0 +1,64 @@
+// The fixture of the Vulkan backend's tests (vulkan_backend_test.cpp, vulkan_write_back_test.cpp):
+// tiny-llama Q4_0 on the default Vulkan device, a prompt, KV layouts, and one step through a
+// backend. Skips without the model or a device (fails under CI=true).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/backend/backend.h"
+#include "engine/kv/kv_format.h"
+#include "engine/kv/sequence_kv.h"
+#include "engine/model/model.h"
+#include "tests/test_support.h"
+
+namespace kvfs::testing {
+
+inline double Nmse(const float* got, const float* want, int64_t n) {
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+class VulkanBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
+    KVFS_REQUIRE_DATA(path);
+    auto model = Model::Load(path);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    model_ = std::move(*model);
+    auto backend = MakeVulkanBackend(*model_, VulkanOptions{});
+    KVFS_REQUIRE_VULKAN(backend.status());
+    vulkan_ = std::move(*backend);
+    prompt_ = model_->tokenizer().Encode(
+        "The quick brown fox jumps over the lazy dog, twice, and then it sleeps under the old oak tree "
+        "until the farmer comes home with a basket of apples for the children.",
+        true, false);
+  }
+  const HParams& hp() const { return model_->hparams(); }
+  KvLayout Layout(const char* type, int64_t block_tokens = 16) const {
+    return KvLayoutFor(hp(), *MakeKvFormat(type, "", hp().n_head_kv, hp().head_dim), block_tokens);
+  }
+  // Runs tokens through `backend` on kv; returns the last row's logits.
+  std::vector<float> Step(Backend& backend, SequenceKv& kv, std::span<const TokenId> tokens) {
+    Logits lg;
+    SequenceStep s{&kv, tokens, false};
+    const Status st = backend.Forward(std::span<const SequenceStep>(&s, 1), lg);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return lg.data;
+  }
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Backend> vulkan_;
+  std::vector<TokenId> prompt_;
+};
+
+}  // namespace kvfs::testing
