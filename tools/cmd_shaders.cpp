@@ -10,6 +10,7 @@
 
 #include "engine/backend/vulkan_shaders.h"
 #include "engine/backend/vulkan_tuning.h"
+#include "engine/kv/kv_format.h"
 #include "engine/model/model.h"
 #include "tools/args.h"
 #include "tools/bench_util.h"
@@ -53,6 +54,22 @@ bool Wanted(const std::vector<std::string>& stats, const std::string& name) {
   return stats.empty() || std::ranges::find(stats, name) != stats.end();
 }
 
+// A pipeline's statistics that `wanted` names (all when empty), as JSON and as text.
+nlohmann::json StatisticsJson(const std::vector<ShaderStatistic>& all, const std::vector<std::string>& wanted) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const ShaderStatistic& st : all) {
+    if (Wanted(wanted, st.name)) out[st.name] = st.value;
+  }
+  return out;
+}
+std::string StatisticsText(const std::vector<ShaderStatistic>& all, const std::vector<std::string>& wanted) {
+  std::string out;
+  for (const ShaderStatistic& st : all) {
+    if (Wanted(wanted, st.name)) out += fmt::format("; {} {}", st.name, st.value);
+  }
+  return out;
+}
+
 }  // namespace
 
 int Shaders(int argc, char** argv) {
@@ -86,6 +103,10 @@ int Shaders(int argc, char** argv) {
   }
   auto model_or = Model::Load(*args.get("-m"));
   if (!model_or.ok()) return Fail(2, model_or.status().message());
+  for (const std::string& kv : options.kv) {  // a usage error, before any device work
+    const HParams& hp = (*model_or)->hparams();
+    if (auto f = MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim); !f.ok()) return Fail(2, f.status().message());
+  }
   auto report_or = VulkanShaderReport(**model_or, options);
   if (!report_or.ok()) return Fail(1, report_or.status().message());
   const ShaderReport& report = *report_or;
@@ -93,10 +114,6 @@ int Shaders(int argc, char** argv) {
   if (args.has("--json")) {
     nlohmann::json lines = nlohmann::json::array();
     for (const MatrixShader& s : report.shaders) {
-      nlohmann::json statistics = nlohmann::json::object();
-      for (const ShaderStatistic& st : s.statistics) {
-        if (Wanted(stats, st.name)) statistics[st.name] = st.value;
-      }
       lines.push_back({{"matrices", s.matrices},
                        {"type", s.type},
                        {"n_in", s.n_in},
@@ -107,14 +124,10 @@ int Shaders(int argc, char** argv) {
                        {"constants", s.constants},
                        {"rows_per_group", s.rows_per_group},
                        {"tokens_per_group", s.tokens_per_group},
-                       {"statistics", statistics}});
+                       {"statistics", StatisticsJson(s.statistics, stats)}});
     }
     nlohmann::json attention = nlohmann::json::array();
     for (const AttentionShader& s : report.attention) {
-      nlohmann::json statistics = nlohmann::json::object();
-      for (const ShaderStatistic& st : s.statistics) {
-        if (Wanted(stats, st.name)) statistics[st.name] = st.value;
-      }
       attention.push_back({{"kv", s.kv},
                            {"tokens", s.tokens},
                            {"depth", s.depth},
@@ -122,7 +135,7 @@ int Shaders(int argc, char** argv) {
                            {"merged", s.merged},
                            {"shader", s.shader},
                            {"constants", s.constants},
-                           {"statistics", statistics}});
+                           {"statistics", StatisticsJson(s.statistics, stats)}});
     }
     const nlohmann::json out = {{"device", report.device.name},
                                 {"api_version", report.device.api_version},
@@ -138,18 +151,12 @@ int Shaders(int argc, char** argv) {
     std::string line = fmt::format("{:<8} {:<5} {:>6} -> {:<7} x{:<3} t{:<4} {} [{}] {}x{} per group", s.matrices,
                                    s.type, s.n_in, s.n_out, s.layers, s.tokens, s.shader, Constants(s.constants),
                                    s.rows_per_group, s.tokens_per_group);
-    for (const ShaderStatistic& st : s.statistics) {
-      if (Wanted(stats, st.name)) line += fmt::format("; {} {}", st.name, st.value);
-    }
-    std::printf("%s\n", line.c_str());
+    std::printf("%s%s\n", line.c_str(), StatisticsText(s.statistics, stats).c_str());
   }
   for (const AttentionShader& s : report.attention) {
     std::string line = fmt::format("attn {:<5} t{:<4} d{:<6} {:<8} {:<6} {} [{}]", s.kv, s.tokens, s.depth, s.step,
                                    s.merged ? "merged" : "alone", s.shader, Constants(s.constants));
-    for (const ShaderStatistic& st : s.statistics) {
-      if (Wanted(stats, st.name)) line += fmt::format("; {} {}", st.name, st.value);
-    }
-    std::printf("%s\n", line.c_str());
+    std::printf("%s%s\n", line.c_str(), StatisticsText(s.statistics, stats).c_str());
   }
   return 0;
 }

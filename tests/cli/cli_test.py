@@ -166,7 +166,18 @@ if r.returncode == 0:
           kinds.get('output') == 1 and kinds.get('q|k|v', 0) + kinds.get('q', 0) == 2 and
           all(l['tokens'] == 1 and l['shader'].startswith('matvec_quant') for l in j['shaders']),
           f'rc={r.returncode} out={r.stdout[:400]!r} err={r.stderr!r}')
+    # ... and one decode step's attention pipelines per KV format (default f16 and q4k), the
+    # scores and weighted sums alone and merged (spec constant JOBS last: 0, 1).
+    steps = {(l['kv'], l['step'], l['merged']): l for l in j.get('attention', [])}
+    want = [(kv, step, merged) for kv in ('f16', 'q4k') for step, merged in
+            (('kv_store', True), ('scores', False), ('scores', True), ('output', False), ('output', True))]
+    check('shaders lists a decode step\'s attention pipelines, alone and merged',
+          ok and all(k in steps for k in want) and
+          all(steps[k]['constants'][-1] == (1 if k[2] else 0) for k in want if k[1] != 'kv_store') and
+          all(l['depth'] == 4096 and l['tokens'] == 1 for l in j['attention']),
+          f'rc={r.returncode} attention={j.get("attention", [])!r:.600}')
     bad('shaders -t out of range', ['shaders', '-m', q4km, '-t', '0'], '-t takes a comma-separated list of numbers in [1, 512]')
+    bad('shaders unknown KV type', ['shaders', '-m', q4km, '--kv', 'bogus'], "unknown KV type 'bogus'")
     radv = '/usr/share/vulkan/icd.d/radeon_icd.x86_64.json'
     if os.path.exists(radv):
         env = dict(os.environ, VK_ICD_FILENAMES=radv, VK_DRIVER_FILES=radv, RADV_FORCE_FAMILY='gfx1100',
@@ -176,8 +187,9 @@ if r.returncode == 0:
         j = json.loads(r.stdout) if ok else {}
         check('shaders on a GPU compiler without a GPU (RADV null device): registers, no spills',
               ok and j['statistics'] and 'GFX1100' in j['device'] and len(j['shaders']) > 0 and
+              len(j['attention']) > 0 and
               all(set(l['statistics']) == {'VGPRs', 'Spilled VGPRs'} and l['statistics']['VGPRs'] > 0 and
-                  l['statistics']['Spilled VGPRs'] == 0 for l in j['shaders']),
+                  l['statistics']['Spilled VGPRs'] == 0 for l in j['shaders'] + j['attention']),
               f'rc={r.returncode} out={r.stdout[:400]!r} err={r.stderr!r}')
     elif os.environ.get('CI') == 'true':
         check('CI=true: Mesa\'s AMD Vulkan driver (mesa-vulkan-drivers) is installed', False, radv)
