@@ -34,14 +34,14 @@ constexpr const char* kUsage =
     "  sequences, decode speed-up over one sequence, medians over -r repetitions.\n"
     "  --profile (vulkan): times every dispatch and prints, on stderr, where the device time of\n"
     "  each batch size's last decode steps went.\n"
-    "  Vulkan compiles a shader variant when a pass first needs it, so before each batch size's\n"
-    "  timed runs an untimed prefill and two decode steps of the same shapes make them;\n"
-    "  --no-warmup skips that.\n"
+    "  Vulkan compiles a shader variant when a pass first needs it (some only at a depth the\n"
+    "  decode reaches: a completed q4k chunk, a second split), so each batch size first runs once\n"
+    "  untimed; --no-warmup skips that.\n"
     "  --serial-attention (vulkan): each sequence's attention after the previous one's, with its\n"
     "  own barriers, instead of all side by side, to measure what batching it saves.\n"
-    "  --dispatch-per-sequence (vulkan): a kv_store, attn_scores and attn_output dispatch per\n"
-    "  sequence and layer, side by side, instead of one for all the sequences of a KV layout, to\n"
-    "  measure what merging them saves.\n"
+    "  --dispatch-per-sequence (vulkan): a kv_store, attn_scores, softmax and attn_output dispatch\n"
+    "  per sequence and layer, side by side, instead of one for all the sequences of a KV layout\n"
+    "  (softmax: of all layouts), to measure what merging them saves.\n"
     "  --copy-kv-rows (vulkan): the new K/V rows copied into the host's write-back buffer at the\n"
     "  end of each pass (a copy per sequence, layer and plane) instead of written there by\n"
     "  kv_store, to measure what that saves.\n";
@@ -115,7 +115,6 @@ int BenchBatched(int argc, char** argv) {
   for (int64_t npl : *npl_list) {
     std::vector<double> pp_rates, tg_rates;
     for (int r = warmup ? -1 : 0; r < reps; ++r) {  // r -1: the untimed warm-up
-      const int64_t n_decode = r < 0 ? std::min<int64_t>(n_tg, 2) : n_tg;
       std::vector<std::unique_ptr<SequenceKv>> kvs;
       for (int64_t i = 0; i < npl; ++i) kvs.push_back(std::make_unique<SequenceKv>(layout, n_pp + n_tg + 1));
       Logits logits;
@@ -134,7 +133,7 @@ int BenchBatched(int argc, char** argv) {
       const auto t1 = Clock::now();
       backend.TakeProfileReport();  // --profile: the decode steps alone
       std::vector<TokenId> next = random_tokens(npl);
-      for (int64_t k = 0; k < n_decode; ++k) {
+      for (int64_t k = 0; k < n_tg; ++k) {
         std::vector<SequenceStep> steps;
         for (int64_t i = 0; i < npl; ++i) steps.push_back(SequenceStep{kvs[i].get(), std::span<const TokenId>(&next[i], 1), false});
         if (Status s = backend.Forward(steps, logits); !s.ok()) return Fail(s.message());

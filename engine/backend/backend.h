@@ -174,9 +174,9 @@ struct VulkanOptions {
                                    // once for all; off: one query a workgroup (the same values)
   bool merge_sequences = true;     // batched: the sequences of a pass that share a KV layout share
                                    // each layer's kv_store (fused) and their attn_scores and
-                                   // attn_output where these are specialized alike (a table of
-                                   // the calls); off: one of each per sequence, side by side
-                                   // (the same values), to measure the saving
+                                   // attn_output where these are specialized alike, and all
+                                   // prompts one softmax (a table of the calls); off: one of each
+                                   // per sequence, side by side (the same values), to measure it
   bool kv_rows_by_kv_store = true; // fused kv_store also writes the new K/V rows into the host's
                                    // write-back buffer; off: copied there at the end of each pass
                                    // (a copy per sequence, layer and plane), to measure the saving

@@ -6,12 +6,14 @@
 #include <map>
 #include <tuple>
 
+#include <spdlog/fmt/fmt.h>
+
 #include "engine/backend/vulkan/device_weights.h"
-#include "engine/kv/kv_format.h"
-#include "engine/kv/sequence_kv.h"
 #include "engine/backend/vulkan/vk_ops.h"
 #include "engine/backend/vulkan_shaders.h"
 #include "engine/backend/vulkan_tuning.h"
+#include "engine/kv/kv_format.h"
+#include "engine/kv/sequence_kv.h"
 #include "engine/model/ggml_types.h"
 #include "engine/model/model.h"
 
@@ -79,9 +81,15 @@ Status ReportAttention(const Model& model, const ShaderReportOptions& options, c
   ops.set_fuse_softmax(tuning.fuse_softmax);
   const vk::AttentionShape shape{hp.n_head, hp.n_head_kv, hp.head_dim};
   KVFS_RETURN_IF_ERROR(ops.CheckAttentionShape(shape));
+  // The output's codes for the first layer's o matrix (a model whose o matrices differ in type
+  // has more variants than listed).
   const vk::ActKind o_kind = vk::ActKindFor(model.weights().layers.front().wo.type);
   for (const std::string& kv_name : options.kv) {
     KVFS_ASSIGN_OR_RETURN(const KvFormat format, MakeKvFormat(kv_name, "", hp.n_head_kv, hp.head_dim));
+    if (format.KeysByChannel() && options.block_tokens % format.chunk != 0) {
+      return InvalidArgument(fmt::format("q4k blocks hold whole chunks of {} tokens; --block {} does not",
+                                         format.chunk, options.block_tokens));
+    }
     const KvLayout layout = KvLayoutFor(hp, format, options.block_tokens);
     vk::KvView view;  // no buffers: planning binds nothing
     view.format = format;

@@ -99,8 +99,10 @@ Status Ops::RecordCalls(Recorder& rec, std::span<const AttnCall> calls) {
     call_group_.push_back(g);
   }
   for (size_t g = 0; g < group_first_.size(); ++g) {
-    // The group's calls in dispatches whose workgroups stay within the device's grid limit.
-    const int64_t limit = ctx_.limits().max_group_count[calls[group_first_[g]].flat_dim];
+    // The group's calls in dispatches whose workgroups stay within the device's grid limit, and
+    // whose per-workgroup lists (a word each) within a quarter of the pass's table space.
+    const int64_t limit = std::min<int64_t>(ctx_.limits().max_group_count[calls[group_first_[g]].flat_dim],
+                                            Recorder::kPassTableBytes / 16);
     merged_calls_.clear();
     int64_t groups = 0;
     for (size_t i = group_first_[g]; i <= calls.size(); ++i) {

@@ -692,13 +692,15 @@ Result<Ops::StepPipelines> Ops::PlanAttentionStep(const KvView& kv, const Attent
                                  &none, bytes.stats / 4,  &none, kCounterWords};
   const RopeTable rope{&none, n_rot, rope_style};
   const NewKeys new_keys{&none, shape.n_head_kv * shape.head_dim};
-  const bool makes_new_keys = ScoresReadNewKeys(kv.format, n_tokens, pos0);  // (one job: decode)
+
   const OutputCodes codes{o_kind, {&none, &none}};
   const bool quantizes = QuantizesAttentionOutput(shape, o_kind);
   // A step whose scores exceed the scratch is split into jobs of consecutive tokens, as the
   // backend splits it: the first job's pipelines (the others' differ at most in their last tile).
   const int64_t job_tokens = std::clamp<int64_t>(scratch.score_floats / (shape.n_head * (pos0 + n_tokens)), 1, n_tokens);
   const AttentionJob job{kv, 0, job_tokens, pos0, 0};
+  // The scores make the new keys where the step is one job that can (the backend's rule).
+  const bool makes_new_keys = job_tokens == n_tokens && ScoresReadNewKeys(kv.format, n_tokens, pos0);
   KVFS_ASSIGN_OR_RETURN(const PlannedJob p, PlanJob(job, shape, scratch, {}));
   StepPipelines out;
   KVFS_ASSIGN_OR_RETURN(out.kv_store, KvStorePipeline(kv, shape, &rope, /*table=*/true));

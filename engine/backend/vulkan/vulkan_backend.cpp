@@ -18,7 +18,8 @@
 // decode step of many agents waits at three barriers a layer for attention, not three per agent.
 // Those that share a KV arena (format and block size) also share the dispatches: one kv_store
 // (a table of rows; fused) a layer, and one attn_scores and one attn_output for those whose
-// calls are specialized alike (decode: those of one split count), not one per agent
+// calls are specialized alike (decode: all the scores; the weighted sums split over positions,
+// and those not), and one softmax for all the prompts, not one per agent
 // (VulkanOptions::merge_sequences).
 // The batch's tokens are processed in micro-batches of at most max_ubatch_ tokens (a
 // sequence's later tokens attend to the K/V its earlier ones wrote on the device), which bounds
