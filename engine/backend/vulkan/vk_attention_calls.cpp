@@ -30,13 +30,17 @@ int64_t FlatGroups(const Ops::AttnCall& c) { return int64_t{c.grid[c.flat_dim]} 
 
 }  // namespace
 
-Status Ops::RecordCall(Recorder& rec, const AttnCall& call) {
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(*call.shader, std::span(call.spec.data(), call.n_spec)));
-  std::array<uint32_t, kMaxCallWords + 2> push{};  // Params, then jobs.glsl's job0 and groups0 (unused alone)
+Status Ops::DispatchCall(Recorder& rec, const AttnCall& call, bool merged, uint32_t job0, uint32_t groups0) {
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, CallPipeline(call, merged));
+  std::array<uint32_t, kMaxCallWords + 2> push{};  // Params, then jobs.glsl's job0 and groups0
   std::copy_n(call.params.begin(), call.n_params, push.begin());
+  push[call.n_params] = job0;
+  push[call.n_params + 1] = groups0;
   return rec.Dispatch(*p, std::span(call.buffers.data(), call.n_buffers), push.data(), call.grid[0], call.grid[1],
                       call.grid[2]);
 }
+
+Status Ops::RecordCall(Recorder& rec, const AttnCall& call) { return DispatchCall(rec, call, false, 0, 0); }
 
 Status Ops::RecordMerged(Recorder& rec, std::span<const AttnCall* const> calls) {
   const AttnCall& first = *calls.front();
@@ -69,18 +73,12 @@ Status Ops::RecordMerged(Recorder& rec, std::span<const AttnCall* const> calls) 
     for (const AttnCall* c : calls) KVFS_RETURN_IF_ERROR(RecordCall(rec, *c));
     return Status::Ok();
   }
-  AttnCall merged = first;
-  merged.spec[merged.n_spec - 1] = 1;  // JOBS
+  AttnCall merged = first;  // its Params are unused: each workgroup reads its call's
   merged.buffers[merged.n_buffers - 1] = &rec.pass_tables();
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(*merged.shader, std::span(merged.spec.data(), merged.n_spec)));
-  std::array<uint32_t, kMaxCallWords + 2> push{};
-  std::copy_n(merged.params.begin(), merged.n_params, push.begin());
-  push[merged.n_params] = U32(job0);
-  push[merged.n_params + 1] = U32((job0 + static_cast<int64_t>(calls.size())) * static_cast<int64_t>(entry_words));
   merged.grid[flat] = U32(total);
   merged.grid[2] = 1;
-  return rec.Dispatch(*p, std::span(merged.buffers.data(), merged.n_buffers), push.data(), merged.grid[0],
-                      merged.grid[1], merged.grid[2]);
+  const int64_t groups0 = (job0 + static_cast<int64_t>(calls.size())) * static_cast<int64_t>(entry_words);
+  return DispatchCall(rec, merged, true, U32(job0), U32(groups0));
 }
 
 Status Ops::RecordCalls(Recorder& rec, std::span<const AttnCall> calls) {
@@ -105,22 +103,20 @@ Status Ops::RecordCalls(Recorder& rec, std::span<const AttnCall> calls) {
                                             Recorder::kPassTableBytes / 16);
     merged_calls_.clear();
     int64_t groups = 0;
-    for (size_t i = group_first_[g]; i <= calls.size(); ++i) {
-      const bool end = i == calls.size();
-      if (!end && call_group_[i] != g) continue;
-      if (end || (groups + FlatGroups(calls[i]) > limit && !merged_calls_.empty())) {
-        if (merged_calls_.size() == 1) {
-          KVFS_RETURN_IF_ERROR(RecordCall(rec, *merged_calls_.front()));
-        } else if (merged_calls_.size() > 1) {
-          KVFS_RETURN_IF_ERROR(RecordMerged(rec, merged_calls_));
-        }
-        merged_calls_.clear();
-        groups = 0;
-        if (end) break;
-      }
+    auto flush = [&]() -> Status {
+      const Status s = merged_calls_.size() == 1 ? RecordCall(rec, *merged_calls_.front())
+                                                 : RecordMerged(rec, merged_calls_);
+      merged_calls_.clear();
+      groups = 0;
+      return s;
+    };
+    for (size_t i = group_first_[g]; i < calls.size(); ++i) {
+      if (call_group_[i] != g) continue;
+      if (!merged_calls_.empty() && groups + FlatGroups(calls[i]) > limit) KVFS_RETURN_IF_ERROR(flush());
       merged_calls_.push_back(&calls[i]);
       groups += FlatGroups(calls[i]);
     }
+    KVFS_RETURN_IF_ERROR(flush());  // (a group has at least its first call)
   }
   return Status::Ok();
 }

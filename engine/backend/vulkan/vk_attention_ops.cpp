@@ -2,9 +2,6 @@
 // k_stage, k_chunks) and attention over them (attn_scores, softmax, attn_output, attn_reduce),
 // decode split over positions, several sequences side by side. The rest of Ops is in vk_ops.cpp.
 #include <algorithm>
-#include <cstddef>
-#include <cstring>
-#include <iterator>
 #include <numeric>
 #include <tuple>
 
@@ -60,7 +57,7 @@ struct ReduceParams {
 };
 
 constexpr ShaderInterface kKvStore{"kv_store", 8, sizeof(KvStoreParams)};
-// attn_scores and attn_output push their Params, then jobs.glsl's job0 and n_jobs.
+// attn_scores, softmax and attn_output push their Params, then jobs.glsl's job0 and groups0.
 constexpr uint32_t kJobsPushBytes = 8;
 constexpr ShaderInterface kScores{"attn_scores", 9, sizeof(ScoresParams) + kJobsPushBytes};
 constexpr ShaderInterface kKStage{"k_stage", 2, sizeof(KStageParams)};
@@ -310,7 +307,6 @@ Ops::ScoreTile Ops::ScoreQueries(const KvFormat& format, const AttentionShape& s
   }
   return tile;
 }
-
 
 Status Ops::AttnScores(Recorder& rec, const KvView& kv, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
                        int64_t q_row0, int64_t n_tokens, int64_t pos0, const Buffer& scores, const Buffer* stats,
@@ -597,10 +593,9 @@ Result<Ops::AttnCall> Ops::ScoresCall(const PlannedJob& p, const AttentionShape&
 Result<Ops::AttnCall> Ops::OutputCall(const PlannedJob& p, const AttentionShape& shape, const Buffer& out,
                                       int64_t out_stride, const AttentionScratch& scratch, const OutputCodes* codes) {
   const AttentionJob& j = *p.job;
-  const bool writes_output = p.n_splits == 1 || p.one_pass;  // else attn_reduce writes (and quantizes) it
   return PlanOutput(j.kv, shape, *scratch.scores, j.n_tokens, j.pos0, out, out_stride, j.out_row0, p.n_splits,
                     p.n_splits > 1 ? scratch.partials : nullptr, p.fused ? scratch.stats : nullptr, p.at,
-                    writes_output ? codes : nullptr, p.one_pass ? scratch.counters : nullptr);
+                    p.reduces() ? nullptr : codes, p.one_pass ? scratch.counters : nullptr);
 }
 
 Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buffer& q, int64_t q_stride,
@@ -632,13 +627,13 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
     for (const PlannedJob& p : round) {
       KVFS_ASSIGN_OR_RETURN(AttnCall call, OutputCall(p, shape, out, out_stride, scratch, codes));
       calls_.push_back(call);
-      reduce = reduce || !(p.n_splits == 1 || p.one_pass);
+      reduce = reduce || p.reduces();
     }
     KVFS_RETURN_IF_ERROR(RecordCalls(rec, calls_));
     if (!reduce) return Status::Ok();
     rec.Barrier();
     for (const PlannedJob& p : round) {
-      if (p.n_splits == 1 || p.one_pass) continue;
+      if (!p.reduces()) continue;
       const AttentionJob& j = *p.job;
       KVFS_RETURN_IF_ERROR(AttnReduce(rec, j.kv, shape, *scratch.partials, j.n_tokens, p.n_splits, out, out_stride,
                                       j.out_row0, p.at.partial0, codes));
@@ -692,7 +687,6 @@ Result<Ops::StepPipelines> Ops::PlanAttentionStep(const KvView& kv, const Attent
                                  &none, bytes.stats / 4,  &none, kCounterWords};
   const RopeTable rope{&none, n_rot, rope_style};
   const NewKeys new_keys{&none, shape.n_head_kv * shape.head_dim};
-
   const OutputCodes codes{o_kind, {&none, &none}};
   const bool quantizes = QuantizesAttentionOutput(shape, o_kind);
   // A step whose scores exceed the scratch is split into jobs of consecutive tokens, as the
@@ -717,7 +711,7 @@ Result<Ops::StepPipelines> Ops::PlanAttentionStep(const KvView& kv, const Attent
       KVFS_ASSIGN_OR_RETURN(out.softmax[merged], CallPipeline(softmax, merged == 1));
     }
   }
-  if (p.n_splits > 1 && !p.one_pass) {
+  if (p.reduces()) {
     KVFS_ASSIGN_OR_RETURN(out.reduce, ReducePipeline(kv, shape, quantizes ? &codes : nullptr));
   }
   return out;

@@ -456,6 +456,9 @@ class Ops {
                               const OutputCodes* codes, const Buffer* counters);
   // Records a call alone (vk_attention_calls.cpp).
   Status RecordCall(Recorder& rec, const AttnCall& call);
+  // Records `call` with its pipeline alone or merged (JOBS), pushing job0 and groups0 after its
+  // Params (jobs.glsl).
+  Status DispatchCall(Recorder& rec, const AttnCall& call, bool merged, uint32_t job0, uint32_t groups0);
   // Records calls that need no barrier between them, merged where they can be (merge_jobs_):
   // the calls of each group of mergeable ones in dispatches within the device's grid limit.
   Status RecordCalls(Recorder& rec, std::span<const AttnCall> calls);
@@ -493,6 +496,8 @@ class Ops {
     bool one_pass;  // split, its sums added by the last split (no attn_reduce)
     ScratchOffsets at;
     ScratchOffsets takes;  // the scratch it takes: floats of scores and partials, stats entries, counter words
+    // Its splits' sums are added (and its output written and quantized) by attn_reduce.
+    bool reduces() const { return n_splits > 1 && !one_pass; }
   };
   // A job's splits and fusing against the whole scratch (as alone), its rows at `at`;
   // ResourceExhausted when its scores alone exceed the scratch.

@@ -97,9 +97,10 @@ class VulkanBackend final : public Backend {
   };
   Status RunUbatch(std::span<const SequenceStep> steps, std::span<const Piece> pieces, int64_t T,
                    std::span<const int64_t> logit_rows, bool last, Logits& out);
-  // Fused, batched and merging sequences: writes the micro-batch's kv_store entries into
-  // kv_store_rows_, those of pieces that share a KV arena side by side (a group each), so that
-  // each layer stores a group's rows with one dispatch (Ops::KvStoreBatch). Else no groups.
+  // Fused, batched and merging sequences, once the micro-batch's recording has begun: writes
+  // its kv_store entries into tables of the pass (Recorder::PassTable), one per group of pieces
+  // that share a KV arena, so that each layer stores a group's rows with one dispatch
+  // (Ops::KvStoreBatch). Else (or without table space) no groups: a kv_store per piece.
   Status PlanKvStores(std::span<const Piece> pieces);
   // y (+)= W x, quantizing x first when W's type needs it (reused while same_input).
   // Stacked matrices (q|k|v, gate|up) write their second and third parts to y1 and y2.
@@ -135,8 +136,8 @@ class VulkanBackend final : public Backend {
   std::unique_ptr<vk::DeviceKvCache> kv_;
   std::vector<vk::StepKv> step_kv_;  // per step of the current pass
   std::vector<vk::Ops::AttentionJob> attention_jobs_;  // Attention()'s, reused layer after layer
-  // The micro-batch's kv_store dispatches (PlanKvStores): entries [entry0, entry0 + n) of
-  // kv_store_rows_, of steps sharing the arena of step `step`; mirror: the write-back buffer.
+  // The micro-batch's kv_store dispatches (PlanKvStores): entries [entry0, entry0 + n) of the
+  // pass's tables, of steps sharing the arena of step `step`; mirror: the write-back buffer.
   struct KvStoreGroup {
     int32_t step;
     int64_t entry0;
@@ -144,6 +145,7 @@ class VulkanBackend final : public Backend {
     const Buffer* mirror;
   };
   std::vector<KvStoreGroup> kv_store_groups_;
+  std::vector<vk::Ops::KvStoreEntry> kv_store_entries_;  // PlanKvStores' group being written
   int64_t max_ubatch_ = kMaxUbatch;
   bool fuse_ops_ = true;
   bool swiglu_in_matvec_ = true;  // VulkanOptions::swiglu_in_matvec (and fuse_ops)
@@ -176,7 +178,6 @@ class VulkanBackend final : public Backend {
   Buffer tokens_;     // [max_ubatch_] int32 token ids
   Buffer rope_;       // [max_ubatch_][n_rot / 2] (cos, sin) pairs
   Buffer row_ids_;    // [max_ubatch_] int32: rows whose logits are wanted
-  Buffer kv_store_rows_;  // [max_ubatch_] Ops::KvStoreEntry: the micro-batch's rows, by arena
   Buffer logits_out_; // [logit_rows_][n_vocab] readback
   int64_t logit_rows_ = 0;
 };
@@ -243,8 +244,6 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kDeviceUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
-  KVFS_ASSIGN_OR_RETURN(kv_store_rows_,
-                        ctx_->CreateBuffer(U * static_cast<int64_t>(sizeof(vk::Ops::KvStoreEntry)), MemoryKind::kDeviceUpload));
   spdlog::info("vulkan: {} ({}), {:.1f} MiB of weights, micro-batch {} tokens, KV budget {:.1f} MiB, {}",
                ctx_->info().name, ctx_->info().type, weights_->bytes / 1048576.0, max_ubatch_, kv_budget / 1048576.0,
                ops_->subgroup_trees() ? "subgroup trees" : "shared-memory trees");
@@ -357,7 +356,7 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
   const vk::Ops::RopeTable k_rope{&rope_, hp_.n_rot, hp_.rope_style};
   for (const KvStoreGroup& g : kv_store_groups_) {  // fused, pieces of an arena together
     const vk::KvView view = kv_->View(step_kv_[g.step], layer);
-    KVFS_RETURN_IF_ERROR(ops_->KvStoreBatch(*rec_, view, shape, k_, v_, n_kv, kv_store_rows_, g.entry0, g.n, layer,
+    KVFS_RETURN_IF_ERROR(ops_->KvStoreBatch(*rec_, view, shape, k_, v_, n_kv, rec_->pass_tables(), g.entry0, g.n, layer,
                                             &k_rope, g.mirror));
   }
   for (const Piece& pc : pieces) {
@@ -427,14 +426,13 @@ Status VulkanBackend::PlanKvStores(std::span<const Piece> pieces) {
   kv_store_groups_.clear();
   if (!fuse_ops_ || !batch_attention_ || !merge_sequences_) return Status::Ok();  // per piece (the separate ops; A/B timing)
   const vk::AttentionShape shape{hp_.n_head, hp_.n_head_kv, hp_.head_dim};
-  auto* entries = reinterpret_cast<vk::Ops::KvStoreEntry*>(kv_store_rows_.mapped());
-  int64_t n = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const vk::KvArena* arena = step_kv_[pieces[i].step].arena;
     const bool grouped = std::any_of(kv_store_groups_.begin(), kv_store_groups_.end(),
                                      [&](const KvStoreGroup& g) { return step_kv_[g.step].arena == arena; });
     if (grouped) continue;
-    KvStoreGroup group{pieces[i].step, n, 0, nullptr};
+    KvStoreGroup group{pieces[i].step, 0, 0, nullptr};
+    kv_store_entries_.clear();
     for (size_t j = i; j < pieces.size(); ++j) {
       const Piece& pc = pieces[j];
       if (step_kv_[pc.step].arena != arena) continue;
@@ -443,10 +441,20 @@ Status VulkanBackend::PlanKvStores(std::span<const Piece> pieces) {
       const vk::Ops::KvMirror mirror = kv_->Mirror(step_kv_, static_cast<size_t>(pc.step), 0);
       if (mirror.buffer != nullptr) group.mirror = mirror.buffer;
       for (int64_t t = 0; t < pc.n; ++t) {
-        KVFS_ASSIGN_OR_RETURN(entries[n++], vk::Ops::KvStoreEntryFor(view, shape, pc.row0 + t, pc.pos0 + t, &mirror));
+        KVFS_ASSIGN_OR_RETURN(const vk::Ops::KvStoreEntry e,
+                              vk::Ops::KvStoreEntryFor(view, shape, pc.row0 + t, pc.pos0 + t, &mirror));
+        kv_store_entries_.push_back(e);
       }
     }
-    group.n = n - group.entry0;
+    const auto bytes = std::as_bytes(std::span(kv_store_entries_));
+    KVFS_ASSIGN_OR_RETURN(group.entry0,
+                          rec_->PassTable(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                                          static_cast<int64_t>(sizeof(vk::Ops::KvStoreEntry))));
+    if (group.entry0 < 0) {  // no table space (a pass's first tables fit): a kv_store per piece
+      kv_store_groups_.clear();
+      return Status::Ok();
+    }
+    group.n = static_cast<int64_t>(kv_store_entries_.size());
     kv_store_groups_.push_back(group);
   }
   return Status::Ok();
@@ -480,10 +488,10 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   auto* row_ids = reinterpret_cast<int32_t*>(row_ids_.mapped());
   for (int64_t r = 0; r < R; ++r) row_ids[r] = static_cast<int32_t>(logit_rows[r]);
 
-  KVFS_RETURN_IF_ERROR(PlanKvStores(pieces));
   KVFS_RETURN_IF_ERROR(ReserveLogitRows(R));  // before recording: it may replace buffers
   vk::Recorder& rec = *rec_;
   KVFS_RETURN_IF_ERROR(rec.Begin());
+  KVFS_RETURN_IF_ERROR(PlanKvStores(pieces));
   HoldCodes(vk::ActKind::kFloat);
   KVFS_RETURN_IF_ERROR(ops_->Embed(rec, w.token_embd, tokens_, T, x_));
   rec.Barrier();
