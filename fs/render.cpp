@@ -107,6 +107,7 @@ nlohmann::json EngineStatusJson(const EngineStatus& s) {
           {"device_losses", s.device_losses},
           {"device_remakes", s.device_remakes},
           {"device_remake_failures", s.device_remake_failures},
+          {"backend_warming_up", s.backend_warming_up},
           {"top_entries", top}};
 }
 

@@ -71,6 +71,15 @@ class Backend {
   virtual Status ForgetBlocks(std::span<const uint64_t> serials) { return Status::Ok(); }
   // Copies of blocks held now (tests, status).
   virtual int64_t BlockCopies() const { return 0; }
+  // Whether the backend makes its kernels on first use (Vulkan compiles a pipeline for each
+  // shader variant a pass needs): the first passes of each shape then take seconds, unless
+  // WarmUpBackend (warm_up.h) ran them first.
+  virtual bool CompilesOnFirstUse() const { return false; }
+  // Whether a pass over `steps` would run on such kernels (FallbackBackend: on the device, not
+  // the CPU behind it): what a warm-up pass needs to be of use.
+  virtual bool MakesKernelsFor(std::span<const SequenceStep> steps) const { return CompilesOnFirstUse() && Fits(steps); }
+  // Kernels made so far (Vulkan pipelines): tests check that a warm-up left none to make.
+  virtual int64_t KernelsMade() const { return 0; }
   // Where device time went since the last call, as a table (kvfs bench --profile); empty
   // unless the backend was made with profiling on.
   virtual std::string TakeProfileReport() { return {}; }

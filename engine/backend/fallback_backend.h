@@ -61,6 +61,11 @@ class FallbackBackend final : public Backend {
   // a failed zeroing as fatal, goes on).
   Status ForgetBlocks(std::span<const uint64_t> serials) override;
   int64_t BlockCopies() const override { return device_ != nullptr ? device_->BlockCopies() : 0; }
+  bool CompilesOnFirstUse() const override { return device_ != nullptr && device_->CompilesOnFirstUse(); }
+  bool MakesKernelsFor(std::span<const SequenceStep> steps) const override {
+    return device_ != nullptr && device_->MakesKernelsFor(steps);
+  }
+  int64_t KernelsMade() const override { return device_ != nullptr ? device_->KernelsMade() : 0; }
   std::string TakeProfileReport() override { return device_ != nullptr ? device_->TakeProfileReport() : ""; }
   Status SetVulkanTuning(const VulkanTuning& tuning) override;
 

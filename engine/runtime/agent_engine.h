@@ -112,6 +112,8 @@ struct EngineStatus {
   int64_t device_losses = 0;        // Vulkan: times the device was lost
   int64_t device_remakes = 0;       // Vulkan: times it was made again
   int64_t device_remake_failures = 0;  // Vulkan: tries to make it again that failed
+  bool backend_warming_up = false;  // Vulkan: the backend's warm-up (EngineOptions::warm_up) has
+                                    // passes left; turns may still compile kernels meanwhile
   std::vector<CacheEntryStatus> top_entries;  // largest agents first, at most 10
 };
 

@@ -48,6 +48,7 @@ Engine::Engine(const EngineOptions& options) : options_(options) {}
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::unique_ptr<Engine> engine(new Engine(options));
   KVFS_RETURN_IF_ERROR(engine->Init());
+  if (options.warm_up && engine->backend_->CompilesOnFirstUse()) engine->StartWarmUp();
   engine->engine_thread_ = std::thread([e = engine.get()] { e->EngineLoop(); });
   engine->store_thread_ = std::thread([e = engine.get()] { e->StoreLoop(); });
   engine->loader_thread_ = std::thread([e = engine.get()] { e->LoaderLoop(); });
@@ -112,6 +113,33 @@ Status Engine::MakeBackend() {
   }
   if (backend_->KeepsBlockCopies()) pool_->TrackFreed();  // device copies follow the host blocks' frees
   return Status::Ok();
+}
+
+void Engine::StartWarmUp() {
+  Result<KvFormat> format = FormatFor(DefaultSettings());
+  if (!format.ok()) return;  // Init checked it
+  warm_up_ = std::make_unique<BackendWarmUp>(*backend_, KvLayoutFor(model_->hparams(), *format, options_.block_tokens),
+                                             model_->hparams().n_vocab);
+  std::lock_guard lock(mu_);
+  counters_.backend_warming_up = true;
+}
+
+void Engine::WarmUpPass() {
+  const Status s = warm_up_->RunNextPass();
+  NoteBackendHealth();  // a pass may have lost the device
+  if (!s.ok()) {
+    spdlog::warn("engine: warming up the {} backend failed ({}); turns make the kernels they need", backend_name_,
+                 s.message());
+  } else if (warm_up_->done()) {
+    const WarmUpReport& r = warm_up_->report();
+    spdlog::info("engine: {} backend warmed up: {} passes made {} kernels in {:.2f} s{}", backend_name_, r.passes,
+                 r.kernels_made, r.seconds,
+                 r.skipped > 0 ? fmt::format(" ({} passes skipped: the device would not run them)", r.skipped) : "");
+  }
+  if (!warm_up_->done()) return;
+  warm_up_.reset();
+  std::lock_guard lock(mu_);
+  counters_.backend_warming_up = false;
 }
 
 void Engine::ForgetFreedBlocks() {

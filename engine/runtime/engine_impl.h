@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/warm_up.h"
 #include "engine/kv/block_pool.h"
 #include "engine/kv/sequence_kv.h"
 #include "engine/model/model.h"
@@ -274,11 +275,17 @@ class Engine final : public AgentEngine {
   const EngineOptions options_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<BackendWarmUp> warm_up_;  // engine thread; until done (declared after backend_:
+                                            // destroyed first, it drops its device copies)
   std::string backend_name_;  // "cpu" or "vulkan: DEVICE"
   // backend_name_, and what became of the device (a lost one: the CPU runs every pass).
   std::string BackendName();
   // Backend choice (EngineOptions::backend), with the CPU as fallback.
   Status MakeBackend();
+  // EngineOptions::warm_up: the backend's warm-up in the default KV format, made at start and
+  // run pass by pass by the engine thread while it has no turn to run (turns go first).
+  void StartWarmUp();
+  void WarmUpPass();
   // Engine thread: device copies of the blocks the pool freed since the last call are zeroed
   // and dropped (before every pass, and before an erasure returns).
   void ForgetFreedBlocks();

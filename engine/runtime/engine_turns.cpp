@@ -66,6 +66,11 @@ void Engine::EngineLoop() {
       };
       auto ready = [&] { return stopping_ || !tasks_.empty() || startable(); };
       if (active_.empty()) {
+        if (warm_up_ != nullptr && !ready()) {  // nothing else to do: the warm-up's next pass
+          lock.unlock();
+          WarmUpPass();
+          continue;
+        }
         // Idle: the backend's upkeep (a lost device made again) when it is due.
         const std::optional<int64_t> due = backend_->MaintenanceDueInMs();
         if (!due.has_value()) {

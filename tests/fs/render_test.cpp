@@ -12,6 +12,10 @@ TEST(Render, DeviceFallbackIsReported) {
   EXPECT_EQ(EngineStatusText(s).find("device"), std::string::npos);
   EXPECT_EQ(EngineStatusJson(s)["device_lost"], false);
   EXPECT_EQ(EngineStatusJson(s)["device_losses"], 0);
+  EXPECT_EQ(EngineStatusJson(s)["backend_warming_up"], false);
+  s.backend_warming_up = true;
+  EXPECT_EQ(EngineStatusJson(s)["backend_warming_up"], true);
+  s.backend_warming_up = false;
   EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_cpu_fallback_steps_total 0\n"), std::string::npos);
   EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_device_losses_total 0\n"), std::string::npos);
 

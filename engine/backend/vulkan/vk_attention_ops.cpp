@@ -2,6 +2,7 @@
 // k_stage, k_chunks) and attention over them (attn_scores, softmax, attn_output, attn_reduce),
 // decode split over positions, several sequences side by side. The rest of Ops is in vk_ops.cpp.
 #include <algorithm>
+#include <bit>
 #include <numeric>
 #include <tuple>
 
@@ -100,6 +101,14 @@ constexpr int64_t kOutputSums = 32, kMaxOutputTokens = 8;
 // attn_scores' queries per workgroup with query tiles (Ops::ScoreQueries): the query heads of a
 // KV head (as attn_output takes them) by tokens.
 constexpr int64_t kScoreQueries = 16;
+
+// Query tokens a tile is sized for when a call has n_tokens: the power of two at or above it. A
+// tile's tokens past the call's are skipped, so 3 tokens run in a tile of 4 with the very values
+// of a tile of 3; sizes in powers of two keep the pipelines a daemon needs few (each tile size
+// is a pipeline of its own, compiled on first use: backend/warm_up.h makes them all).
+int64_t TileTokensFor(int64_t n_tokens) {
+  return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(n_tokens, 1))));
+}
 
 // attn_reduce's workgroup: a power of two in [64, kRowGroup] covering its heads' values.
 uint32_t ReduceGroup(int64_t values) {
@@ -287,7 +296,7 @@ Ops::ScoreTile Ops::ScoreQueries(const KvFormat& format, const AttentionShape& s
   ScoreTile tile;
   if (!query_tiles_) return tile;
   tile.heads = OutputHeads(shape);
-  tile.tokens = std::clamp<int64_t>(kScoreQueries / tile.heads, 1, std::max<int64_t>(n_tokens, 1));
+  tile.tokens = std::clamp<int64_t>(kScoreQueries / tile.heads, 1, TileTokensFor(n_tokens));
   // attn_scores' shared memory (its arrays, in words) must fit the device: fewer tokens, then
   // fewer heads, until it does (one query is what CheckAttentionShape allows for).
   const int64_t hd = shape.head_dim, blocks = hd / 32 + 1, wg = ScoreGroupPositions(format);
@@ -447,7 +456,8 @@ Result<Ops::AttnCall> Ops::PlanOutput(const KvView& kv, const AttentionShape& sh
   }
   // Several tokens a workgroup where each token's weights are a row of their own in `scores`.
   const int64_t tokens = query_tiles_ && stats == nullptr && n_splits == 1
-                             ? std::clamp<int64_t>(std::min(kOutputSums / heads, n_tokens), 1, kMaxOutputTokens)
+                             ? std::clamp<int64_t>(std::min(kOutputSums / heads, TileTokensFor(n_tokens)), 1,
+                                                   kMaxOutputTokens)
                              : 1;
   const uint32_t spec[] = {kRowGroup,
                            static_cast<uint32_t>(kv.format.type),

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include <spdlog/fmt/fmt.h>
+#include <spdlog/fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "engine/backend/vulkan/vk_context.h"
 
@@ -85,7 +87,9 @@ Result<const Pipeline*> PipelineCache::Get(const ShaderInterface& shader, std::s
   p->name = shader.name;
   p->constants.assign(constants.begin(), constants.end());
   const Pipeline* out = p.get();
+  spdlog::debug("vulkan: made the {} pipeline {}", shader.name, fmt::join(out->constants, ","));
   state->pipelines.emplace(std::move(key), std::move(p));
+  ++made_;
   return out;
 }
 

@@ -72,6 +72,8 @@ class PipelineCache {
   // compute shader). Unsupported unless made with capture_statistics.
   Result<std::vector<PipelineStatistic>> Statistics(const Pipeline& pipeline) const;
   bool captures_statistics() const { return capture_statistics_; }
+  // Pipelines made so far.
+  int64_t size() const { return made_; }
 
  private:
   // Specialization constants, unused ones zero, and how many there are.
@@ -86,6 +88,7 @@ class PipelineCache {
 
   VkDevice device_;
   bool capture_statistics_;
+  int64_t made_ = 0;
   std::map<std::string, ShaderState, std::less<>> shaders_;
 };
 

@@ -75,6 +75,8 @@ class VulkanBackend final : public Backend {
     return rec_->SubmitAndWait();
   }
   int64_t BlockCopies() const override { return kv_->copies(); }
+  bool CompilesOnFirstUse() const override { return true; }
+  int64_t KernelsMade() const override { return pipelines_->size(); }
   std::string TakeProfileReport() override { return rec_->TakeProfileReport(pipelines_.get()); }
   Status SetVulkanTuning(const VulkanTuning& tuning) override;
   // Test hooks (backend.h).

@@ -1,0 +1,196 @@
+// The warm-up of a backend that compiles its kernels on first use (backend/warm_up.h): after it,
+// the passes an agent's first turns run make no Vulkan pipeline, its scratch sequences leave no
+// device copy and change no result, and the engine runs it before the first turn. Runs on
+// lavapipe in CI; skips without a Vulkan device.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend/warm_up.h"
+#include "engine/runtime/engine.h"
+#include "tests/engine/engine_test_util.h"
+#include "tests/engine/vulkan_backend_fixture.h"
+#include "tests/test_support.h"
+
+namespace kvfs {
+namespace {
+
+using testing::VulkanBackendTest;
+
+// A pass: new tokens per sequence (0: not in the pass).
+using Pass = std::vector<int64_t>;
+
+// What agents' first turns run: a prompt then decode steps, follow-ups of a few tokens, two
+// agents' prompts together, a prompt beside another agent's decode, three agents decoding, a
+// long prompt decoded past attention's first split, and q4k key chunks completed by a decode
+// step alone (pass 14) and among four (the last). Returns the kernels each pass made.
+std::vector<int64_t> RunFirstTurns(Backend& backend, const KvLayout& layout, int64_t n_vocab) {
+  const std::vector<Pass> passes = {
+      {41, 0, 0, 0}, {1, 0, 0, 0}, {1, 0, 0, 0}, {5, 0, 0, 0},  {1, 0, 0, 0}, {9, 0, 0, 0}, {1, 0, 0, 0},
+      {0, 7, 11, 0}, {0, 1, 1, 0}, {0, 1, 1, 0}, {0, 1, 4, 0},  {1, 1, 1, 0}, {0, 0, 0, 190}, {0, 0, 0, 1},
+      {0, 0, 0, 1},  {2, 0, 0, 0}, {1, 0, 0, 0}, {0, 3, 0, 1},  {1, 1, 1, 1},
+  };
+  std::vector<std::unique_ptr<SequenceKv>> kv;
+  for (int i = 0; i < 4; ++i) {
+    kv.push_back(std::make_unique<SequenceKv>(layout, 512));
+    kv.back()->pool().TrackFreed();
+  }
+  std::vector<int64_t> made;
+  Logits logits;
+  for (const Pass& pass : passes) {
+    std::vector<std::vector<TokenId>> tokens;
+    for (size_t i = 0; i < pass.size(); ++i) {
+      tokens.emplace_back(static_cast<size_t>(pass[i]));
+      for (int64_t t = 0; t < pass[i]; ++t) tokens.back()[t] = static_cast<TokenId>((i * 1000 + t * 13 + 5) % n_vocab);
+    }
+    std::vector<SequenceStep> steps;
+    for (size_t i = 0; i < pass.size(); ++i) {
+      if (pass[i] > 0) steps.push_back({kv[i].get(), tokens[i], false});
+    }
+    const int64_t before = backend.KernelsMade();
+    logits.data.clear();
+    logits.first_row.clear();
+    const Status st = backend.Forward(steps, logits);
+    EXPECT_TRUE(st.ok()) << st.message();
+    made.push_back(backend.KernelsMade() - before);
+  }
+  std::vector<uint64_t> serials;  // the device copies go with the sequences
+  for (const auto& s : kv) {
+    for (int64_t b = 0; b < s->n_blocks(); ++b) serials.push_back(s->block(b)->serial);
+    const std::vector<uint64_t> freed = s->pool().TakeFreed();
+    serials.insert(serials.end(), freed.begin(), freed.end());
+  }
+  EXPECT_TRUE(backend.ForgetBlocks(serials).ok());
+  EXPECT_EQ(backend.BlockCopies(), 0);
+  return made;
+}
+
+TEST_F(VulkanBackendTest, WarmUpLeavesTheFirstTurnsNothingToCompile) {
+  ASSERT_TRUE(vulkan_->CompilesOnFirstUse());
+  for (const int64_t block_tokens : {256, 64}) {
+    const KvLayout layout = Layout("q4k", block_tokens);
+    auto report = WarmUpBackend(*vulkan_, layout, hp().n_vocab);
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    EXPECT_EQ(report->passes, 18);
+    if (block_tokens == 256) {  // a fresh backend: the warm-up made every kernel it has
+      EXPECT_GT(report->kernels_made, 20);
+      EXPECT_EQ(vulkan_->KernelsMade(), report->kernels_made);
+    }
+    EXPECT_EQ(vulkan_->BlockCopies(), 0) << "the scratch sequences' device copies are dropped";
+    const std::vector<int64_t> made = RunFirstTurns(*vulkan_, layout, hp().n_vocab);
+    for (size_t i = 0; i < made.size(); ++i) EXPECT_EQ(made[i], 0) << "pass " << i << ", blocks of " << block_tokens;
+  }
+  // Without the warm-up the same turns make kernels (what the check above would catch).
+  auto fresh = MakeVulkanBackend(*model_, VulkanOptions{});
+  ASSERT_TRUE(fresh.ok());
+  const std::vector<int64_t> made = RunFirstTurns(**fresh, Layout("q4k", 256), hp().n_vocab);
+  EXPECT_GT(made[0], 0);
+}
+
+TEST_F(VulkanBackendTest, WarmUpChangesNoResult) {
+  // The same steps on a warmed-up backend and on a fresh one: the same logits, bit for bit (a
+  // warm-up must leave no state behind: split counters, staged keys, device copies).
+  const KvLayout layout = Layout("q4k", 64);
+  ASSERT_TRUE(WarmUpBackend(*vulkan_, layout, hp().n_vocab).ok());
+  auto fresh = MakeVulkanBackend(*model_, VulkanOptions{});
+  ASSERT_TRUE(fresh.ok());
+  SequenceKv a(layout, 512), b(layout, 512);
+  std::vector<float> got = Step(*vulkan_, a, prompt_), want = Step(**fresh, b, prompt_);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(got, want);
+  for (TokenId t : {TokenId{17}, TokenId{300}, TokenId{4000}}) {
+    got = Step(*vulkan_, a, std::span<const TokenId>(&t, 1));
+    want = Step(**fresh, b, std::span<const TokenId>(&t, 1));
+    EXPECT_EQ(got, want) << "decoding token " << t;
+  }
+}
+
+class VulkanEngineWarmUpTest : public testing::EngineTestBase {};
+
+TEST_F(VulkanEngineWarmUpTest, TheEngineWarmsUpBeforeTheFirstTurn) {
+  KVFS_REQUIRE_VULKAN(ListVulkanDevices().status());
+  kv_ = "q4k";
+  block_tokens_ = 64;
+  // What a warm-up makes on a fresh backend, in the engine's default KV format.
+  int64_t warm_up_kernels = 0;
+  {
+    auto fresh = MakeVulkanBackend(*model_, VulkanOptions{});
+    ASSERT_TRUE(fresh.ok()) << fresh.status().message();
+    auto report = WarmUpBackend(**fresh, KvLayoutFor(model_->hparams(), Format("q4k"), 64), model_->hparams().n_vocab);
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    warm_up_kernels = report->kernels_made;
+  }
+  for (const bool warm_up : {true, false}) {
+    Backend* device = nullptr;
+    EngineOptions o = Options();
+    o.warm_up = warm_up;
+    o.make_backend = [&](const Model& m) -> Result<std::unique_ptr<Backend>> {
+      auto b = MakeVulkanBackend(m, VulkanOptions{});
+      if (b.ok()) device = b->get();
+      return b;
+    };
+    auto e = CreateEngine(o);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    EXPECT_EQ((*e)->Stats().backend_warming_up, warm_up);
+    WaitForWarmUp(**e);
+    const std::string agent = warm_up ? "warm" : "cold";
+    ASSERT_TRUE((*e)->CreateAgent(agent, 0).ok());
+    Greedy(**e, agent);
+    const testing::TurnOutcome out = testing::RunTurn(**e, agent, "Once upon a time, a little fox found a red ball.");
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    ASSERT_NE(device, nullptr);
+    if (warm_up) {
+      EXPECT_EQ(device->KernelsMade(), warm_up_kernels) << "the turn made kernels the warm-up had not";
+    } else {
+      EXPECT_GT(device->KernelsMade(), 0);
+      EXPECT_LT(device->KernelsMade(), warm_up_kernels);
+    }
+  }
+}
+
+TEST_F(VulkanEngineWarmUpTest, ATurnGoesBeforeTheRestOfTheWarmUp) {
+  // A turn written at once is not held up by the warm-up's passes (the engine runs them while it
+  // has nothing else to do): it replies as on a backend without warm-up, and the warm-up still
+  // ends afterwards.
+  KVFS_REQUIRE_VULKAN(ListVulkanDevices().status());
+  kv_ = "q4k";
+  block_tokens_ = 64;
+  std::vector<std::string> replies;
+  for (const bool warm_up : {false, true}) {
+    EngineOptions o = Options();
+    o.store_dir.clear();
+    o.warm_up = warm_up;
+    o.backend = "vulkan";
+    auto e = CreateEngine(o);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    ASSERT_TRUE((*e)->CreateAgent("a", 0).ok());
+    Greedy(**e, "a");
+    const testing::TurnOutcome out = testing::RunTurn(**e, "a", "The little fox ran to the river.");
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    replies.push_back(out.reply);
+    if (warm_up) {
+      WaitForWarmUp(**e);
+      ASSERT_TRUE((*e)->EraseAgent("a").ok());
+      EXPECT_EQ((*e)->Stats().device_block_copies, 0) << "the scratch sequences leave no device copy";
+    }
+  }
+  EXPECT_EQ(replies[0], replies[1]);
+}
+
+TEST_F(VulkanEngineWarmUpTest, PassesTheDeviceWouldNotRunAreSkipped) {
+  // A device KV budget too small for any block: every pass would run on the CPU behind the
+  // device (compiling nothing), so none runs.
+  KVFS_REQUIRE_VULKAN(ListVulkanDevices().status());
+  EngineOptions o = Options();
+  o.store_dir.clear();
+  o.backend = "vulkan";
+  o.kv_device_bytes = 1;
+  auto e = CreateEngine(o);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  WaitForWarmUp(**e);
+  EXPECT_EQ((*e)->Stats().cpu_fallback_steps, 0);
+  EXPECT_EQ((*e)->Stats().forward_passes, 0u);
+}
+
+}  // namespace
+}  // namespace kvfs
