@@ -75,9 +75,12 @@ class Backend {
   // shader variant a pass needs): the first passes of each shape then take seconds, unless
   // WarmUpBackend (warm_up.h) ran them first.
   virtual bool CompilesOnFirstUse() const { return false; }
-  // Whether a pass over `steps` would run on such kernels (FallbackBackend: on the device, not
-  // the CPU behind it): what a warm-up pass needs to be of use.
+  // Whether a pass over `steps` would run on such kernels (FallbackBackend: on a device not
+  // known lost, not on the CPU behind it): what a warm-up pass needs to be of use.
   virtual bool MakesKernelsFor(std::span<const SequenceStep> steps) const { return CompilesOnFirstUse() && Fits(steps); }
+  // A warm-up's pass: Forward, but never on the CPU behind a device (FallbackBackend: the device's
+  // error, kUnavailable where it cannot run the pass), which would make no kernel of the device's.
+  virtual Status ForwardOnDevice(std::span<const SequenceStep> steps, Logits& out) { return Forward(steps, out); }
   // Kernels made so far (Vulkan pipelines): tests check that a warm-up left none to make.
   virtual int64_t KernelsMade() const { return 0; }
   // Where device time went since the last call, as a table (kvfs bench --profile); empty

@@ -63,7 +63,12 @@ class FallbackBackend final : public Backend {
   int64_t BlockCopies() const override { return device_ != nullptr ? device_->BlockCopies() : 0; }
   bool CompilesOnFirstUse() const override { return device_ != nullptr && device_->CompilesOnFirstUse(); }
   bool MakesKernelsFor(std::span<const SequenceStep> steps) const override {
-    return device_ != nullptr && device_->MakesKernelsFor(steps);
+    return device_ != nullptr && !device_->Lost() && device_->MakesKernelsFor(steps);
+  }
+  // The device alone (a loss it reports is noticed by the next Forward, as any loss).
+  Status ForwardOnDevice(std::span<const SequenceStep> steps, Logits& out) override {
+    if (device_ == nullptr || device_->Lost()) return Unavailable("the device is lost");
+    return device_->ForwardOnDevice(steps, out);
   }
   int64_t KernelsMade() const override { return device_ != nullptr ? device_->KernelsMade() : 0; }
   std::string TakeProfileReport() override { return device_ != nullptr ? device_->TakeProfileReport() : ""; }

@@ -1,5 +1,6 @@
 #include "engine/backend/warm_up.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <memory>
@@ -95,10 +96,20 @@ Status BackendWarmUp::RunNextPass() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t kernels0 = backend_.KernelsMade();
   Logits logits;
-  Status status = backend_.Forward(steps, logits).WithContext(fmt::format("warm-up pass: {}", pass.what));
-  report_.kernels_made += backend_.KernelsMade() - kernels0;
+  Status status = backend_.ForwardOnDevice(steps, logits);
+  // (A device dropped meanwhile counts no kernels at all.)
+  report_.kernels_made += std::max<int64_t>(0, backend_.KernelsMade() - kernels0);
   report_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (status.ok()) ++report_.passes;
+  if (status.ok()) {
+    ++report_.passes;
+  } else if (status.code() == StatusCode::kUnavailable) {
+    // The device cannot run it (its memory is full, or it was lost): nor the rest, most likely.
+    report_.skipped += static_cast<int64_t>(std::size(kPasses) - next_) + 1;
+    next_ = std::size(kPasses);
+    status = Status::Ok();
+  } else {
+    status = status.WithContext(fmt::format("warm-up pass: {}", pass.what));
+  }
   if (!status.ok() || next_ == std::size(kPasses)) {
     const Status forgot = Finish();
     if (status.ok()) status = forgot;

@@ -15,7 +15,8 @@ namespace kvfs {
 
 struct WarmUpReport {
   int64_t passes = 0;        // forward passes run
-  int64_t skipped = 0;       // passes the device would not have run (the CPU would have)
+  int64_t skipped = 0;       // passes the device would not run (or after one it failed with
+                             // kUnavailable): never run on a CPU behind it
   int64_t kernels_made = 0;  // kernels the backend made during them (Backend::KernelsMade)
   double seconds = 0;        // in the passes
 };

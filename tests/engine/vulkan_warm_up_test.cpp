@@ -2,13 +2,16 @@
 // the passes an agent's first turns run make no Vulkan pipeline, its scratch sequences leave no
 // device copy and change no result, and the engine runs it before the first turn. Runs on
 // lavapipe in CI; skips without a Vulkan device.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/backend/fallback_backend.h"
 #include "engine/backend/warm_up.h"
 #include "engine/runtime/engine.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/engine/scripted_device.h"
 #include "tests/engine/vulkan_backend_fixture.h"
 #include "tests/test_support.h"
 
@@ -105,6 +108,30 @@ TEST_F(VulkanBackendTest, WarmUpChangesNoResult) {
   }
 }
 
+TEST_F(VulkanBackendTest, QueryTilesInPowersOfTwoGiveTheBitsOfExactTiles) {
+  // Attention's query tiles are sized in powers of two (fewer pipelines to warm up): prompts of
+  // 3, 5, 6 and 7 tokens run in tiles of 4 and 8 whose last tokens are skipped. Their logits
+  // equal, bit for bit, those of one query a workgroup (query tiles off), at depth 0 and after
+  // an earlier prompt.
+  VulkanOptions untiled;
+  untiled.query_tiles = false;
+  auto plain = MakeVulkanBackend(*model_, untiled);
+  ASSERT_TRUE(plain.ok());
+  for (const char* kv : {"f16", "q4k"}) {
+    for (const int64_t n : {3, 5, 6, 7}) {
+      for (const int64_t depth : {0, 9}) {
+        SequenceKv a(Layout(kv, 64), 64), b(Layout(kv, 64), 64);
+        const std::span<const TokenId> tokens(prompt_);
+        if (depth > 0) {
+          EXPECT_EQ(Step(*vulkan_, a, tokens.first(depth)), Step(**plain, b, tokens.first(depth)));
+        }
+        EXPECT_EQ(Step(*vulkan_, a, tokens.subspan(depth, n)), Step(**plain, b, tokens.subspan(depth, n)))
+            << kv << ", a prompt of " << n << " tokens after " << depth;
+      }
+    }
+  }
+}
+
 class VulkanEngineWarmUpTest : public testing::EngineTestBase {};
 
 TEST_F(VulkanEngineWarmUpTest, TheEngineWarmsUpBeforeTheFirstTurn) {
@@ -148,19 +175,52 @@ TEST_F(VulkanEngineWarmUpTest, TheEngineWarmsUpBeforeTheFirstTurn) {
   }
 }
 
+// Forwards to a backend and notes, pass by pass, whether an agent's sequence took part: the
+// engine gives an agent's KV the whole context (n_ctx positions), the warm-up's scratch
+// sequences far fewer.
+class RecordingBackend final : public Backend {
+ public:
+  RecordingBackend(std::unique_ptr<Backend> inner, int64_t n_ctx, std::vector<bool>* agent_passes)
+      : inner_(std::move(inner)), n_ctx_(n_ctx), agent_passes_(agent_passes) {}
+  const char* name() const override { return inner_->name(); }
+  Status Forward(std::span<const SequenceStep> steps, Logits& out) override {
+    bool agent = false;
+    for (const SequenceStep& s : steps) agent = agent || s.kv->max_tokens() == n_ctx_;
+    agent_passes_->push_back(agent);  // the engine thread only, as every Forward
+    return inner_->Forward(steps, out);
+  }
+  bool Fits(std::span<const SequenceStep> steps) const override { return inner_->Fits(steps); }
+  bool Lost() const override { return inner_->Lost(); }
+  bool KeepsBlockCopies() const override { return inner_->KeepsBlockCopies(); }
+  Status ForgetBlocks(std::span<const uint64_t> serials) override { return inner_->ForgetBlocks(serials); }
+  int64_t BlockCopies() const override { return inner_->BlockCopies(); }
+  bool CompilesOnFirstUse() const override { return inner_->CompilesOnFirstUse(); }
+  int64_t KernelsMade() const override { return inner_->KernelsMade(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  int64_t n_ctx_;
+  std::vector<bool>* agent_passes_;
+};
+
 TEST_F(VulkanEngineWarmUpTest, ATurnGoesBeforeTheRestOfTheWarmUp) {
   // A turn written at once is not held up by the warm-up's passes (the engine runs them while it
-  // has nothing else to do): it replies as on a backend without warm-up, and the warm-up still
-  // ends afterwards.
+  // has nothing else to do): its passes come before the warm-up's last ones, it replies as on a
+  // backend without warm-up, and the warm-up still ends afterwards.
   KVFS_REQUIRE_VULKAN(ListVulkanDevices().status());
   kv_ = "q4k";
   block_tokens_ = 64;
   std::vector<std::string> replies;
   for (const bool warm_up : {false, true}) {
+    std::vector<bool> agent_passes;
     EngineOptions o = Options();
     o.store_dir.clear();
     o.warm_up = warm_up;
-    o.backend = "vulkan";
+    o.n_ctx = 2048;
+    o.make_backend = [&](const Model& m) -> Result<std::unique_ptr<Backend>> {
+      KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, MakeVulkanBackend(m, VulkanOptions{}));
+      return std::unique_ptr<Backend>(std::make_unique<RecordingBackend>(std::move(b), o.n_ctx, &agent_passes));
+    };
     auto e = CreateEngine(o);
     ASSERT_TRUE(e.ok()) << e.status().message();
     ASSERT_TRUE((*e)->CreateAgent("a", 0).ok());
@@ -168,11 +228,16 @@ TEST_F(VulkanEngineWarmUpTest, ATurnGoesBeforeTheRestOfTheWarmUp) {
     const testing::TurnOutcome out = testing::RunTurn(**e, "a", "The little fox ran to the river.");
     ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
     replies.push_back(out.reply);
-    if (warm_up) {
-      WaitForWarmUp(**e);
-      ASSERT_TRUE((*e)->EraseAgent("a").ok());
-      EXPECT_EQ((*e)->Stats().device_block_copies, 0) << "the scratch sequences leave no device copy";
-    }
+    if (!warm_up) continue;
+    WaitForWarmUp(**e);
+    ASSERT_TRUE((*e)->EraseAgent("a").ok());
+    EXPECT_EQ((*e)->Stats().device_block_copies, 0) << "the scratch sequences leave no device copy";
+    e->reset();  // the engine thread is done with agent_passes
+    const auto first_agent = std::find(agent_passes.begin(), agent_passes.end(), true);
+    ASSERT_NE(first_agent, agent_passes.end());
+    const auto warm_up_after = std::find(first_agent, agent_passes.end(), false);
+    EXPECT_NE(warm_up_after, agent_passes.end()) << "every warm-up pass ran before the turn's first";
+    EXPECT_EQ(std::count(agent_passes.begin(), agent_passes.end(), false), 18);
   }
   EXPECT_EQ(replies[0], replies[1]);
 }
@@ -189,7 +254,28 @@ TEST_F(VulkanEngineWarmUpTest, PassesTheDeviceWouldNotRunAreSkipped) {
   ASSERT_TRUE(e.ok()) << e.status().message();
   WaitForWarmUp(**e);
   EXPECT_EQ((*e)->Stats().cpu_fallback_steps, 0);
-  EXPECT_EQ((*e)->Stats().forward_passes, 0u);
+}
+
+TEST_F(VulkanEngineWarmUpTest, AWarmUpNeverRunsOnTheCpuBehindADevice) {
+  // A device known lost, or one that fails a pass with kUnavailable (memory full): the warm-up
+  // stops there instead of running its passes on the CPU behind the device (FallbackBackend),
+  // where they would make none of the device's kernels. (A scripted device: no Vulkan needed.)
+  const KvLayout layout = KvLayoutFor(model_->hparams(), Format("q4k"), 64);
+  for (const int full_after : {-2, 0, 3}) {  // -2: lost before the warm-up
+    auto device = std::make_unique<testing::ScriptedDevice>(*model_, CpuOptions{1, nullptr});
+    testing::ScriptedDevice* scripted = device.get();
+    scripted->compiles = true;
+    scripted->lost = full_after == -2;
+    scripted->full_after = std::max(full_after, -1);
+    FallbackBackend backend(*model_, std::move(device), CpuOptions{1, nullptr});
+    auto report = WarmUpBackend(backend, layout, model_->hparams().n_vocab);
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    const int ran = std::max(full_after, 0);
+    EXPECT_EQ(report->passes, ran) << "full after " << full_after;
+    EXPECT_EQ(report->skipped, 18 - ran) << "full after " << full_after;
+    EXPECT_EQ(scripted->passes.load(), ran);
+    EXPECT_EQ(backend.stats().cpu_passes, 0) << "full after " << full_after;
+  }
 }
 
 }  // namespace

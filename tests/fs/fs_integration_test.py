@@ -690,7 +690,7 @@ def vulkan_daemon_serves_as_the_cpu(t):
         raise Skip('the fake engine has no backend (kvfsd runs this)')
     if KVFS_CLI is None:
         raise Skip('no kvfs CLI given to list Vulkan devices')
-    r = subprocess.run([KVFS_CLI, 'devices'], capture_output=True, text=True)
+    r = subprocess.run([KVFS_CLI, 'devices'], capture_output=True, text=True, timeout=120)
     if 'built without the Vulkan backend' in r.stderr:
         raise Skip('kvfsd is built without the Vulkan backend (KVFS_VULKAN=OFF)')
     if r.returncode != 0:
@@ -788,6 +788,8 @@ def vulkan_daemon_serves_as_the_cpu(t):
         now = sh('cat %s/amy/transcript' % m, check_rc=0).stdout
         if len(now) > len(before) + 60:
             break
+        if json.loads(sh('cat %s/amy/status.json' % m, check_rc=0).stdout)['queued_turns'] == 0:
+            break  # a short reply ended already: kill -9 after the turn
         time.sleep(0.01)
     d.stop(signal.SIGKILL)
     d.start()
