@@ -118,26 +118,39 @@ Status Engine::MakeBackend() {
 void Engine::StartWarmUp() {
   Result<KvFormat> format = FormatFor(DefaultSettings());
   if (!format.ok()) return;  // Init checked it
-  warm_up_ = std::make_unique<BackendWarmUp>(*backend_, KvLayoutFor(model_->hparams(), *format, options_.block_tokens),
-                                             model_->hparams().n_vocab);
+  // The default format first (new agents'), then those of restored agents in other formats.
   std::lock_guard lock(mu_);
+  warm_up_formats_ = {*format};
+  for (const auto& [name, a] : agents_) {
+    if (std::find(warm_up_formats_.begin(), warm_up_formats_.end(), a->format) == warm_up_formats_.end()) {
+      warm_up_formats_.push_back(a->format);
+    }
+  }
+  std::reverse(warm_up_formats_.begin(), warm_up_formats_.end());  // taken from the back
   counters_.backend_warming_up = true;
 }
 
 void Engine::WarmUpPass() {
+  if (warm_up_ == nullptr) {
+    warm_up_format_ = warm_up_formats_.back();
+    warm_up_formats_.pop_back();
+    warm_up_ = std::make_unique<BackendWarmUp>(
+        *backend_, KvLayoutFor(model_->hparams(), warm_up_format_, options_.block_tokens), model_->hparams().n_vocab);
+  }
   const Status s = warm_up_->RunNextPass();
   NoteBackendHealth();  // a pass may have lost the device
   if (!s.ok()) {
-    spdlog::warn("engine: warming up the {} backend failed ({}); turns make the kernels they need", backend_name_,
-                 s.message());
+    spdlog::warn("engine: warming up the {} backend for {} KV failed ({}); turns make the kernels they need",
+                 backend_name_, warm_up_format_.Name(), s.message());
   } else if (warm_up_->done()) {
     const WarmUpReport& r = warm_up_->report();
-    spdlog::info("engine: {} backend warmed up: {} passes made {} kernels in {:.2f} s{}", backend_name_, r.passes,
-                 r.kernels_made, r.seconds,
+    spdlog::info("engine: {} backend warmed up for {} KV: {} passes made {} kernels in {:.2f} s{}", backend_name_,
+                 warm_up_format_.Name(), r.passes, r.kernels_made, r.seconds,
                  r.skipped > 0 ? fmt::format(" ({} passes skipped: the device would not run them)", r.skipped) : "");
   }
   if (!warm_up_->done()) return;
   warm_up_.reset();
+  if (!warm_up_formats_.empty()) return;
   std::lock_guard lock(mu_);
   counters_.backend_warming_up = false;
 }

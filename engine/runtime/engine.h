@@ -42,9 +42,10 @@ struct EngineOptions {
                                   // of the device's (steps over it run on the CPU)
   std::string vulkan_tuning;      // Vulkan: a file of kvfs tune's (used when made for this device
                                   // and model); empty: the default settings
-  // Run the backend over scratch sequences of the shapes turns start with, when it makes
-  // kernels on first use (Vulkan: backend/warm_up.h), so that turns do not wait for the
-  // driver's compiler. Pass by pass while the engine has no turn to run: turns go first.
+  // Run the backend over scratch sequences of the shapes turns start with, in the default KV
+  // format and in those of the restored agents, when it makes kernels on first use (Vulkan:
+  // backend/warm_up.h), so that turns do not wait for the driver's compiler. Pass by pass while
+  // the engine has no turn to run: turns go first.
   bool warm_up = true;
   // The file system under store_dir; null: the real one. Tests pass a fault-injecting one
   // (store/fault_fs.h); it must outlive the engine.

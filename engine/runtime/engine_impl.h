@@ -275,15 +275,19 @@ class Engine final : public AgentEngine {
   const EngineOptions options_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<BackendWarmUp> warm_up_;  // engine thread; until done (declared after backend_:
-                                            // destroyed first, it drops its device copies)
+  // The warm-up (engine thread; declared after backend_: destroyed first, it drops its device
+  // copies): the one running, its KV format, and the formats still to warm up (last first).
+  std::unique_ptr<BackendWarmUp> warm_up_;
+  KvFormat warm_up_format_;
+  std::vector<KvFormat> warm_up_formats_;
   std::string backend_name_;  // "cpu" or "vulkan: DEVICE"
   // backend_name_, and what became of the device (a lost one: the CPU runs every pass).
   std::string BackendName();
   // Backend choice (EngineOptions::backend), with the CPU as fallback.
   Status MakeBackend();
-  // EngineOptions::warm_up: the backend's warm-up in the default KV format, made at start and
-  // run pass by pass by the engine thread while it has no turn to run (turns go first).
+  // EngineOptions::warm_up: the backend's warm-up in the default KV format and those of the
+  // restored agents, planned at start and run pass by pass by the engine thread while it has no
+  // turn to run (turns go first).
   void StartWarmUp();
   void WarmUpPass();
   // Engine thread: device copies of the blocks the pool freed since the last call are zeroed

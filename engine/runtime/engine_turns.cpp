@@ -66,7 +66,7 @@ void Engine::EngineLoop() {
       };
       auto ready = [&] { return stopping_ || !tasks_.empty() || startable(); };
       if (active_.empty()) {
-        if (warm_up_ != nullptr && !ready()) {  // nothing else to do: the warm-up's next pass
+        if ((warm_up_ != nullptr || !warm_up_formats_.empty()) && !ready()) {  // else idle: warm up
           lock.unlock();
           WarmUpPass();
           continue;

@@ -175,6 +175,48 @@ TEST_F(VulkanEngineWarmUpTest, TheEngineWarmsUpBeforeTheFirstTurn) {
   }
 }
 
+TEST_F(VulkanEngineWarmUpTest, RestoredAgentsFormatsAreWarmedUpToo) {
+  // An agent stored with f16 KV (new agents get q4k): after a restart the warm-up covers f16 as
+  // well, so the agent's next turn makes no pipeline.
+  KVFS_REQUIRE_VULKAN(ListVulkanDevices().status());
+  kv_ = "q4k";
+  block_tokens_ = 64;
+  EngineOptions o = Options();
+  o.warm_up = false;
+  {
+    auto e = CreateEngine(o);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    ASSERT_TRUE((*e)->CreateAgent("f16", 0).ok());
+    Greedy(**e, "f16", "f16");
+    ASSERT_TRUE(testing::RunTurn(**e, "f16", "Once upon a time there was a cat.").stats.ok());
+  }
+  int64_t q4k_only = 0;  // what a warm-up in the default format alone makes
+  {
+    auto fresh = MakeVulkanBackend(*model_, VulkanOptions{});
+    ASSERT_TRUE(fresh.ok());
+    auto report = WarmUpBackend(**fresh, KvLayoutFor(model_->hparams(), Format("q4k"), 64), model_->hparams().n_vocab);
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    q4k_only = report->kernels_made;
+  }
+  Backend* device = nullptr;
+  o.warm_up = true;
+  o.make_backend = [&](const Model& m) -> Result<std::unique_ptr<Backend>> {
+    auto b = MakeVulkanBackend(m, VulkanOptions{});
+    if (b.ok()) device = b->get();
+    return b;
+  };
+  auto e = CreateEngine(o);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  WaitForWarmUp(**e);
+  ASSERT_NE(device, nullptr);
+  const int64_t warmed = device->KernelsMade();
+  EXPECT_GT(warmed, q4k_only) << "f16's kernels were made too";
+  const testing::TurnOutcome out = testing::RunTurn(**e, "f16", "And then the cat slept.");
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_GT(out.stats->reused_tokens, 0);
+  EXPECT_EQ(device->KernelsMade(), warmed) << "the f16 agent's turn made pipelines the warm-up had not";
+}
+
 // Forwards to a backend and notes, pass by pass, whether an agent's sequence took part: the
 // engine gives an agent's KV the whole context (n_ctx positions), the warm-up's scratch
 // sequences far fewer.
