@@ -3,6 +3,7 @@
 // device copy and change no result, and the engine runs it before the first turn. Runs on
 // lavapipe in CI; skips without a Vulkan device.
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -132,30 +133,39 @@ TEST_F(VulkanBackendTest, QueryTilesInPowersOfTwoGiveTheBitsOfExactTiles) {
   }
 }
 
-class VulkanEngineWarmUpTest : public testing::EngineTestBase {};
+class VulkanEngineWarmUpTest : public testing::EngineTestBase {
+ protected:
+  // Kernels a warm-up in KV `kv` (blocks of 64) makes on a fresh Vulkan backend.
+  int64_t FreshWarmUpKernels(const char* kv) {
+    auto fresh = MakeVulkanBackend(*model_, VulkanOptions{});
+    EXPECT_TRUE(fresh.ok()) << fresh.status().message();
+    if (!fresh.ok()) return -1;
+    auto report = WarmUpBackend(**fresh, KvLayoutFor(model_->hparams(), Format(kv), 64), model_->hparams().n_vocab);
+    EXPECT_TRUE(report.ok()) << report.status().message();
+    return report.ok() ? report->kernels_made : -1;
+  }
+  // An EngineOptions::make_backend for a Vulkan backend that leaves it in *device as well.
+  static std::function<Result<std::unique_ptr<Backend>>(const Model&)> VulkanInto(Backend** device) {
+    return [device](const Model& m) -> Result<std::unique_ptr<Backend>> {
+      auto b = MakeVulkanBackend(m, VulkanOptions{});
+      if (b.ok()) *device = b->get();
+      return b;
+    };
+  }
+};
 
 TEST_F(VulkanEngineWarmUpTest, TheEngineWarmsUpBeforeTheFirstTurn) {
   KVFS_REQUIRE_VULKAN(ListVulkanDevices().status());
   kv_ = "q4k";
   block_tokens_ = 64;
   // What a warm-up makes on a fresh backend, in the engine's default KV format.
-  int64_t warm_up_kernels = 0;
-  {
-    auto fresh = MakeVulkanBackend(*model_, VulkanOptions{});
-    ASSERT_TRUE(fresh.ok()) << fresh.status().message();
-    auto report = WarmUpBackend(**fresh, KvLayoutFor(model_->hparams(), Format("q4k"), 64), model_->hparams().n_vocab);
-    ASSERT_TRUE(report.ok()) << report.status().message();
-    warm_up_kernels = report->kernels_made;
-  }
+  const int64_t warm_up_kernels = FreshWarmUpKernels("q4k");
+  ASSERT_GT(warm_up_kernels, 0);
   for (const bool warm_up : {true, false}) {
     Backend* device = nullptr;
     EngineOptions o = Options();
     o.warm_up = warm_up;
-    o.make_backend = [&](const Model& m) -> Result<std::unique_ptr<Backend>> {
-      auto b = MakeVulkanBackend(m, VulkanOptions{});
-      if (b.ok()) device = b->get();
-      return b;
-    };
+    o.make_backend = VulkanInto(&device);
     auto e = CreateEngine(o);
     ASSERT_TRUE(e.ok()) << e.status().message();
     EXPECT_EQ((*e)->Stats().backend_warming_up, warm_up);
@@ -190,21 +200,11 @@ TEST_F(VulkanEngineWarmUpTest, RestoredAgentsFormatsAreWarmedUpToo) {
     Greedy(**e, "f16", "f16");
     ASSERT_TRUE(testing::RunTurn(**e, "f16", "Once upon a time there was a cat.").stats.ok());
   }
-  int64_t q4k_only = 0;  // what a warm-up in the default format alone makes
-  {
-    auto fresh = MakeVulkanBackend(*model_, VulkanOptions{});
-    ASSERT_TRUE(fresh.ok());
-    auto report = WarmUpBackend(**fresh, KvLayoutFor(model_->hparams(), Format("q4k"), 64), model_->hparams().n_vocab);
-    ASSERT_TRUE(report.ok()) << report.status().message();
-    q4k_only = report->kernels_made;
-  }
+  const int64_t q4k_only = FreshWarmUpKernels("q4k");  // a warm-up in the default format alone
+  ASSERT_GT(q4k_only, 0);
   Backend* device = nullptr;
   o.warm_up = true;
-  o.make_backend = [&](const Model& m) -> Result<std::unique_ptr<Backend>> {
-    auto b = MakeVulkanBackend(m, VulkanOptions{});
-    if (b.ok()) device = b->get();
-    return b;
-  };
+  o.make_backend = VulkanInto(&device);
   auto e = CreateEngine(o);
   ASSERT_TRUE(e.ok()) << e.status().message();
   WaitForWarmUp(**e);
