@@ -3,10 +3,15 @@
 # per model and KV format, and the decode bandwidth as a fraction of what the device's memory
 # moves in a copy. Run from the repository root there, with .gpu/ (scripts/gpu_bundle.sh) carried:
 #   bash scripts/gpu_bench.sh
-# Writes three files into $OUT (the device tool's folder, which returns at most 8; else
-# /tmp/kvfs-gpu): gpu.txt (nvidia-smi, kvfs devices, copy bandwidth), summary.txt and runs.tgz
+# First it runs the Vulkan tests on the device (lavapipe, where CI runs them, executes a
+# dispatch's workgroups nearly in order; a GPU runs them at once, which the one-pass split sums
+# and the SwiGLU epilogue's counters depend on). Writes four files into $OUT (the device tool's
+# folder, which returns at most 8; else /tmp/kvfs-gpu): tests.txt (the tests' failures and
+# totals), gpu.txt (nvidia-smi, kvfs devices, copy bandwidth), summary.txt and runs.tgz
 # (PRESET-KV-dDEPTH.json and .err per run, PRESET-shaders.txt from kvfs shaders), the last two rewritten after every run so that a
 # command cut short still returns what it measured. Settings by environment:
+#   KVFS_GPU_TESTS    gtest filter of the tests run first (default "*Vulkan*"; "none" skips
+#                     them), at most KVFS_GPU_TESTS_TIMEOUT seconds (default 240)
 #   KVFS_GPU_PRESETS  synth_gguf.py presets, Q4_0 (default "tinyllama-1.1b llama3.1-8b")
 #   KVFS_GPU_KV       KV formats (default "f16 q4 q4k")
 #   KVFS_GPU_DEPTHS   tokens already in the context (default "0 3500"; every model at one depth
@@ -45,6 +50,32 @@ kvfs=.gpu/bin/kvfs
 $kvfs devices > /dev/null || { echo "gpu_bench: no Vulkan device (kvfs devices failed)" >&2; exit 2; }
 models=/tmp/kvfs-models
 mkdir -p "$models"
+
+# The Vulkan tests, on this device, against the CPU's scalar reference and the golden data.
+# CI=true: a test that finds no device or no data fails instead of skipping.
+filter=${KVFS_GPU_TESTS:-*Vulkan*}
+if [ "$filter" != none ]; then
+  start=$SECONDS
+  {
+    echo "== kvfs_tests --gtest_filter=$filter"
+    bash .gpu/shared/tools/make_test_models.sh /tmp/kvfs-testmodels > /dev/null || echo "gpu_bench: make_test_models.sh failed"
+    # In 8 shards at once: the tests' CPU references take most of their time off lavapipe.
+    shards=8 failed=0
+    for i in $(seq 0 $((shards - 1))); do
+      CI=true KVFS_TEST_DATA="$PWD/.gpu/shared" KVFS_TEST_MODELS=/tmp/kvfs-testmodels \
+        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${KVFS_GPU_TESTS_TIMEOUT:-240}" \
+        .gpu/bin/kvfs_tests --gtest_filter="$filter" --gtest_brief=1 > "$runs/tests-$i.txt" 2>&1 &
+    done
+    for i in $(seq 0 $((shards - 1))); do
+      wait -n || failed=$((failed + 1))
+    done
+    for i in $(seq 0 $((shards - 1))); do
+      echo "-- shard $i"; grep -Ev '^\[[0-9-]+ [0-9:.]+\] \[info\]|^Running main' "$runs/tests-$i.txt"
+    done
+    echo "== kvfs_tests: $failed of $shards shards failed or timed out, $((SECONDS - start)) s"
+  } > "$out/tests.txt" 2>&1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^== kvfs_tests' "$out/tests.txt"
+fi
 
 {
   echo "== nvidia-smi"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
@@ -102,7 +133,7 @@ EOF
 presets=${KVFS_GPU_PRESETS:-"tinyllama-1.1b llama3.1-8b"}
 for p in $presets; do
   m="$models/$p-Q4_0.gguf"
-  [ -f "$m" ] || python3 .gpu/synth/tools/synth_gguf.py --preset "$p" --type Q4_0 -o "$m" -q || exit 1
+  [ -f "$m" ] || python3 .gpu/shared/tools/synth_gguf.py --preset "$p" --type Q4_0 -o "$m" -q || exit 1
   # What the device's compiler made of the matrix shaders (registers, spills, occupancy): the
   # same report RADV's null device gives without a GPU (docs/performance.md).
   $kvfs shaders -m "$m" > "$runs/$p-shaders.txt" 2>&1 || echo "gpu_bench: kvfs shaders $p failed" >&2
