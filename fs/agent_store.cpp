@@ -18,6 +18,10 @@ namespace {
 constexpr uint32_t kRootMode = 01777;  // anyone may mkdir an agent; only its owner may remove it
 constexpr uint32_t kAgentDirMode = 0700;
 constexpr double kDirAttrTimeout = 1.0;
+// An agent directory's mtime is its last turn: cached, it would go stale for a second after
+// each one, and tar, which compares a directory's times before and after reading it, would
+// warn that it changed while it was read. Its getattr is cheap (no engine thread).
+constexpr double kAgentDirAttrTimeout = 0.0;
 
 uint32_t PrimaryGroupOf(uint32_t uid) {
   struct passwd pw {};
@@ -111,7 +115,7 @@ Attr AgentStore::AgentDirAttr(const AgentRecord& agent, const AgentInfo* info, I
   a.nlink = 2;
   a.size = 4096;
   a.mtime_ms = info != nullptr ? info->updated_ms : root_mtime_ms_.load();
-  a.attr_timeout_s = kDirAttrTimeout;
+  a.attr_timeout_s = kAgentDirAttrTimeout;
   return a;
 }
 
@@ -133,7 +137,7 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
     case NodeKind::kSpecialFile:
       a.mode = 0444;
       a.mtime_ms = Now();
-      if (node.special == SpecialFile::kAuditLog) a.size = audit_->Size();
+      a.size = node.special == SpecialFile::kAuditLog ? audit_->Size() : RenderedSize(node);
       return a;
     case NodeKind::kPrefixFile: {
       a.mode = 0644;
@@ -175,13 +179,31 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
       break;
     }
     case AgentFile::kResponse: {
-      std::lock_guard lock(node.agent->mu);
-      if (node.agent->latest) a.size = node.agent->latest->reply.size();
+      bool bound = false;
+      {
+        std::lock_guard lock(node.agent->mu);
+        if (node.agent->latest) a.size = node.agent->latest->reply.size(), bound = true;
+      }
+      if (!bound) a.size = LastReplyText(node.agent).size();  // what an open serves then
       break;
     }
-    default: break;  // generated at open (prompt, status.json, kv.safetensors): size 0, like /proc
+    // Generated at open, but sized as an open now would make them, since tar and rsync read as
+    // many bytes as the size says (a /proc-like 0 gave them empty files); a change between the
+    // stat and the open makes tar warn, as for any file that changes while it is read.
+    case AgentFile::kStatus: a.size = RenderedSize(node); break;
+    case AgentFile::kKvCache: {
+      Result<uint64_t> size = engine_.ExportSize(agent.name);
+      a.size = size.ok() ? *size : 0;  // an agent whose state cannot be read: its open says why
+      break;
+    }
+    case AgentFile::kPrompt: break;  // write-only
   }
   return a;
+}
+
+uint64_t AgentStore::RenderedSize(const Node& node) {
+  Result<std::string> text = RenderFile(node);
+  return text.ok() ? text->size() : 0;
 }
 
 Result<Attr> AgentStore::GetAttr(InodeId ino) {

@@ -183,6 +183,7 @@ class AgentStore {
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
   Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
   Result<std::string> RenderFile(const Node& node);
+  uint64_t RenderedSize(const Node& node);  // RenderFile's size, 0 when it fails
   Status ApplyPrefix(Handle& handle);
   void DropPendingPrefix(const std::string& name, InodeId ino);
 

@@ -151,6 +151,10 @@ class AgentEngine {
   virtual Result<store::EraseReport> EraseCache(const std::string& name) = 0;
   // The agent's cache as a safetensors file (see engine/store/safetensors.h).
   virtual Result<std::string> ExportCache(const std::string& name) = 0;
+  // The size ExportCache's file has while the cache stays as it is, without assembling it (the
+  // header's cost: a JSON dump of the token ids and the conversation): kv.safetensors's size in
+  // `ls -l`, so that tar and rsync, which read a file's size in bytes, archive all of it.
+  virtual Result<uint64_t> ExportSize(const std::string& name) = 0;
   // Replaces the agent's cache and conversation with an imported file. kInvalidArgument for a
   // file of another model or format, truncated or garbage; nothing changes then.
   virtual Status ImportCache(const std::string& name, std::string_view safetensors_bytes) = 0;

@@ -7,6 +7,7 @@
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
@@ -158,6 +159,63 @@ store::KvGeometry GeometryOf(const HParams& hp, const KvFormat& f) {
 
 }  // namespace
 
+store::CacheExportInfo Engine::ExportInfoOf(const AgentRecord& a, int64_t n_cached) const {
+  store::CacheExportInfo info;
+  info.model_fingerprint = fingerprint_;
+  info.n_cached = n_cached;
+  // No cache: written in the format the next one will have (so it imports back after a
+  // settings change); else in the format the cache is in.
+  auto next = FormatFor(a.settings);
+  info.geometry = GeometryOf(model_->hparams(), n_cached == 0 && next.ok() ? *next : a.format);
+  info.tokens.assign(a.tokens.begin(), a.tokens.end());
+  info.conversation = a.conversation;
+  // The text behind the tokens lets an importer match its next turn by characters (EXTEND)
+  // instead of re-encoding, which rarely gives back the sampled tokens.
+  if (n_cached == static_cast<int64_t>(info.tokens.size())) info.context_text = a.cached_text;
+  return info;
+}
+
+Result<uint64_t> Engine::ExportSize(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = agents_.find(name);
+  if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
+  AgentRecord& a = *it->second;
+  KVFS_RETURN_IF_ERROR(RefuseIfUnreadable(a));
+  // Every token has its K/V rows in the committed blocks and tail (the cache never lags its
+  // tokens), so an export holds them all; one whose blocks cannot be read any more comes out
+  // shorter than this.
+  const int64_t n_cached = static_cast<int64_t>(a.tokens.size());
+  // The key: what ExportInfoOf gives the header (the geometry, the tokens, the conversation
+  // and the text behind the tokens; the fingerprint is the engine's), lengths before strings.
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_128bits_reset(state);
+  auto add = [&](const void* p, size_t n) { XXH3_128bits_update(state, p, n); };
+  auto add_string = [&](const std::string& s) {
+    const uint64_t n = s.size();
+    add(&n, sizeof n);
+    add(s.data(), s.size());
+  };
+  auto next = FormatFor(a.settings);
+  const store::KvGeometry g = GeometryOf(model_->hparams(), n_cached == 0 && next.ok() ? *next : a.format);
+  add_string(g.kv_type);
+  const int64_t shape[] = {g.group, g.rotate ? 1 : 0, g.chunk, n_cached};
+  add(shape, sizeof shape);
+  add(a.tokens.data(), a.tokens.size() * sizeof(TokenId));
+  for (const ConversationTurn& t : a.conversation) {
+    add_string(t.role);
+    add_string(t.text);
+  }
+  add_string(a.cached_text);
+  const XXH128_hash_t key = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  if (a.export_key[0] == key.low64 && a.export_key[1] == key.high64 && a.export_bytes > 0) return a.export_bytes;
+  KVFS_ASSIGN_OR_RETURN(const uint64_t bytes, store::KvSafetensorsBytes(ExportInfoOf(a, n_cached)));
+  a.export_key[0] = key.low64;
+  a.export_key[1] = key.high64;
+  a.export_bytes = bytes;
+  return bytes;
+}
+
 Result<std::string> Engine::ExportCache(const std::string& name) {
   // Engine thread: a consistent snapshot of the committed cache, held by references (blocks are
   // immutable once named); the file is assembled on the calling thread.
@@ -211,17 +269,7 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     }
     std::lock_guard lock(mu_);
     s.erasures_begun = erasures_begun_;
-    s.info.model_fingerprint = fingerprint_;
-    s.info.n_cached = full + s.tail_tokens;
-    // No cache: written in the format the next one will have (so it imports back after a
-    // settings change); else in the format the cache is in.
-    auto next = FormatFor(a->settings);
-    s.info.geometry = GeometryOf(model_->hparams(), s.info.n_cached == 0 && next.ok() ? *next : a->format);
-    s.info.tokens.assign(a->tokens.begin(), a->tokens.end());
-    s.info.conversation = a->conversation;
-    // The text behind the tokens lets an importer match its next turn by characters (EXTEND)
-    // instead of re-encoding, which rarely gives back the sampled tokens.
-    if (s.info.n_cached == static_cast<int64_t>(s.info.tokens.size())) s.info.context_text = a->cached_text;
+    s.info = ExportInfoOf(*a, full + s.tail_tokens);
     return s;
   });
   if (!snap.ok()) return snap.status();

@@ -32,6 +32,7 @@
 #include "engine/runtime/engine.h"
 #include "engine/store/cache_store.h"
 #include "engine/store/fs.h"
+#include "engine/store/safetensors.h"
 
 namespace kvfs::engine_internal {
 
@@ -57,6 +58,10 @@ struct AgentRecord {
   std::string unreadable;
   int64_t disk_bytes = 0;
   uint64_t hits = 0;
+  // ExportSize's last answer, with a hash of everything it depends on: computing it costs a
+  // JSON dump of the conversation (~0.3 ms for 2k tokens), hashing that 1%.
+  uint64_t export_key[2] = {0, 0};
+  uint64_t export_bytes = 0;
 
   // The cache: engine thread only.
   KvFormat format;
@@ -139,6 +144,7 @@ class Engine final : public AgentEngine {
   Result<store::EraseReport> EraseAgent(const std::string& name) override;
   Result<store::EraseReport> EraseCache(const std::string& name) override;
   Result<std::string> ExportCache(const std::string& name) override;
+  Result<uint64_t> ExportSize(const std::string& name) override;
   Status ImportCache(const std::string& name, std::string_view safetensors_bytes) override;
   void Prefetch(const std::string& name) override;
   Status AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) override;
@@ -177,6 +183,9 @@ class Engine final : public AgentEngine {
   kvfs::Status RestoreAgents();
   // kIoError naming the reason when `agent` is unreadable (see AgentRecord), else Ok.
   static kvfs::Status RefuseIfUnreadable(const AgentRecord& agent);
+  // What kv.safetensors records of the agent besides its K/V rows, for the first n_cached of its
+  // tokens (ExportCache, ExportSize). Under mu_, or on the engine thread.
+  store::CacheExportInfo ExportInfoOf(const AgentRecord& a, int64_t n_cached) const;
   // Applies `edit` to the agent on the engine thread (mu_ held) and commits its manifest:
   // kNotFound, or RefuseIfUnreadable's error, and nothing is applied.
   kvfs::Status EditAgent(const std::string& name, const std::function<void(AgentRecord&)>& edit);

@@ -102,32 +102,12 @@ Status ValidateKvGeometry(const KvGeometry& g) {
   return Status::Ok();
 }
 
-Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<const KvChunk> chunks) {
-  KVFS_RETURN_IF_ERROR(ValidateInfo(info));
-  const KvGeometry& g = info.geometry;
-  const st::KvTypeSpec& type = *st::FindKvType(g.kv_type);
-  const int64_t row_bytes = KvRowBytes(g);
-  const int64_t group_bytes = st::GroupBytes(type, g.group);
-  const KvPayloadGeometry pg = KvPayloadOf(g);
-  int64_t total_tokens = 0;
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const KvChunk& ch = chunks[c];
-    if (ch.n_tokens < 0 || ch.n_tokens > info.n_cached - total_tokens)
-      return Bad("chunk " + std::to_string(c) + " brings the cached tokens past n_cached " +
-                 std::to_string(info.n_cached));
-    if (static_cast<int64_t>(ch.payload.size()) != pg.bytes(ch.n_tokens))
-      return Bad("chunk " + std::to_string(c) + " is " + std::to_string(ch.payload.size()) + " bytes, " +
-                 std::to_string(ch.n_tokens) + " tokens need " + std::to_string(pg.bytes(ch.n_tokens)));
-    // q4k: K chunks (and the tensors' chunk index) must not straddle two payload chunks.
-    if (pg.staged_rows(ch.n_tokens) != 0 && c + 1 != chunks.size())
-      return Bad("chunk " + std::to_string(c) + " of " + std::to_string(ch.n_tokens) + " tokens is not the last but "
-                 "ends inside a K chunk of " + std::to_string(g.chunk));
-    total_tokens += ch.n_tokens;
-  }
-  if (total_tokens != info.n_cached)
-    return Bad("chunks hold " + std::to_string(total_tokens) + " tokens, n_cached is " + std::to_string(info.n_cached));
+namespace {
 
-  std::vector<st::TensorPlan> plan = st::PlanTensors(g, type, info.n_cached);
+// The header text, padded with spaces (allowed by the format) so that the data buffer starts
+// 8-byte aligned; info must be valid (ValidateInfo).
+Result<std::string> HeaderText(const CacheExportInfo& info, const std::vector<st::TensorPlan>& plan) {
+  const KvGeometry& g = info.geometry;
   OrderedJson header = OrderedJson::object();
   std::string text;
   try {
@@ -159,9 +139,46 @@ Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<co
   } catch (const nlohmann::json::exception& e) {  // unreachable after ValidateInfo; kept local
     return Bad(std::string("header: ") + e.what());
   }
-  // Pad with spaces (allowed by the format) so the data buffer starts 8-byte aligned.
   text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
 
+}  // namespace
+
+Result<uint64_t> KvSafetensorsBytes(const CacheExportInfo& info) {
+  KVFS_RETURN_IF_ERROR(ValidateInfo(info));
+  const KvGeometry& g = info.geometry;
+  KVFS_ASSIGN_OR_RETURN(std::string text, HeaderText(info, st::PlanTensors(g, *st::FindKvType(g.kv_type), info.n_cached)));
+  return 8 + text.size() + static_cast<uint64_t>(KvPayloadOf(g).bytes(info.n_cached));
+}
+
+Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<const KvChunk> chunks) {
+  KVFS_RETURN_IF_ERROR(ValidateInfo(info));
+  const KvGeometry& g = info.geometry;
+  const st::KvTypeSpec& type = *st::FindKvType(g.kv_type);
+  const int64_t row_bytes = KvRowBytes(g);
+  const int64_t group_bytes = st::GroupBytes(type, g.group);
+  const KvPayloadGeometry pg = KvPayloadOf(g);
+  int64_t total_tokens = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const KvChunk& ch = chunks[c];
+    if (ch.n_tokens < 0 || ch.n_tokens > info.n_cached - total_tokens)
+      return Bad("chunk " + std::to_string(c) + " brings the cached tokens past n_cached " +
+                 std::to_string(info.n_cached));
+    if (static_cast<int64_t>(ch.payload.size()) != pg.bytes(ch.n_tokens))
+      return Bad("chunk " + std::to_string(c) + " is " + std::to_string(ch.payload.size()) + " bytes, " +
+                 std::to_string(ch.n_tokens) + " tokens need " + std::to_string(pg.bytes(ch.n_tokens)));
+    // q4k: K chunks (and the tensors' chunk index) must not straddle two payload chunks.
+    if (pg.staged_rows(ch.n_tokens) != 0 && c + 1 != chunks.size())
+      return Bad("chunk " + std::to_string(c) + " of " + std::to_string(ch.n_tokens) + " tokens is not the last but "
+                 "ends inside a K chunk of " + std::to_string(g.chunk));
+    total_tokens += ch.n_tokens;
+  }
+  if (total_tokens != info.n_cached)
+    return Bad("chunks hold " + std::to_string(total_tokens) + " tokens, n_cached is " + std::to_string(info.n_cached));
+
+  std::vector<st::TensorPlan> plan = st::PlanTensors(g, type, info.n_cached);
+  KVFS_ASSIGN_OR_RETURN(std::string text, HeaderText(info, plan));
   const int64_t data_bytes = pg.bytes(info.n_cached);
   std::string out;
   out.resize(8 + text.size() + static_cast<size_t>(data_bytes));

@@ -108,6 +108,10 @@ struct CacheExportInfo {
 // exactly the packed size of its n_tokens (kv_payload_layout.h); q4k: every chunk but the last
 // holds whole K chunks (a multiple of C tokens). kInvalidArgument naming what is wrong otherwise.
 Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<const KvChunk> chunks);
+// The size of the file WriteKvSafetensors makes of this info (with n_cached tokens of chunks),
+// without the chunks: what `ls -l` and tar are told before the file is assembled. Costs the
+// header (a JSON dump of the token ids and the conversation), not the data.
+Result<uint64_t> KvSafetensorsBytes(const CacheExportInfo& info);
 
 struct ImportedCache {
   CacheExportInfo info;

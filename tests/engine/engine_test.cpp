@@ -417,6 +417,56 @@ TEST_F(EngineTest, ExportImportRoundTrip) {
   }
 }
 
+// kv.safetensors's size in `ls -l` (ExportSize) is the size of the file an export makes, in
+// every state its cache goes through: none yet, after turns (a tail, then more blocks), in
+// another agent after an import, erased, after a change of KV format with and without a cache,
+// and cold after a restart. An unknown agent has none.
+TEST_F(EngineTest, ExportSizeIsTheSizeOfTheExport) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  auto expect_sizes_agree = [&](const std::string& agent, const char* when) {
+    auto file = (*engine)->ExportCache(agent);
+    auto size = (*engine)->ExportSize(agent);
+    ASSERT_TRUE(file.ok() && size.ok()) << when;
+    EXPECT_EQ(*size, file->size()) << agent << " " << when;
+  };
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  expect_sizes_agree("alice", "new");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  expect_sizes_agree("alice", "after a turn");
+  const uint64_t after_one = (*engine)->ExportSize("alice").value();
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[1]).stats.ok());
+  expect_sizes_agree("alice", "after two turns");
+  EXPECT_GT((*engine)->ExportSize("alice").value(), after_one);
+  ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
+  Greedy(**engine, "bob");
+  ASSERT_TRUE((*engine)->ImportCache("bob", *(*engine)->ExportCache("alice")).ok());
+  expect_sizes_agree("bob", "imported");
+  Greedy(**engine, "bob", "q8");
+  expect_sizes_agree("bob", "q8 settings, f16 cache");
+  ASSERT_TRUE((*engine)->EraseCache("bob").ok());
+  expect_sizes_agree("bob", "erased, q8 settings");
+  ASSERT_TRUE(RunTurn(**engine, "bob", kTurns[2]).stats.ok());
+  expect_sizes_agree("bob", "a q8 turn");
+  EXPECT_EQ((*engine)->ExportSize("carol").status().code(), StatusCode::kNotFound);
+  // No cache: the file's tensors are in the format of the settings, whose change alone changes
+  // its size (ExportSize keeps its answer until what it depends on changes).
+  ASSERT_TRUE((*engine)->CreateAgent("dave", 0).ok());
+  Greedy(**engine, "dave", "f16");
+  expect_sizes_agree("dave", "f16 settings, no cache");
+  Greedy(**engine, "dave", "q4");
+  expect_sizes_agree("dave", "q4 settings, no cache");
+  const uint64_t alice_size = (*engine)->ExportSize("alice").value();
+  (*engine)->Shutdown();
+  engine->reset();
+  engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->ExportSize("alice").value(), alice_size);  // cold: nothing loaded yet
+  expect_sizes_agree("alice", "after a restart");
+  expect_sizes_agree("bob", "after a restart");
+}
+
 // Cloning: alice's file imported into a new agent with the same settings. The file carries the
 // text behind its tokens, so bob's next turn extends the imported cache by characters (all of it
 // reused, where re-encoding the text would not give back the sampled tokens) and replies

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -523,6 +524,41 @@ TEST_F(StoreTest, KvExportImportAndEraseCache) {
   EXPECT_EQ(audit.find("remember"), std::string::npos);  // never any text
   EXPECT_EQ(store_->Metrics().imports, 1u);
   EXPECT_EQ(store_->Metrics().imports_refused, 2u);
+}
+
+// tar and rsync copy as many bytes as a file's size says: every readable file, the generated
+// ones too (status.json, kv.safetensors, the root's status files), has the size of what a read
+// right after returns, in getattr and in the directory listing (readdirplus); prompt, write-
+// only, has none.
+TEST_F(StoreTest, FilesHaveTheSizeOfWhatAReadReturns) {
+  InodeId dir = Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  ASSERT_TRUE(Echo("alice", "prompt", "remember this").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  Result<HandleId> listing = store_->OpenDir(dir, kRoot);
+  ASSERT_TRUE(listing.ok());
+  std::map<std::string, uint64_t> listed;
+  for (const DirEntry& e : *store_->DirEntries(*listing)) listed[e.name] = e.attr.size;
+  store_->ReleaseDir(*listing);
+  for (const char* f : {"response", "transcript", "system", "config.json", "status.json", "kv.safetensors"}) {
+    Result<InodeId> ino = File("alice", f);
+    ASSERT_TRUE(ino.ok()) << f;
+    const uint64_t size = store_->GetAttr(*ino)->size;
+    Result<std::string> text = CatInode(*ino);
+    ASSERT_TRUE(text.ok()) << f;
+    EXPECT_GT(size, 0u) << f;
+    EXPECT_EQ(size, text->size()) << f;
+    EXPECT_EQ(listed[f], size) << f;
+  }
+  EXPECT_EQ(store_->GetAttr(*File("alice", "prompt"))->size, 0u);
+  for (const char* f : {".status", ".status.json", ".metrics", ".audit.log", ".model.json"}) {
+    Result<Attr> attr = store_->Lookup(kRootInode, f);
+    ASSERT_TRUE(attr.ok()) << f;
+    Result<std::string> text = CatInode(attr->ino);
+    ASSERT_TRUE(text.ok()) << f;
+    EXPECT_GT(attr->size, 0u) << f;
+    EXPECT_EQ(store_->GetAttr(attr->ino)->size, text->size()) << f;
+  }
 }
 
 TEST_F(StoreTest, RmdirErasesTheAgentAndLogsItWithoutText) {

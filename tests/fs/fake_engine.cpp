@@ -446,19 +446,30 @@ Result<store::EraseReport> FakeEngine::EraseCache(const std::string& name) {
   return report;
 }
 
+std::string FakeEngine::ExportOf(const Agent& agent) const {
+  nlohmann::json header = {{"fingerprint", fingerprint_},
+                           {"kv_format", agent.info.settings.kv},
+                           {"tokens", agent.info.context_tokens},
+                           {"system", agent.info.system},
+                           {"conversation", ConversationJson(agent.conversation)}};
+  std::string out(kExportMagic);
+  out += header.dump() + "\n";
+  out += std::string(static_cast<size_t>(agent.info.context_tokens * options_.kv_bytes_per_token), 'k');
+  return out;
+}
+
 Result<std::string> FakeEngine::ExportCache(const std::string& name) {
   std::lock_guard lock(mu_);
   auto agent = Find(name);
   if (agent == nullptr) return NotFound("no agent " + name);
-  nlohmann::json header = {{"fingerprint", fingerprint_},
-                           {"kv_format", agent->info.settings.kv},
-                           {"tokens", agent->info.context_tokens},
-                           {"system", agent->info.system},
-                           {"conversation", ConversationJson(agent->conversation)}};
-  std::string out(kExportMagic);
-  out += header.dump() + "\n";
-  out += std::string(static_cast<size_t>(agent->info.context_tokens * options_.kv_bytes_per_token), 'k');
-  return out;
+  return ExportOf(*agent);
+}
+
+Result<uint64_t> FakeEngine::ExportSize(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto agent = Find(name);
+  if (agent == nullptr) return NotFound("no agent " + name);
+  return ExportOf(*agent).size();
 }
 
 kvfs::Status FakeEngine::ImportCache(const std::string& name, std::string_view bytes) {

@@ -48,6 +48,7 @@ class FakeEngine : public AgentEngine {
   Result<store::EraseReport> EraseAgent(const std::string& name) override;
   Result<store::EraseReport> EraseCache(const std::string& name) override;
   Result<std::string> ExportCache(const std::string& name) override;
+  Result<uint64_t> ExportSize(const std::string& name) override;
   kvfs::Status ImportCache(const std::string& name, std::string_view safetensors_bytes) override;
   void Prefetch(const std::string& name) override;
   kvfs::Status AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) override;
@@ -93,6 +94,7 @@ class FakeEngine : public AgentEngine {
   std::string AgentPath(const std::string& name) const;
   int64_t NowMs() const;
   std::shared_ptr<Agent> Find(const std::string& name);  // mu_ held
+  std::string ExportOf(const Agent& agent) const;        // mu_ held
 
   const FakeEngineOptions options_;
   std::string fingerprint_;

@@ -159,6 +159,42 @@ def import_export_and_erase_cache(t):
 
 
 @test
+def tar_backs_up_an_agent(t):
+    """tar archives as many bytes as stat gives a file: the generated files (status.json,
+    kv.safetensors) report their size, so an archive of an agent holds all of them, as cat reads
+    them, and its kv.safetensors clones the agent. A restart, which leaves the caches cold, does
+    not change the sizes."""
+    d = t.daemon()
+    m = d.mnt
+    sh('mkdir %s/alice %s/bob' % (m, m), check_rc=0)
+    small_replies(m, 'alice')
+    sh('echo "Be brief." > %s/alice/system' % m, check_rc=0)
+    say(m, 'alice', 'The cat sat on the mat')
+    files = ['response', 'transcript', 'system', 'config.json', 'status.json', 'kv.safetensors']
+    for restarted in (False, True):
+        if restarted:
+            d.stop()
+            d.start()
+        out = os.path.join(t.dir, 'x%d' % restarted)
+        os.makedirs(out)
+        # prompt is write-only: tar could not read it. Exit 0: no file changed size under it.
+        sh('tar -cf %s/a.tar --exclude=alice/prompt -C %s alice && tar -xf %s/a.tar -C %s' % (out, m, out, out),
+           check_rc=0)
+        for f in files:
+            archived = open(os.path.join(out, 'alice', f), 'rb').read()
+            r = subprocess.run(['cat', '%s/alice/%s' % (m, f)], capture_output=True, timeout=60)
+            check(r.returncode == 0, 'cat alice/%s' % f)
+            check(len(archived) > 0 and archived == r.stdout,
+                  'tar archived alice/%s as cat reads it (%d and %d bytes)' % (f, len(archived), len(r.stdout)))
+    # A clone from the archive, as from the live agent (README): system, settings, then the cache.
+    sh('cp %s/alice/system %s/alice/config.json %s/bob/' % (out, out, m), check_rc=0)
+    sh('cp %s/alice/kv.safetensors %s/bob/kv.safetensors' % (out, m), check_rc=0)
+    a = sh('cat %s/alice/transcript' % m, check_rc=0).stdout
+    b = sh('cat %s/bob/transcript' % m, check_rc=0).stdout
+    check(a == b and 'The cat sat' in b, 'the archived cache imports with its conversation:\n%r\n%r' % (a, b))
+
+
+@test
 def system_prompt_and_prefixes(t):
     d = t.daemon()
     m = d.mnt
