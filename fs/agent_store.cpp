@@ -20,7 +20,9 @@ constexpr uint32_t kAgentDirMode = 0700;
 constexpr double kDirAttrTimeout = 1.0;
 // An agent directory's mtime is its last turn: cached, it would go stale for a second after
 // each one, and tar, which compares a directory's times before and after reading it, would
-// warn that it changed while it was read. Its getattr is cheap (no engine thread).
+// warn that it changed while it was read. Its getattr takes the engine's lock and walks the
+// residency of its blocks, never waiting for the engine thread (~50 us a stat, most of it the
+// FUSE round trip).
 constexpr double kAgentDirAttrTimeout = 0.0;
 
 uint32_t PrimaryGroupOf(uint32_t uid) {
@@ -137,7 +139,9 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
     case NodeKind::kSpecialFile:
       a.mode = 0444;
       a.mtime_ms = Now();
-      a.size = node.special == SpecialFile::kAuditLog ? audit_->Size() : RenderedSize(node);
+      // The status files are live views (/proc-like, size 0): a size taken at a stat would not
+      // be that of the next read, and tar pads a file that shrank with zeros.
+      if (node.special == SpecialFile::kAuditLog) a.size = audit_->Size();
       return a;
     case NodeKind::kPrefixFile: {
       a.mode = 0644;
@@ -187,28 +191,35 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
       if (!bound) a.size = LastReplyText(node.agent).size();  // what an open serves then
       break;
     }
-    // Generated at open, but sized as an open now would make them, since tar and rsync read as
-    // many bytes as the size says (a /proc-like 0 gave them empty files); a change between the
-    // stat and the open makes tar warn, as for any file that changes while it is read.
-    case AgentFile::kStatus: a.size = RenderedSize(node); break;
+    // Generated at open, but sized as an open now would make it, since tar and rsync copy as
+    // many bytes as the size says (a /proc-like 0 gave them empty files). It changes with the
+    // cache only (turns, imports, erasure), not as the cache moves between disk and memory.
     case AgentFile::kKvCache: {
       Result<uint64_t> size = engine_.ExportSize(agent.name);
       a.size = size.ok() ? *size : 0;  // an agent whose state cannot be read: its open says why
       break;
     }
-    case AgentFile::kPrompt: break;  // write-only
+    // status.json: a live view (state, memory) that changes as soon as an open reloads a cold
+    // agent's cache, so size 0 like /proc; prompt: write-only.
+    case AgentFile::kStatus:
+    case AgentFile::kPrompt: break;
   }
   return a;
 }
 
-uint64_t AgentStore::RenderedSize(const Node& node) {
-  Result<std::string> text = RenderFile(node);
-  return text.ok() ? text->size() : 0;
-}
-
-Result<Attr> AgentStore::GetAttr(InodeId ino) {
+Result<Attr> AgentStore::GetAttr(InodeId ino, std::optional<HandleId> open_file) {
   KVFS_ASSIGN_OR_RETURN(Node node, NodeCopy(ino));
-  return AttrOf(ino, node, nullptr);
+  KVFS_ASSIGN_OR_RETURN(Attr attr, AttrOf(ino, node, nullptr));
+  if (!open_file) return attr;
+  auto handle = FindHandle(*open_file);
+  if (handle == nullptr || handle->ino != ino) return attr;
+  std::lock_guard lock(handle->mu);
+  const bool export_read = handle->kind == Handle::Kind::kSnapshot && node.kind == NodeKind::kAgentFile &&
+                           node.agent_file == AgentFile::kKvCache;
+  // (Not the status files' snapshots: their size is 0 whatever is read, as tar saw at lstat.)
+  if (handle->kind == Handle::Kind::kImport) attr.size = handle->import->size();
+  else if (handle->kind == Handle::Kind::kEditable || export_read) attr.size = handle->data.size();
+  return attr;
 }
 
 Result<Attr> AgentStore::Lookup(InodeId parent, std::string_view name_view) {

@@ -96,7 +96,9 @@ class AgentStore {
   // For a readdirplus entry: false (and no reference) when the node went away since the listing.
   bool CountLookup(InodeId ino);
   void Forget(InodeId ino, uint64_t count);
-  Result<Attr> GetAttr(InodeId ino);
+  // With the open file it comes from (fstat), a file being written or an export read has the
+  // size of that file's bytes (written so far; the snapshot taken at open).
+  Result<Attr> GetAttr(InodeId ino, std::optional<HandleId> open_file = std::nullopt);
   // Truncation (setattr size): allowed on writable files; `handle` when done through an fd.
   Result<Attr> Truncate(InodeId ino, uint64_t size, std::optional<HandleId> handle, const Caller& caller);
 
@@ -183,7 +185,6 @@ class AgentStore {
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
   Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
   Result<std::string> RenderFile(const Node& node);
-  uint64_t RenderedSize(const Node& node);  // RenderFile's size, 0 when it fails
   Status ApplyPrefix(Handle& handle);
   void DropPendingPrefix(const std::string& name, InodeId ino);
 

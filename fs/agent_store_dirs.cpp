@@ -162,9 +162,11 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
     return InvalidArgument("cannot truncate a directory");
   }
   if (!writable) return PermissionDenied("read-only file");
+  bool resized = false;  // an open file's buffer
   if (handle_id) {
     auto handle = FindHandle(*handle_id);
     if (handle != nullptr && handle->kind != Handle::Kind::kSnapshot) {
+      resized = true;
       std::lock_guard lock(handle->mu);
       if (handle->kind == Handle::Kind::kPrompt) {
         // The UTF-8 state covers the whole buffer: only a restart from empty keeps it exact.
@@ -187,7 +189,11 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
     // Without an open file there is no buffer to resize; truncation to 0 precedes a rewrite.
     return InvalidArgument("only truncation to 0 is supported without an open file");
   }
-  return AttrOf(ino, node, nullptr);
+  KVFS_ASSIGN_OR_RETURN(Attr attr, AttrOf(ino, node, nullptr));
+  // A file being written has the size it was cut to until it is closed (fstat after ftruncate),
+  // not that of what it replaces then.
+  if (resized) attr.size = size;
+  return attr;
 }
 
 }  // namespace kvfs::fs

@@ -100,8 +100,10 @@ void OnForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
   fuse_reply_none(req);
 }
 
-void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
-  Result<Attr> attr = StoreOf(req).GetAttr(ino);
+void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  std::optional<HandleId> open_file;
+  if (fi != nullptr) open_file = fi->fh;  // fstat of an open file
+  Result<Attr> attr = StoreOf(req).GetAttr(ino, open_file);
   if (!attr.ok()) return ReplyError(req, attr.status(), "getattr");
   struct stat st = StatOf(*attr);
   fuse_reply_attr(req, &st, attr->attr_timeout_s);

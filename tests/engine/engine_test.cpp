@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <algorithm>
@@ -465,6 +466,47 @@ TEST_F(EngineTest, ExportSizeIsTheSizeOfTheExport) {
   EXPECT_EQ((*engine)->ExportSize("alice").value(), alice_size);  // cold: nothing loaded yet
   expect_sizes_agree("alice", "after a restart");
   expect_sizes_agree("bob", "after a restart");
+}
+
+// While a turn runs, the agent names only the blocks it reuses (none here: a new system prompt
+// made the context diverge) and still has its old tokens: the export holds those blocks alone,
+// and ExportSize says so (it once counted every token). Sampled while the reply streams, at
+// moments when the size is the same before and after the export.
+TEST_F(EngineTest, ExportSizeIsTheSizeOfTheExportDuringATurn) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  AgentSettings s;
+  s.sampling.temperature = 0;
+  s.max_tokens = 300;
+  s.kv = "f16";
+  ASSERT_TRUE((*engine)->SetSettings("alice", s).ok());
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  const uint64_t committed = (*engine)->ExportSize("alice").value();
+  ASSERT_TRUE((*engine)->SetSystem("alice", "Tom had a red car.").ok());
+  std::promise<void> finished;
+  TurnRequest r;
+  r.agent = "alice";
+  r.text = kTurns[1];
+  r.on_done = [&](const Result<TurnStats>&) { finished.set_value(); };
+  ASSERT_TRUE((*engine)->SubmitTurn(std::move(r)).ok());
+  auto done = finished.get_future();
+  int sampled = 0;
+  bool smaller = false;
+  while (done.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
+    if ((*engine)->GetAgent("alice")->state != AgentState::kGenerating) continue;
+    auto before = (*engine)->ExportSize("alice");
+    auto file = (*engine)->ExportCache("alice");
+    auto after = (*engine)->ExportSize("alice");
+    if (!before.ok() || !file.ok() || !after.ok() || *before != *after) continue;
+    if ((*engine)->GetAgent("alice")->state != AgentState::kGenerating) continue;
+    EXPECT_EQ(*before, file->size());
+    smaller = smaller || *before < committed;
+    ++sampled;
+  }
+  EXPECT_GT(sampled, 0) << "the turn ended before a sample";
+  std::printf("[export size] %d samples during the turn\n", sampled);
+  EXPECT_TRUE(smaller) << "the export during the turn holds fewer blocks than the committed one";
 }
 
 // Cloning: alice's file imported into a new agent with the same settings. The file carries the

@@ -526,10 +526,10 @@ TEST_F(StoreTest, KvExportImportAndEraseCache) {
   EXPECT_EQ(store_->Metrics().imports_refused, 2u);
 }
 
-// tar and rsync copy as many bytes as a file's size says: every readable file, the generated
-// ones too (status.json, kv.safetensors, the root's status files), has the size of what a read
-// right after returns, in getattr and in the directory listing (readdirplus); prompt, write-
-// only, has none.
+// tar and rsync copy as many bytes as a file's size says: the files an agent is backed up by
+// (kv.safetensors, generated at open, included) have the size of what a read right after
+// returns, in getattr and in the directory listing (readdirplus). The live status views keep
+// size 0 (/proc-like: a reload started by any open changes them); prompt is write-only.
 TEST_F(StoreTest, FilesHaveTheSizeOfWhatAReadReturns) {
   InodeId dir = Mkdir("alice");
   ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
@@ -540,7 +540,7 @@ TEST_F(StoreTest, FilesHaveTheSizeOfWhatAReadReturns) {
   std::map<std::string, uint64_t> listed;
   for (const DirEntry& e : *store_->DirEntries(*listing)) listed[e.name] = e.attr.size;
   store_->ReleaseDir(*listing);
-  for (const char* f : {"response", "transcript", "system", "config.json", "status.json", "kv.safetensors"}) {
+  for (const char* f : {"response", "transcript", "system", "config.json", "kv.safetensors"}) {
     Result<InodeId> ino = File("alice", f);
     ASSERT_TRUE(ino.ok()) << f;
     const uint64_t size = store_->GetAttr(*ino)->size;
@@ -550,15 +550,45 @@ TEST_F(StoreTest, FilesHaveTheSizeOfWhatAReadReturns) {
     EXPECT_EQ(size, text->size()) << f;
     EXPECT_EQ(listed[f], size) << f;
   }
-  EXPECT_EQ(store_->GetAttr(*File("alice", "prompt"))->size, 0u);
-  for (const char* f : {".status", ".status.json", ".metrics", ".audit.log", ".model.json"}) {
+  for (const char* f : {"prompt", "status.json"}) EXPECT_EQ(store_->GetAttr(*File("alice", f))->size, 0u) << f;
+  for (const char* f : {".status", ".status.json", ".metrics", ".model.json"}) {
     Result<Attr> attr = store_->Lookup(kRootInode, f);
     ASSERT_TRUE(attr.ok()) << f;
-    Result<std::string> text = CatInode(attr->ino);
-    ASSERT_TRUE(text.ok()) << f;
-    EXPECT_GT(attr->size, 0u) << f;
-    EXPECT_EQ(store_->GetAttr(attr->ino)->size, text->size()) << f;
+    EXPECT_EQ(attr->size, 0u) << f;
   }
+  Result<Attr> audit = store_->Lookup(kRootInode, ".audit.log");
+  ASSERT_TRUE(audit.ok());
+  EXPECT_EQ(audit->size, CatInode(audit->ino)->size());
+}
+
+// fstat of an open file: an export being read has the size of its snapshot, taken at open,
+// though a turn has changed the cache since; a kv.safetensors being written has the size of
+// what was written, or what it was cut to (ftruncate), until it is closed.
+TEST_F(StoreTest, AnOpenFileHasTheSizeOfItsOwnBytes) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "remember this").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  const InodeId kv = *File("alice", "kv.safetensors");
+  Result<HandleId> reading = store_->Open(kv, ReadFlags(), kRoot);
+  ASSERT_TRUE(reading.ok());
+  const uint64_t at_open = store_->GetAttr(kv)->size;
+  ASSERT_TRUE(Echo("alice", "prompt", "and this too").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  EXPECT_GT(store_->GetAttr(kv)->size, at_open);                // the cache grew
+  EXPECT_EQ(store_->GetAttr(kv, *reading)->size, at_open);      // the open file did not
+  store_->Release(*reading);
+
+  Result<HandleId> writing = store_->Open(kv, WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(writing.ok());
+  EXPECT_EQ(store_->GetAttr(kv, *writing)->size, 0u);
+  ASSERT_TRUE(store_->Write(*writing, 0, std::string(100, 'x')).ok());
+  EXPECT_EQ(store_->GetAttr(kv, *writing)->size, 100u);
+  Result<Attr> cut = store_->Truncate(kv, 40, *writing, kRoot);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(cut->size, 40u);
+  EXPECT_EQ(store_->GetAttr(kv, *writing)->size, 40u);
+  EXPECT_GT(store_->GetAttr(kv)->size, 40u);  // the agent's cache, unchanged until the close
+  store_->Release(*writing);                   // garbage: refused, nothing changes
 }
 
 TEST_F(StoreTest, RmdirErasesTheAgentAndLogsItWithoutText) {
