@@ -10,7 +10,8 @@
 # totals), gpu.txt (nvidia-smi, kvfs devices, copy bandwidth), summary.txt and runs.tgz
 # (PRESET-KV-dDEPTH.json and .err per run, PRESET-shaders.txt from kvfs shaders), the last two rewritten after every run so that a
 # command cut short still returns what it measured. Settings by environment:
-#   KVFS_GPU_TESTS    gtest filter of the tests run first (default "*Vulkan*"; "none" skips
+#   KVFS_GPU_TESTS    gtest filter of the tests run first (default "*Vulkan*:*vulkan*": the Vulkan
+#                     suites and the golden tests on the vulkan backend; "none" skips
 #                     them), at most KVFS_GPU_TESTS_TIMEOUT seconds (default 240)
 #   KVFS_GPU_PRESETS  synth_gguf.py presets, Q4_0 (default "tinyllama-1.1b llama3.1-8b")
 #   KVFS_GPU_KV       KV formats (default "f16 q4 q4k")
@@ -53,7 +54,7 @@ mkdir -p "$models"
 
 # The Vulkan tests, on this device, against the CPU's scalar reference and the golden data.
 # CI=true: a test that finds no device or no data fails instead of skipping.
-filter=${KVFS_GPU_TESTS:-*Vulkan*}
+filter=${KVFS_GPU_TESTS:-*Vulkan*:*vulkan*}
 if [ "$filter" != none ]; then
   start=$SECONDS
   {
