@@ -1,7 +1,8 @@
 // libFuzzer target: the kv.safetensors reader must reject or accept any byte string without
-// crashing or allocating beyond the input's size, and whatever it accepts must export and read
-// back to the same cache. Every input is tried against each KV type of one small geometry (the
-// one fuzz/make_safetensors_seeds.py writes seeds for), so all tables of fields are reached.
+// crashing or allocating beyond the input's size, and whatever it accepts must export (to a
+// file of the size KvSafetensorsBytes gives) and read back to the same cache. Every input is
+// tried against each KV type of one small geometry (the one fuzz/make_safetensors_seeds.py
+// writes seeds for), so all tables of fields are reached.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -23,6 +24,8 @@ void Check(std::string_view bytes, const kvfs::store::KvGeometry& g) {
   for (size_t i = 0; i < r->chunks.size(); ++i) spans.push_back({r->chunks[i], r->chunk_tokens[i]});
   auto file = kvfs::store::WriteKvSafetensors(r->info, spans);
   if (!file.ok()) __builtin_trap();  // accepted but not writable
+  auto size = kvfs::store::KvSafetensorsBytes(r->info);
+  if (!size.ok() || *size != file->size()) __builtin_trap();  // ls -l would not say the file's size
   auto again = kvfs::store::ReadKvSafetensors(*file, kFingerprint, g, kBlockTokens);
   if (!again.ok() || !(again->info == r->info) || again->chunks != r->chunks) __builtin_trap();  // not faithful
 }

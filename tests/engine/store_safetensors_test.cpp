@@ -156,6 +156,44 @@ TEST(StoreSafetensors, Q4kRoundTripWithStagedRows) {
   EXPECT_EQ(small_back->chunks, (std::vector<std::vector<uint8_t>>{short_chunk}));
 }
 
+// KvSafetensorsBytes (what `ls -l` shows before a file is made) is the size of the file
+// WriteKvSafetensors makes, for every type, token count (none, inside a q4k chunk, over several
+// chunks), the text (escapes, control bytes, multi-byte UTF-8) and with or without the context
+// text; it refuses what the writer refuses.
+TEST(StoreSafetensors, SizeWithoutTheDataIsTheFilesSize) {
+  const std::vector<KvGeometry> geometries = {Geometry("f16"), Geometry("q8"), Geometry("q4"),
+                                              KvGeometry{3, 2, 8, "q4k", 8, true, 4}};
+  const std::string pieces[] = {"a", "\"", "\\", "\n", "\x01", "\x1f", "\x7f", "\xC3\xA9", "\xE2\x82\xAC", " "};
+  uint64_t seed = 1;
+  for (const KvGeometry& g : geometries) {
+    for (int64_t n : {0, 1, 3, 4, 9, 16}) {
+      SCOPED_TRACE(g.kv_type + " " + std::to_string(n));
+      CacheExportInfo info = Info(g, n + 2, n);
+      std::string text;
+      for (int i = 0; i < 50 + 13 * n; ++i) text += pieces[PseudoRandom(1, seed++)[0] % 10];
+      info.conversation.push_back({"user", text});
+      info.context_text = n % 2 ? text : std::string();
+      const int64_t block = g.kv_type == "q4k" ? 8 : 4;
+      std::vector<std::vector<uint8_t>> chunks;
+      for (int64_t start = 0; start < n; start += block)
+        chunks.push_back(PseudoRandom(static_cast<size_t>(KvPayloadOf(g).bytes(std::min(block, n - start))), seed++));
+      std::vector<KvChunk> spans;
+      for (int64_t start = 0, c = 0; start < n; start += block, ++c)
+        spans.push_back({chunks[static_cast<size_t>(c)], std::min(block, n - start)});
+      auto file = WriteKvSafetensors(info, spans);
+      ASSERT_TRUE(file.ok()) << file.status().message();
+      auto size = KvSafetensorsBytes(info);
+      ASSERT_TRUE(size.ok()) << size.status().message();
+      EXPECT_EQ(*size, file->size());
+    }
+  }
+  CacheExportInfo bad = Info(geometries[0], 2, 3);  // more cached than tokens
+  EXPECT_EQ(KvSafetensorsBytes(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = Info(geometries[0], 2, 2);
+  bad.context_text = "\xff";  // not UTF-8
+  EXPECT_EQ(KvSafetensorsBytes(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(StoreSafetensors, TensorLayout) {
   const KvGeometry g = Geometry("q4");
   const auto chunks = MakeChunks(g, 10, 4, 7);
