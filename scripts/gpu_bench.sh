@@ -36,6 +36,11 @@
 #                     dispatches per sequence instead of one per KV layout), KV
 #                     KVFS_GPU_BATCHED_KV (default q4) and
 #                     KVFS_GPU_BATCHED_ARGS (default "--npp 1024 --ntg 32")
+#   KVFS_GPU_PROFILE  `kvfs bench` arguments of a --profile run per depth on the first preset,
+#                     q4k KV (PRESET-profile-dDEPTH.txt in runs.tgz; default: none)
+#   KVFS_GPU_AB       variants (as KVFS_GPU_VARIANTS) each run right after a default run on the
+#                     first preset, KV KVFS_GPU_AB_KV (default q4k), at each depth (default: none)
+#   KVFS_GPU_RUN_TIMEOUT  seconds a bench run may take (default 300)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/kvfs-gpu}
@@ -51,6 +56,15 @@ kvfs=.gpu/bin/kvfs
 $kvfs devices > /dev/null || { echo "gpu_bench: no Vulkan device (kvfs devices failed)" >&2; exit 2; }
 models=/tmp/kvfs-models
 mkdir -p "$models"
+presets=${KVFS_GPU_PRESETS:-"tinyllama-1.1b llama3.1-8b"}
+# The benchmark models are made while the tests run (a temporary name until complete).
+synth_pids=()
+for p in $presets; do
+  m="$models/$p-Q4_0.gguf"
+  [ -f "$m" ] && continue
+  { python3 .gpu/shared/tools/synth_gguf.py --preset "$p" --type Q4_0 -o "$m.part" -q && mv "$m.part" "$m"; } &
+  synth_pids+=($!)
+done
 
 # The Vulkan tests, on this device, against the CPU's scalar reference and the golden data.
 # CI=true: a test that finds no device or no data fails instead of skipping.
@@ -62,13 +76,15 @@ if [ "$filter" != none ]; then
     bash .gpu/shared/tools/make_test_models.sh /tmp/kvfs-testmodels > /dev/null || echo "gpu_bench: make_test_models.sh failed"
     # In 8 shards at once: the tests' CPU references take most of their time off lavapipe.
     shards=8 failed=0
+    shard_pids=()
     for i in $(seq 0 $((shards - 1))); do
       CI=true KVFS_TEST_DATA="$PWD/.gpu/shared" KVFS_TEST_MODELS=/tmp/kvfs-testmodels \
         GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${KVFS_GPU_TESTS_TIMEOUT:-240}" \
         .gpu/bin/kvfs_tests --gtest_filter="$filter" --gtest_brief=1 > "$runs/tests-$i.txt" 2>&1 &
+      shard_pids+=($!)
     done
-    for i in $(seq 0 $((shards - 1))); do
-      wait -n || failed=$((failed + 1))
+    for pid in "${shard_pids[@]}"; do
+      wait "$pid" || failed=$((failed + 1))
     done
     for i in $(seq 0 $((shards - 1))); do
       echo "-- shard $i"; grep -Ev '^\[[0-9-]+ [0-9:.]+\] \[info\]|^Running main' "$runs/tests-$i.txt"
@@ -131,10 +147,9 @@ print("\n".join(rows))
 EOF
 }
 
-presets=${KVFS_GPU_PRESETS:-"tinyllama-1.1b llama3.1-8b"}
+for pid in "${synth_pids[@]}"; do wait "$pid" || { echo "gpu_bench: synth_gguf.py failed" >&2; exit 1; }; done
 for p in $presets; do
   m="$models/$p-Q4_0.gguf"
-  [ -f "$m" ] || python3 .gpu/shared/tools/synth_gguf.py --preset "$p" --type Q4_0 -o "$m" -q || exit 1
   # What the device's compiler made of the matrix shaders (registers, spills, occupancy): the
   # same report RADV's null device gives without a GPU (docs/performance.md).
   $kvfs shaders -m "$m" > "$runs/$p-shaders.txt" 2>&1 || echo "gpu_bench: kvfs shaders $p failed" >&2
@@ -151,24 +166,49 @@ case " ${KVFS_GPU_VARIANTS:-default} " in
     done
     ;;
 esac
+# One `kvfs bench` run: preset, KV format, depth, variant, a prefix for the run's name.
+bench_one() {
+  local p=$1 kv=$2 d=$3 v=$4 prefix=$5 flags="" suffix=""
+  [ "$v" = default ] || { flags=${v//,/ }; suffix="-${v#--}"; suffix=${suffix//,/-}; }
+  [ "$v" = tuned ] && flags="--tuning $runs/$p.tuning.json"
+  local run="$runs/$prefix$p-$kv-d$d$suffix"
+  # shellcheck disable=SC2086  # KVFS_GPU_ARGS and flags are lists of arguments
+  timeout "${KVFS_GPU_RUN_TIMEOUT:-300}" $kvfs bench -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" $flags \
+    ${KVFS_GPU_ARGS:--p 512 -n 128 -r 3} --json > "$run.json" 2> "$run.err" ||
+    echo "gpu_bench: $p $kv depth $d $v failed (rc $?): $(tail -c 300 "$run.err")" >&2
+  summarize > /dev/null
+  tar -czf "$out/runs.tgz" -C "$runs" .
+}
 for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
   for p in $presets; do
     for kv in ${KVFS_GPU_KV:-f16 q4 q4k}; do
-      for v in ${KVFS_GPU_VARIANTS:-default}; do
-        flags="" suffix=""
-        [ "$v" = default ] || { flags=${v//,/ }; suffix="-${v#--}"; suffix=${suffix//,/-}; }
-        [ "$v" = tuned ] && flags="--tuning $runs/$p.tuning.json"
-        run="$runs/$p-$kv-d$d$suffix"
-        # shellcheck disable=SC2086  # KVFS_GPU_ARGS and flags are lists of arguments
-        timeout 300 $kvfs bench -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" $flags \
-          ${KVFS_GPU_ARGS:--p 512 -n 128 -r 3} --json > "$run.json" 2> "$run.err" ||
-          echo "gpu_bench: $p $kv depth $d $v failed (rc $?): $(tail -c 300 "$run.err")" >&2
-        summarize > /dev/null
-        tar -czf "$out/runs.tgz" -C "$runs" .
-      done
+      for v in ${KVFS_GPU_VARIANTS:-default}; do bench_one "$p" "$kv" "$d" "$v" ""; done
     done
   done
 done
+first=${presets%% *}
+# Where a decode step's device time goes, per shader, on the first preset (q4k KV, the agents'
+# default), at each depth: KVFS_GPU_PROFILE holds the bench arguments (e.g. "-p 512 -n 32 -r 1").
+if [ -n "${KVFS_GPU_PROFILE:-}" ]; then
+  for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
+    # shellcheck disable=SC2086  # KVFS_GPU_PROFILE is a list of arguments
+    timeout "${KVFS_GPU_RUN_TIMEOUT:-300}" $kvfs bench -m "$models/$first-Q4_0.gguf" --backend vulkan --kv q4k -d "$d" \
+      $KVFS_GPU_PROFILE --profile > "$runs/$first-profile-d$d.txt" 2>&1 || echo "gpu_bench: profile at depth $d failed" >&2
+    tar -czf "$out/runs.tgz" -C "$runs" .
+  done
+fi
+# A/B of the pass's variants (KVFS_GPU_AB: flags as in KVFS_GPU_VARIANTS) against the default,
+# each right after a default run, on the first preset with KV KVFS_GPU_AB_KV (default q4k) at
+# each depth: runs named ab-FLAG-PRESET-KV-dDEPTH[-FLAG].
+if [ -n "${KVFS_GPU_AB:-}" ]; then
+  for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
+    for v in $KVFS_GPU_AB; do
+      tag=${v#--}; tag="ab-${tag//,/-}-"
+      bench_one "$first" "${KVFS_GPU_AB_KV:-q4k}" "$d" default "$tag"
+      bench_one "$first" "${KVFS_GPU_AB_KV:-q4k}" "$d" "$v" "$tag"
+    done
+  done
+fi
 if [ -n "${KVFS_GPU_BATCHED:-}" ]; then
   for p in $presets; do
     for v in ${KVFS_GPU_BATCHED_VARIANTS:-default --serial-attention}; do
