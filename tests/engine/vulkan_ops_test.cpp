@@ -4,7 +4,9 @@
 // RoPE, SwiGLU and softmax. Errors are NMSE = sum (gpu - cpu)^2 / sum cpu^2, printed per case.
 // Attention and KV encoding: vulkan_attention_test.cpp. Without a Vulkan device the tests skip.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 
 #include <gtest/gtest.h>
@@ -624,6 +626,70 @@ TEST_F(VulkanOpsTest, SoftmaxMatchesCpu) {
     std::printf("[vulkan softmax] round_f16=%d NMSE %.3g\n", round_f16, nmse);
     EXPECT_LE(nmse, round_f16 ? 1e-8 : 1e-12);
   }
+}
+
+// Halves below the normal range (|x| < 2^-14): a peaked softmax row's weights rounded to f16
+// (an f16 cache) and F16 weights looked up. Vulkan lets a device flush subnormals unless the
+// shader asks otherwise, and lavapipe keeps them; the shaders' own conversions must give the
+// CPU's bits on any device.
+TEST_F(VulkanOpsTest, SubnormalHalvesKeepTheirValues) {
+  std::mt19937 rng(29);
+  const int64_t n_head = 2, T = 2, pos0 = 200, stride = pos0 + T;
+  std::normal_distribution<float> normal(0.0f, 40.0f);
+  std::vector<float> s(T * n_head * stride);
+  for (float& v : s) v = normal(rng);
+  std::vector<float> want = s;
+  for (int64_t r = 0; r < T * n_head; ++r) {
+    cpu::ScalarAttentionKernels().softmax(want.data() + r * stride, pos0 + r / n_head + 1, stride, 0.125f, true);
+  }
+  const vk::Buffer sb = Output(s.size() * 4);
+  std::memcpy(sb.mapped(), s.data(), s.size() * 4);
+  ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->Softmax(rec, sb, n_head, T, pos0, stride, 0.125f, true); }).ok());
+  const std::vector<float> got = Read<float>(sb, s.size());
+  int64_t subnormal = 0, differing = 0;
+  for (int64_t r = 0; r < T * n_head; ++r) {
+    for (int64_t p = 0; p <= pos0 + r / n_head; ++p) {
+      const float w = want[r * stride + p];
+      subnormal += w != 0.0f && std::fabs(w) < 6.103515625e-05f;
+      differing += std::memcmp(&w, &got[r * stride + p], 4) != 0;
+    }
+  }
+  std::printf("[vulkan subnormal] softmax weights rounded to f16: %lld subnormal, %lld differ from the CPU's\n",
+              static_cast<long long>(subnormal), static_cast<long long>(differing));
+  ASSERT_GT(subnormal, 20) << "the rows must be peaked enough to give subnormal weights";
+  EXPECT_EQ(differing, 0);
+
+  // An F16 table whose every other value is subnormal (both signs), looked up.
+  const int64_t n = 256, n_vocab = 4;
+  std::vector<uint16_t> table(n * n_vocab);
+  std::uniform_int_distribution<int> mantissa(1, 0x3FF), any(0, 0xFFFF);
+  for (size_t i = 0; i < table.size(); ++i) {
+    uint16_t h = i % 2 == 0 ? static_cast<uint16_t>(mantissa(rng) | (any(rng) & 0x8000)) : static_cast<uint16_t>(any(rng));
+    if ((h & 0x7C00) == 0x7C00) h &= 0x83FF;  // no infinities or NaNs
+    table[i] = h;
+  }
+  const Matrix m{GgmlType::kF16, n, n_vocab, n * 2, reinterpret_cast<const uint8_t*>(table.data())};
+  auto up = vk::Uploader::Create(*ctx_, 1 << 20);
+  ASSERT_TRUE(up.ok());
+  int64_t total = 0;
+  auto dm = vk::UploadMatrix(*ctx_, **up, m, vk::WeightUploadOptions{.max_binding_bytes = 1 << 20}, total);
+  ASSERT_TRUE(dm.ok()) << dm.status().message();
+  ASSERT_TRUE((*up)->Flush().ok());
+  const std::vector<int32_t> tokens = {3, 0, 2};
+  const vk::Buffer ids = Input(tokens);
+  const vk::Buffer x = Output(tokens.size() * n * 4);
+  ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->Embed(rec, *dm, ids, 3, x); }).ok());
+  const std::vector<float> row = Read<float>(x, tokens.size() * n);
+  int64_t embed_differing = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float w = Fp16ToFp32(table[tokens[t] * n + i]);
+      embed_differing += std::memcmp(&w, &row[t * n + i], 4) != 0;
+    }
+  }
+  std::printf("[vulkan subnormal] F16 lookup: %lld of %lld values differ from the CPU's\n",
+              static_cast<long long>(embed_differing), static_cast<long long>(tokens.size() * n));
+  EXPECT_EQ(embed_differing, 0);
 }
 
 }  // namespace

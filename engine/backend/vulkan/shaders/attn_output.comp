@@ -190,7 +190,7 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
   if (tid < HEADS) {
     float l = partial[tid * WG];
     for (uint k = 1u; k < kFold; ++k) l += partial[tid * WG + k];
-    hvec[RowInvAt(tid)] = 1.0 / l;
+    hvec[RowInvAt(tid)] = Div(1.0, l);  // correctly rounded, as softmax.comp
   }
   barrier();
   // softmax.comp's arithmetic: e = ExpPoly(scale * s - M), w = e * (1 / L).

@@ -38,10 +38,11 @@ uint F32ToF16Bits(float f) {
 
 // a / b as IEEE division rounds it (to nearest, ties to even), on any device. Vulkan lets a
 // shader's division be off by up to 2.5 ulp (GPUs and lavapipe multiply by a reciprocal),
-// and the quantizers must pick the CPU's codes, so the significands are divided here as
-// integers, 25 quotient bits by shift and subtract, and rounded with the remainder as sticky
-// bit. Zeros, infinities, NaN, subnormal operands and results out of the normal range (none of
-// which the quantizers divide) fall back to the device's division.
+// and the quantizers must pick the CPU's codes, and the softmax's 1 / sum, RMSNorm's scale and
+// SiLU the CPU's bits (an H200's 1 / x was an ulp off in some softmax rows, enough to move
+// f16-rounded weights), so the significands are divided here as integers, 25 quotient bits by
+// shift and subtract, and rounded with the remainder as sticky bit. Zeros, infinities, NaN,
+// subnormal operands and results out of the normal range fall back to the device's division.
 float Div(float a, float b) {
   const uint ua = floatBitsToUint(a), ub = floatBitsToUint(b);
   const uint ea = (ua >> 23) & 0xFFu, eb = (ub >> 23) & 0xFFu;
@@ -107,7 +108,7 @@ float ExpPoly(float x) {
 // quantize_act.comp (SOURCE 1) and matvec_quant.comp's epilogue all call it, so they agree
 // bit for bit.
 float SwiGluOf(float gate, float up) {
-  precise float v = gate / (1.0 + ExpPoly(-gate)) * up;
+  precise float v = Div(gate, 1.0 + ExpPoly(-gate)) * up;
   return v;
 }
 

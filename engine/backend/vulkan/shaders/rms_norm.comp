@@ -27,6 +27,7 @@ layout(binding = 3) readonly buffer RowIds { int row_ids[]; };
 
 shared float partial[WG];
 
+#include "common.glsl"
 #include "subgroup_tree.glsl"
 #include "rms_scale.glsl"
 

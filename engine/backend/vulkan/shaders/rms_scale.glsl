@@ -3,7 +3,7 @@
 // result): a tree of f32 partial sums (the CPU sums in double; the difference is far below the
 // tolerances), its last steps by subgroup shuffles in the *_sg variants (subgroup_tree.glsl:
 // the same sum). rms_norm.comp and quantize_act.comp (SOURCE 2) share it, so a fused norm
-// gives the very values of the separate one. Needs the buffer `x` and `shared float
+// gives the very values of the separate one. Needs common.glsl, the buffer `x` and `shared float
 // partial[WG]`, WG a power of two.
 float RmsScale(uint x0, uint n, float eps, uint tid, uint subgroup) {
   float sum = 0.0;
@@ -27,6 +27,6 @@ float RmsScale(uint x0, uint n, float eps, uint tid, uint subgroup) {
     if (tid == 0u) partial[0] = sum;
     barrier();
   }
-  const float mean = partial[0] / float(n);
-  return 1.0 / sqrt(mean + eps);
+  const float mean = Div(partial[0], float(n));
+  return Div(1.0, sqrt(mean + eps));  // (sqrt itself may be off by an ulp or two on a GPU)
 }

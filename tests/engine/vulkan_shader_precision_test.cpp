@@ -1,0 +1,87 @@
+// The shaders compute the CPU's bits on any device: Vulkan leaves a shader's float division
+// (2.5 ulp), square root and transcendental functions to the implementation, and lavapipe,
+// where CI runs them, happens to round them exactly. On an NVIDIA H200 the softmax's 1 / sum
+// was an ulp off in some rows, which moved f16-rounded and int8-coded attention weights (logits
+// NMSE 1e-6 to 1e-4 against the CPU, a golden test over its bound). So every shader's SPIR-V is
+// read here: a float division only inside common.glsl's exact Div (its fallback for zeros,
+// infinities and subnormals), a square root only in RMSNorm's scale (the CPU's double sum makes
+// that scale differ in the last bits anyway), and no exp, log, pow or trigonometric function.
+// No device needed: the embedded SPIR-V is all it reads.
+#include <gtest/gtest.h>
+
+#if defined(KVFS_VULKAN)
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/backend/vulkan/vk_pipelines.h"
+
+namespace kvfs {
+namespace {
+
+// SPIR-V opcodes and GLSL.std.450 instruction numbers (SPIR-V 1.0 and the extended
+// instruction set's specification).
+constexpr uint32_t kOpExtInstImport = 11, kOpExtInst = 12, kOpName = 5, kOpFunction = 54, kOpFunctionEnd = 56;
+constexpr uint32_t kOpFDiv = 136, kOpFRem = 140, kOpFMod = 141;
+constexpr uint32_t kGlslSqrt = 31, kGlslInverseSqrt = 32;
+
+std::string GlslName(uint32_t op) {
+  static const std::map<uint32_t, std::string> kNames = {
+      {13, "Sin"},  {14, "Cos"},  {15, "Tan"},   {16, "Asin"}, {17, "Acos"}, {18, "Atan"},  {19, "Sinh"},
+      {20, "Cosh"}, {21, "Tanh"}, {25, "Atan2"}, {26, "Pow"},  {27, "Exp"},  {28, "Log"},   {29, "Exp2"},
+      {30, "Log2"}, {31, "Sqrt"}, {32, "InverseSqrt"}};
+  const auto it = kNames.find(op);
+  return it == kNames.end() ? std::string() : it->second;
+}
+
+// Each device-rounded instruction of a module, as "function: instruction".
+std::vector<std::string> DeviceRounded(const vk::EmbeddedShader& shader) {
+  std::vector<std::string> found;
+  std::map<uint32_t, std::string> names;
+  uint32_t glsl_set = 0, function = 0;
+  for (size_t at = 5; at < shader.n_words;) {  // after the 5-word header
+    const uint32_t word = shader.words[at], op = word & 0xFFFFu, count = word >> 16;
+    EXPECT_GT(count, 0u) << shader.name << ": malformed instruction at word " << at;
+    if (count == 0 || at + count > shader.n_words) break;
+    const uint32_t* w = shader.words + at;
+    if (op == kOpName) names[w[1]] = reinterpret_cast<const char*>(w + 2);
+    if (op == kOpExtInstImport && std::string(reinterpret_cast<const char*>(w + 2)) == "GLSL.std.450") glsl_set = w[1];
+    if (op == kOpFunction) function = w[2];
+    if (op == kOpFunctionEnd) function = 0;
+    const std::string where = names.count(function) ? names[function] : std::string("?");
+    if (op == kOpFDiv || op == kOpFRem || op == kOpFMod) {
+      if (where.rfind("Div(", 0) != 0) found.push_back(where + ": a float division");
+    }
+    if (op == kOpExtInst && w[3] == glsl_set && !GlslName(w[4]).empty()) {
+      const bool rms_scale_sqrt = (w[4] == kGlslSqrt || w[4] == kGlslInverseSqrt) && where.rfind("RmsScale(", 0) == 0;
+      if (!rms_scale_sqrt) found.push_back(where + ": " + GlslName(w[4]));
+    }
+    at += count;
+  }
+  return found;
+}
+
+TEST(VulkanShaderPrecision, NoShaderLeavesARoundingToTheDevice) {
+  ASSERT_FALSE(vk::EmbeddedShaders().empty());
+  int checked_divisions = 0;
+  for (const vk::EmbeddedShader& shader : vk::EmbeddedShaders()) {
+    ASSERT_GE(shader.n_words, 5u) << shader.name;
+    ASSERT_EQ(shader.words[0], 0x07230203u) << shader.name << ": not SPIR-V";
+    for (const std::string& what : DeviceRounded(shader)) ADD_FAILURE() << shader.name << " rounds on the device: " << what;
+    for (size_t at = 5; at < shader.n_words;) {  // modules that divide at all, through Div
+      const uint32_t count = shader.words[at] >> 16;
+      if (count == 0) break;
+      checked_divisions += (shader.words[at] & 0xFFFFu) == kOpFDiv;
+      at += count;
+    }
+  }
+  // The check sees divisions at all (Div's fallback has two): a build that stripped the
+  // function names would make every one look like Div's.
+  EXPECT_GT(checked_divisions, 0);
+}
+
+}  // namespace
+}  // namespace kvfs
+
+#endif  // KVFS_VULKAN
