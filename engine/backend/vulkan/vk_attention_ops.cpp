@@ -158,12 +158,20 @@ int64_t KvSegmentHeads(const KvFormat& f, const AttentionShape& shape) {
 
 }  // namespace
 
+// Invocations of a kv_store workgroup: q4k rows spread their sub-blocks' 16 candidates over
+// 256 (a decode step's V row is one workgroup), the other formats take a group or a word each.
+uint32_t Ops::KvStoreGroup(const KvFormat& f) const {
+  const uint32_t most = std::min(ctx_.limits().max_group_size_x, ctx_.limits().max_group_invocations);
+  return f.type == KvType::kQ4K ? std::min<uint32_t>(256, most) : kElementwiseGroup;
+}
+
 Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
   const int64_t hd = shape.head_dim, row_values = shape.n_head_kv * hd;
   if (hd > kRowGroup) {
     return Unsupported(fmt::format("the Vulkan attention handles head_dim up to {}, the model has {}", kRowGroup, hd));
   }
-  // kv_store keeps a row's values and its encoding (at most 2 bytes a value) in shared memory.
+  // kv_store keeps a row's values and its encoding (at most 2 bytes a value) in shared memory
+  // (q4k rows more: KvStorePipeline checks them).
   const int64_t kv_store_shared = row_values * 4 + (row_values * 2 + 3) / 4 * 4;
   if (kv_store_shared > ctx_.limits().max_shared_bytes) {
     return Unsupported(fmt::format("a KV row of {} values needs {} bytes of shared memory; the device has {}",
@@ -229,7 +237,7 @@ Status Ops::KvStoreBatch(Recorder& rec, const KvView& kv, const AttentionShape& 
 
 Result<const Pipeline*> Ops::KvStorePipeline(const KvView& kv, const AttentionShape& shape, const RopeTable* rope,
                                              bool table) {
-  const uint32_t spec[] = {kElementwiseGroup,
+  const uint32_t spec[] = {KvStoreGroup(kv.format),
                            static_cast<uint32_t>(kv.format.type),
                            U32(kv.format.group),
                            U32(shape.head_dim),
@@ -239,6 +247,17 @@ Result<const Pipeline*> Ops::KvStorePipeline(const KvView& kv, const AttentionSh
                            U32(KvSegmentHeads(kv.format, shape)),
                            RopeMode(rope),
                            table ? 1u : 0u};
+  if (kv.format.type == KvType::kQ4K) {
+    // The row, its encoding and five words per sub-block (kv_store.comp's sub_lo .. sub_span)
+    // and its 16 candidates' errors.
+    const int64_t row_values = shape.n_head_kv * shape.head_dim, sub_blocks = row_values / kv.format.group;
+    const int64_t bytes = row_values * 4 + KvRowWords(kv) * 4 + sub_blocks * (5 + 16) * 4;
+    if (bytes > ctx_.limits().max_shared_bytes) {
+      return Unsupported(fmt::format("q4k rows of {} values in sub-blocks of {} need {} bytes of shared memory to "
+                                     "encode; the device has {}",
+                                     row_values, kv.format.group, bytes, ctx_.limits().max_shared_bytes));
+    }
+  }
   return pipelines_.Get(kKvStore, spec);
 }
 

@@ -512,6 +512,7 @@ class Ops {
                        float scale, bool round_f16, int64_t score0) const;
   AttnCall SoftmaxCall(const PlannedJob& p, const AttentionShape& shape, const AttentionScratch& scratch) const;
   Result<const Pipeline*> ReducePipeline(const KvView& kv, const AttentionShape& shape, const OutputCodes* codes);
+  uint32_t KvStoreGroup(const KvFormat& f) const;  // kv_store's invocations a workgroup
   Result<const Pipeline*> KvStorePipeline(const KvView& kv, const AttentionShape& shape, const RopeTable* rope,
                                           bool table);
   // A call's pipeline alone or merged (JOBS).

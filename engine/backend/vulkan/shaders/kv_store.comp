@@ -120,6 +120,20 @@ float Q4kError(uint v0, float m, float d) {
   return err;
 }
 
+// Per sub-block: its coded minimum mn0 and first scale step sc0, then the squared errors of its
+// 16 candidates (a, b) in QuantizeRowQ4k's order (a outer), candidate c at [j * 16 + c].
+const uint kCandidates = 16u;
+const uint kQ4kSubBlocks = KV_TYPE == kKvQ4K ? kSubBlocks : 1u;  // (other formats: no room taken)
+shared int sub_mn0[kQ4kSubBlocks], sub_sc0[kQ4kSubBlocks];
+shared float sub_span[kQ4kSubBlocks];
+shared float candidate_err[kQ4kSubBlocks * kCandidates];
+
+// QuantizeRowQ4k's arithmetic, spread over the workgroup: every step is a sub-block or a
+// candidate an invocation (a decode step has one V row a layer, so a row encoded by one
+// invocation per sub-block, 16 candidates and three exact divisions one after another, was a
+// serial chain: 72 us a dispatch on an H200, a third of a q4k decode step). The row-wide maxima
+// do not depend on the order, and each candidate's error and the choice among them are
+// computed as before, so the bytes are the same.
 void EncodeQ4kRow(uint tid) {
   for (uint j = tid; j < kSubBlocks; j += WG) {
     float lo = hvec[j * KV_GROUP], hi = lo;
@@ -136,11 +150,15 @@ void EncodeQ4kRow(uint tid) {
   for (uint j = 0u; j < kSubBlocks; ++j) max_abs_lo = max(max_abs_lo, abs(sub_lo[j]));
   precise float m_unit = Div(max_abs_lo, 15.0);
   const float M = F16AtLeast(m_unit);
-  float max_span = 0.0;
-  for (uint j = 0u; j < kSubBlocks; ++j) {
-    precise float span = sub_hi[j] - M * float(Q4kCodedMin(sub_lo[j], M));
-    max_span = max(max_span, span);
+  for (uint j = tid; j < kSubBlocks; j += WG) {
+    const int mn0 = Q4kCodedMin(sub_lo[j], M);
+    precise float span = sub_hi[j] - M * float(mn0);
+    sub_mn0[j] = mn0;
+    sub_span[j] = span;
   }
+  barrier();
+  float max_span = 0.0;
+  for (uint j = 0u; j < kSubBlocks; ++j) max_span = max(max_span, sub_span[j]);
   precise float d_unit = Div(max_span, 465.0);  // 15 levels x 31 scale steps
   const float D = F16AtLeast(d_unit);
   if (tid == 0u) {
@@ -148,26 +166,32 @@ void EncodeQ4kRow(uint tid) {
     PutU16(2u, F32ToF16Bits(M));
   }
   for (uint j = tid; j < kSubBlocks; j += WG) {
-    const uint v0 = j * KV_GROUP;
-    const int mn0 = Q4kCodedMin(sub_lo[j], M);
-    precise float m0 = M * float(mn0);
+    precise float m0 = M * float(sub_mn0[j]);
     precise float steps = Div(sub_hi[j] - m0, 15.0 * D);
-    const int sc0 = D > 0.0 ? clamp(int(ceil(steps)), 0, 31) : 0;
-    int best_mn = mn0, best_sc = sc0;
-    float best = -1.0;
-    for (int a = 0; a < 4; ++a) {
-      for (int b = 0; b < 4; ++b) {
-        const int mn = min(mn0 + a, 15), sc = max(sc0 - b, 0);
-        precise float m = M * float(mn);
-        precise float d = D * float(sc);
-        const float err = Q4kError(v0, m, d);
-        if (best < 0.0 || err < best) {
-          best = err;
-          best_mn = mn;
-          best_sc = sc;
-        }
+    sub_sc0[j] = D > 0.0 ? clamp(int(ceil(steps)), 0, 31) : 0;
+  }
+  barrier();
+  for (uint x = tid; x < kSubBlocks * kCandidates; x += WG) {
+    const uint j = x / kCandidates, c = x % kCandidates;
+    const int mn = min(sub_mn0[j] + int(c / 4u), 15), sc = max(sub_sc0[j] - int(c % 4u), 0);
+    precise float m = M * float(mn);
+    precise float d = D * float(sc);
+    candidate_err[x] = Q4kError(j * KV_GROUP, m, d);
+  }
+  barrier();
+  for (uint j = tid; j < kSubBlocks; j += WG) {
+    const uint v0 = j * KV_GROUP;
+    // The first candidate of least error, as the CPU's loop keeps it.
+    uint best_c = 0u;
+    float best = candidate_err[j * kCandidates];
+    for (uint c = 1u; c < kCandidates; ++c) {
+      const float err = candidate_err[j * kCandidates + c];
+      if (err < best) {
+        best = err;
+        best_c = c;
       }
     }
+    const int best_mn = min(sub_mn0[j] + int(best_c / 4u), 15), best_sc = max(sub_sc0[j] - int(best_c % 4u), 0);
     const uint k = j % 4u, field = uint(best_sc) | (uint(best_mn + 15) << 5);
     const uint at = Q4kFieldsOffset(j) + (10u * k) / 8u, bits = field << ((10u * k) % 8u);
     PutByte(at, bits);
