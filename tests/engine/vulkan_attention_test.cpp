@@ -171,9 +171,13 @@ TEST_F(VulkanAttentionTest, ScoresRotateQueriesAsRopeThenScores) {
 TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuQ4kValueRows) {
   std::mt19937 rng(23);
   const int64_t pos0 = 5, T = 40;
-  for (const char* rotate : {"off", "on"}) {
+  // Sub-blocks of 16 values (8 a row: part of one wave of kv_store's candidates), 4 and 2
+  // (32 and 64: two and four waves of a 256-invocation workgroup).
+  for (const auto& [rotate, group] : {std::pair{"off", int64_t{0}}, {"on", int64_t{0}}, {"on", int64_t{4}},
+                                      {"off", int64_t{2}}}) {
     auto f = MakeKvFormat("q4k", rotate, kHeadsKv, kHeadDim);
     ASSERT_TRUE(f.ok());
+    if (group != 0) f->group = group;
     std::vector<float> rows = RandomRows(T, rng);
     auto row = [&](int64_t r) { return rows.begin() + r * kRowValues; };
     std::fill(row(0), row(1), 0.0f);
@@ -197,8 +201,9 @@ TEST_F(VulkanAttentionTest, KvStoreWritesTheCpuQ4kValueRows) {
       EXPECT_TRUE(same) << f->Name() << " row " << t;
       differing_rows += !same;
     }
-    std::printf("[vulkan kv_store] %-10s %lld of %lld V rows differ from the CPU encoding\n", f->Name().c_str(),
-                static_cast<long long>(differing_rows), static_cast<long long>(T));
+    std::printf("[vulkan kv_store] %-10s sub-blocks of %2lld: %lld of %lld V rows differ from the CPU encoding\n",
+                f->Name().c_str(), static_cast<long long>(f->group), static_cast<long long>(differing_rows),
+                static_cast<long long>(T));
   }
 }
 

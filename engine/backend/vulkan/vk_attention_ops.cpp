@@ -248,10 +248,11 @@ Result<const Pipeline*> Ops::KvStorePipeline(const KvView& kv, const AttentionSh
                            RopeMode(rope),
                            table ? 1u : 0u};
   if (kv.format.type == KvType::kQ4K) {
-    // The row, its encoding and five words per sub-block (kv_store.comp's sub_lo .. sub_span)
-    // and its 16 candidates' errors.
+    // The row, its encoding, six words per sub-block (kv_store.comp's sub_lo .. sub_best) and
+    // the errors of a wave's candidates (one an invocation).
     const int64_t row_values = shape.n_head_kv * shape.head_dim, sub_blocks = row_values / kv.format.group;
-    const int64_t bytes = row_values * 4 + KvRowWords(kv) * 4 + sub_blocks * (5 + 16) * 4;
+    const int64_t wave_errors = std::max<int64_t>(KvStoreGroup(kv.format), 16);
+    const int64_t bytes = row_values * 4 + KvRowWords(kv) * 4 + sub_blocks * 6 * 4 + wave_errors * 4;
     if (bytes > ctx_.limits().max_shared_bytes) {
       return Unsupported(fmt::format("q4k rows of {} values in sub-blocks of {} need {} bytes of shared memory to "
                                      "encode; the device has {}",

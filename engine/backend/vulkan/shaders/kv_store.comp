@@ -120,13 +120,17 @@ float Q4kError(uint v0, float m, float d) {
   return err;
 }
 
-// Per sub-block: its coded minimum mn0 and first scale step sc0, then the squared errors of its
-// 16 candidates (a, b) in QuantizeRowQ4k's order (a outer), candidate c at [j * 16 + c].
+// Per sub-block: its coded minimum mn0, span, first scale step sc0 and chosen candidate. The 16
+// candidates (a, b), in QuantizeRowQ4k's order (a outer), are tried in waves of kWaveBlocks
+// sub-blocks, one candidate an invocation: sub-block j0 + i's candidate c at [i * 16 + c].
 const uint kCandidates = 16u;
+const uint kWaveBlocks = WG / kCandidates > 0u ? WG / kCandidates : 1u;
 const uint kQ4kSubBlocks = KV_TYPE == kKvQ4K ? kSubBlocks : 1u;  // (other formats: no room taken)
+const uint kQ4kWave = KV_TYPE == kKvQ4K ? kWaveBlocks : 1u;
 shared int sub_mn0[kQ4kSubBlocks], sub_sc0[kQ4kSubBlocks];
 shared float sub_span[kQ4kSubBlocks];
-shared float candidate_err[kQ4kSubBlocks * kCandidates];
+shared uint sub_best[kQ4kSubBlocks];
+shared float candidate_err[kQ4kWave * kCandidates];
 
 // QuantizeRowQ4k's arithmetic, spread over the workgroup: every step is a sub-block or a
 // candidate an invocation (a decode step has one V row a layer, so a row encoded by one
@@ -171,26 +175,33 @@ void EncodeQ4kRow(uint tid) {
     sub_sc0[j] = D > 0.0 ? clamp(int(ceil(steps)), 0, 31) : 0;
   }
   barrier();
-  for (uint x = tid; x < kSubBlocks * kCandidates; x += WG) {
-    const uint j = x / kCandidates, c = x % kCandidates;
-    const int mn = min(sub_mn0[j] + int(c / 4u), 15), sc = max(sub_sc0[j] - int(c % 4u), 0);
-    precise float m = M * float(mn);
-    precise float d = D * float(sc);
-    candidate_err[x] = Q4kError(j * KV_GROUP, m, d);
-  }
-  barrier();
-  for (uint j = tid; j < kSubBlocks; j += WG) {
-    const uint v0 = j * KV_GROUP;
-    // The first candidate of least error, as the CPU's loop keeps it.
-    uint best_c = 0u;
-    float best = candidate_err[j * kCandidates];
-    for (uint c = 1u; c < kCandidates; ++c) {
-      const float err = candidate_err[j * kCandidates + c];
-      if (err < best) {
-        best = err;
-        best_c = c;
-      }
+  for (uint j0 = 0u; j0 < kSubBlocks; j0 += kWaveBlocks) {  // (the same trip count everywhere)
+    const uint n = min(kWaveBlocks, kSubBlocks - j0);
+    for (uint x = tid; x < n * kCandidates; x += WG) {
+      const uint j = j0 + x / kCandidates, c = x % kCandidates;
+      const int mn = min(sub_mn0[j] + int(c / 4u), 15), sc = max(sub_sc0[j] - int(c % 4u), 0);
+      precise float m = M * float(mn);
+      precise float d = D * float(sc);
+      candidate_err[x] = Q4kError(j * KV_GROUP, m, d);
     }
+    barrier();
+    for (uint i = tid; i < n; i += WG) {
+      // The first candidate of least error, as the CPU's loop keeps it.
+      uint best_c = 0u;
+      float best = candidate_err[i * kCandidates];
+      for (uint c = 1u; c < kCandidates; ++c) {
+        const float err = candidate_err[i * kCandidates + c];
+        if (err < best) {
+          best = err;
+          best_c = c;
+        }
+      }
+      sub_best[j0 + i] = best_c;
+    }
+    barrier();
+  }
+  for (uint j = tid; j < kSubBlocks; j += WG) {
+    const uint v0 = j * KV_GROUP, best_c = sub_best[j];
     const int best_mn = min(sub_mn0[j] + int(best_c / 4u), 15), best_sc = max(sub_sc0[j] - int(best_c % 4u), 0);
     const uint k = j % 4u, field = uint(best_sc) | (uint(best_mn + 15) << 5);
     const uint at = Q4kFieldsOffset(j) + (10u * k) / 8u, bits = field << ((10u * k) % 8u);

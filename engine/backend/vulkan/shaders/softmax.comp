@@ -64,8 +64,8 @@ void main() {
     if (tid < k) partial[tid] += partial[tid + k];
     barrier();
   }
-  // Div: the CPU's correctly rounded 1 / sum (a device's own division may be off by an ulp, and
-  // an ulp in a row's scale moves its f16-rounded or int8-coded weights: seen on an H200).
+  // Div: 1 / sum correctly rounded, as the CPU's (a device's own division may be off by an ulp,
+  // and an ulp in a row's scale moves its f16-rounded or int8-coded weights: seen on an H200).
   const float inv = Div(1.0, partial[0]);
   for (uint i = tid; i < n; i += WG) {
     const float w = s[row + i] * inv;
