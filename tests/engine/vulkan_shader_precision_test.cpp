@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/backend/vulkan/vk_pipelines.h"
 
@@ -39,10 +40,17 @@ std::string GlslName(uint32_t op) {
   return it == kNames.end() ? std::string() : it->second;
 }
 
-// Each device-rounded instruction of a module, as "function: instruction"; `allowed_sqrts`
-// counts the square roots in RMSNorm's scale (so the test sees extended instructions at all).
-std::vector<std::string> DeviceRounded(const vk::EmbeddedShader& shader, int& allowed_sqrts) {
+// What one pass over a module's instructions found: each device-rounded instruction, as
+// "function: instruction", and how many divisions (all, Div's included) and square roots in
+// RMSNorm's scale it saw, so that the test knows it sees instructions at all.
+struct Scan {
   std::vector<std::string> found;
+  int divisions = 0, allowed_sqrts = 0;
+};
+
+Scan DeviceRounded(const vk::EmbeddedShader& shader) {
+  Scan scan;
+  std::vector<std::string>& found = scan.found;
   std::map<uint32_t, std::string> names;
   uint32_t glsl_set = 0, function = 0;
   for (size_t at = 5; at < shader.n_words;) {  // after the 5-word header
@@ -55,6 +63,7 @@ std::vector<std::string> DeviceRounded(const vk::EmbeddedShader& shader, int& al
     if (op == kOpFunction) function = w[2];
     if (op == kOpFunctionEnd) function = 0;
     const std::string where = names.count(function) ? names[function] : std::string("?");
+    scan.divisions += op == kOpFDiv;
     if (op == kOpFDiv || op == kOpFRem || op == kOpFMod) {
       if (where.rfind("Div(", 0) != 0) found.push_back(where + ": a float division");
     }
@@ -62,11 +71,11 @@ std::vector<std::string> DeviceRounded(const vk::EmbeddedShader& shader, int& al
     if (op == kOpExtInst && w[3] == glsl_set && !GlslName(w[4]).empty()) {
       const bool rms_scale_sqrt = (w[4] == kGlslSqrt || w[4] == kGlslInverseSqrt) && where.rfind("RmsScale(", 0) == 0;
       if (!rms_scale_sqrt) found.push_back(where + ": " + GlslName(w[4]));
-      allowed_sqrts += rms_scale_sqrt;
+      scan.allowed_sqrts += rms_scale_sqrt;
     }
     at += count;
   }
-  return found;
+  return scan;
 }
 
 TEST(VulkanShaderPrecision, NoShaderLeavesARoundingToTheDevice) {
@@ -75,15 +84,10 @@ TEST(VulkanShaderPrecision, NoShaderLeavesARoundingToTheDevice) {
   for (const vk::EmbeddedShader& shader : vk::EmbeddedShaders()) {
     ASSERT_GE(shader.n_words, 5u) << shader.name;
     ASSERT_EQ(shader.words[0], 0x07230203u) << shader.name << ": not SPIR-V";
-    for (const std::string& what : DeviceRounded(shader, allowed_sqrts)) {
-      ADD_FAILURE() << shader.name << " rounds on the device: " << what;
-    }
-    for (size_t at = 5; at < shader.n_words;) {  // modules that divide at all, through Div
-      const uint32_t count = shader.words[at] >> 16;
-      if (count == 0) break;
-      checked_divisions += (shader.words[at] & 0xFFFFu) == kOpFDiv;
-      at += count;
-    }
+    const Scan scan = DeviceRounded(shader);
+    for (const std::string& what : scan.found) ADD_FAILURE() << shader.name << " rounds on the device: " << what;
+    checked_divisions += scan.divisions;
+    allowed_sqrts += scan.allowed_sqrts;
   }
   // The check sees what it looks for (Div's fallback divides; RMSNorm's scale takes a square
   // root): a parse that missed instructions or the GLSL.std.450 import would pass vacuously.

@@ -573,6 +573,8 @@ def vulkan_daemon_serves_as_the_cpu(t):
     if FAKE:
         raise Skip('the fake engine has no backend (kvfsd runs this)')
     if KVFS_CLI is None:
+        if CI:
+            raise Failure('CI=true: no kvfs CLI given (argument 4) to list Vulkan devices')
         raise Skip('no kvfs CLI given to list Vulkan devices')
     r = subprocess.run([KVFS_CLI, 'devices'], capture_output=True, text=True, timeout=120)
     if 'built without the Vulkan backend' in r.stderr:
