@@ -285,6 +285,19 @@ std::vector<float> ReferenceAttention(const KvFormat& f, const std::vector<uint8
   return out;
 }
 
+// Formats() and q4 with value groups other than a head: 32 (two groups a head, whose int8
+// weight codes attn_output makes per group) and 128 (one group over two heads: the second
+// head's values start inside it).
+std::vector<KvFormat> FormatsWithQ4Groups() {
+  std::vector<KvFormat> out = Formats();
+  for (const auto& [group, rotate] : {std::pair<int64_t, const char*>{32, "on"}, {128, "off"}}) {
+    KvFormat f = *MakeKvFormat("q4", rotate, kHeadsKv, kHeadDim);
+    f.group = group;
+    out.push_back(f);
+  }
+  return out;
+}
+
 TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
   std::mt19937 rng(23);
   struct Case {
@@ -298,7 +311,7 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
   for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}, Case{131, 1}, Case{2000, 4},
                        Case{62, 4}, Case{37, 21}}) {
     const int64_t n_ctx = c.pos0 + c.T;
-    for (const KvFormat& f : Formats()) {
+    for (const KvFormat& f : FormatsWithQ4Groups()) {
       const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
       const std::vector<uint8_t> v = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);
       const Plane kp = PlaneOf(f, k, n_ctx), vp = PlaneOf(f, v, n_ctx);

@@ -110,6 +110,15 @@ int64_t TileTokensFor(int64_t n_tokens) {
   return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(n_tokens, 1))));
 }
 
+// attn_output's int8-weight path (q4 values) keeps each round's tile codes in shared memory: an
+// entry of 32 int8 codes, a scale and a base per (lane, token, head, value group of the head).
+int64_t OutputTileCodeBytes(const KvFormat& f, const AttentionShape& shape, int64_t heads, int64_t tokens) {
+  const int64_t hd = shape.head_dim, g = f.group;
+  if (f.type != KvType::kQ4 || hd % 32 != 0 || g % 32 != 0) return 40;  // the arrays' one unused entry
+  const int64_t head_groups = hd % g == 0 ? hd / g : (g % hd == 0 ? 1 : hd / g + 2);  // as the shader's
+  return 40 * (kRowGroup / hd) * tokens * heads * head_groups;
+}
+
 // attn_reduce's workgroup: a power of two in [64, kRowGroup] covering its heads' values.
 uint32_t ReduceGroup(int64_t values) {
   uint32_t wg = 64;
@@ -474,11 +483,22 @@ Result<Ops::AttnCall> Ops::PlanOutput(const KvView& kv, const AttentionShape& sh
   if (stats != nullptr && split_positions > kFusedSplitCap) {
     return Internal("attn_output's fused softmax takes splits of at most 128 positions (FusesSoftmax)");
   }
-  // Several tokens a workgroup where each token's weights are a row of their own in `scores`.
-  const int64_t tokens = query_tiles_ && stats == nullptr && n_splits == 1
-                             ? std::clamp<int64_t>(std::min(kOutputSums / heads, TileTokensFor(n_tokens)), 1,
-                                                   kMaxOutputTokens)
-                             : 1;
+  // Several tokens a workgroup where each token's weights are a row of their own in `scores`
+  // (q4: fewer where the tiles' codes would not fit the device's shared memory).
+  int64_t tokens = query_tiles_ && stats == nullptr && n_splits == 1
+                       ? std::clamp<int64_t>(std::min(kOutputSums / heads, TileTokensFor(n_tokens)), 1,
+                                             kMaxOutputTokens)
+                       : 1;
+  const auto shared_bytes = [&](int64_t t) {
+    return 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, codes != nullptr) +
+           OutputTileCodeBytes(kv.format, shape, heads, t);
+  };
+  while (tokens > 1 && shared_bytes(tokens) > ctx_.limits().max_shared_bytes) tokens /= 2;
+  if (shared_bytes(tokens) > ctx_.limits().max_shared_bytes) {
+    return Unsupported(fmt::format("attn_output over {} query heads of {} values needs {} bytes of shared memory; the "
+                                   "device has {}",
+                                   heads, shape.head_dim, shared_bytes(tokens), ctx_.limits().max_shared_bytes));
+  }
   const uint32_t spec[] = {kRowGroup,
                            static_cast<uint32_t>(kv.format.type),
                            U32(kv.format.group),

@@ -119,41 +119,120 @@ const uint QUANT_SHARED = KIND == 3u ? 1u : WG;
 // function, which spirv-val rejects.)
 const bool kInt8Weights = uint(KV_TYPE == kKvQ4) * uint(HD % 32u == 0u) * uint(KV_GROUP % 32u == 0u) != 0u;
 
+// A tile's codes depend on its (token, head, value group), not on the value: they are made once
+// per round of `lanes` tiles into shared memory (an entry per tile, token, head and group of the
+// head's values), then every invocation (lane, d) sums its tile's codes against its values'
+// nibbles, each nibble read once for all tokens and heads. (Made per value, as the CPU's loop
+// order suggests, they cost HD / KV_GROUP x HEADS x QT times the work.)
+const uint kLanes = WG / HD;
+// Value groups a head's values can span (groups need not start at a head's first value).
+const uint kHeadGroups = HD % KV_GROUP == 0u ? HD / KV_GROUP : (KV_GROUP % HD == 0u ? 1u : HD / KV_GROUP + 2u);
+const uint kEntries = kInt8Weights ? kLanes * QT * HEADS * kHeadGroups : 1u;
+// entry (lane l, token k, head i, group g: the head's first group + g) at
+// ((l * QT + k) * HEADS + i) * kHeadGroups + g
+shared uint tile_codes[kEntries * 8u];           // 32 int8 codes of a_p (p - tile start), 4 a word
+shared float tile_scale[kEntries], tile_base[kEntries];  // 2^e, and sum_p w_p (m + 8d) in order
+
 uint TileEnd(uint pos) {  // the end of the tile holding pos
   const uint block_end = (pos / p.block_tokens + 1u) * p.block_tokens;
   return min(pos - (pos % p.block_tokens) % 32u + 32u, block_end);
 }
 
-// Value v's share of positions [t0, t1) (one tile, or its visible part): sum of w_p * V(p, v).
-// A tile lies in one KV block (TileEnd), so its block-table entry is read once: each position
-// then waits for one load, not for the table's and then its own.
-float TileSum(uint wrow0, uint i, uint s0, uint t0, uint t1, uint v) {
-  const uint group_off = (v / KV_GROUP) * KvGroupBytes(), at = v % KV_GROUP;
-  // Row of the block's slot minus the block's first position: adding a position of the block
-  // gives its row (uint arithmetic wraps, so the difference may).
+// The row of position pos's KV block slot minus the block's first position, for the tile
+// starting at t0 (a tile lies in one KV block, so its table entry is read once): adding a
+// position of the block gives its row (uint arithmetic wraps, so the difference may).
+uint TileRow0(uint t0) {
   const uint block = t0 / p.block_tokens;
-  const uint block_row0 = block_table[p.table0 + block] * p.block_tokens - block * p.block_tokens;
+  return block_table[p.table0 + block] * p.block_tokens - block * p.block_tokens;
+}
+
+// Entry e of the round whose first tile starts at a: head h0 + i's weights (token k's row
+// wrow0 + k * token_rows) against value group first / KV_GROUP + g, over positions [t0, t1) of
+// tile l (none when the token sees no position of it, or the head no value of the group).
+void MakeTileEntry(uint e, uint a, uint wrow0, uint token_rows, uint s0, uint split_end, uint n_valid, uint t0q,
+                   uint first) {
+  const uint g = e % kHeadGroups, i = (e / kHeadGroups) % HEADS, k = (e / (kHeadGroups * HEADS)) % QT;
+  const uint l = e / (kHeadGroups * HEADS * QT);
+  uint t0 = a;
+  for (uint j = 0u; j < l; ++j) t0 = TileEnd(t0);
+  const uint visible = min(p.pos0 + t0q + k + 1u, split_end);
+  for (uint c = 0u; c < 8u; ++c) tile_codes[e * 8u + c] = 0u;
+  tile_scale[e] = 0.0;
+  tile_base[e] = 0.0;
+  const uint group = first / KV_GROUP + g;
+  if (k >= n_valid || t0 >= visible || group > (first + HD - 1u) / KV_GROUP) return;
+  const uint t1 = min(TileEnd(t0), visible);
+  const uint wrow = wrow0 + k * token_rows;
+  const uint group_off = group * KvGroupBytes();
+  const uint block_row0 = TileRow0(t0);
   precise float amax = 0.0;
   for (uint pos = t0; pos < t1; ++pos) {
-    precise float a = Weight(wrow0, i, s0, pos) * F16BitsToF32(KvU16((block_row0 + pos) * p.row_stride + group_off));
-    amax = max(amax, abs(a));
+    precise float a_p = Weight(wrow, i, s0, pos) * F16BitsToF32(KvU16((block_row0 + pos) * p.row_stride + group_off));
+    amax = max(amax, abs(a_p));
   }
-  const int e = Int8ScaleExponent(amax);
-  int isum = 0;
+  const int ex = Int8ScaleExponent(amax);
   precise float base = 0.0;
+  uint word = 0u;
   for (uint pos = t0; pos < t1; ++pos) {
-    const uint group = (block_row0 + pos) * p.row_stride + group_off;
-    const float d = F16BitsToF32(KvU16(group)), m = F16BitsToF32(KvU16(group + 2u));
-    const float wp = Weight(wrow0, i, s0, pos);
-    precise float a = wp * d;
-    const int code = Int8Code(a, amax, e);
-    const uint byte_value = KvU8(group + 4u + at / 2u);
-    isum += code * (int((at & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u)) - 8);
+    const uint at = (block_row0 + pos) * p.row_stride + group_off;
+    const float d = F16BitsToF32(KvU16(at)), m = F16BitsToF32(KvU16(at + 2u));
+    const float wp = Weight(wrow, i, s0, pos);
+    precise float a_p = wp * d;
+    const uint j = pos - t0;
+    word |= (uint(Int8Code(a_p, amax, ex)) & 0xFFu) << (8u * (j & 3u));
+    if ((j & 3u) == 3u || pos + 1u == t1) {
+      tile_codes[e * 8u + j / 4u] = word;
+      word = 0u;
+    }
     precise float m8 = m + 8.0 * d;
     base = fma(wp, m8, base);
   }
-  precise float sum = fma(float(isum), Int8Scale(amax, e), base);
-  return sum;
+  tile_scale[e] = Int8Scale(amax, ex);
+  tile_base[e] = base;
+}
+
+// Each invocation's sums, token k, head i at k * HEADS + i (private: a global, as GLSL takes no
+// array of specialization-constant size as a parameter).
+float acc[QT * HEADS];
+
+// The int8-weight path's sums: acc[k * HEADS + i] += each tile's fma(isum, 2^e, base), tile by
+// tile, lane l taking tiles l, l + lanes, ... of the split (which starts at a tile start), in
+// rounds of `lanes` tiles. Every invocation runs it (barriers).
+void Int8WeightSums(uint tid, uint lane, uint d, uint wrow0, uint token_rows, uint s0, uint split_end,
+                    uint n_visible, uint n_valid, uint t0q, uint first) {
+  const uint v = first + d, at = v % KV_GROUP, g = v / KV_GROUP - first / KV_GROUP;  // g < kHeadGroups
+  const uint group_off = (v / KV_GROUP) * KvGroupBytes();
+  for (uint a = s0; a < n_visible;) {  // a: the round's first tile (the same in every invocation)
+    for (uint e = tid; e < kEntries; e += WG) MakeTileEntry(e, a, wrow0, token_rows, s0, split_end, n_valid, t0q, first);
+    barrier();
+    uint t0 = a;
+    for (uint j = 0u; j < kLanes; ++j) {  // t0: this lane's tile; a: the next round's
+      if (j == lane) t0 = a;
+      if (a < n_visible) a = TileEnd(a);
+    }
+    if (lane < kLanes && t0 < n_visible) {
+      const uint t1 = min(TileEnd(t0), n_visible), block_row0 = TileRow0(t0);
+      int isum[QT * HEADS];
+      for (uint x = 0u; x < QT * HEADS; ++x) isum[x] = 0;
+      for (uint pos = t0; pos < t1; ++pos) {
+        const uint byte_value = KvU8((block_row0 + pos) * p.row_stride + group_off + 4u + at / 2u);
+        const int q = int((at & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u)) - 8;
+        const uint j = pos - t0;
+        for (uint x = 0u; x < QT * HEADS; ++x) {
+          const uint e = (lane * QT * HEADS + x) * kHeadGroups + g;
+          isum[x] += bitfieldExtract(int(tile_codes[e * 8u + j / 4u]), int(8u * (j & 3u)), 8) * q;
+        }
+      }
+      for (uint x = 0u; x < QT * HEADS; ++x) {
+        const uint k = x / HEADS;
+        if (k >= n_valid || t0 >= min(p.pos0 + t0q + k + 1u, split_end)) continue;  // token sees none of it
+        const uint e = (lane * QT * HEADS + x) * kHeadGroups + g;
+        precise float sum = fma(float(isum[x]), tile_scale[e], tile_base[e]);
+        acc[x] += sum;
+      }
+    }
+    barrier();
+  }
 }
 
 // FUSED: M and 1 / L of the HEADS heads from the stats of the whole row (pos0 + t + 1
@@ -217,20 +296,9 @@ void main() {
   // Token t0 + k's weight rows: head h0 + i at wrow0 + k * n_head * score_stride + i * score_stride.
   const uint wrow0 = p.score0 + (t0 * p.n_head + h0) * p.score_stride, token_rows = p.n_head * p.score_stride;
   if (FUSED != 0u) FusedWeights(tid, t0, h0, wrow0, s0, n_visible);
-  float acc[QT * HEADS];  // token k, head i at k * HEADS + i
   for (uint x = 0u; x < QT * HEADS; ++x) acc[x] = 0.0;
-  if (kInt8Weights && lane < lanes) {
-    // Lane l sums tiles l, l + lanes, ... of the split (which starts at a tile start).
-    uint tile = 0u;
-    for (uint a = s0; a < n_visible; a = TileEnd(a), ++tile) {
-      if (tile % lanes != lane) continue;
-      for (uint k = 0u; k < QT; ++k) {
-        const uint visible = min(p.pos0 + t0 + k + 1u, split_end);
-        if (k >= n_valid || a >= visible) continue;
-        const uint b = min(TileEnd(a), visible);
-        for (uint i = 0u; i < HEADS; ++i) acc[k * HEADS + i] += TileSum(wrow0 + k * token_rows, i, s0, a, b, first + d);
-      }
-    }
+  if (kInt8Weights) {
+    Int8WeightSums(tid, lane, d, wrow0, token_rows, s0, split_end, n_visible, n_valid, t0, first);
   } else if (lane < lanes) {
     // kBatch positions at a time: their block-table entries, then their values, are loaded
     // before any is used, so an invocation waits two memory latencies per kBatch positions, not

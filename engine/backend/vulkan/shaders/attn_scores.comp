@@ -73,6 +73,7 @@ layout(binding = 1) readonly buffer PlaneVec4 { uvec4 kv_vec4[]; };     // the s
 layout(binding = 2) readonly buffer BlockTable { uint block_table[]; };
 layout(binding = 3) writeonly buffer Scores { float scores[]; };        // from score0: [n_tokens][n_head][score_stride]
 layout(binding = 4) readonly buffer Keys { uint key_words[]; };         // q4k: [rows][n_channels / 2] f16 pairs
+layout(binding = 4) readonly buffer KeysVec4 { uvec4 key_vec4[]; };     // the same, 16 bytes a load
 layout(binding = 5) writeonly buffer Stats { vec2 stats[]; };           // STATS, from stats0: [n_tokens][n_head][stats_stride] (m, sum)
 layout(binding = 6) readonly buffer CosSin { vec2 cs[]; };              // ROPE: [q rows][n_rot / 2] (cos, sin)
 layout(binding = 7) readonly buffer NewKeys { float k_new[]; };         // NEW_KEYS: [q rows][k_stride], before RoPE
@@ -213,6 +214,26 @@ float StagedKeyScore(uint pos, uint first, uint at) {
   return s;
 }
 
+// Every query's score against the staged f16 key of position pos, the key read once for all of
+// them, 8 values a load (head_dim a multiple of 8: rows and head slices start at 16-byte
+// boundaries), each sum in StagedKeyScore's order. Decode's keys past the last whole chunk take
+// this path: read per query, one word a value, they made the last workgroup of a head the
+// slowest of the dispatch.
+void StagedKeyScores(uint pos, uint first, out float t[NQ]) {
+  const uint at = ((p.key_row0 + pos - p.key_pos0) * (p.n_channels / 2u) + first / 2u) >> 2;
+  precise float sums[NQ];
+  for (uint i = 0u; i < NQ; ++i) sums[i] = 0.0;
+  for (uint j = 0u; j < HD / 8u; ++j) {
+    const uvec4 w = key_vec4[at + j];
+    for (uint k = 0u; k < 8u; ++k) {
+      const uint word = w[k >> 1];
+      const float key = F16BitsToF32((k & 1u) != 0u ? (word >> 16) : (word & 0xFFFFu));
+      for (uint i = 0u; i < NQ; ++i) sums[i] += hvec[i * HD + 8u * j + k] * key;
+    }
+  }
+  for (uint i = 0u; i < NQ; ++i) t[i] = sums[i];
+}
+
 // f16 keys with head_dim < 64 and not a multiple of 16: the reference engine (and the CPU
 // backend's scalar attention) adds the exact products of f16 query and key values in double and
 // rounds once. Float TwoSum (error-free) accumulation gives that sum's rounding too but in rare
@@ -345,12 +366,18 @@ void main() {
         }
       }
     }
+    // Staged keys: read once for all queries where the head slices are 16-byte aligned.
+    bool staged = false;
+    for (uint i = 0u; i < NQ; ++i) staged = staged || (!ChunkWhole(chunk, i) && pos < QueryVisible(i));
+    float staged_s[NQ];
+    for (uint i = 0u; i < NQ; ++i) staged_s[i] = 0.0;
+    if (HD % 8u == 0u && visible && !is_new && staged) StagedKeyScores(pos, first, staged_s);
     for (uint i = 0u; visible && i < NQ; ++i) {
       if (ChunkWhole(chunk, i) || pos >= QueryVisible(i)) continue;
       if (is_new) {
         s[i] = NewKeyScore(pos - p.pos0, i * HD);
       } else {
-        s[i] = StagedKeyScore(pos, first, i * HD);
+        s[i] = HD % 8u == 0u ? staged_s[i] : StagedKeyScore(pos, first, i * HD);
       }
     }
   } else if (visible && is_new) {
