@@ -107,7 +107,9 @@ uint QueryVisible(uint i) { return p.pos0 + QueryToken(i) + 1u; }
 // spirv-val rejects once the flag is read outside main.)
 const bool kInt8Queries = uint(KV_TYPE == kKvQ4) * uint(HD % 32u == 0u) * uint(KV_GROUP % 32u == 0u) != 0u;
 const uint kBlocks = HD / 32u + 1u;  // per query: + 1, never an empty array
-shared int qcode[NQ * HD * uint(kInt8Queries) + 1u];  // query i's codes at [i * HD]
+// Query i's codes, 4 signed bytes a word (element 4w + k in byte k of word w) at [i * HD / 4]:
+// a position's 32 products of a block take 8 shared loads a query, not 32.
+shared uint qcode4[NQ * (HD / 4u) * uint(kInt8Queries) + 1u];
 shared float qscale[NQ * kBlocks], qsum[NQ * kBlocks];  // query i's block b at [i * kBlocks + b]
 shared int qcode_sum[NQ * kBlocks];
 
@@ -123,9 +125,14 @@ void QuantizeQueryBlocks(uint tid) {
     }
     const int e = Int8ScaleExponent(amax);
     int code_sum = 0;
+    uint word = 0u;
     for (uint j = 0u; j < 32u; ++j) {
       const int code = Int8Code(hvec[v + j], amax, e);
-      qcode[v + j] = code;
+      word |= (uint(code) & 0xFFu) << (8u * (j & 3u));
+      if ((j & 3u) == 3u) {
+        qcode4[(v + j) / 4u] = word;
+        word = 0u;
+      }
       code_sum += code;
     }
     qscale[x] = Int8Scale(amax, e);
@@ -392,11 +399,18 @@ void main() {
         const float d = F16BitsToF32(KvU16(group)), m = F16BitsToF32(KvU16(group + 2u));
         int isum[NQ];
         for (uint i = 0u; i < NQ; ++i) isum[i] = -8 * qcode_sum[i * kBlocks + b];
-        for (uint j = 0u; j < 32u; ++j) {
-          const uint off = v0 % KV_GROUP + j;
-          const uint byte_value = KvU8(group + 4u + off / 2u);
-          const int code = int((off & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u));
-          for (uint i = 0u; i < NQ; ++i) isum[i] += qcode[i * HD + 32u * b + j] * code;
+        // The block's 32 nibbles are 16 bytes at a word boundary (KV_GROUP % 32 == 0): 4 loads.
+        const uint codes_at = (group + 4u + (v0 % KV_GROUP) / 2u) >> 2;
+        for (uint w = 0u; w < 8u; ++w) {  // elements 4w .. 4w + 3: bytes 2w, 2w + 1 of the block
+          const uint half_word = (kv_words[codes_at + w / 2u] >> (16u * (w & 1u))) & 0xFFFFu;
+          for (uint i = 0u; i < NQ; ++i) {
+            const int qw = int(qcode4[i * (HD / 4u) + 8u * b + w]);
+            int dot = 0;
+            for (uint k = 0u; k < 4u; ++k) {  // element 4w + k: nibble k of the half word
+              dot += bitfieldExtract(qw, int(8u * k), 8) * int((half_word >> (4u * k)) & 15u);
+            }
+            isum[i] += dot;
+          }
         }
         precise float m8 = m + 8.0 * d;
         for (uint i = 0u; i < NQ; ++i) {
