@@ -57,22 +57,27 @@ inline std::vector<uint8_t> EncodeRows(const KvFormat& f, std::vector<float> x, 
 struct Plane {
   int64_t row_stride;
   std::vector<uint32_t> table;
-  std::vector<uint8_t> bytes;  // [slots * kBlockTokens][row_stride]
-  int64_t RowOffset(int64_t pos) const { return (table[pos / kBlockTokens] * kBlockTokens + pos % kBlockTokens) * row_stride; }
+  std::vector<uint8_t> bytes;  // [slots * block_tokens][row_stride]
+  int64_t block_tokens = kBlockTokens;
+  int64_t RowOffset(int64_t pos) const {
+    return (table[pos / block_tokens] * block_tokens + pos % block_tokens) * row_stride;
+  }
 };
-inline Plane MakePlane(const KvFormat& f, int64_t n_positions) {
+inline Plane MakePlane(const KvFormat& f, int64_t n_positions, int64_t block_tokens = kBlockTokens) {
   Plane p;
+  p.block_tokens = block_tokens;
   p.row_stride = (f.RowBytes(kRowValues) + 3) / 4 * 4;
-  const int64_t n_blocks = (n_positions + kBlockTokens - 1) / kBlockTokens;
+  const int64_t n_blocks = (n_positions + block_tokens - 1) / block_tokens;
   // Slots in reverse order after 3 unused ones, block 0 in the last.
   for (int64_t b = 0; b < n_blocks; ++b) p.table.push_back(static_cast<uint32_t>(n_blocks + 2 - b));
-  p.bytes.assign((n_blocks + 3) * kBlockTokens * p.row_stride, 0);
+  p.bytes.assign((n_blocks + 3) * block_tokens * p.row_stride, 0);
   return p;
 }
 
 // A plane holding the n encoded rows (EncodeRows' layout) at positions 0 .. n-1.
-inline Plane PlaneOf(const KvFormat& f, const std::vector<uint8_t>& rows, int64_t n) {
-  Plane plane = MakePlane(f, n);
+inline Plane PlaneOf(const KvFormat& f, const std::vector<uint8_t>& rows, int64_t n,
+                     int64_t block_tokens = kBlockTokens) {
+  Plane plane = MakePlane(f, n, block_tokens);
   const int64_t row_bytes = f.RowBytes(kRowValues);
   for (int64_t p = 0; p < n; ++p) {
     std::memcpy(plane.bytes.data() + plane.RowOffset(p), rows.data() + p * row_bytes, row_bytes);

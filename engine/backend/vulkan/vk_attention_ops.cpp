@@ -119,6 +119,13 @@ int64_t OutputTileCodeBytes(const KvFormat& f, const AttentionShape& shape, int6
   return 40 * (kRowGroup / hd) * tokens * heads * head_groups;
 }
 
+// The same for the q4 format the engine makes for this shape (MakeKvFormat), one token a
+// workgroup: what the checks made before any KV format is known allow for.
+int64_t OutputTileCodeBytesForQ4(const AttentionShape& shape, int64_t heads) {
+  const Result<KvFormat> q4 = MakeKvFormat("q4", "off", shape.n_head_kv, shape.head_dim);
+  return q4.ok() ? OutputTileCodeBytes(*q4, shape, heads, 1) : 40;
+}
+
 // attn_reduce's workgroup: a power of two in [64, kRowGroup] covering its heads' values.
 uint32_t ReduceGroup(int64_t values) {
   uint32_t wg = 64;
@@ -187,7 +194,9 @@ Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
                                    row_values, kv_store_shared, ctx_.limits().max_shared_bytes));
   }
   // attn_output: the lanes' sums and the heads' values, and the quantizer's (unused) arrays.
-  const int64_t output_shared = 4 * OutputHeads(shape) * (kRowGroup + hd) + QuantizerSharedBytes(kRowGroup, false);
+  // (q4 caches: and a round's tile codes)
+  const int64_t output_shared = 4 * OutputHeads(shape) * (kRowGroup + hd) + QuantizerSharedBytes(kRowGroup, false) +
+                                OutputTileCodeBytesForQ4(shape, OutputHeads(shape));
   if (output_shared > ctx_.limits().max_shared_bytes) {
     return Unsupported(fmt::format("attention over {} query heads per KV head of {} values needs {} bytes of shared "
                                    "memory; the device has {}",
@@ -332,7 +341,7 @@ Ops::ScoreTile Ops::ScoreQueries(const KvFormat& format, const AttentionShape& s
   const bool int8_queries = format.type == KvType::kQ4 && hd % 32 == 0 && format.group % 32 == 0;
   const bool int8_chunks = format.type == KvType::kQ4K && hd % 32 == 0;
   auto shared_bytes = [&](int64_t nq) {
-    const int64_t words = nq * hd + 2 * (stats ? wg * nq + 1 : 1) + (int8_queries ? nq * hd : 0) + 1 +
+    const int64_t words = nq * hd + 2 * (stats ? wg * nq + 1 : 1) + (int8_queries ? nq * hd / 4 : 0) + 1 +
                           3 * nq * blocks + 2 * hd + (int8_chunks ? nq * hd : 0) + 1 + nq * blocks + nq;
     return 4 * words;
   };
@@ -579,7 +588,8 @@ bool Ops::QuantizesAttentionOutput(const AttentionShape& shape, ActKind kind) co
   if (kind == ActKind::kFloat) return false;
   const int64_t heads = OutputHeads(shape), values = heads * shape.head_dim;
   if (values % (kind == ActKind::kQ8_K ? 256 : 32) != 0) return false;
-  const int64_t output_shared = 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, true);
+  const int64_t output_shared = 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, true) +
+                                OutputTileCodeBytesForQ4(shape, heads);
   const int64_t reduce_shared = 4 * values + QuantizerSharedBytes(ReduceGroup(values), true);
   return std::max(output_shared, reduce_shared) <= ctx_.limits().max_shared_bytes;
 }

@@ -8,9 +8,9 @@
 // over the visible positions, V read in the stored KV format from the device plane of the
 // layer (dequantized here). One workgroup per (token, HEADS query heads of one KV head, split):
 // invocation (lane, d) sums the split's positions p = lane (mod lanes) for dimension d, each
-// value read once for all HEADS heads (grouped-query attention; the q4 int8-weight path sums
-// tile by tile per head, so it reads a tile's codes once per head, from the cache after the
-// first), and the lanes are added in shared memory. With one split the result is rotated back
+// value read once for all HEADS heads (grouped-query attention; also on the q4 int8-weight path,
+// whose weight codes are made per tile into shared memory first), and the lanes are added in
+// shared memory. With one split the result is rotated back
 // by the Walsh-Hadamard transform when the format rotates (H is its own inverse) and written
 // out; with several (decode: few tokens, long contexts, so the positions are spread over more
 // workgroups) each split writes its partial sum and attn_reduce adds them up and rotates.
@@ -191,8 +191,8 @@ void MakeTileEntry(uint e, uint a, uint wrow0, uint token_rows, uint s0, uint sp
   tile_base[e] = base;
 }
 
-// Each invocation's sums, token k, head i at k * HEADS + i (private: a global, as GLSL takes no
-// array of specialization-constant size as a parameter).
+// Each invocation's sums, token k, head i at k * HEADS + i (private; a global because glslang
+// found no overload of Int8WeightSums taking it as an inout parameter).
 float acc[QT * HEADS];
 
 // The int8-weight path's sums: acc[k * HEADS + i] += each tile's fma(isum, 2^e, base), tile by
@@ -214,13 +214,16 @@ void Int8WeightSums(uint tid, uint lane, uint d, uint wrow0, uint token_rows, ui
       const uint t1 = min(TileEnd(t0), n_visible), block_row0 = TileRow0(t0);
       int isum[QT * HEADS];
       for (uint x = 0u; x < QT * HEADS; ++x) isum[x] = 0;
-      for (uint pos = t0; pos < t1; ++pos) {
-        const uint byte_value = KvU8((block_row0 + pos) * p.row_stride + group_off + 4u + at / 2u);
-        const int q = int((at & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u)) - 8;
-        const uint j = pos - t0;
+      for (uint w = 0u; w < 8u && t0 + 4u * w < t1; ++w) {  // 4 positions a code word
+        int q[4];  // the nibbles of positions t0 + 4w + c, centred (0 past t1: the codes are 0 there too)
+        for (uint c = 0u; c < 4u; ++c) {
+          const uint pos = min(t0 + 4u * w + c, t1 - 1u);
+          const uint byte_value = KvU8((block_row0 + pos) * p.row_stride + group_off + 4u + at / 2u);
+          q[c] = t0 + 4u * w + c < t1 ? int((at & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u)) - 8 : 0;
+        }
         for (uint x = 0u; x < QT * HEADS; ++x) {
-          const uint e = (lane * QT * HEADS + x) * kHeadGroups + g;
-          isum[x] += bitfieldExtract(int(tile_codes[e * 8u + j / 4u]), int(8u * (j & 3u)), 8) * q;
+          const int codes = int(tile_codes[((lane * QT * HEADS + x) * kHeadGroups + g) * 8u + w]);
+          for (uint c = 0u; c < 4u; ++c) isum[x] += bitfieldExtract(codes, int(8u * c), 8) * q[c];
         }
       }
       for (uint x = 0u; x < QT * HEADS; ++x) {
