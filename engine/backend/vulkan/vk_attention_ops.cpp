@@ -79,7 +79,7 @@ constexpr int64_t kMaxSplits = 256;
 // head_dim) bytes, then stays within about the 16 KiB every device has (head_dim <= kRowGroup;
 // at 8 heads of 256 the quantizer's unused arrays are 20 bytes over, which CheckAttentionShape
 // reports), plus the quantizer's 5 KiB where it quantizes its output (QuantizesAttentionOutput
-// checks the device's limit).
+// checks the device's limit) and q4's tile codes (up to 320 bytes a head, OutputSharedBytes).
 constexpr int64_t kMaxOutputHeads = 8;
 // The fused softmax folds the stats with 32 invocations per head of a workgroup.
 static_assert(kMaxOutputHeads * 32 <= kRowGroup);
@@ -112,19 +112,24 @@ int64_t TileTokensFor(int64_t n_tokens) {
 
 // attn_output's int8-weight path (q4 values) keeps each round's tile codes in shared memory: an
 // entry of 32 int8 codes, a scale and a base per (lane, token, head, value group of the head).
+constexpr int64_t kTileEntryBytes = 40;
 int64_t OutputTileCodeBytes(const KvFormat& f, const AttentionShape& shape, int64_t heads, int64_t tokens) {
   const int64_t hd = shape.head_dim, g = f.group;
-  if (f.type != KvType::kQ4 || hd % 32 != 0 || g % 32 != 0) return 40;  // the arrays' one unused entry
+  if (f.type != KvType::kQ4 || hd % 32 != 0 || g % 32 != 0) return kTileEntryBytes;  // the arrays' unused entry
   const int64_t head_groups = hd % g == 0 ? hd / g : (g % hd == 0 ? 1 : hd / g + 2);  // as the shader's
-  return 40 * (kRowGroup / hd) * tokens * heads * head_groups;
+  return kTileEntryBytes * (kRowGroup / hd) * tokens * heads * head_groups;
 }
 
-// The same for the q4 format the engine makes for this shape (MakeKvFormat), one token a
-// workgroup: what the checks made before any KV format is known allow for.
-int64_t OutputTileCodeBytesForQ4(const AttentionShape& shape, int64_t heads) {
-  const Result<KvFormat> q4 = MakeKvFormat("q4", "off", shape.n_head_kv, shape.head_dim);
-  return q4.ok() ? OutputTileCodeBytes(*q4, shape, heads, 1) : 40;
+// attn_output's shared memory: the lanes' sums and the heads' values, the quantizer's arrays
+// (unused unless it quantizes its output), and the tile codes.
+int64_t OutputSharedBytes(const AttentionShape& shape, int64_t heads, bool quantizes, int64_t tile_code_bytes) {
+  return 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, quantizes) + tile_code_bytes;
 }
+
+// The most tile-code bytes any q4 format needs at one token a workgroup, for the checks made
+// before a format is known: lanes x a head's groups is at most 8 for groups of 32 or more
+// values (256 / group where groups divide head_dim; else at most 2 lanes x 3 groups, or 4 x 2).
+int64_t OutputTileCodeBytesAtMost(int64_t heads) { return kTileEntryBytes * 8 * heads; }
 
 // attn_reduce's workgroup: a power of two in [64, kRowGroup] covering its heads' values.
 uint32_t ReduceGroup(int64_t values) {
@@ -193,10 +198,8 @@ Status Ops::CheckAttentionShape(const AttentionShape& shape) const {
     return Unsupported(fmt::format("a KV row of {} values needs {} bytes of shared memory; the device has {}",
                                    row_values, kv_store_shared, ctx_.limits().max_shared_bytes));
   }
-  // attn_output: the lanes' sums and the heads' values, and the quantizer's (unused) arrays.
-  // (q4 caches: and a round's tile codes)
-  const int64_t output_shared = 4 * OutputHeads(shape) * (kRowGroup + hd) + QuantizerSharedBytes(kRowGroup, false) +
-                                OutputTileCodeBytesForQ4(shape, OutputHeads(shape));
+  const int64_t output_shared =
+      OutputSharedBytes(shape, OutputHeads(shape), false, OutputTileCodeBytesAtMost(OutputHeads(shape)));
   if (output_shared > ctx_.limits().max_shared_bytes) {
     return Unsupported(fmt::format("attention over {} query heads per KV head of {} values needs {} bytes of shared "
                                    "memory; the device has {}",
@@ -499,8 +502,7 @@ Result<Ops::AttnCall> Ops::PlanOutput(const KvView& kv, const AttentionShape& sh
                                              kMaxOutputTokens)
                        : 1;
   const auto shared_bytes = [&](int64_t t) {
-    return 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, codes != nullptr) +
-           OutputTileCodeBytes(kv.format, shape, heads, t);
+    return OutputSharedBytes(shape, heads, codes != nullptr, OutputTileCodeBytes(kv.format, shape, heads, t));
   };
   while (tokens > 1 && shared_bytes(tokens) > ctx_.limits().max_shared_bytes) tokens /= 2;
   if (shared_bytes(tokens) > ctx_.limits().max_shared_bytes) {
@@ -588,8 +590,7 @@ bool Ops::QuantizesAttentionOutput(const AttentionShape& shape, ActKind kind) co
   if (kind == ActKind::kFloat) return false;
   const int64_t heads = OutputHeads(shape), values = heads * shape.head_dim;
   if (values % (kind == ActKind::kQ8_K ? 256 : 32) != 0) return false;
-  const int64_t output_shared = 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, true) +
-                                OutputTileCodeBytesForQ4(shape, heads);
+  const int64_t output_shared = OutputSharedBytes(shape, heads, true, OutputTileCodeBytesAtMost(heads));
   const int64_t reduce_shared = 4 * values + QuantizerSharedBytes(ReduceGroup(values), true);
   return std::max(output_shared, reduce_shared) <= ctx_.limits().max_shared_bytes;
 }

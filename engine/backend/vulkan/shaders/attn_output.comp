@@ -120,11 +120,11 @@ const uint QUANT_SHARED = KIND == 3u ? 1u : WG;
 const bool kInt8Weights = uint(KV_TYPE == kKvQ4) * uint(HD % 32u == 0u) * uint(KV_GROUP % 32u == 0u) != 0u;
 
 // A tile's codes depend on its (token, head, value group), not on the value: they are made once
-// per round of `lanes` tiles into shared memory (an entry per tile, token, head and group of the
+// per round of kLanes tiles into shared memory (an entry per tile, token, head and group of the
 // head's values), then every invocation (lane, d) sums its tile's codes against its values'
 // nibbles, each nibble read once for all tokens and heads. (Made per value, as the CPU's loop
 // order suggests, they cost HD / KV_GROUP x HEADS x QT times the work.)
-const uint kLanes = WG / HD;
+const uint kLanes = WG / HD;  // invocations per value: (lane, d) = (tid / HD, tid % HD)
 // Value groups a head's values can span (groups need not start at a head's first value).
 const uint kHeadGroups = HD % KV_GROUP == 0u ? HD / KV_GROUP : (KV_GROUP % HD == 0u ? 1u : HD / KV_GROUP + 2u);
 const uint kEntries = kInt8Weights ? kLanes * QT * HEADS * kHeadGroups : 1u;
@@ -132,6 +132,9 @@ const uint kEntries = kInt8Weights ? kLanes * QT * HEADS * kHeadGroups : 1u;
 // ((l * QT + k) * HEADS + i) * kHeadGroups + g
 shared uint tile_codes[kEntries * 8u];           // 32 int8 codes of a_p (p - tile start), 4 a word
 shared float tile_scale[kEntries], tile_base[kEntries];  // 2^e, and sum_p w_p (m + 8d) in order
+
+// The end of the positions token t0q + k of the tile sees in the split ending at split_end.
+uint TokenVisibleEnd(uint t0q, uint k, uint split_end) { return min(p.pos0 + t0q + k + 1u, split_end); }
 
 uint TileEnd(uint pos) {  // the end of the tile holding pos
   const uint block_end = (pos / p.block_tokens + 1u) * p.block_tokens;
@@ -155,7 +158,7 @@ void MakeTileEntry(uint e, uint a, uint wrow0, uint token_rows, uint s0, uint sp
   const uint l = e / (kHeadGroups * HEADS * QT);
   uint t0 = a;
   for (uint j = 0u; j < l; ++j) t0 = TileEnd(t0);
-  const uint visible = min(p.pos0 + t0q + k + 1u, split_end);
+  const uint visible = TokenVisibleEnd(t0q, k, split_end);
   for (uint c = 0u; c < 8u; ++c) tile_codes[e * 8u + c] = 0u;
   tile_scale[e] = 0.0;
   tile_base[e] = 0.0;
@@ -196,8 +199,8 @@ void MakeTileEntry(uint e, uint a, uint wrow0, uint token_rows, uint s0, uint sp
 float acc[QT * HEADS];
 
 // The int8-weight path's sums: acc[k * HEADS + i] += each tile's fma(isum, 2^e, base), tile by
-// tile, lane l taking tiles l, l + lanes, ... of the split (which starts at a tile start), in
-// rounds of `lanes` tiles. Every invocation runs it (barriers).
+// tile, lane l taking tiles l, l + kLanes, ... of the split (which starts at a tile start), in
+// rounds of kLanes tiles. Every invocation runs it (barriers).
 void Int8WeightSums(uint tid, uint lane, uint d, uint wrow0, uint token_rows, uint s0, uint split_end,
                     uint n_visible, uint n_valid, uint t0q, uint first) {
   const uint v = first + d, at = v % KV_GROUP, g = v / KV_GROUP - first / KV_GROUP;  // g < kHeadGroups
@@ -228,7 +231,7 @@ void Int8WeightSums(uint tid, uint lane, uint d, uint wrow0, uint token_rows, ui
       }
       for (uint x = 0u; x < QT * HEADS; ++x) {
         const uint k = x / HEADS;
-        if (k >= n_valid || t0 >= min(p.pos0 + t0q + k + 1u, split_end)) continue;  // token sees none of it
+        if (k >= n_valid || t0 >= TokenVisibleEnd(t0q, k, split_end)) continue;  // token sees none of it
         const uint e = (lane * QT * HEADS + x) * kHeadGroups + g;
         precise float sum = fma(float(isum[x]), tile_scale[e], tile_base[e]);
         acc[x] += sum;
@@ -293,7 +296,6 @@ void main() {
   const uint n_valid = min(QT, p.n_tokens - t0);  // tokens of this tile: t0 .. t0 + n_valid - 1
   const uint s0 = split * p.split_positions, split_end = s0 + p.split_positions;
   const uint n_visible = min(p.pos0 + t0 + n_valid, split_end);  // the most a token of the tile sees
-  const uint lanes = WG / HD;
   const uint d = tid % HD, lane = tid / HD;
   const uint first = (h0 / p.group) * HD;
   // Token t0 + k's weight rows: head h0 + i at wrow0 + k * n_head * score_stride + i * score_stride.
@@ -302,17 +304,17 @@ void main() {
   for (uint x = 0u; x < QT * HEADS; ++x) acc[x] = 0.0;
   if (kInt8Weights) {
     Int8WeightSums(tid, lane, d, wrow0, token_rows, s0, split_end, n_visible, n_valid, t0, first);
-  } else if (lane < lanes) {
+  } else if (lane < kLanes) {
     // kBatch positions at a time: their block-table entries, then their values, are loaded
     // before any is used, so an invocation waits two memory latencies per kBatch positions, not
     // per position (a split's positions are walked one after another by few invocations, so
     // decode attention is latency-bound). Positions past the visible ones load the last one
     // again and are not added. The sums are taken in position order, as one at a time.
     const uint kBatch = 4u;
-    for (uint pos = s0 + lane; pos < n_visible; pos += kBatch * lanes) {
+    for (uint pos = s0 + lane; pos < n_visible; pos += kBatch * kLanes) {
       uint at[kBatch], slot[kBatch];
       for (uint b = 0u; b < kBatch; ++b) {
-        at[b] = min(pos + b * lanes, n_visible - 1u);
+        at[b] = min(pos + b * kLanes, n_visible - 1u);
         slot[b] = block_table[p.table0 + at[b] / p.block_tokens];
       }
       float v[kBatch];  // read once for every head of the group and every token of the tile
@@ -320,7 +322,7 @@ void main() {
         v[b] = KvValue((slot[b] * p.block_tokens + at[b] % p.block_tokens) * p.row_stride, first + d);
       }
       for (uint b = 0u; b < kBatch; ++b) {
-        const uint at_b = pos + b * lanes;
+        const uint at_b = pos + b * kLanes;
         if (at_b >= n_visible) break;  // after the loads: they stay in flight together
         for (uint k = 0u; k < QT; ++k) {
           if (k >= n_valid || at_b >= p.pos0 + t0 + k + 1u) continue;  // token t0 + k sees at_b?
@@ -345,7 +347,7 @@ void main() {
     for (uint x = tid; x < HEADS * HD; x += WG) {
       const uint i = x / HD;
       float sum = 0.0;
-      for (uint l = 0u; l < lanes; ++l) sum += partial[i * WG + l * HD + x % HD];
+      for (uint l = 0u; l < kLanes; ++l) sum += partial[i * WG + l * HD + x % HD];
       hvec[x] = sum;
     }
     barrier();
