@@ -318,9 +318,10 @@ TEST_F(VulkanAttentionTest, AttentionMatchesCpuDecodeAndPrefill) {
   // at 131 the first of two splits ends inside a KV block; 2000 x 4 (the most tokens decode
   // takes at once) has 16 splits; at 62 x 4 the tokens' rows span one or two score workgroups
   // (so the fused softmax reads a different number of their stats per row); 37 x 21 ends in a
-  // part tile of queries (prefill takes 8 tokens a workgroup here).
+  // part tile of queries (prefill takes 8 tokens a workgroup here); 1030 x 6 is one split over
+  // more KV blocks than attn_output's block-table window holds (its table loads from memory).
   for (const Case c : {Case{70, 1}, Case{0, 5}, Case{40, 24}, Case{1100, 2}, Case{131, 1}, Case{2000, 4},
-                       Case{62, 4}, Case{37, 21}}) {
+                       Case{62, 4}, Case{37, 21}, Case{1030, 6}}) {
     const int64_t n_ctx = c.pos0 + c.T;
     for (const auto& [f, block] : LayoutsWithQ4Tiles()) {
       const std::vector<uint8_t> k = EncodeRows(f, RandomRows(n_ctx, rng), n_ctx);

@@ -77,9 +77,10 @@ constexpr int64_t kMaxSplits = 256;
 // attn_output takes all the query heads of a KV head in one workgroup (each value read once for
 // all of them) when there are at most this many. Its shared memory, 4 * heads * (kRowGroup +
 // head_dim) bytes, then stays within about the 16 KiB every device has (head_dim <= kRowGroup;
-// at 8 heads of 256 the quantizer's unused arrays are 20 bytes over, which CheckAttentionShape
-// reports), plus the quantizer's 5 KiB where it quantizes its output (QuantizesAttentionOutput
-// checks the device's limit) and q4's tile codes (up to 320 bytes a head, OutputSharedBytes).
+// at 8 heads of 256 the quantizer's unused arrays and the block-table window are 276 bytes
+// over, which CheckAttentionShape reports), plus the quantizer's 5 KiB where it quantizes its
+// output (QuantizesAttentionOutput checks the device's limit) and q4's tile codes (up to 320
+// bytes a head, OutputSharedBytes).
 constexpr int64_t kMaxOutputHeads = 8;
 // The fused softmax folds the stats with 32 invocations per head of a workgroup.
 static_assert(kMaxOutputHeads * 32 <= kRowGroup);
@@ -87,7 +88,7 @@ static_assert(kMaxOutputHeads * 32 <= kRowGroup);
 // kRowGroup floats per head): splits of at most this many positions (the default split) take
 // it, longer ones run softmax.comp first.
 constexpr int64_t kFusedSplitCap = Ops::kDefaultAttentionSplit;
-static_assert(kFusedSplitCap <= kRowGroup);
+static_assert(kFusedSplitCap + 32 <= kRowGroup);  // the shader folds the stats in partial past the weights
 
 // Query heads per attn_output workgroup: all those of a KV head, when few enough.
 int64_t OutputHeads(const AttentionShape& shape) {
@@ -120,10 +121,12 @@ int64_t OutputTileCodeBytes(const KvFormat& f, const AttentionShape& shape, int6
   return kTileEntryBytes * (kRowGroup / hd) * tokens * heads * head_groups;
 }
 
-// attn_output's shared memory: the lanes' sums and the heads' values, the quantizer's arrays
-// (unused unless it quantizes its output), and the tile codes.
+// attn_output's shared memory: the lanes' sums and the heads' values, the block-table window,
+// the quantizer's arrays (unused unless it quantizes its output), and the tile codes.
+constexpr int64_t kOutputTableWindowBytes = 4 * 64;  // attn_output.comp's kTableWindow entries
 int64_t OutputSharedBytes(const AttentionShape& shape, int64_t heads, bool quantizes, int64_t tile_code_bytes) {
-  return 4 * heads * (kRowGroup + shape.head_dim) + QuantizerSharedBytes(kRowGroup, quantizes) + tile_code_bytes;
+  return 4 * heads * (kRowGroup + shape.head_dim) + kOutputTableWindowBytes +
+         QuantizerSharedBytes(kRowGroup, quantizes) + tile_code_bytes;
 }
 
 // The most tile-code bytes any q4 format needs at one token a workgroup, for the checks made

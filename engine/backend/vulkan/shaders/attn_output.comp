@@ -91,8 +91,8 @@ shared float partial[HEADS * WG];
 shared float hvec[HEADS * HD];
 // FUSED keeps its data in the arrays above while they are free, so it needs no more shared
 // memory than the separate path: the split's weights in partial (head i's weight of split
-// position k at i * SPLIT_CAP + k; SPLIT_CAP <= WG) until the sums are taken, and each head's M
-// and 1 / L in hvec[i] and hvec[HEADS + i] until the lanes are added.
+// position k at i * SPLIT_CAP + k; SPLIT_CAP + 32 <= WG, FoldAt) until the sums are taken, and
+// each head's M and 1 / L in hvec[i] and hvec[HEADS + i] until the lanes are added.
 uint WeightAt(uint i, uint k) { return i * SPLIT_CAP + k; }
 uint RowMaxAt(uint i) { return i; }
 uint RowInvAt(uint i) { return HEADS + i; }
@@ -125,6 +125,15 @@ const bool kInt8Weights = uint(KV_TYPE == kKvQ4) * uint(HD % 32u == 0u) * uint(K
 // nibbles, each nibble read once for all tokens and heads. (Made per value, as the CPU's loop
 // order suggests, they cost HD / KV_GROUP x HEADS x QT times the work.)
 const uint kLanes = WG / HD;  // invocations per value: (lane, d) = (tid / HD, tid % HD)
+// The non-int8 paths' positions per round of loads (an invocation's: kLanes apart), and the
+// block-table window that spares them a dependent load a round (main). Decode (one token a
+// workgroup: few workgroups, each a chain of rounds) takes rounds of 32 positions where head_dim
+// is 32 to 128; prefill's tiles of tokens keep 4 (their sums already hold the registers, and
+// there are workgroups enough to hide the latency).
+const uint kBatch = QT > 1u ? 4u : (kLanes <= 2u ? 16u : (kLanes == 4u ? 8u : 4u));
+const uint kTableWindow = 64u;  // entries (vk_attention_ops.cpp counts its bytes: kOutputTableWindowBytes)
+shared uint table_window[kTableWindow];
+
 // Value groups a head's values can span (groups need not start at a head's first value).
 const uint kHeadGroups = HD % KV_GROUP == 0u ? HD / KV_GROUP : (KV_GROUP % HD == 0u ? 1u : HD / KV_GROUP + 2u);
 const uint kEntries = kInt8Weights ? kLanes * QT * HEADS * kHeadGroups : 1u;
@@ -243,46 +252,63 @@ void Int8WeightSums(uint tid, uint lane, uint d, uint wrow0, uint token_rows, ui
 
 // FUSED: M and 1 / L of the HEADS heads from the stats of the whole row (pos0 + t + 1
 // positions), then the split's weights into partial. Every workgroup of the row reduces the same
-// entries in the same order, so all splits use the same M and L.
+// entries in the same order, so all splits use the same M and L. The split's raw scores are
+// loaded first, before the stats and without waiting for them (a decode layer's attention waits
+// on this chain), and parked in partial where their weights go; the fold's scratch lies past
+// them (WeightAt's HEADS * SPLIT_CAP floats, then FoldAt's HEADS * kFold: SPLIT_CAP + kFold <= WG).
+const uint kFold = 32u;  // invocations per head folding the entries (HEADS * kFold <= WG)
+const uint kRawPerInvocation = (HEADS * SPLIT_CAP + WG - 1u) / WG;
+uint FoldAt(uint i, uint lane) { return HEADS * SPLIT_CAP + i * kFold + lane; }
+
 void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible) {
+  float raw[kRawPerInvocation];  // x = tid + j * WG: head x / split_positions, position s0 + x % split_positions
+  for (uint j = 0u; j < kRawPerInvocation; ++j) {
+    const uint x = tid + j * WG;
+    const uint head = x / p.split_positions, pos = s0 + x % p.split_positions;
+    raw[j] = x < HEADS * p.split_positions && pos < n_visible ? w[wrow0 + head * p.score_stride + pos] : 0.0;
+  }
   const uint n_stats = (p.pos0 + t + 1u + p.stats_positions - 1u) / p.stats_positions;
   const uint base = p.stats0 + (t * p.n_head + h0) * p.stats_stride;  // head h0 + i: base + i * stats_stride
   // kFold invocations per head fold the entries (a strided pass each), then one invocation per
   // head finishes in order: few barriers, and the same order in every workgroup.
-  const uint kFold = 32u, i = tid / kFold, lane = tid % kFold;  // HEADS * kFold <= WG
+  const uint i = tid / kFold, lane = tid % kFold;
   const bool folds = i < HEADS;
   if (folds) {
     float m = uintBitsToFloat(0xFF800000u);
     for (uint g = lane; g < n_stats; g += kFold) m = max(m, stats[base + i * p.stats_stride + g].x);
-    partial[i * WG + lane] = m;
+    partial[FoldAt(i, lane)] = m;
+  }
+  for (uint j = 0u; j < kRawPerInvocation; ++j) {
+    const uint x = tid + j * WG;
+    if (x < HEADS * p.split_positions) partial[WeightAt(x / p.split_positions, x % p.split_positions)] = raw[j];
   }
   barrier();
   if (tid < HEADS) {
-    float m = partial[tid * WG];
-    for (uint l = 1u; l < kFold; ++l) m = max(m, partial[tid * WG + l]);
+    float m = partial[FoldAt(tid, 0u)];
+    for (uint l = 1u; l < kFold; ++l) m = max(m, partial[FoldAt(tid, l)]);
     hvec[RowMaxAt(tid)] = m;
   }
   barrier();
-  if (folds) {
+  if (folds) {  // (the entries again: the fold above just read them)
     float l = 0.0;
     for (uint g = lane; g < n_stats; g += kFold) {
       const vec2 st = stats[base + i * p.stats_stride + g];
       l += st.y * ExpPoly(st.x - hvec[RowMaxAt(i)]);
     }
-    partial[i * WG + lane] = l;
+    partial[FoldAt(i, lane)] = l;
   }
   barrier();
   if (tid < HEADS) {
-    float l = partial[tid * WG];
-    for (uint k = 1u; k < kFold; ++k) l += partial[tid * WG + k];
+    float l = partial[FoldAt(tid, 0u)];
+    for (uint k = 1u; k < kFold; ++k) l += partial[FoldAt(tid, k)];
     hvec[RowInvAt(tid)] = Div(1.0, l);  // correctly rounded, as softmax.comp
   }
   barrier();
-  // softmax.comp's arithmetic: e = ExpPoly(scale * s - M), w = e * (1 / L).
+  // softmax.comp's arithmetic: e = ExpPoly(scale * s - M), w = e * (1 / L), in place.
   for (uint x = tid; x < HEADS * p.split_positions; x += WG) {
     const uint head = x / p.split_positions, pos = s0 + x % p.split_positions;
     if (pos >= n_visible) continue;
-    precise float v = w[wrow0 + head * p.score_stride + pos] * p.scale;
+    precise float v = partial[WeightAt(head, pos - s0)] * p.scale;
     const float wt = ExpPoly(v - hvec[RowMaxAt(head)]) * hvec[RowInvAt(head)];
     partial[WeightAt(head, pos - s0)] = p.round_f16 != 0u ? RoundF16(wt) : wt;
   }
@@ -300,22 +326,37 @@ void main() {
   const uint first = (h0 / p.group) * HD;
   // Token t0 + k's weight rows: head h0 + i at wrow0 + k * n_head * score_stride + i * score_stride.
   const uint wrow0 = p.score0 + (t0 * p.n_head + h0) * p.score_stride, token_rows = p.n_head * p.score_stride;
-  if (FUSED != 0u) FusedWeights(tid, t0, h0, wrow0, s0, n_visible);
+  // The split's block-table entries, when few, into shared memory first (with the loads of
+  // FusedWeights, before its barriers; else a barrier of their own).
+  const uint block0 = s0 / p.block_tokens;
+  const bool windowed = !kInt8Weights && n_visible > s0 && (n_visible - 1u) / p.block_tokens - block0 < kTableWindow;
+  if (windowed) {
+    for (uint j = tid; j <= (n_visible - 1u) / p.block_tokens - block0; j += WG) {
+      table_window[j] = block_table[p.table0 + block0 + j];
+    }
+  }
+  if (FUSED != 0u) {
+    FusedWeights(tid, t0, h0, wrow0, s0, n_visible);
+  } else if (windowed) {  // (uniform)
+    barrier();
+  }
   for (uint x = 0u; x < QT * HEADS; ++x) acc[x] = 0.0;
   if (kInt8Weights) {
     Int8WeightSums(tid, lane, d, wrow0, token_rows, s0, split_end, n_visible, n_valid, t0, first);
   } else if (lane < kLanes) {
-    // kBatch positions at a time: their block-table entries, then their values, are loaded
-    // before any is used, so an invocation waits two memory latencies per kBatch positions, not
-    // per position (a split's positions are walked one after another by few invocations, so
-    // decode attention is latency-bound). Positions past the visible ones load the last one
-    // again and are not added. The sums are taken in position order, as one at a time.
-    const uint kBatch = 4u;
+    // kBatch positions at a time: their values are loaded before any is used (their block-table
+    // entries before them, from the window when it holds them), so an invocation waits one
+    // memory latency per kBatch positions (two without the window), not per position: a split's
+    // positions are walked one after another by few invocations, so decode attention is
+    // latency-bound; decode's default split of 128 takes 4 rounds where head_dim is 32 to 128).
+    // Positions past the visible ones load the last one again and are not added. The sums are
+    // taken in position order, as one at a time.
     for (uint pos = s0 + lane; pos < n_visible; pos += kBatch * kLanes) {
       uint at[kBatch], slot[kBatch];
       for (uint b = 0u; b < kBatch; ++b) {
         at[b] = min(pos + b * kLanes, n_visible - 1u);
-        slot[b] = block_table[p.table0 + at[b] / p.block_tokens];
+        slot[b] = windowed ? table_window[at[b] / p.block_tokens - block0]
+                           : block_table[p.table0 + at[b] / p.block_tokens];
       }
       float v[kBatch];  // read once for every head of the group and every token of the tile
       for (uint b = 0u; b < kBatch; ++b) {
