@@ -346,9 +346,13 @@ Ops::ScoreTile Ops::ScoreQueries(const KvFormat& format, const AttentionShape& s
   const int64_t hd = shape.head_dim, blocks = hd / 32 + 1, wg = ScoreGroupPositions(format);
   const bool int8_queries = format.type == KvType::kQ4 && hd % 32 == 0 && format.group % 32 == 0;
   const bool int8_chunks = format.type == KvType::kQ4K && hd % 32 == 0;
+  // (In the shader's order: queries, stats trees, query codes and their blocks' figures, the
+  // chunk's scales, codes, parts and lanes, its blocks' figures, the new keys.)
+  const int64_t new_key_words = (n_tokens <= kNewKeyTokens ? kNewKeyTokens * hd : 0) + 1;
   auto shared_bytes = [&](int64_t nq) {
     const int64_t words = nq * hd + 2 * (stats ? wg * nq + 1 : 1) + (int8_queries ? nq * hd / 4 : 0) + 1 +
-                          3 * nq * blocks + 2 * hd + (int8_chunks ? nq * hd : 0) + 1 + nq * blocks + nq;
+                          3 * nq * blocks + 2 * hd + (int8_chunks ? nq * hd + nq * hd / 8 + nq * 16 : 0) + 3 +
+                          nq * blocks + nq + new_key_words;
     return 4 * words;
   };
   while (tile.tokens * tile.heads > 1 && shared_bytes(tile.tokens * tile.heads) > ctx_.limits().max_shared_bytes) {

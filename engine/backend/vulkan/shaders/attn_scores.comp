@@ -168,6 +168,16 @@ uint ChunkCode(uint record, uint t) {
 // Whether query i sees chunk `chunk` whole (else its keys there are the staged f16 rows).
 bool ChunkWhole(uint chunk, uint i) { return (chunk + 1u) * CHUNK <= QueryVisible(i) / CHUNK * CHUNK; }
 
+// The chunk's query codes are made in two steps spread over the workgroup (one invocation per
+// query and block walked 32 channels twice, and one per query all HD channels for the base: a
+// serial chain in every chunk workgroup): first each part of 8 channels its largest |a_c| and
+// each of a query's 16 base lanes its sum, then each part its codes from its block's 4 parts'
+// maximum (a maximum is the same whatever the order) and each query its base from its lanes,
+// pairwise as before. Every value is computed as the CPU computes it, so the bits are too.
+const uint kPartValues = 8u;  // channels per part (a block of 32 has 4)
+shared float chunk_part_amax[NQ * (HD / kPartValues) * uint(kChunksInt8) + 1u];  // query i's part x at i * HD / 8 + x
+shared float chunk_base_lane[NQ * 16u * uint(kChunksInt8) + 1u];                 // query i's lane l at i * 16 + l
+
 // Barriers in uniform control flow only: every invocation runs them, `whole` says whether there
 // is a chunk to prepare (some query sees it whole).
 void PrepareChunk(uint chunk, uint first, uint tid, bool whole) {
@@ -178,29 +188,41 @@ void PrepareChunk(uint chunk, uint first, uint tid, bool whole) {
   }
   barrier();
   if (whole && kChunksInt8) {
-    for (uint x = tid; x < NQ * kBlocks; x += WG) {
-      const uint i = x / kBlocks, b = x % kBlocks;
-      if (b >= HD / 32u) continue;
-      const uint v = i * HD + 32u * b;
+    for (uint x = tid; x < NQ * (HD / kPartValues); x += WG) {
+      const uint v = x * kPartValues, c0 = v % HD;  // query v / HD's channels c0 .. c0 + 7
       float amax = 0.0;
-      for (uint j = 0u; j < 32u; ++j) {
-        precise float a = hvec[v + j] * chunk_d[32u * b + j];
+      for (uint j = 0u; j < kPartValues; ++j) {
+        precise float a = hvec[v + j] * chunk_d[c0 + j];
         amax = max(amax, abs(a));
       }
+      chunk_part_amax[x] = amax;
+    }
+    for (uint x = tid; x < NQ * 16u; x += WG) {  // lane l of query i: channels l, l + 16, ... in order
+      const uint i = x / 16u, l = x % 16u;
+      precise float lane = 0.0;
+      for (uint c = l; c < HD; c += 16u) {
+        precise float m8 = chunk_m[c] + 8.0 * chunk_d[c];
+        lane = fma(hvec[i * HD + c], m8, lane);
+      }
+      chunk_base_lane[x] = lane;
+    }
+  }
+  barrier();
+  if (whole && kChunksInt8) {
+    for (uint x = tid; x < NQ * (HD / kPartValues); x += WG) {
+      const uint v = x * kPartValues, c0 = v % HD, part0 = x & ~3u;  // the block's first part
+      const float amax = max(max(chunk_part_amax[part0], chunk_part_amax[part0 + 1u]),
+                             max(chunk_part_amax[part0 + 2u], chunk_part_amax[part0 + 3u]));
       const int e = Int8ScaleExponent(amax);
-      for (uint j = 0u; j < 32u; ++j) {
-        precise float a = hvec[v + j] * chunk_d[32u * b + j];
+      for (uint j = 0u; j < kPartValues; ++j) {
+        precise float a = hvec[v + j] * chunk_d[c0 + j];
         chunk_code[v + j] = Int8Code(a, amax, e);
       }
-      chunk_scale[x] = Int8Scale(amax, e);
+      if (x == part0) chunk_scale[(v / HD) * kBlocks + c0 / 32u] = Int8Scale(amax, e);
     }
-    for (uint i = tid; i < NQ; i += WG) {  // a query's base by one invocation, in the CPU's lane order
+    for (uint i = tid; i < NQ; i += WG) {  // a query's base: its lanes reduced pairwise, in the CPU's order
       precise float lanes[16];
-      for (uint l = 0u; l < 16u; ++l) lanes[l] = 0.0;
-      for (uint c = 0u; c < HD; ++c) {
-        precise float m8 = chunk_m[c] + 8.0 * chunk_d[c];
-        lanes[c % 16u] = fma(hvec[i * HD + c], m8, lanes[c % 16u]);
-      }
+      for (uint l = 0u; l < 16u; ++l) lanes[l] = chunk_base_lane[i * 16u + l];
       for (uint w = 8u; w >= 1u; w /= 2u) {
         for (uint l = 0u; l < w; ++l) lanes[l] += lanes[l + w];
       }
