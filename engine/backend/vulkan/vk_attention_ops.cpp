@@ -731,12 +731,19 @@ Status Ops::AttentionBatch(Recorder& rec, const AttentionShape& shape, const Buf
   return round.empty() ? Status::Ok() : record_round();
 }
 
-Ops::ScratchBytes Ops::BackendScratch(int64_t max_binding_bytes) {
+Ops::ScratchBytes Ops::BackendScratch(int64_t max_binding_bytes, int64_t device_memory_bytes) {
+  // Scores: a prompt whose scores do not fit runs its attention in jobs of consecutive tokens,
+  // one after another, and each job's weighted sums have few workgroups (llama3.1-8b, 512
+  // tokens at depth 3500: 64 MiB makes four jobs of 130 tokens, 136 workgroups each, about one
+  // per multiprocessor of an H200: a latency-bound quarter of the device). A 64th of the
+  // device's memory, 64 to 512 MiB: one job there on a GPU of 32 GiB or more.
   // Decode attention's split sums: 16 MiB holds those of 32 sequences at 4096 positions (32
   // heads of 128 values, splits of 128 positions), all recorded side by side; stats: 8 bytes
   // per (token, head, 64 positions), decode of 4 tokens with 32 heads to 256k positions.
-  constexpr int64_t kScores = int64_t{64} << 20, kPartials = int64_t{16} << 20, kStats = int64_t{4} << 20;
-  return {std::min(kScores, max_binding_bytes), std::min(kPartials, max_binding_bytes),
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  const int64_t scores = std::clamp(device_memory_bytes / 64, 64 * kMiB, 512 * kMiB);
+  constexpr int64_t kPartials = 16 * kMiB, kStats = 4 * kMiB;
+  return {std::min(scores, max_binding_bytes), std::min(kPartials, max_binding_bytes),
           std::min(kStats, max_binding_bytes)};
 }
 
@@ -750,7 +757,7 @@ Result<Ops::StepPipelines> Ops::PlanAttentionStep(const KvView& kv, const Attent
                                                   int64_t pos0, int64_t max_binding_bytes, RopeStyle rope_style,
                                                   int64_t n_rot, ActKind o_kind) {
   const Buffer none;  // planning binds nothing
-  const ScratchBytes bytes = BackendScratch(max_binding_bytes);
+  const ScratchBytes bytes = BackendScratch(max_binding_bytes, ctx_.info().memory_bytes);
   const AttentionScratch scratch{&none, bytes.scores / 4, &none, bytes.partials / 4,
                                  &none, bytes.stats / 4,  &none, kCounterWords};
   const RopeTable rope{&none, n_rot, rope_style};

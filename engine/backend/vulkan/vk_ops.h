@@ -347,7 +347,7 @@ class Ops {
     int64_t partials = 0;
     int64_t stats = 0;
   };
-  static ScratchBytes BackendScratch(int64_t max_binding_bytes);
+  static ScratchBytes BackendScratch(int64_t max_binding_bytes, int64_t device_memory_bytes);
   // The pipelines a fused pass records for one sequence's attention step of n_tokens query
   // tokens at positions pos0 .. (kvfs shaders), planned as the backend and AttentionBatch plan
   // them, with the backend's scratch and its choices (RoPE of the keys in kv_store and of the

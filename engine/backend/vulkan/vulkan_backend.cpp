@@ -235,7 +235,8 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   const int64_t swiglu_rows = vk::Ops::kMatvecMaxTokens;
   KVFS_ASSIGN_OR_RETURN(swiglu_codes_, ctx_->CreateBuffer(swiglu_rows * hp_.n_ff, MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(swiglu_aux_, ctx_->CreateBuffer(swiglu_rows * hp_.n_ff / 32 * 16, MemoryKind::kDevice));
-  const vk::Ops::ScratchBytes scratch = vk::Ops::BackendScratch(max_binding);  // (kvfs shaders plans with it too)
+  // (kvfs shaders plans with it too)
+  const vk::Ops::ScratchBytes scratch = vk::Ops::BackendScratch(max_binding, ctx_->info().memory_bytes);
   KVFS_ASSIGN_OR_RETURN(scores_, ctx_->CreateBuffer(scratch.scores, MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(partials_, ctx_->CreateBuffer(scratch.partials, MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(stats_, ctx_->CreateBuffer(scratch.stats, MemoryKind::kDevice));
