@@ -134,6 +134,11 @@ const uint kBatch = QT > 1u ? 4u : (kLanes <= 2u ? 16u : (kLanes == 4u ? 8u : 4u
 const uint kTableWindow = 64u;  // entries (vk_attention_ops.cpp counts its bytes: kOutputTableWindowBytes)
 shared uint table_window[kTableWindow];
 
+// The window of blocks wb .. (at most kTableWindow of them, up to block_end) of this sequence.
+void LoadTableWindow(uint wb, uint block_end, uint tid) {
+  for (uint j = tid; j < kTableWindow && wb + j < block_end; j += WG) table_window[j] = block_table[p.table0 + wb + j];
+}
+
 // Value groups a head's values can span (groups need not start at a head's first value).
 const uint kHeadGroups = HD % KV_GROUP == 0u ? HD / KV_GROUP : (KV_GROUP % HD == 0u ? 1u : HD / KV_GROUP + 2u);
 const uint kEntries = kInt8Weights ? kLanes * QT * HEADS * kHeadGroups : 1u;
@@ -326,51 +331,56 @@ void main() {
   const uint first = (h0 / p.group) * HD;
   // Token t0 + k's weight rows: head h0 + i at wrow0 + k * n_head * score_stride + i * score_stride.
   const uint wrow0 = p.score0 + (t0 * p.n_head + h0) * p.score_stride, token_rows = p.n_head * p.score_stride;
-  // The split's block-table entries, when few, into shared memory first (with the loads of
-  // FusedWeights, before its barriers; else a barrier of their own).
-  const uint block0 = s0 / p.block_tokens;
-  const bool windowed = !kInt8Weights && n_visible > s0 && (n_visible - 1u) / p.block_tokens - block0 < kTableWindow;
-  if (windowed) {
-    for (uint j = tid; j <= (n_visible - 1u) / p.block_tokens - block0; j += WG) {
-      table_window[j] = block_table[p.table0 + block0 + j];
-    }
-  }
+  // The split's block-table entries go to shared memory a window of kTableWindow blocks at a
+  // time, the first with the loads of FusedWeights (before its barriers; else a barrier of its
+  // own): the value loads then depend on no load in flight. (Decode's splits are one window; a
+  // prompt's single split takes a window per 64 blocks.)
+  const uint block0 = s0 / p.block_tokens, block_end = n_visible > s0 ? (n_visible - 1u) / p.block_tokens + 1u : block0;
+  if (!kInt8Weights) LoadTableWindow(block0, block_end, tid);
   if (FUSED != 0u) {
     FusedWeights(tid, t0, h0, wrow0, s0, n_visible);
-  } else if (windowed) {  // (uniform)
+  } else if (!kInt8Weights) {
     barrier();
   }
   for (uint x = 0u; x < QT * HEADS; ++x) acc[x] = 0.0;
   if (kInt8Weights) {
     Int8WeightSums(tid, lane, d, wrow0, token_rows, s0, split_end, n_visible, n_valid, t0, first);
-  } else if (lane < kLanes) {
-    // kBatch positions at a time: their values are loaded before any is used (their block-table
-    // entries before them, from the window when it holds them), so an invocation waits one
-    // memory latency per kBatch positions (two without the window), not per position: a split's
-    // positions are walked one after another by few invocations, so decode attention is
-    // latency-bound; decode's default split of 128 takes 4 rounds where head_dim is 32 to 128).
-    // Positions past the visible ones load the last one again and are not added. The sums are
-    // taken in position order, as one at a time.
-    for (uint pos = s0 + lane; pos < n_visible; pos += kBatch * kLanes) {
-      uint at[kBatch], slot[kBatch];
-      for (uint b = 0u; b < kBatch; ++b) {
-        at[b] = min(pos + b * kLanes, n_visible - 1u);
-        slot[b] = windowed ? table_window[at[b] / p.block_tokens - block0]
-                           : block_table[p.table0 + at[b] / p.block_tokens];
+  } else {
+    // kBatch positions at a time: their values are loaded before any is used, so an invocation
+    // waits one memory latency per kBatch positions, not per position: a split's positions are
+    // walked one after another by few invocations, so decode attention is latency-bound
+    // (decode's default split of 128 takes 4 rounds where head_dim is 32 to 128). Positions past
+    // the window's load its last one again and are not added. Each lane takes its positions
+    // s0 + lane, s0 + lane + kLanes, ... in order, window after window: the sums are taken in
+    // position order, as one at a time.
+    uint pos = s0 + lane;  // this lane's next position
+    for (uint wb = block0; wb < block_end; wb += kTableWindow) {  // (uniform: barriers)
+      if (wb > block0) {
+        barrier();  // every lane is done with the previous window
+        LoadTableWindow(wb, block_end, tid);
+        barrier();
       }
-      float v[kBatch];  // read once for every head of the group and every token of the tile
-      for (uint b = 0u; b < kBatch; ++b) {
-        v[b] = KvValue((slot[b] * p.block_tokens + at[b] % p.block_tokens) * p.row_stride, first + d);
-      }
-      for (uint b = 0u; b < kBatch; ++b) {
-        const uint at_b = pos + b * kLanes;
-        if (at_b >= n_visible) break;  // after the loads: they stay in flight together
-        for (uint k = 0u; k < QT; ++k) {
-          if (k >= n_valid || at_b >= p.pos0 + t0 + k + 1u) continue;  // token t0 + k sees at_b?
-          for (uint i = 0u; i < HEADS; ++i) {
-            acc[k * HEADS + i] = fma(Weight(wrow0 + k * token_rows, i, s0, at_b), v[b], acc[k * HEADS + i]);
+      const uint w_end = min(n_visible, (wb + kTableWindow) * p.block_tokens);  // the window's positions end
+      while (lane < kLanes && pos < w_end) {
+        const uint n = min(kBatch, (w_end - pos + kLanes - 1u) / kLanes);  // this round's positions
+        uint at[kBatch];
+        for (uint b = 0u; b < kBatch; ++b) at[b] = min(pos + b * kLanes, w_end - 1u);
+        float v[kBatch];  // read once for every head of the group and every token of the tile
+        for (uint b = 0u; b < kBatch; ++b) {
+          const uint slot = table_window[at[b] / p.block_tokens - wb];
+          v[b] = KvValue((slot * p.block_tokens + at[b] % p.block_tokens) * p.row_stride, first + d);
+        }
+        for (uint b = 0u; b < kBatch; ++b) {
+          if (b >= n) break;  // after the loads: they stay in flight together
+          const uint at_b = pos + b * kLanes;
+          for (uint k = 0u; k < QT; ++k) {
+            if (k >= n_valid || at_b >= p.pos0 + t0 + k + 1u) continue;  // token t0 + k sees at_b?
+            for (uint i = 0u; i < HEADS; ++i) {
+              acc[k * HEADS + i] = fma(Weight(wrow0 + k * token_rows, i, s0, at_b), v[b], acc[k * HEADS + i]);
+            }
           }
         }
+        pos += n * kLanes;
       }
     }
   }
