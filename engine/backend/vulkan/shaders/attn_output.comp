@@ -350,7 +350,7 @@ void main() {
     // waits one memory latency per kBatch positions, not per position: a split's positions are
     // walked one after another by few invocations, so decode attention is latency-bound
     // (decode's default split of 128 takes 4 rounds where head_dim is 32 to 128). Positions past
-    // the window's load its last one again and are not added. Each lane takes its positions
+    // the window's end load its last one again and are not added. Each lane takes its positions
     // s0 + lane, s0 + lane + kLanes, ... in order, window after window: the sums are taken in
     // position order, as one at a time.
     uint pos = s0 + lane;  // this lane's next position
@@ -374,7 +374,7 @@ void main() {
           if (b >= n) break;  // after the loads: they stay in flight together
           const uint at_b = pos + b * kLanes;
           for (uint k = 0u; k < QT; ++k) {
-            if (k >= n_valid || at_b >= p.pos0 + t0 + k + 1u) continue;  // token t0 + k sees at_b?
+            if (k >= n_valid || at_b >= TokenVisibleEnd(t0, k, split_end)) continue;  // token t0 + k sees at_b?
             for (uint i = 0u; i < HEADS; ++i) {
               acc[k * HEADS + i] = fma(Weight(wrow0 + k * token_rows, i, s0, at_b), v[b], acc[k * HEADS + i]);
             }
