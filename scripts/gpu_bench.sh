@@ -21,7 +21,7 @@
 #   KVFS_GPU_VARIANTS builds of the pass to compare, each run right after the other: "default"
 #                     and/or `kvfs bench` flags such as --gguf-rows, --separate-ops,
 #                     --separate-matrices, --separate-softmax, --separate-swiglu, --shared-trees,
-#                     --untiled-attention or --attn-split,512 (a comma stands
+#                     --untiled-attention, --attn-split,512 or --prefetch,24 (a comma stands
 #                     for a space: "--matvec-group,256,--matvec-lanes,32" is one variant of the
 #                     matrix-vector shape; default "default"; e.g. "default --gguf-rows" for an
 #                     A/B of the aligned weight rows); "tuned" runs with the settings `kvfs tune`

@@ -34,7 +34,7 @@ constexpr const char* kBenchUsage =
     "                  [--attn-split N] [--separate-softmax] [--separate-swiglu] [--separate-matrices]\n"
     "                  [--untiled-attention] [--copy-kv-rows]\n"
     "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N]\n"
-    "                  [--shared-trees] [--tuning FILE] [--json]\n"
+    "                  [--shared-trees] [--prefetch MIB] [--tuning FILE] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
     "  With --backend vulkan, the decode figures compare with nothing measured here (the CPU's\n"
@@ -72,6 +72,9 @@ constexpr const char* kBenchUsage =
     "  --shared-trees (vulkan): reduction trees (matrix-vector sums, RMSNorm, activation\n"
     "  quantization) entirely in shared memory, not their last steps by subgroup shuffles where\n"
     "  the device has them (the same values), to measure what the shuffles save.\n"
+    "  --prefetch MIB (vulkan): decode reads up to MIB of the next weight matrices ahead into the\n"
+    "  device's cache beside attention and the norms, while memory would idle (default 0: off;\n"
+    "  pays where the last-level cache holds that much, as on large GPUs).\n"
     "  --tuning FILE (vulkan): the settings kvfs tune found (instead of the options above that\n"
     "  set the same things).\n";
 
@@ -240,7 +243,7 @@ int Bench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "batched") return BenchBatched(argc - 1, argv + 1);
   Args args(argc, argv,
             {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--tuning", "--attn-split",
-             "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows"},
+             "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows", "--prefetch"},
             {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices", "--copy-kv-rows",
              "--shared-trees", "--untiled-attention", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
@@ -262,6 +265,7 @@ int Bench(int argc, char** argv) {
                                  .lanes = args.get_int("--matvec-lanes", 0, 0, 1024),
                                  .min_groups = args.get_int("--matvec-min-groups", 0, 0, 1 << 24),
                                  .rows = args.get_int("--matvec-rows", 0, 0, 64)};
+  const int64_t prefetch_mib = args.get_int("--prefetch", 0, 0, 1 << 16);
   if (!args.error().empty()) return Fail(args.error());
 
   spdlog::set_level(spdlog::level::warn);
@@ -288,9 +292,10 @@ int Bench(int argc, char** argv) {
   choice.kv_rows_by_kv_store = !args.has("--copy-kv-rows");
   choice.tuning.matvec = matvec;
   choice.tuning.subgroup_trees = !args.has("--shared-trees");
+  choice.tuning.prefetch_mib = prefetch_mib;
   if (!choice.tuning_file.empty() && !(choice.tuning == VulkanTuning{})) {
     return Fail("--tuning and the options it sets (--attn-split, --separate-softmax, --separate-swiglu, "
-                "--shared-trees, --matvec-*) exclude each other");
+                "--shared-trees, --prefetch, --matvec-*) exclude each other");
   }
   std::string backend_used;
   const auto t_backend = Clock::now();

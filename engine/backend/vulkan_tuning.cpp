@@ -35,6 +35,8 @@ std::vector<Knob> Knobs() {
       {"fuse_softmax", {1, 0}, [](VulkanTuning& t, int64_t v) { t.fuse_softmax = v != 0; }},
       {"subgroup_trees", {1, 0}, [](VulkanTuning& t, int64_t v) { t.subgroup_trees = v != 0; }},
       {"attention_split", {32, 64, 128, 256, 512}, [](VulkanTuning& t, int64_t v) { t.attention_split = v; }},
+      // Last: reading ahead pays only where the cache holds it, which the device does not report.
+      {"prefetch_mib", {0, 8, 24}, [](VulkanTuning& t, int64_t v) { t.prefetch_mib = v; }},
   };
 }
 
@@ -140,6 +142,7 @@ std::string TuningToJson(const TuningRecord& r) {
               {"fuse_softmax", t.fuse_softmax},
               {"swiglu_in_matvec", t.swiglu_in_matvec},
               {"subgroup_trees", t.subgroup_trees},
+              {"prefetch_mib", t.prefetch_mib},
               {"matvec",
                {{"group", t.matvec.group}, {"lanes", t.matvec.lanes}, {"min_groups", t.matvec.min_groups},
                 {"rows", t.matvec.rows}}}}},
@@ -167,12 +170,17 @@ Result<TuningRecord> ParseTuningJson(std::string_view text) {
   KVFS_ASSIGN_OR_RETURN(r.depth, IntField(j, "depth", 0, int64_t{1} << 40));
   if (!j.contains("tuning")) return InvalidArgument("tuning file: missing \"tuning\"");
   const Json& t = j.at("tuning");
-  KVFS_RETURN_IF_ERROR(OnlyKeys(t, {"attention_split", "fuse_softmax", "swiglu_in_matvec", "subgroup_trees", "matvec"},
-                                "\"tuning\""));
+  KVFS_RETURN_IF_ERROR(OnlyKeys(
+      t, {"attention_split", "fuse_softmax", "swiglu_in_matvec", "subgroup_trees", "prefetch_mib", "matvec"},
+      "\"tuning\""));
   KVFS_ASSIGN_OR_RETURN(r.tuning.attention_split, IntField(t, "attention_split", 0, 1 << 20));
   KVFS_ASSIGN_OR_RETURN(r.tuning.fuse_softmax, BoolField(t, "fuse_softmax"));
   KVFS_ASSIGN_OR_RETURN(r.tuning.swiglu_in_matvec, BoolField(t, "swiglu_in_matvec"));
   KVFS_ASSIGN_OR_RETURN(r.tuning.subgroup_trees, BoolField(t, "subgroup_trees"));
+  // Optional: files written before the knob existed read as "off", as they were measured.
+  if (t.contains("prefetch_mib")) {
+    KVFS_ASSIGN_OR_RETURN(r.tuning.prefetch_mib, IntField(t, "prefetch_mib", 0, 1 << 16));
+  }
   if (!t.contains("matvec")) return InvalidArgument("tuning file: missing \"matvec\"");
   const Json& m = t.at("matvec");
   KVFS_RETURN_IF_ERROR(OnlyKeys(m, {"group", "lanes", "min_groups", "rows"}, "\"matvec\""));

@@ -359,6 +359,37 @@ TEST_F(VulkanBackendTest, SplitAndGgufWeightRowsGiveTheSameLogits) {
   }
 }
 
+// Reading weights ahead (VulkanTuning::prefetch_mib) only loads: a prompt and decode steps
+// give the same logits as without it, bit for bit, with each matrix whole and in parts (the
+// feed-forward's and the output's, whose read-ahead then crosses part boundaries), in f16 and q4k (whose kv_store and
+// scores share the phase the read-ahead joins).
+TEST_F(VulkanBackendTest, PrefetchingWeightsChangesNoLogit) {
+  for (const int64_t max_binding : {int64_t{0}, int64_t{160} << 10}) {  // a logit row: 125 KiB
+    VulkanOptions plain_options, prefetch_options;
+    plain_options.max_binding_bytes = prefetch_options.max_binding_bytes = max_binding;
+    prefetch_options.tuning.prefetch_mib = 1;
+    auto plain = MakeVulkanBackend(*model_, plain_options);
+    auto prefetching = MakeVulkanBackend(*model_, prefetch_options);
+    ASSERT_TRUE(plain.ok()) << plain.status().message();
+    ASSERT_TRUE(prefetching.ok()) << prefetching.status().message();
+    for (const char* type : {"f16", "q4k"}) {
+      SCOPED_TRACE(::testing::Message() << type << ", bindings of at most " << max_binding << " bytes");
+      SequenceKv ka(Layout(type, 64), 256), kb(Layout(type, 64), 256);
+      Logits a, b;
+      SequenceStep sa{&ka, prompt_, true}, sb{&kb, prompt_, true};
+      ASSERT_TRUE((*plain)->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+      ASSERT_TRUE((*prefetching)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+      EXPECT_TRUE(a.data == b.data) << "prompt";
+      for (TokenId next : {TokenId{42}, TokenId{7}, TokenId{1000}}) {
+        const std::vector<float> da = Step(**plain, ka, std::span<const TokenId>(&next, 1));
+        const std::vector<float> db = Step(**prefetching, kb, std::span<const TokenId>(&next, 1));
+        ASSERT_FALSE(da.empty());
+        EXPECT_TRUE(da == db) << "decode of token " << next;
+      }
+    }
+  }
+}
+
 // Attention with tiles of queries (the default: a workgroup scores several tokens and a KV head's
 // query heads, and sums several tokens' outputs) computes each query as one query a workgroup
 // does: a prompt, the same prompt again at depth (prefill over cached positions) and decode

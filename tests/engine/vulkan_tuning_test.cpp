@@ -21,6 +21,7 @@ VulkanTuning Optimum() {
   t.fuse_softmax = false;
   t.subgroup_trees = false;
   t.attention_split = 256;
+  t.prefetch_mib = 24;
   return t;
 }
 
@@ -38,6 +39,7 @@ double Cost(const VulkanTuning& t, double penalty = 0.1) {
   away(t.fuse_softmax != best.fuse_softmax);
   away(t.subgroup_trees != best.subgroup_trees);
   away(t.attention_split != best.attention_split);
+  away(t.prefetch_mib != best.prefetch_mib);
   return c;
 }
 
@@ -51,13 +53,13 @@ TEST(VulkanTuningSearch, FindsTheOptimumOfASeparableCost) {
   ASSERT_TRUE(outcome.ok()) << outcome.status().message();
   EXPECT_TRUE(outcome->best == Optimum());
   EXPECT_TRUE(outcome->start == ResolvedTuning(VulkanTuning{}));
-  // All eight knobs start away from the optimum: 1.1^8 times the optimum's time.
-  EXPECT_NEAR(outcome->final_ratio, 1.0 / std::pow(1.1, 8), 1e-9);
-  EXPECT_NEAR(outcome->start_seconds, 1e-3 * std::pow(1.1, 8), 1e-12);
+  // All nine knobs start away from the optimum: 1.1^9 times the optimum's time.
+  EXPECT_NEAR(outcome->final_ratio, 1.0 / std::pow(1.1, 9), 1e-9);
+  EXPECT_NEAR(outcome->start_seconds, 1e-3 * std::pow(1.1, 9), 1e-12);
   EXPECT_NEAR(outcome->best_seconds, 1e-3, 1e-12);
   int taken = 0;
   for (const TuningTrial& t : outcome->trials) taken += t.taken;
-  EXPECT_EQ(taken, 8);
+  EXPECT_EQ(taken, 9);
   // Each trial measures both settings in every round, plus the final comparison.
   EXPECT_EQ(calls, static_cast<int>(outcome->trials.size()) * 2 * 3 + 2 * 3);
 }
@@ -79,8 +81,8 @@ TEST(VulkanTuningSearch, WinsSmallerThanTheMinimumGainAreNotTaken) {
   EXPECT_TRUE(outcome->best == outcome->start);
   for (const TuningTrial& t : outcome->trials) EXPECT_FALSE(t.taken) << t.knob << " " << t.value;
   // Nothing taken: one sweep only, of every value but the start's (3 groups, 3 lane counts,
-  // 3 row counts, 2 minimum group counts, 3 switches, 4 attention splits).
-  EXPECT_EQ(outcome->trials.size(), 18u);
+  // 3 row counts, 2 minimum group counts, 3 switches, 4 attention splits, 2 read-ahead sizes).
+  EXPECT_EQ(outcome->trials.size(), 20u);
 }
 
 TEST(VulkanTuningSearch, SkipsKnobsAndRecordsRefusals) {
@@ -195,6 +197,8 @@ TEST(VulkanTuningFile, BadContentIsRefusedWithItsReason) {
       {edit("\"attention_split\": 256,", ""), "missing \"attention_split\""},
       {edit("\"device\": \"NVIDIA H100 80GB HBM3\"", "\"device\": 7"), "\"device\" must be a string"},
       {edit("\"tuned\": 6.25", "\"tuned\": -1"), "\"tuned\" must be a number >= 0"},
+      {edit("\"prefetch_mib\": 24", "\"prefetch_mib\": -24"), "\"prefetch_mib\" = -24 is outside"},
+      {edit("\"prefetch_mib\": 24", "\"prefetch_mib\": true"), "\"prefetch_mib\" must be an integer"},
   };
   for (const auto& [text, why] : cases) {
     auto r = ParseTuningJson(text);
@@ -211,6 +215,21 @@ TEST(VulkanTuningFile, BadContentIsRefusedWithItsReason) {
   auto huge = ReadTuningFile(path);
   ASSERT_FALSE(huge.ok());
   EXPECT_NE(huge.status().message().find("over 1 MiB"), std::string::npos) << huge.status().message();
+}
+
+// Files written before the read-ahead knob existed have no "prefetch_mib": they read as it
+// was then, off, with every other setting as written.
+TEST(VulkanTuningFile, AFileWithoutTheReadAheadKeyReadsAsOff) {
+  std::string text = TuningToJson(SampleRecord());
+  const std::string key = "\"prefetch_mib\": 24,";
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.erase(at, key.size());
+  auto r = ParseTuningJson(text);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  VulkanTuning want = Optimum();
+  want.prefetch_mib = 0;
+  EXPECT_TRUE(r->tuning == want);
 }
 
 TEST(VulkanTuningFile, AppliesOnlyToTheDeviceAndModelMeasured) {

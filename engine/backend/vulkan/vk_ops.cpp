@@ -57,6 +57,10 @@ constexpr ShaderInterface kMatmulFloat{"matmul_float", 6, sizeof(MatFloatParams)
 constexpr ShaderInterface kMatmulF32{"matmul_f32", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
 constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
+struct PrefetchParams {
+  uint32_t first, count;  // 16-byte words
+};
+constexpr ShaderInterface kPrefetch{"prefetch", 2, sizeof(PrefetchParams)};
 static_assert(kMatvecQuant.n_buffers <= kMostStorageBuffers);
 
 // quantize_act with the norm: about this many workgroups in all (each reads its row whole).
@@ -373,6 +377,36 @@ Status Ops::SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Bu
   const uint32_t groups = CeilDiv(n, kRowGroup);
   const uint32_t gx = std::min<uint32_t>(groups, 32768), gy = CeilDiv(groups, gx);
   return rec.Dispatch(*p, {&gate, &up, &out}, &params, gx, gy);
+}
+
+Status Ops::PrefetchBytes(Recorder& rec, const Buffer& data, int64_t offset, int64_t bytes, const Buffer& sink) {
+  if (offset < 0 || offset % 16 != 0 || bytes < 0 || offset + bytes > data.bytes()) {
+    return InvalidArgument(fmt::format("prefetch of bytes [{}, {}) of a buffer of {}: not whole 16-byte words inside it",
+                                       offset, offset + bytes, data.bytes()));
+  }
+  const int64_t words = bytes / 16;
+  if (words == 0) return Status::Ok();
+  if (offset / 16 + words > int64_t{UINT32_MAX}) return InvalidArgument("prefetch: a range past 2^32 words");
+  const uint32_t spec[] = {kPrefetchGroupSize, kPrefetchLoads};
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kPrefetch, spec));
+  const PrefetchParams params{U32(offset / 16), U32(words)};
+  const uint32_t groups = std::min(kPrefetchGroups, CeilDiv(words, int64_t{kPrefetchGroupSize} * kPrefetchLoads));
+  return rec.Dispatch(*p, {&data, &sink}, &params, groups);
+}
+
+Result<int64_t> Ops::Prefetch(Recorder& rec, const DeviceMatrix& m, int64_t offset, int64_t bytes, const Buffer& sink) {
+  const int64_t end = offset + std::max<int64_t>(bytes, 0);
+  int64_t covered = 0;
+  for (const DeviceMatrixPart& part : m.parts) {
+    const int64_t start = part.row0 * m.row_bytes, part_bytes = part.n_rows * m.row_bytes;
+    const int64_t lo = std::max(offset, start) - start, hi = std::min(end, start + part_bytes) - start;
+    if (lo >= hi) continue;
+    covered += hi - lo;
+    // Whole 16-byte words from a word boundary: a few bytes at either end may go unread.
+    const int64_t first = (lo + 15) / 16 * 16;
+    if (hi - first >= 16) KVFS_RETURN_IF_ERROR(PrefetchBytes(rec, part.buffer, first, (hi - first) / 16 * 16, sink));
+  }
+  return covered;
 }
 
 }  // namespace kvfs::vk

@@ -201,6 +201,22 @@ class Ops {
   // out = silu(gate) * up over n values.
   Status SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Buffer& out, int64_t n);
 
+  // Reads bytes [offset, offset + bytes) of `data` (whole 16-byte words; offset a multiple of
+  // 16) so that they sit in the device's cache for the dispatch after the next barrier
+  // (prefetch.comp), XORing every word read into sink's first word. Recorded beside a short
+  // dispatch with no barrier between, it uses memory that would otherwise idle.
+  Status PrefetchBytes(Recorder& rec, const Buffer& data, int64_t offset, int64_t bytes, const Buffer& sink);
+  // The same for up to `bytes` of matrix m from byte `offset` of its rows (over its parts, in
+  // row order); returns how many bytes that covered (less at the matrix's end).
+  Result<int64_t> Prefetch(Recorder& rec, const DeviceMatrix& m, int64_t offset, int64_t bytes, const Buffer& sink);
+  // The most workgroups a prefetch dispatch takes (few, so that they run beside the short
+  // dispatch rather than queue in front of it), their size, and the loads in flight in each
+  // of their invocations: 128 x 256 x 8 x 16 bytes = 4 MiB in flight, what a GPU's memory
+  // needs over a latency of about a microsecond.
+  static constexpr uint32_t kPrefetchGroups = 128;
+  static constexpr uint32_t kPrefetchGroupSize = 256;
+  static constexpr uint32_t kPrefetchLoads = 8;
+
   // Where KvStoreBoth also writes the rows it stores, for the host: in `buffer` (host-visible,
   // the write-back's), the row of position p >= pos0[i] at byte bytes0[i] + (p - pos0[i]) times
   // the row's bytes (kv.row_stride; q4k's staged keys: 2 per value); entry 0 is K (q4k: the

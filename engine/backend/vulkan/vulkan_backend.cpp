@@ -119,6 +119,10 @@ class VulkanBackend final : public Backend {
   // fusing, kv_store rotates the keys and the scores the queries; else both were rotated in
   // place); fusing, it also quantizes att_ for `next` (the o matrix) where the output shaders can.
   Status Attention(int64_t layer, std::span<const Piece> pieces, const vk::DeviceMatrix& next);
+  // Decode (T up to the matrix-vector shaders' tokens) with VulkanTuning::prefetch_mib set:
+  // reads ahead the first bytes of `first`, then of `second`, up to that budget in all, beside
+  // the short dispatches of the phase being recorded (Ops::Prefetch). Nothing otherwise.
+  Status PrefetchWeights(int64_t T, const vk::DeviceMatrix& first, const vk::DeviceMatrix* second = nullptr);
   // act_codes_ now holds codes of `kind` (kFloat: none) of the next matrices' input.
   void HoldCodes(vk::ActKind kind) {
     quantized_kind_ = kind;
@@ -154,6 +158,7 @@ class VulkanBackend final : public Backend {
   bool batch_attention_ = true;
   bool merge_sequences_ = true;  // VulkanOptions::merge_sequences
   bool kv_rows_by_kv_store_ = true;  // VulkanOptions::kv_rows_by_kv_store (and fuse_ops)
+  int64_t prefetch_bytes_ = 0;       // VulkanTuning::prefetch_mib, in bytes
   // The codes of the input the next matrix reads (kFloat: none): act_codes_ / act_aux_, or
   // swiglu_codes_ / swiglu_aux_ when gate|up made them.
   vk::ActKind quantized_kind_ = vk::ActKind::kFloat;
@@ -176,6 +181,7 @@ class VulkanBackend final : public Backend {
   Buffer partials_;   // attention split over positions: [tokens][n_head][splits][head_dim]
   Buffer stats_;      // decode attention's softmax shares: [tokens][n_head][score workgroups] (max, sum)
   Buffer counters_;   // split attention's counters (uint32, kept 0 between uses): one-pass split sums
+  Buffer prefetch_sink_;  // [4] uint32: the word prefetch.comp XORs what it reads into (never read)
   // Host-visible inputs and outputs of a micro-batch.
   Buffer tokens_;     // [max_ubatch_] int32 token ids
   Buffer rope_;       // [max_ubatch_][n_rot / 2] (cos, sin) pairs
@@ -241,6 +247,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(partials_, ctx_->CreateBuffer(scratch.partials, MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(stats_, ctx_->CreateBuffer(scratch.stats, MemoryKind::kDevice));
   KVFS_ASSIGN_OR_RETURN(counters_, ctx_->CreateBuffer(kCounterBytes, MemoryKind::kDevice));
+  KVFS_ASSIGN_OR_RETURN(prefetch_sink_, ctx_->CreateBuffer(16, MemoryKind::kDevice));
   KVFS_RETURN_IF_ERROR(rec_->Begin());  // the counters start at 0; the shaders leave them so
   rec_->Zero(counters_, 0, kCounterBytes);
   KVFS_RETURN_IF_ERROR(rec_->SubmitAndWait());
@@ -263,7 +270,15 @@ Status VulkanBackend::SetVulkanTuning(const VulkanTuning& tuning) {
   ops_->set_attention_split_positions(t.attention_split);
   ops_->set_fuse_softmax(t.fuse_softmax && fuse_ops_);
   ops_->set_subgroup_trees(t.subgroup_trees);
+  prefetch_bytes_ = std::clamp<int64_t>(t.prefetch_mib, 0, int64_t{1} << 20) << 20;
   return Status::Ok();
+}
+
+Status VulkanBackend::PrefetchWeights(int64_t T, const vk::DeviceMatrix& first, const vk::DeviceMatrix* second) {
+  if (prefetch_bytes_ <= 0 || T > vk::Ops::kMatvecMaxTokens) return Status::Ok();
+  KVFS_ASSIGN_OR_RETURN(const int64_t covered, ops_->Prefetch(*rec_, first, 0, prefetch_bytes_, prefetch_sink_));
+  if (second == nullptr || covered >= prefetch_bytes_) return Status::Ok();
+  return ops_->Prefetch(*rec_, *second, 0, prefetch_bytes_ - covered, prefetch_sink_).status();
 }
 
 Status VulkanBackend::ReserveLogitRows(int64_t rows) {
@@ -356,6 +371,12 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
     new_keys_in_scores = new_keys_in_scores && vk::Ops::ScoresReadNewKeys(j.kv.format, j.n_tokens, j.pos0);
   }
   bool chunks = false;
+  // The o matrix and the first of the feed-forward's rows, read ahead while the K/V stores and
+  // the scores run (decode, when tuned so).
+  const vk::DeviceLayer& l = weights_->layers[layer];
+  int64_t n_tokens = 0;
+  for (const Piece& pc : pieces) n_tokens += pc.n;
+  KVFS_RETURN_IF_ERROR(PrefetchWeights(n_tokens, next, l.w_gate_up.parts.empty() ? &l.w_gate : &l.w_gate_up));
   const vk::Ops::RopeTable k_rope{&rope_, hp_.n_rot, hp_.rope_style};
   for (const KvStoreGroup& g : kv_store_groups_) {  // fused, pieces of an arena together
     const vk::KvView view = kv_->View(step_kv_[g.step], layer);
@@ -501,6 +522,8 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const vk::DeviceLayer& l = w.layers[il];
     const bool qkv_stacked = !l.wqkv.parts.empty();
+    // The q|k|v matrix read ahead beside the norm (decode, when tuned so).
+    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, qkv_stacked ? l.wqkv : l.wq));
     KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, qkv_stacked ? l.wqkv : l.wq));
     if (qkv_stacked) {
       KVFS_RETURN_IF_ERROR(MatMul(l.wqkv, xb_, n_embd, T, q_, &l.bqkv, false, true, &k_, &v_));
@@ -545,6 +568,7 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     rec.Barrier();
   }
   if (R > 0) {
+    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, *w.output));
     KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_, n_embd, R, &row_ids_));
     rec.Barrier();
     KVFS_RETURN_IF_ERROR(MatMul(*w.output, xn_, n_embd, R, logits_, nullptr, false, false));
