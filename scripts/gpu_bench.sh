@@ -7,7 +7,7 @@
 # dispatch's workgroups nearly in order; a GPU runs them at once, which the one-pass split sums
 # and the SwiGLU epilogue's counters depend on). Writes four files into $OUT (the device tool's
 # folder, which returns at most 8; else /tmp/kvfs-gpu): tests.txt (the tests' failures and
-# totals), gpu.txt (nvidia-smi, kvfs devices, copy bandwidth), summary.txt and runs.tgz
+# totals), gpu.txt (nvidia-smi, kvfs devices, kvfs bench dispatch, copy bandwidth), summary.txt and runs.tgz
 # (PRESET-KV-dDEPTH.json and .err per run, PRESET-shaders.txt from kvfs shaders), the last two rewritten after every run so that a
 # command cut short still returns what it measured. Settings by environment:
 #   KVFS_GPU_TESTS    gtest filter of the tests run first (default "*Vulkan*:*vulkan*": the Vulkan
@@ -97,6 +97,8 @@ fi
 {
   echo "== nvidia-smi"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
   echo "== kvfs devices"; $kvfs devices 2>&1
+  # What a dispatch and its barrier cost, and the read-ahead's rate (kvfs bench --prefetch).
+  echo "== kvfs bench dispatch"; timeout 120 $kvfs bench dispatch 2>&1
   echo "== copy bandwidth"
   # Bytes read + written per second by a device-to-device copy of 1 GiB (median of 20): the
   # yardstick decode_gbs (weight and KV bytes read per token x tokens/s) is compared with.

@@ -10,6 +10,7 @@ int Bench(int argc, char** argv);
 int BenchResume(int argc, char** argv);  // kvfs bench resume
 int BenchAgents(int argc, char** argv);  // kvfs bench agents
 int BenchBatched(int argc, char** argv); // kvfs bench batched
+int BenchDispatch(int argc, char** argv); // kvfs bench dispatch
 int Perplexity(int argc, char** argv);
 int ShowStatus(int argc, char** argv);  // kvfs status
 int BenchFs(int argc, char** argv);     // kvfs bench fs

@@ -22,6 +22,7 @@ void Usage(FILE* out) {
       "  status      cache status of a mounted kvfs:  kvfs status [--mount DIR] [--json]\n"
       "  bench fs    filesystem overhead:  kvfs bench fs -m MODEL [--turns 20] [--agents 10000]\n"
       "  bench resume / bench agents / bench batched   resume, many agents, batched forward pass\n"
+      "  bench dispatch   a Vulkan device's cost per dispatch and barrier:  kvfs bench dispatch\n"
       "run 'kvfs COMMAND --help' for a command's options\n",
       out);
 }

@@ -117,12 +117,24 @@ if r.returncode == 0:
         j = json.loads(r.stdout) if ok else {}
         check(f'bench --backend vulkan --kv {kv}', ok and j['backend'] == 'vulkan' and j['pp']['median'] > 0
               and j['tg']['median'] > 0, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+    # The read-ahead of weights (kvfs bench --prefetch) and what a dispatch costs.
+    r = run(['bench', '-m', stories, '-p', '8', '-n', '4', '-r', '1', '--kv', 'q4k', '--backend', 'vulkan',
+             '--prefetch', '1', '--json'])
+    ok = r.returncode == 0
+    j = json.loads(r.stdout) if ok else {}
+    check('bench --backend vulkan --prefetch 1', ok and j['tg']['median'] > 0, f'rc={r.returncode} err={r.stderr!r}')
+    r = run(['bench', 'dispatch', '-n', '16', '-r', '1', '--read-mib', '1', '--json'])
+    ok = r.returncode == 0
+    j = json.loads(r.stdout) if ok else {}
+    check('bench dispatch', ok and j['dispatch_with_barrier_us'] > 0 and j['dispatch_without_barrier_us'] > 0 and
+          j['read_bytes'] == 1 << 20 and j['read_dispatch_us'] > 0, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+    bad('bench dispatch with no dispatches', ['bench', 'dispatch', '-n', '0'], '-n')
     # kvfs tune: a short search (two knobs) writes a file that run and bench take, on this
     # device and model only.
     default_name = [d['name'] for d in json.loads(run(['devices', '--json']).stdout) if d['default']][0]
     with tempfile.TemporaryDirectory() as tmp:
         tuned = os.path.join(tmp, 'tuning.json')
-        skip = 'matvec_group,matvec_lanes,matvec_rows,matvec_min_groups,fuse_softmax,subgroup_trees'
+        skip = 'matvec_group,matvec_lanes,matvec_rows,matvec_min_groups,fuse_softmax,subgroup_trees,prefetch_mib'
         r = run(['tune', '-m', stories, '-d', '40', '-n', '2', '-r', '1', '--skip', skip, '-o', tuned, '--json'])
         ok = r.returncode == 0
         j = json.loads(r.stdout) if ok else {}

@@ -1,13 +1,42 @@
 // Ops::Prefetch (prefetch.comp): the read-ahead of weight bytes reads exactly the range it is
 // given, each 16-byte word once, which the XOR of those words in the sink shows (a range read
 // short, twice or shifted leaves another value), over buffers and over a matrix's parts. That
-// it changes no result of a pass: vulkan_backend_test.cpp. Skips without a Vulkan device.
+// it changes no result of a pass: vulkan_backend_test.cpp. kvfs bench dispatch's measurement
+// (vulkan_dispatch_cost.h) gives each of its figures. Skips without a Vulkan device.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "engine/backend/vulkan_dispatch_cost.h"
+#include "tests/test_support.h"
+
+namespace kvfs {
+namespace {
+
+// Every figure measured (positive and finite), the read size as asked within the device's
+// binding limit; bad options refused before any device work. Not a speed test: the figures
+// are whatever this machine gives.
+TEST(VulkanDispatchCost, MeasuresEachFigure) {
+  auto cost = MeasureVulkanDispatchCost({.dispatches = 8, .repetitions = 1, .read_bytes = 1 << 20});
+  KVFS_REQUIRE_VULKAN(cost.status());
+  EXPECT_FALSE(cost->device.empty());
+  EXPECT_EQ(cost->read_bytes, 1 << 20);
+  for (const double v : {cost->barrier_us, cost->no_barrier_us, cost->read_us}) {
+    EXPECT_TRUE(v > 0 && std::isfinite(v)) << v;
+  }
+  EXPECT_TRUE(cost->read_gbps >= 0 && std::isfinite(cost->read_gbps)) << cost->read_gbps;
+  for (const DispatchCostOptions bad : {DispatchCostOptions{.dispatches = 0}, DispatchCostOptions{.repetitions = 0},
+                                        DispatchCostOptions{.read_bytes = 8}}) {
+    EXPECT_EQ(MeasureVulkanDispatchCost(bad).status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace kvfs
 
 #if defined(KVFS_VULKAN)
 

@@ -1,0 +1,36 @@
+// What a Vulkan device charges for the shape of a decode step (kvfs bench dispatch): a step is
+// some 9 dispatches a layer, each behind a barrier, most of them short (norms, attention at
+// small depth), so a few microseconds of launch and drain per dispatch can be a third of it.
+// Measured here without any model: empty dispatches with a barrier after each (as a decode
+// step records them) and without, and the rate at which the read-ahead shader
+// (vk::Ops::Prefetch) reads memory, which says how many bytes it can read beside a short
+// dispatch without making it wait.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace kvfs {
+
+struct DispatchCostOptions {
+  int device = -1;              // as VulkanOptions::device
+  int64_t dispatches = 512;     // per measured pass
+  int repetitions = 5;          // passes per figure (medians)
+  int64_t read_bytes = 64 << 20;  // bytes each read-ahead dispatch reads
+};
+
+struct DispatchCost {
+  std::string device;
+  double barrier_us = 0;     // one empty dispatch and the barrier after it, per dispatch
+  double no_barrier_us = 0;  // one empty dispatch, none of them separated by barriers
+  double read_us = 0;        // one read-ahead dispatch of read_bytes and its barrier
+  double read_gbps = 0;      // read_bytes / (read_us - barrier_us), GB/s
+  int64_t read_bytes = 0;
+};
+
+// Unsupported without the Vulkan backend; the device's errors otherwise.
+Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& options);
+
+}  // namespace kvfs
