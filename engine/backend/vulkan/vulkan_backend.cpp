@@ -12,7 +12,9 @@
 // other are fused (VulkanOptions::fuse_ops): each rms_norm and the swiglu quantize their output
 // in the same dispatch, and one kv_store stores K and V (q4k: stages the keys as f16 rows),
 // applying the keys' RoPE on the way, while the scores apply the queries'. The values are
-// those of the separate ops, bit for bit (vulkan_backend_test checks it).
+// those of the separate ops, bit for bit (vulkan_backend_test checks it). Tuned so
+// (VulkanTuning::prefetch_mib), decode also reads the next matrices' first bytes ahead beside
+// the short dispatches (the norms, kv_store and the scores) while memory would idle.
 //
 // The sequences of a pass record each attention step side by side (Ops::AttentionBatch): a
 // decode step of many agents waits at three barriers a layer for attention, not three per agent.
