@@ -161,10 +161,10 @@ struct VulkanTuning {
                                    // where the device has them (matrix-vector sums, RMSNorm,
                                    // activation quantization); off: all in shared memory
   int64_t prefetch_mib = 0;        // decode: MiB of the next weight matrices read ahead into the
-                                   // device's cache beside each short dispatch (attention, norms),
-                                   // while memory would idle (vk::Ops::Prefetch); 0: off. Worth it
-                                   // only where the last-level cache holds that much and memory is
-                                   // fast; kvfs tune measures it
+                                   // device's cache beside the norms and beside kv_store and the
+                                   // scores, each, while memory would idle (vk::Ops::Prefetch);
+                                   // 0: off. Worth it only where the last-level cache holds that
+                                   // much and the phase is long enough; kvfs tune measures it
   VulkanMatvecShape matvec;
   bool operator==(const VulkanTuning&) const = default;
 };

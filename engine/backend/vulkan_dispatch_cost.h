@@ -1,8 +1,9 @@
 // What a Vulkan device charges for the shape of a decode step (kvfs bench dispatch): a step is
 // some 9 dispatches a layer, each behind a barrier, most of them short (norms, attention at
 // small depth), so a few microseconds of launch and drain per dispatch can be a third of it.
-// Measured here without any model: empty dispatches with a barrier after each (as a decode
-// step records them) and without, and the rate at which the read-ahead shader
+// Measured here without any model: minimal dispatches (one workgroup reading one word) with a
+// barrier after each (as a decode step records them) and without, and the rate at which the
+// read-ahead shader
 // (vk::Ops::Prefetch) reads memory, which says how many bytes it can read beside a short
 // dispatch without making it wait.
 #pragma once
@@ -21,13 +22,18 @@ struct DispatchCostOptions {
   int64_t read_bytes = 64 << 20;  // bytes each read-ahead dispatch reads
 };
 
+// Microseconds per dispatch, medians.
 struct DispatchCost {
   std::string device;
-  double barrier_us = 0;     // one empty dispatch and the barrier after it, per dispatch
-  double no_barrier_us = 0;  // one empty dispatch, none of them separated by barriers
-  double read_us = 0;        // one read-ahead dispatch of read_bytes and its barrier
-  double read_gbps = 0;      // read_bytes / (read_us - barrier_us), GB/s
-  int64_t read_bytes = 0;
+  double barrier_us = 0;         // a minimal dispatch and the barrier after it: wall time (the
+                                 // pass is submitted in pieces as it is recorded, as decode is)
+  double barrier_record_us = 0;  // of which the host spent recording (overlapping the device)
+  double no_barrier_us = 0;      // a minimal dispatch, none separated by barriers: wall time
+                                 // after recording (such a pass is submitted only at its end)
+  double no_barrier_record_us = 0;
+  double read_us = 0;            // one read-ahead dispatch of read_bytes and its barrier
+  double read_gbps = 0;          // read_bytes / (read_us - barrier_us), GB/s
+  int64_t read_bytes = 0;        // per dispatch, alternating between two such regions
 };
 
 // Unsupported without the Vulkan backend; the device's errors otherwise.

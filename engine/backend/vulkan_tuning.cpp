@@ -35,8 +35,9 @@ std::vector<Knob> Knobs() {
       {"fuse_softmax", {1, 0}, [](VulkanTuning& t, int64_t v) { t.fuse_softmax = v != 0; }},
       {"subgroup_trees", {1, 0}, [](VulkanTuning& t, int64_t v) { t.subgroup_trees = v != 0; }},
       {"attention_split", {32, 64, 128, 256, 512}, [](VulkanTuning& t, int64_t v) { t.attention_split = v; }},
-      // Last: reading ahead pays only where the cache holds it, which the device does not report.
-      {"prefetch_mib", {0, 8, 24}, [](VulkanTuning& t, int64_t v) { t.prefetch_mib = v; }},
+      // After the shapes it reads ahead for. How much pays depends on the cache size (which the
+      // device does not report) and on how long the phases it runs beside last.
+      {"prefetch_mib", {0, 4, 8, 16}, [](VulkanTuning& t, int64_t v) { t.prefetch_mib = v; }},
   };
 }
 

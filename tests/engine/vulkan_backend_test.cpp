@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <sstream>
 #include <string>
 
 #include "engine/backend/backend.h"
@@ -359,15 +360,30 @@ TEST_F(VulkanBackendTest, SplitAndGgufWeightRowsGiveTheSameLogits) {
   }
 }
 
+// Dispatches of `shader` in a profile report (Recorder::TakeProfileReport's first table).
+int64_t ProfiledDispatches(const std::string& report, const std::string& shader) {
+  std::istringstream lines(report);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string name;
+    int64_t n = 0;
+    if (fields >> name && name == shader && fields >> n) return n;
+  }
+  return 0;
+}
+
 // Reading weights ahead (VulkanTuning::prefetch_mib) only loads: a prompt and decode steps
 // give the same logits as without it, bit for bit, with each matrix whole and in parts (the
-// feed-forward's and the output's, whose read-ahead then crosses part boundaries), in f16 and q4k (whose kv_store and
-// scores share the phase the read-ahead joins).
+// feed-forward's and the output's, whose read-ahead then crosses part boundaries), in f16 and
+// q4k (whose kv_store and scores share the phase the read-ahead joins). It reads in decode
+// only: whole, 1 MiB covers each place's matrices in one dispatch each, q|k|v, o, gate|up per
+// layer and the output (a prompt of more than 8 tokens reads none).
 TEST_F(VulkanBackendTest, PrefetchingWeightsChangesNoLogit) {
   for (const int64_t max_binding : {int64_t{0}, int64_t{160} << 10}) {  // a logit row: 125 KiB
     VulkanOptions plain_options, prefetch_options;
     plain_options.max_binding_bytes = prefetch_options.max_binding_bytes = max_binding;
     prefetch_options.tuning.prefetch_mib = 1;
+    prefetch_options.profile = true;
     auto plain = MakeVulkanBackend(*model_, plain_options);
     auto prefetching = MakeVulkanBackend(*model_, prefetch_options);
     ASSERT_TRUE(plain.ok()) << plain.status().message();
@@ -380,11 +396,21 @@ TEST_F(VulkanBackendTest, PrefetchingWeightsChangesNoLogit) {
       ASSERT_TRUE((*plain)->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
       ASSERT_TRUE((*prefetching)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
       EXPECT_TRUE(a.data == b.data) << "prompt";
+      const int64_t prompt_reads = ProfiledDispatches((*prefetching)->TakeProfileReport(), "prefetch");
+      if (max_binding == 0) {  // (smaller bindings: a token per micro-batch)
+        EXPECT_EQ(prompt_reads, 0);
+      }
       for (TokenId next : {TokenId{42}, TokenId{7}, TokenId{1000}}) {
         const std::vector<float> da = Step(**plain, ka, std::span<const TokenId>(&next, 1));
         const std::vector<float> db = Step(**prefetching, kb, std::span<const TokenId>(&next, 1));
         ASSERT_FALSE(da.empty());
         EXPECT_TRUE(da == db) << "decode of token " << next;
+        const int64_t reads = ProfiledDispatches((*prefetching)->TakeProfileReport(), "prefetch");
+        if (max_binding == 0) {
+          EXPECT_EQ(reads, 3 * hp().n_layer + 1);
+        } else {
+          EXPECT_GT(reads, 3 * hp().n_layer + 1);  // gate|up and the output in parts
+        }
       }
     }
   }

@@ -25,9 +25,10 @@ TEST(VulkanDispatchCost, MeasuresEachFigure) {
   KVFS_REQUIRE_VULKAN(cost.status());
   EXPECT_FALSE(cost->device.empty());
   EXPECT_EQ(cost->read_bytes, 1 << 20);
-  for (const double v : {cost->barrier_us, cost->no_barrier_us, cost->read_us}) {
+  for (const double v : {cost->barrier_us, cost->barrier_record_us, cost->no_barrier_record_us, cost->read_us}) {
     EXPECT_TRUE(v > 0 && std::isfinite(v)) << v;
   }
+  EXPECT_TRUE(cost->no_barrier_us >= 0 && std::isfinite(cost->no_barrier_us)) << cost->no_barrier_us;
   EXPECT_TRUE(cost->read_gbps >= 0 && std::isfinite(cost->read_gbps)) << cost->read_gbps;
   for (const DispatchCostOptions bad : {DispatchCostOptions{.dispatches = 0}, DispatchCostOptions{.repetitions = 0},
                                         DispatchCostOptions{.read_bytes = 8}}) {
@@ -83,7 +84,8 @@ TEST_F(VulkanOpsTest, PrefetchReadsEveryWordOfItsRangeOnce) {
   }
   // Not whole words inside the buffer: refused, nothing recorded.
   const vk::Buffer sink = Output(16);
-  for (const Range r : {Range{8, 16}, Range{0, static_cast<int64_t>(data.size()) + 16}, Range{-16, 16}}) {
+  for (const Range r :
+       {Range{8, 16}, Range{0, 24}, Range{0, static_cast<int64_t>(data.size()) + 16}, Range{-16, 16}}) {
     EXPECT_FALSE(Run([&](vk::Recorder& rec) { return ops_->PrefetchBytes(rec, in, r.offset, r.bytes, sink); }).ok());
   }
 }

@@ -21,7 +21,7 @@ VulkanTuning Optimum() {
   t.fuse_softmax = false;
   t.subgroup_trees = false;
   t.attention_split = 256;
-  t.prefetch_mib = 24;
+  t.prefetch_mib = 8;
   return t;
 }
 
@@ -81,8 +81,8 @@ TEST(VulkanTuningSearch, WinsSmallerThanTheMinimumGainAreNotTaken) {
   EXPECT_TRUE(outcome->best == outcome->start);
   for (const TuningTrial& t : outcome->trials) EXPECT_FALSE(t.taken) << t.knob << " " << t.value;
   // Nothing taken: one sweep only, of every value but the start's (3 groups, 3 lane counts,
-  // 3 row counts, 2 minimum group counts, 3 switches, 4 attention splits, 2 read-ahead sizes).
-  EXPECT_EQ(outcome->trials.size(), 20u);
+  // 3 row counts, 2 minimum group counts, 3 switches, 4 attention splits, 3 read-ahead sizes).
+  EXPECT_EQ(outcome->trials.size(), 21u);
 }
 
 TEST(VulkanTuningSearch, SkipsKnobsAndRecordsRefusals) {
@@ -197,8 +197,8 @@ TEST(VulkanTuningFile, BadContentIsRefusedWithItsReason) {
       {edit("\"attention_split\": 256,", ""), "missing \"attention_split\""},
       {edit("\"device\": \"NVIDIA H100 80GB HBM3\"", "\"device\": 7"), "\"device\" must be a string"},
       {edit("\"tuned\": 6.25", "\"tuned\": -1"), "\"tuned\" must be a number >= 0"},
-      {edit("\"prefetch_mib\": 24", "\"prefetch_mib\": -24"), "\"prefetch_mib\" = -24 is outside"},
-      {edit("\"prefetch_mib\": 24", "\"prefetch_mib\": true"), "\"prefetch_mib\" must be an integer"},
+      {edit("\"prefetch_mib\": 8", "\"prefetch_mib\": -8"), "\"prefetch_mib\" = -8 is outside"},
+      {edit("\"prefetch_mib\": 8", "\"prefetch_mib\": true"), "\"prefetch_mib\" must be an integer"},
   };
   for (const auto& [text, why] : cases) {
     auto r = ParseTuningJson(text);
@@ -221,7 +221,7 @@ TEST(VulkanTuningFile, BadContentIsRefusedWithItsReason) {
 // was then, off, with every other setting as written.
 TEST(VulkanTuningFile, AFileWithoutTheReadAheadKeyReadsAsOff) {
   std::string text = TuningToJson(SampleRecord());
-  const std::string key = "\"prefetch_mib\": 24,";
+  const std::string key = "\"prefetch_mib\": 8,";
   const size_t at = text.find(key);
   ASSERT_NE(at, std::string::npos) << text;
   text.erase(at, key.size());

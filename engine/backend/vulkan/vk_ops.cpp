@@ -40,6 +40,9 @@ struct RopeParams {
 struct SwiGluParams {
   uint32_t n;
 };
+struct PrefetchParams {
+  uint32_t first, count;  // 16-byte words
+};
 constexpr ShaderInterface kEmbed{"embed", 3, sizeof(EmbedParams)};
 constexpr ShaderInterface kRmsNorm{"rms_norm", 4, sizeof(RmsNormParams)};
 constexpr ShaderInterface kRmsNormSg{"rms_norm_sg", 4, sizeof(RmsNormParams)};
@@ -57,9 +60,6 @@ constexpr ShaderInterface kMatmulFloat{"matmul_float", 6, sizeof(MatFloatParams)
 constexpr ShaderInterface kMatmulF32{"matmul_f32", 6, sizeof(MatFloatParams)};
 constexpr ShaderInterface kRope{"rope", 2, sizeof(RopeParams)};
 constexpr ShaderInterface kSwiGlu{"swiglu", 3, sizeof(SwiGluParams)};
-struct PrefetchParams {
-  uint32_t first, count;  // 16-byte words
-};
 constexpr ShaderInterface kPrefetch{"prefetch", 2, sizeof(PrefetchParams)};
 static_assert(kMatvecQuant.n_buffers <= kMostStorageBuffers);
 
@@ -380,13 +380,15 @@ Status Ops::SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Bu
 }
 
 Status Ops::PrefetchBytes(Recorder& rec, const Buffer& data, int64_t offset, int64_t bytes, const Buffer& sink) {
-  if (offset < 0 || offset % 16 != 0 || bytes < 0 || offset + bytes > data.bytes()) {
-    return InvalidArgument(fmt::format("prefetch of bytes [{}, {}) of a buffer of {}: not whole 16-byte words inside it",
+  if (offset < 0 || offset % 16 != 0 || bytes < 0 || bytes % 16 != 0 || offset + bytes > data.bytes()) {
+    return InvalidArgument(fmt::format("prefetch of bytes [{}, {}) of a buffer of {}: not whole 16-byte words in it",
                                        offset, offset + bytes, data.bytes()));
   }
   const int64_t words = bytes / 16;
   if (words == 0) return Status::Ok();
-  if (offset / 16 + words > int64_t{UINT32_MAX}) return InvalidArgument("prefetch: a range past 2^32 words");
+  // The shader's word indices stay below 2^32 even one grid round past the range's end.
+  const int64_t round = int64_t{kPrefetchGroups} * kPrefetchGroupSize * kPrefetchLoads;
+  if (offset / 16 + words + round > int64_t{UINT32_MAX}) return InvalidArgument("prefetch: a range past 2^32 words");
   const uint32_t spec[] = {kPrefetchGroupSize, kPrefetchLoads};
   KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(kPrefetch, spec));
   const PrefetchParams params{U32(offset / 16), U32(words)};

@@ -201,10 +201,11 @@ class Ops {
   // out = silu(gate) * up over n values.
   Status SwiGlu(Recorder& rec, const Buffer& gate, const Buffer& up, const Buffer& out, int64_t n);
 
-  // Reads bytes [offset, offset + bytes) of `data` (whole 16-byte words; offset a multiple of
-  // 16) so that they sit in the device's cache for the dispatch after the next barrier
-  // (prefetch.comp), XORing every word read into sink's first word. Recorded beside a short
-  // dispatch with no barrier between, it uses memory that would otherwise idle.
+  // Reads bytes [offset, offset + bytes) of `data` (offset and bytes multiples of 16) so that
+  // they sit in the device's cache for a later dispatch that streams them (prefetch.comp),
+  // XORing every word read into sink's first word (atomically: read-aheads beside each other
+  // share the sink with no barrier between). Recorded beside a short dispatch with no barrier
+  // between, it uses memory that would otherwise idle.
   Status PrefetchBytes(Recorder& rec, const Buffer& data, int64_t offset, int64_t bytes, const Buffer& sink);
   // The same for up to `bytes` of matrix m from byte `offset` of its rows (over its parts, in
   // row order); returns how many bytes that covered (less at the matrix's end).

@@ -122,9 +122,10 @@ class VulkanBackend final : public Backend {
   // place); fusing, it also quantizes att_ for `next` (the o matrix) where the output shaders can.
   Status Attention(int64_t layer, std::span<const Piece> pieces, const vk::DeviceMatrix& next);
   // Decode (T up to the matrix-vector shaders' tokens) with VulkanTuning::prefetch_mib set:
-  // reads ahead the first bytes of `first`, then of `second`, up to that budget in all, beside
-  // the short dispatches of the phase being recorded (Ops::Prefetch). Nothing otherwise.
-  Status PrefetchWeights(int64_t T, const vk::DeviceMatrix& first, const vk::DeviceMatrix* second = nullptr);
+  // reads ahead up to that budget of the matrices' rows, taken one after another from byte
+  // `skip` on, beside the short dispatches of the phase being recorded (Ops::Prefetch).
+  // Returns the bytes covered (0 when it reads nothing).
+  Result<int64_t> PrefetchWeights(int64_t T, std::span<const vk::DeviceMatrix* const> matrices, int64_t skip = 0);
   // act_codes_ now holds codes of `kind` (kFloat: none) of the next matrices' input.
   void HoldCodes(vk::ActKind kind) {
     quantized_kind_ = kind;
@@ -276,11 +277,22 @@ Status VulkanBackend::SetVulkanTuning(const VulkanTuning& tuning) {
   return Status::Ok();
 }
 
-Status VulkanBackend::PrefetchWeights(int64_t T, const vk::DeviceMatrix& first, const vk::DeviceMatrix* second) {
-  if (prefetch_bytes_ <= 0 || T > vk::Ops::kMatvecMaxTokens) return Status::Ok();
-  KVFS_ASSIGN_OR_RETURN(const int64_t covered, ops_->Prefetch(*rec_, first, 0, prefetch_bytes_, prefetch_sink_));
-  if (second == nullptr || covered >= prefetch_bytes_) return Status::Ok();
-  return ops_->Prefetch(*rec_, *second, 0, prefetch_bytes_ - covered, prefetch_sink_).status();
+Result<int64_t> VulkanBackend::PrefetchWeights(int64_t T, std::span<const vk::DeviceMatrix* const> matrices,
+                                               int64_t skip) {
+  if (prefetch_bytes_ <= 0 || T > vk::Ops::kMatvecMaxTokens) return int64_t{0};
+  int64_t covered = 0;
+  for (const vk::DeviceMatrix* m : matrices) {
+    const int64_t bytes = m->n_out * m->row_bytes;
+    if (skip >= bytes) {
+      skip -= bytes;
+      continue;
+    }
+    if (covered >= prefetch_bytes_) break;
+    KVFS_ASSIGN_OR_RETURN(const int64_t n, ops_->Prefetch(*rec_, *m, skip, prefetch_bytes_ - covered, prefetch_sink_));
+    covered += n;
+    skip = 0;
+  }
+  return covered;
 }
 
 Status VulkanBackend::ReserveLogitRows(int64_t rows) {
@@ -373,12 +385,6 @@ Status VulkanBackend::Attention(int64_t layer, std::span<const Piece> pieces, co
     new_keys_in_scores = new_keys_in_scores && vk::Ops::ScoresReadNewKeys(j.kv.format, j.n_tokens, j.pos0);
   }
   bool chunks = false;
-  // The o matrix and the first of the feed-forward's rows, read ahead while the K/V stores and
-  // the scores run (decode, when tuned so).
-  const vk::DeviceLayer& l = weights_->layers[layer];
-  int64_t n_tokens = 0;
-  for (const Piece& pc : pieces) n_tokens += pc.n;
-  KVFS_RETURN_IF_ERROR(PrefetchWeights(n_tokens, next, l.w_gate_up.parts.empty() ? &l.w_gate : &l.w_gate_up));
   const vk::Ops::RopeTable k_rope{&rope_, hp_.n_rot, hp_.rope_style};
   for (const KvStoreGroup& g : kv_store_groups_) {  // fused, pieces of an arena together
     const vk::KvView view = kv_->View(step_kv_[g.step], layer);
@@ -524,8 +530,13 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const vk::DeviceLayer& l = w.layers[il];
     const bool qkv_stacked = !l.wqkv.parts.empty();
-    // The q|k|v matrix read ahead beside the norm (decode, when tuned so).
-    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, qkv_stacked ? l.wqkv : l.wq));
+    // Decode, when tuned so: q|k|v read ahead beside the norm; o and the first of gate|up
+    // beside kv_store and the scores (Attention records nothing before them); more of gate|up
+    // beside the feed-forward norm.
+    const bool gate_up_stacked = !l.w_gate_up.parts.empty();
+    const vk::DeviceMatrix* const qkv[3] = {qkv_stacked ? &l.wqkv : &l.wq, &l.wk, &l.wv};
+    const vk::DeviceMatrix* const ffn[3] = {&l.wo, gate_up_stacked ? &l.w_gate_up : &l.w_gate, &l.w_up};
+    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, std::span(qkv, qkv_stacked ? 1 : 3)).status());
     KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, qkv_stacked ? l.wqkv : l.wq));
     if (qkv_stacked) {
       KVFS_RETURN_IF_ERROR(MatMul(l.wqkv, xb_, n_embd, T, q_, &l.bqkv, false, true, &k_, &v_));
@@ -541,11 +552,14 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
       KVFS_RETURN_IF_ERROR(ops_->Rope(rec, k_, n_kv, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_style, rope_, T));
       rec.Barrier();
     }
+    const std::span<const vk::DeviceMatrix* const> o_gate_up(ffn, gate_up_stacked ? 2 : 3);
+    KVFS_ASSIGN_OR_RETURN(const int64_t ahead, PrefetchWeights(T, o_gate_up));
     KVFS_RETURN_IF_ERROR(Attention(il, pieces, l.wo));
     KVFS_RETURN_IF_ERROR(MatMul(l.wo, att_, n_q, T, x_, nullptr, true, true));  // codes from Attention, if any
     rec.Barrier();
 
-    const bool gate_up_stacked = !l.w_gate_up.parts.empty();
+    // On from where the read-ahead beside attention stopped (o has been read by now).
+    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, o_gate_up, std::max(ahead, l.wo.n_out * l.wo.row_bytes)).status());
     KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, gate_up_stacked ? l.w_gate_up : l.w_gate));
     // Fusing, a stacked gate|up hands the down matrix SwiGLU's codes itself (decode).
     const vk::Ops::SwiGluCodes swiglu{vk::ActKindFor(l.w_down.type), {&swiglu_codes_, &swiglu_aux_}, &counters_,
@@ -570,7 +584,7 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     rec.Barrier();
   }
   if (R > 0) {
-    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, *w.output));
+    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, std::span(&w.output, 1)).status());
     KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_, n_embd, R, &row_ids_));
     rec.Barrier();
     KVFS_RETURN_IF_ERROR(MatMul(*w.output, xn_, n_embd, R, logits_, nullptr, false, false));
