@@ -585,9 +585,21 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
   }
   if (R > 0) {
     KVFS_RETURN_IF_ERROR(PrefetchWeights(T, std::span(&w.output, 1)).status());
-    KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_, n_embd, R, &row_ids_));
+    // Decode (every row wants its logits, in order): the final norm also quantizes its rows for
+    // the output matrix, as the layers' norms do; else it gathers the rows wanted first.
+    bool every_row = R == T;
+    for (int64_t r = 0; every_row && r < R; ++r) every_row = logit_rows[r] == r;
+    const vk::ActKind output_kind = vk::ActKindFor(w.output->type);
+    if (fuse_ops_ && every_row && output_kind != vk::ActKind::kFloat) {
+      KVFS_RETURN_IF_ERROR(ops_->NormQuantizeActs(rec, output_kind, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_,
+                                                  n_embd, R, {&act_codes_, &act_aux_}));
+      HoldCodes(output_kind);
+    } else {
+      KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_, n_embd, R, &row_ids_));
+      HoldCodes(vk::ActKind::kFloat);
+    }
     rec.Barrier();
-    KVFS_RETURN_IF_ERROR(MatMul(*w.output, xn_, n_embd, R, logits_, nullptr, false, false));
+    KVFS_RETURN_IF_ERROR(MatMul(*w.output, xn_, n_embd, R, logits_, nullptr, false, /*same_input=*/true));
     rec.Barrier();
     rec.Copy(logits_, 0, logits_out_, 0, R * hp_.n_vocab * 4);
   }
