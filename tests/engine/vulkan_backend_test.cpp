@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <sstream>
 #include <string>
 
 #include "engine/backend/backend.h"
@@ -360,18 +359,6 @@ TEST_F(VulkanBackendTest, SplitAndGgufWeightRowsGiveTheSameLogits) {
   }
 }
 
-// Dispatches of `shader` in a profile report (Recorder::TakeProfileReport's first table).
-int64_t ProfiledDispatches(const std::string& report, const std::string& shader) {
-  std::istringstream lines(report);
-  for (std::string line; std::getline(lines, line);) {
-    std::istringstream fields(line);
-    std::string name;
-    int64_t n = 0;
-    if (fields >> name && name == shader && fields >> n) return n;
-  }
-  return 0;
-}
-
 // Reading weights ahead (VulkanTuning::prefetch_mib) only loads: a prompt and decode steps
 // give the same logits as without it, bit for bit, with each matrix whole and in parts (the
 // feed-forward's and the output's, whose read-ahead then crosses part boundaries), in f16 and
@@ -396,7 +383,7 @@ TEST_F(VulkanBackendTest, PrefetchingWeightsChangesNoLogit) {
       ASSERT_TRUE((*plain)->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
       ASSERT_TRUE((*prefetching)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
       EXPECT_TRUE(a.data == b.data) << "prompt";
-      const int64_t prompt_reads = ProfiledDispatches((*prefetching)->TakeProfileReport(), "prefetch");
+      const int64_t prompt_reads = testing::ProfileDispatches((*prefetching)->TakeProfileReport())["prefetch"];
       if (max_binding == 0) {  // (smaller bindings: a token per micro-batch)
         EXPECT_EQ(prompt_reads, 0);
       }
@@ -405,7 +392,7 @@ TEST_F(VulkanBackendTest, PrefetchingWeightsChangesNoLogit) {
         const std::vector<float> db = Step(**prefetching, kb, std::span<const TokenId>(&next, 1));
         ASSERT_FALSE(da.empty());
         EXPECT_TRUE(da == db) << "decode of token " << next;
-        const int64_t reads = ProfiledDispatches((*prefetching)->TakeProfileReport(), "prefetch");
+        const int64_t reads = testing::ProfileDispatches((*prefetching)->TakeProfileReport())["prefetch"];
         if (max_binding == 0) {
           EXPECT_EQ(reads, 3 * hp().n_layer + 1);
         } else {
