@@ -5,6 +5,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace kvfs::cpu {
 
@@ -15,6 +19,18 @@ uint64_t ReadXcr0() {
   uint32_t eax = 0, edx = 0;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
   return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+// Linux hands out the 8 KiB of tile data per process on request; without it the first tile
+// instruction faults. Granted once, for every thread of the process.
+bool AmxGranted() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl code (asm/prctl.h)
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 CpuFeatures Detect() {
@@ -38,6 +54,9 @@ CpuFeatures Detect() {
   f.avx2_fma_f16c = os_avx && avx2 && fma && f16c;
   f.avx512_core = f.avx2_fma_f16c && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl;
   f.avx512_vnni_bf16 = f.avx512_core && avx512vbmi && avx512vnni && avx512bf16;
+  const bool amx_tile = (edx >> 24) & 1, amx_int8 = (edx >> 25) & 1;
+  const bool os_amx = (xcr0 & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA
+  f.amx_int8 = f.avx512_vnni_bf16 && amx_tile && amx_int8 && os_amx && AmxGranted();
   return f;
 }
 #else

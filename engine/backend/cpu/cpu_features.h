@@ -10,6 +10,9 @@ struct CpuFeatures {
   bool avx2_fma_f16c = false;  // AVX2 + FMA + F16C, OS saves YMM
   bool avx512_core = false;    // plus AVX-512 F, BW, VL, DQ, OS saves ZMM and opmasks
   bool avx512_vnni_bf16 = false;  // plus VNNI, VBMI, BF16 (the AVX-512 matrix kernel table)
+  // plus AMX-TILE and AMX-INT8, tile state enabled in XCR0 and granted to this process by the
+  // kernel (Linux's arch_prctl ARCH_REQ_XCOMP_PERM, asked once, here): the "amx" table.
+  bool amx_int8 = false;
 };
 
 const CpuFeatures& HostCpuFeatures();

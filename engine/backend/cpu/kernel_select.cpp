@@ -24,6 +24,7 @@ bool Always() { return true; }
 bool HasAvx2() { return HostCpuFeatures().avx2_fma_f16c; }
 bool HasAvx512Bw() { return HostCpuFeatures().avx512_core; }
 bool HasAvx512() { return HostCpuFeatures().avx512_vnni_bf16; }
+bool HasAmx() { return HostCpuFeatures().amx_int8; }
 #endif
 
 // Ordered from the most portable to the fastest.
@@ -34,6 +35,7 @@ const std::vector<Entry>& Entries() {
       {"avx2", &Avx2Kernels, &HasAvx2},
       {"avx512bw", &Avx512BwKernels, &HasAvx512Bw},
       {"avx512", &Avx512Kernels, &HasAvx512},
+      {"amx", &AmxKernels, &HasAmx},
 #endif
   };
   return entries;

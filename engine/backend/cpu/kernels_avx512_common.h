@@ -338,8 +338,9 @@ inline void PrefetchRowsShare(const uint8_t* first, int64_t row_bytes, int64_t n
 }
 
 // 16 rows x 8 dwords (ymm per row, 32 codes of a group) -> 8 zmm, zmm j = dword j of rows
-// 0..15 (codes 4j..4j+3 of each row), stored at out + 128 * j (the other 16 rows of the panel
-// live in the second 64 bytes).
+// 0..15 (codes 4j..4j+3 of each row), stored at out + kStride * j (panels: 128, the other 16
+// rows of the panel living in the second 64 bytes; the AMX table's B tiles: 64).
+template <int kStride = 128>
 inline void TransposeStore16x8(const __m256i (&r)[16], uint8_t* out) {
   __m512i z[8];
   for (int i = 0; i < 4; ++i) {
@@ -357,8 +358,8 @@ inline void TransposeStore16x8(const __m256i (&r)[16], uint8_t* out) {
     q[h][3] = _mm512_unpackhi_epi64(t1, t3);
   }
   for (int k = 0; k < 4; ++k) {
-    _mm512_store_si512(out + 128 * k, _mm512_shuffle_i32x4(q[0][k], q[1][k], 0x88));
-    _mm512_store_si512(out + 128 * (4 + k), _mm512_shuffle_i32x4(q[0][k], q[1][k], 0xDD));
+    _mm512_store_si512(out + kStride * k, _mm512_shuffle_i32x4(q[0][k], q[1][k], 0x88));
+    _mm512_store_si512(out + kStride * (4 + k), _mm512_shuffle_i32x4(q[0][k], q[1][k], 0xDD));
   }
 }
 
