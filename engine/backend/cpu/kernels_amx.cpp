@@ -16,12 +16,8 @@
 // vector unit's convert, multiply and fma per token and block, not the tile unit, set the pace:
 // four accumulator tiles keep the unit multiplying ahead while the fmas scale.
 //
-// Tiles: C0..C3 (tmm0-3) 16 tokens x 16 rows of int32 sums; A0, A1 (tmm4, tmm5) 16 tokens x 32
-// int8 activation codes of a block; B0, B1 (tmm6, tmm7) a block of 16 weight rows in the VNNI
-// layout the packed groups already have: 8 rows of 64 bytes, row k = 4 codes (inputs
-// 4k..4k+3) of each of the 16 weight rows.
-#include <utility>
-
+// The tiles and their pipeline: kernels_amx_tiles.h. The K-quants: kernels_amx_kquants.cpp.
+#include "engine/backend/cpu/kernels_amx_tiles.h"
 #include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
 #include "engine/backend/cpu/packed_q4_0_layout.h"
 
@@ -29,40 +25,6 @@ namespace kvfs::cpu {
 namespace {
 
 using PackedLayout = PackedQ4_0Layout<16>;
-constexpr int kTileTokens = 16;    // tokens per tile (the tile unit's 16 rows)
-constexpr int kGroupRows = 16;     // weight rows per tile (16 int32 columns) = a packed group
-constexpr int kChunkBlocks = 32;   // blocks of K per fill: a group's codes, 16 KiB, stay in L1
-constexpr int kPassTokens = 128;   // tokens per pass over a fill (their codes, 128 KiB, on the stack)
-// Below this many tokens the avx512 table's kernels run (rows, 8 tokens a pass). From DRAM
-// (5632 x 2048, 2 threads, `bench_kernels packed_decode_tile_*tok`, three alternating runs):
-// 16 tokens 0.85-1.44 ms on tiles against 1.13-1.26 ms, 32 tokens 1.62-2.00 against 2.13-2.74.
-constexpr int64_t kAmxMinTokens = 32;
-
-// The tile configuration (LDTILECFG's 64-byte operand, palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};  // bytes per row of tmm i
-  uint8_t rows[16] = {};    // rows of tmm i
-};
-
-TileConfig MakeConfig() {
-  TileConfig c;
-  for (int t = 0; t < 4; ++t) {  // C0..C3: 16 tokens x 16 int32
-    c.rows[t] = kTileTokens;
-    c.colsb[t] = 4 * kGroupRows;
-  }
-  for (int t = 4; t < 6; ++t) {  // A0, A1: 16 tokens x 32 codes
-    c.rows[t] = kTileTokens;
-    c.colsb[t] = 32;
-  }
-  for (int t = 6; t < 8; ++t) {  // B0, B1: 8 quads of inputs x 16 rows x 4 codes
-    c.rows[t] = 8;
-    c.colsb[t] = 4 * kGroupRows;
-  }
-  return c;
-}
 
 // 16 weight rows' blocks [b0, b0 + nb) made ready for the tile unit.
 struct alignas(64) GroupFill {
@@ -128,128 +90,37 @@ void FillPlain(const uint8_t* w, int64_t w_row_bytes, int64_t rows, int nb, Grou
   }
 }
 
-// A pass's activations as the tile unit and the fmas read them: per tile of 16 tokens and
-// block, 16 rows of 32 codes in 512 contiguous bytes (a strided load from the activation rows
-// touched two lines per row); per token and block the scale d_a and, for formats with a
-// minimum, Q8_1's s_a.
-struct alignas(64) PassActs {
-  int8_t codes[kPassTokens / kTileTokens][kChunkBlocks][kTileTokens][32];
+// Per token and block of a pass: the activation scale d_a and, for formats with a minimum,
+// Q8_1's s_a (0 for tokens past the pass).
+struct alignas(64) PassScales {
   float da[kPassTokens][kChunkBlocks];
   float sa[kPassTokens][kChunkBlocks];
 };
 
-// The 16 accumulators of a tile, one per token, each 16 weight rows. Every access names its
-// register by a constant (fold expressions over kTokenIndex): GCC unrolls loops only after it
-// decides which arrays live in registers, so a loop would keep these in memory, loaded and
-// stored around every block (and the tile stores' memory clobbers pin them there).
-constexpr auto kTokenIndex = std::make_index_sequence<kTileTokens>{};
-using Acc = __m512[kTileTokens];
-
 // acc[i] += float(c[i]) * (dw * da[i][g]) (then + mw * sa[i][g]) for the 16 tokens of a tile.
-template <bool kMin, size_t... I>
-[[gnu::always_inline]] inline void ScaleBlock(const int32_t (&c)[kTileTokens][kGroupRows], const GroupFill& f,
-                                              const float (*da)[kChunkBlocks], const float (*sa)[kChunkBlocks], int g,
-                                              Acc& acc, std::index_sequence<I...>) {
-  const __m512 w = _mm512_load_ps(f.dw[g]);
-  ((acc[I] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[I])), _mm512_mul_ps(w, _mm512_set1_ps(da[I][g])),
-                             acc[I])),
-   ...);
-  if constexpr (kMin) {
-    const __m512 m = _mm512_load_ps(f.mw[g]);
-    ((acc[I] = _mm512_fmadd_ps(m, _mm512_set1_ps(sa[I][g]), acc[I])), ...);
-  }
-}
-
-// acc[i] = rows of y for token i (< n), else 0.
-template <size_t... I>
-[[gnu::always_inline]] inline void LoadAcc(const float* y, int64_t y_stride, int64_t n, __mmask16 m, bool accumulate,
-                                           Acc& acc, std::index_sequence<I...>) {
-  ((acc[I] = accumulate && static_cast<int64_t>(I) < n ? _mm512_maskz_loadu_ps(m, y + I * y_stride)
-                                                       : _mm512_setzero_ps()),
-   ...);
-}
-
-template <size_t... I>
-[[gnu::always_inline]] inline void StoreAcc(float* y, int64_t y_stride, int64_t n, __mmask16 m, const Acc& acc,
-                                            std::index_sequence<I...>) {
-  ((static_cast<int64_t>(I) < n ? StoreRows(y + I * y_stride, acc[I], m, false) : void()), ...);
-}
-
-// Block g's operands into the A and B tiles of C kC's parity, then its product into C kC.
-// Loading A or B for block g + 2 waits for block g's product to have read them, not for its
-// scaling, so the unit multiplies up to three blocks ahead of the vector unit's fmas. Tile
-// numbers must be literals (GCC's tile intrinsics paste them into the instruction).
-template <int kC>
-[[gnu::always_inline]] inline void StartBlock(const int8_t* a, const int8_t* b) {
-  if constexpr (kC == 0) {
-    _tile_loadd(4, a, 32);
-    _tile_loadd(6, b, 64);
-    _tile_zero(0);
-    _tile_dpbssd(0, 4, 6);
-  } else if constexpr (kC == 1) {
-    _tile_loadd(5, a, 32);
-    _tile_loadd(7, b, 64);
-    _tile_zero(1);
-    _tile_dpbssd(1, 5, 7);
-  } else if constexpr (kC == 2) {
-    _tile_loadd(4, a, 32);
-    _tile_loadd(6, b, 64);
-    _tile_zero(2);
-    _tile_dpbssd(2, 4, 6);
-  } else {
-    _tile_loadd(5, a, 32);
-    _tile_loadd(7, b, 64);
-    _tile_zero(3);
-    _tile_dpbssd(3, 5, 7);
-  }
-}
-
-template <int kC>
-[[gnu::always_inline]] inline void StoreSums(int32_t (&c)[kTileTokens][kGroupRows]) {
-  if constexpr (kC == 0) {
-    _tile_stored(0, c, 4 * kGroupRows);
-  } else if constexpr (kC == 1) {
-    _tile_stored(1, c, 4 * kGroupRows);
-  } else if constexpr (kC == 2) {
-    _tile_stored(2, c, 4 * kGroupRows);
-  } else {
-    _tile_stored(3, c, 4 * kGroupRows);
-  }
-}
-
-// One tile of 16 tokens against a filled group: codes a[g] of block g, their scales.
-struct TileInputs {
-  const int8_t (*a)[kTileTokens][32];
-  const float (*da)[kChunkBlocks];
-  const float (*sa)[kChunkBlocks];
-};
-
-// Block g, in C kC: its sums stored and scaled into acc, block g + 4 started in its place.
-template <bool kMin, int kC>
-[[gnu::always_inline]] inline void FinishBlock(int g, const TileInputs& in, const GroupFill& f, int nb,
-                                               int32_t (&c)[kTileTokens][kGroupRows], Acc& acc) {
-  if (g >= nb) return;
-  StoreSums<kC>(c);
-  if (g + 4 < nb) StartBlock<kC>(in.a[g + 4][0], f.codes[g + 4][0]);
-  ScaleBlock<kMin>(c, f, in.da, in.sa, g, acc, kTokenIndex);
-}
-
-// The tile against the group over its nb blocks, into acc, blocks in order: block g in
-// C(g % 4), stored and scaled once block g + 4 has taken its place on the unit.
 template <bool kMin>
-[[gnu::always_inline]] inline void TileBlocks(const TileInputs& in, const GroupFill& f, int nb, Acc& acc) {
-  alignas(64) int32_t c[4][kTileTokens][kGroupRows];
-  if (nb > 0) StartBlock<0>(in.a[0][0], f.codes[0][0]);
-  if (nb > 1) StartBlock<1>(in.a[1][0], f.codes[1][0]);
-  if (nb > 2) StartBlock<2>(in.a[2][0], f.codes[2][0]);
-  if (nb > 3) StartBlock<3>(in.a[3][0], f.codes[3][0]);
-  for (int g = 0; g < nb; g += 4) {
-    FinishBlock<kMin, 0>(g, in, f, nb, c[0], acc);
-    FinishBlock<kMin, 1>(g + 1, in, f, nb, c[1], acc);
-    FinishBlock<kMin, 2>(g + 2, in, f, nb, c[2], acc);
-    FinishBlock<kMin, 3>(g + 3, in, f, nb, c[3], acc);
+struct BlockEpilogue {
+  struct In {
+    const GroupFill* f;
+    const float (*da)[kChunkBlocks];  // from the tile's first token on
+    const float (*sa)[kChunkBlocks];
+  };
+  [[gnu::always_inline]] static void Apply(const int32_t (&c)[kTileTokens][kGroupRows], int g, const In& in, Acc& acc) {
+    Scale(c, g, in, acc, kTokenIndex);
   }
-}
+  template <size_t... I>
+  [[gnu::always_inline]] static void Scale(const int32_t (&c)[kTileTokens][kGroupRows], int g, const In& in, Acc& acc,
+                                           std::index_sequence<I...>) {
+    const __m512 w = _mm512_load_ps(in.f->dw[g]);
+    ((acc[I] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[I])),
+                               _mm512_mul_ps(w, _mm512_set1_ps(in.da[I][g])), acc[I])),
+     ...);
+    if constexpr (kMin) {
+      const __m512 m = _mm512_load_ps(in.f->mw[g]);
+      ((acc[I] = _mm512_fmadd_ps(m, _mm512_set1_ps(in.sa[I][g]), acc[I])), ...);
+    }
+  }
+};
 
 // y[t * y_stride + r] = row r . token t for n_rows rows and n_tokens tokens (x_quant: rows of
 // L's activation blocks): K in chunks of kChunkBlocks, tokens in passes of kPassTokens, rows in
@@ -261,7 +132,8 @@ void AmxPasses(int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes, int6
   static const TileConfig kConfig = MakeConfig();
   _tile_loadconfig(&kConfig);
   GroupFill group;
-  PassActs acts;
+  PassCodes codes;
+  PassScales scales;
   for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
     const int ng = static_cast<int>(nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks);
     const bool accumulate = b0 > 0;  // a later K chunk continues the sums the earlier ones stored
@@ -269,28 +141,18 @@ void AmxPasses(int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes, int6
       const int64_t nt = n_tokens - t0 < kPassTokens ? n_tokens - t0 : kPassTokens;
       const int64_t tiles = (nt + kTileTokens - 1) / kTileTokens;
       const uint8_t* xc = x_quant + t0 * x_row_bytes + b0 * L::kA;
-      // Rows past the pass (the last tile's) have zero codes and scales: their sums are zero,
-      // and they are not stored.
+      codes.Fill(nt, ng, [&](int64_t t, int g) { return xc + t * x_row_bytes + g * L::kA + L::kAQs; });
+      // The last tile's tokens past the pass have zero codes and scales: zero sums, not stored.
       for (int64_t t = 0; t < tiles * kTileTokens; ++t) {
         for (int g = 0; g < ng; ++g) {
-          int8_t* dst = acts.codes[t / kTileTokens][g][t % kTileTokens];
-          if (t < nt) {
-            const uint8_t* blk = xc + t * x_row_bytes + g * L::kA;
-            acts.da[t][g] = HalfToFloat(blk);
-            acts.sa[t][g] = L::kMin ? HalfToFloat(blk + L::kAS) : 0.0f;
-            std::memcpy(dst, blk + L::kAQs, 32);
-          } else {
-            acts.da[t][g] = acts.sa[t][g] = 0.0f;
-            std::memset(dst, 0, 32);
-          }
+          const uint8_t* blk = xc + t * x_row_bytes + g * L::kA;
+          scales.da[t][g] = t < nt ? HalfToFloat(blk) : 0.0f;
+          scales.sa[t][g] = t < nt && L::kMin ? HalfToFloat(blk + L::kAS) : 0.0f;
         }
       }
-      // The tile loads read codes through asm operands that GCC does not see as memory: the
-      // stores above (and the fill's) must not move past them.
-      asm volatile("" ::: "memory");
       for (int64_t r = 0; r < n_rows; r += kGroupRows) {
         fill(r, b0, ng, group);
-        asm volatile("" ::: "memory");
+        OperandsWritten();
         const int64_t left = n_rows - r;
         const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
         for (int64_t tile = 0; tile < tiles; ++tile) {
@@ -298,7 +160,8 @@ void AmxPasses(int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes, int6
           float* yt = y + (t0 + t) * y_stride + r;
           Acc acc;
           LoadAcc(yt, y_stride, n, m, accumulate, acc, kTokenIndex);
-          TileBlocks<L::kMin>({acts.codes[tile], acts.da + t, acts.sa + t}, group, ng, acc);
+          TileBlocks<BlockEpilogue<L::kMin>>(codes.codes[tile], group.codes, ng, {&group, scales.da + t, scales.sa + t},
+                                            acc);
           StoreAcc(yt, y_stride, n, m, acc, kTokenIndex);
         }
       }
@@ -344,6 +207,8 @@ KernelTable MakeAmxTable() {
   t.matmul_tile[id(GgmlType::kQ5_0)] = &Tile<FmtQ5_0, &avx512::TileQ5_0>;
   t.matmul_tile[id(GgmlType::kQ5_1)] = &Tile<FmtQ5_1, &avx512::TileQ5_1>;
   t.matmul_tile[id(GgmlType::kQ8_0)] = &Tile<FmtQ8_0, &avx512::TileQ8_0>;
+  t.matmul_tile[id(GgmlType::kQ4_K)] = amx::TileQ4_K;
+  t.matmul_tile[id(GgmlType::kQ5_K)] = amx::TileQ5_K;
   return t;
 }
 
