@@ -1,8 +1,7 @@
 // The "amx" kernel table against the "avx512" one, bit for bit. Both sum each block's products
 // exactly in int32 (the tile unit here, vpdpbusd there) and then do the same float operations
 // per (token, row) in the same order (acc += float(sum) * (d_w * d_a), plus m_w * s_a for the
-// formats with a minimum, blocks in order; for Q4_K and Q5_K the avx512 panels' per
-// super-block sums), so the AMX tiles must reproduce the VNNI panels'
+// formats with a minimum, blocks in order), so the AMX tiles must reproduce the VNNI panels'
 // and row kernels' results exactly: an agent's prompt gives the same logits on a CPU with AMX
 // as on one without. The conformance test checks both against the scalar reference by NMSE;
 // this one would catch, for instance, a block scaled with its neighbour's d_a or a K chunk that
@@ -42,8 +41,6 @@ struct Shape {
   int64_t blocks;
 };
 constexpr Shape kShapes[] = {{37, 9}, {70, 41}, {21, 100}};
-// K-quants, in super-blocks of 256: one K chunk (4 super-blocks) and more.
-constexpr Shape kKShapes[] = {{37, 1}, {70, 5}, {21, 9}};
 
 std::vector<uint8_t> QuantizedTokens(const KernelTable& k, GgmlType t, int64_t n, int64_t tokens, std::mt19937& rng) {
   const int64_t qb = QuantizedActivationRowBytes(t, n);
@@ -58,11 +55,9 @@ TEST(AmxKernels, TilesGiveTheAvx512Bits) {
   if (amx == nullptr) GTEST_SKIP() << "this CPU (or its OS) runs no AMX tiles";
   ASSERT_NE(avx512, nullptr) << "the amx table needs the avx512 table's features";
   std::mt19937 rng(31);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
-                     GgmlType::kQ4_K, GgmlType::kQ5_K}) {
-    const bool k_quant = GgmlTypeInfo(Id(t))->block_elems == 256;
-    for (const Shape& s : k_quant ? kKShapes : kShapes) {
-      const int64_t n = (k_quant ? 256 : 32) * s.blocks, rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n);
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0}) {
+    for (const Shape& s : kShapes) {
+      const int64_t n = 32 * s.blocks, rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n);
       const std::vector<uint8_t> w = RandomWeights(t, s.rows, n, rng);
       const std::vector<uint8_t> q = QuantizedTokens(*avx512, t, n, 259, rng);
       for (int64_t tokens : kTokenCounts) {

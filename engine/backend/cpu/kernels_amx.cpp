@@ -16,7 +16,9 @@
 // vector unit's convert, multiply and fma per token and block, not the tile unit, set the pace:
 // four accumulator tiles keep the unit multiplying ahead while the fmas scale.
 //
-// The tiles and their pipeline: kernels_amx_tiles.h. The K-quants: kernels_amx_kquants.cpp.
+// The tiles and their pipeline: kernels_amx_tiles.h. The K-quants keep the avx512 kernels: a
+// version on tiles (per sub-block sums from the unit, the minimums' part too) gave the same bits
+// but no speed (docs/performance.md, "AMX tiles for prompts").
 #include "engine/backend/cpu/kernels_amx_tiles.h"
 #include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
 #include "engine/backend/cpu/packed_q4_0_layout.h"
@@ -207,8 +209,6 @@ KernelTable MakeAmxTable() {
   t.matmul_tile[id(GgmlType::kQ5_0)] = &Tile<FmtQ5_0, &avx512::TileQ5_0>;
   t.matmul_tile[id(GgmlType::kQ5_1)] = &Tile<FmtQ5_1, &avx512::TileQ5_1>;
   t.matmul_tile[id(GgmlType::kQ8_0)] = &Tile<FmtQ8_0, &avx512::TileQ8_0>;
-  t.matmul_tile[id(GgmlType::kQ4_K)] = amx::TileQ4_K;
-  t.matmul_tile[id(GgmlType::kQ5_K)] = amx::TileQ5_K;
   return t;
 }
 

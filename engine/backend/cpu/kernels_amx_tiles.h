@@ -1,4 +1,4 @@
-// The AMX tile machinery of the "amx" kernel table (kernels_amx*.cpp): the tile configuration,
+// The AMX tile machinery of the "amx" kernel table (kernels_amx.cpp): the tile configuration,
 // the 16 accumulators of a tile of tokens, and the pipeline that keeps four blocks' products on
 // the tile unit while the vector unit scales the oldest. Include only from files compiled with
 // the AVX-512 and AMX flags (engine/CMakeLists.txt); internal linkage, as
@@ -12,11 +12,6 @@
 #include <utility>
 
 #include "engine/backend/cpu/kernels_avx512_common.h"
-
-// Entry points of kernels_amx_kquants.cpp, put into the table by kernels_amx.cpp.
-namespace kvfs::cpu::amx {
-extern const MatMulTileFn TileQ4_K, TileQ5_K;
-}  // namespace kvfs::cpu::amx
 
 namespace kvfs::cpu {
 namespace {  // NOLINT: internal linkage on purpose
@@ -85,11 +80,6 @@ struct alignas(64) PassCodes {
 // stored around every block (and the tile stores' memory clobbers pin them there).
 constexpr auto kTokenIndex = std::make_index_sequence<kTileTokens>{};
 using Acc = __m512[kTileTokens];
-
-template <size_t... I>
-[[gnu::always_inline]] inline void ZeroAcc(Acc& acc, std::index_sequence<I...>) {
-  ((acc[I] = _mm512_setzero_ps()), ...);
-}
 
 // acc[i] = rows of y for token i (< n), else 0.
 template <size_t... I>
