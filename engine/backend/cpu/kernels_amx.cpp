@@ -52,41 +52,16 @@ void FillPackedQ4_0(const uint8_t* group, int64_t b0, int nb, GroupFill& f) {
   }
 }
 
-// One block's 32 codes in element order as signed bytes: q - offset for the symmetric formats,
-// q (0..15, 0..31) for those with a minimum.
-template <class L>
-inline __m256i SignedCodes(const uint8_t* b) {
-  if constexpr (L::kQ8) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + L::kQs));
-  } else {
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + L::kQs));
-    const __m128i lo = _mm_and_si128(qs, _mm_set1_epi8(0x0F));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0F));
-    __m256i c = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-    if constexpr (L::kQh >= 0) {
-      c = _mm256_mask_add_epi8(c, static_cast<__mmask32>(LoadU32(b + L::kQh)), c, _mm256_set1_epi8(16));
-    }
-    if constexpr (L::kOffset != 0) c = _mm256_sub_epi8(c, _mm256_set1_epi8(static_cast<char>(L::kOffset)));
-    return c;
-  }
-}
-
 // Up to 16 rows (w: the first's block b0) of a plain row-major matrix; rows past `rows` zero.
+// The codes signed: the panels' unsigned codes less the format's offset (Q8_0's were made
+// unsigned by adding 128: the byte subtraction wraps back to the stored code).
 template <class L>
 void FillPlain(const uint8_t* w, int64_t w_row_bytes, int64_t rows, int nb, GroupFill& f) {
   for (int g = 0; g < nb; ++g) {
     __m256i r[kGroupRows];
-    for (int i = 0; i < kGroupRows; ++i) {
-      if (i < rows) {
-        const uint8_t* b = w + i * w_row_bytes + g * L::kW;
-        r[i] = SignedCodes<L>(b);
-        f.dw[g][i] = HalfToFloat(b);
-        if constexpr (L::kMin) f.mw[g][i] = HalfToFloat(b + L::kM);
-      } else {
-        r[i] = _mm256_setzero_si256();
-        f.dw[g][i] = 0.0f;
-        if constexpr (L::kMin) f.mw[g][i] = 0.0f;
-      }
+    LoadBlockRows<L>(w + g * L::kW, w_row_bytes, rows, r, f.dw[g], f.mw[g]);
+    if constexpr (L::kOffset != 0) {
+      for (__m256i& codes : r) codes = _mm256_sub_epi8(codes, _mm256_set1_epi8(static_cast<char>(L::kOffset)));
     }
     TransposeStore16x8<64>(r, reinterpret_cast<uint8_t*>(f.codes[g][0]));
   }

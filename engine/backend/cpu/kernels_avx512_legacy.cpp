@@ -374,42 +374,13 @@ void PRowsTokens(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, con
 // ------------------------------------------------------------------------------------------
 // Panel kernels.
 
-// 32 unsigned codes of one weight block, in element order.
-template <class L>
-inline __m256i BlockCodes(const uint8_t* b) {
-  if constexpr (L::kQ8) {
-    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + L::kQs)),
-                            _mm256_set1_epi8(static_cast<char>(0x80)));
-  } else {
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + L::kQs));
-    const __m128i lo = _mm_and_si128(qs, _mm_set1_epi8(0x0F));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0F));
-    __m256i c = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-    if constexpr (L::kQh >= 0) {
-      c = _mm256_mask_add_epi8(c, static_cast<__mmask32>(LoadU32(b + L::kQh)), c, _mm256_set1_epi8(16));
-    }
-    return c;
-  }
-}
-
 template <class L>
 void FillPanel(const uint8_t* w, int64_t w_row_bytes, int64_t rows, int ng, Panel& p) {
   for (int half = 0; half < 2; ++half) {
     for (int g = 0; g < ng; ++g) {
       __m256i r[16];
-      for (int i = 0; i < 16; ++i) {
-        const int64_t row = 16 * half + i;
-        if (row < rows) {
-          const uint8_t* b = w + row * w_row_bytes + g * L::kW;
-          r[i] = BlockCodes<L>(b);
-          p.dw[g][row] = HalfToFloat(b);
-          if constexpr (L::kMin) p.mw[g][row] = HalfToFloat(b + L::kM);
-        } else {
-          r[i] = _mm256_setzero_si256();
-          p.dw[g][row] = 0.0f;
-          if constexpr (L::kMin) p.mw[g][row] = 0.0f;
-        }
-      }
+      LoadBlockRows<L>(w + 16 * half * w_row_bytes + g * L::kW, w_row_bytes, rows - 16 * half, r, p.dw[g] + 16 * half,
+                       p.mw[g] + 16 * half);
       TransposeStore16x8(r, p.codes[g][0] + 64 * half);
     }
   }

@@ -33,6 +33,42 @@ using FmtQ5_0 = Legacy<22, 6, 2, -1, false, 16>;
 using FmtQ5_1 = Legacy<24, 8, 4, 2, false, 0>;
 using FmtQ8_0 = Legacy<34, 2, -1, -1, true, 128>;
 
+// 32 unsigned codes of one weight block, in element order.
+template <class L>
+inline __m256i BlockCodes(const uint8_t* b) {
+  if constexpr (L::kQ8) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + L::kQs)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + L::kQs));
+    const __m128i lo = _mm_and_si128(qs, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0F));
+    __m256i c = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    if constexpr (L::kQh >= 0) {
+      c = _mm256_mask_add_epi8(c, static_cast<__mmask32>(LoadU32(b + L::kQh)), c, _mm256_set1_epi8(16));
+    }
+    return c;
+  }
+}
+
+// One block (b: row 0's) of 16 rows, row i at b + i * row_bytes: its unsigned codes into r[i],
+// d and m (formats with a minimum) into dw[i], mw[i]; rows from `rows` on zero.
+template <class L>
+inline void LoadBlockRows(const uint8_t* b, int64_t row_bytes, int64_t rows, __m256i (&r)[16], float* dw, float* mw) {
+  for (int i = 0; i < 16; ++i) {
+    if (i < rows) {
+      const uint8_t* bi = b + i * row_bytes;
+      r[i] = BlockCodes<L>(bi);
+      dw[i] = HalfToFloat(bi);
+      if constexpr (L::kMin) mw[i] = HalfToFloat(bi + L::kM);
+    } else {
+      r[i] = _mm256_setzero_si256();
+      dw[i] = 0.0f;
+      if constexpr (L::kMin) mw[i] = 0.0f;
+    }
+  }
+}
+
 // Panel kernels: 32 rows unpacked to u8 codes, transposed (see kernels_avx512_common.h).
 constexpr int kGroups = kChunkK / 32;  // blocks per K chunk
 
