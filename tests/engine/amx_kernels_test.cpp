@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/backend/cpu/cpu_features.h"
 #include "engine/backend/cpu/kernel_select.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/model/quants.h"
@@ -34,13 +35,14 @@ std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::m
 // Token counts below the tiles (the avx512 kernels then run in both tables), at the first tile
 // count, through a last tile of 1 and 15 tokens, over one and several passes of 128 tokens.
 constexpr int64_t kTokenCounts[] = {5, 31, 32, 33, 47, 64, 128, 129, 143, 259};
-// Block counts: one K chunk (9 blocks), one and a part (41), several (100); rows that fill no
-// whole group of 16.
+// Block counts: one K chunk (9 blocks; 1, 2 and 3, fewer than the tiles in flight), one and a
+// part (41; 35, a last chunk of 3), several (100); rows that fill no whole group of 16, one
+// group, less than one, and whole groups.
 struct Shape {
   int64_t rows;
   int64_t blocks;
 };
-constexpr Shape kShapes[] = {{37, 9}, {70, 41}, {21, 100}};
+constexpr Shape kShapes[] = {{37, 9}, {70, 41}, {21, 100}, {16, 1}, {8, 2}, {32, 3}, {48, 35}};
 
 std::vector<uint8_t> QuantizedTokens(const KernelTable& k, GgmlType t, int64_t n, int64_t tokens, std::mt19937& rng) {
   const int64_t qb = QuantizedActivationRowBytes(t, n);
@@ -49,11 +51,25 @@ std::vector<uint8_t> QuantizedTokens(const KernelTable& k, GgmlType t, int64_t n
   return q;
 }
 
-TEST(AmxKernels, TilesGiveTheAvx512Bits) {
+// The amx table, or why there is none (a CPU with AMX whose kernel refuses the tile state is
+// said so, not skipped as a CPU without it).
+const KernelTable* AmxTable() {
   const KernelTable* amx = KernelTableByName("amx");
+  if (amx == nullptr && HostCpuFeatures().amx_int8) {
+    ADD_FAILURE() << "the CPU has AMX-INT8 but this process was refused the tile state (see the log)";
+  }
+  return amx;
+}
+
+TEST(AmxKernels, TilesGiveTheAvx512Bits) {
+  const KernelTable* amx = AmxTable();
   const KernelTable* avx512 = KernelTableByName("avx512");
-  if (amx == nullptr) GTEST_SKIP() << "this CPU (or its OS) runs no AMX tiles";
+  if (amx == nullptr) GTEST_SKIP() << "this CPU has no AMX-INT8 tiles";
   ASSERT_NE(avx512, nullptr) << "the amx table needs the avx512 table's features";
+  // The table's own kernels, not avx512's under another name.
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0}) {
+    EXPECT_NE(amx->matmul_tile[Id(t)], avx512->matmul_tile[Id(t)]) << GgmlTypeInfo(Id(t))->name;
+  }
   std::mt19937 rng(31);
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0}) {
     for (const Shape& s : kShapes) {
@@ -76,13 +92,14 @@ TEST(AmxKernels, TilesGiveTheAvx512Bits) {
 }
 
 TEST(AmxKernels, PackedQ4_0GivesTheAvx512Bits) {
-  const KernelTable* amx = KernelTableByName("amx");
+  const KernelTable* amx = AmxTable();
   const KernelTable* avx512 = KernelTableByName("avx512");
-  if (amx == nullptr) GTEST_SKIP() << "this CPU (or its OS) runs no AMX tiles";
+  if (amx == nullptr) GTEST_SKIP() << "this CPU has no AMX-INT8 tiles";
   ASSERT_NE(avx512, nullptr);
   const GgmlType t = GgmlType::kQ4_0;
   const PackedKernels& pk = amx->packed[Id(t)];
   ASSERT_TRUE(pk.available());
+  ASSERT_NE(pk.matmul, avx512->packed[Id(t)].matmul) << "the table's own kernel";
   ASSERT_EQ(pk.bytes, avx512->packed[Id(t)].bytes) << "both tables read the same packed layout";
   std::mt19937 rng(32);
   for (const Shape& s : kShapes) {

@@ -1,6 +1,10 @@
 #include "engine/backend/cpu/cpu_features.h"
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -19,18 +23,6 @@ uint64_t ReadXcr0() {
   uint32_t eax = 0, edx = 0;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
   return (static_cast<uint64_t>(edx) << 32) | eax;
-}
-
-// Linux hands out the 8 KiB of tile data per process on request; without it the first tile
-// instruction faults. Granted once, for every thread of the process.
-bool AmxGranted() {
-#if defined(__linux__) && defined(__x86_64__)
-  constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl code (asm/prctl.h)
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-  return false;
-#endif
 }
 
 CpuFeatures Detect() {
@@ -56,7 +48,7 @@ CpuFeatures Detect() {
   f.avx512_vnni_bf16 = f.avx512_core && avx512vbmi && avx512vnni && avx512bf16;
   const bool amx_tile = (edx >> 24) & 1, amx_int8 = (edx >> 25) & 1;
   const bool os_amx = (xcr0 & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA
-  f.amx_int8 = f.avx512_vnni_bf16 && amx_tile && amx_int8 && os_amx && AmxGranted();
+  f.amx_int8 = f.avx512_vnni_bf16 && amx_tile && amx_int8 && os_amx;
   return f;
 }
 #else
@@ -68,6 +60,23 @@ CpuFeatures Detect() { return {}; }
 const CpuFeatures& HostCpuFeatures() {
   static const CpuFeatures features = Detect();
   return features;
+}
+
+bool AmxTilesGranted() {
+  static const bool granted = [] {
+    if (!HostCpuFeatures().amx_int8) return false;
+#if defined(__linux__) && defined(__x86_64__)
+    // Linux hands out the 8 KiB of tile data per process on request; without it the first tile
+    // instruction faults.
+    constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl code (asm/prctl.h)
+    constexpr long kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) return true;
+    spdlog::warn("the CPU has AMX but the kernel refused this process the tile state ({}): no amx kernels",
+                 std::strerror(errno));
+#endif
+    return false;
+  }();
+  return granted;
 }
 
 }  // namespace kvfs::cpu

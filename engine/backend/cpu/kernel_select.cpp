@@ -24,7 +24,7 @@ bool Always() { return true; }
 bool HasAvx2() { return HostCpuFeatures().avx2_fma_f16c; }
 bool HasAvx512Bw() { return HostCpuFeatures().avx512_core; }
 bool HasAvx512() { return HostCpuFeatures().avx512_vnni_bf16; }
-bool HasAmx() { return HostCpuFeatures().amx_int8; }
+bool HasAmx() { return HostCpuFeatures().amx_int8 && AmxTilesGranted(); }
 #endif
 
 // Ordered from the most portable to the fastest.
@@ -42,12 +42,17 @@ const std::vector<Entry>& Entries() {
 }
 
 const KernelTable& Choose() {
+  // A forced table first: the others' checks are not made (amx's asks the kernel for the tile
+  // state, for good).
+  const char* forced = std::getenv("KVFS_CPU");
+  if (forced != nullptr && *forced != '\0') {
+    if (const KernelTable* t = KernelTableByName(forced)) return *t;
+  }
   const Entry* best = nullptr;
   for (const Entry& e : Entries()) {
     if (e.cpu_supports()) best = &e;
   }
-  if (const char* forced = std::getenv("KVFS_CPU"); forced != nullptr && *forced != '\0') {
-    if (const KernelTable* t = KernelTableByName(forced)) return *t;
+  if (forced != nullptr && *forced != '\0') {
     spdlog::warn("KVFS_CPU={} is unknown or not supported by this CPU; using {}", forced, best->name);
   }
   return best->table();

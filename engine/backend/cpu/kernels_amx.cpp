@@ -103,10 +103,15 @@ struct BlockEpilogue {
 // L's activation blocks): K in chunks of kChunkBlocks, tokens in passes of kPassTokens, rows in
 // groups of 16 filled by fill(r, b0, ng, GroupFill&) (rows r.., blocks b0..b0+ng), then every
 // tile of the pass through the group.
+// Not inlined into its callers: they take the avx512 kernels below kAmxMinTokens, and these
+// buffers (some 180 KiB) would then be reserved on every decode call too.
 template <class L, class Fill>
-void AmxPasses(int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes, int64_t n_tokens, int64_t nb, float* y,
+[[gnu::noinline]] void AmxPasses(int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes, int64_t n_tokens, int64_t nb, float* y,
                int64_t y_stride, Fill&& fill) {
   static const TileConfig kConfig = MakeConfig();
+  // (GCC's ldtilecfg tells the compiler it reads 8 of the 64 bytes: the barrier keeps all of
+  // them written first, should the configuration ever be made here.)
+  OperandsWritten();
   _tile_loadconfig(&kConfig);
   GroupFill group;
   PassCodes codes;
@@ -122,9 +127,11 @@ void AmxPasses(int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes, int6
       // The last tile's tokens past the pass have zero codes and scales: zero sums, not stored.
       for (int64_t t = 0; t < tiles * kTileTokens; ++t) {
         for (int g = 0; g < ng; ++g) {
+          scales.da[t][g] = scales.sa[t][g] = 0.0f;
+          if (t >= nt) continue;
           const uint8_t* blk = xc + t * x_row_bytes + g * L::kA;
-          scales.da[t][g] = t < nt ? HalfToFloat(blk) : 0.0f;
-          scales.sa[t][g] = t < nt && L::kMin ? HalfToFloat(blk + L::kAS) : 0.0f;
+          scales.da[t][g] = HalfToFloat(blk);
+          if constexpr (L::kMin) scales.sa[t][g] = HalfToFloat(blk + L::kAS);
         }
       }
       for (int64_t r = 0; r < n_rows; r += kGroupRows) {
