@@ -216,8 +216,8 @@ struct AttentionKernels {
 
 const AttentionKernels& ScalarAttentionKernels();
 // The attention table matching a matrix kernel table name ("scalar", "avx2", "avx512bw",
-// "avx512"; "amx" takes avx512's); the scalar one when there is no specialised table for that name or this CPU lacks
-// its ISA.
+// "avx512"; "amx" takes avx512's); the scalar one when there is no specialised table for that
+// name or this CPU lacks its ISA.
 // Debugging knob: KVFS_ATTN=scalar|avx2|avx512bw|avx512 in the environment overrides the name (an
 // unsupported choice falls back as above), so the SIMD attention kernels can be run end to end
 // (golden tests, kvfs bench) under any matrix kernel table.

@@ -318,8 +318,8 @@ const AttentionKernels* AttentionKernelsByName(const std::string& name) {
   const CpuFeatures& cpu = HostCpuFeatures();
   if (name == "avx2" && cpu.avx2_fma_f16c) return &Avx2AttentionKernels();
   if (name == "avx512bw" && cpu.avx512_core) return &Avx512BwAttentionKernels();
-  // "amx" is the avx512 matrix table with prompt-sized Q4_0 products on tiles: its attention
-  // is avx512's.
+  // "amx" is the avx512 matrix table with prompt-sized products on AMX tiles: its attention is
+  // avx512's.
   if ((name == "avx512" || name == "amx") && cpu.avx512_core && cpu.avx512_vnni_bf16) {  // VNNI: the q4 keys' dpbusd
     return &Avx512AttentionKernels();
   }

@@ -24,7 +24,7 @@ bool Always() { return true; }
 bool HasAvx2() { return HostCpuFeatures().avx2_fma_f16c; }
 bool HasAvx512Bw() { return HostCpuFeatures().avx512_core; }
 bool HasAvx512() { return HostCpuFeatures().avx512_vnni_bf16; }
-bool HasAmx() { return HostCpuFeatures().amx_int8 && AmxTilesGranted(); }
+bool HasAmx() { return AmxTilesGranted(); }  // (checks the CPU first)
 #endif
 
 // Ordered from the most portable to the fastest.

@@ -68,7 +68,7 @@ const KernelTable& ScalarKernels();
 const KernelTable& Avx2Kernels();
 const KernelTable& Avx512BwKernels();  // AVX2's, with packed Q4_0 on zmm (AVX-512 without VNNI)
 const KernelTable& Avx512Kernels();
-const KernelTable& AmxKernels();  // AVX-512's, with prompt-sized packed Q4_0 on AMX tiles
+const KernelTable& AmxKernels();  // AVX-512's, with prompt-sized 32-value block products on AMX tiles
 #endif
 
 }  // namespace kvfs::cpu

@@ -1,8 +1,9 @@
 // The "amx" kernel table: the avx512 table, with prompt-sized products (32 tokens or more) of
 // the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_0 row-interleaved as the CPU
-// backend packs it, the others as the GGUF file stores them) on the AMX tile unit. Compiled with the AVX-512
-// flags plus AMX-TILE and AMX-INT8 (engine/CMakeLists.txt); reached only after kernel_select.cpp
-// has seen AMX in cpuid and the kernel granted this process the tile state (cpu_features.cpp).
+// backend packs it, the others as the GGUF file stores them) on the AMX tile unit. Compiled
+// with the AVX-512 flags plus AMX-TILE and AMX-INT8 (engine/CMakeLists.txt); reached only after
+// kernel_select.cpp has seen AMX in cpuid and the kernel granted this process the tile state
+// (cpu_features.cpp, AmxTilesGranted).
 //
 // Why: prefill is bound by the int8 products. vpdpbusd does 64 multiply-adds an instruction;
 // one TDPBSSD does 16 x 16 x 32 (a block of 32 inputs for 16 tokens and 16 weight rows).
@@ -11,10 +12,10 @@
 // block) the exact int32 sum of the activation codes times the weight codes less their offset
 // (Q4_0 8, Q5_0 16), here made by the tile unit from signed codes (q - offset, so no separate
 // offset term); then, per block in order, acc += float(sum) * (d_w * d_a) by one fma, and for
-// the formats with a minimum acc += m_w * s_a by another. Blocks cannot share an int32 sum (each has
-// its own two scales), so every block's 16 x 16 sums go through memory to that fma, and the
-// vector unit's convert, multiply and fma per token and block, not the tile unit, set the pace:
-// four accumulator tiles keep the unit multiplying ahead while the fmas scale.
+// the formats with a minimum acc += m_w * s_a by another. Blocks cannot share an int32 sum
+// (each has its own two scales), so every block's 16 x 16 sums go through memory to that fma,
+// and the vector unit's convert, multiply and fma per token and block, not the tile unit, set
+// the pace: four accumulator tiles keep the unit multiplying ahead while the fmas scale.
 //
 // The tiles and their pipeline: kernels_amx_tiles.h. The K-quants keep the avx512 kernels: a
 // version on tiles (per sub-block sums from the unit, the minimums' part too) gave the same bits
@@ -106,8 +107,8 @@ struct BlockEpilogue {
 // Not inlined into its callers: they take the avx512 kernels below kAmxMinTokens, and these
 // buffers (some 180 KiB) would then be reserved on every decode call too.
 template <class L, class Fill>
-[[gnu::noinline]] void AmxPasses(int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes, int64_t n_tokens, int64_t nb, float* y,
-               int64_t y_stride, Fill&& fill) {
+[[gnu::noinline]] void AmxPasses(int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes, int64_t n_tokens,
+                                 int64_t nb, float* y, int64_t y_stride, Fill&& fill) {
   static const TileConfig kConfig = MakeConfig();
   // (GCC's ldtilecfg tells the compiler it reads 8 of the 64 bytes: the barrier keeps all of
   // them written first, should the configuration ever be made here.)
