@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/strict_json.h"
+
 namespace kvfs::daemon {
 
 namespace {
@@ -196,8 +198,7 @@ Result<int64_t> ParseByteSize(std::string_view text) {
 }
 
 Status ApplyConfigJson(std::string_view json_text, DaemonConfig& config) {
-  nlohmann::json doc = nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr, false);
-  if (doc.is_discarded()) return InvalidArgument("config file: not valid JSON");
+  KVFS_ASSIGN_OR_RETURN(nlohmann::json doc, ParseStrictJson(json_text, "config file"));
   if (!doc.is_object()) return InvalidArgument("config file: must be a JSON object");
   DaemonConfig updated = config;
   for (const auto& [key, value] : doc.items()) {

@@ -8,6 +8,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "engine/core/median.h"
+#include "engine/core/strict_json.h"
 #include "engine/model/ggml_types.h"
 #include "engine/store/fs.h"
 
@@ -152,8 +153,7 @@ std::string TuningToJson(const TuningRecord& r) {
 }
 
 Result<TuningRecord> ParseTuningJson(std::string_view text) {
-  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument("tuning file: not valid JSON");
+  KVFS_ASSIGN_OR_RETURN(Json j, ParseStrictJson(text, "tuning file"));
   KVFS_RETURN_IF_ERROR(
       OnlyKeys(j, {"format", "version", "device", "api_version", "model", "kv", "depth", "tuning", "decode_step_ms"},
                "the file"));

@@ -7,6 +7,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/strict_json.h"
 #include "engine/runtime/agent_engine.h"
 
 namespace kvfs {
@@ -94,8 +95,7 @@ double ShortDecimal(float x) { return std::strtod(fmt::format("{:.6g}", x).c_str
 }  // namespace
 
 Result<AgentSettings> ParseAgentSettings(std::string_view json_text, const AgentSettings& base) {
-  nlohmann::json doc = nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return InvalidArgument("config.json: not valid JSON");
+  KVFS_ASSIGN_OR_RETURN(nlohmann::json doc, ParseStrictJson(json_text, "config.json"));
   if (!doc.is_object()) return InvalidArgument("config.json: must be a JSON object");
   AgentSettings settings = base;
   for (const auto& [key, value] : doc.items()) KVFS_RETURN_IF_ERROR(ApplyKey(key, value, settings));

@@ -4,10 +4,10 @@
 #include <array>
 #include <cmath>
 #include <limits>
-#include <set>
 
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/strict_json.h"
 #include "engine/store/json_checksum.h"
 
 namespace kvfs::store {
@@ -50,26 +50,6 @@ bool ValidUtf8(std::string_view s) {
 }
 
 namespace {
-
-// Nesting depth of a JSON text, ignoring brackets inside strings; stops counting at `limit`.
-bool DepthWithin(std::string_view text, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
 
 // The opaque config must survive a write and a read unchanged: bounded nesting (the recursive
 // dump stays shallow) and finite numbers (JSON has no inf/nan; they would come back as null).
@@ -210,25 +190,9 @@ Result<std::string> SerializeManifest(const Manifest& m) {
 Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
   const std::string src(source);
   if (text.size() > kMaxManifestBytes) return Corrupt(src + ": manifest larger than the limit");
-  if (!DepthWithin(text, kMaxJsonDepth)) return Corrupt(src + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth));
-  Json j;
-  std::string duplicate;
-  try {
-    // Reject duplicate keys (the parser would silently keep the last one).
-    std::vector<std::set<std::string>> keys;
-    Json::parser_callback_t cb = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
-      if (event == Json::parse_event_t::object_start) keys.emplace_back();
-      else if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-      else if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-               duplicate.empty())
-        duplicate = parsed.get<std::string>();
-      return true;
-    };
-    j = Json::parse(text.begin(), text.end(), cb);
-  } catch (const nlohmann::json::exception& e) {
-    return Corrupt(src + ": malformed JSON: " + e.what());
-  }
-  if (!duplicate.empty()) return Corrupt(src + ": duplicate key \"" + duplicate + "\"");
+  Result<Json> parsed = ParseStrictJson(text, src + ": the manifest", JsonLimits{kMaxJsonDepth});
+  if (!parsed.ok()) return Corrupt(parsed.status().message());
+  const Json& j = *parsed;
   if (!j.is_object()) return Corrupt(src + ": top level is not a JSON object");
   for (const auto& [key, value] : j.items())
     if (std::find(kFields.begin(), kFields.end(), key) == kFields.end())

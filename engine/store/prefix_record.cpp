@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/strict_json.h"
 #include "engine/store/block_format.h"
 #include "engine/store/json_checksum.h"
 #include "engine/store/manifest.h"
@@ -43,8 +44,10 @@ Result<PrefixRecord> ParsePrefix(std::string_view json, std::string_view source)
     return Corrupt(where + ": field \"" + std::string(field) + "\": " + std::string(why));
   };
   if (json.size() > kMaxManifestBytes) return Corrupt(where + ": larger than the limit");
-  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Corrupt(where + ": not a JSON object");
+  Result<nlohmann::json> parsed = ParseStrictJson(json, where + ": the prefix record");
+  if (!parsed.ok()) return Corrupt(parsed.status().message());
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object()) return Corrupt(where + ": not a JSON object");
   static const std::set<std::string> kFields = {"format", "version", "name", "owner_uid", "text",
                                                 "model_fingerprint", "kv_format", "block_size", "blocks"};
   const std::string checksum_key(kJsonChecksumKey);

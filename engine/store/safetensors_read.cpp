@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/strict_json.h"
 #include "engine/store/safetensors.h"
 #include "engine/store/safetensors_layout.h"
 
@@ -24,73 +25,16 @@ std::string Src() { return std::string(st::kSource) + ": "; }
 Status Malformed(const std::string& what) { return Corrupt(Src() + what); }
 Status Mismatch(const std::string& what) { return InvalidArgument(Src() + what); }
 
-// File-supplied text for a message (which may end up in status.json and logs): at most `max`
-// bytes, cut at a UTF-8 character boundary, control characters shown as '?'.
-std::string Clip(std::string_view s, size_t max = 48, char quote = 0) {
-  std::string out;
-  if (quote) out += quote;
-  size_t i = 0;
-  for (; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (i >= max && (c & 0xC0) != 0x80) break;
-    out += c < 0x20 ? '?' : static_cast<char>(c);
-  }
-  if (quote) out += quote;
-  if (i < s.size()) out += "...";
-  return out;
-}
-std::string Quoted(std::string_view s) { return Clip(s, 48, '"'); }
+std::string Clip(std::string_view s, size_t max = 48) { return ClipForMessage(s, max); }
+std::string Quoted(std::string_view s) { return ClipForMessage(s, 48, '"'); }
 
-// Nesting depth of a JSON text (brackets inside strings ignored) is at most `limit`. Checked
-// before parsing so that a hostile header cannot drive recursive code deep.
-bool DepthWithin(std::string_view text, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
-
-// Parses with nlohmann (exceptions caught here), rejecting duplicate object keys, which the
-// parser would otherwise resolve silently to the last one. A parsed value costs far more memory
-// than its text (`{}` is 2 bytes, a map node ~100), so parsing stops after `max_events` parser
-// events: the caller knows how many a valid text can have.
-struct TooManyEvents {};
+// ParseStrictJson (bounded depth checked before parsing, so that a hostile header cannot drive
+// recursive code deep; no duplicate keys; at most `max_events` parser events: the caller knows
+// how many a valid text can have), its errors as this file's corruption.
 Result<Json> ParseJson(std::string_view text, int max_depth, int64_t max_events, const std::string& what) {
-  if (!DepthWithin(text, max_depth)) return Malformed(what + " is nested deeper than " + std::to_string(max_depth));
-  std::string duplicate;
-  std::vector<std::set<std::string>> keys;
-  int64_t events = 0;
-  Json::parser_callback_t cb = [&](int, Json::parse_event_t event, Json& parsed) {
-    if (++events > max_events) throw TooManyEvents{};
-    if (event == Json::parse_event_t::object_start) keys.emplace_back();
-    else if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    else if (event == Json::parse_event_t::key && !keys.empty() && duplicate.empty() &&
-             !keys.back().insert(parsed.get<std::string>()).second)
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  try {
-    Json j = Json::parse(text.begin(), text.end(), cb);
-    if (!duplicate.empty()) return Malformed(what + " has a duplicate key " + Quoted(duplicate));
-    return j;
-  } catch (const Json::exception& e) {
-    return Malformed(what + " is not valid JSON: " + e.what());
-  } catch (const TooManyEvents&) {
-    return Malformed(what + " holds more JSON values than a valid one can (" + std::to_string(max_events) +
-                     " parser events)");
-  }
+  Result<Json> j = ParseStrictJson(text, what, JsonLimits{max_depth, max_events});
+  if (!j.ok()) return Malformed(j.status().message());
+  return j;
 }
 
 // Strict decimal: digits only, no sign, no leading zero, at most 18 digits (fits int64).

@@ -160,7 +160,7 @@ if r.returncode == 0:
               'not used: it was measured on "Some Other GPU"' in r.stderr, f'rc={r.returncode} err={r.stderr!r}')
         garbage = os.path.join(tmp, 'garbage.json'); open(garbage, 'w').write('{"format": ')
         bad('run --tuning with a broken file', ['run', '-m', stories, '-p', 'x', '--backend', 'vulkan', '--tuning', garbage],
-            'tuning file: not valid JSON')
+            'tuning file is not valid JSON')
         bad('bench --tuning with the options it sets',
             ['bench', '-m', stories, '--backend', 'vulkan', '--tuning', tuned, '--separate-swiglu'], 'exclude each other')
         bad('tune --skip of no knob', ['tune', '-m', stories, '--skip', 'warp_speed'], "no knob 'warp_speed'")

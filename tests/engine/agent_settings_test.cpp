@@ -52,6 +52,8 @@ TEST(AgentSettings, BadInputNamesTheKey) {
   expect_error(R"({"tempreature": 1})", "tempreature");
   expect_error(R"([1])", "object");
   expect_error(R"({"a":)", "JSON");
+  // Which of two values would count is up to the parser: refused, as the store's files are.
+  expect_error(R"({"temperature": 0.5, "temperature": 0.7})", "duplicate key \"temperature\"");
 }
 
 TEST(AgentSettings, StateNames) {

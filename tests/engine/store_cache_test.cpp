@@ -300,7 +300,7 @@ TEST(StoreCache, GarbageManifestIsAClearErrorAndOthersAreUnaffected) {
   ASSERT_TRUE(fs.WriteFile("/store/agents/a/manifest.json", std::vector<uint8_t>{'{', '"', 'x'}).ok());
   auto store = OpenOk("/store", fs);
   ASSERT_EQ(store->open_report().broken_agents.size(), 1u);
-  EXPECT_NE(store->open_report().broken_agents[0].find("malformed JSON"), std::string::npos);
+  EXPECT_NE(store->open_report().broken_agents[0].find("not valid JSON"), std::string::npos);
   EXPECT_TRUE(store->open_report().orphan_collection_skipped);
   EXPECT_EQ(store->ListAgents(), (std::vector<std::string>{"a", "b"}));
   auto la = store->LoadAgent("a", kFingerprint);

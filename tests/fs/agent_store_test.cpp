@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
 
 #include "tests/fs/store_test_util.h"
 
@@ -340,11 +341,12 @@ TEST_F(StoreTest, ManyAgentsAndWritersAtOnce) {
   for (int a = 0; a < kAgents; ++a) {
     writers.emplace_back([&, a] {
       for (int t = 0; t < kTurns; ++t) {
-        std::string agent = "agent" + std::to_string(a);
-        Status s = Echo(agent, "prompt", "m" + std::to_string(t));
+        // fmt, not "literal" + std::string: GCC 12 warns falsely (-Wrestrict) on the latter.
+        const std::string agent = fmt::format("agent{}", a), text = fmt::format("m{}", t);
+        Status s = Echo(agent, "prompt", text);
         while (s.code() == StatusCode::kResourceExhausted) {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          s = Echo(agent, "prompt", "m" + std::to_string(t));
+          s = Echo(agent, "prompt", text);
         }
         if (s.ok()) ++accepted;
       }
@@ -353,12 +355,12 @@ TEST_F(StoreTest, ManyAgentsAndWritersAtOnce) {
   for (auto& w : writers) w.join();
   EXPECT_EQ(accepted.load(), kAgents * kTurns);
   for (int a = 0; a < kAgents; ++a) {
-    std::string agent = "agent" + std::to_string(a);
+    const std::string agent = fmt::format("agent{}", a);
     // The last turn's reply, then the whole transcript in submission order.
-    ASSERT_EQ(*Cat(agent, "response"), FakeEngine::ReplyFor(kTurns, "m" + std::to_string(kTurns - 1)));
+    ASSERT_EQ(*Cat(agent, "response"), FakeEngine::ReplyFor(kTurns, fmt::format("m{}", kTurns - 1)));
     std::string expected;
     for (int t = 0; t < kTurns; ++t) {
-      std::string text = "m" + std::to_string(t);
+      const std::string text = fmt::format("m{}", t);
       expected += "[user]\n" + text + "\n\n[assistant]\n" + FakeEngine::ReplyFor(t + 1, text) + "\n\n";
     }
     EXPECT_EQ(*Cat(agent, "transcript"), expected) << agent;
@@ -372,6 +374,7 @@ TEST_F(StoreTest, ConfigIsValidatedAtCloseAndBadInputChangesNothing) {
   EXPECT_EQ(Echo("alice", "config.json", R"({"temperature": "hot"})").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Echo("alice", "config.json", R"({"max_tokens": 0})").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Echo("alice", "config.json", R"({"colour": 1})").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Echo("alice", "config.json", R"({"max_tokens": 8, "max_tokens": 9})").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(*Cat("alice", "config.json"), before);
   ASSERT_TRUE(Echo("alice", "config.json", R"({"temperature": 0, "max_tokens": 32})").ok());
   auto config = nlohmann::json::parse(*Cat("alice", "config.json"));
