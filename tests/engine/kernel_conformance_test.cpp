@@ -307,10 +307,13 @@ TEST(KernelConformance, PackedMatMul) {
       if (!pk.available()) continue;
       ++checked;
       double worst = 0.0;
-      // 260 blocks: past the kernels' K chunk of 256 blocks (8192 inputs), whose sums a later
-      // chunk continues.
-      for (auto [n_rows, n] :
-           {std::pair<int64_t, int64_t>{70, 9 * 32}, {45, 41 * 32}, {16, 2 * 32}, {100, 32}, {20, 260 * 32}}) {
+      // Sizes in blocks of the type (32 or 256 inputs). 260 blocks of 32: past the Q4_0
+      // kernels' K chunk of 256 blocks (8192 inputs), whose sums a later chunk continues; the
+      // K-quants' panels take 2 super-blocks a chunk, so odd counts end in a part chunk.
+      const int64_t be = BlockElems(t);
+      for (auto [n_rows, blocks] : be == 32 ? std::vector<std::pair<int64_t, int64_t>>{{70, 9}, {45, 41}, {16, 2}, {100, 1}, {20, 260}}
+                                            : std::vector<std::pair<int64_t, int64_t>>{{70, 3}, {45, 5}, {16, 2}, {100, 1}, {20, 11}}) {
+        const int64_t n = blocks * be;
         const std::vector<uint8_t> w = RandomWeights(t, n_rows, n, rng);
         const int64_t rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n);
         std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
