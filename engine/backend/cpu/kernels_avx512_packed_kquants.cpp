@@ -165,9 +165,171 @@ void FillKPanelPacked(const uint8_t* packed, int64_t group0, int64_t groups_left
   }
 }
 
+// ------------------------------------------------------------------------------------------
+// Packed Q6_K. Layout of a group, super-block by super-block (kPackedQ6SbBytes, 53 lines):
+//   d[16]                f16, as stored
+//   sc[16][16]           the 16 int8 sub-block scales (16 elements each), row-interleaved
+//   (32 bytes of padding)
+//   ql[2][2][8][16][4]   half h, pair q2, chunk k, row i: ql bytes 64h + 32q2 + 4k .. + 3 of
+//                        the row (low nibbles: elements of group 4h + q2, high: of 4h + q2 + 2)
+//   qh[2][8][16][4]      half h, chunk k, row i: qh bytes 32h + 4k .. + 3 (bits 2q, 2q + 1:
+//                        group 4h + q)
+// where group s is elements 32s .. 32s + 31 and its code k-th dword is elements 4k .. 4k + 3
+// (KGroupCodes' arithmetic). The same bytes as the rows (3360 a group) and the padding.
+constexpr int64_t kPackedQ6ScOffset = 32, kPackedQ6QlOffset = 320, kPackedQ6QhOffset = 320 + 2048;
+constexpr int64_t kPackedQ6SbBytes = kPackedQ6QhOffset + 1024;
+static_assert(kPackedQ6SbBytes % 64 == 0);
+
+int64_t PackedQ6KBytes(int64_t n_rows, int64_t n_in) {
+  return (n_rows + kPackedRows - 1) / kPackedRows * (n_in / kQK_K) * kPackedQ6SbBytes;
+}
+
+void PackQ6K(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t n_in, uint8_t* dst) {
+  const int64_t nsb = n_in / kQK_K, groups = (n_rows + kPackedRows - 1) / kPackedRows;
+  std::memset(dst, 0, static_cast<size_t>(PackedQ6KBytes(n_rows, n_in)));
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int i = 0; i < kPackedRows && kPackedRows * g + i < n_rows; ++i) {
+      const uint8_t* row = w_rows + (kPackedRows * g + i) * w_row_bytes;
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        const uint8_t* b = row + sb * kBlockBytes<KFmt::kQ6K>;
+        uint8_t* out = dst + (g * nsb + sb) * kPackedQ6SbBytes;
+        std::memcpy(out + 2 * i, b + 208, 2);
+        for (int t = 0; t < 16; ++t) out[kPackedQ6ScOffset + 16 * t + i] = b[192 + t];
+        for (int h = 0; h < 2; ++h) {
+          for (int k = 0; k < 8; ++k) {
+            for (int q2 = 0; q2 < 2; ++q2) {
+              std::memcpy(out + kPackedQ6QlOffset + 64 * ((2 * h + q2) * 8 + k) + 4 * i, b + 64 * h + 32 * q2 + 4 * k, 4);
+            }
+            std::memcpy(out + kPackedQ6QhOffset + 64 * (8 * h + k) + 4 * i, b + 128 + 32 * h + 4 * k, 4);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The 8 code vectors (dword k of 16 rows) of group s of a packed super-block.
+inline void PackedQ6KCodes(const uint8_t* sbp, int s, __m512i (&codes)[8]) {
+  const int h = s / 4, q = s % 4;
+  const __m512i bits45 = _mm512_set1_epi8(0x30), low4 = _mm512_set1_epi8(0x0F);
+  for (int k = 0; k < 8; ++k) {
+    const __m512i l = _mm512_load_si512(sbp + kPackedQ6QlOffset + 64 * ((2 * h + q % 2) * 8 + k));
+    const __m512i hq = _mm512_load_si512(sbp + kPackedQ6QhOffset + 64 * (8 * h + k));
+    // Bits 2q, 2q + 1 of each qh byte to bits 4, 5 (16-bit shifts: the bits that cross into
+    // the next byte are masked away).
+    const __m512i hb = q == 0 ? _mm512_slli_epi16(hq, 4) : q == 1 ? _mm512_slli_epi16(hq, 2) : q == 2 ? hq : _mm512_srli_epi16(hq, 2);
+    const __m512i nib = q < 2 ? l : _mm512_srli_epi16(l, 4);
+    codes[k] = _mm512_ternarylogic_epi32(nib, _mm512_and_si512(hb, bits45), low4, 0xEC);  // (nib & low4) | hb
+  }
+}
+
+// The per-row factors of one group's super-block, as KBlockScales makes them.
+struct alignas(64) PackedQ6KFactors {
+  float scale[16][16];  // d * sc[t]
+  int32_t pairs[8][16];  // (32 sc[2s], 32 sc[2s + 1]) words
+  float d[16];
+};
+
+inline void LoadPackedQ6KFactors(const uint8_t* sbp, PackedQ6KFactors& f) {
+  const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sbp)));
+  _mm512_store_ps(f.d, d);
+  __m512i sc[16];
+  for (int t = 0; t < 16; ++t) {
+    sc[t] = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sbp + kPackedQ6ScOffset + 16 * t)));
+    _mm512_store_ps(f.scale[t], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc[t])));
+  }
+  for (int s = 0; s < 8; ++s) {
+    const __m512i lo = _mm512_and_si512(_mm512_slli_epi32(sc[2 * s], 5), _mm512_set1_epi32(0xFFFF));
+    _mm512_store_si512(f.pairs[s], _mm512_or_si512(lo, _mm512_slli_epi32(sc[2 * s + 1], 21)));
+  }
+}
+
+// One group of 16 rows over all super-blocks against NT tokens: KPanelTokens<kQ6K>'s
+// operations per row.
+template <int NT>
+void PackedQ6KGroup(const uint8_t* group, int64_t nsb, const uint8_t* x, int64_t x_row_bytes, float* y, int64_t y_stride,
+                    __mmask16 m) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  PackedQ6KFactors f;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* sbp = group + sb * kPackedQ6SbBytes;
+    for (int i = 0; i < 53; ++i) asm volatile("prefetcht0 %0" ::"m"(*(sbp + 2 * kPackedQ6SbBytes + 64 * i)));
+    LoadPackedQ6KFactors(sbp, f);
+    const uint8_t* xb = x + sb * kQ8KBytes;
+    __m512 fs[NT];
+    for (int t = 0; t < NT; ++t) fs[t] = _mm512_setzero_ps();
+    for (int s = 0; s < 8; ++s) {
+      __m512i codes[8];
+      PackedQ6KCodes(sbp, s, codes);
+      for (int t = 0; t < NT; ++t) {
+        const uint8_t* a = xb + t * x_row_bytes + kQ8KQs + 32 * s;
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int k = 0; k < 4; ++k) {
+          s0 = DpbusdBroadcast(s0, codes[k], a + 4 * k);
+          s1 = DpbusdBroadcast(s1, codes[4 + k], a + 16 + 4 * k);
+        }
+        fs[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_load_ps(f.scale[2 * s]), fs[t]);
+        fs[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_load_ps(f.scale[2 * s + 1]), fs[t]);
+      }
+    }
+    const __m512 d = _mm512_load_ps(f.d);
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* xt = xb + t * x_row_bytes;
+      __m512i mi = _mm512_setzero_si512();
+      for (int i = 0; i < 8; ++i) {
+        mi = _mm512_dpwssd_epi32(mi, _mm512_load_si512(f.pairs[i]), _mm512_set1_epi32(static_cast<int>(LoadU32(xt + kQ8KSums + 4 * i))));
+      }
+      const __m512 r = _mm512_mul_ps(_mm512_fnmadd_ps(_mm512_cvtepi32_ps(mi), d, fs[t]), _mm512_set1_ps(LoadF32(xt)));
+      acc[t] = sb == 0 ? r : _mm512_add_ps(r, acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) StoreRows(y + t * y_stride, acc[t], m, false);
+}
+
+void FillQ6KPanelPacked(const uint8_t* packed, int64_t group0, int64_t groups_left, int64_t nsb_total, int64_t sb0,
+                        int nsb, KPanel& p) {
+  PackedQ6KFactors f;
+  for (int half = 0; half < 2; ++half) {
+    const bool present = half < groups_left;
+    for (int sb = 0; sb < nsb; ++sb) {
+      const uint8_t* sbp = packed + ((group0 + half) * nsb_total + sb0 + sb) * kPackedQ6SbBytes;
+      if (present) LoadPackedQ6KFactors(sbp, f);
+      for (int s = 0; s < 8; ++s) {
+        __m512i codes[8];
+        if (present) PackedQ6KCodes(sbp, s, codes);
+        for (int k = 0; k < 8; ++k) _mm512_store_si512(p.codes[8 * sb + s][k] + 64 * half, present ? codes[k] : _mm512_setzero_si512());
+        for (int part = 0; part < 2; ++part) {
+          _mm512_store_ps(p.scale[8 * sb + s][part] + 16 * half, present ? _mm512_load_ps(f.scale[2 * s + part]) : _mm512_setzero_ps());
+        }
+        _mm512_store_si512(p.pairs[sb][s] + 16 * half, present ? _mm512_load_si512(f.pairs[s]) : _mm512_setzero_si512());
+      }
+      _mm512_store_ps(p.dmin[sb] + 16 * half, present ? _mm512_load_ps(f.d) : _mm512_setzero_ps());
+    }
+  }
+}
+// The packed formats' functions.
+template <KFmt F>
+struct PackedK {
+  static constexpr int64_t kSbBytes = F == KFmt::kQ4K ? kPackedSbBytes : kPackedQ6SbBytes;
+  static constexpr int64_t kPanelMinTokens = F == KFmt::kQ4K ? kPanelMinTokensK : kPanelMinTokensQ6K;
+  static void Fill(const uint8_t* packed, int64_t group0, int64_t groups_left, int64_t nsb_total, int64_t sb0, int nsb,
+                   KPanel& p) {
+    if constexpr (F == KFmt::kQ4K) FillKPanelPacked(packed, group0, groups_left, nsb_total, sb0, nsb, p);
+    else FillQ6KPanelPacked(packed, group0, groups_left, nsb_total, sb0, nsb, p);
+  }
+  template <int NT>
+  static void Group(const uint8_t* group, int64_t nsb, const uint8_t* x, int64_t x_row_bytes, float* y, int64_t y_stride,
+                    __mmask16 m) {
+    if constexpr (F == KFmt::kQ4K) PackedQ4KGroup<NT>(group, nsb, x, x_row_bytes, y, y_stride, m);
+    else PackedQ6KGroup<NT>(group, nsb, x, x_row_bytes, y, y_stride, m);
+  }
+};
+
 // KPanelTile's passes over the packed layout.
-void PackedQ4KPanels(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
-                     int64_t n_tokens, int64_t nsb_total, float* y, int64_t y_stride) {
+template <KFmt F>
+void PackedKPanels(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                   int64_t n_tokens, int64_t nsb_total, float* y, int64_t y_stride) {
   KPanel panel;
   for (int64_t sb0 = 0; sb0 < nsb_total; sb0 += kSbPerChunk) {
     const int nsb = static_cast<int>(nsb_total - sb0 < kSbPerChunk ? nsb_total - sb0 : kSbPerChunk);
@@ -177,20 +339,19 @@ void PackedQ4KPanels(const uint8_t* packed, int64_t r0, int64_t n_rows, const ui
       const uint8_t* xc = x_quant + t0 * x_row_bytes + sb0 * kQ8KBytes;
       for (int64_t r = 0; r < n_rows; r += kPanelRows) {
         const int64_t rows = n_rows - r;
-        FillKPanelPacked(packed, (r0 + r) / kPackedRows, (rows + kPackedRows - 1) / kPackedRows, nsb_total, sb0, nsb, panel);
+        PackedK<F>::Fill(packed, (r0 + r) / kPackedRows, (rows + kPackedRows - 1) / kPackedRows, nsb_total, sb0, nsb, panel);
         const __mmask16 m0 = RowMask(rows, 0), m1 = RowMask(rows, 1);
         float* yb = y + t0 * y_stride + r;
         int64_t t = 0;
         for (; t + 4 <= nt; t += 4) {
-          KPanelTokens<KFmt::kQ4K, 4>(panel, nsb, xc + t * x_row_bytes, x_row_bytes, yb + t * y_stride, y_stride, m0, m1,
-                                      accumulate);
+          KPanelTokens<F, 4>(panel, nsb, xc + t * x_row_bytes, x_row_bytes, yb + t * y_stride, y_stride, m0, m1, accumulate);
         }
         const uint8_t* xt = xc + t * x_row_bytes;
         float* yt = yb + t * y_stride;
         switch (nt - t) {
-          case 3: KPanelTokens<KFmt::kQ4K, 3>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
-          case 2: KPanelTokens<KFmt::kQ4K, 2>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
-          case 1: KPanelTokens<KFmt::kQ4K, 1>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
+          case 3: KPanelTokens<F, 3>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
+          case 2: KPanelTokens<F, 2>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
+          case 1: KPanelTokens<F, 1>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
           default: break;
         }
       }
@@ -198,19 +359,20 @@ void PackedQ4KPanels(const uint8_t* packed, int64_t r0, int64_t n_rows, const ui
   }
 }
 
-void MatMulPackedQ4K(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
-                     int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
+template <KFmt F>
+void MatMulPackedK(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                   int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
   const int64_t nsb = n_in / kQK_K;
-  if (n_tokens >= kPanelMinTokensK) {
-    PackedQ4KPanels(packed, r0, n_rows, x_quant, x_row_bytes, n_tokens, nsb, y, y_stride);
+  if (n_tokens >= PackedK<F>::kPanelMinTokens) {
+    PackedKPanels<F>(packed, r0, n_rows, x_quant, x_row_bytes, n_tokens, nsb, y, y_stride);
     return;
   }
   ForTokenPasses(n_tokens, 4, [&]<int NT>(int64_t t) {
     for (int64_t r = 0; r < n_rows; r += kPackedRows) {
       const int64_t left = n_rows - r;
       const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
-      PackedQ4KGroup<NT>(packed + (r0 + r) / kPackedRows * nsb * kPackedSbBytes, nsb, x_quant + t * x_row_bytes,
-                         x_row_bytes, y + t * y_stride + r, y_stride, m);
+      PackedK<F>::template Group<NT>(packed + (r0 + r) / kPackedRows * nsb * PackedK<F>::kSbBytes, nsb,
+                                     x_quant + t * x_row_bytes, x_row_bytes, y + t * y_stride + r, y_stride, m);
     }
   });
 }
@@ -218,6 +380,7 @@ void MatMulPackedQ4K(const uint8_t* packed, int64_t r0, int64_t n_rows, const ui
 }  // namespace
 
 namespace avx512 {
-const PackedKernels PackedQ4_K{&PackedQ4KBytes, &PackQ4K, &MatMulPackedQ4K};
+const PackedKernels PackedQ4_K{&PackedQ4KBytes, &PackQ4K, &MatMulPackedK<KFmt::kQ4K>};
+const PackedKernels PackedQ6_K{&PackedQ6KBytes, &PackQ6K, &MatMulPackedK<KFmt::kQ6K>};
 }  // namespace avx512
 }  // namespace kvfs::cpu
