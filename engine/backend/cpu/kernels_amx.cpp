@@ -1,6 +1,6 @@
 // The "amx" kernel table: the avx512 table, with prompt-sized products (32 tokens or more) of
-// the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_0 row-interleaved as the CPU
-// backend packs it, the others as the GGUF file stores them) on the AMX tile unit. Compiled
+// the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_0 and Q8_0 row-interleaved as the
+// CPU backend packs them, the others as the GGUF file stores them) on the AMX tile unit. Compiled
 // with the AVX-512 flags plus AMX-TILE and AMX-INT8 (engine/CMakeLists.txt); reached only after
 // kernel_select.cpp has seen AMX in cpuid and the kernel granted this process the tile state
 // (cpu_features.cpp, AmxTilesGranted).
@@ -23,6 +23,7 @@
 #include "engine/backend/cpu/kernels_amx_tiles.h"
 #include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
 #include "engine/backend/cpu/packed_q4_0_layout.h"
+#include "engine/backend/cpu/packed_q8_0_layout.h"
 
 namespace kvfs::cpu {
 namespace {
@@ -50,6 +51,18 @@ void FillPackedQ4_0(const uint8_t* group, int64_t b0, int nb, GroupFill& f) {
     }
     _mm512_store_ps(f.dw[g], _mm512_cvtph_ps(_mm256_load_si256(
                                  reinterpret_cast<const __m256i*>(PackedLayout::ScalesOf(group, b0 + g)))));
+  }
+}
+
+// A packed Q8_0 group (packed_q8_0_layout.h): chunk j of a block is B's row j, its codes
+// stored unsigned (xor 0x80 gives them back).
+void FillPackedQ8_0(const uint8_t* group, int64_t b0, int nb, GroupFill& f) {
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int g = 0; g < nb; ++g) {
+    const uint8_t* codes = PackedQ8_0Layout::CodesOf(group, b0 + g);
+    for (int j = 0; j < 8; ++j) _mm512_store_si512(f.codes[g][j], _mm512_xor_si512(_mm512_load_si512(codes + 64 * j), sign));
+    _mm512_store_ps(f.dw[g], _mm512_cvtph_ps(_mm256_load_si256(
+                                 reinterpret_cast<const __m256i*>(PackedQ8_0Layout::ScalesOf(group, b0 + g)))));
   }
 }
 
@@ -168,6 +181,19 @@ void MatMulPackedQ4_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const u
                      });
 }
 
+void MatMulPackedQ8_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                      int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
+  if (n_tokens < kAmxMinTokens) {
+    avx512::PackedQ8_0.matmul(packed, r0, n_rows, x_quant, x_row_bytes, n_tokens, n_in, y, y_stride);
+    return;
+  }
+  const int64_t nb = n_in / 32;
+  AmxPasses<FmtQ8_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride,
+                     [&](int64_t r, int64_t b0, int ng, GroupFill& f) {
+                       FillPackedQ8_0(packed + (r0 + r) / kGroupRows * PackedQ8_0Layout::GroupBytes(nb), b0, ng, f);
+                     });
+}
+
 // The plain layout; below kAmxMinTokens the avx512 table's tile (*kSmall).
 template <class L, const MatMulTileFn* kSmall>
 void Tile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
@@ -187,6 +213,7 @@ KernelTable MakeAmxTable() {
   t.name = "amx";
   auto id = [](GgmlType type) { return static_cast<uint32_t>(type); };
   t.packed[id(GgmlType::kQ4_0)].matmul = &MatMulPackedQ4_0;
+  t.packed[id(GgmlType::kQ8_0)].matmul = &MatMulPackedQ8_0;
   t.matmul_tile[id(GgmlType::kQ4_0)] = &Tile<FmtQ4_0, &avx512::TileQ4_0>;
   t.matmul_tile[id(GgmlType::kQ4_1)] = &Tile<FmtQ4_1, &avx512::TileQ4_1>;
   t.matmul_tile[id(GgmlType::kQ5_0)] = &Tile<FmtQ5_0, &avx512::TileQ5_0>;

@@ -14,6 +14,7 @@
 // in order: the scalar reference's operations in its order, per row.
 #include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
 #include "engine/backend/cpu/packed_q4_0_layout.h"
+#include "engine/backend/cpu/packed_q8_0_layout.h"
 
 namespace kvfs::cpu {
 namespace {
@@ -36,12 +37,12 @@ struct ActTerms {
 };
 constexpr int64_t kTermBlocks = 512;  // blocks per K chunk (16384 inputs): 32 KiB at 8 tokens
 
-template <int NT>
+template <int NT, int kOffset = 8>
 void PrepareTerms(const uint8_t* x0, int64_t x_stride, int64_t b0, int64_t b1, ActTerms* terms) {
   for (int64_t b = b0; b < b1; ++b) {
     for (int t = 0; t < NT; ++t) {
       const uint8_t* blk = x0 + t * x_stride + b * kQ8Bytes;
-      terms[(b - b0) * NT + t] = ActTerms{HalfToFloat(blk), static_cast<int32_t>(-8 * SumCodes32(blk + 2))};
+      terms[(b - b0) * NT + t] = ActTerms{HalfToFloat(blk), static_cast<int32_t>(-kOffset * SumCodes32(blk + 2))};
     }
   }
 }
@@ -203,9 +204,108 @@ void MatMulPackedQ4_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const u
   });
 }
 
+// ------------------------------------------------------------------------------------------
+// Packed Q8_0: the same idea. With the plain layout decode ran at 55-63% of the memory's speed on
+// Emerald Rapids (a row's 32 codes against one token per pass, then a horizontal sum).
+// Layout: packed_q8_0_layout.h.
+using LayoutQ8 = PackedQ8_0Layout;
+constexpr auto GroupBytesQ8 = LayoutQ8::GroupBytes;
+constexpr auto CodesOfQ8 = LayoutQ8::CodesOf;
+constexpr auto ScalesOfQ8 = LayoutQ8::ScalesOf;
+constexpr int64_t kQ8PairBytes = LayoutQ8::kPairBytes;
+
+// One group of 16 rows over blocks [b0, b1) against NT tokens, PanelTokens<FmtQ8_0>'s
+// operations per row: acc[t] lane i += row i . x[t].
+template <int NT>
+inline void GroupRowsQ8(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
+                        const ActTerms* terms, __m512 (&acc)[NT]) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* codes = CodesOfQ8(group, b);
+    if ((b & 1) == 0) {
+      const uint8_t* ahead = ScalesOfQ8(group, b) + kPrefetchBytes;
+      for (int i = 0; i < 17; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ScalesOfQ8(group, b))));
+    __m512i w[8];
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(codes + 64 * j);
+    const ActTerms* tb = terms + (b - b0) * NT;
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* a = x0 + t * x_stride + b * kQ8Bytes + 2;
+      __m512i s0 = _mm512_set1_epi32(tb[t].init), s1 = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        s0 = DpbusdBroadcast(s0, w[j], a + 4 * j);
+        s1 = DpbusdBroadcast(s1, w[j + 1], a + 4 * j + 4);
+      }
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tb[t].da));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
+    }
+  }
+}
+
+template <int NT>
+void DecodeRowsQ8(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                  int64_t nb, float* y, int64_t y_stride) {
+  alignas(64) ActTerms terms[kTermBlocks * NT];
+  for (int64_t b0 = 0; b0 < nb; b0 += kTermBlocks) {
+    const int64_t b1 = nb - b0 < kTermBlocks ? nb : b0 + kTermBlocks;
+    PrepareTerms<NT, FmtQ8_0::kOffset>(x_quant, x_row_bytes, b0, b1, terms);
+    for (int64_t r = 0; r < n_rows; r += kGroupRows) {
+      const uint8_t* group = packed + (r0 + r) / kGroupRows * GroupBytesQ8(nb);
+      const int64_t left = n_rows - r;
+      const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
+      __m512 acc[NT];
+      for (int t = 0; t < NT; ++t) acc[t] = b0 > 0 ? _mm512_maskz_loadu_ps(m, y + t * y_stride + r) : _mm512_setzero_ps();
+      GroupRowsQ8<NT>(group, b0, b1, x_quant, x_row_bytes, terms, acc);
+      for (int t = 0; t < NT; ++t) StoreRows(y + t * y_stride + r, acc[t], m, false);
+    }
+  }
+}
+
+void FillPanelPackedQ8(const uint8_t* packed, int64_t group0, int64_t n_groups_left, int64_t nb, int64_t g0, int ng,
+                       Panel& p) {
+  for (int half = 0; half < 2; ++half) {
+    const bool present = half < n_groups_left;
+    const uint8_t* group = packed + (group0 + half) * GroupBytesQ8(nb);
+    for (int g = 0; g < ng; ++g) {
+      const uint8_t* codes = CodesOfQ8(group, g0 + g);
+      for (int j = 0; j < 8; ++j) {
+        _mm512_store_si512(p.codes[g][j] + 64 * half, present ? _mm512_load_si512(codes + 64 * j) : _mm512_setzero_si512());
+      }
+      _mm512_store_ps(p.dw[g] + 16 * half, present ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                                         ScalesOfQ8(group, g0 + g))))
+                                                   : _mm512_setzero_ps());
+    }
+  }
+}
+
+void MatMulPackedQ8_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                      int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
+  const int64_t nb = n_in / 32;
+  if (n_tokens >= kPackedPanelMinTokens) {
+    const auto fill = [&](int64_t r, int64_t g0, int ng, Panel& p) {
+      const int64_t rows = n_rows - r;
+      FillPanelPackedQ8(packed, (r0 + r) / kGroupRows, (rows + kGroupRows - 1) / kGroupRows, nb, g0, ng, p);
+    };
+    const auto ahead = [&](int64_t r, int64_t g0, int ng, int part, int parts) {
+      const int64_t groups = n_rows - r > kGroupRows ? 2 : 1;
+      const int64_t per_group = (ng + 1) / 2 * 17, lines = groups * per_group;
+      const uint8_t* first = packed + (r0 + r) / kGroupRows * GroupBytesQ8(nb) + g0 / 2 * kQ8PairBytes;
+      for (int64_t i = lines * part / parts, end = lines * (part + 1) / parts; i < end; ++i) {
+        PrefetchBytes(first + (i / per_group) * GroupBytesQ8(nb) + 64 * (i % per_group), 64);
+      }
+    };
+    PanelPasses<FmtQ8_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, fill, ahead);
+    return;
+  }
+  ForTokenPasses(n_tokens, 8, [&]<int NT>(int64_t t) {
+    DecodeRowsQ8<NT>(packed, r0, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb, y + t * y_stride, y_stride);
+  });
+}
+
 }  // namespace
 
 namespace avx512 {
 const PackedKernels PackedQ4_0{&Layout::Bytes, &Layout::Pack, &MatMulPackedQ4_0};
+const PackedKernels PackedQ8_0{&LayoutQ8::Bytes, &LayoutQ8::Pack, &MatMulPackedQ8_0};
 }  // namespace avx512
 }  // namespace kvfs::cpu
