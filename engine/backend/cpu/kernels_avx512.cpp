@@ -306,6 +306,7 @@ KernelTable MakeAvx512Table() {
   t.packed[static_cast<uint32_t>(GgmlType::kQ4_0)] = avx512::PackedQ4_0;
   t.packed[static_cast<uint32_t>(GgmlType::kQ8_0)] = avx512::PackedQ8_0;
   t.packed[static_cast<uint32_t>(GgmlType::kQ4_K)] = avx512::PackedQ4_K;
+  t.packed[static_cast<uint32_t>(GgmlType::kQ5_K)] = avx512::PackedQ5_K;
   t.packed[static_cast<uint32_t>(GgmlType::kQ6_K)] = avx512::PackedQ6_K;
   return t;
 }

@@ -1,6 +1,6 @@
 // K-quant weights repacked at load (PackedKernels in kernels.h) into groups of 16 interleaved
-// rows, as packed Q4_0 is (kernels_avx512_packed.cpp): Q4_K and Q6_K, the types of a q4_k_m
-// model's matrices.
+// rows, as packed Q4_0 is (kernels_avx512_packed.cpp): Q4_K, Q5_K and Q6_K, the types of the
+// q4_k_m and q5_k_m models' matrices.
 #include "engine/backend/cpu/kernels_avx512_kpanel.h"
 
 namespace kvfs::cpu {
@@ -17,34 +17,41 @@ namespace {
 // nibbles feed one vpdpbusd for sub-block 2c and whose high nibbles one for 2c + 1.
 //
 // Layout of a group (rows 16g .. 16g + 15; rows past the matrix are zero), super-block by
-// super-block, kPackedSbBytes each (37 lines, read in address order):
+// super-block, kPackedSbBytes<F> each (read in address order):
 //   d[16], dmin[16]      f16, as stored
 //   sc[8][16], m[8][16]  the 6-bit scales and mins, one byte each
 //   codes[4][8][16][4]   pair c (sub-blocks 2c, 2c + 1), chunk k, row i: bytes 4k..4k+3 of
 //                        the row's 32 code bytes of pair c (low nibbles: elements 4k..4k+3 of
 //                        sub-block 2c; high nibbles: the same of 2c + 1)
+//   qh[8][16][4]         Q5_K only: chunk k, row i: the row's qh bytes 4k..4k+3, whose bit s is
+//                        the fifth bit of the code of element 4k.. of sub-block s
+// (Q4_K: 2368 bytes a group, the rows' 2304 and 2.8%; Q5_K: 2880, the rows' 2816 and 2.3%.)
 //
 // Arithmetic: KPanelTokens' operations in its order, per row, token and super-block, whether
 // the panels (prefill; filled from this layout) or the row groups (decode) run: so a token
 // gets the same bits alone or among others.
 constexpr int kPackedRows = 16;
-constexpr int64_t kPackedSbBytes = 64 + 256 + 2048;
-static_assert(kPackedSbBytes % 64 == 0);
-constexpr int64_t kPackedScOffset = 64, kPackedMinOffset = 192, kPackedCodesOffset = 320;
+constexpr int64_t kPackedScOffset = 64, kPackedMinOffset = 192, kPackedCodesOffset = 320, kPackedQhOffset = 2368;
+template <KFmt F>
+constexpr int64_t kPackedSbBytes = F == KFmt::kQ4K ? 2368 : 2880;
+static_assert(kPackedSbBytes<KFmt::kQ4K> % 64 == 0 && kPackedSbBytes<KFmt::kQ5K> % 64 == 0);
 
-int64_t PackedQ4KBytes(int64_t n_rows, int64_t n_in) {
-  return (n_rows + kPackedRows - 1) / kPackedRows * (n_in / kQK_K) * kPackedSbBytes;
+template <KFmt F>
+int64_t PackedQ45KBytes(int64_t n_rows, int64_t n_in) {
+  return (n_rows + kPackedRows - 1) / kPackedRows * (n_in / kQK_K) * kPackedSbBytes<F>;
 }
 
-void PackQ4K(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t n_in, uint8_t* dst) {
+template <KFmt F>
+void PackQ45K(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t n_in, uint8_t* dst) {
+  constexpr int kQs = F == KFmt::kQ4K ? 16 : 48;
   const int64_t nsb = n_in / kQK_K, groups = (n_rows + kPackedRows - 1) / kPackedRows;
-  std::memset(dst, 0, static_cast<size_t>(PackedQ4KBytes(n_rows, n_in)));
+  std::memset(dst, 0, static_cast<size_t>(PackedQ45KBytes<F>(n_rows, n_in)));
   for (int64_t g = 0; g < groups; ++g) {
     for (int i = 0; i < kPackedRows && kPackedRows * g + i < n_rows; ++i) {
       const uint8_t* row = w_rows + (kPackedRows * g + i) * w_row_bytes;
       for (int64_t sb = 0; sb < nsb; ++sb) {
-        const uint8_t* b = row + sb * kBlockBytes<KFmt::kQ4K>;
-        uint8_t* out = dst + (g * nsb + sb) * kPackedSbBytes;
+        const uint8_t* b = row + sb * kBlockBytes<F>;
+        uint8_t* out = dst + (g * nsb + sb) * kPackedSbBytes<F>;
         std::memcpy(out + 2 * i, b, 2);
         std::memcpy(out + 32 + 2 * i, b + 2, 2);
         alignas(16) uint8_t scm[16];
@@ -54,7 +61,10 @@ void PackQ4K(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t
           out[kPackedMinOffset + 16 * s + i] = scm[8 + s];
         }
         for (int c = 0; c < 4; ++c) {
-          for (int k = 0; k < 8; ++k) std::memcpy(out + kPackedCodesOffset + 512 * c + 64 * k + 4 * i, b + 16 + 32 * c + 4 * k, 4);
+          for (int k = 0; k < 8; ++k) std::memcpy(out + kPackedCodesOffset + 512 * c + 64 * k + 4 * i, b + kQs + 32 * c + 4 * k, 4);
+        }
+        if constexpr (F == KFmt::kQ5K) {
+          for (int k = 0; k < 8; ++k) std::memcpy(out + kPackedQhOffset + 64 * k + 4 * i, b + 16 + 4 * k, 4);
         }
       }
     }
@@ -62,13 +72,13 @@ void PackQ4K(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t
 }
 
 // The per-row factors of one group's super-block, shared by the tokens of a pass.
-struct PackedQ4KFactors {
+struct PackedQ45KFactors {
   __m512 scale[8];  // d * sc[s], as KBlockScales makes it
   __m512i pairs[8];  // (m[s], m[s]) words
   __m512 dmin;
 };
 
-inline void LoadPackedQ4KFactors(const uint8_t* sbp, PackedQ4KFactors& f) {
+inline void LoadPackedQ45KFactors(const uint8_t* sbp, PackedQ45KFactors& f) {
   const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sbp)));
   f.dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sbp + 32)));
   for (int s = 0; s < 8; ++s) {
@@ -79,31 +89,42 @@ inline void LoadPackedQ4KFactors(const uint8_t* sbp, PackedQ4KFactors& f) {
   }
 }
 
+// Chunk k of pair c as the codes of sub-blocks 2c (lo) and 2c + 1 (hi): KGroupCodes' values.
+template <KFmt F>
+inline void PairCodes(const uint8_t* sbp, int c, int k, __m512i& lo, __m512i& hi) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i v = _mm512_load_si512(sbp + kPackedCodesOffset + 512 * c + 64 * k);
+  lo = _mm512_and_si512(v, nibble);
+  hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+  if constexpr (F == KFmt::kQ5K) {
+    const __m512i qh = _mm512_load_si512(sbp + kPackedQhOffset + 64 * k), sixteen = _mm512_set1_epi8(16);
+    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, _mm512_set1_epi8(static_cast<char>(1 << (2 * c)))), lo, sixteen);
+    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, _mm512_set1_epi8(static_cast<char>(1 << (2 * c + 1)))), hi,
+                              sixteen);
+  }
+}
+
 // One group of 16 rows over all super-blocks against NT tokens (x: token 0's Q8_K row):
 // y[t * y_stride + lane] = row . token t, for the lanes in m.
-template <int NT>
-void PackedQ4KGroup(const uint8_t* group, int64_t nsb, const uint8_t* x, int64_t x_row_bytes, float* y, int64_t y_stride,
-                    __mmask16 m) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
+template <KFmt F, int NT>
+void PackedQ45KGroup(const uint8_t* group, int64_t nsb, const uint8_t* x, int64_t x_row_bytes, float* y, int64_t y_stride,
+                     __mmask16 m) {
+  constexpr int64_t kSb = kPackedSbBytes<F>;
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* sbp = group + sb * kPackedSbBytes;
-    // The next super-block's lines (kPackedSbBytes ahead: the stream the hardware prefetcher
-    // would start on only after some misses).
-    for (int i = 0; i < 37; ++i) asm volatile("prefetcht0 %0" ::"m"(*(sbp + 2 * kPackedSbBytes + 64 * i)));
-    PackedQ4KFactors f;
-    LoadPackedQ4KFactors(sbp, f);
+    const uint8_t* sbp = group + sb * kSb;
+    // The lines two super-blocks ahead (the stream the hardware prefetcher would start on only
+    // after some misses).
+    for (int i = 0; i < kSb / 64; ++i) asm volatile("prefetcht0 %0" ::"m"(*(sbp + 2 * kSb + 64 * i)));
+    PackedQ45KFactors f;
+    LoadPackedQ45KFactors(sbp, f);
     const uint8_t* xb = x + sb * kQ8KBytes;
     __m512 fs[NT];
     for (int t = 0; t < NT; ++t) fs[t] = _mm512_setzero_ps();
     for (int c = 0; c < 4; ++c) {
       __m512i lo[8], hi[8];
-      for (int k = 0; k < 8; ++k) {
-        const __m512i v = _mm512_load_si512(sbp + kPackedCodesOffset + 512 * c + 64 * k);
-        lo[k] = _mm512_and_si512(v, nibble);
-        hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-      }
+      for (int k = 0; k < 8; ++k) PairCodes<F>(sbp, c, k, lo[k], hi[k]);
       for (int t = 0; t < NT; ++t) {
         const uint8_t* a = xb + t * x_row_bytes + kQ8KQs + 64 * c;
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
@@ -131,13 +152,13 @@ void PackedQ4KGroup(const uint8_t* group, int64_t nsb, const uint8_t* x, int64_t
 // A panel (32 rows = 2 groups, kSbPerChunk super-blocks from sb0) filled from the packed
 // groups: the codes are already row-interleaved (an and / shift per 64 bytes), the factors
 // those KBlockScales makes from the plain rows.
-void FillKPanelPacked(const uint8_t* packed, int64_t group0, int64_t groups_left, int64_t nsb_total, int64_t sb0, int nsb,
-                      KPanel& p) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
+template <KFmt F>
+void FillQ45KPanelPacked(const uint8_t* packed, int64_t group0, int64_t groups_left, int64_t nsb_total, int64_t sb0,
+                         int nsb, KPanel& p) {
   for (int half = 0; half < 2; ++half) {
     const bool present = half < groups_left;
     for (int sb = 0; sb < nsb; ++sb) {
-      const uint8_t* sbp = packed + ((group0 + half) * nsb_total + sb0 + sb) * kPackedSbBytes;
+      const uint8_t* sbp = packed + ((group0 + half) * nsb_total + sb0 + sb) * kPackedSbBytes<F>;
       if (!present) {
         for (int s = 0; s < 8; ++s) {
           for (int j = 0; j < 8; ++j) _mm512_store_si512(p.codes[8 * sb + s][j] + 64 * half, _mm512_setzero_si512());
@@ -147,8 +168,8 @@ void FillKPanelPacked(const uint8_t* packed, int64_t group0, int64_t groups_left
         _mm512_store_ps(p.dmin[sb] + 16 * half, _mm512_setzero_ps());
         continue;
       }
-      PackedQ4KFactors f;
-      LoadPackedQ4KFactors(sbp, f);
+      PackedQ45KFactors f;
+      LoadPackedQ45KFactors(sbp, f);
       for (int s = 0; s < 8; ++s) {
         _mm512_store_ps(p.scale[8 * sb + s][0] + 16 * half, f.scale[s]);
         _mm512_store_si512(p.pairs[sb][s] + 16 * half, f.pairs[s]);
@@ -156,9 +177,10 @@ void FillKPanelPacked(const uint8_t* packed, int64_t group0, int64_t groups_left
       _mm512_store_ps(p.dmin[sb] + 16 * half, f.dmin);
       for (int c = 0; c < 4; ++c) {
         for (int k = 0; k < 8; ++k) {
-          const __m512i v = _mm512_load_si512(sbp + kPackedCodesOffset + 512 * c + 64 * k);
-          _mm512_store_si512(p.codes[8 * sb + 2 * c][k] + 64 * half, _mm512_and_si512(v, nibble));
-          _mm512_store_si512(p.codes[8 * sb + 2 * c + 1][k] + 64 * half, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+          __m512i lo, hi;
+          PairCodes<F>(sbp, c, k, lo, hi);
+          _mm512_store_si512(p.codes[8 * sb + 2 * c][k] + 64 * half, lo);
+          _mm512_store_si512(p.codes[8 * sb + 2 * c + 1][k] + 64 * half, hi);
         }
       }
     }
@@ -311,18 +333,18 @@ void FillQ6KPanelPacked(const uint8_t* packed, int64_t group0, int64_t groups_le
 // The packed formats' functions.
 template <KFmt F>
 struct PackedK {
-  static constexpr int64_t kSbBytes = F == KFmt::kQ4K ? kPackedSbBytes : kPackedQ6SbBytes;
-  static constexpr int64_t kPanelMinTokens = F == KFmt::kQ4K ? kPanelMinTokensK : kPanelMinTokensQ6K;
+  static constexpr int64_t kSbBytes = F == KFmt::kQ6K ? kPackedQ6SbBytes : kPackedSbBytes<F>;
+  static constexpr int64_t kPanelMinTokens = F == KFmt::kQ6K ? kPanelMinTokensQ6K : kPanelMinTokensK;
   static void Fill(const uint8_t* packed, int64_t group0, int64_t groups_left, int64_t nsb_total, int64_t sb0, int nsb,
                    KPanel& p) {
-    if constexpr (F == KFmt::kQ4K) FillKPanelPacked(packed, group0, groups_left, nsb_total, sb0, nsb, p);
-    else FillQ6KPanelPacked(packed, group0, groups_left, nsb_total, sb0, nsb, p);
+    if constexpr (F == KFmt::kQ6K) FillQ6KPanelPacked(packed, group0, groups_left, nsb_total, sb0, nsb, p);
+    else FillQ45KPanelPacked<F>(packed, group0, groups_left, nsb_total, sb0, nsb, p);
   }
   template <int NT>
   static void Group(const uint8_t* group, int64_t nsb, const uint8_t* x, int64_t x_row_bytes, float* y, int64_t y_stride,
                     __mmask16 m) {
-    if constexpr (F == KFmt::kQ4K) PackedQ4KGroup<NT>(group, nsb, x, x_row_bytes, y, y_stride, m);
-    else PackedQ6KGroup<NT>(group, nsb, x, x_row_bytes, y, y_stride, m);
+    if constexpr (F == KFmt::kQ6K) PackedQ6KGroup<NT>(group, nsb, x, x_row_bytes, y, y_stride, m);
+    else PackedQ45KGroup<F, NT>(group, nsb, x, x_row_bytes, y, y_stride, m);
   }
 };
 
@@ -380,7 +402,8 @@ void MatMulPackedK(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint
 }  // namespace
 
 namespace avx512 {
-const PackedKernels PackedQ4_K{&PackedQ4KBytes, &PackQ4K, &MatMulPackedK<KFmt::kQ4K>};
+const PackedKernels PackedQ4_K{&PackedQ45KBytes<KFmt::kQ4K>, &PackQ45K<KFmt::kQ4K>, &MatMulPackedK<KFmt::kQ4K>};
+const PackedKernels PackedQ5_K{&PackedQ45KBytes<KFmt::kQ5K>, &PackQ45K<KFmt::kQ5K>, &MatMulPackedK<KFmt::kQ5K>};
 const PackedKernels PackedQ6_K{&PackedQ6KBytes, &PackQ6K, &MatMulPackedK<KFmt::kQ6K>};
 }  // namespace avx512
 }  // namespace kvfs::cpu
