@@ -168,30 +168,18 @@ template <class L, class Fill>
   _tile_release();
 }
 
-void MatMulPackedQ4_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
-                      int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
+// The packed layouts; below kAmxMinTokens the avx512 table's packed kernels (*kSmall).
+template <class L, class Layout, void (*kFill)(const uint8_t*, int64_t, int, GroupFill&), const PackedKernels* kSmall>
+void MatMulPacked(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                  int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
   if (n_tokens < kAmxMinTokens) {
-    avx512::PackedQ4_0.matmul(packed, r0, n_rows, x_quant, x_row_bytes, n_tokens, n_in, y, y_stride);
+    kSmall->matmul(packed, r0, n_rows, x_quant, x_row_bytes, n_tokens, n_in, y, y_stride);
     return;
   }
   const int64_t nb = n_in / 32;
-  AmxPasses<FmtQ4_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride,
-                     [&](int64_t r, int64_t b0, int ng, GroupFill& f) {
-                       FillPackedQ4_0(packed + (r0 + r) / kGroupRows * PackedLayout::GroupBytes(nb), b0, ng, f);
-                     });
-}
-
-void MatMulPackedQ8_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
-                      int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
-  if (n_tokens < kAmxMinTokens) {
-    avx512::PackedQ8_0.matmul(packed, r0, n_rows, x_quant, x_row_bytes, n_tokens, n_in, y, y_stride);
-    return;
-  }
-  const int64_t nb = n_in / 32;
-  AmxPasses<FmtQ8_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride,
-                     [&](int64_t r, int64_t b0, int ng, GroupFill& f) {
-                       FillPackedQ8_0(packed + (r0 + r) / kGroupRows * PackedQ8_0Layout::GroupBytes(nb), b0, ng, f);
-                     });
+  AmxPasses<L>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, [&](int64_t r, int64_t b0, int ng, GroupFill& f) {
+    kFill(packed + (r0 + r) / kGroupRows * Layout::GroupBytes(nb), b0, ng, f);
+  });
 }
 
 // The plain layout; below kAmxMinTokens the avx512 table's tile (*kSmall).
@@ -212,8 +200,8 @@ KernelTable MakeAmxTable() {
   KernelTable t = Avx512Kernels();
   t.name = "amx";
   auto id = [](GgmlType type) { return static_cast<uint32_t>(type); };
-  t.packed[id(GgmlType::kQ4_0)].matmul = &MatMulPackedQ4_0;
-  t.packed[id(GgmlType::kQ8_0)].matmul = &MatMulPackedQ8_0;
+  t.packed[id(GgmlType::kQ4_0)].matmul = &MatMulPacked<FmtQ4_0, PackedLayout, &FillPackedQ4_0, &avx512::PackedQ4_0>;
+  t.packed[id(GgmlType::kQ8_0)].matmul = &MatMulPacked<FmtQ8_0, PackedQ8_0Layout, &FillPackedQ8_0, &avx512::PackedQ8_0>;
   t.matmul_tile[id(GgmlType::kQ4_0)] = &Tile<FmtQ4_0, &avx512::TileQ4_0>;
   t.matmul_tile[id(GgmlType::kQ4_1)] = &Tile<FmtQ4_1, &avx512::TileQ4_1>;
   t.matmul_tile[id(GgmlType::kQ5_0)] = &Tile<FmtQ5_0, &avx512::TileQ5_0>;

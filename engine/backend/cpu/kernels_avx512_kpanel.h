@@ -94,5 +94,44 @@ void KPanelTokens(const KPanel& p, int nsb, const uint8_t* x, int64_t x_row_byte
   }
 }
 
+// The panel loop of both weight layouts: K chunks of kSbPerChunk super-blocks, passes of
+// TokensOfPass tokens, 32-row panels filled by fill(r0, sb0, nsb, panel) (rows r0.., super-blocks
+// sb0..sb0+nsb), then every token of the pass through KPanelTokens, 4 at a time; before each of
+// those calls, when a next panel exists, ahead(r0 + kPanelRows, sb0, nsb, part, parts) prefetches
+// part `part` of `parts` of what its fill reads.
+template <KFmt F, class Fill, class Ahead>
+void KPanelPasses(int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes, int64_t n_tokens, int64_t nsb_total,
+                  float* y, int64_t y_stride, Fill&& fill, Ahead&& ahead) {
+  KPanel panel;
+  for (int64_t sb0 = 0; sb0 < nsb_total; sb0 += kSbPerChunk) {
+    const int nsb = static_cast<int>(nsb_total - sb0 < kSbPerChunk ? nsb_total - sb0 : kSbPerChunk);
+    const bool accumulate = sb0 > 0;
+    for (int64_t t0 = 0, nt = 0; t0 < n_tokens; t0 += nt) {
+      nt = TokensOfPass(n_tokens - t0);
+      const uint8_t* xc = x_quant + t0 * x_row_bytes + sb0 * kQ8KBytes;
+      for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
+        const int64_t rows = n_rows - r0;
+        fill(r0, sb0, nsb, panel);
+        const __mmask16 m0 = RowMask(rows, 0), m1 = RowMask(rows, 1);
+        float* yb = y + t0 * y_stride + r0;
+        const bool next = rows > kPanelRows;
+        int64_t t = 0;
+        for (; t + 4 <= nt; t += 4) {
+          if (next) ahead(r0 + kPanelRows, sb0, nsb, t / 4, nt / 4);
+          KPanelTokens<F, 4>(panel, nsb, xc + t * x_row_bytes, x_row_bytes, yb + t * y_stride, y_stride, m0, m1, accumulate);
+        }
+        const uint8_t* xt = xc + t * x_row_bytes;
+        float* yt = yb + t * y_stride;
+        switch (nt - t) {
+          case 3: KPanelTokens<F, 3>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
+          case 2: KPanelTokens<F, 2>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
+          case 1: KPanelTokens<F, 1>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
+          default: break;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvfs::cpu

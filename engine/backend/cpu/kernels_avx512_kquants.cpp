@@ -237,40 +237,18 @@ void FillKPanel(const uint8_t* w, int64_t w_row_bytes, int64_t rows, int nsb, KP
 template <KFmt F>
 void KPanelTile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant,
                 int64_t x_row_bytes, int64_t n_tokens, int64_t nsb_total, float* y, int64_t y_stride) {
-  KPanel panel;
-  for (int64_t sb0 = 0; sb0 < nsb_total; sb0 += kSbPerChunk) {
-    const int nsb = static_cast<int>(nsb_total - sb0 < kSbPerChunk ? nsb_total - sb0 : kSbPerChunk);
-    const bool accumulate = sb0 > 0;
-    for (int64_t t0 = 0, nt = 0; t0 < n_tokens; t0 += nt) {
-      nt = TokensOfPass(n_tokens - t0);
-      const uint8_t* xc = x_quant + t0 * x_row_bytes + sb0 * kQ8KBytes;
-      for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
-        const int64_t rows = n_rows - r0;
-        FillKPanel<F>(w_rows + r0 * w_row_bytes + sb0 * kBlockBytes<F>, w_row_bytes, rows, nsb, panel);
-        const __mmask16 m0 = RowMask(rows, 0), m1 = RowMask(rows, 1);
-        float* yb = y + t0 * y_stride + r0;
-        // The next panel's rows, a share per 4-token call (PrefetchRowsShare). Tinyllama
-        // q4_k_m, this and TokensOfPass against neither, alternated pass by pass in one process:
-        // 512-token turns 8-12% faster, a pass of 8 agents' 17-token turns 17-19%.
-        const int64_t after = rows - kPanelRows;  // rows past this panel
-        const int64_t next_rows = after <= 0 ? 0 : after < kPanelRows ? after : kPanelRows;
-        int64_t t = 0;
-        for (; t + 4 <= nt; t += 4) {
-          PrefetchRowsShare(w_rows + (r0 + kPanelRows) * w_row_bytes + sb0 * kBlockBytes<F>, w_row_bytes, next_rows,
-                            nsb * kBlockBytes<F>, t / 4, nt / 4);
-          KPanelTokens<F, 4>(panel, nsb, xc + t * x_row_bytes, x_row_bytes, yb + t * y_stride, y_stride, m0, m1, accumulate);
-        }
-        const uint8_t* xt = xc + t * x_row_bytes;
-        float* yt = yb + t * y_stride;
-        switch (nt - t) {
-          case 3: KPanelTokens<F, 3>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
-          case 2: KPanelTokens<F, 2>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
-          case 1: KPanelTokens<F, 1>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
-          default: break;
-        }
-      }
-    }
-  }
+  const auto fill = [&](int64_t r0, int64_t sb0, int nsb, KPanel& p) {
+    FillKPanel<F>(w_rows + r0 * w_row_bytes + sb0 * kBlockBytes<F>, w_row_bytes, n_rows - r0, nsb, p);
+  };
+  // The next panel's rows, a share per 4-token call. Tinyllama q4_k_m, this and TokensOfPass
+  // against neither, alternated pass by pass in one process: 512-token turns 8-12% faster, a
+  // pass of 8 agents' 17-token turns 17-19%.
+  const auto ahead = [&](int64_t r0, int64_t sb0, int nsb, int64_t part, int64_t parts) {
+    const int64_t rows = n_rows - r0 < kPanelRows ? n_rows - r0 : kPanelRows;
+    PrefetchRowsShare(w_rows + r0 * w_row_bytes + sb0 * kBlockBytes<F>, w_row_bytes, rows, nsb * kBlockBytes<F>, part,
+                      parts);
+  };
+  KPanelPasses<F>(n_rows, x_quant, x_row_bytes, n_tokens, nsb_total, y, y_stride, fill, ahead);
 }
 
 template <KFmt F>

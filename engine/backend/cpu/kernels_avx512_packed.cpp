@@ -120,28 +120,6 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
   }
 }
 
-// Rows [r0, r0 + n_rows) x NT tokens (NT <= 8), K in chunks of kTermBlocks.
-template <int NT>
-void DecodeRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
-                int64_t nb, float* y, int64_t y_stride) {
-  alignas(64) ActTerms terms[kTermBlocks * NT];
-  for (int64_t b0 = 0; b0 < nb; b0 += kTermBlocks) {
-    const int64_t b1 = nb - b0 < kTermBlocks ? nb : b0 + kTermBlocks;
-    PrepareTerms<NT>(x_quant, x_row_bytes, b0, b1, terms);
-    for (int64_t r = 0; r < n_rows; r += kGroupRows) {
-      const uint8_t* group = packed + (r0 + r) / kGroupRows * GroupBytes(nb);
-      const int64_t left = n_rows - r;
-      const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
-      // A later K chunk continues the sum the earlier ones stored: one chain of fmas over the
-      // blocks in order, as the panels make it too.
-      __m512 acc[NT];
-      for (int t = 0; t < NT; ++t) acc[t] = b0 > 0 ? _mm512_maskz_loadu_ps(m, y + t * y_stride + r) : _mm512_setzero_ps();
-      GroupRows<NT>(group, b0, b1, x_quant, x_row_bytes, terms, acc);
-      for (int t = 0; t < NT; ++t) StoreRows(y + t * y_stride + r, acc[t], m, false);
-    }
-  }
-}
-
 // Prefill: a Panel (32 rows = 2 groups, K chunk of kGroups blocks) filled from the packed
 // groups, which are already row-interleaved: unpacking is an and / shift per 64 bytes.
 void FillPanelPacked(const uint8_t* packed, int64_t group0, int64_t n_groups_left, int64_t nb, int64_t g0, int ng,
@@ -168,41 +146,10 @@ void FillPanelPacked(const uint8_t* packed, int64_t group0, int64_t n_groups_lef
   }
 }
 
-void PanelRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
-               int64_t n_tokens, int64_t nb, float* y, int64_t y_stride) {
-  const auto fill = [&](int64_t r, int64_t g0, int ng, Panel& p) {
-    const int64_t rows = n_rows - r;
-    FillPanelPacked(packed, (r0 + r) / kGroupRows, (rows + kGroupRows - 1) / kGroupRows, nb, g0, ng, p);
-  };
-  // The next panel reads blocks [g0, g0 + ng) of its one or two groups: per group (ng + 1) / 2
-  // pairs of 9 lines from the pair of g0 on (g0 is even).
-  const auto ahead = [&](int64_t r, int64_t g0, int ng, int part, int parts) {
-    const int64_t groups = n_rows - r > kGroupRows ? 2 : 1;
-    const int64_t per_group = (ng + 1) / 2 * 9, lines = groups * per_group;
-    const uint8_t* first = packed + (r0 + r) / kGroupRows * GroupBytes(nb) + g0 / 2 * kPairBytes;
-    for (int64_t i = lines * part / parts, end = lines * (part + 1) / parts; i < end; ++i) {
-      PrefetchBytes(first + (i / per_group) * GroupBytes(nb) + 64 * (i % per_group), 64);
-    }
-  };
-  PanelPasses<FmtQ4_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, fill, ahead);
-}
-
 // From DRAM (5632 x 2048, 2 threads, `bench_kernels packed_decode_tile_*tok`), rows in passes
 // of 8 tokens against the panels: 16 tokens 0.35 vs 0.65 ms, 32: 0.62 vs 0.89, 48: 0.95 vs
 // 1.01, 64: 1.24 vs 1.22, 128: 2.46 vs 2.16. Rows below 64 tokens.
 constexpr int64_t kPackedPanelMinTokens = 64;
-
-void MatMulPackedQ4_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
-                      int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
-  const int64_t nb = n_in / 32;
-  if (n_tokens >= kPackedPanelMinTokens) {
-    PanelRows(packed, r0, n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride);
-    return;
-  }
-  ForTokenPasses(n_tokens, 8, [&]<int NT>(int64_t t) {
-    DecodeRows<NT>(packed, r0, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb, y + t * y_stride, y_stride);
-  });
-}
 
 // ------------------------------------------------------------------------------------------
 // Packed Q8_0: the same idea. With the plain layout decode ran at 55-63% of the memory's speed on
@@ -242,25 +189,6 @@ inline void GroupRowsQ8(const uint8_t* group, int64_t b0, int64_t b1, const uint
   }
 }
 
-template <int NT>
-void DecodeRowsQ8(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
-                  int64_t nb, float* y, int64_t y_stride) {
-  alignas(64) ActTerms terms[kTermBlocks * NT];
-  for (int64_t b0 = 0; b0 < nb; b0 += kTermBlocks) {
-    const int64_t b1 = nb - b0 < kTermBlocks ? nb : b0 + kTermBlocks;
-    PrepareTerms<NT, FmtQ8_0::kOffset>(x_quant, x_row_bytes, b0, b1, terms);
-    for (int64_t r = 0; r < n_rows; r += kGroupRows) {
-      const uint8_t* group = packed + (r0 + r) / kGroupRows * GroupBytesQ8(nb);
-      const int64_t left = n_rows - r;
-      const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
-      __m512 acc[NT];
-      for (int t = 0; t < NT; ++t) acc[t] = b0 > 0 ? _mm512_maskz_loadu_ps(m, y + t * y_stride + r) : _mm512_setzero_ps();
-      GroupRowsQ8<NT>(group, b0, b1, x_quant, x_row_bytes, terms, acc);
-      for (int t = 0; t < NT; ++t) StoreRows(y + t * y_stride + r, acc[t], m, false);
-    }
-  }
-}
-
 void FillPanelPackedQ8(const uint8_t* packed, int64_t group0, int64_t n_groups_left, int64_t nb, int64_t g0, int ng,
                        Panel& p) {
   for (int half = 0; half < 2; ++half) {
@@ -278,34 +206,85 @@ void FillPanelPackedQ8(const uint8_t* packed, int64_t group0, int64_t n_groups_l
   }
 }
 
-void MatMulPackedQ8_0(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
-                      int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
+// The two packed formats' parts, for the passes below.
+struct PackedQ4_0Fmt {
+  using Fmt = FmtQ4_0;
+  static constexpr auto GroupBytes = Layout::GroupBytes;
+  static constexpr int64_t kPairLines = kPairBytes / 64;
+  static constexpr auto Fill = FillPanelPacked;
+  template <int NT>
+  static void Rows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
+                   const ActTerms* terms, __m512 (&acc)[NT]) {
+    GroupRows<NT>(group, b0, b1, x0, x_stride, terms, acc);
+  }
+};
+struct PackedQ8_0Fmt {
+  using Fmt = FmtQ8_0;
+  static constexpr auto GroupBytes = LayoutQ8::GroupBytes;
+  static constexpr int64_t kPairLines = kQ8PairBytes / 64;
+  static constexpr auto Fill = FillPanelPackedQ8;
+  template <int NT>
+  static void Rows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
+                   const ActTerms* terms, __m512 (&acc)[NT]) {
+    GroupRowsQ8<NT>(group, b0, b1, x0, x_stride, terms, acc);
+  }
+};
+
+// Rows [r0, r0 + n_rows) x NT tokens (NT <= 8), K in chunks of kTermBlocks.
+template <class P, int NT>
+void DecodeRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                int64_t nb, float* y, int64_t y_stride) {
+  alignas(64) ActTerms terms[kTermBlocks * NT];
+  for (int64_t b0 = 0; b0 < nb; b0 += kTermBlocks) {
+    const int64_t b1 = nb - b0 < kTermBlocks ? nb : b0 + kTermBlocks;
+    PrepareTerms<NT, P::Fmt::kOffset>(x_quant, x_row_bytes, b0, b1, terms);
+    for (int64_t r = 0; r < n_rows; r += kGroupRows) {
+      const uint8_t* group = packed + (r0 + r) / kGroupRows * P::GroupBytes(nb);
+      const int64_t left = n_rows - r;
+      const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
+      // A later K chunk continues the sum the earlier ones stored: one chain of fmas over the
+      // blocks in order, as the panels make it too.
+      __m512 acc[NT];
+      for (int t = 0; t < NT; ++t) acc[t] = b0 > 0 ? _mm512_maskz_loadu_ps(m, y + t * y_stride + r) : _mm512_setzero_ps();
+      P::template Rows<NT>(group, b0, b1, x_quant, x_row_bytes, terms, acc);
+      for (int t = 0; t < NT; ++t) StoreRows(y + t * y_stride + r, acc[t], m, false);
+    }
+  }
+}
+
+// Prompts of kPackedPanelMinTokens or more through the panels, filled from the packed groups;
+// fewer tokens in row passes of up to 8.
+template <class P>
+void MatMulPacked(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                  int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
   const int64_t nb = n_in / 32;
   if (n_tokens >= kPackedPanelMinTokens) {
     const auto fill = [&](int64_t r, int64_t g0, int ng, Panel& p) {
       const int64_t rows = n_rows - r;
-      FillPanelPackedQ8(packed, (r0 + r) / kGroupRows, (rows + kGroupRows - 1) / kGroupRows, nb, g0, ng, p);
+      P::Fill(packed, (r0 + r) / kGroupRows, (rows + kGroupRows - 1) / kGroupRows, nb, g0, ng, p);
     };
+    // The next panel reads blocks [g0, g0 + ng) of its one or two groups: per group
+    // (ng + 1) / 2 pairs of kPairLines lines from the pair of g0 on (g0 is even).
     const auto ahead = [&](int64_t r, int64_t g0, int ng, int part, int parts) {
       const int64_t groups = n_rows - r > kGroupRows ? 2 : 1;
-      const int64_t per_group = (ng + 1) / 2 * 17, lines = groups * per_group;
-      const uint8_t* first = packed + (r0 + r) / kGroupRows * GroupBytesQ8(nb) + g0 / 2 * kQ8PairBytes;
+      const int64_t per_group = (ng + 1) / 2 * P::kPairLines, lines = groups * per_group;
+      const uint8_t* first = packed + (r0 + r) / kGroupRows * P::GroupBytes(nb) + g0 / 2 * P::kPairLines * 64;
       for (int64_t i = lines * part / parts, end = lines * (part + 1) / parts; i < end; ++i) {
-        PrefetchBytes(first + (i / per_group) * GroupBytesQ8(nb) + 64 * (i % per_group), 64);
+        PrefetchBytes(first + (i / per_group) * P::GroupBytes(nb) + 64 * (i % per_group), 64);
       }
     };
-    PanelPasses<FmtQ8_0>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, fill, ahead);
+    PanelPasses<typename P::Fmt>(n_rows, x_quant, x_row_bytes, n_tokens, nb, y, y_stride, fill, ahead);
     return;
   }
   ForTokenPasses(n_tokens, 8, [&]<int NT>(int64_t t) {
-    DecodeRowsQ8<NT>(packed, r0, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb, y + t * y_stride, y_stride);
+    DecodeRows<P, NT>(packed, r0, n_rows, x_quant + t * x_row_bytes, x_row_bytes, nb, y + t * y_stride, y_stride);
   });
 }
 
 }  // namespace
 
 namespace avx512 {
-const PackedKernels PackedQ4_0{&Layout::Bytes, &Layout::Pack, &MatMulPackedQ4_0};
-const PackedKernels PackedQ8_0{&LayoutQ8::Bytes, &LayoutQ8::Pack, &MatMulPackedQ8_0};
+const PackedKernels PackedQ4_0{&Layout::Bytes, &Layout::Pack, &MatMulPacked<PackedQ4_0Fmt>};
+const PackedKernels PackedQ8_0{&LayoutQ8::Bytes, &LayoutQ8::Pack, &MatMulPacked<PackedQ8_0Fmt>};
 }  // namespace avx512
 }  // namespace kvfs::cpu

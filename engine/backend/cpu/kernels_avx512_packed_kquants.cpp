@@ -348,37 +348,23 @@ struct PackedK {
   }
 };
 
-// KPanelTile's passes over the packed layout.
+// KPanelTile's passes over the packed layout; the next panel's groups prefetched in shares.
 template <KFmt F>
 void PackedKPanels(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
                    int64_t n_tokens, int64_t nsb_total, float* y, int64_t y_stride) {
-  KPanel panel;
-  for (int64_t sb0 = 0; sb0 < nsb_total; sb0 += kSbPerChunk) {
-    const int nsb = static_cast<int>(nsb_total - sb0 < kSbPerChunk ? nsb_total - sb0 : kSbPerChunk);
-    const bool accumulate = sb0 > 0;
-    for (int64_t t0 = 0, nt = 0; t0 < n_tokens; t0 += nt) {
-      nt = TokensOfPass(n_tokens - t0);
-      const uint8_t* xc = x_quant + t0 * x_row_bytes + sb0 * kQ8KBytes;
-      for (int64_t r = 0; r < n_rows; r += kPanelRows) {
-        const int64_t rows = n_rows - r;
-        PackedK<F>::Fill(packed, (r0 + r) / kPackedRows, (rows + kPackedRows - 1) / kPackedRows, nsb_total, sb0, nsb, panel);
-        const __mmask16 m0 = RowMask(rows, 0), m1 = RowMask(rows, 1);
-        float* yb = y + t0 * y_stride + r;
-        int64_t t = 0;
-        for (; t + 4 <= nt; t += 4) {
-          KPanelTokens<F, 4>(panel, nsb, xc + t * x_row_bytes, x_row_bytes, yb + t * y_stride, y_stride, m0, m1, accumulate);
-        }
-        const uint8_t* xt = xc + t * x_row_bytes;
-        float* yt = yb + t * y_stride;
-        switch (nt - t) {
-          case 3: KPanelTokens<F, 3>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
-          case 2: KPanelTokens<F, 2>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
-          case 1: KPanelTokens<F, 1>(panel, nsb, xt, x_row_bytes, yt, y_stride, m0, m1, accumulate); break;
-          default: break;
-        }
-      }
+  constexpr int64_t kSb = PackedK<F>::kSbBytes;
+  const auto fill = [&](int64_t r, int64_t sb0, int nsb, KPanel& p) {
+    const int64_t rows = n_rows - r;
+    PackedK<F>::Fill(packed, (r0 + r) / kPackedRows, (rows + kPackedRows - 1) / kPackedRows, nsb_total, sb0, nsb, p);
+  };
+  const auto ahead = [&](int64_t r, int64_t sb0, int nsb, int64_t part, int64_t parts) {
+    const int64_t groups = n_rows - r > kPackedRows ? 2 : 1, per_group = nsb * kSb / 64, lines = groups * per_group;
+    const uint8_t* first = packed + ((r0 + r) / kPackedRows * nsb_total + sb0) * kSb;
+    for (int64_t i = lines * part / parts, end = lines * (part + 1) / parts; i < end; ++i) {
+      PrefetchBytes(first + (i / per_group) * nsb_total * kSb + 64 * (i % per_group), 64);
     }
-  }
+  };
+  KPanelPasses<F>(n_rows, x_quant, x_row_bytes, n_tokens, nsb_total, y, y_stride, fill, ahead);
 }
 
 template <KFmt F>
