@@ -307,11 +307,12 @@ TEST(KernelConformance, PackedMatMul) {
       if (!pk.available()) continue;
       ++checked;
       double worst = 0.0;
-      // Sizes in blocks of the type (32 or 256 inputs). 260 blocks of 32: past the Q4_0
-      // kernels' K chunk of 256 blocks (8192 inputs), whose sums a later chunk continues; the
-      // K-quants' panels take 2 super-blocks a chunk, so odd counts end in a part chunk.
+      // Sizes in blocks of the type (32 or 256 inputs). Blocks of 32: 260 is past the AVX2
+      // packed kernels' K chunk of 256 blocks, 530 past the AVX-512 row passes' 512 (their
+      // activation terms per chunk), whose sums a later chunk continues from y; the K-quants'
+      // panels take 2 super-blocks a chunk, so odd counts end in a part chunk.
       const int64_t be = BlockElems(t);
-      for (auto [n_rows, blocks] : be == 32 ? std::vector<std::pair<int64_t, int64_t>>{{70, 9}, {45, 41}, {16, 2}, {100, 1}, {20, 260}}
+      for (auto [n_rows, blocks] : be == 32 ? std::vector<std::pair<int64_t, int64_t>>{{70, 9}, {45, 41}, {16, 2}, {100, 1}, {20, 260}, {20, 530}}
                                             : std::vector<std::pair<int64_t, int64_t>>{{70, 3}, {45, 5}, {16, 2}, {100, 1}, {20, 11}}) {
         const int64_t n = blocks * be;
         const std::vector<uint8_t> w = RandomWeights(t, n_rows, n, rng);
