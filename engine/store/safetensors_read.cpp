@@ -25,7 +25,6 @@ std::string Src() { return std::string(st::kSource) + ": "; }
 Status Malformed(const std::string& what) { return Corrupt(Src() + what); }
 Status Mismatch(const std::string& what) { return InvalidArgument(Src() + what); }
 
-std::string Clip(std::string_view s, size_t max = 48) { return ClipForMessage(s, max); }
 std::string Quoted(std::string_view s) { return ClipForMessage(s, 48, '"'); }
 
 // ParseStrictJson (bounded depth checked before parsing, so that a hostile header cannot drive
@@ -119,7 +118,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }
 
 // A (depth-bounded) JSON value for a message.
-std::string Brief(const Json& j) { return Clip(j.dump(), 64); }
+std::string Brief(const Json& j) { return ClipForMessage(j.dump(), 64); }
 
 std::optional<int64_t> NonNegative(const Json& j) {
   if (j.is_number_unsigned()) {

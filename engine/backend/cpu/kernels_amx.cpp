@@ -152,7 +152,7 @@ template <class L, class Fill>
         fill(r, b0, ng, group);
         OperandsWritten();
         const int64_t left = n_rows - r;
-        const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
+        const __mmask16 m = RowMask(left, 0);
         for (int64_t tile = 0; tile < tiles; ++tile) {
           const int64_t t = tile * kTileTokens, n = nt - t < kTileTokens ? nt - t : kTileTokens;
           float* yt = y + (t0 + t) * y_stride + r;

@@ -170,7 +170,7 @@ inline void GroupRowsQ8(const uint8_t* group, int64_t b0, int64_t b1, const uint
     const uint8_t* codes = CodesOfQ8(group, b);
     if ((b & 1) == 0) {
       const uint8_t* ahead = ScalesOfQ8(group, b) + kPrefetchBytes;
-      for (int i = 0; i < 17; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
+      for (int i = 0; i < kQ8PairBytes / 64; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
     }
     const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ScalesOfQ8(group, b))));
     __m512i w[8];
@@ -241,7 +241,7 @@ void DecodeRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t
     for (int64_t r = 0; r < n_rows; r += kGroupRows) {
       const uint8_t* group = packed + (r0 + r) / kGroupRows * P::GroupBytes(nb);
       const int64_t left = n_rows - r;
-      const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
+      const __mmask16 m = RowMask(left, 0);
       // A later K chunk continues the sum the earlier ones stored: one chain of fmas over the
       // blocks in order, as the panels make it too.
       __m512 acc[NT];

@@ -276,7 +276,7 @@ void PackedQ6KGroup(const uint8_t* group, int64_t nsb, const uint8_t* x, int64_t
   PackedQ6KFactors f;
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* sbp = group + sb * kPackedQ6SbBytes;
-    for (int i = 0; i < 53; ++i) asm volatile("prefetcht0 %0" ::"m"(*(sbp + 2 * kPackedQ6SbBytes + 64 * i)));
+    for (int i = 0; i < kPackedQ6SbBytes / 64; ++i) asm volatile("prefetcht0 %0" ::"m"(*(sbp + 2 * kPackedQ6SbBytes + 64 * i)));
     LoadPackedQ6KFactors(sbp, f);
     const uint8_t* xb = x + sb * kQ8KBytes;
     __m512 fs[NT];
@@ -378,7 +378,7 @@ void MatMulPackedK(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint
   ForTokenPasses(n_tokens, 4, [&]<int NT>(int64_t t) {
     for (int64_t r = 0; r < n_rows; r += kPackedRows) {
       const int64_t left = n_rows - r;
-      const __mmask16 m = left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1);
+      const __mmask16 m = RowMask(left, 0);
       PackedK<F>::template Group<NT>(packed + (r0 + r) / kPackedRows * nsb * PackedK<F>::kSbBytes, nsb,
                                      x_quant + t * x_row_bytes, x_row_bytes, y + t * y_stride + r, y_stride, m);
     }
