@@ -34,7 +34,7 @@ constexpr const char* kBenchUsage =
     "                  [--attn-split N] [--separate-softmax] [--separate-swiglu] [--separate-matrices]\n"
     "                  [--untiled-attention] [--copy-kv-rows]\n"
     "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N]\n"
-    "                  [--shared-trees] [--prefetch MIB] [--tuning FILE] [--json]\n"
+    "                  [--shared-trees] [--prefetch MIB] [--tuning FILE] [--plain-weights] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
     "  With --backend vulkan, the decode figures compare with nothing measured here (the CPU's\n"
@@ -47,6 +47,8 @@ constexpr const char* kBenchUsage =
     "  the last repetition's pp and tg went, per shader and matrix shape, then per pipeline\n"
     "  (shader and specialization constants) with the compiler's statistics of each (registers,\n"
     "  spills) where the driver reports them (VK_KHR_pipeline_executable_properties).\n"
+    "  --plain-weights (cpu): every matrix from the model file's own rows, none repacked at load\n"
+    "  into the kernel table's row-interleaved layout, to measure what repacking saves.\n"
     "  --separate-ops (vulkan): one dispatch per op, none fused, to measure what fusing saves.\n"
     "  --gguf-rows (vulkan): Q4_0 and Q8_0 weights on the device as the GGUF file stores them,\n"
     "  not with their codes moved to 16-byte boundaries, to measure what the aligned rows save.\n"
@@ -246,7 +248,7 @@ int Bench(int argc, char** argv) {
             {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--tuning", "--attn-split",
              "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows", "--prefetch"},
             {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices", "--copy-kv-rows",
-             "--shared-trees", "--untiled-attention", "-h", "--help"});
+             "--shared-trees", "--untiled-attention", "--plain-weights", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -282,6 +284,7 @@ int Bench(int argc, char** argv) {
   BackendChoice choice = backend_choice;
   choice.cpu_fallback = false;  // the figures are the device's or an error, never the CPU's
   choice.cpu.kernels = &table;
+  choice.cpu.pack_weights = !args.has("--plain-weights");
   choice.profile = args.has("--profile");
   choice.fuse_ops = !args.has("--separate-ops");
   choice.split_weight_rows = !args.has("--gguf-rows");

@@ -366,46 +366,55 @@ TEST(KernelConformance, PackedMatMul) {
   if (checked == 0) GTEST_SKIP() << "no kernel table this CPU runs has packed kernels";
 }
 
-// Every packed Q4_0 kernel sums each block exactly in integers, then does the same float
-// operations per row in the same order (acc += float(isum) * (d_w * d_a), blocks in order), so
-// below the AVX-512 table's panel path (64 tokens) a decode step gives the same bits whichever
-// table runs it: an agent's output does not depend on the machine kind's instruction set.
-TEST(KernelConformance, PackedQ4_0SameBitsInEveryTable) {
-  std::vector<const KernelTable*> tables;
-  for (const KernelTable* k : SimdTables()) {
-    if (k->packed[Id(GgmlType::kQ4_0)].available()) tables.push_back(k);
-  }
-  if (tables.size() < 2) GTEST_SKIP() << "fewer than two kernel tables with packed Q4_0 run on this CPU";
+// Every packed kernel of a type sums each block (K-quants: each sub-block) exactly in integers,
+// then does the same float operations per row in the same order (Q4_0: acc += float(isum) *
+// (d_w * d_a), blocks in order; the K-quants: kernels_avx2_packed_kquants.cpp), so below the
+// AVX-512 table's panel path for the 32-value formats (64 tokens) a decode step gives the same
+// bits whichever table runs it: an agent's output does not depend on the machine kind's
+// instruction set.
+TEST(KernelConformance, PackedSameBitsInEveryTable) {
   std::mt19937 rng(12);
-  const GgmlType t = GgmlType::kQ4_0;
-  for (auto [n_rows, n] : {std::pair<int64_t, int64_t>{45, 41 * 32}, {20, 260 * 32}}) {
-    const std::vector<uint8_t> w = RandomWeights(t, n_rows, n, rng);
-    const int64_t rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n), max_tokens = 40;
-    std::vector<uint8_t> q(static_cast<size_t>(qb * max_tokens));
-    for (int64_t tok = 0; tok < max_tokens; ++tok) {
-      ScalarKernels().quantize_row[Id(t)](RandomActivations(n, rng).data(), q.data() + tok * qb, n);
+  int compared = 0;
+  for (GgmlType t : kTypes) {
+    std::vector<const KernelTable*> tables;
+    for (const KernelTable* k : SimdTables()) {
+      if (k->packed[Id(t)].available()) tables.push_back(k);
     }
-    for (int64_t tokens : {1, 3, 8, 13, 40}) {
-      std::vector<float> first;
-      for (const KernelTable* k : tables) {
-        const PackedKernels& pk = k->packed[Id(t)];
-        std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
-        uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-        pk.pack(w.data(), rb, n_rows, n, packed);
-        std::vector<float> y(static_cast<size_t>(n_rows * tokens));
-        pk.matmul(packed, 0, n_rows, q.data(), qb, tokens, n, y.data(), n_rows);
-        if (first.empty()) {
-          first = y;
-          continue;
-        }
-        for (size_t i = 0; i < y.size(); ++i) {
-          ASSERT_EQ(std::memcmp(&y[i], &first[i], sizeof(float)), 0)
-              << k->name << " vs " << tables.front()->name << ": token " << i / n_rows << " row " << i % n_rows
-              << " of " << tokens << " tokens, n=" << n << ": " << y[i] << " vs " << first[i];
+    if (tables.size() < 2) continue;
+    ++compared;
+    const int64_t be = BlockElems(t);
+    for (auto [n_rows, blocks] : be == 32 ? std::vector<std::pair<int64_t, int64_t>>{{45, 41}, {20, 260}}
+                                          : std::vector<std::pair<int64_t, int64_t>>{{45, 5}, {20, 11}}) {
+      const int64_t n = blocks * be;
+      const std::vector<uint8_t> w = RandomWeights(t, n_rows, n, rng);
+      const int64_t rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n), max_tokens = 40;
+      std::vector<uint8_t> q(static_cast<size_t>(qb * max_tokens));
+      for (int64_t tok = 0; tok < max_tokens; ++tok) {
+        ScalarKernels().quantize_row[Id(t)](RandomActivations(n, rng).data(), q.data() + tok * qb, n);
+      }
+      for (int64_t tokens : {1, 3, 8, 13, 40}) {
+        std::vector<float> first;
+        for (const KernelTable* k : tables) {
+          const PackedKernels& pk = k->packed[Id(t)];
+          std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
+          uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+          pk.pack(w.data(), rb, n_rows, n, packed);
+          std::vector<float> y(static_cast<size_t>(n_rows * tokens));
+          pk.matmul(packed, 0, n_rows, q.data(), qb, tokens, n, y.data(), n_rows);
+          if (first.empty()) {
+            first = y;
+            continue;
+          }
+          for (size_t i = 0; i < y.size(); ++i) {
+            ASSERT_EQ(std::memcmp(&y[i], &first[i], sizeof(float)), 0)
+                << Name(t) << " " << k->name << " vs " << tables.front()->name << ": token " << i / n_rows << " row "
+                << i % n_rows << " of " << tokens << " tokens, n=" << n << ": " << y[i] << " vs " << first[i];
+          }
         }
       }
     }
   }
+  if (compared == 0) GTEST_SKIP() << "no type has packed kernels in two kernel tables this CPU runs";
 }
 
 }  // namespace

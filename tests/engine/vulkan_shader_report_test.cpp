@@ -157,7 +157,7 @@ TEST(VulkanShaderReport, PlansTheAttentionPipelinesAPassRecords) {
   // The report's lines for one step, alone or merged (kv_store has only its row table's).
   auto planned = [&](const char* kv, int64_t tokens, int64_t depth, bool merged) {
     std::set<std::string> out;
-    auto report = VulkanShaderReport(**model, {.tokens = {tokens}, .kv = {kv}, .depth = depth, .block_tokens = kBlock});
+    auto report = VulkanShaderReport(**model, {.tokens = {tokens}, .tuning = {}, .kv = {kv}, .depth = depth, .block_tokens = kBlock});
     EXPECT_TRUE(report.ok()) << report.status().message();
     if (!report.ok()) return out;
     for (const AttentionShader& s : report->attention) {

@@ -32,6 +32,8 @@ float VecDotQ6_K(const void* w, const void* a, int64_t n);
 extern const MatMulTileFn TileQ4_0, TileQ4_1, TileQ5_0, TileQ5_1, TileQ8_0, TileQ4_K, TileQ5_K, TileQ6_K;
 // Q4_0 in groups of 8 interleaved rows (kernels_avx2_packed.cpp).
 extern const PackedKernels PackedQ4_0;
+// Q4_K, Q5_K and Q6_K in groups of 8 interleaved rows (kernels_avx2_packed_kquants.cpp).
+extern const PackedKernels PackedQ4_K, PackedQ5_K, PackedQ6_K;
 
 }  // namespace kvfs::cpu::avx2
 
@@ -63,6 +65,26 @@ inline int32_t HSumI32x8(__m256i v) {
   q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
   q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
   return _mm_cvtsi128_si32(q);
+}
+
+// The K-quant super-block formats and their bytes.
+enum class KFmt { kQ4K, kQ5K, kQ6K };
+template <KFmt F>
+constexpr int kBlockBytes = F == KFmt::kQ4K ? 144 : F == KFmt::kQ5K ? 176 : 210;
+
+// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block (the 12-byte packing of
+// quant_blocks.h), unpacked 4 at a time with 32-bit masks.
+inline void UnpackScalesMins(const uint8_t* scales12, uint8_t (&sc)[8], uint8_t (&m)[8]) {
+  uint32_t u[4];
+  std::memcpy(u, scales12, 12);
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+  const uint32_t m_lo = u[1] & kLow6;
+  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+  u[2] = m_lo;
+  u[0] &= kLow6;
+  std::memcpy(sc, u, 8);
+  std::memcpy(m, u + 2, 8);
 }
 
 // sum over pairs of u8 x s8 products -> 8 int32 lanes (maddubs then madd with ones; the int16

@@ -82,23 +82,6 @@ void RowDot(const uint8_t* w, const uint8_t* const (&x)[NT], int64_t nb, float* 
 // ------------------------------------------------------------------------------------------
 // K-quants against Q8_K (float d, 256 codes at 4, 16 int16 sums of 16 codes at 260).
 
-enum class KFmt { kQ4K, kQ5K, kQ6K };
-template <KFmt F>
-constexpr int kBlockBytes = F == KFmt::kQ4K ? 144 : F == KFmt::kQ5K ? 176 : 210;
-
-inline void UnpackScalesMins(const uint8_t* scales12, uint8_t (&sc)[8], uint8_t (&m)[8]) {
-  uint32_t u[4];
-  std::memcpy(u, scales12, 12);
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-  u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
-  const uint32_t m_lo = u[1] & kLow6;
-  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
-  u[2] = m_lo;
-  u[0] &= kLow6;
-  std::memcpy(sc, u, 8);
-  std::memcpy(m, u + 2, 8);
-}
-
 // One super-block unpacked: 8 groups of 32 unsigned codes and int16 multipliers of the
 // maddubs pair sums (a scale per 32, or for Q6_K per 16, elements), plus the min/offset words.
 struct KWeights {
