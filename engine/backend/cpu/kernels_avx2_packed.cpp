@@ -1,7 +1,7 @@
-// Q4_0 weights repacked at load into groups of 8 interleaved rows, for CPUs whose best table is
-// AVX2: the kernel of packed_q4_0_kernel.h on ymm registers (one dword lane per row).
+// Q4_0 and Q8_0 weights repacked at load into groups of 8 interleaved rows, for CPUs whose best
+// table is AVX2: the kernels of packed_rows_kernel.h on ymm registers (one dword lane per row).
 #include "engine/backend/cpu/kernels_avx2_common.h"
-#include "engine/backend/cpu/packed_q4_0_kernel.h"
+#include "engine/backend/cpu/packed_rows_kernel.h"
 
 namespace kvfs::cpu {
 namespace {
@@ -26,9 +26,12 @@ struct Avx2Isa {
   static I MulAddPairs(I codes, I act) { return _mm256_maddubs_epi16(codes, act); }
   static I Add16(I a, I b) { return _mm256_add_epi16(a, b); }
   static void KeepChain(I& v) { asm("" : "+x"(v)); }
-  static I BlockSums(I sum16, int32_t init) {
-    return _mm256_add_epi32(_mm256_madd_epi16(sum16, _mm256_set1_epi16(1)), _mm256_set1_epi32(init));
-  }
+  static I BlockSums(I sum16, int32_t init) { return Add32(Widen(sum16), Set32(init)); }
+  static I Abs8(I w) { return _mm256_abs_epi8(w); }
+  static I SignOf(I a, I w) { return _mm256_sign_epi8(a, w); }
+  static I Widen(I p) { return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); }
+  static I Add32(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I Set32(int32_t v) { return _mm256_set1_epi32(v); }
   static F Scales(const uint8_t* p) { return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p))); }
   static F FmaScaled(I isum, F dw, float da, F acc) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc);
@@ -41,6 +44,7 @@ struct Avx2Isa {
 }  // namespace
 
 namespace avx2 {
-const PackedKernels PackedQ4_0 = PackedQ4_0Kernel<Avx2Isa>::kKernels;
+const PackedKernels PackedQ4_0 = PackedRowsKernel<Avx2Isa, Q4_0Rows>::kKernels;
+const PackedKernels PackedQ8_0 = PackedRowsKernel<Avx2Isa, Q8_0Rows>::kKernels;
 }  // namespace avx2
 }  // namespace kvfs::cpu

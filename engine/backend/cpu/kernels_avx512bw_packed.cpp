@@ -1,14 +1,18 @@
 // The "avx512bw" kernel table, for CPUs with AVX-512 F/BW/VL/DQ but without VNNI (Skylake-SP and
 // Cascade Lake without DL Boost): the AVX2 table, with packed Q4_0 on zmm registers (16 rows per
-// group, the kernel of packed_q4_0_kernel.h). Compiled with -mavx512f -mavx512bw -mavx512vl
+// group, the Q4_0 kernel of packed_rows_kernel.h). Compiled with -mavx512f -mavx512bw -mavx512vl
 // -mavx512dq and no VNNI (engine/CMakeLists.txt), so no instruction here needs more than that.
 //
 // Why only this entry: a batched decode step is the packed matmul against a few tokens, and on
 // such a CPU it was compute-bound on ymm (vpmaddubsw at 8 rows per instruction); zmm doubles the
 // rows per instruction and halves the activation broadcasts per row. One-token decode is
-// bandwidth-bound either way, and prefill goes through the same packed kernel.
+// bandwidth-bound either way, and prefill goes through the same packed kernel. Packed Q8_0 and
+// the K-quants stay the AVX2 table's (8 rows on ymm): Q8_0 on zmm (AVX-512 has no vpsignb, so a
+// mask and a masked subtract per token instead) was slower than on ymm in every case measured on
+// Emerald Rapids (`bench_kernels`, one thread: decode 9.1 vs 10.1 GB/s, 8 tokens 3.02 vs 2.87 ms,
+// prefill 59 vs 81 GFLOP/s).
 #include "engine/backend/cpu/kernels_avx2_common.h"
-#include "engine/backend/cpu/packed_q4_0_kernel.h"
+#include "engine/backend/cpu/packed_rows_kernel.h"
 
 namespace kvfs::cpu {
 namespace {
@@ -52,7 +56,7 @@ struct Avx512BwIsa {
 KernelTable MakeAvx512BwTable() {
   KernelTable t = Avx2Kernels();
   t.name = "avx512bw";
-  t.packed[static_cast<uint32_t>(GgmlType::kQ4_0)] = PackedQ4_0Kernel<Avx512BwIsa>::kKernels;
+  t.packed[static_cast<uint32_t>(GgmlType::kQ4_0)] = PackedRowsKernel<Avx512BwIsa, Q4_0Rows>::kKernels;
   return t;
 }
 

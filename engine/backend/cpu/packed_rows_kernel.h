@@ -1,7 +1,7 @@
-// The packed Q4_0 matmul without VNNI, written once over a vector width: the AVX2 table
-// (kernels_avx2_packed.cpp: ymm, 8 rows per group) and the AVX-512BW table
-// (kernels_avx512bw_packed.cpp: zmm, 16 rows per group) instantiate it with their own Isa
-// traits, each compiled with its own flags. The AVX-512 table has VNNI and its own kernel
+// The packed Q4_0 and Q8_0 matmuls without VNNI, written once over a vector width and a
+// format: the AVX2 table (kernels_avx2_packed.cpp: ymm, 8 rows per group) and the AVX-512BW
+// table (kernels_avx512bw_packed.cpp: zmm, 16 rows per group) instantiate it with their own Isa
+// traits, each compiled with its own flags. The AVX-512 table has VNNI and its own kernels
 // (kernels_avx512_packed.cpp).
 //
 // Why: the plain AVX2 tile takes one row at a time against up to 4 tokens, so every (row, block,
@@ -12,14 +12,13 @@
 // code bytes of each of kRows rows, one vpmaddubsw against a broadcast activation dword
 // advances kRows rows, and the block's float work is one set of ops per kRows rows.
 //
-// Layout: packed_q4_0_layout.h with Isa::kRows rows per group.
+// Layouts: packed_q4_0_layout.h and packed_q8_0_layout.h (signed codes) with Isa::kRows rows
+// per group.
 //
-// Arithmetic, exact in integers: codes are unsigned nibbles (0..15), activations int8, so
-// vpmaddubsw cannot saturate, and the 8 int16 pair sums of a block added in int16 stay below
-// 8 * 2 * 15 * 128 = 30720 < 2^15 (in any order). vpmaddwd with ones then gives the block's
-// int32 sum per row, minus 8 * sum(activation codes) (the Q4_0 offset); acc += isum * (d_w * d_a)
-// in float, blocks in order: per row the same operations as the AVX-512 (VNNI) packed kernel,
-// so every table gives a row the same result.
+// Arithmetic, exact in integers (Q4_0Rows, Q8_0Rows below): each block's int32 sum of weight
+// codes times activation codes per row, then acc += isum * (d_w * d_a) in float, blocks in
+// order: per row the same operations as the AVX-512 (VNNI) packed kernels, so every table gives
+// a row the same result.
 //
 // Include only from the ISA kernel files, like their common headers: internal linkage.
 #pragma once
@@ -32,6 +31,7 @@
 #include "engine/backend/cpu/activation_code_sum.h"
 #include "engine/backend/cpu/kernels_avx2_common.h"
 #include "engine/backend/cpu/packed_q4_0_layout.h"
+#include "engine/backend/cpu/packed_q8_0_layout.h"
 
 namespace kvfs::cpu {
 namespace {  // NOLINT: internal linkage on purpose
@@ -41,28 +41,95 @@ namespace {  // NOLINT: internal linkage on purpose
 //   I LowNibbles(v), HighNibbles(v)
 //   I Broadcast32(p)           the 4 bytes at p in every dword lane
 //   I MulAddPairs(codes, act)  vpmaddubsw
-//   I Add16(a, b); void KeepChain(I&): a barrier, or nothing (see GroupRows)
+//   I Add16(a, b); void KeepChain(I&): a barrier, or nothing (see Q4_0Rows)
 //   I BlockSums(sum16, init)   vpmaddwd with ones, + init in every lane
+//   I Abs8(w), SignOf(a, w)    |w| per byte; a negated where w < 0 (vpabsb, vpsignb)
+//   I Widen(p)                 vpmaddwd with ones; I Add32(a, b); I Set32(v) v in every lane
 //   F Scales(p)                kRows f16 scales to float
 //   F Zero(); F FmaScaled(isum, dw, da, acc) = acc + float(isum) * (dw * da)
 //   F LoadF(p), void StoreF(p, v), StoreFU(p, v)   aligned / unaligned kRows floats
-template <typename Isa>
-struct PackedQ4_0Kernel {
-  static constexpr int kRows = Isa::kRows;
+// The formats. A Fmt provides Layout<kRows> (Bytes, Pack, CodesOf, ScalesOf, kChunkBytes,
+// kPairBytes), kOffset (the weight codes' offset: a block's int32 sums start from -kOffset *
+// sum(activation codes)) and BlockSums<Isa, NT>(codes, a, x_stride, init, sum): per row and
+// token, init + the block's exact sum of weight codes times activation codes (a: token 0's 32
+// codes, the next token's x_stride bytes on).
+
+// Q4_0: unsigned nibbles (0..15) against int8 activations, so vpmaddubsw cannot saturate, and
+// the 8 int16 pair sums of a block added in int16 stay below 8 * 2 * 15 * 128 = 30720 < 2^15 (in
+// any order); vpmaddwd with ones then gives the block's int32 sum per row, and the offset term
+// takes the codes' 8 off.
+struct Q4_0Rows {
+  template <int kRows>
   using Layout = PackedQ4_0Layout<kRows>;
+  static constexpr int32_t kOffset = 8;
+
+  template <typename Isa, int NT>
+  static void BlockSums(const uint8_t* codes, const uint8_t* a, int64_t x_stride, const int32_t* init,
+                        typename Isa::I (&sum)[NT]) {
+    using I = typename Isa::I;
+    constexpr int64_t kChunk = Layout<Isa::kRows>::kChunkBytes;
+    I sum16[NT];
+    for (int k = 0; k < 4; ++k) {
+      const I v = Isa::Load(codes + kChunk * k);
+      const I lo = Isa::LowNibbles(v), hi = Isa::HighNibbles(v);
+      for (int t = 0; t < NT; ++t) {
+        const uint8_t* at = a + t * x_stride;
+        const I p = Isa::Add16(Isa::MulAddPairs(lo, Isa::Broadcast32(at + 4 * k)),
+                               Isa::MulAddPairs(hi, Isa::Broadcast32(at + 16 + 4 * k)));
+        sum16[t] = k == 0 ? p : Isa::Add16(sum16[t], p);
+        // The Isa may keep each sum a chain in this order: GCC otherwise reassociates the
+        // integer adds into a tree whose products (4 tokens: 32) are all live at once, which
+        // the AVX2 loop's 16 ymm registers could not hold (48 stack accesses per block, GCC 12
+        // -O3). The sums are exact either way.
+        Isa::KeepChain(sum16[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) sum[t] = Isa::BlockSums(sum16[t], init[t]);
+  }
+};
+
+// Q8_0: signed codes, so each product goes through vpmaddubsw as |w| times a with w's sign: a
+// pair sum is at most 2 * 128 * 127 = 32512 < 2^15 (|w| <= 128, |a| <= 127), and each chunk's
+// pairs widen to int32 at once.
+struct Q8_0Rows {
+  template <int kRows>
+  using Layout = PackedQ8_0LayoutOf<kRows, 0>;
+  static constexpr int32_t kOffset = 0;
+
+  template <typename Isa, int NT>
+  static void BlockSums(const uint8_t* codes, const uint8_t* a, int64_t x_stride, const int32_t* init,
+                        typename Isa::I (&sum)[NT]) {
+    using I = typename Isa::I;
+    constexpr int64_t kChunk = Layout<Isa::kRows>::kChunkBytes;
+    for (int k = 0; k < 8; ++k) {
+      const I w = Isa::Load(codes + kChunk * k);
+      const I magnitude = Isa::Abs8(w);
+      for (int t = 0; t < NT; ++t) {
+        const I p = Isa::Widen(Isa::MulAddPairs(magnitude, Isa::SignOf(Isa::Broadcast32(a + t * x_stride + 4 * k), w)));
+        sum[t] = k == 0 ? Isa::Add32(p, Isa::Set32(init[t])) : Isa::Add32(sum[t], p);
+      }
+    }
+  }
+};
+
+template <typename Isa, typename Fmt>
+struct PackedRowsKernel {
+  static constexpr int kRows = Isa::kRows;
+  using Layout = typename Fmt::template Layout<kRows>;
   using I = typename Isa::I;
   using F = typename Isa::F;
   static constexpr int64_t kQ8Bytes = 34;  // Q8_0 activation block: f16 d, 32 int8 codes
 
   // Per (block, token) of the activations, prepared once per K chunk: the block scale and the
-  // Q4_0 offset term -8 * sum(codes), the initial value of the block's int32 sums.
+  // offset term -kOffset * sum(codes), the initial value of the block's int32 sums.
   struct ActTerms {
     float da;
     int32_t init;
   };
   // Tokens one sweep over the rows serves, and blocks per K chunk (8192 inputs): a group's chunk
-  // of weights (36 KiB at 8 rows, 72 at 16) is read from DRAM once and from cache by the sweep's
-  // other passes; the chunk's activations (16 tokens: 139 KiB) and terms (32 KiB) stay in L2.
+  // of weights (Q4_0: 36 KiB at 8 rows, 72 at 16; Q8_0 twice that) is read from DRAM once and
+  // from cache by the sweep's other passes; the chunk's activations (16 tokens: 139 KiB) and
+  // terms (32 KiB) stay in L2.
   static constexpr int64_t kSweepTokens = 16;
   static constexpr int64_t kTermBlocks = 256;
   static constexpr int kPassTokens = Isa::kPassTokens;
@@ -81,7 +148,7 @@ struct PackedQ4_0Kernel {
       for (int64_t b = b0; b < b1; ++b) {
         for (int64_t t = 0; t < n; ++t) {
           const uint8_t* blk = x0 + (p + t) * x_stride + b * kQ8Bytes;
-          run[(b - b0) * n + t] = ActTerms{HalfToFloat(blk), -8 * SumCodes32(blk + 2)};
+          run[(b - b0) * n + t] = ActTerms{HalfToFloat(blk), Fmt::kOffset == 0 ? 0 : -Fmt::kOffset * SumCodes32(blk + 2)};
         }
       }
     }
@@ -98,27 +165,13 @@ struct PackedQ4_0Kernel {
         const uint8_t* ahead = Layout::ScalesOf(group, b) + kPrefetchBytes;
         for (int i = 0; i < kPairLines; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
       }
-      const uint8_t* codes = Layout::CodesOf(group, b);
-      const uint8_t* a = x0 + b * kQ8Bytes + 2;
-      I sum[NT];
-      for (int k = 0; k < 4; ++k) {
-        const I v = Isa::Load(codes + Layout::kChunkBytes * k);
-        const I lo = Isa::LowNibbles(v), hi = Isa::HighNibbles(v);
-        for (int t = 0; t < NT; ++t) {
-          const uint8_t* at = a + t * x_stride;
-          const I p = Isa::Add16(Isa::MulAddPairs(lo, Isa::Broadcast32(at + 4 * k)),
-                                 Isa::MulAddPairs(hi, Isa::Broadcast32(at + 16 + 4 * k)));
-          sum[t] = k == 0 ? p : Isa::Add16(sum[t], p);
-          // The Isa may keep each sum a chain in this order: GCC otherwise reassociates the
-          // integer adds into a tree whose products (4 tokens: 32) are all live at once, which
-          // the AVX2 loop's 16 ymm registers could not hold (48 stack accesses per block, GCC 12
-          // -O3). The sums are exact either way.
-          Isa::KeepChain(sum[t]);
-        }
-      }
-      const F dw = Isa::Scales(Layout::ScalesOf(group, b));
       const ActTerms* tb = terms + (b - b0) * NT;
-      for (int t = 0; t < NT; ++t) acc[t] = Isa::FmaScaled(Isa::BlockSums(sum[t], tb[t].init), dw, tb[t].da, acc[t]);
+      int32_t init[NT];
+      for (int t = 0; t < NT; ++t) init[t] = tb[t].init;
+      I sum[NT];
+      Fmt::template BlockSums<Isa, NT>(Layout::CodesOf(group, b), x0 + b * kQ8Bytes + 2, x_stride, init, sum);
+      const F dw = Isa::Scales(Layout::ScalesOf(group, b));
+      for (int t = 0; t < NT; ++t) acc[t] = Isa::FmaScaled(sum[t], dw, tb[t].da, acc[t]);
     }
   }
 
