@@ -1,6 +1,6 @@
 // The "amx" kernel table: the avx512 table, with prompt-sized products (32 tokens or more) of
-// the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_0 and Q8_0 row-interleaved as the
-// CPU backend packs them, the others as the GGUF file stores them) on the AMX tile unit. Compiled
+// the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_0, Q5_0 and Q8_0 row-interleaved as
+// the CPU backend packs them, the others as the GGUF file stores them) on the AMX tile unit. Compiled
 // with the AVX-512 flags plus AMX-TILE and AMX-INT8 (engine/CMakeLists.txt); reached only after
 // kernel_select.cpp has seen AMX in cpuid and the kernel granted this process the tile state
 // (cpu_features.cpp, AmxTilesGranted).
@@ -22,13 +22,14 @@
 // but no speed (docs/performance.md, "AMX tiles for prompts").
 #include "engine/backend/cpu/kernels_amx_tiles.h"
 #include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
-#include "engine/backend/cpu/packed_q4_0_layout.h"
+#include "engine/backend/cpu/packed_nibbles_avx512.h"
 #include "engine/backend/cpu/packed_q8_0_layout.h"
 
 namespace kvfs::cpu {
 namespace {
 
 using PackedLayout = PackedQ4_0Layout<16>;
+using PackedQ5Layout = PackedQ5_0Layout<16>;
 
 // 16 weight rows' blocks [b0, b0 + nb) made ready for the tile unit.
 struct alignas(64) GroupFill {
@@ -37,20 +38,20 @@ struct alignas(64) GroupFill {
   float mw[kChunkBlocks][kGroupRows];  // block minimum m (formats with one)
 };
 
-// A packed Q4_0 group (packed_q4_0_layout.h): chunk k of a block is 4 bytes of each row, low
-// nibbles inputs 4k..4k+3 and high nibbles 16+4k..16+4k+3, i.e. B's rows k and 4 + k.
-void FillPackedQ4_0(const uint8_t* group, int64_t b0, int nb, GroupFill& f) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+// A packed Q4_0 or Q5_0 group (packed_q4_0_layout.h, packed_q5_0_layout.h): chunk k of a block
+// is 4 bytes of each row, inputs 4k..4k+3 and 16+4k..16+4k+3, i.e. B's rows k and 4 + k; the
+// codes less the format's offset (F::kOffset: 8, 16).
+template <class F, class Layout>
+void FillPackedNibbles(const uint8_t* group, int64_t b0, int nb, GroupFill& f) {
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(F::kOffset));
   for (int g = 0; g < nb; ++g) {
-    const uint8_t* codes = PackedLayout::CodesOf(group, b0 + g);
+    __m512i lo[4], hi[4];
+    NibbleChunks<Layout>(group, b0 + g, lo, hi);
     for (int k = 0; k < 4; ++k) {
-      const __m512i v = _mm512_load_si512(codes + 64 * k);
-      _mm512_store_si512(f.codes[g][k], _mm512_sub_epi8(_mm512_and_si512(v, nibble), eight));
-      _mm512_store_si512(f.codes[g][4 + k],
-                         _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), eight));
+      _mm512_store_si512(f.codes[g][k], _mm512_sub_epi8(lo[k], offset));
+      _mm512_store_si512(f.codes[g][4 + k], _mm512_sub_epi8(hi[k], offset));
     }
-    _mm512_store_ps(f.dw[g], _mm512_cvtph_ps(_mm256_load_si256(
-                                 reinterpret_cast<const __m256i*>(PackedLayout::ScalesOf(group, b0 + g)))));
+    _mm512_store_ps(f.dw[g], _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(Layout::ScalesOf(group, b0 + g)))));
   }
 }
 
@@ -200,7 +201,10 @@ KernelTable MakeAmxTable() {
   KernelTable t = Avx512Kernels();
   t.name = "amx";
   auto id = [](GgmlType type) { return static_cast<uint32_t>(type); };
-  t.packed[id(GgmlType::kQ4_0)].matmul = &MatMulPacked<FmtQ4_0, PackedLayout, &FillPackedQ4_0, &avx512::PackedQ4_0>;
+  t.packed[id(GgmlType::kQ4_0)].matmul =
+      &MatMulPacked<FmtQ4_0, PackedLayout, &FillPackedNibbles<FmtQ4_0, PackedLayout>, &avx512::PackedQ4_0>;
+  t.packed[id(GgmlType::kQ5_0)].matmul =
+      &MatMulPacked<FmtQ5_0, PackedQ5Layout, &FillPackedNibbles<FmtQ5_0, PackedQ5Layout>, &avx512::PackedQ5_0>;
   t.packed[id(GgmlType::kQ8_0)].matmul = &MatMulPacked<FmtQ8_0, PackedQ8_0Layout, &FillPackedQ8_0, &avx512::PackedQ8_0>;
   t.matmul_tile[id(GgmlType::kQ4_0)] = &Tile<FmtQ4_0, &avx512::TileQ4_0>;
   t.matmul_tile[id(GgmlType::kQ4_1)] = &Tile<FmtQ4_1, &avx512::TileQ4_1>;

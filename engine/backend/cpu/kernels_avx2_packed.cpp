@@ -1,4 +1,4 @@
-// Q4_0 and Q8_0 weights repacked at load into groups of 8 interleaved rows, for CPUs whose best
+// Q4_0, Q5_0 and Q8_0 weights repacked at load into groups of 8 interleaved rows, for CPUs whose best
 // table is AVX2: the kernels of packed_rows_kernel.h on ymm registers (one dword lane per row).
 #include "engine/backend/cpu/kernels_avx2_common.h"
 #include "engine/backend/cpu/packed_rows_kernel.h"
@@ -32,6 +32,9 @@ struct Avx2Isa {
   static I Widen(I p) { return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); }
   static I Add32(I a, I b) { return _mm256_add_epi32(a, b); }
   static I Set32(int32_t v) { return _mm256_set1_epi32(v); }
+  static I ShiftRight32(I v, int n) { return _mm256_srli_epi32(v, n); }
+  static I ShiftLeft32(I v, int n) { return _mm256_slli_epi32(v, n); }
+  static I WithBit4(I codes, I bits) { return _mm256_or_si256(codes, _mm256_and_si256(bits, _mm256_set1_epi8(0x10))); }
   static F Scales(const uint8_t* p) { return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p))); }
   static F FmaScaled(I isum, F dw, float da, F acc) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc);
@@ -45,6 +48,7 @@ struct Avx2Isa {
 
 namespace avx2 {
 const PackedKernels PackedQ4_0 = PackedRowsKernel<Avx2Isa, Q4_0Rows>::kKernels;
+const PackedKernels PackedQ5_0 = PackedRowsKernel<Avx2Isa, Q5_0Rows>::kKernels;
 const PackedKernels PackedQ8_0 = PackedRowsKernel<Avx2Isa, Q8_0Rows>::kKernels;
 }  // namespace avx2
 }  // namespace kvfs::cpu

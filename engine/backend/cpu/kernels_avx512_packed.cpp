@@ -1,4 +1,5 @@
-// Q4_0 weights repacked at load into groups of 16 interleaved rows (PackedKernels in kernels.h).
+// Q4_0, Q5_0 and Q8_0 weights repacked at load into groups of 16 interleaved rows (PackedKernels
+// in kernels.h).
 //
 // Why: with the plain layout a decode step of NT tokens unpacks each weight row once and then
 // loads, for every (row, token), that token's activation codes and scales again: at 8 tokens
@@ -7,13 +8,14 @@
 // 16 rows, one vpdpbusd against a broadcast activation dword advances 16 rows, and the block's
 // float work (convert, scale, accumulate) is one set of ops per 16 rows.
 //
-// Layout: packed_q4_0_layout.h with 16 rows per group (pairs of blocks in 576 bytes).
+// Layout: packed_q4_0_layout.h with 16 rows per group (pairs of blocks in 576 bytes); Q5_0 adds
+// a dword of fifth bits per row and block (packed_q5_0_layout.h, 704 bytes a pair).
 //
 // Arithmetic: per (row, block) the exact int32 sum of codes times activation codes, minus
-// 8 * sum(activation codes) (the Q4_0 offset), then acc += isum * (d_w * d_a) in float, blocks
-// in order: the scalar reference's operations in its order, per row.
+// 8 (Q5_0: 16) times the sum of the activation codes (the codes' offset), then acc += isum *
+// (d_w * d_a) in float, blocks in order: the scalar reference's operations in its order, per row.
 #include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
-#include "engine/backend/cpu/packed_q4_0_layout.h"
+#include "engine/backend/cpu/packed_nibbles_avx512.h"
 #include "engine/backend/cpu/packed_q8_0_layout.h"
 
 namespace kvfs::cpu {
@@ -23,11 +25,8 @@ namespace {
 
 constexpr int kGroupRows = 16;
 using Layout = PackedQ4_0Layout<kGroupRows>;
+using LayoutQ5 = PackedQ5_0Layout<kGroupRows>;
 constexpr int64_t kQ8Bytes = 34;  // Q8_0 activation block: f16 d, 32 int8 codes
-constexpr int64_t kPairBytes = Layout::kPairBytes;
-constexpr auto GroupBytes = Layout::GroupBytes;
-constexpr auto CodesOf = Layout::CodesOf;
-constexpr auto ScalesOf = Layout::ScalesOf;
 
 // Per (block, token) of the activations, prepared once per call: the block scale and the
 // Q4_0 offset term -8 * sum(codes), the initial value of the block's int32 sums.
@@ -61,26 +60,21 @@ constexpr int64_t kPrefetchBytes = 8192;
 // was fast (14 ms); 4 KiB was 7.6% slower in a fast run; 8 tokens unchanged.
 constexpr int64_t kPrefetchBytesBatch = 6144;
 // One group of 16 rows over blocks [b0, b1) against NT tokens: acc[t] lane i += row i . x[t].
-template <int NT>
+// L: the Q4_0 or the Q5_0 layout.
+template <class L, int NT>
 inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
                       const ActTerms* terms, __m512 (&acc)[NT]) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* codes = CodesOf(group, b);
     if ((b & 1) == 0) {
-      // The 9 lines of this block pair, kPrefetchBytes ahead (a prefetch never faults, so
+      // The lines of this block pair, kPrefetchBytes ahead (a prefetch never faults, so
       // running past the end of the matrix is harmless). Inline asm: GCC 12 dropped the
       // prefetch builtins from these kernels.
-      const uint8_t* ahead = ScalesOf(group, b) + (NT >= 4 ? kPrefetchBytesBatch : kPrefetchBytes);
-      for (int i = 0; i < 9; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
+      const uint8_t* ahead = L::ScalesOf(group, b) + (NT >= 4 ? kPrefetchBytesBatch : kPrefetchBytes);
+      for (int i = 0; i < L::kPairBytes / 64; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ScalesOf(group, b))));
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::ScalesOf(group, b))));
     __m512i lo[4], hi[4];
-    for (int k = 0; k < 4; ++k) {
-      const __m512i v = _mm512_load_si512(codes + 64 * k);
-      lo[k] = _mm512_and_si512(v, nibble);
-      hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-    }
+    NibbleChunks<L>(group, b, lo, hi);
     const ActTerms* tb = terms + (b - b0) * NT;
     for (int t = 0; t < NT; ++t) {
       // The token's 32 codes as two 16-byte halves repeated in every 128-bit lane; vpshufd
@@ -121,27 +115,28 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
 }
 
 // Prefill: a Panel (32 rows = 2 groups, K chunk of kGroups blocks) filled from the packed
-// groups, which are already row-interleaved: unpacking is an and / shift per 64 bytes.
+// groups, which are already row-interleaved: unpacking is an and / shift per 64 bytes (Q5_0:
+// and the fifth bits').
+template <class L>
 void FillPanelPacked(const uint8_t* packed, int64_t group0, int64_t n_groups_left, int64_t nb, int64_t g0, int ng,
                      Panel& p) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int half = 0; half < 2; ++half) {
     const bool present = half < n_groups_left;
-    const uint8_t* group = packed + (group0 + half) * GroupBytes(nb);
+    const uint8_t* group = packed + (group0 + half) * L::GroupBytes(nb);
     for (int g = 0; g < ng; ++g) {
       if (!present) {
         for (int j = 0; j < 8; ++j) _mm512_store_si512(p.codes[g][j] + 64 * half, _mm512_setzero_si512());
         _mm512_store_ps(p.dw[g] + 16 * half, _mm512_setzero_ps());
         continue;
       }
-      const uint8_t* codes = CodesOf(group, g0 + g);
+      __m512i lo[4], hi[4];
+      NibbleChunks<L>(group, g0 + g, lo, hi);
       for (int k = 0; k < 4; ++k) {
-        const __m512i v = _mm512_load_si512(codes + 64 * k);
-        _mm512_store_si512(p.codes[g][k] + 64 * half, _mm512_and_si512(v, nibble));
-        _mm512_store_si512(p.codes[g][4 + k] + 64 * half, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+        _mm512_store_si512(p.codes[g][k] + 64 * half, lo[k]);
+        _mm512_store_si512(p.codes[g][4 + k] + 64 * half, hi[k]);
       }
       _mm512_store_ps(p.dw[g] + 16 * half,
-                      _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ScalesOf(group, g0 + g)))));
+                      _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::ScalesOf(group, g0 + g)))));
     }
   }
 }
@@ -206,18 +201,21 @@ void FillPanelPackedQ8(const uint8_t* packed, int64_t group0, int64_t n_groups_l
   }
 }
 
-// The two packed formats' parts, for the passes below.
-struct PackedQ4_0Fmt {
-  using Fmt = FmtQ4_0;
-  static constexpr auto GroupBytes = Layout::GroupBytes;
-  static constexpr int64_t kPairLines = kPairBytes / 64;
-  static constexpr auto Fill = FillPanelPacked;
+// The packed formats' parts, for the passes below.
+template <class Legacy, class L>
+struct PackedNibbleFmt {
+  using Fmt = Legacy;
+  static constexpr auto GroupBytes = L::GroupBytes;
+  static constexpr int64_t kPairLines = L::kPairBytes / 64;
+  static constexpr auto Fill = FillPanelPacked<L>;
   template <int NT>
   static void Rows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
                    const ActTerms* terms, __m512 (&acc)[NT]) {
-    GroupRows<NT>(group, b0, b1, x0, x_stride, terms, acc);
+    GroupRows<L, NT>(group, b0, b1, x0, x_stride, terms, acc);
   }
 };
+using PackedQ4_0Fmt = PackedNibbleFmt<FmtQ4_0, Layout>;
+using PackedQ5_0Fmt = PackedNibbleFmt<FmtQ5_0, LayoutQ5>;
 struct PackedQ8_0Fmt {
   using Fmt = FmtQ8_0;
   static constexpr auto GroupBytes = LayoutQ8::GroupBytes;
@@ -285,6 +283,7 @@ void MatMulPacked(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8
 
 namespace avx512 {
 const PackedKernels PackedQ4_0{&Layout::Bytes, &Layout::Pack, &MatMulPacked<PackedQ4_0Fmt>};
+const PackedKernels PackedQ5_0{&LayoutQ5::Bytes, &LayoutQ5::Pack, &MatMulPacked<PackedQ5_0Fmt>};
 const PackedKernels PackedQ8_0{&LayoutQ8::Bytes, &LayoutQ8::Pack, &MatMulPacked<PackedQ8_0Fmt>};
 }  // namespace avx512
 }  // namespace kvfs::cpu

@@ -1,4 +1,4 @@
-// The packed Q4_0 and Q8_0 matmuls without VNNI, written once over a vector width and a
+// The packed Q4_0, Q5_0 and Q8_0 matmuls without VNNI, written once over a vector width and a
 // format: the AVX2 table (kernels_avx2_packed.cpp: ymm, 8 rows per group) and the AVX-512BW
 // table (kernels_avx512bw_packed.cpp: zmm, 16 rows per group) instantiate it with their own Isa
 // traits, each compiled with its own flags. The AVX-512 table has VNNI and its own kernels
@@ -12,10 +12,10 @@
 // code bytes of each of kRows rows, one vpmaddubsw against a broadcast activation dword
 // advances kRows rows, and the block's float work is one set of ops per kRows rows.
 //
-// Layouts: packed_q4_0_layout.h and packed_q8_0_layout.h (signed codes) with Isa::kRows rows
-// per group.
+// Layouts: packed_q4_0_layout.h, packed_q5_0_layout.h and packed_q8_0_layout.h (signed codes)
+// with Isa::kRows rows per group.
 //
-// Arithmetic, exact in integers (Q4_0Rows, Q8_0Rows below): each block's int32 sum of weight
+// Arithmetic, exact in integers (Q4_0Rows, Q5_0Rows, Q8_0Rows below): each block's int32 sum of weight
 // codes times activation codes per row, then acc += isum * (d_w * d_a) in float, blocks in
 // order: per row the same operations as the AVX-512 (VNNI) packed kernels, so every table gives
 // a row the same result.
@@ -31,6 +31,7 @@
 #include "engine/backend/cpu/activation_code_sum.h"
 #include "engine/backend/cpu/kernels_avx2_common.h"
 #include "engine/backend/cpu/packed_q4_0_layout.h"
+#include "engine/backend/cpu/packed_q5_0_layout.h"
 #include "engine/backend/cpu/packed_q8_0_layout.h"
 
 namespace kvfs::cpu {
@@ -45,13 +46,15 @@ namespace {  // NOLINT: internal linkage on purpose
 //   I BlockSums(sum16, init)   vpmaddwd with ones, + init in every lane
 //   I Abs8(w), SignOf(a, w)    |w| per byte; a negated where w < 0 (vpabsb, vpsignb)
 //   I Widen(p)                 vpmaddwd with ones; I Add32(a, b); I Set32(v) v in every lane
+//   I ShiftRight32(v, n), ShiftLeft32(v, n)   dword shifts by a constant
+//   I WithBit4(codes, bits)    codes | (bits & 0x10) per byte
 //   F Scales(p)                kRows f16 scales to float
 //   F Zero(); F FmaScaled(isum, dw, da, acc) = acc + float(isum) * (dw * da)
 //   F LoadF(p), void StoreF(p, v), StoreFU(p, v)   aligned / unaligned kRows floats
 // The formats. A Fmt provides Layout<kRows> (Bytes, Pack, CodesOf, ScalesOf, kChunkBytes,
 // kPairBytes), kOffset (the weight codes' offset: a block's int32 sums start from -kOffset *
-// sum(activation codes)) and BlockSums<Isa, NT>(codes, a, x_stride, init, sum): per row and
-// token, init + the block's exact sum of weight codes times activation codes (a: token 0's 32
+// sum(activation codes)) and BlockSums<Isa, NT>(group, b, a, x_stride, init, sum): per row and
+// token, init + block b's exact sum of weight codes times activation codes (a: token 0's 32
 // codes, the next token's x_stride bytes on).
 
 // Q4_0: unsigned nibbles (0..15) against int8 activations, so vpmaddubsw cannot saturate, and
@@ -64,10 +67,11 @@ struct Q4_0Rows {
   static constexpr int32_t kOffset = 8;
 
   template <typename Isa, int NT>
-  static void BlockSums(const uint8_t* codes, const uint8_t* a, int64_t x_stride, const int32_t* init,
+  static void BlockSums(const uint8_t* group, int64_t b, const uint8_t* a, int64_t x_stride, const int32_t* init,
                         typename Isa::I (&sum)[NT]) {
     using I = typename Isa::I;
     constexpr int64_t kChunk = Layout<Isa::kRows>::kChunkBytes;
+    const uint8_t* codes = Layout<Isa::kRows>::CodesOf(group, b);
     I sum16[NT];
     for (int k = 0; k < 4; ++k) {
       const I v = Isa::Load(codes + kChunk * k);
@@ -97,16 +101,51 @@ struct Q8_0Rows {
   static constexpr int32_t kOffset = 0;
 
   template <typename Isa, int NT>
-  static void BlockSums(const uint8_t* codes, const uint8_t* a, int64_t x_stride, const int32_t* init,
+  static void BlockSums(const uint8_t* group, int64_t b, const uint8_t* a, int64_t x_stride, const int32_t* init,
                         typename Isa::I (&sum)[NT]) {
     using I = typename Isa::I;
     constexpr int64_t kChunk = Layout<Isa::kRows>::kChunkBytes;
+    const uint8_t* codes = Layout<Isa::kRows>::CodesOf(group, b);
     for (int k = 0; k < 8; ++k) {
       const I w = Isa::Load(codes + kChunk * k);
       const I magnitude = Isa::Abs8(w);
       for (int t = 0; t < NT; ++t) {
         const I p = Isa::Widen(Isa::MulAddPairs(magnitude, Isa::SignOf(Isa::Broadcast32(a + t * x_stride + 4 * k), w)));
         sum[t] = k == 0 ? Isa::Add32(p, Isa::Set32(init[t])) : Isa::Add32(sum[t], p);
+      }
+    }
+  }
+};
+
+// Q5_0: Q4_0's nibbles with a fifth bit (packed_q5_0_layout.h: chunk k's bits by one 32-bit
+// shift each), codes 0..31 and offset 16. A vpmaddubsw pair sum is at most 2 * 31 * 127 = 7874,
+// so two chunks' low and high products (4 pair vectors, at most 31496) add in int16 before each
+// widening.
+struct Q5_0Rows {
+  template <int kRows>
+  using Layout = PackedQ5_0Layout<kRows>;
+  static constexpr int32_t kOffset = 16;
+
+  template <typename Isa, int NT>
+  static void BlockSums(const uint8_t* group, int64_t b, const uint8_t* a, int64_t x_stride, const int32_t* init,
+                        typename Isa::I (&sum)[NT]) {
+    using I = typename Isa::I;
+    using L = Layout<Isa::kRows>;
+    const uint8_t* codes = L::CodesOf(group, b);
+    const I bits = Isa::Load(L::BitsOf(group, b));
+    I sum16[NT];
+    for (int k = 0; k < 4; ++k) {
+      const I v = Isa::Load(codes + L::kChunkBytes * k);
+      const I lo = Isa::WithBit4(Isa::LowNibbles(v), Isa::ShiftRight32(bits, k));
+      const I hi = Isa::WithBit4(Isa::HighNibbles(v), Isa::ShiftLeft32(bits, 4 - k));
+      for (int t = 0; t < NT; ++t) {
+        const uint8_t* at = a + t * x_stride;
+        const I p = Isa::Add16(Isa::MulAddPairs(lo, Isa::Broadcast32(at + 4 * k)),
+                               Isa::MulAddPairs(hi, Isa::Broadcast32(at + 16 + 4 * k)));
+        sum16[t] = k % 2 == 0 ? p : Isa::Add16(sum16[t], p);
+        Isa::KeepChain(sum16[t]);
+        if (k == 1) sum[t] = Isa::Add32(Isa::Widen(sum16[t]), Isa::Set32(init[t]));
+        if (k == 3) sum[t] = Isa::Add32(sum[t], Isa::Widen(sum16[t]));
       }
     }
   }
@@ -169,7 +208,7 @@ struct PackedRowsKernel {
       int32_t init[NT];
       for (int t = 0; t < NT; ++t) init[t] = tb[t].init;
       I sum[NT];
-      Fmt::template BlockSums<Isa, NT>(Layout::CodesOf(group, b), x0 + b * kQ8Bytes + 2, x_stride, init, sum);
+      Fmt::template BlockSums<Isa, NT>(group, b, x0 + b * kQ8Bytes + 2, x_stride, init, sum);
       const F dw = Isa::Scales(Layout::ScalesOf(group, b));
       for (int t = 0; t < NT; ++t) acc[t] = Isa::FmaScaled(sum[t], dw, tb[t].da, acc[t]);
     }
