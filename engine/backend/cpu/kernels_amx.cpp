@@ -1,6 +1,6 @@
 // The "amx" kernel table: the avx512 table, with prompt-sized products (32 tokens or more) of
-// the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_0, Q5_0 and Q8_0 row-interleaved as
-// the CPU backend packs them, the others as the GGUF file stores them) on the AMX tile unit. Compiled
+// the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; row-interleaved as the CPU backend
+// packs them, or as the GGUF file stores them where it does not) on the AMX tile unit. Compiled
 // with the AVX-512 flags plus AMX-TILE and AMX-INT8 (engine/CMakeLists.txt); reached only after
 // kernel_select.cpp has seen AMX in cpuid and the kernel granted this process the tile state
 // (cpu_features.cpp, AmxTilesGranted).
@@ -28,9 +28,6 @@
 namespace kvfs::cpu {
 namespace {
 
-using PackedLayout = PackedQ4_0Layout<16>;
-using PackedQ5Layout = PackedQ5_0Layout<16>;
-
 // 16 weight rows' blocks [b0, b0 + nb) made ready for the tile unit.
 struct alignas(64) GroupFill {
   int8_t codes[kChunkBlocks][8][64];   // [block][input quad k][row * 4 + byte]: tile B, signed codes
@@ -38,9 +35,9 @@ struct alignas(64) GroupFill {
   float mw[kChunkBlocks][kGroupRows];  // block minimum m (formats with one)
 };
 
-// A packed Q4_0 or Q5_0 group (packed_q4_0_layout.h, packed_q5_0_layout.h): chunk k of a block
-// is 4 bytes of each row, inputs 4k..4k+3 and 16+4k..16+4k+3, i.e. B's rows k and 4 + k; the
-// codes less the format's offset (F::kOffset: 8, 16).
+// A packed group of a nibble format (packed_nibble_layout.h): chunk k of a block is 4 bytes of
+// each row, inputs 4k..4k+3 and 16+4k..16+4k+3, i.e. B's rows k and 4 + k; the codes less the
+// format's offset (F::kOffset: Q4_0 8, Q5_0 16, else 0), the minimums where F has them.
 template <class F, class Layout>
 void FillPackedNibbles(const uint8_t* group, int64_t b0, int nb, GroupFill& f) {
   const __m512i offset = _mm512_set1_epi8(static_cast<char>(F::kOffset));
@@ -51,7 +48,8 @@ void FillPackedNibbles(const uint8_t* group, int64_t b0, int nb, GroupFill& f) {
       _mm512_store_si512(f.codes[g][k], _mm512_sub_epi8(lo[k], offset));
       _mm512_store_si512(f.codes[g][4 + k], _mm512_sub_epi8(hi[k], offset));
     }
-    _mm512_store_ps(f.dw[g], _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(Layout::ScalesOf(group, b0 + g)))));
+    _mm512_store_ps(f.dw[g], HalvesToFloats(Layout::ScalesOf(group, b0 + g)));
+    if constexpr (F::kMin) _mm512_store_ps(f.mw[g], HalvesToFloats(Layout::MinsOf(group, b0 + g)));
   }
 }
 
@@ -183,6 +181,13 @@ void MatMulPacked(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8
   });
 }
 
+template <class F, class Layout, const PackedKernels* kSmall>
+void MatMulPackedNibbles(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
+                         int64_t n_tokens, int64_t n_in, float* y, int64_t y_stride) {
+  MatMulPacked<F, Layout, &FillPackedNibbles<F, Layout>, kSmall>(packed, r0, n_rows, x_quant, x_row_bytes, n_tokens, n_in, y,
+                                                                 y_stride);
+}
+
 // The plain layout; below kAmxMinTokens the avx512 table's tile (*kSmall).
 template <class L, const MatMulTileFn* kSmall>
 void Tile(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, const uint8_t* x_quant, int64_t x_row_bytes,
@@ -201,10 +206,10 @@ KernelTable MakeAmxTable() {
   KernelTable t = Avx512Kernels();
   t.name = "amx";
   auto id = [](GgmlType type) { return static_cast<uint32_t>(type); };
-  t.packed[id(GgmlType::kQ4_0)].matmul =
-      &MatMulPacked<FmtQ4_0, PackedLayout, &FillPackedNibbles<FmtQ4_0, PackedLayout>, &avx512::PackedQ4_0>;
-  t.packed[id(GgmlType::kQ5_0)].matmul =
-      &MatMulPacked<FmtQ5_0, PackedQ5Layout, &FillPackedNibbles<FmtQ5_0, PackedQ5Layout>, &avx512::PackedQ5_0>;
+  t.packed[id(GgmlType::kQ4_0)].matmul = &MatMulPackedNibbles<FmtQ4_0, PackedQ4_0Layout<16>, &avx512::PackedQ4_0>;
+  t.packed[id(GgmlType::kQ4_1)].matmul = &MatMulPackedNibbles<FmtQ4_1, PackedQ4_1Layout<16>, &avx512::PackedQ4_1>;
+  t.packed[id(GgmlType::kQ5_0)].matmul = &MatMulPackedNibbles<FmtQ5_0, PackedQ5_0Layout<16>, &avx512::PackedQ5_0>;
+  t.packed[id(GgmlType::kQ5_1)].matmul = &MatMulPackedNibbles<FmtQ5_1, PackedQ5_1Layout<16>, &avx512::PackedQ5_1>;
   t.packed[id(GgmlType::kQ8_0)].matmul = &MatMulPacked<FmtQ8_0, PackedQ8_0Layout, &FillPackedQ8_0, &avx512::PackedQ8_0>;
   t.matmul_tile[id(GgmlType::kQ4_0)] = &Tile<FmtQ4_0, &avx512::TileQ4_0>;
   t.matmul_tile[id(GgmlType::kQ4_1)] = &Tile<FmtQ4_1, &avx512::TileQ4_1>;

@@ -298,7 +298,9 @@ KernelTable MakeAvx2Table() {
   set(GgmlType::kQ5_K, avx2::QuantizeQ8_K, avx2::VecDotQ5_K, avx2::TileQ5_K);
   set(GgmlType::kQ6_K, avx2::QuantizeQ8_K, avx2::VecDotQ6_K, avx2::TileQ6_K);
   t.packed[static_cast<uint32_t>(GgmlType::kQ4_0)] = avx2::PackedQ4_0;
+  t.packed[static_cast<uint32_t>(GgmlType::kQ4_1)] = avx2::PackedQ4_1;
   t.packed[static_cast<uint32_t>(GgmlType::kQ5_0)] = avx2::PackedQ5_0;
+  t.packed[static_cast<uint32_t>(GgmlType::kQ5_1)] = avx2::PackedQ5_1;
   t.packed[static_cast<uint32_t>(GgmlType::kQ8_0)] = avx2::PackedQ8_0;
   t.packed[static_cast<uint32_t>(GgmlType::kQ4_K)] = avx2::PackedQ4_K;
   t.packed[static_cast<uint32_t>(GgmlType::kQ5_K)] = avx2::PackedQ5_K;

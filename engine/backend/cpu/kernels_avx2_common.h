@@ -30,8 +30,8 @@ float VecDotQ6_K(const void* w, const void* a, int64_t n);
 // Prefill tiles: bound to template instantiations in the ISA's own files (function pointers,
 // so no AVX-compiled symbol with vague linkage is ever shared with portable code).
 extern const MatMulTileFn TileQ4_0, TileQ4_1, TileQ5_0, TileQ5_1, TileQ8_0, TileQ4_K, TileQ5_K, TileQ6_K;
-// Q4_0, Q5_0 and Q8_0 in groups of 8 interleaved rows (kernels_avx2_packed.cpp).
-extern const PackedKernels PackedQ4_0, PackedQ5_0, PackedQ8_0;
+// The 32-value block formats in groups of 8 interleaved rows (kernels_avx2_packed.cpp).
+extern const PackedKernels PackedQ4_0, PackedQ4_1, PackedQ5_0, PackedQ5_1, PackedQ8_0;
 // Q4_K, Q5_K and Q6_K in groups of 8 interleaved rows (kernels_avx2_packed_kquants.cpp).
 extern const PackedKernels PackedQ4_K, PackedQ5_K, PackedQ6_K;
 

@@ -1,5 +1,6 @@
-// Q4_0, Q5_0 and Q8_0 weights repacked at load into groups of 8 interleaved rows, for CPUs whose best
-// table is AVX2: the kernels of packed_rows_kernel.h on ymm registers (one dword lane per row).
+// The 32-value block formats' weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) repacked at load into groups
+// of 8 interleaved rows, for CPUs whose best table is AVX2: the kernels of packed_rows_kernel.h on
+// ymm registers (one dword lane per row).
 #include "engine/backend/cpu/kernels_avx2_common.h"
 #include "engine/backend/cpu/packed_rows_kernel.h"
 
@@ -39,6 +40,7 @@ struct Avx2Isa {
   static F FmaScaled(I isum, F dw, float da, F acc) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc);
   }
+  static F FmaBroadcast(F w, float s, F acc) { return _mm256_fmadd_ps(w, _mm256_set1_ps(s), acc); }
   static F LoadF(const float* p) { return _mm256_load_ps(p); }
   static void StoreF(float* p, F v) { _mm256_store_ps(p, v); }
   static void StoreFU(float* p, F v) { _mm256_storeu_ps(p, v); }
@@ -48,7 +50,9 @@ struct Avx2Isa {
 
 namespace avx2 {
 const PackedKernels PackedQ4_0 = PackedRowsKernel<Avx2Isa, Q4_0Rows>::kKernels;
+const PackedKernels PackedQ4_1 = PackedRowsKernel<Avx2Isa, Q4_1Rows>::kKernels;
 const PackedKernels PackedQ5_0 = PackedRowsKernel<Avx2Isa, Q5_0Rows>::kKernels;
+const PackedKernels PackedQ5_1 = PackedRowsKernel<Avx2Isa, Q5_1Rows>::kKernels;
 const PackedKernels PackedQ8_0 = PackedRowsKernel<Avx2Isa, Q8_0Rows>::kKernels;
 }  // namespace avx2
 }  // namespace kvfs::cpu

@@ -304,7 +304,9 @@ KernelTable MakeAvx512Table() {
   set(GgmlType::kQ5_K, avx512::QuantizeQ8_K, avx512::VecDotQ5_K, avx512::TileQ5_K);
   set(GgmlType::kQ6_K, avx512::QuantizeQ8_K, avx512::VecDotQ6_K, avx512::TileQ6_K);
   t.packed[static_cast<uint32_t>(GgmlType::kQ4_0)] = avx512::PackedQ4_0;
+  t.packed[static_cast<uint32_t>(GgmlType::kQ4_1)] = avx512::PackedQ4_1;
   t.packed[static_cast<uint32_t>(GgmlType::kQ5_0)] = avx512::PackedQ5_0;
+  t.packed[static_cast<uint32_t>(GgmlType::kQ5_1)] = avx512::PackedQ5_1;
   t.packed[static_cast<uint32_t>(GgmlType::kQ8_0)] = avx512::PackedQ8_0;
   t.packed[static_cast<uint32_t>(GgmlType::kQ4_K)] = avx512::PackedQ4_K;
   t.packed[static_cast<uint32_t>(GgmlType::kQ5_K)] = avx512::PackedQ5_K;

@@ -33,7 +33,7 @@ float VecDotQ6_K(const void* w, const void* a, int64_t n);
 // so no AVX-compiled symbol with vague linkage is ever shared with portable code).
 extern const MatMulTileFn TileQ4_0, TileQ4_1, TileQ5_0, TileQ5_1, TileQ8_0, TileQ4_K, TileQ5_K, TileQ6_K;
 // Row-interleaved weights (kernels_avx512_packed.cpp, kernels_avx512_packed_kquants.cpp).
-extern const PackedKernels PackedQ4_0, PackedQ5_0, PackedQ8_0, PackedQ4_K, PackedQ5_K, PackedQ6_K;
+extern const PackedKernels PackedQ4_0, PackedQ4_1, PackedQ5_0, PackedQ5_1, PackedQ8_0, PackedQ4_K, PackedQ5_K, PackedQ6_K;
 
 }  // namespace kvfs::cpu::avx512
 

@@ -1,5 +1,5 @@
-// Q4_0, Q5_0 and Q8_0 weights repacked at load into groups of 16 interleaved rows (PackedKernels
-// in kernels.h).
+// The 32-value block formats' weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) repacked at load into groups
+// of 16 interleaved rows (PackedKernels in kernels.h).
 //
 // Why: with the plain layout a decode step of NT tokens unpacks each weight row once and then
 // loads, for every (row, token), that token's activation codes and scales again: at 8 tokens
@@ -8,12 +8,13 @@
 // 16 rows, one vpdpbusd against a broadcast activation dword advances 16 rows, and the block's
 // float work (convert, scale, accumulate) is one set of ops per 16 rows.
 //
-// Layout: packed_q4_0_layout.h with 16 rows per group (pairs of blocks in 576 bytes); Q5_0 adds
-// a dword of fifth bits per row and block (packed_q5_0_layout.h, 704 bytes a pair).
+// Layout: packed_nibble_layout.h with 16 rows per group (Q4_0: pairs of blocks in 576 bytes;
+// the minimums and fifth bits of the others follow the scales), packed_q8_0_layout.h.
 //
 // Arithmetic: per (row, block) the exact int32 sum of codes times activation codes, minus
 // 8 (Q5_0: 16) times the sum of the activation codes (the codes' offset), then acc += isum *
-// (d_w * d_a) in float, blocks in order: the scalar reference's operations in its order, per row.
+// (d_w * d_a) in float, and for Q4_1 and Q5_1 acc += m_w * s_a, blocks in order: the panels'
+// operations in their order, per row.
 #include "engine/backend/cpu/kernels_avx512_legacy_panel.h"
 #include "engine/backend/cpu/packed_nibbles_avx512.h"
 #include "engine/backend/cpu/packed_q8_0_layout.h"
@@ -24,24 +25,27 @@ namespace {
 #include "engine/backend/cpu/dpbusd_broadcast.h"
 
 constexpr int kGroupRows = 16;
-using Layout = PackedQ4_0Layout<kGroupRows>;
-using LayoutQ5 = PackedQ5_0Layout<kGroupRows>;
 constexpr int64_t kQ8Bytes = 34;  // Q8_0 activation block: f16 d, 32 int8 codes
 
-// Per (block, token) of the activations, prepared once per call: the block scale and the
-// Q4_0 offset term -8 * sum(codes), the initial value of the block's int32 sums.
+// Per (block, token) of the activations, prepared once per call: the block scale, the codes'
+// offset term -offset * sum(codes) (the initial value of the block's int32 sums) and, for the
+// formats with a minimum, Q8_1's s = d * sum(codes).
 struct ActTerms {
   float da;
   int32_t init;
+  float sa;
 };
-constexpr int64_t kTermBlocks = 512;  // blocks per K chunk (16384 inputs): 32 KiB at 8 tokens
+constexpr int64_t kTermBlocks = 512;  // blocks per K chunk (16384 inputs): 48 KiB at 8 tokens
 
-template <int NT, int kOffset = 8>
+template <int NT, class F>
 void PrepareTerms(const uint8_t* x0, int64_t x_stride, int64_t b0, int64_t b1, ActTerms* terms) {
   for (int64_t b = b0; b < b1; ++b) {
     for (int t = 0; t < NT; ++t) {
-      const uint8_t* blk = x0 + t * x_stride + b * kQ8Bytes;
-      terms[(b - b0) * NT + t] = ActTerms{HalfToFloat(blk), static_cast<int32_t>(-kOffset * SumCodes32(blk + 2))};
+      const uint8_t* blk = x0 + t * x_stride + b * F::kA;
+      ActTerms& term = terms[(b - b0) * NT + t];
+      term.da = HalfToFloat(blk);
+      term.init = F::kMin ? 0 : static_cast<int32_t>(-F::kOffset * SumCodes32(blk + F::kAQs));
+      term.sa = F::kMin ? HalfToFloat(blk + F::kAS) : 0.0f;
     }
   }
 }
@@ -60,8 +64,8 @@ constexpr int64_t kPrefetchBytes = 8192;
 // was fast (14 ms); 4 KiB was 7.6% slower in a fast run; 8 tokens unchanged.
 constexpr int64_t kPrefetchBytesBatch = 6144;
 // One group of 16 rows over blocks [b0, b1) against NT tokens: acc[t] lane i += row i . x[t].
-// L: the Q4_0 or the Q5_0 layout.
-template <class L, int NT>
+// F: the format (FmtQ4_0 ...), L: its packed layout.
+template <class F, class L, int NT>
 inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
                       const ActTerms* terms, __m512 (&acc)[NT]) {
   for (int64_t b = b0; b < b1; ++b) {
@@ -72,7 +76,7 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
       const uint8_t* ahead = L::ScalesOf(group, b) + (NT >= 4 ? kPrefetchBytesBatch : kPrefetchBytes);
       for (int i = 0; i < L::kPairBytes / 64; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::ScalesOf(group, b))));
+    const __m512 dw = HalvesToFloats(L::ScalesOf(group, b));
     __m512i lo[4], hi[4];
     NibbleChunks<L>(group, b, lo, hi);
     const ActTerms* tb = terms + (b - b0) * NT;
@@ -83,7 +87,7 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
       // tokens half of the steps take each (L2-hot 512 x 2048, one thread, 4 tokens: 1.92 ->
       // 1.64 ns per block and token, 8: 1.73 -> 1.50, with separate broadcasts); one token,
       // bound by DRAM, keeps the shuffles.
-      const uint8_t* a = x0 + t * x_stride + b * kQ8Bytes + 2;
+      const uint8_t* a = x0 + t * x_stride + b * F::kA + F::kAQs;
       const __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
       const __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
       // Two chains (low and high nibbles) halve the dependent vpdpbusd latency.
@@ -110,13 +114,14 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
       }
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tb[t].da));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
+      if constexpr (F::kMin) acc[t] = _mm512_fmadd_ps(HalvesToFloats(L::MinsOf(group, b)), _mm512_set1_ps(tb[t].sa), acc[t]);
     }
   }
 }
 
 // Prefill: a Panel (32 rows = 2 groups, K chunk of kGroups blocks) filled from the packed
-// groups, which are already row-interleaved: unpacking is an and / shift per 64 bytes (Q5_0:
-// and the fifth bits').
+// groups, which are already row-interleaved: unpacking is an and / shift per 64 bytes (Q5_0 and
+// Q5_1: and the fifth bits').
 template <class L>
 void FillPanelPacked(const uint8_t* packed, int64_t group0, int64_t n_groups_left, int64_t nb, int64_t g0, int ng,
                      Panel& p) {
@@ -127,16 +132,17 @@ void FillPanelPacked(const uint8_t* packed, int64_t group0, int64_t n_groups_lef
       if (!present) {
         for (int j = 0; j < 8; ++j) _mm512_store_si512(p.codes[g][j] + 64 * half, _mm512_setzero_si512());
         _mm512_store_ps(p.dw[g] + 16 * half, _mm512_setzero_ps());
+        if constexpr (L::kHasMins) _mm512_store_ps(p.mw[g] + 16 * half, _mm512_setzero_ps());
         continue;
       }
+      if constexpr (L::kHasMins) _mm512_store_ps(p.mw[g] + 16 * half, HalvesToFloats(L::MinsOf(group, g0 + g)));
       __m512i lo[4], hi[4];
       NibbleChunks<L>(group, g0 + g, lo, hi);
       for (int k = 0; k < 4; ++k) {
         _mm512_store_si512(p.codes[g][k] + 64 * half, lo[k]);
         _mm512_store_si512(p.codes[g][4 + k] + 64 * half, hi[k]);
       }
-      _mm512_store_ps(p.dw[g] + 16 * half,
-                      _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::ScalesOf(group, g0 + g)))));
+      _mm512_store_ps(p.dw[g] + 16 * half, HalvesToFloats(L::ScalesOf(group, g0 + g)));
     }
   }
 }
@@ -205,19 +211,23 @@ void FillPanelPackedQ8(const uint8_t* packed, int64_t group0, int64_t n_groups_l
 template <class Legacy, class L>
 struct PackedNibbleFmt {
   using Fmt = Legacy;
+  using Layout = L;
   static constexpr auto GroupBytes = L::GroupBytes;
   static constexpr int64_t kPairLines = L::kPairBytes / 64;
   static constexpr auto Fill = FillPanelPacked<L>;
   template <int NT>
   static void Rows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_t* x0, int64_t x_stride,
                    const ActTerms* terms, __m512 (&acc)[NT]) {
-    GroupRows<L, NT>(group, b0, b1, x0, x_stride, terms, acc);
+    GroupRows<Legacy, L, NT>(group, b0, b1, x0, x_stride, terms, acc);
   }
 };
-using PackedQ4_0Fmt = PackedNibbleFmt<FmtQ4_0, Layout>;
-using PackedQ5_0Fmt = PackedNibbleFmt<FmtQ5_0, LayoutQ5>;
+using PackedQ4_0Fmt = PackedNibbleFmt<FmtQ4_0, PackedQ4_0Layout<kGroupRows>>;
+using PackedQ4_1Fmt = PackedNibbleFmt<FmtQ4_1, PackedQ4_1Layout<kGroupRows>>;
+using PackedQ5_0Fmt = PackedNibbleFmt<FmtQ5_0, PackedQ5_0Layout<kGroupRows>>;
+using PackedQ5_1Fmt = PackedNibbleFmt<FmtQ5_1, PackedQ5_1Layout<kGroupRows>>;
 struct PackedQ8_0Fmt {
   using Fmt = FmtQ8_0;
+  using Layout = LayoutQ8;
   static constexpr auto GroupBytes = LayoutQ8::GroupBytes;
   static constexpr int64_t kPairLines = kQ8PairBytes / 64;
   static constexpr auto Fill = FillPanelPackedQ8;
@@ -235,7 +245,7 @@ void DecodeRows(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8_t
   alignas(64) ActTerms terms[kTermBlocks * NT];
   for (int64_t b0 = 0; b0 < nb; b0 += kTermBlocks) {
     const int64_t b1 = nb - b0 < kTermBlocks ? nb : b0 + kTermBlocks;
-    PrepareTerms<NT, P::Fmt::kOffset>(x_quant, x_row_bytes, b0, b1, terms);
+    PrepareTerms<NT, typename P::Fmt>(x_quant, x_row_bytes, b0, b1, terms);
     for (int64_t r = 0; r < n_rows; r += kGroupRows) {
       const uint8_t* group = packed + (r0 + r) / kGroupRows * P::GroupBytes(nb);
       const int64_t left = n_rows - r;
@@ -282,8 +292,15 @@ void MatMulPacked(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8
 }  // namespace
 
 namespace avx512 {
-const PackedKernels PackedQ4_0{&Layout::Bytes, &Layout::Pack, &MatMulPacked<PackedQ4_0Fmt>};
-const PackedKernels PackedQ5_0{&LayoutQ5::Bytes, &LayoutQ5::Pack, &MatMulPacked<PackedQ5_0Fmt>};
-const PackedKernels PackedQ8_0{&LayoutQ8::Bytes, &LayoutQ8::Pack, &MatMulPacked<PackedQ8_0Fmt>};
+template <class P>
+constexpr PackedKernels KernelsOf() {
+  using L = typename P::Layout;
+  return PackedKernels{&L::Bytes, &L::Pack, &MatMulPacked<P>};
+}
+const PackedKernels PackedQ4_0 = KernelsOf<PackedQ4_0Fmt>();
+const PackedKernels PackedQ4_1 = KernelsOf<PackedQ4_1Fmt>();
+const PackedKernels PackedQ5_0 = KernelsOf<PackedQ5_0Fmt>();
+const PackedKernels PackedQ5_1 = KernelsOf<PackedQ5_1Fmt>();
+const PackedKernels PackedQ8_0 = KernelsOf<PackedQ8_0Fmt>();
 }  // namespace avx512
 }  // namespace kvfs::cpu

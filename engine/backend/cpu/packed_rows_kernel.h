@@ -1,4 +1,4 @@
-// The packed Q4_0, Q5_0 and Q8_0 matmuls without VNNI, written once over a vector width and a
+// The packed matmuls of the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) without VNNI, written once over a vector width and a
 // format: the AVX2 table (kernels_avx2_packed.cpp: ymm, 8 rows per group) and the AVX-512BW
 // table (kernels_avx512bw_packed.cpp: zmm, 16 rows per group) instantiate it with their own Isa
 // traits, each compiled with its own flags. The AVX-512 table has VNNI and its own kernels
@@ -12,13 +12,13 @@
 // code bytes of each of kRows rows, one vpmaddubsw against a broadcast activation dword
 // advances kRows rows, and the block's float work is one set of ops per kRows rows.
 //
-// Layouts: packed_q4_0_layout.h, packed_q5_0_layout.h and packed_q8_0_layout.h (signed codes)
-// with Isa::kRows rows per group.
+// Layouts: packed_nibble_layout.h and packed_q8_0_layout.h (signed codes) with Isa::kRows rows per
+// group.
 //
-// Arithmetic, exact in integers (Q4_0Rows, Q5_0Rows, Q8_0Rows below): each block's int32 sum of weight
-// codes times activation codes per row, then acc += isum * (d_w * d_a) in float, blocks in
-// order: per row the same operations as the AVX-512 (VNNI) packed kernels, so every table gives
-// a row the same result.
+// Arithmetic, exact in integers (NibbleRows, Q8_0Rows below): each block's int32 sum of weight
+// codes times activation codes per row, then acc += isum * (d_w * d_a) in float (and acc += m_w *
+// s_a for the formats with a minimum), blocks in order: per row the same operations as the
+// AVX-512 (VNNI) packed kernels, so every table gives a row the same result.
 //
 // Include only from the ISA kernel files, like their common headers: internal linkage.
 #pragma once
@@ -30,8 +30,7 @@
 
 #include "engine/backend/cpu/activation_code_sum.h"
 #include "engine/backend/cpu/kernels_avx2_common.h"
-#include "engine/backend/cpu/packed_q4_0_layout.h"
-#include "engine/backend/cpu/packed_q5_0_layout.h"
+#include "engine/backend/cpu/packed_nibble_layout.h"
 #include "engine/backend/cpu/packed_q8_0_layout.h"
 
 namespace kvfs::cpu {
@@ -50,47 +49,67 @@ namespace {  // NOLINT: internal linkage on purpose
 //   I WithBit4(codes, bits)    codes | (bits & 0x10) per byte
 //   F Scales(p)                kRows f16 scales to float
 //   F Zero(); F FmaScaled(isum, dw, da, acc) = acc + float(isum) * (dw * da)
+//   F FmaBroadcast(w, s, acc) = acc + w * s (one fma)
 //   F LoadF(p), void StoreF(p, v), StoreFU(p, v)   aligned / unaligned kRows floats
-// The formats. A Fmt provides Layout<kRows> (Bytes, Pack, CodesOf, ScalesOf, kChunkBytes,
+// The formats. A Fmt provides Layout<kRows> (Bytes, Pack, CodesOf, ScalesOf, MinsOf, kChunkBytes,
 // kPairBytes), kOffset (the weight codes' offset: a block's int32 sums start from -kOffset *
-// sum(activation codes)) and BlockSums<Isa, NT>(group, b, a, x_stride, init, sum): per row and
-// token, init + block b's exact sum of weight codes times activation codes (a: token 0's 32
-// codes, the next token's x_stride bytes on).
+// sum(activation codes)), kMin (x = d * q + m: Q8_1 activations, acc += m_w * s_a after the
+// product) and BlockSums<Isa, NT>(group, b, a, x_stride, init, sum): per row and token, init +
+// block b's exact sum of weight codes times activation codes (a: token 0's 32 codes, the next
+// token's x_stride bytes on).
 
-// Q4_0: unsigned nibbles (0..15) against int8 activations, so vpmaddubsw cannot saturate, and
-// the 8 int16 pair sums of a block added in int16 stay below 8 * 2 * 15 * 128 = 30720 < 2^15 (in
-// any order); vpmaddwd with ones then gives the block's int32 sum per row, and the offset term
-// takes the codes' 8 off.
-struct Q4_0Rows {
+// The nibble formats (packed_nibble_layout.h): Q4_0 and Q4_1 unsigned nibbles (0..15) against
+// int8 activations, so vpmaddubsw cannot saturate, and a block's 8 int16 pair sums added in int16
+// stay below 8 * 2 * 15 * 128 = 30720 < 2^15 (in any order) before vpmaddwd widens them. Q5_0
+// and Q5_1 add the fifth bit (chunk k's by one dword shift each): codes 0..31, a pair sum at most
+// 2 * 31 * 127 = 7874, so two chunks' products (at most 31496) add in int16 before each widening.
+// The offset: Q4_0 8, Q5_0 16; Q4_1 and Q5_1 have a minimum instead.
+template <bool kFifthBits, bool kMins>
+struct NibbleRows {
   template <int kRows>
-  using Layout = PackedQ4_0Layout<kRows>;
-  static constexpr int32_t kOffset = 8;
+  using Layout = PackedNibbleLayout<kRows, kFifthBits, kMins>;
+  static constexpr int32_t kOffset = kMins ? 0 : kFifthBits ? 16 : 8;
+  static constexpr bool kMin = kMins;
 
   template <typename Isa, int NT>
   static void BlockSums(const uint8_t* group, int64_t b, const uint8_t* a, int64_t x_stride, const int32_t* init,
                         typename Isa::I (&sum)[NT]) {
     using I = typename Isa::I;
-    constexpr int64_t kChunk = Layout<Isa::kRows>::kChunkBytes;
-    const uint8_t* codes = Layout<Isa::kRows>::CodesOf(group, b);
+    using L = Layout<Isa::kRows>;
+    constexpr int kChunksPerWidening = kFifthBits ? 2 : 4;
+    const uint8_t* codes = L::CodesOf(group, b);
+    I bits{};
+    if constexpr (kFifthBits) bits = Isa::Load(L::BitsOf(group, b));
     I sum16[NT];
     for (int k = 0; k < 4; ++k) {
-      const I v = Isa::Load(codes + kChunk * k);
-      const I lo = Isa::LowNibbles(v), hi = Isa::HighNibbles(v);
+      const I v = Isa::Load(codes + L::kChunkBytes * k);
+      I lo = Isa::LowNibbles(v), hi = Isa::HighNibbles(v);
+      if constexpr (kFifthBits) {
+        lo = Isa::WithBit4(lo, Isa::ShiftRight32(bits, k));
+        hi = Isa::WithBit4(hi, Isa::ShiftLeft32(bits, 4 - k));
+      }
       for (int t = 0; t < NT; ++t) {
         const uint8_t* at = a + t * x_stride;
         const I p = Isa::Add16(Isa::MulAddPairs(lo, Isa::Broadcast32(at + 4 * k)),
                                Isa::MulAddPairs(hi, Isa::Broadcast32(at + 16 + 4 * k)));
-        sum16[t] = k == 0 ? p : Isa::Add16(sum16[t], p);
+        sum16[t] = k % kChunksPerWidening == 0 ? p : Isa::Add16(sum16[t], p);
         // The Isa may keep each sum a chain in this order: GCC otherwise reassociates the
         // integer adds into a tree whose products (4 tokens: 32) are all live at once, which
         // the AVX2 loop's 16 ymm registers could not hold (48 stack accesses per block, GCC 12
         // -O3). The sums are exact either way.
         Isa::KeepChain(sum16[t]);
+        if (k == kChunksPerWidening - 1) sum[t] = Isa::BlockSums(sum16[t], init[t]);
+        if constexpr (kFifthBits) {
+          if (k == 3) sum[t] = Isa::Add32(sum[t], Isa::Widen(sum16[t]));
+        }
       }
     }
-    for (int t = 0; t < NT; ++t) sum[t] = Isa::BlockSums(sum16[t], init[t]);
   }
 };
+using Q4_0Rows = NibbleRows<false, false>;
+using Q4_1Rows = NibbleRows<false, true>;
+using Q5_0Rows = NibbleRows<true, false>;
+using Q5_1Rows = NibbleRows<true, true>;
 
 // Q8_0: signed codes, so each product goes through vpmaddubsw as |w| times a with w's sign: a
 // pair sum is at most 2 * 128 * 127 = 32512 < 2^15 (|w| <= 128, |a| <= 127), and each chunk's
@@ -99,6 +118,7 @@ struct Q8_0Rows {
   template <int kRows>
   using Layout = PackedQ8_0LayoutOf<kRows, 0>;
   static constexpr int32_t kOffset = 0;
+  static constexpr bool kMin = false;
 
   template <typename Isa, int NT>
   static void BlockSums(const uint8_t* group, int64_t b, const uint8_t* a, int64_t x_stride, const int32_t* init,
@@ -117,53 +137,22 @@ struct Q8_0Rows {
   }
 };
 
-// Q5_0: Q4_0's nibbles with a fifth bit (packed_q5_0_layout.h: chunk k's bits by one 32-bit
-// shift each), codes 0..31 and offset 16. A vpmaddubsw pair sum is at most 2 * 31 * 127 = 7874,
-// so two chunks' low and high products (4 pair vectors, at most 31496) add in int16 before each
-// widening.
-struct Q5_0Rows {
-  template <int kRows>
-  using Layout = PackedQ5_0Layout<kRows>;
-  static constexpr int32_t kOffset = 16;
-
-  template <typename Isa, int NT>
-  static void BlockSums(const uint8_t* group, int64_t b, const uint8_t* a, int64_t x_stride, const int32_t* init,
-                        typename Isa::I (&sum)[NT]) {
-    using I = typename Isa::I;
-    using L = Layout<Isa::kRows>;
-    const uint8_t* codes = L::CodesOf(group, b);
-    const I bits = Isa::Load(L::BitsOf(group, b));
-    I sum16[NT];
-    for (int k = 0; k < 4; ++k) {
-      const I v = Isa::Load(codes + L::kChunkBytes * k);
-      const I lo = Isa::WithBit4(Isa::LowNibbles(v), Isa::ShiftRight32(bits, k));
-      const I hi = Isa::WithBit4(Isa::HighNibbles(v), Isa::ShiftLeft32(bits, 4 - k));
-      for (int t = 0; t < NT; ++t) {
-        const uint8_t* at = a + t * x_stride;
-        const I p = Isa::Add16(Isa::MulAddPairs(lo, Isa::Broadcast32(at + 4 * k)),
-                               Isa::MulAddPairs(hi, Isa::Broadcast32(at + 16 + 4 * k)));
-        sum16[t] = k % 2 == 0 ? p : Isa::Add16(sum16[t], p);
-        Isa::KeepChain(sum16[t]);
-        if (k == 1) sum[t] = Isa::Add32(Isa::Widen(sum16[t]), Isa::Set32(init[t]));
-        if (k == 3) sum[t] = Isa::Add32(sum[t], Isa::Widen(sum16[t]));
-      }
-    }
-  }
-};
-
 template <typename Isa, typename Fmt>
 struct PackedRowsKernel {
   static constexpr int kRows = Isa::kRows;
   using Layout = typename Fmt::template Layout<kRows>;
   using I = typename Isa::I;
   using F = typename Isa::F;
-  static constexpr int64_t kQ8Bytes = 34;  // Q8_0 activation block: f16 d, 32 int8 codes
+  // The activation block: Q8_0 (f16 d, 32 int8 codes) or, for formats with a minimum, Q8_1
+  // (f16 d, f16 s = d * sum(codes), the codes).
+  static constexpr int64_t kActBytes = Fmt::kMin ? 36 : 34, kActCodes = Fmt::kMin ? 4 : 2;
 
-  // Per (block, token) of the activations, prepared once per K chunk: the block scale and the
-  // offset term -kOffset * sum(codes), the initial value of the block's int32 sums.
+  // Per (block, token) of the activations, prepared once per K chunk: the block scale, the
+  // offset term -kOffset * sum(codes) (the initial value of the block's int32 sums) and Q8_1's s.
   struct ActTerms {
     float da;
     int32_t init;
+    float sa;
   };
   // Tokens one sweep over the rows serves, and blocks per K chunk (8192 inputs): a group's chunk
   // of weights (Q4_0: 36 KiB at 8 rows, 72 at 16; Q8_0 twice that) is read from DRAM once and
@@ -186,8 +175,9 @@ struct PackedRowsKernel {
       ActTerms* run = terms + p * kTermBlocks;
       for (int64_t b = b0; b < b1; ++b) {
         for (int64_t t = 0; t < n; ++t) {
-          const uint8_t* blk = x0 + (p + t) * x_stride + b * kQ8Bytes;
-          run[(b - b0) * n + t] = ActTerms{HalfToFloat(blk), Fmt::kOffset == 0 ? 0 : -Fmt::kOffset * SumCodes32(blk + 2)};
+          const uint8_t* blk = x0 + (p + t) * x_stride + b * kActBytes;
+          run[(b - b0) * n + t] = ActTerms{HalfToFloat(blk), Fmt::kOffset == 0 ? 0 : -Fmt::kOffset * SumCodes32(blk + kActCodes),
+                                           Fmt::kMin ? HalfToFloat(blk + 2) : 0.0f};
         }
       }
     }
@@ -208,9 +198,13 @@ struct PackedRowsKernel {
       int32_t init[NT];
       for (int t = 0; t < NT; ++t) init[t] = tb[t].init;
       I sum[NT];
-      Fmt::template BlockSums<Isa, NT>(group, b, x0 + b * kQ8Bytes + 2, x_stride, init, sum);
+      Fmt::template BlockSums<Isa, NT>(group, b, x0 + b * kActBytes + kActCodes, x_stride, init, sum);
       const F dw = Isa::Scales(Layout::ScalesOf(group, b));
       for (int t = 0; t < NT; ++t) acc[t] = Isa::FmaScaled(sum[t], dw, tb[t].da, acc[t]);
+      if constexpr (Fmt::kMin) {
+        const F mw = Isa::Scales(Layout::MinsOf(group, b));
+        for (int t = 0; t < NT; ++t) acc[t] = Isa::FmaBroadcast(mw, tb[t].sa, acc[t]);
+      }
     }
   }
 
