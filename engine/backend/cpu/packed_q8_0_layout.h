@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "engine/backend/cpu/packed_rows_walk.h"
+
 namespace kvfs::cpu {
 namespace {  // NOLINT: internal linkage on purpose
 
@@ -40,22 +42,14 @@ struct PackedQ8_0LayoutOf {
   static int64_t Bytes(int64_t n_rows, int64_t n_in) { return (n_rows + kRows - 1) / kRows * GroupBytes(n_in / 32); }
 
   static void Pack(const uint8_t* w_rows, int64_t w_row_bytes, int64_t n_rows, int64_t n_in, uint8_t* dst) {
-    const int64_t nb = n_in / 32, groups = (n_rows + kRows - 1) / kRows;
-    std::memset(dst, 0, static_cast<size_t>(groups * GroupBytes(nb)));
-    for (int64_t g = 0; g < groups; ++g) {
-      uint8_t* group = dst + g * GroupBytes(nb);
-      for (int i = 0; i < kRows && kRows * g + i < n_rows; ++i) {
-        const uint8_t* row = w_rows + (kRows * g + i) * w_row_bytes;
-        for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t* src = row + b * kQ8Bytes;
+    ForEachPackedBlock<kRows, kQ8Bytes>(
+        w_rows, w_row_bytes, n_rows, n_in, GroupBytes(n_in / 32), dst, [](uint8_t* group, int i, int64_t b, const uint8_t* src) {
           std::memcpy(const_cast<uint8_t*>(ScalesOf(group, b)) + 2 * i, src, 2);
           uint8_t* codes = const_cast<uint8_t*>(CodesOf(group, b));
           for (int j = 0; j < 8; ++j) {
             for (int k = 0; k < 4; ++k) codes[kChunkBytes * j + 4 * i + k] = static_cast<uint8_t>(src[2 + 4 * j + k] ^ kCodeXor);
           }
-        }
-      }
-    }
+        });
   }
 };
 
