@@ -77,6 +77,10 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
       for (int i = 0; i < L::kPairBytes / 64; ++i) asm volatile("prefetcht0 %0" ::"m"(*(ahead + 64 * i)));
     }
     const __m512 dw = HalvesToFloats(L::ScalesOf(group, b));
+    // The minimums once per block. (Loaded inside the token loop instead, GCC 12's -O2 build with
+    // ASan and UBSan computed zeros for 2-token passes: the same source gave the right values
+    // at -O2 and -O3 without them, and with any one of several UBSan checks left out.)
+    const __m512 mw = F::kMin ? HalvesToFloats(L::MinsOf(group, b)) : _mm512_setzero_ps();
     __m512i lo[4], hi[4];
     NibbleChunks<L>(group, b, lo, hi);
     const ActTerms* tb = terms + (b - b0) * NT;
@@ -114,7 +118,7 @@ inline void GroupRows(const uint8_t* group, int64_t b0, int64_t b1, const uint8_
       }
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tb[t].da));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
-      if constexpr (F::kMin) acc[t] = _mm512_fmadd_ps(HalvesToFloats(L::MinsOf(group, b)), _mm512_set1_ps(tb[t].sa), acc[t]);
+      if constexpr (F::kMin) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(tb[t].sa), acc[t]);
     }
   }
 }
