@@ -97,8 +97,8 @@ struct CpuOptions {
   int n_threads = 2;
   // Kernel table to use; nullptr = the best one this CPU supports (or KVFS_CPU=scalar|avx2|avx512).
   const cpu::KernelTable* kernels = nullptr;
-  // Repack the weight types the table has packed kernels for (AVX2: Q4_0 and the K-quants;
-  // AVX-512 also Q8_0) into its row-interleaved layout at load: decode streams the weights at
+  // Repack the weight types the table has packed kernels for (every quantized type on the x86
+  // tables: the 32-value block formats and the K-quants) into its row-interleaved layout at load: decode streams the weights at
   // the memory's speed and batched decode steps get much cheaper (see
   // engine/backend/cpu/packed_weights.h). false: every matrix runs from the mapped file.
   bool pack_weights = true;

@@ -366,6 +366,43 @@ TEST(KernelConformance, PackedMatMul) {
   if (checked == 0) GTEST_SKIP() << "no kernel table this CPU runs has packed kernels";
 }
 
+// The packed kernels add products in int16 before widening them (vpmaddubsw, then a few pair
+// vectors added as int16): safe only while the codes and activations stay inside the bounds
+// the kernels' comments derive. Random operands never come near them, so here every weight code
+// is at its largest magnitude (nibbles 15 with every fifth bit set, Q6_K 63, Q8_0 -128) against
+// activations that all quantize to +127 or all to -127: a sum that wrapped would be far off.
+TEST(KernelConformance, PackedMatMulAtTheIntegerBounds) {
+  std::mt19937 rng(13);
+  const KernelTable& ref = ScalarKernels();
+  int checked = 0;
+  for (const KernelTable* k : SimdTables()) {
+    for (GgmlType t : kTypes) {
+      const PackedKernels& pk = k->packed[Id(t)];
+      if (!pk.available()) continue;
+      ++checked;
+      const int64_t n_rows = 40, n = 9 * 256, rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n);
+      std::vector<uint8_t> w(static_cast<size_t>(rb * n_rows), t == GgmlType::kQ8_0 ? 0x80 : 0xFF);
+      kvfs::testing::SetSaneScales(t, w, n_rows, n, rng);
+      std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
+      uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+      pk.pack(w.data(), rb, n_rows, n, packed);
+      const int64_t tokens = 6;  // a pass of 4 and one of 2 in every table
+      std::vector<uint8_t> q(static_cast<size_t>(qb * tokens));
+      for (int64_t tok = 0; tok < tokens; ++tok) {
+        ref.quantize_row[Id(t)](std::vector<float>(static_cast<size_t>(n), tok % 2 == 0 ? 1.0f : -1.0f).data(),
+                                q.data() + tok * qb, n);
+      }
+      std::vector<float> y(static_cast<size_t>(n_rows * tokens)), want;
+      pk.matmul(packed, 0, n_rows, q.data(), qb, tokens, n, y.data(), n_rows);
+      for (int64_t tok = 0; tok < tokens; ++tok) {
+        for (int64_t r = 0; r < n_rows; ++r) want.push_back(ref.vec_dot[Id(t)](w.data() + r * rb, q.data() + tok * qb, n));
+      }
+      EXPECT_LE(Nmse(y, want), Bound(t)) << k->name << " " << Name(t);
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no kernel table this CPU runs has packed kernels";
+}
+
 // Every packed kernel of a type sums each block (K-quants: each sub-block) exactly in integers,
 // then does the same float operations per row in the same order (Q4_0: acc += float(isum) *
 // (d_w * d_a), blocks in order; the K-quants: kernels_avx2_packed_kquants.cpp), so below the
@@ -392,23 +429,27 @@ TEST(KernelConformance, PackedSameBitsInEveryTable) {
       for (int64_t tok = 0; tok < max_tokens; ++tok) {
         ScalarKernels().quantize_row[Id(t)](RandomActivations(n, rng).data(), q.data() + tok * qb, n);
       }
-      for (int64_t tokens : {1, 3, 8, 13, 40}) {
+      // Rows from 0 and, as the backend's threads call it, from a later 32-row unit.
+      for (auto [tokens, r0] : std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {3, 0}, {8, 0}, {13, 0}, {40, 0}, {1, 32}, {5, 32}}) {
+        if (r0 >= n_rows) continue;
+        const int64_t rows = n_rows - r0;
         std::vector<float> first;
         for (const KernelTable* k : tables) {
           const PackedKernels& pk = k->packed[Id(t)];
           std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
           uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
           pk.pack(w.data(), rb, n_rows, n, packed);
-          std::vector<float> y(static_cast<size_t>(n_rows * tokens));
-          pk.matmul(packed, 0, n_rows, q.data(), qb, tokens, n, y.data(), n_rows);
+          std::vector<float> y(static_cast<size_t>(rows * tokens));
+          pk.matmul(packed, r0, rows, q.data(), qb, tokens, n, y.data(), rows);
           if (first.empty()) {
             first = y;
             continue;
           }
           for (size_t i = 0; i < y.size(); ++i) {
             ASSERT_EQ(std::memcmp(&y[i], &first[i], sizeof(float)), 0)
-                << Name(t) << " " << k->name << " vs " << tables.front()->name << ": token " << i / n_rows << " row "
-                << i % n_rows << " of " << tokens << " tokens, n=" << n << ": " << y[i] << " vs " << first[i];
+                << Name(t) << " " << k->name << " vs " << tables.front()->name << ": token " << i / rows << " row "
+                << r0 + static_cast<int64_t>(i) % rows << " of " << tokens << " tokens, n=" << n << ": " << y[i] << " vs "
+                << first[i];
           }
         }
       }

@@ -1,6 +1,6 @@
 // K-quant weights repacked at load for the AVX2 table (and the AVX-512BW table, which starts
 // from it): Q4_K, Q5_K and Q6_K, the matrices of q4_k_m and q5_k_m models, in groups of 8
-// interleaved rows, one dword lane per row, as packed Q4_0 is (packed_q4_0_kernel.h).
+// interleaved rows, one dword lane per row, as packed Q4_0 is (packed_rows_kernel.h).
 //
 // Why: the plain AVX2 kernel (kernels_avx2_quants.cpp) unpacks a row's scales and mins and sums
 // 8 lanes across for every row, super-block and token. One-token decode of tinyllama q4_k_m ran

@@ -6,11 +6,11 @@
 // Why only this entry: a batched decode step is the packed matmul against a few tokens, and on
 // such a CPU it was compute-bound on ymm (vpmaddubsw at 8 rows per instruction); zmm doubles the
 // rows per instruction and halves the activation broadcasts per row. One-token decode is
-// bandwidth-bound either way, and prefill goes through the same packed kernel. Packed Q8_0 and
-// the K-quants stay the AVX2 table's (8 rows on ymm): Q8_0 on zmm (AVX-512 has no vpsignb, so a
-// mask and a masked subtract per token instead) was slower than on ymm in every case measured on
-// Emerald Rapids (`bench_kernels`, one thread: decode 9.1 vs 10.1 GB/s, 8 tokens 3.02 vs 2.87 ms,
-// prefill 59 vs 81 GFLOP/s).
+// bandwidth-bound either way, and prefill goes through the same packed kernel. The other packed
+// types (Q4_1, Q5_0, Q5_1, Q8_0, the K-quants) stay the AVX2 table's, 8 rows on ymm: Q8_0 on zmm
+// (AVX-512 has no vpsignb, so a mask and a masked subtract per token instead) was slower than on
+// ymm in every case measured on Emerald Rapids (`bench_kernels`, one thread: decode 9.1 vs 10.1
+// GB/s, 8 tokens 3.02 vs 2.87 ms, prefill 59 vs 81 GFLOP/s); the others were not tried on zmm.
 #include "engine/backend/cpu/kernels_avx2_common.h"
 #include "engine/backend/cpu/packed_rows_kernel.h"
 

@@ -41,7 +41,7 @@ namespace {  // NOLINT: internal linkage on purpose
 //   I LowNibbles(v), HighNibbles(v)
 //   I Broadcast32(p)           the 4 bytes at p in every dword lane
 //   I MulAddPairs(codes, act)  vpmaddubsw
-//   I Add16(a, b); void KeepChain(I&): a barrier, or nothing (see Q4_0Rows)
+//   I Add16(a, b); void KeepChain(I&): a barrier, or nothing (see NibbleRows)
 //   I BlockSums(sum16, init)   vpmaddwd with ones, + init in every lane
 //   I Abs8(w), SignOf(a, w)    |w| per byte; a negated where w < 0 (vpabsb, vpsignb)
 //   I Widen(p)                 vpmaddwd with ones; I Add32(a, b); I Set32(v) v in every lane
@@ -157,7 +157,7 @@ struct PackedRowsKernel {
   // Tokens one sweep over the rows serves, and blocks per K chunk (8192 inputs): a group's chunk
   // of weights (Q4_0: 36 KiB at 8 rows, 72 at 16; Q8_0 twice that) is read from DRAM once and
   // from cache by the sweep's other passes; the chunk's activations (16 tokens: 139 KiB) and
-  // terms (32 KiB) stay in L2.
+  // terms (48 KiB) stay in L2.
   static constexpr int64_t kSweepTokens = 16;
   static constexpr int64_t kTermBlocks = 256;
   static constexpr int kPassTokens = Isa::kPassTokens;
