@@ -98,9 +98,10 @@ struct CpuOptions {
   // Kernel table to use; nullptr = the best one this CPU supports (or KVFS_CPU=scalar|avx2|avx512).
   const cpu::KernelTable* kernels = nullptr;
   // Repack the weight types the table has packed kernels for (every quantized type on the x86
-  // tables: the 32-value block formats and the K-quants) into its row-interleaved layout at load: decode streams the weights at
-  // the memory's speed and batched decode steps get much cheaper (see
-  // engine/backend/cpu/packed_weights.h). false: every matrix runs from the mapped file.
+  // tables: the 32-value block formats and the K-quants) into its row-interleaved layout at
+  // load: decode streams the weights at the memory's speed and batched decode steps get much
+  // cheaper (see engine/backend/cpu/packed_weights.h). false: every matrix runs from the
+  // mapped file.
   bool pack_weights = true;
 };
 std::unique_ptr<Backend> MakeCpuBackend(const Model& model, const CpuOptions& options);

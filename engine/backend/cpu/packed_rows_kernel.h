@@ -1,5 +1,5 @@
-// The packed matmuls of the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) without VNNI, written once over a vector width and a
-// format: the AVX2 table (kernels_avx2_packed.cpp: ymm, 8 rows per group) and the AVX-512BW
+// The packed matmuls of the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) without VNNI,
+// written once over a vector width and a format: the AVX2 table (kernels_avx2_packed.cpp: ymm, 8 rows per group) and the AVX-512BW
 // table (kernels_avx512bw_packed.cpp: zmm, 16 rows per group) instantiate it with their own Isa
 // traits, each compiled with its own flags. The AVX-512 table has VNNI and its own kernels
 // (kernels_avx512_packed.cpp).
@@ -48,9 +48,10 @@ namespace {  // NOLINT: internal linkage on purpose
 //   I ShiftRight32(v, n), ShiftLeft32(v, n)   dword shifts by a constant
 //   I WithBit4(codes, bits)    codes | (bits & 0x10) per byte
 //   F Scales(p)                kRows f16 scales to float
-//   F Zero(); F FmaScaled(isum, dw, da, acc) = acc + float(isum) * (dw * da)
+//   F FmaScaled(isum, dw, da, acc) = acc + float(isum) * (dw * da)
 //   F FmaBroadcast(w, s, acc) = acc + w * s (one fma)
 //   F LoadF(p), void StoreF(p, v), StoreFU(p, v)   aligned / unaligned kRows floats
+//
 // The formats. A Fmt provides Layout<kRows> (Bytes, Pack, CodesOf, ScalesOf, MinsOf, kChunkBytes,
 // kPairBytes), kOffset (the weight codes' offset: a block's int32 sums start from -kOffset *
 // sum(activation codes)), kMin (x = d * q + m: Q8_1 activations, acc += m_w * s_a after the
