@@ -127,7 +127,7 @@ void RunSoftmax(benchmark::State& state, const AttentionKernels* table, int64_t 
 
 int main(int argc, char** argv) {
   using namespace kvfs::cpu;
-  for (const char* name : {"scalar", "avx2", "avx512bw", "avx512"}) {
+  for (const char* name : {"scalar", "avx2", "avxvnni", "avx512bw", "avx512"}) {
     const AttentionKernels* table = AttentionKernelsByName(name);
     if (table == nullptr) continue;
     for (auto [label, nq] : {std::pair{"decode", int64_t{8}}, std::pair{"prefill", int64_t{128}}}) {

@@ -42,7 +42,7 @@ const Geometry kGeometries[] = {
 
 std::vector<std::string> SimdTables() {
   std::vector<std::string> names;
-  for (const char* n : {"avx2", "avx512bw", "avx512"}) {
+  for (const char* n : {"avx2", "avxvnni", "avx512bw", "avx512"}) {
     if (AttentionKernelsByName(n) != nullptr) names.push_back(n);
   }
   return names;
@@ -746,7 +746,7 @@ TEST_P(AttentionConformanceTest, HadamardIsBitExact) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AttentionConformance, AttentionConformanceTest, ::testing::Values("avx2", "avx512bw", "avx512"),
+INSTANTIATE_TEST_SUITE_P(AttentionConformance, AttentionConformanceTest, ::testing::Values("avx2", "avxvnni", "avx512bw", "avx512"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

@@ -52,7 +52,7 @@ TEST(ReferenceOrder, F32OddRowsGiveTheScalarBitsInEveryTable) {
   for (int64_t n : {172, 100, 300}) {
     const std::vector<float> w = Normal(n, rng), x = Normal(n, rng);
     const float want = ScalarKernels().vec_dot[Id(GgmlType::kF32)](w.data(), x.data(), n);
-    for (const char* name : {"avx2", "avx512bw", "avx512"}) {
+    for (const char* name : {"avx2", "avxvnni", "avx512bw", "avx512"}) {
       const KernelTable* table = KernelTableByName(name);
       if (table == nullptr) continue;  // this CPU lacks the ISA
       EXPECT_EQ(table->vec_dot[Id(GgmlType::kF32)](w.data(), x.data(), n), want) << name << " n=" << n;
@@ -132,7 +132,7 @@ TEST(ReferenceOrder, ValuesOverSeveralBlocksSumAsOneRun) {
     std::vector<uint8_t> moved(rows.begin() + 250 * rb, rows.begin() + 273 * rb);
     const KvRows blocks[] = {{rows.data(), rb, 250, 0, hd}, {moved.data(), rb, 23, 0, hd},
                              {rows.data() + 273 * rb, rb, 27, 0, hd}};
-    for (const char* name : {"scalar", "avx2", "avx512bw", "avx512"}) {
+    for (const char* name : {"scalar", "avx2", "avxvnni", "avx512bw", "avx512"}) {
       const AttentionKernels* table = AttentionKernelsByName(name);
       if (table == nullptr) continue;
       std::vector<float> got(nq * hd, 0.5f);

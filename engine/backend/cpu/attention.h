@@ -215,10 +215,10 @@ struct AttentionKernels {
 };
 
 const AttentionKernels& ScalarAttentionKernels();
-// The attention table matching a matrix kernel table name ("scalar", "avx2", "avx512bw",
-// "avx512"; "amx" takes avx512's); the scalar one when there is no specialised table for that
+// The attention table matching a matrix kernel table name ("scalar", "avx2", "avxvnni",
+// "avx512bw", "avx512"; "amx" takes avx512's); the scalar one when there is no specialised table for that
 // name or this CPU lacks its ISA.
-// Debugging knob: KVFS_ATTN=scalar|avx2|avx512bw|avx512 in the environment overrides the name (an
+// Debugging knob: KVFS_ATTN=scalar|avx2|avxvnni|avx512bw|avx512 in the environment overrides the name (an
 // unsupported choice falls back as above), so the SIMD attention kernels can be run end to end
 // (golden tests, kvfs bench) under any matrix kernel table.
 const AttentionKernels& AttentionKernelsFor(const std::string& table_name);
@@ -229,6 +229,7 @@ const AttentionKernels* AttentionKernelsByName(const std::string& name);
 // The SIMD tables themselves (attention_avx2.cpp, attention_avx512.cpp). Compiled with their
 // ISA flags: call only after the matching cpuid check (AttentionKernelsByName does it).
 const AttentionKernels& Avx2AttentionKernels();
+const AttentionKernels& AvxVnniAttentionKernels();  // AVX2's, with vpdpbusd (AVX-VNNI)
 const AttentionKernels& Avx512BwAttentionKernels();  // AVX-512 without VNNI/VBMI
 const AttentionKernels& Avx512AttentionKernels();
 #endif

@@ -317,6 +317,7 @@ const AttentionKernels* AttentionKernelsByName(const std::string& name) {
   // The same feature sets the files are compiled for (engine/CMakeLists.txt).
   const CpuFeatures& cpu = HostCpuFeatures();
   if (name == "avx2" && cpu.avx2_fma_f16c) return &Avx2AttentionKernels();
+  if (name == "avxvnni" && cpu.avx_vnni) return &AvxVnniAttentionKernels();
   if (name == "avx512bw" && cpu.avx512_core) return &Avx512BwAttentionKernels();
   // "amx" is the avx512 matrix table with prompt-sized products on AMX tiles: its attention is
   // avx512's.

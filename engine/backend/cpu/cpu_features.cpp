@@ -42,8 +42,9 @@ CpuFeatures Detect() {
   const bool avx512vbmi = (ecx >> 1) & 1, avx512vnni = (ecx >> 11) & 1;
   unsigned eax1 = 0, ebx1 = 0, ecx1 = 0, edx1 = 0;
   __cpuid_count(7, 1, eax1, ebx1, ecx1, edx1);
-  const bool avx512bf16 = (eax1 >> 5) & 1;
+  const bool avx_vnni = (eax1 >> 4) & 1, avx512bf16 = (eax1 >> 5) & 1;
   f.avx2_fma_f16c = os_avx && avx2 && fma && f16c;
+  f.avx_vnni = f.avx2_fma_f16c && avx_vnni;
   f.avx512_core = f.avx2_fma_f16c && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl;
   f.avx512_vnni_bf16 = f.avx512_core && avx512vbmi && avx512vnni && avx512bf16;
   const bool amx_tile = (edx >> 24) & 1, amx_int8 = (edx >> 25) & 1;

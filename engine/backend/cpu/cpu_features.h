@@ -8,6 +8,9 @@ namespace kvfs::cpu {
 
 struct CpuFeatures {
   bool avx2_fma_f16c = false;  // AVX2 + FMA + F16C, OS saves YMM
+  // plus AVX-VNNI (vpdpbusd on ymm, VEX-encoded): Intel cores since Alder Lake, including the
+  // client parts and E-core Xeons (Sierra Forest) that have no AVX-512; the "avxvnni" table.
+  bool avx_vnni = false;
   bool avx512_core = false;    // plus AVX-512 F, BW, VL, DQ, OS saves ZMM and opmasks
   bool avx512_vnni_bf16 = false;  // plus VNNI, VBMI, BF16 (the AVX-512 matrix kernel table)
   // plus AMX-TILE and AMX-INT8 with the tile state enabled in XCR0: the "amx" table, once the

@@ -22,6 +22,7 @@ bool Always() { return true; }
 
 #if defined(KVFS_X86_KERNELS)
 bool HasAvx2() { return HostCpuFeatures().avx2_fma_f16c; }
+bool HasAvxVnni() { return HostCpuFeatures().avx_vnni; }
 bool HasAvx512Bw() { return HostCpuFeatures().avx512_core; }
 bool HasAvx512() { return HostCpuFeatures().avx512_vnni_bf16; }
 bool HasAmx() { return AmxTilesGranted(); }  // (checks the CPU first)
@@ -33,6 +34,7 @@ const std::vector<Entry>& Entries() {
       {"scalar", &ScalarKernels, &Always},
 #if defined(KVFS_X86_KERNELS)
       {"avx2", &Avx2Kernels, &HasAvx2},
+      {"avxvnni", &AvxVnniKernels, &HasAvxVnni},
       {"avx512bw", &Avx512BwKernels, &HasAvx512Bw},
       {"avx512", &Avx512Kernels, &HasAvx512},
       {"amx", &AmxKernels, &HasAmx},

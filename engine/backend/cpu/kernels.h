@@ -1,5 +1,5 @@
 // CPU kernel tables: one per instruction set, chosen at run time by kernel_select.cpp (cpuid,
-// or KVFS_CPU=scalar|avx2|avx512bw|avx512|amx). kernels_scalar.cpp is the reference; kernels_avx2*.cpp and
+// or KVFS_CPU=scalar|avx2|avxvnni|avx512bw|avx512|amx). kernels_scalar.cpp is the reference; kernels_avx2*.cpp and
 // kernels_avx512*.cpp are compiled with their own ISA flags. Every table must agree with the
 // scalar reference (tests/engine/kernel_conformance_test.cpp checks by NMSE; the activation
 // quantizers give identical codes).
@@ -54,7 +54,7 @@ struct PackedKernels {
 };
 
 struct KernelTable {
-  const char* name;                         // "scalar", "avx2", "avx512bw", "avx512", "amx"
+  const char* name;                         // "scalar", "avx2", "avxvnni", "avx512bw", "avx512", "amx"
   QuantizeRowFn quantize_row[kNumGgmlTypes];  // indexed by the WEIGHT type id
   VecDotFn vec_dot[kNumGgmlTypes];            // indexed by the weight type id
   MatMulTileFn matmul_tile[kNumGgmlTypes];    // indexed by the weight type id
@@ -66,6 +66,7 @@ const KernelTable& ScalarKernels();
 // Built from files compiled with AVX2+FMA+F16C and AVX-512 flags: only call these after
 // kernel_select.cpp has checked cpuid (KernelTableByName / DefaultKernelTable do).
 const KernelTable& Avx2Kernels();
+const KernelTable& AvxVnniKernels();   // AVX2's, with the packed matmuls on vpdpbusd (AVX-VNNI)
 const KernelTable& Avx512BwKernels();  // AVX2's, with packed Q4_0 on zmm (AVX-512 without VNNI)
 const KernelTable& Avx512Kernels();
 const KernelTable& AmxKernels();  // AVX-512's, with prompt-sized 32-value block products on AMX tiles

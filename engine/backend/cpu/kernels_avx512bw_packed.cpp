@@ -25,6 +25,7 @@ struct Avx512BwIsa {
   static constexpr int kPassTokens = 4;
   using I = __m512i;
   using F = __m512;
+  static constexpr bool kDotBytes = false;  // no VNNI on these CPUs
 
   static I Load(const uint8_t* p) { return _mm512_load_si512(p); }
   static I LowNibbles(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }

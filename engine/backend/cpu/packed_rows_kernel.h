@@ -36,7 +36,9 @@
 namespace kvfs::cpu {
 namespace {  // NOLINT: internal linkage on purpose
 
-// An Isa provides: kRows (rows per group = int32 lanes), kPassTokens, vector types I and F, and
+// An Isa provides: kRows (rows per group = int32 lanes), kPassTokens, vector types I and F,
+// kDotBytes (whether it has vpdpbusd: then DotBytes(acc, u8, s8) adds each dword's 4 byte
+// products to acc's int32 lane at once, and the int16 steps below are skipped), and
 //   I Load(p)                  aligned load of kRows * 4 code bytes
 //   I LowNibbles(v), HighNibbles(v)
 //   I Broadcast32(p)           the 4 bytes at p in every dword lane
@@ -81,6 +83,27 @@ struct NibbleRows {
     const uint8_t* codes = L::CodesOf(group, b);
     I bits{};
     if constexpr (kFifthBits) bits = Isa::Load(L::BitsOf(group, b));
+    if constexpr (Isa::kDotBytes) {
+      // Each token's sum as two chains (low and high nibbles) of four vpdpbusd, joined at the
+      // end: the same exact int32 sums as the int16 steps below.
+      I high[NT];
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const I v = Isa::Load(codes + L::kChunkBytes * k);
+        I lo = Isa::LowNibbles(v), hi = Isa::HighNibbles(v);
+        if constexpr (kFifthBits) {
+          lo = Isa::WithBit4(lo, Isa::ShiftRight32(bits, k));
+          hi = Isa::WithBit4(hi, Isa::ShiftLeft32(bits, 4 - k));
+        }
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* at = a + t * x_stride;
+          sum[t] = Isa::DotBytes(k == 0 ? Isa::Set32(init[t]) : sum[t], lo, Isa::Broadcast32(at + 4 * k));
+          high[t] = Isa::DotBytes(k == 0 ? Isa::Set32(0) : high[t], hi, Isa::Broadcast32(at + 16 + 4 * k));
+        }
+      }
+      for (int t = 0; t < NT; ++t) sum[t] = Isa::Add32(sum[t], high[t]);
+      return;
+    }
     I sum16[NT];
     for (int k = 0; k < 4; ++k) {
       const I v = Isa::Load(codes + L::kChunkBytes * k);
@@ -127,13 +150,27 @@ struct Q8_0Rows {
     using I = typename Isa::I;
     constexpr int64_t kChunk = Layout<Isa::kRows>::kChunkBytes;
     const uint8_t* codes = Layout<Isa::kRows>::CodesOf(group, b);
+    I odd[NT];  // with vpdpbusd: the odd chunks' chain, joined at the end
+#pragma GCC unroll 8
     for (int k = 0; k < 8; ++k) {
       const I w = Isa::Load(codes + kChunk * k);
       const I magnitude = Isa::Abs8(w);
       for (int t = 0; t < NT; ++t) {
-        const I p = Isa::Widen(Isa::MulAddPairs(magnitude, Isa::SignOf(Isa::Broadcast32(a + t * x_stride + 4 * k), w)));
-        sum[t] = k == 0 ? Isa::Add32(p, Isa::Set32(init[t])) : Isa::Add32(sum[t], p);
+        const I signed_act = Isa::SignOf(Isa::Broadcast32(a + t * x_stride + 4 * k), w);
+        if constexpr (Isa::kDotBytes) {
+          if (k % 2 == 0) {
+            sum[t] = Isa::DotBytes(k == 0 ? Isa::Set32(init[t]) : sum[t], magnitude, signed_act);
+          } else {
+            odd[t] = Isa::DotBytes(k == 1 ? Isa::Set32(0) : odd[t], magnitude, signed_act);
+          }
+        } else {
+          const I p = Isa::Widen(Isa::MulAddPairs(magnitude, signed_act));
+          sum[t] = k == 0 ? Isa::Add32(p, Isa::Set32(init[t])) : Isa::Add32(sum[t], p);
+        }
       }
+    }
+    if constexpr (Isa::kDotBytes) {
+      for (int t = 0; t < NT; ++t) sum[t] = Isa::Add32(sum[t], odd[t]);
     }
   }
 };
