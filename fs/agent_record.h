@@ -47,7 +47,9 @@ struct AgentRecord {
   const uint32_t gid;
   InodeId dir_ino = 0;  // set once when added to the inode table
 
-  std::mutex submit_mu;  // orders SubmitTurn calls like `pending` (held across the engine call)
+  // Orders SubmitTurn calls like `pending` (held across the engine call); edits applied at close
+  // hold it too, and an erasure waits on it (AgentStore::CheckStillLive).
+  std::mutex submit_mu;
   std::mutex mu;
   std::condition_variable changed;  // any reply text, turn end, erasure or shutdown
   bool erased = false;

@@ -95,6 +95,14 @@ std::shared_ptr<AgentRecord> AgentStore::AgentLocked(const std::string& name) {
   return it == agents_.end() ? nullptr : it->second;
 }
 
+Status AgentStore::CheckStillLive(const AgentRecord& agent) {
+  std::lock_guard lock(mu_);
+  if (AgentLocked(agent.name).get() != &agent || agents_in_transition_.count(agent.name)) {
+    return NotFound(fmt::format("agent '{}' was erased", agent.name));
+  }
+  return Status::Ok();
+}
+
 InodeId AgentStore::EnsureAgentInodeLocked(const std::shared_ptr<AgentRecord>& agent) {
   if (agent->dir_ino == 0) agent->dir_ino = inodes_.AddAgent(agent);
   return agent->dir_ino;

@@ -164,6 +164,11 @@ class AgentStore {
 
   // Lookup helpers (mu_ held).
   std::shared_ptr<AgentRecord> AgentLocked(const std::string& name);
+  // NotFound unless `agent` is still the agent of its name: not erased or being erased, and not
+  // replaced by a new agent of the same name (whose owner may differ). A handle opened before an
+  // erasure must never reach its successor through the name. Call with agent.submit_mu held:
+  // RemoveAgent waits on it, so the answer holds until it is released.
+  Status CheckStillLive(const AgentRecord& agent);
   InodeId EnsureAgentInodeLocked(const std::shared_ptr<AgentRecord>& agent);
   Result<Node> NodeCopy(InodeId ino);
   Result<Attr> AttrOf(InodeId ino, const Node& node, const AgentInfo* known_info);

@@ -70,6 +70,9 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
     if (agents_in_transition_.count(name)) return AlreadyExists(fmt::format("agent '{}' is being erased", name));
     agents_in_transition_[name] = "erasing";
   }
+  // Edits and submissions through open handles that passed CheckStillLive finish first (against
+  // this agent, which is then erased); later ones see the transition and fail.
+  { std::lock_guard in_flight(agent->submit_mu); }
   // Returns once the erasure is complete (the engine cancels the running turn first).
   Result<store::EraseReport> report = engine_.EraseAgent(name);
   {

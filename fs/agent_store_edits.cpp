@@ -132,6 +132,10 @@ Status AgentStore::CheckWrittenSoFar(Handle& handle) {
 Status AgentStore::ApplyWrites(Handle& handle) {
   if (handle.node.kind == NodeKind::kPrefixFile) return ApplyPrefix(handle);
   const std::string& name = handle.node.agent->name;
+  // The engine knows agents by name: the check and the change below happen under submit_mu, so
+  // an erasure (and a new agent of the same name) cannot come between them.
+  std::lock_guard submit(handle.node.agent->submit_mu);
+  KVFS_RETURN_IF_ERROR(CheckStillLive(*handle.node.agent));
   AuditEvent event;
   event.uid = handle.uid;
   event.agent = name;

@@ -63,6 +63,7 @@ Status AgentStore::SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::
   turn->user_text = text;
   // One submission at a time per agent, so `pending` and `latest` follow the engine's order.
   std::lock_guard submit(agent->submit_mu);
+  KVFS_RETURN_IF_ERROR(CheckStillLive(*agent));
   std::shared_ptr<TurnStream> previous_latest;
   {
     std::lock_guard lock(agent->mu);

@@ -619,6 +619,38 @@ TEST_F(StoreTest, RmdirErasesTheAgentAndLogsItWithoutText) {
   EXPECT_EQ(*Cat("alice", "transcript", kAlice), "");
 }
 
+// A file opened for writing before its agent was erased must not change a new agent of the same
+// name, whoever owns it: the engine knows agents by name, so the store checks at close that the
+// handle's agent is still the one of that name.
+TEST_F(StoreTest, HandlesOfAnErasedAgentNeverReachItsSuccessor) {
+  Mkdir("alice", kAlice);
+  auto open_for_write = [&](const char* file) { return *store_->Open(*File("alice", file), WriteTruncFlags(), kAlice); };
+  const HandleId config = open_for_write("config.json"), system = open_for_write("system"),
+                 prompt = open_for_write("prompt"), import = open_for_write("kv.safetensors");
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kAlice).ok());
+  Mkdir("alice", kBob);
+  const std::string config_before = *Cat("alice", "config.json", kBob);
+  ASSERT_TRUE(store_->Write(config, 0, R"({"max_tokens": 3})").ok());
+  EXPECT_EQ(store_->Flush(config).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(store_->Write(system, 0, "stale system").ok());
+  EXPECT_EQ(store_->Flush(system).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(store_->Write(prompt, 0, "stale prompt").ok());
+  EXPECT_EQ(store_->Flush(prompt).code(), StatusCode::kNotFound);
+  const std::string exported = *engine_->ExportCache("alice");  // any well-formed file
+  ASSERT_TRUE(store_->Write(import, 0, exported).ok());
+  EXPECT_EQ(store_->Flush(import).code(), StatusCode::kNotFound);
+  for (HandleId h : {config, system, prompt, import}) store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "config.json", kBob), config_before);
+  EXPECT_EQ(*Cat("alice", "system", kBob), "");
+  EXPECT_EQ(*Cat("alice", "transcript", kBob), "");
+  std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  EXPECT_EQ(audit.find("\"action\":\"system\""), std::string::npos) << audit;
+  EXPECT_EQ(audit.find("\"action\":\"import\""), std::string::npos) << audit;
+  // The live agent's own handles still work.
+  ASSERT_TRUE(Echo("alice", "system", "fresh", kBob).ok());
+  EXPECT_EQ(*Cat("alice", "system", kBob), "fresh");
+}
+
 TEST_F(StoreTest, InodesOfErasedAgentsLiveUntilForgotten) {
   InodeId dir = Mkdir("alice");  // one kernel reference
   size_t before = store_->InodeCount();
