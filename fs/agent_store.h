@@ -56,6 +56,7 @@ struct StoreConfig {
 struct Caller {
   uint32_t uid = 0;
   uint32_t gid = 0;
+  uint32_t pid = 0;  // the calling process (0: unknown)
 };
 
 enum class FileType : uint8_t { kDirectory, kRegular };
@@ -100,7 +101,13 @@ class AgentStore {
   // size of that file's bytes (written so far; the snapshot taken at open).
   Result<Attr> GetAttr(InodeId ino, std::optional<HandleId> open_file = std::nullopt);
   // Truncation (setattr size): allowed on writable files; `handle` when done through an fd.
+  // Without one (truncate(2) by path), only to 0: system and config.json then get what an open
+  // with O_TRUNC and no writes gives them at close.
   Result<Attr> Truncate(InodeId ino, uint64_t size, std::optional<HandleId> handle, const Caller& caller);
+  // Modes and owners are fixed: OK when every value given is the node's own (and the caller may
+  // see it), EPERM otherwise.
+  Status CheckModeAndOwner(InodeId ino, std::optional<uint32_t> mode, std::optional<uint32_t> uid,
+                           std::optional<uint32_t> gid, const Caller& caller);
 
   // --- Directories. OpenDir snapshots the entries ("." and ".." first); a readdirplus adds a
   // reference (CountLookup) for each entry it returns except "." and "..".
@@ -214,6 +221,14 @@ class AgentStore {
   InodeTable inodes_;
   std::map<std::string, std::shared_ptr<AgentRecord>> agents_;  // sorted: stable listings
   std::map<std::string, std::string> agents_in_transition_;     // name -> "creating" | "erasing"
+  // Agent files unlinked lately (pid, inode, ms): a process unlinking the same one again at once
+  // expected it gone (AgentStore::Unlink).
+  struct RecentUnlink {
+    uint32_t pid;
+    InodeId ino;
+    int64_t time_ms;
+  };
+  std::vector<RecentUnlink> recent_unlinks_;
   std::map<std::string, PrefixRecord> prefixes_;
   std::unordered_map<HandleId, std::shared_ptr<Handle>> handles_;
   HandleId next_handle_ = 1;

@@ -1,4 +1,7 @@
 // AgentStore: creating and erasing agents (mkdir, rmdir), unlink, truncation.
+#include <algorithm>
+#include <iterator>
+
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
@@ -133,7 +136,27 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
   if (!IsOwnerOrRoot(caller, dir.agent->uid)) {
     return PermissionDenied(fmt::format("agent '{}' belongs to another user", dir.agent->name));
   }
-  if (name == AgentFileName(AgentFile::kKvCache)) {
+  const AgentFile* file = std::find_if(std::begin(kAgentFiles), std::end(kAgentFiles),
+                                       [&](AgentFile f) { return name == AgentFileName(f); });
+  if (file == std::end(kAgentFiles)) return NotFound(fmt::format("agents have no file '{}'", name));
+  if (caller.pid != 0) {
+    // An agent's files exist as long as it does, so an unlink leaves the name in place. A
+    // process that unlinks the same file again within a second expected it gone: `tar -x`
+    // over an agent unlinks, fails its O_EXCL create and unlinks again, forever. The repeat is
+    // refused, which ends that loop; `rm -r` unlinks each file once.
+    const InodeId ino = InodeTable::AgentFileInode(parent, *file);
+    const int64_t now = Now();
+    std::lock_guard lock(mu_);
+    std::erase_if(recent_unlinks_, [&](const RecentUnlink& u) { return now - u.time_ms > 1000; });
+    for (const RecentUnlink& u : recent_unlinks_) {
+      if (u.pid == caller.pid && u.ino == ino) {
+        return NotPermitted(fmt::format("{} cannot be removed: it exists as long as agent '{}' (rm -r erases the agent)",
+                                        name, dir.agent->name));
+      }
+    }
+    recent_unlinks_.push_back(RecentUnlink{caller.pid, ino, now});
+  }
+  if (*file == AgentFile::kKvCache) {
     KVFS_ASSIGN_OR_RETURN(store::EraseReport report, engine_.EraseCache(dir.agent->name));
     {
       std::lock_guard lock(metrics_->mu);
@@ -142,12 +165,9 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
     Audit(AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache", .erased = report});
     return Status::Ok();
   }
-  for (AgentFile f : kAgentFiles) {
-    // The other files are views of the agent's state: unlinking them succeeds and changes
-    // nothing, so that `rm -r agent` reaches the rmdir that erases it.
-    if (name == AgentFileName(f)) return Status::Ok();
-  }
-  return NotFound(fmt::format("agents have no file '{}'", name));
+  // The other files are views of the agent's state: unlinking them succeeds and changes
+  // nothing, so that `rm -r agent` reaches the rmdir that erases it.
+  return Status::Ok();
 }
 
 Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<HandleId> handle_id, const Caller& caller) {
@@ -189,14 +209,43 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
       }
     }
   } else if (size != 0) {
-    // Without an open file there is no buffer to resize; truncation to 0 precedes a rewrite.
+    // Without an open file there is no buffer to resize.
     return InvalidArgument("only truncation to 0 is supported without an open file");
+  } else if (node.kind == NodeKind::kAgentFile &&
+             (node.agent_file == AgentFile::kSystem || node.agent_file == AgentFile::kConfig)) {
+    // truncate(2) by path: the file as an open with O_TRUNC and no writes leaves it (system
+    // empty; an empty config.json is refused, changing nothing).
+    Handle emptied;
+    emptied.kind = Handle::Kind::kEditable;
+    emptied.ino = ino;
+    emptied.node = node;
+    emptied.uid = caller.uid;
+    Status applied = ApplyWrites(emptied);
+    if (!applied.ok()) {
+      NoteRefusedWrite(emptied, applied);
+      return applied;
+    }
+  } else if (node.kind == NodeKind::kAgentFile && node.agent_file == AgentFile::kKvCache) {
+    return InvalidArgument("kv.safetensors is not emptied by truncation: rm it to erase the cache");
   }
   KVFS_ASSIGN_OR_RETURN(Attr attr, AttrOf(ino, node, nullptr));
   // A file being written has the size it was cut to until it is closed (fstat after ftruncate),
   // not that of what it replaces then.
   if (resized) attr.size = size;
   return attr;
+}
+
+Status AgentStore::CheckModeAndOwner(InodeId ino, std::optional<uint32_t> mode, std::optional<uint32_t> uid,
+                                     std::optional<uint32_t> gid, const Caller& caller) {
+  KVFS_ASSIGN_OR_RETURN(Node node, NodeCopy(ino));
+  if (node.agent != nullptr && !IsOwnerOrRoot(caller, node.agent->uid)) {
+    return PermissionDenied(fmt::format("agent '{}' belongs to another user", node.agent->name));
+  }
+  KVFS_ASSIGN_OR_RETURN(Attr attr, AttrOf(ino, node, nullptr));
+  if ((mode && *mode != attr.mode) || (uid && *uid != attr.uid) || (gid && *gid != attr.gid)) {
+    return NotPermitted("modes and owners of kvfs files are fixed");
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvfs::fs

@@ -259,9 +259,18 @@ void AgentStore::NoteRefusedWrite(const Handle& handle, const Status& status) {
 Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::string_view bytes) {
   switch (handle.kind) {
     case Kind::kPrompt: {
-      // A prompt is the bytes written, in order: offsets are ignored (echo's writes are
-      // sequential; O_APPEND offsets come from a size the kernel may not know).
+      // A prompt is the bytes written, in order. A write anywhere but at the end of what was
+      // written (a pwrite back, a seek forward) is refused, and the prompt with it: it would not
+      // say what its writer meant. O_APPEND writes need no check (their offsets come from a size
+      // the kernel may not know).
       if (!handle.refused.ok()) return handle.refused;
+      if (!handle.append && offset != handle.prompt_end) {
+        handle.refused = InvalidArgument(fmt::format(
+            "a prompt is written in order: this write starts at byte {}, the prompt has {}", offset, handle.prompt_end));
+        std::lock_guard m(metrics_->mu);
+        ++metrics_->values.prompts_refused;
+        return handle.refused;
+      }
       if (handle.data.size() + bytes.size() > config_.max_prompt_bytes) {
         handle.refused = TooLarge(fmt::format("a prompt is limited to {} bytes", config_.max_prompt_bytes));
         std::lock_guard m(metrics_->mu);
@@ -275,6 +284,7 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
         return handle.refused;
       }
       handle.data.append(bytes);
+      handle.prompt_end += bytes.size();
       return bytes.size();
     }
     case Kind::kImport: {

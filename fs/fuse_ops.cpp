@@ -25,7 +25,7 @@ AgentStore& StoreOf(fuse_req_t req) { return StateOf(req).store; }
 
 Caller CallerOf(fuse_req_t req) {
   const fuse_ctx* ctx = fuse_req_ctx(req);
-  return Caller{ctx->uid, ctx->gid};
+  return Caller{ctx->uid, ctx->gid, static_cast<uint32_t>(ctx->pid)};
 }
 
 void ReplyError(fuse_req_t req, const Status& status, const char* op) {
@@ -112,7 +112,12 @@ void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void OnSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
   AgentStore& store = StoreOf(req);
   if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
-    return ReplyError(req, NotPermitted("modes and owners of kvfs files are fixed"), "setattr");
+    // Fixed, but setting what they already are succeeds (tar -x, cp -p and rsync -a do).
+    Status unchanged = store.CheckModeAndOwner(ino, (to_set & FUSE_SET_ATTR_MODE) ? std::optional<uint32_t>(attr->st_mode & 07777) : std::nullopt,
+                                               (to_set & FUSE_SET_ATTR_UID) ? std::optional<uint32_t>(attr->st_uid) : std::nullopt,
+                                               (to_set & FUSE_SET_ATTR_GID) ? std::optional<uint32_t>(attr->st_gid) : std::nullopt,
+                                               CallerOf(req));
+    if (!unchanged.ok()) return ReplyError(req, unchanged, "setattr");
   }
   Result<Attr> result = Status(StatusCode::kInternal, "unset");
   if (to_set & FUSE_SET_ATTR_SIZE) {
@@ -152,6 +157,14 @@ void OnRename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, 
 
 void OnMknod(fuse_req_t req, fuse_ino_t, const char* name, mode_t, dev_t) {
   ReplyError(req, NotPermitted(std::string("cannot create ") + name), "mknod");
+}
+
+void OnSymlink(fuse_req_t req, const char*, fuse_ino_t, const char* name) {
+  ReplyError(req, NotPermitted(std::string("cannot create ") + name + ": kvfs has no symbolic links"), "symlink");
+}
+
+void OnLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char* name) {
+  ReplyError(req, NotPermitted(std::string("cannot create ") + name + ": kvfs has no hard links"), "link");
 }
 
 void FillOpenInfo(fuse_file_info* fi, HandleId handle) {
@@ -334,6 +347,8 @@ fuse_lowlevel_ops MakeOperations() {
   ops.unlink = Guarded<OnUnlink>::Run;
   ops.rename = Guarded<OnRename>::Run;
   ops.mknod = Guarded<OnMknod>::Run;
+  ops.symlink = Guarded<OnSymlink>::Run;
+  ops.link = Guarded<OnLink>::Run;
   ops.open = Guarded<OnOpen>::Run;
   ops.create = Guarded<OnCreate>::Run;
   ops.read = Guarded<OnRead>::Run;

@@ -36,6 +36,7 @@ struct AgentStore::Handle {
   std::unique_ptr<ImportBuffer> import;  // kImport: the bytes written (not `data`)
   bool dirty = false; // written since the last apply
   bool append = false;
+  uint64_t prompt_end = 0;  // prompt: the offset the next write must start at (bytes accepted)
   Utf8Validator utf8;
   Status refused;     // prompt: the first error; this prompt never becomes a turn
   std::shared_ptr<TurnStream> turn;                      // response

@@ -317,6 +317,57 @@ TEST_F(StoreTest, TruncatingOpenWithoutWritesEmptiesTheSystemPrompt) {
   EXPECT_EQ(engine_->GetAgent("alice")->system, "");
 }
 
+// truncate(2) by path (no open file) does to system and config.json what `: >` does; other
+// sizes have no buffer to cut and fail.
+TEST_F(StoreTest, TruncatingByPathActsAsATruncatingOpen) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  const InodeId system = *File("alice", "system");
+  EXPECT_EQ(store_->Truncate(system, 2, std::nullopt, kRoot).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("alice", "system"), "Be brief.");
+  ASSERT_TRUE(store_->Truncate(system, 0, std::nullopt, kRoot).ok());
+  EXPECT_EQ(*Cat("alice", "system"), "");
+  EXPECT_EQ(engine_->GetAgent("alice")->system, "");
+  const std::string config = *Cat("alice", "config.json");
+  EXPECT_EQ(store_->Truncate(*File("alice", "config.json"), 0, std::nullopt, kRoot).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("alice", "config.json"), config);
+  EXPECT_EQ(store_->Truncate(*File("alice", "kv.safetensors"), 0, std::nullopt, kRoot).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Truncate(system, 0, std::nullopt, kBob).status().code(), StatusCode::kPermissionDenied);
+}
+
+// A prompt is its bytes in the order written: a write that is not at the end of them (pwrite
+// back, a seek forward) refuses the whole prompt rather than reorder it.
+TEST_F(StoreTest, PromptWritesOutOfOrderRefuseThePrompt) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "in three pieces", kRoot, 3).ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  const uint64_t turns = engine_->GetAgent("alice")->turns;
+  for (uint64_t bad_offset : {uint64_t{0}, uint64_t{20}}) {
+    HandleId h = *store_->Open(*File("alice", "prompt"), WriteTruncFlags(), kRoot);
+    ASSERT_TRUE(store_->Write(h, 0, "hello world").ok());
+    EXPECT_EQ(store_->Write(h, bad_offset, "J").status().code(), StatusCode::kInvalidArgument) << bad_offset;
+    EXPECT_EQ(store_->Write(h, 11, "!").status().code(), StatusCode::kInvalidArgument);  // refused for good
+    EXPECT_EQ(store_->Flush(h).code(), StatusCode::kInvalidArgument);
+    store_->Release(h);
+  }
+  EXPECT_EQ(engine_->GetAgent("alice")->turns, turns);
+  EXPECT_EQ(nlohmann::json::parse(*Cat("alice", "status.json"))["last_refused_write"]["file"], "prompt");
+}
+
+// Modes and owners are fixed, but setting them to what they are succeeds (tar -x as root, cp -p).
+TEST_F(StoreTest, ModeAndOwnerChangesOnlySucceedAsNoOps) {
+  InodeId dir = Mkdir("alice", kAlice);
+  const Attr d = *store_->GetAttr(dir), f = *store_->GetAttr(*File("alice", "system"));
+  EXPECT_TRUE(store_->CheckModeAndOwner(dir, d.mode, d.uid, d.gid, kAlice).ok());
+  EXPECT_TRUE(store_->CheckModeAndOwner(*File("alice", "system"), f.mode, std::nullopt, std::nullopt, kRoot).ok());
+  EXPECT_EQ(store_->CheckModeAndOwner(dir, d.mode | 0044, std::nullopt, std::nullopt, kAlice).code(),
+            StatusCode::kNotPermitted);
+  EXPECT_EQ(store_->CheckModeAndOwner(dir, std::nullopt, kBob.uid, std::nullopt, kAlice).code(), StatusCode::kNotPermitted);
+  EXPECT_EQ(store_->CheckModeAndOwner(dir, d.mode, std::nullopt, std::nullopt, kBob).code(), StatusCode::kPermissionDenied);
+}
+
 TEST_F(StoreTest, TurnsOfOneAgentRunInOrderAndTheQueueIsBounded) {
   Mkdir("alice");
   engine_->HoldTurns(true);
@@ -649,6 +700,22 @@ TEST_F(StoreTest, HandlesOfAnErasedAgentNeverReachItsSuccessor) {
   // The live agent's own handles still work.
   ASSERT_TRUE(Echo("alice", "system", "fresh", kBob).ok());
   EXPECT_EQ(*Cat("alice", "system", kBob), "fresh");
+}
+
+// `tar -x` over an agent unlinks a file whose O_EXCL create failed and tries again, forever if
+// the unlink keeps succeeding: a repeat by the same process at once is refused. rm -r's single
+// unlinks, and other processes', still succeed.
+TEST_F(StoreTest, AnAgentFileUnlinkedAgainAtOnceByOneProcessIsRefused) {
+  InodeId dir = Mkdir("alice", kAlice);
+  const Caller tar{kAlice.uid, kAlice.gid, 4242}, other{kAlice.uid, kAlice.gid, 4343};
+  ASSERT_TRUE(store_->Unlink(dir, "response", tar).ok());
+  EXPECT_EQ(store_->Unlink(dir, "response", tar).code(), StatusCode::kNotPermitted);
+  EXPECT_TRUE(store_->Unlink(dir, "response", other).ok());
+  EXPECT_TRUE(store_->Unlink(dir, "transcript", tar).ok());  // another file
+  ASSERT_TRUE(store_->Unlink(dir, "kv.safetensors", tar).ok());
+  EXPECT_EQ(store_->Unlink(dir, "kv.safetensors", tar).code(), StatusCode::kNotPermitted);
+  EXPECT_EQ(store_->Unlink(dir, "nonsense", tar).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(store_->GetAttr(*File("alice", "response")).ok());
 }
 
 TEST_F(StoreTest, InodesOfErasedAgentsLiveUntilForgotten) {
