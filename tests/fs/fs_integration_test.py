@@ -10,7 +10,7 @@ mounts in a fresh temporary directory and unmounts (fusermount3 -u -z) even when
 Missing shared data, no FUSE or not root: skip (exit 0 with a message), except under CI=true.
 A test that does not apply here (the fake engine has no forward pass; kvfsd built without
 Vulkan) prints SKIP with the reason and is not counted as passed."""
-import json, os, signal, subprocess, time
+import errno, json, os, signal, subprocess, sys, time
 
 from fs_harness import (CI, DAEMON, FAKE, KVFS_CLI, MODEL, OTHER_MODEL, Failure, Skip, check, cmdline_of, fails_with,
                         jq, run_tests, say, sh, shquote, small_replies, test, user_turns, wait_idle)
@@ -193,6 +193,16 @@ def tar_backs_up_an_agent(t):
     a = sh('cat %s/alice/transcript' % m, check_rc=0).stdout
     b = sh('cat %s/bob/transcript' % m, check_rc=0).stdout
     check(a == b and 'The cat sat' in b, 'the archived cache imports with its conversation:\n%r\n%r' % (a, b))
+    # Restored in place after an erasure, as the README says. A plain tar -x over an agent ends
+    # too, with errors (its unlink-and-create loop over the agent's files used to run forever).
+    sh('rm -r %s/alice' % m, check_rc=0)
+    sh('tar -xf %s/a.tar -C %s --overwrite --exclude=alice/response --exclude=alice/transcript '
+       '--exclude=alice/status.json' % (out, m), check_rc=0)
+    restored = sh('cat %s/alice/transcript' % m, check_rc=0).stdout
+    check(restored == a, 'alice restored from the archive:\n%r\n%r' % (restored, a))
+    r = sh('tar -xf %s/a.tar -C %s' % (out, m), timeout=60)
+    check(r.returncode == 2 and 'File exists' in r.stderr, 'tar -x over a live agent ends: %r' % (r,))
+    check(sh('cat %s/alice/transcript' % m, check_rc=0).stdout == a, 'and changes nothing')
 
 
 @test
@@ -382,6 +392,26 @@ def privacy_between_uids(t):
     sh('cat %s/nobodys/response' % m, check_rc=0, user=65534)
     check('alice' in sh('ls %s' % m, check_rc=0, user=65534).stdout, 'names are listed, contents are not')
     sh('rm -r %s/nobodys' % m, check_rc=0, user=65534)
+    # A file open for writing when its agent is erased never changes the agent that takes the name
+    # next, another user's here: its close fails with ENOENT.
+    sh('mkdir %s/reused' % m, check_rc=0, user=65534)
+    stale = subprocess.Popen(
+        ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', sys.executable, '-c',
+         'import os, sys\n'
+         'fd = os.open(sys.argv[1] + "/config.json", os.O_WRONLY | os.O_TRUNC)\n'
+         'print("open", flush=True); sys.stdin.readline()\n'
+         'os.write(fd, b\'{"max_tokens": 3, "stop": ["PWNED"]}\')\n'
+         'try:\n  os.close(fd); print("closed")\n'
+         'except OSError as e:\n  print("errno", e.errno)\n', '%s/reused' % m],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    check(stale.stdout.readline().strip() == 'open', 'the stale writer opened config.json')
+    sh('rm -r %s/reused' % m, check_rc=0, user=65534)
+    sh('mkdir %s/reused' % m, check_rc=0)
+    before = sh('cat %s/reused/config.json' % m, check_rc=0).stdout
+    out, _ = stale.communicate('go\n', timeout=60)
+    check(out.strip() == 'errno %d' % errno.ENOENT, 'the stale close fails with ENOENT: %r' % out)
+    check(sh('cat %s/reused/config.json' % m, check_rc=0).stdout == before, "root's new agent is unchanged")
+    fails_with('ln -s x %s/reused/link' % m, 'Operation not permitted')
 
 
 @test
