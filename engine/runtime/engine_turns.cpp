@@ -88,6 +88,8 @@ void Engine::EngineLoop() {
     for (auto& task : tasks) task();
     if (stop) {
       // Cancel what runs and what waits; commits already queued still complete.
+      size_t running = active_.size();
+      for (auto& turn : warming_) running += turn && turn->agent != nullptr ? 1 : 0;
       for (auto& turn : active_) FailTurn(*turn, Internal("the daemon is shutting down"));
       active_.clear();
       for (auto& turn : warming_)
@@ -99,6 +101,11 @@ void Engine::EngineLoop() {
           for (auto& r : a->queue) dropped.push_back(std::move(r));
           a->queue.clear();
         }
+      }
+      if (running + dropped.size() > 0) {
+        // Accepted turns that will never run: their writers saw their close succeed, so say so.
+        spdlog::warn("shutdown: {} running and {} queued turns cancelled (not committed: submit them again)",
+                     running, dropped.size());
       }
       for (auto& r : dropped)
         if (r.on_done) r.on_done(Internal("the daemon is shutting down"));
