@@ -115,6 +115,10 @@ Result<std::string> HeaderText(const CacheExportInfo& info, const std::vector<st
     OrderedJson meta = OrderedJson::object();
     meta["format"] = st::kFormat;
     meta["format_version"] = st::kFormatVersion;
+    // A placeholder of the hash's width, filled in by WriteKvSafetensors once the data is
+    // written (so KvSafetensorsBytes knows the size without the data). First of the keys that
+    // follow, so its text is the first match in the header.
+    meta[std::string(st::kPayloadHashKey)] = std::string(st::kPayloadHashDigits, '0');
     meta["model_fingerprint"] = info.model_fingerprint;
     meta["kv_format"] = g.kv_type;
     meta["group_size"] = std::to_string(g.group);
@@ -204,6 +208,12 @@ Result<std::string> WriteKvSafetensors(const CacheExportInfo& info, std::span<co
       dst += ch.n_tokens * groups_per_row * len;
     }
   }
+  const std::string placeholder =
+      "\"" + std::string(st::kPayloadHashKey) + "\":\"" + std::string(st::kPayloadHashDigits, '0') + "\"";
+  const size_t at = std::string_view(out.data() + 8, text.size()).find(placeholder);
+  if (at == std::string_view::npos) return Bad("header: no payload hash placeholder");  // unreachable
+  const std::string hash = st::PayloadHashHex(out.data() + 8 + text.size(), static_cast<size_t>(data_bytes));
+  std::memcpy(out.data() + 8 + at + placeholder.size() - 1 - hash.size(), hash.data(), hash.size());
   return out;
 }
 

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "engine/store/safetensors.h"
 
 namespace kvfs::store::st {
@@ -72,6 +74,11 @@ inline constexpr std::string_view kChunkMetaKey = "k_chunk_tokens";  // required
 // Optional: the exact text behind all token_ids (written only when the exporter knows it and
 // every token is cached), so an importer can extend the context by characters.
 inline constexpr std::string_view kContextTextKey = "context_text";
+// Optional: XXH3-64 of the data buffer, 16 lowercase hex digits. Written by every export since
+// 2026-11-29 and checked on import when present, so a damaged copy is refused instead of
+// imported as attention state; files without it (hand-made, older) import as before.
+inline constexpr std::string_view kPayloadHashKey = "payload_xxh3_64";
+inline constexpr int kPayloadHashDigits = 16;
 inline constexpr int64_t kQ4kMaxChunk = 4096;
 inline constexpr int64_t kQ4kRecordScale = 0, kQ4kRecordMin = 2, kQ4kRecordCodes = 4;  // in a K record
 inline constexpr int64_t kQ4kRowScaleUnit = 0, kQ4kRowMinUnit = 2;                      // in a V row
@@ -150,6 +157,15 @@ void GatherFixed(const uint8_t* src, int64_t count, int64_t group_bytes, uint8_t
 template <int64_t LEN>
 void ScatterFixed(const uint8_t* src, int64_t count, int64_t group_bytes, uint8_t* dst) {
   for (int64_t k = 0; k < count; ++k, src += LEN, dst += group_bytes) std::memcpy(dst, src, LEN);
+}
+
+// kPayloadHashKey's value for a data buffer.
+inline std::string PayloadHashHex(const void* data, size_t bytes) {
+  const uint64_t h = XXH3_64bits(data, bytes);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(kPayloadHashDigits, '0');
+  for (int i = 0; i < kPayloadHashDigits; ++i) out[static_cast<size_t>(i)] = kHex[(h >> (60 - 4 * i)) & 0xF];
+  return out;
 }
 
 inline void GatherField(const uint8_t* groups, int64_t count, int64_t group_bytes, int64_t offset, int64_t len,

@@ -267,6 +267,17 @@ Result<ImportedCache> ReadKvSafetensors(std::string_view bytes, std::string_view
   if (too_many || pg.bytes(n_cached) != data_size)
     return Malformed("data buffer is " + std::to_string(data_size) + " bytes, n_cached " + std::to_string(n_cached) +
                      " needs " + (too_many ? "more" : std::to_string(pg.bytes(n_cached))) + " (truncated or padded?)");
+  // The data's checksum, where the file has one (every export does): a damaged copy is refused
+  // here rather than imported as attention state.
+  if (const auto meta = header.find(std::string(st::kMetadataKey)); meta->contains(std::string(st::kPayloadHashKey))) {
+    const std::string& want = (*meta)[std::string(st::kPayloadHashKey)].get_ref<const std::string&>();
+    if (want.size() != st::kPayloadHashDigits ||
+        want.find_first_not_of("0123456789abcdef") != std::string::npos)
+      return Malformed(std::string(st::kPayloadHashKey) + " " + Quoted(want) + " is not 16 lowercase hex digits");
+    if (st::PayloadHashHex(data.data(), data.size()) != want)
+      return Malformed("the data does not match its checksum (" + std::string(st::kPayloadHashKey) +
+                       "): the file is damaged");
+  }
   if (pg.keys_by_chunk() && block_tokens % g.chunk != 0)
     return InvalidArgument("q4k K chunks of " + std::to_string(g.chunk) + " tokens do not divide blocks of " +
                            std::to_string(block_tokens));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/store/safetensors.h"
@@ -469,6 +470,23 @@ TEST_F(StoreSafetensorsReject, SwappedOffsetsAreFollowed) {
     EXPECT_EQ(0, std::memcmp(a + grp * 8 + 2, b + grp * 8, 2));
     EXPECT_EQ(0, std::memcmp(a + grp * 8 + 4, b + grp * 8 + 4, 4));
   }
+}
+
+// Every export carries XXH3-64 of its data buffer (checked here against the library directly): a
+// flipped bit anywhere in the data is refused. Files without the key (hand-made) still import.
+TEST_F(StoreSafetensorsReject, DamagedDataFailsItsChecksum) {
+  const Split s = SplitFile(file_);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(s.data.data(), s.data.size())));
+  EXPECT_EQ(s.header["__metadata__"]["payload_xxh3_64"], hex);
+  for (size_t at : {size_t{0}, s.data.size() / 2, s.data.size() - 1}) {
+    std::string damaged = file_;
+    damaged[damaged.size() - s.data.size() + at] ^= 0x10;
+    Expect(damaged, StatusCode::kCorrupt, "does not match its checksum");
+  }
+  Expect(WithMeta("payload_xxh3_64", "0123456789ABCDEF"), StatusCode::kCorrupt, "16 lowercase hex digits");
+  Expect(WithMeta("payload_xxh3_64", "0"), StatusCode::kCorrupt, "16 lowercase hex digits");
+  EXPECT_TRUE(ReadKvSafetensors(Edit([](Json& h) { h["__metadata__"].erase("payload_xxh3_64"); }), kFingerprint, g_, 4).ok());
 }
 
 TEST_F(StoreSafetensorsReject, Metadata) {
