@@ -30,6 +30,16 @@ Result<double> NumberIn(const nlohmann::json& v, std::string_view key, double lo
 }
 
 Result<int64_t> IntegerIn(const nlohmann::json& v, std::string_view key, int64_t lo, int64_t hi) {
+  if (v.is_number_float()) {
+    // 48.0 is 48 (JSON has one number type; Python's json and JavaScript write integral floats
+    // so); 48.5 is not an integer.
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x != std::floor(x)) return BadValue(key, "must be an integer");
+    if (x < static_cast<double>(lo) || x > static_cast<double>(hi)) {
+      return BadValue(key, fmt::format("must be in [{}, {}]", lo, hi));
+    }
+    return static_cast<int64_t>(x);
+  }
   if (!v.is_number_integer()) return BadValue(key, "must be an integer");
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
     return BadValue(key, fmt::format("must be in [{}, {}]", lo, hi));

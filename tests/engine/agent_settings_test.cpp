@@ -33,6 +33,14 @@ TEST(AgentSettings, MissingKeysKeepTheBase) {
   EXPECT_TRUE(ParseAgentSettings("{}", base).ok());
 }
 
+// JSON has one number type: 48.0 (as Python's json.dumps(48.0) writes it) is the integer 48.
+TEST(AgentSettings, IntegralFloatsAreIntegers) {
+  auto s = ParseAgentSettings(R"({"max_tokens": 48.0, "top_k": 4e1})", AgentSettings{});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->max_tokens, 48);
+  EXPECT_EQ(s->sampling.top_k, 40);
+}
+
 TEST(AgentSettings, BadInputNamesTheKey) {
   auto expect_error = [](const std::string& json, const std::string& key) {
     auto s = ParseAgentSettings(json, AgentSettings{});
@@ -43,6 +51,8 @@ TEST(AgentSettings, BadInputNamesTheKey) {
   expect_error(R"({"temperature": -1})", "temperature");
   expect_error(R"({"temperature": "hot"})", "temperature");
   expect_error(R"({"top_k": 1.5})", "top_k");
+  expect_error(R"({"max_tokens": 1e300})", "max_tokens");
+  expect_error(R"({"max_tokens": 0.0})", "max_tokens");
   expect_error(R"({"top_p": 2})", "top_p");
   expect_error(R"({"max_tokens": 0})", "max_tokens");
   expect_error(R"({"seed": -3})", "seed");
