@@ -83,28 +83,8 @@ struct NibbleRows {
     const uint8_t* codes = L::CodesOf(group, b);
     I bits{};
     if constexpr (kFifthBits) bits = Isa::Load(L::BitsOf(group, b));
-    if constexpr (Isa::kDotBytes) {
-      // Each token's sum as two chains (low and high nibbles) of four vpdpbusd, joined at the
-      // end: the same exact int32 sums as the int16 steps below.
-      I high[NT];
+    I sum16[NT], high[NT];  // the int16 sums; with vpdpbusd, the high nibbles' int32 chain
 #pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        const I v = Isa::Load(codes + L::kChunkBytes * k);
-        I lo = Isa::LowNibbles(v), hi = Isa::HighNibbles(v);
-        if constexpr (kFifthBits) {
-          lo = Isa::WithBit4(lo, Isa::ShiftRight32(bits, k));
-          hi = Isa::WithBit4(hi, Isa::ShiftLeft32(bits, 4 - k));
-        }
-        for (int t = 0; t < NT; ++t) {
-          const uint8_t* at = a + t * x_stride;
-          sum[t] = Isa::DotBytes(k == 0 ? Isa::Set32(init[t]) : sum[t], lo, Isa::Broadcast32(at + 4 * k));
-          high[t] = Isa::DotBytes(k == 0 ? Isa::Set32(0) : high[t], hi, Isa::Broadcast32(at + 16 + 4 * k));
-        }
-      }
-      for (int t = 0; t < NT; ++t) sum[t] = Isa::Add32(sum[t], high[t]);
-      return;
-    }
-    I sum16[NT];
     for (int k = 0; k < 4; ++k) {
       const I v = Isa::Load(codes + L::kChunkBytes * k);
       I lo = Isa::LowNibbles(v), hi = Isa::HighNibbles(v);
@@ -114,6 +94,14 @@ struct NibbleRows {
       }
       for (int t = 0; t < NT; ++t) {
         const uint8_t* at = a + t * x_stride;
+        if constexpr (Isa::kDotBytes) {
+          // Two chains (low and high nibbles) of four vpdpbusd, joined after the last chunk: the
+          // same exact int32 sums as the int16 steps.
+          sum[t] = Isa::DotBytes(k == 0 ? Isa::Set32(init[t]) : sum[t], lo, Isa::Broadcast32(at + 4 * k));
+          high[t] = Isa::DotBytes(k == 0 ? Isa::Set32(0) : high[t], hi, Isa::Broadcast32(at + 16 + 4 * k));
+          if (k == 3) sum[t] = Isa::Add32(sum[t], high[t]);
+          continue;
+        }
         const I p = Isa::Add16(Isa::MulAddPairs(lo, Isa::Broadcast32(at + 4 * k)),
                                Isa::MulAddPairs(hi, Isa::Broadcast32(at + 16 + 4 * k)));
         sum16[t] = k % kChunksPerWidening == 0 ? p : Isa::Add16(sum16[t], p);
