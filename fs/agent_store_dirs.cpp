@@ -139,22 +139,23 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
   const AgentFile* file = std::find_if(std::begin(kAgentFiles), std::end(kAgentFiles),
                                        [&](AgentFile f) { return name == AgentFileName(f); });
   if (file == std::end(kAgentFiles)) return NotFound(fmt::format("agents have no file '{}'", name));
+  // An agent's files exist as long as it does, so an unlink leaves the name in place. A process
+  // that unlinks the same file again at once expected it gone: `tar -x` over an agent unlinks,
+  // fails its O_EXCL create and unlinks again, forever. The repeat is refused, which ends that
+  // loop; `rm -r` unlinks each file once. "At once": within kRepeatMs of the end of the last
+  // unlink (an erasure of the cache takes time; tar's next try follows in microseconds).
+  constexpr int64_t kRepeatMs = 250;
+  const InodeId ino = InodeTable::AgentFileInode(parent, *file);
   if (caller.pid != 0) {
-    // An agent's files exist as long as it does, so an unlink leaves the name in place. A
-    // process that unlinks the same file again within a second expected it gone: `tar -x`
-    // over an agent unlinks, fails its O_EXCL create and unlinks again, forever. The repeat is
-    // refused, which ends that loop; `rm -r` unlinks each file once.
-    const InodeId ino = InodeTable::AgentFileInode(parent, *file);
     const int64_t now = Now();
     std::lock_guard lock(mu_);
-    std::erase_if(recent_unlinks_, [&](const RecentUnlink& u) { return now - u.time_ms > 1000; });
+    std::erase_if(recent_unlinks_, [&](const RecentUnlink& u) { return now - u.time_ms > kRepeatMs; });
     for (const RecentUnlink& u : recent_unlinks_) {
       if (u.pid == caller.pid && u.ino == ino) {
         return NotPermitted(fmt::format("{} cannot be removed: it exists as long as agent '{}' (rm -r erases the agent)",
                                         name, dir.agent->name));
       }
     }
-    recent_unlinks_.push_back(RecentUnlink{caller.pid, ino, now});
   }
   if (*file == AgentFile::kKvCache) {
     KVFS_ASSIGN_OR_RETURN(store::EraseReport report, engine_.EraseCache(dir.agent->name));
@@ -163,10 +164,13 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
       ++metrics_->values.caches_erased;
     }
     Audit(AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache", .erased = report});
-    return Status::Ok();
   }
   // The other files are views of the agent's state: unlinking them succeeds and changes
   // nothing, so that `rm -r agent` reaches the rmdir that erases it.
+  if (caller.pid != 0) {
+    std::lock_guard lock(mu_);
+    recent_unlinks_.push_back(RecentUnlink{caller.pid, ino, Now()});
+  }
   return Status::Ok();
 }
 
