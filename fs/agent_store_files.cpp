@@ -262,27 +262,22 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
       // A prompt is the bytes written, in order. A write anywhere but at the end of what was
       // written (a pwrite back, a seek forward) is refused, and the prompt with it: it would not
       // say what its writer meant. O_APPEND writes need no check (their offsets come from a size
-      // the kernel may not know).
+      // the kernel may not know). The first refusal is for good: this prompt never becomes a turn.
       if (!handle.refused.ok()) return handle.refused;
-      if (!handle.append && offset != handle.prompt_end) {
-        handle.refused = InvalidArgument(fmt::format(
-            "a prompt is written in order: this write starts at byte {}, the prompt has {}", offset, handle.prompt_end));
+      auto refuse = [&](Status why) -> Status {
+        handle.refused = std::move(why);
         std::lock_guard m(metrics_->mu);
         ++metrics_->values.prompts_refused;
         return handle.refused;
+      };
+      if (!handle.append && offset != handle.prompt_end) {
+        return refuse(InvalidArgument(fmt::format(
+            "a prompt is written in order: this write starts at byte {}, the prompt has {}", offset, handle.prompt_end)));
       }
       if (handle.data.size() + bytes.size() > config_.max_prompt_bytes) {
-        handle.refused = TooLarge(fmt::format("a prompt is limited to {} bytes", config_.max_prompt_bytes));
-        std::lock_guard m(metrics_->mu);
-        ++metrics_->values.prompts_refused;
-        return handle.refused;
+        return refuse(TooLarge(fmt::format("a prompt is limited to {} bytes", config_.max_prompt_bytes)));
       }
-      if (!handle.utf8.Feed(bytes)) {
-        handle.refused = IllegalSequence("the prompt is not valid UTF-8");
-        std::lock_guard m(metrics_->mu);
-        ++metrics_->values.prompts_refused;
-        return handle.refused;
-      }
+      if (!handle.utf8.Feed(bytes)) return refuse(IllegalSequence("the prompt is not valid UTF-8"));
       handle.data.append(bytes);
       handle.prompt_end += bytes.size();
       return bytes.size();

@@ -22,6 +22,9 @@
 namespace kvfs::cpu {
 namespace {
 
+using kvfs::testing::AlignedPacked;
+using kvfs::testing::PackAligned;
+
 uint32_t Id(GgmlType t) { return static_cast<uint32_t>(t); }
 
 std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::mt19937& rng) {
@@ -102,9 +105,8 @@ TEST(AmxKernels, PackedQ4_0GivesTheAvx512Bits) {
   for (const Shape& s : kShapes) {
     const int64_t n = 32 * s.blocks, rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n);
     const std::vector<uint8_t> w = RandomWeights(t, s.rows, n, rng);
-    std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(s.rows, n) + 64));
-    uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-    pk.pack(w.data(), rb, s.rows, n, packed);
+    const AlignedPacked aligned = PackAligned(pk, w, rb, s.rows, n);
+    const uint8_t* packed = aligned.data;
     const std::vector<uint8_t> q = QuantizedTokens(*avx512, t, n, 259, rng);
     for (int64_t tokens : kTokenCounts) {
       // Rows from 32 on, as a second thread of CpuBackend's products takes them.

@@ -59,6 +59,8 @@ std::vector<uint8_t> RandomWeights(GgmlType t, int64_t n_rows, int64_t n, std::m
   return w;
 }
 
+using kvfs::testing::AlignedPacked;
+using kvfs::testing::PackAligned;
 using kvfs::testing::RandomActivations;
 
 double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
@@ -317,9 +319,8 @@ TEST(KernelConformance, PackedMatMul) {
         const int64_t n = blocks * be;
         const std::vector<uint8_t> w = RandomWeights(t, n_rows, n, rng);
         const int64_t rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n);
-        std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
-        uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-        pk.pack(w.data(), rb, n_rows, n, packed);
+        const AlignedPacked aligned = PackAligned(pk, w, rb, n_rows, n);
+        const uint8_t* packed = aligned.data;
         const int64_t max_tokens = 200;
         std::vector<uint8_t> q(static_cast<size_t>(qb * max_tokens));
         for (int64_t tok = 0; tok < max_tokens; ++tok) {
@@ -383,9 +384,8 @@ TEST(KernelConformance, PackedMatMulAtTheIntegerBounds) {
       const int64_t n_rows = 40, n = 9 * 256, rb = RowBytes(t, n), qb = QuantizedActivationRowBytes(t, n);
       std::vector<uint8_t> w(static_cast<size_t>(rb * n_rows), t == GgmlType::kQ8_0 ? 0x80 : 0xFF);
       kvfs::testing::SetSaneScales(t, w, n_rows, n, rng);
-      std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
-      uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-      pk.pack(w.data(), rb, n_rows, n, packed);
+      const AlignedPacked aligned = PackAligned(pk, w, rb, n_rows, n);
+      const uint8_t* packed = aligned.data;
       const int64_t tokens = 6;  // a pass of 4 and one of 2 in every table
       std::vector<uint8_t> q(static_cast<size_t>(qb * tokens));
       for (int64_t tok = 0; tok < tokens; ++tok) {
@@ -436,9 +436,8 @@ TEST(KernelConformance, PackedSameBitsInEveryTable) {
         std::vector<float> first;
         for (const KernelTable* k : tables) {
           const PackedKernels& pk = k->packed[Id(t)];
-          std::vector<uint8_t> storage(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
-          uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-          pk.pack(w.data(), rb, n_rows, n, packed);
+          const AlignedPacked aligned = PackAligned(pk, w, rb, n_rows, n);
+          const uint8_t* packed = aligned.data;
           std::vector<float> y(static_cast<size_t>(rows * tokens));
           pk.matmul(packed, r0, rows, q.data(), qb, tokens, n, y.data(), rows);
           if (first.empty()) {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/backend/cpu/kernels.h"
 #include "engine/model/ggml_types.h"
 #include "engine/model/quants.h"
 
@@ -81,6 +82,21 @@ inline std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
     x[64] = -127.0f;
   }
   return x;
+}
+
+// w (n_rows rows of n values, row_bytes apart) packed by pk into 64-byte aligned memory, as the
+// CPU backend allocates packed matrices.
+struct AlignedPacked {
+  std::vector<uint8_t> storage;
+  uint8_t* data = nullptr;
+};
+inline AlignedPacked PackAligned(const cpu::PackedKernels& pk, const std::vector<uint8_t>& w, int64_t row_bytes,
+                                 int64_t n_rows, int64_t n) {
+  AlignedPacked p;
+  p.storage.resize(static_cast<size_t>(pk.bytes(n_rows, n) + 64));
+  p.data = p.storage.data() + (64 - reinterpret_cast<uintptr_t>(p.storage.data()) % 64) % 64;
+  pk.pack(w.data(), row_bytes, n_rows, n, p.data);
+  return p;
 }
 
 }  // namespace kvfs::testing

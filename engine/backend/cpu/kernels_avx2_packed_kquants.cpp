@@ -8,8 +8,8 @@ namespace kvfs::cpu {
 static_assert(!KVFS_KQUANTS_YMM_VNNI, "kernels_avx2_packed_kquants.cpp must be compiled without AVX-VNNI");
 
 namespace avx2 {
-const PackedKernels PackedQ4_K{&PackedBytes<KFmt::kQ4K>, &PackRows<KFmt::kQ4K>, &MatMulPacked<KFmt::kQ4K>};
-const PackedKernels PackedQ5_K{&PackedBytes<KFmt::kQ5K>, &PackRows<KFmt::kQ5K>, &MatMulPacked<KFmt::kQ5K>};
-const PackedKernels PackedQ6_K{&PackedBytes<KFmt::kQ6K>, &PackRows<KFmt::kQ6K>, &MatMulPacked<KFmt::kQ6K>};
+const PackedKernels PackedQ4_K = kPackedKQuant<KFmt::kQ4K>;
+const PackedKernels PackedQ5_K = kPackedKQuant<KFmt::kQ5K>;
+const PackedKernels PackedQ6_K = kPackedKQuant<KFmt::kQ6K>;
 }  // namespace avx2
 }  // namespace kvfs::cpu

@@ -27,9 +27,9 @@ KernelTable MakeAvxVnniTable() {
   packed(GgmlType::kQ5_0, PackedRowsKernel<YmmIsa, Q5_0Rows>::kKernels);
   packed(GgmlType::kQ5_1, PackedRowsKernel<YmmIsa, Q5_1Rows>::kKernels);
   packed(GgmlType::kQ8_0, PackedRowsKernel<YmmIsa, Q8_0Rows>::kKernels);
-  packed(GgmlType::kQ4_K, PackedKernels{&PackedBytes<KFmt::kQ4K>, &PackRows<KFmt::kQ4K>, &MatMulPacked<KFmt::kQ4K>});
-  packed(GgmlType::kQ5_K, PackedKernels{&PackedBytes<KFmt::kQ5K>, &PackRows<KFmt::kQ5K>, &MatMulPacked<KFmt::kQ5K>});
-  packed(GgmlType::kQ6_K, PackedKernels{&PackedBytes<KFmt::kQ6K>, &PackRows<KFmt::kQ6K>, &MatMulPacked<KFmt::kQ6K>});
+  packed(GgmlType::kQ4_K, kPackedKQuant<KFmt::kQ4K>);
+  packed(GgmlType::kQ5_K, kPackedKQuant<KFmt::kQ5K>);
+  packed(GgmlType::kQ6_K, kPackedKQuant<KFmt::kQ6K>);
   return t;
 }
 

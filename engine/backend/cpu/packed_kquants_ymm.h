@@ -209,7 +209,12 @@ void GroupTokens(const uint8_t* group, int64_t nsb, const uint8_t* x, int64_t x_
     for (int t = 0; t < NT; ++t) fs[t] = _mm256_setzero_ps();
     for (int s = 0; s < 8; ++s) {
       for (int part = 0; part < kParts; ++part) {
-        __m256i s16[NT], isum[NT];
+        __m256i isum[NT];  // the int32 sum (with AVX-VNNI: its even chunks' vpdpbusd chain)
+#if KVFS_KQUANTS_YMM_VNNI
+        __m256i odd[NT];  // the odd chunks' chain
+#else
+        __m256i s16[NT];  // int16 pair sums
+#endif
         // Unrolled, so that the chains' choices by j are made at compile time (GCC 12 left this
         // loop rolled with AVX-VNNI, branching on j: 8 tokens 1.7x slower than AVX2's).
 #pragma GCC unroll 8
@@ -219,13 +224,13 @@ void GroupTokens(const uint8_t* group, int64_t nsb, const uint8_t* x, int64_t x_
           for (int t = 0; t < NT; ++t) {
             const __m256i act = Broadcast32(xb + t * x_row_bytes + kQ8KQs + 32 * s + 4 * k);
 #if KVFS_KQUANTS_YMM_VNNI
-            // Two chains, the even chunks' in isum and the odd ones' in s16, joined at the end.
+            // Two chains, the even chunks' and the odd ones', joined after the last chunk.
             if (j % 2 == 0) {
               isum[t] = _mm256_dpbusd_avx_epi32(j == 0 ? _mm256_setzero_si256() : isum[t], codes, act);
             } else {
-              s16[t] = _mm256_dpbusd_avx_epi32(j == 1 ? _mm256_setzero_si256() : s16[t], codes, act);
+              odd[t] = _mm256_dpbusd_avx_epi32(j == 1 ? _mm256_setzero_si256() : odd[t], codes, act);
             }
-            if (j == kPartChunks - 1) isum[t] = _mm256_add_epi32(isum[t], s16[t]);
+            if (j == kPartChunks - 1) isum[t] = _mm256_add_epi32(isum[t], odd[t]);
 #else
             const __m256i p = _mm256_maddubs_epi16(codes, act);
             s16[t] = j % kI16 == 0 ? p : _mm256_add_epi16(s16[t], p);
@@ -289,6 +294,10 @@ void MatMulPacked(const uint8_t* packed, int64_t r0, int64_t n_rows, const uint8
     }
   }
 }
+
+// The table entry of format F, for either ymm table.
+template <KFmt F>
+constexpr PackedKernels kPackedKQuant{&PackedBytes<F>, &PackRows<F>, &MatMulPacked<F>};
 
 }  // namespace
 }  // namespace kvfs::cpu
