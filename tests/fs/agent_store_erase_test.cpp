@@ -1,0 +1,125 @@
+// AgentStore over a FakeEngine: erasure (rmdir), what it leaves behind (inodes the kernel still
+// holds, handles opened before it, readers blocked on the agent) and unlinks of agent files.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/fs/store_test_util.h"
+
+namespace kvfs::fs {
+namespace {
+
+TEST_F(StoreTest, RmdirErasesTheAgentAndLogsItWithoutText) {
+  InodeId dir = Mkdir("alice", kAlice);
+  ASSERT_TRUE(Echo("alice", "prompt", "private words", kAlice).ok());
+  ASSERT_TRUE(Cat("alice", "response", kAlice).ok());
+  // rm -r: unlink every file (views: nothing happens but kv.safetensors), then rmdir.
+  for (const char* f : {"prompt", "response", "transcript", "system", "config.json", "status.json"}) {
+    EXPECT_TRUE(store_->Unlink(dir, f, kAlice).ok()) << f;
+  }
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kAlice).ok());
+  EXPECT_EQ(store_->Lookup(kRootInode, "alice").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->GetAgent("alice").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store_->GetAttr(dir).status().code(), StatusCode::kNotFound);
+  std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  auto line = nlohmann::json::parse(audit.substr(0, audit.find('\n')));
+  EXPECT_EQ(line["action"], "erase");
+  EXPECT_EQ(line["agent"], "alice");
+  EXPECT_EQ(line["uid"], kAlice.uid);
+  EXPECT_TRUE(line.contains("bytes_freed") && line.contains("blocks_freed") && line.contains("blocks_kept_shared"));
+  EXPECT_EQ(audit.find("private"), std::string::npos);
+  // The name can be used again: a new agent, a new inode.
+  InodeId again = Mkdir("alice", kAlice);
+  EXPECT_NE(again, dir);
+  EXPECT_EQ(*Cat("alice", "transcript", kAlice), "");
+}
+
+// A file opened for writing before its agent was erased must not change a new agent of the same
+// name, whoever owns it: the engine knows agents by name, so the store checks at close that the
+// handle's agent is still the one of that name.
+TEST_F(StoreTest, HandlesOfAnErasedAgentNeverReachItsSuccessor) {
+  Mkdir("alice", kAlice);
+  auto open_for_write = [&](const char* file) { return *store_->Open(*File("alice", file), WriteTruncFlags(), kAlice); };
+  const HandleId config = open_for_write("config.json"), system = open_for_write("system"),
+                 prompt = open_for_write("prompt"), import = open_for_write("kv.safetensors");
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kAlice).ok());
+  Mkdir("alice", kBob);
+  const std::string config_before = *Cat("alice", "config.json", kBob);
+  ASSERT_TRUE(store_->Write(config, 0, R"({"max_tokens": 3})").ok());
+  EXPECT_EQ(store_->Flush(config).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(store_->Write(system, 0, "stale system").ok());
+  EXPECT_EQ(store_->Flush(system).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(store_->Write(prompt, 0, "stale prompt").ok());
+  EXPECT_EQ(store_->Flush(prompt).code(), StatusCode::kNotFound);
+  const std::string exported = *engine_->ExportCache("alice");  // any well-formed file
+  ASSERT_TRUE(store_->Write(import, 0, exported).ok());
+  EXPECT_EQ(store_->Flush(import).code(), StatusCode::kNotFound);
+  for (HandleId h : {config, system, prompt, import}) store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "config.json", kBob), config_before);
+  EXPECT_EQ(*Cat("alice", "system", kBob), "");
+  EXPECT_EQ(*Cat("alice", "transcript", kBob), "");
+  std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  EXPECT_EQ(audit.find("\"action\":\"system\""), std::string::npos) << audit;
+  EXPECT_EQ(audit.find("\"action\":\"import\""), std::string::npos) << audit;
+  // The live agent's own handles still work.
+  ASSERT_TRUE(Echo("alice", "system", "fresh", kBob).ok());
+  EXPECT_EQ(*Cat("alice", "system", kBob), "fresh");
+}
+
+// `tar -x` over an agent unlinks a file whose O_EXCL create failed and tries again, forever if
+// the unlink keeps succeeding: a repeat by the same process at once is refused. rm -r's single
+// unlinks, and other processes', still succeed.
+TEST_F(StoreTest, AnAgentFileUnlinkedAgainAtOnceByOneProcessIsRefused) {
+  std::atomic<int64_t> now_ms{1000000};
+  StoreConfig config;
+  config.now_ms = [&] { return now_ms.load(); };
+  Start(testing::FakeEngineOptions{}, std::move(config));
+  InodeId dir = Mkdir("alice", kAlice);
+  const Caller tar{kAlice.uid, kAlice.gid, 4242}, other{kAlice.uid, kAlice.gid, 4343};
+  ASSERT_TRUE(store_->Unlink(dir, "response", tar).ok());
+  EXPECT_EQ(store_->Unlink(dir, "response", tar).code(), StatusCode::kNotPermitted);
+  EXPECT_TRUE(store_->Unlink(dir, "response", other).ok());
+  EXPECT_TRUE(store_->Unlink(dir, "transcript", tar).ok());  // another file
+  ASSERT_TRUE(store_->Unlink(dir, "kv.safetensors", tar).ok());
+  EXPECT_EQ(store_->Unlink(dir, "kv.safetensors", tar).code(), StatusCode::kNotPermitted);
+  EXPECT_EQ(store_->Unlink(dir, "nonsense", tar).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(store_->GetAttr(*File("alice", "response")).ok());
+  // A later unlink by the same process (another cache erasure after a turn) is no repeat.
+  now_ms += 300;
+  EXPECT_TRUE(store_->Unlink(dir, "kv.safetensors", tar).ok());
+  EXPECT_TRUE(store_->Unlink(dir, "response", tar).ok());
+}
+
+TEST_F(StoreTest, InodesOfErasedAgentsLiveUntilForgotten) {
+  InodeId dir = Mkdir("alice");  // one kernel reference
+  size_t before = store_->InodeCount();
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kRoot).ok());
+  EXPECT_EQ(store_->InodeCount(), before - 7);  // its files had no references
+  store_->Forget(dir, 1);
+  EXPECT_EQ(store_->InodeCount(), before - 8);
+  // A readdirplus listing taken before the erasure must not hand the kernel the gone node.
+  EXPECT_FALSE(store_->CountLookup(dir));
+}
+
+TEST_F(StoreTest, ForgettingMoreThanWasLookedUpAborts) {
+  InodeId dir = Mkdir("alice");
+  EXPECT_DEATH(store_->Forget(dir, 2), "broken invariant");
+}
+
+TEST_F(StoreTest, EraseWakesReadersOfTheAgent) {
+  Mkdir("alice");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "never").ok());
+  Result<std::string> result = Status(StatusCode::kInternal, "not run");
+  std::thread reader([&] { result = Cat("alice", "response"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kRoot).ok());
+  reader.join();
+  EXPECT_FALSE(result.ok());
+  engine_->HoldTurns(false);
+}
+
+}  // namespace
+}  // namespace kvfs::fs
