@@ -38,9 +38,11 @@
 #                     KVFS_GPU_BATCHED_ARGS (default "--npp 1024 --ntg 32")
 #   KVFS_GPU_PROFILE  `kvfs bench` arguments of a --profile run per depth on the first preset,
 #                     q4k KV (PRESET-profile-dDEPTH.txt in runs.tgz; default: none)
-#   KVFS_GPU_AB       variants (as KVFS_GPU_VARIANTS) each run right after a default run on the
-#                     first preset, KV KVFS_GPU_AB_KV (default q4k), at each depth (default: none)
+#   KVFS_GPU_AB       variants (as KVFS_GPU_VARIANTS, "tuned" too: then only the first preset is
+#                     tuned) each run right after a default run on the first preset, KV KVFS_GPU_AB_KV (default q4k), at each depth (default: none)
 #   KVFS_GPU_RUN_TIMEOUT  seconds a bench run may take (default 300)
+#   KVFS_GPU_TUNE_TIMEOUT seconds kvfs tune may take per preset (default 540)
+# Order: tests, gpu.txt, kvfs shaders, kvfs tune, the profile, the A/B runs, the table, batched.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/kvfs-gpu}
@@ -156,11 +158,15 @@ for p in $presets; do
   # same report RADV's null device gives without a GPU (docs/performance.md).
   $kvfs shaders -m "$m" > "$runs/$p-shaders.txt" 2>&1 || echo "gpu_bench: kvfs shaders $p failed" >&2
 done
-case " ${KVFS_GPU_VARIANTS:-default} " in
-  *" tuned "*)
-    for p in $presets; do
+# "tuned" among the variants tunes every preset; among the A/B variants alone, the first.
+tune_presets=""
+case " ${KVFS_GPU_AB:-} " in *" tuned "*) tune_presets=${presets%% *} ;; esac
+case " ${KVFS_GPU_VARIANTS:-default} " in *" tuned "*) tune_presets=$presets ;; esac
+case " $tune_presets " in
+  *[a-z]*)
+    for p in $tune_presets; do
       # shellcheck disable=SC2086  # KVFS_GPU_TUNE_ARGS is a list of arguments
-      timeout 540 $kvfs tune -m "$models/$p-Q4_0.gguf" ${KVFS_GPU_TUNE_ARGS:--d 1024 -n 16 -r 5} \
+      timeout "${KVFS_GPU_TUNE_TIMEOUT:-540}" $kvfs tune -m "$models/$p-Q4_0.gguf" ${KVFS_GPU_TUNE_ARGS:--d 1024 -n 16 -r 5} \
         -o "$runs/$p.tuning.json" > "$runs/$p-tune.txt" 2>&1 ||
         echo "gpu_bench: kvfs tune $p failed (rc $?): $(tail -c 300 "$runs/$p-tune.txt")" >&2
       tail -4 "$runs/$p-tune.txt"
@@ -181,13 +187,6 @@ bench_one() {
   summarize > /dev/null
   tar -czf "$out/runs.tgz" -C "$runs" .
 }
-for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
-  for p in $presets; do
-    for kv in ${KVFS_GPU_KV:-f16 q4 q4k}; do
-      for v in ${KVFS_GPU_VARIANTS:-default}; do bench_one "$p" "$kv" "$d" "$v" ""; done
-    done
-  done
-done
 first=${presets%% *}
 # Where a decode step's device time goes, per shader, on the first preset (q4k KV, the agents'
 # default), at each depth: KVFS_GPU_PROFILE holds the bench arguments (e.g. "-p 512 -n 32 -r 1").
@@ -211,6 +210,15 @@ if [ -n "${KVFS_GPU_AB:-}" ]; then
     done
   done
 fi
+# The table of every preset, KV format and depth last: the profile and the A/B runs above are
+# what a lease cut short should have returned first.
+for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
+  for p in $presets; do
+    for kv in ${KVFS_GPU_KV:-f16 q4 q4k}; do
+      for v in ${KVFS_GPU_VARIANTS:-default}; do bench_one "$p" "$kv" "$d" "$v" ""; done
+    done
+  done
+done
 if [ -n "${KVFS_GPU_BATCHED:-}" ]; then
   for p in $presets; do
     for v in ${KVFS_GPU_BATCHED_VARIANTS:-default --serial-attention}; do

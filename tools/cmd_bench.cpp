@@ -32,7 +32,7 @@ constexpr const char* kBenchUsage =
     "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
     "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows]\n"
     "                  [--attn-split N] [--separate-softmax] [--separate-swiglu] [--separate-matrices]\n"
-    "                  [--untiled-attention] [--copy-kv-rows]\n"
+    "                  [--untiled-attention] [--copy-kv-rows] [--contract-floats]\n"
     "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N]\n"
     "                  [--shared-trees] [--prefetch MIB] [--tuning FILE] [--plain-weights] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
@@ -63,6 +63,9 @@ constexpr const char* kBenchUsage =
     "  --copy-kv-rows (vulkan): the new K/V rows copied into the host's write-back buffer at the\n"
     "  end of each pass (a copy per sequence, layer and plane) instead of written there by\n"
     "  kv_store as it stores them, to measure what that saves.\n"
+    "  --contract-floats (vulkan): the device may fuse a float multiply and add into one rounding\n"
+    "  (default: each rounds as on the CPU, so the pass gives the CPU's bits), to measure what\n"
+    "  that costs.\n"
     "  --untiled-attention (vulkan): one query (token, head) per attention workgroup instead of\n"
     "  several tokens and a KV head's query heads, each key and value read once for all of them,\n"
     "  to measure what the tiles save (prefill at depth above all; the same values).\n"
@@ -247,7 +250,7 @@ int Bench(int argc, char** argv) {
   Args args(argc, argv,
             {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--tuning", "--attn-split",
              "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows", "--prefetch"},
-            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices", "--copy-kv-rows",
+            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices", "--copy-kv-rows", "--contract-floats",
              "--shared-trees", "--untiled-attention", "--plain-weights", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
@@ -294,6 +297,7 @@ int Bench(int argc, char** argv) {
   choice.stack_matrices = !args.has("--separate-matrices");
   choice.query_tiles = !args.has("--untiled-attention");
   choice.kv_rows_by_kv_store = !args.has("--copy-kv-rows");
+  choice.contract_floats = args.has("--contract-floats");
   choice.tuning.matvec = matvec;
   choice.tuning.subgroup_trees = !args.has("--shared-trees");
   choice.tuning.prefetch_mib = prefetch_mib;

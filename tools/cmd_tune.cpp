@@ -93,7 +93,8 @@ int Tune(int argc, char** argv) {
   if (!devices.ok()) return Fail(1, devices.status().message() + " (kvfs tune needs a Vulkan device)");
   const VulkanDeviceInfo* info = ChosenVulkanDevice(*devices, device);
   if (info == nullptr) return Fail(2, fmt::format("no Vulkan device {} (see kvfs devices)", device));
-  if (!info->subgroup_shuffle) search.skip.push_back("subgroup_trees");  // the same shaders either way
+  if (!info->subgroup_shuffle) search.skip.push_back("subgroup_trees");
+  search.device_type = info->type;  // the same shaders either way
 
   auto model_or = Model::Load(*args.get("-m"));
   if (!model_or.ok()) return Fail(2, model_or.status().message());

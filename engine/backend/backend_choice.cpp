@@ -84,6 +84,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .query_tiles = request.query_tiles,
                                   .merge_sequences = request.merge_sequences,
                                   .kv_rows_by_kv_store = request.kv_rows_by_kv_store,
+                                  .contract_floats = request.contract_floats,
                                   .tuning = tuning};
       KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, MakeVulkanBackend(model, options));
       // What the device cannot run (KV over its budget, a full or lost device) runs on the CPU.

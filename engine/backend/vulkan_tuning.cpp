@@ -233,9 +233,11 @@ std::optional<VulkanTuning> TuningFor(const TuningRecord& record, const std::str
   return std::nullopt;
 }
 
-VulkanTuning ResolvedTuning(const VulkanTuning& tuning) {
+VulkanTuning ResolvedTuning(const VulkanTuning& tuning, std::string_view device_type) {
   VulkanTuning t = tuning;
-  if (t.attention_split <= 0) t.attention_split = VulkanTuning::kDefaultAttentionSplit;
+  if (t.attention_split <= 0) {
+    t.attention_split = device_type == "cpu" ? VulkanTuning::kDefaultAttentionSplit : VulkanTuning::kGpuAttentionSplit;
+  }
   if (t.matvec.group <= 0) t.matvec.group = VulkanMatvecShape::kDefaultGroup;
   if (t.matvec.lanes >= t.matvec.group) t.matvec.lanes = 0;  // 0: as many as the group
   if (t.matvec.min_groups <= 0) t.matvec.min_groups = VulkanMatvecShape::kDefaultMinGroups;
@@ -255,7 +257,7 @@ Result<TuningOutcome> SearchVulkanTuning(const VulkanTuning& start, const Tuning
     return InvalidArgument("tuning: rounds and passes must be at least 1, the gain in [0, 1)");
   }
   TuningOutcome out;
-  out.start = ResolvedTuning(start);
+  out.start = ResolvedTuning(start, options.device_type);
   VulkanTuning best = out.start;
   const std::set<std::string> skip(options.skip.begin(), options.skip.end());
   for (int pass = 0; pass < options.passes; ++pass) {
@@ -265,7 +267,7 @@ Result<TuningOutcome> SearchVulkanTuning(const VulkanTuning& start, const Tuning
       for (int64_t value : knob.values) {
         VulkanTuning candidate = best;
         knob.set(candidate, value);
-        candidate = ResolvedTuning(candidate);
+        candidate = ResolvedTuning(candidate, options.device_type);
         if (candidate == best) continue;  // the current value, or one that resolves to it
         TuningTrial trial;
         trial.knob = std::string(knob.name);

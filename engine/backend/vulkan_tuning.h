@@ -60,14 +60,17 @@ Status WriteTuningFile(const std::string& path, const TuningRecord& record);
 std::optional<VulkanTuning> TuningFor(const TuningRecord& record, const std::string& device_name, const Model& model,
                                       std::string* why);
 
-// 0s replaced by the defaults they stand for (so the search never measures a value twice).
-VulkanTuning ResolvedTuning(const VulkanTuning& tuning);
+// 0s replaced by the defaults they stand for on a device of `device_type` (VulkanDeviceInfo::
+// type; so the search never measures a value twice). GPUs split decode attention finer than
+// CPUs (VulkanTuning::kGpuAttentionSplit).
+VulkanTuning ResolvedTuning(const VulkanTuning& tuning, std::string_view device_type = "cpu");
 
 struct TuningSearchOptions {
   int rounds = 5;          // paired measurements per comparison (median of their ratios)
   double min_gain = 0.02;  // a value must be this much faster (fraction) to be taken
   int passes = 2;          // sweeps over the knobs, fewer when a sweep changes nothing
   std::vector<std::string> skip;  // knob names not to try (e.g. "subgroup_trees" without shuffles)
+  std::string device_type = "cpu";  // VulkanDeviceInfo::type: what the 0s of a tuning stand for
 };
 
 // One comparison of the search.

@@ -35,7 +35,13 @@ class VulkanBackendTest : public ::testing::Test {
     auto model = Model::Load(path);
     ASSERT_TRUE(model.ok()) << model.status().message();
     model_ = std::move(*model);
-    auto backend = MakeVulkanBackend(*model_, VulkanOptions{});
+    // Decode attention split as on a CPU device (128 positions a workgroup, more than these
+    // tests' contexts) on every device: a GPU's default splits them finer, and a split adds its
+    // partial sums in another order than the CPU's (VulkanAttentionTest checks splits), which
+    // the tests' bit-for-bit comparisons with the CPU backend would see.
+    VulkanOptions options;
+    options.tuning.attention_split = VulkanTuning::kDefaultAttentionSplit;
+    auto backend = MakeVulkanBackend(*model_, options);
     KVFS_REQUIRE_VULKAN(backend.status());
     vulkan_ = std::move(*backend);
     prompt_ = model_->tokenizer().Encode(

@@ -6,6 +6,7 @@
 #include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/backend/vulkan/spirv_no_contraction.h"
 #include "engine/backend/vulkan/vk_context.h"
 
 namespace kvfs::vk {
@@ -28,9 +29,11 @@ Result<PipelineCache::ShaderState*> PipelineCache::Shader(const ShaderInterface&
   if (code == nullptr) return Internal(fmt::format("shader {} is not embedded in this build", shader.name));
   ShaderState& state = shaders_[std::string(shader.name)];
 
+  std::vector<uint32_t> rounded_as_written;  // the module with NoContraction (kept until made)
+  if (!contract_floats_) rounded_as_written = WithoutContraction(std::span<const uint32_t>(code->words, code->n_words));
   VkShaderModuleCreateInfo module_info{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
-  module_info.codeSize = code->n_words * sizeof(uint32_t);
-  module_info.pCode = code->words;
+  module_info.codeSize = (contract_floats_ ? code->n_words : rounded_as_written.size()) * sizeof(uint32_t);
+  module_info.pCode = contract_floats_ ? code->words : rounded_as_written.data();
   VkResult r = vkCreateShaderModule(device_, &module_info, nullptr, &state.module);
   if (r != VK_SUCCESS) return VkError(fmt::format("vkCreateShaderModule({})", shader.name), r);
 

@@ -58,8 +58,10 @@ class PipelineCache {
  public:
   // capture_statistics: the device was made with VK_KHR_pipeline_executable_properties
   // (Context::captures_statistics()); pipelines then keep their statistics for Statistics().
-  explicit PipelineCache(VkDevice device, bool capture_statistics = false)
-      : device_(device), capture_statistics_(capture_statistics) {}
+  // contract_floats: the modules as compiled, the device free to fuse a * b + c into one
+  // rounding; off, every float multiply and add rounds as the CPU's (spirv_no_contraction.h).
+  explicit PipelineCache(VkDevice device, bool capture_statistics = false, bool contract_floats = false)
+      : device_(device), capture_statistics_(capture_statistics), contract_floats_(contract_floats) {}
   ~PipelineCache();
   PipelineCache(const PipelineCache&) = delete;
   PipelineCache& operator=(const PipelineCache&) = delete;
@@ -88,6 +90,7 @@ class PipelineCache {
 
   VkDevice device_;
   bool capture_statistics_;
+  bool contract_floats_;
   int64_t made_ = 0;
   std::map<std::string, ShaderState, std::less<>> shaders_;
 };

@@ -204,7 +204,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   kv_rows_by_kv_store_ = options.kv_rows_by_kv_store && options.fuse_ops;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
-  pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device(), ctx_->captures_statistics());
+  pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device(), ctx_->captures_statistics(), options.contract_floats);
   rec_ = std::make_unique<vk::Recorder>(*ctx_);
   if (options.profile) KVFS_RETURN_IF_ERROR(rec_->EnableProfiling());
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
@@ -267,7 +267,7 @@ Status VulkanBackend::SetVulkanTuning(const VulkanTuning& tuning) {
   // The matrix-vector shape is the one setting the device may refuse: checked first, so that a
   // refused tuning changes nothing.
   if (tuning.attention_split < 0) return InvalidArgument("the attention split must not be negative");
-  const VulkanTuning t = ResolvedTuning(tuning);  // 0s as the defaults they stand for
+  const VulkanTuning t = ResolvedTuning(tuning, ctx_->info().type);  // 0s as the defaults they stand for
   KVFS_RETURN_IF_ERROR(ops_->set_matvec_shape(vk::MatvecShapeFor(t)));
   swiglu_in_matvec_ = fuse_ops_ && t.swiglu_in_matvec;
   ops_->set_attention_split_positions(t.attention_split);
