@@ -235,13 +235,14 @@ std::optional<VulkanTuning> TuningFor(const TuningRecord& record, const std::str
 
 VulkanTuning ResolvedTuning(const VulkanTuning& tuning, std::string_view device_type) {
   VulkanTuning t = tuning;
+  const bool gpu = device_type != "cpu";
   if (t.attention_split <= 0) {
-    t.attention_split = device_type == "cpu" ? VulkanTuning::kDefaultAttentionSplit : VulkanTuning::kGpuAttentionSplit;
+    t.attention_split = gpu ? VulkanTuning::kGpuAttentionSplit : VulkanTuning::kDefaultAttentionSplit;
   }
-  if (t.matvec.group <= 0) t.matvec.group = VulkanMatvecShape::kDefaultGroup;
+  if (t.matvec.group <= 0) t.matvec.group = gpu ? VulkanMatvecShape::kGpuGroup : VulkanMatvecShape::kDefaultGroup;
   if (t.matvec.lanes >= t.matvec.group) t.matvec.lanes = 0;  // 0: as many as the group
   if (t.matvec.min_groups <= 0) t.matvec.min_groups = VulkanMatvecShape::kDefaultMinGroups;
-  if (t.matvec.rows <= 0) t.matvec.rows = VulkanMatvecShape::kDefaultRows;
+  if (t.matvec.rows <= 0) t.matvec.rows = gpu ? VulkanMatvecShape::kGpuRows : VulkanMatvecShape::kDefaultRows;
   return t;
 }
 

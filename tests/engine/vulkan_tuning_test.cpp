@@ -64,6 +64,45 @@ TEST(VulkanTuningSearch, FindsTheOptimumOfASeparableCost) {
   EXPECT_EQ(calls, static_cast<int>(outcome->trials.size()) * 2 * 3 + 2 * 3);
 }
 
+// What a tuning's 0s stand for depends on the device: a CPU's (lavapipe) the shapes the
+// shaders were first written for, a GPU's the finer attention splits and warp-sized
+// matrix-vector groups measured faster on an H200. Values that are set stay as they are.
+TEST(VulkanTuningDefaults, GpusSplitFinerAndUseWarpSizedGroups) {
+  const VulkanTuning cpu = ResolvedTuning(VulkanTuning{}, "cpu");
+  EXPECT_EQ(cpu.attention_split, 128);
+  EXPECT_EQ(cpu.matvec.group, 64);
+  EXPECT_EQ(cpu.matvec.rows, 8);
+  for (const char* type : {"discrete", "integrated", "virtual", "other"}) {
+    const VulkanTuning gpu = ResolvedTuning(VulkanTuning{}, type);
+    EXPECT_EQ(gpu.attention_split, 32) << type;
+    EXPECT_EQ(gpu.matvec.group, 32) << type;
+    EXPECT_EQ(gpu.matvec.rows, 2) << type;
+    EXPECT_EQ(gpu.matvec.min_groups, cpu.matvec.min_groups) << type;
+  }
+  VulkanTuning set;
+  set.attention_split = 256;
+  set.matvec = {.group = 128, .lanes = 0, .min_groups = 512, .rows = 4};
+  for (const char* type : {"cpu", "discrete"}) {
+    const VulkanTuning t = ResolvedTuning(set, type);
+    EXPECT_EQ(t.attention_split, 256) << type;
+    EXPECT_TRUE(t.matvec == set.matvec) << type;
+  }
+  // The search starts from the device's defaults and never measures one of them twice.
+  int calls = 0;
+  auto outcome = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 1, .passes = 1, .device_type = "discrete"},
+                                    [&](const VulkanTuning& t) -> Result<double> {
+                                      ++calls;
+                                      return Cost(t);
+                                    });
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  EXPECT_TRUE(outcome->start == ResolvedTuning(VulkanTuning{}, "discrete"));
+  for (const TuningTrial& trial : outcome->trials) {
+    if (trial.knob == "attention_split") EXPECT_NE(trial.value, 32);
+    if (trial.knob == "matvec_group") EXPECT_NE(trial.value, 32);
+    if (trial.knob == "matvec_rows") EXPECT_NE(trial.value, 2);
+  }
+}
+
 TEST(VulkanTuningSearch, NoiseBelowTheGainDoesNotMisleadIt) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> noise(-0.01, 0.01);

@@ -128,7 +128,7 @@ Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOp
                         vk::Context::Create(options.device, /*integer_dot=*/true, /*capture_statistics=*/true));
   vk::PipelineCache pipelines(ctx->device(), ctx->captures_statistics());
   KVFS_ASSIGN_OR_RETURN(std::unique_ptr<vk::Ops> ops, vk::Ops::CreateForPlanning(*ctx, pipelines));
-  const VulkanTuning tuning = ResolvedTuning(options.tuning);
+  const VulkanTuning tuning = ResolvedTuning(options.tuning, ctx->info().type);
   KVFS_RETURN_IF_ERROR(ops->set_matvec_shape(vk::MatvecShapeFor(tuning)));
   ops->set_subgroup_trees(tuning.subgroup_trees);
 
