@@ -4,9 +4,11 @@
 // was an ulp off in some rows, which moved f16-rounded and int8-coded attention weights (logits
 // NMSE 1e-6 to 1e-4 against the CPU, a golden test over its bound). So every shader's SPIR-V is
 // read here: a float division only inside common.glsl's exact Div (its fallback for zeros,
-// infinities and subnormals), a square root only in RMSNorm's scale (the CPU's double sum makes
-// that scale differ in the last bits anyway), no exp, log, pow, trigonometric or vector-length
-// function, no float packing (its rounding is the implementation's), no OpDot (its order is).
+// infinities and subnormals), a square root only inside its correctly rounded SqrtRounded (an
+// H200 still differed from lavapipe with every float op rounded as written: the square root of
+// RMSNorm's scale was the one instruction left to the device), no exp, log, pow,
+// trigonometric or vector-length function, no float packing (its rounding is the
+// implementation's), no OpDot (its order is).
 // fma is allowed: the CPU's ExpPoly uses std::fma, and every GPU fuses it (Vulkan would let a
 // device round the product first). No device needed: the embedded SPIR-V is all it reads.
 #include <gtest/gtest.h>
@@ -27,7 +29,7 @@ namespace {
 // instruction set's specification).
 constexpr uint32_t kOpExtInstImport = 11, kOpExtInst = 12, kOpName = 5, kOpFunction = 54, kOpFunctionEnd = 56;
 constexpr uint32_t kOpFDiv = 136, kOpFRem = 140, kOpFMod = 141, kOpDot = 148;
-constexpr uint32_t kGlslSqrt = 31, kGlslInverseSqrt = 32;
+constexpr uint32_t kGlslSqrt = 31;
 
 std::string GlslName(uint32_t op) {
   static const std::map<uint32_t, std::string> kNames = {
@@ -42,7 +44,7 @@ std::string GlslName(uint32_t op) {
 
 // What one pass over a module's instructions found: each device-rounded instruction, as
 // "function: instruction", and how many divisions (all, Div's included) and square roots in
-// RMSNorm's scale it saw, so that the test knows it sees instructions at all.
+// SqrtRounded it saw, so that the test knows it sees instructions at all.
 struct Scan {
   std::vector<std::string> found;
   int divisions = 0, allowed_sqrts = 0;
@@ -69,7 +71,7 @@ Scan DeviceRounded(const vk::EmbeddedShader& shader) {
     }
     if (op == kOpDot) found.push_back(where + ": a dot product");
     if (op == kOpExtInst && w[3] == glsl_set && !GlslName(w[4]).empty()) {
-      const bool rms_scale_sqrt = (w[4] == kGlslSqrt || w[4] == kGlslInverseSqrt) && where.rfind("RmsScale(", 0) == 0;
+      const bool rms_scale_sqrt = w[4] == kGlslSqrt && where.rfind("SqrtRounded(", 0) == 0;
       if (!rms_scale_sqrt) found.push_back(where + ": " + GlslName(w[4]));
       scan.allowed_sqrts += rms_scale_sqrt;
     }
@@ -89,8 +91,8 @@ TEST(VulkanShaderPrecision, NoShaderLeavesARoundingToTheDevice) {
     checked_divisions += scan.divisions;
     allowed_sqrts += scan.allowed_sqrts;
   }
-  // The check sees what it looks for (Div's fallback divides; RMSNorm's scale takes a square
-  // root): a parse that missed instructions or the GLSL.std.450 import would pass vacuously.
+  // The check sees what it looks for (Div's fallback divides; SqrtRounded starts from the
+  // device's square root): a parse that missed instructions or the GLSL.std.450 import would pass vacuously.
   // (Stripped function names would fail it: every division would be outside Div.)
   EXPECT_GT(checked_divisions, 0);
   EXPECT_GT(allowed_sqrts, 0);

@@ -28,5 +28,5 @@ float RmsScale(uint x0, uint n, float eps, uint tid, uint subgroup) {
     barrier();
   }
   const float mean = Div(partial[0], float(n));
-  return Div(1.0, sqrt(mean + eps));  // (sqrt itself may be off by an ulp or two on a GPU)
+  return Div(1.0, SqrtRounded(mean + eps));
 }
