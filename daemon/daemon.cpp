@@ -202,6 +202,7 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   store_config.max_prompt_bytes = static_cast<size_t>(config.max_prompt_bytes);
   store_config.audit_log_path = config.store_dir + "/audit.log";
   store_config.import_spill_dir = config.store_dir;  // large kv.safetensors imports wait on disk
+  store_config.store_dir = config.store_dir;         // what statfs (df) of the mount reports
   store_config.root_uid = ::geteuid();
   store_config.root_gid = ::getegid();
   Result<std::unique_ptr<fs::AgentStore>> store = fs::AgentStore::Create(**engine, store_config);

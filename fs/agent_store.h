@@ -9,6 +9,8 @@
 // only agent mutexes, so a long generation never blocks `ls` or another agent.
 #pragma once
 
+#include <sys/statvfs.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -49,6 +51,9 @@ struct StoreConfig {
   size_t import_spill_bytes = size_t{64} << 20;
   size_t max_import_spill_bytes = size_t{64} << 30;
   std::string audit_log_path;              // empty: in memory
+  // Where the engine keeps the agents' caches (kvfsd: the store directory): statfs of the mount
+  // reports that directory's file system, the space the agents' state fills. Empty: zeros.
+  std::string store_dir;
   uint32_t root_uid = 0, root_gid = 0;     // owner of the mount root and the special files
   std::function<int64_t()> now_ms;         // defaults to the system clock
 };
@@ -141,6 +146,10 @@ class AgentStore {
   // nullopt: no such attribute.
   Result<std::optional<std::string>> GetXattr(InodeId ino, std::string_view name);
   Result<std::vector<std::string>> ListXattr(InodeId ino);
+
+  // statfs of the mount: the sizes and counts of config.store_dir's file system (what `df`
+  // should tell a user whose agents fill it), and names of at most 64 bytes.
+  Result<struct statvfs> StatFs() const;
 
   // Shutdown: new turns are refused and blocked readers wake (their turns are finished or
   // cancelled by the engine's Shutdown, which the daemon calls after this).

@@ -1,10 +1,13 @@
 // AgentStore: creating and erasing agents (mkdir, rmdir), unlink, truncation.
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <iterator>
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/store/block_format.h"
 #include "engine/store/manifest.h"
 #include "fs/agent_store.h"
 #include "fs/handle.h"
@@ -250,6 +253,17 @@ Status AgentStore::CheckModeAndOwner(InodeId ino, std::optional<uint32_t> mode, 
     return NotPermitted("modes and owners of kvfs files are fixed");
   }
   return Status::Ok();
+}
+
+Result<struct statvfs> AgentStore::StatFs() const {
+  struct statvfs st {};
+  if (!config_.store_dir.empty() && ::statvfs(config_.store_dir.c_str(), &st) != 0) {
+    const int err = errno;
+    return IoError(fmt::format("statfs of the store {}: {}", config_.store_dir, std::strerror(err)));
+  }
+  st.f_namemax = store::kMaxAgentNameLen;  // agent and prefix names; the fixed files' are shorter
+  st.f_flag = 0;                           // the mount's own flags are the kernel's to report
+  return st;
 }
 
 }  // namespace kvfs::fs

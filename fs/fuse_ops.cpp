@@ -167,6 +167,12 @@ void OnLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char* name) {
   ReplyError(req, NotPermitted(std::string("cannot create ") + name + ": kvfs has no hard links"), "link");
 }
 
+void OnStatfs(fuse_req_t req, fuse_ino_t) {
+  Result<struct statvfs> st = StoreOf(req).StatFs();
+  if (!st.ok()) return ReplyError(req, st.status(), "statfs");
+  fuse_reply_statfs(req, &*st);
+}
+
 void FillOpenInfo(fuse_file_info* fi, HandleId handle) {
   fi->fh = handle;
   fi->direct_io = 1;   // contents are generated or stream: never the page cache
@@ -363,6 +369,7 @@ fuse_lowlevel_ops MakeOperations() {
   ops.getxattr = Guarded<OnGetxattr>::Run;
   ops.listxattr = Guarded<OnListxattr>::Run;
   ops.setxattr = Guarded<OnSetxattr>::Run;
+  ops.statfs = Guarded<OnStatfs>::Run;
   return ops;
 }
 

@@ -2,6 +2,7 @@
 #include <atomic>
 #include <filesystem>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <map>
 #include <set>
@@ -54,6 +55,37 @@ TEST_F(StoreTest, BadNamesAreRefused) {
   EXPECT_EQ(store_->Create(dir, "notes", WriteTruncFlags(), kRoot).status().code(), StatusCode::kNotPermitted);
   EXPECT_EQ(store_->Create(kRootInode, "file", WriteTruncFlags(), kRoot).status().code(), StatusCode::kNotPermitted);
   EXPECT_EQ(store_->Lookup(dir, "notes").status().code(), StatusCode::kNotFound);
+}
+
+// statfs (df) of the mount reports the store directory's file system, where the agents'
+// caches go, as statvfs(2) of that directory gives it; names of up to 64 bytes (the longest
+// agent name mkdir takes, above). Without a store directory: zeros. A store directory that is
+// gone: an I/O error, not figures of some other file system.
+TEST_F(StoreTest, StatfsReportsTheStoresFileSystem) {
+  const std::string dir = ::testing::TempDir() + "/kvfs_statfs_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  StoreConfig config;
+  config.store_dir = dir;
+  Start(testing::FakeEngineOptions{}, config);
+  struct statvfs want {};
+  ASSERT_EQ(::statvfs(dir.c_str(), &want), 0);
+  Result<struct statvfs> got = store_->StatFs();
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_GT(got->f_blocks, 0u);
+  EXPECT_EQ(got->f_blocks, want.f_blocks);
+  EXPECT_EQ(got->f_bsize, want.f_bsize);
+  EXPECT_EQ(got->f_frsize, want.f_frsize);
+  EXPECT_EQ(got->f_files, want.f_files);
+  EXPECT_LE(got->f_bavail, got->f_blocks);
+  EXPECT_EQ(got->f_namemax, 64u);
+  ASSERT_EQ(::rmdir(dir.c_str()), 0);
+  EXPECT_EQ(store_->StatFs().status().code(), StatusCode::kIoError);
+
+  Start(testing::FakeEngineOptions{}, StoreConfig{});
+  got = store_->StatFs();
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->f_blocks, 0u);
+  EXPECT_EQ(got->f_namemax, 64u);
 }
 
 TEST_F(StoreTest, PromptBecomesATurnAndResponseStreamsTheReply) {

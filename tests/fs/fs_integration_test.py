@@ -48,6 +48,13 @@ def basic_turn_and_files(t):
     check(jq(m + '/.status.json', '.agents | keys | join(",")') == 'cold,hot,warm', '.status.json agents')
     check('kvfs_turns_total' in sh('cat %s/.metrics' % m, check_rc=0).stdout, '.metrics')
     check(len(jq(m + '/.model.json', '.fingerprint')) > 0, '.model.json fingerprint')
+    # df of the mount: the store's file system (where the agents' caches go), not zeros.
+    mounted, store = os.statvfs(m), os.statvfs(d.store)
+    check(mounted.f_blocks == store.f_blocks > 0 and mounted.f_frsize == store.f_frsize,
+          'statfs of the mount is the store\'s: %s against %s' % (mounted, store))
+    check(mounted.f_namemax == 64, 'names of up to 64 bytes: %s' % (mounted,))
+    df = sh('df -P %s' % m, check_rc=0).stdout.splitlines()[-1].split()
+    check(int(df[1]) > 0, 'df shows the size: %s' % df)
     if KVFS_CLI:
         out = sh('%s status --mount %s' % (KVFS_CLI, m), check_rc=0).stdout
         check('hit rate' in out, 'kvfs status: ' + out)
