@@ -441,38 +441,45 @@ TEST_F(VulkanOpsTest, EmbeddingMatchesDequantizeForEveryType) {
   }
 }
 
+// RMSNorm gives the CPU's bits (its squares summed as exactly as the CPU's double sum, the
+// mean and square root rounded as the CPU's): rows of several lengths (a workgroup's multiple,
+// odd, shorter than the workgroup) and scales, gathered rows too, with the tree's last steps by
+// subgroup shuffles and all in shared memory.
 TEST_F(VulkanOpsTest, RmsNormMatchesCpu) {
   std::mt19937 rng(5);
-  const int64_t n = 1000, rows = 5;
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  std::vector<float> x(rows * n), w(n);
-  for (float& v : x) v = normal(rng);
-  for (float& v : w) v = normal(rng);
-  const std::vector<int32_t> gather = {3, 0};
-  const vk::Buffer xb = Input(x), wb = Input(w), ids = Input(gather);
-  std::vector<float> want(rows * n), want_g(2 * n);
-  for (int64_t r = 0; r < rows; ++r) cpu::RmsNorm(x.data() + r * n, w.data(), want.data() + r * n, n, 1e-5f);
-  for (int64_t r = 0; r < 2; ++r) cpu::RmsNorm(x.data() + gather[r] * n, w.data(), want_g.data() + r * n, n, 1e-5f);
-  // The tree's last steps by subgroup shuffles (where the device has them), then all in shared
-  // memory: the same sums, so the same rows bit for bit.
-  std::vector<float> got[2];
-  for (const bool trees : {true, false}) {
-    ops_->set_subgroup_trees(trees);
-    const vk::Buffer y = Output(rows * n * 4), yg = Output(gather.size() * n * 4);
-    ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
-                  KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, y, n, rows, nullptr));
-                  return ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, yg, n, 2, &ids);
-                }).ok());
-    got[trees ? 0 : 1] = Read<float>(y, rows * n);
-    const std::vector<float> got_g = Read<float>(yg, 2 * n);
-    got[trees ? 0 : 1].insert(got[trees ? 0 : 1].end(), got_g.begin(), got_g.end());
-    const double nmse = Nmse(Read<float>(y, rows * n), want), nmse_g = Nmse(got_g, want_g);
-    std::printf("[vulkan rms_norm]%s NMSE %.3g, gathered rows %.3g\n", ops_->subgroup_trees() ? " (subgroup trees)" : "",
-                nmse, nmse_g);
-    EXPECT_LE(nmse, 1e-12);
-    EXPECT_LE(nmse_g, 1e-12);
+  for (const int64_t n : {1000, 4096, 172, 64, 37}) {
+    const int64_t rows = 48;
+    std::vector<float> x(rows * n), w(n);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::normal_distribution<float> normal(0.0f, std::ldexp(1.0f, static_cast<int>(r % 9) - 4));
+      for (int64_t i = 0; i < n; ++i) x[r * n + i] = normal(rng);
+    }
+    std::normal_distribution<float> weights(0.0f, 2.0f);
+    for (float& v : w) v = weights(rng);
+    const std::vector<int32_t> gather = {3, 0};
+    const vk::Buffer xb = Input(x), wb = Input(w), ids = Input(gather);
+    std::vector<float> want(rows * n), want_g(2 * n);
+    for (int64_t r = 0; r < rows; ++r) cpu::RmsNorm(x.data() + r * n, w.data(), want.data() + r * n, n, 1e-5f);
+    for (int64_t r = 0; r < 2; ++r) cpu::RmsNorm(x.data() + gather[r] * n, w.data(), want_g.data() + r * n, n, 1e-5f);
+    for (const bool trees : {true, false}) {
+      ops_->set_subgroup_trees(trees);
+      const vk::Buffer y = Output(rows * n * 4), yg = Output(gather.size() * n * 4);
+      ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                    KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, y, n, rows, nullptr));
+                    return ops_->RmsNorm(rec, xb, n, wb, n, 1e-5f, yg, n, 2, &ids);
+                  }).ok());
+      const std::vector<float> got = Read<float>(y, rows * n), got_g = Read<float>(yg, 2 * n);
+      int64_t rows_differing = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        rows_differing += !std::equal(got.begin() + r * n, got.begin() + (r + 1) * n, want.begin() + r * n);
+      }
+      std::printf("[vulkan rms_norm]%s n=%lld: %lld of %lld rows differ from the CPU's, NMSE %.3g\n",
+                  ops_->subgroup_trees() ? " (subgroup trees)" : "", static_cast<long long>(n),
+                  static_cast<long long>(rows_differing), static_cast<long long>(rows), Nmse(got, want));
+      EXPECT_EQ(rows_differing, 0) << "n=" << n << (trees ? ", subgroup trees" : "");
+      EXPECT_TRUE(got_g == want_g) << "gathered rows, n=" << n;
+    }
   }
-  EXPECT_TRUE(got[0] == got[1]) << "subgroup shuffles changed the norm's sums";
 }
 
 TEST_F(VulkanOpsTest, RopeMatchesCpuBothStyles) {

@@ -80,18 +80,30 @@ float Div(float a, float b) {
 // sqrt(v) as IEEE rounds it (to nearest), on any device: Vulkan lets a shader's square root be
 // off by ulps (lavapipe's is exact, an H200's need not be), and RMSNorm's scale must round as
 // the CPU's std::sqrt. The device's root s is corrected to its neighbour while the remainder
-// r = v - s^2 (exact by fma once s is within an ulp, Markstein) puts v beyond the square of
-// the midpoint to that neighbour: v > (s + u/2)^2 = s^2 + s u + u^2/4 holds iff r > s u, as r
-// and s u are multiples of a step above u^2/4 (likewise below, with the spacing below s).
-// v below 2^-95 (where s u can underflow), zero, negative, infinite and NaN keep the device's
-// root. (Checked off the device against std::sqrt from starts up to 3 ulps off: 23.6 million
-// roots, every one exact above 2^-100.)
+// r = v - s^2 puts v beyond the square of the midpoint to that neighbour: v > (s + u/2)^2 =
+// s^2 + s u + u^2/4 holds iff r > s u, as r and s u are multiples of a step above u^2/4
+// (likewise below, with the spacing below s). r is v - s^2 rounded once, from Dekker's exact
+// square (s split into halves of 12 bits) and plain operations, each rounded as written
+// (spirv_no_contraction.h): the same r as fma(-s, s, v) without trusting the device's fma to be
+// fused (Vulkan lets it round twice; lavapipe's results suggest it does). v below 2^-95 (where
+// s u can underflow) or from 2^126 up (where s^2 can overflow), zero, negative, infinite and
+// NaN keep the device's root. Checked off the device against std::sqrt from starts up to 3
+// ulps off: 23.2 million roots in that range, every one exact, each r equal to the fma's.
+float SqrtRemainder(float v, float s) {
+  const float c = 4097.0 * s;  // 2^12 + 1
+  const float s_hi = c - (c - s);
+  const float s_lo = s - s_hi;
+  const float hi = s * s;
+  const float lo = ((s_hi * s_hi - hi) + 2.0 * s_hi * s_lo) + s_lo * s_lo;
+  return (v - hi) - lo;
+}
+
 float SqrtRounded(float v) {
   float s = sqrt(v);
   const uint e = (floatBitsToUint(v) >> 23) & 0xFFu;
-  if (!(v > 0.0) || e < 32u || e == 0xFFu) return s;
+  if (!(v > 0.0) || e < 32u || e > 252u) return s;
   for (int i = 0; i < 4; ++i) {  // (a device's root is within a few ulps: one step, seldom two)
-    const float r = fma(-s, s, v);
+    const float r = SqrtRemainder(v, s);
     const float above = uintBitsToFloat(floatBitsToUint(s) + 1u) - s;  // spacings (exact)
     const float below = s - uintBitsToFloat(floatBitsToUint(s) - 1u);
     if (r > s * above) {
