@@ -109,12 +109,8 @@ TEST_F(StoreTest, ForgettingMoreThanWasLookedUpAborts) {
 }
 
 TEST_F(StoreTest, EraseWakesReadersOfTheAgent) {
-  Mkdir("alice");
-  engine_->HoldTurns(true);
-  ASSERT_TRUE(Echo("alice", "prompt", "never").ok());
   Result<std::string> result = Status(StatusCode::kInternal, "not run");
-  std::thread reader([&] { result = Cat("alice", "response"); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::thread reader = BlockedResponseReader("alice", &result);
   ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kRoot).ok());
   reader.join();
   EXPECT_FALSE(result.ok());

@@ -747,12 +747,8 @@ TEST_F(StoreTest, RootStatusFilesRender) {
 }
 
 TEST_F(StoreTest, ShutdownWakesBlockedReadersAndRefusesTurns) {
-  Mkdir("alice");
-  engine_->HoldTurns(true);
-  ASSERT_TRUE(Echo("alice", "prompt", "never").ok());
   Result<std::string> result = Status(StatusCode::kInternal, "not run");
-  std::thread reader([&] { result = Cat("alice", "response"); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::thread reader = BlockedResponseReader("alice", &result);
   store_->BeginShutdown();
   reader.join();
   EXPECT_FALSE(result.ok());

@@ -52,6 +52,17 @@ class StoreTest : public ::testing::Test {
     return f.ino;
   }
 
+  // A new agent whose turn is held (it never finishes) and a thread blocked reading its
+  // response into *result, given time to block.
+  std::thread BlockedResponseReader(const std::string& agent, Result<std::string>* result) {
+    Mkdir(agent);
+    engine_->HoldTurns(true);
+    EXPECT_TRUE(Echo(agent, "prompt", "never").ok());
+    std::thread reader([this, agent, result] { *result = Cat(agent, "response"); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    return reader;
+  }
+
   static OpenFlags ReadFlags() { return OpenFlags{true, false, false, false}; }
   static OpenFlags WriteTruncFlags() { return OpenFlags{false, true, true, false}; }
 

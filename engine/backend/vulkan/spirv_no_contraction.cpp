@@ -9,22 +9,23 @@ constexpr uint32_t kMagic = 0x07230203u;
 constexpr size_t kHeaderWords = 5;
 constexpr uint32_t kOpMemberDecorate = 72, kOpDecorationGroup = 73, kOpFunction = 54;
 
-}  // namespace
-
+// Whether op is a float operation a device may fuse with its neighbours.
 bool IsContractibleFloatOp(uint32_t op) {
   return op == kSpirvOpFAdd || op == kSpirvOpFSub || op == kSpirvOpFMul || op == kSpirvOpVectorTimesScalar;
 }
 
+}  // namespace
+
 std::vector<uint32_t> WithoutContraction(std::span<const uint32_t> words) {
-  const std::vector<uint32_t> unchanged(words.begin(), words.end());
-  if (words.size() < kHeaderWords || words[0] != kMagic) return unchanged;
+  auto unchanged = [words] { return std::vector<uint32_t>(words.begin(), words.end()); };
+  if (words.size() < kHeaderWords || words[0] != kMagic) return unchanged();
   // One pass: where the annotations start, which ids are decorated already, which need it.
   size_t first_annotation = 0, first_function = 0;
   std::unordered_set<uint32_t> decorated;
   std::vector<uint32_t> results;
   for (size_t at = kHeaderWords; at < words.size();) {
     const uint32_t op = words[at] & 0xFFFFu, count = words[at] >> 16;
-    if (count == 0 || at + count > words.size()) return unchanged;
+    if (count == 0 || at + count > words.size()) return unchanged();
     const bool annotation = op == kSpirvOpDecorate || op == kOpMemberDecorate || op == kOpDecorationGroup;
     if (annotation && first_annotation == 0) first_annotation = at;
     if (op == kOpFunction && first_function == 0) first_function = at;
@@ -37,7 +38,7 @@ std::vector<uint32_t> WithoutContraction(std::span<const uint32_t> words) {
   }
   // A module has decorations (its bindings) before any function; without them, before the
   // first function would be wrong (types come first), so leave it to the device.
-  if (first_annotation == 0 || (first_function != 0 && first_annotation > first_function)) return unchanged;
+  if (first_annotation == 0 || (first_function != 0 && first_annotation > first_function)) return unchanged();
   std::vector<uint32_t> out;
   out.reserve(words.size() + 3 * results.size());
   out.insert(out.end(), words.begin(), words.begin() + static_cast<std::ptrdiff_t>(first_annotation));

@@ -20,9 +20,6 @@ inline constexpr uint32_t kSpirvOpFAdd = 129, kSpirvOpFSub = 131, kSpirvOpFMul =
 inline constexpr uint32_t kSpirvOpVectorTimesScalar = 142;
 inline constexpr uint32_t kSpirvDecorationNoContraction = 42;
 
-// Whether op is a float operation a device may fuse with its neighbours.
-bool IsContractibleFloatOp(uint32_t op);
-
 // `words` (a whole module, header included) with an OpDecorate NoContraction for the result of
 // every contractible float operation inside its functions that has none yet, inserted at the
 // start of the annotations (before the module's first decoration). A module that does not

@@ -29,11 +29,15 @@ Result<PipelineCache::ShaderState*> PipelineCache::Shader(const ShaderInterface&
   if (code == nullptr) return Internal(fmt::format("shader {} is not embedded in this build", shader.name));
   ShaderState& state = shaders_[std::string(shader.name)];
 
+  std::span<const uint32_t> words(code->words, code->n_words);
   std::vector<uint32_t> rounded_as_written;  // the module with NoContraction (kept until made)
-  if (!contract_floats_) rounded_as_written = WithoutContraction(std::span<const uint32_t>(code->words, code->n_words));
+  if (!contract_floats_) {
+    rounded_as_written = WithoutContraction(words);
+    words = rounded_as_written;
+  }
   VkShaderModuleCreateInfo module_info{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
-  module_info.codeSize = (contract_floats_ ? code->n_words : rounded_as_written.size()) * sizeof(uint32_t);
-  module_info.pCode = contract_floats_ ? code->words : rounded_as_written.data();
+  module_info.codeSize = words.size_bytes();
+  module_info.pCode = words.data();
   VkResult r = vkCreateShaderModule(device_, &module_info, nullptr, &state.module);
   if (r != VK_SUCCESS) return VkError(fmt::format("vkCreateShaderModule({})", shader.name), r);
 

@@ -35,14 +35,10 @@ vec2 AddPairs(vec2 a, vec2 b) {
 // the normal range.
 float PairMean(vec2 s, float n) {
   float q = Div(s.x, n);
-  // q * n exactly as p_hi + p_lo (Dekker's product; n has at most 24 bits, split like q).
-  const float cq = 4097.0 * q, cn = 4097.0 * n;
-  const float q_hi = cq - (cq - q), q_lo = q - q_hi;
-  const float n_hi = cn - (cn - n), n_lo = n - n_hi;
-  const float p_hi = q * n;
-  const float p_lo = ((q_hi * n_hi - p_hi) + q_hi * n_lo + q_lo * n_hi) + q_lo * n_lo;
-  // What is left of the pair once q * n is taken: hi - p_hi is exact (they are that close).
-  const float rem = ((s.x - p_hi) - p_lo) + s.y;
+  // What is left of the pair once q * n (exactly p.x + p.y) is taken: hi - p.x is exact (they
+  // are that close).
+  const vec2 p = TwoProduct(q, n);
+  const float rem = ((s.x - p.x) - p.y) + s.y;
   // q moves by a step where the rest of the quotient, rem / n, passes half of it.
   const float above = uintBitsToFloat(floatBitsToUint(q) + 1u) - q;
   const float below = q - uintBitsToFloat(floatBitsToUint(q) - 1u);
