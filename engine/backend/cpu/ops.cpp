@@ -146,17 +146,7 @@ void Softmax(float* x, int64_t n) {
 }
 
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n, int64_t n_rows) {
-  const int64_t vec_end = n / 16 * 16;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const float* g_row = gate + r * n;
-    const float* u_row = up + r * n;
-    float* o_row = out + r * n;
-    SwiGluPoly(g_row, u_row, o_row, vec_end);
-    for (int64_t i = vec_end; i < n; ++i) {
-      const float g = g_row[i];
-      o_row[i] = g / (1.0f + std::exp(-g)) * u_row[i];
-    }
-  }
+  for (int64_t r = 0; r < n_rows; ++r) SwiGluPoly(gate + r * n, up + r * n, out + r * n, n);
 }
 
 }  // namespace kvfs::cpu

@@ -34,8 +34,9 @@ float ExpPoly(float x);
 // In place: x = exp(x - max) / sum over n; returns nothing. n >= 1.
 void Softmax(float* x, int64_t n);
 
-// out = silu(gate) * up over rows of n (n_rows rows). The reference computes the first
-// multiple of 16 of each row with ExpPoly and the rest with expf; so do we.
+// out = silu(gate) * up over rows of n (n_rows rows), every value with ExpPoly. (The reference
+// takes expf for the last n mod 16 values of a row; libm's bits cannot be had on a GPU, and real
+// models' rows are multiples of 16, so every backend uses the polynomial throughout.)
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n, int64_t n_rows = 1);
 
 }  // namespace kvfs::cpu
