@@ -37,12 +37,16 @@
 #                     KVFS_GPU_BATCHED_KV (default q4) and
 #                     KVFS_GPU_BATCHED_ARGS (default "--npp 1024 --ntg 32")
 #   KVFS_GPU_PROFILE  `kvfs bench` arguments of a --profile run per depth on the first preset,
-#                     q4k KV (PRESET-profile-dDEPTH.txt in runs.tgz; default: none)
+#                     for each KV of KVFS_GPU_PROFILE_KV (default q4k)
+#                     (PRESET-profile-KV-dDEPTH.txt in runs.tgz; default: none)
+#   KVFS_GPU_PHASES   the same with --phases (the short shaders timed mark by mark inside,
+#                     phase_clock.h), run before the profile: PRESET-phases-KV-dDEPTH.txt
 #   KVFS_GPU_AB       variants (as KVFS_GPU_VARIANTS, "tuned" too: then only the first preset is
 #                     tuned) each run right after a default run on the first preset, KV KVFS_GPU_AB_KV (default q4k), at each depth (default: none)
 #   KVFS_GPU_RUN_TIMEOUT  seconds a bench run may take (default 300)
 #   KVFS_GPU_TUNE_TIMEOUT seconds kvfs tune may take per preset (default 540)
-# Order: tests, gpu.txt, kvfs shaders, kvfs tune, the profile, the A/B runs, the table, batched.
+# Order: tests, gpu.txt, kvfs shaders, kvfs tune, the phases, the profile, the A/B runs, the
+# table, batched.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/kvfs-gpu}
@@ -188,16 +192,22 @@ bench_one() {
   tar -czf "$out/runs.tgz" -C "$runs" .
 }
 first=${presets%% *}
-# Where a decode step's device time goes, per shader, on the first preset (q4k KV, the agents'
-# default), at each depth: KVFS_GPU_PROFILE holds the bench arguments (e.g. "-p 512 -n 32 -r 1").
-if [ -n "${KVFS_GPU_PROFILE:-}" ]; then
+# Where a decode step's device time goes, per shader (KVFS_GPU_PROFILE) and inside the short
+# shaders (KVFS_GPU_PHASES), on the first preset at each depth, for each KV of
+# KVFS_GPU_PROFILE_KV (default q4k, the agents' default): the variables hold the bench arguments
+# (e.g. "-p 512 -n 32 -r 1").
+for what in phases profile; do
+  args=$([ "$what" = phases ] && echo "${KVFS_GPU_PHASES:-}" || echo "${KVFS_GPU_PROFILE:-}")
+  [ -n "$args" ] || continue
   for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
-    # shellcheck disable=SC2086  # KVFS_GPU_PROFILE is a list of arguments
-    timeout "${KVFS_GPU_RUN_TIMEOUT:-300}" $kvfs bench -m "$models/$first-Q4_0.gguf" --backend vulkan --kv q4k -d "$d" \
-      $KVFS_GPU_PROFILE --profile > "$runs/$first-profile-d$d.txt" 2>&1 || echo "gpu_bench: profile at depth $d failed" >&2
-    tar -czf "$out/runs.tgz" -C "$runs" .
+    for kv in ${KVFS_GPU_PROFILE_KV:-q4k}; do
+      # shellcheck disable=SC2086  # the arguments are a list
+      timeout "${KVFS_GPU_RUN_TIMEOUT:-300}" $kvfs bench -m "$models/$first-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" \
+        $args "--$what" > "$runs/$first-$what-$kv-d$d.txt" 2>&1 || echo "gpu_bench: $what ($kv) at depth $d failed" >&2
+      tar -czf "$out/runs.tgz" -C "$runs" .
+    done
   done
-fi
+done
 # A/B of the pass's variants (KVFS_GPU_AB: flags as in KVFS_GPU_VARIANTS) against the default,
 # each right after a default run, on the first preset with KV KVFS_GPU_AB_KV (default q4k) at
 # each depth: runs named ab-FLAG-PRESET-KV-dDEPTH[-FLAG].

@@ -30,7 +30,7 @@ namespace {
 
 constexpr const char* kBenchUsage =
     "usage: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r 3] [--kv f16|q8|q4|q4k] [--kv-rotate on|off]\n"
-    "                  [--backend cpu|vulkan] [--device N] [--profile] [--separate-ops] [--gguf-rows]\n"
+    "                  [--backend cpu|vulkan] [--device N] [--profile] [--phases] [--separate-ops] [--gguf-rows]\n"
     "                  [--attn-split N] [--separate-softmax] [--separate-swiglu] [--separate-matrices]\n"
     "                  [--untiled-attention] [--copy-kv-rows] [--contract-floats]\n"
     "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N]\n"
@@ -47,6 +47,10 @@ constexpr const char* kBenchUsage =
     "  the last repetition's pp and tg went, per shader and matrix shape, then per pipeline\n"
     "  (shader and specialization constants) with the compiler's statistics of each (registers,\n"
     "  spills) where the driver reports them (VK_KHR_pipeline_executable_properties).\n"
+    "  --phases (vulkan, implies --profile): the decode path's short shaders (kv_store, attention,\n"
+    "  quantize_act, matvec_quant) run variants that read the device's clocks at marks inside\n"
+    "  them (VK_KHR_shader_clock); the profile then gives, per pipeline, the span of a dispatch\n"
+    "  and how long its workgroups took from mark to mark (median, p90, max).\n"
     "  --plain-weights (cpu): every matrix from the model file's own rows, none repacked at load\n"
     "  into the kernel table's row-interleaved layout, to measure what repacking saves.\n"
     "  --separate-ops (vulkan): one dispatch per op, none fused, to measure what fusing saves.\n"
@@ -250,7 +254,7 @@ int Bench(int argc, char** argv) {
   Args args(argc, argv,
             {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--tuning", "--attn-split",
              "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows", "--prefetch"},
-            {"--json", "--profile", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices", "--copy-kv-rows", "--contract-floats",
+            {"--json", "--profile", "--phases", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices", "--copy-kv-rows", "--contract-floats",
              "--shared-trees", "--untiled-attention", "--plain-weights", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kBenchUsage, stdout);
@@ -288,7 +292,8 @@ int Bench(int argc, char** argv) {
   choice.cpu_fallback = false;  // the figures are the device's or an error, never the CPU's
   choice.cpu.kernels = &table;
   choice.cpu.pack_weights = !args.has("--plain-weights");
-  choice.profile = args.has("--profile");
+  choice.phase_clock = args.has("--phases");
+  choice.profile = args.has("--profile") || choice.phase_clock;
   choice.fuse_ops = !args.has("--separate-ops");
   choice.split_weight_rows = !args.has("--gguf-rows");
   choice.tuning.attention_split = attention_split;

@@ -186,6 +186,8 @@ struct VulkanOptions {
   int64_t max_binding_bytes = 0;   // cap on one storage binding (0: the device's limit); tests
                                    // lower it to exercise tensors split across bindings
   bool profile = false;            // time every dispatch (Backend::TakeProfileReport)
+  bool phase_clock = false;        // with profile: the short shaders' phases timed inside them
+                                   // (vk/phase_clock.h; where the device has shader clocks)
   bool integer_dot = true;         // packed 8-bit dot products where the device has them; tests
                                    // turn them off to check the plain-integer shaders
   bool fuse_ops = true;            // one dispatch for ops that follow each other (norm or SwiGLU
@@ -225,6 +227,7 @@ struct BackendRequest {
   bool cpu_fallback = true;     // Vulkan: inside a FallbackBackend (passes the device cannot run go
                                 // to the CPU); benchmarks turn it off, so their figures are the device's
   bool profile = false;  // Vulkan: time every dispatch (Backend::TakeProfileReport)
+  bool phase_clock = false;  // Vulkan, with profile: time the short shaders' phases (VulkanOptions)
   bool fuse_ops = true;  // Vulkan: VulkanOptions::fuse_ops
   bool split_weight_rows = true;  // Vulkan: VulkanOptions::split_weight_rows
   bool batch_attention = true;    // Vulkan: VulkanOptions::batch_attention

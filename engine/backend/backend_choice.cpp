@@ -77,6 +77,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
       const VulkanOptions options{.device = request.device,
                                   .kv_device_bytes = request.kv_device_bytes,
                                   .profile = request.profile,
+                                  .phase_clock = request.phase_clock,
                                   .fuse_ops = request.fuse_ops,
                                   .split_weight_rows = request.split_weight_rows,
                                   .stack_matrices = request.stack_matrices,

@@ -15,11 +15,15 @@ set(KVFS_VK_IDOT_SHADERS matvec_quant matmul_quant)
 # Shaders that add partial sums across a subgroup by shuffles where the device has them
 # (KVFS_SUBGROUP), compiled again as NAME_sg (and NAME_idot_sg): also a capability.
 set(KVFS_VK_SUBGROUP_SHADERS matvec_quant matvec_float rms_norm quantize_act attn_output attn_reduce)
+# The decode path's shaders whose workgroups mark their phases in time (phase_clock.glsl), every
+# variant of them compiled again as VARIANT_clock with KVFS_PHASE_CLOCK (kvfs bench --phases): the
+# shader clock is a capability too.
+set(KVFS_VK_CLOCK_SHADERS kv_store attn_scores attn_output quantize_act matvec_quant)
 
 set(KVFS_VULKAN_SHADER_SOURCES "")
 set(kvfs_vk_includes "")
 set(kvfs_vk_entries "")
-function(kvfs_compile_shader shader name defines)
+function(kvfs_compile_one_shader shader name defines)
   set(header ${KVFS_VK_GEN_DIR}/${name}.spv.h)
   set(binary ${KVFS_VK_GEN_DIR}/${name}.spv)
   # Compiled twice (a binary for spirv-val, then the header), so an invalid module fails the
@@ -37,6 +41,19 @@ function(kvfs_compile_shader shader name defines)
   set(KVFS_VULKAN_SHADER_SOURCES ${KVFS_VULKAN_SHADER_SOURCES} ${header} PARENT_SCOPE)
   set(kvfs_vk_includes "${kvfs_vk_includes}#include \"${name}.spv.h\"\n" PARENT_SCOPE)
   set(kvfs_vk_entries "${kvfs_vk_entries}    {\"${name}\", kSpirv_${name}, std::size(kSpirv_${name})},\n" PARENT_SCOPE)
+endfunction()
+# A variant, and its _clock twin for the shaders that have one.
+function(kvfs_compile_shader shader name defines)
+  kvfs_compile_one_shader(${shader} ${name} "${defines}")
+  get_filename_component(base ${shader} NAME_WE)
+  if(base IN_LIST KVFS_VK_CLOCK_SHADERS)
+    set(clock_defines ${defines})
+    list(APPEND clock_defines -DKVFS_PHASE_CLOCK)
+    kvfs_compile_one_shader(${shader} ${name}_clock "${clock_defines}")
+  endif()
+  set(KVFS_VULKAN_SHADER_SOURCES ${KVFS_VULKAN_SHADER_SOURCES} PARENT_SCOPE)
+  set(kvfs_vk_includes "${kvfs_vk_includes}" PARENT_SCOPE)
+  set(kvfs_vk_entries "${kvfs_vk_entries}" PARENT_SCOPE)
 endfunction()
 foreach(shader ${KVFS_VK_SHADERS})
   get_filename_component(name ${shader} NAME_WE)

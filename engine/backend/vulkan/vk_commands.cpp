@@ -63,6 +63,7 @@ Status Recorder::Begin() {
     if (r != VK_SUCCESS) return VkError("vkCreateFence", r);
   }
   KVFS_RETURN_IF_ERROR(Drain());  // a pass abandoned after an error: its pieces finish first
+  if (phase_clock_ != nullptr) phase_clock_->Collect();  // an abandoned pass's marks: cleared
   if (sets_epoch_ != ctx_.buffer_epoch()) {
     for (VkDescriptorPool p : descriptor_pools_) vkResetDescriptorPool(dev, p, 0);
     current_pool_ = 0;
@@ -120,6 +121,13 @@ Status Recorder::SubmitPiece(VkFence fence) {
   return Status::Ok();
 }
 
+Status Recorder::EnablePhaseClock(PipelineCache& pipelines, const PhaseClock::Options& options) {
+  if (phase_clock_ != nullptr) return Status::Ok();
+  KVFS_RETURN_IF_ERROR(pipelines.PrepareClockSetLayout());
+  KVFS_ASSIGN_OR_RETURN(phase_clock_, PhaseClock::Create(ctx_, pipelines.clock_set_layout(), options));
+  return Status::Ok();
+}
+
 Status Recorder::EnableProfiling(uint32_t max_dispatches) {
   if (profile_ != nullptr) return Status::Ok();
   if (ctx_.limits().timestamp_period_ns <= 0) return Unsupported("the Vulkan queue has no timestamps to profile with");
@@ -168,7 +176,7 @@ std::string PipelineLabel(const Pipeline& p) {
 }  // namespace
 
 std::string Recorder::TakeProfileReport(const PipelineCache* statistics) {
-  if (profile_ == nullptr) return {};
+  if (profile_ == nullptr) return phase_clock_ != nullptr ? phase_clock_->TakeReport() : std::string();
   Profile& p = *profile_;
   double timed_ms = 0;
   std::string out = fmt::format("{:<28} {:>10} {:>12} {:>7}\n", "shader [groups]", "dispatches", "device ms", "share");
@@ -204,6 +212,7 @@ std::string Recorder::TakeProfileReport(const PipelineCache* statistics) {
   p.by_pipeline.clear();
   p.passes = p.pieces = p.dispatches = p.barriers = p.copies = 0;
   p.device_ms = p.record_ms = p.wait_ms = 0;
+  if (phase_clock_ != nullptr) out += phase_clock_->TakeReport();
   return out;
 }
 
@@ -278,6 +287,12 @@ Status Recorder::Dispatch(const Pipeline& pipeline, std::span<const Buffer* cons
   if (set != bound_set_) {
     vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout, 0, 1, &set, 0, nullptr);
     bound_set_ = set;
+  }
+  if (pipeline.clocked) {  // its own region of the phase clock's buffer
+    if (phase_clock_ == nullptr) return Internal(fmt::format("{} is clocked but the recorder has no phase clock", pipeline.name));
+    const VkDescriptorSet clock_set = phase_clock_->set();
+    const uint32_t offset = phase_clock_->NextRegion(pipeline, x, y, z);
+    vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout, 1, 1, &clock_set, 1, &offset);
   }
   if (pipeline.push_bytes > 0) {
     vkCmdPushConstants(cmd_, pipeline.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, pipeline.push_bytes, push);
@@ -355,6 +370,7 @@ Status Recorder::SubmitAndWait() {
   KVFS_RETURN_IF_ERROR(ctx_.Check("vkWaitForFences", vkWaitForFences(ctx_.device(), 1, &fence_, VK_TRUE, UINT64_MAX)));
   in_flight_ = false;
   vkResetFences(ctx_.device(), 1, &fence_);
+  if (phase_clock_ != nullptr) phase_clock_->Collect();
   if (profile_ != nullptr) return CollectProfile(submitted);
   return Status::Ok();
 }

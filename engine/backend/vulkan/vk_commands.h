@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/vulkan/phase_clock.h"
 #include "engine/backend/vulkan/vk_context.h"
 #include "engine/backend/vulkan/vk_pipelines.h"
 #include "engine/core/status.h"
@@ -84,6 +85,9 @@ class Recorder {
   // VK_KHR_pipeline_executable_properties); then starts over. Empty when
   // profiling is off.
   std::string TakeProfileReport(const PipelineCache* statistics = nullptr);
+  // Phase clocks (kvfs bench --phases, phase_clock.h): the clocked pipelines of `pipelines`
+  // (made with phase_clock on) get their regions, and TakeProfileReport adds their phases.
+  Status EnablePhaseClock(PipelineCache& pipelines, const PhaseClock::Options& options = {});
 
  private:
   // Dispatches after which a barrier submits the piece recorded so far: a short first piece
@@ -143,6 +147,7 @@ class Recorder {
     std::chrono::steady_clock::time_point begun;
   };
   std::unique_ptr<Profile> profile_;  // null unless EnableProfiling
+  std::unique_ptr<PhaseClock> phase_clock_;  // null unless EnablePhaseClock
 };
 
 }  // namespace kvfs::vk

@@ -199,13 +199,14 @@ void Buffer::Reset() {
   destroyed_ = nullptr;
 }
 
-Result<std::unique_ptr<Context>> Context::Create(int index, bool integer_dot, bool capture_statistics) {
+Result<std::unique_ptr<Context>> Context::Create(int index, bool integer_dot, bool capture_statistics,
+                                                 bool phase_clock) {
   std::unique_ptr<Context> ctx(new Context());
-  KVFS_RETURN_IF_ERROR(ctx->Init(index, integer_dot, capture_statistics));
+  KVFS_RETURN_IF_ERROR(ctx->Init(index, integer_dot, capture_statistics, phase_clock));
   return ctx;
 }
 
-Status Context::Init(int index, bool integer_dot, bool capture_statistics) {
+Status Context::Init(int index, bool integer_dot, bool capture_statistics, bool phase_clock) {
   ScopedInstance instance;
   KVFS_RETURN_IF_ERROR(CreateInstance(instance));
   KVFS_ASSIGN_OR_RETURN(std::vector<VkPhysicalDevice> devices, PhysicalDevices(instance.instance));
@@ -290,6 +291,11 @@ Status Context::Init(int index, bool integer_dot, bool capture_statistics) {
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
   captures_statistics_ = enable_if(capture_statistics, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME,
                                    stats_features, stats_features.pipelineExecutableInfo);
+  // The shaders' clocks: realtime (device scope) and cycles (subgroup scope), both or neither.
+  VkPhysicalDeviceShaderClockFeaturesKHR clock_features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR};
+  phase_clock_ = enable_if(phase_clock, VK_KHR_SHADER_CLOCK_EXTENSION_NAME, clock_features,
+                           clock_features.shaderDeviceClock) &&
+                 clock_features.shaderSubgroupClock == VK_TRUE;
   device_info.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
   device_info.ppEnabledExtensionNames = extensions.data();
   const VkResult r = vkCreateDevice(physical_, &device_info, nullptr, &device_);

@@ -74,8 +74,10 @@ class Context {
   // packed 4x8-bit integer dot product (VK_KHR_shader_integer_dot_product, core in Vulkan 1.3)
   // where the device has it; false keeps the plain-integer shaders (tests compare both).
   // capture_statistics: enable VK_KHR_pipeline_executable_properties where the device has it,
-  // so that pipelines can report their compiler's statistics (kvfs shaders).
-  static Result<std::unique_ptr<Context>> Create(int index, bool integer_dot = true, bool capture_statistics = false);
+  // so that pipelines can report their compiler's statistics (kvfs shaders). phase_clock: enable
+  // the shaders' clocks (VK_KHR_shader_clock) where the device has them (kvfs bench --phases).
+  static Result<std::unique_ptr<Context>> Create(int index, bool integer_dot = true, bool capture_statistics = false,
+                                                 bool phase_clock = false);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -92,6 +94,8 @@ class Context {
   bool subgroup_shuffle() const { return info_.subgroup_shuffle; }
   // Whether pipelines made on this device can report their statistics (Create's capture_statistics).
   bool captures_statistics() const { return captures_statistics_; }
+  // Whether the NAME_clock shader variants can run (Create's phase_clock; phase_clock.h).
+  bool phase_clock() const { return phase_clock_; }
 
   Result<Buffer> CreateBuffer(int64_t bytes, MemoryKind kind);
   // Every queue submission goes through here (the destructor then waits for the device).
@@ -109,7 +113,7 @@ class Context {
 
  private:
   Context() = default;
-  Status Init(int index, bool integer_dot, bool capture_statistics);
+  Status Init(int index, bool integer_dot, bool capture_statistics, bool phase_clock);
   Result<uint32_t> MemoryTypeFor(uint32_t allowed_types, MemoryKind kind) const;
 
   VkInstance instance_ = VK_NULL_HANDLE;
@@ -122,6 +126,7 @@ class Context {
   VulkanDeviceInfo info_;
   bool integer_dot_ = false;
   bool captures_statistics_ = false;
+  bool phase_clock_ = false;
   bool submitted_ = false;  // anything was submitted to the queue
   bool lost_ = false;
   int64_t lose_at_submission_ = 0;  // LoseAtSubmission's countdown; 0: none

@@ -18,16 +18,37 @@ PipelineCache::~PipelineCache() {
     if (s.set_layout != VK_NULL_HANDLE) vkDestroyDescriptorSetLayout(device_, s.set_layout, nullptr);
     if (s.module != VK_NULL_HANDLE) vkDestroyShaderModule(device_, s.module, nullptr);
   }
+  if (clock_set_layout_ != VK_NULL_HANDLE) vkDestroyDescriptorSetLayout(device_, clock_set_layout_, nullptr);
+}
+
+Status PipelineCache::PrepareClockSetLayout() {
+  if (clock_set_layout_ != VK_NULL_HANDLE) return Status::Ok();
+  const VkDescriptorSetLayoutBinding binding{0, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC, 1,
+                                             VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+  VkDescriptorSetLayoutCreateInfo info{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  info.bindingCount = 1;
+  info.pBindings = &binding;
+  const VkResult r = vkCreateDescriptorSetLayout(device_, &info, nullptr, &clock_set_layout_);
+  if (r != VK_SUCCESS) return VkError("vkCreateDescriptorSetLayout (phase clock)", r);
+  return Status::Ok();
 }
 
 Result<PipelineCache::ShaderState*> PipelineCache::Shader(const ShaderInterface& shader) {
   if (auto it = shaders_.find(shader.name); it != shaders_.end()) return &it->second;
   const EmbeddedShader* code = nullptr;
+  const EmbeddedShader* clocked = nullptr;  // its NAME_clock variant
+  const std::string clocked_name = std::string(shader.name) + "_clock";
   for (const EmbeddedShader& s : EmbeddedShaders()) {
     if (s.name == shader.name) code = &s;
+    if (s.name == clocked_name) clocked = &s;
   }
   if (code == nullptr) return Internal(fmt::format("shader {} is not embedded in this build", shader.name));
+  if (phase_clock_ && clocked != nullptr) {
+    KVFS_RETURN_IF_ERROR(PrepareClockSetLayout());
+    code = clocked;
+  }
   ShaderState& state = shaders_[std::string(shader.name)];
+  state.clocked = code == clocked;
 
   std::span<const uint32_t> words(code->words, code->n_words);
   std::vector<uint32_t> rounded_as_written;  // the module with NoContraction (kept until made)
@@ -53,8 +74,9 @@ Result<PipelineCache::ShaderState*> PipelineCache::Shader(const ShaderInterface&
 
   const VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, shader.push_bytes};
   VkPipelineLayoutCreateInfo layout_info{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
-  layout_info.setLayoutCount = 1;
-  layout_info.pSetLayouts = &state.set_layout;
+  const VkDescriptorSetLayout set_layouts[2] = {state.set_layout, clock_set_layout_};
+  layout_info.setLayoutCount = state.clocked ? 2 : 1;
+  layout_info.pSetLayouts = set_layouts;
   layout_info.pushConstantRangeCount = shader.push_bytes > 0 ? 1 : 0;
   layout_info.pPushConstantRanges = &push;
   r = vkCreatePipelineLayout(device_, &layout_info, nullptr, &state.layout);
@@ -93,6 +115,7 @@ Result<const Pipeline*> PipelineCache::Get(const ShaderInterface& shader, std::s
   p->push_bytes = shader.push_bytes;
   p->name = shader.name;
   p->constants.assign(constants.begin(), constants.end());
+  p->clocked = state->clocked;
   const Pipeline* out = p.get();
   spdlog::debug("vulkan: made the {} pipeline {}", shader.name, fmt::join(out->constants, ","));
   state->pipelines.emplace(std::move(key), std::move(p));

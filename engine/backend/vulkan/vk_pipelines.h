@@ -44,6 +44,7 @@ struct Pipeline {
   uint32_t push_bytes = 0;
   std::string_view name;  // the shader's (profiles name dispatches by it)
   std::vector<uint32_t> constants;  // its specialization constants (ids 0..)
+  bool clocked = false;  // the NAME_clock variant: binds the phase clock's set 1 (phase_clock.h)
 };
 
 // One number the driver's compiler reports about a pipeline (VK_KHR_pipeline_executable_properties),
@@ -60,8 +61,12 @@ class PipelineCache {
   // (Context::captures_statistics()); pipelines then keep their statistics for Statistics().
   // contract_floats: the modules as compiled, the device free to fuse a * b + c into one
   // rounding; off, every float multiply and add rounds as the CPU's (spirv_no_contraction.h).
-  explicit PipelineCache(VkDevice device, bool capture_statistics = false, bool contract_floats = false)
-      : device_(device), capture_statistics_(capture_statistics), contract_floats_(contract_floats) {}
+  // phase_clock: shaders that have a NAME_clock variant are made from it (the context must have
+  // Context::phase_clock()); their layouts add set 1, the clock's region (clock_set_layout()).
+  explicit PipelineCache(VkDevice device, bool capture_statistics = false, bool contract_floats = false,
+                         bool phase_clock = false)
+      : device_(device), capture_statistics_(capture_statistics), contract_floats_(contract_floats),
+        phase_clock_(phase_clock) {}
   ~PipelineCache();
   PipelineCache(const PipelineCache&) = delete;
   PipelineCache& operator=(const PipelineCache&) = delete;
@@ -74,6 +79,10 @@ class PipelineCache {
   // compute shader). Unsupported unless made with capture_statistics.
   Result<std::vector<PipelineStatistic>> Statistics(const Pipeline& pipeline) const;
   bool captures_statistics() const { return capture_statistics_; }
+  // Set 1 of the clocked pipelines: one dynamic storage buffer (made on first use; null before).
+  VkDescriptorSetLayout clock_set_layout() const { return clock_set_layout_; }
+  // Makes clock_set_layout() now (a Recorder needs it before any clocked pipeline exists).
+  Status PrepareClockSetLayout();
   // Pipelines made so far.
   int64_t size() const { return made_; }
 
@@ -84,6 +93,7 @@ class PipelineCache {
     VkShaderModule module = VK_NULL_HANDLE;
     VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
     VkPipelineLayout layout = VK_NULL_HANDLE;
+    bool clocked = false;
     std::map<ConstantsKey, std::unique_ptr<Pipeline>> pipelines;
   };
   Result<ShaderState*> Shader(const ShaderInterface& shader);
@@ -91,6 +101,8 @@ class PipelineCache {
   VkDevice device_;
   bool capture_statistics_;
   bool contract_floats_;
+  bool phase_clock_;
+  VkDescriptorSetLayout clock_set_layout_ = VK_NULL_HANDLE;
   int64_t made_ = 0;
   std::map<std::string, ShaderState, std::less<>> shaders_;
 };

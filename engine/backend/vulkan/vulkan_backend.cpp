@@ -197,16 +197,22 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_RETURN_IF_ERROR(vk::CheckWeightTypes(model_.weights()));
   // Profiling: the compiler's statistics of the pipelines too, where the device reports them.
   KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device, options.integer_dot,
-                                                  /*capture_statistics=*/options.profile));
+                                                  /*capture_statistics=*/options.profile, options.phase_clock));
   fuse_ops_ = options.fuse_ops;
   batch_attention_ = options.batch_attention;
   merge_sequences_ = options.merge_sequences;
   kv_rows_by_kv_store_ = options.kv_rows_by_kv_store && options.fuse_ops;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
-  pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device(), ctx_->captures_statistics(), options.contract_floats);
+  pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device(), ctx_->captures_statistics(), options.contract_floats,
+                                                   ctx_->phase_clock());
   rec_ = std::make_unique<vk::Recorder>(*ctx_);
   if (options.profile) KVFS_RETURN_IF_ERROR(rec_->EnableProfiling());
+  if (ctx_->phase_clock()) {
+    KVFS_RETURN_IF_ERROR(rec_->EnablePhaseClock(*pipelines_));
+  } else if (options.phase_clock) {
+    spdlog::warn("vulkan: {} has no shader clocks (VK_KHR_shader_clock): no phases to time", ctx_->info().name);
+  }
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));
   ops_->set_query_tiles(options.query_tiles);

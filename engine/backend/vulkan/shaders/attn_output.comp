@@ -4,6 +4,10 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
+#if defined(KVFS_PHASE_CLOCK)
+#extension GL_EXT_shader_realtime_clock : require
+#extension GL_ARB_shader_clock : require
+#endif
 // Attention output of one sequence's query tokens: out(t, h) = sum_p w[t][h][p] * V(p, h/group)
 // over the visible positions, V read in the stored KV format from the device plane of the
 // layer (dequantized here). One workgroup per (token, HEADS query heads of one KV head, split):
@@ -109,6 +113,7 @@ float Weight(uint wrow0, uint i, uint s0, uint pos) {
 const uint QUANT_SHARED = KIND == 3u ? 1u : WG;
 #include "quantize_block.glsl"
 #include "quantize_heads.glsl"
+#include "phase_clock.glsl"
 
 // q4 values take the int8-weight path of the CPU backend (engine/backend/cpu/attention.h), with
 // the same codes: per tile (kQueryBlock positions from each KV block's start, cut at the last
@@ -288,12 +293,14 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
     if (x < HEADS * p.split_positions) partial[WeightAt(x / p.split_positions, x % p.split_positions)] = raw[j];
   }
   barrier();
+  MarkPhase(2u);
   if (tid < HEADS) {
     float m = partial[FoldAt(tid, 0u)];
     for (uint l = 1u; l < kFold; ++l) m = max(m, partial[FoldAt(tid, l)]);
     hvec[RowMaxAt(tid)] = m;
   }
   barrier();
+  MarkPhase(3u);
   if (folds) {  // (the entries again: the fold above just read them)
     float l = 0.0;
     for (uint g = lane; g < n_stats; g += kFold) {
@@ -303,12 +310,14 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
     partial[FoldAt(i, lane)] = l;
   }
   barrier();
+  MarkPhase(4u);
   if (tid < HEADS) {
     float l = partial[FoldAt(tid, 0u)];
     for (uint k = 1u; k < kFold; ++k) l += partial[FoldAt(tid, k)];
     hvec[RowInvAt(tid)] = Div(1.0, l);  // correctly rounded, as softmax.comp
   }
   barrier();
+  MarkPhase(5u);
   // softmax.comp's arithmetic: e = ExpPoly(scale * s - M), w = e * (1 / L), in place.
   for (uint x = tid; x < HEADS * p.split_positions; x += WG) {
     const uint head = x / p.split_positions, pos = s0 + x % p.split_positions;
@@ -321,7 +330,9 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
 }
 
 void main() {
+  MarkPhase(0u);
   LoadCall();
+  MarkPhase(1u);
   const uint tid = gl_LocalInvocationID.x;
   const uint h0 = group_id.x * HEADS, t0 = group_id.y * QT, split = group_id.z;
   const uint n_valid = min(QT, p.n_tokens - t0);  // tokens of this tile: t0 .. t0 + n_valid - 1
@@ -342,6 +353,7 @@ void main() {
   } else if (!kInt8Weights) {
     barrier();
   }
+  MarkPhase(6u);
   for (uint x = 0u; x < QT * HEADS; ++x) acc[x] = 0.0;
   if (kInt8Weights) {
     Int8WeightSums(tid, lane, d, wrow0, token_rows, s0, split_end, n_visible, n_valid, t0, first);
@@ -384,6 +396,7 @@ void main() {
       }
     }
   }
+  MarkPhase(7u);
   if (FUSED != 0u) barrier();  // every invocation is done reading the weights in partial
   for (uint k = 0u; k < QT; ++k) {  // token by token through the shared arrays
     if (k >= n_valid) break;  // the same for the whole workgroup: barriers stay uniform
@@ -402,6 +415,7 @@ void main() {
       hvec[x] = sum;
     }
     barrier();
+    MarkPhase(8u);
     if (p.n_splits > 1u) {  // QT == 1
       for (uint x = tid; x < HEADS * HD; x += WG) {
         partials[p.partial0 + ((t * p.n_head + h0 + x / HD) * p.n_splits + split) * HD + x % HD] = hvec[x];
@@ -423,12 +437,16 @@ void main() {
         partial[0] = last ? 1.0 : 0.0;
       }
       barrier();
+      MarkPhase(9u);
       if (partial[0] == 0.0) return;
       memoryBarrierBuffer();
       SumSplits(t, h0, tid);  // attn_reduce's sums
+      MarkPhase(10u);
     }
     if (ROTATE != 0u) HadamardShared(HEADS, HD, p.hadamard_scale, tid, WG);
+    MarkPhase(11u);
     for (uint x = tid; x < HEADS * HD; x += WG) o[(p.out_row0 + t) * p.out_stride + h0 * HD + x] = hvec[x];
     if (KIND != 3u) QuantizeHeads(p.out_row0 + t, h0, p.n_head);
   }
+  MarkPhase(12u);
 }

@@ -1,5 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#if defined(KVFS_PHASE_CLOCK)
+#extension GL_EXT_shader_realtime_clock : require
+#extension GL_ARB_shader_clock : require
+#endif
 // Attention scores of one sequence's query tokens against its K rows, read in the stored KV
 // format straight from the device KV plane of the layer (dequantized here, never expanded):
 //   scores[t][h][p] = q(t, h) . K(p, h / group)   for p <= pos0 + t (causal)
@@ -84,6 +88,7 @@ const uint kJobsFlatDim = 0;  // a call's workgroups along x and z are numbered 
 #include "common.glsl"
 #include "kv_rows.glsl"
 #include "rope_pair.glsl"
+#include "phase_clock.glsl"
 
 // The queries (query i at hvec[i * HD]), prepared as the format asks: RoPE, rotation, f16.
 shared float hvec[NQ * HD];
@@ -337,7 +342,9 @@ void RopeQueries(uint tid) {
 }
 
 void main() {
+  MarkPhase(0u);
   LoadCall();
+  MarkPhase(1u);
   const uint tid = gl_LocalInvocationID.x;
   const uint n_visible = QueryVisible(NQ - 1u);  // the most any query sees (tokens ascend with i)
   if (group_id.x * WG >= n_visible) return;  // the whole workgroup: barriers stay uniform
@@ -346,6 +353,7 @@ void main() {
     hvec[x] = q[(p.q_row0 + QueryToken(i)) * p.q_stride + QueryHead(i) * HD + x % HD];
   }
   barrier();
+  MarkPhase(2u);
   if (ROPE != 0u) {
     RopeQueries(tid);
     barrier();
@@ -359,11 +367,13 @@ void main() {
     QuantizeQueryBlocks(tid);
     barrier();
   }
+  MarkPhase(3u);
   const uint first = (QueryHead(0u) / p.group) * HD;
   if (NEW_KEYS > 0u && (group_id.x + 1u) * WG > p.pos0) {  // (uniform) a workgroup with new positions
     StageNewKeys(tid, first);
     barrier();
   }
+  MarkPhase(4u);
   // Each query's score is summed as a workgroup of that query alone sums it; the key is read
   // once for all. Positions no query sees compute nothing but stay for the stats' barriers.
   const uint pos = group_id.x * WG + tid;
@@ -375,6 +385,7 @@ void main() {
     const uint chunk = group_id.x;
     const bool whole = ChunkWhole(chunk, NQ - 1u);
     PrepareChunk(chunk, first, tid, whole);
+    MarkPhase(5u);
     if (visible && whole) {
       const uint base = ChunkRecord(chunk, first), record = 4u + CHUNK / 2u;  // channels' records are contiguous
       if (kChunksInt8) {
@@ -461,11 +472,13 @@ void main() {
       }
     }
   }
+  MarkPhase(6u);
   for (uint i = 0u; i < NQ; ++i) {
     if (QueryReal(i) && pos < QueryVisible(i)) {
       scores[p.score0 + (QueryToken(i) * p.n_head + QueryHead(i)) * p.score_stride + pos] = s[i];
     }
   }
+  MarkPhase(7u);
   if (STATS == 0u) return;
   // The workgroup's (max, sum) of each query's softmax, over the positions it sees.
   for (uint i = 0u; i < NQ; ++i) {
@@ -477,6 +490,7 @@ void main() {
     for (uint i = 0u; tid < k && i < NQ; ++i) stat_max[i * WG + tid] = max(stat_max[i * WG + tid], stat_max[i * WG + tid + k]);
     barrier();
   }
+  MarkPhase(8u);
   for (uint i = 0u; i < NQ; ++i) {
     precise float v = s[i] * p.scale;
     stat_sum[i * WG + tid] = pos < QueryVisible(i) ? ExpPoly(v - stat_max[i * WG]) : 0.0;
@@ -486,10 +500,12 @@ void main() {
     for (uint i = 0u; tid < k && i < NQ; ++i) stat_sum[i * WG + tid] += stat_sum[i * WG + tid + k];
     barrier();
   }
+  MarkPhase(9u);
   for (uint i = 0u; tid == 0u && i < NQ; ++i) {
     if (QueryReal(i)) {
       stats[p.stats0 + (QueryToken(i) * p.n_head + QueryHead(i)) * p.stats_stride + group_id.x] =
           vec2(stat_max[i * WG], stat_sum[i * WG]);
     }
   }
+  MarkPhase(10u);
 }

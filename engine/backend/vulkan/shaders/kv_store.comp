@@ -1,5 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#if defined(KVFS_PHASE_CLOCK)
+#extension GL_EXT_shader_realtime_clock : require
+#extension GL_ARB_shader_clock : require
+#endif
 // Encodes new K and V rows into the sequence's KV format, in place in the device KV planes of
 // one layer: per token, the row of n_head_kv heads is rotated head by head with the
 // Walsh-Hadamard transform when the format rotates, then quantized group by group with the
@@ -80,6 +84,7 @@ layout(binding = 7) readonly buffer Rows { KvStoreEntry rows[]; };      // ROW_T
 #include "common.glsl"
 #include "kv_rows.glsl"
 #include "rope_pair.glsl"
+#include "phase_clock.glsl"
 
 shared float hvec[ROW_VALUES];
 shared uint row_words[ROW_WORDS];
@@ -139,6 +144,7 @@ shared float candidate_err[kQ4kWave * kCandidates];
 // do not depend on the order, and each candidate's error and the choice among them are
 // computed as before, so the bytes are the same.
 void EncodeQ4kRow(uint tid) {
+  MarkPhase(4u);
   for (uint j = tid; j < kSubBlocks; j += WG) {
     float lo = hvec[j * KV_GROUP], hi = lo;
     for (uint i = 1u; i < KV_GROUP; ++i) {
@@ -149,6 +155,7 @@ void EncodeQ4kRow(uint tid) {
     sub_hi[j] = hi;
   }
   barrier();
+  MarkPhase(5u);
   // Row-wide units (every invocation computes them; maxima do not depend on the order).
   float max_abs_lo = 0.0;
   for (uint j = 0u; j < kSubBlocks; ++j) max_abs_lo = max(max_abs_lo, abs(sub_lo[j]));
@@ -161,6 +168,7 @@ void EncodeQ4kRow(uint tid) {
     sub_span[j] = span;
   }
   barrier();
+  MarkPhase(6u);
   float max_span = 0.0;
   for (uint j = 0u; j < kSubBlocks; ++j) max_span = max(max_span, sub_span[j]);
   precise float d_unit = Div(max_span, 465.0);  // 15 levels x 31 scale steps
@@ -175,6 +183,7 @@ void EncodeQ4kRow(uint tid) {
     sub_sc0[j] = D > 0.0 ? clamp(int(ceil(steps)), 0, 31) : 0;
   }
   barrier();
+  MarkPhase(7u);
   for (uint j0 = 0u; j0 < kSubBlocks; j0 += kWaveBlocks) {  // (the same trip count everywhere)
     const uint n = min(kWaveBlocks, kSubBlocks - j0);
     for (uint x = tid; x < n * kCandidates; x += WG) {
@@ -200,6 +209,7 @@ void EncodeQ4kRow(uint tid) {
     }
     barrier();
   }
+  MarkPhase(8u);
   for (uint j = tid; j < kSubBlocks; j += WG) {
     const uint v0 = j * KV_GROUP, best_c = sub_best[j];
     const int best_mn = min(sub_mn0[j] + int(best_c / 4u), 15), best_sc = max(sub_sc0[j] - int(best_c % 4u), 0);
@@ -223,6 +233,7 @@ const uint kSegValues = SEG_HEADS * HD;
 void main() {
   // Words of a segment: of the whole row (with its padding), or of whole groups that end at a
   // word boundary (checked on the host).
+  MarkPhase(0u);
   const uint tid = gl_LocalInvocationID.x;
   const uint t = gl_WorkGroupID.x, seg = gl_WorkGroupID.y, plane = gl_WorkGroupID.z;
   // This workgroup's row: from the push constants (a run of one sequence's tokens) or its entry.
@@ -246,6 +257,7 @@ void main() {
   for (uint i = tid; i < kSegValues; i += WG) hvec[i] = plane == 0u ? src0[src0_at + i] : src1[src0_at + i];
   for (uint i = tid; i < (stage_keys ? 0u : seg_words); i += WG) row_words[i] = 0u;
   barrier();
+  MarkPhase(1u);
   if (ROPE != 0u && plane == 0u) {
     const uint half_rot = p.n_rot / 2u;
     for (uint k = tid; k < SEG_HEADS * half_rot; k += WG) {
@@ -260,8 +272,10 @@ void main() {
     }
     barrier();
   }
+  MarkPhase(2u);
   // (stage_keys is the same for the whole workgroup, so the barriers below stay uniform.)
   if (ROTATE != 0u && !stage_keys) HadamardShared(SEG_HEADS, HD, p.hadamard_scale, tid, WG);
+  MarkPhase(3u);
 
   if (KV_TYPE == kKvQ4K && !stage_keys) EncodeQ4kRow(tid);
   if (KV_TYPE == kKvF16) {  // a word (two values) per invocation: no shared atomics
@@ -299,6 +313,7 @@ void main() {
     }
   }
   barrier();
+  MarkPhase(9u);
   // Where this position's row starts in the mirror, in words (when mirrored).
   if (ROW_TABLE == 0u && (p.mirror & (1u << plane)) != 0u && pos >= p.mirror_pos0[plane]) {
     const uint mirror_row_words = stage_keys ? seg_words : ROW_WORDS;
@@ -311,6 +326,7 @@ void main() {
       kv_words[key_row * seg_words + i] = w;
       if (mirrored) mirror_words[mirror_word + i] = w;
     }
+    MarkPhase(10u);
     return;
   }
   const uint slot = block_table[table0 + pos / p.block_tokens];
@@ -323,4 +339,5 @@ void main() {
     }
     if (mirrored) mirror_words[mirror_word + seg * seg_words + i] = row_words[i];
   }
+  MarkPhase(10u);
 }

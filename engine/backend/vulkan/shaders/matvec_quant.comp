@@ -7,6 +7,10 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
+#if defined(KVFS_PHASE_CLOCK)
+#extension GL_EXT_shader_realtime_clock : require
+#extension GL_ARB_shader_clock : require
+#endif
 // y = W x for a few activation rows (decode and small batches) with quantized weights:
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (WEIGHT_TYPE) against activations
 // quantized by quantize_act. A workgroup has WG / LANES slots of LANES invocations; a slot
@@ -79,6 +83,7 @@ shared float partial[OUTPUTS * WG];
 
 const uint QUANT_SHARED = KIND < 3u ? WG : 1u;
 #include "quantize_block.glsl"
+#include "phase_clock.glsl"
 
 const uint GROUP_ROWS = SLOTS * ROWS_PER_SLOT;  // rows per workgroup
 // Blocks whose counts a workgroup's rows can complete: in each of gate and up, its rows'
@@ -142,6 +147,7 @@ void QuantizeFinishedBlocks(uint tid, uint subgroup) {
 }
 
 void main() {
+  MarkPhase(0u);
   const uint subgroup = TreeSubgroupSize();
   const uint tid = TreeTid(subgroup);
   const uint lane = tid % LANES, slot = tid / LANES;
@@ -181,6 +187,7 @@ void main() {
     }
   }
 
+  MarkPhase(1u);
   // The tree: the steps from LANES / 2 down to the subgroup size in shared memory, the rest
   // by shuffles (lane 0 of the slot holds the sums; subgroup_tree.glsl).
   if (LANES > subgroup) {
@@ -202,5 +209,7 @@ void main() {
       StoreOutput(t, r, acc[o]);
     }
   }
+  MarkPhase(2u);
   if (KIND < 3u) QuantizeFinishedBlocks(tid, subgroup);
+  MarkPhase(3u);
 }

@@ -4,6 +4,10 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
+#if defined(KVFS_PHASE_CLOCK)
+#extension GL_EXT_shader_realtime_clock : require
+#extension GL_ARB_shader_clock : require
+#endif
 // Quantizes f32 activation rows to 8-bit units for the integer dot products of matvec_quant
 // and matmul_quant, with exactly the arithmetic of the CPU's activation quantizers
 // (kernels_scalar.cpp: QuantizeQ8_0 / Q8_1 / Q8_K), so both backends dot the same codes.
@@ -49,6 +53,7 @@ shared float partial[WG];
 
 const uint QUANT_SHARED = WG;
 #include "quantize_block.glsl"
+#include "phase_clock.glsl"
 
 // Value i of row r (norm_scale: SOURCE 2's RMSNorm scale of the row).
 float Value(uint r, uint i, float norm_scale) {
@@ -62,6 +67,7 @@ float Value(uint r, uint i, float norm_scale) {
 }
 
 void main() {
+  MarkPhase(0u);
   const uint subgroup = TreeSubgroupSize();
   const uint tid = TreeTid(subgroup), r = gl_WorkGroupID.y;
   const uint n_blocks = p.n / BLOCK;
@@ -69,6 +75,7 @@ void main() {
   const uint end = min(n_blocks, begin + p.blocks_per_group);
   float scale = 0.0;
   if (SOURCE == 2u) scale = RmsScale(r * p.x_stride, p.n, p.eps, tid, subgroup);
+  MarkPhase(1u);
   for (uint b0 = begin; b0 < end; b0 += WG / 32u) {
     const uint b = b0 + tid / 32u;
     const bool live = b < end;
@@ -81,4 +88,5 @@ void main() {
     QuantizeBlock(v, r * (p.n / 4u) + b * (BLOCK / 4u), r * (p.n / 32u) + b * (BLOCK / 32u), live, tid,
                   min(32u, subgroup));
   }
+  MarkPhase(2u);
 }
