@@ -40,12 +40,12 @@ uint F32ToF16Bits(float f) {
 // shader's division be off by up to 2.5 ulp (GPUs and lavapipe multiply by a reciprocal),
 // and the quantizers must pick the CPU's codes, and the softmax's 1 / sum, RMSNorm's scale and
 // SiLU must round as the CPU's do (an H200's 1 / x was an ulp off in some softmax rows, enough
-// to move f16-rounded weights; the sums before them are still added in the device's own order),
-// so the significands are divided here as integers, 25 quotient bits by
-// shift and subtract, and rounded with the remainder as sticky bit. Zeros, infinities, NaN,
-// subnormal operands and results out of the normal range fall back to the device's division
-// (a subnormal operand, which a device may flush to 0 anyway, can then differ from the CPU: a
-// q4k sub-block whose minimum is below 2^-126, SiLU of a gate that small; never seen in a model).
+// to move f16-rounded weights), so the significands are divided here as integers, 25 quotient
+// bits by shift and subtract, and rounded with the remainder as sticky bit. Zeros, infinities,
+// NaN, subnormal operands and results out of the normal range fall back to the device's
+// division (a subnormal operand, which a device may flush to 0 anyway, can then differ from the
+// CPU: a q4k sub-block whose minimum is below 2^-126, SiLU of a gate that small; never seen in a
+// model).
 float Div(float a, float b) {
   const uint ua = floatBitsToUint(a), ub = floatBitsToUint(b);
   const uint ea = (ua >> 23) & 0xFFu, eb = (ub >> 23) & 0xFFu;
