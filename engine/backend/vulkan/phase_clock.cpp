@@ -6,6 +6,8 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/fmt/ranges.h>
 
+#include "engine/backend/vulkan/vk_ops_common.h"
+
 namespace kvfs::vk {
 namespace {
 
@@ -36,8 +38,8 @@ const std::vector<std::string>& PhaseClock::MarkNames(std::string_view shader) {
   // The MarkPhase(k) calls of each shader, in order (keep in step with the .comp files).
   static const std::map<std::string, std::vector<std::string>, std::less<>> kMarkNames = {
       {"kv_store",
-       {"start", "row loaded", "RoPE", "Hadamard", "q4k: encoding", "q4k: sub-block ranges", "q4k: M, spans",
-        "q4k: D, first scales", "q4k: candidates chosen", "encoded", "stored"}},
+       {"start", "row loaded", "RoPE", "Hadamard", "q4k: sub-block ranges", "q4k: M, spans", "q4k: D, first scales",
+        "q4k: candidates chosen", "encoded", "stored"}},
       {"attn_scores",
        {"start", "call loaded", "queries loaded", "queries prepared", "new keys staged", "q4k: chunk prepared",
         "scores computed", "scores stored", "stats: max", "stats: sum", "stats stored"}},
@@ -53,9 +55,15 @@ const std::vector<std::string>& PhaseClock::MarkNames(std::string_view shader) {
   return it == kMarkNames.end() ? kNone : it->second;
 }
 
+bool PhaseClock::Usable(const Context& ctx) {
+  return ctx.phase_clock() && ctx.limits().max_storage_buffers > ops_detail::kMostStorageBuffers;
+}
+
 Result<std::unique_ptr<PhaseClock>> PhaseClock::Create(Context& ctx, VkDescriptorSetLayout layout,
                                                        const Options& options) {
-  if (!ctx.phase_clock()) return Unsupported("the Vulkan device has no shader clocks (VK_KHR_shader_clock)");
+  if (!Usable(ctx)) {
+    return Unsupported("the Vulkan device has no shader clocks (VK_KHR_shader_clock) or no storage buffer to spare for them");
+  }
   if (layout == VK_NULL_HANDLE) return Internal("the pipeline cache was made without phase clocks");
   if (options.max_dispatches < 1 || options.max_workgroups < 1) return InvalidArgument("phase clock sizes must be positive");
   std::unique_ptr<PhaseClock> clock(new PhaseClock(ctx, options));
@@ -97,6 +105,15 @@ uint32_t PhaseClock::NextRegion(const Pipeline& pipeline, uint32_t x, uint32_t y
   if (region >= options_.max_dispatches) return static_cast<uint32_t>(options_.max_dispatches * region_bytes_);
   pass_.push_back({&pipeline, int64_t{x} * y * z});
   return static_cast<uint32_t>(region * region_bytes_);
+}
+
+void PhaseClock::Discard() {
+  for (size_t d = 0; d < pass_.size(); ++d) {
+    const int64_t recorded = std::min(pass_[d].workgroups, options_.max_workgroups);
+    std::memset(marks_.mapped() + static_cast<int64_t>(d) * region_bytes_, 0,
+                static_cast<size_t>(recorded * kMarks * kMarkBytes));
+  }
+  pass_.clear();
 }
 
 void PhaseClock::Collect() {

@@ -35,6 +35,9 @@ class PhaseClock {
                                     // a spare region that is not read
     int64_t max_workgroups = 512;   // workgroups of a dispatch recorded (the first ones)
   };
+  // Whether clocked pipelines can run on ctx's device: its shader clocks (Context::phase_clock())
+  // and a storage buffer a stage beyond the most a shader binds (the clock's set 1).
+  static bool Usable(const Context& ctx);
   // layout: the cache's set-1 layout (PipelineCache::clock_set_layout()).
   static Result<std::unique_ptr<PhaseClock>> Create(Context& ctx, VkDescriptorSetLayout layout, const Options& options);
   ~PhaseClock();
@@ -46,6 +49,8 @@ class PhaseClock {
   uint32_t NextRegion(const Pipeline& pipeline, uint32_t x, uint32_t y, uint32_t z);
   // After the pass has been waited for: its regions into the tallies, then zeroed for the next.
   void Collect();
+  // A pass abandoned after an error (after its pieces finished): its regions zeroed, not tallied.
+  void Discard();
   // One block per clocked pipeline (shader and constants), marks by name; empty when nothing was
   // clocked. Then starts over.
   std::string TakeReport();

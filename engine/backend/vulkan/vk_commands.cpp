@@ -63,7 +63,7 @@ Status Recorder::Begin() {
     if (r != VK_SUCCESS) return VkError("vkCreateFence", r);
   }
   KVFS_RETURN_IF_ERROR(Drain());  // a pass abandoned after an error: its pieces finish first
-  if (phase_clock_ != nullptr) phase_clock_->Collect();  // an abandoned pass's marks: cleared
+  if (phase_clock_ != nullptr) phase_clock_->Discard();  // an abandoned pass's marks
   if (sets_epoch_ != ctx_.buffer_epoch()) {
     for (VkDescriptorPool p : descriptor_pools_) vkResetDescriptorPool(dev, p, 0);
     current_pool_ = 0;

@@ -204,14 +204,16 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   kv_rows_by_kv_store_ = options.kv_rows_by_kv_store && options.fuse_ops;
   int64_t max_binding = ctx_->limits().max_binding_bytes;
   if (options.max_binding_bytes > 0) max_binding = std::min(max_binding, options.max_binding_bytes);
+  const bool clocks = vk::PhaseClock::Usable(*ctx_);
   pipelines_ = std::make_unique<vk::PipelineCache>(ctx_->device(), ctx_->captures_statistics(), options.contract_floats,
-                                                   ctx_->phase_clock());
+                                                   clocks);
   rec_ = std::make_unique<vk::Recorder>(*ctx_);
   if (options.profile) KVFS_RETURN_IF_ERROR(rec_->EnableProfiling());
-  if (ctx_->phase_clock()) {
+  if (clocks) {
     KVFS_RETURN_IF_ERROR(rec_->EnablePhaseClock(*pipelines_));
   } else if (options.phase_clock) {
-    spdlog::warn("vulkan: {} has no shader clocks (VK_KHR_shader_clock): no phases to time", ctx_->info().name);
+    spdlog::warn("vulkan: {} has no shader clocks (VK_KHR_shader_clock) or no storage buffer to spare for them: no "
+                 "phases to time", ctx_->info().name);
   }
   KVFS_ASSIGN_OR_RETURN(uploader_, vk::Uploader::Create(*ctx_, kStagingBytes));
   KVFS_ASSIGN_OR_RETURN(ops_, vk::Ops::Create(*ctx_, *pipelines_));

@@ -314,11 +314,14 @@ void FusedWeights(uint tid, uint t, uint h0, uint wrow0, uint s0, uint n_visible
   if (tid < HEADS) {
     float l = partial[FoldAt(tid, 0u)];
     for (uint k = 1u; k < kFold; ++k) l += partial[FoldAt(tid, k)];
-    hvec[RowInvAt(tid)] = Div(1.0, l);  // correctly rounded, as softmax.comp
+    // 1 / L correctly rounded; L itself is a sum of the workgroups' sums (each scaled by
+    // exp(m_g - M)), not softmax.comp's chunks of 16: decode's weights can differ from a
+    // separate softmax's in L's last bits (the header above).
+    hvec[RowInvAt(tid)] = Div(1.0, l);
   }
   barrier();
   MarkPhase(5u);
-  // softmax.comp's arithmetic: e = ExpPoly(scale * s - M), w = e * (1 / L), in place.
+  // softmax.comp's arithmetic per weight: e = ExpPoly(scale * s - M), w = e * (1 / L), in place.
   for (uint x = tid; x < HEADS * p.split_positions; x += WG) {
     const uint head = x / p.split_positions, pos = s0 + x % p.split_positions;
     if (pos >= n_visible) continue;

@@ -144,7 +144,6 @@ shared float candidate_err[kQ4kWave * kCandidates];
 // do not depend on the order, and each candidate's error and the choice among them are
 // computed as before, so the bytes are the same.
 void EncodeQ4kRow(uint tid) {
-  MarkPhase(4u);
   for (uint j = tid; j < kSubBlocks; j += WG) {
     float lo = hvec[j * KV_GROUP], hi = lo;
     for (uint i = 1u; i < KV_GROUP; ++i) {
@@ -155,7 +154,7 @@ void EncodeQ4kRow(uint tid) {
     sub_hi[j] = hi;
   }
   barrier();
-  MarkPhase(5u);
+  MarkPhase(4u);
   // Row-wide units (every invocation computes them; maxima do not depend on the order).
   float max_abs_lo = 0.0;
   for (uint j = 0u; j < kSubBlocks; ++j) max_abs_lo = max(max_abs_lo, abs(sub_lo[j]));
@@ -168,7 +167,7 @@ void EncodeQ4kRow(uint tid) {
     sub_span[j] = span;
   }
   barrier();
-  MarkPhase(6u);
+  MarkPhase(5u);
   float max_span = 0.0;
   for (uint j = 0u; j < kSubBlocks; ++j) max_span = max(max_span, sub_span[j]);
   precise float d_unit = Div(max_span, 465.0);  // 15 levels x 31 scale steps
@@ -183,7 +182,7 @@ void EncodeQ4kRow(uint tid) {
     sub_sc0[j] = D > 0.0 ? clamp(int(ceil(steps)), 0, 31) : 0;
   }
   barrier();
-  MarkPhase(7u);
+  MarkPhase(6u);
   for (uint j0 = 0u; j0 < kSubBlocks; j0 += kWaveBlocks) {  // (the same trip count everywhere)
     const uint n = min(kWaveBlocks, kSubBlocks - j0);
     for (uint x = tid; x < n * kCandidates; x += WG) {
@@ -209,7 +208,7 @@ void EncodeQ4kRow(uint tid) {
     }
     barrier();
   }
-  MarkPhase(8u);
+  MarkPhase(7u);
   for (uint j = tid; j < kSubBlocks; j += WG) {
     const uint v0 = j * KV_GROUP, best_c = sub_best[j];
     const int best_mn = min(sub_mn0[j] + int(best_c / 4u), 15), best_sc = max(sub_sc0[j] - int(best_c % 4u), 0);
@@ -313,7 +312,7 @@ void main() {
     }
   }
   barrier();
-  MarkPhase(9u);
+  MarkPhase(8u);
   // Where this position's row starts in the mirror, in words (when mirrored).
   if (ROW_TABLE == 0u && (p.mirror & (1u << plane)) != 0u && pos >= p.mirror_pos0[plane]) {
     const uint mirror_row_words = stage_keys ? seg_words : ROW_WORDS;
@@ -326,7 +325,7 @@ void main() {
       kv_words[key_row * seg_words + i] = w;
       if (mirrored) mirror_words[mirror_word + i] = w;
     }
-    MarkPhase(10u);
+    MarkPhase(9u);
     return;
   }
   const uint slot = block_table[table0 + pos / p.block_tokens];
@@ -339,5 +338,5 @@ void main() {
     }
     if (mirrored) mirror_words[mirror_word + seg * seg_words + i] = row_words[i];
   }
-  MarkPhase(10u);
+  MarkPhase(9u);
 }

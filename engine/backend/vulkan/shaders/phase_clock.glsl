@@ -13,11 +13,13 @@ const uint kPhaseMarks = 16;  // vk::PhaseClock::kMarks
 #if defined(KVFS_PHASE_CLOCK)
 layout(set = 1, binding = 0) buffer PhaseMarks { uvec4 phase_marks[]; };  // (realtime lo, hi; cycles lo, hi)
 
+// (No early return: the subgroup shuffles after some marks need the invocations together again.)
 void MarkPhase(uint k) {
-  if (gl_LocalInvocationIndex != 0u) return;
   const uint wg = gl_WorkGroupID.x + gl_NumWorkGroups.x * (gl_WorkGroupID.y + gl_NumWorkGroups.y * gl_WorkGroupID.z);
   const uint at = wg * kPhaseMarks + k;
-  if (at < uint(phase_marks.length())) phase_marks[at] = uvec4(clockRealtime2x32EXT(), clock2x32ARB());
+  if (gl_LocalInvocationIndex == 0u && at < uint(phase_marks.length())) {
+    phase_marks[at] = uvec4(clockRealtime2x32EXT(), clock2x32ARB());
+  }
 }
 #else
 void MarkPhase(uint k) {}

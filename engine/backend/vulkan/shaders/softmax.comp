@@ -39,7 +39,7 @@ void main() {
   const uint row = p.score0 + (t * p.n_head + h) * p.score_stride;
 
   // Each invocation takes the same chunks of 16 positions in every pass, so it reads back only
-  // what it wrote itself (no buffer barrier needed between the passes).
+  // what it wrote itself (no buffer barrier, nor a coherent buffer, between the passes).
   float m = uintBitsToFloat(0xFF800000u);  // -inf
   for (uint c = tid; c * 16u < n; c += WG) {
     for (uint i = c * 16u; i < min(n, c * 16u + 16u); ++i) {
