@@ -31,7 +31,7 @@ constexpr const char* kTuneUsage =
     "  alternating the two settings -r times and taking the median of the time ratios; it\n"
     "  is kept when it is --min-gain faster. -o writes the result for kvfsd --vulkan-tuning\n"
     "  and kvfs run/bench --tuning. The settings change only speed, not what is computed.\n"
-    "  --skip: knobs not to try, of: matvec_group, matvec_lanes, matvec_rows,\n"
+    "  --skip: knobs not to try, of: matvec_group, matvec_lanes, matvec_rows, matvec_ahead,\n"
     "  matvec_min_groups, swiglu_in_matvec, fuse_softmax, subgroup_trees, attention_split,\n"
     "  prefetch_mib.\n";
 
@@ -51,10 +51,10 @@ std::string KnobValue(const TuningTrial& t) {
 }
 
 std::string Describe(const VulkanTuning& t) {
-  return fmt::format("matvec group {} lanes {} rows {} min-groups {}, attention split {}, swiglu in matvec {}, "
+  return fmt::format("matvec group {} lanes {} rows {} min-groups {} ahead {}, attention split {}, swiglu in matvec {}, "
                      "fused softmax {}, subgroup trees {}, prefetch {} MiB",
                      t.matvec.group, t.matvec.lanes == 0 ? std::string("group") : std::to_string(t.matvec.lanes),
-                     t.matvec.rows, t.matvec.min_groups, t.attention_split, t.swiglu_in_matvec ? "on" : "off",
+                     t.matvec.rows, t.matvec.min_groups, t.matvec.ahead, t.attention_split, t.swiglu_in_matvec ? "on" : "off",
                      t.fuse_softmax ? "on" : "off", t.subgroup_trees ? "on" : "off", t.prefetch_mib);
 }
 

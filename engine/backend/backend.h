@@ -137,6 +137,7 @@ struct VulkanMatvecShape {
   static constexpr int64_t kDefaultGroup = 64;
   static constexpr int64_t kDefaultMinGroups = 1024;
   static constexpr int64_t kDefaultRows = 8;
+  static constexpr int64_t kDefaultAhead = 1;
   // On a GPU (any device but a CPU's): a warp-sized workgroup with up to 2 rows a slot. On an
   // H200, llama3.1-8b Q4_0 decoded 1.06x as fast at depth 0 and 1.04x at 3500 than with 64 and 8
   // (kvfs bench A/B, 2026-11-29); kvfs tune found the same.
@@ -147,6 +148,8 @@ struct VulkanMatvecShape {
                            // group), a power of two >= 4
   int64_t min_groups = 0;  // quantized rows per slot grow while this many workgroups remain (1024)
   int64_t rows = 0;        // quantized rows per slot at most (8, on a GPU 2), a power of two
+  int64_t ahead = 0;       // quantized units an invocation loads before using any (1): bytes in
+                           // flight, against registers; 1 to 8
   bool operator==(const VulkanMatvecShape&) const = default;
 };
 

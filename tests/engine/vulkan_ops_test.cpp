@@ -242,6 +242,58 @@ TEST_P(VulkanMatMulTest, SubgroupSumsEqualSharedMemorySums) {
   }
 }
 
+// Rounds of several units a lane (MatvecShape::ahead, kvfs bench --matvec-ahead): every lane
+// adds its units in the same order whatever the round's size, so the products are those of one
+// unit a round bit for bit; rows of 67 units (lanes of 16: rounds that end past the row) and
+// 1, 3 and 6 tokens, for the legacy, K and split-row layouts.
+TEST_P(VulkanMatMulTest, UnitsAheadGiveTheSameSums) {
+  std::mt19937 rng(9);
+  const int64_t n_in = 67 * 32, n_out = 200;
+  auto up = vk::Uploader::Create(*ctx_, 1 << 20);
+  ASSERT_TRUE(up.ok());
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ5_1}) {
+    const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
+    const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
+    int64_t total = 0;
+    const vk::WeightUploadOptions options{.max_binding_bytes = ctx_->limits().max_binding_bytes};
+    auto dm = vk::UploadMatrix(*ctx_, **up, m, options, total);
+    ASSERT_TRUE(dm.ok()) << dm.status().message();
+    ASSERT_TRUE((*up)->Flush().ok());
+    for (const int64_t T : {1, 3, 6}) {
+      std::vector<float> x;
+      for (int64_t t = 0; t < T; ++t) {
+        const std::vector<float> row = RandomActivations(n_in, rng);
+        x.insert(x.end(), row.begin(), row.end());
+      }
+      const vk::Buffer xb = Input(x), codes = Output(T * n_in), aux = Output(T * n_in / 32 * 16);
+      ASSERT_TRUE(Run([&](vk::Recorder& rec) {
+                    return ops_->QuantizeActs(rec, vk::ActKindFor(type), xb, n_in, n_in, T, {&codes, &aux});
+                  }).ok());
+      std::vector<float> one;
+      for (const uint32_t ahead : {1u, 2u, 4u, 8u}) {
+        ASSERT_TRUE(ops_->set_matvec_shape({.group = 64, .max_lanes = 16, .min_groups = 4, .ahead = ahead}).ok());
+        const vk::Buffer y = Output(T * n_out * 4);
+        vk::Ops::MatMulArgs a;
+        a.x = &xb;
+        a.x_stride = n_in;
+        a.acts = {&codes, &aux};
+        a.n_tokens = T;
+        a.y = &y;
+        ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->MatMul(rec, *dm, a); }).ok());
+        const std::vector<float> got = Read<float>(y, T * n_out);
+        if (ahead == 1) {
+          one = got;
+        } else {
+          EXPECT_EQ(std::memcmp(got.data(), one.data(), got.size() * 4), 0)
+              << TypeName(type) << " T=" << T << " ahead " << ahead;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ops_->set_matvec_shape({.ahead = 0}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops_->set_matvec_shape({.ahead = 9}).code(), StatusCode::kInvalidArgument);
+}
+
 void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_rows,
                                       std::initializer_list<int64_t> token_counts, Types types) {
   std::mt19937 rng(11);

@@ -16,7 +16,7 @@ namespace {
 // The best values of the synthetic cost model; every other value costs its knob's penalty.
 VulkanTuning Optimum() {
   VulkanTuning t;
-  t.matvec = {.group = 128, .lanes = 32, .min_groups = 4096, .rows = 4};
+  t.matvec = {.group = 128, .lanes = 32, .min_groups = 4096, .rows = 4, .ahead = 2};
   t.swiglu_in_matvec = false;
   t.fuse_softmax = false;
   t.subgroup_trees = false;
@@ -35,6 +35,7 @@ double Cost(const VulkanTuning& t, double penalty = 0.1) {
   away(t.matvec.lanes != best.matvec.lanes);
   away(t.matvec.min_groups != best.matvec.min_groups);
   away(t.matvec.rows != best.matvec.rows);
+  away(t.matvec.ahead != best.matvec.ahead);
   away(t.swiglu_in_matvec != best.swiglu_in_matvec);
   away(t.fuse_softmax != best.fuse_softmax);
   away(t.subgroup_trees != best.subgroup_trees);
@@ -53,13 +54,13 @@ TEST(VulkanTuningSearch, FindsTheOptimumOfASeparableCost) {
   ASSERT_TRUE(outcome.ok()) << outcome.status().message();
   EXPECT_TRUE(outcome->best == Optimum());
   EXPECT_TRUE(outcome->start == ResolvedTuning(VulkanTuning{}));
-  // All nine knobs start away from the optimum: 1.1^9 times the optimum's time.
-  EXPECT_NEAR(outcome->final_ratio, 1.0 / std::pow(1.1, 9), 1e-9);
-  EXPECT_NEAR(outcome->start_seconds, 1e-3 * std::pow(1.1, 9), 1e-12);
+  // All ten knobs start away from the optimum: 1.1^10 times the optimum's time.
+  EXPECT_NEAR(outcome->final_ratio, 1.0 / std::pow(1.1, 10), 1e-9);
+  EXPECT_NEAR(outcome->start_seconds, 1e-3 * std::pow(1.1, 10), 1e-12);
   EXPECT_NEAR(outcome->best_seconds, 1e-3, 1e-12);
   int taken = 0;
   for (const TuningTrial& t : outcome->trials) taken += t.taken;
-  EXPECT_EQ(taken, 9);
+  EXPECT_EQ(taken, 10);
   // Each trial measures both settings in every round, plus the final comparison.
   EXPECT_EQ(calls, static_cast<int>(outcome->trials.size()) * 2 * 3 + 2 * 3);
 }
@@ -78,10 +79,11 @@ TEST(VulkanTuningDefaults, GpusSplitFinerAndUseWarpSizedGroups) {
     EXPECT_EQ(gpu.matvec.group, 32) << type;
     EXPECT_EQ(gpu.matvec.rows, 2) << type;
     EXPECT_EQ(gpu.matvec.min_groups, cpu.matvec.min_groups) << type;
+    EXPECT_EQ(gpu.matvec.ahead, 1) << type;
   }
   VulkanTuning set;
   set.attention_split = 256;
-  set.matvec = {.group = 128, .lanes = 0, .min_groups = 512, .rows = 4};
+  set.matvec = {.group = 128, .lanes = 0, .min_groups = 512, .rows = 4, .ahead = 4};
   for (const char* type : {"cpu", "discrete"}) {
     const VulkanTuning t = ResolvedTuning(set, type);
     EXPECT_EQ(t.attention_split, 256) << type;
@@ -120,8 +122,9 @@ TEST(VulkanTuningSearch, WinsSmallerThanTheMinimumGainAreNotTaken) {
   EXPECT_TRUE(outcome->best == outcome->start);
   for (const TuningTrial& t : outcome->trials) EXPECT_FALSE(t.taken) << t.knob << " " << t.value;
   // Nothing taken: one sweep only, of every value but the start's (3 groups, 3 lane counts,
-  // 3 row counts, 2 minimum group counts, 3 switches, 4 attention splits, 3 read-ahead sizes).
-  EXPECT_EQ(outcome->trials.size(), 21u);
+  // 3 row counts, 2 minimum group counts, 2 units ahead, 3 switches, 4 attention splits, 3
+  // read-ahead sizes).
+  EXPECT_EQ(outcome->trials.size(), 23u);
 }
 
 TEST(VulkanTuningSearch, SkipsKnobsAndRecordsRefusals) {
@@ -238,6 +241,7 @@ TEST(VulkanTuningFile, BadContentIsRefusedWithItsReason) {
       {edit("\"tuned\": 6.25", "\"tuned\": -1"), "\"tuned\" must be a number >= 0"},
       {edit("\"prefetch_mib\": 8", "\"prefetch_mib\": -8"), "\"prefetch_mib\" = -8 is outside"},
       {edit("\"prefetch_mib\": 8", "\"prefetch_mib\": true"), "\"prefetch_mib\" must be an integer"},
+      {edit("\"ahead\": 2", "\"ahead\": 9"), "\"ahead\" = 9 is outside"},
   };
   for (const auto& [text, why] : cases) {
     auto r = ParseTuningJson(text);
@@ -291,6 +295,22 @@ TEST(VulkanTuningFile, AppliesOnlyToTheDeviceAndModelMeasured) {
   r.model = "llama L32 E4096 F14336 H32/8x128 V128256 Q4_0/Q4_0";
   EXPECT_FALSE(TuningFor(r, "NVIDIA H100 80GB HBM3", **model, &why).has_value());
   EXPECT_NE(why.find("with a model \"llama L32"), std::string::npos) << why;
+}
+
+// Files written before the matrix-vector read-ahead knob existed have no "ahead": they read as
+// 0, the default (one unit a round, as the shader then was).
+TEST(VulkanTuningFile, AFileWithoutTheMatvecAheadKeyReadsAsTheDefault) {
+  std::string text = TuningToJson(SampleRecord());
+  const std::string key = "\"ahead\": 2,";
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.erase(at, key.size());
+  auto r = ParseTuningJson(text);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  VulkanTuning want = Optimum();
+  want.matvec.ahead = 0;
+  EXPECT_TRUE(r->tuning == want);
+  EXPECT_EQ(ResolvedTuning(r->tuning).matvec.ahead, VulkanMatvecShape::kDefaultAhead);
 }
 
 }  // namespace

@@ -105,7 +105,8 @@ MatvecShape MatvecShapeFor(const VulkanTuning& t) {
   return {.group = narrow(t.matvec.group),
           .max_lanes = narrow(t.matvec.lanes > 0 ? t.matvec.lanes : t.matvec.group),
           .min_groups = t.matvec.min_groups,
-          .max_rows = narrow(t.matvec.rows)};
+          .max_rows = narrow(t.matvec.rows),
+          .ahead = narrow(t.matvec.ahead)};
 }
 
 ActKind ActKindFor(GgmlType t) {
@@ -170,6 +171,7 @@ Status Ops::set_matvec_shape(const MatvecShape& shape) {
   if (!pow2(shape.group) || !pow2(shape.max_lanes) || !pow2(shape.max_rows) || shape.min_groups < 1) {
     return InvalidArgument("the matrix-vector group, lanes and rows must be powers of two, min groups at least 1");
   }
+  if (shape.ahead < 1 || shape.ahead > 8) return InvalidArgument("the matrix-vector units ahead must lie in [1, 8]");
   const uint32_t device_group = std::min(ctx_.limits().max_group_invocations, ctx_.limits().max_group_size_x);
   if (shape.max_lanes < 4 || shape.max_lanes > shape.group || shape.group > device_group) {
     return InvalidArgument(fmt::format("matrix-vector lanes must lie in [4, group] and the group within the device's "
@@ -299,7 +301,7 @@ Result<Ops::MatMulPlan> Ops::PlanMatMul(const DeviceMatrix& w, int64_t part_rows
       const uint32_t rows_per_slot = MatvecRowsPerSlot(part_rows, plan.rows_per_group, matvec_);
       plan.rows_per_group *= rows_per_slot;
       const uint32_t glu = swiglu != nullptr ? static_cast<uint32_t>(swiglu->kind) : kNoSwiGlu;
-      const uint32_t spec[] = {matvec_.group, type, lanes, plan.tokens_per_group, rows_per_slot, layout, glu};
+      const uint32_t spec[] = {matvec_.group, type, lanes, plan.tokens_per_group, rows_per_slot, layout, glu, matvec_.ahead};
       const ShaderInterface& shader = ctx_.integer_dot() ? (sg ? kMatvecQuantIdotSg : kMatvecQuantIdot)
                                                          : (sg ? kMatvecQuantSg : kMatvecQuant);
       KVFS_ASSIGN_OR_RETURN(plan.pipeline, pipelines_.Get(shader, spec));

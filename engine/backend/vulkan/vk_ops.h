@@ -117,6 +117,7 @@ struct MatvecShape {
   int64_t min_groups = VulkanMatvecShape::kDefaultMinGroups;  // matvec_quant's rows per slot grow
                                                               // while this many workgroups remain
   uint32_t max_rows = VulkanMatvecShape::kDefaultRows;  // matvec_quant's rows per slot at most
+  uint32_t ahead = VulkanMatvecShape::kDefaultAhead;    // matvec_quant's units a lane's round loads
 };
 
 // The shape a VulkanTuning asks for (ResolvedTuning's: no 0s left); lanes above the group mean

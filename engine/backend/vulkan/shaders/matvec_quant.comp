@@ -38,6 +38,7 @@ layout(constant_id = 3) const uint TOKENS = 1;
 layout(constant_id = 4) const uint ROWS_PER_SLOT = 1;
 layout(constant_id = 5) const uint WEIGHT_LAYOUT = 0;  // vk::WeightLayout
 layout(constant_id = 6) const uint KIND = 3;  // SwiGLU epilogue's codes: 0 Q8_0, 1 Q8_1, 2 Q8_K; 3 none
+layout(constant_id = 7) const uint AHEAD = 1;  // units an invocation loads before using any (a round)
 
 layout(push_constant) uniform Params {
   uint n_units;    // 32-value units per row (n_in / 32)
@@ -157,31 +158,41 @@ void main() {
   for (uint o = 0u; o < OUTPUTS; ++o) acc[o] = 0.0;
 
   if (r0 < p.n_rows) {
-    for (uint u = lane; u < p.n_units; u += LANES) {
-      uint a[TOKENS * 8u];
-      vec4 aux[TOKENS];
-      for (uint t = 0u; t < TOKENS; ++t) {
-        const uint tt = min(t0 + t, p.n_tokens - 1u);  // past the last token: a copy, not stored
-        const uvec4 lo = act_code4[(tt * p.n_units + u) * 2u], hi = act_code4[(tt * p.n_units + u) * 2u + 1u];
-        for (uint i = 0u; i < 4u; ++i) {
-          a[t * 8u + i] = lo[i];
-          a[t * 8u + 4u + i] = hi[i];
-        }
-        aux[t] = act_aux[tt * p.n_units + u];
-      }
-      // Every row's unit is loaded before any is used, with no branch between the loads, so
-      // the slot's ROWS_PER_SLOT loads are in flight together (a break at the matrix's last row
-      // kept them one row at a time: a GPU then waits a memory latency per row). Rows past the
-      // matrix load its last row again; their sums are not stored.
-      WeightUnit wu[ROWS_PER_SLOT];
-      for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
-        wu[k] = LoadUnit(min(r0 + k, p.n_rows - 1u) * p.row_bytes, u, p.n_units);
-      }
-      for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
+    // Rounds of AHEAD units a lane (u0, u0 + LANES, ...): every unit of a round is loaded, with
+    // no branch between the loads, before any is used, so a round waits one memory latency, not
+    // AHEAD of them (decode's rows are a few rounds a lane: a GPU's memory needs many bytes in
+    // flight). Units past the row load its last unit again and are not added. Each lane adds its
+    // units in order, as one at a time: the same sums whatever AHEAD is.
+    for (uint u0 = lane; u0 < p.n_units; u0 += LANES * AHEAD) {
+      uint a[AHEAD * TOKENS * 8u];  // unit j of the round, token t: a[(j * TOKENS + t) * 8 + i]
+      vec4 aux[AHEAD * TOKENS];
+      WeightUnit wu[AHEAD * ROWS_PER_SLOT];  // unit j, row k: wu[j * ROWS_PER_SLOT + k]
+      for (uint j = 0u; j < AHEAD; ++j) {
+        const uint u = min(u0 + j * LANES, p.n_units - 1u);
         for (uint t = 0u; t < TOKENS; ++t) {
-          uint at[8];
-          for (uint i = 0u; i < 8u; ++i) at[i] = a[t * 8u + i];
-          acc[k * TOKENS + t] += UnitDot(wu[k], at, aux[t]);
+          const uint tt = min(t0 + t, p.n_tokens - 1u);  // past the last token: a copy, not stored
+          const uvec4 lo = act_code4[(tt * p.n_units + u) * 2u], hi = act_code4[(tt * p.n_units + u) * 2u + 1u];
+          for (uint i = 0u; i < 4u; ++i) {
+            a[(j * TOKENS + t) * 8u + i] = lo[i];
+            a[(j * TOKENS + t) * 8u + 4u + i] = hi[i];
+          }
+          aux[j * TOKENS + t] = act_aux[tt * p.n_units + u];
+        }
+        // Every row's unit is loaded before any is used (a break at the matrix's last row kept
+        // them one row at a time: a GPU then waits a memory latency per row). Rows past the
+        // matrix load its last row again; their sums are not stored.
+        for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
+          wu[j * ROWS_PER_SLOT + k] = LoadUnit(min(r0 + k, p.n_rows - 1u) * p.row_bytes, u, p.n_units);
+        }
+      }
+      for (uint j = 0u; j < AHEAD; ++j) {
+        if (u0 + j * LANES >= p.n_units) break;  // after the loads: they stay in flight together
+        for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
+          for (uint t = 0u; t < TOKENS; ++t) {
+            uint at[8];
+            for (uint i = 0u; i < 8u; ++i) at[i] = a[(j * TOKENS + t) * 8u + i];
+            acc[k * TOKENS + t] += UnitDot(wu[j * ROWS_PER_SLOT + k], at, aux[j * TOKENS + t]);
+          }
         }
       }
     }
