@@ -134,6 +134,17 @@ class VulkanMatMulTest : public VulkanOpsTest, public ::testing::WithParamInterf
     }
     ASSERT_EQ(ctx_->integer_dot(), GetParam());
   }
+  // A random n_out x n_in matrix of `type` (sane scales), uploaded whole.
+  Result<vk::DeviceMatrix> RandomDeviceMatrix(GgmlType type, int64_t n_out, int64_t n_in, std::mt19937& rng) {
+    KVFS_ASSIGN_OR_RETURN(auto up, vk::Uploader::Create(*ctx_, 1 << 20));
+    const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
+    const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
+    int64_t total = 0;
+    const vk::WeightUploadOptions options{.max_binding_bytes = ctx_->limits().max_binding_bytes};
+    KVFS_ASSIGN_OR_RETURN(vk::DeviceMatrix dm, vk::UploadMatrix(*ctx_, *up, m, options, total));
+    KVFS_RETURN_IF_ERROR(up->Flush());
+    return dm;
+  }
   enum class Types { kAll, kQuantized, kWithSplitRows };
   // n_out x n_in matrices of every type (of `types`), uploaded in parts of part_rows rows, times
   // each token count's activations.
@@ -193,16 +204,9 @@ TEST_P(VulkanMatMulTest, SubgroupSumsEqualSharedMemorySums) {
   }
   std::mt19937 rng(5);
   const int64_t n_in = 2048, n_out = 300;  // 64 quantized units, 256 float groups a row
-  auto up = vk::Uploader::Create(*ctx_, 1 << 20);
-  ASSERT_TRUE(up.ok());
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kF16}) {
-    const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
-    const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
-    int64_t total = 0;
-    const vk::WeightUploadOptions options{.max_binding_bytes = ctx_->limits().max_binding_bytes};
-    auto dm = vk::UploadMatrix(*ctx_, **up, m, options, total);
+    auto dm = RandomDeviceMatrix(type, n_out, n_in, rng);
     ASSERT_TRUE(dm.ok()) << dm.status().message();
-    ASSERT_TRUE((*up)->Flush().ok());
     const vk::ActKind kind = vk::ActKindFor(type);
     for (const int64_t T : {1, 6}) {
       std::vector<float> x;
@@ -249,16 +253,9 @@ TEST_P(VulkanMatMulTest, SubgroupSumsEqualSharedMemorySums) {
 TEST_P(VulkanMatMulTest, UnitsAheadGiveTheSameSums) {
   std::mt19937 rng(9);
   const int64_t n_in = 67 * 32, n_out = 200;
-  auto up = vk::Uploader::Create(*ctx_, 1 << 20);
-  ASSERT_TRUE(up.ok());
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ5_1}) {
-    const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
-    const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
-    int64_t total = 0;
-    const vk::WeightUploadOptions options{.max_binding_bytes = ctx_->limits().max_binding_bytes};
-    auto dm = vk::UploadMatrix(*ctx_, **up, m, options, total);
+    auto dm = RandomDeviceMatrix(type, n_out, n_in, rng);
     ASSERT_TRUE(dm.ok()) << dm.status().message();
-    ASSERT_TRUE((*up)->Flush().ok());
     for (const int64_t T : {1, 3, 6}) {
       std::vector<float> x;
       for (int64_t t = 0; t < T; ++t) {
