@@ -145,6 +145,20 @@ class VulkanMatMulTest : public VulkanOpsTest, public ::testing::WithParamInterf
     KVFS_RETURN_IF_ERROR(up->Flush());
     return dm;
   }
+  // y = W x for T activation rows (x, and for quantized weights their codes and aux), read back.
+  std::vector<float> Product(const vk::DeviceMatrix& dm, const vk::Buffer& x, const vk::Buffer& codes,
+                             const vk::Buffer& aux, int64_t T) {
+    const vk::Buffer y = Output(T * dm.n_out * 4);
+    vk::Ops::MatMulArgs a;
+    a.x = &x;
+    a.x_stride = dm.n_in;
+    a.acts = {&codes, &aux};
+    a.n_tokens = T;
+    a.y = &y;
+    const Status st = Run([&](vk::Recorder& rec) { return ops_->MatMul(rec, dm, a); });
+    EXPECT_TRUE(st.ok()) << st.message();
+    return Read<float>(y, T * dm.n_out);
+  }
   enum class Types { kAll, kQuantized, kWithSplitRows };
   // n_out x n_in matrices of every type (of `types`), uploaded in parts of part_rows rows, times
   // each token count's activations.
@@ -229,15 +243,7 @@ TEST_P(VulkanMatMulTest, SubgroupSumsEqualSharedMemorySums) {
           ASSERT_TRUE(ops_->set_matvec_shape({.group = 64, .max_lanes = lanes, .min_groups = 4}).ok());
           ops_->set_subgroup_trees(trees);
           ASSERT_EQ(ops_->subgroup_trees(), trees);
-          const vk::Buffer y = Output(T * n_out * 4);
-          vk::Ops::MatMulArgs a;
-          a.x = &xb;
-          a.x_stride = n_in;
-          a.acts = {&codes, &aux};
-          a.n_tokens = T;
-          a.y = &y;
-          ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->MatMul(rec, *dm, a); }).ok());
-          got[trees ? 0 : 1] = Read<float>(y, T * n_out);
+          got[trees ? 0 : 1] = Product(*dm, xb, codes, aux, T);
         }
         EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4), 0)
             << TypeName(type) << " T=" << T << " lanes " << lanes << " (subgroup " << subgroup << ")";
@@ -269,15 +275,7 @@ TEST_P(VulkanMatMulTest, UnitsAheadGiveTheSameSums) {
       std::vector<float> one;
       for (const uint32_t ahead : {1u, 2u, 4u, 8u}) {
         ASSERT_TRUE(ops_->set_matvec_shape({.group = 64, .max_lanes = 16, .min_groups = 4, .ahead = ahead}).ok());
-        const vk::Buffer y = Output(T * n_out * 4);
-        vk::Ops::MatMulArgs a;
-        a.x = &xb;
-        a.x_stride = n_in;
-        a.acts = {&codes, &aux};
-        a.n_tokens = T;
-        a.y = &y;
-        ASSERT_TRUE(Run([&](vk::Recorder& rec) { return ops_->MatMul(rec, *dm, a); }).ok());
-        const std::vector<float> got = Read<float>(y, T * n_out);
+        const std::vector<float> got = Product(*dm, xb, codes, aux, T);
         if (ahead == 1) {
           one = got;
         } else {
