@@ -63,7 +63,7 @@ TEST_F(VulkanBackendTest, PhaseClocksChangeNoLogitAndMarkEveryShortShader) {
     }
     const std::string report = (*clocked)->TakeProfileReport();
     if (report.find("phase clocks:") == std::string::npos) {
-      if (std::getenv("CI") != nullptr) FAIL() << "no phase clocks on CI's device (lavapipe has them)";
+      if (InCi()) FAIL() << "no phase clocks on CI's device (lavapipe has them)";
       GTEST_SKIP() << "the Vulkan device has no shader clocks";
     }
     for (const std::string shader : {"kv_store", "attn_scores", "attn_output", "quantize_act", "matvec_quant"}) {

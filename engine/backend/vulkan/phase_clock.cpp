@@ -121,10 +121,6 @@ void PhaseClock::Collect() {
     const Clocked& c = pass_[d];
     uint8_t* region = marks_.mapped() + static_cast<int64_t>(d) * region_bytes_;
     Tally& t = tallies_[c.pipeline];
-    if (t.interval_ns.empty()) {
-      t.interval_ns.resize(kMarks);
-      t.interval_cycles.resize(kMarks);
-    }
     const int64_t recorded = std::min(c.workgroups, options_.max_workgroups);
     ++t.dispatches;
     t.workgroups += c.workgroups;

@@ -13,10 +13,12 @@
 
 #include <vulkan/vulkan.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/backend/vulkan/vk_context.h"
@@ -67,7 +69,7 @@ class PhaseClock {
   struct Tally {  // per pipeline, over every collected pass
     int64_t dispatches = 0, workgroups = 0, recorded = 0;
     std::vector<double> span_ns, skew_ns;                 // per dispatch
-    std::vector<std::vector<double>> interval_ns, interval_cycles;  // [mark]: per workgroup
+    std::array<std::vector<double>, kMarks> interval_ns, interval_cycles;  // [mark]: per workgroup
   };
 
   Context& ctx_;
