@@ -91,7 +91,7 @@ TEST(VulkanTuningDefaults, GpusSplitFinerAndUseWarpSizedGroups) {
   }
   // The search starts from the device's defaults and never measures one of them twice.
   int calls = 0;
-  auto outcome = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 1, .passes = 1, .device_type = "discrete"},
+  auto outcome = SearchVulkanTuning(VulkanTuning{}, TuningSearchOptions{.rounds = 1, .passes = 1, .skip = {}, .device_type = "discrete"},
                                     [&](const VulkanTuning& t) -> Result<double> {
                                       ++calls;
                                       return Cost(t);
@@ -99,9 +99,15 @@ TEST(VulkanTuningDefaults, GpusSplitFinerAndUseWarpSizedGroups) {
   ASSERT_TRUE(outcome.ok()) << outcome.status().message();
   EXPECT_TRUE(outcome->start == ResolvedTuning(VulkanTuning{}, "discrete"));
   for (const TuningTrial& trial : outcome->trials) {
-    if (trial.knob == "attention_split") EXPECT_NE(trial.value, 32);
-    if (trial.knob == "matvec_group") EXPECT_NE(trial.value, 32);
-    if (trial.knob == "matvec_rows") EXPECT_NE(trial.value, 2);
+    if (trial.knob == "attention_split") {
+      EXPECT_NE(trial.value, 32);
+    }
+    if (trial.knob == "matvec_group") {
+      EXPECT_NE(trial.value, 32);
+    }
+    if (trial.knob == "matvec_rows") {
+      EXPECT_NE(trial.value, 2);
+    }
   }
 }
 
