@@ -266,8 +266,6 @@ TEST(VulkanTuningFile, BadContentIsRefusedWithItsReason) {
   EXPECT_NE(huge.status().message().find("over 1 MiB"), std::string::npos) << huge.status().message();
 }
 
-// Files written before the read-ahead knob existed have no "prefetch_mib": they read as it
-// was then, off, with every other setting as written.
 // The sample record's file with one entry ("key": value, with its comma) left out.
 std::string SampleWithout(const std::string& entry) {
   std::string text = TuningToJson(SampleRecord());
@@ -276,6 +274,8 @@ std::string SampleWithout(const std::string& entry) {
   return at == std::string::npos ? text : text.erase(at, entry.size());
 }
 
+// Files written before the read-ahead knob existed have no "prefetch_mib": they read as it
+// was then, off, with every other setting as written.
 TEST(VulkanTuningFile, AFileWithoutTheReadAheadKeyReadsAsOff) {
   auto r = ParseTuningJson(SampleWithout("\"prefetch_mib\": 8,"));
   ASSERT_TRUE(r.ok()) << r.status().message();
