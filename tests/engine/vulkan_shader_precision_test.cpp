@@ -3,8 +3,9 @@
 // where CI runs them, happens to round them exactly. On an NVIDIA H200 the softmax's 1 / sum
 // was an ulp off in some rows, which moved f16-rounded and int8-coded attention weights (logits
 // NMSE 1e-6 to 1e-4 against the CPU, a golden test over its bound). So every shader's SPIR-V is
-// read here: a float division only inside common.glsl's exact Div (its fallback for zeros,
-// infinities and subnormals), a square root only inside its correctly rounded SqrtRounded (an
+// read here: a float division only inside common.glsl's exact Div (the estimates of the
+// significands' quotient that it corrects, and its fallback for zeros, infinities and
+// subnormals), a square root only inside its correctly rounded SqrtRounded (an
 // H200 still differed from lavapipe with every float op rounded as written: the square root of
 // RMSNorm's scale was the one instruction left to the device), no exp, log, pow,
 // trigonometric or vector-length function, no float packing (its rounding is the
@@ -67,7 +68,8 @@ Scan DeviceRounded(const vk::EmbeddedShader& shader) {
     const std::string where = names.count(function) ? names[function] : std::string("?");
     scan.divisions += op == kOpFDiv;
     if (op == kOpFDiv || op == kOpFRem || op == kOpFMod) {
-      if (where.rfind("Div(", 0) != 0) found.push_back(where + ": a float division");
+      const bool in_div = where.rfind("Div(", 0) == 0 || where.rfind("DivQuotient(", 0) == 0;
+      if (!in_div) found.push_back(where + ": a float division");
     }
     if (op == kOpDot) found.push_back(where + ": a dot product");
     if (op == kOpExtInst && w[3] == glsl_set && !GlslName(w[4]).empty()) {

@@ -40,12 +40,38 @@ uint F32ToF16Bits(float f) {
 // shader's division be off by up to 2.5 ulp (GPUs and lavapipe multiply by a reciprocal),
 // and the quantizers must pick the CPU's codes, and the softmax's 1 / sum, RMSNorm's scale and
 // SiLU must round as the CPU's do (an H200's 1 / x was an ulp off in some softmax rows, enough
-// to move f16-rounded weights), so the significands are divided here as integers, 25 quotient
-// bits by shift and subtract, and rounded with the remainder as sticky bit. Zeros, infinities,
-// NaN, subnormal operands and results out of the normal range fall back to the device's
-// division (a subnormal operand, which a device may flush to 0 anyway, can then differ from the
-// CPU: a q4k sub-block whose minimum is below 2^-126, SiLU of a gate that small; never seen in a
-// model).
+// to move f16-rounded weights). So the significands' quotient Q = floor(ma * 2^24 / mb) (24
+// significand bits and a round bit) is found as an integer: the device's division of the two
+// significands gives it to within a few units, the exact remainder R = ma * 2^24 - Q * mb then
+// corrects it (DivQuotient), and R is the sticky bit. Zeros, infinities, NaN, subnormal operands
+// and results out of the normal range fall back to the device's division (a subnormal operand,
+// which a device may flush to 0 anyway, can then differ from the CPU: a q4k sub-block whose
+// minimum is below 2^-126, SiLU of a gate that small; never seen in a model).
+// (It was 25 steps of shift and subtract, some 150 instructions at every call once unrolled:
+// the largest part of kv_store and of the attention shaders' code, which a decode step runs in
+// a few workgroups each. kvfs::VulkanDivQuotient in tests/engine/vulkan_div_test.cpp is this
+// function's C++ twin, checked against the host's division with the estimate off by up to 16
+// units either way.)
+
+// (Q, R) for significands ma in [mb, 2 mb), mb in [2^23, 2^24), from an estimate q of Q within
+// 2^6 units: R fits an int (|R| <= 2^6 * 2^24 + mb < 2^31), so its low 32 bits, which uint
+// arithmetic gives exactly, are R. One step by R's own quotient, then a unit either way where
+// that step's floor was off by one, leaves 0 <= R < mb.
+uvec2 DivQuotient(uint ma, uint mb, uint q) {
+  int r = int((ma << 24) - q * mb);
+  const int step = int(floor(float(r) / float(mb)));  // |step| <= 2^6 + 1: step * mb fits too
+  q = uint(int(q) + step);
+  r -= step * int(mb);
+  if (r < 0) {
+    q -= 1u;
+    r += int(mb);
+  } else if (r >= int(mb)) {
+    q += 1u;
+    r -= int(mb);
+  }
+  return uvec2(q, uint(r));
+}
+
 float Div(float a, float b) {
   const uint ua = floatBitsToUint(a), ub = floatBitsToUint(b);
   const uint ea = (ua >> 23) & 0xFFu, eb = (ub >> 23) & 0xFFu;
@@ -57,18 +83,13 @@ float Div(float a, float b) {
     ma <<= 1;
     e -= 1;
   }
-  uint q = 0u, r = ma;  // r < 2 mb < 2^25 throughout
-  for (int i = 0; i < 25; ++i) {  // floor(ma / mb * 2^24): 24 significand bits and a round bit
-    q <<= 1;
-    if (r >= mb) {
-      r -= mb;
-      q |= 1u;
-    }
-    r <<= 1;
-  }
+  // The estimate: both significands are exact floats, their quotient is in [1, 2] and within
+  // 2.5 ulp (5 units of Q), and scaling by 2^24 is exact; the conversion drops under 2 more.
+  const uvec2 qr = DivQuotient(ma, mb, uint(float(ma) / float(mb) * 16777216.0));
+  uint q = qr.x;
   const bool round_bit = (q & 1u) != 0u;
   q >>= 1;
-  if (round_bit && (r != 0u || (q & 1u) != 0u)) q += 1u;
+  if (round_bit && (qr.y != 0u || (q & 1u) != 0u)) q += 1u;
   if (q == 0x1000000u) {  // rounded up to 2
     q >>= 1;
     e += 1;
