@@ -1,6 +1,7 @@
 // kvfs bench dispatch: what a Vulkan device charges per dispatch and barrier, and how fast the
 // read-ahead shader reads (engine/backend/vulkan_dispatch_cost.h). No model needed.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -8,6 +9,7 @@
 
 #include "engine/backend/vulkan_dispatch_cost.h"
 #include "tools/args.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 
 namespace kvfs::cli {
@@ -15,14 +17,19 @@ namespace kvfs::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kvfs bench dispatch [--device N] [-n 512] [-r 5] [--read-mib 64] [--json]\n"
+    "usage: kvfs bench dispatch [--device N] [-n 512] [-r 5] [--read-mib 64] [--code-steps 256,4096]\n"
+    "                           [--code-pipelines 8] [--json]\n"
     "  The Vulkan device's cost of the shape of a decode step, without a model: per dispatch,\n"
     "  the wall time of -n minimal dispatches (one workgroup reading one word) with a barrier\n"
     "  after each, as a decode step records its ops (submitted in pieces while recording goes\n"
     "  on; the recording time is shown beside it), the same without barriers (submitted at the\n"
     "  end: the time after recording), and a read-ahead dispatch (kvfs bench --prefetch) of\n"
     "  --read-mib MiB with its barrier, whose rate says how much it can read beside a short\n"
-    "  dispatch without making it wait. Medians of -r passes after one that warms up.\n";
+    "  dispatch without making it wait. Then what code size costs: one workgroup's chain of\n"
+    "  --code-steps dependent multiply-adds as straight-line code and as a loop (the same\n"
+    "  latencies; the difference is fetching the straight code), from one pipeline and from\n"
+    "  --code-pipelines pipelines of the same length in turn (as a decode step cycles through its\n"
+    "  shaders); 'none' skips it. Medians of -r passes after one that warms up.\n";
 
 int Fail(int code, const std::string& m) {
   std::fprintf(stderr, "kvfs bench dispatch: %s\n", m.c_str());
@@ -32,7 +39,8 @@ int Fail(int code, const std::string& m) {
 }  // namespace
 
 int BenchDispatch(int argc, char** argv) {
-  Args args(argc, argv, {"--device", "-n", "-r", "--read-mib"}, {"--json", "-h", "--help"});
+  Args args(argc, argv, {"--device", "-n", "-r", "--read-mib", "--code-steps", "--code-pipelines"},
+            {"--json", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -43,11 +51,23 @@ int BenchDispatch(int argc, char** argv) {
   options.dispatches = args.get_int("-n", 512, 1, 1 << 20);
   options.repetitions = static_cast<int>(args.get_int("-r", 5, 1, 1000));
   options.read_bytes = args.get_int("--read-mib", 64, 1, 1 << 16) << 20;
+  options.code_pipelines = static_cast<int>(args.get_int("--code-pipelines", 8, 1, 64));
   if (!args.error().empty()) return Fail(2, args.error());
+  if (const std::string steps = args.get("--code-steps").value_or(""); steps == "none") {
+    options.code_steps.clear();
+  } else if (!steps.empty()) {
+    options.code_steps.clear();
+    for (const std::string& part : SplitList(steps)) {
+      char* end = nullptr;
+      const long long v = std::strtoll(part.c_str(), &end, 10);
+      if (part.empty() || *end != '\0' || v < 1 || v > 65536) return Fail(2, "--code-steps: numbers from 1 to 65536, or none");
+      options.code_steps.push_back(v);
+    }
+  }
   auto cost = MeasureVulkanDispatchCost(options);
   if (!cost.ok()) return Fail(1, cost.status().message());
   if (args.has("--json")) {
-    const nlohmann::json j = {{"device", cost->device},
+    nlohmann::json j = {{"device", cost->device},
                               {"dispatches", options.dispatches},
                               {"repetitions", options.repetitions},
                               {"dispatch_with_barrier_us", cost->barrier_us},
@@ -56,7 +76,16 @@ int BenchDispatch(int argc, char** argv) {
                               {"dispatch_without_barrier_recording_us", cost->no_barrier_record_us},
                               {"read_bytes", cost->read_bytes},
                               {"read_dispatch_us", cost->read_us},
-                              {"read_gb_per_s", cost->read_gbps}};
+                              {"read_gb_per_s", cost->read_gbps},
+                              {"code_pipelines", options.code_pipelines},
+                              {"code", nlohmann::json::array()}};
+    for (const CodeFetchCost& c : cost->code) {
+      j["code"].push_back({{"steps", c.steps},
+                           {"straight_us", c.straight_us},
+                           {"loop_us", c.loop_us},
+                           {"straight_cycling_us", c.straight_cycling_us},
+                           {"loop_cycling_us", c.loop_cycling_us}});
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -68,6 +97,15 @@ int BenchDispatch(int argc, char** argv) {
              cost->no_barrier_record_us);
   fmt::print("  read-ahead of {:.0f} MiB + barrier: {:8.2f} us  ({:.1f} GB/s beyond a minimal dispatch)\n",
              cost->read_bytes / 1048576.0, cost->read_us, cost->read_gbps);
+  if (!cost->code.empty()) {
+    fmt::print("one workgroup's chain of dependent multiply-adds + barrier (us): one pipeline | {} in turn\n",
+               options.code_pipelines);
+    fmt::print("  {:>6}  {:>10} {:>10}  | {:>10} {:>10}\n", "steps", "straight", "loop", "straight", "loop");
+    for (const CodeFetchCost& c : cost->code) {
+      fmt::print("  {:>6}  {:10.2f} {:10.2f}  | {:10.2f} {:10.2f}\n", c.steps, c.straight_us, c.loop_us,
+                 c.straight_cycling_us, c.loop_cycling_us);
+    }
+  }
   return 0;
 }
 

@@ -29,8 +29,10 @@ constexpr const char* kShadersUsage =
     "  'none': skip), the pipelines of one sequence's attention step of -t tokens after -d cached\n"
     "  positions in blocks of --block (default 256): kv_store, the scores, softmax, the\n"
     "  weighted sums and their reduction where the pass has them; the scores, softmax and sums\n"
-    "  both alone and merged with other sequences' calls (a batched step). Nothing runs, so Mesa's AMD\n"
-    "  driver can report on a machine without a GPU:\n"
+    "  both alone and merged with other sequences' calls (a batched step). Then the RMSNorms before\n"
+    "  the first layer's attention and feed-forward and before the output matrix, fused with the\n"
+    "  quantization of their outputs as a pass records them. Nothing runs, so Mesa's AMD driver\n"
+    "  can report on a machine without a GPU:\n"
     "    RADV_FORCE_FAMILY=gfx1100 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json \\\n"
     "    RADV_DEBUG=nocache kvfs shaders -m MODEL\n"
     "  --stat: the statistics to print (default all); --tuning: plan with the settings kvfs\n"
@@ -137,11 +139,20 @@ int Shaders(int argc, char** argv) {
                            {"constants", s.constants},
                            {"statistics", StatisticsJson(s.statistics, stats)}});
     }
+    nlohmann::json norms = nlohmann::json::array();
+    for (const NormShader& s : report.norms) {
+      norms.push_back({{"norm", s.norm},
+                       {"acts", s.acts},
+                       {"shader", s.shader},
+                       {"constants", s.constants},
+                       {"statistics", StatisticsJson(s.statistics, stats)}});
+    }
     const nlohmann::json out = {{"device", report.device.name},
                                 {"api_version", report.device.api_version},
                                 {"statistics", report.statistics},
                                 {"shaders", lines},
-                                {"attention", attention}};
+                                {"attention", attention},
+                                {"norms", norms}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
@@ -156,6 +167,10 @@ int Shaders(int argc, char** argv) {
   for (const AttentionShader& s : report.attention) {
     std::string line = fmt::format("attn {:<5} t{:<4} d{:<6} {:<8} {:<6} {} [{}]", s.kv, s.tokens, s.depth, s.step,
                                    s.merged ? "merged" : "alone", s.shader, Constants(s.constants));
+    std::printf("%s%s\n", line.c_str(), StatisticsText(s.statistics, stats).c_str());
+  }
+  for (const NormShader& s : report.norms) {
+    std::string line = fmt::format("norm {:<12} {:<5} {} [{}]", s.norm, s.acts, s.shader, Constants(s.constants));
     std::printf("%s%s\n", line.c_str(), StatisticsText(s.statistics, stats).c_str());
   }
   return 0;

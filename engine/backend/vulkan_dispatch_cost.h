@@ -5,11 +5,14 @@
 // barrier after each (as a decode step records them) and without, and the rate at which the
 // read-ahead shader
 // (vk::Ops::Prefetch) reads memory, which says how many bytes it can read beside a short
-// dispatch without making it wait.
+// dispatch without making it wait. And what the size of a shader's code costs a dispatch of one
+// workgroup: the short shaders are thousands of instructions each, run by a few workgroups on
+// multiprocessors whose instruction caches last held other code.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/core/status.h"
 
@@ -20,6 +23,20 @@ struct DispatchCostOptions {
   int64_t dispatches = 512;     // per measured pass
   int repetitions = 5;          // passes per figure (medians)
   int64_t read_bytes = 64 << 20;  // bytes each read-ahead dispatch reads
+  // Code size (shaders/code_fetch.comp): chains of these many dependent multiply-adds, as
+  // straight-line code and as a loop, each from one pipeline and cycling through
+  // code_pipelines pipelines of the same length (empty: not measured).
+  std::vector<int64_t> code_steps = {256, 4096};
+  int code_pipelines = 8;
+};
+
+// One workgroup's chain of `steps` multiply-adds: microseconds per dispatch and its barrier.
+struct CodeFetchCost {
+  int64_t steps = 0;
+  double straight_us = 0;          // straight-line code (about 2 x steps instructions), one pipeline
+  double loop_us = 0;              // the same chain as a loop, one pipeline
+  double straight_cycling_us = 0;  // straight-line, code_pipelines pipelines in turn
+  double loop_cycling_us = 0;      // the loop, as many pipelines in turn
 };
 
 // Microseconds per dispatch, medians.
@@ -34,6 +51,7 @@ struct DispatchCost {
   double read_us = 0;            // one read-ahead dispatch of read_bytes and its barrier
   double read_gbps = 0;          // read_bytes / (read_us - barrier_us), GB/s
   int64_t read_bytes = 0;        // per dispatch, alternating between two such regions
+  std::vector<CodeFetchCost> code;  // per code_steps
 };
 
 // Unsupported without the Vulkan backend; the device's errors otherwise.

@@ -54,11 +54,22 @@ struct AttentionShader {
   std::vector<ShaderStatistic> statistics;
 };
 
+// The RMSNorm before a layer's attention, its feed-forward and the output matrix, fused with the
+// quantization of its output for the matrix after it (a float matrix: the plain norm).
+struct NormShader {
+  std::string norm;  // "attention", "feed-forward" or "output"
+  std::string acts;  // the activations it makes: "q8_0", "q8_1", "q8_k" or "f32"
+  std::string shader;
+  std::vector<uint32_t> constants;
+  std::vector<ShaderStatistic> statistics;
+};
+
 struct ShaderReport {
   VulkanDeviceInfo device;
   bool statistics = false;  // whether the device reports pipeline statistics at all
   std::vector<MatrixShader> shaders;  // by matrix, then tokens
   std::vector<AttentionShader> attention;  // by KV format, then tokens, then step
+  std::vector<NormShader> norms;  // of the first layer (other layers' matrices may take other kinds)
 };
 
 struct ShaderReportOptions {

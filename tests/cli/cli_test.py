@@ -123,12 +123,19 @@ if r.returncode == 0:
     ok = r.returncode == 0
     j = json.loads(r.stdout) if ok else {}
     check('bench --backend vulkan --prefetch 1', ok and j['tg']['median'] > 0, f'rc={r.returncode} err={r.stderr!r}')
-    r = run(['bench', 'dispatch', '-n', '16', '-r', '1', '--read-mib', '1', '--json'])
+    r = run(['bench', 'dispatch', '-n', '16', '-r', '1', '--read-mib', '1', '--code-steps', '16,64',
+             '--code-pipelines', '2', '--json'])
     ok = r.returncode == 0
     j = json.loads(r.stdout) if ok else {}
     check('bench dispatch', ok and j['dispatch_with_barrier_us'] > 0 and j['dispatch_without_barrier_us'] > 0 and
-          j['read_bytes'] == 1 << 20 and j['read_dispatch_us'] > 0, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+          j['read_bytes'] == 1 << 20 and j['read_dispatch_us'] > 0 and [c['steps'] for c in j['code']] == [16, 64] and
+          all(c[k] > 0 for c in j['code'] for k in ('straight_us', 'loop_us', 'straight_cycling_us', 'loop_cycling_us')),
+          f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+    r = run(['bench', 'dispatch', '-n', '4', '-r', '1', '--read-mib', '1', '--code-steps', 'none', '--json'])
+    check('bench dispatch --code-steps none', r.returncode == 0 and json.loads(r.stdout)['code'] == [],
+          f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
     bad('bench dispatch with no dispatches', ['bench', 'dispatch', '-n', '0'], '-n')
+    bad('bench dispatch with code steps of 0', ['bench', 'dispatch', '--code-steps', '16,0'], '--code-steps')
     # kvfs tune: a short search (two knobs) writes a file that run and bench take, on this
     # device and model only.
     default_name = [d['name'] for d in json.loads(run(['devices', '--json']).stdout) if d['default']][0]
@@ -188,6 +195,10 @@ if r.returncode == 0:
           all(steps[k]['constants'][-1] == (1 if k[2] else 0) for k in want if k[1] != 'kv_store') and
           all(l['depth'] == 4096 and l['tokens'] == 1 for l in j['attention']),
           f'rc={r.returncode} attention={j.get("attention", [])!r:.600}')
+    # ... and the norms, each fused with its output's quantization (tiny-llama's q8 kinds).
+    check('shaders lists the norms', ok and [n['norm'] for n in j.get('norms', [])] == ['attention', 'feed-forward', 'output']
+          and all(n['shader'].startswith('quantize_act') and n['constants'][2] == 2 for n in j['norms']),
+          f'rc={r.returncode} norms={j.get("norms", [])!r:.600}')
     bad('shaders -t out of range', ['shaders', '-m', q4km, '-t', '0'], '-t takes a comma-separated list of numbers in [1, 512]')
     bad('shaders unknown KV type', ['shaders', '-m', q4km, '--kv', 'bogus'], "unknown KV type 'bogus'")
     radv = '/usr/share/vulkan/icd.d/radeon_icd.x86_64.json'
@@ -201,7 +212,7 @@ if r.returncode == 0:
               ok and j['statistics'] and 'GFX1100' in j['device'] and len(j['shaders']) > 0 and
               len(j['attention']) > 0 and
               all(set(l['statistics']) == {'VGPRs', 'Spilled VGPRs'} and l['statistics']['VGPRs'] > 0 and
-                  l['statistics']['Spilled VGPRs'] == 0 for l in j['shaders'] + j['attention']),
+                  l['statistics']['Spilled VGPRs'] == 0 for l in j['shaders'] + j['attention'] + j['norms']),
               f'rc={r.returncode} out={r.stdout[:400]!r} err={r.stderr!r}')
     elif os.environ.get('CI') == 'true':
         check('CI=true: Mesa\'s AMD Vulkan driver (mesa-vulkan-drivers) is installed', False, radv)

@@ -8,8 +8,8 @@ it makes a null device whose compiler reports each pipeline's registers and spil
 (VK_KHR_pipeline_executable_properties), which `kvfs shaders --json` prints without running
 anything. A spilled register lives in device memory, so each use waits a memory latency: in
 decode's chains of short dispatches that costs more than any setting gains. So the test holds
-every pipeline of a prompt and a decode step (the matrices of every type a model mix uses, and
-attention, alone and merged, for every KV format) to zero spilled vector and scalar registers.
+every pipeline of a prompt and a decode step (the matrices of every type a model mix uses,
+attention, alone and merged, for every KV format, and the norms) to zero spilled vector and scalar registers.
 Raising matvec_quant's units ahead to 8, for one, spills 56 registers there.
 
 The models are llama3.1-8b (head_dim 128, 4 query heads a KV head; Q4_0 and the q4_k_m mix) and
@@ -75,17 +75,19 @@ def main():
                 for tokens in (1, 512):
                     if (kv, step, tokens) not in steps:
                         failures.append('%s: no %s %s pipeline for %d tokens' % (path, kv, step, tokens))
+        if {n['norm'] for n in report.get('norms', [])} != {'attention', 'feed-forward', 'output'}:
+            failures.append('%s: norm pipelines %s' % (path, [n['norm'] for n in report.get('norms', [])]))
         if {m['tokens'] for m in report['shaders']} != {1, 512}:
             failures.append('%s: matrix pipelines for tokens %s' % (path, sorted({m['tokens'] for m in report['shaders']})))
-        for entry in report['shaders'] + report['attention']:
+        for entry in report['shaders'] + report['attention'] + report.get('norms', []):
             what = '%s %s %s' % (entry['shader'], entry['constants'],
-                                 entry.get('matrices') or '%s %s' % (entry.get('kv'), entry.get('step')))
+                                 entry.get('matrices') or entry.get('norm') or '%s %s' % (entry.get('kv'), entry.get('step')))
             for stat in SPILLS:
                 value = entry['statistics'].get(stat)
                 if value is None:
                     failures.append('%s: %s: the compiler reported no "%s"' % (path, what, stat))
                 elif value != 0:
-                    failures.append('%s: %s, tokens %d: %s %g' % (path, what, entry['tokens'], stat, value))
+                    failures.append('%s: %s, tokens %s: %s %g' % (path, what, entry.get('tokens', '-'), stat, value))
             checked += 1
     print('%d pipelines checked on %s (%s)' % (checked, FAMILY, ', '.join('%s %s' % (p, k[1]) for p, k in MODELS)))
     for f in failures:

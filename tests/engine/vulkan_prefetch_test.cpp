@@ -21,7 +21,8 @@ namespace {
 // binding limit; bad options refused before any device work. Not a speed test: the figures
 // are whatever this machine gives.
 TEST(VulkanDispatchCost, MeasuresEachFigure) {
-  auto cost = MeasureVulkanDispatchCost({.dispatches = 8, .repetitions = 1, .read_bytes = 1 << 20});
+  auto cost = MeasureVulkanDispatchCost(
+      {.dispatches = 8, .repetitions = 1, .read_bytes = 1 << 20, .code_steps = {16, 64}, .code_pipelines = 2});
   KVFS_REQUIRE_VULKAN(cost.status());
   EXPECT_FALSE(cost->device.empty());
   EXPECT_EQ(cost->read_bytes, 1 << 20);
@@ -30,8 +31,18 @@ TEST(VulkanDispatchCost, MeasuresEachFigure) {
   }
   EXPECT_TRUE(cost->no_barrier_us >= 0 && std::isfinite(cost->no_barrier_us)) << cost->no_barrier_us;
   EXPECT_TRUE(cost->read_gbps >= 0 && std::isfinite(cost->read_gbps)) << cost->read_gbps;
-  for (const DispatchCostOptions bad : {DispatchCostOptions{.dispatches = 0}, DispatchCostOptions{.repetitions = 0},
-                                        DispatchCostOptions{.read_bytes = 8}}) {
+  ASSERT_EQ(cost->code.size(), 2u);
+  EXPECT_EQ(cost->code[0].steps, 16);
+  EXPECT_EQ(cost->code[1].steps, 64);
+  for (const CodeFetchCost& c : cost->code) {
+    for (const double v : {c.straight_us, c.loop_us, c.straight_cycling_us, c.loop_cycling_us}) {
+      EXPECT_TRUE(v > 0 && std::isfinite(v)) << c.steps << ": " << v;
+    }
+  }
+  for (const DispatchCostOptions& bad :
+       {DispatchCostOptions{.dispatches = 0}, DispatchCostOptions{.repetitions = 0}, DispatchCostOptions{.read_bytes = 8},
+        DispatchCostOptions{.code_pipelines = 0}, DispatchCostOptions{.code_steps = {0}},
+        DispatchCostOptions{.code_steps = {1 << 17}}}) {
     EXPECT_EQ(MeasureVulkanDispatchCost(bad).status().code(), StatusCode::kInvalidArgument);
   }
 }

@@ -14,6 +14,16 @@
 namespace kvfs {
 namespace {
 
+// Specialization constants as the profile prints them: "256,0,2".
+std::string Joined(const std::vector<uint32_t>& constants) {
+  std::string out;
+  for (const uint32_t c : constants) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(c);
+  }
+  return out;
+}
+
 // Dispatch counts the report's lines predict for one pass: each matrix's dispatch per layer,
 // under the profile's label (matrix shaders by grid width). `tokens` picks the lines; the
 // output matrix multiplies only the rows whose logits are wanted (output_tokens).
@@ -40,9 +50,7 @@ std::map<std::string, int> PredictedPipelines(const ShaderReport& report, int64_
   std::map<std::string, int> out;
   for (const MatrixShader& s : report.shaders) {
     if (s.tokens != (s.matrices == "output" ? output_tokens : tokens)) continue;
-    std::string constants;
-    for (const uint32_t c : s.constants) constants += (constants.empty() ? "" : ",") + std::to_string(c);
-    out[s.shader + " [" + constants + "]"] += static_cast<int>(s.layers);
+    out[s.shader + " [" + Joined(s.constants) + "]"] += static_cast<int>(s.layers);
   }
   return out;
 }
@@ -58,6 +66,24 @@ std::map<std::string, int> MatrixPipelines(const std::string& profile) {
   }
   EXPECT_EQ(pipelines_by_shader, by_shader) << profile;
   EXPECT_GT(by_shader.size(), 4u);  // attention, norms and the rest besides the matrices
+  return out;
+}
+
+// The profile's norm pipelines: rms_norm, and quantize_act with the norm as its source (its
+// third constant 2; a pass also quantizes plain rows for a matrix of another kind, and SwiGLU
+// where the gate|up matrix does not).
+std::set<std::string> NormPipelines(const std::string& profile) {
+  std::set<std::string> out;
+  for (const auto& [label, n] : testing::ProfilePipelineDispatches(profile)) {
+    const bool norm_source = label.size() > 3 && label.compare(label.size() - 3, 3, ",2]") == 0;
+    if ((label.rfind("quantize_act", 0) == 0 && norm_source) || label.rfind("rms_norm", 0) == 0) out.insert(label);
+  }
+  return out;
+}
+
+std::set<std::string> PlannedNorms(const ShaderReport& report) {
+  std::set<std::string> out;
+  for (const NormShader& s : report.norms) out.insert(s.shader + " [" + Joined(s.constants) + "]");
   return out;
 }
 
@@ -109,6 +135,9 @@ void CheckPlan(const std::string& model_file, const VulkanTuning& tuning) {
   const std::string decode_profile = (*backend)->TakeProfileReport();
   EXPECT_EQ(MatrixDispatches(decode_profile), Predicted(*report, 1, 1));
   EXPECT_EQ(MatrixPipelines(decode_profile), PredictedPipelines(*report, 1, 1));
+  // A decode step's norms are the report's (the attention, feed-forward and output norms).
+  EXPECT_EQ(report->norms.size(), 3u);
+  EXPECT_EQ(NormPipelines(decode_profile), PlannedNorms(*report));
 }
 
 TEST(VulkanShaderReport, PlansThePipelinesAPassRecords) {
@@ -162,9 +191,7 @@ TEST(VulkanShaderReport, PlansTheAttentionPipelinesAPassRecords) {
     if (!report.ok()) return out;
     for (const AttentionShader& s : report->attention) {
       if (s.merged != merged && s.step != "kv_store" && s.step != "reduce") continue;
-      std::string constants;
-      for (const uint32_t c : s.constants) constants += (constants.empty() ? "" : ",") + std::to_string(c);
-      out.insert(s.shader + " [" + constants + "]");
+      out.insert(s.shader + " [" + Joined(s.constants) + "]");
     }
     return out;
   };

@@ -1,6 +1,7 @@
 // kvfs bench dispatch (vulkan_dispatch_cost.h): passes of minimal dispatches, with and without
-// barriers, and of read-ahead dispatches, timed by the host's clock (what a synchronous decode
-// step waits for), with the time spent recording measured apart.
+// barriers, of read-ahead dispatches, and of one-workgroup dispatches of long and short code
+// (code_fetch.comp), timed by the host's clock (what a synchronous decode step waits for), with
+// the time spent recording measured apart.
 #include "engine/backend/vulkan_dispatch_cost.h"
 
 #include <algorithm>
@@ -26,6 +27,12 @@ double Us(Clock::time_point a, Clock::time_point b) { return std::chrono::durati
 Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& options) {
   if (options.dispatches < 1 || options.repetitions < 1 || options.read_bytes < 16) {
     return InvalidArgument("dispatch cost: dispatches and repetitions must be at least 1, read bytes at least 16");
+  }
+  if (options.code_pipelines < 1 || options.code_pipelines > 64) {
+    return InvalidArgument("dispatch cost: 1 to 64 code pipelines");
+  }
+  for (const int64_t steps : options.code_steps) {
+    if (steps < 1 || steps > 65536) return InvalidArgument("dispatch cost: code steps from 1 to 65536");
   }
   KVFS_ASSIGN_OR_RETURN(std::unique_ptr<vk::Context> ctx, vk::Context::Create(options.device));
   vk::PipelineCache pipelines(ctx->device());
@@ -72,6 +79,40 @@ Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& option
     }
     return Pass{Median(total), Median(record)};
   };
+  // Code size: one workgroup of 32 per dispatch, a barrier after each; pipelines cycled in turn
+  // or one repeated.
+  struct CodeFetchParams {
+    float a, b;
+  };
+  const vk::ShaderInterface code_fetch{"code_fetch", 1, sizeof(CodeFetchParams)};
+  const CodeFetchParams fetch_params{0.999f, -1.0f};  // x shrinks towards a fixed point > 0: never -1
+  auto code_pass = [&](int64_t steps, bool unrolled, int n_pipelines) -> Result<Pass> {
+    std::vector<const vk::Pipeline*> ps;
+    for (int s = 0; s < n_pipelines; ++s) {
+      const uint32_t spec[] = {32, static_cast<uint32_t>(steps), unrolled ? 1u : 0u, static_cast<uint32_t>(s)};
+      KVFS_ASSIGN_OR_RETURN(const vk::Pipeline* p, pipelines.Get(code_fetch, spec));
+      ps.push_back(p);
+    }
+    const auto t0 = Clock::now();
+    KVFS_RETURN_IF_ERROR(rec.Begin());
+    for (int64_t i = 0; i < options.dispatches; ++i) {
+      KVFS_RETURN_IF_ERROR(rec.Dispatch(*ps[i % n_pipelines], {&sink}, &fetch_params, 1));
+      rec.Barrier();
+    }
+    const auto t1 = Clock::now();
+    KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
+    return Pass{Us(t0, Clock::now()), Us(t0, t1)};
+  };
+  auto code_measure = [&](int64_t steps, bool unrolled, int n_pipelines) -> Result<double> {
+    KVFS_RETURN_IF_ERROR(code_pass(steps, unrolled, n_pipelines).status());
+    std::vector<double> total;
+    for (int r = 0; r < options.repetitions; ++r) {
+      KVFS_ASSIGN_OR_RETURN(const Pass p, code_pass(steps, unrolled, n_pipelines));
+      total.push_back(p.total_us / static_cast<double>(options.dispatches));
+    }
+    return Median(total);
+  };
+
   DispatchCost cost;
   cost.device = ctx->info().name;
   cost.read_bytes = read_bytes;
@@ -85,6 +126,15 @@ Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& option
   cost.read_us = read.total_us;
   const double read_only_us = cost.read_us - cost.barrier_us;
   cost.read_gbps = read_only_us > 0 ? static_cast<double>(read_bytes) / read_only_us * 1e-3 : 0.0;
+  for (const int64_t steps : options.code_steps) {
+    CodeFetchCost c;
+    c.steps = steps;
+    KVFS_ASSIGN_OR_RETURN(c.straight_us, code_measure(steps, true, 1));
+    KVFS_ASSIGN_OR_RETURN(c.loop_us, code_measure(steps, false, 1));
+    KVFS_ASSIGN_OR_RETURN(c.straight_cycling_us, code_measure(steps, true, options.code_pipelines));
+    KVFS_ASSIGN_OR_RETURN(c.loop_cycling_us, code_measure(steps, false, options.code_pipelines));
+    cost.code.push_back(c);
+  }
   return cost;
 }
 

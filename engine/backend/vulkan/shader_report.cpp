@@ -1,6 +1,6 @@
 // kvfs shaders (engine/backend/vulkan_shaders.h): plans the matrix products of a model as the
 // backend would record them (device_weights.h's stacking and layouts, Ops::PlanMatMul's
-// pipelines), and its attention steps (Ops::PlanAttentionStep), and asks the driver for each
+// pipelines), its attention steps (Ops::PlanAttentionStep) and its norms (Ops::PlanNorm), and asks the driver for each
 // pipeline's compiler statistics. No buffer is made
 // and nothing is submitted, so a device that can only compile (RADV's null device) will do.
 #include <map>
@@ -120,6 +120,23 @@ Status ReportAttention(const Model& model, const ShaderReportOptions& options, c
   return Status::Ok();
 }
 
+// The norms of the first layer and the output, as a fused pass records them.
+Status ReportNorms(const Model& model, vk::Ops& ops, const vk::PipelineCache& pipelines, ShaderReport& report) {
+  const ModelWeights& w = model.weights();
+  const LayerWeights& l = w.layers.front();
+  const std::pair<const char*, GgmlType> norms[] = {
+      {"attention", l.wq.type}, {"feed-forward", l.w_gate.type}, {"output", w.output.type}};
+  for (const auto& [what, type] : norms) {
+    const vk::ActKind kind = vk::ActKindFor(type);
+    KVFS_ASSIGN_OR_RETURN(const vk::Pipeline* p, ops.PlanNorm(kind));
+    static constexpr const char* kActs[] = {"q8_0", "q8_1", "q8_k", "f32"};
+    NormShader line{what, kActs[static_cast<uint32_t>(kind)], std::string(p->name), p->constants, {}};
+    KVFS_ASSIGN_OR_RETURN(line.statistics, StatisticsOf(pipelines, *p, report.statistics));
+    report.norms.push_back(std::move(line));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOptions& options) {
@@ -178,6 +195,7 @@ Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOp
     }
   }
   KVFS_RETURN_IF_ERROR(ReportAttention(model, options, tuning, *ctx, *ops, pipelines, report));
+  KVFS_RETURN_IF_ERROR(ReportNorms(model, *ops, pipelines, report));
   return report;
 }
 

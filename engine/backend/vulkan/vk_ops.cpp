@@ -208,6 +208,15 @@ Status Ops::RmsNorm(Recorder& rec, const Buffer& x, int64_t x_stride, const Buff
   return rec.Dispatch(*p, {&x, &w, &y, row_ids != nullptr ? row_ids : &unused_}, &params, U32(n_rows));
 }
 
+Result<const Pipeline*> Ops::PlanNorm(ActKind kind) {
+  if (kind == ActKind::kFloat) {
+    const uint32_t spec[] = {kRowGroup};
+    return pipelines_.Get(subgroup_trees() ? kRmsNormSg : kRmsNorm, spec);
+  }
+  const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kind), static_cast<uint32_t>(QuantizeSource::kRmsNorm)};
+  return pipelines_.Get(subgroup_trees() ? kQuantizeSg : kQuantize, spec);
+}
+
 Status Ops::QuantizeActs(Recorder& rec, ActKind kind, const Buffer& x, int64_t x_stride, int64_t n, int64_t n_rows,
                          const QuantizedActs& out) {
   return Quantize(rec, kind, QuantizeSource::kRows, x, x_stride, nullptr, n, 0.0f, nullptr, 0, n_rows, out);

@@ -194,6 +194,10 @@ class Ops {
   // matrix-vector shader, whose workgroups have room for the quantizer (at least 32
   // invocations, its shared memory), and the blocks' counters fit in counter_words.
   bool FusesSwiGlu(const DeviceMatrix& w, int64_t n_tokens, ActKind kind, int64_t counter_words) const;
+  // The pipeline of an RMSNorm whose output feeds a matrix taking activations of `kind`, as a
+  // fused pass records it: NormQuantizeActs (quantize_act) for quantized kinds, RmsNorm for
+  // float ones (kvfs shaders).
+  Result<const Pipeline*> PlanNorm(ActKind kind);
 
   // Rotates the first n_rot dimensions of every head (head_dim apart) of n_tokens rows in place
   // with the (cos, sin) table [n_tokens][n_rot / 2].
