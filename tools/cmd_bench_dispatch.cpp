@@ -17,7 +17,7 @@ namespace kvfs::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kvfs bench dispatch [--device N] [-n 512] [-r 5] [--read-mib 64] [--code-steps 256,4096]\n"
+    "usage: kvfs bench dispatch [--device N] [-n 512] [-r 5] [--read-mib 64] [--code-steps 256,1024,4096]\n"
     "                           [--code-pipelines 8] [--json]\n"
     "  The Vulkan device's cost of the shape of a decode step, without a model: per dispatch,\n"
     "  the wall time of -n minimal dispatches (one workgroup reading one word) with a barrier\n"

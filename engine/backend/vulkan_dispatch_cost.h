@@ -26,7 +26,7 @@ struct DispatchCostOptions {
   // Code size (shaders/code_fetch.comp): chains of these many dependent multiply-adds, as
   // straight-line code and as a loop, each from one pipeline and cycling through
   // code_pipelines pipelines of the same length (empty: not measured).
-  std::vector<int64_t> code_steps = {256, 4096};
+  std::vector<int64_t> code_steps = {256, 1024, 4096};
   int code_pipelines = 8;
 };
 
