@@ -12,6 +12,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
+#include "engine/backend/vulkan_tuning.h"
 #include "engine/model/quants.h"
 #include "tests/engine/vulkan_backend_fixture.h"
 #include "tests/test_support.h"
@@ -48,6 +49,53 @@ TEST_F(VulkanBackendTest, LogitsMatchTheCpuBackend) {
     const std::vector<float> db = Step(*vulkan_, kv_gpu, std::span<const TokenId>(&next, 1));
     const double decode_nmse = Nmse(db.data(), da.data(), V);
     std::printf("[vulkan backend] kv %s: prompt logits NMSE %.3g, decode NMSE %.3g\n", type, prompt_nmse, decode_nmse);
+    EXPECT_LE(prompt_nmse, 1e-8) << type;
+    EXPECT_LE(decode_nmse, 1e-8) << type;
+  }
+}
+
+// A GPU's matrix-vector shape (VulkanTuning resolved for a discrete device: workgroups of 32
+// invocations, 2 rows a slot) on whatever device runs the tests, for every KV format: a prompt
+// and decode steps keep the CPU backend's logits. Decode attention stays in the fixture's splits
+// of 128 (a finer split adds its partial sums in another order; VulkanAttentionTest checks
+// splits). Under the ctest vulkan_subgroup32 (lavapipe built for 32 lanes) this is an NVIDIA
+// GPU's shape: warp-sized subgroups, and slots of one subgroup whose sums go by shuffles alone.
+TEST_F(VulkanBackendTest, GpuMatvecShapeMatchesTheCpuBackend) {
+  VulkanOptions options;
+  options.tuning = ResolvedTuning(VulkanTuning{}, "discrete");
+  options.tuning.attention_split = VulkanTuning::kDefaultAttentionSplit;
+  options.profile = true;  // to see the shape recorded
+  ASSERT_EQ(options.tuning.matvec.group, VulkanMatvecShape::kGpuGroup);
+  auto gpu = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+  auto cpu = MakeCpuBackend(*model_, CpuOptions{2, &cpu::ScalarKernels()});
+  const int64_t V = hp().n_vocab, n = static_cast<int64_t>(prompt_.size());
+  for (const char* type : {"f16", "q8", "q4", "q4k"}) {
+    SequenceKv kv_cpu(Layout(type, 64), 256), kv_gpu(Layout(type, 64), 256);
+    Logits a, b;
+    SequenceStep sa{&kv_cpu, prompt_, true}, sb{&kv_gpu, prompt_, true};
+    ASSERT_TRUE(cpu->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+    ASSERT_TRUE((*gpu)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+    ASSERT_EQ(a.data.size(), b.data.size());
+    const double prompt_nmse = Nmse(b.data.data(), a.data.data(), n * V);
+    double decode_nmse = 0.0;
+    for (int step = 0; step < 4; ++step) {
+      const TokenId next = static_cast<TokenId>(42 + 5 * step);
+      const std::vector<float> da = Step(*cpu, kv_cpu, std::span<const TokenId>(&next, 1));
+      const std::vector<float> db = Step(**gpu, kv_gpu, std::span<const TokenId>(&next, 1));
+      ASSERT_EQ(da.size(), db.size());
+      decode_nmse = std::max(decode_nmse, Nmse(db.data(), da.data(), V));
+      // The decode step's matrix-vector pipelines have workgroups of the GPU's 32 invocations.
+      int matvecs = 0;
+      for (const auto& [label, count] : testing::ProfilePipelineDispatches((*gpu)->TakeProfileReport())) {
+        if (label.rfind("matvec_quant", 0) != 0) continue;
+        matvecs += count;
+        EXPECT_NE(label.find(" [32,"), std::string::npos) << label;
+      }
+      EXPECT_GT(matvecs, 0);
+    }
+    std::printf("[vulkan backend] GPU matvec shape, kv %s: prompt logits NMSE %.3g, decode NMSE %.3g (worst of 4)\n", type,
+                prompt_nmse, decode_nmse);
     EXPECT_LE(prompt_nmse, 1e-8) << type;
     EXPECT_LE(decode_nmse, 1e-8) << type;
   }
