@@ -2,8 +2,8 @@
 // the significands' quotient from the device's own division, which Vulkan lets be 2.5 ulp off,
 // and corrects it with the exact integer remainder. What a device's division contributes is
 // modelled here as the whole range it could take, and more: the first estimate off by up to 16
-// units of the 25-bit quotient either way (a 2.5-ulp division is at most 7 off), the remainder
-// step's floor off by one either way. For each, the result must be the host's IEEE quotient.
+// units of the 25-bit quotient either way (a 2.5-ulp division is at most 5 off, 10 where a
+// device reads its ulp at a result of 2), the remainder step's floor off by one either way. For each, the result must be the host's IEEE quotient.
 // The twin below follows the GLSL line by line (uint arithmetic wrapping mod 2^32, int casts
 // keeping the bits); the Vulkan ops tests then hold the shaders that call Div to the CPU's bits.
 #include <gtest/gtest.h>
@@ -104,6 +104,7 @@ TEST(VulkanDivTest, RangeEdgesAreExactOrFallBack) {
     EXPECT_FALSE(DivTwin(1e30f, 1e-30f, estimate_error, 0).has_value());  // overflows
     EXPECT_FALSE(DivTwin(1e-30f, 1e30f, estimate_error, 0).has_value());  // below the normal range
     EXPECT_FALSE(DivTwin(0.0f, 3.0f, estimate_error, 0).has_value());     // zero
+    EXPECT_FALSE(DivTwin(kMin * 1.5f, 2.0f, estimate_error, 0).has_value());  // biased exponent 0: subnormal
     EXPECT_EQ(DivTwin(1.0f, 3.0f, estimate_error, 0), std::optional<float>(1.0f / 3.0f));
     EXPECT_EQ(DivTwin(kMax, 2.0f, estimate_error, 0), std::optional<float>(kMax / 2.0f));
     EXPECT_EQ(DivTwin(kMin * 4.0f, 2.0f, estimate_error, 0), std::optional<float>(kMin * 2.0f));

@@ -49,9 +49,9 @@ uint F32ToF16Bits(float f) {
 // minimum is below 2^-126, SiLU of a gate that small; never seen in a model).
 // (It was 25 steps of shift and subtract, some 150 instructions at every call once unrolled:
 // the largest part of kv_store and of the attention shaders' code, which a decode step runs in
-// a few workgroups each. kvfs::VulkanDivQuotient in tests/engine/vulkan_div_test.cpp is this
-// function's C++ twin, checked against the host's division with the estimate off by up to 16
-// units either way.)
+// a few workgroups each. DivQuotientTwin and DivTwin in tests/engine/vulkan_div_test.cpp are
+// these functions' C++ twins, checked against the host's division with the estimate off by up to
+// 16 units either way.)
 
 // (Q, R) for significands ma in [mb, 2 mb), mb in [2^23, 2^24), from an estimate q of Q within
 // 2^6 units: R fits an int (|R| <= 2^6 * 2^24 + mb < 2^31), so its low 32 bits, which uint
@@ -83,8 +83,9 @@ float Div(float a, float b) {
     ma <<= 1;
     e -= 1;
   }
-  // The estimate: both significands are exact floats, their quotient is in [1, 2] and within
-  // 2.5 ulp (5 units of Q), and scaling by 2^24 is exact; the conversion drops under 2 more.
+  // The estimate: both significands are exact floats and the device's quotient is within 2.5 ulp
+  // (5 units of Q; up to 10 if a device reads its ulp at a result of 2), a multiple of 2^-24 in
+  // [0.5, 2], so scaling by 2^24 and the conversion are exact.
   const uvec2 qr = DivQuotient(ma, mb, uint(float(ma) / float(mb) * 16777216.0));
   uint q = qr.x;
   const bool round_bit = (q & 1u) != 0u;
