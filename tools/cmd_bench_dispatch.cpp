@@ -80,11 +80,16 @@ int BenchDispatch(int argc, char** argv) {
                               {"code_pipelines", options.code_pipelines},
                               {"code", nlohmann::json::array()}};
     for (const CodeFetchCost& c : cost->code) {
+      nlohmann::json straight_stats = nlohmann::json::object(), loop_stats = nlohmann::json::object();
+      for (const auto& [name, value] : c.straight_statistics) straight_stats[name] = value;
+      for (const auto& [name, value] : c.loop_statistics) loop_stats[name] = value;
       j["code"].push_back({{"steps", c.steps},
                            {"straight_us", c.straight_us},
                            {"loop_us", c.loop_us},
                            {"straight_cycling_us", c.straight_cycling_us},
-                           {"loop_cycling_us", c.loop_cycling_us}});
+                           {"loop_cycling_us", c.loop_cycling_us},
+                           {"straight_statistics", straight_stats},
+                           {"loop_statistics", loop_stats}});
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -104,6 +109,15 @@ int BenchDispatch(int argc, char** argv) {
     for (const CodeFetchCost& c : cost->code) {
       fmt::print("  {:>6}  {:10.2f} {:10.2f}  | {:10.2f} {:10.2f}\n", c.steps, c.straight_us, c.loop_us,
                  c.straight_cycling_us, c.loop_cycling_us);
+    }
+    // What the driver's compiler made of them (whether the straight code was unrolled at all).
+    for (const CodeFetchCost& c : cost->code) {
+      for (const auto* stats : {&c.straight_statistics, &c.loop_statistics}) {
+        if (stats->empty()) continue;
+        std::string line;
+        for (const auto& [name, value] : *stats) line += fmt::format("{}{} {:g}", line.empty() ? "" : "; ", name, value);
+        fmt::print("  {} steps, {}: {}\n", c.steps, stats == &c.straight_statistics ? "straight" : "loop", line);
+      }
     }
   }
   return 0;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -37,6 +38,10 @@ struct CodeFetchCost {
   double loop_us = 0;              // the same chain as a loop, one pipeline
   double straight_cycling_us = 0;  // straight-line, code_pipelines pipelines in turn
   double loop_cycling_us = 0;      // the loop, as many pipelines in turn
+  // The driver compiler's statistics of the two pipelines (of the first of the cycled ones),
+  // "name value" pairs as it reports them (empty where it reports none): whether the straight
+  // code was unrolled, and how long it is.
+  std::vector<std::pair<std::string, double>> straight_statistics, loop_statistics;
 };
 
 // Microseconds per dispatch, medians.

@@ -34,8 +34,9 @@ Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& option
   for (const int64_t steps : options.code_steps) {
     if (steps < 1 || steps > 65536) return InvalidArgument("dispatch cost: code steps from 1 to 65536");
   }
-  KVFS_ASSIGN_OR_RETURN(std::unique_ptr<vk::Context> ctx, vk::Context::Create(options.device));
-  vk::PipelineCache pipelines(ctx->device());
+  KVFS_ASSIGN_OR_RETURN(std::unique_ptr<vk::Context> ctx,
+                        vk::Context::Create(options.device, /*integer_dot=*/true, /*capture_statistics=*/true));
+  vk::PipelineCache pipelines(ctx->device(), ctx->captures_statistics());
   KVFS_ASSIGN_OR_RETURN(std::unique_ptr<vk::Ops> ops, vk::Ops::Create(*ctx, pipelines));
   // Two regions read in turn, each as large as asked (within a binding): a cache that held one
   // would still miss on the other.
@@ -103,6 +104,15 @@ Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& option
     KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
     return Pass{Us(t0, Clock::now()), Us(t0, t1)};
   };
+  auto code_statistics = [&](int64_t steps, bool unrolled) -> Result<std::vector<std::pair<std::string, double>>> {
+    std::vector<std::pair<std::string, double>> out;
+    if (!pipelines.captures_statistics()) return out;
+    const uint32_t spec[] = {32, static_cast<uint32_t>(steps), unrolled ? 1u : 0u, 0u};
+    KVFS_ASSIGN_OR_RETURN(const vk::Pipeline* p, pipelines.Get(code_fetch, spec));
+    KVFS_ASSIGN_OR_RETURN(std::vector<vk::PipelineStatistic> stats, pipelines.Statistics(*p));
+    for (const vk::PipelineStatistic& st : stats) out.emplace_back(st.name, st.value);
+    return out;
+  };
   auto code_measure = [&](int64_t steps, bool unrolled, int n_pipelines) -> Result<double> {
     KVFS_RETURN_IF_ERROR(code_pass(steps, unrolled, n_pipelines).status());
     std::vector<double> total;
@@ -133,6 +143,8 @@ Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& option
     KVFS_ASSIGN_OR_RETURN(c.loop_us, code_measure(steps, false, 1));
     KVFS_ASSIGN_OR_RETURN(c.straight_cycling_us, code_measure(steps, true, options.code_pipelines));
     KVFS_ASSIGN_OR_RETURN(c.loop_cycling_us, code_measure(steps, false, options.code_pipelines));
+    KVFS_ASSIGN_OR_RETURN(c.straight_statistics, code_statistics(steps, true));
+    KVFS_ASSIGN_OR_RETURN(c.loop_statistics, code_statistics(steps, false));
     cost.code.push_back(c);
   }
   return cost;
