@@ -59,7 +59,8 @@ TEST_F(VulkanBackendTest, LogitsMatchTheCpuBackend) {
 // and decode steps keep the CPU backend's logits. Decode attention stays in the fixture's splits
 // of 128 (a finer split adds its partial sums in another order; VulkanAttentionTest checks
 // splits). Under the ctest vulkan_subgroup32 (lavapipe built for 32 lanes) this is an NVIDIA
-// GPU's shape: warp-sized subgroups, and slots of one subgroup whose sums go by shuffles alone.
+// GPU's shape: warp-sized subgroups, and slots of one subgroup whose sums go by shuffles alone;
+// under vulkan_subgroup64, AMD's wave64, each slot half a subgroup.
 TEST_F(VulkanBackendTest, GpuMatvecShapeMatchesTheCpuBackend) {
   VulkanOptions options;
   options.tuning = ResolvedTuning(VulkanTuning{}, "discrete");

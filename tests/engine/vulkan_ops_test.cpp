@@ -212,8 +212,8 @@ TEST_P(VulkanMatMulTest, SubgroupSumsEqualSharedMemorySums) {
     GTEST_SKIP() << "the Vulkan device has no subgroup shuffles in compute shaders";
   }
   const uint32_t subgroup = ctx_->info().subgroup_size;
-  // ctest's vulkan_ops_subgroup16 and vulkan_subgroup32 ask lavapipe for 16 and 32 lanes: check
-  // that it got them.
+  // ctest's vulkan_ops_subgroup16, vulkan_subgroup32 and vulkan_subgroup64 ask lavapipe for 16, 32
+  // and 64 lanes: check that it got them.
   if (const char* expect = std::getenv("KVFS_EXPECT_SUBGROUP"); expect != nullptr && ctx_->info().type == "cpu") {
     ASSERT_EQ(subgroup, static_cast<uint32_t>(std::atoi(expect)));
   }
