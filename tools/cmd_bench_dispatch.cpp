@@ -1,7 +1,6 @@
 // kvfs bench dispatch: what a Vulkan device charges per dispatch and barrier, and how fast the
 // read-ahead shader reads (engine/backend/vulkan_dispatch_cost.h). No model needed.
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -53,16 +52,12 @@ int BenchDispatch(int argc, char** argv) {
   options.read_bytes = args.get_int("--read-mib", 64, 1, 1 << 16) << 20;
   options.code_pipelines = static_cast<int>(args.get_int("--code-pipelines", 8, 1, 64));
   if (!args.error().empty()) return Fail(2, args.error());
-  if (const std::string steps = args.get("--code-steps").value_or(""); steps == "none") {
+  if (const auto steps = args.get("--code-steps"); steps == "none") {
     options.code_steps.clear();
-  } else if (!steps.empty()) {
-    options.code_steps.clear();
-    for (const std::string& part : SplitList(steps)) {
-      char* end = nullptr;
-      const long long v = std::strtoll(part.c_str(), &end, 10);
-      if (part.empty() || *end != '\0' || v < 1 || v > 65536) return Fail(2, "--code-steps: numbers from 1 to 65536, or none");
-      options.code_steps.push_back(v);
-    }
+  } else if (steps) {
+    auto list = ParseIntList(*steps, "--code-steps", 1, 65536);
+    if (!list.ok()) return Fail(2, list.status().message() + " (or none)");
+    options.code_steps = *list;
   }
   auto cost = MeasureVulkanDispatchCost(options);
   if (!cost.ok()) return Fail(1, cost.status().message());

@@ -3,7 +3,8 @@
 // and corrects it with the exact integer remainder. What a device's division contributes is
 // modelled here as the whole range it could take, and more: the first estimate off by up to 16
 // units of the 25-bit quotient either way (a 2.5-ulp division is at most 5 off, 10 where a
-// device reads its ulp at a result of 2), the remainder step's floor off by one either way. For each, the result must be the host's IEEE quotient.
+// device reads its ulp at a result of 2), the remainder step's floor off by one either way. For
+// each, the result must be the host's IEEE quotient.
 // The twin below follows the GLSL line by line (uint arithmetic wrapping mod 2^32, int casts
 // keeping the bits); the Vulkan ops tests then hold the shaders that call Div to the CPU's bits.
 #include <gtest/gtest.h>

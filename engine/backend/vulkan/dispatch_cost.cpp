@@ -51,17 +51,17 @@ Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& option
   for (vk::Buffer& d : data) rec.Zero(d, 0, read_bytes);  // defined contents (what is read is never looked at)
   KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
 
-  // One pass of n dispatches, each reading `bytes` (16: one word, a minimal dispatch of one
-  // workgroup). Microseconds in all and spent recording (a pass with barriers submits pieces as
-  // it records, so the device overlaps that; one without submits everything at the end).
+  // One pass of n dispatches, dispatch(i) recording the i-th, with a barrier after each or
+  // none. Microseconds in all and spent recording (a pass with barriers submits pieces as it
+  // records, so the device overlaps that; one without submits everything at the end).
   struct Pass {
     double total_us = 0, record_us = 0;
   };
-  auto pass = [&](int64_t n, int64_t bytes, bool barriers) -> Result<Pass> {
+  auto pass = [&](int64_t n, bool barriers, const auto& dispatch) -> Result<Pass> {
     const auto t0 = Clock::now();
     KVFS_RETURN_IF_ERROR(rec.Begin());
     for (int64_t i = 0; i < n; ++i) {
-      KVFS_RETURN_IF_ERROR(ops->PrefetchBytes(rec, data[i % 2], 0, bytes, sink));
+      KVFS_RETURN_IF_ERROR(dispatch(i));
       if (barriers) rec.Barrier();
     }
     const auto t1 = Clock::now();
@@ -70,40 +70,40 @@ Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& option
   };
   // Per dispatch, medians over the repetitions after one pass that warms up (pipelines,
   // descriptor sets, command buffers are made on first use).
-  auto measure = [&](int64_t n, int64_t bytes, bool barriers) -> Result<Pass> {
-    KVFS_RETURN_IF_ERROR(pass(n, bytes, barriers).status());
+  auto measure = [&](int64_t n, bool barriers, const auto& dispatch) -> Result<Pass> {
+    KVFS_RETURN_IF_ERROR(pass(n, barriers, dispatch).status());
     std::vector<double> total, record;
     for (int r = 0; r < options.repetitions; ++r) {
-      KVFS_ASSIGN_OR_RETURN(const Pass p, pass(n, bytes, barriers));
+      KVFS_ASSIGN_OR_RETURN(const Pass p, pass(n, barriers, dispatch));
       total.push_back(p.total_us / static_cast<double>(n));
       record.push_back(p.record_us / static_cast<double>(n));
     }
     return Pass{Median(total), Median(record)};
   };
-  // Code size: one workgroup of 32 per dispatch, a barrier after each; pipelines cycled in turn
-  // or one repeated.
+  // Read-ahead dispatches of `bytes` each (16: one word, a minimal dispatch of one workgroup).
+  auto reads = [&](int64_t bytes) {
+    return [&, bytes](int64_t i) { return ops->PrefetchBytes(rec, data[i % 2], 0, bytes, sink); };
+  };
+  // Code size: one workgroup of 32 per dispatch, from n_pipelines pipelines of the same code
+  // length in turn (SALT 0, 1, ...).
   struct CodeFetchParams {
     float a, b;
   };
   const vk::ShaderInterface code_fetch{"code_fetch", 1, sizeof(CodeFetchParams)};
   const CodeFetchParams fetch_params{0.999f, -1.0f};  // x shrinks towards a fixed point > 0: never -1
-  auto code_pass = [&](int64_t steps, bool unrolled, int n_pipelines) -> Result<Pass> {
+  auto code_measure = [&](int64_t steps, bool unrolled, int n_pipelines) -> Result<double> {
     std::vector<const vk::Pipeline*> ps;
     for (int s = 0; s < n_pipelines; ++s) {
       const uint32_t spec[] = {32, static_cast<uint32_t>(steps), unrolled ? 1u : 0u, static_cast<uint32_t>(s)};
       KVFS_ASSIGN_OR_RETURN(const vk::Pipeline* p, pipelines.Get(code_fetch, spec));
       ps.push_back(p);
     }
-    const auto t0 = Clock::now();
-    KVFS_RETURN_IF_ERROR(rec.Begin());
-    for (int64_t i = 0; i < options.dispatches; ++i) {
-      KVFS_RETURN_IF_ERROR(rec.Dispatch(*ps[i % n_pipelines], {&sink}, &fetch_params, 1));
-      rec.Barrier();
-    }
-    const auto t1 = Clock::now();
-    KVFS_RETURN_IF_ERROR(rec.SubmitAndWait());
-    return Pass{Us(t0, Clock::now()), Us(t0, t1)};
+    KVFS_ASSIGN_OR_RETURN(const Pass p, measure(options.dispatches, true, [&](int64_t i) {
+                            return rec.Dispatch(*ps[i % n_pipelines], {&sink}, &fetch_params, 1);
+                          }));
+    return p.total_us;
   };
+  // The compiler's statistics of the first of those pipelines (made by code_measure).
   auto code_statistics = [&](int64_t steps, bool unrolled) -> Result<std::vector<std::pair<std::string, double>>> {
     std::vector<std::pair<std::string, double>> out;
     if (!pipelines.captures_statistics()) return out;
@@ -113,22 +113,13 @@ Result<DispatchCost> MeasureVulkanDispatchCost(const DispatchCostOptions& option
     for (const vk::PipelineStatistic& st : stats) out.emplace_back(st.name, st.value);
     return out;
   };
-  auto code_measure = [&](int64_t steps, bool unrolled, int n_pipelines) -> Result<double> {
-    KVFS_RETURN_IF_ERROR(code_pass(steps, unrolled, n_pipelines).status());
-    std::vector<double> total;
-    for (int r = 0; r < options.repetitions; ++r) {
-      KVFS_ASSIGN_OR_RETURN(const Pass p, code_pass(steps, unrolled, n_pipelines));
-      total.push_back(p.total_us / static_cast<double>(options.dispatches));
-    }
-    return Median(total);
-  };
 
   DispatchCost cost;
   cost.device = ctx->info().name;
   cost.read_bytes = read_bytes;
-  KVFS_ASSIGN_OR_RETURN(const Pass with, measure(options.dispatches, 16, true));
-  KVFS_ASSIGN_OR_RETURN(const Pass without, measure(options.dispatches, 16, false));
-  KVFS_ASSIGN_OR_RETURN(const Pass read, measure(kReadDispatches, read_bytes, true));
+  KVFS_ASSIGN_OR_RETURN(const Pass with, measure(options.dispatches, true, reads(16)));
+  KVFS_ASSIGN_OR_RETURN(const Pass without, measure(options.dispatches, false, reads(16)));
+  KVFS_ASSIGN_OR_RETURN(const Pass read, measure(kReadDispatches, true, reads(read_bytes)));
   cost.barrier_us = with.total_us;
   cost.barrier_record_us = with.record_us;
   cost.no_barrier_us = std::max(without.total_us - without.record_us, 0.0);  // recording was not overlapped

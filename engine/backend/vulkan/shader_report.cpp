@@ -1,8 +1,8 @@
 // kvfs shaders (engine/backend/vulkan_shaders.h): plans the matrix products of a model as the
 // backend would record them (device_weights.h's stacking and layouts, Ops::PlanMatMul's
-// pipelines), its attention steps (Ops::PlanAttentionStep) and its norms (Ops::PlanNorm), and asks the driver for each
-// pipeline's compiler statistics. No buffer is made
-// and nothing is submitted, so a device that can only compile (RADV's null device) will do.
+// pipelines), its attention steps (Ops::PlanAttentionStep) and its norms (Ops::PlanNorm), and
+// asks the driver for each pipeline's compiler statistics. No buffer is made and nothing is
+// submitted, so a device that can only compile (RADV's null device) will do.
 #include <map>
 #include <tuple>
 

@@ -200,21 +200,25 @@ Status Ops::Embed(Recorder& rec, const DeviceMatrix& table, const Buffer& tokens
   return Status::Ok();
 }
 
+Result<const Pipeline*> Ops::RmsNormPipeline() {
+  const uint32_t spec[] = {kRowGroup};
+  return pipelines_.Get(subgroup_trees() ? kRmsNormSg : kRmsNorm, spec);
+}
+
+Result<const Pipeline*> Ops::QuantizePipeline(ActKind kind, QuantizeSource source) {
+  const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kind), static_cast<uint32_t>(source)};
+  return pipelines_.Get(subgroup_trees() ? kQuantizeSg : kQuantize, spec);
+}
+
 Status Ops::RmsNorm(Recorder& rec, const Buffer& x, int64_t x_stride, const Buffer& w, int64_t n, float eps,
                     const Buffer& y, int64_t y_stride, int64_t n_rows, const Buffer* row_ids) {
-  const uint32_t spec[] = {kRowGroup};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kRmsNormSg : kRmsNorm, spec));
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, RmsNormPipeline());
   const RmsNormParams params{U32(n), U32(x_stride), U32(y_stride), row_ids != nullptr ? 1u : 0u, eps};
   return rec.Dispatch(*p, {&x, &w, &y, row_ids != nullptr ? row_ids : &unused_}, &params, U32(n_rows));
 }
 
 Result<const Pipeline*> Ops::PlanNorm(ActKind kind) {
-  if (kind == ActKind::kFloat) {
-    const uint32_t spec[] = {kRowGroup};
-    return pipelines_.Get(subgroup_trees() ? kRmsNormSg : kRmsNorm, spec);
-  }
-  const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kind), static_cast<uint32_t>(QuantizeSource::kRmsNorm)};
-  return pipelines_.Get(subgroup_trees() ? kQuantizeSg : kQuantize, spec);
+  return kind == ActKind::kFloat ? RmsNormPipeline() : QuantizePipeline(kind, QuantizeSource::kRmsNorm);
 }
 
 Status Ops::QuantizeActs(Recorder& rec, ActKind kind, const Buffer& x, int64_t x_stride, int64_t n, int64_t n_rows,
@@ -246,8 +250,7 @@ Status Ops::Quantize(Recorder& rec, ActKind kind, QuantizeSource source, const B
   // many; prefill: fewer per row).
   if (n == 0 || n_rows == 0) return Status::Ok();
   const bool norm = source == QuantizeSource::kRmsNorm;
-  const uint32_t spec[] = {kRowGroup, static_cast<uint32_t>(kind), static_cast<uint32_t>(source)};
-  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, pipelines_.Get(subgroup_trees() ? kQuantizeSg : kQuantize, spec));
+  KVFS_ASSIGN_OR_RETURN(const Pipeline* p, QuantizePipeline(kind, source));
   const int64_t n_blocks = n / block, pass = kRowGroup / 32;
   const int64_t most_groups = (n_blocks + pass - 1) / pass;
   const int64_t groups_per_row =

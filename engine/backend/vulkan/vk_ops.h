@@ -497,6 +497,9 @@ class Ops {
   ScoreTile ScoreQueries(const KvFormat& format, const AttentionShape& shape, int64_t n_tokens, bool stats) const;
   // quantize_act.comp's SOURCE: what the quantized rows are.
   enum class QuantizeSource : uint32_t { kRows = 0, kSwiGlu = 1, kRmsNorm = 2 };
+  // The pipelines RmsNorm and Quantize record (and PlanNorm reports).
+  Result<const Pipeline*> RmsNormPipeline();
+  Result<const Pipeline*> QuantizePipeline(ActKind kind, QuantizeSource source);
   Status Quantize(Recorder& rec, ActKind kind, QuantizeSource source, const Buffer& x, int64_t x_stride,
                   const Buffer* x2, int64_t n, float eps, const Buffer* y, int64_t y_stride, int64_t n_rows,
                   const QuantizedActs& out);
