@@ -34,7 +34,7 @@ constexpr const char* kBenchUsage =
     "                  [--attn-split N] [--separate-softmax] [--separate-swiglu] [--separate-matrices]\n"
     "                  [--untiled-attention] [--copy-kv-rows] [--contract-floats]\n"
     "                  [--matvec-group N] [--matvec-lanes N] [--matvec-min-groups N] [--matvec-rows N]\n"
-    "                  [--matvec-ahead N]\n"
+    "                  [--matvec-ahead N] [--matvec-norm-group N]\n"
     "                  [--shared-trees] [--prefetch MIB] [--tuning FILE] [--plain-weights] [--json]\n"
     "  pp = prompt tokens/s for -p tokens in one batch, tg = generated tokens/s for -n tokens,\n"
     "  both after -d tokens already in the context; median and range over -r repetitions.\n"
@@ -80,6 +80,10 @@ constexpr const char* kBenchUsage =
     "  (8), for sweeps on a GPU (groups of 512 or more need fewer rows: the partial sums take\n"
     "  rows x 4 x group floats of shared memory). --matvec-ahead N: quantized units an invocation\n"
     "  loads before using any (default 1; 1 to 8): more bytes in flight for more registers.\n"
+    "  --matvec-norm-group N (vulkan): decode's q|k|v, gate|up and output matrices make their\n"
+    "  input's RMSNorm themselves, each workgroup of N invocations (a power of two, at least the\n"
+    "  lanes of a row) again, instead of a norm dispatch and a barrier before them (default 0:\n"
+    "  off; the same values).\n"
     "  --shared-trees (vulkan): reduction trees (matrix-vector sums, RMSNorm, activation\n"
     "  quantization) entirely in shared memory, not their last steps by subgroup shuffles where\n"
     "  the device has them (the same values), to measure what the shuffles save.\n"
@@ -255,7 +259,7 @@ int Bench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "dispatch") return BenchDispatch(argc - 1, argv + 1);
   Args args(argc, argv,
             {"-m", "-p", "-n", "-d", "-t", "-r", "--kv", "--kv-rotate", "--backend", "--device", "--tuning", "--attn-split",
-             "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows", "--matvec-ahead", "--prefetch"},
+             "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows", "--matvec-ahead", "--matvec-norm-group", "--prefetch"},
             {"--json", "--profile", "--phases", "--separate-ops", "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices", "--copy-kv-rows", "--contract-floats",
              "--shared-trees", "--untiled-attention", "--plain-weights", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
@@ -277,7 +281,8 @@ int Bench(int argc, char** argv) {
                                  .lanes = args.get_int("--matvec-lanes", 0, 0, 1024),
                                  .min_groups = args.get_int("--matvec-min-groups", 0, 0, 1 << 24),
                                  .rows = args.get_int("--matvec-rows", 0, 0, 64),
-                                 .ahead = args.get_int("--matvec-ahead", 0, 0, 8)};
+                                 .ahead = args.get_int("--matvec-ahead", 0, 0, 8),
+                                 .norm_group = args.get_int("--matvec-norm-group", 0, 0, 1024)};
   const int64_t prefetch_mib = args.get_int("--prefetch", 0, 0, 1 << 16);
   if (!args.error().empty()) return Fail(args.error());
 

@@ -126,6 +126,7 @@ int Shaders(int argc, char** argv) {
                        {"constants", s.constants},
                        {"rows_per_group", s.rows_per_group},
                        {"tokens_per_group", s.tokens_per_group},
+                       {"norm", s.norm},
                        {"statistics", StatisticsJson(s.statistics, stats)}});
     }
     nlohmann::json attention = nlohmann::json::array();
@@ -159,9 +160,9 @@ int Shaders(int argc, char** argv) {
   std::printf("device %s (Vulkan %s)%s\n", report.device.name.c_str(), report.device.api_version.c_str(),
               report.statistics ? "" : ": reports no pipeline statistics");
   for (const MatrixShader& s : report.shaders) {
-    std::string line = fmt::format("{:<8} {:<5} {:>6} -> {:<7} x{:<3} t{:<4} {} [{}] {}x{} per group", s.matrices,
+    std::string line = fmt::format("{:<8} {:<5} {:>6} -> {:<7} x{:<3} t{:<4} {} [{}] {}x{} per group{}", s.matrices,
                                    s.type, s.n_in, s.n_out, s.layers, s.tokens, s.shader, Constants(s.constants),
-                                   s.rows_per_group, s.tokens_per_group);
+                                   s.rows_per_group, s.tokens_per_group, s.norm ? ", its norm inside" : "");
     std::printf("%s%s\n", line.c_str(), StatisticsText(s.statistics, stats).c_str());
   }
   for (const AttentionShader& s : report.attention) {

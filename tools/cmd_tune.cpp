@@ -32,8 +32,8 @@ constexpr const char* kTuneUsage =
     "  is kept when it is --min-gain faster. -o writes the result for kvfsd --vulkan-tuning\n"
     "  and kvfs run/bench --tuning. The settings change only speed, not what is computed.\n"
     "  --skip: knobs not to try, of: matvec_group, matvec_lanes, matvec_rows, matvec_ahead,\n"
-    "  matvec_min_groups, swiglu_in_matvec, fuse_softmax, subgroup_trees, attention_split,\n"
-    "  prefetch_mib.\n";
+    "  matvec_norm_group, matvec_min_groups, swiglu_in_matvec, fuse_softmax, subgroup_trees,\n"
+    "  attention_split, prefetch_mib.\n";
 
 using Clock = std::chrono::steady_clock;
 
@@ -47,14 +47,17 @@ std::string KnobValue(const TuningTrial& t) {
     return t.value != 0 ? "on" : "off";
   }
   if (t.knob == "matvec_lanes" && t.value == 0) return "group";
+  if (t.knob == "matvec_norm_group" && t.value == 0) return "off";
   return std::to_string(t.value);
 }
 
 std::string Describe(const VulkanTuning& t) {
-  return fmt::format("matvec group {} lanes {} rows {} min-groups {} ahead {}, attention split {}, swiglu in matvec {}, "
-                     "fused softmax {}, subgroup trees {}, prefetch {} MiB",
+  return fmt::format("matvec group {} lanes {} rows {} min-groups {} ahead {} norm group {}, attention split {}, swiglu "
+                     "in matvec {}, fused softmax {}, subgroup trees {}, prefetch {} MiB",
                      t.matvec.group, t.matvec.lanes == 0 ? std::string("group") : std::to_string(t.matvec.lanes),
-                     t.matvec.rows, t.matvec.min_groups, t.matvec.ahead, t.attention_split, t.swiglu_in_matvec ? "on" : "off",
+                     t.matvec.rows, t.matvec.min_groups, t.matvec.ahead,
+                     t.matvec.norm_group == 0 ? std::string("off") : std::to_string(t.matvec.norm_group),
+                     t.attention_split, t.swiglu_in_matvec ? "on" : "off",
                      t.fuse_softmax ? "on" : "off", t.subgroup_trees ? "on" : "off", t.prefetch_mib);
 }
 

@@ -39,6 +39,7 @@ struct MatrixShader {
   std::vector<uint32_t> constants;  // its specialization constants, ids 0.. in order
   uint32_t rows_per_group = 0;      // outputs each workgroup computes: rows by tokens
   uint32_t tokens_per_group = 0;
+  bool norm = false;  // makes its input's RMSNorm itself (VulkanMatvecShape::norm_group)
   std::vector<ShaderStatistic> statistics;  // empty when the device reports none
 };
 

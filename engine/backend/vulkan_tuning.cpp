@@ -33,6 +33,7 @@ std::vector<Knob> Knobs() {
       {"matvec_rows", {2, 4, 8, 16}, [](VulkanTuning& t, int64_t v) { t.matvec.rows = v; }},
       {"matvec_min_groups", {256, 1024, 4096}, [](VulkanTuning& t, int64_t v) { t.matvec.min_groups = v; }},
       {"matvec_ahead", {1, 2, 4}, [](VulkanTuning& t, int64_t v) { t.matvec.ahead = v; }},
+      {"matvec_norm_group", {0, 256, 512, 1024}, [](VulkanTuning& t, int64_t v) { t.matvec.norm_group = v; }},
       {"swiglu_in_matvec", {1, 0}, [](VulkanTuning& t, int64_t v) { t.swiglu_in_matvec = v != 0; }},
       {"fuse_softmax", {1, 0}, [](VulkanTuning& t, int64_t v) { t.fuse_softmax = v != 0; }},
       {"subgroup_trees", {1, 0}, [](VulkanTuning& t, int64_t v) { t.subgroup_trees = v != 0; }},
@@ -148,7 +149,7 @@ std::string TuningToJson(const TuningRecord& r) {
               {"prefetch_mib", t.prefetch_mib},
               {"matvec",
                {{"group", t.matvec.group}, {"lanes", t.matvec.lanes}, {"min_groups", t.matvec.min_groups},
-                {"rows", t.matvec.rows}, {"ahead", t.matvec.ahead}}}}},
+                {"rows", t.matvec.rows}, {"ahead", t.matvec.ahead}, {"norm_group", t.matvec.norm_group}}}}},
             {"decode_step_ms", {{"default", r.default_step_ms}, {"tuned", r.tuned_step_ms}}}};
   return j.dump(2) + "\n";
 }
@@ -185,13 +186,16 @@ Result<TuningRecord> ParseTuningJson(std::string_view text) {
   }
   if (!t.contains("matvec")) return InvalidArgument("tuning file: missing \"matvec\"");
   const Json& m = t.at("matvec");
-  KVFS_RETURN_IF_ERROR(OnlyKeys(m, {"group", "lanes", "min_groups", "rows", "ahead"}, "\"matvec\""));
+  KVFS_RETURN_IF_ERROR(OnlyKeys(m, {"group", "lanes", "min_groups", "rows", "ahead", "norm_group"}, "\"matvec\""));
   KVFS_ASSIGN_OR_RETURN(r.tuning.matvec.group, IntField(m, "group", 0, 1 << 16));
   KVFS_ASSIGN_OR_RETURN(r.tuning.matvec.lanes, IntField(m, "lanes", 0, 1 << 16));
   KVFS_ASSIGN_OR_RETURN(r.tuning.matvec.min_groups, IntField(m, "min_groups", 0, 1 << 30));
   KVFS_ASSIGN_OR_RETURN(r.tuning.matvec.rows, IntField(m, "rows", 0, 1 << 16));
   if (m.contains("ahead")) {  // optional: files written before the knob existed had 1
     KVFS_ASSIGN_OR_RETURN(r.tuning.matvec.ahead, IntField(m, "ahead", 0, 8));
+  }
+  if (m.contains("norm_group")) {  // optional: files written before the knob existed had it off
+    KVFS_ASSIGN_OR_RETURN(r.tuning.matvec.norm_group, IntField(m, "norm_group", 0, 1 << 16));
   }
   if (!j.contains("decode_step_ms")) return InvalidArgument("tuning file: missing \"decode_step_ms\"");
   const Json& ms = j.at("decode_step_ms");

@@ -141,7 +141,8 @@ if r.returncode == 0:
     default_name = [d['name'] for d in json.loads(run(['devices', '--json']).stdout) if d['default']][0]
     with tempfile.TemporaryDirectory() as tmp:
         tuned = os.path.join(tmp, 'tuning.json')
-        skip = 'matvec_group,matvec_lanes,matvec_rows,matvec_min_groups,matvec_ahead,fuse_softmax,subgroup_trees,prefetch_mib'
+        skip = ('matvec_group,matvec_lanes,matvec_rows,matvec_min_groups,matvec_ahead,matvec_norm_group,fuse_softmax,'
+                'subgroup_trees,prefetch_mib')
         r = run(['tune', '-m', stories, '-d', '40', '-n', '2', '-r', '1', '--skip', skip, '-o', tuned, '--json'])
         ok = r.returncode == 0
         j = json.loads(r.stdout) if ok else {}

@@ -135,8 +135,12 @@ void CheckPlan(const std::string& model_file, const VulkanTuning& tuning) {
   const std::string decode_profile = (*backend)->TakeProfileReport();
   EXPECT_EQ(MatrixDispatches(decode_profile), Predicted(*report, 1, 1));
   EXPECT_EQ(MatrixPipelines(decode_profile), PredictedPipelines(*report, 1, 1));
-  // A decode step's norms are the report's (the attention, feed-forward and output norms).
-  EXPECT_EQ(report->norms.size(), 3u);
+  // A decode step's norms are the report's (the attention, feed-forward and output norms), but
+  // for those its matrices make (all, in these Q4_0 models, with a norm group).
+  EXPECT_EQ(report->norms.size(), tuning.matvec.norm_group != 0 ? 0u : 3u);
+  int64_t norm_lines = 0;
+  for (const MatrixShader& s : report->shaders) norm_lines += s.norm;
+  EXPECT_EQ(norm_lines > 0, tuning.matvec.norm_group != 0);
   EXPECT_EQ(NormPipelines(decode_profile), PlannedNorms(*report));
 }
 
@@ -151,6 +155,10 @@ TEST(VulkanShaderReport, FollowsATuning) {
   tuning.matvec = {.group = 128, .lanes = 32, .min_groups = 4, .rows = 4};
   tuning.swiglu_in_matvec = false;
   CheckPlan("tiny-llama-Q4_0.gguf", tuning);
+  // The norms inside the q|k|v, gate|up (with SwiGLU's codes) and output matrices.
+  VulkanTuning norms;
+  norms.matvec.norm_group = 128;
+  CheckPlan("tiny-llama-Q4_0.gguf", norms);
 }
 
 // The report's attention lines are the pipelines a pass records for one sequence's attention

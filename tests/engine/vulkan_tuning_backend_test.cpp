@@ -106,6 +106,30 @@ TEST_F(VulkanTuningBackendTest, ALiveChangeComputesWhatConstructionWithItCompute
   EXPECT_EQ(testing::ProfileDispatches(live_->TakeProfileReport()), default_dispatches);
 }
 
+// The norms made inside the q|k|v, gate|up and output matrices (norm_group): the values of the
+// norm's own dispatch, bit for bit, in workgroups of each size tried; and per decode step, the
+// fused norm dispatches of both norms of each layer (2) and the final norm's are gone.
+TEST_F(VulkanTuningBackendTest, NormsInsideTheMatricesComputeTheSeparateNormsValues) {
+  const std::vector<float> by_default = Run(*live_);
+  std::map<std::string, int> separate = testing::ProfileDispatches(live_->TakeProfileReport());
+  const int64_t n_layer = model_->hparams().n_layer;
+  for (const int64_t norm_group : {64, 256}) {
+    VulkanTuning t;
+    t.matvec.norm_group = norm_group;
+    ASSERT_TRUE(live_->SetVulkanTuning(t).ok());
+    EXPECT_TRUE(BitwiseEqual(by_default, Run(*live_))) << "norm group " << norm_group;
+    std::map<std::string, int> fused = testing::ProfileDispatches(live_->TakeProfileReport());
+    EXPECT_EQ(fused["quantize_act_sg"], separate["quantize_act_sg"] - 4 * (2 * n_layer + 1))
+        << "norm group " << norm_group;
+    auto made = MakeVulkanBackend(*model_, Profiled(t));
+    ASSERT_TRUE(made.ok()) << made.status().message();
+    EXPECT_TRUE(BitwiseEqual(by_default, Run(**made))) << "norm group " << norm_group;
+  }
+  VulkanTuning odd;
+  odd.matvec.norm_group = 32;  // below a slot's 64 lanes (lavapipe's default)
+  EXPECT_EQ(live_->SetVulkanTuning(odd).code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(VulkanTuningBackendTest, ARefusedSettingChangesNothing) {
   const std::vector<float> by_default = Run(*live_);
   VulkanTuning too_big;  // 64 rows per slot of 1024 invocations: far beyond any shared memory

@@ -16,7 +16,7 @@ namespace {
 // The best values of the synthetic cost model; every other value costs its knob's penalty.
 VulkanTuning Optimum() {
   VulkanTuning t;
-  t.matvec = {.group = 128, .lanes = 32, .min_groups = 4096, .rows = 4, .ahead = 2};
+  t.matvec = {.group = 128, .lanes = 32, .min_groups = 4096, .rows = 4, .ahead = 2, .norm_group = 256};
   t.swiglu_in_matvec = false;
   t.fuse_softmax = false;
   t.subgroup_trees = false;
@@ -36,6 +36,7 @@ double Cost(const VulkanTuning& t, double penalty = 0.1) {
   away(t.matvec.min_groups != best.matvec.min_groups);
   away(t.matvec.rows != best.matvec.rows);
   away(t.matvec.ahead != best.matvec.ahead);
+  away(t.matvec.norm_group != best.matvec.norm_group);
   away(t.swiglu_in_matvec != best.swiglu_in_matvec);
   away(t.fuse_softmax != best.fuse_softmax);
   away(t.subgroup_trees != best.subgroup_trees);
@@ -54,13 +55,13 @@ TEST(VulkanTuningSearch, FindsTheOptimumOfASeparableCost) {
   ASSERT_TRUE(outcome.ok()) << outcome.status().message();
   EXPECT_TRUE(outcome->best == Optimum());
   EXPECT_TRUE(outcome->start == ResolvedTuning(VulkanTuning{}));
-  // All ten knobs start away from the optimum: 1.1^10 times the optimum's time.
-  EXPECT_NEAR(outcome->final_ratio, 1.0 / std::pow(1.1, 10), 1e-9);
-  EXPECT_NEAR(outcome->start_seconds, 1e-3 * std::pow(1.1, 10), 1e-12);
+  // All eleven knobs start away from the optimum: 1.1^11 times the optimum's time.
+  EXPECT_NEAR(outcome->final_ratio, 1.0 / std::pow(1.1, 11), 1e-9);
+  EXPECT_NEAR(outcome->start_seconds, 1e-3 * std::pow(1.1, 11), 1e-12);
   EXPECT_NEAR(outcome->best_seconds, 1e-3, 1e-12);
   int taken = 0;
   for (const TuningTrial& t : outcome->trials) taken += t.taken;
-  EXPECT_EQ(taken, 10);
+  EXPECT_EQ(taken, 11);
   // Each trial measures both settings in every round, plus the final comparison.
   EXPECT_EQ(calls, static_cast<int>(outcome->trials.size()) * 2 * 3 + 2 * 3);
 }
@@ -128,9 +129,9 @@ TEST(VulkanTuningSearch, WinsSmallerThanTheMinimumGainAreNotTaken) {
   EXPECT_TRUE(outcome->best == outcome->start);
   for (const TuningTrial& t : outcome->trials) EXPECT_FALSE(t.taken) << t.knob << " " << t.value;
   // Nothing taken: one sweep only, of every value but the start's (3 groups, 3 lane counts,
-  // 3 row counts, 2 minimum group counts, 2 units ahead, 3 switches, 4 attention splits, 3
-  // read-ahead sizes).
-  EXPECT_EQ(outcome->trials.size(), 23u);
+  // 3 row counts, 2 minimum group counts, 2 units ahead, 3 norm groups, 3 switches, 4 attention
+  // splits, 3 read-ahead sizes).
+  EXPECT_EQ(outcome->trials.size(), 26u);
 }
 
 TEST(VulkanTuningSearch, SkipsKnobsAndRecordsRefusals) {
@@ -248,6 +249,7 @@ TEST(VulkanTuningFile, BadContentIsRefusedWithItsReason) {
       {edit("\"prefetch_mib\": 8", "\"prefetch_mib\": -8"), "\"prefetch_mib\" = -8 is outside"},
       {edit("\"prefetch_mib\": 8", "\"prefetch_mib\": true"), "\"prefetch_mib\" must be an integer"},
       {edit("\"ahead\": 2", "\"ahead\": 9"), "\"ahead\" = 9 is outside"},
+      {edit("\"norm_group\": 256", "\"norm_group\": -1"), "\"norm_group\" = -1 is outside"},
   };
   for (const auto& [text, why] : cases) {
     auto r = ParseTuningJson(text);
@@ -315,6 +317,16 @@ TEST(VulkanTuningFile, AFileWithoutTheMatvecAheadKeyReadsAsTheDefault) {
   want.matvec.ahead = 0;
   EXPECT_TRUE(r->tuning == want);
   EXPECT_EQ(ResolvedTuning(r->tuning).matvec.ahead, VulkanMatvecShape::kDefaultAhead);
+}
+
+// Files written before the norm's knob existed have no "norm_group": they read as off, as the
+// norms then were (a dispatch of their own).
+TEST(VulkanTuningFile, AFileWithoutTheNormGroupKeyReadsAsOff) {
+  auto r = ParseTuningJson(SampleWithout("\"norm_group\": 256,"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  VulkanTuning want = Optimum();
+  want.matvec.norm_group = 0;
+  EXPECT_TRUE(r->tuning == want);
 }
 
 }  // namespace

@@ -26,6 +26,8 @@ struct PlannedMatrix {
   std::string matrices;
   vk::DeviceMatrix matrix;  // without buffers
   GgmlType down_type = GgmlType::kF32;  // gate|up: the down matrix's (its SwiGLU codes' kind)
+  int64_t norm = -1;  // the norm of its input: layer * 2 (attention), layer * 2 + 1 (feed-forward),
+                      // 2 * n_layer (output); -1: none (o, down)
 };
 
 std::string TypeName(GgmlType t) {
@@ -36,13 +38,15 @@ std::string TypeName(GgmlType t) {
 // The device matrices of every layer, and the output, as UploadWeights makes them.
 Result<std::vector<PlannedMatrix>> PlanMatrices(const ModelWeights& w, const vk::WeightUploadOptions& upload) {
   std::vector<PlannedMatrix> out;
+  int64_t norm = -1;  // the norm of the matrices planned next
   auto plan = [&](const std::string& what, std::initializer_list<const Matrix*> ms, GgmlType down) -> Status {
     KVFS_ASSIGN_OR_RETURN(vk::DeviceMatrix d, vk::PlanStacked(std::span<const Matrix* const>(ms.begin(), ms.size()),
                                                               upload));
-    out.push_back({what, std::move(d), down});
+    out.push_back({what, std::move(d), down, norm});
     return Status::Ok();
   };
   for (const LayerWeights& l : w.layers) {
+    norm = 2 * static_cast<int64_t>(&l - w.layers.data());
     if (vk::StacksQkv(l, upload)) {
       KVFS_RETURN_IF_ERROR(plan("q|k|v", {&l.wq, &l.wk, &l.wv}, GgmlType::kF32));
     } else {
@@ -50,15 +54,19 @@ Result<std::vector<PlannedMatrix>> PlanMatrices(const ModelWeights& w, const vk:
       KVFS_RETURN_IF_ERROR(plan("k", {&l.wk}, GgmlType::kF32));
       KVFS_RETURN_IF_ERROR(plan("v", {&l.wv}, GgmlType::kF32));
     }
+    norm = -1;
     KVFS_RETURN_IF_ERROR(plan("o", {&l.wo}, GgmlType::kF32));
+    norm = 2 * static_cast<int64_t>(&l - w.layers.data()) + 1;
     if (vk::StacksGateUp(l, upload)) {
       KVFS_RETURN_IF_ERROR(plan("gate|up", {&l.w_gate, &l.w_up}, l.w_down.type));
     } else {
       KVFS_RETURN_IF_ERROR(plan("gate", {&l.w_gate}, GgmlType::kF32));
       KVFS_RETURN_IF_ERROR(plan("up", {&l.w_up}, GgmlType::kF32));
     }
+    norm = -1;
     KVFS_RETURN_IF_ERROR(plan("down", {&l.w_down}, GgmlType::kF32));
   }
+  norm = 2 * static_cast<int64_t>(w.layers.size());
   KVFS_RETURN_IF_ERROR(plan("output", {&w.output}, GgmlType::kF32));
   return out;
 }
@@ -120,13 +128,39 @@ Status ReportAttention(const Model& model, const ShaderReportOptions& options, c
   return Status::Ok();
 }
 
-// The norms of the first layer and the output, as a fused pass records them.
-Status ReportNorms(const Model& model, vk::Ops& ops, const vk::PipelineCache& pipelines, ShaderReport& report) {
+// The SwiGLU codes gate|up hands on where the backend would have it do so (decode), else null.
+const vk::Ops::SwiGluCodes* GluOf(const PlannedMatrix& pm, int64_t tokens, const VulkanTuning& tuning, const vk::Ops& ops,
+                                  vk::Ops::SwiGluCodes& codes) {
+  codes.kind = vk::ActKindFor(pm.down_type);
+  codes.counter_words = vk::Ops::kCounterWords;
+  const bool glu = pm.matrices == "gate|up" && tuning.swiglu_in_matvec &&
+                   ops.FusesSwiGlu(pm.matrix, tokens, codes.kind, codes.counter_words);
+  return glu ? &codes : nullptr;
+}
+
+// Whether norm `norm` (PlannedMatrix::norm) of `tokens` rows is made by its matrices, as the
+// backend decides (NormInMatvec): every matrix it feeds can.
+bool NormInMatrices(std::span<const PlannedMatrix> planned, int64_t norm, int64_t tokens, const VulkanTuning& tuning,
+                    const vk::Ops& ops) {
+  if (norm < 0) return false;
+  for (const PlannedMatrix& pm : planned) {
+    vk::Ops::SwiGluCodes codes;
+    if (pm.norm == norm && !ops.FusesNorm(pm.matrix, tokens, GluOf(pm, tokens, tuning, ops, codes))) return false;
+  }
+  return true;
+}
+
+// The norms of the first layer and the output, as a fused decode step records them: those the
+// matrices make (VulkanMatvecShape::norm_group) have no pipeline of their own.
+Status ReportNorms(const Model& model, std::span<const PlannedMatrix> planned, const VulkanTuning& tuning, vk::Ops& ops,
+                   const vk::PipelineCache& pipelines, ShaderReport& report) {
   const ModelWeights& w = model.weights();
   const LayerWeights& l = w.layers.front();
-  const std::pair<const char*, GgmlType> norms[] = {
-      {"attention", l.wq.type}, {"feed-forward", l.w_gate.type}, {"output", w.output.type}};
-  for (const auto& [what, type] : norms) {
+  const int64_t output_norm = 2 * static_cast<int64_t>(w.layers.size());
+  const std::tuple<const char*, GgmlType, int64_t> norms[] = {
+      {"attention", l.wq.type, 0}, {"feed-forward", l.w_gate.type, 1}, {"output", w.output.type, output_norm}};
+  for (const auto& [what, type, norm] : norms) {
+    if (NormInMatrices(planned, norm, 1, tuning, ops)) continue;
     const vk::ActKind kind = vk::ActKindFor(type);
     KVFS_ASSIGN_OR_RETURN(const vk::Pipeline* p, ops.PlanNorm(kind));
     static constexpr const char* kActs[] = {"q8_0", "q8_1", "q8_k", "f32"};
@@ -157,24 +191,23 @@ Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOp
   ShaderReport report;
   report.device = ctx->info();
   report.statistics = ctx->captures_statistics();
-  // One line per (matrix kind, type, shape, tokens), counting the layers that have it.
-  using Key = std::tuple<std::string, GgmlType, int64_t, int64_t, int64_t>;
+  // One line per (matrix kind, type, shape, tokens, norm inside), counting the layers that have it.
+  using Key = std::tuple<std::string, GgmlType, int64_t, int64_t, int64_t, bool>;
   std::map<Key, size_t> line_of;
   for (const PlannedMatrix& pm : planned) {
     const vk::DeviceMatrix& m = pm.matrix;
     for (const int64_t tokens : options.tokens) {
-      const Key key{pm.matrices, m.type, m.n_in, m.n_out, tokens};
+      // gate|up hands on SwiGLU's codes, and the matrices make their norm, where the backend
+      // would have them do so (decode).
+      const bool norm = NormInMatrices(planned, pm.norm, tokens, tuning, *ops);
+      const Key key{pm.matrices, m.type, m.n_in, m.n_out, tokens, norm};
       if (auto it = line_of.find(key); it != line_of.end()) {
         ++report.shaders[it->second].layers;
         continue;
       }
-      // gate|up hands on SwiGLU's codes where the backend would have it do so (decode).
       vk::Ops::SwiGluCodes swiglu;
-      swiglu.kind = vk::ActKindFor(pm.down_type);
-      const bool glu = pm.matrices == "gate|up" && tuning.swiglu_in_matvec &&
-                       ops->FusesSwiGlu(m, tokens, swiglu.kind, vk::Ops::kCounterWords);
-      KVFS_ASSIGN_OR_RETURN(const vk::Ops::MatMulPlan plan,
-                            ops->PlanMatMul(m, m.parts.front().n_rows, tokens, glu ? &swiglu : nullptr));
+      const vk::Ops::SwiGluCodes* glu = GluOf(pm, tokens, tuning, *ops, swiglu);
+      KVFS_ASSIGN_OR_RETURN(const vk::Ops::MatMulPlan plan, ops->PlanMatMul(m, m.parts.front().n_rows, tokens, glu, norm));
       MatrixShader line;
       line.matrices = pm.matrices;
       line.type = TypeName(m.type);
@@ -186,6 +219,7 @@ Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOp
       line.constants = plan.pipeline->constants;
       line.rows_per_group = plan.rows_per_group;
       line.tokens_per_group = plan.tokens_per_group;
+      line.norm = norm;
       if (report.statistics) {
         KVFS_ASSIGN_OR_RETURN(std::vector<vk::PipelineStatistic> stats, pipelines.Statistics(*plan.pipeline));
         for (const vk::PipelineStatistic& s : stats) line.statistics.push_back({s.name, s.value});
@@ -195,7 +229,7 @@ Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOp
     }
   }
   KVFS_RETURN_IF_ERROR(ReportAttention(model, options, tuning, *ctx, *ops, pipelines, report));
-  KVFS_RETURN_IF_ERROR(ReportNorms(model, *ops, pipelines, report));
+  KVFS_RETURN_IF_ERROR(ReportNorms(model, planned, tuning, *ops, pipelines, report));
   return report;
 }
 

@@ -29,6 +29,8 @@ struct QuantizeParams {
 };
 struct MatQuantParams {
   uint32_t n_units, row_bytes, n_rows, row_begin, n_tokens, y_stride, y_col0, flags, seg1, seg2, y1_stride, y2_stride;
+  uint32_t x_stride, x_row0;  // matvec_quant with its norm (NORM_UNITS): x's rows and the norm's epsilon
+  float eps;
 };
 struct MatFloatParams {
   uint32_t n_in, row_bytes, n_rows, row_begin, n_tokens, x_stride, y_stride, y_col0, flags, seg1, seg2, y1_stride,
@@ -92,10 +94,14 @@ uint32_t MatvecTokensPerGroup(int64_t n_tokens) { return n_tokens == 1 ? 1 : (n_
 constexpr uint32_t kNoSwiGlu = 3;
 // The shared memory matvec_quant declares: the partial sums (rows x tokens floats per
 // invocation), the quantizer's arrays and the list of finished blocks (of a workgroup's slots x
-// rows), both one-element without the SwiGLU epilogue.
-int64_t MatvecQuantSharedBytes(int64_t rows, int64_t tokens, uint32_t group, int64_t slots, bool swiglu) {
+// rows), both one-element without the SwiGLU epilogue; with the norm (norm_units > 0), the
+// tree's lo halves (a float per invocation) and each token's codes (32 bytes a unit) and aux
+// (16 bytes a unit), else one element of each.
+int64_t MatvecQuantSharedBytes(int64_t rows, int64_t tokens, uint32_t group, int64_t slots, bool swiglu,
+                               int64_t norm_units = 0) {
   const int64_t finished = swiglu ? 2 * (slots * rows / 32 + 2) + 1 : 1;
-  return rows * tokens * group * 4 + QuantizerSharedBytes(group, swiglu) + 4 * finished;
+  const int64_t norm = norm_units > 0 ? int64_t{group} * 4 + tokens * norm_units * 48 : 4 + 4 + 16;
+  return rows * tokens * group * 4 + QuantizerSharedBytes(group, swiglu) + 4 * finished + norm;
 }
 
 }  // namespace
@@ -106,7 +112,8 @@ MatvecShape MatvecShapeFor(const VulkanTuning& t) {
           .max_lanes = narrow(t.matvec.lanes > 0 ? t.matvec.lanes : t.matvec.group),
           .min_groups = t.matvec.min_groups,
           .max_rows = narrow(t.matvec.rows),
-          .ahead = narrow(t.matvec.ahead)};
+          .ahead = narrow(t.matvec.ahead),
+          .norm_group = narrow(t.matvec.norm_group)};
 }
 
 ActKind ActKindFor(GgmlType t) {
@@ -173,6 +180,14 @@ Status Ops::set_matvec_shape(const MatvecShape& shape) {
   }
   if (shape.ahead < 1 || shape.ahead > 8) return InvalidArgument("the matrix-vector units ahead must lie in [1, 8]");
   const uint32_t device_group = std::min(ctx_.limits().max_group_invocations, ctx_.limits().max_group_size_x);
+  // The norm's workgroups hold whole slots of the lanes the others have, so that a row's sum
+  // is added in the same order with the norm or without.
+  if (shape.norm_group != 0 && (!pow2(shape.norm_group) || shape.norm_group < std::max<uint32_t>(32, shape.max_lanes) ||
+                                shape.norm_group > device_group)) {
+    return InvalidArgument(fmt::format("the matrix-vector norm's workgroups must be 0 (none) or a power of two in "
+                                       "[max(32, lanes {}), {}] (the device's), not {}",
+                                       shape.max_lanes, device_group, shape.norm_group));
+  }
   if (shape.max_lanes < 4 || shape.max_lanes > shape.group || shape.group > device_group) {
     return InvalidArgument(fmt::format("matrix-vector lanes must lie in [4, group] and the group within the device's "
                                        "{} invocations (lanes {}, group {})",
@@ -269,6 +284,9 @@ Status Ops::MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a) {
   if (a.swiglu != nullptr && !FusesSwiGlu(w, a.n_tokens, a.swiglu->kind, a.swiglu->counter_words)) {
     return Internal("this matrix product cannot hand on SwiGLU codes");
   }
+  if (a.norm != nullptr && !FusesNorm(w, a.n_tokens, a.swiglu)) {
+    return Internal("this matrix product cannot make its input's norm");
+  }
   for (const DeviceMatrixPart& part : w.parts) KVFS_RETURN_IF_ERROR(MatMulPart(rec, w, part, a));
   return Status::Ok();
 }
@@ -282,17 +300,38 @@ bool Ops::FusesSwiGlu(const DeviceMatrix& w, int64_t n_tokens, ActKind kind, int
   // Counters: a word per block and group of tokens (matvec_quant's grid rows).
   if (CeilDiv(n_tokens, MatvecTokensPerGroup(n_tokens)) * (n / block) > counter_words) return false;
   // Shared memory, for each part's shape.
-  const uint32_t slots = matvec_.group / MatvecLanes(w.n_in / 32, matvec_.max_lanes);
   for (const DeviceMatrixPart& part : w.parts) {
-    const int64_t rows = MatvecRowsPerSlot(part.n_rows, slots, matvec_);
-    const int64_t shared = MatvecQuantSharedBytes(rows, MatvecTokensPerGroup(n_tokens), matvec_.group, slots, true);
+    const QuantShape q = MatvecQuantShape(w, part.n_rows, false);
+    const int64_t shared = MatvecQuantSharedBytes(q.rows, MatvecTokensPerGroup(n_tokens), q.group, q.group / q.lanes, true);
     if (shared > ctx_.limits().max_shared_bytes) return false;
   }
   return true;
 }
 
+bool Ops::FusesNorm(const DeviceMatrix& w, int64_t n_tokens, const SwiGluCodes* swiglu) const {
+  const ActKind kind = ActKindFor(w.type);
+  if (matvec_.norm_group == 0 || (kind != ActKind::kQ8_0 && kind != ActKind::kQ8_1)) return false;
+  if (n_tokens < 1 || n_tokens > kMatvecMaxTokens || w.n_in % 32 != 0) return false;
+  if (swiglu != nullptr && !FusesSwiGlu(w, n_tokens, swiglu->kind, swiglu->counter_words)) return false;
+  for (const DeviceMatrixPart& part : w.parts) {
+    const QuantShape q = MatvecQuantShape(w, part.n_rows, true);
+    const int64_t shared = MatvecQuantSharedBytes(q.rows, MatvecTokensPerGroup(n_tokens), q.group, q.group / q.lanes,
+                                                  swiglu != nullptr, w.n_in / 32);
+    if (shared > ctx_.limits().max_shared_bytes) return false;
+  }
+  return true;
+}
+
+Ops::QuantShape Ops::MatvecQuantShape(const DeviceMatrix& w, int64_t part_rows, bool norm) const {
+  const uint32_t group = norm ? matvec_.norm_group : matvec_.group;
+  const uint32_t lanes = MatvecLanes(w.n_in / 32, matvec_.max_lanes);  // (norm_group >= max_lanes)
+  // With the norm, which every workgroup makes again, as many rows a slot as the shape allows.
+  const uint32_t rows = norm ? matvec_.max_rows : MatvecRowsPerSlot(part_rows, group / lanes, matvec_);
+  return {group, lanes, rows};
+}
+
 Result<Ops::MatMulPlan> Ops::PlanMatMul(const DeviceMatrix& w, int64_t part_rows, int64_t n_tokens,
-                                        const SwiGluCodes* swiglu) {
+                                        const SwiGluCodes* swiglu, bool norm) {
   const bool quantized = ActKindFor(w.type) != ActKind::kFloat;
   const bool matvec = n_tokens <= kMatvecMaxTokens;
   const uint32_t type = static_cast<uint32_t>(w.type);
@@ -306,18 +345,20 @@ Result<Ops::MatMulPlan> Ops::PlanMatMul(const DeviceMatrix& w, int64_t part_rows
     KVFS_ASSIGN_OR_RETURN(plan.pipeline, pipelines_.Get(kMatmulF32, spec));
   } else if (matvec) {
     const bool sg = subgroup_trees();
-    const uint32_t lanes = MatvecLanes(quantized ? w.n_in / 32 : w.n_in / 8, matvec_.max_lanes);
-    plan.rows_per_group = matvec_.group / lanes;
     plan.tokens_per_group = MatvecTokensPerGroup(n_tokens);
     if (quantized) {
-      const uint32_t rows_per_slot = MatvecRowsPerSlot(part_rows, plan.rows_per_group, matvec_);
-      plan.rows_per_group *= rows_per_slot;
+      const QuantShape q = MatvecQuantShape(w, part_rows, norm);
+      plan.rows_per_group = q.group / q.lanes * q.rows;
       const uint32_t glu = swiglu != nullptr ? static_cast<uint32_t>(swiglu->kind) : kNoSwiGlu;
-      const uint32_t spec[] = {matvec_.group, type, lanes, plan.tokens_per_group, rows_per_slot, layout, glu, matvec_.ahead};
+      const uint32_t norm_units = norm ? static_cast<uint32_t>(w.n_in / 32) : 0u;
+      const uint32_t spec[] = {q.group, type,  q.lanes,       plan.tokens_per_group, q.rows, layout, glu, matvec_.ahead,
+                               norm_units, static_cast<uint32_t>(ActKindFor(w.type))};
       const ShaderInterface& shader = ctx_.integer_dot() ? (sg ? kMatvecQuantIdotSg : kMatvecQuantIdot)
                                                          : (sg ? kMatvecQuantSg : kMatvecQuant);
       KVFS_ASSIGN_OR_RETURN(plan.pipeline, pipelines_.Get(shader, spec));
     } else {
+      const uint32_t lanes = MatvecLanes(w.n_in / 8, matvec_.max_lanes);
+      plan.rows_per_group = matvec_.group / lanes;
       const uint32_t spec[] = {matvec_.group, type, lanes, plan.tokens_per_group};
       KVFS_ASSIGN_OR_RETURN(plan.pipeline, pipelines_.Get(sg ? kMatvecFloatSg : kMatvecFloat, spec));
     }
@@ -333,7 +374,7 @@ Result<Ops::MatMulPlan> Ops::PlanMatMul(const DeviceMatrix& w, int64_t part_rows
 Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a) {
   const bool quantized = ActKindFor(w.type) != ActKind::kFloat;
   const bool matvec = a.n_tokens <= kMatvecMaxTokens;
-  KVFS_ASSIGN_OR_RETURN(const MatMulPlan plan, PlanMatMul(w, part.n_rows, a.n_tokens, a.swiglu));
+  KVFS_ASSIGN_OR_RETURN(const MatMulPlan plan, PlanMatMul(w, part.n_rows, a.n_tokens, a.swiglu, a.norm != nullptr));
   const Pipeline* p = plan.pipeline;
   const uint32_t rows_per_group = plan.rows_per_group, tokens_per_group = plan.tokens_per_group;
   const uint32_t flags = (a.accumulate ? 1u : 0u) | (a.bias != nullptr ? 2u : 0u);
@@ -353,12 +394,28 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
   const int64_t max_groups = ctx_.limits().max_group_count[0];
   for (int64_t r0 = 0; r0 < part.n_rows; r0 += max_groups * rows_per_group) {
     const uint32_t groups = CeilDiv(std::min(part.n_rows - r0, max_groups * rows_per_group), rows_per_group);
-    const MatQuantParams params{U32(w.n_in / 32), U32(w.row_bytes), U32(part.n_rows), U32(r0), U32(a.n_tokens),
-                                y_stride, U32(part.row0), flags, seg1, seg2, y1_stride, y2_stride};
+    const MatQuantParams params{U32(w.n_in / 32),
+                                U32(w.row_bytes),
+                                U32(part.n_rows),
+                                U32(r0),
+                                U32(a.n_tokens),
+                                y_stride,
+                                U32(part.row0),
+                                flags,
+                                seg1,
+                                seg2,
+                                y1_stride,
+                                y2_stride,
+                                a.norm != nullptr ? U32(a.norm->x_stride) : 0u,
+                                a.norm != nullptr ? U32(a.norm->row0) : 0u,
+                                a.norm != nullptr ? a.norm->eps : 0.0f};
     if (quantized && matvec) {
       const SwiGluCodes* g = a.swiglu;
+      // With the norm, bindings 1 and 2 take its input rows and weight (matvec_quant.comp).
+      const Buffer* in1 = a.norm != nullptr ? a.norm->x : a.acts.codes;
+      const Buffer* in2 = a.norm != nullptr ? a.norm->weight : a.acts.aux;
       KVFS_RETURN_IF_ERROR(rec.Dispatch(*p,
-                                        {&part.buffer, a.acts.codes, a.acts.aux, a.y, bias, y1, y2,
+                                        {&part.buffer, in1, in2, a.y, bias, y1, y2,
                                          g != nullptr ? g->acts.codes : &unused_, g != nullptr ? g->acts.aux : &unused_,
                                          g != nullptr ? g->counters : &unused_},
                                         &params, groups, group_y));

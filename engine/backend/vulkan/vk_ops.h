@@ -118,6 +118,7 @@ struct MatvecShape {
                                                               // while this many workgroups remain
   uint32_t max_rows = VulkanMatvecShape::kDefaultRows;  // matvec_quant's rows per slot at most
   uint32_t ahead = VulkanMatvecShape::kDefaultAhead;    // matvec_quant's units a lane's round loads
+  uint32_t norm_group = 0;  // workgroups of matvec_quant making its RMSNorm input itself; 0: none do
 };
 
 // The shape a VulkanTuning asks for (ResolvedTuning's: no 0s left); lanes above the group mean
@@ -164,6 +165,17 @@ class Ops {
     int64_t counter_words = 0;
   };
 
+  // The RMSNorm a quantized matrix's input is, made by the matrix-vector shader itself from x:
+  // RMSNorm(x[t]) * weight quantized for the matrix, as NormQuantizeActs would (FusesNorm says
+  // when). Then neither the norm's dispatch nor its barrier: decode is a chain of short ones.
+  struct NormInput {
+    const Buffer* x = nullptr;       // [row0 + n_tokens][x_stride] f32 rows, token t's at row0 + t
+    int64_t x_stride = 0;
+    const Buffer* weight = nullptr;  // [w.n_in] f32
+    float eps = 0;
+    int64_t row0 = 0;
+  };
+
   struct MatMulArgs {
     const Buffer* x = nullptr;  // f32 input rows (read by float weights)
     int64_t x_stride = 0;
@@ -175,6 +187,7 @@ class Ops {
     const Buffer* bias = nullptr;  // [w.n_out] or null
     bool accumulate = false;    // y += W x instead of y = W x
     const SwiGluCodes* swiglu = nullptr;  // with it, also SwiGLU(y, y1) quantized (FusesSwiGlu)
+    const NormInput* norm = nullptr;      // with it, the input is that norm of x (acts unused; FusesNorm)
   };
   // y[t][r] = W.row(r) . x[t] (+ bias[r]) (+ old y[t][r]) for every part of W (the rows of
   // stacked matrices going to y, y1, y2; bias indexed by the stacked row).
@@ -188,12 +201,17 @@ class Ops {
     uint32_t tokens_per_group = 0;
   };
   Result<MatMulPlan> PlanMatMul(const DeviceMatrix& w, int64_t part_rows, int64_t n_tokens,
-                                const SwiGluCodes* swiglu = nullptr);
+                                const SwiGluCodes* swiglu = nullptr, bool norm = false);
   // Whether MatMul can hand on SwiGLU codes of `kind` for n_tokens rows: w is gate|up stacked
   // (two halves of a quantized type, each a whole number of kind's blocks), the rows go to the
   // matrix-vector shader, whose workgroups have room for the quantizer (at least 32
   // invocations, its shared memory), and the blocks' counters fit in counter_words.
   bool FusesSwiGlu(const DeviceMatrix& w, int64_t n_tokens, ActKind kind, int64_t counter_words) const;
+  // Whether MatMul can make its input's RMSNorm itself (MatMulArgs::norm) for n_tokens rows, with
+  // SwiGLU's codes too when `swiglu`: the shape has a norm_group, w's activations are Q8_0 or
+  // Q8_1, the rows go to the matrix-vector shader, and each part's shared memory (the codes of
+  // its workgroup's tokens among it) fits the device.
+  bool FusesNorm(const DeviceMatrix& w, int64_t n_tokens, const SwiGluCodes* swiglu = nullptr) const;
   // The pipeline of an RMSNorm whose output feeds a matrix taking activations of `kind`, as a
   // fused pass records it: NormQuantizeActs (quantize_act) for quantized kinds, RmsNorm for
   // float ones (kvfs shaders).
@@ -452,6 +470,12 @@ class Ops {
  private:
   Ops(Context& ctx, PipelineCache& pipelines) : ctx_(ctx), pipelines_(pipelines) {}
   Status MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a);
+  // matvec_quant's workgroup for a part of w of part_rows rows (with the norm, or not):
+  // invocations, invocations a slot (row), rows a slot.
+  struct QuantShape {
+    uint32_t group, lanes, rows;
+  };
+  QuantShape MatvecQuantShape(const DeviceMatrix& w, int64_t part_rows, bool norm) const;
   struct KvStoreRows {
     const Buffer* src;
     const Buffer* plane;

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -108,10 +109,18 @@ class VulkanBackend final : public Backend {
   Status PlanKvStores(std::span<const Piece> pieces);
   // y (+)= W x, quantizing x first when W's type needs it (reused while same_input).
   // Stacked matrices (q|k|v, gate|up) write their second and third parts to y1 and y2.
-  // With `swiglu`, gate|up also hands on SwiGLU(y, y1)'s codes for the down matrix.
+  // With `swiglu`, gate|up also hands on SwiGLU(y, y1)'s codes for the down matrix. With
+  // `norm`, W's input is that norm of its x, made by the shader (x unused; Ops::FusesNorm).
   Status MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
                 const vk::DeviceVector* bias, bool accumulate, bool same_input, const Buffer* y1 = nullptr,
-                const Buffer* y2 = nullptr, const vk::Ops::SwiGluCodes* swiglu = nullptr);
+                const Buffer* y2 = nullptr, const vk::Ops::SwiGluCodes* swiglu = nullptr,
+                const vk::Ops::NormInput* norm = nullptr);
+  // Fusing, the norm x_ -> RMSNorm(x_) * w of T rows from row0 that the matrices `next` read,
+  // when every one of them can make it itself (Ops::FusesNorm; gate|up with `swiglu`'s codes):
+  // else null.
+  std::optional<vk::Ops::NormInput> NormInMatvec(const vk::DeviceVector& w, int64_t T,
+                                                 std::span<const vk::DeviceMatrix* const> next,
+                                                 const vk::Ops::SwiGluCodes* swiglu = nullptr, int64_t row0 = 0) const;
   // xb_ = RMSNorm(x_) * w for T rows, ready for `next` (the first matrix to read it): quantized
   // in the same dispatch when fusing and next takes quantized activations.
   Status NormFor(const vk::DeviceVector& w, int64_t T, const vk::DeviceMatrix& next);
@@ -314,9 +323,10 @@ Status VulkanBackend::ReserveLogitRows(int64_t rows) {
 
 Status VulkanBackend::MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t x_stride, int64_t T, const Buffer& y,
                              const vk::DeviceVector* bias, bool accumulate, bool same_input, const Buffer* y1,
-                             const Buffer* y2, const vk::Ops::SwiGluCodes* swiglu) {
+                             const Buffer* y2, const vk::Ops::SwiGluCodes* swiglu,
+                             const vk::Ops::NormInput* norm) {
   const vk::ActKind kind = vk::ActKindFor(w.type);
-  if (kind != vk::ActKind::kFloat && !(same_input && quantized_kind_ == kind)) {
+  if (norm == nullptr && kind != vk::ActKind::kFloat && !(same_input && quantized_kind_ == kind)) {
     rec_->Barrier();  // earlier matmuls may still read the previous codes
     KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(*rec_, kind, x, x_stride, w.n_in, T, {&act_codes_, &act_aux_}));
     rec_->Barrier();
@@ -333,7 +343,18 @@ Status VulkanBackend::MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t
   a.bias = bias != nullptr && !bias->empty() ? &bias->buffer : nullptr;
   a.accumulate = accumulate;
   a.swiglu = swiglu;
+  a.norm = norm;
   return ops_->MatMul(*rec_, w, a);
+}
+
+std::optional<vk::Ops::NormInput> VulkanBackend::NormInMatvec(const vk::DeviceVector& w, int64_t T,
+                                                              std::span<const vk::DeviceMatrix* const> next,
+                                                              const vk::Ops::SwiGluCodes* swiglu, int64_t row0) const {
+  if (!fuse_ops_) return std::nullopt;
+  for (const vk::DeviceMatrix* m : next) {
+    if (!ops_->FusesNorm(*m, T, swiglu)) return std::nullopt;
+  }
+  return vk::Ops::NormInput{&x_, hp_.n_embd, &w.buffer, hp_.rms_eps, row0};
 }
 
 Status VulkanBackend::NormFor(const vk::DeviceVector& w, int64_t T, const vk::DeviceMatrix& next) {
@@ -544,14 +565,18 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     const bool gate_up_stacked = !l.w_gate_up.parts.empty();
     const vk::DeviceMatrix* const qkv[3] = {qkv_stacked ? &l.wqkv : &l.wq, &l.wk, &l.wv};
     const vk::DeviceMatrix* const ffn[3] = {&l.wo, gate_up_stacked ? &l.w_gate_up : &l.w_gate, &l.w_up};
-    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, std::span(qkv, qkv_stacked ? 1 : 3)).status());
-    KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, qkv_stacked ? l.wqkv : l.wq));
+    const std::span<const vk::DeviceMatrix* const> qkv_in(qkv, qkv_stacked ? 1 : 3);
+    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, qkv_in).status());
+    // Fusing, the matrices make the norm themselves where the shape asks and they can.
+    const std::optional<vk::Ops::NormInput> attn_norm = NormInMatvec(l.attn_norm, T, qkv_in);
+    const vk::Ops::NormInput* qkv_norm = attn_norm ? &*attn_norm : nullptr;
+    if (!attn_norm) KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, qkv_stacked ? l.wqkv : l.wq));
     if (qkv_stacked) {
-      KVFS_RETURN_IF_ERROR(MatMul(l.wqkv, xb_, n_embd, T, q_, &l.bqkv, false, true, &k_, &v_));
+      KVFS_RETURN_IF_ERROR(MatMul(l.wqkv, xb_, n_embd, T, q_, &l.bqkv, false, true, &k_, &v_, nullptr, qkv_norm));
     } else {
-      KVFS_RETURN_IF_ERROR(MatMul(l.wq, xb_, n_embd, T, q_, &l.bq, false, true));
-      KVFS_RETURN_IF_ERROR(MatMul(l.wk, xb_, n_embd, T, k_, &l.bk, false, true));
-      KVFS_RETURN_IF_ERROR(MatMul(l.wv, xb_, n_embd, T, v_, &l.bv, false, true));
+      KVFS_RETURN_IF_ERROR(MatMul(l.wq, xb_, n_embd, T, q_, &l.bq, false, true, nullptr, nullptr, nullptr, qkv_norm));
+      KVFS_RETURN_IF_ERROR(MatMul(l.wk, xb_, n_embd, T, k_, &l.bk, false, true, nullptr, nullptr, nullptr, qkv_norm));
+      KVFS_RETURN_IF_ERROR(MatMul(l.wv, xb_, n_embd, T, v_, &l.bv, false, true, nullptr, nullptr, nullptr, qkv_norm));
     }
     rec.Barrier();
     // Fusing, kv_store rotates the keys and the scores the queries as they load them (Attention).
@@ -568,18 +593,24 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
 
     // On from where the read-ahead beside attention stopped (o has been read by now).
     KVFS_RETURN_IF_ERROR(PrefetchWeights(T, o_gate_up, std::max(ahead, l.wo.n_out * l.wo.row_bytes)).status());
-    KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, gate_up_stacked ? l.w_gate_up : l.w_gate));
     // Fusing, a stacked gate|up hands the down matrix SwiGLU's codes itself (decode).
     const vk::Ops::SwiGluCodes swiglu{vk::ActKindFor(l.w_down.type), {&swiglu_codes_, &swiglu_aux_}, &counters_,
                                       counters_.bytes() / 4};
     const bool swiglu_in_matvec =
         swiglu_in_matvec_ && gate_up_stacked && ops_->FusesSwiGlu(l.w_gate_up, T, swiglu.kind, swiglu.counter_words);
+    const vk::Ops::SwiGluCodes* glu = swiglu_in_matvec ? &swiglu : nullptr;
+    const std::optional<vk::Ops::NormInput> ffn_norm =
+        NormInMatvec(l.ffn_norm, T, std::span(ffn + 1, gate_up_stacked ? 1 : 2), glu);
+    const vk::Ops::NormInput* gate_up_norm = ffn_norm ? &*ffn_norm : nullptr;
+    if (!ffn_norm) KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, gate_up_stacked ? l.w_gate_up : l.w_gate));
     if (gate_up_stacked) {
-      KVFS_RETURN_IF_ERROR(MatMul(l.w_gate_up, xb_, n_embd, T, gate_, nullptr, false, true, &up_, nullptr,
-                                  swiglu_in_matvec ? &swiglu : nullptr));
+      KVFS_RETURN_IF_ERROR(
+          MatMul(l.w_gate_up, xb_, n_embd, T, gate_, nullptr, false, true, &up_, nullptr, glu, gate_up_norm));
     } else {
-      KVFS_RETURN_IF_ERROR(MatMul(l.w_gate, xb_, n_embd, T, gate_, nullptr, false, true));
-      KVFS_RETURN_IF_ERROR(MatMul(l.w_up, xb_, n_embd, T, up_, nullptr, false, true));
+      KVFS_RETURN_IF_ERROR(MatMul(l.w_gate, xb_, n_embd, T, gate_, nullptr, false, true, nullptr, nullptr, nullptr,
+                                  gate_up_norm));
+      KVFS_RETURN_IF_ERROR(
+          MatMul(l.w_up, xb_, n_embd, T, up_, nullptr, false, true, nullptr, nullptr, nullptr, gate_up_norm));
     }
     rec.Barrier();
     if (swiglu_in_matvec) {
@@ -595,10 +626,18 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     KVFS_RETURN_IF_ERROR(PrefetchWeights(T, std::span(&w.output, 1)).status());
     // Decode (every row wants its logits, in order): the final norm also quantizes its rows for
     // the output matrix, as the layers' norms do; else it gathers the rows wanted first.
-    bool every_row = R == T;
-    for (int64_t r = 0; every_row && r < R; ++r) every_row = logit_rows[r] == r;
+    bool every_row = R == T, consecutive = true;
+    for (int64_t r = 0; r < R; ++r) {
+      every_row = every_row && logit_rows[r] == r;
+      consecutive = consecutive && logit_rows[r] == logit_rows[0] + r;
+    }
     const vk::ActKind output_kind = vk::ActKindFor(w.output->type);
-    if (fuse_ops_ && every_row && output_kind != vk::ActKind::kFloat) {
+    // The output matrix makes the norm of consecutive rows itself where it can (a prompt's last).
+    const std::optional<vk::Ops::NormInput> out_norm =
+        consecutive ? NormInMatvec(w.output_norm, R, std::span(&w.output, 1), nullptr, logit_rows[0]) : std::nullopt;
+    if (out_norm) {  // the output matrix makes it
+      HoldCodes(vk::ActKind::kFloat);
+    } else if (fuse_ops_ && every_row && output_kind != vk::ActKind::kFloat) {
       KVFS_RETURN_IF_ERROR(ops_->NormQuantizeActs(rec, output_kind, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_,
                                                   n_embd, R, {&act_codes_, &act_aux_}));
       HoldCodes(output_kind);
@@ -606,8 +645,9 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
       KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_, n_embd, R, &row_ids_));
       HoldCodes(vk::ActKind::kFloat);
     }
-    rec.Barrier();
-    KVFS_RETURN_IF_ERROR(MatMul(*w.output, xn_, n_embd, R, logits_, nullptr, false, /*same_input=*/true));
+    if (!out_norm) rec.Barrier();
+    KVFS_RETURN_IF_ERROR(MatMul(*w.output, xn_, n_embd, R, logits_, nullptr, false, /*same_input=*/true, nullptr,
+                                nullptr, nullptr, out_norm ? &*out_norm : nullptr));
     rec.Barrier();
     rec.Copy(logits_, 0, logits_out_, 0, R * hp_.n_vocab * 4);
   }

@@ -29,6 +29,10 @@
 // would: the workgroup whose rows complete a block of BLOCK values (its gate and its up rows,
 // counted with an atomic per block and token group) quantizes that block. Decode then needs
 // no quantize_act dispatch, and no barrier, between gate|up and down.
+//
+// Prologue (NORM_UNITS > 0): the activations are RMSNorm(x) * w, made and quantized by every
+// workgroup for itself (NormActs, below), so that the norm before q|k|v and gate|up needs no
+// dispatch and barrier of its own.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;       // invocations, a power of two
@@ -39,6 +43,8 @@ layout(constant_id = 4) const uint ROWS_PER_SLOT = 1;
 layout(constant_id = 5) const uint WEIGHT_LAYOUT = 0;  // vk::WeightLayout
 layout(constant_id = 6) const uint KIND = 3;  // SwiGLU epilogue's codes: 0 Q8_0, 1 Q8_1, 2 Q8_K; 3 none
 layout(constant_id = 7) const uint AHEAD = 1;  // units an invocation loads before using any (a round)
+layout(constant_id = 8) const uint NORM_UNITS = 0;  // > 0: the input is RMSNorm(x) * w of this many units (n_units)
+layout(constant_id = 9) const uint NORM_KIND = 0;   // and is quantized to 0: Q8_0, 1: Q8_1 codes
 
 layout(push_constant) uniform Params {
   uint n_units;    // 32-value units per row (n_in / 32)
@@ -55,6 +61,9 @@ layout(push_constant) uniform Params {
   uint seg2;
   uint y1_stride;
   uint y2_stride;
+  uint x_stride;  // NORM_UNITS > 0: floats between rows of x,
+  uint x_row0;    // the row of x of token 0
+  float eps;      // and the norm's epsilon
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
@@ -69,6 +78,9 @@ layout(binding = 6) buffer Output2 { float y2[]; };                     // [n_to
 layout(binding = 7) writeonly buffer Codes { uint codes[]; };          // [n_tokens][seg1 / 4]
 layout(binding = 8) writeonly buffer Aux { vec4 aux[]; };              // [n_tokens][seg1 / 32]
 layout(binding = 9) coherent buffer Counters { uint counters[]; };     // [token groups][seg1 / BLOCK]
+// NORM_UNITS > 0: bindings 1 and 2 hold the norm's input rows and weight instead of codes.
+layout(binding = 1) readonly buffer NormInput { float x[]; };          // [n_tokens][x_stride]
+layout(binding = 2) readonly buffer NormWeight { float norm_w[]; };    // [NORM_UNITS * 32]
 
 #include "common.glsl"
 #include "weight_bytes.glsl"
@@ -78,6 +90,8 @@ const uint SLOTS = WG / LANES;
 const uint OUTPUTS = ROWS_PER_SLOT * TOKENS;  // per slot: output k * TOKENS + t is row k, token t
 
 shared float partial[OUTPUTS * WG];
+#define RMS_LO_SIZE (NORM_UNITS > 0u ? WG : 1u)
+#include "rms_scale.glsl"
 
 #include "matrix_store.glsl"
 #include "subgroup_tree.glsl"
@@ -147,6 +161,51 @@ void QuantizeFinishedBlocks(uint tid, uint subgroup) {
   }
 }
 
+// The prologue's activations: per token of the workgroup, NORM_UNITS units of 8 code words and
+// an aux (quantize_block.glsl's layout).
+shared uint norm_codes[NORM_UNITS > 0u ? TOKENS * NORM_UNITS * 8u : 1u];  // [token][unit][8]
+shared vec4 norm_aux[NORM_UNITS > 0u ? TOKENS * NORM_UNITS : 1u];          // [token][unit]
+
+// RMSNorm(x) * w of the workgroup's tokens (tokens past the last: a copy of it), quantized to
+// NORM_KIND codes with quantize_act's arithmetic (SOURCE 2: RmsScale's row scale, then the
+// block step; QuantizeUnit32 gives its codes for a unit an invocation), so every workgroup
+// gets the codes the separate norm would give. The work is repeated by every workgroup: the
+// host gives these pipelines larger workgroups (VulkanTuning::norm_matvec_group) than the
+// norm's dispatch and barrier cost on a GPU would otherwise save.
+void NormActs(uint tid, uint subgroup, uint t0) {
+  for (uint k = 0u; k < TOKENS; ++k) {
+    const uint row = (p.x_row0 + min(t0 + k, p.n_tokens - 1u)) * p.x_stride;
+    const float scale = RmsScale(row, NORM_UNITS * 32u, p.eps, tid, subgroup);
+    for (uint u = tid; u < NORM_UNITS; u += WG) {
+      float v[32];
+      for (uint i = 0u; i < 32u; ++i) {
+        precise float value = (x[row + u * 32u + i] * scale) * norm_w[u * 32u + i];
+        v[i] = value;
+      }
+      uint words[8];
+      norm_aux[k * NORM_UNITS + u] = QuantizeUnit32(v, NORM_KIND, words);
+      for (uint w = 0u; w < 8u; ++w) norm_codes[(k * NORM_UNITS + u) * 8u + w] = words[w];
+    }
+    barrier();  // the codes ready; RmsScale's partial sums free for the next token (and the tree)
+  }
+}
+
+// A round's weight units: unit j of the round, row k at wu[j * ROWS_PER_SLOT + k].
+WeightUnit wu[AHEAD * ROWS_PER_SLOT];
+
+// Round u0's weight units of the slot's rows r0 .. into wu (see main).
+void LoadWeights(uint u0, uint r0) {
+  for (uint j = 0u; j < AHEAD; ++j) {
+    const uint u = min(u0 + j * LANES, p.n_units - 1u);
+    // Every row's unit is loaded before any is used (a break at the matrix's last row kept
+    // them one row at a time: a GPU then waits a memory latency per row). Rows past the
+    // matrix load its last row again; their sums are not stored.
+    for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
+      wu[j * ROWS_PER_SLOT + k] = LoadUnit(min(r0 + k, p.n_rows - 1u) * p.row_bytes, u, p.n_units);
+    }
+  }
+}
+
 void main() {
   MarkPhase(0u);
   const uint subgroup = TreeSubgroupSize();
@@ -157,6 +216,11 @@ void main() {
   float acc[OUTPUTS];
   for (uint o = 0u; o < OUTPUTS; ++o) acc[o] = 0.0;
 
+  // With the norm, the first round's weights are in flight while the workgroup makes it.
+  if (NORM_UNITS > 0u) {
+    if (r0 < p.n_rows) LoadWeights(lane, r0);
+    NormActs(tid, subgroup, t0);
+  }
   if (r0 < p.n_rows) {
     // Rounds of AHEAD units a lane (u0, u0 + LANES, ...): every unit of a round is loaded, with
     // no branch between the loads, before any is used, so a round waits one memory latency, not
@@ -166,10 +230,14 @@ void main() {
     for (uint u0 = lane; u0 < p.n_units; u0 += LANES * AHEAD) {
       uint a[AHEAD * TOKENS * 8u];  // unit j of the round, token t: a[(j * TOKENS + t) * 8 + i]
       vec4 aux[AHEAD * TOKENS];
-      WeightUnit wu[AHEAD * ROWS_PER_SLOT];  // unit j, row k: wu[j * ROWS_PER_SLOT + k]
       for (uint j = 0u; j < AHEAD; ++j) {
         const uint u = min(u0 + j * LANES, p.n_units - 1u);
         for (uint t = 0u; t < TOKENS; ++t) {
+          if (NORM_UNITS > 0u) {  // the prologue's codes (tokens past the last: a copy there)
+            for (uint i = 0u; i < 8u; ++i) a[(j * TOKENS + t) * 8u + i] = norm_codes[(t * NORM_UNITS + u) * 8u + i];
+            aux[j * TOKENS + t] = norm_aux[t * NORM_UNITS + u];
+            continue;
+          }
           const uint tt = min(t0 + t, p.n_tokens - 1u);  // past the last token: a copy, not stored
           const uvec4 lo = act_code4[(tt * p.n_units + u) * 2u], hi = act_code4[(tt * p.n_units + u) * 2u + 1u];
           for (uint i = 0u; i < 4u; ++i) {
@@ -178,13 +246,8 @@ void main() {
           }
           aux[j * TOKENS + t] = act_aux[tt * p.n_units + u];
         }
-        // Every row's unit is loaded before any is used (a break at the matrix's last row kept
-        // them one row at a time: a GPU then waits a memory latency per row). Rows past the
-        // matrix load its last row again; their sums are not stored.
-        for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
-          wu[j * ROWS_PER_SLOT + k] = LoadUnit(min(r0 + k, p.n_rows - 1u) * p.row_bytes, u, p.n_units);
-        }
       }
+      if (NORM_UNITS == 0u || u0 != lane) LoadWeights(u0, r0);  // (the first round's: loaded above)
       for (uint j = 0u; j < AHEAD; ++j) {
         if (u0 + j * LANES >= p.n_units) break;  // after the loads: they stay in flight together
         for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {

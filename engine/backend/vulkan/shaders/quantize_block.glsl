@@ -23,6 +23,40 @@
 // Rounds and clamps as the CPU's NearestInt8 (clamp to +-127, then to nearest, ties to even).
 int NearestInt8(float v) { return int(RoundHalfEven(clamp(v, -127.0, 127.0))); }
 
+// Q8_0 / Q8_1: the block's scale d and the factor id its codes are rounded from (v * id), for
+// the block's largest magnitude amax.
+vec2 Q8Scales(float amax) {
+  precise float d = Div(amax, 127.0);
+  precise float id = amax != 0.0 ? Div(127.0, amax) : 0.0;
+  return vec2(d, id);
+}
+
+// Q8_0 / Q8_1 (kind 0 / 1): a unit's aux from its scale and its halves' code sums.
+vec4 Q8UnitAux(float d, int sum0, int sum1, uint kind) {
+  precise float s = float(sum0 + sum1) * d;  // Q8_1: from the unrounded d, as ggml
+  return vec4(RoundF16(d), kind == 1u ? RoundF16(s) : 0.0, float(sum0), float(sum1));
+}
+
+// A Q8_0 or Q8_1 (kind 0 / 1) unit of 32 values quantized by one invocation, with the block
+// step's arithmetic (the same codes and aux as QuantizeBlock's): its 8 code words, and the aux
+// returned. For work that has a unit per invocation (matvec_quant's norm of every workgroup).
+vec4 QuantizeUnit32(float v[32], uint kind, out uint words[8]) {
+  float amax = 0.0;
+  for (uint i = 0u; i < 32u; ++i) amax = abs(v[i]) > amax ? abs(v[i]) : amax;  // NaN: false, as on the CPU
+  const vec2 scales = Q8Scales(amax);
+  int sums[2] = int[2](0, 0);
+  for (uint w = 0u; w < 8u; ++w) {
+    words[w] = 0u;
+    for (uint j = 0u; j < 4u; ++j) {
+      precise float scaled = v[4u * w + j] * scales.y;
+      const int q = NearestInt8(scaled);
+      sums[w / 4u] += q;
+      words[w] |= (uint(q) & 0xFFu) << (8u * j);
+    }
+  }
+  return Q8UnitAux(scales.x, sums[0], sums[1], kind);
+}
+
 const uint BLOCK = KIND == 2u ? 256u : 32u;  // values per block
 const uint PER_LANE = BLOCK / 32u;           // values per invocation
 const uint HALF_LANES = 16u / PER_LANE;      // invocations per 16 values (a code-sum half)
@@ -104,8 +138,9 @@ void QuantizeBlock(float v[PER_LANE], uint code0, uint unit0, bool live, uint ti
     id = amax != 0.0 ? Div(-127.0, vmax) : 0.0;  // codes = round(id * x), so vmax maps to -127
     d = amax != 0.0 ? Div(1.0, id) : 0.0;
   } else {
-    d = Div(amax, 127.0);
-    id = amax != 0.0 ? Div(127.0, amax) : 0.0;
+    const vec2 scales = Q8Scales(amax);
+    d = scales.x;
+    id = scales.y;
   }
   int sum = 0;
   uint words[(PER_LANE + 3u) / 4u];
@@ -166,8 +201,7 @@ void QuantizeBlock(float v[PER_LANE], uint code0, uint unit0, bool live, uint ti
       if (KIND == 2u) {
         aux[unit] = vec4(d, 0.0, float(sums[0]), float(sums[1]));
       } else {
-        precise float s = float(sums[0] + sums[1]) * d;  // Q8_1: from the unrounded d, as ggml
-        aux[unit] = vec4(RoundF16(d), KIND == 1u ? RoundF16(s) : 0.0, float(sums[0]), float(sums[1]));
+        aux[unit] = Q8UnitAux(d, sums[0], sums[1], KIND);
       }
     }
   }

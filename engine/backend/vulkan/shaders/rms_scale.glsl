@@ -14,7 +14,11 @@
 
 #include "pair_sums.glsl"
 
-shared float partial_lo[WG];  // the lo halves of the tree's pairs
+// The includer may size it 1 where RmsScale is never called (matvec_quant without its norm).
+#ifndef RMS_LO_SIZE
+#define RMS_LO_SIZE WG
+#endif
+shared float partial_lo[RMS_LO_SIZE];  // the lo halves of the tree's pairs
 
 float RmsScale(uint x0, uint n, float eps, uint tid, uint subgroup) {
   vec2 sum = vec2(0.0);
