@@ -29,15 +29,18 @@ constexpr NormCase kCases[] = {{GgmlType::kQ4_0, 4096, 40, true},
                                {GgmlType::kQ4_1, 2048, 24, false},
                                {GgmlType::kQ8_0, 256, 24, false}};
 
-// Workgroups of 32 (a GPU's warp and slot: 4 units an invocation at 4096 values), 256 and 64
-// with slots of 32 and 16 lanes, and the token counts each takes (256 invocations' partial sums
-// and 4 tokens' codes of 4096 values overflow lavapipe's 32 KiB of shared memory).
+// Workgroups of 32 (a GPU's warp and slot: 4 units an invocation at 4096 values), 256 (2
+// invocations a unit there), 1024 (8) and 64 with slots of 32 and 16 lanes, and the token counts
+// each takes (256 invocations' partial sums and 4 tokens' codes of 4096 values overflow
+// lavapipe's 32 KiB of shared memory). The other cases' short rows take 1 to 8 invocations a
+// unit.
 struct NormShape {
   vk::MatvecShape shape;
   std::initializer_list<int64_t> tokens;
 };
 const NormShape kShapes[] = {{{.max_lanes = 32, .norm_group = 32}, {1, 3, 6}},
                              {{.max_lanes = 32, .max_rows = 2, .norm_group = 256}, {1, 2}},
+                             {{.max_lanes = 32, .max_rows = 2, .norm_group = 1024}, {1}},
                              {{.group = 32, .max_lanes = 16, .max_rows = 4, .norm_group = 64}, {3}}};
 
 class VulkanNormInMatvecTest : public VulkanOpsTest {

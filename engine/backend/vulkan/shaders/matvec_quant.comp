@@ -166,27 +166,65 @@ void QuantizeFinishedBlocks(uint tid, uint subgroup) {
 shared uint norm_codes[NORM_UNITS > 0u ? TOKENS * NORM_UNITS * 8u : 1u];  // [token][unit][8]
 shared vec4 norm_aux[NORM_UNITS > 0u ? TOKENS * NORM_UNITS : 1u];          // [token][unit]
 
+// The prologue's invocations a 32-value unit (1, 2, 4 or 8): the workgroup's invocations beyond
+// one a unit share the units, so that a unit is not one invocation's serial chain; each takes
+// UNIT_VALUES consecutive values (whole code words).
+const uint UNIT_LANES = WG >= 8u * NORM_UNITS ? 8u : (WG >= 4u * NORM_UNITS ? 4u : (WG >= 2u * NORM_UNITS ? 2u : 1u));
+const uint UNIT_VALUES = 32u / UNIT_LANES;
+
 // RMSNorm(x) * w of the workgroup's tokens (tokens past the last: a copy of it), quantized to
 // NORM_KIND codes with quantize_act's arithmetic (SOURCE 2: RmsScale's row scale, then the
-// block step; QuantizeUnit32 gives its codes for a unit an invocation), so every workgroup
-// gets the codes the separate norm would give. The work is repeated by every workgroup: the
-// host gives these pipelines larger workgroups (VulkanTuning::norm_matvec_group) than the
-// norm's dispatch and barrier cost on a GPU would otherwise save.
+// block step's: the unit's largest magnitude, Q8Scales, NearestInt8, Q8UnitAux; the maximum
+// and the code sums do not depend on the order), so every workgroup gets the codes the separate
+// norm would give. Every workgroup repeats the work: the host gives these pipelines larger
+// workgroups (VulkanMatvecShape::norm_group) than the others. Every invocation calls it
+// (barriers); the units' maxima and code sums go through `partial` and `partial_lo`.
 void NormActs(uint tid, uint subgroup, uint t0) {
+  const uint lane = tid % UNIT_LANES, lead = tid - lane;
   for (uint k = 0u; k < TOKENS; ++k) {
     const uint row = (p.x_row0 + min(t0 + k, p.n_tokens - 1u)) * p.x_stride;
     const float scale = RmsScale(row, NORM_UNITS * 32u, p.eps, tid, subgroup);
-    for (uint u = tid; u < NORM_UNITS; u += WG) {
-      float v[32];
-      for (uint i = 0u; i < 32u; ++i) {
-        precise float value = (x[row + u * 32u + i] * scale) * norm_w[u * 32u + i];
+    barrier();  // every invocation has read the scale: partial and partial_lo are free
+    for (uint u0 = 0u; u0 < NORM_UNITS; u0 += WG / UNIT_LANES) {
+      const uint u = u0 + tid / UNIT_LANES;
+      const bool live = u < NORM_UNITS;
+      const uint v0 = (live ? u : 0u) * 32u + lane * UNIT_VALUES;  // (a copy of unit 0 past the last)
+      float v[UNIT_VALUES];
+      float amax = 0.0;
+      for (uint i = 0u; i < UNIT_VALUES; ++i) {
+        precise float value = (x[row + v0 + i] * scale) * norm_w[v0 + i];
         v[i] = value;
+        amax = abs(value) > amax ? abs(value) : amax;  // NaN: false, as on the CPU
       }
-      uint words[8];
-      norm_aux[k * NORM_UNITS + u] = QuantizeUnit32(v, NORM_KIND, words);
-      for (uint w = 0u; w < 8u; ++w) norm_codes[(k * NORM_UNITS + u) * 8u + w] = words[w];
+      partial[tid] = amax;
+      barrier();
+      for (uint j = 0u; j < UNIT_LANES; ++j) amax = partial[lead + j] > amax ? partial[lead + j] : amax;
+      const vec2 scales = Q8Scales(amax);
+      int sums[2] = int[2](0, 0);  // of the unit's first 16 values and of its last 16
+      for (uint w = 0u; w < UNIT_VALUES / 4u; ++w) {
+        uint word = 0u;
+        for (uint j = 0u; j < 4u; ++j) {
+          precise float scaled = v[4u * w + j] * scales.y;
+          const int q = NearestInt8(scaled);
+          sums[(lane * UNIT_VALUES + 4u * w) / 16u] += q;
+          word |= (uint(q) & 0xFFu) << (8u * j);
+        }
+        if (live) norm_codes[(k * NORM_UNITS + u) * 8u + lane * (UNIT_VALUES / 4u) + w] = word;
+      }
+      barrier();  // the maxima read
+      partial[tid] = float(sums[0]);  // (at most 16 x 127: exact)
+      partial_lo[tid] = float(sums[1]);
+      barrier();
+      if (live && lane == 0u) {
+        int unit_sums[2] = int[2](0, 0);
+        for (uint j = 0u; j < UNIT_LANES; ++j) {
+          unit_sums[0] += int(partial[tid + j]);
+          unit_sums[1] += int(partial_lo[tid + j]);
+        }
+        norm_aux[k * NORM_UNITS + u] = Q8UnitAux(scales.x, unit_sums[0], unit_sums[1], NORM_KIND);
+      }
+      barrier();  // the sums read; the codes and aux ready (the last pass)
     }
-    barrier();  // the codes ready; RmsScale's partial sums free for the next token (and the tree)
   }
 }
 

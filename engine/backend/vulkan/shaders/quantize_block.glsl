@@ -37,26 +37,6 @@ vec4 Q8UnitAux(float d, int sum0, int sum1, uint kind) {
   return vec4(RoundF16(d), kind == 1u ? RoundF16(s) : 0.0, float(sum0), float(sum1));
 }
 
-// A Q8_0 or Q8_1 (kind 0 / 1) unit of 32 values quantized by one invocation, with the block
-// step's arithmetic (the same codes and aux as QuantizeBlock's): its 8 code words, and the aux
-// returned. For work that has a unit per invocation (matvec_quant's norm of every workgroup).
-vec4 QuantizeUnit32(float v[32], uint kind, out uint words[8]) {
-  float amax = 0.0;
-  for (uint i = 0u; i < 32u; ++i) amax = abs(v[i]) > amax ? abs(v[i]) : amax;  // NaN: false, as on the CPU
-  const vec2 scales = Q8Scales(amax);
-  int sums[2] = int[2](0, 0);
-  for (uint w = 0u; w < 8u; ++w) {
-    words[w] = 0u;
-    for (uint j = 0u; j < 4u; ++j) {
-      precise float scaled = v[4u * w + j] * scales.y;
-      const int q = NearestInt8(scaled);
-      sums[w / 4u] += q;
-      words[w] |= (uint(q) & 0xFFu) << (8u * j);
-    }
-  }
-  return Q8UnitAux(scales.x, sums[0], sums[1], kind);
-}
-
 const uint BLOCK = KIND == 2u ? 256u : 32u;  // values per block
 const uint PER_LANE = BLOCK / 32u;           // values per invocation
 const uint HALF_LANES = 16u / PER_LANE;      // invocations per 16 values (a code-sum half)
