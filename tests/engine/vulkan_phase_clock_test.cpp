@@ -101,6 +101,40 @@ TEST_F(VulkanBackendTest, PhaseClocksChangeNoLogitAndMarkEveryShortShader) {
   }
 }
 
+// With the norms inside the matrices (VulkanMatvecShape::norm_group), the decode step's
+// matrix-vector blocks that make them mark the prologue (mark 1), the others do not reach it.
+TEST_F(VulkanBackendTest, PhaseClocksMarkTheNormPrologue) {
+  VulkanOptions options;
+  options.profile = true;
+  options.phase_clock = true;
+  options.tuning.matvec.norm_group = 256;
+  auto clocked = MakeVulkanBackend(*model_, options);
+  ASSERT_TRUE(clocked.ok()) << clocked.status().message();
+  SequenceKv kv(Layout("q4k", 64), 256);
+  Step(**clocked, kv, prompt_);
+  (*clocked)->TakeProfileReport();
+  const TokenId t = 5;
+  Step(**clocked, kv, std::span<const TokenId>(&t, 1));
+  const std::string report = (*clocked)->TakeProfileReport();
+  if (report.find("phase clocks:") == std::string::npos) {
+    if (InCi()) FAIL() << "no phase clocks on CI's device (lavapipe has them)";
+    GTEST_SKIP() << "the Vulkan device has no shader clocks";
+  }
+  int with_prologue = 0, without = 0;
+  for (const ShaderBlock& b : BlocksOf(report, "matvec_quant")) {
+    bool marked = false;
+    for (const auto& [k, line] : b.marks) {
+      if (k != 1) continue;
+      marked = true;
+      EXPECT_NE(line.find("norm prologue"), std::string::npos) << line;
+    }
+    ++(marked ? with_prologue : without);
+  }
+  // q|k|v, gate|up and the output make their norms; o and down do not.
+  EXPECT_GT(with_prologue, 0) << report;
+  EXPECT_GT(without, 0) << report;
+}
+
 #endif  // KVFS_VULKAN
 
 }  // namespace

@@ -48,7 +48,7 @@ const std::vector<std::string>& PhaseClock::MarkNames(std::string_view shader) {
         "weights ready", "weighted sums", "lanes added", "partials out, counted", "splits added", "Hadamard",
         "stored"}},
       {"quantize_act", {"start", "norm scale", "quantized"}},
-      {"matvec_quant", {"start", "dot products", "tree, stored", "SwiGLU epilogue"}},
+      {"matvec_quant", {"start", "norm prologue", "dot products", "tree, stored", "SwiGLU epilogue"}},
   };
   static const std::vector<std::string> kNone;
   const auto it = kMarkNames.find(BaseName(shader));

@@ -258,6 +258,7 @@ void main() {
   if (NORM_UNITS > 0u) {
     if (r0 < p.n_rows) LoadWeights(lane, r0);
     NormActs(tid, subgroup, t0);
+    MarkPhase(1u);  // (reached with the norm only)
   }
   if (r0 < p.n_rows) {
     // Rounds of AHEAD units a lane (u0, u0 + LANES, ...): every unit of a round is loaded, with
@@ -299,7 +300,7 @@ void main() {
     }
   }
 
-  MarkPhase(1u);
+  MarkPhase(2u);
   // The tree: the steps from LANES / 2 down to the subgroup size in shared memory, the rest
   // by shuffles (lane 0 of the slot holds the sums; subgroup_tree.glsl).
   if (LANES > subgroup) {
@@ -321,7 +322,7 @@ void main() {
       StoreOutput(t, r, acc[o]);
     }
   }
-  MarkPhase(2u);
-  if (KIND < 3u) QuantizeFinishedBlocks(tid, subgroup);
   MarkPhase(3u);
+  if (KIND < 3u) QuantizeFinishedBlocks(tid, subgroup);
+  MarkPhase(4u);
 }
