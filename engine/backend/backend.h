@@ -150,10 +150,11 @@ struct VulkanMatvecShape {
   int64_t rows = 0;        // quantized rows per slot at most (8, on a GPU 2), a power of two
   int64_t ahead = 0;       // quantized units an invocation loads before using any (1): bytes in
                            // flight, against registers; 1 to 8
-  int64_t norm_group = 0;  // decode: the quantized matrices an RMSNorm feeds (q|k|v, gate|up)
-                           // make it themselves, in workgroups of this many invocations (each
-                           // repeats the norm, so larger than `group`); 0: off, the norm is a
-                           // dispatch and a barrier of its own. A power of two >= 32
+  int64_t norm_group = 0;  // decode: the quantized matrices an RMSNorm feeds (q|k|v, gate|up,
+                           // output) make it themselves, in workgroups of this many invocations
+                           // (each repeats the norm, so larger than `group`); 0: off, the norm is
+                           // a dispatch and a barrier of its own. A power of two from max(32,
+                           // lanes) to the device's workgroup size
   bool operator==(const VulkanMatvecShape&) const = default;
 };
 

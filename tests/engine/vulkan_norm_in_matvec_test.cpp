@@ -140,6 +140,43 @@ void VulkanNormInMatvecTest::CheckCases() {
   }
 }
 
+// Rows from row0 on (the output matrix's norm of a prompt's last rows): the products of those
+// rows alone.
+TEST_F(VulkanNormInMatvecTest, RowsFromAnOffsetAreThoseRowsAlone) {
+  auto up = vk::Uploader::Create(*ctx_, 1 << 20);
+  ASSERT_TRUE(up.ok());
+  std::mt19937 rng(47);
+  const float eps = 1e-5f;
+  const int64_t n = 512, n_rows = 24, T = 2, row0 = 3;
+  const GgmlType type = GgmlType::kQ8_0;
+  const std::vector<uint8_t> w = RandomWeights(type, n_rows, n, rng);
+  int64_t total = 0;
+  auto dm = vk::UploadMatrix(*ctx_, **up, Matrix{type, n, n_rows, RowBytes(type, n), w.data()},
+                             {.max_binding_bytes = ctx_->limits().max_binding_bytes}, total);
+  ASSERT_TRUE(dm.ok()) << dm.status().message();
+  ASSERT_TRUE((*up)->Flush().ok());
+  ASSERT_TRUE(ops_->set_matvec_shape(kShapes[0].shape).ok());
+  ASSERT_TRUE(ops_->FusesNorm(*dm, T));
+  const std::vector<float> x = Rows(row0 + T, n, rng);
+  const vk::Buffer all = Input(x), wanted = Input(std::vector<float>(x.begin() + row0 * n, x.end()));
+  const vk::Buffer wb = Input(RandomActivations(n, rng));
+  const vk::Buffer y_alone = Output(T * n_rows * 4), y_offset = Output(T * n_rows * 4);
+  const vk::Ops::NormInput alone{&wanted, n, &wb, eps, 0}, offset{&all, n, &wb, eps, row0};
+  ASSERT_TRUE(Run([&](vk::Recorder& rec) -> Status {
+                vk::Ops::MatMulArgs a;
+                a.n_tokens = T;
+                a.y = &y_alone;
+                a.norm = &alone;
+                KVFS_RETURN_IF_ERROR(ops_->MatMul(rec, *dm, a));
+                a.y = &y_offset;
+                a.norm = &offset;
+                return ops_->MatMul(rec, *dm, a);
+              }).ok());
+  const std::vector<float> want = Read<float>(y_alone, T * n_rows);
+  ASSERT_TRUE(std::any_of(want.begin(), want.end(), [](float v) { return v != 0.0f; }));
+  EXPECT_TRUE(want == Read<float>(y_offset, T * n_rows));
+}
+
 // gate|up stacked, with its norm and SwiGLU's codes for the down matrix: the codes of the
 // separate norm's product, bit for bit.
 TEST_F(VulkanNormInMatvecTest, GateUpMakesItsNormAndHandsOnSwiGluCodes) {

@@ -96,11 +96,11 @@ constexpr uint32_t kNoSwiGlu = 3;
 // invocation), the quantizer's arrays and the list of finished blocks (of a workgroup's slots x
 // rows), both one-element without the SwiGLU epilogue; with the norm (norm_units > 0), the
 // tree's lo halves (a float per invocation) and each token's codes (32 bytes a unit) and aux
-// (16 bytes a unit), else one element of each.
+// (16 bytes a unit), else one element of each; and 16 bytes for each vec4 array's alignment.
 int64_t MatvecQuantSharedBytes(int64_t rows, int64_t tokens, uint32_t group, int64_t slots, bool swiglu,
                                int64_t norm_units = 0) {
   const int64_t finished = swiglu ? 2 * (slots * rows / 32 + 2) + 1 : 1;
-  const int64_t norm = norm_units > 0 ? int64_t{group} * 4 + tokens * norm_units * 48 : 4 + 4 + 16;
+  const int64_t norm = (norm_units > 0 ? int64_t{group} * 4 + tokens * norm_units * 48 : 4 + 16 + 16) + 2 * 16;
   return rows * tokens * group * 4 + QuantizerSharedBytes(group, swiglu) + 4 * finished + norm;
 }
 

@@ -561,16 +561,20 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     const bool qkv_stacked = !l.wqkv.parts.empty();
     // Decode, when tuned so: q|k|v read ahead beside the norm; o and the first of gate|up
     // beside kv_store and the scores (Attention records nothing before them); more of gate|up
-    // beside the feed-forward norm.
+    // beside the feed-forward norm. (A norm the matrices make has no dispatch to read beside.)
     const bool gate_up_stacked = !l.w_gate_up.parts.empty();
     const vk::DeviceMatrix* const qkv[3] = {qkv_stacked ? &l.wqkv : &l.wq, &l.wk, &l.wv};
     const vk::DeviceMatrix* const ffn[3] = {&l.wo, gate_up_stacked ? &l.w_gate_up : &l.w_gate, &l.w_up};
     const std::span<const vk::DeviceMatrix* const> qkv_in(qkv, qkv_stacked ? 1 : 3);
-    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, qkv_in).status());
     // Fusing, the matrices make the norm themselves where the shape asks and they can.
     const std::optional<vk::Ops::NormInput> attn_norm = NormInMatvec(l.attn_norm, T, qkv_in);
     const vk::Ops::NormInput* qkv_norm = attn_norm ? &*attn_norm : nullptr;
-    if (!attn_norm) KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, qkv_stacked ? l.wqkv : l.wq));
+    if (attn_norm) {
+      HoldCodes(vk::ActKind::kFloat);  // act_codes_ holds no codes of the norm
+    } else {
+      KVFS_RETURN_IF_ERROR(PrefetchWeights(T, qkv_in).status());
+      KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, qkv_stacked ? l.wqkv : l.wq));
+    }
     if (qkv_stacked) {
       KVFS_RETURN_IF_ERROR(MatMul(l.wqkv, xb_, n_embd, T, q_, &l.bqkv, false, true, &k_, &v_, nullptr, qkv_norm));
     } else {
@@ -591,8 +595,6 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     KVFS_RETURN_IF_ERROR(MatMul(l.wo, att_, n_q, T, x_, nullptr, true, true));  // codes from Attention, if any
     rec.Barrier();
 
-    // On from where the read-ahead beside attention stopped (o has been read by now).
-    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, o_gate_up, std::max(ahead, l.wo.n_out * l.wo.row_bytes)).status());
     // Fusing, a stacked gate|up hands the down matrix SwiGLU's codes itself (decode).
     const vk::Ops::SwiGluCodes swiglu{vk::ActKindFor(l.w_down.type), {&swiglu_codes_, &swiglu_aux_}, &counters_,
                                       counters_.bytes() / 4};
@@ -602,7 +604,13 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     const std::optional<vk::Ops::NormInput> ffn_norm =
         NormInMatvec(l.ffn_norm, T, std::span(ffn + 1, gate_up_stacked ? 1 : 2), glu);
     const vk::Ops::NormInput* gate_up_norm = ffn_norm ? &*ffn_norm : nullptr;
-    if (!ffn_norm) KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, gate_up_stacked ? l.w_gate_up : l.w_gate));
+    if (ffn_norm) {
+      HoldCodes(vk::ActKind::kFloat);
+    } else {
+      // On from where the read-ahead beside attention stopped (o has been read by now).
+      KVFS_RETURN_IF_ERROR(PrefetchWeights(T, o_gate_up, std::max(ahead, l.wo.n_out * l.wo.row_bytes)).status());
+      KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, gate_up_stacked ? l.w_gate_up : l.w_gate));
+    }
     if (gate_up_stacked) {
       KVFS_RETURN_IF_ERROR(
           MatMul(l.w_gate_up, xb_, n_embd, T, gate_, nullptr, false, true, &up_, nullptr, glu, gate_up_norm));
@@ -623,7 +631,6 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     rec.Barrier();
   }
   if (R > 0) {
-    KVFS_RETURN_IF_ERROR(PrefetchWeights(T, std::span(&w.output, 1)).status());
     // Decode (every row wants its logits, in order): the final norm also quantizes its rows for
     // the output matrix, as the layers' norms do; else it gathers the rows wanted first.
     bool every_row = R == T, consecutive = true;
@@ -637,15 +644,19 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
         consecutive ? NormInMatvec(w.output_norm, R, std::span(&w.output, 1), nullptr, logit_rows[0]) : std::nullopt;
     if (out_norm) {  // the output matrix makes it
       HoldCodes(vk::ActKind::kFloat);
-    } else if (fuse_ops_ && every_row && output_kind != vk::ActKind::kFloat) {
-      KVFS_RETURN_IF_ERROR(ops_->NormQuantizeActs(rec, output_kind, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_,
-                                                  n_embd, R, {&act_codes_, &act_aux_}));
-      HoldCodes(output_kind);
     } else {
-      KVFS_RETURN_IF_ERROR(ops_->RmsNorm(rec, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_, n_embd, R, &row_ids_));
-      HoldCodes(vk::ActKind::kFloat);
+      KVFS_RETURN_IF_ERROR(PrefetchWeights(T, std::span(&w.output, 1)).status());
+      if (fuse_ops_ && every_row && output_kind != vk::ActKind::kFloat) {
+        KVFS_RETURN_IF_ERROR(ops_->NormQuantizeActs(rec, output_kind, x_, n_embd, w.output_norm.buffer, n_embd, eps,
+                                                    xn_, n_embd, R, {&act_codes_, &act_aux_}));
+        HoldCodes(output_kind);
+      } else {
+        KVFS_RETURN_IF_ERROR(
+            ops_->RmsNorm(rec, x_, n_embd, w.output_norm.buffer, n_embd, eps, xn_, n_embd, R, &row_ids_));
+        HoldCodes(vk::ActKind::kFloat);
+      }
+      rec.Barrier();
     }
-    if (!out_norm) rec.Barrier();
     KVFS_RETURN_IF_ERROR(MatMul(*w.output, xn_, n_embd, R, logits_, nullptr, false, /*same_input=*/true, nullptr,
                                 nullptr, nullptr, out_norm ? &*out_norm : nullptr));
     rec.Barrier();

@@ -31,8 +31,8 @@
 // no quantize_act dispatch, and no barrier, between gate|up and down.
 //
 // Prologue (NORM_UNITS > 0): the activations are RMSNorm(x) * w, made and quantized by every
-// workgroup for itself (NormActs, below), so that the norm before q|k|v and gate|up needs no
-// dispatch and barrier of its own.
+// workgroup for itself (NormActs, below), so that the norm before q|k|v, gate|up or the output
+// matrix needs no dispatch and barrier of its own.
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;       // invocations, a power of two
@@ -79,7 +79,7 @@ layout(binding = 7) writeonly buffer Codes { uint codes[]; };          // [n_tok
 layout(binding = 8) writeonly buffer Aux { vec4 aux[]; };              // [n_tokens][seg1 / 32]
 layout(binding = 9) coherent buffer Counters { uint counters[]; };     // [token groups][seg1 / BLOCK]
 // NORM_UNITS > 0: bindings 1 and 2 hold the norm's input rows and weight instead of codes.
-layout(binding = 1) readonly buffer NormInput { float x[]; };          // [n_tokens][x_stride]
+layout(binding = 1) readonly buffer NormInput { float x[]; };          // [x_row0 + n_tokens][x_stride]
 layout(binding = 2) readonly buffer NormWeight { float norm_w[]; };    // [NORM_UNITS * 32]
 
 #include "common.glsl"
@@ -163,7 +163,9 @@ void QuantizeFinishedBlocks(uint tid, uint subgroup) {
 
 // The prologue's activations: per token of the workgroup, NORM_UNITS units of 8 code words and
 // an aux (quantize_block.glsl's layout).
-shared uint norm_codes[NORM_UNITS > 0u ? TOKENS * NORM_UNITS * 8u : 1u];  // [token][unit][8]
+// Units as two uvec4s: a lane's unit in two 16-byte reads (not eight words 8 words apart, each a
+// bank conflict).
+shared uvec4 norm_codes[NORM_UNITS > 0u ? TOKENS * NORM_UNITS * 2u : 1u];  // [token][unit][2]
 shared vec4 norm_aux[NORM_UNITS > 0u ? TOKENS * NORM_UNITS : 1u];          // [token][unit]
 
 // The prologue's invocations a 32-value unit (1, 2, 4 or 8): the workgroup's invocations beyond
@@ -209,7 +211,8 @@ void NormActs(uint tid, uint subgroup, uint t0) {
           sums[(lane * UNIT_VALUES + 4u * w) / 16u] += q;
           word |= (uint(q) & 0xFFu) << (8u * j);
         }
-        if (live) norm_codes[(k * NORM_UNITS + u) * 8u + lane * (UNIT_VALUES / 4u) + w] = word;
+        const uint at = lane * (UNIT_VALUES / 4u) + w;  // the word's place in the unit
+        if (live) norm_codes[(k * NORM_UNITS + u) * 2u + at / 4u][at % 4u] = word;
       }
       barrier();  // the maxima read
       partial[tid] = float(sums[0]);  // (at most 16 x 127: exact)
@@ -273,7 +276,11 @@ void main() {
         const uint u = min(u0 + j * LANES, p.n_units - 1u);
         for (uint t = 0u; t < TOKENS; ++t) {
           if (NORM_UNITS > 0u) {  // the prologue's codes (tokens past the last: a copy there)
-            for (uint i = 0u; i < 8u; ++i) a[(j * TOKENS + t) * 8u + i] = norm_codes[(t * NORM_UNITS + u) * 8u + i];
+            const uvec4 lo = norm_codes[(t * NORM_UNITS + u) * 2u], hi = norm_codes[(t * NORM_UNITS + u) * 2u + 1u];
+            for (uint i = 0u; i < 4u; ++i) {
+              a[(j * TOKENS + t) * 8u + i] = lo[i];
+              a[(j * TOKENS + t) * 8u + 4u + i] = hi[i];
+            }
             aux[j * TOKENS + t] = norm_aux[t * NORM_UNITS + u];
             continue;
           }

@@ -8,9 +8,12 @@
 // corrected by the remainder, as the division of the pair would round; the square root is
 // rounded as IEEE does (SqrtRounded). The tree's last steps go by subgroup shuffles in the *_sg
 // variants (subgroup_tree.glsl: the same pairs, and the pair sum is symmetric, so the same
-// sum). rms_norm.comp and quantize_act.comp (SOURCE 2) share it, so a fused norm gives the very
-// values of the separate one. Needs common.glsl, the buffer `x` and `shared float
-// partial[WG]`, WG a power of two.
+// sum). rms_norm.comp, quantize_act.comp (SOURCE 2) and matvec_quant.comp's norm prologue share
+// it, so a fused norm gives the very values of the separate one: the pairs are not associative,
+// so the tree is always RMS_LANES (256, rms_norm's workgroup) wide whatever WG is. A workgroup
+// of fewer invocations plays RMS_LANES / WG lanes in each and adds the tree's upper levels
+// within the invocation; a larger one leaves its invocations from RMS_LANES on out. Needs
+// common.glsl, the buffer `x` and `shared float partial[WG]`, WG a power of two >= 32 (or 1).
 
 #include "pair_sums.glsl"
 
@@ -20,18 +23,40 @@
 #endif
 shared float partial_lo[RMS_LO_SIZE];  // the lo halves of the tree's pairs
 
+const uint RMS_LANES = 256u;
+const uint RMS_PER_INVOCATION = WG < RMS_LANES ? RMS_LANES / WG : 1u;  // lanes an invocation plays
+const uint RMS_TREE = WG < RMS_LANES ? WG : RMS_LANES;  // the lanes left once an invocation's are added
+
 float RmsScale(uint x0, uint n, float eps, uint tid, uint subgroup) {
+  // Lane tid + m * WG sums values lane, lane + RMS_LANES, ... in order.
   vec2 sum = vec2(0.0);
-  for (uint i = tid; i < n; i += WG) {
-    const float sq = x[x0 + i] * x[x0 + i];
-    sum = AddPairs(sum, vec2(sq, 0.0));
+  if (RMS_PER_INVOCATION == 1u) {
+    const bool plays = WG <= RMS_LANES || tid < RMS_LANES;  // (constant for WG <= RMS_LANES)
+    for (uint i = tid; plays && i < n; i += RMS_LANES) {
+      const float sq = x[x0 + i] * x[x0 + i];
+      sum = AddPairs(sum, vec2(sq, 0.0));
+    }
+  } else {
+    vec2 lanes[RMS_PER_INVOCATION];
+    for (uint m = 0u; m < RMS_PER_INVOCATION; ++m) {
+      lanes[m] = vec2(0.0);
+      for (uint i = tid + m * WG; i < n; i += RMS_LANES) {
+        const float sq = x[x0 + i] * x[x0 + i];
+        lanes[m] = AddPairs(lanes[m], vec2(sq, 0.0));
+      }
+    }
+    // The tree's steps s = RMS_LANES / 2 .. WG, whose lanes i and i + s are the same invocation's.
+    for (uint s = RMS_LANES / 2u; s >= WG; s >>= 1) {
+      for (uint m = 0u; m < s / WG; ++m) lanes[m] = AddPairs(lanes[m], lanes[m + s / WG]);
+    }
+    sum = lanes[0];
   }
-  const uint width = min(WG, subgroup);
-  if (WG > width) {
+  const uint width = min(RMS_TREE, subgroup);
+  if (RMS_TREE > width) {
     partial[tid] = sum.x;
     partial_lo[tid] = sum.y;
     barrier();
-    for (uint s = WG / 2u; s >= width; s >>= 1) {
+    for (uint s = RMS_TREE / 2u; s >= width; s >>= 1) {
       if (tid < s) {
         const vec2 r = AddPairs(vec2(partial[tid], partial_lo[tid]), vec2(partial[tid + s], partial_lo[tid + s]));
         partial[tid] = r.x;
