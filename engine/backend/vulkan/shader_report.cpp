@@ -26,9 +26,12 @@ struct PlannedMatrix {
   std::string matrices;
   vk::DeviceMatrix matrix;  // without buffers
   GgmlType down_type = GgmlType::kF32;  // gate|up: the down matrix's (its SwiGLU codes' kind)
-  int64_t norm = -1;  // the norm of its input: layer * 2 (attention), layer * 2 + 1 (feed-forward),
-                      // 2 * n_layer (output); -1: none (o, down)
+  int64_t norm = -1;  // the norm of its input (NormId); -1: none (o, down)
 };
+
+// PlannedMatrix::norm of a layer's attention (0) or feed-forward (1) norm; layer n_layer's
+// attention norm stands for the output norm.
+int64_t NormId(size_t layer, int which) { return 2 * static_cast<int64_t>(layer) + which; }
 
 std::string TypeName(GgmlType t) {
   const GgmlTypeTraits* info = GgmlTypeInfo(static_cast<uint32_t>(t));
@@ -45,8 +48,9 @@ Result<std::vector<PlannedMatrix>> PlanMatrices(const ModelWeights& w, const vk:
     out.push_back({what, std::move(d), down, norm});
     return Status::Ok();
   };
-  for (const LayerWeights& l : w.layers) {
-    norm = 2 * static_cast<int64_t>(&l - w.layers.data());
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    const LayerWeights& l = w.layers[il];
+    norm = NormId(il, 0);
     if (vk::StacksQkv(l, upload)) {
       KVFS_RETURN_IF_ERROR(plan("q|k|v", {&l.wq, &l.wk, &l.wv}, GgmlType::kF32));
     } else {
@@ -56,7 +60,7 @@ Result<std::vector<PlannedMatrix>> PlanMatrices(const ModelWeights& w, const vk:
     }
     norm = -1;
     KVFS_RETURN_IF_ERROR(plan("o", {&l.wo}, GgmlType::kF32));
-    norm = 2 * static_cast<int64_t>(&l - w.layers.data()) + 1;
+    norm = NormId(il, 1);
     if (vk::StacksGateUp(l, upload)) {
       KVFS_RETURN_IF_ERROR(plan("gate|up", {&l.w_gate, &l.w_up}, l.w_down.type));
     } else {
@@ -66,7 +70,7 @@ Result<std::vector<PlannedMatrix>> PlanMatrices(const ModelWeights& w, const vk:
     norm = -1;
     KVFS_RETURN_IF_ERROR(plan("down", {&l.w_down}, GgmlType::kF32));
   }
-  norm = 2 * static_cast<int64_t>(w.layers.size());
+  norm = NormId(w.layers.size(), 0);
   KVFS_RETURN_IF_ERROR(plan("output", {&w.output}, GgmlType::kF32));
   return out;
 }
@@ -156,9 +160,9 @@ Status ReportNorms(const Model& model, std::span<const PlannedMatrix> planned, c
                    const vk::PipelineCache& pipelines, ShaderReport& report) {
   const ModelWeights& w = model.weights();
   const LayerWeights& l = w.layers.front();
-  const int64_t output_norm = 2 * static_cast<int64_t>(w.layers.size());
-  const std::tuple<const char*, GgmlType, int64_t> norms[] = {
-      {"attention", l.wq.type, 0}, {"feed-forward", l.w_gate.type, 1}, {"output", w.output.type, output_norm}};
+  const std::tuple<const char*, GgmlType, int64_t> norms[] = {{"attention", l.wq.type, NormId(0, 0)},
+                                                               {"feed-forward", l.w_gate.type, NormId(0, 1)},
+                                                               {"output", w.output.type, NormId(w.layers.size(), 0)}};
   for (const auto& [what, type, norm] : norms) {
     if (NormInMatrices(planned, norm, 1, tuning, ops)) continue;
     const vk::ActKind kind = vk::ActKindFor(type);

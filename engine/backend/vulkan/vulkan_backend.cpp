@@ -326,7 +326,9 @@ Status VulkanBackend::MatMul(const vk::DeviceMatrix& w, const Buffer& x, int64_t
                              const Buffer* y2, const vk::Ops::SwiGluCodes* swiglu,
                              const vk::Ops::NormInput* norm) {
   const vk::ActKind kind = vk::ActKindFor(w.type);
-  if (norm == nullptr && kind != vk::ActKind::kFloat && !(same_input && quantized_kind_ == kind)) {
+  if (norm != nullptr) {
+    HoldCodes(vk::ActKind::kFloat);  // the shader makes the codes: act_codes_ holds none of this input
+  } else if (kind != vk::ActKind::kFloat && !(same_input && quantized_kind_ == kind)) {
     rec_->Barrier();  // earlier matmuls may still read the previous codes
     KVFS_RETURN_IF_ERROR(ops_->QuantizeActs(*rec_, kind, x, x_stride, w.n_in, T, {&act_codes_, &act_aux_}));
     rec_->Barrier();
@@ -569,9 +571,7 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     // Fusing, the matrices make the norm themselves where the shape asks and they can.
     const std::optional<vk::Ops::NormInput> attn_norm = NormInMatvec(l.attn_norm, T, qkv_in);
     const vk::Ops::NormInput* qkv_norm = attn_norm ? &*attn_norm : nullptr;
-    if (attn_norm) {
-      HoldCodes(vk::ActKind::kFloat);  // act_codes_ holds no codes of the norm
-    } else {
+    if (!attn_norm) {
       KVFS_RETURN_IF_ERROR(PrefetchWeights(T, qkv_in).status());
       KVFS_RETURN_IF_ERROR(NormFor(l.attn_norm, T, qkv_stacked ? l.wqkv : l.wq));
     }
@@ -604,9 +604,7 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     const std::optional<vk::Ops::NormInput> ffn_norm =
         NormInMatvec(l.ffn_norm, T, std::span(ffn + 1, gate_up_stacked ? 1 : 2), glu);
     const vk::Ops::NormInput* gate_up_norm = ffn_norm ? &*ffn_norm : nullptr;
-    if (ffn_norm) {
-      HoldCodes(vk::ActKind::kFloat);
-    } else {
+    if (!ffn_norm) {
       // On from where the read-ahead beside attention stopped (o has been read by now).
       KVFS_RETURN_IF_ERROR(PrefetchWeights(T, o_gate_up, std::max(ahead, l.wo.n_out * l.wo.row_bytes)).status());
       KVFS_RETURN_IF_ERROR(NormFor(l.ffn_norm, T, gate_up_stacked ? l.w_gate_up : l.w_gate));
@@ -642,9 +640,7 @@ Status VulkanBackend::RunUbatch(std::span<const SequenceStep> steps, std::span<c
     // The output matrix makes the norm of consecutive rows itself where it can (a prompt's last).
     const std::optional<vk::Ops::NormInput> out_norm =
         consecutive ? NormInMatvec(w.output_norm, R, std::span(&w.output, 1), nullptr, logit_rows[0]) : std::nullopt;
-    if (out_norm) {  // the output matrix makes it
-      HoldCodes(vk::ActKind::kFloat);
-    } else {
+    if (!out_norm) {
       KVFS_RETURN_IF_ERROR(PrefetchWeights(T, std::span(&w.output, 1)).status());
       if (fuse_ops_ && every_row && output_kind != vk::ActKind::kFloat) {
         KVFS_RETURN_IF_ERROR(ops_->NormQuantizeActs(rec, output_kind, x_, n_embd, w.output_norm.buffer, n_embd, eps,
