@@ -32,15 +32,17 @@ int Devices(int argc, char** argv) {
       j.push_back({{"index", d.index}, {"name", d.name}, {"type", d.type}, {"vulkan", d.api_version},
                    {"memory_bytes", d.memory_bytes}, {"max_binding_bytes", d.max_binding_bytes},
                    {"shared_memory_bytes", d.shared_memory_bytes}, {"subgroup_size", d.subgroup_size},
-                   {"subgroup_shuffle", d.subgroup_shuffle}, {"default", d.is_default}});
+                   {"subgroup_shuffle", d.subgroup_shuffle}, {"portability", d.portability},
+                   {"default", d.is_default}});
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   for (const VulkanDeviceInfo& d : *devices) {
-    fmt::print("{}  {}  ({}, Vulkan {}, {:.1f} GiB, bindings up to {:.0f} MiB, subgroup {}{}){}\n", d.index, d.name,
-               d.type, d.api_version, d.memory_bytes / 1073741824.0, d.max_binding_bytes / 1048576.0, d.subgroup_size,
-               d.subgroup_shuffle ? " with shuffles" : "", d.is_default ? "  [default]" : "");
+    fmt::print("{}  {}  ({}, Vulkan {}, {:.1f} GiB, bindings up to {:.0f} MiB, subgroup {}{}{}){}\n", d.index,
+               d.name, d.type, d.api_version, d.memory_bytes / 1073741824.0, d.max_binding_bytes / 1048576.0,
+               d.subgroup_size, d.subgroup_shuffle ? " with shuffles" : "", d.portability ? ", portability driver" : "",
+               d.is_default ? "  [default]" : "");
   }
   return 0;
 }

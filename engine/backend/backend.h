@@ -118,6 +118,8 @@ struct VulkanDeviceInfo {
   uint32_t subgroup_size = 0;
   bool subgroup_shuffle = false;   // compute shaders may shuffle within a subgroup (the shaders'
                                    // reduction trees then end in shuffles)
+  bool portability = false;        // a portability driver (VK_KHR_portability_subset: MoltenVK,
+                                   // Vulkan over Apple's Metal), whose subset the backend enables
   bool is_default = false;         // the device picked when none is named
 };
 // Every Vulkan device the loader reports. Unsupported when the build has no Vulkan backend;

@@ -615,6 +615,33 @@ TEST(VulkanStackedMatrices, GiveTheSameLogitsAsSeparateMatrices) {
   }
 }
 
+// MoltenVK (Apple) is a portability driver: loaders list it only to an instance that enables
+// VK_KHR_portability_enumeration with its flag. The context asks for it exactly where the loader
+// has the extension (checked here against the loader's own list; Debian 12's loader has it, so
+// CI opens lavapipe through the flagged instance), and lists the devices as before.
+TEST(VulkanDevices, AskTheLoaderForPortabilityDriversWhereItCan) {
+  auto ctx = vk::Context::Create(-1);
+  KVFS_REQUIRE_VULKAN(ctx.status());
+  uint32_t n = 0;
+  ASSERT_EQ(vkEnumerateInstanceExtensionProperties(nullptr, &n, nullptr), VK_SUCCESS);
+  std::vector<VkExtensionProperties> extensions(n);
+  ASSERT_EQ(vkEnumerateInstanceExtensionProperties(nullptr, &n, extensions.data()), VK_SUCCESS);
+  bool listed = false;
+  for (const VkExtensionProperties& e : extensions) {
+    listed = listed || std::strcmp(e.extensionName, "VK_KHR_portability_enumeration") == 0;
+  }
+  EXPECT_EQ((*ctx)->portability_enumeration(), listed);
+  if (testing::InCi()) {
+    EXPECT_TRUE(listed) << "Debian 12's Vulkan loader lists VK_KHR_portability_enumeration";
+  }
+  auto devices = ListVulkanDevices();
+  ASSERT_TRUE(devices.ok()) << devices.status().message();
+  const VulkanDeviceInfo* chosen = ChosenVulkanDevice(*devices, -1);
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_EQ((*ctx)->info().name, chosen->name);
+  EXPECT_EQ((*ctx)->info().portability, chosen->portability);
+}
+
 TEST(VulkanWeights, UnsupportedTypeIsAClearError) {
   ModelWeights w;
   w.token_embd.type = GgmlType::kQ2_K;

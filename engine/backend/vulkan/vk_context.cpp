@@ -15,11 +15,30 @@ constexpr uint32_t kMinApiVersion = VK_API_VERSION_1_1;
 // Owns a VkInstance for the span of a scope (device listing, or until Context takes it).
 struct ScopedInstance {
   VkInstance instance = VK_NULL_HANDLE;
+  bool portability_enumeration = false;  // portability drivers are listed too
   ~ScopedInstance() {
     if (instance != VK_NULL_HANDLE) vkDestroyInstance(instance, nullptr);
   }
   VkInstance Release() { return std::exchange(instance, VK_NULL_HANDLE); }
 };
+
+// Portability drivers (MoltenVK: Vulkan over Apple's Metal) are listed by loaders since 1.3.216
+// only to instances that enable VK_KHR_portability_enumeration and set its flag; a loader that
+// lists the extension has it, and every other driver is listed as before.
+constexpr const char* kPortabilityEnumeration = "VK_KHR_portability_enumeration";
+// A portability driver's device extension: it must be enabled wherever the device lists it.
+constexpr const char* kPortabilitySubset = "VK_KHR_portability_subset";
+
+bool HasInstanceExtension(const char* name) {
+  uint32_t n = 0;
+  if (vkEnumerateInstanceExtensionProperties(nullptr, &n, nullptr) != VK_SUCCESS) return false;
+  std::vector<VkExtensionProperties> extensions(n);
+  if (vkEnumerateInstanceExtensionProperties(nullptr, &n, extensions.data()) != VK_SUCCESS) return false;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (std::strcmp(extensions[i].extensionName, name) == 0) return true;
+  }
+  return false;
+}
 
 Status CreateInstance(ScopedInstance& out) {
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
@@ -27,6 +46,12 @@ Status CreateInstance(ScopedInstance& out) {
   app.apiVersion = kMinApiVersion;
   VkInstanceCreateInfo info{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
   info.pApplicationInfo = &app;
+  out.portability_enumeration = HasInstanceExtension(kPortabilityEnumeration);
+  if (out.portability_enumeration) {
+    info.flags |= VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR;
+    info.enabledExtensionCount = 1;
+    info.ppEnabledExtensionNames = &kPortabilityEnumeration;
+  }
   const VkResult r = vkCreateInstance(&info, nullptr, &out.instance);
   if (r == VK_ERROR_INCOMPATIBLE_DRIVER || r == VK_ERROR_INITIALIZATION_FAILED) {
     return NotFound("no Vulkan driver found (install a Vulkan ICD, e.g. mesa-vulkan-drivers)");
@@ -97,6 +122,7 @@ VulkanDeviceInfo Describe(VkPhysicalDevice device, int index) {
       info.memory_bytes = std::max(info.memory_bytes, static_cast<int64_t>(memory.memoryHeaps[i].size));
     }
   }
+  info.portability = HasDeviceExtension(device, kPortabilitySubset);
   info.max_binding_bytes = props.properties.limits.maxStorageBufferRange;
   info.shared_memory_bytes = props.properties.limits.maxComputeSharedMemorySize;
   info.subgroup_size = subgroup.subgroupSize;
@@ -296,11 +322,13 @@ Status Context::Init(int index, bool integer_dot, bool capture_statistics, bool 
   phase_clock_ = enable_if(phase_clock, VK_KHR_SHADER_CLOCK_EXTENSION_NAME, clock_features,
                            clock_features.shaderDeviceClock) &&
                  clock_features.shaderSubgroupClock == VK_TRUE;
+  if (info_.portability) extensions.push_back(kPortabilitySubset);  // required where listed
   device_info.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
   device_info.ppEnabledExtensionNames = extensions.data();
   const VkResult r = vkCreateDevice(physical_, &device_info, nullptr, &device_);
   if (r != VK_SUCCESS) return VkError(fmt::format("vkCreateDevice on {}", info_.name), r);
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+  portability_enumeration_ = instance.portability_enumeration;
   instance_ = instance.Release();
   return Status::Ok();
 }

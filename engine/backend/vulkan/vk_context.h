@@ -96,6 +96,9 @@ class Context {
   bool captures_statistics() const { return captures_statistics_; }
   // Whether the NAME_clock shader variants can run (Create's phase_clock; phase_clock.h).
   bool phase_clock() const { return phase_clock_; }
+  // Whether the instance asked the loader for portability drivers too (VK_KHR_portability_
+  // enumeration, wherever the loader has it): MoltenVK's devices are listed only then.
+  bool portability_enumeration() const { return portability_enumeration_; }
 
   Result<Buffer> CreateBuffer(int64_t bytes, MemoryKind kind);
   // Every queue submission goes through here (the destructor then waits for the device).
@@ -127,6 +130,7 @@ class Context {
   bool integer_dot_ = false;
   bool captures_statistics_ = false;
   bool phase_clock_ = false;
+  bool portability_enumeration_ = false;
   bool submitted_ = false;  // anything was submitted to the queue
   bool lost_ = false;
   int64_t lose_at_submission_ = 0;  // LoseAtSubmission's countdown; 0: none
