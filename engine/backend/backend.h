@@ -224,9 +224,12 @@ struct VulkanOptions {
                                    // rounding (off: each rounds as on the CPU, whose bits the
                                    // pass then gives on any device; vk/spirv_no_contraction.h)
   VulkanTuning tuning;
+  int64_t device_local_limit = 0;  // fault injection (tests): device-local memory beyond this many
+                                   // bytes fails as a full device's (vk::Context); 0: none
 };
 // Uploads the weights and prepares the pipelines. Unsupported when the build has no Vulkan
-// backend or the model has a weight type the shaders lack; NotFound without a device.
+// backend or the model has a weight type the shaders lack; NotFound without a device;
+// Unavailable when the weights do not fit in the device's memory.
 Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const VulkanOptions& options);
 
 // The backend a user asked for (kvfs --backend/--device, kvfsd, the engine).
@@ -249,6 +252,7 @@ struct BackendRequest {
   VulkanTuning tuning;            // Vulkan: VulkanOptions::tuning
   std::string tuning_file;        // Vulkan: a file of kvfs tune's; its tuning replaces `tuning`
                                   // when it was made for this device and model (else a warning)
+  int64_t device_local_limit = 0;  // Vulkan: VulkanOptions::device_local_limit (tests)
   CpuOptions cpu;
 };
 struct ChosenBackend {
@@ -260,8 +264,9 @@ struct ChosenBackend {
 };
 // A Vulkan backend comes inside a FallbackBackend (fallback_backend.h; request.cpu_fallback):
 // passes the device cannot run go to the CPU. Without a Vulkan driver or device (or in a build
-// without Vulkan) a Vulkan request gives the CPU backend and a warning; a device index that does
-// not exist, or a model the shaders cannot run, is an error.
+// without Vulkan), and with cpu_fallback where the model does not fit in the device's memory, a
+// Vulkan request gives the CPU backend and a warning; a device index that does not exist, or a
+// model the shaders cannot run, is an error.
 Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequest& request);
 
 // Test hooks of the Vulkan backend (Unsupported for other backends and builds): the bytes of

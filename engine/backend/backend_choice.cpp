@@ -86,8 +86,17 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .merge_sequences = request.merge_sequences,
                                   .kv_rows_by_kv_store = request.kv_rows_by_kv_store,
                                   .contract_floats = request.contract_floats,
-                                  .tuning = tuning};
-      KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, MakeVulkanBackend(model, options));
+                                  .tuning = tuning,
+                                  .device_local_limit = request.device_local_limit};
+      Result<std::unique_ptr<Backend>> made = MakeVulkanBackend(model, options);
+      // A model larger than the device's memory runs on the CPU, where passes may fall back.
+      if (!made.ok() && made.status().code() == StatusCode::kUnavailable && request.cpu_fallback) {
+        out.warning = made.status().message() + "; running on the CPU";
+        out.backend = MakeCpuBackend(model, request.cpu);
+        out.name = "cpu";
+        return out;
+      }
+      KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, std::move(made));
       // What the device cannot run (KV over its budget, a full or lost device) runs on the CPU.
       // A lost device is made again (the same device and options) once the wait is over.
       if (request.cpu_fallback) {

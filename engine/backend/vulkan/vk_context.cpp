@@ -5,6 +5,7 @@
 #include <utility>
 
 #include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
 
 namespace kvfs::vk {
 
@@ -207,6 +208,8 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
     mapped_ = std::exchange(other.mapped_, nullptr);
     destroyed_ = std::exchange(other.destroyed_, nullptr);
+    local_total_ = std::exchange(other.local_total_, nullptr);
+    local_bytes_ = std::exchange(other.local_bytes_, 0);
   }
   return *this;
 }
@@ -217,6 +220,9 @@ void Buffer::Reset() {
   if (buffer_ != VK_NULL_HANDLE) vkDestroyBuffer(device_, buffer_, nullptr);
   if (memory_ != VK_NULL_HANDLE) vkFreeMemory(device_, memory_, nullptr);
   if (destroyed_ != nullptr) ++*destroyed_;
+  if (local_total_ != nullptr) *local_total_ -= local_bytes_;
+  local_total_ = nullptr;
+  local_bytes_ = 0;
   device_ = VK_NULL_HANDLE;
   buffer_ = VK_NULL_HANDLE;
   memory_ = VK_NULL_HANDLE;
@@ -245,6 +251,8 @@ Status Context::Init(int index, bool integer_dot, bool capture_statistics, bool 
   info_ = Describe(physical_, index);
   VkPhysicalDeviceProperties props;
   vkGetPhysicalDeviceProperties(physical_, &props);
+  unified_memory_ = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ||
+                    props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   if (props.apiVersion < kMinApiVersion) {
     return Unsupported(fmt::format("Vulkan device {} ({}) only supports Vulkan {}; 1.1 is needed", index, info_.name,
                                    info_.api_version));
@@ -343,7 +351,8 @@ Context::~Context() {
   if (instance_ != VK_NULL_HANDLE) vkDestroyInstance(instance_, nullptr);
 }
 
-Result<uint32_t> Context::MemoryTypeFor(uint32_t allowed_types, MemoryKind kind) const {
+std::vector<uint32_t> MemoryTypeOrder(const VkPhysicalDeviceMemoryProperties& memory, uint32_t allowed_types,
+                                      MemoryKind kind, bool unified_memory) {
   const VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
   VkMemoryPropertyFlags required = 0, preferred = 0;
   switch (kind) {
@@ -352,16 +361,17 @@ Result<uint32_t> Context::MemoryTypeFor(uint32_t allowed_types, MemoryKind kind)
     case MemoryKind::kDeviceUpload: required = host; preferred = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT; break;
     case MemoryKind::kReadback: required = host; preferred = VK_MEMORY_PROPERTY_HOST_CACHED_BIT; break;
   }
-  int fallback = -1;
-  for (uint32_t i = 0; i < memory_.memoryTypeCount; ++i) {
+  std::vector<uint32_t> best, rest;
+  for (uint32_t i = 0; i < memory.memoryTypeCount && i < 32; ++i) {
     if (!(allowed_types & (1u << i))) continue;
-    const VkMemoryPropertyFlags flags = memory_.memoryTypes[i].propertyFlags;
+    const VkMemoryPropertyFlags flags = memory.memoryTypes[i].propertyFlags;
     if ((flags & required) != required) continue;
-    if ((flags & preferred) == preferred) return i;
-    if (fallback < 0) fallback = static_cast<int>(i);
+    ((flags & preferred) == preferred ? best : rest).push_back(i);
   }
-  if (fallback < 0) return Unsupported("the Vulkan device has no host-visible coherent memory");
-  return static_cast<uint32_t>(fallback);
+  // A discrete GPU's device buffers: device-local memory only, where it has any.
+  if (kind == MemoryKind::kDevice && !unified_memory && !best.empty()) rest.clear();
+  best.insert(best.end(), rest.begin(), rest.end());
+  return best;
 }
 
 Result<Buffer> Context::CreateBuffer(int64_t bytes, MemoryKind kind) {
@@ -377,16 +387,38 @@ Result<Buffer> Context::CreateBuffer(int64_t bytes, MemoryKind kind) {
   if (r != VK_SUCCESS) return VkError(fmt::format("vkCreateBuffer of {} bytes", b.bytes_), r);
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(device_, b.buffer_, &req);
-  KVFS_ASSIGN_OR_RETURN(uint32_t type, MemoryTypeFor(req.memoryTypeBits, kind));
+  const std::vector<uint32_t> types = MemoryTypeOrder(memory_, req.memoryTypeBits, kind, unified_memory_);
+  if (types.empty()) {
+    return Unsupported(kind == MemoryKind::kDevice ? "the Vulkan device has no memory type for a storage buffer"
+                                                   : "the Vulkan device has no host-visible coherent memory");
+  }
+  // The next type when a heap is full (a small PCIe BAR, an APU's carve-out); any other error ends it.
   VkMemoryAllocateInfo alloc{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   alloc.allocationSize = req.size;
-  alloc.memoryTypeIndex = type;
-  r = vkAllocateMemory(device_, &alloc, nullptr, &b.memory_);
-  if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY && kind == MemoryKind::kDeviceUpload) {  // a small BAR, full
-    KVFS_ASSIGN_OR_RETURN(alloc.memoryTypeIndex, MemoryTypeFor(req.memoryTypeBits, MemoryKind::kUpload));
+  r = VK_ERROR_OUT_OF_DEVICE_MEMORY;
+  bool local = false;
+  for (uint32_t type : types) {
+    local = kind == MemoryKind::kDevice &&
+            (memory_.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) != 0;
+    if (local && device_local_limit_ > 0 &&
+        device_local_bytes_ + static_cast<int64_t>(req.size) > device_local_limit_) {
+      continue;  // (injected: as if the heap were full)
+    }
+    alloc.memoryTypeIndex = type;
     r = vkAllocateMemory(device_, &alloc, nullptr, &b.memory_);
+    if (r != VK_ERROR_OUT_OF_DEVICE_MEMORY) break;
   }
   if (r != VK_SUCCESS) return VkError(fmt::format("allocating {} bytes of device memory", req.size), r);
+  if (local) {
+    b.local_bytes_ = static_cast<int64_t>(req.size);
+    b.local_total_ = &device_local_bytes_;
+    device_local_bytes_ += b.local_bytes_;
+  } else if (kind == MemoryKind::kDevice && !told_host_memory_) {
+    told_host_memory_ = true;
+    spdlog::info("vulkan: {}'s device-local memory is full: its buffers now go to host memory (unified memory, "
+                 "the same RAM)",
+                 info_.name);
+  }
   r = vkBindBufferMemory(device_, b.buffer_, b.memory_, 0);
   if (r != VK_SUCCESS) return VkError("vkBindBufferMemory", r);
   if (kind != MemoryKind::kDevice) {

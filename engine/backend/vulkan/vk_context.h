@@ -18,7 +18,8 @@ namespace kvfs::vk {
 
 // Where a buffer's memory lives.
 enum class MemoryKind {
-  kDevice,    // device-local: weights, activations, KV planes
+  kDevice,    // device-local: weights, activations, KV planes (on a unified-memory device, host
+              // memory once device-local memory is full: MemoryTypeOrder)
   kUpload,    // host-visible, coherent, mapped: inputs the host writes each pass, staging
   // As kUpload, in device-local memory where the device has host-visible such memory (a GPU's
   // PCIe BAR): small tables the host writes each pass and every workgroup reads (block tables,
@@ -28,6 +29,18 @@ enum class MemoryKind {
 };
 
 class Context;
+
+// The memory types a buffer of `kind` may take (of `allowed_types`, a VkMemoryRequirements
+// mask), best first: CreateBuffer takes the next one when an allocation finds its heap full.
+// Types with every preferred property come first, then those with only the required ones, each
+// group in the driver's order (which the spec has best first). kDevice prefers device-local
+// memory; on a unified-memory device (an integrated GPU, or a driver on the CPU) it then takes
+// host memory, the same RAM there (an APU's device-local heap is a small carve-out, so a model
+// larger than it would not load otherwise). A discrete GPU would read host memory over the bus,
+// slower than the CPU backend reads RAM, so its kDevice buffers stay device-local and a model
+// that does not fit runs on the CPU (MakeRequestedBackend).
+std::vector<uint32_t> MemoryTypeOrder(const VkPhysicalDeviceMemoryProperties& memory, uint32_t allowed_types,
+                                      MemoryKind kind, bool unified_memory);
 
 // A VkBuffer with its own memory allocation (move-only). Sizes are rounded up to whole words,
 // so shaders may read the last partial word of a tensor.
@@ -55,6 +68,8 @@ class Buffer {
   int64_t bytes_ = 0;
   uint8_t* mapped_ = nullptr;
   uint64_t* destroyed_ = nullptr;  // the context's count of destroyed buffers (see buffer_epoch)
+  int64_t* local_total_ = nullptr;  // a device buffer in device-local memory: the context's count
+  int64_t local_bytes_ = 0;         // of such bytes in use, and this buffer's share of it
 };
 
 struct DeviceLimits {
@@ -110,6 +125,13 @@ class Context {
   bool lost() const { return lost_; }
   // Fault injection (tests): the n-th submission from now reports the device lost.
   void LoseAtSubmission(int64_t n) { lose_at_submission_ = n; }
+  // Fault injection (tests): device buffers (kDevice) fail to get device-local memory as on a
+  // full device (VK_ERROR_OUT_OF_DEVICE_MEMORY) where they would bring the device-local bytes of
+  // the device buffers alive above `bytes`; 0: no limit.
+  void LimitDeviceLocalBytes(int64_t bytes) { device_local_limit_ = bytes; }
+  // Whether device and host share one memory (an integrated GPU, or a driver on the CPU).
+  bool unified_memory() const { return unified_memory_; }
+  const VkPhysicalDeviceMemoryProperties& memory_properties() const { return memory_; }
   // Buffers of this context destroyed so far: descriptor sets that name buffers stay valid
   // while it does not change (Recorder caches them on that condition).
   uint64_t buffer_epoch() const { return destroyed_buffers_; }
@@ -117,7 +139,6 @@ class Context {
  private:
   Context() = default;
   Status Init(int index, bool integer_dot, bool capture_statistics, bool phase_clock);
-  Result<uint32_t> MemoryTypeFor(uint32_t allowed_types, MemoryKind kind) const;
 
   VkInstance instance_ = VK_NULL_HANDLE;
   VkPhysicalDevice physical_ = VK_NULL_HANDLE;
@@ -131,6 +152,10 @@ class Context {
   bool captures_statistics_ = false;
   bool phase_clock_ = false;
   bool portability_enumeration_ = false;
+  bool unified_memory_ = false;
+  bool told_host_memory_ = false;  // the log has said that device buffers went to host memory
+  int64_t device_local_bytes_ = 0;  // of the device buffers alive
+  int64_t device_local_limit_ = 0;  // LimitDeviceLocalBytes; 0: none
   bool submitted_ = false;  // anything was submitted to the queue
   bool lost_ = false;
   int64_t lose_at_submission_ = 0;  // LoseAtSubmission's countdown; 0: none

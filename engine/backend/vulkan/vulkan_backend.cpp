@@ -207,6 +207,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   // Profiling: the compiler's statistics of the pipelines too, where the device reports them.
   KVFS_ASSIGN_OR_RETURN(ctx_, vk::Context::Create(options.device, options.integer_dot,
                                                   /*capture_statistics=*/options.profile, options.phase_clock));
+  ctx_->LimitDeviceLocalBytes(options.device_local_limit);
   fuse_ops_ = options.fuse_ops;
   batch_attention_ = options.batch_attention;
   merge_sequences_ = options.merge_sequences;
@@ -233,7 +234,13 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   const vk::WeightUploadOptions upload{.max_binding_bytes = max_binding,
                                        .split_rows = options.split_weight_rows,
                                        .stack_matrices = options.stack_matrices};
-  KVFS_ASSIGN_OR_RETURN(weights_, vk::UploadWeights(*ctx_, *uploader_, model_.weights(), upload));
+  Result<std::unique_ptr<vk::DeviceWeights>> uploaded = vk::UploadWeights(*ctx_, *uploader_, model_.weights(), upload);
+  if (!uploaded.ok() && uploaded.status().code() == StatusCode::kUnavailable) {  // out of device memory
+    return Unavailable(fmt::format("the model's weights ({:.2f} GiB) do not fit in the memory of {} ({:.2f} GiB): {}",
+                                   model_.weights().total_bytes / 1073741824.0, ctx_->info().name,
+                                   ctx_->info().memory_bytes / 1073741824.0, uploaded.status().message()));
+  }
+  KVFS_ASSIGN_OR_RETURN(weights_, std::move(uploaded));
   const int64_t kv_budget = options.kv_device_bytes > 0 ? options.kv_device_bytes : ctx_->info().memory_bytes / 4;
   kv_ = std::make_unique<vk::DeviceKvCache>(*ctx_, *uploader_, kv_budget, max_binding);
 
