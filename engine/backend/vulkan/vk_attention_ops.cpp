@@ -112,13 +112,15 @@ int64_t TileTokensFor(int64_t n_tokens) {
 }
 
 // attn_output's int8-weight path (q4 values) keeps each round's tile codes in shared memory: an
-// entry of 32 int8 codes, a scale and a base per (lane, token, head, value group of the head).
-constexpr int64_t kTileEntryBytes = 40;
+// entry of 32 int8 codes, a scale and a base per (lane, token, head, value group of the head),
+// and the (d, m) pairs of the round's 32 positions per (lane, value group of the head).
+constexpr int64_t kTileEntryBytes = 40, kTileScaleBytes = 32 * 4;
 int64_t OutputTileCodeBytes(const KvFormat& f, const AttentionShape& shape, int64_t heads, int64_t tokens) {
   const int64_t hd = shape.head_dim, g = f.group;
-  if (f.type != KvType::kQ4 || hd % 32 != 0 || g % 32 != 0) return kTileEntryBytes;  // the arrays' unused entry
+  if (f.type != KvType::kQ4 || hd % 32 != 0 || g % 32 != 0) return kTileEntryBytes + 4;  // the arrays' unused entries
   const int64_t head_groups = hd % g == 0 ? hd / g : (g % hd == 0 ? 1 : hd / g + 2);  // as the shader's
-  return kTileEntryBytes * (kRowGroup / hd) * tokens * heads * head_groups;
+  const int64_t lane_groups = (kRowGroup / hd) * head_groups;
+  return kTileEntryBytes * lane_groups * tokens * heads + kTileScaleBytes * lane_groups;
 }
 
 // attn_output's shared memory: the lanes' sums and the heads' values, the block-table window,
@@ -132,7 +134,7 @@ int64_t OutputSharedBytes(const AttentionShape& shape, int64_t heads, bool quant
 // The most tile-code bytes any q4 format needs at one token a workgroup, for the checks made
 // before a format is known: lanes x a head's groups is at most 8 for groups of 32 or more
 // values (256 / group where groups divide head_dim; else at most 2 lanes x 3 groups, or 4 x 2).
-int64_t OutputTileCodeBytesAtMost(int64_t heads) { return kTileEntryBytes * 8 * heads; }
+int64_t OutputTileCodeBytesAtMost(int64_t heads) { return (kTileEntryBytes * heads + kTileScaleBytes) * 8; }
 
 // attn_reduce's workgroup: a power of two in [64, kRowGroup] covering its heads' values.
 uint32_t ReduceGroup(int64_t values) {

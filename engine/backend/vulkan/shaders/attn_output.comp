@@ -151,6 +151,12 @@ const uint kEntries = kInt8Weights ? kLanes * QT * HEADS * kHeadGroups : 1u;
 // ((l * QT + k) * HEADS + i) * kHeadGroups + g
 shared uint tile_codes[kEntries * 8u];           // 32 int8 codes of a_p (p - tile start), 4 a word
 shared float tile_scale[kEntries], tile_base[kEntries];  // 2^e, and sum_p w_p (m + 8d) in order
+// The round's groups' (d, m) f16 pairs, loaded by the whole workgroup at once before the entries
+// are made (an entry's invocation walking its tile's 32 positions would wait for a load at
+// each, twice): (lane l's tile, head group g, position t0 + j) at (l * kHeadGroups + g) * 32 + j,
+// d in the low half.
+const uint kTileScales = kInt8Weights ? kLanes * kHeadGroups * 32u : 1u;
+shared uint tile_dm[kTileScales];
 
 // The end of the positions token t0q + k of the tile sees in the split ending at split_end.
 uint TokenVisibleEnd(uint t0q, uint k, uint split_end) { return min(p.pos0 + t0q + k + 1u, split_end); }
@@ -166,6 +172,21 @@ uint TileEnd(uint pos) {  // the end of the tile holding pos
 uint TileRow0(uint t0) {
   const uint block = t0 / p.block_tokens;
   return block_table[p.table0 + block] * p.block_tokens - block * p.block_tokens;
+}
+
+// The round's tile_dm (every invocation calls it; a barrier before the entries read it): tile
+// l's positions up to n_visible (a position past them, or a group past the head's, loads
+// nothing; no entry reads it).
+void LoadTileScales(uint a, uint n_visible, uint first, uint tid) {
+  for (uint x = tid; x < kTileScales; x += WG) {
+    const uint j = x % 32u, g = (x / 32u) % kHeadGroups, l = x / (32u * kHeadGroups);
+    uint t0 = a;
+    for (uint y = 0u; y < l; ++y) t0 = t0 < n_visible ? TileEnd(t0) : t0;
+    const uint group = first / KV_GROUP + g;
+    if (t0 >= n_visible || t0 + j >= min(TileEnd(t0), n_visible) || group > (first + HD - 1u) / KV_GROUP) continue;
+    const uint at = (TileRow0(t0) + t0 + j) * p.row_stride + group * KvGroupBytes();
+    tile_dm[x] = KvU16(at) | (KvU16(at + 2u) << 16);
+  }
 }
 
 // Entry e of the round whose first tile starts at a: head h0 + i's weights (token k's row
@@ -185,19 +206,18 @@ void MakeTileEntry(uint e, uint a, uint wrow0, uint token_rows, uint s0, uint sp
   if (k >= n_valid || t0 >= visible || group > (first + HD - 1u) / KV_GROUP) return;
   const uint t1 = min(TileEnd(t0), visible);
   const uint wrow = wrow0 + k * token_rows;
-  const uint group_off = group * KvGroupBytes();
-  const uint block_row0 = TileRow0(t0);
+  const uint dm0 = (l * kHeadGroups + g) * 32u - t0;  // position pos's (d, m) at tile_dm[dm0 + pos]
   precise float amax = 0.0;
   for (uint pos = t0; pos < t1; ++pos) {
-    precise float a_p = Weight(wrow, i, s0, pos) * F16BitsToF32(KvU16((block_row0 + pos) * p.row_stride + group_off));
+    precise float a_p = Weight(wrow, i, s0, pos) * F16BitsToF32(tile_dm[dm0 + pos] & 0xFFFFu);
     amax = max(amax, abs(a_p));
   }
   const int ex = Int8ScaleExponent(amax);
   precise float base = 0.0;
   uint word = 0u;
   for (uint pos = t0; pos < t1; ++pos) {
-    const uint at = (block_row0 + pos) * p.row_stride + group_off;
-    const float d = F16BitsToF32(KvU16(at)), m = F16BitsToF32(KvU16(at + 2u));
+    const uint dm = tile_dm[dm0 + pos];
+    const float d = F16BitsToF32(dm & 0xFFFFu), m = F16BitsToF32(dm >> 16);
     const float wp = Weight(wrow, i, s0, pos);
     precise float a_p = wp * d;
     const uint j = pos - t0;
@@ -225,6 +245,8 @@ void Int8WeightSums(uint tid, uint lane, uint d, uint wrow0, uint token_rows, ui
   const uint v = first + d, at = v % KV_GROUP, g = v / KV_GROUP - first / KV_GROUP;  // g < kHeadGroups
   const uint group_off = (v / KV_GROUP) * KvGroupBytes();
   for (uint a = s0; a < n_visible;) {  // a: the round's first tile (the same in every invocation)
+    LoadTileScales(a, n_visible, first, tid);
+    barrier();
     for (uint e = tid; e < kEntries; e += WG) MakeTileEntry(e, a, wrow0, token_rows, s0, split_end, n_valid, t0q, first);
     barrier();
     uint t0 = a;
@@ -236,11 +258,19 @@ void Int8WeightSums(uint tid, uint lane, uint d, uint wrow0, uint token_rows, ui
       const uint t1 = min(TileEnd(t0), n_visible), block_row0 = TileRow0(t0);
       int isum[QT * HEADS];
       for (uint x = 0u; x < QT * HEADS; ++x) isum[x] = 0;
+      // The tile's bytes of this value, 16 positions loaded before any is used (two memory
+      // latencies a tile, not one per 4 positions; 32 at once held 36 more registers); positions
+      // past t1 load t1 - 1's again and are not used.
+      uint value_bytes[16];
       for (uint w = 0u; w < 8u && t0 + 4u * w < t1; ++w) {  // 4 positions a code word
+        if ((w & 3u) == 0u) {
+          for (uint j = 0u; j < 16u; ++j) {
+            value_bytes[j] = KvU8((block_row0 + min(t0 + 4u * w + j, t1 - 1u)) * p.row_stride + group_off + 4u + at / 2u);
+          }
+        }
         int q[4];  // the nibbles of positions t0 + 4w + c, centred (0 past t1: the codes are 0 there too)
         for (uint c = 0u; c < 4u; ++c) {
-          const uint pos = min(t0 + 4u * w + c, t1 - 1u);
-          const uint byte_value = KvU8((block_row0 + pos) * p.row_stride + group_off + 4u + at / 2u);
+          const uint byte_value = value_bytes[4u * (w & 3u) + c];
           q[c] = t0 + 4u * w + c < t1 ? int((at & 1u) != 0u ? (byte_value >> 4) : (byte_value & 15u)) - 8 : 0;
         }
         for (uint x = 0u; x < QT * HEADS; ++x) {
