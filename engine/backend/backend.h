@@ -232,6 +232,10 @@ struct VulkanOptions {
 // Unavailable when the weights do not fit in the device's memory.
 Result<std::unique_ptr<Backend>> MakeVulkanBackend(const Model& model, const VulkanOptions& options);
 
+// Whether a Vulkan backend's error is a device out of memory (VK_ERROR_OUT_OF_DEVICE_MEMORY,
+// which its errors name); a lost device is Unavailable too, but not this.
+bool IsOutOfDeviceMemory(const Status& status);
+
 // The backend a user asked for (kvfs --backend/--device, kvfsd, the engine).
 struct BackendRequest {
   bool vulkan = false;

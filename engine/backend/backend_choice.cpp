@@ -7,6 +7,11 @@
 
 namespace kvfs {
 
+bool IsOutOfDeviceMemory(const Status& status) {
+  return status.code() == StatusCode::kUnavailable &&
+         status.message().find("VK_ERROR_OUT_OF_DEVICE_MEMORY") != std::string::npos;
+}
+
 Status Backend::SetVulkanTuning(const VulkanTuning&) {
   return Unsupported(fmt::format("the {} backend has no Vulkan tuning", name()));
 }
@@ -89,11 +94,13 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .tuning = tuning,
                                   .device_local_limit = request.device_local_limit};
       Result<std::unique_ptr<Backend>> made = MakeVulkanBackend(model, options);
-      // A model larger than the device's memory runs on the CPU, where passes may fall back.
-      if (!made.ok() && made.status().code() == StatusCode::kUnavailable && request.cpu_fallback) {
-        out.warning = made.status().message() + "; running on the CPU";
+      // A model larger than the device's memory runs on the CPU, where passes may fall back (a
+      // device lost while being made stays an error: the device itself needs looking at).
+      if (!made.ok() && IsOutOfDeviceMemory(made.status()) && request.cpu_fallback) {
+        out.warning = (out.warning.empty() ? "" : out.warning + "; ") + made.status().message() + "; running on the CPU";
         out.backend = MakeCpuBackend(model, request.cpu);
         out.name = "cpu";
+        out.tuned = false;
         return out;
       }
       KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, std::move(made));

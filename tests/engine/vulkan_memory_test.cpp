@@ -4,6 +4,7 @@
 #if defined(KVFS_VULKAN)
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -73,23 +74,43 @@ TEST(VulkanMemory, DeviceLocalBytesFollowTheBuffers) {
   for (uint32_t t : MemoryTypeOrder(c.memory_properties(), ~0u, MemoryKind::kDevice, c.unified_memory())) {
     host_instead = host_instead || (c.memory_properties().memoryTypes[t].propertyFlags & kLocal) == 0;
   }
+  EXPECT_EQ(c.device_local_bytes(), 0);
   auto a = c.CreateBuffer(768 << 10, MemoryKind::kDevice);
   ASSERT_TRUE(a.ok()) << a.status().message();
+  const int64_t a_bytes = c.device_local_bytes();  // (the allocation may be rounded up)
+  EXPECT_GE(a_bytes, 768 << 10);
+  auto staging = c.CreateBuffer(512 << 10, MemoryKind::kUpload);  // not a device buffer: not counted
+  ASSERT_TRUE(staging.ok()) << staging.status().message();
+  EXPECT_EQ(c.device_local_bytes(), a_bytes);
   {
     auto b = c.CreateBuffer(512 << 10, MemoryKind::kDevice);
     if (host_instead) {
       EXPECT_TRUE(b.ok()) << b.status().message();
+      EXPECT_EQ(c.device_local_bytes(), a_bytes);  // it went to host memory
     } else {
       ASSERT_FALSE(b.ok());
       EXPECT_EQ(b.status().code(), StatusCode::kUnavailable) << b.status().message();
       EXPECT_NE(b.status().message().find("VK_ERROR_OUT_OF_DEVICE_MEMORY"), std::string::npos);
     }
   }
-  *a = vk::Buffer();  // its 768 KiB freed
+  EXPECT_EQ(c.device_local_bytes(), a_bytes);  // the failed one left nothing counted
+  vk::Buffer moved = std::move(*a);  // the count moves with the buffer
+  EXPECT_EQ(c.device_local_bytes(), a_bytes);
+  moved = vk::Buffer();  // its 768 KiB freed
+  EXPECT_EQ(c.device_local_bytes(), 0);
   auto b = c.CreateBuffer(512 << 10, MemoryKind::kDevice);
   EXPECT_TRUE(b.ok()) << b.status().message();
   auto d = c.CreateBuffer(256 << 10, MemoryKind::kDevice);  // 768 KiB in use: within the limit
   EXPECT_TRUE(d.ok()) << d.status().message();
+}
+
+// A lost device is Unavailable too, but it is not a model too large for the device: no quiet
+// fallback to the CPU for it.
+TEST(VulkanMemory, OnlyOutOfDeviceMemoryCountsAsTooLarge) {
+  EXPECT_TRUE(IsOutOfDeviceMemory(vk::VkError("allocating 64 bytes of device memory", VK_ERROR_OUT_OF_DEVICE_MEMORY)));
+  EXPECT_FALSE(IsOutOfDeviceMemory(vk::VkError("vkQueueSubmit", VK_ERROR_DEVICE_LOST)));
+  EXPECT_FALSE(IsOutOfDeviceMemory(vk::VkError("vkAllocateMemory", VK_ERROR_OUT_OF_HOST_MEMORY)));
+  EXPECT_FALSE(IsOutOfDeviceMemory(Status::Ok()));
 }
 
 // A model whose weights do not fit in the device's memory: MakeVulkanBackend says so

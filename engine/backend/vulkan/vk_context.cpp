@@ -406,6 +406,8 @@ Result<Buffer> Context::CreateBuffer(int64_t bytes, MemoryKind kind) {
     }
     alloc.memoryTypeIndex = type;
     r = vkAllocateMemory(device_, &alloc, nullptr, &b.memory_);
+    if (r == VK_SUCCESS) break;
+    b.memory_ = VK_NULL_HANDLE;  // (undefined after a failure: Reset must not free it)
     if (r != VK_ERROR_OUT_OF_DEVICE_MEMORY) break;
   }
   if (r != VK_SUCCESS) return VkError(fmt::format("allocating {} bytes of device memory", req.size), r);
@@ -413,7 +415,7 @@ Result<Buffer> Context::CreateBuffer(int64_t bytes, MemoryKind kind) {
     b.local_bytes_ = static_cast<int64_t>(req.size);
     b.local_total_ = &device_local_bytes_;
     device_local_bytes_ += b.local_bytes_;
-  } else if (kind == MemoryKind::kDevice && !told_host_memory_) {
+  } else if (kind == MemoryKind::kDevice && unified_memory_ && !told_host_memory_) {
     told_host_memory_ = true;
     spdlog::info("vulkan: {}'s device-local memory is full: its buffers now go to host memory (unified memory, "
                  "the same RAM)",

@@ -132,6 +132,8 @@ class Context {
   // Whether device and host share one memory (an integrated GPU, or a driver on the CPU).
   bool unified_memory() const { return unified_memory_; }
   const VkPhysicalDeviceMemoryProperties& memory_properties() const { return memory_; }
+  // Bytes of device-local memory the device buffers (kDevice) alive hold.
+  int64_t device_local_bytes() const { return device_local_bytes_; }
   // Buffers of this context destroyed so far: descriptor sets that name buffers stay valid
   // while it does not change (Recorder caches them on that condition).
   uint64_t buffer_epoch() const { return destroyed_buffers_; }

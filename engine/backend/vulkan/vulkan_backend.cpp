@@ -235,7 +235,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
                                        .split_rows = options.split_weight_rows,
                                        .stack_matrices = options.stack_matrices};
   Result<std::unique_ptr<vk::DeviceWeights>> uploaded = vk::UploadWeights(*ctx_, *uploader_, model_.weights(), upload);
-  if (!uploaded.ok() && uploaded.status().code() == StatusCode::kUnavailable) {  // out of device memory
+  if (!uploaded.ok() && IsOutOfDeviceMemory(uploaded.status())) {
     return Unavailable(fmt::format("the model's weights ({:.2f} GiB) do not fit in the memory of {} ({:.2f} GiB): {}",
                                    model_.weights().total_bytes / 1073741824.0, ctx_->info().name,
                                    ctx_->info().memory_bytes / 1073741824.0, uploaded.status().message()));
