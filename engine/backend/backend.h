@@ -203,7 +203,7 @@ struct VulkanOptions {
   bool fuse_ops = true;            // one dispatch for ops that follow each other (norm or SwiGLU
                                    // and the quantization after it, K and V stores); tests turn
                                    // it off to compare with the separate ops
-  bool split_weight_rows = true;   // Q4_0 and Q8_0 rows with 16-byte-aligned codes on the device
+  bool split_weight_rows = true;   // Q4_0, Q8_0, Q6_K rows with 16-byte-aligned codes on the device
                                    // (vk::WeightLayout::kSplitRows); off: the GGUF rows as they are
   bool stack_matrices = true;      // q, k, v (and gate, up) as one matrix and one dispatch where
                                    // their types agree (off: a dispatch each)

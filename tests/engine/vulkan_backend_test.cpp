@@ -536,6 +536,53 @@ TEST(VulkanWeights, SplitRowsMoveEachBlocksCodesToA16ByteBoundary) {
   EXPECT_FALSE(vk::SplitRowsApplies(GgmlType::kQ4_K) || vk::SplitRowsApplies(GgmlType::kF16));
 }
 
+// Split Q6_K rows (weight_layout.h): every value read back from the layout the header gives
+// (d of its super-block, its unit's scale, low nibble and high pair) equals the CPU's
+// dequantization of the GGUF row; the offsets are 16-byte aligned and the padding is zero.
+TEST(VulkanWeights, SplitQ6kRowsHoldTheSameValues) {
+  std::mt19937 rng(9);
+  ASSERT_TRUE(vk::SplitRowsApplies(GgmlType::kQ6_K));
+  for (const int64_t n_blocks : {1, 3, 8, 16}) {
+    const int64_t n_in = 256 * n_blocks, n_units = n_in / 32, n_rows = 2, gguf_row = 210 * n_blocks;
+    std::vector<uint8_t> gguf(n_rows * gguf_row);
+    for (uint8_t& b : gguf) b = static_cast<uint8_t>(rng());
+    for (int64_t r = 0; r < n_rows; ++r) {
+      for (int64_t b = 0; b < n_blocks; ++b) {  // d: a modest f16 (random bits may be Inf or NaN)
+        uint8_t* d = gguf.data() + r * gguf_row + b * 210 + 208;
+        d[0] = static_cast<uint8_t>(rng());
+        d[1] = static_cast<uint8_t>(0x10 + rng() % 0x20);
+      }
+    }
+    const int64_t scales = (2 * n_blocks + 15) / 16 * 16, high = scales + (2 * n_units + 15) / 16 * 16;
+    const int64_t low = high + 8 * n_units, row_bytes = vk::SplitRowBytes(GgmlType::kQ6_K, n_in);
+    ASSERT_EQ(row_bytes, low + 16 * n_units);
+    if (n_blocks % 8 == 0) {
+      EXPECT_EQ(row_bytes, gguf_row);
+    }
+    std::vector<uint8_t> split(n_rows * row_bytes, 0xAA);
+    vk::SplitRows(GgmlType::kQ6_K, n_in, gguf.data(), gguf_row, n_rows, split.data());
+    for (int64_t r = 0; r < n_rows; ++r) {
+      std::vector<float> want(n_in);
+      DequantizeRow(GgmlType::kQ6_K, gguf.data() + r * gguf_row, want.data(), n_in);
+      const uint8_t* row = split.data() + r * row_bytes;
+      for (int64_t u = 0; u < n_units; ++u) {
+        uint16_t dh = 0;
+        std::memcpy(&dh, row + 2 * (u / 8), 2);
+        const float d = Fp16ToFp32(dh);
+        for (int64_t e = 0; e < 32; ++e) {
+          const int q = ((row[low + 16 * u + e % 16] >> (e < 16 ? 0 : 4)) & 15) |
+                        (((row[high + 8 * u + e % 8] >> (2 * (e / 8))) & 3) << 4);
+          const int sc = static_cast<int8_t>(row[scales + 2 * u + e / 16]);
+          const float got = (d * static_cast<float>(sc)) * static_cast<float>(q - 32);
+          ASSERT_EQ(got, want[32 * u + e]) << "row " << r << " unit " << u << " element " << e;
+        }
+      }
+      for (int64_t i = 2 * n_blocks; i < scales; ++i) EXPECT_EQ(row[i], 0) << "padding byte " << i;
+      for (int64_t i = scales + 2 * n_units; i < high; ++i) EXPECT_EQ(row[i], 0) << "padding byte " << i;
+    }
+  }
+}
+
 // q, k, v (and gate, up) go to the device stacked into one matrix where their types agree,
 // their biases one after another; a layer whose types differ keeps them apart (tiny-llama
 // Q4_K_M: layer 1's attn_v is Q6_K).
@@ -640,6 +687,37 @@ TEST(VulkanDevices, AskTheLoaderForPortabilityDriversWhereItCan) {
   ASSERT_NE(chosen, nullptr);
   EXPECT_EQ((*ctx)->info().name, chosen->name);
   EXPECT_EQ((*ctx)->info().portability, chosen->portability);
+}
+
+// tiny-llama Q4_K_M (Q4_K matrices, Q6_K attn_v, ffn_down and output) with split rows (its
+// Q6_K ones) and with the GGUF rows: the same logits, prompt and decode, bit for bit.
+TEST(VulkanSplitRows, Q6kMatricesGiveTheSameLogitsAsGgufRows) {
+  const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_K_M.gguf";
+  KVFS_REQUIRE_DATA(path);
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto split = MakeVulkanBackend(**model, VulkanOptions{});
+  KVFS_REQUIRE_VULKAN(split.status());
+  VulkanOptions options;
+  options.split_weight_rows = false;
+  auto gguf = MakeVulkanBackend(**model, options);
+  ASSERT_TRUE(gguf.ok()) << gguf.status().message();
+  const HParams& hp = (*model)->hparams();
+  const KvLayout layout = KvLayoutFor(hp, *MakeKvFormat("q4k", "", hp.n_head_kv, hp.head_dim), 64);
+  const std::vector<TokenId> prompt = (*model)->tokenizer().Encode("Rows of sixes, split or not.", true, false);
+  SequenceKv ka(layout, 128), kb(layout, 128);
+  Logits a, b;
+  SequenceStep sa{&ka, prompt, true}, sb{&kb, prompt, true};
+  ASSERT_TRUE((*split)->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+  ASSERT_TRUE((*gguf)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+  ASSERT_EQ(a.data.size(), prompt.size() * static_cast<size_t>(hp.n_vocab));
+  EXPECT_TRUE(a.data == b.data) << "prompt";
+  for (TokenId next : {TokenId{42}, TokenId{7}}) {
+    SequenceStep da{&ka, std::span<const TokenId>(&next, 1), false}, db{&kb, std::span<const TokenId>(&next, 1), false};
+    ASSERT_TRUE((*split)->Forward(std::span<const SequenceStep>(&da, 1), a).ok());
+    ASSERT_TRUE((*gguf)->Forward(std::span<const SequenceStep>(&db, 1), b).ok());
+    EXPECT_TRUE(a.data == b.data) << "decode of token " << next;
+  }
 }
 
 TEST(VulkanWeights, UnsupportedTypeIsAClearError) {

@@ -177,9 +177,11 @@ TEST_P(VulkanMatMulTest, LargeMatricesMatchScalarForEveryQuantizedType) {
   CheckEveryType(2048, 12247, 4099, {1, 3}, Types::kQuantized);
 }
 
-// Rows of 25 units: split rows pad their 50 bytes of scales to 64 (weight_layout.h).
+// Rows of 25 units: split rows pad their 50 bytes of scales to 64 (weight_layout.h); rows of
+// 3 Q6_K super-blocks pad their 6 bytes of d to 16.
 TEST_P(VulkanMatMulTest, SplitRowsWithPaddedScalesMatchScalar) {
   CheckEveryType(800, 300, 120, {1, 2, 3, 5, 70}, Types::kWithSplitRows);
+  CheckEveryType(768, 300, 120, {1, 2, 3, 5, 70}, Types::kWithSplitRows);
 }
 
 // Other matrix-vector shapes than the default (kvfs bench --matvec-*, for sweeps on a GPU), on
@@ -302,6 +304,7 @@ void VulkanMatMulTest::CheckEveryType(int64_t n_in, int64_t n_out, int64_t part_
   for (GgmlType type : kTypes) {
     if (types == Types::kQuantized && vk::ActKindFor(type) == vk::ActKind::kFloat) continue;
     if (types == Types::kWithSplitRows && !vk::SplitRowsApplies(type)) continue;
+    if (n_in % GgmlTypeInfo(static_cast<uint32_t>(type))->block_elems != 0) continue;  // (Q6_K's 256 in 800)
     const std::vector<uint8_t> w = RandomWeights(type, n_out, n_in, rng);
     const Matrix m{type, n_in, n_out, RowBytes(type, n_in), w.data()};
     // The GGUF rows, and the split rows where the type has them: the same products, bit for bit.

@@ -25,10 +25,11 @@ namespace kvfs::vk {
 // How a weight matrix's rows are laid out on the device (the shaders' WEIGHT_LAYOUT).
 enum class WeightLayout : uint32_t {
   kGguf = 0,       // as the GGUF file stores them: blocks back to back
-  // Q4_0 and Q8_0 only: each row's n_in / 32 f16 scales, zero padding to a multiple of 16
-  // bytes, then each block's 16 or 32 code bytes. Every block's codes start at a multiple of
-  // 16 bytes, so a shader reads them with 128-bit loads instead of 16-bit pieces of 18- or
-  // 34-byte blocks (weight_layout.h).
+  // Q4_0 and Q8_0: each row's n_in / 32 f16 scales, zero padding to a multiple of 16 bytes,
+  // then each block's 16 or 32 code bytes. Every block's codes start at a multiple of 16
+  // bytes, so a shader reads them with 128-bit loads instead of 16-bit pieces of 18- or
+  // 34-byte blocks. Q6_K: the super-blocks' d, the units' scales, then each unit's high bits
+  // (8 bytes) and low nibbles (16 bytes), not 16 words of a 210-byte block (weight_layout.h).
   kSplitRows = 1,
 };
 

@@ -12,11 +12,14 @@
 // and the Q4_K/Q5_K super-blocks (144 and 176 bytes, so rows and their code arrays are aligned).
 // NVIDIA's memory pipeline moves a 128-bit load per invocation for the cost of a 32-bit one.
 layout(binding = 0) readonly buffer WeightVec4s { uvec4 weight_vec4[]; };
+// And as 8-byte words: split Q6_K rows' high bits, 8 bytes a unit.
+layout(binding = 0) readonly buffer WeightVec2s { uvec2 weight_vec2[]; };
 
 // WEIGHT_LAYOUT values (vk::WeightLayout).
 const uint kLayoutGguf = 0u;
-// Q4_0 and Q8_0 only (engine/backend/vulkan/weight_layout.h): a row holds its units' f16
-// scales, zero padding to a multiple of 16 bytes, then each unit's 16 or 32 code bytes.
+// Q4_0, Q8_0 and Q6_K only (engine/backend/vulkan/weight_layout.h): a row holds its units' f16
+// scales, zero padding to a multiple of 16 bytes, then each unit's 16 or 32 code bytes; Q6_K
+// rows hold their super-blocks' d, the units' scales, high bits and low nibbles.
 const uint kLayoutSplitRows = 1u;
 
 struct WeightUnit {
@@ -57,6 +60,21 @@ WeightUnit LoadUnit(uint row, uint u, uint n_units) {
         wu.q[i + 4u] = hi[i];
       }
     }
+    return wu;
+  }
+  if (WEIGHT_LAYOUT == kLayoutSplitRows && WEIGHT_TYPE == kTypeQ6_K) {
+    const uint scales = row + ((n_units / 8u * 2u + 15u) & ~15u);
+    const uint high = scales + ((n_units * 2u + 15u) & ~15u);  // (a multiple of 16)
+    const uvec4 lo = weight_vec4[(high + 8u * n_units) / 16u + u];  // element e: byte e % 16, nibble e / 16
+    const uvec2 hi = weight_vec2[high / 8u + u];                    // element e: byte e % 8, pair e / 8
+    for (uint i = 0u; i < 4u; ++i) {  // words i and i + 4: elements 4i .. 4i + 3 and 16 + 4i ..
+      const uint pairs = hi[i & 1u] >> (2u * (i >> 1));
+      wu.q[i] = (lo[i] & 0x0F0F0F0Fu) | ((pairs & 0x03030303u) << 4);
+      wu.q[i + 4u] = ((lo[i] >> 4) & 0x0F0F0F0Fu) | (((pairs >> 4) & 0x03030303u) << 4);
+    }
+    const float d = WeightF16(row + 2u * (u >> 3));
+    const uint sc = WeightU16(scales + 2u * u);
+    wu.s = vec2(d * float(bitfieldExtract(int(sc), 0, 8)), d * float(bitfieldExtract(int(sc), 8, 8)));
     return wu;
   }
   if (WEIGHT_TYPE == kTypeQ4_0 || WEIGHT_TYPE == kTypeQ4_1) {
