@@ -33,11 +33,14 @@ uint SpreadBit4(uint bits) {
   return ((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) | ((bits & 8u) << 25);
 }
 
-// The 6-bit scale and min of sub-block s of a Q4_K/Q5_K super-block (12 packed bytes at `at`).
-uvec2 KScaleMin(uint at, uint s) {
-  if (s < 4u) return uvec2(WeightU8(at + s) & 63u, WeightU8(at + s + 4u) & 63u);
-  const uint sc = (WeightU8(at + s + 4u) & 15u) | ((WeightU8(at + s - 4u) >> 6) << 4);
-  const uint m = (WeightU8(at + s + 4u) >> 4) | ((WeightU8(at + s) >> 6) << 4);
+// Byte k (0-11) of a Q4_K/Q5_K super-block's 12 packed scale bytes, held as 3 words.
+uint KScaleByte(uvec3 packed, uint k) { return (packed[k >> 2] >> (8u * (k & 3u))) & 0xFFu; }
+
+// The 6-bit scale and min of sub-block s of a Q4_K/Q5_K super-block.
+uvec2 KScaleMin(uvec3 packed, uint s) {
+  if (s < 4u) return uvec2(KScaleByte(packed, s) & 63u, KScaleByte(packed, s + 4u) & 63u);
+  const uint sc = (KScaleByte(packed, s + 4u) & 15u) | ((KScaleByte(packed, s - 4u) >> 6) << 4);
+  const uint m = (KScaleByte(packed, s + 4u) >> 4) | ((KScaleByte(packed, s) >> 6) << 4);
   return uvec2(sc, m);
 }
 
@@ -106,8 +109,11 @@ WeightUnit LoadUnit(uint row, uint u, uint n_units) {
     const bool q5 = WEIGHT_TYPE == kTypeQ5_K;
     const uint s = u & 7u;
     const uint base = row + (u >> 3) * (q5 ? 176u : 144u);
-    const uvec2 sm = KScaleMin(base + 4u, s);
-    wu.s = vec2(WeightF16(base) * float(sm.x), WeightF16(base + 2u) * float(sm.y));
+    // The super-block's first 16 bytes in one load (144 and 176 are multiples of 16): d and
+    // dmin (f16), then the 12 packed scale bytes.
+    const uvec4 head = weight_vec4[base >> 4];
+    const uvec2 sm = KScaleMin(head.yzw, s);
+    wu.s = vec2(F16BitsToF32(head.x & 0xFFFFu) * float(sm.x), F16BitsToF32(head.x >> 16) * float(sm.y));
     // 32 bytes per pair of sub-blocks: sub-block 2c in the low nibbles, 2c+1 in the high ones.
     const uint qs = (base + (q5 ? 48u : 16u) + 32u * (s >> 1)) >> 4;  // in 16-byte words
     const uint shift = 4u * (s & 1u);
