@@ -13,7 +13,9 @@
 #   KVFS_GPU_TESTS    gtest filter of the tests run first (default "*Vulkan*:*vulkan*": the Vulkan
 #                     suites and the golden tests on the vulkan backend; "none" skips
 #                     them), at most KVFS_GPU_TESTS_TIMEOUT seconds (default 240)
-#   KVFS_GPU_PRESETS  synth_gguf.py presets, Q4_0 (default "tinyllama-1.1b llama3.1-8b")
+#   KVFS_GPU_PRESETS  synth_gguf.py presets (default "tinyllama-1.1b llama3.1-8b")
+#   KVFS_GPU_WEIGHTS  their weight type (default Q4_0, issue 7's; q4_k_m: llama.cpp's Q4_K_M mix,
+#                     Q4_K with Q6_K for attn_v, ffn_down and the output)
 #   KVFS_GPU_KV       KV formats (default "f16 q4 q4k")
 #   KVFS_GPU_DEPTHS   tokens already in the context (default "0 3500"; every model at one depth
 #                     before the next depth)
@@ -58,6 +60,8 @@ icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 # The image's driver is not where the loader looks (VK_ICD_FILENAMES for loaders before 1.3.234).
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; fi
 kvfs=.gpu/bin/kvfs
+wtype=${KVFS_GPU_WEIGHTS:-Q4_0}
+if [ "$wtype" = q4_k_m ]; then synth_type=(--mix q4_k_m); else synth_type=(--type "$wtype"); fi
 # Without a device the bench falls back to the CPU: figures that would say nothing of the GPU.
 $kvfs devices > /dev/null || { echo "gpu_bench: no Vulkan device (kvfs devices failed)" >&2; exit 2; }
 models=/tmp/kvfs-models
@@ -66,9 +70,9 @@ presets=${KVFS_GPU_PRESETS:-"tinyllama-1.1b llama3.1-8b"}
 # The benchmark models are made while the tests run (a temporary name until complete).
 synth_pids=()
 for p in $presets; do
-  m="$models/$p-Q4_0.gguf"
+  m="$models/$p-$wtype.gguf"
   [ -f "$m" ] && continue
-  { python3 .gpu/shared/tools/synth_gguf.py --preset "$p" --type Q4_0 -o "$m.part" -q && mv "$m.part" "$m"; } &
+  { python3 .gpu/shared/tools/synth_gguf.py --preset "$p" "${synth_type[@]}" -o "$m.part" -q && mv "$m.part" "$m"; } &
   synth_pids+=($!)
 done
 
@@ -157,7 +161,7 @@ EOF
 
 for pid in "${synth_pids[@]}"; do wait "$pid" || { echo "gpu_bench: synth_gguf.py failed" >&2; exit 1; }; done
 for p in $presets; do
-  m="$models/$p-Q4_0.gguf"
+  m="$models/$p-$wtype.gguf"
   # What the device's compiler made of the matrix shaders (registers, spills, occupancy): the
   # same report RADV's null device gives without a GPU (docs/performance.md).
   $kvfs shaders -m "$m" > "$runs/$p-shaders.txt" 2>&1 || echo "gpu_bench: kvfs shaders $p failed" >&2
@@ -170,7 +174,7 @@ case " $tune_presets " in
   *[a-z]*)
     for p in $tune_presets; do
       # shellcheck disable=SC2086  # KVFS_GPU_TUNE_ARGS is a list of arguments
-      timeout "${KVFS_GPU_TUNE_TIMEOUT:-540}" $kvfs tune -m "$models/$p-Q4_0.gguf" ${KVFS_GPU_TUNE_ARGS:--d 1024 -n 16 -r 5} \
+      timeout "${KVFS_GPU_TUNE_TIMEOUT:-540}" $kvfs tune -m "$models/$p-$wtype.gguf" ${KVFS_GPU_TUNE_ARGS:--d 1024 -n 16 -r 5} \
         -o "$runs/$p.tuning.json" > "$runs/$p-tune.txt" 2>&1 ||
         echo "gpu_bench: kvfs tune $p failed (rc $?): $(tail -c 300 "$runs/$p-tune.txt")" >&2
       tail -4 "$runs/$p-tune.txt"
@@ -185,7 +189,7 @@ bench_one() {
   [ "$v" = tuned ] && flags="--tuning $runs/$p.tuning.json"
   local run="$runs/$prefix$p-$kv-d$d$suffix"
   # shellcheck disable=SC2086  # KVFS_GPU_ARGS and flags are lists of arguments
-  timeout "${KVFS_GPU_RUN_TIMEOUT:-300}" $kvfs bench -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" $flags \
+  timeout "${KVFS_GPU_RUN_TIMEOUT:-300}" $kvfs bench -m "$models/$p-$wtype.gguf" --backend vulkan --kv "$kv" -d "$d" $flags \
     ${KVFS_GPU_ARGS:--p 512 -n 128 -r 3} --json > "$run.json" 2> "$run.err" ||
     echo "gpu_bench: $p $kv depth $d $v failed (rc $?): $(tail -c 300 "$run.err")" >&2
   summarize > /dev/null
@@ -202,7 +206,7 @@ for what in phases profile; do
   for d in ${KVFS_GPU_DEPTHS:-0 3500}; do
     for kv in ${KVFS_GPU_PROFILE_KV:-q4k}; do
       # shellcheck disable=SC2086  # the arguments are a list
-      timeout "${KVFS_GPU_RUN_TIMEOUT:-300}" $kvfs bench -m "$models/$first-Q4_0.gguf" --backend vulkan --kv "$kv" -d "$d" \
+      timeout "${KVFS_GPU_RUN_TIMEOUT:-300}" $kvfs bench -m "$models/$first-$wtype.gguf" --backend vulkan --kv "$kv" -d "$d" \
         $args "--$what" > "$runs/$first-$what-$kv-d$d.txt" 2>&1 || echo "gpu_bench: $what ($kv) at depth $d failed" >&2
       tar -czf "$out/runs.tgz" -C "$runs" .
     done
@@ -236,7 +240,7 @@ if [ -n "${KVFS_GPU_BATCHED:-}" ]; then
       [ "$v" = default ] || { flags=$v; suffix="-${v#--}"; }
       run="$runs/batched-$p$suffix"
       # shellcheck disable=SC2086  # KVFS_GPU_BATCHED_ARGS and flags are lists of arguments
-      timeout 300 $kvfs bench batched -m "$models/$p-Q4_0.gguf" --backend vulkan --kv "${KVFS_GPU_BATCHED_KV:-q4}" \
+      timeout 300 $kvfs bench batched -m "$models/$p-$wtype.gguf" --backend vulkan --kv "${KVFS_GPU_BATCHED_KV:-q4}" \
         --npl "$KVFS_GPU_BATCHED" ${KVFS_GPU_BATCHED_ARGS:---npp 1024 --ntg 32} ${suffix:+$flags} --json \
         > "$run.bjson" 2> "$run.err" || echo "gpu_bench: batched $p $v failed (rc $?): $(tail -c 300 "$run.err")" >&2
       summarize > /dev/null
