@@ -46,6 +46,7 @@ layout(binding = 5) buffer Output2 { float y2[]; };                     // [n_to
 #include "weight_values.glsl"
 
 const uint ROWS = WG / LANES;
+const uint kBatch = 8u;  // values a lane loads before it adds any
 
 shared float partial[TOKENS * WG];
 
@@ -62,11 +63,20 @@ void main() {
   for (uint t = 0u; t < TOKENS; ++t) acc[t] = 0.0;
 
   if (r < p.n_rows) {
-    for (uint e = lane; e < p.n_in; e += LANES) {
-      const float w = WeightValue(r * p.row_bytes, e);
-      for (uint t = 0u; t < TOKENS; ++t) {
-        if (t0 + t >= p.n_tokens) break;
-        acc[t] = fma(w, ActivationValue(x[(t0 + t) * p.x_stride + e]), acc[t]);
+    // Rounds of kBatch values a lane (e0, e0 + LANES, ...): the round's weights are loaded
+    // before any is used, so a lane waits a memory latency a round, not one per value (a row of
+    // 4096 values is 128 values a lane of 32); values past the row load its last one again and
+    // are not added. Each lane adds its values in order, as one at a time: the same sums.
+    for (uint e0 = lane; e0 < p.n_in; e0 += LANES * kBatch) {
+      float w[kBatch];
+      for (uint b = 0u; b < kBatch; ++b) w[b] = WeightValue(r * p.row_bytes, min(e0 + b * LANES, p.n_in - 1u));
+      for (uint b = 0u; b < kBatch; ++b) {
+        const uint e = e0 + b * LANES;
+        if (e >= p.n_in) break;  // after the loads: they stay in flight together
+        for (uint t = 0u; t < TOKENS; ++t) {
+          if (t0 + t >= p.n_tokens) break;
+          acc[t] = fma(w[b], ActivationValue(x[(t0 + t) * p.x_stride + e]), acc[t]);
+        }
       }
     }
   }
