@@ -628,37 +628,44 @@ TEST(VulkanWeights, StacksQkvAndGateUpWhereTheTypesAgree) {
   }
 }
 
+// Two backends made from `name` with the default options and with `other`: the same logits,
+// bit for bit, for a prompt (tiled shaders) and two decode steps (matrix-vector shaders).
+void ExpectTheSameLogitsWith(const char* name, const VulkanOptions& other, const char* kv, int64_t block_tokens,
+                             const char* text) {
+  const std::string path = testing::TestModelsDir() + "/" + name;
+  KVFS_REQUIRE_DATA(path);
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto plain = MakeVulkanBackend(**model, VulkanOptions{});
+  KVFS_REQUIRE_VULKAN(plain.status());
+  auto changed = MakeVulkanBackend(**model, other);
+  ASSERT_TRUE(changed.ok()) << changed.status().message();
+  const HParams& hp = (*model)->hparams();
+  const KvLayout layout = KvLayoutFor(hp, *MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim), block_tokens);
+  const std::vector<TokenId> prompt = (*model)->tokenizer().Encode(text, true, false);
+  SequenceKv ka(layout, 128), kb(layout, 128);
+  Logits a, b;
+  SequenceStep sa{&ka, prompt, true}, sb{&kb, prompt, true};
+  ASSERT_TRUE((*plain)->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
+  ASSERT_TRUE((*changed)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
+  ASSERT_EQ(a.data.size(), prompt.size() * static_cast<size_t>(hp.n_vocab));
+  EXPECT_TRUE(a.data == b.data) << name << " prompt";
+  for (TokenId next : {TokenId{42}, TokenId{7}}) {
+    SequenceStep da{&ka, std::span<const TokenId>(&next, 1), false}, db{&kb, std::span<const TokenId>(&next, 1), false};
+    ASSERT_TRUE((*plain)->Forward(std::span<const SequenceStep>(&da, 1), a).ok());
+    ASSERT_TRUE((*changed)->Forward(std::span<const SequenceStep>(&db, 1), b).ok());
+    EXPECT_TRUE(a.data == b.data) << name << " decode of token " << next;
+  }
+}
+
 // The stacked matrices give the logits the separate ones give, bit for bit (the same products
-// into the same outputs): a prompt (tiled shaders) and decode steps (matrix-vector shaders), with
-// qwen2's biases, float weights, and layers where some stack and some do not.
+// into the same outputs), with qwen2's biases, float weights, and layers where some stack and
+// some do not.
 TEST(VulkanStackedMatrices, GiveTheSameLogitsAsSeparateMatrices) {
+  VulkanOptions separate;
+  separate.stack_matrices = false;
   for (const char* name : {"tiny-llama-Q4_K_M.gguf", "tiny-qwen2-Q4_0.gguf", "tiny-llama-F16.gguf"}) {
-    const std::string path = testing::TestModelsDir() + "/" + name;
-    KVFS_REQUIRE_DATA(path);
-    auto model = Model::Load(path);
-    ASSERT_TRUE(model.ok()) << model.status().message();
-    auto stacked = MakeVulkanBackend(**model, VulkanOptions{});
-    KVFS_REQUIRE_VULKAN(stacked.status());
-    VulkanOptions options;
-    options.stack_matrices = false;
-    auto separate = MakeVulkanBackend(**model, options);
-    ASSERT_TRUE(separate.ok()) << separate.status().message();
-    const HParams& hp = (*model)->hparams();
-    const KvLayout layout = KvLayoutFor(hp, *MakeKvFormat("q8", "", hp.n_head_kv, hp.head_dim), 16);
-    const std::vector<TokenId> prompt = (*model)->tokenizer().Encode("Stacked matrices, one dispatch each.", true, false);
-    SequenceKv ka(layout, 128), kb(layout, 128);
-    Logits a, b;
-    SequenceStep sa{&ka, prompt, true}, sb{&kb, prompt, true};
-    ASSERT_TRUE((*stacked)->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
-    ASSERT_TRUE((*separate)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
-    ASSERT_EQ(a.data.size(), prompt.size() * static_cast<size_t>(hp.n_vocab));
-    EXPECT_TRUE(a.data == b.data) << name << " prompt";
-    for (TokenId next : {TokenId{42}, TokenId{7}}) {
-      SequenceStep da{&ka, std::span<const TokenId>(&next, 1), false}, db{&kb, std::span<const TokenId>(&next, 1), false};
-      ASSERT_TRUE((*stacked)->Forward(std::span<const SequenceStep>(&da, 1), a).ok());
-      ASSERT_TRUE((*separate)->Forward(std::span<const SequenceStep>(&db, 1), b).ok());
-      EXPECT_TRUE(a.data == b.data) << name << " decode of token " << next;
-    }
+    ExpectTheSameLogitsWith(name, separate, "q8", 16, "Stacked matrices, one dispatch each.");
   }
 }
 
@@ -692,32 +699,9 @@ TEST(VulkanDevices, AskTheLoaderForPortabilityDriversWhereItCan) {
 // tiny-llama Q4_K_M (Q4_K matrices, Q6_K attn_v, ffn_down and output) with split rows (its
 // Q6_K ones) and with the GGUF rows: the same logits, prompt and decode, bit for bit.
 TEST(VulkanSplitRows, Q6kMatricesGiveTheSameLogitsAsGgufRows) {
-  const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_K_M.gguf";
-  KVFS_REQUIRE_DATA(path);
-  auto model = Model::Load(path);
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  auto split = MakeVulkanBackend(**model, VulkanOptions{});
-  KVFS_REQUIRE_VULKAN(split.status());
-  VulkanOptions options;
-  options.split_weight_rows = false;
-  auto gguf = MakeVulkanBackend(**model, options);
-  ASSERT_TRUE(gguf.ok()) << gguf.status().message();
-  const HParams& hp = (*model)->hparams();
-  const KvLayout layout = KvLayoutFor(hp, *MakeKvFormat("q4k", "", hp.n_head_kv, hp.head_dim), 64);
-  const std::vector<TokenId> prompt = (*model)->tokenizer().Encode("Rows of sixes, split or not.", true, false);
-  SequenceKv ka(layout, 128), kb(layout, 128);
-  Logits a, b;
-  SequenceStep sa{&ka, prompt, true}, sb{&kb, prompt, true};
-  ASSERT_TRUE((*split)->Forward(std::span<const SequenceStep>(&sa, 1), a).ok());
-  ASSERT_TRUE((*gguf)->Forward(std::span<const SequenceStep>(&sb, 1), b).ok());
-  ASSERT_EQ(a.data.size(), prompt.size() * static_cast<size_t>(hp.n_vocab));
-  EXPECT_TRUE(a.data == b.data) << "prompt";
-  for (TokenId next : {TokenId{42}, TokenId{7}}) {
-    SequenceStep da{&ka, std::span<const TokenId>(&next, 1), false}, db{&kb, std::span<const TokenId>(&next, 1), false};
-    ASSERT_TRUE((*split)->Forward(std::span<const SequenceStep>(&da, 1), a).ok());
-    ASSERT_TRUE((*gguf)->Forward(std::span<const SequenceStep>(&db, 1), b).ok());
-    EXPECT_TRUE(a.data == b.data) << "decode of token " << next;
-  }
+  VulkanOptions gguf_rows;
+  gguf_rows.split_weight_rows = false;
+  ExpectTheSameLogitsWith("tiny-llama-Q4_K_M.gguf", gguf_rows, "q4k", 64, "Rows of sixes, split or not.");
 }
 
 TEST(VulkanWeights, UnsupportedTypeIsAClearError) {
