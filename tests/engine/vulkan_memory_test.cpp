@@ -62,6 +62,15 @@ TEST(VulkanMemoryTypes, DiscreteGpuKeepsDeviceBuffersInItsMemory) {
   EXPECT_TRUE(MemoryTypeOrder(gpu, 0b0001, MemoryKind::kUpload, false).empty());
 }
 
+// Whether device buffers on `c` have a host memory type to go to once device-local memory is
+// full (a unified-memory device with such a type).
+bool DeviceBuffersCanTakeHostMemory(const vk::Context& c) {
+  for (uint32_t t : MemoryTypeOrder(c.memory_properties(), ~0u, MemoryKind::kDevice, c.unified_memory())) {
+    if ((c.memory_properties().memoryTypes[t].propertyFlags & kLocal) == 0) return true;
+  }
+  return false;
+}
+
 // The device-local bytes in use go up and down with the buffers; an allocation over the limit
 // fails as a full device's would (Unavailable, so a pass runs on the CPU), unless the device is
 // unified and has host memory to take instead.
@@ -70,10 +79,7 @@ TEST(VulkanMemory, DeviceLocalBytesFollowTheBuffers) {
   KVFS_REQUIRE_VULKAN(ctx.status());
   vk::Context& c = **ctx;
   c.LimitDeviceLocalBytes(1 << 20);
-  bool host_instead = false;  // whether a device buffer has a host type to go to, on this device
-  for (uint32_t t : MemoryTypeOrder(c.memory_properties(), ~0u, MemoryKind::kDevice, c.unified_memory())) {
-    host_instead = host_instead || (c.memory_properties().memoryTypes[t].propertyFlags & kLocal) == 0;
-  }
+  const bool host_instead = DeviceBuffersCanTakeHostMemory(c);
   EXPECT_EQ(c.device_local_bytes(), 0);
   auto a = c.CreateBuffer(768 << 10, MemoryKind::kDevice);
   ASSERT_TRUE(a.ok()) << a.status().message();
@@ -123,12 +129,8 @@ TEST(VulkanMemory, ModelLargerThanTheDeviceRunsOnTheCpu) {
   ASSERT_TRUE(model.ok()) << model.status().message();
   auto ctx = vk::Context::Create(-1);
   KVFS_REQUIRE_VULKAN(ctx.status());
-  if (ctx->get()->unified_memory()) {
-    bool host_type = false;
-    for (uint32_t t : MemoryTypeOrder((*ctx)->memory_properties(), ~0u, MemoryKind::kDevice, true)) {
-      host_type = host_type || ((*ctx)->memory_properties().memoryTypes[t].propertyFlags & kLocal) == 0;
-    }
-    if (host_type) GTEST_SKIP() << "this unified-memory device has host memory for the weights: they would fit";
+  if (DeviceBuffersCanTakeHostMemory(**ctx)) {
+    GTEST_SKIP() << "this unified-memory device has host memory for the weights: they would fit";
   }
   const std::string device_name = (*ctx)->info().name;
   ctx->reset();

@@ -30,15 +30,24 @@ constexpr const char* kPortabilityEnumeration = "VK_KHR_portability_enumeration"
 // A portability driver's device extension: it must be enabled wherever the device lists it.
 constexpr const char* kPortabilitySubset = "VK_KHR_portability_subset";
 
-bool HasInstanceExtension(const char* name) {
+// Whether `enumerate` (a vkEnumerate*ExtensionProperties call: count, then properties) lists `name`.
+template <typename Enumerate>
+bool ListsExtension(Enumerate enumerate, const char* name) {
   uint32_t n = 0;
-  if (vkEnumerateInstanceExtensionProperties(nullptr, &n, nullptr) != VK_SUCCESS) return false;
+  if (enumerate(&n, nullptr) != VK_SUCCESS) return false;
   std::vector<VkExtensionProperties> extensions(n);
-  if (vkEnumerateInstanceExtensionProperties(nullptr, &n, extensions.data()) != VK_SUCCESS) return false;
+  if (enumerate(&n, extensions.data()) != VK_SUCCESS) return false;
   for (uint32_t i = 0; i < n; ++i) {
     if (std::strcmp(extensions[i].extensionName, name) == 0) return true;
   }
   return false;
+}
+
+bool HasInstanceExtension(const char* name) {
+  auto enumerate = [](uint32_t* n, VkExtensionProperties* p) {
+    return vkEnumerateInstanceExtensionProperties(nullptr, n, p);
+  };
+  return ListsExtension(enumerate, name);
 }
 
 Status CreateInstance(ScopedInstance& out) {
@@ -95,14 +104,10 @@ int TypeRank(VkPhysicalDeviceType t) {
 }
 
 bool HasDeviceExtension(VkPhysicalDevice device, const char* name) {
-  uint32_t n = 0;
-  if (vkEnumerateDeviceExtensionProperties(device, nullptr, &n, nullptr) != VK_SUCCESS) return false;
-  std::vector<VkExtensionProperties> extensions(n);
-  if (vkEnumerateDeviceExtensionProperties(device, nullptr, &n, extensions.data()) != VK_SUCCESS) return false;
-  for (const VkExtensionProperties& e : extensions) {
-    if (std::strcmp(e.extensionName, name) == 0) return true;
-  }
-  return false;
+  auto enumerate = [device](uint32_t* n, VkExtensionProperties* p) {
+    return vkEnumerateDeviceExtensionProperties(device, nullptr, n, p);
+  };
+  return ListsExtension(enumerate, name);
 }
 
 VulkanDeviceInfo Describe(VkPhysicalDevice device, int index) {
