@@ -1,5 +1,6 @@
-// What the Ops implementation files (vk_ops.cpp: norms, quantizers, matrices; vk_attention_ops.cpp:
-// KV encoding and attention) share: workgroup sizes and small conversions. Internal to them.
+// What the Ops implementation files (vk_ops.cpp: norms, quantizers, matrices; vk_kv_store_ops.cpp:
+// KV encoding; vk_attention_ops.cpp: attention) share: workgroup sizes and small conversions.
+// Internal to them.
 #pragma once
 
 #include <algorithm>
@@ -31,6 +32,11 @@ inline uint32_t CeilDiv(int64_t a, int64_t b) { return static_cast<uint32_t>((a 
 // 1 / sqrt(head_dim): the orthonormal Walsh-Hadamard transform's scale, and the softmax's scale
 // of the scores.
 inline float InvSqrtHeadDim(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+
+// The spec constant ROPE of kv_store and attn_scores: 0 none, 1 pairs (2i, 2i+1), 2 NeoX pairs.
+inline uint32_t RopeMode(const Ops::RopeTable* rope) {
+  return rope == nullptr ? 0u : (rope->style == RopeStyle::kNeox ? 2u : 1u);
+}
 
 // An AttnCall's spec constants, Params and buffers from arrays (JOBS 0; the jobs table unbound).
 template <size_t NS, typename Params, size_t NB>
