@@ -3,16 +3,15 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/read_file.h"
 #include "engine/core/strict_json.h"
 
 namespace kvfs::daemon {
@@ -259,11 +258,9 @@ Result<DaemonConfig> ParseDaemonArgs(const std::vector<std::string>& args) {
     given.emplace_back(a, args[++i]);
   }
   if (!config_file.empty()) {
-    std::ifstream in(config_file);
-    if (!in) return InvalidArgument("cannot read the config file " + config_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    Status s = ApplyConfigJson(ss.str(), config);
+    Result<std::string> text = ReadWholeFile(config_file);
+    if (!text.ok()) return InvalidArgument("config file: " + text.status().message());
+    Status s = ApplyConfigJson(*text, config);
     if (!s.ok()) return s.WithContext(config_file);
   }
   // The command line overrides the config file.

@@ -16,6 +16,7 @@
 
 #include "daemon/config.h"
 #include "daemon/mount_util.h"
+#include "daemon/store_lock.h"
 #include "engine/kv/kv_format.h"
 #include "fs/agent_store.h"
 #include "fs/fuse_server.h"
@@ -157,6 +158,13 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
     return 1;
   }
 
+  // Before the fork, so that a second daemon on this store says so on the terminal.
+  Result<StoreLock> store_lock = StoreLock::Acquire(config.store_dir);
+  if (!store_lock.ok()) {
+    std::fprintf(stderr, "kvfsd: %s\n", store_lock.status().message().c_str());
+    return 1;
+  }
+
   Daemonizer daemonizer;
   if (!config.foreground) {
     if (Status s = daemonizer.Fork(); !s.ok()) {
@@ -164,6 +172,7 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
       return 1;
     }
   }
+  store_lock->RecordPid();
   auto fail = [&](int code, const Status& s) {
     spdlog::critical("{}", s.message());
     daemonizer.Report(code, config.log_file);

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <spawn.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
@@ -128,12 +129,22 @@ Status PrepareMountpoint(const std::string& dir_in) {
   std::string dir = AbsolutePath(dir_in);
   std::optional<std::string> type = MountedTypeAt(dir);
   struct stat st {};
-  bool disconnected = ::stat(dir.c_str(), &st) != 0 && errno == ENOTCONN;
+  // stat may be answered from the kernel's attribute cache after the daemon died; statfs always
+  // asks the daemon, so a dead one's mount says ENOTCONN there.
+  struct statfs fs_stat {};
+  const bool disconnected = (::stat(dir.c_str(), &st) != 0 && errno == ENOTCONN) ||
+                            (type && ::statfs(dir.c_str(), &fs_stat) != 0 && errno == ENOTCONN);
   if (type && *type != "fuse.kvfs" && !disconnected) {
     return InvalidArgument(dir + " already has a " + *type + " filesystem mounted on it");
   }
-  if (type || disconnected) {
-    spdlog::warn("{}: detaching a {} kvfs mount left by a previous kvfsd", dir, disconnected ? "stale" : "live");
+  if (type && !disconnected) {
+    // A mount that answers is a running kvfsd's (a killed one's says ENOTCONN): taking it over
+    // would pull its agents from under its users.
+    return InvalidArgument(dir + " is served by a running kvfsd: stop it first (fusermount3 -u " + dir +
+                           "), or mount this one elsewhere");
+  }
+  if (disconnected) {
+    spdlog::warn("{}: detaching a stale kvfs mount left by a kvfsd that was killed", dir);
     KVFS_RETURN_IF_ERROR(RunFusermountDetach(dir));
   }
   if (::stat(dir.c_str(), &st) != 0) {

@@ -17,8 +17,8 @@ std::string AbsolutePath(const std::string& path);
 std::optional<std::string> MountedTypeAt(const std::string& dir);
 // Mount points of every kvfs filesystem visible to this process, in mount order.
 std::vector<std::string> KvfsMountpoints();
-// Detaches a kvfs mount (stale or not) at `dir` and creates `dir` if missing. Another kind of
-// filesystem mounted there is an error.
+// Detaches a stale kvfs mount at `dir` (its kvfsd was killed) and creates `dir` if missing. A
+// kvfs mount that still answers (a running kvfsd's), or another kind of filesystem, is an error.
 Status PrepareMountpoint(const std::string& dir);
 
 }  // namespace kvfs::daemon

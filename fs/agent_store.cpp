@@ -185,7 +185,7 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
   a.mtime_ms = known_info->updated_ms;
   switch (node.agent_file) {
     case AgentFile::kSystem: a.size = known_info->system.size(); break;
-    case AgentFile::kConfig: a.size = AgentSettingsToJson(known_info->settings).dump(2).size() + 1; break;
+    case AgentFile::kConfig: a.size = JsonFileText(AgentSettingsToJson(known_info->settings)).size(); break;
     case AgentFile::kTranscript: {
       KVFS_ASSIGN_OR_RETURN(a.size, TranscriptRange(node.agent, 0, 0, nullptr));
       break;

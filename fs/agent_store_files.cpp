@@ -36,7 +36,7 @@ Result<std::string> AgentStore::RenderFile(const Node& node) {
   if (node.kind == NodeKind::kSpecialFile) {
     switch (node.special) {
       case SpecialFile::kStatusText: return EngineStatusText(engine_.Stats());
-      case SpecialFile::kStatusJson: return EngineStatusJson(engine_.Stats()).dump(2) + "\n";
+      case SpecialFile::kStatusJson: return JsonFileText(EngineStatusJson(engine_.Stats()));
       case SpecialFile::kMetrics: {
         EngineStatus status = engine_.Stats();
         size_t agents = 0;
@@ -46,7 +46,7 @@ Result<std::string> AgentStore::RenderFile(const Node& node) {
         }
         return MetricsText(status, Metrics(), agents);
       }
-      case SpecialFile::kModelJson: return engine_.ModelInfo().dump(2) + "\n";
+      case SpecialFile::kModelJson: return JsonFileText(engine_.ModelInfo());
       case SpecialFile::kAuditLog: return audit_->Read(0, audit_->Size());
     }
   }
@@ -60,7 +60,7 @@ Result<std::string> AgentStore::RenderFile(const Node& node) {
     }
     case AgentFile::kConfig: {
       KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(name));
-      return AgentSettingsToJson(info.settings).dump(2) + "\n";
+      return JsonFileText(AgentSettingsToJson(info.settings));
     }
     case AgentFile::kStatus: {
       KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(name));
@@ -71,7 +71,7 @@ Result<std::string> AgentStore::RenderFile(const Node& node) {
         failure = node.agent->last_failure;
         refused = node.agent->last_refused_write;
       }
-      return AgentStatusJson(info, failure, refused ? &*refused : nullptr).dump(2) + "\n";
+      return JsonFileText(AgentStatusJson(info, failure, refused ? &*refused : nullptr));
     }
     default: return InvalidArgument("not a rendered file");
   }

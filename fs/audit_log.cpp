@@ -41,7 +41,7 @@ std::string FormatAuditLine(const AuditEvent& e) {
     line["files_removed"] = e.erased->files_removed;
   }
   if (e.bytes) line["bytes"] = *e.bytes;
-  return line.dump() + "\n";
+  return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {

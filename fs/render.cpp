@@ -229,4 +229,8 @@ std::string MetricsText(const EngineStatus& s, const FsMetrics& fs, size_t agent
   return out;
 }
 
+std::string JsonFileText(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 }  // namespace kvfs::fs

@@ -42,4 +42,9 @@ std::string MetricsText(const EngineStatus& status, const FsMetrics& fs, size_t 
 
 std::string HumanBytes(int64_t bytes);
 
+// A generated JSON file's text: indented, newline-terminated. Strings that are not UTF-8 (an
+// error message quoting the bytes of a damaged file or a refused write) have their bad bytes
+// replaced by U+FFFD, so the file stays readable: a strict dump would throw, and the read EIO.
+std::string JsonFileText(const nlohmann::json& j);
+
 }  // namespace kvfs::fs

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <spdlog/fmt/fmt.h>
+
 namespace kvfs::cli {
 
 Args::Args(int argc, char** argv, const std::set<std::string>& value_opts, const std::set<std::string>& flag_opts) {
@@ -50,7 +52,7 @@ double Args::get_double(const std::string& name, double fallback, double lo, dou
   char* end = nullptr;
   double x = std::strtod(v->c_str(), &end);
   if (errno != 0 || end == v->c_str() || *end != '\0' || !std::isfinite(x) || x < lo || x > hi) {
-    if (error_.empty()) error_ = name + " must be a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + *v + "'";
+    if (error_.empty()) error_ = fmt::format("{} must be a number in [{}, {}], got '{}'", name, lo, hi, *v);
     return fallback;
   }
   return x;

@@ -17,6 +17,9 @@ BackendChoice ReadBackendChoice(Args& args, int n_threads) {
   }
   c.device = static_cast<int>(args.get_int("--device", -1, 0, 1 << 16));
   c.tuning_file = args.get("--tuning").value_or("");
+  // As kvfsd's --vulkan-tuning: settings of a device, which a CPU run would silently ignore.
+  if (!c.tuning_file.empty() && !c.vulkan) args.set_error("--tuning is for --backend vulkan");
+  if (args.has("--device") && !c.vulkan) args.set_error("--device is for --backend vulkan");
   return c;
 }
 

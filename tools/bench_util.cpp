@@ -2,10 +2,29 @@
 
 #include <algorithm>
 #include <future>
+#include <system_error>
 #include <sstream>
 #include <vector>
 
+#include <unistd.h>
+
 namespace kvfs::cli {
+
+Result<std::filesystem::path> MakeScratchDir(const std::optional<std::string>& given, const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path dir = given ? fs::path(*given) : fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st) || !fs::is_empty(dir, ec) || ec) {
+      return InvalidArgument(dir.string() + " exists and is not an empty directory: the benchmark deletes its "
+                             "directory when done, so give a path that does not exist yet");
+    }
+  } else if (!fs::create_directories(dir, ec) || ec) {
+    return IoError("cannot create " + dir.string() + (ec ? ": " + ec.message() : ""));
+  }
+  return dir;
+}
 
 std::vector<std::string> SplitList(const std::string& text) {
   std::vector<std::string> out;

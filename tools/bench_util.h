@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,5 +25,11 @@ Result<TurnStats> RunTurnSync(AgentEngine& engine, const std::string& agent, con
 // Text of exactly n tokens of the model's vocabulary (pseudo-random words; `salt` picks the
 // sequence, so different salts share no prefix).
 std::string TextOfTokens(const Tokenizer& tok, int64_t n, int salt);
+
+// The scratch directory of a benchmark that deletes its directory when done (bench resume's
+// store, bench fs's mount): `given` (an option's value) or a new one under the temporary
+// directory named `name`-PID. A given path must not exist yet, or be an empty directory, so that
+// the benchmark never deletes anything it did not make. Created here.
+Result<std::filesystem::path> MakeScratchDir(const std::optional<std::string>& given, const std::string& name);
 
 }  // namespace kvfs::cli

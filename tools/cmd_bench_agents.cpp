@@ -17,6 +17,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/kv/kv_format.h"
 #include "engine/model/model.h"
 #include "engine/runtime/engine.h"
 #include "tools/args.h"
@@ -187,6 +188,11 @@ int BenchAgents(int argc, char** argv) {
 
   auto model = Model::Load(*args.get("-m"));
   if (!model.ok()) return Fail(model.status().message());
+  {  // a bad --kv is reported before any output
+    const HParams& hp = (*model)->hparams();
+    auto format = MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim);
+    if (!format.ok()) return Fail(format.status().message());
+  }
   const Tokenizer& tok = (*model)->tokenizer();
   EngineOptions o;
   o.model_path = *args.get("-m");

@@ -44,7 +44,9 @@ constexpr const char* kUsage =
     "  median through the engine API (same engine, same prompts, greedy, --tokens reply tokens);\n"
     "  ls -l of --agents agents; cat of the kv.safetensors export of an agent with --export-tokens of\n"
     "  context (MB/s). Targets: <= 2 ms, <= 0.5 s, >= 1 GB/s. The engine runs without a store unless\n"
-    "  --with-store (then every turn's commit, fsyncs included, is in both timings).\n";
+    "  --with-store (then every turn's commit, fsyncs included, is in both timings).\n"
+    "  --dir DIR: the mount point and store (default: a new directory under /tmp); it must not exist\n"
+    "  yet or be empty, and is deleted when done.\n";
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "kvfs bench fs: %s\n", m.c_str());
@@ -134,8 +136,9 @@ int BenchFs(int argc, char** argv) {
   if (!args.error().empty()) return Fail(args.error());
   spdlog::set_level(spdlog::level::warn);
 
-  std::string base = args.get("--dir").value_or(fmt::format("/tmp/kvfs-bench-fs-{}", ::getpid()));
-  stdfs::create_directories(base);
+  auto scratch = MakeScratchDir(args.get("--dir"), "kvfs-bench-fs");
+  if (!scratch.ok()) return Fail(scratch.status().message());
+  const std::string base = scratch->string();
   nlohmann::json result = {{"model", *args.get("-m")}, {"turns", turns}, {"reply_tokens", tokens}};
 
   EngineOptions options;

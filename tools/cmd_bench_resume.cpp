@@ -36,7 +36,9 @@ constexpr const char* kUsage =
     "usage: kvfs bench resume -m MODEL [--ctx 1024,2048,4096] [--kv q4] [--new 32] [-t THREADS] [--store DIR] [--json]\n"
     "  per context length: TTFT of a new turn of --new tokens when the agent is cold (full prefill),\n"
     "  hot (in memory), warm from the page cache and warm from disk (fresh engine each), cache bytes per\n"
-    "  token in memory and on disk, and the reload rate against a sequential read of a same-size file.\n";
+    "  token in memory and on disk, and the reload rate against a sequential read of a same-size file.\n"
+    "  --store DIR: where the agents' caches go (default: a new directory under the temporary one);\n"
+    "  it must not exist yet or be empty, and is deleted when done.\n";
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "kvfs bench resume: %s\n", m.c_str());
@@ -109,11 +111,18 @@ int BenchResume(int argc, char** argv) {
   const int threads = static_cast<int>(args.get_int("-t", 2, 1, 256));
   if (!args.error().empty()) return Fail(args.error());
   const std::string kv = args.get("--kv").value_or("q4");
-  const fs::path store = args.get("--store").value_or((fs::temp_directory_path() / fmt::format("kvfs-bench-resume-{}", ::getpid())).string());
   spdlog::set_level(spdlog::level::warn);
 
   auto model = Model::Load(*args.get("-m"));
   if (!model.ok()) return Fail(model.status().message());
+  auto scratch = MakeScratchDir(args.get("--store"), "kvfs-bench-resume");
+  if (!scratch.ok()) return Fail(scratch.status().message());
+  const fs::path store = *scratch;
+  {  // a bad --kv is reported before any output
+    const HParams& hp = (*model)->hparams();
+    auto format = MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim);
+    if (!format.ok()) return Fail(format.status().message());
+  }
   const Tokenizer& tok = (*model)->tokenizer();
 
   EngineOptions o;

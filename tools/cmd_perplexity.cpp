@@ -9,8 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -19,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/backend/backend.h"
+#include "engine/core/read_file.h"
 #include "engine/runtime/logit_stats.h"
 #include "tools/args.h"
 #include "tools/backend_choice.h"
@@ -77,11 +76,9 @@ int Perplexity(int argc, char** argv) {
   const std::string text_path = *args.get("-f");
   std::string text;
   {
-    std::ifstream in(text_path, std::ios::binary);
-    if (!in) return Fail(fmt::format("cannot read text file {}", text_path));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    Result<std::string> read = ReadWholeFile(text_path);
+    if (!read.ok()) return Fail("text file: " + read.status().message());
+    text = std::move(*read);
   }
   // The reference's -f drops one trailing newline; do the same so the token streams agree.
   if (!text.empty() && text.back() == '\n') text.pop_back();

@@ -2,7 +2,6 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -10,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/backend/backend.h"
+#include "engine/core/read_file.h"
 #include "engine/runtime/generate.h"
 #include "tools/args.h"
 #include "tools/backend_choice.h"
@@ -77,7 +77,7 @@ int Run(int argc, char** argv) {
   gen.sampling.top_k = static_cast<int>(args.get_int("--top-k", 40, 0, 1 << 30));
   gen.sampling.top_p = static_cast<float>(args.get_double("--top-p", 0.95, 0.0, 1.0));
   gen.sampling.min_p = static_cast<float>(args.get_double("--min-p", 0.05, 0.0, 1.0));
-  gen.sampling.repeat_penalty = static_cast<float>(args.get_double("--repeat-penalty", 1.0, 0.0, 100.0));
+  gen.sampling.repeat_penalty = static_cast<float>(args.get_double("--repeat-penalty", 1.0, 0.01, 100.0));
   gen.sampling.seed = args.get_u64("--seed", std::random_device{}());
   gen.stop_at_eog = !args.has("--ignore-eos");
   const BackendChoice backend_choice = ReadBackendChoice(args, n_threads);
@@ -87,11 +87,9 @@ int Run(int argc, char** argv) {
   if (auto p = args.get("-p")) {
     prompt = *p;
   } else {
-    std::ifstream in(*args.get("-f"), std::ios::binary);
-    if (!in) return Fail(fmt::format("cannot read prompt file {}", *args.get("-f")));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    prompt = ss.str();
+    Result<std::string> text = ReadWholeFile(*args.get("-f"));
+    if (!text.ok()) return Fail("prompt file: " + text.status().message());
+    prompt = std::move(*text);
   }
 
   spdlog::set_level(args.has("--verbose") ? spdlog::level::info : spdlog::level::warn);
@@ -131,6 +129,12 @@ int Run(int argc, char** argv) {
   gen.prompt_all_logits = args.has("--logits-out");
   const bool ids_only = args.has("--token-ids");
 
+  // The logits file is opened first: a path that cannot be written fails before any output.
+  std::ofstream logits_out;
+  if (auto path = args.get("--logits-out")) {
+    logits_out.open(*path, std::ios::binary | std::ios::trunc);
+    if (!logits_out) return Fail(fmt::format("cannot write --logits-out {}", *path));
+  }
   auto result = Generate(*backend, model, kv, tokens, gen, [&](std::string_view text) {
     if (ids_only) return;
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -146,10 +150,10 @@ int Run(int argc, char** argv) {
     std::fputc('\n', stdout);
   }
   if (auto path = args.get("--logits-out")) {
-    std::ofstream out(*path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(result->prompt_logits.data()),
-              static_cast<std::streamsize>(result->prompt_logits.size() * sizeof(float)));
-    if (!out) {
+    logits_out.write(reinterpret_cast<const char*>(result->prompt_logits.data()),
+                     static_cast<std::streamsize>(result->prompt_logits.size() * sizeof(float)));
+    logits_out.close();
+    if (!logits_out) {
       std::fprintf(stderr, "kvfs run: cannot write %s\n", path->c_str());
       return 1;
     }

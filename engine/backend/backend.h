@@ -267,10 +267,10 @@ struct ChosenBackend {
   bool tuned = false;   // a tuning file's settings are in use
 };
 // A Vulkan backend comes inside a FallbackBackend (fallback_backend.h; request.cpu_fallback):
-// passes the device cannot run go to the CPU. Without a Vulkan driver or device (or in a build
-// without Vulkan), and with cpu_fallback where the model does not fit in the device's memory, a
-// Vulkan request gives the CPU backend and a warning; a device index that does not exist, or a
-// model the shaders cannot run, is an error.
+// passes the device cannot run go to the CPU. With cpu_fallback, a Vulkan request gives the CPU
+// backend and a warning where there is no Vulkan driver or device (or a build without Vulkan) or
+// the model does not fit in the device's memory; without it (benchmarks), those are errors. A
+// device index that does not exist, or a model the shaders cannot run, is always an error.
 Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequest& request);
 
 // Test hooks of the Vulkan backend (Unsupported for other backends and builds): the bytes of

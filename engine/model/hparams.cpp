@@ -71,6 +71,12 @@ Result<HParams> ReadHParams(const GgufFile& f) {
     return Corrupt(fmt::format("head_count {} is not a multiple of head_count_kv {}", hp.n_head, hp.n_head_kv));
   }
   const int64_t default_head_dim = hp.n_embd / hp.n_head;
+  // Without key_length, head_dim is embedding_length / head_count, which must then divide.
+  if (f.Find(arch + ".attention.key_length") == nullptr && hp.n_embd % hp.n_head != 0) {
+    return Corrupt(fmt::format("embedding_length {} is not a multiple of head_count {} (and there is no "
+                               "attention.key_length)",
+                               hp.n_embd, hp.n_head));
+  }
   KVFS_ASSIGN_OR_RETURN(hp.head_dim, OptionalInt(f, arch + ".attention.key_length", default_head_dim, 1, 4096));
   KVFS_ASSIGN_OR_RETURN(int64_t v_dim, OptionalInt(f, arch + ".attention.value_length", hp.head_dim, 1, 4096));
   if (v_dim != hp.head_dim) {

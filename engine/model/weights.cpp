@@ -1,5 +1,7 @@
 #include "engine/model/weights.h"
 
+#include <charconv>
+
 #include <spdlog/fmt/fmt.h>
 
 namespace kvfs {
@@ -97,6 +99,19 @@ Result<ModelWeights> BindWeights(const GgufFile& gguf, const HParams& hp) {
     KVFS_RETURN_IF_ERROR(b.BindVector(p + "attn_q.bias", hp.n_embd_q(), l.bq, !need_bias));
     KVFS_RETURN_IF_ERROR(b.BindVector(p + "attn_k.bias", hp.n_embd_kv(), l.bk, !need_bias));
     KVFS_RETURN_IF_ERROR(b.BindVector(p + "attn_v.bias", hp.n_embd_kv(), l.bv, !need_bias));
+  }
+  // Layers past block_count would be silently dropped (a model that runs, wrongly): a file whose
+  // metadata and tensors disagree is corrupt.
+  for (const GgufTensor& t : gguf.tensors()) {
+    if (!t.name.starts_with("blk.")) continue;
+    const size_t dot = t.name.find('.', 4);
+    int64_t layer = 0;
+    const char* first = t.name.data() + 4;
+    const char* last = t.name.data() + (dot == std::string::npos ? t.name.size() : dot);
+    if (std::from_chars(first, last, layer).ptr == last && layer >= hp.n_layer) {
+      return Corrupt(fmt::format("tensor {} is of layer {}, but the metadata's block_count is {}", t.name, layer,
+                                 hp.n_layer));
+    }
   }
   w.total_bytes = b.total();
   return w;

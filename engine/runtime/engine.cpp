@@ -78,7 +78,14 @@ Status Engine::Init() {
   KVFS_RETURN_IF_ERROR(MakeBackend());
   // After the backend: whether it runs the default format is part of the check.
   KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
-  (void)format;
+  // A budget below one block could hold no agent's cache: every turn would fail.
+  const int64_t block_bytes = KvLayoutFor(hp, format, options_.block_tokens).block_bytes();
+  if (counters_.memory_budget_bytes < block_bytes) {
+    return InvalidArgument(fmt::format("a KV budget of {} bytes holds no KV block: a block of {} tokens takes {} "
+                                       "bytes in the default format {}",
+                                       counters_.memory_budget_bytes, options_.block_tokens, block_bytes,
+                                       DefaultSettings().kv));
+  }
   if (!options_.store_dir.empty()) {
     if (options_.file_system == nullptr) owned_fs_ = std::make_unique<store::PosixFileSystem>();
     store::FileSystem& fs = options_.file_system != nullptr ? *options_.file_system : *owned_fs_;

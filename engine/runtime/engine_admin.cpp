@@ -11,6 +11,7 @@
 
 #include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
+#include "engine/core/strict_json.h"
 #include "engine/store/safetensors.h"
 
 namespace kvfs {
@@ -319,6 +320,29 @@ void Engine::DropUnnamedBlocks(std::span<const BlockHash> keys) {
   });
 }
 
+// What a kv.safetensors says beside the cache must be something an export of this model can say:
+// token ids of its vocabulary (an id past it would index past the embeddings at the next turn)
+// and a conversation of user and assistant turns (the system prompt is not part of it).
+Status Engine::CheckImportedText(const store::CacheExportInfo& info) const {
+  const int64_t n_vocab = model_->hparams().n_vocab;
+  for (size_t i = 0; i < info.tokens.size(); ++i) {
+    if (info.tokens[i] >= n_vocab) {
+      return InvalidArgument(fmt::format("kv.safetensors: token id {} (position {}) is not in the model's vocabulary "
+                                         "of {} tokens",
+                                         info.tokens[i], i, n_vocab));
+    }
+  }
+  for (size_t i = 0; i < info.conversation.size(); ++i) {
+    const std::string& role = info.conversation[i].role;
+    if (role != "user" && role != "assistant") {
+      return InvalidArgument(fmt::format("kv.safetensors: conversation turn {} has the role \"{}\"; an agent's turns "
+                                         "are \"user\" or \"assistant\"",
+                                         i, ClipForMessage(role, 32)));
+    }
+  }
+  return Status::Ok();
+}
+
 Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
   // The file must be in the format the agent's settings ask for, or in the one the cache it
   // holds is still in after a settings change (until its next turn recomputes it): a file just
@@ -350,6 +374,7 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
   if (!parsed.ok()) return parsed.status();
   store::ImportedCache imported = std::move(*parsed);
   if (imported.info.n_cached > n_ctx_) return InvalidArgument("kv.safetensors: the cache is longer than the context");
+  KVFS_RETURN_IF_ERROR(CheckImportedText(imported.info));
   std::promise<kvfs::Status> committed;
   auto done = committed.get_future();
   kvfs::Status started = RunOnEngine<kvfs::Status>([&]() -> kvfs::Status {

@@ -183,6 +183,8 @@ class Engine final : public AgentEngine {
   kvfs::Status RestoreAgents();
   // kIoError naming the reason when `agent` is unreadable (see AgentRecord), else Ok.
   static kvfs::Status RefuseIfUnreadable(const AgentRecord& agent);
+  // ImportCache: the file's token ids and conversation are ones this model's agents can have.
+  kvfs::Status CheckImportedText(const store::CacheExportInfo& info) const;
   // What kv.safetensors records of the agent besides its K/V rows, for the first n_cached of its
   // tokens (ExportCache, ExportSize). Under mu_, or on the engine thread.
   store::CacheExportInfo ExportInfoOf(const AgentRecord& a, int64_t n_cached) const;

@@ -61,7 +61,7 @@ Result<GenerateResult> Generate(Backend& backend, const Model& model, SequenceKv
     emit(stop.Push(next, piece));
     if (stop.reason() != StopReason::kNone) break;
     if (kv.n_tokens() + 1 > kv.max_tokens()) {
-      result.reason = StopReason::kMaxTokens;  // context full
+      result.reason = StopReason::kContextFull;
       break;
     }
     SequenceStep step{&kv, std::span<const TokenId>(&history.back(), 1), false};

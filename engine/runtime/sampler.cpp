@@ -285,6 +285,7 @@ std::string_view StopReasonName(StopReason reason) {
     case StopReason::kEndOfGeneration: return "end_of_generation";
     case StopReason::kMaxTokens: return "max_tokens";
     case StopReason::kStopString: return "stop_string";
+    case StopReason::kContextFull: return "context_full";  // as a daemon turn's stop_reason
   }
   return "unknown";
 }

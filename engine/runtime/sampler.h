@@ -44,7 +44,9 @@ class Sampler {
   std::vector<TokenId> recent_;                        // scratch: distinct recent tokens (penalty)
 };
 
-enum class StopReason { kNone, kEndOfGeneration, kMaxTokens, kStopString };
+// kContextFull: the sequence reached its context length before any other reason (set by the
+// generation loop, never by StopChecker).
+enum class StopReason { kNone, kEndOfGeneration, kMaxTokens, kStopString, kContextFull };
 std::string_view StopReasonName(StopReason reason);
 
 // Tracks the generated text and decides when to stop. Text matching a stop string is held

@@ -157,7 +157,7 @@ Status CacheStore::ScanAgentDir(const std::string& name, const std::string& path
     std::vector<uint8_t> prev_bytes;
     Result<Manifest> prev = ReadManifestFile(prev_path, name, &prev_bytes);
     const Status restored =
-        prev.ok() ? WriteFileAtomic(fs_, path, std::string(kManifestName), prev_bytes) : prev.status();
+        prev.ok() ? WriteFileAtomic(fs_, path, std::string(kManifestName), prev_bytes, /*zero_replaced=*/true) : prev.status();
     if (restored.ok()) {
       spdlog::warn("cache store {}: agent {}: {}; restored its previous turn ({}) from {}", dir_, name,
                    m.status().message(), prev->turn, kPrevManifestName);
@@ -217,7 +217,14 @@ Status CacheStore::ScanBlocks() {
       if (!f.is_dir && f.name.ends_with(kTempSuffix)) {
         KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
       } else if (auto hash = ParseBlockFileName(e.name, f.name); hash && !f.is_dir) {
-        KVFS_ASSIGN_OR_RETURN(present_[*hash], fs_.FileSize(fpath));
+        Result<uint64_t> size = fs_.FileSize(fpath);
+        if (size.ok()) {
+          present_[*hash] = *size;
+        } else if (size.status().code() == StatusCode::kNotFound) {
+          open_report_.unknown_files.push_back(fpath);  // a dangling link: the block is missing (recomputed)
+        } else {
+          return size.status();
+        }
       } else {
         open_report_.unknown_files.push_back(fpath);
       }
@@ -304,6 +311,9 @@ Status CacheStore::PublishManifest(const std::string& agent_dir, const std::stri
   const auto data = std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   Status st = fs_.WriteFile(tmp_path, data);
   if (st.ok()) st = fs_.SyncFile(tmp_path);
+  // (Not zeroed first, unlike manifest.prev.json: a crash must never leave the manifest
+  // unreadable. Its bytes are manifest.prev.json's, which erasure overwrites; the disk blocks the
+  // rename frees keep them: README, "Erasure".)
   if (st.ok()) st = fs_.Rename(tmp_path, final_path);
   if (!st.ok()) {
     (void)fs_.Unlink(tmp_path);
@@ -421,7 +431,7 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
     report.bytes_written += image->size();
   }
   if (prev && previous) {
-    Status st = WriteFileAtomic(fs_, adir, std::string(kPrevManifestName), *previous);
+    Status st = WriteFileAtomic(fs_, adir, std::string(kPrevManifestName), *previous, /*zero_replaced=*/true);
     if (!st.ok()) return abandon(st.WithContext("keeping the previous manifest of " + agent));
     report.bytes_written += previous->size();
   } else if (was_broken) {

@@ -214,12 +214,19 @@ Result<uint64_t> PosixFileSystem::FreeBytes(const std::string& path) {
   return static_cast<uint64_t>(sv.f_bavail) * static_cast<uint64_t>(sv.f_frsize);
 }
 
+Status ZeroFileBeforeReplacing(FileSystem& fs, const std::string& path) {
+  if (!fs.FileSize(path).ok()) return Status::Ok();  // nothing there to replace
+  KVFS_RETURN_IF_ERROR(fs.OverwriteWithZeros(path));
+  return fs.SyncFile(path);
+}
+
 Status WriteFileAtomic(FileSystem& fs, const std::string& dir, const std::string& name,
-                       std::span<const uint8_t> data) {
+                       std::span<const uint8_t> data, bool zero_replaced) {
   const std::string final_path = JoinPath(dir, name);
   const std::string tmp_path = final_path + std::string(kTempSuffix);
   Status st = fs.WriteFile(tmp_path, data);
   if (st.ok()) st = fs.SyncFile(tmp_path);
+  if (st.ok() && zero_replaced) st = ZeroFileBeforeReplacing(fs, final_path);
   if (st.ok()) st = fs.Rename(tmp_path, final_path);
   if (!st.ok()) {
     // Best effort; Open shreds what is left. The bytes written so far may be KV data, which an

@@ -92,8 +92,15 @@ std::string JoinPath(std::string_view a, std::string_view b);
 // crash at any step, `dir/name` is either its old contents or the new ones (a stray `.tmp` may
 // be left for the store's Open to remove). On error the temp file is overwritten with zeros,
 // synced and unlinked (best effort): what it held may be KV data.
+// With `zero_replaced`, an existing `dir/name` is overwritten with zeros and synced before the
+// rename drops it, so that its text does not stay in freed disk blocks (a manifest holds the
+// conversation; erasure overwrites what it unlinks, and a rename unlinks too). A crash between
+// the two then leaves zeros there, not the old contents: only for files the caller can do
+// without (a manifest, whose previous turn manifest.prev.json keeps).
 Status WriteFileAtomic(FileSystem& fs, const std::string& dir, const std::string& name,
-                       std::span<const uint8_t> data);
+                       std::span<const uint8_t> data, bool zero_replaced = false);
+// What zero_replaced does, alone: zeros over `path` and an fsync, if the file exists.
+Status ZeroFileBeforeReplacing(FileSystem& fs, const std::string& path);
 
 // Suffix of temp files; any name ending in it is garbage from an interrupted write.
 inline constexpr std::string_view kTempSuffix = ".tmp";

@@ -83,6 +83,14 @@ with tempfile.TemporaryDirectory() as tmp:
     bad('garbage model', ['run', '-m', garbage, '-p', 'hi'], 'not a GGUF file')
     bad('empty model', ['run', '-m', empty, '-p', 'hi'], 'empty')
     bad('unsupported architecture', ['run', '-m', arch, '-p', 'hi'], 'unsupported architecture gemmx')
+    # block_count one below the layers the tensors have: corrupt, not a model one layer short.
+    key = b'llama.block_count'
+    at = blob.find(struct.pack('<Q', len(key)) + key) + 8 + len(key)
+    check('stories260K has a u32 block_count', struct.unpack_from('<I', blob, at)[0] == 4)
+    fewer = bytearray(blob)
+    struct.pack_into('<I', fewer, at + 4, struct.unpack_from('<I', blob, at + 4)[0] - 1)
+    short = os.path.join(tmp, 'short.gguf'); open(short, 'wb').write(fewer)
+    bad('block_count below the layers of the tensors', ['run', '-m', short, '-p', 'hi'], 'block_count')
     # A weight type kvfs does not support: retype one Q4_K tensor as Q3_K (smaller, so in bounds).
     q4k = os.path.join(models, 'tiny-llama-Q4_K.gguf')
     if os.path.exists(q4k):
@@ -101,6 +109,23 @@ with tempfile.TemporaryDirectory() as tmp:
     bad('prompt longer than context', ['run', '-m', stories, '-p', long_prompt, '-c', '16'], 'context')
     bad('unknown option', ['run', '-m', stories, '-p', 'x', '--bogus'], 'unknown option')
     bad('bad number', ['run', '-m', stories, '-p', 'x', '-n', 'many'], '-n')
+    bad('--tuning without the Vulkan backend', ['run', '-m', stories, '-p', 'x', '--tuning', tmp],
+        '--tuning is for --backend vulkan')
+    bad('prompt file that is a directory', ['run', '-m', stories, '-f', tmp], 'is a directory')
+    bad('text file that is a directory', ['perplexity', '-m', stories, '-f', tmp], 'is a directory')
+    bad('bad --kv before any output', ['bench', 'resume', '-m', stories, '--kv', 'bogus'], 'bogus')
+    bad('--logits-out that cannot be written, before generating',
+        ['run', '-m', stories, '-p', 'hi', '-n', '4', '--logits-out', tmp], tmp)
+    # The benchmarks that delete their directory refuse one that holds anything.
+    keep = os.path.join(tmp, 'keep'); os.mkdir(keep); open(os.path.join(keep, 'notes.txt'), 'w').write('x')
+    bad('bench resume --store on a directory in use', ['bench', 'resume', '-m', stories, '--store', keep],
+        'not an empty directory')
+    bad('bench fs --dir on a file', ['bench', 'fs', '-m', stories, '--dir', os.path.join(keep, 'notes.txt')],
+        'not an empty directory')
+    check('the benchmarks left that directory alone', open(os.path.join(keep, 'notes.txt')).read() == 'x')
+r = run(['run', '-m', stories, '-p', 'Once upon a time', '--temp', '0', '-n', '50', '-c', '16', '--verbose'])
+check('a reply cut by the context says so', r.returncode == 0 and 'stop: context_full' in r.stderr,
+      f'rc={r.returncode} err={r.stderr!r}')
 
 # 5. The Vulkan backend: the same greedy text; without a device, a warning and the CPU.
 r = run(['devices'])
@@ -228,6 +253,9 @@ r = run(['run', '-m', stories, '-p', g['prompt']['text'], '-n', '32', '--temp', 
 check('no Vulkan device: CPU fallback with a warning',
       r.returncode == 0 and r.stdout == g['configs']['f16']['greedy_text'] + '\n' and 'running on the CPU' in r.stderr,
       f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+r = run(['bench', '-m', stories, '-p', '4', '-n', '2', '-r', '1', '--backend', 'vulkan'], env=no_icd)
+check('no Vulkan device: bench fails instead of timing the CPU',
+      r.returncode != 0 and r.stdout == '' and 'Vulkan' in r.stderr, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 bad('bad backend', ['run', '-m', stories, '-p', 'x', '--backend', 'tpu'], '--backend must be cpu or vulkan')
 
 # 6. Engine-level benchmarks run end to end and report consistent figures.

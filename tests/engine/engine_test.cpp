@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,8 @@
 #include <future>
 #include <map>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/runtime/engine.h"
 #include "engine/runtime/generate.h"
@@ -367,6 +370,61 @@ TEST_F(EngineTest, OtherModelsCacheIsNotLoaded) {
 
 // kv.safetensors: export, erase the cache, import it back: the next turn reuses the imported
 // KV and still matches an uncached run. Bad files change nothing.
+// A budget too small for one block is refused when the engine starts, not at every turn.
+TEST_F(EngineTest, BudgetBelowOneBlockIsRefusedAtStart) {
+  auto engine = CreateEngine(Options(1));
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(engine.status().message().find("holds no KV block"), std::string::npos) << engine.status().message();
+}
+
+// The file with one metadata entry of its header replaced (the tensors' bytes unchanged; the
+// header padded with spaces to 8 bytes, as the format allows).
+std::string WithMetadata(const std::string& file, const std::string& key, const std::string& value) {
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(file.substr(8, n));
+  header["__metadata__"][key] = value;
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const uint64_t m = text.size();
+  std::string out(reinterpret_cast<const char*>(&m), 8);
+  return out + text + file.substr(8 + n);
+}
+
+// An import whose token ids or conversation no export of this model would have is refused,
+// naming the entry, and the agent keeps its cache (its export is unchanged).
+TEST_F(EngineTest, ImportRefusesTokensOutsideTheVocabularyAndUnknownRoles) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  // The unchanged file through the same rewrite still imports: the edits below are the cause.
+  uint64_t n = 0;
+  std::memcpy(&n, exported->data(), 8);
+  const nlohmann::json meta = nlohmann::json::parse(exported->substr(8, n))["__metadata__"];
+  ASSERT_TRUE((*engine)->ImportCache("alice", WithMetadata(*exported, "conversation", meta["conversation"])).ok());
+
+  nlohmann::json ids = nlohmann::json::parse(meta["token_ids"].get<std::string>());
+  ASSERT_GT(ids.size(), 3u);
+  ids[3] = model_->hparams().n_vocab;  // one past the last token
+  Status s = (*engine)->ImportCache("alice", WithMetadata(*exported, "token_ids", ids.dump()));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("position 3"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("vocabulary"), std::string::npos) << s.message();
+
+  nlohmann::json conversation = nlohmann::json::parse(meta["conversation"].get<std::string>());
+  ASSERT_FALSE(conversation.empty());
+  conversation[0]["role"] = "hacker";
+  s = (*engine)->ImportCache("alice", WithMetadata(*exported, "conversation", conversation.dump()));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("hacker"), std::string::npos) << s.message();
+  EXPECT_EQ((*engine)->ExportCache("alice").value(), *exported);
+}
+
 TEST_F(EngineTest, ExportImportRoundTrip) {
   auto engine = CreateEngine(Options());
   ASSERT_TRUE(engine.ok());

@@ -98,5 +98,38 @@ TEST(ModelLoad, InconsistentHeadCountsAreRejected) {
   EXPECT_NE(m.status().message().find("head_count"), std::string::npos) << m.status().message();
 }
 
+// The u32 value of metadata key `key` in a GGUF image, changed by `delta` (its bytes follow the
+// key's name and its 4-byte type).
+std::string WithU32Changed(std::string s, const std::string& key, int32_t delta) {
+  const size_t at = s.find(key);
+  EXPECT_NE(at, std::string::npos) << key;
+  if (at == std::string::npos) return s;
+  uint32_t v = 0;
+  std::memcpy(&v, &s[at + key.size() + 4], 4);
+  v = static_cast<uint32_t>(static_cast<int64_t>(v) + delta);
+  std::memcpy(&s[at + key.size() + 4], &v, 4);
+  return s;
+}
+
+// A block_count below the layers the tensors have would run a model short of its last layer.
+TEST(ModelLoad, BlockCountBelowTheTensorsLayersIsRejected) {
+  auto bytes = Seed("tiny-llama-spm.gguf");
+  const std::string s = WithU32Changed(std::string(bytes.begin(), bytes.end()), "llama.block_count", -1);
+  TempFile f(std::vector<uint8_t>(s.begin(), s.end()));
+  auto m = Model::Load(f.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(m.status().message().find("block_count"), std::string::npos) << m.status().message();
+}
+
+TEST(ModelLoad, EmbeddingLengthThatHeadsDoNotDivideIsNamed) {
+  auto bytes = Seed("tiny-llama-spm.gguf");
+  const std::string s = WithU32Changed(std::string(bytes.begin(), bytes.end()), "llama.embedding_length", -1);
+  TempFile f(std::vector<uint8_t>(s.begin(), s.end()));
+  auto m = Model::Load(f.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("is not a multiple of head_count"), std::string::npos) << m.status().message();
+}
+
 }  // namespace
 }  // namespace kvfs

@@ -400,6 +400,7 @@ TEST(StopChecker, ReasonNames) {
   EXPECT_EQ(StopReasonName(StopReason::kNone), "none");
   EXPECT_EQ(StopReasonName(StopReason::kEndOfGeneration), "end_of_generation");
   EXPECT_EQ(StopReasonName(StopReason::kMaxTokens), "max_tokens");
+  EXPECT_EQ(StopReasonName(StopReason::kContextFull), "context_full");
   EXPECT_EQ(StopReasonName(StopReason::kStopString), "stop_string");
 }
 

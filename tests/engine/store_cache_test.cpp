@@ -1,5 +1,9 @@
 // CacheStore: round trips, sharing, corruption handling, fingerprints, erasure, concurrency.
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -286,6 +290,34 @@ TEST(StoreCache, TruncatedTailAndBlockFiles) {
   EXPECT_EQ(store->ReadBlock(sa.manifest.blocks[0]).status().code(), StatusCode::kNotFound);  // dropped
 }
 
+// A block file replaced by a dangling symbolic link (a restore gone wrong) is a missing block:
+// the store opens, lists the link among the files it leaves alone, and the agent is rebuilt
+// from that block, as for any other damaged block.
+TEST(StoreCache, DanglingLinkInPlaceOfABlockIsAMissingBlock) {
+  testing::TempDir tmp;
+  PosixFileSystem fs;
+  const std::string dir = tmp.path() + "/store";
+  SimAgent a("a");
+  AgentState sa = a.Extend(Range(1, 18), "a");  // 4 blocks + tail of 2
+  {
+    auto store = OpenOk(dir, fs);
+    ASSERT_TRUE(Commit(*store, sa).ok());
+  }
+  const std::string hex = ToHex(sa.manifest.blocks[1]);
+  const std::string path = dir + "/blocks/" + hex.substr(0, 2) + "/" + hex + ".kvb";
+  ASSERT_EQ(::unlink(path.c_str()), 0);
+  ASSERT_EQ(::symlink((tmp.path() + "/nowhere.kvb").c_str(), path.c_str()), 0);
+  auto store = OpenOk(dir, fs);
+  ASSERT_NE(store, nullptr);
+  const std::vector<std::string>& unknown = store->open_report().unknown_files;
+  EXPECT_NE(std::find(unknown.begin(), unknown.end(), path), unknown.end());
+  EXPECT_FALSE(store->HasBlock(sa.manifest.blocks[1]));
+  auto loaded = store->LoadAgent("a", kFingerprint);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  EXPECT_EQ(loaded->rebuild_from_block, std::optional<size_t>(1));
+  EXPECT_EQ(loaded->blocks.size(), 1u);
+}
+
 TEST(StoreCache, GarbageManifestIsAClearErrorAndOthersAreUnaffected) {
   FaultInjectingFileSystem fs;
   SimAgent a("a"), b("b");
@@ -567,6 +599,35 @@ TEST(StoreCache, ErasureOverwritesBeforeUnlink) {
   EXPECT_EQ(unlinks, report->files_removed);
   EXPECT_EQ(unlinks, 4u);  // manifest, tail, 2 blocks
   EXPECT_TRUE(fs.ListFilesRecursive("/store").empty());
+}
+
+// A commit replaces manifest.prev.json by a rename, which unlinks the file it replaces: that
+// holds the conversation of two turns back, so it is overwritten with zeros and fsynced first,
+// as erasure does for what it unlinks. (manifest.json itself is renamed over as it is: a crash
+// must never leave it unreadable; its bytes live on in manifest.prev.json.)
+TEST(StoreCache, PreviousManifestReplacedByACommitIsOverwrittenFirst) {
+  FaultInjectingFileSystem fs;
+  SimAgent a("a");
+  auto store = OpenOk("/store", fs);
+  ASSERT_TRUE(Commit(*store, a.Extend(Range(1, 10), "one")).ok());
+  ASSERT_TRUE(Commit(*store, a.Extend(Range(20, 10), "two")).ok());  // manifest.prev.json now exists
+  fs.ResetOpCount();
+  ASSERT_TRUE(Commit(*store, a.Extend(Range(40, 10), "three")).ok());
+  const std::vector<std::string> log = fs.op_log();
+  const std::string prev = "/store/agents/a/manifest.prev.json";
+  size_t renames = 0;
+  for (size_t i = 0; i < log.size(); ++i) {
+    if (log[i] != "rename " + prev + ".tmp -> " + prev) continue;
+    ++renames;
+    ASSERT_GE(i, 2u);
+    EXPECT_EQ(log[i - 2], "overwrite " + prev);
+    EXPECT_EQ(log[i - 1], "fsync " + prev);
+  }
+  EXPECT_EQ(renames, 1u);
+  auto loaded = store->LoadAgent("a", kFingerprint);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  EXPECT_EQ(loaded->manifest.turn, 3u);
+  EXPECT_TRUE(loaded->problems.empty());
 }
 
 // Concurrent turns of different agents with loads, reads and listings (run under TSan too).

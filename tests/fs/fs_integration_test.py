@@ -80,6 +80,12 @@ def bad_input_is_refused(t):
     refused = json.loads(sh('cat %s/alice/status.json' % m, check_rc=0).stdout)['last_refused_write']
     check(refused and refused['file'] == 'prompt' and refused['code'] == 'EILSEQ' and 'UTF-8' in refused['error'],
           '... status.json shows it: %s' % refused)
+    # A refused import whose header is not UTF-8: the error quotes the bytes, status.json stays readable.
+    sh("printf '\\003\\0\\0\\0\\0\\0\\0\\0\\042\\377\\042' > %s/bad.safetensors" % t.dir, check_rc=0)
+    fails_with('cp %s/bad.safetensors %s/alice/kv.safetensors' % (t.dir, m), 'Invalid argument')
+    refused = json.loads(sh('cat %s/alice/status.json' % m, check_rc=0).stdout)['last_refused_write']
+    check(refused and refused['file'] == 'kv.safetensors' and refused['code'] == 'EINVAL',
+          'status.json shows a refused import whose message holds bytes that are not UTF-8: %s' % refused)
     fails_with('head -c 1048577 /dev/zero | tr "\\0" a > %s/alice/prompt' % m, 'File too large')
     sh(': > %s/alice/prompt' % m, check_rc=0)  # empty: no turn
     check(user_turns(m, 'alice') == 0, 'no turn from refused or empty prompts')
@@ -787,6 +793,18 @@ def daemon_modes(t):
     check(len(pids) == 1, 'one daemon process: %s' % pids)
     t.kill_later(pids[0])
     sh('mkdir %s/alice' % mnt, check_rc=0)
+    # One daemon per store and per mount point: a second one says why and leaves the first alone.
+    other = os.path.join(t.dir, 'mnt2')
+    r = subprocess.run([DAEMON, '--mount', other, '--store', store, '-m', MODEL, '-t', '1'],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and 'in use by another kvfsd (pid %d)' % pids[0] in r.stderr,
+          'a second daemon on the store: %d %r' % (r.returncode, r.stderr))
+    check(not os.path.ismount(other), 'the second daemon mounted nothing')
+    r = subprocess.run([DAEMON, '--mount', mnt, '--store', os.path.join(t.dir, 'store2'), '-m', MODEL, '-t', '1'],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and 'served by a running kvfsd' in r.stderr,
+          'a second daemon on the mount point: %d %r' % (r.returncode, r.stderr))
+    check(os.path.isdir(os.path.join(mnt, 'alice')), 'the first daemon still serves its mount')
     os.kill(pids[0], signal.SIGTERM)
     deadline = time.time() + 30
     while time.time() < deadline and os.path.ismount(mnt):

@@ -7,6 +7,14 @@
 namespace kvfs::fs {
 namespace {
 
+// A generated file must stay readable whatever text it quotes (a strict dump would throw: EIO).
+TEST(Render, JsonFileTextReplacesBytesThatAreNotUtf8) {
+  nlohmann::json j = {{"last_error", std::string("bad \xff byte")}};
+  const std::string text = JsonFileText(j);
+  EXPECT_EQ(text, "{\n  \"last_error\": \"bad \xef\xbf\xbd byte\"\n}\n");
+  EXPECT_EQ(nlohmann::json::parse(text)["last_error"], "bad \xef\xbf\xbd byte");
+}
+
 TEST(Render, DeviceFallbackIsReported) {
   EngineStatus s;
   EXPECT_EQ(EngineStatusText(s).find("device"), std::string::npos);
