@@ -1,6 +1,8 @@
 #include "daemon/mount_util.h"
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -127,6 +129,9 @@ std::vector<std::string> KvfsMountpoints() {
 
 Status PrepareMountpoint(const std::string& dir_in) {
   std::string dir = AbsolutePath(dir_in);
+  // mountinfo lists resolved paths: a path through a symbolic link must be compared resolved
+  // (a stale mount cannot be resolved, ENOTCONN: its lexical path is what was mounted).
+  if (char resolved[PATH_MAX]; ::realpath(dir.c_str(), resolved) != nullptr) dir = resolved;
   std::optional<std::string> type = MountedTypeAt(dir);
   struct stat st {};
   // stat may be answered from the kernel's attribute cache after the daemon died; statfs always

@@ -8,22 +8,37 @@
 
 #include <unistd.h>
 
+#include <spdlog/fmt/fmt.h>
+
 namespace kvfs::cli {
 
-Result<std::filesystem::path> MakeScratchDir(const std::optional<std::string>& given, const std::string& name) {
+Result<ScratchDir> MakeScratchDir(const std::optional<std::string>& given, const std::string& name) {
   namespace fs = std::filesystem;
-  const fs::path dir = given ? fs::path(*given) : fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+  ScratchDir out;
+  out.path = given ? fs::path(*given) : fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
   std::error_code ec;
-  const fs::file_status st = fs::symlink_status(dir, ec);
+  const fs::file_status st = fs::symlink_status(out.path, ec);
   if (fs::exists(st)) {
-    if (!fs::is_directory(st) || !fs::is_empty(dir, ec) || ec) {
-      return InvalidArgument(dir.string() + " exists and is not an empty directory: the benchmark deletes its "
-                             "directory when done, so give a path that does not exist yet");
+    if (!fs::is_directory(st) || !fs::is_empty(out.path, ec) || ec) {
+      return InvalidArgument(fmt::format("{} exists and is not an empty directory: the benchmark deletes what it "
+                                         "puts there, so it takes a new or an empty directory",
+                                         out.path.string()));
     }
-  } else if (!fs::create_directories(dir, ec) || ec) {
-    return IoError("cannot create " + dir.string() + (ec ? ": " + ec.message() : ""));
+  } else if (!fs::create_directories(out.path, ec) || ec) {
+    return IoError(fmt::format("cannot create {}: {}", out.path.string(), ec ? ec.message() : "unknown error"));
   }
-  return dir;
+  out.created = !fs::exists(st);
+  return out;
+}
+
+void ClearScratchDir(const ScratchDir& dir, bool remove_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (remove_dir && dir.created) {
+    fs::remove_all(dir.path, ec);
+    return;
+  }
+  for (const fs::directory_entry& e : fs::directory_iterator(dir.path, ec)) fs::remove_all(e.path(), ec);
 }
 
 std::vector<std::string> SplitList(const std::string& text) {

@@ -26,10 +26,16 @@ Result<TurnStats> RunTurnSync(AgentEngine& engine, const std::string& agent, con
 // sequence, so different salts share no prefix).
 std::string TextOfTokens(const Tokenizer& tok, int64_t n, int salt);
 
-// The scratch directory of a benchmark that deletes its directory when done (bench resume's
-// store, bench fs's mount): `given` (an option's value) or a new one under the temporary
-// directory named `name`-PID. A given path must not exist yet, or be an empty directory, so that
-// the benchmark never deletes anything it did not make. Created here.
-Result<std::filesystem::path> MakeScratchDir(const std::optional<std::string>& given, const std::string& name);
+// The scratch directory of a benchmark that deletes what it puts there (bench resume's store,
+// bench fs's mounts): `given` (an option's value) or a new one under the temporary directory
+// named `name`-PID. A given path must not exist yet, or be an empty directory (a mount point
+// say), so that the benchmark never deletes anything it did not make.
+struct ScratchDir {
+  std::filesystem::path path;
+  bool created = false;  // made here: removed at the end, not only emptied
+};
+Result<ScratchDir> MakeScratchDir(const std::optional<std::string>& given, const std::string& name);
+// Removes what is in the directory (best effort), and the directory itself when `remove_dir`.
+void ClearScratchDir(const ScratchDir& dir, bool remove_dir);
 
 }  // namespace kvfs::cli

@@ -45,8 +45,8 @@ constexpr const char* kUsage =
     "  ls -l of --agents agents; cat of the kv.safetensors export of an agent with --export-tokens of\n"
     "  context (MB/s). Targets: <= 2 ms, <= 0.5 s, >= 1 GB/s. The engine runs without a store unless\n"
     "  --with-store (then every turn's commit, fsyncs included, is in both timings).\n"
-    "  --dir DIR: the mount point and store (default: a new directory under /tmp); it must not exist\n"
-    "  yet or be empty, and is deleted when done.\n";
+    "  --dir DIR: where the mounts and the store go (default: a new directory under the temporary\n"
+    "  one); it must not exist yet or be empty; what the benchmark puts there is deleted when done.\n";
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "kvfs bench fs: %s\n", m.c_str());
@@ -138,7 +138,7 @@ int BenchFs(int argc, char** argv) {
 
   auto scratch = MakeScratchDir(args.get("--dir"), "kvfs-bench-fs");
   if (!scratch.ok()) return Fail(scratch.status().message());
-  const std::string base = scratch->string();
+  const std::string base = scratch->path.string();
   nlohmann::json result = {{"model", *args.get("-m")}, {"turns", turns}, {"reply_tokens", tokens}};
 
   EngineOptions options;
@@ -254,8 +254,7 @@ int BenchFs(int argc, char** argv) {
     e2.Shutdown();
   }
   e.Shutdown();
-  std::error_code ec;
-  stdfs::remove_all(base, ec);
+  ClearScratchDir(*scratch, /*remove_dir=*/true);
 
   if (args.has("--json")) {
     std::printf("%s\n", result.dump(2).c_str());

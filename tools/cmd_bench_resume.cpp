@@ -38,7 +38,7 @@ constexpr const char* kUsage =
     "  hot (in memory), warm from the page cache and warm from disk (fresh engine each), cache bytes per\n"
     "  token in memory and on disk, and the reload rate against a sequential read of a same-size file.\n"
     "  --store DIR: where the agents' caches go (default: a new directory under the temporary one);\n"
-    "  it must not exist yet or be empty, and is deleted when done.\n";
+    "  it must not exist yet or be empty; what the benchmark puts there is deleted when done.\n";
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "kvfs bench resume: %s\n", m.c_str());
@@ -115,14 +115,14 @@ int BenchResume(int argc, char** argv) {
 
   auto model = Model::Load(*args.get("-m"));
   if (!model.ok()) return Fail(model.status().message());
-  auto scratch = MakeScratchDir(args.get("--store"), "kvfs-bench-resume");
-  if (!scratch.ok()) return Fail(scratch.status().message());
-  const fs::path store = *scratch;
   {  // a bad --kv is reported before any output
     const HParams& hp = (*model)->hparams();
     auto format = MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim);
     if (!format.ok()) return Fail(format.status().message());
   }
+  auto scratch = MakeScratchDir(args.get("--store"), "kvfs-bench-resume");
+  if (!scratch.ok()) return Fail(scratch.status().message());
+  const fs::path store = scratch->path;
   const Tokenizer& tok = (*model)->tokenizer();
 
   EngineOptions o;
@@ -146,7 +146,7 @@ int BenchResume(int argc, char** argv) {
                 "pcread_MB/s");
   }
   for (int64_t ctx : ctxs) {
-    fs::remove_all(store);
+    ClearScratchDir(*scratch, /*remove_dir=*/false);
     const std::string base = TextOfTokens(tok, ctx, 1);
     std::vector<std::string> news;
     for (int i = 0; i < 4; ++i) news.push_back(TextOfTokens(tok, n_new, 100 + i));
@@ -233,7 +233,7 @@ int BenchResume(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  fs::remove_all(store);
+  ClearScratchDir(*scratch, /*remove_dir=*/true);
   // Memory: how many agents of each context length fit a 2 GiB KV budget (whole blocks).
   nlohmann::json capacity = nlohmann::json::array();
   {

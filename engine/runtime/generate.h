@@ -31,7 +31,7 @@ struct GenerateResult {
 };
 
 // Appends `prompt` to kv (which may already hold earlier tokens) and generates. on_text
-// receives text as it becomes final. Stops also when the context is full (kMaxTokens).
+// receives text as it becomes final. Stops also when the context is full (kContextFull).
 Result<GenerateResult> Generate(Backend& backend, const Model& model, SequenceKv& kv,
                                 std::span<const TokenId> prompt, const GenerateOptions& options,
                                 const std::function<void(std::string_view)>& on_text = {});

@@ -135,7 +135,8 @@ Result<Manifest> CacheStore::ReadManifestFile(const std::string& path, const std
 Status CacheStore::ScanAgentDir(const std::string& name, const std::string& path) {
   KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> files_in, fs_.ListDir(path));
   auto has_file = [&](std::string_view file) {
-    return std::any_of(files_in.begin(), files_in.end(), [&](const DirEntry& f) { return !f.is_dir && f.name == file; });
+    return std::any_of(files_in.begin(), files_in.end(),
+                       [&](const DirEntry& f) { return !f.is_dir && !f.is_symlink && f.name == file; });
   };
   const bool has_manifest = has_file(kManifestName), has_prev = has_file(kPrevManifestName);
   if (!has_manifest && !has_prev) {  // the first turn never committed: the agent does not exist
@@ -178,7 +179,7 @@ Status CacheStore::ScanAgentDir(const std::string& name, const std::string& path
   }
   for (const DirEntry& f : files_in) {
     const std::string fpath = JoinPath(path, f.name);
-    if (f.is_dir) {
+    if (f.is_dir || f.is_symlink) {
       open_report_.unknown_files.push_back(fpath);
     } else if (f.name.ends_with(kTempSuffix)) {
       KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
@@ -200,6 +201,10 @@ Status CacheStore::ScanBlocks() {
   KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs_.ListDir(blocks_dir_));
   for (const DirEntry& e : entries) {
     const std::string path = JoinPath(blocks_dir_, e.name);
+    if (e.is_symlink) {  // not the store's: left alone, never followed
+      open_report_.unknown_files.push_back(path);
+      continue;
+    }
     if (!e.is_dir) {
       if (e.name.ends_with(kTempSuffix))
         KVFS_RETURN_IF_ERROR(ShredFile(path, &open_report_.bytes_removed, &open_report_.temp_files_removed));
@@ -214,17 +219,12 @@ Status CacheStore::ScanBlocks() {
     KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> files, fs_.ListDir(path));
     for (const DirEntry& f : files) {
       const std::string fpath = JoinPath(path, f.name);
-      if (!f.is_dir && f.name.ends_with(kTempSuffix)) {
+      if (f.is_symlink) {  // a link in place of a block: the block is missing (recomputed)
+        open_report_.unknown_files.push_back(fpath);
+      } else if (!f.is_dir && f.name.ends_with(kTempSuffix)) {
         KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
       } else if (auto hash = ParseBlockFileName(e.name, f.name); hash && !f.is_dir) {
-        Result<uint64_t> size = fs_.FileSize(fpath);
-        if (size.ok()) {
-          present_[*hash] = *size;
-        } else if (size.status().code() == StatusCode::kNotFound) {
-          open_report_.unknown_files.push_back(fpath);  // a dangling link: the block is missing (recomputed)
-        } else {
-          return size.status();
-        }
+        KVFS_ASSIGN_OR_RETURN(present_[*hash], fs_.FileSize(fpath));
       } else {
         open_report_.unknown_files.push_back(fpath);
       }
@@ -265,7 +265,10 @@ Status CacheStore::PurgeDir(const std::string& dir, uint64_t* bytes, size_t* fil
   KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs_.ListDir(dir));
   for (const DirEntry& e : entries) {
     const std::string path = JoinPath(dir, e.name);
-    KVFS_RETURN_IF_ERROR(e.is_dir ? PurgeDir(path, bytes, files) : ShredFile(path, bytes, files));
+    // A link holds none of our bytes: it goes, what it points at stays.
+    KVFS_RETURN_IF_ERROR(e.is_symlink ? fs_.Unlink(path)
+                         : e.is_dir   ? PurgeDir(path, bytes, files)
+                                      : ShredFile(path, bytes, files));
   }
   KVFS_RETURN_IF_ERROR(fs_.RemoveDir(dir));
   return fs_.SyncDir(ParentDir(dir));

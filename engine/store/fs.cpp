@@ -90,7 +90,7 @@ Status PosixFileSystem::WriteFile(const std::string& path, std::span<const uint8
 }
 
 Status PosixFileSystem::OverwriteWithZeros(const std::string& path) {
-  Fd fd(OpenRetry(path.c_str(), O_WRONLY));
+  Fd fd(OpenRetry(path.c_str(), O_WRONLY | O_NOFOLLOW));  // zeros over a link's target: never
   if (fd.get() < 0) return ErrnoStatus(errno, "open for overwrite", path);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "stat", path);
@@ -183,11 +183,14 @@ Result<std::vector<DirEntry>> PosixFileSystem::ListDir(const std::string& path) 
     std::string name = e->d_name;
     if (name == "." || name == "..") continue;
     bool is_dir = e->d_type == DT_DIR;
+    bool is_symlink = e->d_type == DT_LNK;
     if (e->d_type == DT_UNKNOWN) {  // some file systems do not fill d_type
       struct stat st {};
-      is_dir = ::stat(JoinPath(path, name).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+      const bool known = ::lstat(JoinPath(path, name).c_str(), &st) == 0;
+      is_dir = known && S_ISDIR(st.st_mode);
+      is_symlink = known && S_ISLNK(st.st_mode);
     }
-    out.push_back({std::move(name), is_dir});
+    out.push_back({std::move(name), is_dir, is_symlink});
   }
   int err = errno;
   ::closedir(d);
@@ -215,7 +218,9 @@ Result<uint64_t> PosixFileSystem::FreeBytes(const std::string& path) {
 }
 
 Status ZeroFileBeforeReplacing(FileSystem& fs, const std::string& path) {
-  if (!fs.FileSize(path).ok()) return Status::Ok();  // nothing there to replace
+  if (Result<uint64_t> size = fs.FileSize(path); !size.ok()) {
+    return size.status().code() == StatusCode::kNotFound ? Status::Ok() : size.status();  // NotFound: nothing to replace
+  }
   KVFS_RETURN_IF_ERROR(fs.OverwriteWithZeros(path));
   return fs.SyncFile(path);
 }

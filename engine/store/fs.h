@@ -21,6 +21,9 @@ namespace kvfs::store {
 struct DirEntry {
   std::string name;
   bool is_dir = false;
+  // A symbolic link (never followed as a directory): the store never made one, so it is not
+  // its file, and overwriting "it" would overwrite whatever it points at.
+  bool is_symlink = false;
 };
 
 class FileSystem {

@@ -368,8 +368,6 @@ TEST_F(EngineTest, OtherModelsCacheIsNotLoaded) {
   EXPECT_EQ((*engine)->Stats().reload_bytes, 0u);
 }
 
-// kv.safetensors: export, erase the cache, import it back: the next turn reuses the imported
-// KV and still matches an uncached run. Bad files change nothing.
 // A budget too small for one block is refused when the engine starts, not at every turn.
 TEST_F(EngineTest, BudgetBelowOneBlockIsRefusedAtStart) {
   auto engine = CreateEngine(Options(1));
@@ -425,6 +423,8 @@ TEST_F(EngineTest, ImportRefusesTokensOutsideTheVocabularyAndUnknownRoles) {
   EXPECT_EQ((*engine)->ExportCache("alice").value(), *exported);
 }
 
+// kv.safetensors: export, erase the cache, import it back: the next turn reuses the imported
+// KV and still matches an uncached run. Bad files change nothing.
 TEST_F(EngineTest, ExportImportRoundTrip) {
   auto engine = CreateEngine(Options());
   ASSERT_TRUE(engine.ok());

@@ -290,10 +290,11 @@ TEST(StoreCache, TruncatedTailAndBlockFiles) {
   EXPECT_EQ(store->ReadBlock(sa.manifest.blocks[0]).status().code(), StatusCode::kNotFound);  // dropped
 }
 
-// A block file replaced by a dangling symbolic link (a restore gone wrong) is a missing block:
-// the store opens, lists the link among the files it leaves alone, and the agent is rebuilt
-// from that block, as for any other damaged block.
-TEST(StoreCache, DanglingLinkInPlaceOfABlockIsAMissingBlock) {
+// Block files replaced by symbolic links (a restore gone wrong), one dangling, one to a file
+// outside the store: the store opens, lists the links among the files it leaves alone, never
+// writes through them (the outside file keeps its bytes, even when nothing names that block and
+// orphan collection runs), and the agent is rebuilt from the first missing block.
+TEST(StoreCache, LinksInPlaceOfBlocksAreMissingBlocksAndNeverFollowed) {
   testing::TempDir tmp;
   PosixFileSystem fs;
   const std::string dir = tmp.path() + "/store";
@@ -303,19 +304,37 @@ TEST(StoreCache, DanglingLinkInPlaceOfABlockIsAMissingBlock) {
     auto store = OpenOk(dir, fs);
     ASSERT_TRUE(Commit(*store, sa).ok());
   }
-  const std::string hex = ToHex(sa.manifest.blocks[1]);
-  const std::string path = dir + "/blocks/" + hex.substr(0, 2) + "/" + hex + ".kvb";
-  ASSERT_EQ(::unlink(path.c_str()), 0);
-  ASSERT_EQ(::symlink((tmp.path() + "/nowhere.kvb").c_str(), path.c_str()), 0);
+  auto block_path = [&](const BlockHash& h) {
+    const std::string hex = ToHex(h);
+    return dir + "/blocks/" + hex.substr(0, 2) + "/" + hex + ".kvb";
+  };
+  const std::string dangling = block_path(sa.manifest.blocks[1]);
+  ASSERT_EQ(::unlink(dangling.c_str()), 0);
+  ASSERT_EQ(::symlink((tmp.path() + "/nowhere.kvb").c_str(), dangling.c_str()), 0);
+  const std::string outside = tmp.path() + "/outside.txt";
+  ASSERT_TRUE(fs.WriteFile(outside, std::vector<uint8_t>{'k', 'e', 'e', 'p'}).ok());
+  const std::string linked = block_path(sa.manifest.blocks[2]);
+  ASSERT_EQ(::unlink(linked.c_str()), 0);
+  ASSERT_EQ(::symlink(outside.c_str(), linked.c_str()), 0);
+  const std::string orphan = block_path(BlockHash{7, 7});  // a block no agent names
+  ASSERT_TRUE(fs.MakeDir(orphan.substr(0, orphan.rfind('/'))).ok());
+  ASSERT_EQ(::symlink(outside.c_str(), orphan.c_str()), 0);
+
   auto store = OpenOk(dir, fs);
   ASSERT_NE(store, nullptr);
   const std::vector<std::string>& unknown = store->open_report().unknown_files;
-  EXPECT_NE(std::find(unknown.begin(), unknown.end(), path), unknown.end());
+  for (const std::string& link : {dangling, linked, orphan}) {
+    EXPECT_NE(std::find(unknown.begin(), unknown.end(), link), unknown.end()) << link;
+  }
+  EXPECT_EQ(*fs.ReadFile(outside), (std::vector<uint8_t>{'k', 'e', 'e', 'p'}));
   EXPECT_FALSE(store->HasBlock(sa.manifest.blocks[1]));
+  EXPECT_FALSE(store->HasBlock(sa.manifest.blocks[2]));
   auto loaded = store->LoadAgent("a", kFingerprint);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   EXPECT_EQ(loaded->rebuild_from_block, std::optional<size_t>(1));
   EXPECT_EQ(loaded->blocks.size(), 1u);
+  ASSERT_TRUE(store->EraseAgent("a").ok());
+  EXPECT_EQ(*fs.ReadFile(outside), (std::vector<uint8_t>{'k', 'e', 'e', 'p'}));
 }
 
 TEST(StoreCache, GarbageManifestIsAClearErrorAndOthersAreUnaffected) {
