@@ -20,8 +20,9 @@ class StoreLock {
   ~StoreLock();
 
   // Takes the lock of `store_dir` (which must exist), waiting up to 5 s for a daemon that is
-  // stopping: kUnavailable naming the holder's pid when another process keeps it. Taken before the daemon forks, the lock stays
-  // with the child (the open file is shared); call RecordPid() there.
+  // stopping: kUnavailable naming the holder's pid when another process keeps it. Taken before
+  // the daemon forks, the lock stays with the child (the open file is shared); call RecordPid()
+  // there.
   static Result<StoreLock> Acquire(const std::string& store_dir);
   // Writes this process's pid into the lock file.
   void RecordPid() const;

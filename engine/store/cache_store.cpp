@@ -157,8 +157,9 @@ Status CacheStore::ScanAgentDir(const std::string& name, const std::string& path
     // manifest again so that every later read and commit sees it.
     std::vector<uint8_t> prev_bytes;
     Result<Manifest> prev = ReadManifestFile(prev_path, name, &prev_bytes);
-    const Status restored =
-        prev.ok() ? WriteFileAtomic(fs_, path, std::string(kManifestName), prev_bytes, /*zero_replaced=*/true) : prev.status();
+    const Status restored = prev.ok() ? WriteFileAtomic(fs_, path, std::string(kManifestName), prev_bytes,
+                                                        /*zero_replaced=*/true)
+                                      : prev.status();
     if (restored.ok()) {
       spdlog::warn("cache store {}: agent {}: {}; restored its previous turn ({}) from {}", dir_, name,
                    m.status().message(), prev->turn, kPrevManifestName);

@@ -219,7 +219,7 @@ Result<uint64_t> PosixFileSystem::FreeBytes(const std::string& path) {
 
 Status ZeroFileBeforeReplacing(FileSystem& fs, const std::string& path) {
   if (Result<uint64_t> size = fs.FileSize(path); !size.ok()) {
-    return size.status().code() == StatusCode::kNotFound ? Status::Ok() : size.status();  // NotFound: nothing to replace
+    return size.status().code() == StatusCode::kNotFound ? Status::Ok() : size.status();  // none: nothing to zero
   }
   KVFS_RETURN_IF_ERROR(fs.OverwriteWithZeros(path));
   return fs.SyncFile(path);
