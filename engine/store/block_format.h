@@ -13,6 +13,9 @@
 //   <store>/prefixes/<name>.prefix     a shared prefix of .prefixes/ (prefix_record.h): its text
 //                                      and blocks, which it references like an agent's manifest
 //   any name ending in ".tmp"          an interrupted write; removed by Open
+//   <store>/prefixes/<name>.prefix.retired  a replaced record's bytes until they are zeroed;
+//                                      shredded by Open (unlinked while still a second name
+//                                      of the live record)
 //
 // Block and tail file = header (kBlockHeaderBytes, little-endian) + payload:
 //   off size field

@@ -189,7 +189,8 @@ Status CacheStore::ScanAgentDir(const std::string& name, const std::string& path
       if (m.ok() && !(m->tail && m->tail->file == f.name))
         KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.orphan_tails_removed));
     } else if (f.name == kPrevManifestName) {
-      if (!keep_prev) KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+      if (!keep_prev)
+        KVFS_RETURN_IF_ERROR(DropPreviousManifest(path, &open_report_.bytes_removed, &open_report_.temp_files_removed));
     } else if (f.name != kManifestName) {
       open_report_.unknown_files.push_back(fpath);
     }
@@ -262,10 +263,22 @@ Status CacheStore::ShredFile(const std::string& path, uint64_t* bytes, size_t* f
   return Status::Ok();
 }
 
+Status CacheStore::DropPreviousManifest(const std::string& agent_dir, uint64_t* bytes, size_t* files) {
+  const std::string prev_path = JoinPath(agent_dir, kPrevManifestName);
+  Result<bool> same = fs_.SameFile(prev_path, JoinPath(agent_dir, kManifestName));
+  if (!same.ok() && same.status().code() != StatusCode::kNotFound) return same.status();
+  if (same.ok() && *same) return fs_.Unlink(prev_path);
+  return ShredFile(prev_path, bytes, files);
+}
+
 Status CacheStore::PurgeDir(const std::string& dir, uint64_t* bytes, size_t* files) {
   KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs_.ListDir(dir));
   for (const DirEntry& e : entries) {
     const std::string path = JoinPath(dir, e.name);
+    if (e.name == kPrevManifestName && !e.is_dir && !e.is_symlink) {  // maybe a second name of the manifest
+      KVFS_RETURN_IF_ERROR(DropPreviousManifest(dir, bytes, files));
+      continue;
+    }
     // A link holds none of our bytes: it goes, what it points at stays.
     KVFS_RETURN_IF_ERROR(e.is_symlink ? fs_.Unlink(path)
                          : e.is_dir   ? PurgeDir(path, bytes, files)
@@ -315,11 +328,12 @@ Status CacheStore::PublishManifest(const std::string& agent_dir, const std::stri
   const auto data = std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   Status st = fs_.WriteFile(tmp_path, data);
   if (st.ok()) st = fs_.SyncFile(tmp_path);
-  // (Not zeroed first, unlike manifest.prev.json: a crash must never leave the manifest
-  // unreadable. Its bytes are manifest.prev.json's, which erasure overwrites; the disk blocks the
-  // rename frees keep them: README, "Erasure".)
+  // The rename frees nothing: manifest.prev.json is another name of the file it replaces
+  // (KeepPreviousManifest). Where that is a copy, the replaced file's disk blocks keep the old
+  // turn until reused (README, "Erasure"): zeroing it first could leave no readable manifest.
   if (st.ok()) st = fs_.Rename(tmp_path, final_path);
   if (!st.ok()) {
+    if (fs_.OverwriteWithZeros(tmp_path).ok()) (void)fs_.SyncFile(tmp_path);  // the turn's text
     (void)fs_.Unlink(tmp_path);
     return st;
   }
@@ -327,13 +341,47 @@ Status CacheStore::PublishManifest(const std::string& agent_dir, const std::stri
   if (st.ok()) return st;
   // The new manifest is visible but its rename may not be durable: put the old one back so
   // that an error return really means "still at the previous turn".
-  Status rollback = previous ? WriteFileAtomic(fs_, agent_dir, std::string(kManifestName), *previous)
-                             : fs_.Unlink(final_path);
+  // (The new turn's file is zeroed before it goes: manifest.prev.json still holds the old turn.)
+  // A first turn's file goes under a temp name first, which Open shreds after a crash: zeroed
+  // in place it would be an unreadable agent, not an absent one.
+  Status rollback = Status::Ok();
+  if (previous) {
+    rollback = WriteFileAtomic(fs_, agent_dir, std::string(kManifestName), *previous, /*zero_replaced=*/true);
+  } else if (fs_.Rename(final_path, tmp_path).ok()) {
+    uint64_t bytes = 0;
+    size_t files = 0;
+    rollback = ShredFile(tmp_path, &bytes, &files);
+  } else {
+    rollback = fs_.Unlink(final_path);
+  }
   if (rollback.ok() && !previous) rollback = fs_.SyncDir(agent_dir);
   if (!rollback.ok())
     return Internal("committing " + final_path + " failed (" + st.message() + ") and so did restoring the previous "
                     "manifest (" + rollback.message() + "); the agent may be at either turn");
   return st;
+}
+
+// A second name, not a copy: the rename that publishes the new turn then frees none of the old
+// turn's bytes (its text). They stay under manifest.prev.json until the next turn or an erasure
+// zeroes them. A crash anywhere in here leaves manifest.json as it was.
+Status CacheStore::KeepPreviousManifest(const std::string& agent_dir, const std::vector<uint8_t>& previous,
+                                        uint64_t* bytes_written) {
+  const std::string manifest_path = JoinPath(agent_dir, kManifestName);
+  const std::string prev_path = JoinPath(agent_dir, kPrevManifestName);
+  Result<bool> same = fs_.SameFile(prev_path, manifest_path);
+  if (!same.ok() && same.status().code() != StatusCode::kNotFound) return same.status();
+  if (same.ok() && *same) return fs_.SyncDir(agent_dir);  // linked by a commit that crashed after it
+  uint64_t bytes = 0;
+  size_t files = 0;
+  if (same.ok()) KVFS_RETURN_IF_ERROR(ShredFile(prev_path, &bytes, &files));
+  Status linked = fs_.Link(manifest_path, prev_path);
+  if (linked.code() == StatusCode::kUnsupported) {
+    KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, agent_dir, std::string(kPrevManifestName), previous));
+    *bytes_written += previous.size();
+    return Status::Ok();
+  }
+  KVFS_RETURN_IF_ERROR(linked);
+  return fs_.SyncDir(agent_dir);
 }
 
 Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest manifest,
@@ -401,7 +449,11 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   // On an error from here on, the blocks this call wrote that nothing references are shredded at
   // once: they hold the agent's attention state, and an erasure only finds what a record names.
   std::vector<BlockHash> written;
+  std::string new_tail;
   auto abandon = [&](Status st) {
+    uint64_t bytes = 0;
+    size_t files = 0;
+    if (!new_tail.empty() && fs_.FileSize(new_tail).ok()) (void)ShredFile(new_tail, &bytes, &files);
     std::vector<BlockHash> unreferenced;
     for (const BlockHash& h : written)
       if (!refs_.count(h)) unreferenced.push_back(h);
@@ -430,20 +482,21 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
     auto image = EncodeBlockFile(BlockKind::kTail, BlockHash{}, tail->kv_format, tail->n_tokens, tail->payload,
                                  options_.encode);
     if (!image.ok()) return abandon(image.status());
+    // This turn's tail file is no other turn's: abandon shreds it, in place or not.
+    new_tail = JoinPath(adir, manifest.tail->file);
     Status st = WriteFileAtomic(fs_, adir, manifest.tail->file, *image);
     if (!st.ok()) return abandon(st.WithContext("writing the tail of " + agent));
     report.bytes_written += image->size();
   }
   if (prev && previous) {
-    Status st = WriteFileAtomic(fs_, adir, std::string(kPrevManifestName), *previous, /*zero_replaced=*/true);
+    Status st = KeepPreviousManifest(adir, *previous, &report.bytes_written);
     if (!st.ok()) return abandon(st.WithContext("keeping the previous manifest of " + agent));
-    report.bytes_written += previous->size();
   } else if (was_broken) {
     // The copy belongs to the unreadable incarnation this commit replaces.
     uint64_t bytes = 0;
     size_t files = 0;
     if (fs_.FileSize(JoinPath(adir, kPrevManifestName)).ok()) {
-      Status st = ShredFile(JoinPath(adir, kPrevManifestName), &bytes, &files);
+      Status st = DropPreviousManifest(adir, &bytes, &files);
       if (!st.ok()) return abandon(st);
     }
   }
@@ -458,6 +511,7 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
         AddRefs(manifest.blocks);
         agents_[agent] = AgentInfo{manifest.blocks, manifest.tail, manifest.turn, manifest.created_ms};
         broken_.erase(agent);
+        new_tail.clear();  // the visible manifest names it
       }
     }
     return abandon(published.WithContext("committing turn " + std::to_string(manifest.turn) + " of agent " + agent));

@@ -5,9 +5,11 @@
 // a crash or an error an agent is at exactly its previous or its new turn.
 //
 // Crash-safety protocol of CommitTurn: new blocks (write-temp, fsync, rename, fsync dir), then
-// the new tail (same), then a copy of the current manifest as manifest.prev.json (same), then
-// the new manifest (same); the old tail is removed only after the manifest is durable. The copy
-// is for damage, not crashes: when Open finds a manifest missing or unreadable (a checksum
+// the new tail (same), then manifest.prev.json made a second name (hard link; a copy where the
+// file system has none) of the current manifest, the one it named before shredded, then the new
+// manifest (same); the old tail is removed only after the manifest is durable. The link means the
+// publishing rename frees no bytes of the old turn: they are zeroed when that name goes (next
+// turn, erasure), as erasure promises. manifest.prev.json is for damage, not crashes: when Open finds a manifest missing or unreadable (a checksum
 // mismatch included), it puts the previous one back, so the agent loses its last turn instead
 // of everything (the blocks and tail only that turn named are gone, so its cache is rebuilt).
 // Anything a crash leaves behind (temp files, blocks and tails no manifest names, an agent
@@ -232,6 +234,19 @@ class CacheStore {
   Status PurgeDir(const std::string& dir, uint64_t* bytes, size_t* files);
   Status PublishManifest(const std::string& agent_dir, const std::string& bytes,
                          const std::optional<std::vector<uint8_t>>& previous);
+  // Makes manifest.prev.json a second name of the agent's current manifest.json (a copy where
+  // the file system has no hard links), dropping the one it held before.
+  Status KeepPreviousManifest(const std::string& agent_dir, const std::vector<uint8_t>& previous,
+                              uint64_t* bytes_written);
+  // Writes dir/name atomically; the file it replaces is zeroed before its bytes are freed. The old
+  // file gets a second name (name + kRetiredSuffix) first, so the rename frees nothing and a crash
+  // leaves one readable version; that name is shredded after the rename.
+  Status ReplaceZeroingOld(const std::string& dir, const std::string& name, std::span<const uint8_t> data);
+  // Removes a retired name: unlinked while it is still the live file's second name, else shredded.
+  Status DropRetired(const std::string& retired_path, uint64_t* bytes, size_t* files);
+  // Removes manifest.prev.json: shredded, unless it is a name of manifest.json itself (left by a
+  // crash between its link and the publish), which must keep its bytes.
+  Status DropPreviousManifest(const std::string& agent_dir, uint64_t* bytes, size_t* files);
   void AddRefs(const std::vector<BlockHash>& blocks);
   // Returns the blocks whose refcount dropped to zero.
   std::vector<BlockHash> DropRefs(const std::vector<BlockHash>& blocks);

@@ -16,8 +16,12 @@ Status CacheStore::ScanPrefixes() {
   KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs_.ListDir(prefixes_dir_));
   for (const DirEntry& e : entries) {
     const std::string path = JoinPath(prefixes_dir_, e.name);
-    if (!e.is_dir && e.name.ends_with(kTempSuffix)) {
+    if (!e.is_dir && !e.is_symlink && e.name.ends_with(kTempSuffix)) {
       KVFS_RETURN_IF_ERROR(ShredFile(path, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+      continue;
+    }
+    if (!e.is_dir && !e.is_symlink && e.name.ends_with(kRetiredSuffix)) {  // a replace cut short
+      KVFS_RETURN_IF_ERROR(DropRetired(path, &open_report_.bytes_removed, &open_report_.temp_files_removed));
       continue;
     }
     const std::string name =
@@ -40,6 +44,37 @@ Status CacheStore::ScanPrefixes() {
     prefixes_[name] = std::move(*p);
   }
   return fs_.SyncDir(prefixes_dir_);
+}
+
+Status CacheStore::DropRetired(const std::string& retired_path, uint64_t* bytes, size_t* files) {
+  const std::string live = retired_path.substr(0, retired_path.size() - kRetiredSuffix.size());
+  Result<bool> same = fs_.SameFile(retired_path, live);
+  if (!same.ok() && same.status().code() != StatusCode::kNotFound) return same.status();
+  if (same.ok() && *same) return fs_.Unlink(retired_path);  // still the live file's second name
+  return ShredFile(retired_path, bytes, files);
+}
+
+Status CacheStore::ReplaceZeroingOld(const std::string& dir, const std::string& name, std::span<const uint8_t> data) {
+  const std::string path = JoinPath(dir, name);
+  const std::string retired = path + std::string(kRetiredSuffix);
+  uint64_t bytes = 0;
+  size_t files = 0;
+  bool has_retired = false;
+  if (fs_.FileSize(path).ok()) {
+    if (fs_.FileSize(retired).ok()) KVFS_RETURN_IF_ERROR(DropRetired(retired, &bytes, &files));
+    Status linked = fs_.Link(path, retired);
+    // Without hard links the replaced file's blocks keep its bytes until reused (README, "Erasure").
+    if (!linked.ok() && linked.code() != StatusCode::kUnsupported) return linked;
+    has_retired = linked.ok();
+  }
+  Status st = WriteFileAtomic(fs_, dir, name, data);
+  if (!has_retired) return st;
+  // Whether or not the new file is in place, the second name goes: shredded when it is the last
+  // name of the old bytes, unlinked when the rename did not happen (the Open after a crash does
+  // the same).
+  Status dropped = DropRetired(retired, &bytes, &files);
+  if (st.ok() && dropped.ok()) dropped = fs_.SyncDir(dir);
+  return st.ok() ? dropped : st;
 }
 
 void CacheStore::ShredBlocks(const std::vector<BlockHash>& freed, EraseReport* report) {
@@ -85,7 +120,7 @@ Status CacheStore::CommitPrefix(PrefixRecord record, std::span<const NewBlock> n
     KVFS_RETURN_IF_ERROR(WriteBlock(b, &written).WithContext("writing a block of prefix " + record.name));
   }
   const auto data = std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  Status published = WriteFileAtomic(fs_, prefixes_dir_, record.name + std::string(kPrefixSuffix), data);
+  Status published = ReplaceZeroingOld(prefixes_dir_, record.name + std::string(kPrefixSuffix), data);
   if (!published.ok()) {
     // New blocks nothing names yet are orphans that the next Open collects.
     return published.WithContext("storing prefix " + record.name);

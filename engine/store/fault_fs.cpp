@@ -162,6 +162,24 @@ Result<uint64_t> FaultInjectingFileSystem::Lookup(const std::string& path) const
   return r.ino;
 }
 
+size_t FaultInjectingFileSystem::LinkCount(uint64_t ino) const {
+  size_t n = 0;
+  for (const auto& [dir_ino, node] : inodes_)
+    for (const auto& [name, child] : node.entries) n += child == ino ? 1 : 0;
+  return n;
+}
+
+void FaultInjectingFileSystem::NoteRelease(uint64_t ino, const std::string& what) {
+  const Inode& node = inodes_.at(ino);
+  auto nonzero = [](const std::vector<uint8_t>& v) { return std::any_of(v.begin(), v.end(), [](uint8_t b) { return b; }); };
+  if (!node.is_dir && (nonzero(node.data) || nonzero(node.durable_data))) released_.push_back(what);
+}
+
+std::vector<std::string> FaultInjectingFileSystem::released_unzeroed() const {
+  std::lock_guard lock(mu_);
+  return released_;
+}
+
 uint64_t FaultInjectingFileSystem::NewInode(bool is_dir) {
   uint64_t ino = next_ino_++;
   inodes_[ino].is_dir = is_dir;
@@ -179,6 +197,8 @@ Status FaultInjectingFileSystem::WriteFile(const std::string& path, std::span<co
   if (r.ino == 0) {
     r.ino = NewInode(false);
     inodes_.at(r.parent).entries[r.name] = r.ino;
+  } else {
+    NoteRelease(r.ino, "truncate: " + path);
   }
   Inode& node = inodes_.at(r.ino);
   if (gate == Gate::kFail) {  // a write that ran out of space part-way
@@ -222,6 +242,7 @@ Status FaultInjectingFileSystem::Rename(const std::string& from, const std::stri
   if (dst.ino != 0 && inodes_.at(src.ino).is_dir) return IoError("rename a directory over a file: " + to);
   inodes_.at(src.parent).entries.erase(src.name);
   inodes_.at(dst.parent).entries[dst.name] = src.ino;
+  if (dst.ino != 0 && LinkCount(dst.ino) == 0) NoteRelease(dst.ino, "rename over: " + to);
   return Status::Ok();
 }
 
@@ -233,6 +254,21 @@ Status FaultInjectingFileSystem::Unlink(const std::string& path) {
   if (r.ino == 0) return NotFound("unlink: no such file: " + path);
   if (inodes_.at(r.ino).is_dir) return IoError("unlink: is a directory: " + path);
   inodes_.at(r.parent).entries.erase(r.name);
+  if (LinkCount(r.ino) == 0) NoteRelease(r.ino, "unlink: " + path);
+  return Status::Ok();
+}
+
+Status FaultInjectingFileSystem::Link(const std::string& from, const std::string& to) {
+  std::lock_guard lock(mu_);
+  Status failure;
+  if (Admit(kOpLink, "link " + from + " -> " + to, &failure) != Gate::kProceed) return failure;
+  if (!hard_links_) return Status(StatusCode::kUnsupported, "link " + from + " -> " + to + ": no hard links here");
+  KVFS_ASSIGN_OR_RETURN(Resolved src, Resolve(from));
+  if (src.ino == 0) return NotFound("link: no such file: " + from);
+  if (inodes_.at(src.ino).is_dir) return IoError("link: is a directory: " + from);
+  KVFS_ASSIGN_OR_RETURN(Resolved dst, Resolve(to));
+  if (dst.ino != 0) return Status(StatusCode::kAlreadyExists, "link: exists: " + to);
+  inodes_.at(dst.parent).entries[dst.name] = src.ino;
   return Status::Ok();
 }
 
@@ -327,9 +363,22 @@ Result<uint64_t> FaultInjectingFileSystem::FreeBytes(const std::string& path) {
   return free_bytes_;
 }
 
+Result<bool> FaultInjectingFileSystem::SameFile(const std::string& a, const std::string& b) {
+  std::lock_guard lock(mu_);
+  KVFS_RETURN_IF_ERROR(CheckAlive(a));
+  KVFS_ASSIGN_OR_RETURN(uint64_t ia, Lookup(a));
+  KVFS_ASSIGN_OR_RETURN(uint64_t ib, Lookup(b));
+  return ia == ib;
+}
+
 void FaultInjectingFileSystem::SetFreeBytes(uint64_t bytes) {
   std::lock_guard lock(mu_);
   free_bytes_ = bytes;
+}
+
+void FaultInjectingFileSystem::SetHardLinks(bool supported) {
+  std::lock_guard lock(mu_);
+  hard_links_ = supported;
 }
 
 std::vector<std::string> FaultInjectingFileSystem::ListFilesRecursive(const std::string& dir) {

@@ -44,9 +44,10 @@ class FaultInjectingFileSystem final : public FileSystem {
     kOpMkdir = 1u << 5,
     kOpRmdir = 1u << 6,
     kOpSyncDir = 1u << 7,
+    kOpLink = 1u << 8,
   };
   // Operations a full disk refuses: those that allocate space (data, new entries).
-  static constexpr uint32_t kDiskFullOps = kOpWrite | kOpMkdir | kOpRename;
+  static constexpr uint32_t kDiskFullOps = kOpWrite | kOpMkdir | kOpRename | kOpLink;
 
   enum class CrashMode { kPowerLoss, kMetadataJournaled, kProcessKill };
 
@@ -70,14 +71,22 @@ class FaultInjectingFileSystem final : public FileSystem {
   Status Truncate(const std::string& path, uint64_t length);
   // What FreeBytes reports (default 1 TiB); it does not limit writes (FailAt does that).
   void SetFreeBytes(uint64_t bytes);
+  // Off: Link answers kUnsupported, as on vfat and some FUSE and network file systems.
+  void SetHardLinks(bool supported);
   // The log of mutating operations so far ("write /s/x.tmp", ...), for test failure messages.
   std::vector<std::string> op_log() const;
+  // Files whose bytes an operation gave back to the free space while any of them (current or
+  // durable) was not zero: the last name unlinked or renamed over, or the file truncated by a
+  // rewrite. On a real disk those bytes stay readable in free blocks, so erasure must zero
+  // first. One "op: path" line each, since construction; reboots are not counted.
+  std::vector<std::string> released_unzeroed() const;
 
   Status WriteFile(const std::string& path, std::span<const uint8_t> data) override;
   Status OverwriteWithZeros(const std::string& path) override;
   Status SyncFile(const std::string& path) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status Unlink(const std::string& path) override;
+  Status Link(const std::string& from, const std::string& to) override;
   Status MakeDir(const std::string& path) override;
   Status RemoveDir(const std::string& path) override;
   Status SyncDir(const std::string& path) override;
@@ -87,6 +96,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   Result<uint64_t> FileSize(const std::string& path) override;
   Result<bool> IsDir(const std::string& path) override;
   Result<uint64_t> FreeBytes(const std::string& path) override;
+  Result<bool> SameFile(const std::string& a, const std::string& b) override;
 
  private:
   struct Inode {
@@ -107,6 +117,9 @@ class FaultInjectingFileSystem final : public FileSystem {
   Result<Resolved> Resolve(const std::string& path) const;
   Result<uint64_t> Lookup(const std::string& path) const;  // existing inode or kNotFound
   uint64_t NewInode(bool is_dir);
+  size_t LinkCount(uint64_t ino) const;  // current entries naming `ino`
+  // Records `what` in released_ when a file that lost a name or its bytes held non-zero data.
+  void NoteRelease(uint64_t ino, const std::string& what);
 
   mutable std::mutex mu_;
   std::map<uint64_t, Inode> inodes_;
@@ -114,6 +127,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   static constexpr uint64_t kRoot = 1;
   uint64_t op_count_ = 0;
   std::vector<std::string> log_;
+  std::vector<std::string> released_;
   bool crashed_ = false;
   bool fired_ = false;
   enum class FaultType { kNone, kFail, kCrash } fault_ = FaultType::kNone;
@@ -122,6 +136,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   uint32_t sticky_ops_ = 0;
   bool sticky_active_ = false;
   uint64_t free_bytes_ = uint64_t{1} << 40;
+  bool hard_links_ = true;
 };
 
 }  // namespace kvfs::store

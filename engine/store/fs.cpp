@@ -119,6 +119,14 @@ Status PosixFileSystem::Unlink(const std::string& path) {
   return Status::Ok();
 }
 
+Status PosixFileSystem::Link(const std::string& from, const std::string& to) {
+  if (::link(from.c_str(), to.c_str()) == 0) return Status::Ok();
+  const int err = errno;
+  if (err == EPERM || err == EOPNOTSUPP || err == EMLINK)  // vfat, some FUSE and network file systems
+    return Status(StatusCode::kUnsupported, "link " + from + " -> " + to + ": " + std::strerror(err));
+  return ErrnoStatus(err, "link " + from + " ->", to);
+}
+
 Status PosixFileSystem::MakeDir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) == 0) return Status::Ok();
   int err = errno;
@@ -215,6 +223,13 @@ Result<uint64_t> PosixFileSystem::FreeBytes(const std::string& path) {
   struct statvfs sv {};
   if (::statvfs(path.c_str(), &sv) != 0) return ErrnoStatus(errno, "statvfs", path);
   return static_cast<uint64_t>(sv.f_bavail) * static_cast<uint64_t>(sv.f_frsize);
+}
+
+Result<bool> PosixFileSystem::SameFile(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  if (::lstat(a.c_str(), &sa) != 0) return ErrnoStatus(errno, "stat", a);
+  if (::lstat(b.c_str(), &sb) != 0) return ErrnoStatus(errno, "stat", b);
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 Status ZeroFileBeforeReplacing(FileSystem& fs, const std::string& path) {

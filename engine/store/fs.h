@@ -41,6 +41,9 @@ class FileSystem {
   // Atomically replaces `to` (if any) with `from` (same file system).
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
   virtual Status Unlink(const std::string& path) = 0;
+  // Gives the existing file `from` a second name `to` (a hard link; `to` must not exist). A
+  // file system without hard links answers kUnsupported.
+  virtual Status Link(const std::string& from, const std::string& to) = 0;
   // Creates a directory; Ok if it already exists as a directory.
   virtual Status MakeDir(const std::string& path) = 0;
   virtual Status RemoveDir(const std::string& path) = 0;  // must be empty
@@ -57,6 +60,8 @@ class FileSystem {
   virtual Result<bool> IsDir(const std::string& path) = 0;
   // Bytes available to an unprivileged writer (statvfs f_bavail * f_frsize).
   virtual Result<uint64_t> FreeBytes(const std::string& path) = 0;
+  // Whether two existing paths name one file (hard links of each other; links not followed).
+  virtual Result<bool> SameFile(const std::string& a, const std::string& b) = 0;
 };
 
 // The real thing: open/write/fsync/rename/unlink on the host file system. Stateless, so one
@@ -68,6 +73,7 @@ class PosixFileSystem final : public FileSystem {
   Status SyncFile(const std::string& path) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status Unlink(const std::string& path) override;
+  Status Link(const std::string& from, const std::string& to) override;
   Status MakeDir(const std::string& path) override;
   Status RemoveDir(const std::string& path) override;
   Status SyncDir(const std::string& path) override;
@@ -77,6 +83,7 @@ class PosixFileSystem final : public FileSystem {
   Result<uint64_t> FileSize(const std::string& path) override;
   Result<bool> IsDir(const std::string& path) override;
   Result<uint64_t> FreeBytes(const std::string& path) override;
+  Result<bool> SameFile(const std::string& a, const std::string& b) override;
 };
 
 // Maps an errno to a Status naming the operation and path: ENOSPC/EDQUOT -> kNoSpace,
@@ -107,5 +114,7 @@ Status ZeroFileBeforeReplacing(FileSystem& fs, const std::string& path);
 
 // Suffix of temp files; any name ending in it is garbage from an interrupted write.
 inline constexpr std::string_view kTempSuffix = ".tmp";
+// A second name that a replaced file keeps until it is zeroed (CacheStore::ReplaceZeroingOld).
+inline constexpr std::string_view kRetiredSuffix = ".retired";
 
 }  // namespace kvfs::store

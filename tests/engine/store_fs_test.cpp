@@ -27,8 +27,19 @@ void ExerciseBasics(FileSystem& fs, const std::string& root) {
   ASSERT_TRUE(WriteFileAtomic(fs, d, "b", Bytes("bee")).ok());
   ASSERT_TRUE(fs.Rename(d + "/b", d + "/a").ok());
   EXPECT_EQ(*fs.ReadFile(d + "/a"), Bytes("bee"));
+  ASSERT_TRUE(fs.Link(d + "/a", d + "/c").ok());
+  EXPECT_TRUE(*fs.SameFile(d + "/a", d + "/c"));
+  EXPECT_FALSE(fs.Link(d + "/a", d + "/c").ok());  // exists
+  EXPECT_EQ(fs.Link(d + "/zz", d + "/y").code(), StatusCode::kNotFound);
+  ASSERT_TRUE(fs.Rename(d + "/c", d + "/a").ok());  // names of one file: POSIX keeps both
   ASSERT_TRUE(fs.OverwriteWithZeros(d + "/a").ok());
   EXPECT_EQ(*fs.ReadFile(d + "/a"), std::vector<uint8_t>(3, 0));
+  EXPECT_EQ(*fs.ReadFile(d + "/c"), std::vector<uint8_t>(3, 0));  // one file, two names
+  ASSERT_TRUE(fs.Unlink(d + "/c").ok());
+  ASSERT_TRUE(WriteFileAtomic(fs, d, "e", Bytes("e")).ok());
+  EXPECT_FALSE(*fs.SameFile(d + "/a", d + "/e"));
+  EXPECT_EQ(fs.SameFile(d + "/a", d + "/zz").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(fs.Unlink(d + "/e").ok());
   auto list = fs.ListDir(d);
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 1u);
@@ -53,6 +64,34 @@ TEST(StoreFileSystem, PosixBasics) {
 TEST(StoreFileSystem, FaultInjectingBasics) {
   FaultInjectingFileSystem fs;
   ExerciseBasics(fs, "/");
+}
+
+// The erasure audit of the model: bytes given back to the free space while not zero on the
+// medium (or in the page cache) are recorded; zeroed and synced ones, and a name of a file that
+// keeps another, are not.
+TEST(StoreFileSystem, FaultInjectingRecordsBytesFreedWithoutZeros) {
+  FaultInjectingFileSystem fs;
+  ASSERT_TRUE(fs.MakeDir("/d").ok());
+  auto write = [&](const std::string& p) { ASSERT_TRUE(fs.WriteFile(p, Bytes("secret")).ok()); ASSERT_TRUE(fs.SyncFile(p).ok()); };
+  write("/d/shredded");
+  ASSERT_TRUE(fs.OverwriteWithZeros("/d/shredded").ok());
+  ASSERT_TRUE(fs.SyncFile("/d/shredded").ok());
+  ASSERT_TRUE(fs.Unlink("/d/shredded").ok());
+  write("/d/linked");
+  ASSERT_TRUE(fs.Link("/d/linked", "/d/second").ok());
+  ASSERT_TRUE(fs.Unlink("/d/linked").ok());  // "second" still holds the bytes
+  EXPECT_TRUE(fs.released_unzeroed().empty());
+  ASSERT_TRUE(fs.WriteFile("/d/new", Bytes("x")).ok());
+  ASSERT_TRUE(fs.Rename("/d/new", "/d/second").ok());
+  write("/d/unsynced");
+  ASSERT_TRUE(fs.OverwriteWithZeros("/d/unsynced").ok());  // the zeros never reached the disk
+  ASSERT_TRUE(fs.Unlink("/d/unsynced").ok());
+  write("/d/rewritten");
+  ASSERT_TRUE(fs.WriteFile("/d/rewritten", Bytes("other")).ok());
+  EXPECT_EQ(fs.released_unzeroed(), (std::vector<std::string>{"rename over: /d/second", "unlink: /d/unsynced",
+                                                               "truncate: /d/rewritten"}));
+  fs.SetHardLinks(false);
+  EXPECT_EQ(fs.Link("/d/rewritten", "/d/x").code(), StatusCode::kUnsupported);
 }
 
 TEST(StoreFileSystem, PowerLossKeepsOnlyWhatWasSynced) {

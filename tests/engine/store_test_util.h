@@ -34,6 +34,13 @@ class QuietLogs {
 inline constexpr char kFingerprint[] = "0123456789abcdef0123456789abcdef";
 inline constexpr uint32_t kKvFormatId = 7;
 
+// One line per entry, for failure messages.
+inline std::string Join(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const std::string& l : lines) out += l + "\n";
+  return out;
+}
+
 inline std::vector<uint8_t> PseudoRandom(size_t n, uint64_t seed) {
   std::vector<uint8_t> out(n);
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;

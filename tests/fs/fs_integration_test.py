@@ -769,6 +769,48 @@ def full_disk(t):
 
 
 @test
+def erasure_leaves_no_text_on_the_disk(t):
+    """rm leaves none of an agent's or a prefix's text on the disk, free blocks included: turns
+    (each one replacing the manifest that holds the conversation so far), a prefix written twice,
+    then rm, all on a small ext4 image whose raw bytes are searched once it is unmounted."""
+    img, disk = os.path.join(t.dir, 'ext4.img'), os.path.join(t.dir, 'disk')
+    os.makedirs(disk)
+    with open(img, 'wb') as f:
+        f.truncate(64 << 20)
+    r = subprocess.run('mkfs.ext4 -q -F %s && mount -o loop %s %s' % (img, img, disk), shell=True,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        if CI:
+            raise Failure('cannot make and mount an ext4 image (e2fsprogs, a loop device): ' + r.stderr)
+        raise Skip('cannot make and mount an ext4 image: ' + r.stderr.strip())
+    t.unmount_later(disk)
+    d = t.daemon(store=os.path.join(disk, 'store'), extra=['--block-tokens', '16'])
+    m = d.mnt
+    sh('mkdir %s/alice' % m, check_rc=0)
+    markers = ['zqx%dsecret' % i for i in range(5)]
+    for marker in markers:
+        sh("echo 'Once upon a time there was %s in the garden' > %s/alice/prompt" % (marker, m), check_rc=0)
+        sh('cat %s/alice/response' % m, check_rc=0)
+    for marker in ['zqxprefixone', 'zqxprefixtwo']:  # the second write replaces the first record
+        sh("echo 'Once upon a time %s lived' > %s/.prefixes/story" % (marker, m), check_rc=0)
+    markers += ['zqxprefixone', 'zqxprefixtwo']
+    sh('sync', check_rc=0)
+    with open(img, 'rb') as f:
+        raw = f.read()
+    # The search sees what is on the disk: every marker is there before the erasure.
+    check(all(mk.encode() in raw for mk in markers[:5] + ['zqxprefixtwo']),
+          'the markers are on the disk before rm: %s' % [mk for mk in markers if mk.encode() not in raw])
+    sh('rm -r %s/alice %s/.prefixes/story' % (m, m), check_rc=0)
+    d.stop()
+    r = subprocess.run(['umount', disk], capture_output=True, text=True)
+    check(r.returncode == 0, 'umount: ' + r.stderr)
+    with open(img, 'rb') as f:
+        raw = f.read()
+    left = {mk: raw.count(mk.encode()) for mk in markers if mk.encode() in raw}
+    check(not left, 'text left on the disk after rm (count of each marker): %s' % left)
+
+
+@test
 def daemon_modes(t):
     # Bad options and a missing model: exit 2 with one line naming the problem, nothing mounted.
     mnt = os.path.join(t.dir, 'mnt')
