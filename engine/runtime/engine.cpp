@@ -304,6 +304,7 @@ void Engine::Enqueue(CommitJob job) {
   {
     std::lock_guard lock(store_mu_);
     store_queue_.push_back(std::move(job));
+    ++store_jobs_;
   }
   store_cv_.notify_all();
 }
@@ -349,6 +350,11 @@ void Engine::StoreLoop() {
     }
     for (PoolBlock* b : job.held) pool_->Release(b);
     if (job.done) job.done(status);
+    {
+      std::lock_guard lock(store_mu_);
+      --store_jobs_;
+    }
+    store_job_done_cv_.notify_all();
   }
 }
 

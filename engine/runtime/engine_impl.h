@@ -97,6 +97,9 @@ struct ActiveTurn {
   Clock::time_point submitted, first_token, decode_start;
   bool cancelled = false;
   bool loaded = false;  // its cache load (if any) finished: ready for PrepareTurn
+  int64_t kv_admitted_bytes = 0;     // the most KV memory it can take (AdmitKv)
+  bool waiting_for_kv = false;       // its last step did not get KV memory (ReserveStepKv)
+  kvfs::Status kv_wait_status;       // why, for the failure should it come to that
 };
 
 // Cache files to read into the pool on the loader thread (blocks and the tail end up cached,
@@ -230,6 +233,18 @@ class Engine final : public AgentEngine {
   int64_t AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& tokens, int64_t keep);
   PoolBlock* LoadBlock(const BlockHash& hash, const KvLayout& layout);
   void Step();
+  // Whether a prepared turn may start now: under a KV budget, the most memory it can take (its
+  // context bound: the agent's tokens, the new text at a token a byte, the template, the whole
+  // reply) must fit beside the running turns' bounds. A lone turn always starts. Turns that
+  // start together cannot then grow into each other and all stall half-way.
+  bool AdmitKv(ActiveTurn& turn);
+  // Reserves each step's KV blocks. Steps whose turns cannot get them (the KV budget) leave the
+  // batch and wait for others to finish; when no step gets its blocks, the turn started last
+  // fails. Other reservation errors fail their turn. Returns how many decode steps are left.
+  size_t ReserveStepKv(std::vector<SequenceStep>& steps, std::vector<ActiveTurn*>& owners,
+                       std::vector<size_t>& chunk);
+  // Logs, once per wait, the turns among `short_of_memory` (indices into owners) still running.
+  void NoteWaitingForKv(const std::vector<ActiveTurn*>& owners, const std::vector<size_t>& short_of_memory);
   // Copies the backend's health (fallbacks, a lost or remade device) and its block copies into
   // counters_; the second with mu_ held.
   void NoteBackendHealth();
@@ -334,6 +349,8 @@ class Engine final : public AgentEngine {
   std::mutex store_mu_;
   std::condition_variable store_cv_;
   std::deque<CommitJob> store_queue_;
+  size_t store_jobs_ = 0;                     // store_mu_: queued or running
+  std::condition_variable store_job_done_cv_;  // a job finished (ReserveStepKv waits on it)
 
   std::mutex load_mu_;
   std::condition_variable load_cv_;

@@ -140,8 +140,13 @@ void Engine::StartTurns() {
     turn->loaded = !QueueLoad(*turn->agent, [t] { t->loaded = true; });
     warming_.push_back(std::move(turn));
   }
+  bool admitting = true;  // in arrival order: a turn that must wait for memory holds the later ones
   for (auto& turn : warming_) {
     if (!turn->loaded || turn->cancelled) continue;
+    if (!admitting || !AdmitKv(*turn)) {
+      admitting = false;
+      continue;
+    }
     kvfs::Status s = PrepareTurn(*turn);
     if (!s.ok()) {
       FailTurn(*turn, s);
@@ -331,7 +336,7 @@ void Engine::Step() {
       chunk.push_back(0);
     }
   }
-  const size_t decode_count = steps.size();
+  size_t decode_count = steps.size();
   std::vector<ActiveTurn*> prefilling;
   for (auto& t : active_)
     if (t->pending == kNoToken) prefilling.push_back(t.get());
@@ -361,6 +366,13 @@ void Engine::Step() {
       chunk.push_back(n);
       prefill_tokens += n;
     }
+  }
+  decode_count = ReserveStepKv(steps, owners, chunk);
+  prefill_tokens = 0;
+  for (size_t n : chunk) prefill_tokens += n;
+  if (steps.empty()) {
+    std::erase_if(active_, [](const std::unique_ptr<ActiveTurn>& t) { return t->agent == nullptr; });
+    return;
   }
   Logits logits;
   ForgetFreedBlocks();

@@ -1,0 +1,108 @@
+// Engine::ReserveStepKv: each step's KV blocks are taken before the forward pass, so that a KV
+// budget too small for every running turn at once makes some turns wait instead of failing the
+// whole batch (a failed pass fails every turn in it).
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/runtime/engine_impl.h"
+
+namespace kvfs {
+
+bool Engine::AdmitKv(ActiveTurn& turn) {
+  const int64_t budget = counters_.memory_budget_bytes;  // set at construction
+  const AgentRecord& a = *turn.agent;
+  Result<KvFormat> format = FormatFor(a.settings);
+  if (!format.ok()) return true;  // PrepareTurn fails it, saying why
+  const KvLayout layout = KvLayoutFor(model_->hparams(), *format, options_.block_tokens);
+  constexpr int64_t kTemplateTokens = 64;
+  const int64_t bound = std::min<int64_t>(
+      n_ctx_, static_cast<int64_t>(a.tokens.size() + turn.request.text.size() + a.system.size()) + kTemplateTokens +
+                  std::max(0, a.settings.max_tokens));
+  const int64_t B = options_.block_tokens;
+  const int64_t block_bytes = (std::max(layout.block_bytes(), layout.tail_block_bytes()) + 63) / 64 * 64;
+  turn.kv_admitted_bytes = (bound + B - 1) / B * block_bytes;
+  int64_t running = 0;
+  for (const auto& t : active_) running += t->kv_admitted_bytes;
+  if (active_.empty() || budget <= 0 || running + turn.kv_admitted_bytes <= budget) {
+    turn.waiting_for_kv = false;
+    return true;
+  }
+  if (!turn.waiting_for_kv) {
+    turn.waiting_for_kv = true;
+    spdlog::info("engine: turn of {} waits for KV memory: it may take {} bytes, running turns {} of the budget's {}",
+                 a.name, turn.kv_admitted_bytes, running, budget);
+  }
+  return false;
+}
+
+void Engine::NoteWaitingForKv(const std::vector<ActiveTurn*>& owners, const std::vector<size_t>& short_of_memory) {
+  for (size_t k : short_of_memory) {
+    ActiveTurn& t = *owners[k];
+    if (t.agent == nullptr || t.waiting_for_kv) continue;  // failed, or said already
+    t.waiting_for_kv = true;
+    spdlog::info("engine: turn of {} waits for KV memory ({})", t.agent->name, t.kv_wait_status.message());
+  }
+}
+
+size_t Engine::ReserveStepKv(std::vector<SequenceStep>& steps, std::vector<ActiveTurn*>& owners,
+                             std::vector<size_t>& chunk) {
+  std::vector<bool> keep(steps.size(), true);
+  std::vector<size_t> short_of_memory;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    SequenceKv& kv = *steps[k].kv;
+    const kvfs::Status s = kv.Reserve(kv.n_tokens() + static_cast<int64_t>(steps[k].tokens.size()));
+    if (s.ok()) continue;
+    keep[k] = false;
+    if (s.code() == StatusCode::kResourceExhausted) {
+      short_of_memory.push_back(k);
+      owners[k]->kv_wait_status = s;
+    } else {
+      FailTurn(*owners[k], s);  // the context is full, say: waiting would not help
+    }
+  }
+  const bool none_runs = std::none_of(keep.begin(), keep.end(), [](bool b) { return b; });
+  if (none_runs && !short_of_memory.empty()) {
+    // Blocks of finished turns become evictable once the store has written them: while it has
+    // work, wait for a job (briefly: the engine loop comes back here) instead of failing.
+    std::unique_lock lock(store_mu_);
+    if (store_jobs_ > 0) {
+      lock.unlock();
+      NoteWaitingForKv(owners, short_of_memory);
+      lock.lock();
+      const size_t before = store_jobs_;
+      store_job_done_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return store_jobs_ < before; });
+      steps.clear();
+      owners.clear();
+      chunk.clear();
+      return 0;
+    }
+  }
+  if (none_runs && !short_of_memory.empty()) {
+    // Nobody can go on, so nobody would free memory by finishing: the turn started last fails,
+    // its blocks go back to the pool, and the others try again at the next step.
+    const size_t youngest = *std::max_element(short_of_memory.begin(), short_of_memory.end(), [&](size_t a, size_t b) {
+      return owners[a]->submitted < owners[b]->submitted;
+    });
+    FailTurn(*owners[youngest], owners[youngest]->kv_wait_status);
+  }
+  NoteWaitingForKv(owners, short_of_memory);
+  size_t decode_kept = 0, out = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    if (!keep[k]) continue;
+    owners[k]->waiting_for_kv = false;
+    if (chunk[k] == 0) ++decode_kept;
+    steps[out] = steps[k];
+    owners[out] = owners[k];
+    chunk[out] = chunk[k];
+    ++out;
+  }
+  steps.resize(out);
+  owners.resize(out);
+  chunk.resize(out);
+  return decode_kept;
+}
+
+}  // namespace kvfs
