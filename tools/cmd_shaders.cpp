@@ -110,7 +110,10 @@ int Shaders(int argc, char** argv) {
     if (auto f = MakeKvFormat(kv, "", hp.n_head_kv, hp.head_dim); !f.ok()) return Fail(2, f.status().message());
   }
   auto report_or = VulkanShaderReport(**model_or, options);
-  if (!report_or.ok()) return Fail(1, report_or.status().message());
+  if (!report_or.ok()) {  // a device index that does not exist is a usage error, as in every command
+    const bool usage = report_or.status().code() == StatusCode::kInvalidArgument;
+    return Fail(usage ? 2 : 1, report_or.status().message());
+  }
   const ShaderReport& report = *report_or;
 
   if (args.has("--json")) {

@@ -95,7 +95,8 @@ int Tune(int argc, char** argv) {
   auto devices = ListVulkanDevices();
   if (!devices.ok()) return Fail(1, devices.status().message() + " (kvfs tune needs a Vulkan device)");
   const VulkanDeviceInfo* info = ChosenVulkanDevice(*devices, device);
-  if (info == nullptr) return Fail(2, fmt::format("no Vulkan device {} (see kvfs devices)", device));
+  if (info == nullptr)
+    return Fail(2, fmt::format("no Vulkan device {} (there are {}; see kvfs devices)", device, devices->size()));
   if (!info->subgroup_shuffle) search.skip.push_back("subgroup_trees");
   search.device_type = info->type;  // the same shaders either way
 

@@ -136,6 +136,14 @@ if r.returncode == 0:
           f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
     bad('vulkan device out of range', ['run', '-m', stories, '-p', 'x', '--backend', 'vulkan', '--device', '99'],
         'no Vulkan device 99')
+    # Every command takes a device index that does not exist as a usage error (exit 2).
+    for cmd in (['bench', '-p', '8', '-n', '2', '-r', '1', '--backend', 'vulkan'],
+                ['perplexity', '-f', os.path.abspath(__file__), '--backend', 'vulkan'],
+                ['bench', 'batched', '--backend', 'vulkan'], ['tune'], ['shaders']):
+        sub = 2 if cmd[:2] == ['bench', 'batched'] else 1
+        bad('%s: vulkan device out of range' % ' '.join(cmd[:sub]), cmd[:sub] + ['-m', stories] + cmd[sub:] +
+            ['--device', '99'],
+            'no Vulkan device 99 (there are')
     for kv in ('f16', 'q4', 'q4k'):
         r = run(['bench', '-m', stories, '-p', '16', '-n', '4', '-r', '1', '--kv', kv, '--backend', 'vulkan', '--json'])
         ok = r.returncode == 0
