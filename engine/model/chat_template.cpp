@@ -104,7 +104,9 @@ ChatFamily DetectChatFamily(std::string_view tmpl) {
 
 ChatTemplate ChatTemplate::FromGguf(const GgufFile& gguf, const Tokenizer& tokenizer) {
   std::optional<std::string_view> tmpl = gguf.GetString("tokenizer.chat_template");
-  return ChatTemplate(tmpl ? DetectChatFamily(*tmpl) : ChatFamily::kRaw, &tokenizer);
+  ChatTemplate out(tmpl ? DetectChatFamily(*tmpl) : ChatFamily::kRaw, &tokenizer);
+  out.unrecognised_ = tmpl && !Trim(*tmpl).empty() && out.family_ == ChatFamily::kRaw && *tmpl != "raw";
+  return out;
 }
 
 ChatTemplate::ChatTemplate(ChatFamily family, const Tokenizer* tokenizer)

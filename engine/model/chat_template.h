@@ -29,6 +29,9 @@ class ChatTemplate {
   ChatTemplate(ChatFamily family, const Tokenizer* tokenizer);
 
   ChatFamily family() const { return family_; }
+  // The model has a chat template that no family here matches: prompts go in as raw text,
+  // which the model was not trained on (the engine warns; .model.json says so).
+  bool unrecognised() const { return unrecognised_; }
   // The prompt text for these messages; with add_generation_prompt the assistant header for
   // the next reply is appended. Raw mode concatenates contents (system first) unchanged.
   // The text contains the family's special tokens as text: encode it with parse_special=true.
@@ -43,6 +46,7 @@ class ChatTemplate {
  private:
   ChatFamily family_;
   const Tokenizer* tokenizer_;
+  bool unrecognised_ = false;
 };
 
 }  // namespace kvfs

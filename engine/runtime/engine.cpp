@@ -95,6 +95,10 @@ Status Engine::Init() {
   spdlog::info("engine: model {} ({}), fingerprint {}, context {}, KV budget {} bytes, {} agents restored, backend {}",
                model_->name(), options_.model_path, fingerprint_, n_ctx_, counters_.memory_budget_bytes, agents_.size(),
                backend_name_);
+  if (model_->chat_template().unrecognised())
+    spdlog::warn("engine: the model's chat template is none of the families kvfs renders (chatml, llama2, llama3, "
+                 "mistral, gemma, phi3, zephyr): agents' conversations go to it as raw text, which it was not "
+                 "trained on; replies may be poor (.model.json: chat_template_recognised false)");
   return Status::Ok();
 }
 
@@ -618,6 +622,7 @@ nlohmann::json Engine::ModelInfo() {
                         {"weights_bytes", model_->weights().total_bytes},
                         {"weights_type", std::string(GgmlTypeInfo(static_cast<uint32_t>(model_->weights().layers.at(0).wq.type))->name)},
                         {"chat_template", std::string(ChatFamilyName(model_->chat_template().family()))},
+                        {"chat_template_recognised", !model_->chat_template().unrecognised()},
                         {"kv_format", fmt.ok() ? fmt->Name() : options_.kv},
                         {"kv_block_tokens", options_.block_tokens},
                         {"kv_budget_bytes", counters_.memory_budget_bytes},

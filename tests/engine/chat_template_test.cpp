@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/model/gguf.h"
+#include "tests/gguf_builder.h"
 #include "tests/test_support.h"
 
 namespace kvfs {
@@ -316,6 +317,28 @@ TEST(ChatTemplateGguf, NoTemplateIsRaw) {
   ASSERT_FALSE((*gguf)->GetString("tokenizer.chat_template").has_value());
   FakeTokenizer tok(**gguf);
   EXPECT_EQ(ChatTemplate::FromGguf(**gguf, tok).family(), ChatFamily::kRaw);
+}
+
+// A template that is none of the families renders raw, and says so (the engine warns about it);
+// a missing template, an empty one, one that names "raw", and a recognised one do not.
+TEST(ChatTemplateGguf, AnUnrecognisedTemplateIsFlagged) {
+  FakeTokenizer tok({"<s>", "</s>"}, "<s>", "</s>");
+  auto flagged = [&](std::optional<std::string> tmpl) {
+    testing::GgufBuilder b;
+    b.Str("general.architecture", "llama");
+    if (tmpl) b.Str("tokenizer.chat_template", *tmpl);
+    const std::vector<uint8_t> bytes = b.Bytes();
+    auto gguf = GgufFile::Parse(bytes);
+    EXPECT_TRUE(gguf.ok()) << gguf.status().message();
+    const ChatTemplate t = ChatTemplate::FromGguf(**gguf, tok);
+    return std::make_pair(t.family(), t.unrecognised());
+  };
+  const std::string deepseek = "{% for m in messages %}<｜User｜>{{ m['content'] }}<｜Assistant｜>{% endfor %}";
+  EXPECT_EQ(flagged(deepseek), std::make_pair(ChatFamily::kRaw, true));
+  EXPECT_EQ(flagged(std::nullopt), std::make_pair(ChatFamily::kRaw, false));
+  EXPECT_EQ(flagged(std::string(" \n")), std::make_pair(ChatFamily::kRaw, false));
+  EXPECT_EQ(flagged(std::string("raw")), std::make_pair(ChatFamily::kRaw, false));
+  EXPECT_EQ(flagged(std::string("{{ '<|im_start|>' + m['role'] }}")), std::make_pair(ChatFamily::kChatml, false));
 }
 
 }  // namespace
