@@ -130,6 +130,9 @@ class Logging {
 }  // namespace
 
 int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
+  // Until it detaches, the daemon logs to the terminal or pipe that started it: one closed early
+  // (`kvfsd ... | head -1`, an ssh session gone) must not kill it with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> args(argv, argv + argc);
   Result<DaemonConfig> parsed = ParseDaemonArgs(args);
   if (!parsed.ok()) {

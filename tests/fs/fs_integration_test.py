@@ -853,6 +853,24 @@ def daemon_modes(t):
         time.sleep(0.05)
     check(not os.path.ismount(mnt), 'SIGTERM unmounts')
     check('mounted at' in open(os.path.join(store, 'kvfsd.log')).read(), 'the log is in the store')
+    # Started with its output to a pipe nobody reads any more (`kvfsd ... | head -0`): it still
+    # mounts and serves (no death by SIGPIPE while it logs to the pipe before detaching).
+    rd, wr = os.pipe()
+    os.close(rd)
+    p = subprocess.Popen([DAEMON, '--config', config], stdout=wr, stderr=wr)
+    os.close(wr)
+    rc = p.wait(timeout=60)
+    check(rc == 0 and os.path.ismount(mnt), 'background start with a closed pipe as output: rc %d, mounted %s'
+          % (rc, os.path.ismount(mnt)))
+    pids = [int(q) for q in os.listdir('/proc') if q.isdigit() and cmdline_of(q) == [DAEMON, '--config', config]]
+    check(len(pids) == 1, 'one daemon process: %s' % pids)
+    t.kill_later(pids[0])
+    sh('mkdir %s/bob && ls %s/bob/prompt' % (mnt, mnt), check_rc=0)
+    os.kill(pids[0], signal.SIGTERM)
+    deadline = time.time() + 30
+    while time.time() < deadline and os.path.ismount(mnt):
+        time.sleep(0.05)
+    check(not os.path.ismount(mnt), 'SIGTERM unmounts')
 
 
 
