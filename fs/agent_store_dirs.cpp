@@ -221,7 +221,7 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
   } else if (node.kind == NodeKind::kAgentFile &&
              (node.agent_file == AgentFile::kSystem || node.agent_file == AgentFile::kConfig)) {
     // truncate(2) by path: the file as an open with O_TRUNC and no writes leaves it (system
-    // empty; an empty config.json is refused, changing nothing).
+    // empty; config.json as it was: an empty file merges nothing).
     Handle emptied;
     emptied.kind = Handle::Kind::kEditable;
     emptied.ino = ino;

@@ -153,6 +153,9 @@ Status AgentStore::ApplyWrites(Handle& handle) {
       break;
     }
     case AgentFile::kConfig: {
+      // Written text is merged into the settings, so an emptied file (`: >`, truncate, `echo >`)
+      // merges nothing: the settings stay, and the close succeeds however it was emptied.
+      if (handle.data.find_first_not_of(" \t\r\n") == std::string::npos) return Status::Ok();
       KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(name));
       KVFS_ASSIGN_OR_RETURN(AgentSettings settings, ParseAgentSettings(handle.data, info.settings));
       KVFS_RETURN_IF_ERROR(engine_.SetSettings(name, settings));

@@ -166,7 +166,7 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
         KVFS_ASSIGN_OR_RETURN(handle->data, RenderFile(node));
       }
       // `: > system` (O_TRUNC, no write) empties the system prompt at close, as on any file.
-      // An empty config.json would only be refused, so there it changes nothing.
+      // An emptied config.json merges nothing (ApplyWrites), so there it changes nothing.
       handle->dirty = flags.truncate && file == AgentFile::kSystem;
       return handle;
     }

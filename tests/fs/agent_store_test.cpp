@@ -360,13 +360,34 @@ TEST_F(StoreTest, TruncatingByPathActsAsATruncatingOpen) {
   ASSERT_TRUE(store_->Truncate(system, 0, std::nullopt, kRoot).ok());
   EXPECT_EQ(*Cat("alice", "system"), "");
   EXPECT_EQ(engine_->GetAgent("alice")->system, "");
+  ASSERT_TRUE(Echo("alice", "config.json", "{\"max_tokens\": 7}").ok());
   const std::string config = *Cat("alice", "config.json");
-  EXPECT_EQ(store_->Truncate(*File("alice", "config.json"), 0, std::nullopt, kRoot).status().code(),
-            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store_->Truncate(*File("alice", "config.json"), 0, std::nullopt, kRoot).ok());  // merges nothing
   EXPECT_EQ(*Cat("alice", "config.json"), config);
+  EXPECT_EQ(engine_->GetAgent("alice")->settings.max_tokens, 7);
   EXPECT_EQ(store_->Truncate(*File("alice", "kv.safetensors"), 0, std::nullopt, kRoot).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Truncate(system, 0, std::nullopt, kBob).status().code(), StatusCode::kPermissionDenied);
+}
+
+// However config.json is emptied (an open with O_TRUNC and no write, ftruncate on the open file,
+// a lone newline written), its close succeeds and the settings stay: empty text merges nothing.
+TEST_F(StoreTest, AnEmptiedConfigChangesNothing) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "config.json", "{\"max_tokens\": 7, \"temperature\": 0.5}").ok());
+  const std::string config = *Cat("alice", "config.json");
+  const InodeId ino = *File("alice", "config.json");
+  HandleId h = *store_->Open(ino, WriteTruncFlags(), kRoot);
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  h = *store_->Open(ino, OpenFlags{false, true, false, false}, kRoot);  // truncate(1): open, then ftruncate
+  ASSERT_TRUE(store_->Truncate(ino, 0, h, kRoot).ok());
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  ASSERT_TRUE(Echo("alice", "config.json", "\n").ok());
+  EXPECT_EQ(*Cat("alice", "config.json"), config);
+  EXPECT_EQ(engine_->GetAgent("alice")->settings.max_tokens, 7);
+  EXPECT_FALSE(Echo("alice", "config.json", "{\"max_tokens\": ").ok());  // still: bad JSON is refused
 }
 
 // A prompt is its bytes in the order written: a write that is not at the end of them (pwrite
