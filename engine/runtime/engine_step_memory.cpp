@@ -18,8 +18,13 @@ bool Engine::AdmitKv(ActiveTurn& turn) {
   if (!format.ok()) return true;  // PrepareTurn fails it, saying why
   const KvLayout layout = KvLayoutFor(model_->hparams(), *format, options_.block_tokens);
   constexpr int64_t kTemplateTokens = 64;
+  // Without a usable cache (another model or format at restore, released) the whole
+  // conversation is encoded again.
+  size_t history = a.tokens.size();
+  if (a.tokens.empty() || a.cached_text.empty())
+    for (const ConversationTurn& c : a.conversation) history += c.text.size() + c.role.size() + 16;
   const int64_t bound = std::min<int64_t>(
-      n_ctx_, static_cast<int64_t>(a.tokens.size() + turn.request.text.size() + a.system.size()) + kTemplateTokens +
+      n_ctx_, static_cast<int64_t>(history + turn.request.text.size() + a.system.size()) + kTemplateTokens +
                   std::max(0, a.settings.max_tokens));
   const int64_t B = options_.block_tokens;
   const int64_t block_bytes = (std::max(layout.block_bytes(), layout.tail_block_bytes()) + 63) / 64 * 64;
@@ -62,18 +67,26 @@ size_t Engine::ReserveStepKv(std::vector<SequenceStep>& steps, std::vector<Activ
     } else {
       FailTurn(*owners[k], s);  // the context is full, say: waiting would not help
     }
+    if (chunk[k] > 0) ++owners[k]->prefill_waited;
   }
   const bool none_runs = std::none_of(keep.begin(), keep.end(), [](bool b) { return b; });
+  bool tasks_pending = false;  // e.g. dropping stale blocks, which frees memory
+  {
+    std::lock_guard lock(mu_);
+    tasks_pending = !tasks_.empty();
+  }
   if (none_runs && !short_of_memory.empty()) {
     // Blocks of finished turns become evictable once the store has written them: while it has
-    // work, wait for a job (briefly: the engine loop comes back here) instead of failing.
+    // work, wait for a job (briefly: the engine loop comes back here) instead of failing. The
+    // engine's own tasks run first too.
     std::unique_lock lock(store_mu_);
-    if (store_jobs_ > 0) {
+    if (store_jobs_ > 0 || tasks_pending) {
       lock.unlock();
       NoteWaitingForKv(owners, short_of_memory);
       lock.lock();
       const size_t before = store_jobs_;
-      store_job_done_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return store_jobs_ < before; });
+      if (!tasks_pending)
+        store_job_done_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return store_jobs_ < before; });
       steps.clear();
       owners.clear();
       chunk.clear();

@@ -64,7 +64,14 @@ void Engine::EngineLoop() {
           if (!a->running && !a->queue.empty()) return true;
         return false;
       };
-      auto ready = [&] { return stopping_ || !tasks_.empty() || startable(); };
+      // A loaded turn that AdmitKv held while others ran starts once they are gone (they may
+      // have failed, which posts nothing).
+      auto held = [&] {
+        for (const auto& t : warming_)
+          if (t != nullptr && t->agent != nullptr && t->loaded && !t->cancelled) return true;
+        return false;
+      };
+      auto ready = [&] { return stopping_ || !tasks_.empty() || startable() || held(); };
       if (active_.empty()) {
         if ((warm_up_ != nullptr || !warm_up_formats_.empty()) && !ready()) {  // else idle: warm up
           lock.unlock();
@@ -359,17 +366,22 @@ void Engine::Step() {
     for (size_t k = 0; k < prefilling.size(); ++k) {
       ActiveTurn* t = prefilling[k];
       const size_t n = plan[k];
-      t->prefill_waited = n > 0 ? 0 : t->prefill_waited + 1;
-      if (n == 0) continue;
+      if (n == 0) {
+        ++t->prefill_waited;
+        continue;
+      }
       steps.push_back(SequenceStep{t->seq.get(), std::span<const TokenId>(t->context.data() + t->prefill_at, n), false});
       owners.push_back(t);
       chunk.push_back(n);
       prefill_tokens += n;
     }
   }
-  decode_count = ReserveStepKv(steps, owners, chunk);
+  decode_count = ReserveStepKv(steps, owners, chunk);  // a prefill it holds back counts as passed over
   prefill_tokens = 0;
-  for (size_t n : chunk) prefill_tokens += n;
+  for (size_t k = 0; k < chunk.size(); ++k) {
+    prefill_tokens += chunk[k];
+    if (chunk[k] > 0) owners[k]->prefill_waited = 0;
+  }
   if (steps.empty()) {
     std::erase_if(active_, [](const std::unique_ptr<ActiveTurn>& t) { return t->agent == nullptr; });
     return;

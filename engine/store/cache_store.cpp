@@ -263,22 +263,26 @@ Status CacheStore::ShredFile(const std::string& path, uint64_t* bytes, size_t* f
   return Status::Ok();
 }
 
+Status CacheStore::DropName(const std::string& path, uint64_t* bytes, size_t* files) {
+  // By the link count, not by comparing inode numbers, which some FUSE file systems make up.
+  KVFS_ASSIGN_OR_RETURN(uint64_t names, fs_.LinkCount(path));
+  if (names > 1) return fs_.Unlink(path);
+  return ShredFile(path, bytes, files);
+}
+
 Status CacheStore::DropPreviousManifest(const std::string& agent_dir, uint64_t* bytes, size_t* files) {
-  const std::string prev_path = JoinPath(agent_dir, kPrevManifestName);
-  Result<bool> same = fs_.SameFile(prev_path, JoinPath(agent_dir, kManifestName));
-  if (!same.ok() && same.status().code() != StatusCode::kNotFound) return same.status();
-  if (same.ok() && *same) return fs_.Unlink(prev_path);
-  return ShredFile(prev_path, bytes, files);
+  return DropName(JoinPath(agent_dir, kPrevManifestName), bytes, files);
 }
 
 Status CacheStore::PurgeDir(const std::string& dir, uint64_t* bytes, size_t* files) {
   KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs_.ListDir(dir));
+  // manifest.prev.json first: when it is a second name of the manifest, only its name goes, and
+  // the manifest's bytes are zeroed (and counted) once, with the manifest.
+  auto is_prev = [](const DirEntry& e) { return e.name == kPrevManifestName && !e.is_dir && !e.is_symlink; };
+  if (std::any_of(entries.begin(), entries.end(), is_prev)) KVFS_RETURN_IF_ERROR(DropPreviousManifest(dir, bytes, files));
   for (const DirEntry& e : entries) {
     const std::string path = JoinPath(dir, e.name);
-    if (e.name == kPrevManifestName && !e.is_dir && !e.is_symlink) {  // maybe a second name of the manifest
-      KVFS_RETURN_IF_ERROR(DropPreviousManifest(dir, bytes, files));
-      continue;
-    }
+    if (is_prev(e)) continue;
     // A link holds none of our bytes: it goes, what it points at stays.
     KVFS_RETURN_IF_ERROR(e.is_symlink ? fs_.Unlink(path)
                          : e.is_dir   ? PurgeDir(path, bytes, files)
@@ -341,18 +345,19 @@ Status CacheStore::PublishManifest(const std::string& agent_dir, const std::stri
   if (st.ok()) return st;
   // The new manifest is visible but its rename may not be durable: put the old one back so
   // that an error return really means "still at the previous turn".
-  // (The new turn's file is zeroed before it goes: manifest.prev.json still holds the old turn.)
-  // A first turn's file goes under a temp name first, which Open shreds after a crash: zeroed
-  // in place it would be an unreadable agent, not an absent one.
-  Status rollback = Status::Ok();
-  if (previous) {
-    rollback = WriteFileAtomic(fs_, agent_dir, std::string(kManifestName), *previous, /*zero_replaced=*/true);
-  } else if (fs_.Rename(final_path, tmp_path).ok()) {
-    uint64_t bytes = 0;
-    size_t files = 0;
-    rollback = ShredFile(tmp_path, &bytes, &files);
-  } else {
-    rollback = fs_.Unlink(final_path);
+  // The new turn's file goes under a temp name first, which Open shreds after a crash: then
+  // Open finds no manifest and puts manifest.prev.json back (or, for a first turn, no agent),
+  // where zeroing it in place would leave an unreadable manifest in the running store.
+  uint64_t shredded_bytes = 0;
+  size_t shredded_files = 0;
+  const std::string undone_path = final_path + ".undone" + std::string(kTempSuffix);  // not WriteFileAtomic's
+  const bool moved = fs_.Rename(final_path, undone_path).ok();
+  Status rollback = previous ? WriteFileAtomic(fs_, agent_dir, std::string(kManifestName), *previous)
+                    : moved  ? Status::Ok()
+                             : fs_.Unlink(final_path);
+  if (moved) {
+    Status shredded = ShredFile(undone_path, &shredded_bytes, &shredded_files);
+    if (rollback.ok()) rollback = shredded;
   }
   if (rollback.ok() && !previous) rollback = fs_.SyncDir(agent_dir);
   if (!rollback.ok())
@@ -368,12 +373,14 @@ Status CacheStore::KeepPreviousManifest(const std::string& agent_dir, const std:
                                         uint64_t* bytes_written) {
   const std::string manifest_path = JoinPath(agent_dir, kManifestName);
   const std::string prev_path = JoinPath(agent_dir, kPrevManifestName);
+  // An unreadable manifest is no turn to keep: the readable copy stays instead.
+  if (!ParseManifest(AsString(previous), manifest_path).ok()) return Status::Ok();
   Result<bool> same = fs_.SameFile(prev_path, manifest_path);
   if (!same.ok() && same.status().code() != StatusCode::kNotFound) return same.status();
   if (same.ok() && *same) return fs_.SyncDir(agent_dir);  // linked by a commit that crashed after it
   uint64_t bytes = 0;
   size_t files = 0;
-  if (same.ok()) KVFS_RETURN_IF_ERROR(ShredFile(prev_path, &bytes, &files));
+  if (same.ok()) KVFS_RETURN_IF_ERROR(DropPreviousManifest(agent_dir, &bytes, &files));
   Status linked = fs_.Link(manifest_path, prev_path);
   if (linked.code() == StatusCode::kUnsupported) {
     KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, agent_dir, std::string(kPrevManifestName), previous));
@@ -482,8 +489,14 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
     auto image = EncodeBlockFile(BlockKind::kTail, BlockHash{}, tail->kv_format, tail->n_tokens, tail->payload,
                                  options_.encode);
     if (!image.ok()) return abandon(image.status());
-    // This turn's tail file is no other turn's: abandon shreds it, in place or not.
+    // This turn's tail file is no other turn's: abandon shreds it, in place or not, and so is
+    // one of that name already there (a failed try of this turn, an unreadable incarnation's).
     new_tail = JoinPath(adir, manifest.tail->file);
+    uint64_t bytes = 0;
+    size_t files = 0;
+    if (fs_.FileSize(new_tail).ok()) {
+      if (Status st = ShredFile(new_tail, &bytes, &files); !st.ok()) return abandon(st);
+    }
     Status st = WriteFileAtomic(fs_, adir, manifest.tail->file, *image);
     if (!st.ok()) return abandon(st.WithContext("writing the tail of " + agent));
     report.bytes_written += image->size();
@@ -492,13 +505,19 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
     Status st = KeepPreviousManifest(adir, *previous, &report.bytes_written);
     if (!st.ok()) return abandon(st.WithContext("keeping the previous manifest of " + agent));
   } else if (was_broken) {
-    // The copy belongs to the unreadable incarnation this commit replaces.
+    // The copy belongs to the unreadable incarnation this commit replaces. Its unreadable
+    // manifest takes that name instead, so that the publish frees none of its bytes; the next
+    // commit, an erasure or Open zeroes them.
     uint64_t bytes = 0;
     size_t files = 0;
-    if (fs_.FileSize(JoinPath(adir, kPrevManifestName)).ok()) {
-      Status st = DropPreviousManifest(adir, &bytes, &files);
-      if (!st.ok()) return abandon(st);
+    Status st = Status::Ok();
+    if (fs_.FileSize(JoinPath(adir, kPrevManifestName)).ok()) st = DropPreviousManifest(adir, &bytes, &files);
+    if (st.ok() && fs_.FileSize(JoinPath(adir, kManifestName)).ok()) {
+      st = fs_.Link(JoinPath(adir, kManifestName), JoinPath(adir, kPrevManifestName));
+      if (st.code() == StatusCode::kUnsupported) st = Status::Ok();
+      if (st.ok()) st = fs_.SyncDir(adir);
     }
+    if (!st.ok()) return abandon(st);
   }
   Status published = PublishManifest(adir, manifest_bytes, previous);
   if (!published.ok()) {

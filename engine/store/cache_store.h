@@ -244,6 +244,8 @@ class CacheStore {
   Status ReplaceZeroingOld(const std::string& dir, const std::string& name, std::span<const uint8_t> data);
   // Removes a retired name: unlinked while it is still the live file's second name, else shredded.
   Status DropRetired(const std::string& retired_path, uint64_t* bytes, size_t* files);
+  // Removes `path`: only the name when the file has others (nothing is freed), else shredded.
+  Status DropName(const std::string& path, uint64_t* bytes, size_t* files);
   // Removes manifest.prev.json: shredded, unless it is a name of manifest.json itself (left by a
   // crash between its link and the publish), which must keep its bytes.
   Status DropPreviousManifest(const std::string& agent_dir, uint64_t* bytes, size_t* files);

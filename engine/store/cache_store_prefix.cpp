@@ -47,11 +47,7 @@ Status CacheStore::ScanPrefixes() {
 }
 
 Status CacheStore::DropRetired(const std::string& retired_path, uint64_t* bytes, size_t* files) {
-  const std::string live = retired_path.substr(0, retired_path.size() - kRetiredSuffix.size());
-  Result<bool> same = fs_.SameFile(retired_path, live);
-  if (!same.ok() && same.status().code() != StatusCode::kNotFound) return same.status();
-  if (same.ok() && *same) return fs_.Unlink(retired_path);  // still the live file's second name
-  return ShredFile(retired_path, bytes, files);
+  return DropName(retired_path, bytes, files);  // while still the live record's second name, an unlink
 }
 
 Status CacheStore::ReplaceZeroingOld(const std::string& dir, const std::string& name, std::span<const uint8_t> data) {
@@ -71,10 +67,12 @@ Status CacheStore::ReplaceZeroingOld(const std::string& dir, const std::string& 
   if (!has_retired) return st;
   // Whether or not the new file is in place, the second name goes: shredded when it is the last
   // name of the old bytes, unlinked when the rename did not happen (the Open after a crash does
-  // the same).
+  // the same). Once the new file is in place this is clean-up: its failure leaves a name that
+  // Open or an erasure of the record drops, and the replace stands.
   Status dropped = DropRetired(retired, &bytes, &files);
-  if (st.ok() && dropped.ok()) dropped = fs_.SyncDir(dir);
-  return st.ok() ? dropped : st;
+  if (dropped.ok()) dropped = fs_.SyncDir(dir);
+  if (!dropped.ok()) spdlog::warn("cache store {}: dropping {}: {}", dir_, retired, dropped.message());
+  return st;
 }
 
 void CacheStore::ShredBlocks(const std::vector<BlockHash>& freed, EraseReport* report) {
@@ -159,6 +157,9 @@ Result<EraseReport> CacheStore::ErasePrefix(const std::string& name) {
   if (it == prefixes_.end() && !broken) return NotFound("no stored prefix \"" + name + "\"");
   EraseReport report;
   // The commit point: once the record is gone (and that is durable) the prefix does not exist.
+  const std::string retired = PrefixPath(name) + std::string(kRetiredSuffix);  // a replace's leftover
+  if (fs_.FileSize(retired).ok())
+    KVFS_RETURN_IF_ERROR(DropRetired(retired, &report.bytes_freed, &report.files_removed).WithContext("erasing prefix " + name));
   KVFS_RETURN_IF_ERROR(ShredFile(PrefixPath(name), &report.bytes_freed, &report.files_removed)
                            .WithContext("erasing prefix " + name));
   Status synced = fs_.SyncDir(prefixes_dir_);

@@ -162,7 +162,7 @@ Result<uint64_t> FaultInjectingFileSystem::Lookup(const std::string& path) const
   return r.ino;
 }
 
-size_t FaultInjectingFileSystem::LinkCount(uint64_t ino) const {
+size_t FaultInjectingFileSystem::NamesOf(uint64_t ino) const {
   size_t n = 0;
   for (const auto& [dir_ino, node] : inodes_)
     for (const auto& [name, child] : node.entries) n += child == ino ? 1 : 0;
@@ -242,7 +242,7 @@ Status FaultInjectingFileSystem::Rename(const std::string& from, const std::stri
   if (dst.ino != 0 && inodes_.at(src.ino).is_dir) return IoError("rename a directory over a file: " + to);
   inodes_.at(src.parent).entries.erase(src.name);
   inodes_.at(dst.parent).entries[dst.name] = src.ino;
-  if (dst.ino != 0 && LinkCount(dst.ino) == 0) NoteRelease(dst.ino, "rename over: " + to);
+  if (dst.ino != 0 && NamesOf(dst.ino) == 0) NoteRelease(dst.ino, "rename over: " + to);
   return Status::Ok();
 }
 
@@ -254,7 +254,7 @@ Status FaultInjectingFileSystem::Unlink(const std::string& path) {
   if (r.ino == 0) return NotFound("unlink: no such file: " + path);
   if (inodes_.at(r.ino).is_dir) return IoError("unlink: is a directory: " + path);
   inodes_.at(r.parent).entries.erase(r.name);
-  if (LinkCount(r.ino) == 0) NoteRelease(r.ino, "unlink: " + path);
+  if (NamesOf(r.ino) == 0) NoteRelease(r.ino, "unlink: " + path);
   return Status::Ok();
 }
 
@@ -369,6 +369,13 @@ Result<bool> FaultInjectingFileSystem::SameFile(const std::string& a, const std:
   KVFS_ASSIGN_OR_RETURN(uint64_t ia, Lookup(a));
   KVFS_ASSIGN_OR_RETURN(uint64_t ib, Lookup(b));
   return ia == ib;
+}
+
+Result<uint64_t> FaultInjectingFileSystem::LinkCount(const std::string& path) {
+  std::lock_guard lock(mu_);
+  KVFS_RETURN_IF_ERROR(CheckAlive(path));
+  KVFS_ASSIGN_OR_RETURN(uint64_t ino, Lookup(path));
+  return static_cast<uint64_t>(NamesOf(ino));
 }
 
 void FaultInjectingFileSystem::SetFreeBytes(uint64_t bytes) {

@@ -97,6 +97,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   Result<bool> IsDir(const std::string& path) override;
   Result<uint64_t> FreeBytes(const std::string& path) override;
   Result<bool> SameFile(const std::string& a, const std::string& b) override;
+  Result<uint64_t> LinkCount(const std::string& path) override;
 
  private:
   struct Inode {
@@ -117,7 +118,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   Result<Resolved> Resolve(const std::string& path) const;
   Result<uint64_t> Lookup(const std::string& path) const;  // existing inode or kNotFound
   uint64_t NewInode(bool is_dir);
-  size_t LinkCount(uint64_t ino) const;  // current entries naming `ino`
+  size_t NamesOf(uint64_t ino) const;  // current entries naming `ino`
   // Records `what` in released_ when a file that lost a name or its bytes held non-zero data.
   void NoteRelease(uint64_t ino, const std::string& what);
 

@@ -122,7 +122,7 @@ Status PosixFileSystem::Unlink(const std::string& path) {
 Status PosixFileSystem::Link(const std::string& from, const std::string& to) {
   if (::link(from.c_str(), to.c_str()) == 0) return Status::Ok();
   const int err = errno;
-  if (err == EPERM || err == EOPNOTSUPP || err == EMLINK)  // vfat, some FUSE and network file systems
+  if (err == EPERM || err == EOPNOTSUPP || err == EMLINK || err == ENOSYS)  // vfat, FUSE and network file systems
     return Status(StatusCode::kUnsupported, "link " + from + " -> " + to + ": " + std::strerror(err));
   return ErrnoStatus(err, "link " + from + " ->", to);
 }
@@ -230,6 +230,12 @@ Result<bool> PosixFileSystem::SameFile(const std::string& a, const std::string& 
   if (::lstat(a.c_str(), &sa) != 0) return ErrnoStatus(errno, "stat", a);
   if (::lstat(b.c_str(), &sb) != 0) return ErrnoStatus(errno, "stat", b);
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+Result<uint64_t> PosixFileSystem::LinkCount(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+  return static_cast<uint64_t>(st.st_nlink);
 }
 
 Status ZeroFileBeforeReplacing(FileSystem& fs, const std::string& path) {

@@ -62,6 +62,9 @@ class FileSystem {
   virtual Result<uint64_t> FreeBytes(const std::string& path) = 0;
   // Whether two existing paths name one file (hard links of each other; links not followed).
   virtual Result<bool> SameFile(const std::string& a, const std::string& b) = 0;
+  // How many names the file has (st_nlink; a symbolic link is not followed). Above 1, unlinking
+  // this name frees none of its bytes.
+  virtual Result<uint64_t> LinkCount(const std::string& path) = 0;
 };
 
 // The real thing: open/write/fsync/rename/unlink on the host file system. Stateless, so one
@@ -84,6 +87,7 @@ class PosixFileSystem final : public FileSystem {
   Result<bool> IsDir(const std::string& path) override;
   Result<uint64_t> FreeBytes(const std::string& path) override;
   Result<bool> SameFile(const std::string& a, const std::string& b) override;
+  Result<uint64_t> LinkCount(const std::string& path) override;
 };
 
 // Maps an errno to a Status naming the operation and path: ENOSPC/EDQUOT -> kNoSpace,

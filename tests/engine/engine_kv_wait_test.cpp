@@ -3,6 +3,7 @@
 // reply is what the agent gets alone with no budget.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <future>
 
 #include "tests/engine/engine_test_util.h"
@@ -84,6 +85,35 @@ TEST_F(EngineKvWaitTest, ATurnOverTheBudgetAloneFails) {
   ASSERT_FALSE(out.stats.ok());
   EXPECT_EQ(out.stats.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(out.stats.status().message().find("KV budget"), std::string::npos) << out.stats.status().message();
+}
+
+// A turn held back for memory starts when the turn it waited for fails instead of finishing
+// (a failure posts no engine task: the engine must not go to sleep with it held).
+TEST_F(EngineKvWaitTest, AHeldTurnStartsWhenTheRunningOneFails) {
+  auto engine = CreateEngine(Options(3 * 10240));
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
+  LongGreedy(**engine, "alice", 120);  // outgrows the budget alone: fails
+  LongGreedy(**engine, "bob", 4);
+  std::promise<Result<TurnStats>> alice_done, bob_done;
+  TurnRequest a;
+  a.agent = "alice";
+  a.text = kTurns[0];
+  a.on_done = [&](const Result<TurnStats>& s) { alice_done.set_value(s); };
+  TurnRequest b;
+  b.agent = "bob";
+  b.text = kTurns[1];
+  b.on_done = [&](const Result<TurnStats>& s) { bob_done.set_value(s); };
+  ASSERT_TRUE((*engine)->SubmitTurn(std::move(a)).ok());
+  ASSERT_TRUE((*engine)->SubmitTurn(std::move(b)).ok());
+  auto alice = alice_done.get_future();
+  auto bob = bob_done.get_future();
+  ASSERT_EQ(alice.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  EXPECT_EQ(alice.get().status().code(), StatusCode::kResourceExhausted);
+  ASSERT_EQ(bob.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "bob's turn never started";
+  Result<TurnStats> st = bob.get();
+  EXPECT_TRUE(st.ok()) << st.status().message();
 }
 
 }  // namespace

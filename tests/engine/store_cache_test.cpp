@@ -456,13 +456,22 @@ TEST(StoreCache, BothManifestsDamagedIsBroken) {
   EXPECT_NE(r.broken_agents[0].find("manifest.prev.json"), std::string::npos) << r.broken_agents[0];
   EXPECT_EQ(store->LoadAgent("a", kFingerprint).status().code(), StatusCode::kCorrupt);
   EXPECT_EQ(store->LoadAgent("c", kFingerprint).status().code(), StatusCode::kCorrupt);
-  // A new agent of the same name replaces the broken one, its copy included.
+  // A new agent of the same name replaces the broken one, its copy included. The damaged
+  // manifest's bytes take the copy's name until they are zeroed (here by the next Open), so the
+  // publish frees none of them.
   SimAgent a2("a");
   const AgentState fresh = a2.Extend(Range(300, 5), "a new a");
+  const size_t freed_before = fs.released_unzeroed().size();  // the junk written above
   auto committed = Commit(*store, fresh);
   ASSERT_TRUE(committed.ok()) << committed.status().message();
+  EXPECT_EQ(fs.released_unzeroed().size(), freed_before) << testing::Join(fs.released_unzeroed());
+  EXPECT_EQ(*fs.ReadFile("/store/agents/a/manifest.prev.json"), junk);
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), fresh));
+  store.reset();
+  store = OpenOk("/store", fs);
   EXPECT_FALSE(fs.FileSize("/store/agents/a/manifest.prev.json").ok());
   EXPECT_TRUE(LoadedIs(*store->LoadAgent("a", kFingerprint), fresh));
+  EXPECT_EQ(fs.released_unzeroed().size(), freed_before) << testing::Join(fs.released_unzeroed());
 }
 
 // A manifest this build cannot read because a newer kvfs wrote it is not damage: it must not be
