@@ -352,9 +352,11 @@ Status CacheStore::PublishManifest(const std::string& agent_dir, const std::stri
   size_t shredded_files = 0;
   const std::string undone_path = final_path + ".undone" + std::string(kTempSuffix);  // not WriteFileAtomic's
   const bool moved = fs_.Rename(final_path, undone_path).ok();
-  Status rollback = previous ? WriteFileAtomic(fs_, agent_dir, std::string(kManifestName), *previous)
-                    : moved  ? Status::Ok()
-                             : fs_.Unlink(final_path);
+  // Where even that rename fails, the new manifest stays as it is, readable: the caller then
+  // follows what the disk shows.
+  Status rollback = !moved   ? IoError("moving " + final_path + " aside failed")
+                    : previous ? WriteFileAtomic(fs_, agent_dir, std::string(kManifestName), *previous)
+                               : Status::Ok();
   if (moved) {
     Status shredded = ShredFile(undone_path, &shredded_bytes, &shredded_files);
     if (rollback.ok()) rollback = shredded;
