@@ -21,38 +21,10 @@ using testing::LoadedIs;
 using testing::ListTree;
 using testing::SimAgent;
 using testing::kFingerprint;
-
-StoreOptions FixedClock() {
-  StoreOptions o;
-  auto t = std::make_shared<std::atomic<int64_t>>(1700000000000);
-  o.now_ms = [t] { return t->fetch_add(1000); };
-  return o;
-}
-
-std::vector<int32_t> Range(int32_t from, int32_t n) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = from + i;
-  return v;
-}
-
-// A prefix record of two 16-token blocks.
-PrefixRecord StoryPrefix() {
-  PrefixRecord r;
-  r.name = "story.txt";
-  r.owner_uid = 1000;
-  r.text = "Once upon a time";
-  r.model_fingerprint = kFingerprint;
-  r.kv_format = "q4";
-  r.block_size = 16;
-  r.blocks = {BlockHash{1, 2}, BlockHash{3, 4}};
-  return r;
-}
-
-std::unique_ptr<CacheStore> OpenOk(const std::string& dir, FileSystem& fs) {
-  auto s = CacheStore::Open(dir, fs, FixedClock());
-  EXPECT_TRUE(s.ok()) << s.status().message();
-  return s.ok() ? std::move(*s) : nullptr;
-}
+using testing::FixedClock;
+using testing::OpenOk;
+using testing::Range;
+using testing::StoryPrefix;
 
 TEST(StoreCache, RoundTripOnDisk) {
   testing::TempDir tmp;
@@ -633,70 +605,6 @@ TEST(StoreCache, ErasureOverwritesBeforeUnlink) {
 // holds the conversation of two turns back, so it is overwritten with zeros and fsynced first,
 // as erasure does for what it unlinks. (manifest.json itself is renamed over as it is: a crash
 // must never leave it unreadable; its bytes live on in manifest.prev.json.)
-// Erasure's promise on the disk: no byte the store wrote (turn text, tokens, KV) goes back to the
-// free space before it is zeroed, through commits that replace manifests, tails and blocks,
-// prefix records replaced, a reopen, and erasures. The model records every file freed while not
-// zero on the medium (StoreFileSystem.FaultInjectingRecordsBytesFreedWithoutZeros).
-TEST(StoreCache, NoStoredByteIsFreedBeforeItIsZeroed) {
-  FaultInjectingFileSystem fs;
-  SimAgent alice("alice"), bob("bob");
-  const std::string adir = "/store/agents/alice";
-  PrefixRecord prefix = StoryPrefix();
-  const std::vector<uint8_t> p1(100, 1), p2(100, 2);
-  {
-    auto store = OpenOk("/store", fs);
-    ASSERT_TRUE(Commit(*store, bob.Extend(Range(1, 10), "bob's secret")).ok());
-    ASSERT_TRUE(Commit(*store, alice.Extend(Range(1, 10), "one")).ok());
-    ASSERT_TRUE(Commit(*store, alice.Extend(Range(20, 10), "two")).ok());
-    ASSERT_TRUE(Commit(*store, alice.Diverge(9, Range(500, 6), "three drops a block and the tail")).ok());
-    // manifest.prev.json holds turn 2, as its own file now that manifest.json is turn 3.
-    auto prev = fs.ReadFile(adir + "/manifest.prev.json");
-    ASSERT_TRUE(prev.ok());
-    auto m = ParseManifest(std::string(prev->begin(), prev->end()), "prev");
-    ASSERT_TRUE(m.ok()) << m.status().message();
-    EXPECT_EQ(m->turn, 2u);
-    EXPECT_FALSE(*fs.SameFile(adir + "/manifest.prev.json", adir + "/manifest.json"));
-    const std::vector<NewBlock> blocks = {{prefix.blocks[0], testing::kKvFormatId, 16, p1},
-                                          {prefix.blocks[1], testing::kKvFormatId, 16, p2}};
-    ASSERT_TRUE(store->CommitPrefix(prefix, blocks).ok());
-    prefix.text = "Once upon a time, replaced";
-    ASSERT_TRUE(store->CommitPrefix(prefix, {}).ok());
-    EXPECT_EQ(store->ListPrefixes().at(0).text, prefix.text);
-  }
-  EXPECT_TRUE(fs.released_unzeroed().empty()) << testing::Join(fs.released_unzeroed());
-  {
-    auto store = OpenOk("/store", fs);
-    ASSERT_TRUE(Commit(*store, alice.Extend(Range(700, 20), "four")).ok());
-    auto loaded = store->LoadAgent("alice", kFingerprint);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    EXPECT_EQ(loaded->manifest.turn, 4u);
-    ASSERT_TRUE(store->EraseAgent("alice").ok());
-    ASSERT_TRUE(store->ErasePrefix(prefix.name).ok());
-    ASSERT_TRUE(store->EraseAgent("bob").ok());
-  }
-  EXPECT_TRUE(fs.released_unzeroed().empty()) << testing::Join(fs.released_unzeroed());
-  EXPECT_TRUE(fs.ListFilesRecursive("/store/agents").empty());
-}
-
-// Where the file system has no hard links, manifest.prev.json is a copy and turns still commit;
-// the manifests that the publishing renames replace are then freed as they are (README, "Erasure").
-TEST(StoreCache, WithoutHardLinksThePreviousManifestIsACopy) {
-  FaultInjectingFileSystem fs;
-  fs.SetHardLinks(false);
-  SimAgent a("a");
-  auto store = OpenOk("/store", fs);
-  for (int turn = 0; turn < 3; ++turn) ASSERT_TRUE(Commit(*store, a.Extend(Range(20 * turn, 10), "turn")).ok());
-  auto loaded = store->LoadAgent("a", kFingerprint);
-  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  EXPECT_EQ(loaded->manifest.turn, 3u);
-  auto prev = fs.ReadFile("/store/agents/a/manifest.prev.json");
-  ASSERT_TRUE(prev.ok());
-  EXPECT_EQ(ParseManifest(std::string(prev->begin(), prev->end()), "prev")->turn, 2u);
-  EXPECT_EQ(fs.released_unzeroed(), std::vector<std::string>(2, "rename over: /store/agents/a/manifest.json"));
-  ASSERT_TRUE(store->EraseAgent("a").ok());
-  EXPECT_EQ(fs.released_unzeroed().size(), 2u);
-}
-
 // Concurrent turns of different agents with loads, reads and listings (run under TSan too).
 // .prefixes/ records: published with their blocks, listed after a reopen, their blocks kept by
 // orphan collection; erasure removes the record and the blocks only it named.

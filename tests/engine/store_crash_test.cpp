@@ -16,17 +16,12 @@ using testing::AgentState;
 using testing::Commit;
 using testing::ExpectedFiles;
 using testing::LoadedIs;
+using testing::Range;
 using testing::SimAgent;
 using testing::kFingerprint;
 using Mode = FaultInjectingFileSystem::CrashMode;
 
 constexpr char kRoot[] = "/store";
-
-std::vector<int32_t> Range(int32_t from, int32_t n) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = from + i;
-  return v;
-}
 
 const char* ModeName(Mode m) {
   switch (m) {

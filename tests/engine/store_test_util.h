@@ -3,11 +3,13 @@
 // checks that a reopened store holds an agent at exactly one expected state.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -33,6 +35,39 @@ class QuietLogs {
 
 inline constexpr char kFingerprint[] = "0123456789abcdef0123456789abcdef";
 inline constexpr uint32_t kKvFormatId = 7;
+
+// A clock that advances a second at each reading, so timestamps differ and are reproducible.
+inline StoreOptions FixedClock() {
+  StoreOptions o;
+  auto t = std::make_shared<std::atomic<int64_t>>(1700000000000);
+  o.now_ms = [t] { return t->fetch_add(1000); };
+  return o;
+}
+
+inline std::vector<int32_t> Range(int32_t from, int32_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = from + i;
+  return v;
+}
+
+// A prefix record of two 16-token blocks.
+inline PrefixRecord StoryPrefix() {
+  PrefixRecord r;
+  r.name = "story.txt";
+  r.owner_uid = 1000;
+  r.text = "Once upon a time";
+  r.model_fingerprint = kFingerprint;
+  r.kv_format = "q4";
+  r.block_size = 16;
+  r.blocks = {BlockHash{1, 2}, BlockHash{3, 4}};
+  return r;
+}
+
+inline std::unique_ptr<CacheStore> OpenOk(const std::string& dir, FileSystem& fs) {
+  auto s = CacheStore::Open(dir, fs, FixedClock());
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  return s.ok() ? std::move(*s) : nullptr;
+}
 
 // One line per entry, for failure messages.
 inline std::string Join(const std::vector<std::string>& lines) {

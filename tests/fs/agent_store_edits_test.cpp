@@ -1,0 +1,173 @@
+// AgentStore over a FakeEngine: edits of system and config.json (limits, truncation, validation)
+// and the order of a prompt's writes.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
+
+#include "tests/fs/store_test_util.h"
+
+namespace kvfs::fs {
+namespace {
+
+using testing::FakeEngine;
+
+// Edits over the size limit: a truncation to a huge size is refused (it once allocated it and
+// ended the daemon on bad_alloc), and a write past the limit applies nothing of the file at
+// close, not the part before the limit.
+TEST_F(StoreTest, EditsOverTheLimitAreRefusedWhole) {
+  StoreConfig config;
+  config.max_text_bytes = 64;
+  Start(testing::FakeEngineOptions{}, config);
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  InodeId system = *File("alice", "system");
+  HandleId h = *store_->Open(system, OpenFlags{false, true, false, false}, kRoot);
+  EXPECT_EQ(store_->Truncate(system, uint64_t{1} << 50, h, kRoot).status().code(), StatusCode::kTooLarge);
+  EXPECT_EQ(store_->Truncate(system, 65, h, kRoot).status().code(), StatusCode::kTooLarge);
+  EXPECT_TRUE(store_->Truncate(system, 64, h, kRoot).ok());
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(Cat("alice", "system")->size(), 64u);
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  // 100 bytes in 4 writes: the first two fit, the third does not.
+  EXPECT_EQ(Echo("alice", "system", std::string(100, 'x'), kRoot, 4).code(), StatusCode::kTooLarge);
+  EXPECT_EQ(*Cat("alice", "system"), "Be brief.");
+}
+
+// `: > system` (open with O_TRUNC, no write) empties the system prompt, as on any file.
+TEST_F(StoreTest, TruncatingOpenWithoutWritesEmptiesTheSystemPrompt) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  ASSERT_EQ(*Cat("alice", "system"), "Be brief.");
+  HandleId h = *store_->Open(*File("alice", "system"), WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "system"), "");
+  EXPECT_EQ(engine_->GetAgent("alice")->system, "");
+}
+
+// truncate(2) by path (no open file) does to system and config.json what `: >` does; other
+// sizes have no buffer to cut and fail.
+TEST_F(StoreTest, TruncatingByPathActsAsATruncatingOpen) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  const InodeId system = *File("alice", "system");
+  EXPECT_EQ(store_->Truncate(system, 2, std::nullopt, kRoot).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("alice", "system"), "Be brief.");
+  ASSERT_TRUE(store_->Truncate(system, 0, std::nullopt, kRoot).ok());
+  EXPECT_EQ(*Cat("alice", "system"), "");
+  EXPECT_EQ(engine_->GetAgent("alice")->system, "");
+  ASSERT_TRUE(Echo("alice", "config.json", "{\"max_tokens\": 7}").ok());
+  const std::string config = *Cat("alice", "config.json");
+  ASSERT_TRUE(store_->Truncate(*File("alice", "config.json"), 0, std::nullopt, kRoot).ok());  // merges nothing
+  EXPECT_EQ(*Cat("alice", "config.json"), config);
+  EXPECT_EQ(engine_->GetAgent("alice")->settings.max_tokens, 7);
+  EXPECT_EQ(store_->Truncate(*File("alice", "kv.safetensors"), 0, std::nullopt, kRoot).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Truncate(system, 0, std::nullopt, kBob).status().code(), StatusCode::kPermissionDenied);
+}
+
+// However config.json is emptied (an open with O_TRUNC and no write, ftruncate on the open file,
+// a lone newline written), its close succeeds and the settings stay: empty text merges nothing.
+TEST_F(StoreTest, AnEmptiedConfigChangesNothing) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "config.json", "{\"max_tokens\": 7, \"temperature\": 0.5}").ok());
+  const std::string config = *Cat("alice", "config.json");
+  const InodeId ino = *File("alice", "config.json");
+  HandleId h = *store_->Open(ino, WriteTruncFlags(), kRoot);
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  h = *store_->Open(ino, OpenFlags{false, true, false, false}, kRoot);  // truncate(1): open, then ftruncate
+  ASSERT_TRUE(store_->Truncate(ino, 0, h, kRoot).ok());
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  ASSERT_TRUE(Echo("alice", "config.json", "\n").ok());
+  EXPECT_EQ(*Cat("alice", "config.json"), config);
+  EXPECT_EQ(engine_->GetAgent("alice")->settings.max_tokens, 7);
+  EXPECT_FALSE(Echo("alice", "config.json", "{\"max_tokens\": ").ok());  // still: bad JSON is refused
+}
+
+// A prompt is its bytes in the order written: a write that is not at the end of them (pwrite
+// back, a seek forward) refuses the whole prompt rather than reorder it.
+TEST_F(StoreTest, PromptWritesOutOfOrderRefuseThePrompt) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "in three pieces", kRoot, 3).ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  const uint64_t turns = engine_->GetAgent("alice")->turns;
+  for (uint64_t bad_offset : {uint64_t{0}, uint64_t{20}}) {
+    HandleId h = *store_->Open(*File("alice", "prompt"), WriteTruncFlags(), kRoot);
+    ASSERT_TRUE(store_->Write(h, 0, "hello world").ok());
+    EXPECT_EQ(store_->Write(h, bad_offset, "J").status().code(), StatusCode::kInvalidArgument) << bad_offset;
+    EXPECT_EQ(store_->Write(h, 11, "!").status().code(), StatusCode::kInvalidArgument);  // refused for good
+    EXPECT_EQ(store_->Flush(h).code(), StatusCode::kInvalidArgument);
+    store_->Release(h);
+  }
+  EXPECT_EQ(engine_->GetAgent("alice")->turns, turns);
+  EXPECT_EQ(nlohmann::json::parse(*Cat("alice", "status.json"))["last_refused_write"]["file"], "prompt");
+}
+
+TEST_F(StoreTest, ConfigIsValidatedAtCloseAndBadInputChangesNothing) {
+  Mkdir("alice");
+  std::string before = *Cat("alice", "config.json");
+  EXPECT_EQ(Echo("alice", "config.json", "{not json").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Echo("alice", "config.json", R"({"temperature": "hot"})").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Echo("alice", "config.json", R"({"max_tokens": 0})").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Echo("alice", "config.json", R"({"colour": 1})").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Echo("alice", "config.json", R"({"max_tokens": 8, "max_tokens": 9})").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("alice", "config.json"), before);
+  ASSERT_TRUE(Echo("alice", "config.json", R"({"temperature": 0, "max_tokens": 32})").ok());
+  auto config = nlohmann::json::parse(*Cat("alice", "config.json"));
+  EXPECT_EQ(config["temperature"], 0.0);
+  EXPECT_EQ(config["max_tokens"], 32);
+  EXPECT_EQ(config["top_k"], 40);  // keys not written keep their values
+  std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  EXPECT_NE(audit.find("\"action\":\"config\""), std::string::npos);
+}
+
+// Settings that parse but that the engine cannot run (kvfsd refuses kv "q4k" when its blocks are
+// not whole 64-token chunks) fail at the write, where `echo ... > config.json` reports it: the
+// shell never reports what close returns. Text that is not yet complete JSON still passes.
+TEST_F(StoreTest, ConfigTheEngineRefusesFailsAtWrite) {
+  testing::FakeEngineOptions options;
+  options.refused_kv = {"q4k"};
+  Start(options);
+  Mkdir("alice");
+  EXPECT_TRUE(nlohmann::json::parse(*Cat("alice", "status.json"))["last_refused_write"].is_null());
+  std::string before = *Cat("alice", "config.json");
+  InodeId ino = *File("alice", "config.json");
+  HandleId h = *store_->Open(ino, WriteTruncFlags(), kRoot);
+  Result<size_t> refused = store_->Write(h, 0, R"({"kv": "q4k", "max_tokens": 20})");
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("q4k"), std::string::npos) << refused.status().message();
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "config.json"), before);
+  auto status = nlohmann::json::parse(*Cat("alice", "status.json"));
+  ASSERT_TRUE(status["last_refused_write"].is_object()) << status.dump();
+  EXPECT_EQ(status["last_refused_write"]["file"], "config.json");
+  EXPECT_EQ(status["last_refused_write"]["code"], "EINVAL");
+  EXPECT_EQ(status["last_refused_write"]["error"], refused.status().message());
+  // Written in two pieces: the first is not complete JSON yet, the second completes it.
+  EXPECT_EQ(Echo("alice", "config.json", R"({"max_tokens": 20, "kv": "q4k"})", kRoot, 2).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("alice", "config.json"), before);
+  ASSERT_TRUE(Echo("alice", "config.json", R"({"kv": "q8", "max_tokens": 20})").ok());
+  auto config = nlohmann::json::parse(*Cat("alice", "config.json"));
+  EXPECT_EQ(config["kv"], "q8");
+  EXPECT_EQ(config["max_tokens"], 20);
+}
+
+TEST_F(StoreTest, SystemChangeKeepsTheConversation) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "hi").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  ASSERT_TRUE(Echo("alice", "system", "You are terse.").ok());
+  EXPECT_EQ(*Cat("alice", "system"), "You are terse.");
+  std::string transcript = *Cat("alice", "transcript");
+  EXPECT_EQ(transcript.rfind("[system]\nYou are terse.\n\n", 0), 0u) << transcript;
+  EXPECT_NE(transcript.find("[user]\nhi\n"), std::string::npos);
+  EXPECT_EQ(Echo("alice", "system", "bad \xFF").code(), StatusCode::kIllegalSequence);
+  EXPECT_EQ(*Cat("alice", "system"), "You are terse.");
+}
+
+}  // namespace
+}  // namespace kvfs::fs
