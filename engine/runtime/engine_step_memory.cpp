@@ -70,30 +70,28 @@ size_t Engine::ReserveStepKv(std::vector<SequenceStep>& steps, std::vector<Activ
     if (chunk[k] > 0) ++owners[k]->prefill_waited;
   }
   const bool none_runs = std::none_of(keep.begin(), keep.end(), [](bool b) { return b; });
-  bool tasks_pending = false;  // e.g. dropping stale blocks, which frees memory
-  {
-    std::lock_guard lock(mu_);
-    tasks_pending = !tasks_.empty();
-  }
   if (none_runs && !short_of_memory.empty()) {
-    // Blocks of finished turns become evictable once the store has written them: while it has
-    // work, wait for a job (briefly: the engine loop comes back here) instead of failing. The
-    // engine's own tasks run first too.
+    bool tasks_pending = false;  // e.g. dropping stale blocks, which frees memory
+    {
+      std::lock_guard lock(mu_);
+      tasks_pending = !tasks_.empty();
+    }
     std::unique_lock lock(store_mu_);
     if (store_jobs_ > 0 || tasks_pending) {
-      lock.unlock();
-      NoteWaitingForKv(owners, short_of_memory);
-      lock.lock();
+      // Blocks of finished turns become evictable once the store has written them: while it has
+      // work, wait for a job (briefly: the engine loop comes back here) instead of failing. The
+      // engine's own tasks run first too.
       const size_t before = store_jobs_;
       if (!tasks_pending)
         store_job_done_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return store_jobs_ < before; });
+      lock.unlock();
+      NoteWaitingForKv(owners, short_of_memory);
       steps.clear();
       owners.clear();
       chunk.clear();
       return 0;
     }
-  }
-  if (none_runs && !short_of_memory.empty()) {
+    lock.unlock();
     // Nobody can go on, so nobody would free memory by finishing: the turn started last fails,
     // its blocks go back to the pool, and the others try again at the next step.
     const size_t youngest = *std::max_element(short_of_memory.begin(), short_of_memory.end(), [&](size_t a, size_t b) {

@@ -371,26 +371,25 @@ Status CacheStore::PublishManifest(const std::string& agent_dir, const std::stri
 // A second name, not a copy: the rename that publishes the new turn then frees none of the old
 // turn's bytes (its text). They stay under manifest.prev.json until the next turn or an erasure
 // zeroes them. A crash anywhere in here leaves manifest.json as it was.
-Status CacheStore::KeepPreviousManifest(const std::string& agent_dir, const std::vector<uint8_t>& previous,
-                                        uint64_t* bytes_written) {
-  const std::string manifest_path = JoinPath(agent_dir, kManifestName);
-  const std::string prev_path = JoinPath(agent_dir, kPrevManifestName);
-  // An unreadable manifest is no turn to keep: the readable copy stays instead.
-  if (!ParseManifest(AsString(previous), manifest_path).ok()) return Status::Ok();
-  Result<bool> same = fs_.SameFile(prev_path, manifest_path);
-  if (!same.ok() && same.status().code() != StatusCode::kNotFound) return same.status();
-  if (same.ok() && *same) return fs_.SyncDir(agent_dir);  // linked by a commit that crashed after it
+Status CacheStore::LinkPreviousManifest(const std::string& agent_dir) {
   uint64_t bytes = 0;
   size_t files = 0;
-  if (same.ok()) KVFS_RETURN_IF_ERROR(DropPreviousManifest(agent_dir, &bytes, &files));
-  Status linked = fs_.Link(manifest_path, prev_path);
-  if (linked.code() == StatusCode::kUnsupported) {
-    KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, agent_dir, std::string(kPrevManifestName), previous));
-    *bytes_written += previous.size();
-    return Status::Ok();
-  }
-  KVFS_RETURN_IF_ERROR(linked);
+  // A name left by a commit that crashed after its link has another name too: only unlinked.
+  if (fs_.FileSize(JoinPath(agent_dir, kPrevManifestName)).ok())
+    KVFS_RETURN_IF_ERROR(DropPreviousManifest(agent_dir, &bytes, &files));
+  KVFS_RETURN_IF_ERROR(fs_.Link(JoinPath(agent_dir, kManifestName), JoinPath(agent_dir, kPrevManifestName)));
   return fs_.SyncDir(agent_dir);
+}
+
+Status CacheStore::KeepPreviousManifest(const std::string& agent_dir, const std::vector<uint8_t>& previous,
+                                        uint64_t* bytes_written) {
+  // An unreadable manifest is no turn to keep: the readable copy stays instead.
+  if (!ParseManifest(AsString(previous), JoinPath(agent_dir, kManifestName)).ok()) return Status::Ok();
+  Status linked = LinkPreviousManifest(agent_dir);
+  if (linked.code() != StatusCode::kUnsupported) return linked;
+  KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, agent_dir, std::string(kPrevManifestName), previous));
+  *bytes_written += previous.size();
+  return Status::Ok();
 }
 
 Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest manifest,
@@ -513,11 +512,11 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
     uint64_t bytes = 0;
     size_t files = 0;
     Status st = Status::Ok();
-    if (fs_.FileSize(JoinPath(adir, kPrevManifestName)).ok()) st = DropPreviousManifest(adir, &bytes, &files);
-    if (st.ok() && fs_.FileSize(JoinPath(adir, kManifestName)).ok()) {
-      st = fs_.Link(JoinPath(adir, kManifestName), JoinPath(adir, kPrevManifestName));
-      if (st.code() == StatusCode::kUnsupported) st = Status::Ok();
-      if (st.ok()) st = fs_.SyncDir(adir);
+    if (fs_.FileSize(JoinPath(adir, kManifestName)).ok()) {
+      st = LinkPreviousManifest(adir);
+      if (st.code() == StatusCode::kUnsupported) st = Status::Ok();  // the copy is dropped all the same
+    } else if (fs_.FileSize(JoinPath(adir, kPrevManifestName)).ok()) {
+      st = DropPreviousManifest(adir, &bytes, &files);
     }
     if (!st.ok()) return abandon(st);
   }

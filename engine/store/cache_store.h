@@ -234,16 +234,17 @@ class CacheStore {
   Status PurgeDir(const std::string& dir, uint64_t* bytes, size_t* files);
   Status PublishManifest(const std::string& agent_dir, const std::string& bytes,
                          const std::optional<std::vector<uint8_t>>& previous);
-  // Makes manifest.prev.json a second name of the agent's current manifest.json (a copy where
-  // the file system has no hard links), dropping the one it held before.
+  // Makes manifest.prev.json a second name of the agent's manifest.json, dropping the file the
+  // name had; kUnsupported (after the drop) where the file system has no hard links.
+  Status LinkPreviousManifest(const std::string& agent_dir);
+  // LinkPreviousManifest for a readable `previous` (the manifest's bytes), or a copy of it where
+  // there are no hard links.
   Status KeepPreviousManifest(const std::string& agent_dir, const std::vector<uint8_t>& previous,
                               uint64_t* bytes_written);
   // Writes dir/name atomically; the file it replaces is zeroed before its bytes are freed. The old
   // file gets a second name (name + kRetiredSuffix) first, so the rename frees nothing and a crash
   // leaves one readable version; that name is shredded after the rename.
   Status ReplaceZeroingOld(const std::string& dir, const std::string& name, std::span<const uint8_t> data);
-  // Removes a retired name: unlinked while it is still the live file's second name, else shredded.
-  Status DropRetired(const std::string& retired_path, uint64_t* bytes, size_t* files);
   // Removes `path`: only the name when the file has others (nothing is freed), else shredded.
   Status DropName(const std::string& path, uint64_t* bytes, size_t* files);
   // Removes manifest.prev.json: shredded, unless it is a name of manifest.json itself (left by a

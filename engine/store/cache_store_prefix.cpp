@@ -21,7 +21,8 @@ Status CacheStore::ScanPrefixes() {
       continue;
     }
     if (!e.is_dir && !e.is_symlink && e.name.ends_with(kRetiredSuffix)) {  // a replace cut short
-      KVFS_RETURN_IF_ERROR(DropRetired(path, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+      // Unlinked while still the live record's second name, else shredded.
+      KVFS_RETURN_IF_ERROR(DropName(path, &open_report_.bytes_removed, &open_report_.temp_files_removed));
       continue;
     }
     const std::string name =
@@ -46,10 +47,6 @@ Status CacheStore::ScanPrefixes() {
   return fs_.SyncDir(prefixes_dir_);
 }
 
-Status CacheStore::DropRetired(const std::string& retired_path, uint64_t* bytes, size_t* files) {
-  return DropName(retired_path, bytes, files);  // while still the live record's second name, an unlink
-}
-
 Status CacheStore::ReplaceZeroingOld(const std::string& dir, const std::string& name, std::span<const uint8_t> data) {
   const std::string path = JoinPath(dir, name);
   const std::string retired = path + std::string(kRetiredSuffix);
@@ -57,7 +54,7 @@ Status CacheStore::ReplaceZeroingOld(const std::string& dir, const std::string& 
   size_t files = 0;
   bool has_retired = false;
   if (fs_.FileSize(path).ok()) {
-    if (fs_.FileSize(retired).ok()) KVFS_RETURN_IF_ERROR(DropRetired(retired, &bytes, &files));
+    if (fs_.FileSize(retired).ok()) KVFS_RETURN_IF_ERROR(DropName(retired, &bytes, &files));
     Status linked = fs_.Link(path, retired);
     // Without hard links the replaced file's blocks keep its bytes until reused (README, "Erasure").
     if (!linked.ok() && linked.code() != StatusCode::kUnsupported) return linked;
@@ -69,7 +66,7 @@ Status CacheStore::ReplaceZeroingOld(const std::string& dir, const std::string& 
   // name of the old bytes, unlinked when the rename did not happen (the Open after a crash does
   // the same). Once the new file is in place this is clean-up: its failure leaves a name that
   // Open or an erasure of the record drops, and the replace stands.
-  Status dropped = DropRetired(retired, &bytes, &files);
+  Status dropped = DropName(retired, &bytes, &files);
   if (dropped.ok()) dropped = fs_.SyncDir(dir);
   if (!dropped.ok()) spdlog::warn("cache store {}: dropping {}: {}", dir_, retired, dropped.message());
   return st;
@@ -159,7 +156,7 @@ Result<EraseReport> CacheStore::ErasePrefix(const std::string& name) {
   // The commit point: once the record is gone (and that is durable) the prefix does not exist.
   const std::string retired = PrefixPath(name) + std::string(kRetiredSuffix);  // a replace's leftover
   if (fs_.FileSize(retired).ok())
-    KVFS_RETURN_IF_ERROR(DropRetired(retired, &report.bytes_freed, &report.files_removed).WithContext("erasing prefix " + name));
+    KVFS_RETURN_IF_ERROR(DropName(retired, &report.bytes_freed, &report.files_removed).WithContext("erasing prefix " + name));
   KVFS_RETURN_IF_ERROR(ShredFile(PrefixPath(name), &report.bytes_freed, &report.files_removed)
                            .WithContext("erasing prefix " + name));
   Status synced = fs_.SyncDir(prefixes_dir_);
