@@ -424,6 +424,12 @@ Result<std::optional<std::string>> AgentStore::GetXattr(InodeId ino, std::string
   return std::optional<std::string>(std::to_string(std::max(info.memory_bytes, info.disk_bytes)));
 }
 
+Status AgentStore::SetXattr(InodeId ino, std::string_view name) {
+  KVFS_RETURN_IF_ERROR(NodeCopy(ino).status());
+  if (name.starts_with("user.kvfs.")) return NotPermitted("kvfs extended attributes are read-only");
+  return Unsupported(fmt::format("kvfs files have no extended attribute {}", name));
+}
+
 Result<std::vector<std::string>> AgentStore::ListXattr(InodeId ino) {
   KVFS_ASSIGN_OR_RETURN(Node node, NodeCopy(ino));
   if (node.kind != NodeKind::kAgentDir) return std::vector<std::string>{};

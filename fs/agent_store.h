@@ -146,6 +146,9 @@ class AgentStore {
   // nullopt: no such attribute.
   Result<std::optional<std::string>> GetXattr(InodeId ino, std::string_view name);
   Result<std::vector<std::string>> ListXattr(InodeId ino);
+  // Setting or removing one: EPERM for kvfs's own (read-only), EOPNOTSUPP for any other name, so
+  // that cp -p / cp -a (ACLs, SELinux labels) go on as on a file system without them.
+  Status SetXattr(InodeId ino, std::string_view name);
 
   // statfs of the mount: the sizes and counts of config.store_dir's file system (what `df`
   // should tell a user whose agents fill it), and names of at most 64 bytes.
@@ -203,6 +206,7 @@ class AgentStore {
   Status CheckWrittenSoFar(Handle& handle);  // early refusal of edits that cannot become valid
   Result<size_t> WriteLocked(Handle& handle, uint64_t offset, std::string_view bytes);
   Status FlushLocked(Handle& handle);
+  void UndoAppliedEdit(Handle& handle);  // a refused system edit: the text before the handle's first apply
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
   Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
   Result<std::string> RenderFile(const Node& node);

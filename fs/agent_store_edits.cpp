@@ -143,7 +143,13 @@ Status AgentStore::ApplyWrites(Handle& handle) {
     case AgentFile::kSystem: {
       KVFS_RETURN_IF_ERROR(CheckUtf8(handle.data, "the system prompt"));
       size_t bytes = handle.data.size();
+      std::optional<std::string> before;
+      if (!handle.applied_edit) {
+        KVFS_ASSIGN_OR_RETURN(before, RenderFile(handle.node));
+      }
       KVFS_RETURN_IF_ERROR(engine_.SetSystem(name, handle.data));
+      if (before) handle.applied_edit = Handle::AppliedEdit{std::move(*before), handle.data};
+      else handle.applied_edit->applied = handle.data;
       {
         std::lock_guard lock(handle.node.agent->mu);
         InvalidateTranscript(*handle.node.agent);

@@ -336,11 +336,31 @@ Status AgentStore::FlushLocked(Handle& handle) {
   }
   if ((handle.kind == Kind::kEditable || handle.kind == Kind::kImport) && handle.dirty) {
     handle.dirty = false;  // applied once, whatever the outcome: release must not repeat it
-    if (!handle.refused.ok()) return handle.refused;
-    return ApplyWrites(handle);
+    if (handle.refused.ok()) {
+      Status applied = ApplyWrites(handle);
+      if (!applied.ok()) UndoAppliedEdit(handle);
+      return applied;
+    }
   }
-  if (!handle.refused.ok()) return handle.refused;
-  return Status::Ok();
+  if (!handle.refused.ok()) UndoAppliedEdit(handle);
+  return handle.refused;
+}
+
+void AgentStore::UndoAppliedEdit(Handle& handle) {
+  if (!handle.applied_edit) return;
+  Handle::AppliedEdit edit = std::move(*handle.applied_edit);
+  handle.applied_edit.reset();
+  Result<std::string> now = RenderFile(handle.node);
+  if (!now.ok() || *now != edit.applied) return;  // changed since by someone else: theirs stands
+  Handle restore;
+  restore.kind = Kind::kEditable;
+  restore.ino = handle.ino;
+  restore.node = handle.node;
+  restore.uid = handle.uid;
+  restore.data = std::move(edit.before);
+  Status undone = ApplyWrites(restore);
+  if (!undone.ok()) spdlog::warn("{}: the system prompt before a refused write was not put back: {}",
+                                 handle.node.agent->name, undone.message());
 }
 
 void AgentStore::Release(HandleId id) {

@@ -318,8 +318,12 @@ void OnListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   fuse_reply_buf(req, list.data(), list.size());
 }
 
-void OnSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
-  ReplyError(req, NotPermitted("kvfs extended attributes are read-only"), "setxattr");
+void OnSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char*, size_t, int) {
+  ReplyError(req, StoreOf(req).SetXattr(ino, name), "setxattr");
+}
+
+void OnRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  ReplyError(req, StoreOf(req).SetXattr(ino, name), "removexattr");
 }
 
 // No exception leaves a callback: one that escapes an op (std::bad_alloc from a buffer a caller
@@ -369,6 +373,7 @@ fuse_lowlevel_ops MakeOperations() {
   ops.getxattr = Guarded<OnGetxattr>::Run;
   ops.listxattr = Guarded<OnListxattr>::Run;
   ops.setxattr = Guarded<OnSetxattr>::Run;
+  ops.removexattr = Guarded<OnRemovexattr>::Run;
   ops.statfs = Guarded<OnStatfs>::Run;
   return ops;
 }

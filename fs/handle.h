@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,14 @@ struct AgentStore::Handle {
   uint64_t prompt_end = 0;  // prompt: the offset the next write must start at (bytes accepted)
   Utf8Validator utf8;
   Status refused;     // prompt: the first error; this prompt never becomes a turn
+  // system: the text before this handle's first applied edit, and what it applied. A shell's
+  // `> system` (and dd) opens with O_TRUNC, dup2s and closes the first descriptor, so the empty
+  // text is applied at that flush, before any write; a later write refused (too large, not
+  // UTF-8) puts the earlier text back: nothing of a refused file stays applied.
+  struct AppliedEdit {
+    std::string before, applied;
+  };
+  std::optional<AppliedEdit> applied_edit;
   std::shared_ptr<TurnStream> turn;                      // response
   std::shared_ptr<const std::vector<DirEntry>> entries;  // directory
 };

@@ -232,9 +232,15 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   a.disk_tail.reset();
   a.parked_tail.reset();
   a.disk_bytes = 0;
-  const bool usable = format.ok() && m.model_fingerprint == fingerprint_ && m.kv_format == format->Name() &&
+  // A cache in another format than the settings' (kv changed in config.json, or --kv-rotate, since
+  // it was made) is kept as it is, in its own format, until the next turn rebuilds it in the new
+  // one, as without the restart: it still exports, and its files are counted and erased.
+  std::optional<KvFormat> stored = format.ok() && m.kv_format == format->Name() ? std::optional<KvFormat>(*format)
+                                                                                  : StoredFormat(m);
+  const bool usable = stored.has_value() && m.model_fingerprint == fingerprint_ &&
                       m.block_size == static_cast<uint32_t>(options_.block_tokens) && c.is_object() &&
                       c.contains("context_text") && c["context_text"].is_string();
+  if (usable) a.format = *stored;
   if (!usable) {
     if (!m.tokens.empty())
       spdlog::info("engine: agent {} was cached for another model or format; its cache is rebuilt on its next turn", a.name);
@@ -249,6 +255,22 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   a.disk_tail = m.tail;
   const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
   a.disk_bytes = CacheDiskBytes(layout, m);
+}
+
+std::optional<KvFormat> Engine::StoredFormat(const store::Manifest& m) const {
+  const nlohmann::json& c = m.config;
+  if (!c.is_object() || !c.contains("kv_format_id") || !c["kv_format_id"].is_number_unsigned()) return std::nullopt;
+  const uint64_t id = c["kv_format_id"].get<uint64_t>();
+  const HParams& hp = model_->hparams();
+  for (const char* type : {"f16", "q8", "q4", "q4k"}) {
+    for (const char* rotate : {"on", "off"}) {
+      auto f = MakeKvFormat(type, rotate, hp.n_head_kv, hp.head_dim);
+      if (!f.ok() || KvFormatId(*f) != id || f->Name() != m.kv_format) continue;
+      if (f->KeysByChannel() && options_.block_tokens % f->chunk != 0) continue;
+      return *f;
+    }
+  }
+  return std::nullopt;
 }
 
 Status Engine::RestoreAgents() {
@@ -468,6 +490,12 @@ Status Engine::RefuseIfUnreadable(const AgentRecord& a) {
 
 Status Engine::EditAgent(const std::string& name, const std::function<void(AgentRecord&)>& edit) {
   // On the engine thread, so the manifest snapshot orders correctly with turn commits.
+  struct Editable {
+    std::string system;
+    AgentSettings settings;
+  };
+  Editable before, after;
+  const AgentRecord* record = nullptr;
   Status found;
   CommitJob job = RunOnEngine<CommitJob>([&] {
     std::lock_guard lock(mu_);
@@ -478,14 +506,33 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
       return j;
     }
     if (found = RefuseIfUnreadable(*it->second); !found.ok()) return j;
-    edit(*it->second);
+    AgentRecord& a = *it->second;
+    before = Editable{a.system, a.settings};
+    edit(a);
+    after = Editable{a.system, a.settings};
+    record = &a;
     j.agent = name;
-    j.manifest = ManifestOf(*it->second);
+    j.manifest = ManifestOf(a);
     j.keep_tail = true;  // the cache is unchanged: its stored tail stays
     return j;
   });
   KVFS_RETURN_IF_ERROR(found);
-  return store_ ? CommitNow(std::move(job)) : Status::Ok();
+  if (!store_) return Status::Ok();
+  Status committed = CommitNow(std::move(job));
+  if (!committed.ok()) {
+    // Not on disk, so not made (a full disk): the agent goes back to what it had, unless another
+    // edit has changed the field since. Turns that started meanwhile used the edit, as they
+    // would a file's contents that a failed close() later left in place.
+    RunOnEngine<bool>([&] {
+      std::lock_guard lock(mu_);
+      auto it = agents_.find(name);
+      if (it == agents_.end() || it->second.get() != record) return false;
+      if (it->second->system == after.system) it->second->system = std::move(before.system);
+      if (it->second->settings == after.settings) it->second->settings = std::move(before.settings);
+      return true;
+    });
+  }
+  return committed;
 }
 
 Status Engine::SetSystem(const std::string& name, std::string text) {

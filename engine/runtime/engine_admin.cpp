@@ -128,7 +128,9 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   store::EraseReport report;
   std::set<BlockHash> on_disk_before;
   report.bytes_freed = static_cast<uint64_t>(taken->disk_bytes);
-  if (store_) {
+  // No cache on disk (never made, or erased already): nothing to commit, so rm -r's unlink of
+  // kv.safetensors succeeds on a full disk too.
+  if (store_ && store_->NamesCache(name)) {
     for (const BlockHash& h : taken->keys)
       if (store_->HasBlock(h)) on_disk_before.insert(h);
     // The commit of a manifest without blocks makes the store shred every block only this

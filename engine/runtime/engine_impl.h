@@ -281,6 +281,9 @@ class Engine final : public AgentEngine {
   store::Manifest ManifestOf(const AgentRecord& agent) const;  // mu_ held
 
   Result<KvFormat> FormatFor(const AgentSettings& settings) const;
+  // The format a manifest's cache is in (its kv_format_id and name), when this engine can hold
+  // it; nullopt for manifests without the id or formats this model and block size cannot take.
+  std::optional<KvFormat> StoredFormat(const store::Manifest& manifest) const;
   // Settings of a new agent: the defaults with the daemon's KV format.
   AgentSettings DefaultSettings() const {
     AgentSettings s;

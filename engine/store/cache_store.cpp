@@ -410,17 +410,6 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   }
 
   std::unique_lock lock(mu_);
-  // Refuse early, before writing anything, when the new files clearly cannot fit (an upper
-  // bound: blocks not yet stored, the tail, the manifest, with the manifest's temp copy).
-  uint64_t needed = 0;
-  for (const NewBlock& b : new_blocks)
-    if (!present_.count(b.hash)) needed += kBlockHeaderBytes + b.payload.size();
-  if (tail) needed += kBlockHeaderBytes + tail->payload.size();
-  needed += 2 * (64 * manifest.tokens.size() + 4096);
-  for (const auto& t : manifest.conversation) needed += 2 * (2 * t.text.size() + t.role.size());
-  if (auto free = fs_.FreeBytes(dir_); free.ok() && *free < needed)
-    return Status(StatusCode::kNoSpace, "committing a turn of " + agent + " needs about " + std::to_string(needed) +
-                                            " bytes, " + std::to_string(*free) + " are free in " + dir_);
   std::set<BlockHash> incoming;
   for (const NewBlock& b : new_blocks) incoming.insert(b.hash);
   for (const BlockHash& h : manifest.blocks)
@@ -443,6 +432,37 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   KVFS_ASSIGN_OR_RETURN(std::string manifest_bytes, SerializeManifest(manifest));
 
   const std::string adir = AgentDir(agent);
+  // Refuse early, before writing anything, when the new files clearly cannot fit (an upper
+  // bound: blocks not yet stored, the tail, the manifest, with the manifest's temp copy).
+  uint64_t needed = 0;
+  for (const NewBlock& b : new_blocks)
+    if (!present_.count(b.hash)) needed += kBlockHeaderBytes + b.payload.size();
+  if (tail) needed += kBlockHeaderBytes + tail->payload.size();
+  needed += 2 * (64 * manifest.tokens.size() + 4096);
+  for (const auto& t : manifest.conversation) needed += 2 * (2 * t.text.size() + t.role.size());
+  if (auto free = fs_.FreeBytes(dir_); free.ok() && *free < needed) {
+    if (!manifest.blocks.empty() || manifest.tail || !prev)
+      return Status(StatusCode::kNoSpace, "committing a turn of " + agent + " needs about " + std::to_string(needed) +
+                                              " bytes, " + std::to_string(*free) + " are free in " + dir_);
+    // The erasure of a cache (rm kv.safetensors, which rm -r does first) on a full disk: its
+    // files go before the manifest that no longer names them, to make room for it, and the
+    // writes below say whether it fits. A crash or failure from here on leaves the old manifest
+    // naming files that are gone, which Open reads as a cache to rebuild: the conversation
+    // stays, as the erasure meant.
+    uint64_t bytes = 0;
+    size_t files = 0;
+    if (prev->tail) {
+      const std::string old_tail = JoinPath(adir, prev->tail->file);
+      if (fs_.FileSize(old_tail).ok()) KVFS_RETURN_IF_ERROR(ShredFile(old_tail, &bytes, &files));
+      prev_it->second.tail.reset();  // no later commit keeps it
+    }
+    for (const BlockHash& h : prev->blocks) {
+      auto ref = refs_.find(h);
+      if (ref == refs_.end() || ref->second != 1 || !present_.count(h)) continue;  // kept for others
+      KVFS_RETURN_IF_ERROR(ShredFile(BlockPath(h), &bytes, &files));
+      present_.erase(h);
+    }
+  }
   std::optional<std::vector<uint8_t>> previous;
   if (prev || was_broken) {
     auto bytes = fs_.ReadFile(JoinPath(adir, kManifestName));

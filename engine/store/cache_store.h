@@ -166,6 +166,8 @@ class CacheStore {
   // The same straight into caller memory (e.g. the KV pool), exactly the block's raw size.
   Status ReadBlockInto(const BlockHash& hash, std::span<uint8_t> dst);
   bool HasBlock(const BlockHash& hash) const;
+  // Whether an agent's committed manifest names blocks or a tail (false for a broken one).
+  bool NamesCache(const std::string& agent) const;
 
   // Every agent with a manifest, including those whose manifest is broken; sorted.
   std::vector<std::string> ListAgents() const;

@@ -167,6 +167,12 @@ bool CacheStore::HasBlock(const BlockHash& hash) const {
   return present_.count(hash) > 0;
 }
 
+bool CacheStore::NamesCache(const std::string& agent) const {
+  std::shared_lock lock(mu_);
+  auto it = agents_.find(agent);
+  return it != agents_.end() && (!it->second.blocks.empty() || it->second.tail.has_value());
+}
+
 std::vector<std::string> CacheStore::ListAgents() const {
   std::shared_lock lock(mu_);
   std::vector<std::string> out;

@@ -205,8 +205,24 @@ Status FaultInjectingFileSystem::WriteFile(const std::string& path, std::span<co
     node.data.assign(data.begin(), data.begin() + static_cast<ptrdiff_t>(data.size() / 2));
     return failure;
   }
+  if (capacity_ > 0) {
+    node.data.clear();
+    const uint64_t used = UsedBytes();
+    const uint64_t room = capacity_ > used ? capacity_ - used : 0;
+    if (data.size() > room) {
+      node.data.assign(data.begin(), data.begin() + static_cast<ptrdiff_t>(room));
+      return Status(StatusCode::kNoSpace, "no space left for " + std::to_string(data.size()) + " bytes: " + path);
+    }
+  }
   node.data.assign(data.begin(), data.end());
   return Status::Ok();
+}
+
+uint64_t FaultInjectingFileSystem::UsedBytes() const {
+  uint64_t used = 0;
+  for (const auto& [ino, node] : inodes_)
+    if (!node.is_dir && !node.data.empty() && NamesOf(ino) > 0) used += node.data.size();
+  return used;
 }
 
 Status FaultInjectingFileSystem::OverwriteWithZeros(const std::string& path) {
@@ -360,6 +376,10 @@ Result<bool> FaultInjectingFileSystem::IsDir(const std::string& path) {
 Result<uint64_t> FaultInjectingFileSystem::FreeBytes(const std::string& path) {
   std::lock_guard lock(mu_);
   KVFS_RETURN_IF_ERROR(CheckAlive(path));
+  if (capacity_ > 0) {
+    const uint64_t used = UsedBytes();
+    return capacity_ > used ? capacity_ - used : 0;
+  }
   return free_bytes_;
 }
 
@@ -381,6 +401,11 @@ Result<uint64_t> FaultInjectingFileSystem::LinkCount(const std::string& path) {
 void FaultInjectingFileSystem::SetFreeBytes(uint64_t bytes) {
   std::lock_guard lock(mu_);
   free_bytes_ = bytes;
+}
+
+void FaultInjectingFileSystem::SetCapacity(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  capacity_ = bytes;
 }
 
 void FaultInjectingFileSystem::SetHardLinks(bool supported) {

@@ -71,6 +71,10 @@ class FaultInjectingFileSystem final : public FileSystem {
   Status Truncate(const std::string& path, uint64_t length);
   // What FreeBytes reports (default 1 TiB); it does not limit writes (FailAt does that).
   void SetFreeBytes(uint64_t bytes);
+  // A disk of `bytes` (file contents only): FreeBytes reports what the named files leave of it,
+  // and a write that would not fit fails with kNoSpace, leaving the file with what fit. Space
+  // comes back as files lose their last name. Overrides SetFreeBytes.
+  void SetCapacity(uint64_t bytes);
   // Off: Link answers kUnsupported, as on vfat and some FUSE and network file systems.
   void SetHardLinks(bool supported);
   // The log of mutating operations so far ("write /s/x.tmp", ...), for test failure messages.
@@ -119,6 +123,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   Result<uint64_t> Lookup(const std::string& path) const;  // existing inode or kNotFound
   uint64_t NewInode(bool is_dir);
   size_t NamesOf(uint64_t ino) const;  // current entries naming `ino`
+  uint64_t UsedBytes() const;          // current bytes of the files that have a name
   // Records `what` in released_ when a file that lost a name or its bytes held non-zero data.
   void NoteRelease(uint64_t ino, const std::string& what);
 
@@ -137,6 +142,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   uint32_t sticky_ops_ = 0;
   bool sticky_active_ = false;
   uint64_t free_bytes_ = uint64_t{1} << 40;
+  uint64_t capacity_ = 0;  // 0: no capacity (free_bytes_ is reported)
   bool hard_links_ = true;
 };
 

@@ -7,6 +7,7 @@
 
 #include "engine/runtime/engine.h"
 #include "engine/store/fault_fs.h"
+#include "engine/store/safetensors.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kvfs {
@@ -88,6 +89,137 @@ TEST_F(EngineStateTest, FailedCommitGivesItsBlocksBack) {
   ASSERT_TRUE(next.stats.ok()) << next.stats.status().message();
   EXPECT_EQ(next.stats->match, "extend");
   EXPECT_EQ(next.stats->reused_tokens, tokens_after_first);
+}
+
+// The erasure of a cache on a full disk (rm -r unlinks kv.safetensors first) succeeds: its
+// block and tail files are zeroed and go before the manifest that no longer names them is
+// written in the room they leave. The conversation stays, after a restart too, and the next
+// turn rebuilds the cache.
+TEST_F(EngineStateTest, CacheErasureOnAFullDiskMakesRoomFirst) {
+  FaultInjectingFileSystem disk;
+  EngineOptions o = Options();
+  o.store_dir = "/s";
+  o.file_system = &disk;
+  auto cache_files = [&] {
+    std::vector<std::string> files;
+    for (const std::string& f : disk.ListFilesRecursive("/s"))
+      if (f.find("/blocks/") != std::string::npos || f.find(".kvt") != std::string::npos) files.push_back(f);
+    return files;
+  };
+  size_t turns = 0;
+  {
+    auto engine = CreateEngine(o);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
+    ASSERT_GE(cache_files().size(), 2u) << "the test needs blocks and a tail";
+    turns = (*engine)->Conversation("alice")->size();
+    constexpr uint64_t kLarge = uint64_t{1} << 40;
+    disk.SetCapacity(kLarge);
+    const uint64_t used = kLarge - *disk.FreeBytes("/s");
+    disk.SetCapacity(used + 64);  // full: no room for another manifest
+    EXPECT_EQ(RunTurn(**engine, "alice", " One day, she saw a big dog.").stats.status().code(), StatusCode::kNoSpace);
+
+    auto erased = (*engine)->EraseCache("alice");
+    ASSERT_TRUE(erased.ok()) << erased.status().message();
+    EXPECT_GT(erased->blocks_freed, 0u);
+    EXPECT_EQ(cache_files(), std::vector<std::string>{});
+    EXPECT_EQ(disk.released_unzeroed(), std::vector<std::string>{});
+    EXPECT_EQ((*engine)->GetAgent("alice")->disk_bytes, 0);
+  }
+  disk.SetCapacity(0);
+  auto engine = CreateEngine(o);  // a restart
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  EXPECT_EQ((*engine)->Conversation("alice")->size(), turns);
+  TurnOutcome next = RunTurn(**engine, "alice", " The end.");
+  ASSERT_TRUE(next.stats.ok()) << next.stats.status().message();
+  EXPECT_EQ(next.stats->reused_tokens, 0);
+}
+
+// An edit of the system prompt or the settings that cannot be stored (a full disk) is not made:
+// the call fails, the agent keeps what it had, in memory and after a restart, and the same edit
+// succeeds once there is space.
+TEST_F(EngineStateTest, EditsThatCannotBeStoredAreNotMade) {
+  FaultInjectingFileSystem disk;
+  EngineOptions o = Options();
+  o.store_dir = "/s";
+  o.file_system = &disk;
+  auto system_of = [](AgentEngine& e) {
+    auto turns = e.Conversation("alice");
+    return turns.ok() && !turns->empty() && turns->front().role == "system" ? turns->front().text : std::string();
+  };
+  AgentSettings edited;
+  {
+    auto engine = CreateEngine(o);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    ASSERT_TRUE((*engine)->SetSystem("alice", "Tom had a red car.").ok());
+    const AgentSettings stored = (*engine)->GetAgent("alice")->settings;
+    edited = stored;
+    edited.max_tokens = stored.max_tokens + 7;
+
+    disk.FailAt(disk.op_count(), StatusCode::kNoSpace, FaultInjectingFileSystem::kDiskFullOps);
+    EXPECT_EQ((*engine)->SetSystem("alice", "Sue had a blue hat.").code(), StatusCode::kNoSpace);
+    EXPECT_EQ((*engine)->SetSettings("alice", edited).code(), StatusCode::kNoSpace);
+    EXPECT_EQ(system_of(**engine), "Tom had a red car.");
+    EXPECT_EQ((*engine)->GetAgent("alice")->settings, stored);
+    disk.ClearFaults();
+  }
+  {
+    auto engine = CreateEngine(o);  // a restart: what is stored
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    EXPECT_EQ(system_of(**engine), "Tom had a red car.");
+    EXPECT_NE((*engine)->GetAgent("alice")->settings, edited);
+    ASSERT_TRUE((*engine)->SetSystem("alice", "Sue had a blue hat.").ok());
+    ASSERT_TRUE((*engine)->SetSettings("alice", edited).ok());
+  }
+  auto engine = CreateEngine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  EXPECT_EQ(system_of(**engine), "Sue had a blue hat.");
+  EXPECT_EQ((*engine)->GetAgent("alice")->settings, edited);
+}
+
+// A cache kept across a restart after its agent's kv setting changed: it is still the agent's
+// cache, in the format it was made in, until the next turn rebuilds it in the new one, as without
+// the restart. It counts in status, exports whole, and its erasure reports the files it removes.
+TEST_F(EngineStateTest, ACacheInTheFormerFormatStaysTheAgentsOverARestart) {
+  int64_t cached = 0;
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice", "f16");
+    ASSERT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
+    cached = (*engine)->GetAgent("alice")->context_tokens;
+    AgentSettings s = (*engine)->GetAgent("alice")->settings;
+    s.kv = "q8";
+    ASSERT_TRUE((*engine)->SetSettings("alice", s).ok());
+  }
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  const AgentInfo info = *(*engine)->GetAgent("alice");
+  EXPECT_EQ(info.context_tokens, cached);
+  EXPECT_GT(info.disk_bytes, 0);
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  const HParams& hp = model_->hparams();
+  const KvFormat f16 = MakeKvFormat("f16", "", hp.n_head_kv, hp.head_dim).value();
+  const store::KvGeometry geometry{hp.n_layer, hp.n_head_kv, hp.head_dim, "f16", f16.group, false};
+  auto parsed = store::ReadKvSafetensors(*exported, (*engine)->ModelInfo()["fingerprint"].get<std::string>(), geometry,
+                                         block_tokens_);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->info.n_cached, cached);
+
+  // The next turn rebuilds it as q8.
+  TurnOutcome next = RunTurn(**engine, "alice", " The end.");
+  ASSERT_TRUE(next.stats.ok()) << next.stats.status().message();
+  EXPECT_EQ(next.stats->reused_tokens, 0);
+  EXPECT_EQ(ReadManifest(Options().store_dir, "alice").kv_format, "q8");
+  auto erased = (*engine)->EraseCache("alice");
+  ASSERT_TRUE(erased.ok());
+  EXPECT_GT(erased->files_removed, 0u);
+  EXPECT_GT(erased->bytes_freed, 0u);
 }
 
 // An edit of the settings (config.json) keeps the stored tail: after a restart the next turn

@@ -274,5 +274,69 @@ TEST(StoreCrash, CrashAtEveryOpOfAnErasure) {
   }
 }
 
+// The erasure of alice's cache (a manifest without blocks or tail) on a disk too full for it:
+// her own block files and tail go first, to make room. At every crash point she keeps her
+// conversation and tokens, with her cache whole (old state), cut short where its files are gone
+// (the rest is rebuilt from the text), or erased; bob keeps the block he shares; nothing is
+// freed unzeroed; and the erasure, tried again, completes.
+TEST(StoreCrash, CrashAtEveryOpOfACacheErasureOnAFullDisk) {
+  const Scenario sc;
+  testing::QuietLogs quiet;
+  Manifest erased = sc.alice[1].manifest;
+  erased.blocks.clear();
+  for (Mode mode : {Mode::kPowerLoss, Mode::kMetadataJournaled, Mode::kProcessKill}) {
+    size_t whole = 0, cut = 0, gone = 0;
+    uint64_t k = 0;
+    for (;; ++k) {
+      const std::string ctx = std::string(ModeName(mode)) + ", cache erasure, crash at op " + std::to_string(k);
+      FaultInjectingFileSystem fs;
+      auto store = Prepare(fs, sc, 2);
+      constexpr uint64_t kLarge = uint64_t{1} << 40;
+      fs.SetCapacity(kLarge);
+      fs.SetCapacity(kLarge - *fs.FreeBytes(kRoot) + 64);
+      fs.ResetOpCount();
+      fs.CrashAt(k);
+      auto r = store->CommitTurn("alice", erased, {}, std::nullopt);
+      if (!fs.fault_fired()) {
+        ASSERT_TRUE(r.ok()) << ctx << ": " << r.status().message();
+        break;
+      }
+      store.reset();
+      fs.Reboot(mode);
+      store = Reopen(fs);
+      ASSERT_NE(store, nullptr) << ctx;
+      auto bob = store->LoadAgent("bob", kFingerprint);
+      ASSERT_TRUE(bob.ok() && LoadedIs(*bob, sc.bob)) << ctx;
+      auto alice = store->LoadAgent("alice", kFingerprint);
+      ASSERT_TRUE(alice.ok()) << ctx << ": " << alice.status().message();
+      EXPECT_EQ(alice->manifest.conversation, sc.alice[1].manifest.conversation) << ctx;
+      EXPECT_EQ(alice->manifest.tokens, sc.alice[1].manifest.tokens) << ctx;
+      if (alice->manifest.blocks.empty()) {
+        ++gone;
+      } else if (LoadedIs(*alice, sc.alice[1])) {
+        ++whole;
+      } else {
+        ASSERT_TRUE(alice->rebuild_from_block.has_value()) << ctx;
+        ASSERT_LE(alice->blocks.size(), sc.alice[1].blocks.size()) << ctx;
+        EXPECT_TRUE(std::equal(alice->blocks.begin(), alice->blocks.end(), sc.alice[1].blocks.begin())) << ctx;
+        ++cut;
+      }
+      auto files = fs.ListFilesRecursive(kRoot);
+      std::set<std::string> named = ExpectedFiles(kRoot, {bob->manifest, alice->manifest});
+      named.insert(std::string(kRoot) + "/agents/alice/manifest.prev.json");
+      for (const std::string& f : files) EXPECT_TRUE(named.count(f)) << ctx << ": " << f << " is left over";
+      ASSERT_TRUE(fs.released_unzeroed().empty()) << ctx << ": freed without zeros:\n"
+                                                  << testing::Join(fs.released_unzeroed());
+      auto retry = store->CommitTurn("alice", erased, {}, std::nullopt);
+      ASSERT_TRUE(retry.ok()) << ctx << ": the retry: " << retry.status().message();
+      ASSERT_TRUE(store->LoadAgent("alice", kFingerprint)->manifest.blocks.empty()) << ctx;
+    }
+    std::cout << "[ crash    ] " << ModeName(mode) << " cache erasure on a full disk: " << k << " crash points, "
+              << whole << " whole, " << cut << " cut short, " << gone << " erased\n";
+    EXPECT_GT(k, 3u);
+    EXPECT_GT(cut, 0u);
+  }
+}
+
 }  // namespace
 }  // namespace kvfs::store

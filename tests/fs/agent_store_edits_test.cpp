@@ -46,6 +46,42 @@ TEST_F(StoreTest, TruncatingOpenWithoutWritesEmptiesTheSystemPrompt) {
   EXPECT_EQ(engine_->GetAgent("alice")->system, "");
 }
 
+// A shell's `> system` and dd open with O_TRUNC, dup2 and close the first descriptor (a flush
+// before any write, which applies the empty text), then write and close again. When a write is
+// then refused (too large, not UTF-8), the text from before the open comes back; when it is
+// not, the written text is applied. Another writer's edit made in between is not undone.
+TEST_F(StoreTest, ARefusedWriteAfterAShellsTruncatingFlushPutsTheTextBack) {
+  StoreConfig config;
+  config.max_text_bytes = 64;
+  Start(testing::FakeEngineOptions{}, config);
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Keep me.").ok());
+  const InodeId system = *File("alice", "system");
+  auto shell_write = [&](const std::string& text, StatusCode expected, const std::string& between = "") {
+    HandleId h = *store_->Open(system, WriteTruncFlags(), kRoot);
+    ASSERT_TRUE(store_->Flush(h).ok());  // close(3) after dup2(3, 1)
+    EXPECT_EQ(*Cat("alice", "system"), "");
+    if (!between.empty()) {
+      ASSERT_TRUE(Echo("alice", "system", between).ok());
+    }
+    uint64_t at = 0;
+    for (size_t i = 0; i < text.size(); i += 16, at += 16) {
+      (void)store_->Write(h, at, text.substr(i, 16));
+    }
+    EXPECT_EQ(store_->Flush(h).code(), expected);  // the command's exit
+    store_->Release(h);
+  };
+  shell_write(std::string(100, 'x'), StatusCode::kTooLarge);  // dd: EFBIG
+  EXPECT_EQ(*Cat("alice", "system"), "Keep me.");
+  EXPECT_EQ(engine_->GetAgent("alice")->system, "Keep me.");
+  shell_write("caf\xc3", StatusCode::kIllegalSequence);  // printf 'caf\xc3' > system
+  EXPECT_EQ(*Cat("alice", "system"), "Keep me.");
+  shell_write("New text.", StatusCode::kOk);
+  EXPECT_EQ(*Cat("alice", "system"), "New text.");
+  shell_write("\xff", StatusCode::kIllegalSequence, "Someone else's.");
+  EXPECT_EQ(*Cat("alice", "system"), "Someone else's.");
+}
+
 // truncate(2) by path (no open file) does to system and config.json what `: >` does; other
 // sizes have no buffer to cut and fail.
 TEST_F(StoreTest, TruncatingByPathActsAsATruncatingOpen) {

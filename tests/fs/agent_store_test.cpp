@@ -588,6 +588,10 @@ TEST_F(StoreTest, ExtendedAttributes) {
   EXPECT_EQ(**store_->GetXattr(dir, "user.kvfs.tokens"), std::to_string(engine_->GetAgent("alice")->context_tokens));
   EXPECT_FALSE(store_->GetXattr(dir, "user.other")->has_value());
   EXPECT_EQ(store_->ListXattr(dir)->size(), 3u);
+  // Setting one: kvfs's own are read-only; others are not supported (cp -p and cp -a then go on).
+  EXPECT_EQ(store_->SetXattr(dir, "user.kvfs.state").code(), StatusCode::kNotPermitted);
+  EXPECT_EQ(store_->SetXattr(*File("alice", "system"), "system.posix_acl_access").code(), StatusCode::kUnsupported);
+  EXPECT_EQ(store_->SetXattr(dir, "security.selinux").code(), StatusCode::kUnsupported);
 }
 
 TEST_F(StoreTest, RootStatusFilesRender) {

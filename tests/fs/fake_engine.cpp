@@ -440,9 +440,21 @@ Result<store::EraseReport> FakeEngine::EraseCache(const std::string& name) {
     report.bytes_freed = static_cast<uint64_t>(agent->info.context_tokens * options_.kv_bytes_per_token);
     report.blocks_freed = 1;
   }
+  if (!agent->has_cache) return report;  // nothing stored to erase: no write (a full disk)
   agent->has_cache = false;
   agent->info.state = AgentState::kCold;
-  KVFS_RETURN_IF_ERROR(Persist(*agent));
+  kvfs::Status persisted = Persist(*agent);
+  if (persisted.code() == StatusCode::kNoSpace) {
+    // As the real store does on a full disk: the cache's bytes go first, to make room for the
+    // record without them (here: the padding after the JSON line, cut off in place).
+    std::ifstream in(AgentPath(name));
+    std::string record;
+    std::getline(in, record);
+    std::error_code ec;
+    if (in) std::filesystem::resize_file(AgentPath(name), record.size(), ec);
+    persisted = Persist(*agent);
+  }
+  KVFS_RETURN_IF_ERROR(persisted);
   return report;
 }
 

@@ -1,6 +1,6 @@
 """fs integration tests on real disks (imported by fs_integration_test.py, which runs them): a
 store on a full tmpfs, and erasure checked on the raw bytes of an ext4 image."""
-import json, os, subprocess
+import errno, json, os, subprocess
 
 from fs_harness import CI, FAKE, Failure, Skip, check, sh, small_replies, test
 
@@ -39,6 +39,30 @@ def full_disk(t):
     d.stop()
     d.start()
     check(sh('cat %s/alice/transcript' % m, check_rc=0).stdout == committed, 'and it survives a restart')
+
+    # No room left at all: an edit fails at close and changes nothing, then or after a restart,
+    # and rm -r still erases the agent (its cache's files go first, to make room).
+    sh('dd if=/dev/zero of=%s/filler bs=4k' % store)  # ends with ENOSPC
+    config_before = sh('cat %s/alice/config.json' % m, check_rc=0).stdout
+    system_before = sh('cat %s/alice/system' % m, check_rc=0).stdout
+    for name, text in (('config.json', '{"max_tokens": 9}'), ('system', 'Be terse.')):
+        try:
+            with open(os.path.join(m, 'alice', name), 'w') as f:
+                f.write(text)
+            raise Failure('an edit of %s on a full disk succeeded' % name)
+        except OSError as e:
+            check(e.errno == errno.ENOSPC, 'ENOSPC for %s: %s' % (name, e))
+    check(sh('cat %s/alice/config.json' % m, check_rc=0).stdout == config_before, 'config.json unchanged')
+    check(sh('cat %s/alice/system' % m, check_rc=0).stdout == system_before, 'system unchanged')
+    d.stop()
+    d.start()
+    check(sh('cat %s/alice/config.json' % m, check_rc=0).stdout == config_before, 'config.json after a restart')
+    sh('rm -r %s/alice' % m, check_rc=0)
+    check(not os.path.exists(os.path.join(m, 'alice')), 'rm -r on a full disk erases the agent')
+    os.remove(os.path.join(store, 'filler'))
+    d.stop()
+    d.start()
+    check(not os.path.exists(os.path.join(m, 'alice')), 'and it stays erased')
 
 
 @test

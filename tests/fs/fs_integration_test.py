@@ -40,6 +40,16 @@ def basic_turn_and_files(t):
         check(name in xattr, 'getfattr shows ' + name + ': ' + xattr)
     tokens = sh('getfattr --only-values -n user.kvfs.tokens %s/alice' % m, check_rc=0).stdout
     check(int(tokens) > 0, 'tokens > 0')
+    # cp -p and cp -a set the mode the file already has and try ACLs and xattrs, which kvfs files
+    # do not support (EOPNOTSUPP): the copy succeeds.
+    src = os.path.join(t.dir, 'system.txt')
+    with open(src, 'w') as f:
+        f.write('Be kind.')
+    os.chmod(src, 0o600)
+    for flags in ('-p', '-a'):
+        sh('cp %s %s %s/alice/system' % (flags, src, m), check_rc=0)
+        check(sh('cat %s/alice/system' % m, check_rc=0).stdout == 'Be kind.', 'cp %s into system' % flags)
+    sh(': > %s/alice/system' % m, check_rc=0)
     mtime = int(sh('stat -c %%Y %s/alice' % m, check_rc=0).stdout)
     check(abs(mtime - before) < 30, 'mtime of the agent is its last turn')
     found = sh('find %s -name status.json' % m, check_rc=0).stdout.split()
