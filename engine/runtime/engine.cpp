@@ -413,7 +413,8 @@ AgentInfo Engine::InfoOf(const AgentRecord& a) const {
   if (!a.last_error.empty() && !a.running && a.queue.empty()) info.state = AgentState::kError;
   else if (a.running && a.generating) info.state = AgentState::kGenerating;
   else if (a.loading) info.state = AgentState::kWarm;
-  else if (a.running || !a.queue.empty()) info.state = AgentState::kQueued;
+  else if (a.running) info.state = AgentState::kGenerating;  // its prompt is being prefilled
+  else if (!a.queue.empty()) info.state = AgentState::kQueued;
   else if (r.total > 0 && r.resident == r.total) info.state = AgentState::kHot;
   else if (r.resident > 0) info.state = AgentState::kWarm;
   else info.state = AgentState::kCold;

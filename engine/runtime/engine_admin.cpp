@@ -443,6 +443,11 @@ Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sour
   const int64_t B = options_.block_tokens;
   const int64_t full = static_cast<int64_t>(p.tokens.size()) / B;
   if (static_cast<int64_t>(p.tokens.size()) > n_ctx_) return OutOfRange("the prefix is longer than the context");
+  if (full == 0) {
+    spdlog::warn("engine: a prefix of {} tokens is shorter than one KV block ({} tokens): agents share whole "
+                 "blocks, so it saves no prefill",
+                 p.tokens.size(), B);
+  }
   const KvLayout layout = KvLayoutFor(model_->hparams(), format, B);
   std::optional<SequenceKv> seq(std::in_place, layout, n_ctx_, *pool_);
   std::vector<PoolBlock*> held;
