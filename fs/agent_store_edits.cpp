@@ -144,8 +144,9 @@ Status AgentStore::ApplyWrites(Handle& handle) {
       KVFS_RETURN_IF_ERROR(CheckUtf8(handle.data, "the system prompt"));
       size_t bytes = handle.data.size();
       std::optional<std::string> before;
-      if (!handle.applied_edit) {
+      if (!handle.applied_edit || handle.only_if_system_is) {
         KVFS_ASSIGN_OR_RETURN(before, RenderFile(handle.node));
+        if (handle.only_if_system_is && *before != *handle.only_if_system_is) return Status::Ok();
       }
       KVFS_RETURN_IF_ERROR(engine_.SetSystem(name, handle.data));
       if (before) handle.applied_edit = Handle::AppliedEdit{std::move(*before), handle.data};

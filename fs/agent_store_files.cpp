@@ -350,14 +350,13 @@ void AgentStore::UndoAppliedEdit(Handle& handle) {
   if (!handle.applied_edit) return;
   Handle::AppliedEdit edit = std::move(*handle.applied_edit);
   handle.applied_edit.reset();
-  Result<std::string> now = RenderFile(handle.node);
-  if (!now.ok() || *now != edit.applied) return;  // changed since by someone else: theirs stands
   Handle restore;
   restore.kind = Kind::kEditable;
   restore.ino = handle.ino;
   restore.node = handle.node;
   restore.uid = handle.uid;
   restore.data = std::move(edit.before);
+  restore.only_if_system_is = std::move(edit.applied);  // else changed since by someone else: theirs stands
   Status undone = ApplyWrites(restore);
   if (!undone.ok()) spdlog::warn("{}: the system prompt before a refused write was not put back: {}",
                                  handle.node.agent->name, undone.message());

@@ -48,6 +48,9 @@ struct AgentStore::Handle {
     std::string before, applied;
   };
   std::optional<AppliedEdit> applied_edit;
+  // The undo's own handle: applied only while the system prompt is still this text (checked
+  // under the agent's submit_mu, so another writer's edit in between stands).
+  std::optional<std::string> only_if_system_is;
   std::shared_ptr<TurnStream> turn;                      // response
   std::shared_ptr<const std::vector<DirEntry>> entries;  // directory
 };

@@ -327,12 +327,22 @@ void Engine::Shutdown() {
 // ---- store thread ----
 
 void Engine::Enqueue(CommitJob job) {
+  bool queued = false;
   {
     std::lock_guard lock(store_mu_);
-    store_queue_.push_back(std::move(job));
-    ++store_jobs_;
+    if (!store_stopping_) {
+      store_queue_.push_back(std::move(job));
+      ++store_jobs_;
+      queued = true;
+    }
   }
-  store_cv_.notify_all();
+  if (queued) {
+    store_cv_.notify_all();
+    return;
+  }
+  // The store thread has stopped (or is draining its last jobs): nothing more is written.
+  for (PoolBlock* b : job.held) pool_->Release(b);
+  if (job.done) job.done(Internal("the engine has stopped: nothing more is stored"));
 }
 
 Status Engine::CommitNow(CommitJob job) {
@@ -413,7 +423,7 @@ AgentInfo Engine::InfoOf(const AgentRecord& a) const {
   if (!a.last_error.empty() && !a.running && a.queue.empty()) info.state = AgentState::kError;
   else if (a.running && a.generating) info.state = AgentState::kGenerating;
   else if (a.loading) info.state = AgentState::kWarm;
-  else if (a.running) info.state = AgentState::kGenerating;  // its prompt is being prefilled
+  else if (a.running && a.prefilling) info.state = AgentState::kGenerating;  // its prompt is being prefilled
   else if (!a.queue.empty()) info.state = AgentState::kQueued;
   else if (r.total > 0 && r.resident == r.total) info.state = AgentState::kHot;
   else if (r.resident > 0) info.state = AgentState::kWarm;
@@ -463,6 +473,7 @@ Status Engine::CreateAgent(const std::string& name, uint32_t owner_uid) {
     a->created_ms = a->updated_ms = Now();
     job.agent = name;
     job.manifest = ManifestOf(*a);
+    ++a->commits_built;
     agents_[name] = std::move(a);
   }
   if (!store_) return Status::Ok();
@@ -497,6 +508,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
   };
   Editable before, after;
   const AgentRecord* record = nullptr;
+  uint64_t seq = 0;
   Status found;
   CommitJob job = RunOnEngine<CommitJob>([&] {
     std::lock_guard lock(mu_);
@@ -512,6 +524,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     edit(a);
     after = Editable{a.system, a.settings};
     record = &a;
+    seq = ++a.commits_built;
     j.agent = name;
     j.manifest = ManifestOf(a);
     j.keep_tail = true;  // the cache is unchanged: its stored tail stays
@@ -520,14 +533,16 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
   KVFS_RETURN_IF_ERROR(found);
   if (!store_) return Status::Ok();
   Status committed = CommitNow(std::move(job));
-  if (!committed.ok()) {
-    // Not on disk, so not made (a full disk): the agent goes back to what it had, unless another
-    // edit has changed the field since. Turns that started meanwhile used the edit, as they
-    // would a file's contents that a failed close() later left in place.
+  if (!committed.ok() && committed.code() != StatusCode::kInternal) {
+    // Not on disk, so not made (a full disk): the agent goes back to what it had, unless a job
+    // built after this one carries the edit on (a turn's commit, which rolls back to the disk's
+    // state if it fails too). Turns that started meanwhile used the edit, as they would a file's
+    // contents that a failed close() later left in place. (kInternal: the store may have
+    // published it; it follows what is on disk.)
     RunOnEngine<bool>([&] {
       std::lock_guard lock(mu_);
       auto it = agents_.find(name);
-      if (it == agents_.end() || it->second.get() != record) return false;
+      if (it == agents_.end() || it->second.get() != record || it->second->commits_built != seq) return false;
       if (it->second->system == after.system) it->second->system = std::move(before.system);
       if (it->second->settings == after.settings) it->second->settings = std::move(before.settings);
       return true;

@@ -120,23 +120,44 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     ReleaseCache(*a);
     std::lock_guard lock(mu_);
     ++erasures_begun_;
+    ++a->commits_built;
     t.job.agent = name;
     t.job.manifest = ManifestOf(*a);
     return t;
   });
   if (!taken.ok()) return taken.status();
   store::EraseReport report;
-  std::set<BlockHash> on_disk_before;
   report.bytes_freed = static_cast<uint64_t>(taken->disk_bytes);
-  // No cache on disk (never made, or erased already): nothing to commit, so rm -r's unlink of
-  // kv.safetensors succeeds on a full disk too.
-  if (store_ && store_->NamesCache(name)) {
-    for (const BlockHash& h : taken->keys)
-      if (store_->HasBlock(h)) on_disk_before.insert(h);
-    // The commit of a manifest without blocks makes the store shred every block only this
-    // agent named, and the old tail.
-    KVFS_RETURN_IF_ERROR(CommitNow(std::move(taken->job)));
-    report.files_removed = taken->files;
+  if (store_) {
+    // On the store thread, behind every commit queued before it (a turn that ended just now).
+    std::set<BlockHash> on_disk_before;
+    bool committed = false;
+    CommitJob job;
+    job.agent = name;
+    job.run = [&]() -> Status {
+      // No cache on disk (never made, or erased already): nothing to write, so rm -r's unlink of
+      // kv.safetensors succeeds on a full disk too.
+      if (!store_->NamesCache(name)) return Status::Ok();
+      for (const BlockHash& h : taken->keys)
+        if (store_->HasBlock(h)) on_disk_before.insert(h);
+      // A manifest without blocks makes the store shred every block only this agent named, and
+      // the old tail.
+      auto r = store_->CommitTurn(name, taken->job.manifest, {}, std::nullopt);
+      if (!r.ok()) return r.status();
+      committed = true;
+      std::lock_guard lock(mu_);
+      if (auto it = agents_.find(name); it != agents_.end()) {
+        // A commit queued before this one named its files again after the release.
+        if (it->second->disk_tail) taken->files = 1;
+        report.bytes_freed = std::max<uint64_t>(report.bytes_freed, static_cast<uint64_t>(it->second->disk_bytes));
+        it->second->disk_tail.reset();
+        it->second->disk_bytes = 0;
+      }
+      return Status::Ok();
+    };
+    KVFS_RETURN_IF_ERROR(CommitNow(std::move(job)));
+    if (!committed) report.bytes_freed = 0;
+    report.files_removed = committed ? taken->files : 0;
     for (const BlockHash& h : on_disk_before) {
       if (store_->HasBlock(h)) ++report.blocks_kept_shared;
       else ++report.blocks_freed, ++report.files_removed;

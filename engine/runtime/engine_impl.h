@@ -49,7 +49,11 @@ struct AgentRecord {
   std::deque<TurnRequest> queue;  // waiting, not yet started
   bool running = false;
   bool generating = false;  // the running turn has produced its first token
+  bool prefilling = false;  // the running turn was admitted (memory for its KV) and is prefilling
   bool loading = false;     // its cache is being read from disk (state "warm")
+  // Commit jobs built from this record so far: a failed edit is undone in memory only when no
+  // later job (which carries the edit to disk) was built after it.
+  uint64_t commits_built = 0;
   std::optional<TurnStats> last_turn;
   std::string last_error;
   // Why its saved state could not be read (both manifests damaged, or written by a newer kvfs).
@@ -337,6 +341,7 @@ class Engine final : public AgentEngine {
   std::vector<std::unique_ptr<AgentRecord>> erased_;
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;
+  bool engine_loop_ended_ = false;  // RunOnEngine then runs its task on the caller's thread
   bool store_stopping_ = false;
   EngineStatus counters_;  // the cumulative fields; the rest is filled by Status()
   // Erasures (of an agent or of its cache) begun so far: an export that held blocks while one
@@ -368,11 +373,15 @@ template <typename T>
 inline T Engine::RunOnEngine(std::function<T()> task) {
   std::packaged_task<T()> packaged(std::move(task));
   std::future<T> result = packaged.get_future();
+  bool inline_run = false;
   {
     std::lock_guard lock(mu_);
-    tasks_.push_back([&packaged] { packaged(); });
+    // After the engine loop has ended (shutdown) nobody would run it: the caller does.
+    if (engine_loop_ended_) inline_run = true;
+    else tasks_.push_back([&packaged] { packaged(); });
   }
-  engine_cv_.notify_all();
+  if (inline_run) packaged();
+  else engine_cv_.notify_all();
   return result.get();
 }
 

@@ -117,7 +117,10 @@ void Engine::EngineLoop() {
       for (auto& r : dropped)
         if (r.on_done) r.on_done(Internal("the daemon is shutting down"));
       std::lock_guard lock(mu_);
-      if (tasks_.empty()) return;
+      if (tasks_.empty()) {
+        engine_loop_ended_ = true;
+        return;
+      }
       continue;
     }
     StartTurns();
@@ -136,7 +139,7 @@ void Engine::StartTurns() {
       turn->request = std::move(a->queue.front());
       a->queue.pop_front();
       a->running = true;
-      a->generating = false;
+      a->generating = a->prefilling = false;
       turn->submitted = engine_internal::Clock::now();
       started.push_back(std::move(turn));
     }
@@ -158,6 +161,10 @@ void Engine::StartTurns() {
     if (!s.ok()) {
       FailTurn(*turn, s);
       continue;
+    }
+    {
+      std::lock_guard lock(mu_);
+      turn->agent->prefilling = true;
     }
     active_.push_back(std::move(turn));
   }
@@ -612,6 +619,7 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(con
     }
     NoteKeys(a);
     job.manifest = ManifestOf(a);
+    ++a.commits_built;
   }
   // job.tail's payload points into job.tail_bytes, whose heap buffer moves with the job.
   job.done = std::move(done);

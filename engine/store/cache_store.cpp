@@ -441,7 +441,7 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   needed += 2 * (64 * manifest.tokens.size() + 4096);
   for (const auto& t : manifest.conversation) needed += 2 * (2 * t.text.size() + t.role.size());
   if (auto free = fs_.FreeBytes(dir_); free.ok() && *free < needed) {
-    if (!manifest.blocks.empty() || manifest.tail || !prev)
+    if (!manifest.blocks.empty() || manifest.tail || !prev || keep_tail)  // (keep_tail: an edit)
       return Status(StatusCode::kNoSpace, "committing a turn of " + agent + " needs about " + std::to_string(needed) +
                                               " bytes, " + std::to_string(*free) + " are free in " + dir_);
     // The erasure of a cache (rm kv.safetensors, which rm -r does first) on a full disk: its

@@ -146,6 +146,9 @@ class CacheStore {
   // the error is returned (kNoSpace for a full disk). Without `tail`, the agent has no tail
   // after the commit, unless keep_tail and the manifest's tokens still end with the current tail
   // (an edit of the agent's settings or system text, which leaves its cache as it is).
+  // The erasure of a cache (no blocks, no tail, not keep_tail) that does not fit shreds the
+  // files it drops first, to make room; a crash or failure then leaves the old manifest naming
+  // files that are gone (a cache LoadAgent reports for rebuilding), the conversation intact.
   Result<CommitReport> CommitTurn(const std::string& agent, Manifest manifest, std::span<const NewBlock> new_blocks,
                                   std::optional<TailData> tail, bool keep_tail = false);
 

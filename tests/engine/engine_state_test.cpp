@@ -3,6 +3,8 @@
 // hold the budget for good), and an edit of an agent's settings keeps its stored tail, so it
 // resumes after a restart without recomputing. On the real stories260K model, with the store on
 // the fault-injecting file system where a test needs a full disk.
+#include <future>
+
 #include <gtest/gtest.h>
 
 #include "engine/runtime/engine.h"
@@ -220,6 +222,20 @@ TEST_F(EngineStateTest, ACacheInTheFormerFormatStaysTheAgentsOverARestart) {
   ASSERT_TRUE(erased.ok());
   EXPECT_GT(erased->files_removed, 0u);
   EXPECT_GT(erased->bytes_freed, 0u);
+}
+
+// Calls that reach the engine after its shutdown fail instead of waiting for threads that have
+// ended (an edit in flight while the daemon stops).
+TEST_F(EngineStateTest, EditsAfterShutdownFailAndDoNotHang) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  (*engine)->Shutdown();
+  auto edit = std::async(std::launch::async, [&] { return (*engine)->SetSystem("alice", "Tom had a red car."); });
+  ASSERT_EQ(edit.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "SetSystem hangs after Shutdown";
+  EXPECT_FALSE(edit.get().ok());
+  auto erase = std::async(std::launch::async, [&] { return (*engine)->EraseCache("alice").status(); });
+  ASSERT_EQ(erase.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "EraseCache hangs after Shutdown";
 }
 
 // An edit of the settings (config.json) keeps the stored tail: after a restart the next turn
