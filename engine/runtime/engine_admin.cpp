@@ -101,8 +101,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     std::vector<BlockHash> keys;         // the cache's blocks and tail now (for the report)
     std::vector<BlockHash> memory_keys;  // every key it has had in the pool
     CommitJob job;
-    int64_t disk_bytes = 0;  // the cache's blocks and tail on disk
-    size_t files = 0;        // its tail file
+    bool had_tail = false;  // a tail file on disk (ReleaseCache forgets it)
     int64_t block_bytes = 0;
   };
   auto taken = RunOnEngine<Result<Taken>>([&]() -> Result<Taken> {
@@ -113,8 +112,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     t.memory_keys.assign(a->pool_keys.begin(), a->pool_keys.end());
     {
       std::lock_guard lock(mu_);
-      t.disk_bytes = a->disk_bytes;
-      if (a->disk_tail) ++t.files;
+      t.had_tail = a->disk_tail.has_value();
       t.block_bytes = KvLayoutFor(model_->hparams(), a->format, options_.block_tokens).block_bytes();
     }
     ReleaseCache(*a);
@@ -127,11 +125,9 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   });
   if (!taken.ok()) return taken.status();
   store::EraseReport report;
-  report.bytes_freed = static_cast<uint64_t>(taken->disk_bytes);
   if (store_) {
     // On the store thread, behind every commit queued before it (a turn that ended just now).
     std::set<BlockHash> on_disk_before;
-    bool committed = false;
     CommitJob job;
     job.agent = name;
     job.run = [&]() -> Status {
@@ -144,20 +140,18 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
       // the old tail.
       auto r = store_->CommitTurn(name, taken->job.manifest, {}, std::nullopt);
       if (!r.ok()) return r.status();
-      committed = true;
       std::lock_guard lock(mu_);
       if (auto it = agents_.find(name); it != agents_.end()) {
-        // A commit queued before this one named its files again after the release.
-        if (it->second->disk_tail) taken->files = 1;
-        report.bytes_freed = std::max<uint64_t>(report.bytes_freed, static_cast<uint64_t>(it->second->disk_bytes));
+        // What the last commit stored (the release keeps disk_bytes; a commit queued before this
+        // one sets both again).
+        report.bytes_freed = static_cast<uint64_t>(it->second->disk_bytes);
+        report.files_removed = taken->had_tail || it->second->disk_tail ? 1 : 0;
         it->second->disk_tail.reset();
         it->second->disk_bytes = 0;
       }
       return Status::Ok();
     };
     KVFS_RETURN_IF_ERROR(CommitNow(std::move(job)));
-    if (!committed) report.bytes_freed = 0;
-    report.files_removed = committed ? taken->files : 0;
     for (const BlockHash& h : on_disk_before) {
       if (store_->HasBlock(h)) ++report.blocks_kept_shared;
       else ++report.blocks_freed, ++report.files_removed;
