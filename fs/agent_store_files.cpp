@@ -171,6 +171,17 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
       return handle;
     }
     case AgentFile::kKvCache: {
+      // The export is a snapshot taken at open: a turn finishing meanwhile does not tear it.
+      auto export_cache = [&]() -> Result<std::string> {
+        KVFS_ASSIGN_OR_RETURN(std::string file, engine_.ExportCache(agent->name));
+        {
+          std::lock_guard lock(metrics_->mu);
+          ++metrics_->values.exports;
+          metrics_->values.export_bytes += file.size();
+        }
+        Audit(AuditEvent{.uid = caller.uid, .agent = agent->name, .action = "export", .bytes = file.size()});
+        return file;
+      };
       if (writes) {
         handle->kind = Kind::kImport;  // the file written replaces the cache at close
         handle->import = std::make_unique<ImportBuffer>(ImportBufferOptions{
@@ -180,17 +191,17 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
             .spill_bytes = config_.import_spill_bytes,
             .disk_total = import_disk_,
             .disk_limit = config_.max_import_spill_bytes});
+        if (flags.read && !flags.truncate) {
+          // Read and write without O_TRUNC, as on any file: it starts as the export, reads show
+          // it, writes change it in place, and a close after writes imports what it has become.
+          // A close without writes imports nothing.
+          KVFS_ASSIGN_OR_RETURN(std::string file, export_cache());
+          KVFS_RETURN_IF_ERROR(handle->import->Write(0, file));
+        }
         return handle;
       }
       handle->kind = Kind::kSnapshot;
-      // The export is a snapshot taken at open: a turn finishing meanwhile does not tear it.
-      KVFS_ASSIGN_OR_RETURN(handle->data, engine_.ExportCache(agent->name));
-      {
-        std::lock_guard lock(metrics_->mu);
-        ++metrics_->values.exports;
-        metrics_->values.export_bytes += handle->data.size();
-      }
-      Audit(AuditEvent{.uid = caller.uid, .agent = agent->name, .action = "export", .bytes = handle->data.size()});
+      KVFS_ASSIGN_OR_RETURN(handle->data, export_cache());
       return handle;
     }
   }

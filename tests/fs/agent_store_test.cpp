@@ -540,6 +540,61 @@ TEST_F(StoreTest, AnOpenFileHasTheSizeOfItsOwnBytes) {
   store_->Release(*writing);                   // garbage: refused, nothing changes
 }
 
+// kv.safetensors opened for reading and writing without O_TRUNC is the export, as any file
+// is what it holds: reads show it, writes change it in place, a close after writes imports what
+// it has become (validated), and a close without writes imports nothing.
+TEST_F(StoreTest, KvCacheOpenedForReadAndWriteStartsAsTheExport) {
+  Mkdir("alice");
+  Mkdir("bob");
+  ASSERT_TRUE(Echo("alice", "prompt", "remember this").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  const std::string exported = *Cat("alice", "kv.safetensors");
+  const std::string transcript = *Cat("alice", "transcript");
+  const InodeId kv = *File("alice", "kv.safetensors");
+  const OpenFlags read_write{true, true, false, false};
+  auto read_all = [&](HandleId h) {
+    std::string out;
+    for (Result<std::string> chunk = store_->Read(h, 0, 7, nullptr); chunk.ok() && !chunk->empty();
+         chunk = store_->Read(h, out.size(), 7, nullptr)) {
+      out += *chunk;
+    }
+    return out;
+  };
+
+  HandleId h = *store_->Open(kv, read_write, kRoot);
+  EXPECT_EQ(store_->GetAttr(kv, h)->size, exported.size());
+  EXPECT_EQ(read_all(h), exported);
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(store_->Metrics().imports + store_->Metrics().imports_refused, 0u);  // no writes: no import
+
+  // A byte changed in place: refused at close as a damaged file; alice keeps her cache.
+  h = *store_->Open(kv, read_write, kRoot);
+  ASSERT_TRUE(store_->Write(h, 0, std::string(1, static_cast<char>(exported[0] ^ 1))).ok());
+  EXPECT_EQ(read_all(h).substr(1), exported.substr(1));
+  EXPECT_EQ(store_->Flush(h).code(), StatusCode::kInvalidArgument);
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "kv.safetensors"), exported);
+
+  // The same byte written back: the file is whole again and imports.
+  h = *store_->Open(kv, read_write, kRoot);
+  ASSERT_TRUE(store_->Write(h, 0, exported.substr(0, 1)).ok());
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(store_->Metrics().imports, 1u);
+  EXPECT_EQ(*Cat("alice", "transcript"), transcript);
+
+  // bob's (empty) cache overwritten by alice's longer file from offset 0 becomes hers.
+  const InodeId bob_kv = *File("bob", "kv.safetensors");
+  h = *store_->Open(bob_kv, read_write, kRoot);
+  const uint64_t bob_export = store_->GetAttr(bob_kv, h)->size;
+  ASSERT_LT(bob_export, exported.size());
+  ASSERT_TRUE(store_->Write(h, 0, exported).ok());
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(*Cat("bob", "transcript"), transcript);
+}
+
 TEST_F(StoreTest, PrefixFilesAreAddedAndRemoved) {
   InodeId prefixes = store_->Lookup(kRootInode, ".prefixes")->ino;
   auto created = store_->Create(prefixes, "story.txt", WriteTruncFlags(), kAlice);

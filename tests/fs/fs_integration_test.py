@@ -140,12 +140,27 @@ def import_export_and_erase_cache(t):
         return
     check(r.returncode == 0, 'cp of the export: ' + r.stderr)
     check(os.path.getsize(export) > 0, 'export is not empty')
+    with open(export, 'rb') as f:
+        data = f.read()
+    # Opened for reading and writing (no O_TRUNC) it is the export; a byte changed in place (the
+    # payload's last, which only the checksum covers; the fake's first) is refused at close, and
+    # alice keeps her cache.
+    with open('%s/alice/kv.safetensors' % m, 'r+b') as f:
+        check(f.read() == data, 'an O_RDWR open of kv.safetensors reads the export')
+    try:
+        with open('%s/alice/kv.safetensors' % m, 'r+b') as f:
+            at = 0 if FAKE else len(data) - 1
+            f.seek(at)
+            f.write(bytes([data[at] ^ 1]))
+        raise Failure('a damaged kv.safetensors was imported')
+    except OSError as e:
+        check(e.errno == errno.EINVAL, 'a damaged kv.safetensors fails with EINVAL: %s' % e)
+    with open('%s/alice/kv.safetensors' % m, 'rb') as f:
+        check(f.read() == data, 'a refused in-place change leaves the cache as it was')
     garbage = os.path.join(t.dir, 'garbage')
     with open(garbage, 'wb') as f:
         f.write(os.urandom(4096))
     truncated = os.path.join(t.dir, 'truncated')
-    with open(export, 'rb') as f:
-        data = f.read()
     with open(truncated, 'wb') as f:
         f.write(data[: len(data) * 2 // 3])
     for bad in (garbage, truncated):
