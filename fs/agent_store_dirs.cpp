@@ -211,6 +211,7 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
           KVFS_RETURN_IF_ERROR(handle->import->Resize(size));
         } else {
           handle->data.resize(size);
+          if (size == 0) handle->holds_only_writes = true;
         }
         handle->dirty = true;
       }

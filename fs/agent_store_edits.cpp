@@ -116,6 +116,7 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenPrefixFile(const Nod
   }
   handle->kind = flags.write ? Kind::kEditable : Kind::kSnapshot;
   handle->data = std::move(text);
+  handle->holds_only_writes = handle->data.empty();
   return handle;
 }
 Status AgentStore::CheckWrittenSoFar(Handle& handle) {

@@ -165,6 +165,7 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
       if (!flags.truncate) {
         KVFS_ASSIGN_OR_RETURN(handle->data, RenderFile(node));
       }
+      handle->holds_only_writes = handle->data.empty();
       // `: > system` (O_TRUNC, no write) empties the system prompt at close, as on any file.
       // An emptied config.json merges nothing (ApplyWrites), so there it changes nothing.
       handle->dirty = flags.truncate && file == AgentFile::kSystem;
@@ -307,7 +308,7 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
       if (handle.data.size() < at + bytes.size()) handle.data.resize(static_cast<size_t>(at + bytes.size()));
       handle.data.replace(static_cast<size_t>(at), bytes.size(), bytes);
       handle.dirty = true;
-      Status early = CheckWrittenSoFar(handle);
+      Status early = handle.holds_only_writes ? CheckWrittenSoFar(handle) : Status::Ok();
       if (!early.ok()) {
         handle.refused = early;  // nothing of this file is applied
         return early;

@@ -36,6 +36,10 @@ struct AgentStore::Handle {
   std::string data;   // snapshot or write buffer
   std::unique_ptr<ImportBuffer> import;  // kImport: the bytes written (not `data`)
   bool dirty = false; // written since the last apply
+  // Editable text: the buffer holds only bytes written through this handle (it was empty at open,
+  // or truncated to 0 since). Only then can a text that no further write makes valid be refused
+  // at the write; an in-place edit (`r+`: write, then ftruncate) is judged whole at close.
+  bool holds_only_writes = true;
   bool append = false;
   uint64_t prompt_end = 0;  // prompt: the offset the next write must start at (bytes accepted)
   Utf8Validator utf8;

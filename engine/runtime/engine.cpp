@@ -600,6 +600,13 @@ std::set<BlockHash> Engine::NamedBlocks(const AgentRecord* except, bool with_pre
   return named;
 }
 
+bool Engine::PinnedByPrefix(const BlockHash& h) {
+  std::lock_guard lock(mu_);
+  for (auto& [n, p] : prefixes_)
+    if (std::find(p.blocks.begin(), p.blocks.end(), h) != p.blocks.end()) return true;
+  return false;
+}
+
 void Engine::Prefetch(const std::string& name) {
   Post([this, name] {
     AgentRecord* a = nullptr;

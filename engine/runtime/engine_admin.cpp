@@ -616,10 +616,16 @@ Status Engine::RestorePrefixes() {
     PrefixSources sources;
     auto held = RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, &sources); });
     if (!held.ok()) {
-      spdlog::warn("engine: prefix {} could not be restored ({}); it is dropped", r.name, held.status().message());
-      CommitJob erase;
-      erase.run = [&] { return store_->ErasePrefix(r.name).status(); };
-      (void)CommitNow(std::move(erase));
+      // Kept, record and text: it is the user's, and only rm erases it (with an audit line).
+      spdlog::warn("engine: prefix {} is kept but not shared: this daemon cannot hold it ({}); a daemon that can "
+                   "(a larger --ctx, say) uses it again",
+                   r.name, held.status().message());
+      Prefix kept;
+      kept.text = r.text;
+      kept.owner_uid = r.owner_uid;
+      kept.inactive = held.status().message();
+      std::lock_guard lock(mu_);
+      prefixes_[r.name] = std::move(kept);
       continue;
     }
     if (sources.prefilled > 0 || p.blocks != r.blocks) {

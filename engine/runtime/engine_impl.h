@@ -179,6 +179,10 @@ class Engine final : public AgentEngine {
     // prefix has no text or blocks; it is listed, owned by root (its owner is unknown), so that
     // it can be erased or written anew.
     std::string unreadable;
+    // Why its record, read fine, cannot be pinned by this daemon (longer than its context, say),
+    // else empty. Such a prefix keeps its record and text, but no tokens or blocks, so no agent
+    // shares it until a daemon that can hold it (a larger --ctx) starts on the store.
+    std::string inactive;
   };
   // Where a prefix's blocks came from (PinPrefix).
   struct PrefixSources {
@@ -227,6 +231,8 @@ class Engine final : public AgentEngine {
   // The blocks every agent but `except` names, and with_prefixes the prefixes' too: those are
   // still someone's state, not to be dropped (takes mu_).
   std::set<BlockHash> NamedBlocks(const AgentRecord* except, bool with_prefixes);
+  // Whether a prefix in .prefixes/ now pins the block (takes mu_).
+  bool PinnedByPrefix(const BlockHash& h);
   // Erasure of memory: zeroes and frees those of `keys` that nothing names and nothing uses,
   // and their device copies (not on the engine thread).
   void DropUnnamedBlocks(std::span<const BlockHash> keys);

@@ -323,6 +323,9 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
       BlockHash h;
       for (std::string_view domain : {std::string_view(turn.domain), kPrefixDomain}) {
         h = ChainHash(parent, span, fingerprint_, a.format, domain);
+        // A removed prefix's blocks live on in the agents that used it, but are no longer
+        // shared: across uids only a prefix in .prefixes/ now is.
+        if (domain == kPrefixDomain && !PinnedByPrefix(h)) continue;
         if ((b = acquire(h)) != nullptr) break;
       }
       if (b == nullptr) break;

@@ -181,5 +181,61 @@ TEST_F(EngineTest, UnreadablePrefixIsListedAndCanBeErasedOrRewritten) {
   }
 }
 
+// A prefix a restarted daemon cannot hold (longer than its smaller context) is not dropped: it is
+// listed with its text and owner, its record stays, no agent shares it, and a daemon that can
+// hold it uses it again. Only rm erases it.
+TEST_F(EngineTest, APrefixTheDaemonCannotHoldIsKeptUntilOneCan) {
+  const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // > 32 tokens: 2+ blocks of 16
+  const fs::path record = dir_ / "store" / "prefixes" / "story.txt.prefix";
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 1000).ok());
+  }
+  const std::string saved = testing::ReadFile(record);
+  {
+    EngineOptions small = Options();
+    small.n_ctx = 16;
+    auto engine = CreateEngine(small);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    EXPECT_EQ((*engine)->ListPrefixes(), std::vector<std::string>{"story.txt"});
+    EXPECT_EQ(*(*engine)->PrefixText("story.txt"), prefix);
+    EXPECT_EQ((*engine)->PrefixOwner("story.txt"), 1000u);
+    EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0);  // nothing pinned
+  }
+  EXPECT_EQ(testing::ReadFile(record), saved);
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_GT((*engine)->Stats().reload_bytes, 0u);  // its blocks, loaded from the store
+  ASSERT_TRUE((*engine)->CreateAgent("a", 2000).ok());
+  Greedy(**engine, "a");
+  TurnOutcome out = RunTurn(**engine, "a", prefix + " The dog ran away.");
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_GE(out.stats->reused_tokens, 32);
+  ASSERT_TRUE((*engine)->RemovePrefix("story.txt").ok());
+  EXPECT_FALSE(fs::exists(record));
+}
+
+// Blocks computed for a prefix live on in the agents that used it, but once the prefix is removed
+// they are shared no more: an agent of another uid with the same text computes its own.
+TEST_F(EngineTest, ARemovedPrefixIsNoLongerSharedAcrossUids) {
+  const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // > 32 tokens: 2+ blocks of 16
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 0).ok());
+  ASSERT_TRUE((*engine)->CreateAgent("user", 2000).ok());
+  Greedy(**engine, "user");
+  TurnOutcome used = RunTurn(**engine, "user", prefix + " The dog ran away.");
+  ASSERT_TRUE(used.stats.ok()) << used.stats.status().message();
+  EXPECT_GE(used.stats->reused_tokens, 32);  // shared while the prefix is there
+  ASSERT_TRUE((*engine)->RemovePrefix("story.txt").ok());
+  ASSERT_TRUE((*engine)->CreateAgent("stranger", 3000).ok());
+  Greedy(**engine, "stranger");
+  TurnOutcome alone = RunTurn(**engine, "stranger", prefix + " The cat sat down.");
+  ASSERT_TRUE(alone.stats.ok()) << alone.stats.status().message();
+  EXPECT_EQ(alone.stats->reused_tokens, 0);
+  EXPECT_EQ(alone.reply, Reference(ReadManifest(Options().store_dir, "stranger"), *alone.stats, 20));
+}
+
 }  // namespace
 }  // namespace kvfs

@@ -160,6 +160,29 @@ TEST_F(StoreTest, ConfigIsValidatedAtCloseAndBadInputChangesNothing) {
   EXPECT_NE(audit.find("\"action\":\"config\""), std::string::npos);
 }
 
+// An editor's in-place save (`r+`: write from 0, then ftruncate to the new length) briefly holds
+// the new text followed by the old one's tail. That is judged at close, whole, not at the write.
+TEST_F(StoreTest, AnInPlaceEditOfConfigIsJudgedAtClose) {
+  Mkdir("alice");
+  const InodeId config = *File("alice", "config.json");
+  const OpenFlags read_write{true, true, false, false};
+  const std::string edit = R"({"max_tokens": 7})";
+  ASSERT_GT(Cat("alice", "config.json")->size(), edit.size());
+  HandleId h = *store_->Open(config, read_write, kRoot);
+  ASSERT_TRUE(store_->Write(h, 0, edit).ok());
+  ASSERT_TRUE(store_->Truncate(config, edit.size(), h, kRoot).ok());
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(nlohmann::json::parse(*Cat("alice", "config.json"))["max_tokens"], 7);
+  // Left with the old tail (no truncation): not JSON, refused at close; nothing changes.
+  const std::string before = *Cat("alice", "config.json");
+  h = *store_->Open(config, read_write, kRoot);
+  ASSERT_TRUE(store_->Write(h, 0, R"({"max_tokens": 9})").ok());
+  EXPECT_EQ(store_->Flush(h).code(), StatusCode::kInvalidArgument);
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "config.json"), before);
+}
+
 // Settings that parse but that the engine cannot run (kvfsd refuses kv "q4k" when its blocks are
 // not whole 64-token chunks) fail at the write, where `echo ... > config.json` reports it: the
 // shell never reports what close returns. Text that is not yet complete JSON still passes.
