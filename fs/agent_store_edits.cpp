@@ -148,6 +148,7 @@ Status AgentStore::ApplyWrites(Handle& handle) {
       if (!handle.applied_edit || handle.only_if_system_is) {
         KVFS_ASSIGN_OR_RETURN(before, RenderFile(handle.node));
         if (handle.only_if_system_is && *before != *handle.only_if_system_is) return Status::Ok();
+        if (*before == handle.data) return Status::Ok();  // the same text: no change, no audit line
       }
       KVFS_RETURN_IF_ERROR(engine_.SetSystem(name, handle.data));
       if (before) handle.applied_edit = Handle::AppliedEdit{std::move(*before), handle.data};
@@ -166,6 +167,7 @@ Status AgentStore::ApplyWrites(Handle& handle) {
       if (handle.data.find_first_not_of(" \t\r\n") == std::string::npos) return Status::Ok();
       KVFS_ASSIGN_OR_RETURN(AgentInfo info, engine_.GetAgent(name));
       KVFS_ASSIGN_OR_RETURN(AgentSettings settings, ParseAgentSettings(handle.data, info.settings));
+      if (settings == info.settings) return Status::Ok();  // `{}`, or the values it has: no change, no audit line
       KVFS_RETURN_IF_ERROR(engine_.SetSettings(name, settings));
       event.action = "config";
       break;

@@ -505,6 +505,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
   struct Editable {
     std::string system;
     AgentSettings settings;
+    int64_t updated_ms = 0;
   };
   Editable before, after;
   const AgentRecord* record = nullptr;
@@ -520,9 +521,12 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     }
     if (found = RefuseIfUnreadable(*it->second); !found.ok()) return j;
     AgentRecord& a = *it->second;
-    before = Editable{a.system, a.settings};
+    before = Editable{a.system, a.settings, a.updated_ms};
     edit(a);
-    after = Editable{a.system, a.settings};
+    if (a.system == before.system && a.settings == before.settings) return j;  // nothing changed: nothing to store
+    // The agent's files show it as their mtime, so that `cp -u` and rsync see the edit.
+    a.updated_ms = Now();
+    after = Editable{a.system, a.settings, a.updated_ms};
     record = &a;
     seq = ++a.commits_built;
     j.agent = name;
@@ -531,7 +535,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     return j;
   });
   KVFS_RETURN_IF_ERROR(found);
-  if (!store_) return Status::Ok();
+  if (!store_ || record == nullptr) return Status::Ok();
   Status committed = CommitNow(std::move(job));
   if (!committed.ok() && committed.code() != StatusCode::kInternal) {
     // Not on disk, so not made (a full disk): the agent goes back to what it had, unless a job
@@ -545,6 +549,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
       if (it == agents_.end() || it->second.get() != record || it->second->commits_built != seq) return false;
       if (it->second->system == after.system) it->second->system = std::move(before.system);
       if (it->second->settings == after.settings) it->second->settings = std::move(before.settings);
+      if (it->second->updated_ms == after.updated_ms) it->second->updated_ms = before.updated_ms;
       return true;
     });
   }

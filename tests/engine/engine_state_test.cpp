@@ -3,7 +3,9 @@
 // hold the budget for good), and an edit of an agent's settings keeps its stored tail, so it
 // resumes after a restart without recomputing. On the real stories260K model, with the store on
 // the fault-injecting file system where a test needs a full disk.
+#include <chrono>
 #include <future>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -161,11 +163,17 @@ TEST_F(EngineStateTest, EditsThatCannotBeStoredAreNotMade) {
     edited = stored;
     edited.max_tokens = stored.max_tokens + 7;
 
+    const int64_t updated = (*engine)->GetAgent("alice")->updated_ms;
     disk.FailAt(disk.op_count(), StatusCode::kNoSpace, FaultInjectingFileSystem::kDiskFullOps);
     EXPECT_EQ((*engine)->SetSystem("alice", "Sue had a blue hat.").code(), StatusCode::kNoSpace);
     EXPECT_EQ((*engine)->SetSettings("alice", edited).code(), StatusCode::kNoSpace);
     EXPECT_EQ(system_of(**engine), "Tom had a red car.");
     EXPECT_EQ((*engine)->GetAgent("alice")->settings, stored);
+    EXPECT_EQ((*engine)->GetAgent("alice")->updated_ms, updated);  // the files' mtime: no edit was made
+    // What the agent has already: nothing to store, so it succeeds on a full disk.
+    EXPECT_TRUE((*engine)->SetSystem("alice", "Tom had a red car.").ok());
+    EXPECT_TRUE((*engine)->SetSettings("alice", stored).ok());
+    EXPECT_EQ((*engine)->GetAgent("alice")->updated_ms, updated);
     disk.ClearFaults();
   }
   {
@@ -173,7 +181,10 @@ TEST_F(EngineStateTest, EditsThatCannotBeStoredAreNotMade) {
     ASSERT_TRUE(engine.ok()) << engine.status().message();
     EXPECT_EQ(system_of(**engine), "Tom had a red car.");
     EXPECT_NE((*engine)->GetAgent("alice")->settings, edited);
+    const int64_t updated = (*engine)->GetAgent("alice")->updated_ms;
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
     ASSERT_TRUE((*engine)->SetSystem("alice", "Sue had a blue hat.").ok());
+    EXPECT_GT((*engine)->GetAgent("alice")->updated_ms, updated);  // the edit moves the files' mtime
     ASSERT_TRUE((*engine)->SetSettings("alice", edited).ok());
   }
   auto engine = CreateEngine(o);

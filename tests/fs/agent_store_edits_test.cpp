@@ -1,6 +1,11 @@
 // AgentStore over a FakeEngine: edits of system and config.json (limits, truncation, validation)
 // and the order of a prompt's writes.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 #include <spdlog/fmt/fmt.h>
 
@@ -181,6 +186,34 @@ TEST_F(StoreTest, AnInPlaceEditOfConfigIsJudgedAtClose) {
   EXPECT_EQ(store_->Flush(h).code(), StatusCode::kInvalidArgument);
   store_->Release(h);
   EXPECT_EQ(*Cat("alice", "config.json"), before);
+}
+
+// An edit of system or config.json moves the agent's files' mtime, so that `cp -u` and rsync see
+// it; writing what a file already says changes nothing and logs nothing.
+TEST_F(StoreTest, EditsMoveTheMtimeAndNoOpEditsLogNothing) {
+  Mkdir("alice");
+  const InodeId system = *File("alice", "system"), config = *File("alice", "config.json");
+  auto audit_lines = [&] {
+    const std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+    return std::count(audit.begin(), audit.end(), '\n');
+  };
+  int64_t mtime = store_->GetAttr(system)->mtime_ms;
+  for (const auto& [file, text] : {std::pair{"system", "Be brief."}, std::pair{"config.json", R"({"max_tokens": 5})"}}) {
+    SCOPED_TRACE(file);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(Echo("alice", file, text).ok());
+    const int64_t edited = store_->GetAttr(system)->mtime_ms;
+    EXPECT_GT(edited, mtime);
+    EXPECT_EQ(store_->GetAttr(config)->mtime_ms, edited);  // every file of the agent shows it
+    mtime = edited;
+  }
+  const auto lines = audit_lines();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  ASSERT_TRUE(Echo("alice", "config.json", "{}").ok());
+  ASSERT_TRUE(Echo("alice", "config.json", R"({"max_tokens": 5})").ok());
+  EXPECT_EQ(audit_lines(), lines);
+  EXPECT_EQ(store_->GetAttr(system)->mtime_ms, mtime);
 }
 
 // Settings that parse but that the engine cannot run (kvfsd refuses kv "q4k" when its blocks are

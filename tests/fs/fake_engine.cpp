@@ -244,11 +244,17 @@ kvfs::Status FakeEngine::SetSystem(const std::string& name, std::string text) {
   std::lock_guard lock(mu_);
   auto agent = Find(name);
   if (agent == nullptr) return NotFound("no agent " + name);
+  if (agent->info.system == text) return kvfs::Status::Ok();  // as the engine: no change, no commit
   std::string old = agent->info.system;
+  const int64_t old_ms = agent->info.updated_ms;
   agent->info.system = std::move(text);
   agent->info.context_tokens = ContextTokens(*agent);
+  agent->info.updated_ms = NowMs();
   kvfs::Status s = Persist(*agent);
-  if (!s.ok()) agent->info.system = old, agent->info.context_tokens = ContextTokens(*agent);
+  if (!s.ok()) {
+    agent->info.system = old, agent->info.context_tokens = ContextTokens(*agent);
+    agent->info.updated_ms = old_ms;
+  }
   return s;
 }
 
@@ -264,10 +270,13 @@ kvfs::Status FakeEngine::SetSettings(const std::string& name, const AgentSetting
   std::lock_guard lock(mu_);
   auto agent = Find(name);
   if (agent == nullptr) return NotFound("no agent " + name);
+  if (agent->info.settings == settings) return kvfs::Status::Ok();
   AgentSettings old = agent->info.settings;
+  const int64_t old_ms = agent->info.updated_ms;
   agent->info.settings = settings;
+  agent->info.updated_ms = NowMs();
   kvfs::Status s = Persist(*agent);
-  if (!s.ok()) agent->info.settings = old;
+  if (!s.ok()) agent->info.settings = old, agent->info.updated_ms = old_ms;
   return s;
 }
 
