@@ -154,12 +154,15 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
     case NodeKind::kPrefixFile: {
       a.mode = 0644;
       bool pending = false;
+      a.mtime_ms = root_mtime_ms_.load();
       {
         std::lock_guard lock(mu_);
         auto it = prefixes_.find(node.prefix);
-        if (it != prefixes_.end()) a.uid = it->second.uid, pending = it->second.pending;
+        if (it != prefixes_.end()) {
+          a.uid = it->second.uid, pending = it->second.pending;
+          if (it->second.mtime_ms != 0) a.mtime_ms = it->second.mtime_ms;
+        }
       }
-      a.mtime_ms = root_mtime_ms_.load();
       if (pending) return a;
       Result<std::string> text = engine_.PrefixText(node.prefix);
       // An unreadable prefix (kIoError) keeps its name with size 0, so ls shows it and rm

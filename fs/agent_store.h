@@ -175,9 +175,11 @@ class AgentStore {
     InodeId ino = 0;
     uint32_t uid = 0;
     bool pending = false;  // created, its text not yet written (the engine does not know it)
+    int64_t mtime_ms = 0;  // its last write through this mount (0: the mount's start, as after a restart)
   };
 
   AgentStore(AgentEngine& engine, StoreConfig config, std::unique_ptr<AuditLog> audit);
+  void MarkPrefixWritten(const std::string& name, InodeId ino);  // no longer pending; mtime now
   int64_t Now() const;
   void Audit(AuditEvent event);
 

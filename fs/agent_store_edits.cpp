@@ -229,6 +229,7 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
     // old prefix stays as it was.
     Result<store::EraseReport> replaced = engine_.ReplacePrefix(name, handle.data, owner);
     if (replaced.ok()) {
+      MarkPrefixWritten(name, handle.ino);
       Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_remove", .erased = *replaced});
       Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_add", .bytes = bytes});
       return Status::Ok();
@@ -240,13 +241,17 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
     DropPendingPrefix(name, handle.ino);
     return added;
   }
-  {
-    std::lock_guard lock(mu_);
-    auto it = prefixes_.find(name);
-    if (it != prefixes_.end()) it->second.pending = false;
-  }
+  MarkPrefixWritten(name, handle.ino);
   Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_add", .bytes = bytes});
   return Status::Ok();
+}
+
+void AgentStore::MarkPrefixWritten(const std::string& name, InodeId ino) {
+  std::lock_guard lock(mu_);
+  auto it = prefixes_.find(name);
+  if (it == prefixes_.end() || it->second.ino != ino) return;
+  it->second.pending = false;
+  it->second.mtime_ms = Now();
 }
 
 void AgentStore::DropPendingPrefix(const std::string& name, InodeId ino) {

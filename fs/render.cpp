@@ -170,8 +170,8 @@ std::string MetricsText(const EngineStatus& s, const FsMetrics& fs, size_t agent
   Metric(out, "kvfs_agents", "gauge", "Agents, by cache state.");
   out += fmt::format("kvfs_agents{{state=\"hot\"}} {}\nkvfs_agents{{state=\"warm\"}} {}\nkvfs_agents{{state=\"cold\"}} {}\n",
                      s.agents_hot, s.agents_warm, s.agents_cold);
-  Metric(out, "kvfs_agents_total", "gauge", "Agents shown in the mount.");
-  out += fmt::format("kvfs_agents_total {}\n", agents);
+  Metric(out, "kvfs_agents_listed", "gauge", "Agents shown in the mount.");
+  out += fmt::format("kvfs_agents_listed {}\n", agents);
   Metric(out, "kvfs_turns_total", "counter", "Turns finished by the engine, by result.");
   out += fmt::format("kvfs_turns_total{{result=\"ok\"}} {}\nkvfs_turns_total{{result=\"failed\"}} {}\n",
                      s.turns_completed, s.turns_failed);

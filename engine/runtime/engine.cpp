@@ -70,6 +70,10 @@ Status Engine::Init() {
   fingerprint_ = ModelFingerprint(model_->gguf());
   const HParams& hp = model_->hparams();
   n_ctx_ = options_.n_ctx > 0 ? options_.n_ctx : std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, kMaxDefaultContext);
+  if (hp.n_ctx_train > 0 && n_ctx_ > hp.n_ctx_train)
+    spdlog::warn("engine: a context of {} tokens is longer than the {} the model was trained on; replies past {} "
+                 "tokens may lose coherence",
+                 n_ctx_, hp.n_ctx_train, hp.n_ctx_train);
   if (options_.block_tokens <= 0 || options_.block_tokens > 4096) {
     return InvalidArgument(fmt::format("block size must be in [1, 4096] tokens, not {}", options_.block_tokens));
   }

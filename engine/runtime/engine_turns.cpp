@@ -208,7 +208,16 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   }
   if (tokens.empty()) return InvalidArgument("the prompt encodes to no tokens");
   if (static_cast<int64_t>(tokens.size()) + 1 > n_ctx_) {
-    return OutOfRange(fmt::format("the conversation needs {} tokens but the context holds {}", tokens.size() + 1, n_ctx_));
+    // Say what the user can do: a conversation that no longer fits is the agent's whole memory,
+    // which kvfs does not cut on its own.
+    if (a.conversation.empty())
+      return OutOfRange(fmt::format("the prompt needs {} tokens but the context holds {}: write a shorter one, "
+                                    "or run kvfsd with a larger context (-c)",
+                                    tokens.size() + 1, n_ctx_));
+    return OutOfRange(fmt::format("the conversation with this prompt needs {} tokens but the context holds {}: "
+                                  "this agent's conversation is full. Go on in a new agent (mkdir, then cp this "
+                                  "one's system and config.json), or run kvfsd with a larger context (-c)",
+                                  tokens.size() + 1, n_ctx_));
   }
   size_t keep = 0;
   while (keep < tokens.size() && keep < a.tokens.size() && tokens[keep] == a.tokens[keep]) ++keep;

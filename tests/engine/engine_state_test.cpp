@@ -277,5 +277,40 @@ TEST_F(EngineStateTest, SettingsEditKeepsTheStoredTail) {
   EXPECT_EQ(next.stats->reused_tokens, cached);
 }
 
+// A turn that cannot fit in the context fails with a message that says what to do: a prompt too
+// long alone, or a conversation that has filled the context (a reply that stopped as
+// context_full); kvfs never cuts an agent's memory on its own. A new agent goes on.
+TEST_F(EngineStateTest, ATurnThatCannotFitFailsSayingWhatToDo) {
+  EngineOptions o = Options();
+  o.n_ctx = 64;
+  auto engine = CreateEngine(o);
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  std::string big;
+  for (int i = 0; i < 40; ++i) big += " the little dog";
+  TurnOutcome out = RunTurn(**engine, "alice", big);
+  ASSERT_FALSE(out.stats.ok());
+  EXPECT_EQ(out.stats.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(out.stats.status().message().find("write a shorter one"), std::string::npos) << out.stats.status().message();
+  auto info = (*engine)->GetAgent("alice");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, AgentState::kError);
+  EXPECT_EQ(info->turns, 0u);
+
+  AgentSettings s = (*engine)->GetAgent("alice")->settings;
+  s.max_tokens = 200;  // more than the context has room for
+  s.sampling.temperature = 0;
+  ASSERT_TRUE((*engine)->SetSettings("alice", s).ok());
+  out = RunTurn(**engine, "alice", "Once upon a time");
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->stop_reason, "context_full");
+  out = RunTurn(**engine, "alice", "And then?");
+  EXPECT_EQ(out.stats.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(out.stats.status().message().find("conversation is full"), std::string::npos) << out.stats.status().message();
+  ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
+  ASSERT_TRUE((*engine)->SetSettings("bob", s).ok());
+  EXPECT_TRUE(RunTurn(**engine, "bob", "And then?").stats.ok());
+}
+
 }  // namespace
 }  // namespace kvfs

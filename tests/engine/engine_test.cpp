@@ -679,23 +679,6 @@ TEST_F(EngineTest, EraseRemovesAgentFromMemoryAndDisk) {
 // no block copy in device memory (the zeroing itself: vulkan_backend_test).
 TEST_F(EngineTest, VulkanBackendServesTurnsAndErasureClearsDeviceCopies) { ExpectVulkanRepliesAsTheCpu(kTurns); }
 
-TEST_F(EngineTest, PromptLongerThanContextFailsTheTurn) {
-  EngineOptions o = Options();
-  o.n_ctx = 64;
-  auto engine = CreateEngine(o);
-  ASSERT_TRUE(engine.ok());
-  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
-  std::string big;
-  for (int i = 0; i < 40; ++i) big += " the little dog";
-  TurnOutcome out = RunTurn(**engine, "alice", big);
-  ASSERT_FALSE(out.stats.ok());
-  EXPECT_EQ(out.stats.status().code(), StatusCode::kOutOfRange);
-  auto info = (*engine)->GetAgent("alice");
-  ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->state, AgentState::kError);
-  EXPECT_EQ(info->turns, 0u);
-}
-
 // Byte tokens whose bytes form no UTF-8 (the random-weight tiny-llama emits some within 128
 // greedy tokens of this prompt) must not fail the turn: its reply shows U+FFFD, the manifest
 // stays JSON, and after a restart the next turn replies as on an engine that never restarted.

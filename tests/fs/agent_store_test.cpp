@@ -605,12 +605,15 @@ TEST_F(StoreTest, PrefixFilesAreAddedAndRemoved) {
   store_->Release(h);
   EXPECT_EQ(*engine_->PrefixText("story.txt"), "Once upon a time");
   EXPECT_EQ(*CatInode(store_->Lookup(prefixes, "story.txt")->ino), "Once upon a time");
-  // A rewrite replaces it; the old one's erasure is on record like an rm's.
+  // A rewrite replaces it (and moves its mtime); the old one's erasure is on record like an rm's.
+  const int64_t written = store_->Lookup(prefixes, "story.txt")->mtime_ms;
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
   h = *store_->Open(store_->Lookup(prefixes, "story.txt")->ino, WriteTruncFlags(), kAlice);
   ASSERT_TRUE(store_->Write(h, 0, "Long ago").ok());
   ASSERT_TRUE(store_->Flush(h).ok());
   store_->Release(h);
   EXPECT_EQ(*engine_->PrefixText("story.txt"), "Long ago");
+  EXPECT_GT(store_->Lookup(prefixes, "story.txt")->mtime_ms, written);
   const std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
   const size_t removed = audit.find("\"action\":\"prefix_remove\"");
   ASSERT_NE(removed, std::string::npos) << audit;
