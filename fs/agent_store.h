@@ -180,6 +180,10 @@ class AgentStore {
 
   AgentStore(AgentEngine& engine, StoreConfig config, std::unique_ptr<AuditLog> audit);
   void MarkPrefixWritten(const std::string& name, InodeId ino);  // no longer pending; mtime now
+  // After an erasure: the agent's open files (or, cache_only, its exports being read) have their
+  // bytes zeroed, and reads of them fail (Handle::erased).
+  void ShredOpenFiles(const AgentRecord& agent, bool cache_only);
+  static Status ErasedUnderHandle(const Handle& handle);
   int64_t Now() const;
   void Audit(AuditEvent event);
 

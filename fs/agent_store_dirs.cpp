@@ -26,6 +26,13 @@ Status CheckAgentName(std::string_view name) {
   return Status::Ok();
 }
 
+// Zeroes a string's bytes before it lets them go: erased text must not linger on the heap.
+void ShredString(std::string& s) {
+  std::fill(s.begin(), s.end(), '\0');
+  s.clear();
+  s.shrink_to_fit();
+}
+
 }  // namespace
 
 Result<Attr> AgentStore::MakeAgent(InodeId parent, std::string_view name_view, const Caller& caller) {
@@ -96,14 +103,36 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
   {
     std::lock_guard lock(agent->mu);
     agent->erased = true;
-    agent->transcript.clear();  // nothing of the agent's text outlives it in memory here either
-    agent->transcript.shrink_to_fit();
+    // Nothing of the agent's text outlives it in memory here either, open files' included.
+    ShredString(agent->transcript);
+    for (const std::shared_ptr<TurnStream>& turn : agent->pending) ShredString(turn->reply), ShredString(turn->user_text);
+    if (agent->latest) ShredString(agent->latest->reply), ShredString(agent->latest->user_text);
     agent->changed.notify_all();
   }
+  ShredOpenFiles(*agent, /*cache_only=*/false);
   Audit(AuditEvent{.uid = caller.uid, .agent = name, .action = "erase", .erased = *report});
   spdlog::info("erased agent '{}' for uid {}: {} bytes, {} blocks freed, {} kept shared", name, caller.uid,
                report->bytes_freed, report->blocks_freed, report->blocks_kept_shared);
   return Status::Ok();
+}
+
+void AgentStore::ShredOpenFiles(const AgentRecord& agent, bool cache_only) {
+  std::vector<std::shared_ptr<Handle>> open;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, h] : handles_) {
+      if (h->node.kind == NodeKind::kAgentFile && h->node.agent.get() == &agent &&
+          (!cache_only || h->node.agent_file == AgentFile::kKvCache))
+        open.push_back(h);
+    }
+  }
+  for (const std::shared_ptr<Handle>& h : open) {
+    std::lock_guard lock(h->mu);
+    if (cache_only && h->kind != Handle::Kind::kSnapshot) continue;  // an import being written is new data
+    h->erased = true;
+    ShredString(h->data);
+    if (h->import) h->import->Clear();
+  }
 }
 
 Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Caller& caller) {
@@ -162,6 +191,7 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
   }
   if (*file == AgentFile::kKvCache) {
     KVFS_ASSIGN_OR_RETURN(store::EraseReport report, engine_.EraseCache(dir.agent->name));
+    ShredOpenFiles(*dir.agent, /*cache_only=*/true);  // exports being read
     {
       std::lock_guard lock(metrics_->mu);
       ++metrics_->values.caches_erased;

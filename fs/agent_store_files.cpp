@@ -223,13 +223,19 @@ Result<std::string> AgentStore::Read(HandleId id, uint64_t offset, size_t size, 
     case Kind::kDirectory: return InvalidArgument("is a directory");
     case Kind::kImport: {
       std::lock_guard lock(handle->mu);
+      if (handle->erased) return ErasedUnderHandle(*handle);
       return handle->import->Read(offset, size);
     }
     default: {
       std::lock_guard lock(handle->mu);
+      if (handle->erased) return ErasedUnderHandle(*handle);
       return Slice(handle->data, offset, size);
     }
   }
+}
+
+Status AgentStore::ErasedUnderHandle(const Handle& handle) {
+  return NotFound(fmt::format("what this file of agent '{}' held was erased while it was open", handle.node.agent->name));
 }
 
 Result<std::string> AgentStore::ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt) {
@@ -242,12 +248,12 @@ Result<std::string> AgentStore::ReadResponse(Handle& handle, uint64_t offset, si
     return turn.reply.size() > offset || turn.done || agent.erased || shutting_down_.load() ||
            (interrupt != nullptr && interrupt->triggered());
   });
+  if (agent.erased) return NotFound(fmt::format("agent '{}' was erased", agent.name));
   if (turn.reply.size() > offset) return Slice(turn.reply, offset, size);
   if (turn.done) {
     if (!turn.failure.ok()) return IoError("the turn failed: " + turn.failure.message());
     return std::string();
   }
-  if (agent.erased) return NotFound(fmt::format("agent '{}' was erased", agent.name));
   if (interrupt != nullptr && interrupt->triggered()) return Cancelled("read of response interrupted");
   return IoError("kvfsd is shutting down");
 }

@@ -2,6 +2,7 @@
 // holds, handles opened before it, readers blocked on the agent) and unlinks of agent files.
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -34,6 +35,37 @@ TEST_F(StoreTest, RmdirErasesTheAgentAndLogsItWithoutText) {
   InodeId again = Mkdir("alice", kAlice);
   EXPECT_NE(again, dir);
   EXPECT_EQ(*Cat("alice", "transcript", kAlice), "");
+}
+
+// Files open when their agent is erased hold nothing of it after: an export, a snapshot of
+// system or config.json, a finished turn's response and the last reply all fail their next read
+// (ENOENT), wherever the reader was. `rm kv.safetensors` does the same to exports being read only.
+TEST_F(StoreTest, FilesOpenAcrossAnErasureReadNothingOfIt) {
+  InodeId dir = Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "secret system").ok());
+  ASSERT_TRUE(Echo("alice", "prompt", "private words").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  auto open_and_read = [&](const char* file) {
+    HandleId h = *store_->Open(*File("alice", file), ReadFlags(), kRoot);
+    EXPECT_TRUE(store_->Read(h, 0, 2, nullptr).ok()) << file;
+    return h;
+  };
+  const HandleId early_export = open_and_read("kv.safetensors");
+  ASSERT_TRUE(store_->Unlink(dir, "kv.safetensors", kRoot).ok());  // the cache only
+  EXPECT_EQ(store_->Read(early_export, 2, 100, nullptr).status().code(), StatusCode::kNotFound);
+  store_->Release(early_export);
+  ASSERT_TRUE(Echo("alice", "prompt", "more private words").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+
+  std::vector<HandleId> open;
+  for (const char* f : {"kv.safetensors", "system", "config.json", "response", "status.json"}) open.push_back(open_and_read(f));
+  EXPECT_TRUE(store_->Read(open[1], 0, 100, nullptr).ok());  // system: the cache's erasure left it
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kRoot).ok());
+  for (HandleId h : open) {
+    Result<std::string> after = store_->Read(h, 2, 4096, nullptr);
+    EXPECT_EQ(after.status().code(), StatusCode::kNotFound) << (after.ok() ? *after : "");
+    store_->Release(h);
+  }
 }
 
 // A file opened for writing before its agent was erased must not change a new agent of the same
