@@ -97,7 +97,15 @@ size_t Engine::ReserveStepKv(std::vector<SequenceStep>& steps, std::vector<Activ
     const size_t youngest = *std::max_element(short_of_memory.begin(), short_of_memory.end(), [&](size_t a, size_t b) {
       return owners[a]->submitted < owners[b]->submitted;
     });
-    FailTurn(*owners[youngest], owners[youngest]->kv_wait_status);
+    kvfs::Status why = owners[youngest]->kv_wait_status;
+    if (steps.size() == 1) {
+      // It ran alone: no other turn's finishing would make room, so the budget is too small for it.
+      why = kvfs::Status(StatusCode::kResourceExhausted,
+                         fmt::format("this turn needs more KV memory than the budget leaves it: {} (raise --kv-budget, "
+                                     "or go on in a new agent)",
+                                     why.message()));
+    }
+    FailTurn(*owners[youngest], why);
   }
   NoteWaitingForKv(owners, short_of_memory);
   size_t decode_kept = 0, out = 0;

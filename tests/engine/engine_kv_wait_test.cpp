@@ -85,6 +85,9 @@ TEST_F(EngineKvWaitTest, ATurnOverTheBudgetAloneFails) {
   ASSERT_FALSE(out.stats.ok());
   EXPECT_EQ(out.stats.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(out.stats.status().message().find("KV budget"), std::string::npos) << out.stats.status().message();
+  // Said as what it is: no other turn holds memory, so waiting would not help.
+  EXPECT_NE(out.stats.status().message().find("this turn needs more KV memory than the budget"), std::string::npos)
+      << out.stats.status().message();
 }
 
 // A turn held back for memory starts when the turn it waited for fails instead of finishing
