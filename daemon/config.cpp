@@ -347,7 +347,9 @@ std::string DaemonUsage() {
          "  --kv-budget BYTES   KV memory, e.g. 2G (default: a quarter of the machine's memory)\n"
          "  --foreground, -f    stay in the foreground and log to stderr (systemd: use this)\n"
          "  --log-level L       trace|debug|info|warn|error|critical|off (default info)\n"
-         "SIGTERM or SIGINT: finish or cancel running turns, flush the store, unmount, exit 0.\n";
+         "SIGTERM or SIGINT: finish or cancel running turns, flush the store, unmount, exit 0.\n"
+         "SIGHUP: in the background, reopen the log file (after logrotate moved it); in the\n"
+         "foreground (a terminal hung up), as SIGTERM.\n";
 }
 
 }  // namespace kvfs::daemon

@@ -105,11 +105,13 @@ class Logging {
     dist_->add_sink(terminal_);
     if (!config.foreground) {
       // spdlog reports a file it cannot open by throwing: caught here, returned as a value.
+      log_file_ = config.log_file;
       try {
-        dist_->add_sink(std::make_shared<spdlog::sinks::basic_file_sink_mt>(config.log_file));
+        file_ = std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file_);
       } catch (const spdlog::spdlog_ex& e) {
         return IoError("cannot open the log file " + config.log_file + ": " + e.what());
       }
+      dist_->add_sink(file_);
     }
     auto logger = std::make_shared<spdlog::logger>("kvfsd", dist_);
     logger->set_level(spdlog::level::from_str(config.log_level));
@@ -121,10 +123,32 @@ class Logging {
   void Detach() {
     if (dist_ && terminal_) dist_->remove_sink(terminal_);
   }
+  // SIGHUP of a background daemon (logrotate moved the file away): the log goes on in a new file
+  // at the same path, and so does what the process writes to stdout and stderr.
+  void ReopenFile() {
+    if (file_ == nullptr) return;
+    try {
+      auto fresh = std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file_);
+      dist_->add_sink(fresh);
+      dist_->remove_sink(file_);
+      file_ = std::move(fresh);
+    } catch (const spdlog::spdlog_ex& e) {
+      spdlog::error("SIGHUP: cannot reopen the log file {} ({}); logging on to the old one", log_file_, e.what());
+      return;
+    }
+    int fd = ::open(log_file_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::dup2(fd, STDOUT_FILENO), ::dup2(fd, STDERR_FILENO);
+      if (fd > 2) ::close(fd);
+    }
+    spdlog::info("SIGHUP: log file {} reopened", log_file_);
+  }
 
  private:
   std::shared_ptr<spdlog::sinks::dist_sink_mt> dist_;
   spdlog::sink_ptr terminal_;
+  spdlog::sink_ptr file_;  // background only
+  std::string log_file_;
 };
 
 }  // namespace
@@ -242,7 +266,12 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   // (unmounting happens when the server is destroyed).
   std::thread signal_thread([&] {
     int signal = 0;
-    sigwait(&stop_signals, &signal);
+    for (;;) {
+      sigwait(&stop_signals, &signal);
+      // A background daemon has no terminal to hang up: its SIGHUP is logrotate's, or a user's.
+      if (signal != SIGHUP || config.foreground) break;
+      logging.ReopenFile();
+    }
     if (signal != SIGUSR1) spdlog::info("{}: shutting down", strsignal(signal));
     (*store)->BeginShutdown();
     (*engine)->Shutdown();

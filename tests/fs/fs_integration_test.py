@@ -664,12 +664,21 @@ def daemon_modes(t):
     check(r.returncode == 2 and 'served by a running kvfsd' in r.stderr,
           'a second daemon on the mount point: %d %r' % (r.returncode, r.stderr))
     check(os.path.isdir(os.path.join(mnt, 'alice')), 'the first daemon still serves its mount')
+    # logrotate: the log moved away, SIGHUP; the daemon serves on and logs to a new file.
+    log = os.path.join(store, 'kvfsd.log')
+    os.rename(log, log + '.1')
+    os.kill(pids[0], signal.SIGHUP)
+    deadline = time.time() + 10
+    while time.time() < deadline and not os.path.exists(log):
+        time.sleep(0.05)
+    check(os.path.exists(log) and 'reopened' in open(log).read(), 'SIGHUP reopens the log file')
+    sh('mkdir %s/carol' % mnt, check_rc=0)
     os.kill(pids[0], signal.SIGTERM)
     deadline = time.time() + 30
     while time.time() < deadline and os.path.ismount(mnt):
         time.sleep(0.05)
     check(not os.path.ismount(mnt), 'SIGTERM unmounts')
-    check('mounted at' in open(os.path.join(store, 'kvfsd.log')).read(), 'the log is in the store')
+    check('mounted at' in open(log + '.1').read() and 'shutting down' in open(log).read(), 'the log is in the store')
     # Started with its output to a pipe nobody reads any more (`kvfsd ... | head -0`): it still
     # mounts and serves (no death by SIGPIPE while it logs to the pipe before detaching).
     rd, wr = os.pipe()
