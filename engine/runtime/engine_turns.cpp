@@ -295,7 +295,11 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
     have += B;
   }
   // The block holding the end of the common prefix: one of the agent's full blocks, or its tail.
-  if (have == static_cast<int64_t>(chain.size()) * B && have < keep) {
+  // Only when the loop above stopped there: when it stopped at a block it could not get (no
+  // memory for it at that moment, a failed read), the reuse ends before that block. Taking the
+  // block now would leave the positions after it claimed but unwritten, and the full block
+  // outside the chain, unnamed to the commit (which found it named and aborted).
+  if (have == static_cast<int64_t>(chain.size()) * B && have < keep && keep < have + B) {
     PoolBlock* b = nullptr;
     if (chain.size() < a.blocks.size()) {
       b = acquire(a.blocks[chain.size()]);
