@@ -326,9 +326,24 @@ Status FaultInjectingFileSystem::SyncDir(const std::string& path) {
   return Status::Ok();
 }
 
+void FaultInjectingFileSystem::FailReads(const std::string& part, uint32_t times) {
+  std::lock_guard lock(mu_);
+  failing_reads_part_ = part;
+  failing_reads_left_ = times;
+}
+
+Status FaultInjectingFileSystem::CheckReadable(const std::string& path) {
+  KVFS_RETURN_IF_ERROR(CheckAlive(path));
+  if (failing_reads_left_ > 0 && path.find(failing_reads_part_) != std::string::npos) {
+    --failing_reads_left_;
+    return IoError("injected read failure: " + path);
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<uint8_t>> FaultInjectingFileSystem::ReadFile(const std::string& path) {
   std::lock_guard lock(mu_);
-  KVFS_RETURN_IF_ERROR(CheckAlive(path));
+  KVFS_RETURN_IF_ERROR(CheckReadable(path));
   KVFS_ASSIGN_OR_RETURN(uint64_t ino, Lookup(path));
   const Inode& node = inodes_.at(ino);
   if (node.is_dir) return IoError("is a directory: " + path);
@@ -337,7 +352,7 @@ Result<std::vector<uint8_t>> FaultInjectingFileSystem::ReadFile(const std::strin
 
 Status FaultInjectingFileSystem::ReadAt(const std::string& path, uint64_t offset, std::span<uint8_t> dst) {
   std::lock_guard lock(mu_);
-  KVFS_RETURN_IF_ERROR(CheckAlive(path));
+  KVFS_RETURN_IF_ERROR(CheckReadable(path));
   KVFS_ASSIGN_OR_RETURN(uint64_t ino, Lookup(path));
   const Inode& node = inodes_.at(ino);
   if (node.is_dir) return IoError("is a directory: " + path);

@@ -77,6 +77,9 @@ class FaultInjectingFileSystem final : public FileSystem {
   void SetCapacity(uint64_t bytes);
   // Off: Link answers kUnsupported, as on vfat and some FUSE and network file systems.
   void SetHardLinks(bool supported);
+  // The next `times` reads (ReadFile, ReadAt) of files whose path contains `part` fail with
+  // kIoError, as a flaky medium's would; reads are not counted ops, so FailAt cannot reach them.
+  void FailReads(const std::string& part, uint32_t times);
   // The log of mutating operations so far ("write /s/x.tmp", ...), for test failure messages.
   std::vector<std::string> op_log() const;
   // Files whose bytes an operation gave back to the free space while any of them (current or
@@ -119,6 +122,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   // Counts one mutating operation and decides whether it runs, fails or crashes.
   Gate Admit(OpKind kind, const std::string& what, Status* failure);
   Status CheckAlive(const std::string& path) const;
+  Status CheckReadable(const std::string& path);  // CheckAlive, then FailReads
   Result<Resolved> Resolve(const std::string& path) const;
   Result<uint64_t> Lookup(const std::string& path) const;  // existing inode or kNotFound
   uint64_t NewInode(bool is_dir);
@@ -136,6 +140,8 @@ class FaultInjectingFileSystem final : public FileSystem {
   std::vector<std::string> released_;
   bool crashed_ = false;
   bool fired_ = false;
+  std::string failing_reads_part_;  // FailReads
+  uint32_t failing_reads_left_ = 0;
   enum class FaultType { kNone, kFail, kCrash } fault_ = FaultType::kNone;
   uint64_t fault_at_ = 0;
   StatusCode fault_code_ = StatusCode::kIoError;

@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include "engine/runtime/engine.h"
+#include "engine/store/block_file.h"
 #include "engine/store/fault_fs.h"
+#include "engine/store/manifest.h"
 #include "engine/store/safetensors.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -310,6 +312,42 @@ TEST_F(EngineStateTest, ATurnThatCannotFitFailsSayingWhatToDo) {
   ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
   ASSERT_TRUE((*engine)->SetSettings("bob", s).ok());
   EXPECT_TRUE(RunTurn(**engine, "bob", "And then?").stats.ok());
+}
+
+// A cached block that cannot be had when a turn starts (here a read that fails twice: the
+// loader's and the turn's own) ends the reuse before it; the turn goes on and replies as an
+// engine whose disk never failed. The turn used to take that block on a later try as the one
+// holding the end of the reused prefix, claim the positions after it, and abort at its commit
+// (BlockPool::Name of a named block).
+TEST_F(EngineStateTest, ACachedBlockThatCannotBeReadWhenATurnStartsEndsTheReuseThere) {
+  std::string replies[2];
+  for (int flaky = 0; flaky < 2; ++flaky) {
+    SCOPED_TRACE(flaky ? "a flaky block" : "a sound disk");
+    FaultInjectingFileSystem disk;
+    EngineOptions o = Options();
+    o.store_dir = "/s";
+    o.file_system = &disk;
+    {
+      auto engine = CreateEngine(o);
+      ASSERT_TRUE(engine.ok()) << engine.status().message();
+      ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+      Greedy(**engine, "alice");
+      ASSERT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
+      ASSERT_TRUE(RunTurn(**engine, "alice", " Then they played in the park all day.").stats.ok());
+    }
+    auto manifest = disk.ReadFile("/s/agents/alice/manifest.json");
+    ASSERT_TRUE(manifest.ok()) << manifest.status().message();
+    auto m = store::ParseManifest(std::string_view(reinterpret_cast<const char*>(manifest->data()), manifest->size()), "m");
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    ASSERT_GE(m->blocks.size(), 3u) << "the test needs a block after the one that fails";
+    if (flaky) disk.FailReads(store::ToHex(m->blocks[1]), 2);
+    auto engine = CreateEngine(o);  // a restart: the blocks are on disk only
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    TurnOutcome next = RunTurn(**engine, "alice", " One day, she saw a big dog.");
+    ASSERT_TRUE(next.stats.ok()) << next.stats.status().message();
+    replies[flaky] = next.reply;
+  }
+  EXPECT_EQ(replies[1], replies[0]);
 }
 
 }  // namespace
