@@ -616,14 +616,14 @@ Status Engine::RestorePrefixes() {
     PrefixSources sources;
     auto held = RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, &sources); });
     if (!held.ok()) {
-      // Kept, record and text: it is the user's, and only rm erases it (with an audit line).
+      // Kept, record and text: it is the user's, and only rm erases it (with an audit line). With
+      // no tokens or blocks, no agent shares it until a daemon that can hold it starts.
       spdlog::warn("engine: prefix {} is kept but not shared: this daemon cannot hold it ({}); a daemon that can "
                    "(a larger --ctx, say) uses it again",
                    r.name, held.status().message());
       Prefix kept;
       kept.text = r.text;
       kept.owner_uid = r.owner_uid;
-      kept.inactive = held.status().message();
       std::lock_guard lock(mu_);
       prefixes_[r.name] = std::move(kept);
       continue;

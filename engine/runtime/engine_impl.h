@@ -179,10 +179,6 @@ class Engine final : public AgentEngine {
     // prefix has no text or blocks; it is listed, owned by root (its owner is unknown), so that
     // it can be erased or written anew.
     std::string unreadable;
-    // Why its record, read fine, cannot be pinned by this daemon (longer than its context, say),
-    // else empty. Such a prefix keeps its record and text, but no tokens or blocks, so no agent
-    // shares it until a daemon that can hold it (a larger --ctx) starts on the store.
-    std::string inactive;
   };
   // Where a prefix's blocks came from (PinPrefix).
   struct PrefixSources {
