@@ -379,7 +379,8 @@ Result<HandleId> AgentStore::OpenDir(InodeId ino, const Caller& caller) {
       if (caller.uid != 0 && caller.uid != node.agent->uid) {
         return PermissionDenied(fmt::format("agent '{}' belongs to another user", node.agent->name));
       }
-      engine_.Prefetch(node.agent->name);
+      // No prefetch: listing (ls -l, du, find, updatedb) is not using; a walk of the mount
+      // would otherwise load every agent's cache, evicting the ones in use.
       children = ListAgent(node.agent, ino);
       break;
     default:

@@ -638,6 +638,23 @@ TEST_F(StoreTest, OpeningAnAgentFileSchedulesAPrefetch) {
   EXPECT_GT(engine_->PrefetchCount(), before);
 }
 
+// ls -l, du, find and updatedb walk directories and stat files: none of that is using an agent,
+// and a walk of the mount must not load every agent's cache into memory.
+TEST_F(StoreTest, ListingAndStatingAnAgentScheduleNoPrefetch) {
+  InodeId dir = Mkdir("alice");
+  const size_t before = engine_->PrefetchCount();
+  Result<HandleId> listing = store_->OpenDir(dir, kRoot);
+  ASSERT_TRUE(listing.ok()) << listing.status().message();
+  store_->ReleaseDir(*listing);
+  for (const char* file : {"prompt", "response", "transcript", "status.json", "kv.safetensors", "config.json"}) {
+    Result<Attr> entry = store_->Lookup(dir, file);
+    ASSERT_TRUE(entry.ok()) << file;
+    ASSERT_TRUE(store_->GetAttr(entry->ino).ok()) << file;
+  }
+  ASSERT_TRUE(store_->GetXattr(dir, "user.kvfs.state").ok());
+  EXPECT_EQ(engine_->PrefetchCount(), before);
+}
+
 TEST_F(StoreTest, ExtendedAttributes) {
   InodeId dir = Mkdir("alice");
   ASSERT_TRUE(Echo("alice", "prompt", "hello").ok());
