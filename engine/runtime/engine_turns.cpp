@@ -48,7 +48,10 @@ void PushBounded(std::vector<T>& v, T x) {
 
 std::string Engine::Render(const AgentRecord& a, const std::vector<ConversationTurn>& conversation) const {
   std::vector<ChatMessage> messages;
-  if (!a.system.empty()) messages.push_back(ChatMessage{"system", a.system});
+  // As for a prompt, one trailing newline (echo's) is not part of the message; the file keeps it.
+  std::string_view system = a.system;
+  if (!system.empty() && system.back() == '\n') system.remove_suffix(1);
+  if (!system.empty()) messages.push_back(ChatMessage{"system", std::string(system)});
   for (const ConversationTurn& t : conversation) messages.push_back(ChatMessage{t.role, t.text});
   return model_->chat_template().Format(messages, /*add_generation_prompt=*/true);
 }
