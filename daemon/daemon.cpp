@@ -212,7 +212,10 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   sigset_t stop_signals = StopSignalSet();
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  if (Status s = PrepareMountpoint(config.mountpoint); !s.ok()) return fail(2, s);
+  Result<bool> created_mountpoint = PrepareMountpoint(config.mountpoint);
+  if (!created_mountpoint.ok()) return fail(2, created_mountpoint.status());
+  // Declared before the server: the directory goes after the unmount.
+  CreatedMountpoint mountpoint_guard(AbsolutePath(config.mountpoint), *created_mountpoint);
 
   EngineOptions engine_options;
   engine_options.model_path = config.model_path;

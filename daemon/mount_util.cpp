@@ -127,7 +127,7 @@ std::vector<std::string> KvfsMountpoints() {
   return out;
 }
 
-Status PrepareMountpoint(const std::string& dir_in) {
+Result<bool> PrepareMountpoint(const std::string& dir_in) {
   std::string dir = AbsolutePath(dir_in);
   // mountinfo lists resolved paths: a path through a symbolic link must be compared resolved
   // (a stale mount cannot be resolved, ENOTCONN: its lexical path is what was mounted).
@@ -155,10 +155,14 @@ Status PrepareMountpoint(const std::string& dir_in) {
   if (::stat(dir.c_str(), &st) != 0) {
     if (errno != ENOENT) return IoError(dir + ": " + std::strerror(errno));
     if (::mkdir(dir.c_str(), 0755) != 0) return IoError("cannot create " + dir + ": " + std::strerror(errno));
-  } else if (!S_ISDIR(st.st_mode)) {
-    return InvalidArgument(dir + " is not a directory");
+    return true;
   }
-  return Status::Ok();
+  if (!S_ISDIR(st.st_mode)) return InvalidArgument(dir + " is not a directory");
+  return false;
+}
+
+CreatedMountpoint::~CreatedMountpoint() {
+  if (created_ && ::rmdir(dir_.c_str()) != 0) spdlog::warn("cannot remove the mount point {} made at start: {}", dir_, std::strerror(errno));
 }
 
 }  // namespace kvfs::daemon

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -17,8 +18,24 @@ std::string AbsolutePath(const std::string& path);
 std::optional<std::string> MountedTypeAt(const std::string& dir);
 // Mount points of every kvfs filesystem visible to this process, in mount order.
 std::vector<std::string> KvfsMountpoints();
-// Detaches a stale kvfs mount at `dir` (its kvfsd was killed) and creates `dir` if missing. A
-// kvfs mount that still answers (a running kvfsd's), or another kind of filesystem, is an error.
-Status PrepareMountpoint(const std::string& dir);
+// Detaches a stale kvfs mount at `dir` (its kvfsd was killed) and creates `dir` if missing
+// (then true). A kvfs mount that still answers (a running kvfsd's), or another kind of
+// filesystem, is an error.
+Result<bool> PrepareMountpoint(const std::string& dir);
+
+// Removes, when it goes, a mount point that PrepareMountpoint created, so that a daemon leaves
+// the tree as it found it (as `mount` helpers that create their directory do). rmdir only: a
+// directory that someone filled meanwhile stays.
+class CreatedMountpoint {
+ public:
+  CreatedMountpoint(std::string dir, bool created) : dir_(std::move(dir)), created_(created) {}
+  ~CreatedMountpoint();
+  CreatedMountpoint(const CreatedMountpoint&) = delete;
+  CreatedMountpoint& operator=(const CreatedMountpoint&) = delete;
+
+ private:
+  std::string dir_;
+  bool created_;
+};
 
 }  // namespace kvfs::daemon

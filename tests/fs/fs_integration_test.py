@@ -645,6 +645,7 @@ def daemon_modes(t):
     with open(config, 'w') as f:
         json.dump({'mount': mnt, 'store': store, 'model': MODEL, 'threads': 1}, f)
     t.unmount_later_fuse(mnt)
+    check(not os.path.exists(mnt), 'no mount point before the start')
     r = subprocess.run([DAEMON, '--config', config], capture_output=True, text=True, timeout=60)
     check(r.returncode == 0, 'background start: %d %r' % (r.returncode, r.stderr))
     check(os.path.ismount(mnt), 'mounted when kvfsd returns')
@@ -678,7 +679,13 @@ def daemon_modes(t):
     while time.time() < deadline and os.path.ismount(mnt):
         time.sleep(0.05)
     check(not os.path.ismount(mnt), 'SIGTERM unmounts')
+    # The mount point it made goes with it (removed right after the unmount).
+    while time.time() < deadline and os.path.exists(mnt):
+        time.sleep(0.05)
+    check(not os.path.exists(mnt), 'the mount point kvfsd made is removed when it stops')
     check('mounted at' in open(log + '.1').read() and 'shutting down' in open(log).read(), 'the log is in the store')
+    # One that existed stays.
+    os.mkdir(mnt)
     # Started with its output to a pipe nobody reads any more (`kvfsd ... | head -0`): it still
     # mounts and serves (no death by SIGPIPE while it logs to the pipe before detaching).
     rd, wr = os.pipe()
@@ -694,9 +701,10 @@ def daemon_modes(t):
     sh('mkdir %s/bob && ls %s/bob/prompt' % (mnt, mnt), check_rc=0)
     os.kill(pids[0], signal.SIGTERM)
     deadline = time.time() + 30
-    while time.time() < deadline and os.path.ismount(mnt):
+    while time.time() < deadline and (os.path.ismount(mnt) or os.path.exists('/proc/%d' % pids[0])):
         time.sleep(0.05)
     check(not os.path.ismount(mnt), 'SIGTERM unmounts')
+    check(os.path.isdir(mnt), 'a mount point that was there before the start stays')
 
 
 
