@@ -130,6 +130,7 @@ void AgentStore::ShredOpenFiles(const AgentRecord& agent, bool cache_only) {
     std::lock_guard lock(h->mu);
     if (cache_only && h->kind != Handle::Kind::kSnapshot) continue;  // an import being written is new data
     h->erased = true;
+    h->writes_erased = h->dirty || (h->kind == Handle::Kind::kPrompt && !h->data.empty());
     ShredString(h->data);
     if (h->import) h->import->Clear();
   }

@@ -336,6 +336,9 @@ Status AgentStore::Flush(HandleId id) {
 }
 
 Status AgentStore::FlushLocked(Handle& handle) {
+  if (handle.writes_erased)
+    return NotFound(fmt::format("agent '{}' was erased while this file was open: what was written to it is gone",
+                                handle.node.agent->name));
   if (handle.kind == Kind::kPrompt) {
     if (!handle.refused.ok()) return handle.refused;
     if (!handle.utf8.Complete()) {

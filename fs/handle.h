@@ -39,6 +39,9 @@ struct AgentStore::Handle {
   // What it holds was erased (`rm -r`; `rm kv.safetensors` for an export): its bytes are zeroed
   // and reads fail with ENOENT, so nothing erased stays readable through a descriptor.
   bool erased = false;
+  // Bytes written here and not yet applied when the erasure came: the close fails (ENOENT), so
+  // a writer learns that what it wrote is gone.
+  bool writes_erased = false;
   // Editable text: the buffer holds only bytes written through this handle (it was empty at open,
   // or truncated to 0 since). Only then can a text that no further write makes valid be refused
   // at the write; an in-place edit (`r+`: write, then ftruncate) is judged whole at close.

@@ -100,6 +100,29 @@ TEST_F(StoreTest, HandlesOfAnErasedAgentNeverReachItsSuccessor) {
   EXPECT_EQ(*Cat("alice", "system", kBob), "fresh");
 }
 
+// Bytes written before the erasure and not yet applied are dropped with the agent: the close
+// says so (ENOENT) instead of reporting success for data that went nowhere. A handle that wrote
+// nothing closes quietly.
+TEST_F(StoreTest, WritesThatAnErasureDroppedFailTheirClose) {
+  Mkdir("alice", kAlice);
+  auto open_for_write = [&](const char* file) { return *store_->Open(*File("alice", file), WriteTruncFlags(), kAlice); };
+  const HandleId config = open_for_write("config.json"), system = open_for_write("system"),
+                 prompt = open_for_write("prompt"), import = open_for_write("kv.safetensors"),
+                 idle = open_for_write("prompt");
+  ASSERT_TRUE(store_->Write(config, 0, R"({"max_tokens": 3})").ok());
+  ASSERT_TRUE(store_->Write(system, 0, "before the erasure").ok());
+  ASSERT_TRUE(store_->Write(prompt, 0, "hello").ok());
+  ASSERT_TRUE(store_->Write(import, 0, "safetensors bytes").ok());
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kAlice).ok());
+  for (HandleId h : {config, system, prompt, import}) {
+    EXPECT_EQ(store_->Flush(h).code(), StatusCode::kNotFound);
+    store_->Release(h);
+  }
+  EXPECT_TRUE(store_->Flush(idle).ok());
+  store_->Release(idle);
+  EXPECT_EQ(engine_->GetAgent("alice").status().code(), StatusCode::kNotFound);
+}
+
 // `tar -x` over an agent unlinks a file whose O_EXCL create failed and tries again, forever if
 // the unlink keeps succeeding: a repeat by the same process at once is refused. rm -r's single
 // unlinks, and other processes', still succeed.
