@@ -195,6 +195,12 @@ Status BlockPool::MakeRoomLocked(int64_t bytes) {
     ++evictions_;
   }
   TrimFreeLocked(bytes);  // what the evictions put on the free list must leave room too
+  if (bytes > budget_bytes_) {
+    return Status(StatusCode::kResourceExhausted,
+                  fmt::format("a KV block of {} bytes is larger than the whole KV budget of {} bytes (kvfsd "
+                              "--kv-budget; a smaller format, config.json \"kv\", takes less)",
+                              bytes, budget_bytes_));
+  }
   if (used_bytes_ + bytes > budget_bytes_) {
     return Status(StatusCode::kResourceExhausted,
                   fmt::format("KV budget of {} bytes is taken by blocks in use, pinned or not yet on disk "

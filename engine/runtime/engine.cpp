@@ -82,11 +82,12 @@ Status Engine::Init() {
   KVFS_RETURN_IF_ERROR(MakeBackend());
   // After the backend: whether it runs the default format is part of the check.
   KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
-  // A budget below one block could hold no agent's cache: every turn would fail.
-  const int64_t block_bytes = KvLayoutFor(hp, format, options_.block_tokens).block_bytes();
+  // A budget below the block a turn writes into (a q4k one also stages its open chunk's keys)
+  // could hold no turn: every turn would fail.
+  const int64_t block_bytes = (KvLayoutFor(hp, format, options_.block_tokens).tail_block_bytes() + 63) / 64 * 64;
   if (counters_.memory_budget_bytes < block_bytes) {
-    return InvalidArgument(fmt::format("a KV budget of {} bytes holds no KV block: a block of {} tokens takes {} "
-                                       "bytes in the default format {}",
+    return InvalidArgument(fmt::format("a KV budget of {} bytes holds no turn: the block of {} tokens a turn writes "
+                                       "into takes {} bytes in the default format {}",
                                        counters_.memory_budget_bytes, options_.block_tokens, block_bytes,
                                        DefaultSettings().kv));
   }
@@ -564,7 +565,17 @@ Status Engine::SetSystem(const std::string& name, std::string text) {
   return EditAgent(name, [&](AgentRecord& a) { a.system = std::move(text); });
 }
 
-Status Engine::CheckSettings(const AgentSettings& settings) { return FormatFor(settings).status(); }
+Status Engine::CheckSettings(const AgentSettings& settings) {
+  KVFS_ASSIGN_OR_RETURN(const KvFormat format, FormatFor(settings));
+  // A format whose writable block the whole KV budget cannot hold would fail every turn.
+  const int64_t block_bytes = (KvLayoutFor(model_->hparams(), format, options_.block_tokens).tail_block_bytes() + 63) / 64 * 64;
+  if (counters_.memory_budget_bytes > 0 && block_bytes > counters_.memory_budget_bytes) {
+    return InvalidArgument(fmt::format("kv \"{}\" needs {} bytes of KV memory for the block a turn writes into, more "
+                                       "than the whole KV budget of {} bytes (kvfsd --kv-budget)",
+                                       settings.kv, block_bytes, counters_.memory_budget_bytes));
+  }
+  return Status::Ok();
+}
 
 Status Engine::SetSettings(const std::string& name, const AgentSettings& settings) {
   KVFS_RETURN_IF_ERROR(CheckSettings(settings));

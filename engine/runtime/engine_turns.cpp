@@ -217,10 +217,18 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
       return OutOfRange(fmt::format("the prompt needs {} tokens but the context holds {}: write a shorter one, "
                                     "or run kvfsd with a larger context (-c)",
                                     tokens.size() + 1, n_ctx_));
-    return OutOfRange(fmt::format("the conversation with this prompt needs {} tokens but the context holds {}: "
-                                  "this agent's conversation is full. Go on in a new agent (mkdir, then cp this "
-                                  "one's system and config.json), or run kvfsd with a larger context (-c)",
-                                  tokens.size() + 1, n_ctx_));
+    // A prompt too long on its own is not a full conversation: the agent takes shorter ones.
+    std::vector<ConversationTurn> alone{ConversationTurn{"user", turn.request.text}};
+    const size_t alone_tokens = tok.Encode(Render(a, alone), true, true).size();
+    if (static_cast<int64_t>(alone_tokens) + 1 > n_ctx_)
+      return OutOfRange(fmt::format("this prompt alone needs {} tokens but the context holds {}: write a shorter "
+                                    "one (the conversation so far is kept), or run kvfsd with a larger context (-c)",
+                                    alone_tokens + 1, n_ctx_));
+    return OutOfRange(fmt::format("the conversation with this prompt needs {} tokens but the context holds {}, "
+                                  "{} of them taken by the conversation so far: write a shorter prompt, or, when the "
+                                  "conversation itself is full, go on in a new agent (mkdir, then cp this one's "
+                                  "system and config.json), or run kvfsd with a larger context (-c)",
+                                  tokens.size() + 1, n_ctx_, a.tokens.size()));
   }
   size_t keep = 0;
   while (keep < tokens.size() && keep < a.tokens.size() && tokens[keep] == a.tokens[keep]) ++keep;

@@ -349,5 +349,38 @@ TEST_F(EngineQ4kTest, BlocksMustHoldWholeChunks) {
   EXPECT_TRUE((*engine)->SetSettings("alice", s).ok());
 }
 
+// The start-up check and the turns agree: the smallest KV budget an engine accepts runs turns
+// (q4k's writable block carries the staged keys of its open chunk, more than a full block), and
+// one below it is refused at start instead of failing every turn.
+TEST_F(EngineQ4kTest, TheSmallestBudgetAcceptedAtStartRunsTurns) {
+  int64_t refused = 1, accepted = int64_t{64} << 20;
+  ASSERT_TRUE(CreateEngine(Options(accepted)).ok());
+  ASSERT_FALSE(CreateEngine(Options(refused)).ok());
+  while (accepted - refused > 1) {
+    const int64_t mid = refused + (accepted - refused) / 2;
+    (CreateEngine(Options(mid)).ok() ? accepted : refused) = mid;
+  }
+  const KvLayout layout = KvLayoutFor(model_->hparams(), Format("q4k"), block_tokens_);
+  EXPECT_GT(accepted, layout.block_bytes());
+  auto engine = CreateEngine(Options(accepted));
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  AgentSettings s;
+  s.sampling.temperature = 0;
+  s.max_tokens = 8;
+  s.kv = "q4k";
+  ASSERT_TRUE((*engine)->SetSettings("alice", s).ok());
+  for (const char* text : {" The dog wagged its tail.", " Lily smiled.", " The end."}) {
+    TurnOutcome out = RunTurn(**engine, "alice", text);
+    EXPECT_TRUE(out.stats.ok()) << text << ": " << out.stats.status().message();
+  }
+  // A format whose writable block this budget cannot hold is refused as a setting (config.json:
+  // EINVAL), not taken and then failed at every turn.
+  ASSERT_GT(KvLayoutFor(model_->hparams(), Format("f16"), block_tokens_).block_bytes(), accepted);
+  s.kv = "f16";
+  EXPECT_EQ((*engine)->SetSettings("alice", s).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*engine)->GetAgent("alice")->settings.kv, "q4k");
+}
+
 }  // namespace
 }  // namespace kvfs

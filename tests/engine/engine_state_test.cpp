@@ -306,9 +306,14 @@ TEST_F(EngineStateTest, ATurnThatCannotFitFailsSayingWhatToDo) {
   out = RunTurn(**engine, "alice", "Once upon a time");
   ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
   EXPECT_EQ(out.stats->stop_reason, "context_full");
+  // A prompt too long on its own says so, not that the conversation is full.
+  out = RunTurn(**engine, "alice", big);
+  EXPECT_EQ(out.stats.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(out.stats.status().message().find("this prompt alone needs"), std::string::npos) << out.stats.status().message();
   out = RunTurn(**engine, "alice", "And then?");
   EXPECT_EQ(out.stats.status().code(), StatusCode::kOutOfRange);
-  EXPECT_NE(out.stats.status().message().find("conversation is full"), std::string::npos) << out.stats.status().message();
+  EXPECT_NE(out.stats.status().message().find("when the conversation itself is full"), std::string::npos)
+      << out.stats.status().message();
   ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
   ASSERT_TRUE((*engine)->SetSettings("bob", s).ok());
   EXPECT_TRUE(RunTurn(**engine, "bob", "And then?").stats.ok());

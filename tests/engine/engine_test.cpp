@@ -405,7 +405,7 @@ TEST_F(EngineTest, BudgetBelowOneBlockIsRefusedAtStart) {
   auto engine = CreateEngine(Options(1));
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(engine.status().message().find("holds no KV block"), std::string::npos) << engine.status().message();
+  EXPECT_NE(engine.status().message().find("holds no turn"), std::string::npos) << engine.status().message();
 }
 
 // The file with one metadata entry of its header replaced (the tensors' bytes unchanged; the
