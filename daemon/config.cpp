@@ -314,6 +314,7 @@ Status ResolveDefaults(DaemonConfig& config, const Environment& env) {
   if (config.kv_device_budget_bytes > 0 && config.backend != "vulkan") {
     return InvalidArgument("--kv-device-budget applies to --backend vulkan only");
   }
+  if (config.device >= 0 && config.backend != "vulkan") return InvalidArgument("--device applies to --backend vulkan only");
   if (config.log_file.empty()) config.log_file = config.store_dir + "/kvfsd.log";
   return Status::Ok();
 }

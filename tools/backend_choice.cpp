@@ -23,6 +23,12 @@ BackendChoice ReadBackendChoice(Args& args, int n_threads) {
   return c;
 }
 
+void RefuseVulkanOnlyOptions(Args& args, const BackendChoice& choice, std::initializer_list<const char*> names) {
+  if (choice.vulkan) return;
+  for (const char* name : names)
+    if (args.has(name)) return args.set_error(fmt::format("{} is for --backend vulkan", name));
+}
+
 Result<std::unique_ptr<Backend>> MakeChosenBackend(const Model& model, const BackendChoice& choice,
                                                    const std::string& command, std::string* used) {
   KVFS_ASSIGN_OR_RETURN(ChosenBackend chosen, MakeRequestedBackend(model, choice));

@@ -1,6 +1,7 @@
 // --backend cpu|vulkan and --device N, shared by kvfs run, bench and perplexity.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,9 @@ using BackendChoice = BackendRequest;
 
 // Reads --backend, --device and --tuning; a bad value is recorded in args.error().
 BackendChoice ReadBackendChoice(Args& args, int n_threads);
+// Options that only the Vulkan backend reads: given with --backend cpu, an argument error (the
+// run would ignore them, and their values would go unchecked).
+void RefuseVulkanOnlyOptions(Args& args, const BackendChoice& choice, std::initializer_list<const char*> names);
 
 // The chosen backend; `used` says which one runs ("cpu", or "vulkan: DEVICE NAME"). Without a
 // Vulkan device (or in a build without Vulkan) a vulkan choice warns on stderr and gives the

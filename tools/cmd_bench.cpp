@@ -43,7 +43,8 @@ constexpr const char* kBenchUsage =
     "  --kv A,B,...: compare KV formats interleaved: each format's context is filled once, then\n"
     "  every repetition runs pp for each format back to back, then tg, so that all see the same\n"
     "  machine (memory bandwidth on shared hosts moves within minutes); each format's rate is\n"
-    "  also given relative to the first's, as the median of per-repetition ratios.\n"
+    "  also given relative to the first's, as the median of per-repetition ratios (no load,\n"
+    "  memory or bandwidth lines: those are for one format).\n"
     "  --profile (vulkan): times every dispatch and prints, on stderr, where the device time of\n"
     "  the last repetition's pp and tg went, per shader and matrix shape, then per pipeline\n"
     "  (shader and specialization constants) with the compiler's statistics of each (registers,\n"
@@ -275,6 +276,11 @@ int Bench(int argc, char** argv) {
   const int reps = static_cast<int>(args.get_int("-r", 3, 1, 1000));
   const std::string kv_type = args.get("--kv").value_or("f16");
   const BackendChoice backend_choice = ReadBackendChoice(args, n_threads);
+  RefuseVulkanOnlyOptions(args, backend_choice,
+                          {"--attn-split", "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows",
+                           "--matvec-ahead", "--matvec-norm-group", "--prefetch", "--phases", "--separate-ops",
+                           "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices",
+                           "--copy-kv-rows", "--contract-floats", "--shared-trees", "--untiled-attention"});
   const std::vector<std::string> kv_types = SplitList(kv_type);
   const int64_t attention_split = args.get_int("--attn-split", 0, 0, 1 << 20);
   const VulkanMatvecShape matvec{.group = args.get_int("--matvec-group", 0, 0, 1024),

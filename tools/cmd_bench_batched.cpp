@@ -73,6 +73,7 @@ int BenchBatched(int argc, char** argv) {
   const int threads = static_cast<int>(args.get_int("-t", 2, 1, 1024));
   const int reps = static_cast<int>(args.get_int("-r", 1, 1, 1000));
   BackendChoice choice = ReadBackendChoice(args, threads);
+  RefuseVulkanOnlyOptions(args, choice, {"--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows"});
   choice.cpu_fallback = false;  // the figures are the device's or an error, never the CPU's
   choice.profile = args.has("--profile");
   choice.batch_attention = !args.has("--serial-attention");

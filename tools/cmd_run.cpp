@@ -22,14 +22,15 @@ namespace {
 constexpr const char* kRunUsage =
     "usage: kvfs run -m MODEL (-p TEXT | -f FILE) [options]\n"
     "  -m MODEL            GGUF model file\n"
-    "  -p TEXT | -f FILE   the prompt, inline or from a file\n"
+    "  -p TEXT | -f FILE   the prompt, inline or from a file (its one trailing newline dropped)\n"
     "  -n N                tokens to generate (default 128)\n"
     "  -c CTX              context size in tokens (default: the model's, at most 4096)\n"
     "  -t THREADS          CPU threads (default: all cores)\n"
     "  --temp T            temperature; 0 = greedy (default 0.8)\n"
     "  --seed S            sampling seed (default: random)\n"
     "  --top-k K --top-p P --min-p P --repeat-penalty R   sampling filters (40, 0.95, 0.05, 1.0)\n"
-    "  --system TEXT       system prompt (chat mode)\n"
+    "  --system TEXT       system prompt (chat mode; a model without a chat template reads it\n"
+    "                      before the prompt, as kvfsd's agents do)\n"
     "  --kv f16|q8|q4|q4k  KV cache format (default f16); q4k: keys 4-bit per channel over\n"
     "                      chunks of 64 tokens, values 4-bit in sub-blocks of 16\n"
     "  --kv-rotate on|off  Walsh-Hadamard rotation of quantized KV (default on where head_dim is a power of two)\n"
@@ -90,7 +91,11 @@ int Run(int argc, char** argv) {
     Result<std::string> text = ReadWholeFile(*args.get("-f"));
     if (!text.ok()) return Fail("prompt file: " + text.status().message());
     prompt = std::move(*text);
+    // A text file's last newline is not part of the prompt (as for the mount's prompt files
+    // and kvfs perplexity -f).
+    if (!prompt.empty() && prompt.back() == '\n') prompt.pop_back();
   }
+  if (args.has("--raw") && args.has("--system")) return Fail("--system has no place with --raw (the prompt is the input as is)");
 
   spdlog::set_level(args.has("--verbose") ? spdlog::level::info : spdlog::level::warn);
   auto model_or = Model::Load(*args.get("-m"));
@@ -101,7 +106,8 @@ int Run(int argc, char** argv) {
 
   // Chat mode wraps the prompt as a user turn; raw mode feeds the text as is.
   const ChatTemplate& chat = model.chat_template();
-  const bool use_chat = !args.has("--raw") && chat.family() != ChatFamily::kRaw;
+  // A model without a template still takes a system prompt: its text goes first, as kvfsd does.
+  const bool use_chat = !args.has("--raw") && (chat.family() != ChatFamily::kRaw || args.has("--system"));
   std::vector<TokenId> tokens;
   if (use_chat) {
     std::vector<ChatMessage> messages;

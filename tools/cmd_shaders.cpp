@@ -2,6 +2,7 @@
 // device's compiler makes of them (engine/backend/vulkan_shaders.h). Compiles, runs nothing.
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,22 @@ int Shaders(int argc, char** argv) {
     return Fail(usage ? 2 : 1, report_or.status().message());
   }
   const ShaderReport& report = *report_or;
+  // --stat names come from the driver, so they are checked against what it reported.
+  if (!report.statistics && !stats.empty()) {
+    std::fputs("kvfs shaders: warning: --stat: this driver reports no pipeline statistics\n", stderr);
+  } else if (report.statistics) {
+    std::set<std::string> reported;
+    auto note = [&](const std::vector<ShaderStatistic>& all) {
+      for (const ShaderStatistic& st : all) reported.insert(st.name);
+    };
+    for (const MatrixShader& sh : report.shaders) note(sh.statistics);
+    for (const AttentionShader& sh : report.attention) note(sh.statistics);
+    for (const NormShader& sh : report.norms) note(sh.statistics);
+    for (const std::string& name : stats)
+      if (!reported.count(name))
+        std::fprintf(stderr, "kvfs shaders: warning: --stat %s: the driver reports no statistic of that name (it reports: %s)\n",
+                     name.c_str(), fmt::format("{}", fmt::join(reported, ", ")).c_str());
+  }
 
   if (args.has("--json")) {
     nlohmann::json lines = nlohmann::json::array();

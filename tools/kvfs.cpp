@@ -13,7 +13,7 @@ void Usage(FILE* out) {
       "  run         generate a continuation:  kvfs run -m MODEL (-p TEXT | -f FILE) [-n N] ...\n"
       "  perplexity  quality of a KV format:  kvfs perplexity -m MODEL -f TEXT [-c 512] [--kv f16|q8|q4|q4k]\n"
       "              [--kv-rotate on|off] [--kl-divergence] [--chunks N] [--json]\n"
-      "  bench       speed: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t 2] [-r 3] [--json]\n"
+      "  bench       speed: kvfs bench -m MODEL [-p 512] [-n 128] [-d DEPTH] [-t N] [-r 3] [--json]\n"
       "              [--backend cpu|vulkan] [--device N]\n"
       "  devices     list the Vulkan devices (--device N of run, bench and perplexity)\n"
       "  tune        the fastest Vulkan settings for a device and model:  kvfs tune -m MODEL [-o FILE]\n"

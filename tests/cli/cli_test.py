@@ -123,6 +123,19 @@ with tempfile.TemporaryDirectory() as tmp:
     bad('bench fs --dir on a file', ['bench', 'fs', '-m', stories, '--dir', os.path.join(keep, 'notes.txt')],
         'not an empty directory')
     check('the benchmarks left that directory alone', open(os.path.join(keep, 'notes.txt')).read() == 'x')
+# A prompt file's one trailing newline is not part of the prompt (as for the mount's prompt
+# files); a system prompt on a model without a chat template goes first, as in kvfsd's agents.
+def prompt_ids(extra):
+    r = run(['run', '-m', stories, '-n', '1', '--temp', '0', '--token-ids'] + extra)
+    return r.stdout.splitlines()[0] if r.returncode == 0 and r.stdout else f'rc={r.returncode} {r.stderr!r}'
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, 'prompt.txt')
+    open(path, 'w').write('Once upon a time\n')
+    check('run -f drops the file\'s trailing newline', prompt_ids(['-f', path]) == prompt_ids(['-p', 'Once upon a time']))
+check('run --system on a model without a template reads it first',
+      prompt_ids(['--system', 'Tom had a red car.', '-p', ' Once upon a time']) ==
+      prompt_ids(['-p', 'Tom had a red car. Once upon a time']))
+bad('--system with --raw', ['run', '-m', stories, '-p', 'x', '--raw', '--system', 'y'], '--system')
 r = run(['run', '-m', stories, '-p', 'Once upon a time', '--temp', '0', '-n', '50', '-c', '16', '--verbose'])
 check('a reply cut by the context says so', r.returncode == 0 and 'stop: context_full' in r.stderr,
       f'rc={r.returncode} err={r.stderr!r}')

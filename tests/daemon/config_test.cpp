@@ -162,6 +162,15 @@ TEST(DaemonConfig, DefaultStoreAndModel) {
       << cpu_budget.message();
   budget_cpu.backend = "vulkan";
   EXPECT_TRUE(ResolveDefaults(budget_cpu, env).ok());
+  // And a device index (config.json "device": 0 with the CPU backend was taken and ignored).
+  DaemonConfig device_cpu;
+  device_cpu.mountpoint = "/m";
+  device_cpu.device = 0;
+  const Status cpu_device = ResolveDefaults(device_cpu, env);
+  EXPECT_NE(cpu_device.message().find("--device applies to --backend vulkan only"), std::string::npos)
+      << cpu_device.message();
+  device_cpu.backend = "vulkan";
+  EXPECT_TRUE(ResolveDefaults(device_cpu, env).ok());
   std::filesystem::remove_all(root);
 }
 
