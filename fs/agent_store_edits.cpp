@@ -230,8 +230,9 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
     Result<store::EraseReport> replaced = engine_.ReplacePrefix(name, handle.data, owner);
     if (replaced.ok()) {
       MarkPrefixWritten(name, handle.ino);
-      Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_remove", .erased = *replaced});
+      // In the order they happened: the new text added, then the old one erased.
       Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_add", .bytes = bytes});
+      Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_remove", .erased = *replaced});
       return Status::Ok();
     }
     if (replaced.status().code() != StatusCode::kNotFound) return replaced.status();
