@@ -1,6 +1,7 @@
 // AgentStore: construction, names, attributes, directory listings, extended attributes.
 #include "fs/agent_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <pwd.h>
 #include <unistd.h>
@@ -53,10 +54,9 @@ Result<std::unique_ptr<AgentStore>> AgentStore::Create(AgentEngine& engine, Stor
   auto store = std::unique_ptr<AgentStore>(new AgentStore(engine, std::move(config), std::move(audit)));
   std::vector<AgentInfo> agents = engine.ListAgents();
   std::vector<std::pair<std::string, uint32_t>> prefixes;
-  for (std::string& name : engine.ListPrefixes()) {
-    const uint32_t owner = engine.PrefixOwner(name);
-    prefixes.emplace_back(std::move(name), owner);
-  }
+  const std::vector<std::string> prefix_names = engine.ListPrefixes();
+  for (const std::string& name : prefix_names) prefixes.emplace_back(name, engine.PrefixOwner(name));
+  store->SettleAuditIntents(agents, prefix_names);
   std::lock_guard lock(store->mu_);
   for (const AgentInfo& info : agents) {
     store->agents_[info.name] = std::make_shared<AgentRecord>(info.name, info.owner_uid, PrimaryGroupOf(info.owner_uid));
@@ -88,6 +88,50 @@ void AgentStore::Audit(AuditEvent event) {
   event.time_ms = Now();
   Status s = audit_->Append(event);
   if (!s.ok()) spdlog::error("audit log: {} (event {} of {})", s.message(), event.action, event.agent);
+}
+
+std::string AgentStore::IntendAudit(const AuditEvent& event) {
+  Result<std::string> id = audit_->Intend(event);
+  if (id.ok()) return *id;
+  spdlog::error("audit log: {} ({} of {}: its line is written when it is done, but a crash before that would "
+                "leave it off the log)",
+                id.status().message(), event.action, event.agent);
+  return "";
+}
+
+void AgentStore::CompleteAudit(const std::string& intent, AuditEvent event) {
+  event.time_ms = Now();
+  Status s = audit_->Complete(intent, event);
+  if (!s.ok()) spdlog::error("audit log: {} (event {} of {})", s.message(), event.action, event.agent);
+}
+
+void AgentStore::SettleFailedErasure(const std::string& intent, bool intact) {
+  if (intact) audit_->Drop(intent);
+}
+
+void AgentStore::SettleAuditIntents(const std::vector<AgentInfo>& agents, const std::vector<std::string>& prefixes) {
+  for (const AuditIntent& intent : audit_->LeftIntents()) {
+    const AuditEvent& e = intent.event;
+    const auto agent = std::find_if(agents.begin(), agents.end(), [&](const AgentInfo& a) { return a.name == e.agent; });
+    // What the state after the crash says about the erasure: it happened (or the engine's
+    // start finished it) when what it erases is gone.
+    bool happened = false;
+    if (e.action == "erase") happened = agent == agents.end();
+    if (e.action == "erase_cache") happened = agent == agents.end() || agent->context_tokens == 0;
+    if (e.action == "prefix_remove") happened = std::find(prefixes.begin(), prefixes.end(), e.agent) == prefixes.end();
+    if (happened && audit_->HasLineOf(intent)) {  // logged, and the crash came before the intent went
+      audit_->Drop(intent.id);
+    } else if (happened) {
+      AuditEvent line = e;
+      line.completed_at_start = true;
+      spdlog::warn("audit log: {} of {} (uid {}) was interrupted by a crash and is done: logged now", e.action, e.agent,
+                   e.uid);
+      CompleteAudit(intent.id, std::move(line));
+    } else {
+      spdlog::info("audit log: {} of {} was interrupted before it erased anything", e.action, e.agent);
+      audit_->Drop(intent.id);
+    }
+  }
 }
 
 std::shared_ptr<AgentRecord> AgentStore::AgentLocked(const std::string& name) {

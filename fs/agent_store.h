@@ -186,6 +186,15 @@ class AgentStore {
   static Status ErasedUnderHandle(const Handle& handle);
   int64_t Now() const;
   void Audit(AuditEvent event);
+  // Erasures: the intent first (AuditLog::Intend; "" when it could not be written, which is
+  // logged: the erasure goes on, as it must on a full disk), the line when it is done.
+  std::string IntendAudit(const AuditEvent& event);
+  void CompleteAudit(const std::string& intent, AuditEvent event);
+  // An erasure that failed: when what it erases is still there (`intact`) nothing happened and
+  // the intent goes; else it happened in part and the next start, which finishes it, logs it.
+  void SettleFailedErasure(const std::string& intent, bool intact);
+  // At start: the line of every erasure a crash interrupted after it happened.
+  void SettleAuditIntents(const std::vector<AgentInfo>& agents, const std::vector<std::string>& prefixes);
 
   // Lookup helpers (mu_ held).
   std::shared_ptr<AgentRecord> AgentLocked(const std::string& name);

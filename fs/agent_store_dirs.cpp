@@ -87,7 +87,9 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
   // this agent, which is then erased); later ones see the transition and fail.
   { std::lock_guard in_flight(agent->submit_mu); }
   // Returns once the erasure is complete (the engine cancels the running turn first).
+  const std::string intent = IntendAudit(AuditEvent{.uid = caller.uid, .agent = name, .action = "erase"});
   Result<store::EraseReport> report = engine_.EraseAgent(name);
+  if (!report.ok()) SettleFailedErasure(intent, engine_.GetAgent(name).ok());
   {
     std::lock_guard lock(mu_);
     agents_in_transition_.erase(name);
@@ -110,7 +112,7 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
     agent->changed.notify_all();
   }
   ShredOpenFiles(*agent, /*cache_only=*/false);
-  Audit(AuditEvent{.uid = caller.uid, .agent = name, .action = "erase", .erased = *report});
+  CompleteAudit(intent, AuditEvent{.uid = caller.uid, .agent = name, .action = "erase", .erased = *report});
   spdlog::info("erased agent '{}' for uid {}: {} bytes, {} blocks freed, {} kept shared", name, caller.uid,
                report->bytes_freed, report->blocks_freed, report->blocks_kept_shared);
   return Status::Ok();
@@ -153,7 +155,14 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
       if (it == prefixes_.end()) return NotFound(fmt::format("no prefix named '{}'", name));
       ino = it->second.ino;
     }
-    KVFS_ASSIGN_OR_RETURN(store::EraseReport report, engine_.RemovePrefix(name));
+    const std::string intent = IntendAudit(AuditEvent{.uid = caller.uid, .agent = name, .action = "prefix_remove"});
+    Result<store::EraseReport> removed = engine_.RemovePrefix(name);
+    if (!removed.ok()) {
+      const std::vector<std::string> left = engine_.ListPrefixes();
+      SettleFailedErasure(intent, std::find(left.begin(), left.end(), name) != left.end());
+      return removed.status();
+    }
+    const store::EraseReport& report = *removed;
     {
       std::lock_guard lock(mu_);
       auto it = prefixes_.find(name);
@@ -162,7 +171,7 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
         inodes_.RemovePrefix(ino);
       }
     }
-    Audit(AuditEvent{.uid = caller.uid, .agent = name, .action = "prefix_remove", .erased = report});
+    CompleteAudit(intent, AuditEvent{.uid = caller.uid, .agent = name, .action = "prefix_remove", .erased = report});
     return Status::Ok();
   }
   if (dir.kind != NodeKind::kAgentDir) return NotFound(fmt::format("no file '{}'", name));
@@ -191,13 +200,21 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
     }
   }
   if (*file == AgentFile::kKvCache) {
-    KVFS_ASSIGN_OR_RETURN(store::EraseReport report, engine_.EraseCache(dir.agent->name));
+    const std::string intent =
+        IntendAudit(AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache"});
+    Result<store::EraseReport> erased = engine_.EraseCache(dir.agent->name);
+    if (!erased.ok()) {
+      Result<AgentInfo> info = engine_.GetAgent(dir.agent->name);
+      SettleFailedErasure(intent, info.ok() && info->context_tokens > 0);
+      return erased.status();
+    }
+    const store::EraseReport& report = *erased;
     ShredOpenFiles(*dir.agent, /*cache_only=*/true);  // exports being read
     {
       std::lock_guard lock(metrics_->mu);
       ++metrics_->values.caches_erased;
     }
-    Audit(AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache", .erased = report});
+    CompleteAudit(intent, AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache", .erased = report});
   }
   // The other files are views of the agent's state: unlinking them succeeds and changes
   // nothing, so that `rm -r agent` reaches the rmdir that erases it.

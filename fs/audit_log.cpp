@@ -1,13 +1,20 @@
 #include "fs/audit_log.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <ctime>
+#include <dirent.h>
 #include <fcntl.h>
+#include <fstream>
+#include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
 
 namespace kvfs::fs {
 
@@ -41,11 +48,12 @@ std::string FormatAuditLine(const AuditEvent& e) {
     line["files_removed"] = e.erased->files_removed;
   }
   if (e.bytes) line["bytes"] = *e.bytes;
+  if (e.completed_at_start) line["completed_at_start"] = true;
   return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
-  if (path.empty()) return std::unique_ptr<AuditLog>(new AuditLog(-1));
+  if (path.empty()) return std::unique_ptr<AuditLog>(new AuditLog(-1, ""));
   int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus("cannot open the audit log " + path);
   struct stat st {};
@@ -54,9 +62,132 @@ Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
     ::close(fd);
     return s;
   }
-  auto log = std::unique_ptr<AuditLog>(new AuditLog(fd));
+  auto log = std::unique_ptr<AuditLog>(new AuditLog(fd, path + ".intents"));
   log->size_ = static_cast<uint64_t>(st.st_size);
+  KVFS_RETURN_IF_ERROR(log->LoadIntents());
   return log;
+}
+
+Status AuditLog::LoadIntents() {
+  if (::mkdir(intents_dir_.c_str(), 0700) != 0 && errno != EEXIST)
+    return ErrnoStatus("cannot create the audit log's intents directory " + intents_dir_);
+  DIR* dir = ::opendir(intents_dir_.c_str());
+  if (dir == nullptr) return ErrnoStatus("cannot list " + intents_dir_);
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(dir);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const std::string path = intents_dir_ + "/" + name;
+    std::optional<AuditIntent> intent;
+    if (name.ends_with(".json")) {
+      std::ifstream in(path);
+      std::stringstream text;
+      text << in.rdbuf();
+      const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.value("agent", nlohmann::json()).is_string() && j.value("action", nlohmann::json()).is_string() &&
+          j.value("uid", nlohmann::json()).is_number_unsigned()) {
+        AuditEvent event;
+        event.agent = j["agent"].get<std::string>();
+        event.action = j["action"].get<std::string>();
+        event.uid = j["uid"].get<uint32_t>();
+        intent = AuditIntent{name.substr(0, name.size() - 5), std::move(event)};
+      }
+    }
+    if (intent) {
+      left_intents_.push_back(std::move(*intent));
+    } else {  // a temporary file, or one a crash cut short: no erasure had started
+      spdlog::warn("audit log: dropping {}, which is no complete intent", path);
+      ::unlink(path.c_str());
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::string> AuditLog::Intend(const AuditEvent& event) {
+  std::lock_guard lock(mu_);
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  std::string id = fmt::format("{}-{:06d}", now, next_intent_++);
+  if (intents_dir_.empty()) {
+    memory_intents_[id] = event;
+    return id;
+  }
+  // Written in full before its name appears: a crash leaves a whole intent or a temporary file.
+  const std::string text = FormatAuditLine(event), tmp = intents_dir_ + "/" + id + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus("cannot write an audit intent");
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    done += static_cast<size_t>(n);
+  }
+  Status written = done == text.size() && ::fsync(fd) == 0 ? Status::Ok() : ErrnoStatus("cannot write an audit intent");
+  ::close(fd);
+  if (written.ok() && ::rename(tmp.c_str(), (intents_dir_ + "/" + id + ".json").c_str()) != 0)
+    written = ErrnoStatus("cannot publish an audit intent");
+  if (written.ok()) {
+    const int dir = ::open(intents_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0 || ::fsync(dir) != 0) written = ErrnoStatus("cannot sync the audit intents");
+    if (dir >= 0) ::close(dir);
+  }
+  if (!written.ok()) {
+    ::unlink(tmp.c_str());
+    ::unlink((intents_dir_ + "/" + id + ".json").c_str());
+    return written;
+  }
+  return id;
+}
+
+bool AuditLog::HasLineOf(const AuditIntent& intent) const {
+  const int64_t since = std::strtoll(intent.id.c_str(), nullptr, 10);
+  // Lines written after the intent are the last ones before the crash: the log's tail holds them.
+  constexpr uint64_t kTail = uint64_t{1} << 20;
+  const uint64_t size = Size();
+  Result<std::string> tail = Read(size > kTail ? size - kTail : 0, kTail);
+  if (!tail.ok()) return false;
+  size_t begin = 0;
+  while (begin < tail->size()) {
+    size_t end = tail->find('\n', begin);
+    if (end == std::string::npos) end = tail->size();
+    const nlohmann::json j = nlohmann::json::parse(tail->begin() + static_cast<std::ptrdiff_t>(begin),
+                                                   tail->begin() + static_cast<std::ptrdiff_t>(end), nullptr, false);
+    if (j.is_object() && j.value("agent", "") == intent.event.agent && j.value("action", "") == intent.event.action &&
+        j.value("uid", uint32_t{0}) == intent.event.uid && j.value("time_ms", int64_t{0}) >= since)
+      return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
+Status AuditLog::Complete(const std::string& intent_id, const AuditEvent& event) {
+  Status appended = Append(event);
+  // A line that could not be written keeps its intent: the next start writes it.
+  if (appended.ok()) Drop(intent_id);
+  return appended;
+}
+
+void AuditLog::Drop(const std::string& intent_id) {
+  if (intent_id.empty()) return;
+  std::lock_guard lock(mu_);
+  if (intents_dir_.empty()) {
+    memory_intents_.erase(intent_id);
+    return;
+  }
+  // Durably gone, or a restart would log the erasure a second time.
+  if (::unlink((intents_dir_ + "/" + intent_id + ".json").c_str()) == 0) {
+    const int dir = ::open(intents_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0) {
+      (void)::fsync(dir);
+      ::close(dir);
+    }
+  }
 }
 
 AuditLog::~AuditLog() {

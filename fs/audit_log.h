@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +26,15 @@ struct AuditEvent {
   std::string action;  // erase | erase_cache | export | import | config | system | prefix_add | prefix_remove
   std::optional<store::EraseReport> erased = std::nullopt;
   std::optional<uint64_t> bytes = std::nullopt;  // export / import / system / prefix sizes
+  // The erasure was interrupted by a crash (kill -9, power loss) and its line is written by the
+  // next start, which found it done (or finished it); its counts are not known then.
+  bool completed_at_start = false;
+};
+
+// An erasure about to start, on disk until its line is written (AuditLog::Intend).
+struct AuditIntent {
+  std::string id;
+  AuditEvent event;
 };
 
 std::string FormatAuditLine(const AuditEvent& event);  // one JSON object and '\n'
@@ -35,17 +47,35 @@ class AuditLog {
   // Appends and fsyncs one line. A failure is returned (and logged by the caller); the
   // operation it records has already happened.
   Status Append(const AuditEvent& event);
+  // Erasures are logged in two steps, so that a crash between an erasure and its line cannot
+  // leave it off the log: an intent, written and fsynced before the erasure starts, and the
+  // line, whose Complete drops the intent (Drop: the erasure did not happen). Intents left by a
+  // crash are listed by LeftIntents after Open; the caller writes the line of each erasure that
+  // happened (completed_at_start) and drops them all. Intents live in `path`.intents/.
+  Result<std::string> Intend(const AuditEvent& event);
+  Status Complete(const std::string& intent_id, const AuditEvent& event);
+  void Drop(const std::string& intent_id);
+  const std::vector<AuditIntent>& LeftIntents() const { return left_intents_; }
+  // Whether the log has the line of an intent (a crash came between the line and the intent's
+  // removal): a line of the same agent, action and uid since the intent was made.
+  bool HasLineOf(const AuditIntent& intent) const;
+
   // Bytes [offset, offset + size) of the log.
   Result<std::string> Read(uint64_t offset, size_t size) const;
   uint64_t Size() const;
   ~AuditLog();
 
  private:
-  explicit AuditLog(int fd) : fd_(fd) {}
+  AuditLog(int fd, std::string intents_dir) : fd_(fd), intents_dir_(std::move(intents_dir)) {}
+  Status LoadIntents();
   mutable std::mutex mu_;
   int fd_ = -1;           // -1: in memory
   std::string memory_;
   uint64_t size_ = 0;
+  std::string intents_dir_;                        // empty: in memory
+  std::map<std::string, AuditEvent> memory_intents_;
+  uint64_t next_intent_ = 0;
+  std::vector<AuditIntent> left_intents_;          // found at Open
 };
 
 }  // namespace kvfs::fs

@@ -1,7 +1,10 @@
 // AgentStore over a FakeEngine: erasure (rmdir), what it leaves behind (inodes the kernel still
 // holds, handles opened before it, readers blocked on the agent) and unlinks of agent files.
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -98,6 +101,61 @@ TEST_F(StoreTest, HandlesOfAnErasedAgentNeverReachItsSuccessor) {
   // The live agent's own handles still work.
   ASSERT_TRUE(Echo("alice", "system", "fresh", kBob).ok());
   EXPECT_EQ(*Cat("alice", "system", kBob), "fresh");
+}
+
+// A crash between an erasure and its audit line (kill -9 of kvfsd) leaves the erasure's intent;
+// the next start writes the line of each erasure that happened (marked completed_at_start) and
+// none for one that erased nothing.
+TEST_F(StoreTest, ErasuresACrashLeftOffTheLogAreLoggedAtTheNextStart) {
+  const std::string dir = ::testing::TempDir() + "/kvfs_settle_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  StoreConfig config;
+  config.audit_log_path = dir + "/audit.log";
+  Start(testing::FakeEngineOptions{}, config);
+  Mkdir("alice", kAlice);
+  Mkdir("bob", kBob);
+  Mkdir("carol", kBob);
+  Mkdir("dave");
+  ASSERT_TRUE(Echo("bob", "prompt", "hello", kBob).ok());
+  ASSERT_TRUE(Cat("bob", "response", kBob).ok());
+  {  // what the daemon that crashed had written
+    auto log = AuditLog::Open(config.audit_log_path);
+    ASSERT_TRUE(log.ok());
+    for (const auto& [agent, action, uid] : std::vector<std::tuple<std::string, std::string, uint32_t>>{
+             {"alice", "erase", 1000}, {"bob", "erase_cache", 2000}, {"carol", "erase", 0}, {"dave", "erase", 0}}) {
+      AuditEvent e;
+      e.uid = uid;
+      e.agent = agent;
+      e.action = action;
+      ASSERT_TRUE((*log)->Intend(e).ok());
+    }
+  }
+  ASSERT_TRUE(engine_->EraseAgent("alice").ok());  // alice's erasure happened; the others never started
+  // dave's ran to its line, and the crash came before its intent went.
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "dave", kRoot).ok());
+  const std::string before = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  store_.reset();
+  auto store = AgentStore::Create(*engine_, config);
+  ASSERT_TRUE(store.ok());
+  store_ = std::move(*store);
+  const std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  ASSERT_EQ(audit.substr(0, before.size()), before);
+  ASSERT_EQ(std::count(audit.begin(), audit.end(), '\n'), 2) << audit;  // dave's once, then alice's
+  const auto line = nlohmann::json::parse(audit.substr(before.size()));
+  EXPECT_EQ(line["agent"], "alice");
+  EXPECT_EQ(line["action"], "erase");
+  EXPECT_EQ(line["uid"], 1000);
+  EXPECT_EQ(line["completed_at_start"], true);
+  EXPECT_TRUE(std::filesystem::is_empty(dir + "/audit.log.intents"));
+  // An erasure that runs to its end leaves no intent, and its line is an ordinary one.
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "carol", kBob).ok());
+  EXPECT_TRUE(std::filesystem::is_empty(dir + "/audit.log.intents"));
+  const std::string after = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  const auto last = nlohmann::json::parse(after.substr(audit.size()));
+  EXPECT_EQ(last["agent"], "carol");
+  EXPECT_EQ(last.count("completed_at_start"), 0u);
+  std::filesystem::remove_all(dir);
 }
 
 // Bytes written before the erasure and not yet applied are dropped with the agent: the close

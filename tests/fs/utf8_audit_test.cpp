@@ -95,5 +95,53 @@ TEST(InodeTable, CountsReferencesAndDropsRemovedNodes) {
   EXPECT_DEATH(table.Forget(999999, 1), "unknown inode");
 }
 
+// An erasure's intent is on disk before the erasure starts and until its line is written: a
+// log reopened after a crash lists what was left, a completed or dropped intent is gone, and a
+// half-written intent (a temporary file) is no intent.
+TEST(AuditLog, IntentsOutliveACrashUntilCompletedOrDropped) {
+  const std::string dir = ::testing::TempDir() + "/kvfs_intents_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/audit.log";
+  auto event = [](const char* agent, const char* action) {
+    AuditEvent e;
+    e.uid = 1000;
+    e.agent = agent;
+    e.action = action;
+    return e;
+  };
+  {
+    auto log = AuditLog::Open(path);
+    ASSERT_TRUE(log.ok());
+    EXPECT_TRUE((*log)->LeftIntents().empty());
+    Result<std::string> done = (*log)->Intend(event("alice", "erase"));
+    Result<std::string> dropped = (*log)->Intend(event("bob", "erase_cache"));
+    Result<std::string> left = (*log)->Intend(event("carol", "prefix_remove"));
+    ASSERT_TRUE(done.ok() && dropped.ok() && left.ok());
+    EXPECT_NE(*done, *dropped);
+    ASSERT_TRUE((*log)->Complete(*done, event("alice", "erase")).ok());
+    (*log)->Drop(*dropped);
+    std::ofstream(dir + "/audit.log.intents/99-000000.tmp") << "{\"agent\": \"da";  // cut short by the crash
+  }  // the crash: carol's intent stays
+  auto log = AuditLog::Open(path);
+  ASSERT_TRUE(log.ok());
+  ASSERT_EQ((*log)->LeftIntents().size(), 1u);
+  const AuditIntent& intent = (*log)->LeftIntents()[0];
+  EXPECT_EQ(intent.event.agent, "carol");
+  EXPECT_EQ(intent.event.action, "prefix_remove");
+  EXPECT_EQ(intent.event.uid, 1000u);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/audit.log.intents/99-000000.tmp"));
+  AuditEvent late = intent.event;
+  late.completed_at_start = true;
+  ASSERT_TRUE((*log)->Complete(intent.id, late).ok());
+  const std::string text = *(*log)->Read(0, 1 << 20);
+  const auto second = nlohmann::json::parse(text.substr(text.find('\n') + 1));
+  EXPECT_EQ(second["agent"], "carol");
+  EXPECT_EQ(second["completed_at_start"], true);
+  EXPECT_EQ(nlohmann::json::parse(text.substr(0, text.find('\n'))).count("completed_at_start"), 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(dir + "/audit.log.intents"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvfs::fs
