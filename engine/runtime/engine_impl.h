@@ -94,7 +94,7 @@ struct ActiveTurn {
   std::unique_ptr<StopChecker> stop;
   std::unique_ptr<StreamDecoder> decoder;
   std::string reply;
-  std::string fed_text;              // decoded text of the generated tokens that were fed back
+  std::string fed_text;              // text of the generated tokens fed back, as the reply shows it
   TokenId pending = kNoToken;        // sampled, to be fed next step
   std::string domain;
   TurnStats stats;

@@ -466,7 +466,9 @@ void Engine::Step() {
         if (t.prefill_at < t.context.size()) continue;
       } else {
         t.context.push_back(t.pending);
-        t.fed_text += model_->tokenizer().TokenToPiece(t.pending, /*render_special=*/true);
+        // As the reply shows it (a control token, e.g. a <s> inside a reply, adds no text): the
+        // next turn renders the reply, and must find this text to extend the cache.
+        t.fed_text += model_->tokenizer().TokenToPiece(t.pending, /*render_special=*/false);
         t.pending = kNoToken;
       }
       OnLogits(t, row);

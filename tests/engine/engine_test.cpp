@@ -244,6 +244,31 @@ TEST_F(EngineTest, OneTrailingNewlineOfTheSystemPromptIsNotPartOfIt) {
   EXPECT_EQ(next.stats->match, "extend");
 }
 
+// A control token generated inside a reply (stories260K, greedy, emits <s> between two stories)
+// is in the cache but not in the reply's text, which is what the next turn renders: the text
+// kept behind the cache must be the reply's too, so that the next turn still extends the whole
+// cache instead of diverging at that token.
+TEST_F(EngineTest, AControlTokenInsideAReplyLeavesTheNextTurnExtending) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  AgentSettings s;
+  s.sampling.temperature = 0;
+  s.max_tokens = 360;
+  s.kv = "f16";
+  ASSERT_TRUE((*engine)->SetSettings("alice", s).ok());
+  TurnOutcome first = RunTurn(**engine, "alice", "Once upon a time");
+  ASSERT_TRUE(first.stats.ok());
+  const store::Manifest m = ReadManifest(Options().store_dir, "alice");
+  const TokenId bos = model_->tokenizer().bos();
+  ASSERT_GT(std::count(m.tokens.begin() + 1, m.tokens.end(), bos), 0) << "the reply holds no <s>: pick another prompt";
+  EXPECT_EQ(first.reply.find("<s>"), std::string::npos);
+  TurnOutcome next = RunTurn(**engine, "alice", " The end.");
+  ASSERT_TRUE(next.stats.ok());
+  EXPECT_EQ(next.stats->match, "extend");
+  EXPECT_EQ(next.stats->reused_tokens, static_cast<int64_t>(m.tokens.size()));
+}
+
 // A block that fails its checksum is dropped and the cache is recomputed from there.
 TEST_F(EngineTest, CorruptBlockIsRebuiltFromText) {
   {
