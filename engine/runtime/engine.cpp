@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -279,6 +280,9 @@ std::optional<KvFormat> Engine::StoredFormat(const store::Manifest& m) const {
 }
 
 Status Engine::RestoreAgents() {
+  // Caches this daemon cannot use as they are, by why: said once, with what keeps them.
+  std::map<uint32_t, size_t> other_block_size;
+  size_t other_model = 0;
   for (const std::string& name : store_->ListAgents()) {
     auto m = store_->ReadManifest(name);
     auto a = std::make_unique<AgentRecord>();
@@ -293,12 +297,28 @@ Status Engine::RestoreAgents() {
       agents_[name] = std::move(a);
       continue;
     }
+    if (!m->tokens.empty() && m->model_fingerprint != fingerprint_) ++other_model;
+    else if (!m->tokens.empty() && m->block_size != static_cast<uint32_t>(options_.block_tokens))
+      ++other_block_size[m->block_size];
     ApplyManifest(*a, *m);
+    if (Result<KvFormat> f = FormatFor(a->settings); !f.ok())
+      spdlog::warn("engine: agent {}'s turns fail until its config.json names a kv format this daemon runs (e.g. "
+                   "{{\"kv\": \"q4\"}}): {}",
+                   name, f.status().message());
     for (const auto& r : store_->open_report().recovered_agents)
       if (r.name == name)
         a->last_error = "restored from its previous saved turn; the latest one was lost: " + r.reason;
     agents_[name] = std::move(a);
   }
+  for (const auto& [block_size, n] : other_block_size)
+    spdlog::warn("engine: {} agents' caches were stored in blocks of {} tokens, and this daemon uses {} "
+                 "(--block-tokens): each is recomputed from its text on its next turn (restart with "
+                 "--block-tokens {} to use them as they are)",
+                 n, block_size, options_.block_tokens, block_size);
+  if (other_model > 0)
+    spdlog::warn("engine: {} agents' caches were made by another model: each is recomputed from its text on its "
+                 "next turn",
+                 other_model);
   return Status::Ok();
 }
 
