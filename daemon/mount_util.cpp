@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <spawn.h>
@@ -158,6 +159,9 @@ Result<bool> PrepareMountpoint(const std::string& dir_in) {
     return true;
   }
   if (!S_ISDIR(st.st_mode)) return InvalidArgument(dir + " is not a directory");
+  std::error_code ec;
+  if (!std::filesystem::is_empty(dir, ec) && !ec)
+    spdlog::warn("{} is not empty: what it holds is hidden while kvfs is mounted over it", dir);
   return false;
 }
 
