@@ -202,10 +202,14 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
   if (*file == AgentFile::kKvCache) {
     const std::string intent =
         IntendAudit(AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache"});
+    auto cache_of = [&] {
+      Result<AgentInfo> info = engine_.GetAgent(dir.agent->name);
+      return info.ok() ? std::pair{info->context_tokens, info->disk_bytes} : std::pair<int64_t, int64_t>{-1, -1};
+    };
+    const auto cache_before = cache_of();
     Result<store::EraseReport> erased = engine_.EraseCache(dir.agent->name);
     if (!erased.ok()) {
-      Result<AgentInfo> info = engine_.GetAgent(dir.agent->name);
-      SettleFailedErasure(intent, info.ok() && info->context_tokens > 0);
+      SettleFailedErasure(intent, cache_of() == cache_before);  // refused (a turn running, ...): unchanged
       return erased.status();
     }
     const store::EraseReport& report = *erased;
