@@ -365,11 +365,7 @@ TEST_F(EngineQ4kTest, TheSmallestBudgetAcceptedAtStartRunsTurns) {
   auto engine = CreateEngine(Options(accepted));
   ASSERT_TRUE(engine.ok());
   ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
-  AgentSettings s;
-  s.sampling.temperature = 0;
-  s.max_tokens = 8;
-  s.kv = "q4k";
-  ASSERT_TRUE((*engine)->SetSettings("alice", s).ok());
+  Greedy(**engine, "alice", "q4k", 8);
   for (const char* text : {" The dog wagged its tail.", " Lily smiled.", " The end."}) {
     TurnOutcome out = RunTurn(**engine, "alice", text);
     EXPECT_TRUE(out.stats.ok()) << text << ": " << out.stats.status().message();
@@ -377,6 +373,7 @@ TEST_F(EngineQ4kTest, TheSmallestBudgetAcceptedAtStartRunsTurns) {
   // A format whose writable block this budget cannot hold is refused as a setting (config.json:
   // EINVAL), not taken and then failed at every turn.
   ASSERT_GT(KvLayoutFor(model_->hparams(), Format("f16"), block_tokens_).block_bytes(), accepted);
+  AgentSettings s = (*engine)->GetAgent("alice")->settings;
   s.kv = "f16";
   EXPECT_EQ((*engine)->SetSettings("alice", s).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*engine)->GetAgent("alice")->settings.kv, "q4k");

@@ -252,11 +252,7 @@ TEST_F(EngineTest, AControlTokenInsideAReplyLeavesTheNextTurnExtending) {
   auto engine = CreateEngine(Options());
   ASSERT_TRUE(engine.ok());
   ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
-  AgentSettings s;
-  s.sampling.temperature = 0;
-  s.max_tokens = 360;
-  s.kv = "f16";
-  ASSERT_TRUE((*engine)->SetSettings("alice", s).ok());
+  Greedy(**engine, "alice", "f16", 360);
   TurnOutcome first = RunTurn(**engine, "alice", "Once upon a time");
   ASSERT_TRUE(first.stats.ok());
   const store::Manifest m = ReadManifest(Options().store_dir, "alice");

@@ -118,10 +118,10 @@ class EngineTestBase : public ::testing::Test {
   }
 
   // Greedy 20-token replies, KV in `kv` (default: the fixture's format).
-  void Greedy(AgentEngine& e, const std::string& agent, const std::string& kv = "") {
+  void Greedy(AgentEngine& e, const std::string& agent, const std::string& kv = "", int max_tokens = 20) {
     AgentSettings s;
     s.sampling.temperature = 0;
-    s.max_tokens = 20;
+    s.max_tokens = max_tokens;
     s.kv = kv.empty() ? kv_ : kv;
     ASSERT_TRUE(e.SetSettings(agent, s).ok());
   }
