@@ -34,6 +34,14 @@ class Tokenizer {
   virtual std::vector<TokenId> Encode(std::string_view text, bool add_special,
                                       bool parse_special) const = 0;
 
+  // The tokens of `text` continuing a context whose last token is `previous` (kNoToken: none):
+  // no BOS, and SPM's space prefix only where an encoding of the whole context puts one (at its
+  // start and after a special token), so that a context encoded in pieces gives its text.
+  virtual std::vector<TokenId> EncodeContinuation(std::string_view text, TokenId previous, bool parse_special) const {
+    (void)previous;
+    return Encode(text, /*add_special=*/false, parse_special);
+  }
+
   // The bytes a token stands for (SPM: '▁' -> ' ', <0xNN> -> that byte; BPE: the byte-level
   // alphabet mapped back to bytes). Control tokens give "" unless render_special.
   virtual std::string TokenToPiece(TokenId id, bool render_special = false) const = 0;

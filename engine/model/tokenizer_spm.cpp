@@ -48,9 +48,23 @@ class SpmTokenizer final : public VocabTokenizer {
                               bool parse_special) const override {
     std::vector<TokenId> out;
     if (add_special && add_bos_) out.push_back(bos_);
-    // The space prefix goes before the text and after every special token, as in llama.cpp
-    // (SentencePiece adds it at the start of each piece it is given).
-    bool after_special = true;
+    EncodeInto(text, /*after_special=*/true, parse_special, out);
+    if (add_special && add_eos_) out.push_back(eos_);
+    return out;
+  }
+
+  std::vector<TokenId> EncodeContinuation(std::string_view text, TokenId previous, bool parse_special) const override {
+    const bool after_special = previous == kNoToken || token_attr(previous) == TokenAttr::kControl ||
+                               token_attr(previous) == TokenAttr::kUserDefined;
+    std::vector<TokenId> out;
+    EncodeInto(text, after_special, parse_special, out);
+    return out;
+  }
+
+ private:
+  // The space prefix goes before the text and after every special token, as in llama.cpp
+  // (SentencePiece adds it at the start of each piece it is given).
+  void EncodeInto(std::string_view text, bool after_special, bool parse_special, std::vector<TokenId>& out) const {
     for (const Fragment& frag : Partition(text, parse_special)) {
       if (frag.token != kNoToken) {
         out.push_back(frag.token);
@@ -63,8 +77,6 @@ class SpmTokenizer final : public VocabTokenizer {
       EncodeFragment(escaped, out);
       after_special = false;
     }
-    if (add_special && add_eos_) out.push_back(eos_);
-    return out;
   }
 
  protected:

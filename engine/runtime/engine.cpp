@@ -213,6 +213,7 @@ store::Manifest Engine::ManifestOf(const AgentRecord& a) const {
                             {"system", a.system},
                             {"settings", AgentSettingsToJson(a.settings)},
                             {"context_text", a.cached_text},
+                            {"token_ends", TokenEndsToJson(a.token_ends)},
                             {"kv_format_id", KvFormatId(a.format)}};
   return m;
 }
@@ -234,6 +235,7 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   a.format = format.ok() ? *format : KvFormat{};
   a.tokens.clear();
   a.cached_text.clear();
+  a.token_ends.clear();
   a.blocks.clear();
   a.disk_tail.reset();
   a.parked_tail.reset();
@@ -257,6 +259,11 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   if (cached != m.tokens.size()) return;
   a.tokens.assign(m.tokens.begin(), m.tokens.end());
   a.cached_text = c["context_text"].get<std::string>();
+  // Written before the ends were kept (or not fitting): the text as one run, which still
+  // extends, and diverges as before.
+  std::optional<std::vector<uint32_t>> ends =
+      c.contains("token_ends") ? TokenEndsFromJson(c["token_ends"], a.tokens.size(), a.cached_text.size()) : std::nullopt;
+  a.token_ends = ends ? std::move(*ends) : OneRunEnds(a.tokens.size(), a.cached_text.size());
   a.blocks = m.blocks;
   a.disk_tail = m.tail;
   const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);

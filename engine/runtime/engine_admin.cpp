@@ -434,6 +434,7 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       // tokens only (DIVERGE).
       const bool whole = imported.info.n_cached == static_cast<int64_t>(imported.info.tokens.size());
       a->cached_text = whole ? imported.info.context_text : std::string();
+      a->token_ends = whole ? OneRunEnds(a->tokens.size(), a->cached_text.size()) : std::vector<uint32_t>();
       a->updated_ms = Now();
     }
     // Then, on the engine thread: a failed commit puts the agent back at its committed state;

@@ -29,6 +29,7 @@
 #include "engine/kv/block_pool.h"
 #include "engine/kv/sequence_kv.h"
 #include "engine/model/model.h"
+#include "engine/runtime/context_text.h"
 #include "engine/runtime/engine.h"
 #include "engine/store/cache_store.h"
 #include "engine/store/fs.h"
@@ -70,7 +71,9 @@ struct AgentRecord {
   // The cache: engine thread only.
   KvFormat format;
   std::vector<TokenId> tokens;   // context tokens, all with K/V (the cache never lags here)
-  std::string cached_text;       // the rendered context that `tokens` encode
+  std::string cached_text;       // the rendered context that `tokens` encode (up to a byte
+                                 // that is no UTF-8, which only a generated token makes)
+  std::vector<uint32_t> token_ends;  // per token: the end of its text in cached_text (context_text.h)
   std::vector<BlockHash> blocks; // names of the cache's full blocks, in order
   std::optional<BlockHash> parked_tail;      // key of the partial tail cached in the pool
   std::optional<store::TailRef> disk_tail;   // the committed tail on disk
@@ -87,6 +90,8 @@ struct ActiveTurn {
   TurnRequest request;
   std::unique_ptr<SequenceKv> seq;
   std::vector<TokenId> context;      // every token of the turn's context (prompt, then fed replies)
+  std::vector<uint32_t> context_ends;  // per token of context: its text's end in rendered_prompt +
+                                       // fed_text (context_text.h)
   size_t prefill_at = 0;             // next context token to run
   size_t prefill_waited = 0;         // prefill steps in a row it was passed over (PlanPrefill)
   std::string rendered_prompt;

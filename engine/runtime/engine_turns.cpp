@@ -188,27 +188,12 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
     a.format = format;
   }
   const Tokenizer& tok = model_->tokenizer();
-  std::vector<TokenId> tokens;
-  if (a.tokens.empty()) {
-    turn.stats.match = "new";
-    tokens = tok.Encode(turn.rendered_prompt, /*add_special=*/true, /*parse_special=*/true);
-  } else if (a.cached_text.empty()) {
-    // The text behind the tokens is unknown (an imported cache): match on tokens only.
-    turn.stats.match = "diverge";
-    tokens = tok.Encode(turn.rendered_prompt, true, true);
-  } else if (turn.rendered_prompt == a.cached_text) {
-    turn.stats.match = "exact";
-    tokens = a.tokens;
-  } else if (turn.rendered_prompt.compare(0, a.cached_text.size(), a.cached_text) == 0) {
-    turn.stats.match = "extend";
-    tokens = a.tokens;
-    const std::vector<TokenId> more =
-        tok.Encode(std::string_view(turn.rendered_prompt).substr(a.cached_text.size()), false, true);
-    tokens.insert(tokens.end(), more.begin(), more.end());
-  } else {
-    turn.stats.match = "diverge";
-    tokens = tok.Encode(turn.rendered_prompt, true, true);
-  }
+  // By characters against the text behind the cache (context_text.h): only what changed is
+  // encoded and computed again.
+  ContextMatch matched = MatchContext(tok, turn.rendered_prompt, a.tokens, a.cached_text, a.token_ends);
+  turn.stats.match = matched.match;
+  std::vector<TokenId> tokens = std::move(matched.tokens);
+  turn.context_ends = std::move(matched.ends);
   if (tokens.empty()) return InvalidArgument("the prompt encodes to no tokens");
   if (static_cast<int64_t>(tokens.size()) + 1 > n_ctx_) {
     // Say what the user can do: a conversation that no longer fits is the agent's whole memory,
@@ -469,6 +454,7 @@ void Engine::Step() {
         // As the reply shows it (a control token, e.g. a <s> inside a reply, adds no text): the
         // next turn renders the reply, and must find this text to extend the cache.
         t.fed_text += model_->tokenizer().TokenToPiece(t.pending, /*render_special=*/false);
+        t.context_ends.push_back(static_cast<uint32_t>(t.rendered_prompt.size() + t.fed_text.size()));
         t.pending = kNoToken;
       }
       OnLogits(t, row);
@@ -570,11 +556,16 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     a.conversation.push_back(ConversationTurn{"assistant", turn.reply, turn.request.tag});
     a.tokens = turn.context;
     a.cached_text = turn.rendered_prompt + turn.fed_text;
+    a.token_ends = turn.context_ends;
     // Byte tokens can leave the fed text invalid UTF-8 (a character cut by max_tokens, bytes
-    // that form none). The reply shows U+FFFD there, so the next turn's rendering never extends
-    // this text, and the manifest (JSON) cannot hold it: keep it unknown, as for an imported
-    // cache, which matches the next turn on tokens (the common prefix is still reused).
-    if (!store::ValidUtf8(a.cached_text)) a.cached_text.clear();
+    // that form none). The reply shows U+FFFD there, and the manifest (JSON) cannot hold such
+    // bytes: the text stops before them and the tokens from there on have no known text, so
+    // the next turn keeps the cache up to them.
+    if (const size_t valid = store::ValidUtf8Prefix(a.cached_text); valid < a.cached_text.size()) {
+      a.cached_text.resize(valid);
+      for (uint32_t& end : a.token_ends)
+        if (end > valid) end = kNoTextEnd;
+    }
     a.updated_ms = Now();
     counters_.tokens_reused += static_cast<uint64_t>(stats.reused_tokens);
     counters_.tokens_computed += static_cast<uint64_t>(stats.prefilled_tokens + std::max<int64_t>(0, stats.generated_tokens - 1));
@@ -667,6 +658,7 @@ void Engine::ReleaseCache(AgentRecord& a) {
   std::lock_guard lock(mu_);
   a.tokens.clear();
   a.cached_text.clear();
+  a.token_ends.clear();
   a.blocks.clear();
   a.parked_tail.reset();
   a.disk_tail.reset();

@@ -25,7 +25,9 @@ constexpr std::array<std::string_view, 15> kFields = {
 
 }  // namespace
 
-bool ValidUtf8(std::string_view s) {
+bool ValidUtf8(std::string_view s) { return ValidUtf8Prefix(s) == s.size(); }
+
+size_t ValidUtf8Prefix(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
     const auto c = static_cast<uint8_t>(s[i]);
@@ -35,18 +37,18 @@ bool ValidUtf8(std::string_view s) {
     if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
     else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
     else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-    else return false;
-    if (i + len > s.size()) return false;
+    else return i;
+    if (i + len > s.size()) return i;
     for (size_t k = 1; k < len; ++k) {
       const auto cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
+      if ((cc & 0xC0) != 0x80) return i;
       cp = (cp << 6) | (cc & 0x3F);
     }
     static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
     i += len;
   }
-  return true;
+  return i;
 }
 
 namespace {

@@ -70,6 +70,8 @@ struct Manifest {
 bool IsValidAgentName(std::string_view name);
 // Well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
 bool ValidUtf8(std::string_view s);
+// Bytes of the longest prefix of `s` that is well-formed UTF-8.
+size_t ValidUtf8Prefix(std::string_view s);
 // True when every character is a lowercase hex digit.
 bool IsLowerHex(std::string_view s);
 // True for exactly 32 lowercase hex digits.

@@ -212,59 +212,6 @@ TEST_F(EngineTest, SystemChangeDivergesAndMatchesUncachedRun) {
   EXPECT_EQ((*engine)->Stats().block_misses, 0u);
 }
 
-// As a prompt's, a system prompt's one trailing newline (what `echo > system` writes) is not part
-// of the message: the model sees the same context with and without it, and the file keeps it.
-TEST_F(EngineTest, OneTrailingNewlineOfTheSystemPromptIsNotPartOfIt) {
-  auto engine = CreateEngine(Options());
-  ASSERT_TRUE(engine.ok());
-  std::map<std::string, std::string> replies;
-  std::map<std::string, int64_t> tokens;
-  for (const auto& [name, system] : std::map<std::string, std::string>{
-           {"plain", "Tom had a red car."}, {"echoed", "Tom had a red car.\n"}, {"none", ""}, {"newline", "\n"}}) {
-    ASSERT_TRUE((*engine)->CreateAgent(name, 0).ok());
-    Greedy(**engine, name);
-    if (!system.empty()) {
-      ASSERT_TRUE((*engine)->SetSystem(name, system).ok());
-    }
-    TurnOutcome out = RunTurn(**engine, name, kTurns[0]);
-    ASSERT_TRUE(out.stats.ok()) << name;
-    replies[name] = out.reply;
-    tokens[name] = (*engine)->GetAgent(name)->context_tokens;
-  }
-  EXPECT_EQ(replies["echoed"], replies["plain"]);
-  EXPECT_EQ(tokens["echoed"], tokens["plain"]);
-  EXPECT_EQ(replies["newline"], replies["none"]);
-  EXPECT_EQ(tokens["newline"], tokens["none"]);
-  EXPECT_GT(tokens["plain"], tokens["none"]);  // the system text itself is in the context
-  EXPECT_EQ((*engine)->GetAgent("echoed")->system, "Tom had a red car.\n");
-  // Adding the newline changes nothing the model sees: the next turn extends the cache.
-  ASSERT_TRUE((*engine)->SetSystem("plain", "Tom had a red car.\n").ok());
-  TurnOutcome next = RunTurn(**engine, "plain", kTurns[1]);
-  ASSERT_TRUE(next.stats.ok());
-  EXPECT_EQ(next.stats->match, "extend");
-}
-
-// A control token generated inside a reply (stories260K, greedy, emits <s> between two stories)
-// is in the cache but not in the reply's text, which is what the next turn renders: the text
-// kept behind the cache must be the reply's too, so that the next turn still extends the whole
-// cache instead of diverging at that token.
-TEST_F(EngineTest, AControlTokenInsideAReplyLeavesTheNextTurnExtending) {
-  auto engine = CreateEngine(Options());
-  ASSERT_TRUE(engine.ok());
-  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
-  Greedy(**engine, "alice", "f16", 360);
-  TurnOutcome first = RunTurn(**engine, "alice", "Once upon a time");
-  ASSERT_TRUE(first.stats.ok());
-  const store::Manifest m = ReadManifest(Options().store_dir, "alice");
-  const TokenId bos = model_->tokenizer().bos();
-  ASSERT_GT(std::count(m.tokens.begin() + 1, m.tokens.end(), bos), 0) << "the reply holds no <s>: pick another prompt";
-  EXPECT_EQ(first.reply.find("<s>"), std::string::npos);
-  TurnOutcome next = RunTurn(**engine, "alice", " The end.");
-  ASSERT_TRUE(next.stats.ok());
-  EXPECT_EQ(next.stats->match, "extend");
-  EXPECT_EQ(next.stats->reused_tokens, static_cast<int64_t>(m.tokens.size()));
-}
-
 // A block that fails its checksum is dropped and the cache is recomputed from there.
 TEST_F(EngineTest, CorruptBlockIsRebuiltFromText) {
   {
