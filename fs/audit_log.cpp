@@ -6,10 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <dirent.h>
 #include <fcntl.h>
-#include <fstream>
-#include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -69,39 +66,31 @@ Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
 }
 
 Status AuditLog::LoadIntents() {
-  if (::mkdir(intents_dir_.c_str(), 0700) != 0 && errno != EEXIST)
-    return ErrnoStatus("cannot create the audit log's intents directory " + intents_dir_);
-  DIR* dir = ::opendir(intents_dir_.c_str());
-  if (dir == nullptr) return ErrnoStatus("cannot list " + intents_dir_);
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(dir)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(dir);
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
-    const std::string path = intents_dir_ + "/" + name;
+  KVFS_RETURN_IF_ERROR(fs_.MakeDir(intents_dir_));
+  KVFS_ASSIGN_OR_RETURN(std::vector<store::DirEntry> entries, fs_.ListDir(intents_dir_));
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (const store::DirEntry& e : entries) {
+    const std::string path = intents_dir_ + "/" + e.name;
     std::optional<AuditIntent> intent;
-    if (name.ends_with(".json")) {
-      std::ifstream in(path);
-      std::stringstream text;
-      text << in.rdbuf();
-      const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    if (!e.is_dir && e.name.ends_with(".json")) {
+      Result<std::vector<uint8_t>> bytes = fs_.ReadFile(path);
+      const nlohmann::json j =
+          bytes.ok() ? nlohmann::json::parse(bytes->begin(), bytes->end(), nullptr, /*allow_exceptions=*/false)
+                     : nlohmann::json();
       if (j.is_object() && j.value("agent", nlohmann::json()).is_string() && j.value("action", nlohmann::json()).is_string() &&
           j.value("uid", nlohmann::json()).is_number_unsigned()) {
         AuditEvent event;
         event.agent = j["agent"].get<std::string>();
         event.action = j["action"].get<std::string>();
         event.uid = j["uid"].get<uint32_t>();
-        intent = AuditIntent{name.substr(0, name.size() - 5), std::move(event)};
+        intent = AuditIntent{e.name.substr(0, e.name.size() - 5), std::move(event)};
       }
     }
     if (intent) {
       left_intents_.push_back(std::move(*intent));
-    } else {  // a temporary file, or one a crash cut short: no erasure had started
+    } else if (!e.is_dir) {  // a temporary file, or one a crash cut short: no erasure had started
       spdlog::warn("audit log: dropping {}, which is no complete intent", path);
-      ::unlink(path.c_str());
+      (void)fs_.Unlink(path);
     }
   }
   return Status::Ok();
@@ -117,31 +106,11 @@ Result<std::string> AuditLog::Intend(const AuditEvent& event) {
     memory_intents_[id] = event;
     return id;
   }
-  // Written in full before its name appears: a crash leaves a whole intent or a temporary file.
-  const std::string text = FormatAuditLine(event), tmp = intents_dir_ + "/" + id + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus("cannot write an audit intent");
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    done += static_cast<size_t>(n);
-  }
-  Status written = done == text.size() && ::fsync(fd) == 0 ? Status::Ok() : ErrnoStatus("cannot write an audit intent");
-  ::close(fd);
-  if (written.ok() && ::rename(tmp.c_str(), (intents_dir_ + "/" + id + ".json").c_str()) != 0)
-    written = ErrnoStatus("cannot publish an audit intent");
-  if (written.ok()) {
-    const int dir = ::open(intents_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir < 0 || ::fsync(dir) != 0) written = ErrnoStatus("cannot sync the audit intents");
-    if (dir >= 0) ::close(dir);
-  }
-  if (!written.ok()) {
-    ::unlink(tmp.c_str());
-    ::unlink((intents_dir_ + "/" + id + ".json").c_str());
-    return written;
-  }
+  // Written whole and synced before its name appears: a crash leaves a whole intent or a
+  // temporary file.
+  const std::string text = FormatAuditLine(event);
+  KVFS_RETURN_IF_ERROR(store::WriteFileAtomic(
+      fs_, intents_dir_, id + ".json", std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size())));
   return id;
 }
 
@@ -181,13 +150,7 @@ void AuditLog::Drop(const std::string& intent_id) {
     return;
   }
   // Durably gone, or a restart would log the erasure a second time.
-  if (::unlink((intents_dir_ + "/" + intent_id + ".json").c_str()) == 0) {
-    const int dir = ::open(intents_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-      (void)::fsync(dir);
-      ::close(dir);
-    }
-  }
+  if (fs_.Unlink(intents_dir_ + "/" + intent_id + ".json").ok()) (void)fs_.SyncDir(intents_dir_);
 }
 
 AuditLog::~AuditLog() {

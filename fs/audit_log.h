@@ -16,6 +16,7 @@
 
 #include "engine/core/status.h"
 #include "engine/store/cache_store.h"
+#include "engine/store/fs.h"
 
 namespace kvfs::fs {
 
@@ -73,6 +74,7 @@ class AuditLog {
   std::string memory_;
   uint64_t size_ = 0;
   std::string intents_dir_;                        // empty: in memory
+  store::PosixFileSystem fs_;                      // for the intents
   std::map<std::string, AuditEvent> memory_intents_;
   uint64_t next_intent_ = 0;
   std::vector<AuditIntent> left_intents_;          // found at Open
