@@ -81,17 +81,9 @@ Status Engine::Init() {
   pool_ = std::make_unique<BlockPool>(options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget());
   counters_.memory_budget_bytes = options_.kv_budget_bytes > 0 ? options_.kv_budget_bytes : DefaultBudget();
   KVFS_RETURN_IF_ERROR(MakeBackend());
-  // After the backend: whether it runs the default format is part of the check.
-  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
-  // A budget below the block a turn writes into (a q4k one also stages its open chunk's keys)
-  // could hold no turn: every turn would fail.
-  const int64_t block_bytes = (KvLayoutFor(hp, format, options_.block_tokens).tail_block_bytes() + 63) / 64 * 64;
-  if (counters_.memory_budget_bytes < block_bytes) {
-    return InvalidArgument(fmt::format("a KV budget of {} bytes holds no turn: the block of {} tokens a turn writes "
-                                       "into takes {} bytes in the default format {}",
-                                       counters_.memory_budget_bytes, options_.block_tokens, block_bytes,
-                                       DefaultSettings().kv));
-  }
+  // After the backend: whether it runs the default format is part of the check, and so is
+  // whether the budget holds a turn in it.
+  KVFS_RETURN_IF_ERROR(CheckSettings(DefaultSettings()));
   if (!options_.store_dir.empty()) {
     if (options_.file_system == nullptr) owned_fs_ = std::make_unique<store::PosixFileSystem>();
     store::FileSystem& fs = options_.file_system != nullptr ? *options_.file_system : *owned_fs_;
@@ -594,12 +586,13 @@ Status Engine::SetSystem(const std::string& name, std::string text) {
 
 Status Engine::CheckSettings(const AgentSettings& settings) {
   KVFS_ASSIGN_OR_RETURN(const KvFormat format, FormatFor(settings));
-  // A format whose writable block the whole KV budget cannot hold would fail every turn.
+  // A budget below the block a turn writes into (a q4k one also stages its open chunk's keys;
+  // the pool allocates whole 64-byte lines) would fail every turn in this format.
   const int64_t block_bytes = (KvLayoutFor(model_->hparams(), format, options_.block_tokens).tail_block_bytes() + 63) / 64 * 64;
   if (counters_.memory_budget_bytes > 0 && block_bytes > counters_.memory_budget_bytes) {
-    return InvalidArgument(fmt::format("kv \"{}\" needs {} bytes of KV memory for the block a turn writes into, more "
-                                       "than the whole KV budget of {} bytes (kvfsd --kv-budget)",
-                                       settings.kv, block_bytes, counters_.memory_budget_bytes));
+    return InvalidArgument(fmt::format("a KV budget of {} bytes holds no turn in kv \"{}\": the block of {} tokens a "
+                                       "turn writes into takes {} bytes (kvfsd --kv-budget)",
+                                       counters_.memory_budget_bytes, settings.kv, options_.block_tokens, block_bytes));
   }
   return Status::Ok();
 }

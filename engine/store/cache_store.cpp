@@ -441,12 +441,12 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   needed += 2 * (64 * manifest.tokens.size() + 4096);
   for (const auto& t : manifest.conversation) needed += 2 * (2 * t.text.size() + t.role.size());
   if (auto free = fs_.FreeBytes(dir_); free.ok() && *free < needed) {
-    if (!manifest.blocks.empty() || manifest.tail || !prev || keep_tail)  // (keep_tail: an edit)
-      return Status(StatusCode::kNoSpace, fmt::format("saving {} of {} needs about {} bytes (its manifest{}), {} are "
-                                                      "free in {}",
-                                                      keep_tail || (new_blocks.empty() && !tail) ? "an edit" : "a turn", agent,
-                                                      needed, new_blocks.empty() && !tail ? "" : " and new KV blocks",
-                                                      *free, dir_));
+    if (!manifest.blocks.empty() || manifest.tail || !prev || keep_tail) {  // (keep_tail: an edit)
+      const bool edit = keep_tail || (new_blocks.empty() && !tail);  // a manifest and no KV data
+      return Status(StatusCode::kNoSpace,
+                    fmt::format("saving {} of {} needs about {} bytes, {} are free in {}",
+                                edit ? "an edit" : "a turn", agent, needed, *free, dir_));
+    }
     // The erasure of a cache (rm kv.safetensors, which rm -r does first) on a full disk: its
     // files go before the manifest that no longer names them, to make room for it, and the
     // writes below say whether it fits. A crash or failure from here on leaves the old manifest
