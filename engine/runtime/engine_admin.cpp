@@ -20,9 +20,7 @@ using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
 
-namespace {
-constexpr std::string_view kPrefixDomain = "prefix";
-}  // namespace
+using engine_internal::kPrefixDomain;
 
 // Cancels the agent's running and queued turns (engine thread). Their on_done get `why`.
 static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, AgentRecord& a,

@@ -39,6 +39,11 @@ namespace kvfs::engine_internal {
 
 using Clock = std::chrono::steady_clock;
 
+// Sharing domains of block names: agents of one uid share blocks among themselves; .prefixes/
+// blocks are shared by everyone.
+inline std::string DomainOf(uint32_t uid) { return "uid:" + std::to_string(uid); }
+inline constexpr std::string_view kPrefixDomain = "prefix";
+
 struct AgentRecord {
   // Guarded by Engine::mu_.
   std::string name;

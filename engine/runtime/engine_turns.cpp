@@ -1,7 +1,6 @@
-// The engine thread: turn scheduling (batched forward passes), resume matching, cache
-// assembly from the pool and the disk, and handing finished turns to the store thread.
+// The engine thread: turn scheduling (batched forward passes), resume matching, and handing
+// finished turns to the store thread. An agent's cache (assembly, loading, keys): engine_cache.cpp.
 #include <algorithm>
-#include <cstring>
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -16,6 +15,7 @@ namespace kvfs {
 using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
+using engine_internal::DomainOf;
 using engine_internal::PlanPrefill;
 using engine_internal::PrefillWant;
 
@@ -24,11 +24,6 @@ namespace {
 double MsSince(engine_internal::Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(engine_internal::Clock::now() - t0).count();
 }
-
-// Sharing domains: agents of one uid share blocks among themselves; .prefixes/ blocks are
-// shared by everyone.
-std::string DomainOf(uint32_t uid) { return "uid:" + std::to_string(uid); }
-constexpr std::string_view kPrefixDomain = "prefix";
 
 // Prefill chunk: long prompts run in pieces so that generating agents keep decoding between
 // them (SharedPrefillChunk sizes them while others decode).
@@ -243,112 +238,6 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   turn.stop = std::make_unique<StopChecker>(eog, s.max_tokens, stops);
   turn.decoder = std::make_unique<StreamDecoder>(tok);
   return Status::Ok();
-}
-
-PoolBlock* Engine::LoadBlock(const BlockHash& hash, const KvLayout& layout) {
-  if (!store_ || !store_->HasBlock(hash)) return nullptr;
-  auto b = pool_->Allocate(layout.block_bytes());
-  if (!b.ok()) return nullptr;
-  kvfs::Status read = store_->ReadBlockInto(hash, std::span<uint8_t>((*b)->data, static_cast<size_t>(layout.block_bytes())));
-  if (!read.ok()) {
-    spdlog::warn("engine: block {} could not be loaded ({}); recomputing from there", store::ToHex(hash), read.message());
-    pool_->Release(*b);
-    return nullptr;
-  }
-  PoolBlock* named = pool_->Name(*b, hash);
-  pool_->MarkPersisted(hash);
-  std::lock_guard lock(mu_);
-  counters_.reload_bytes += static_cast<uint64_t>(layout.block_bytes());
-  return named;
-}
-
-int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& tokens, int64_t keep) {
-  AgentRecord& a = *turn.agent;
-  const int64_t B = options_.block_tokens;
-  const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, B);
-  NoteKeys(a);  // the blocks and tail it names now may be superseded below
-  turn.seq = std::make_unique<SequenceKv>(layout, n_ctx_, *pool_);
-  SequenceKv& seq = *turn.seq;
-  std::vector<BlockHash> chain;
-  int64_t have = 0;
-  uint64_t hits = 0;
-  std::optional<store::TailRef> disk_tail;  // written by the store thread
-  {
-    std::lock_guard lock(mu_);
-    disk_tail = a.disk_tail;
-  }
-  auto acquire = [&](const BlockHash& h) -> PoolBlock* {
-    PoolBlock* b = pool_->Acquire(h);
-    if (b != nullptr) ++hits;
-    return b != nullptr ? b : LoadBlock(h, layout);
-  };
-  // The agent's own full blocks up to the common prefix.
-  for (size_t i = 0; i < a.blocks.size() && have + B <= keep; ++i) {
-    PoolBlock* b = acquire(a.blocks[i]);
-    if (b == nullptr) break;
-    seq.SetBlock(static_cast<int64_t>(i), b);
-    chain.push_back(a.blocks[i]);
-    have += B;
-  }
-  // The block holding the end of the common prefix: one of the agent's full blocks, or its tail.
-  // Only when the loop above stopped there: when it stopped at a block it could not get (no
-  // memory for it at that moment, a failed read), the reuse ends before that block. Taking the
-  // block now would leave the positions after it claimed but unwritten, and the full block
-  // outside the chain, unnamed to the commit (which found it named and aborted).
-  if (have == static_cast<int64_t>(chain.size()) * B && have < keep && keep < have + B) {
-    PoolBlock* b = nullptr;
-    if (chain.size() < a.blocks.size()) {
-      b = acquire(a.blocks[chain.size()]);
-    } else if (a.parked_tail) {
-      b = pool_->TakeWritable(*a.parked_tail);
-      if (b != nullptr) ++hits;
-    }
-    if (b == nullptr && chain.size() == a.blocks.size() && disk_tail && store_) {
-      auto tail = store_->ReadTail(a.name, *disk_tail);
-      if (tail.ok()) {
-        auto fresh = pool_->Allocate(layout.tail_block_bytes());
-        if (fresh.ok() && ExpandTail(layout, *tail, disk_tail->n_tokens, (*fresh)->data)) {
-          b = *fresh;
-          std::lock_guard lock(mu_);
-          counters_.reload_bytes += tail->size();
-        } else if (fresh.ok()) {
-          pool_->Release(*fresh);
-        }
-      }
-    }
-    if (b != nullptr) {
-      seq.SetBlock(static_cast<int64_t>(chain.size()), b);
-      have = keep;
-    }
-  }
-  // Past the agent's own cache: blocks another agent of the same uid, or a shared prefix, has
-  // already computed for the same tokens.
-  if (have == static_cast<int64_t>(chain.size()) * B) {
-    const int64_t last = static_cast<int64_t>(tokens.size()) - 1;
-    while (have + B <= last) {
-      const std::span<const TokenId> span(tokens.data() + have, static_cast<size_t>(B));
-      const BlockHash parent = chain.empty() ? BlockHash{} : chain.back();
-      PoolBlock* b = nullptr;
-      BlockHash h;
-      for (std::string_view domain : {std::string_view(turn.domain), kPrefixDomain}) {
-        h = ChainHash(parent, span, fingerprint_, a.format, domain);
-        // A removed prefix's blocks live on in the agents that used it, but are no longer
-        // shared: across uids only a prefix in .prefixes/ now is.
-        if (domain == kPrefixDomain && !PinnedByPrefix(h)) continue;
-        if ((b = acquire(h)) != nullptr) break;
-      }
-      if (b == nullptr) break;
-      seq.SetBlock(static_cast<int64_t>(chain.size()), b);
-      chain.push_back(h);
-      have += B;
-    }
-  }
-  seq.SetTokens(have);
-  std::lock_guard lock(mu_);
-  a.blocks = std::move(chain);
-  a.parked_tail.reset();
-  a.hits += hits;
-  return have;
 }
 
 void Engine::Step() {
@@ -651,151 +540,6 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(con
     return;
   }
   Enqueue(std::move(job));
-}
-
-void Engine::ReleaseCache(AgentRecord& a) {
-  NoteKeys(a);
-  std::lock_guard lock(mu_);
-  a.tokens.clear();
-  a.cached_text.clear();
-  a.token_ends.clear();
-  a.blocks.clear();
-  a.parked_tail.reset();
-  a.disk_tail.reset();
-}
-
-void Engine::NoteKeys(AgentRecord& a) const {
-  for (const BlockHash& h : AgentBlockKeys(a)) a.pool_keys.insert(h);
-}
-
-void Engine::DropStaleKeys(AgentRecord& a) {
-  const std::vector<BlockHash> current = AgentBlockKeys(a);
-  const std::set<BlockHash> keep(current.begin(), current.end());
-  // Superseded keys still in the pool (a tail resumed by the next turn has left it already).
-  std::vector<BlockHash> stale;
-  for (auto it = a.pool_keys.begin(); it != a.pool_keys.end();) {
-    if (keep.count(*it)) {
-      ++it;
-    } else if (!pool_->Contains(*it)) {
-      it = a.pool_keys.erase(it);
-    } else {
-      stale.push_back(*it);
-      ++it;
-    }
-  }
-  if (stale.empty()) return;  // the usual turn, which extends the cache
-  {
-    std::lock_guard lock(mu_);
-    auto it = agents_.find(a.name);
-    if (it == agents_.end() || it->second.get() != &a) return;  // erased: the erasure dropped them
-  }
-  const std::set<BlockHash> others = NamedBlocks(&a, /*with_prefixes=*/true);
-  // Named by someone else: theirs now. In use (an export, another agent's turn that found it by
-  // hash): tried again after the next commit.
-  for (const BlockHash& h : stale)
-    if (others.count(h) || !pool_->Contains(h) || pool_->Drop(h)) a.pool_keys.erase(h);
-}
-
-void Engine::RollBackToCommitted(AgentRecord& a) {
-  ReleaseCache(a);
-  auto m = store_->ReadManifest(a.name);
-  {
-    std::lock_guard lock(mu_);
-    if (m.ok()) ApplyManifest(a, *m);
-  }
-  DropStaleKeys(a);
-}
-
-std::vector<BlockHash> Engine::AgentBlockKeys(const AgentRecord& a) const {
-  std::vector<BlockHash> keys = a.blocks;
-  if (a.parked_tail) keys.push_back(*a.parked_tail);
-  // A tail a pending load is bringing in is named with the newest generation.
-  if (a.tail_generation > 0) keys.push_back(TailKey(a.name, a.tail_generation));
-  return keys;
-}
-
-bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
-  if (!store_) return false;
-  LoadJob job;
-  job.agent = a.name;
-  job.layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
-  for (const BlockHash& h : a.blocks)
-    if (!pool_->Contains(h)) job.blocks.push_back(h);
-  const bool tail_resident = a.parked_tail && pool_->Contains(*a.parked_tail);
-  {
-    std::lock_guard lock(mu_);
-    if (a.disk_tail && !tail_resident) job.disk_tail = a.disk_tail;
-  }
-  if (job.blocks.empty() && !job.disk_tail) return false;
-  {
-    std::lock_guard lock(mu_);
-    a.loading = true;
-    job.tail_key = TailKey(a.name, ++a.tail_generation);
-  }
-  NoteKeys(a);
-  // Back on the engine thread: adopt the loaded tail, then let the caller go on.
-  job.done = [this, &a, on_loaded = std::move(on_loaded)](std::optional<BlockHash> tail) {
-    Post([this, &a, tail, on_loaded] {
-      {
-        std::lock_guard l(mu_);
-        a.loading = false;
-        if (tail) a.parked_tail = tail;
-      }
-      on_loaded();
-    });
-  };
-  {
-    std::lock_guard lock(load_mu_);
-    load_queue_.push_back(std::move(job));
-  }
-  load_cv_.notify_all();
-  return true;
-}
-
-void Engine::LoaderLoop() {
-  for (;;) {
-    LoadJob job;
-    {
-      std::unique_lock lock(load_mu_);
-      load_cv_.wait(lock, [&] { return load_stopping_ || !load_queue_.empty(); });
-      if (load_queue_.empty()) return;
-      job = std::move(load_queue_.front());
-      load_queue_.pop_front();
-    }
-    for (const BlockHash& h : job.blocks) {
-      PoolBlock* b = pool_->Contains(h) ? nullptr : LoadBlock(h, job.layout);
-      if (b != nullptr) pool_->Release(b);  // stays cached, idle, until the turn acquires it
-    }
-    std::optional<BlockHash> tail_key;
-    if (job.disk_tail) {
-      auto tail = store_->ReadTail(job.agent, *job.disk_tail);
-      if (tail.ok()) {
-        auto b = pool_->Allocate(job.layout.tail_block_bytes());
-        if (b.ok() && ExpandTail(job.layout, *tail, job.disk_tail->n_tokens, (*b)->data)) {
-          pool_->Release(pool_->Name(*b, job.tail_key));
-          pool_->MarkPersisted(job.tail_key);
-          tail_key = job.tail_key;
-          std::lock_guard lock(mu_);
-          counters_.reload_bytes += tail->size();
-        } else if (b.ok()) {
-          pool_->Release(*b);
-        }
-      }
-    }
-    if (job.done) job.done(tail_key);
-  }
-}
-
-void Engine::DrainLoader() {
-  std::promise<void> drained;
-  LoadJob barrier;
-  barrier.done = [&drained](std::optional<BlockHash>) { drained.set_value(); };
-  {
-    std::lock_guard lock(load_mu_);
-    load_queue_.push_back(std::move(barrier));
-  }
-  load_cv_.notify_all();
-  drained.get_future().wait();
 }
 
 }  // namespace kvfs
