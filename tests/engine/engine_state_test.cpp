@@ -26,6 +26,13 @@ using testing::TurnOutcome;
 
 using EngineStateTest = testing::EngineTestBase;
 
+// Options with the store on a model disk that fails on demand.
+EngineOptions OnDisk(EngineOptions o, FaultInjectingFileSystem& disk) {
+  o.store_dir = "/s";
+  o.file_system = &disk;
+  return o;
+}
+
 const char* kStory = "Once upon a time, there was a little girl named Lily. She liked to play outside.";
 
 // An agent whose second turn diverged from its first (a system change between them): the
@@ -71,9 +78,7 @@ TEST_F(EngineStateTest, CacheErasureLeavesNoSupersededBlocksInMemory) {
 // it was before that turn. Once space is back, the next turn commits and extends the first.
 TEST_F(EngineStateTest, FailedCommitGivesItsBlocksBack) {
   FaultInjectingFileSystem disk;
-  EngineOptions o = Options();
-  o.store_dir = "/s";
-  o.file_system = &disk;
+  EngineOptions o = OnDisk(Options(), disk);
   auto engine = CreateEngine(o);
   ASSERT_TRUE(engine.ok()) << engine.status().message();
   ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
@@ -103,9 +108,7 @@ TEST_F(EngineStateTest, FailedCommitGivesItsBlocksBack) {
 // turn rebuilds the cache.
 TEST_F(EngineStateTest, CacheErasureOnAFullDiskMakesRoomFirst) {
   FaultInjectingFileSystem disk;
-  EngineOptions o = Options();
-  o.store_dir = "/s";
-  o.file_system = &disk;
+  EngineOptions o = OnDisk(Options(), disk);
   auto cache_files = [&] {
     std::vector<std::string> files;
     for (const std::string& f : disk.ListFilesRecursive("/s"))
@@ -148,9 +151,7 @@ TEST_F(EngineStateTest, CacheErasureOnAFullDiskMakesRoomFirst) {
 // succeeds once there is space.
 TEST_F(EngineStateTest, EditsThatCannotBeStoredAreNotMade) {
   FaultInjectingFileSystem disk;
-  EngineOptions o = Options();
-  o.store_dir = "/s";
-  o.file_system = &disk;
+  EngineOptions o = OnDisk(Options(), disk);
   auto system_of = [](AgentEngine& e) {
     auto turns = e.Conversation("alice");
     return turns.ok() && !turns->empty() && turns->front().role == "system" ? turns->front().text : std::string();
@@ -329,9 +330,7 @@ TEST_F(EngineStateTest, ACachedBlockThatCannotBeReadWhenATurnStartsEndsTheReuseT
   for (int flaky = 0; flaky < 2; ++flaky) {
     SCOPED_TRACE(flaky ? "a flaky block" : "a sound disk");
     FaultInjectingFileSystem disk;
-    EngineOptions o = Options();
-    o.store_dir = "/s";
-    o.file_system = &disk;
+    EngineOptions o = OnDisk(Options(), disk);
     {
       auto engine = CreateEngine(o);
       ASSERT_TRUE(engine.ok()) << engine.status().message();
