@@ -3,8 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/model/model.h"
-#include "tests/test_support.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace kvfs {
 namespace {
@@ -44,17 +43,10 @@ TEST(ContextText, EndsSurviveTheirJsonAndBadOnesAreRefused) {
   EXPECT_EQ(TokenEndsFromJson(nlohmann::json::parse("[3,7]"), 2, 10), (std::vector<uint32_t>{3, 10}));
 }
 
-class ContextMatchTest : public ::testing::Test {
+// The engine tests' fixture: stories260K's tokenizer (an SPM vocabulary with a space prefix).
+class ContextMatchTest : public testing::EngineTestBase {
  protected:
-  void SetUp() override {
-    const std::string path = testing::SharedDir() + "/models/stories260K.gguf";
-    KVFS_REQUIRE_DATA(path);
-    auto model = Model::Load(path);
-    ASSERT_TRUE(model.ok()) << model.status().message();
-    model_ = std::move(*model);
-  }
   const Tokenizer& tok() const { return model_->tokenizer(); }
-  std::unique_ptr<Model> model_;
 };
 
 // A cache made as a turn makes it: the prompt encoded as one run, then generated tokens with
