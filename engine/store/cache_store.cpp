@@ -219,17 +219,23 @@ Status CacheStore::ScanBlocks() {
       continue;
     }
     KVFS_ASSIGN_OR_RETURN(std::vector<DirEntry> files, fs_.ListDir(path));
+    size_t shredded = 0;
     for (const DirEntry& f : files) {
       const std::string fpath = JoinPath(path, f.name);
       if (f.is_symlink) {  // a link in place of a block: the block is missing (recomputed)
         open_report_.unknown_files.push_back(fpath);
       } else if (!f.is_dir && f.name.ends_with(kTempSuffix)) {
         KVFS_RETURN_IF_ERROR(ShredFile(fpath, &open_report_.bytes_removed, &open_report_.temp_files_removed));
+        ++shredded;
       } else if (auto hash = ParseBlockFileName(e.name, f.name); hash && !f.is_dir) {
         KVFS_ASSIGN_OR_RETURN(present_[*hash], fs_.FileSize(fpath));
       } else {
         open_report_.unknown_files.push_back(fpath);
       }
+    }
+    if (shredded == files.size()) {  // empty: left by a crash after an erasure's last block went
+      KVFS_RETURN_IF_ERROR(fs_.RemoveDir(path));
+      continue;
     }
     KVFS_RETURN_IF_ERROR(fs_.SyncDir(path));
     block_subdirs_.insert(e.name);
@@ -249,8 +255,30 @@ Status CacheStore::CollectOrphanBlocks(EraseReport* report) {
     touched.insert(BlockSubdir(it->first));
     it = present_.erase(it);
   }
-  for (const std::string& d : touched) KVFS_RETURN_IF_ERROR(fs_.SyncDir(d));
-  return Status::Ok();
+  return SettleBlockSubdirs(touched);
+}
+
+Status CacheStore::SettleBlockSubdirs(const std::set<std::string>& subdirs) {
+  Status first_error = Status::Ok();
+  bool removed_any = false;
+  for (const std::string& d : subdirs) {
+    auto entries = fs_.ListDir(d);
+    Status st = entries.status();
+    if (entries.ok() && entries->empty()) {
+      st = fs_.RemoveDir(d);
+      if (st.ok()) {
+        block_subdirs_.erase(d.substr(d.rfind('/') + 1));
+        removed_any = true;
+      }
+    } else if (entries.ok()) {
+      st = fs_.SyncDir(d);
+    }
+    if (!st.ok() && first_error.ok()) first_error = st;
+  }
+  if (removed_any) {
+    if (Status st = fs_.SyncDir(blocks_dir_); !st.ok() && first_error.ok()) first_error = st;
+  }
+  return first_error;
 }
 
 Status CacheStore::ShredFile(const std::string& path, uint64_t* bytes, size_t* files) {
@@ -570,9 +598,14 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   uint64_t bytes = 0;
   size_t files = 0;
   if (prev && prev->tail && !keeps_tail) (void)ShredFile(JoinPath(adir, prev->tail->file), &bytes, &files);
+  std::set<std::string> touched;
   for (const BlockHash& h : unreferenced) {
-    if (present_.count(h) && ShredFile(BlockPath(h), &bytes, &files).ok()) present_.erase(h);
+    if (present_.count(h) && ShredFile(BlockPath(h), &bytes, &files).ok()) {
+      present_.erase(h);
+      touched.insert(BlockSubdir(h));
+    }
   }
+  (void)SettleBlockSubdirs(touched);
   report.manifest = std::move(manifest);
   return report;
 }

@@ -225,6 +225,10 @@ class CacheStore {
   // Shreds every stored block no record references. Only safe when NothingUnreadable(): an
   // unreadable manifest or prefix record may name any block.
   Status CollectOrphanBlocks(EraseReport* report);
+  // After blocks were shredded: each of these blocks/<hh> directories is synced, or removed
+  // when it is empty (an erasure leaves no trace of what it held, not even the hashes' first
+  // byte). Returns the first error.
+  Status SettleBlockSubdirs(const std::set<std::string>& subdirs);
   bool NothingUnreadable() const { return broken_.empty() && broken_prefixes_.empty(); }
 
   std::string AgentDir(const std::string& name) const;

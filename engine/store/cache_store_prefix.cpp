@@ -82,7 +82,7 @@ void CacheStore::ShredBlocks(const std::vector<BlockHash>& freed, EraseReport* r
       touched.insert(BlockSubdir(h));
     }
   }
-  for (const std::string& d : touched) (void)fs_.SyncDir(d);
+  (void)SettleBlockSubdirs(touched);
 }
 
 Status CacheStore::CommitPrefix(PrefixRecord record, std::span<const NewBlock> new_blocks, EraseReport* replaced) {

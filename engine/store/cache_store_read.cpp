@@ -18,7 +18,7 @@ void CacheStore::DropCorruptBlock(const BlockHash& hash, const std::string& why)
   spdlog::warn("cache store {}: dropping block {}: {}", dir_, ToHex(hash), why);
   if (fs_.Unlink(path).ok()) {
     present_.erase(hash);
-    (void)fs_.SyncDir(BlockSubdir(hash));
+    (void)SettleBlockSubdirs({BlockSubdir(hash)});
   }
 }
 
@@ -233,8 +233,7 @@ Result<EraseReport> CacheStore::EraseAgent(const std::string& name) {
     ++report.blocks_freed;
     touched.insert(BlockSubdir(h));
   }
-  for (const std::string& d : touched)
-    if (Status st = fs_.SyncDir(d); !st.ok() && first_error.ok()) first_error = st;
+  if (Status st = SettleBlockSubdirs(touched); !st.ok() && first_error.ok()) first_error = st;
   // Blocks only a broken manifest could have named were held back from collection; with the
   // last unreadable record gone they are garbage.
   if (was_broken && NothingUnreadable() && first_error.ok()) first_error = CollectOrphanBlocks(&report);

@@ -501,6 +501,7 @@ TEST(StoreCache, OpenRemovesCrashLeftovers) {
   ASSERT_TRUE(fs.MakeDir("/store/blocks/ab").ok());
   ASSERT_TRUE(fs.WriteFile("/store/blocks/ab/" + std::string(32, 'a').replace(0, 2, "ab") + ".kvb", junk).ok());
   ASSERT_TRUE(fs.WriteFile("/store/blocks/ab/x.kvb.tmp", junk).ok());
+  ASSERT_TRUE(fs.MakeDir("/store/blocks/cd").ok());  // emptied by an erasure, then a crash
   ASSERT_TRUE(fs.MakeDir("/store/agents/ghost").ok());  // first turn never committed
   ASSERT_TRUE(fs.WriteFile("/store/agents/ghost/tail.1.kvt", junk).ok());
   ASSERT_TRUE(fs.MakeDir("/store/agents/.erase.old").ok());  // erasure interrupted
@@ -519,6 +520,10 @@ TEST(StoreCache, OpenRemovesCrashLeftovers) {
   std::set<std::string> expect = ExpectedFiles("/store", {store->LoadAgent("a", kFingerprint)->manifest});
   expect.insert("/store/agents/README");
   EXPECT_EQ(std::set<std::string>(files.begin(), files.end()), expect);
+  for (const char* emptied : {"/store/blocks/cd", "/store/blocks/ab"}) {  // (ab: its orphan and temp file went)
+    auto is_dir = fs.IsDir(emptied);
+    EXPECT_EQ(is_dir.status().code(), StatusCode::kNotFound) << emptied;
+  }
 }
 
 TEST(StoreCache, ErasureKeepsSharedBlocksAndLeavesNothingOfTheAgent) {
@@ -561,11 +566,25 @@ TEST(StoreCache, ErasureKeepsSharedBlocksAndLeavesNothingOfTheAgent) {
     EXPECT_EQ(f.find(".erase"), std::string::npos) << f;
     EXPECT_EQ(alice_only.count(f), 0u) << f;
   }
-  for (const std::string& f : before) {
-    if (!alice_only.count(f) && f != "/agents/alice/") {
-      EXPECT_EQ(after.count(f), 1u) << f;
+  // Everything else stays, but for the block directories that held only alice's blocks: no
+  // empty directory tells which first bytes her blocks' hashes had.
+  auto only_alice_inside = [&](const std::string& d) {
+    bool any = false;
+    for (const std::string& f : before) {
+      if (!f.starts_with(d) || f == d) continue;
+      if (!alice_only.count(f)) return false;
+      any = true;
     }
+    return any;
+  };
+  size_t dirs_removed = 0;
+  for (const std::string& f : before) {
+    if (alice_only.count(f) || f == "/agents/alice/") continue;
+    const bool gone = f.starts_with("/blocks/") && f.back() == '/' && only_alice_inside(f);
+    dirs_removed += gone;
+    EXPECT_EQ(after.count(f), gone ? 0u : 1u) << f;
   }
+  EXPECT_GE(dirs_removed, 1u);  // 3 own blocks, 2 of bob's: some directory held only hers
   EXPECT_EQ(store->ListAgents(), std::vector<std::string>{"bob"});
   EXPECT_EQ(store->LoadAgent("alice", kFingerprint).status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(LoadedIs(*store->LoadAgent("bob", kFingerprint), sb));
@@ -599,6 +618,9 @@ TEST(StoreCache, ErasureOverwritesBeforeUnlink) {
   EXPECT_EQ(unlinks, report->files_removed);
   EXPECT_EQ(unlinks, 4u);  // manifest, tail, 2 blocks
   EXPECT_TRUE(fs.ListFilesRecursive("/store").empty());
+  auto block_dirs = fs.ListDir("/store/blocks");  // nor an empty blocks/<hh> directory
+  ASSERT_TRUE(block_dirs.ok());
+  EXPECT_TRUE(block_dirs->empty());
 }
 
 // A commit replaces manifest.prev.json by a rename, which unlinks the file it replaces: that
