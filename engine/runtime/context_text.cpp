@@ -53,8 +53,9 @@ ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendere
   return build("diverge", kept, kept == 0 ? 0 : ends[kept - 1]);
 }
 
-nlohmann::json TokenEndsToJson(std::span<const uint32_t> ends) {
-  nlohmann::json out = nlohmann::json::array();
+std::vector<int64_t> TokenEndDeltas(std::span<const uint32_t> ends) {
+  std::vector<int64_t> out;
+  out.reserve(ends.size());
   uint32_t previous = 0;
   for (uint32_t end : ends) {
     if (end == kNoTextEnd) {
@@ -67,15 +68,14 @@ nlohmann::json TokenEndsToJson(std::span<const uint32_t> ends) {
   return out;
 }
 
-std::optional<std::vector<uint32_t>> TokenEndsFromJson(const nlohmann::json& j, size_t n_tokens, size_t text_bytes) {
-  if (!j.is_array() || j.size() != n_tokens) return std::nullopt;
+std::optional<std::vector<uint32_t>> TokenEndsFromDeltas(std::span<const int64_t> deltas, size_t n_tokens,
+                                                         size_t text_bytes) {
+  if (deltas.size() != n_tokens) return std::nullopt;
   std::vector<uint32_t> ends;
   ends.reserve(n_tokens);
   uint64_t end = 0;
   bool unknown = false;
-  for (const nlohmann::json& d : j) {
-    if (!d.is_number_integer()) return std::nullopt;
-    const int64_t delta = d.get<int64_t>();
+  for (int64_t delta : deltas) {
     if (delta == -1) {
       unknown = true;
       ends.push_back(kNoTextEnd);
@@ -89,6 +89,19 @@ std::optional<std::vector<uint32_t>> TokenEndsFromJson(const nlohmann::json& j, 
   // Without unknown ones the tokens cover the whole text.
   if (!unknown && n_tokens > 0 && end != text_bytes) return std::nullopt;
   return ends;
+}
+
+nlohmann::json TokenEndsToJson(std::span<const uint32_t> ends) { return TokenEndDeltas(ends); }
+
+std::optional<std::vector<uint32_t>> TokenEndsFromJson(const nlohmann::json& j, size_t n_tokens, size_t text_bytes) {
+  if (!j.is_array() || j.size() != n_tokens) return std::nullopt;
+  std::vector<int64_t> deltas;
+  deltas.reserve(n_tokens);
+  for (const nlohmann::json& d : j) {
+    if (!d.is_number_integer()) return std::nullopt;
+    deltas.push_back(d.get<int64_t>());
+  }
+  return TokenEndsFromDeltas(deltas, n_tokens, text_bytes);
 }
 
 }  // namespace kvfs

@@ -54,6 +54,11 @@ ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendere
 nlohmann::json TokenEndsToJson(std::span<const uint32_t> ends);
 std::optional<std::vector<uint32_t>> TokenEndsFromJson(const nlohmann::json& j, size_t n_tokens, size_t text_bytes);
 
+// The same as plain differences (kv.safetensors' token_ends), and back with the same checks.
+std::vector<int64_t> TokenEndDeltas(std::span<const uint32_t> ends);
+std::optional<std::vector<uint32_t>> TokenEndsFromDeltas(std::span<const int64_t> deltas, size_t n_tokens,
+                                                         size_t text_bytes);
+
 // Ends for `n` tokens encoded from a text of `text_bytes` bytes as one run.
 std::vector<uint32_t> OneRunEnds(size_t n, size_t text_bytes);
 

@@ -187,7 +187,12 @@ store::CacheExportInfo Engine::ExportInfoOf(const AgentRecord& a, int64_t n_cach
   info.conversation = a.conversation;
   // The text behind the tokens lets an importer match its next turn by characters (EXTEND)
   // instead of re-encoding, which rarely gives back the sampled tokens.
-  if (n_cached == static_cast<int64_t>(info.tokens.size())) info.context_text = a.cached_text;
+  if (n_cached == static_cast<int64_t>(info.tokens.size())) {
+    info.context_text = a.cached_text;
+    // And where each token's text ends in it, so that the match stays token by token.
+    if (!info.context_text.empty() && a.token_ends.size() == info.tokens.size())
+      info.token_end_deltas = TokenEndDeltas(a.token_ends);
+  }
   return info;
 }
 
@@ -432,7 +437,14 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       // tokens only (DIVERGE).
       const bool whole = imported.info.n_cached == static_cast<int64_t>(imported.info.tokens.size());
       a->cached_text = whole ? imported.info.context_text : std::string();
-      a->token_ends = whole ? OneRunEnds(a->tokens.size(), a->cached_text.size()) : std::vector<uint32_t>();
+      // Where each token's text ends: from the file when it says so and fits the text, else
+      // as if the text was encoded in one run.
+      std::optional<std::vector<uint32_t>> ends;
+      if (whole && !imported.info.token_end_deltas.empty())
+        ends = TokenEndsFromDeltas(imported.info.token_end_deltas, a->tokens.size(), a->cached_text.size());
+      a->token_ends = !whole ? std::vector<uint32_t>()
+                      : ends ? std::move(*ends)
+                             : OneRunEnds(a->tokens.size(), a->cached_text.size());
       a->updated_ms = Now();
     }
     // Then, on the engine thread: a failed commit puts the agent back at its committed state;

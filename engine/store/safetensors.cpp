@@ -5,6 +5,7 @@
 #include "engine/store/safetensors.h"
 
 #include <charconv>
+#include <limits>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -50,6 +51,12 @@ Status ValidateInfo(const CacheExportInfo& info) {
     if (!ValidUtf8(t.text)) return Bad("conversation[" + std::to_string(i) + "].text is not valid UTF-8");
   }
   if (!ValidUtf8(info.context_text)) return Bad("context_text is not valid UTF-8");
+  if (!info.token_end_deltas.empty()) {
+    if (info.context_text.empty() || info.token_end_deltas.size() != info.tokens.size())
+      return Bad("token_end_deltas needs context_text and one entry per token");
+    for (int64_t d : info.token_end_deltas)
+      if (d < -1 || d > std::numeric_limits<int32_t>::max()) return Bad("token_end_deltas has " + std::to_string(d));
+  }
   return Status::Ok();
 }
 
@@ -133,6 +140,7 @@ Result<std::string> HeaderText(const CacheExportInfo& info, const std::vector<st
     for (const auto& t : info.conversation) conv.push_back({{"role", t.role}, {"text", t.text}});
     meta["conversation"] = conv.dump();
     if (!info.context_text.empty()) meta[std::string(st::kContextTextKey)] = info.context_text;
+    if (!info.token_end_deltas.empty()) meta[std::string(st::kTokenEndsKey)] = OrderedJson(info.token_end_deltas).dump();
     header[std::string(st::kMetadataKey)] = std::move(meta);
     int64_t offset = 0;
     for (const auto& p : plan) {

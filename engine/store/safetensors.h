@@ -42,7 +42,9 @@
 //   "q4", "q4k"), group_size, rotation ("on"/"off"), n_layer, n_head_kv, head_dim, n_cached (decimal),
 //   token_ids (a JSON array of ints, as a string), conversation (a JSON array of
 //   {"role", "text"}, as a string); q4k adds k_chunk_tokens (decimal); context_text (optional:
-//   the text the token ids were made from, as the model saw it, when known).
+//   the text the token ids were made from, as the model saw it, when known); token_ends
+//   (optional, with context_text: a JSON array, per token id the difference of its text's end in
+//   context_text from the previous one's, -1 when it has none).
 // Readers ignore metadata keys they do not know (tools such as safetensors' save_file let users
 // annotate a file; format_version is what gates the meaning of the tensors), but reject unknown
 // tensors, since the tensors must cover the data buffer exactly.
@@ -101,6 +103,9 @@ struct CacheExportInfo {
   // The rendered text behind `tokens` (chat template applied), or empty when unknown; only
   // meaningful when n_cached == tokens.size().
   std::string context_text;
+  // With context_text: per token, where its text ends in context_text, as differences from the
+  // previous end (-1: none of its own; context_text.h); empty when unknown.
+  std::vector<int64_t> token_end_deltas;
   friend bool operator==(const CacheExportInfo&, const CacheExportInfo&) = default;
 };
 

@@ -74,6 +74,11 @@ inline constexpr std::string_view kChunkMetaKey = "k_chunk_tokens";  // required
 // Optional: the exact text behind all token_ids (written only when the exporter knows it and
 // every token is cached), so an importer can extend the context by characters.
 inline constexpr std::string_view kContextTextKey = "context_text";
+// Optional, with context_text: per token id, the bytes of context_text up to the end of the
+// token's text, as differences from the previous token's end (-1: a token with no end of its
+// own in the text); a JSON array of integers. Lets an importer match a changed context by
+// characters token by token, as the agent that exported it would.
+inline constexpr std::string_view kTokenEndsKey = "token_ends";
 // Optional: XXH3-64 of the data buffer, 16 lowercase hex digits. Written by every export since
 // 2026-11-29 and checked on import when present, so a damaged copy is refused instead of
 // imported as attention state; files without it (hand-made, older) import as before.

@@ -47,11 +47,13 @@ std::optional<int64_t> ParseDecimal(std::string_view s) {
   return v;
 }
 
-// A JSON array of integer token ids, parsed by hand: a long agent has hundreds of thousands,
-// and this keeps the cost to one pass without a JSON value per token.
-Result<std::vector<int32_t>> ParseTokenIds(std::string_view s) {
-  const std::string err = "__metadata__ token_ids: ";
-  std::vector<int32_t> out;
+// A JSON array of integers in [lo, hi], parsed by hand: a long agent has hundreds of thousands
+// of token ids, and this keeps the cost to one pass without a JSON value per element. `what`
+// names the key; `below` says what a value under lo is.
+Result<std::vector<int64_t>> ParseIntArray(std::string_view s, std::string_view what, int64_t lo, int64_t hi,
+                                           std::string_view below) {
+  const std::string err = "__metadata__ " + std::string(what) + ": ";
+  std::vector<int64_t> out;
   size_t i = 0;
   auto ws = [&] { while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i; };
   ws();
@@ -64,22 +66,26 @@ Result<std::vector<int32_t>> ParseTokenIds(std::string_view s) {
     while (true) {
       const std::string at = err + "element " + std::to_string(out.size()) + ": ";
       ws();
-      const size_t start = i;
-      if (i < s.size() && s[i] == '-') ++i;
+      const bool negative = i < s.size() && s[i] == '-';
+      if (negative) ++i;
       const size_t digits = i;
       while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
       if (i == digits) return Malformed(at + "not an integer");
       if (i < s.size() && (s[i] == '.' || s[i] == 'e' || s[i] == 'E')) return Malformed(at + "not an integer");
       if (i - digits > 1 && s[digits] == '0') return Malformed(at + "leading zero");
-      if (digits != start) return Malformed(at + "negative token id");
+      const std::string_view text = s.substr(digits, std::min<size_t>(i - digits, 24));
+      const int64_t limit = negative ? -lo : hi;  // on the magnitude
       int64_t v = 0;
       for (size_t k = digits; k < i; ++k) {
         v = v * 10 + (s[k] - '0');
-        if (v > std::numeric_limits<int32_t>::max())
-          return Malformed(at + std::string(s.substr(digits, std::min<size_t>(i - digits, 24))) +
-                           " is out of int32 range");
+        if (v > limit) {
+          if (negative) return Malformed(at + std::string(below));
+          return Malformed(at + std::string(text) + " is out of int32 range");
+        }
       }
-      out.push_back(static_cast<int32_t>(v));
+      if (negative) v = -v;
+      if (v < lo) return Malformed(at + std::string(below));
+      out.push_back(v);
       ws();
       if (i < s.size() && s[i] == ',') { ++i; continue; }
       if (i < s.size() && s[i] == ']') { ++i; break; }
@@ -89,6 +95,12 @@ Result<std::vector<int32_t>> ParseTokenIds(std::string_view s) {
   ws();
   if (i != s.size()) return Malformed(err + "trailing characters after the array");
   return out;
+}
+
+Result<std::vector<int32_t>> ParseTokenIds(std::string_view s) {
+  KVFS_ASSIGN_OR_RETURN(std::vector<int64_t> ids,
+                        ParseIntArray(s, "token_ids", 0, std::numeric_limits<int32_t>::max(), "negative token id"));
+  return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
 // At most one turn per token id, plus slack (a turn costs 6 parser events).
@@ -190,6 +202,13 @@ Result<CacheExportInfo> ReadMetadata(const Json& header, std::string_view expect
                      " token ids");
   KVFS_ASSIGN_OR_RETURN(info.conversation, ParseConversation(get("conversation"), info.tokens.size()));
   if (it->contains(std::string(st::kContextTextKey))) info.context_text = get(st::kContextTextKey);
+  if (it->contains(std::string(st::kTokenEndsKey))) {
+    KVFS_ASSIGN_OR_RETURN(info.token_end_deltas, ParseIntArray(get(st::kTokenEndsKey), st::kTokenEndsKey, -1,
+                                                               std::numeric_limits<int32_t>::max(), "below -1"));
+    if (info.token_end_deltas.size() != info.tokens.size())
+      return Malformed(std::string(st::kTokenEndsKey) + " has " + std::to_string(info.token_end_deltas.size()) +
+                       " entries for " + std::to_string(info.tokens.size()) + " token ids");
+  }
   return info;
 }
 

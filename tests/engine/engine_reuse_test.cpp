@@ -79,10 +79,15 @@ TEST_F(EngineReuseTest, AControlTokenInsideAReplyLeavesTheNextTurnExtending) {
 // A stop string of several tokens: its first tokens were fed to the model (in the cache), but the
 // reply ends before the stop string, and the next turn renders the reply. The cache is kept up
 // to where the texts part, not recomputed from the first reply on (as when the context was
-// matched by re-encoding it), and the same holds after a restart.
+// matched by re-encoding it), and the same holds after a restart and for an agent that imports
+// the cache (kv.safetensors carries where each token's text ends).
 TEST_F(EngineReuseTest, AStopStringOfSeveralTokensCostsOnlyItsOwnTokens) {
-  for (const bool restart : {false, true}) {
-    SCOPED_TRACE(restart ? "restart before the next turn" : "same engine");
+  enum class Then { kSameEngine, kRestart, kImport };
+  for (const Then then : {Then::kSameEngine, Then::kRestart, Then::kImport}) {
+    const bool restart = then == Then::kRestart;
+    SCOPED_TRACE(then == Then::kRestart  ? "restart before the next turn"
+                 : then == Then::kImport ? "an agent that imported the cache"
+                                         : "same engine");
     std::filesystem::remove_all(dir_ / "store");
     auto engine = CreateEngine(Options());
     ASSERT_TRUE(engine.ok());
@@ -116,13 +121,21 @@ TEST_F(EngineReuseTest, AStopStringOfSeveralTokensCostsOnlyItsOwnTokens) {
       ASSERT_TRUE(engine.ok());
     }
     s.stop.clear();
-    ASSERT_TRUE((*engine)->SetSettings("alice", s).ok());
-    TurnOutcome next = RunTurn(**engine, "alice", " Hi");
+    std::string agent = "alice";
+    if (then == Then::kImport) {
+      auto exported = (*engine)->ExportCache("alice");
+      ASSERT_TRUE(exported.ok()) << exported.status().message();
+      agent = "carol";
+      ASSERT_TRUE((*engine)->CreateAgent(agent, 0).ok());
+      ASSERT_TRUE((*engine)->ImportCache(agent, *exported).ok());
+    }
+    ASSERT_TRUE((*engine)->SetSettings(agent, s).ok());
+    TurnOutcome next = RunTurn(**engine, agent, " Hi");
     ASSERT_TRUE(next.stats.ok());
     // The stop string's fed tokens (its first characters) are all that is recomputed.
     EXPECT_GE(next.stats->reused_tokens, before - 3);
     // And what is kept is what an uncached run over the same tokens gives: the reply equals it.
-    EXPECT_EQ(next.reply, Reference(ReadManifest(Options().store_dir, "alice"), *next.stats, 64));
+    EXPECT_EQ(next.reply, Reference(ReadManifest(Options().store_dir, agent), *next.stats, 64));
   }
 }
 

@@ -288,6 +288,42 @@ TEST(StoreSafetensors, ContextTextIsOptionalMetadata) {
   EXPECT_NE(bad.status().message().find("context_text"), std::string::npos) << bad.status().message();
 }
 
+// token_ends: with the text, one integer per token id (-1 allowed), read back exactly; a file
+// whose list is malformed or does not count the tokens is refused as corrupt.
+TEST(StoreSafetensors, TokenEndsAreOptionalMetadata) {
+  const KvGeometry g = Geometry("q4");
+  const auto chunks = MakeChunks(g, 10, 4, 3);
+  CacheExportInfo info = Info(g, 10, 10);
+  info.context_text = "0123456789abcdefghij";
+  info.token_end_deltas = {2, 2, 2, 2, 2, 2, 2, 2, 4, -1};
+  auto file = WriteKvSafetensors(info, Spans(chunks, g));
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_EQ(SplitFile(*file).header["__metadata__"]["token_ends"], "[2,2,2,2,2,2,2,2,4,-1]");
+  auto back = ReadKvSafetensors(*file, kFingerprint, g, 4);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->info, info);
+  for (const auto& [list, why] : std::vector<std::pair<std::string, std::string>>{
+           {"[2,2]", "has 2 entries for 10 token ids"},
+           {"[2,2,2,2,2,2,2,2,4,-2]", "element 9: below -1"},
+           {"[2,2,2,2,2,2,2,2,4,1.5]", "element 9: not an integer"},
+           {"[2,2,2,2,2,2,2,2,4,99999999999]", "out of int32 range"},
+           {"{}", "token_ends: not a JSON array"}}) {
+    Split split = SplitFile(*file);
+    split.header["__metadata__"]["token_ends"] = list;
+    auto edited = ReadKvSafetensors(Join(split), kFingerprint, g, 4);
+    ASSERT_FALSE(edited.ok()) << list;
+    EXPECT_EQ(edited.status().code(), StatusCode::kCorrupt) << list;
+    EXPECT_NE(edited.status().message().find(why), std::string::npos) << edited.status().message();
+  }
+  // The writer refuses ends without the text or of another count.
+  CacheExportInfo no_text = info;
+  no_text.context_text.clear();
+  EXPECT_FALSE(WriteKvSafetensors(no_text, Spans(chunks, g)).ok());
+  CacheExportInfo short_list = info;
+  short_list.token_end_deltas.pop_back();
+  EXPECT_FALSE(WriteKvSafetensors(short_list, Spans(chunks, g)).ok());
+}
+
 // Files written by another implementation (fuzz/make_safetensors_seeds.py, Python's json and
 // struct) are read, including one whose tensors lie in the buffer in reverse order.
 TEST(StoreSafetensors, ReadsFilesWrittenByPython) {
