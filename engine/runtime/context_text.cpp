@@ -53,6 +53,32 @@ ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendere
   return build("diverge", kept, kept == 0 ? 0 : ends[kept - 1]);
 }
 
+std::optional<size_t> FirstTokenNotSpellingText(const Tokenizer& tokenizer, std::span<const TokenId> tokens,
+                                                std::string_view text, std::span<const uint32_t> ends) {
+  if (ends.size() != tokens.size()) return 0;
+  size_t start = 0;  // of the current run's text
+  for (size_t i = 0; i < tokens.size();) {
+    if (ends[i] == kNoTextEnd) break;  // (and so are all after it)
+    if (ends[i] < start || ends[i] > text.size()) return i;
+    size_t j = i;
+    while (j < tokens.size() && ends[j] == ends[i]) ++j;
+    const std::string_view piece = text.substr(start, ends[i] - start);
+    const std::span<const TokenId> run = tokens.subspan(i, j - i);
+    std::string spelled;
+    for (TokenId t : run) spelled += tokenizer.TokenToPiece(t, /*render_special=*/false);
+    if (spelled != piece) {
+      const std::vector<TokenId> encoded = i == 0 ? tokenizer.Encode(piece, /*add_special=*/true, /*parse_special=*/true)
+                                                  : tokenizer.EncodeContinuation(piece, tokens[i - 1], true);
+      if (encoded.size() > run.size() || !std::equal(encoded.begin(), encoded.end(), run.begin())) return i;
+      for (size_t k = encoded.size(); k < run.size(); ++k)
+        if (!tokenizer.TokenToPiece(run[k], false).empty()) return i + k;
+    }
+    start = ends[i];
+    i = j;
+  }
+  return std::nullopt;
+}
+
 std::vector<int64_t> TokenEndDeltas(std::span<const uint32_t> ends) {
   std::vector<int64_t> out;
   out.reserve(ends.size());

@@ -59,6 +59,15 @@ std::vector<int64_t> TokenEndDeltas(std::span<const uint32_t> ends);
 std::optional<std::vector<uint32_t>> TokenEndsFromDeltas(std::span<const int64_t> deltas, size_t n_tokens,
                                                          size_t text_bytes);
 
+// Whether `tokens` stand for `text` as `ends` say (an imported cache's claim, checked before it is
+// believed): each run of tokens with the same end must be what the tokenizer makes of its piece
+// of text (as MatchContext encodes it, control tokens that add no text allowed after it), or
+// their pieces (TokenToPiece) must spell it, as generated tokens do. Tokens without a known end
+// are not checked: no text stands for them, and a turn never keeps them. Returns the first token
+// that fails, or nullopt.
+std::optional<size_t> FirstTokenNotSpellingText(const Tokenizer& tokenizer, std::span<const TokenId> tokens,
+                                                std::string_view text, std::span<const uint32_t> ends);
+
 // Ends for `n` tokens encoded from a text of `text_bytes` bytes as one run.
 std::vector<uint32_t> OneRunEnds(size_t n, size_t text_bytes);
 

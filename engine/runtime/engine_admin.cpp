@@ -343,7 +343,8 @@ void Engine::DropUnnamedBlocks(std::span<const BlockHash> keys) {
 // What a kv.safetensors says beside the cache must be something an export of this model can say:
 // token ids of its vocabulary (an id past it would index past the embeddings at the next turn)
 // and a conversation of user and assistant turns (the system prompt is not part of it).
-Status Engine::CheckImportedText(const store::CacheExportInfo& info) const {
+Status Engine::CheckImportedText(const store::CacheExportInfo& info, std::string* text,
+                                 std::vector<uint32_t>* ends) const {
   const int64_t n_vocab = model_->hparams().n_vocab;
   for (size_t i = 0; i < info.tokens.size(); ++i) {
     if (info.tokens[i] >= n_vocab) {
@@ -360,6 +361,26 @@ Status Engine::CheckImportedText(const store::CacheExportInfo& info) const {
                                          i, ClipForMessage(role, 32)));
     }
   }
+  text->clear();
+  ends->clear();
+  // The text is believed only for a cache of every token whose file says where each token's
+  // text ends (exports since 2026-12-01), and only when the tokens spell it: the next turn keeps
+  // the cache as far as that text matches the conversation, so text the tokens do not stand for
+  // would keep attention state that the transcript does not show. Without ends the text is
+  // dropped: the next turn then keeps the tokens the visible conversation encodes to.
+  if (info.context_text.empty() || info.n_cached != static_cast<int64_t>(info.tokens.size()) ||
+      info.token_end_deltas.empty())
+    return Status::Ok();
+  std::optional<std::vector<uint32_t>> read =
+      TokenEndsFromDeltas(info.token_end_deltas, info.tokens.size(), info.context_text.size());
+  if (!read) return InvalidArgument("kv.safetensors: token_ends do not fit context_text");
+  if (auto bad = FirstTokenNotSpellingText(model_->tokenizer(), info.tokens, info.context_text, *read)) {
+    return InvalidArgument(fmt::format("kv.safetensors: token_ids do not stand for context_text: token {} (id {}) "
+                                       "is not what the text there encodes to",
+                                       *bad, info.tokens[*bad]));
+  }
+  *text = info.context_text;
+  *ends = std::move(*read);
   return Status::Ok();
 }
 
@@ -394,7 +415,9 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
   if (!parsed.ok()) return parsed.status();
   store::ImportedCache imported = std::move(*parsed);
   if (imported.info.n_cached > n_ctx_) return InvalidArgument("kv.safetensors: the cache is longer than the context");
-  KVFS_RETURN_IF_ERROR(CheckImportedText(imported.info));
+  std::string context_text;
+  std::vector<uint32_t> context_ends;
+  KVFS_RETURN_IF_ERROR(CheckImportedText(imported.info, &context_text, &context_ends));
   std::promise<kvfs::Status> committed;
   auto done = committed.get_future();
   kvfs::Status started = RunOnEngine<kvfs::Status>([&]() -> kvfs::Status {
@@ -433,18 +456,10 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       a->format = format;
       a->conversation = imported.info.conversation;
       a->tokens.assign(imported.info.tokens.begin(), imported.info.tokens.begin() + imported.info.n_cached);
-      // Unknown unless the file says it for every cached token: then the next turn matches on
-      // tokens only (DIVERGE).
-      const bool whole = imported.info.n_cached == static_cast<int64_t>(imported.info.tokens.size());
-      a->cached_text = whole ? imported.info.context_text : std::string();
-      // Where each token's text ends: from the file when it says so and fits the text, else
-      // as if the text was encoded in one run.
-      std::optional<std::vector<uint32_t>> ends;
-      if (whole && !imported.info.token_end_deltas.empty())
-        ends = TokenEndsFromDeltas(imported.info.token_end_deltas, a->tokens.size(), a->cached_text.size());
-      a->token_ends = !whole ? std::vector<uint32_t>()
-                      : ends ? std::move(*ends)
-                             : OneRunEnds(a->tokens.size(), a->cached_text.size());
+      // Unknown unless the file says it, and its tokens spell it (CheckImportedText): then the
+      // next turn matches on tokens only (DIVERGE).
+      a->cached_text = std::move(context_text);
+      a->token_ends = std::move(context_ends);
       a->updated_ms = Now();
     }
     // Then, on the engine thread: a failed commit puts the agent back at its committed state;

@@ -201,7 +201,11 @@ class Engine final : public AgentEngine {
   // kIoError naming the reason when `agent` is unreadable (see AgentRecord), else Ok.
   static kvfs::Status RefuseIfUnreadable(const AgentRecord& agent);
   // ImportCache: the file's token ids and conversation are ones this model's agents can have.
-  kvfs::Status CheckImportedText(const store::CacheExportInfo& info) const;
+  // Also settles the text behind the imported tokens: the file's context_text and token_ends
+  // when the tokens spell them (a file whose tokens do not is refused), empty when it says none
+  // (the next turn then keeps only the tokens that the visible conversation encodes to).
+  kvfs::Status CheckImportedText(const store::CacheExportInfo& info, std::string* text,
+                                 std::vector<uint32_t>* ends) const;
   // What kv.safetensors records of the agent besides its K/V rows, for the first n_cached of its
   // tokens (ExportCache, ExportSize). Under mu_, or on the engine thread.
   store::CacheExportInfo ExportInfoOf(const AgentRecord& a, int64_t n_cached) const;

@@ -109,5 +109,59 @@ TEST_F(ContextMatchTest, KeepsTheCacheUpToTheFirstDifference) {
   EXPECT_EQ(imported.tokens, tok().Encode(text, true, true));
 }
 
+// The check an import's text goes through: the runs MatchContext makes (encoded pieces, generated
+// tokens, a control token after either) pass; tokens that stand for other text do not, and the
+// first of them is named.
+TEST_F(ContextMatchTest, TokensMustSpellTheTextTheirEndsClaim) {
+  // A turn's prompt (one run), a reply of generated tokens with a control token inside it, then
+  // the next turn's prompt encoded as a continuation, as MatchContext's EXTEND does.
+  const std::string prompt = "Once upon a time";
+  std::vector<TokenId> tokens = tok().Encode(prompt, true, true);
+  std::vector<uint32_t> ends = OneRunEnds(tokens.size(), prompt.size());
+  std::string text = prompt;
+  const std::vector<TokenId> reply = tok().Encode(" there was a dog.", false, false);
+  for (size_t i = 0; i < reply.size(); ++i) {
+    tokens.push_back(reply[i]);
+    text += tok().TokenToPiece(reply[i], false);
+    ends.push_back(static_cast<uint32_t>(text.size()));
+    if (i == 2) {  // a control token adds no text
+      tokens.push_back(tok().bos());
+      ends.push_back(static_cast<uint32_t>(text.size()));
+    }
+  }
+  const std::string next = " The end.";
+  const std::vector<TokenId> cont = tok().EncodeContinuation(next, tokens.back(), true);
+  text += next;
+  tokens.insert(tokens.end(), cont.begin(), cont.end());
+  ends.resize(tokens.size(), static_cast<uint32_t>(text.size()));
+  EXPECT_EQ(FirstTokenNotSpellingText(tok(), tokens, text, ends), std::nullopt);
+  // As a continuation, the next prompt must not get a BOS or a second space prefix; the first
+  // prompt's run must be encoded as a start (BOS).
+  EXPECT_EQ(MatchContext(tok(), text, tokens, text, ends).kept, tokens.size());
+
+  // The same tokens claiming other text: a word changed in the reply, in the first prompt, in the
+  // last; a token changed under the same text; the text shorter than the ends.
+  const size_t reply_at = tok().Encode(prompt, true, true).size();
+  std::string other = text;
+  other.replace(other.find("dog"), 3, "cat");
+  EXPECT_TRUE(FirstTokenNotSpellingText(tok(), tokens, other, ends).has_value());
+  other = text;
+  other.replace(0, 4, "Nice");
+  EXPECT_EQ(FirstTokenNotSpellingText(tok(), tokens, other, ends), std::optional<size_t>(0));
+  other = text;
+  other.replace(other.find("end"), 3, "dne");
+  EXPECT_EQ(FirstTokenNotSpellingText(tok(), tokens, other, ends), std::optional<size_t>(tokens.size() - cont.size()));
+  std::vector<TokenId> swapped = tokens;
+  swapped[reply_at + 1] = tok().Encode(" cat", false, false).front();
+  EXPECT_EQ(FirstTokenNotSpellingText(tok(), swapped, text, ends), std::optional<size_t>(reply_at + 1));
+  EXPECT_TRUE(FirstTokenNotSpellingText(tok(), tokens, text.substr(0, 10), ends).has_value());
+  // Tokens past the known text are not checked (a turn never keeps them).
+  std::vector<uint32_t> unknown_tail = ends;
+  for (size_t i = tokens.size() - cont.size(); i < tokens.size(); ++i) unknown_tail[i] = kNoTextEnd;
+  EXPECT_EQ(FirstTokenNotSpellingText(tok(), tokens, text.substr(0, text.size() - next.size()),
+                                      unknown_tail),
+            std::nullopt);
+}
+
 }  // namespace
 }  // namespace kvfs

@@ -390,6 +390,72 @@ std::string WithMetadata(const std::string& file, const std::string& key, const 
   return out + text + file.substr(8 + n);
 }
 
+// The file with one metadata entry removed (an export from before that entry existed).
+std::string WithoutMetadata(const std::string& file, const std::string& key) {
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(file.substr(8, n));
+  header["__metadata__"].erase(key);
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const uint64_t m = text.size();
+  std::string out(reinterpret_cast<const char*>(&m), 8);
+  return out + text + file.substr(8 + n);
+}
+
+// An import whose text says something its tokens do not (a file edited to show one story over
+// the attention state of another) is refused, naming the first token that differs; without
+// token_ends (an older export) the text is not believed, and the next turn keeps only the
+// tokens that the conversation the agent shows encodes to.
+TEST_F(EngineTest, ImportRefusesTextItsTokensDoNotStandFor) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  TurnOutcome first = RunTurn(**engine, "alice", kTurns[0]);
+  ASSERT_TRUE(first.stats.ok());
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[1]).stats.ok());
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  uint64_t n = 0;
+  std::memcpy(&n, exported->data(), 8);
+  const nlohmann::json meta = nlohmann::json::parse(exported->substr(8, n))["__metadata__"];
+  const std::string text = meta["context_text"].get<std::string>();
+  ASSERT_NE(text.find("Lily"), std::string::npos);
+  ASSERT_TRUE(meta.contains("token_ends"));
+  ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
+  Greedy(**engine, "bob");
+  ASSERT_TRUE((*engine)->ImportCache("bob", *exported).ok());  // the file as exported
+
+  // Another name over the same tokens, in the text and the conversation alike.
+  std::string other = text;
+  other.replace(other.find("Lily"), 4, "Anna");
+  nlohmann::json conversation = nlohmann::json::parse(meta["conversation"].get<std::string>());
+  std::string said = conversation[0]["text"].get<std::string>();
+  said.replace(said.find("Lily"), 4, "Anna");
+  conversation[0]["text"] = said;
+  const std::string forged = WithMetadata(WithMetadata(*exported, "context_text", other), "conversation", conversation.dump());
+  Status s = (*engine)->ImportCache("bob", forged);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("do not stand for context_text"), std::string::npos) << s.message();
+  // One token changed under the same text.
+  nlohmann::json ids = nlohmann::json::parse(meta["token_ids"].get<std::string>());
+  ids[ids.size() - 2] = ids[ids.size() - 2].get<int>() == 5 ? 6 : 5;
+  s = (*engine)->ImportCache("bob", WithMetadata(*exported, "token_ids", ids.dump()));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("token " + std::to_string(ids.size() - 2) + " "), std::string::npos) << s.message();
+  EXPECT_EQ((*engine)->ExportCache("bob").value(), *exported);  // bob unchanged
+
+  // Without token_ends the forged text is dropped: the next turn renders the conversation bob
+  // shows ("Anna") and keeps no token past where its encoding parts from the file's tokens.
+  ASSERT_TRUE((*engine)->ImportCache("bob", WithoutMetadata(forged, "token_ends")).ok());
+  TurnOutcome next = RunTurn(**engine, "bob", kTurns[2]);
+  ASSERT_TRUE(next.stats.ok());
+  const std::vector<TokenId> encoded = model_->tokenizer().Encode(text.substr(0, text.find("Lily")), true, true);
+  EXPECT_LE(next.stats->reused_tokens, static_cast<int64_t>(encoded.size()));
+  EXPECT_GT(next.stats->prefilled_tokens, first.stats->generated_tokens);
+}
+
 // An import whose token ids or conversation no export of this model would have is refused,
 // naming the entry, and the agent keeps its cache (its export is unchanged).
 TEST_F(EngineTest, ImportRefusesTokensOutsideTheVocabularyAndUnknownRoles) {
