@@ -6,10 +6,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/core/status.h"
 #include "engine/runtime/agent_engine.h"
@@ -38,6 +41,23 @@ struct TurnStream {
   Status failure;       // set when done and the turn failed
 };
 
+// How a read that waited is answered (once, from the thread that made it ready).
+using ReadReply = std::function<void(Result<std::string>)>;
+
+// A read of `response` waiting for text without holding a thread (AgentStore::ReadAsync):
+// answered when its turn has text past `offset` or ends, the agent is erased, kvfsd shuts down,
+// or the reader is interrupted.
+struct ParkedRead {
+  uint64_t id = 0;
+  uint64_t offset = 0;
+  size_t size = 0;
+  std::shared_ptr<TurnStream> turn;
+  ReadReply reply;
+};
+
+// Parked reads taken off their agent with their answers; delivered once its mutex is released.
+using AnsweredReads = std::vector<std::pair<ReadReply, Result<std::string>>>;
+
 struct AgentRecord {
   AgentRecord(std::string agent_name, uint32_t owner_uid, uint32_t owner_gid)
       : name(std::move(agent_name)), uid(owner_uid), gid(owner_gid) {}
@@ -53,6 +73,10 @@ struct AgentRecord {
   std::mutex mu;
   std::condition_variable changed;  // any reply text, turn end, erasure or shutdown
   bool erased = false;
+  // Reads of `response` waiting without a thread; whoever notifies `changed` answers the ones
+  // that became ready (TakeAnsweredReads).
+  std::vector<ParkedRead> parked;
+  uint64_t next_parked_id = 1;
 
   // Transcript of the committed conversation, rendered from AgentEngine::Conversation() when
   // first needed and after anything that rewrites it (a failed turn, an import, a system change);
@@ -68,6 +92,15 @@ struct AgentRecord {
   std::optional<TurnStats> last_stats;
   std::optional<RefusedWrite> last_refused_write;
 };
+
+// What a read of `response` of `turn` at `offset` returns now, or nullopt while it must wait
+// (agent.mu held).
+std::optional<Result<std::string>> ResponseNow(const AgentRecord& agent, const TurnStream& turn, uint64_t offset,
+                                               size_t size, bool interrupted, bool shutting_down);
+// Takes the agent's parked reads that can be answered now (agent.mu held); the caller runs
+// DeliverReads after releasing it.
+AnsweredReads TakeAnsweredReads(AgentRecord& agent, bool shutting_down);
+void DeliverReads(AnsweredReads& answered);
 
 // Transcript text of one conversation entry.
 std::string RenderTranscriptEntry(const std::string& role, const std::string& text);

@@ -496,8 +496,13 @@ void AgentStore::WakeAllReaders() {
     for (auto& [name, agent] : agents_) agents.push_back(agent);
   }
   for (auto& agent : agents) {
-    std::lock_guard lock(agent->mu);
-    agent->changed.notify_all();
+    AnsweredReads answered;
+    {
+      std::lock_guard lock(agent->mu);
+      answered = TakeAnsweredReads(*agent, shutting_down_.load());
+      agent->changed.notify_all();
+    }
+    DeliverReads(answered);
   }
 }
 

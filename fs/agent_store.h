@@ -134,6 +134,13 @@ class AgentStore {
   Result<std::pair<Attr, HandleId>> Create(InodeId parent, std::string_view name, OpenFlags flags, const Caller& caller);
   // Blocks on `response` while its turn generates; `interrupt` (may be null) cancels the wait.
   Result<std::string> Read(HandleId handle, uint64_t offset, size_t size, Interrupt* interrupt);
+  // Read without holding the caller's thread: a read of `response` that would block is parked
+  // and `reply` runs later, once, on the thread that makes it ready (new text, the turn's end,
+  // erasure, shutdown) or that triggers `interrupt` (may be null); any other read is answered at
+  // once. A FUSE request thread is then free for other requests: a thousand readers of
+  // `response` do not stall the mount.
+  void ReadAsync(HandleId handle, uint64_t offset, size_t size, const std::shared_ptr<Interrupt>& interrupt,
+                 ReadReply reply);
   Result<size_t> Write(HandleId handle, uint64_t offset, std::string_view data);
   // close(2): a prompt becomes a turn, system/config.json/kv.safetensors/prefix writes are
   // applied. The error is what close() returns.

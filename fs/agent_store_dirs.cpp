@@ -102,6 +102,7 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
     std::lock_guard lock(metrics_->mu);
     ++metrics_->values.agents_erased;
   }
+  AnsweredReads answered;
   {
     std::lock_guard lock(agent->mu);
     agent->erased = true;
@@ -109,8 +110,10 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
     ShredString(agent->transcript);
     for (const std::shared_ptr<TurnStream>& turn : agent->pending) ShredString(turn->reply), ShredString(turn->user_text);
     if (agent->latest) ShredString(agent->latest->reply), ShredString(agent->latest->user_text);
+    answered = TakeAnsweredReads(*agent, shutting_down_.load());
     agent->changed.notify_all();
   }
+  DeliverReads(answered);
   ShredOpenFiles(*agent, /*cache_only=*/false);
   CompleteAudit(intent, AuditEvent{.uid = caller.uid, .agent = name, .action = "erase", .erased = *report});
   spdlog::info("erased agent '{}' for uid {}: {} bytes, {} blocks freed, {} kept shared", name, caller.uid,

@@ -1,4 +1,5 @@
 // AgentStore: open files: open/create, read, write, flush (close), release.
+#include <algorithm>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -238,24 +239,81 @@ Status AgentStore::ErasedUnderHandle(const Handle& handle) {
   return NotFound(fmt::format("what this file of agent '{}' held was erased while it was open", handle.node.agent->name));
 }
 
-Result<std::string> AgentStore::ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt) {
-  AgentRecord& agent = *handle.node.agent;
-  const TurnStream& turn = *handle.turn;
-  // Registered before the agent mutex is taken (see Interrupt::Register).
-  InterruptRegistration registration(interrupt, &agent.mu, &agent.changed);
-  std::unique_lock lock(agent.mu);
-  agent.changed.wait(lock, [&] {
-    return turn.reply.size() > offset || turn.done || agent.erased || shutting_down_.load() ||
-           (interrupt != nullptr && interrupt->triggered());
-  });
+std::optional<Result<std::string>> ResponseNow(const AgentRecord& agent, const TurnStream& turn, uint64_t offset,
+                                               size_t size, bool interrupted, bool shutting_down) {
   if (agent.erased) return NotFound(fmt::format("agent '{}' was erased", agent.name));
   if (turn.reply.size() > offset) return Slice(turn.reply, offset, size);
   if (turn.done) {
     if (!turn.failure.ok()) return IoError("the turn failed: " + turn.failure.message());
     return std::string();
   }
-  if (interrupt != nullptr && interrupt->triggered()) return Cancelled("read of response interrupted");
-  return IoError("kvfsd is shutting down");
+  if (interrupted) return Cancelled("read of response interrupted");
+  if (shutting_down) return IoError("kvfsd is shutting down");
+  return std::nullopt;
+}
+
+AnsweredReads TakeAnsweredReads(AgentRecord& agent, bool shutting_down) {
+  AnsweredReads answered;
+  std::erase_if(agent.parked, [&](ParkedRead& read) {
+    std::optional<Result<std::string>> now = ResponseNow(agent, *read.turn, read.offset, read.size, false, shutting_down);
+    if (!now) return false;
+    answered.emplace_back(std::move(read.reply), std::move(*now));
+    return true;
+  });
+  return answered;
+}
+
+void DeliverReads(AnsweredReads& answered) {
+  for (auto& [reply, result] : answered) reply(std::move(result));
+  answered.clear();
+}
+
+Result<std::string> AgentStore::ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt) {
+  AgentRecord& agent = *handle.node.agent;
+  const TurnStream& turn = *handle.turn;
+  // Registered before the agent mutex is taken (see Interrupt::Register).
+  InterruptRegistration registration(interrupt, &agent.mu, &agent.changed);
+  std::unique_lock lock(agent.mu);
+  std::optional<Result<std::string>> now;
+  agent.changed.wait(lock, [&] {
+    now = ResponseNow(agent, turn, offset, size, interrupt != nullptr && interrupt->triggered(), shutting_down_.load());
+    return now.has_value();
+  });
+  return std::move(*now);
+}
+
+void AgentStore::ReadAsync(HandleId id, uint64_t offset, size_t size, const std::shared_ptr<Interrupt>& interrupt,
+                           ReadReply reply) {
+  auto handle = FindHandle(id);
+  if (handle == nullptr || handle->kind != Kind::kResponse) return reply(Read(id, offset, size, interrupt.get()));
+  const std::shared_ptr<AgentRecord>& agent = handle->node.agent;
+  uint64_t parked_id = 0;
+  {
+    std::unique_lock lock(agent->mu);
+    std::optional<Result<std::string>> now = ResponseNow(
+        *agent, *handle->turn, offset, size, interrupt != nullptr && interrupt->triggered(), shutting_down_.load());
+    if (now) {
+      lock.unlock();
+      return reply(std::move(*now));
+    }
+    parked_id = agent->next_parked_id++;
+    agent->parked.push_back(ParkedRead{parked_id, offset, size, handle->turn, std::move(reply)});
+  }
+  if (interrupt == nullptr) return;
+  // Set after the park is visible (and with the agent's mutex released: the cancel takes it); an
+  // interrupt that came in between runs it at once.
+  interrupt->OnTrigger([agent, parked_id] {
+    ReadReply cancelled;
+    {
+      std::lock_guard lock(agent->mu);
+      auto it = std::find_if(agent->parked.begin(), agent->parked.end(),
+                             [&](const ParkedRead& r) { return r.id == parked_id; });
+      if (it == agent->parked.end()) return;  // answered already
+      cancelled = std::move(it->reply);
+      agent->parked.erase(it);
+    }
+    cancelled(Cancelled("read of response interrupted"));
+  });
 }
 
 Result<size_t> AgentStore::Write(HandleId id, uint64_t offset, std::string_view bytes) {

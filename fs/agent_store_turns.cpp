@@ -99,10 +99,15 @@ Status AgentStore::SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::
 }
 
 void AgentStore::OnTurnText(AgentRecord& agent, TurnStream& turn, std::string_view text) {
-  std::lock_guard lock(agent.mu);
-  turn.started = true;
-  turn.reply.append(text);
-  agent.changed.notify_all();
+  AnsweredReads answered;
+  {
+    std::lock_guard lock(agent.mu);
+    turn.started = true;
+    turn.reply.append(text);
+    answered = TakeAnsweredReads(agent, false);
+    agent.changed.notify_all();
+  }
+  DeliverReads(answered);
 }
 
 void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream>& turn, SharedMetrics& metrics,
@@ -117,7 +122,8 @@ void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream
       ++metrics.values.turns_failed;
     }
   }
-  std::lock_guard lock(agent.mu);
+  AnsweredReads answered;
+  std::unique_lock lock(agent.mu);
   turn->started = true;
   turn->done = true;
   if (result.ok()) {
@@ -134,7 +140,10 @@ void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream
     InvalidateTranscript(agent);
   }
   RemovePending(agent, turn);
+  answered = TakeAnsweredReads(agent, false);
   agent.changed.notify_all();
+  lock.unlock();
+  DeliverReads(answered);
 }
 
 Result<uint64_t> AgentStore::TranscriptRange(const std::shared_ptr<AgentRecord>& agent, uint64_t offset, size_t size,

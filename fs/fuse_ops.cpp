@@ -220,13 +220,17 @@ void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t offset, fuse_file_inf
   }
   // Called at once if the kernel already interrupted this request.
   fuse_req_interrupt_func(req, OnInterrupt, reinterpret_cast<void*>(static_cast<uintptr_t>(id)));
-  Result<std::string> data = state.store.Read(fi->fh, static_cast<uint64_t>(offset), size, interrupt.get());
-  {
-    std::lock_guard lock(state.interrupts_mu);
-    state.interrupts.erase(id);
-  }
-  if (!data.ok()) return ReplyError(req, data.status(), "read");
-  fuse_reply_buf(req, data->data(), data->size());
+  // A read of `response` that must wait is answered later, from the thread that makes it ready:
+  // this request thread goes back to the loop (libfuse replies from any thread).
+  state.store.ReadAsync(fi->fh, static_cast<uint64_t>(offset), size, interrupt,
+                        [req, &state, id](Result<std::string> data) {
+                          {
+                            std::lock_guard lock(state.interrupts_mu);
+                            state.interrupts.erase(id);
+                          }
+                          if (!data.ok()) return ReplyError(req, data.status(), "read");
+                          fuse_reply_buf(req, data->data(), data->size());
+                        });
 }
 
 void OnWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t offset, fuse_file_info* fi) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 
 namespace kvfs::fs {
@@ -20,10 +21,15 @@ class Interrupt {
   void Register(std::mutex* mu, std::condition_variable* cv);
   void Unregister();
 
+  // For a wait without a thread: `cancel` runs once, at the trigger (at once when it came
+  // already), on the triggering thread with no lock of this object held.
+  void OnTrigger(std::function<void()> cancel);
+
  private:
   std::mutex self_mu_;
   std::mutex* waiter_mu_ = nullptr;
   std::condition_variable* waiter_cv_ = nullptr;
+  std::function<void()> on_trigger_;
   std::atomic<bool> triggered_{false};
 };
 

@@ -206,6 +206,95 @@ TEST_F(StoreTest, ResponseReadBlocksUntilTextAndCanBeInterrupted) {
   EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(1, "wait"));
 }
 
+// ReadAsync parks a read of `response` that must wait, holding no thread: hundreds wait at once,
+// each answered once, by the turn's text, an interrupt, an erasure or the shutdown.
+TEST_F(StoreTest, ParkedResponseReadsAreAnsweredOnceByWhatEndsTheirWait) {
+  Mkdir("alice");
+  Mkdir("bob");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "wait").ok());
+  ASSERT_TRUE(Echo("bob", "prompt", "wait too").ok());
+  std::mutex mu;
+  std::map<int, std::vector<Result<std::string>>> answers;  // by reader
+  auto reply_to = [&](int reader) {
+    return [&, reader](Result<std::string> r) {
+      std::lock_guard lock(mu);
+      answers[reader].push_back(std::move(r));
+    };
+  };
+  auto answered = [&](int reader) {
+    std::lock_guard lock(mu);
+    return answers[reader].size();
+  };
+  auto open = [&](const std::string& agent) {
+    auto ino = File(agent, "response");
+    EXPECT_TRUE(ino.ok());
+    auto h = store_->Open(*ino, ReadFlags(), kRoot);
+    EXPECT_TRUE(h.ok());
+    return *h;
+  };
+  constexpr int kReaders = 300;
+  std::vector<HandleId> handles;
+  for (int i = 0; i < kReaders; ++i) {
+    handles.push_back(open("alice"));
+    store_->ReadAsync(handles.back(), 0, 4096, std::make_shared<Interrupt>(), reply_to(i));
+  }
+  for (int i = 0; i < kReaders; ++i) EXPECT_EQ(answered(i), 0u) << i;
+  // The caller's thread came back: other requests go on.
+  EXPECT_TRUE(Cat("alice", "status.json").ok());
+  // An interrupt answers its read at once (EINTR), and only it; one that came before the read
+  // answers it at the read.
+  auto interrupt = std::make_shared<Interrupt>();
+  const HandleId interrupted = open("alice");
+  store_->ReadAsync(interrupted, 0, 4096, interrupt, reply_to(-1));
+  EXPECT_EQ(answered(-1), 0u);
+  interrupt->Trigger();
+  ASSERT_EQ(answered(-1), 1u);
+  EXPECT_EQ(answers[-1][0].status().code(), StatusCode::kCancelled);
+  store_->ReadAsync(interrupted, 0, 4096, interrupt, reply_to(-2));
+  ASSERT_EQ(answered(-2), 1u);
+  EXPECT_EQ(answers[-2][0].status().code(), StatusCode::kCancelled);
+  store_->Release(interrupted);
+  // The turn's text answers every parked read of alice, once each, with the reply's start.
+  engine_->HoldTurns(false);
+  const std::string reply = *Cat("alice", "response");
+  ASSERT_EQ(reply, FakeEngine::ReplyFor(1, "wait"));
+  for (int i = 0; i < kReaders; ++i) {
+    ASSERT_EQ(answered(i), 1u) << i;
+    ASSERT_TRUE(answers[i][0].ok()) << answers[i][0].status().message();
+    EXPECT_FALSE(answers[i][0]->empty());
+    EXPECT_TRUE(reply.starts_with(*answers[i][0])) << *answers[i][0];
+    // At the end of the reply a read is answered at once: EOF.
+    store_->ReadAsync(handles[i], reply.size(), 4096, nullptr, reply_to(i));
+    ASSERT_EQ(answered(i), 2u);
+    EXPECT_EQ(answers[i][1].value(), "");
+    store_->Release(handles[i]);
+  }
+  interrupt->Trigger();  // again, after its read was answered: nothing more
+  EXPECT_EQ(answered(-1), 1u);
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(*Cat("bob", "response") == FakeEngine::ReplyFor(1, "wait too"));
+  ASSERT_TRUE(Echo("bob", "prompt", "held").ok());
+  // A reader of bob's held turn is answered by bob's erasure (which cancels the turn first: EIO).
+  const HandleId bobs_held = open("bob");
+  store_->ReadAsync(bobs_held, 0, 4096, nullptr, reply_to(-4));
+  EXPECT_EQ(answered(-4), 0u);
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "bob", kRoot).ok());
+  ASSERT_EQ(answered(-4), 1u);
+  EXPECT_EQ(answers[-4][0].status().code(), StatusCode::kIoError);
+  store_->Release(bobs_held);
+  // A read parked at shutdown is answered by it (EIO).
+  ASSERT_TRUE(Echo("alice", "prompt", "last").ok());
+  const HandleId last = open("alice");
+  store_->ReadAsync(last, 0, 4096, nullptr, reply_to(-5));
+  EXPECT_EQ(answered(-5), 0u);
+  store_->BeginShutdown();
+  ASSERT_EQ(answered(-5), 1u);
+  EXPECT_EQ(answers[-5][0].status().code(), StatusCode::kIoError);
+  store_->Release(last);
+  engine_->HoldTurns(false);
+}
+
 TEST_F(StoreTest, ResponseBindsToTheTurnCurrentAtOpen) {
   Mkdir("alice");
   ASSERT_TRUE(Echo("alice", "prompt", "one").ok());

@@ -498,6 +498,43 @@ def streaming_tail_and_interrupt(t):
 
 
 @test
+def blocked_readers_hold_no_thread(t):
+    # A read of response waiting for text holds no FUSE thread (it is answered later): with 2
+    # request threads, 40 readers waiting on a queued turn leave ls, stat, other agents' turns
+    # and their own interrupts as quick as ever.
+    d = t.daemon(extra=['--fuse-threads', '2'], env={'KVFS_FAKE_DELAY_MS': '300'})  # (fake: ~2 s a turn)
+    m = d.mnt
+    sh('mkdir %s/alice %s/bob' % (m, m), check_rc=0)
+    small_replies(m, 'bob', 8)
+    sh("""echo '{"max_tokens": 256}' > %s/alice/config.json""" % m, check_rc=0)
+    for i in range(3):
+        sh('echo "Tell me more %d" > %s/alice/prompt' % (i, m), check_rc=0)
+    cats = [subprocess.Popen(['cat', m + '/alice/response'], stdout=subprocess.DEVNULL) for _ in range(40)]
+    try:
+        time.sleep(0.3)
+        waiting = sum(c.poll() is None for c in cats)
+        t0 = time.time()
+        sh('ls -l %s >/dev/null && stat %s/bob/status.json >/dev/null && mkdir %s/carol' % (m, m, m), check_rc=0)
+        sh('echo hi > %s/bob/prompt && cat %s/.status >/dev/null' % (m, m), check_rc=0)
+        elapsed = time.time() - t0
+        if waiting > 2:  # (a fast model may have answered them all already: nothing to measure)
+            check(elapsed < 1.5, '%d readers waiting, 2 threads: ls, stat, mkdir and a prompt took %.2f s'
+                  % (waiting, elapsed))
+        t0 = time.time()
+        for c in cats:
+            c.send_signal(signal.SIGINT)
+        for c in cats:
+            c.wait(timeout=10)
+        check(time.time() - t0 < 3, '40 waiting readers stop within 3 s of SIGINT')
+    finally:
+        for c in cats:
+            if c.poll() is None:
+                c.kill()
+                c.wait()
+    wait_idle(m, 'alice')
+
+
+@test
 def concurrent_writers_and_agents(t):
     d = t.daemon()
     m = d.mnt
