@@ -256,7 +256,12 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
   // immutable once named); the file is assembled on the calling thread.
   struct Snapshot {
     store::CacheExportInfo info;
+    // Per full block: the pool's copy (held), or null: read from the store by the caller. Blocks
+    // not in memory are never loaded into the pool for an export: under memory pressure there
+    // may be no room (an export must not come out short: its size was promised to stat), and a
+    // backup of every agent must not evict the agents at work.
     std::vector<PoolBlock*> blocks;
+    std::vector<BlockHash> hashes;
     std::vector<uint8_t> tail;  // compact
     int64_t tail_tokens = 0;
     int64_t block_bytes = 0;
@@ -275,11 +280,18 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     const KvLayout layout = KvLayoutFor(model_->hparams(), a->format, B);
     Snapshot s;
     s.block_bytes = layout.block_bytes();
-    for (const BlockHash& h : a->blocks) {
+    for (size_t i = 0; i < a->blocks.size(); ++i) {
+      const BlockHash& h = a->blocks[i];
       PoolBlock* b = pool_->Acquire(h);
-      if (b == nullptr) b = LoadBlock(h, layout);
-      if (b == nullptr) break;
+      if (b == nullptr && !(store_ && store_->HasBlock(h))) {
+        // Never a shorter file than ExportSize promised (tar would pad it with zeros).
+        for (PoolBlock* held : s.blocks)
+          if (held != nullptr) pool_->Release(held);
+        return IoError(fmt::format("exporting agent {}: block {} of {} is missing (the next turn recomputes it)",
+                                   name, i, a->blocks.size()));
+      }
       s.blocks.push_back(b);
+      s.hashes.push_back(h);
     }
     const int64_t full = static_cast<int64_t>(s.blocks.size()) * B;
     const int64_t rest = static_cast<int64_t>(a->tokens.size()) - full;
@@ -308,13 +320,31 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     return s;
   });
   if (!snap.ok()) return snap.status();
+  // The blocks not in memory, read here (off the engine thread) from the store: named by their
+  // content, they cannot have changed; one erased or damaged since fails its checksum.
+  std::vector<std::vector<uint8_t>> read(snap->blocks.size());
+  Status read_status = Status::Ok();
+  for (size_t i = 0; i < snap->blocks.size() && read_status.ok(); ++i) {
+    if (snap->blocks[i] != nullptr) continue;
+    read[i].resize(static_cast<size_t>(snap->block_bytes));
+    read_status = store_->ReadBlockInto(snap->hashes[i], read[i]);
+    if (!read_status.ok())
+      read_status = read_status.WithContext(fmt::format("exporting agent {}: block {} of {}", name, i, read.size()));
+  }
   std::vector<store::KvChunk> chunks;
-  for (PoolBlock* b : snap->blocks)
-    chunks.push_back(store::KvChunk{std::span<const uint8_t>(b->data, static_cast<size_t>(snap->block_bytes)), options_.block_tokens});
+  for (size_t i = 0; i < snap->blocks.size(); ++i) {
+    const uint8_t* data = snap->blocks[i] != nullptr ? snap->blocks[i]->data : read[i].data();
+    chunks.push_back(store::KvChunk{std::span<const uint8_t>(data, static_cast<size_t>(snap->block_bytes)), options_.block_tokens});
+  }
   if (snap->tail_tokens > 0) chunks.push_back(store::KvChunk{snap->tail, snap->tail_tokens});
-  auto file = store::WriteKvSafetensors(snap->info, chunks);
+  Result<std::string> file = read_status.ok() ? store::WriteKvSafetensors(snap->info, chunks) : Result<std::string>(read_status);
+  for (std::vector<uint8_t>& r : read) {  // KV data: zeroed when it goes, as the pool's is
+    std::fill(r.begin(), r.end(), 0);
+    asm volatile("" : : "r"(r.data()) : "memory");  // (not a dead store before the free)
+  }
   std::vector<BlockHash> held;
   for (PoolBlock* b : snap->blocks) {
+    if (b == nullptr) continue;
     held.push_back(b->key);
     pool_->Release(b);
   }

@@ -240,6 +240,48 @@ TEST_F(EngineTest, CorruptBlockIsRebuiltFromText) {
   EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
 }
 
+// An export of a cold agent reads its blocks from the store without loading them into the KV
+// pool (a backup of every agent must not evict the ones at work, and a full pool must not make
+// an export short); a block that cannot be read fails the export instead of shortening it.
+TEST_F(EngineTest, ExportOfAColdAgentLoadsNothingAndNeverComesOutShort) {
+  std::string before;
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1] + kTurns[2]).stats.ok());
+    before = (*engine)->ExportCache("alice").value();
+  }
+  const store::Manifest m = ReadManifest(Options().store_dir, "alice");
+  ASSERT_GE(m.blocks.size(), 2u);
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    auto file = (*engine)->ExportCache("alice");
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    EXPECT_EQ(*file, before);
+    EXPECT_EQ((*engine)->GetAgent("alice")->memory_bytes, 0);
+    EXPECT_EQ((*engine)->GetAgent("alice")->state, AgentState::kCold);
+  }
+  const std::string hex = store::ToHex(m.blocks[1]);
+  {
+    std::fstream f(dir_ / "store" / "blocks" / hex.substr(0, 2) / (hex + ".kvb"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x5a');
+  }
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->ExportSize("alice").value(), before.size());
+  auto file = (*engine)->ExportCache("alice");
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("exporting agent alice: block 1"), std::string::npos) << file.status().message();
+  // Dropped as corrupt by that read, the block is missing now: still no short file.
+  file = (*engine)->ExportCache("alice");
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), StatusCode::kIoError) << file.status().message();
+}
+
 // A damaged manifest (one letter of the text changed on disk: the checksum tells) costs the
 // agent its latest turn, not its history: it comes back at the turn before, says so in its
 // status, and goes on from there.
