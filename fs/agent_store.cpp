@@ -484,12 +484,10 @@ Result<std::vector<std::string>> AgentStore::ListXattr(InodeId ino) {
   return std::vector<std::string>{"user.kvfs.state", "user.kvfs.tokens", "user.kvfs.bytes"};
 }
 
-void AgentStore::BeginShutdown() {
-  shutting_down_.store(true);
-  WakeAllReaders();
-}
+void AgentStore::BeginShutdown() { shutting_down_.store(true); }
 
 void AgentStore::WakeAllReaders() {
+  readers_released_.store(true);
   std::vector<std::shared_ptr<AgentRecord>> agents;
   {
     std::lock_guard lock(mu_);
@@ -499,7 +497,7 @@ void AgentStore::WakeAllReaders() {
     AnsweredReads answered;
     {
       std::lock_guard lock(agent->mu);
-      answered = TakeAnsweredReads(*agent, shutting_down_.load());
+      answered = TakeAnsweredReads(*agent, readers_released_.load());
       agent->changed.notify_all();
     }
     DeliverReads(answered);

@@ -161,8 +161,10 @@ class AgentStore {
   // should tell a user whose agents fill it), and names of at most 64 bytes.
   Result<struct statvfs> StatFs() const;
 
-  // Shutdown: new turns are refused and blocked readers wake (their turns are finished or
-  // cancelled by the engine's Shutdown, which the daemon calls after this).
+  // Shutdown, in this order: BeginShutdown refuses new turns; the engine's Shutdown finishes or
+  // cancels the running ones (their readers get the reply's end, or EIO with the reason); then
+  // WakeAllReaders answers every read still waiting (EIO: kvfsd is shutting down). Readers are
+  // not answered before the engine stops: a turn that still commits must end its reply as one.
   void BeginShutdown();
   void WakeAllReaders();
 
@@ -251,6 +253,7 @@ class AgentStore {
   const StoreConfig config_;
   std::unique_ptr<AuditLog> audit_;
   std::atomic<bool> shutting_down_{false};
+  std::atomic<bool> readers_released_{false};  // WakeAllReaders ran: waiting reads end (EIO)
 
   std::mutex mu_;  // guards everything below
   InodeTable inodes_;

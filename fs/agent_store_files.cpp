@@ -276,7 +276,7 @@ Result<std::string> AgentStore::ReadResponse(Handle& handle, uint64_t offset, si
   std::unique_lock lock(agent.mu);
   std::optional<Result<std::string>> now;
   agent.changed.wait(lock, [&] {
-    now = ResponseNow(agent, turn, offset, size, interrupt != nullptr && interrupt->triggered(), shutting_down_.load());
+    now = ResponseNow(agent, turn, offset, size, interrupt != nullptr && interrupt->triggered(), readers_released_.load());
     return now.has_value();
   });
   return std::move(*now);
@@ -291,7 +291,7 @@ void AgentStore::ReadAsync(HandleId id, uint64_t offset, size_t size, const std:
   {
     std::unique_lock lock(agent->mu);
     std::optional<Result<std::string>> now = ResponseNow(
-        *agent, *handle->turn, offset, size, interrupt != nullptr && interrupt->triggered(), shutting_down_.load());
+        *agent, *handle->turn, offset, size, interrupt != nullptr && interrupt->triggered(), readers_released_.load());
     if (now) {
       lock.unlock();
       return reply(std::move(*now));

@@ -283,12 +283,14 @@ TEST_F(StoreTest, ParkedResponseReadsAreAnsweredOnceByWhatEndsTheirWait) {
   ASSERT_EQ(answered(-4), 1u);
   EXPECT_EQ(answers[-4][0].status().code(), StatusCode::kIoError);
   store_->Release(bobs_held);
-  // A read parked at shutdown is answered by it (EIO).
+  // A read parked at shutdown is answered once the readers are released (EIO).
   ASSERT_TRUE(Echo("alice", "prompt", "last").ok());
   const HandleId last = open("alice");
   store_->ReadAsync(last, 0, 4096, nullptr, reply_to(-5));
   EXPECT_EQ(answered(-5), 0u);
   store_->BeginShutdown();
+  EXPECT_EQ(answered(-5), 0u);
+  store_->WakeAllReaders();
   ASSERT_EQ(answered(-5), 1u);
   EXPECT_EQ(answers[-5][0].status().code(), StatusCode::kIoError);
   store_->Release(last);
@@ -781,13 +783,33 @@ TEST_F(StoreTest, RootStatusFilesRender) {
   EXPECT_EQ(model["fingerprint"], engine_->fingerprint());
 }
 
-TEST_F(StoreTest, ShutdownWakesBlockedReadersAndRefusesTurns) {
-  Result<std::string> result = Status(StatusCode::kInternal, "not run");
-  std::thread reader = BlockedResponseReader("alice", &result);
+// The daemon's sequence: BeginShutdown refuses new turns but answers no reader yet; the engine's
+// Shutdown finishes the running turn (its reader gets the whole reply, not EIO: it committed)
+// and cancels the queued one (EIO); WakeAllReaders then ends any read still waiting.
+TEST_F(StoreTest, ShutdownEndsEachWaitingReadAsItsTurnEnded) {
+  Mkdir("alice");
+  engine_->HoldAfterFirstPiece(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "never").ok());  // runs, then waits after its first piece
+  Result<std::string> finished = Status(StatusCode::kInternal, "not run");
+  std::thread reader([&] { finished = Cat("alice", "response"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_TRUE(Echo("alice", "prompt", "queued").ok());  // behind it; `response` now binds to it
+  Result<std::string> cancelled = Status(StatusCode::kInternal, "not run");
+  std::thread second_reader([&] { cancelled = Cat("alice", "response"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
   store_->BeginShutdown();
-  reader.join();
-  EXPECT_FALSE(result.ok());
   EXPECT_EQ(Echo("alice", "prompt", "more").code(), StatusCode::kIoError);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(finished.status().code(), StatusCode::kInternal) << "answered before the engine stopped";
+  EXPECT_EQ(cancelled.status().code(), StatusCode::kInternal) << "answered before the engine stopped";
+  engine_->Shutdown();
+  reader.join();
+  second_reader.join();
+  engine_->HoldAfterFirstPiece(false);
+  ASSERT_TRUE(finished.ok()) << finished.status().message();
+  EXPECT_EQ(*finished, FakeEngine::ReplyFor(1, "never"));
+  EXPECT_EQ(cancelled.status().code(), StatusCode::kIoError);
+  store_->WakeAllReaders();
 }
 
 TEST_F(StoreTest, TurnsMayFinishAfterTheStoreIsGone) {

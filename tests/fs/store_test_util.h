@@ -36,6 +36,7 @@ class StoreTest : public ::testing::Test {
   void TearDown() override {
     if (store_) store_->BeginShutdown();
     if (engine_) engine_->Shutdown();
+    if (store_) store_->WakeAllReaders();
     store_.reset();
     engine_.reset();
   }
