@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
+#include <filesystem>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <thread>
@@ -106,6 +107,12 @@ class Logging {
     if (!config.foreground) {
       // spdlog reports a file it cannot open by throwing: caught here, returned as a value.
       log_file_ = config.log_file;
+      // The log's directory must exist (spdlog would make it, anywhere), and a new log is made
+      // private (0600) before spdlog opens it: messages may name agents and files.
+      const std::string log_dir = std::filesystem::path(log_file_).parent_path().string();
+      if (!log_dir.empty() && !std::filesystem::is_directory(log_dir))
+        return IoError("cannot open the log file " + config.log_file + ": no directory " + log_dir);
+      if (int fd = ::open(log_file_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600); fd >= 0) ::close(fd);
       try {
         file_ = std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file_);
       } catch (const spdlog::spdlog_ex& e) {
@@ -127,6 +134,7 @@ class Logging {
   // at the same path, and so does what the process writes to stdout and stderr.
   void ReopenFile() {
     if (file_ == nullptr) return;
+    if (int fd = ::open(log_file_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600); fd >= 0) ::close(fd);
     try {
       auto fresh = std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file_);
       dist_->add_sink(fresh);
@@ -175,6 +183,17 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   }
   config.mountpoint = AbsolutePath(config.mountpoint);
   config.store_dir = AbsolutePath(config.store_dir);
+  // kvfsd writes its store and its log while it serves the mount: inside the mount, each write
+  // would wait on kvfsd itself (a hang in D state that only kill -9 ends).
+  for (const auto& [what, path] : {std::pair<const char*, std::string>{"store", config.store_dir},
+                                   std::pair<const char*, std::string>{"log file", config.log_file}}) {
+    if (!path.empty() && PathIsWithin(path, config.mountpoint)) {
+      std::fprintf(stderr, "kvfsd: the %s %s is inside the mount point %s: kvfsd would wait on its own mount; "
+                   "choose a %s outside it (--%s)\n",
+                   what, path.c_str(), config.mountpoint.c_str(), what, what == std::string("store") ? "store" : "log-file");
+      return 2;
+    }
+  }
   if (Status s = MakeDirs(config.store_dir); !s.ok()) {
     std::fprintf(stderr, "kvfsd: %s\n", s.message().c_str());
     return 1;

@@ -86,6 +86,37 @@ std::string AbsolutePath(const std::string& path) {
 
 namespace {
 
+// The real path of the longest existing prefix of the absolute `path`, with the rest appended.
+std::string ResolveExisting(const std::string& path) {
+  std::string head = path, tail;
+  while (head.size() > 1) {
+    char resolved[PATH_MAX];
+    if (::realpath(head.c_str(), resolved) != nullptr) return AbsolutePath(std::string(resolved) + tail);
+    const size_t slash = head.rfind('/');
+    tail = head.substr(slash) + tail;
+    head = slash == 0 ? "/" : head.substr(0, slash);
+  }
+  return path;
+}
+
+bool LexicallyWithin(const std::string& path, const std::string& dir) {
+  return path == dir || dir == "/" || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
+}
+
+}  // namespace
+
+bool PathIsWithin(const std::string& path, const std::string& dir) {
+  const std::string p = AbsolutePath(path), d = AbsolutePath(dir);
+  if (LexicallyWithin(p, d)) return true;
+  // The mount point's parent resolved, its own name kept (not looked up through the mount).
+  const size_t slash = d.rfind('/');
+  const std::string parent = slash == 0 ? "/" : d.substr(0, slash);
+  const std::string resolved_dir = AbsolutePath(ResolveExisting(parent) + d.substr(slash));
+  return LexicallyWithin(ResolveExisting(p), resolved_dir);
+}
+
+namespace {
+
 struct MountEntry {
   std::string mountpoint;
   std::string fstype;

@@ -14,6 +14,10 @@ namespace kvfs::daemon {
 // The absolute, lexically normalised form of `path` (no symlink resolution: a stale FUSE mount
 // cannot be resolved).
 std::string AbsolutePath(const std::string& path);
+// Whether `path` is `dir` or lies inside it, by their absolute forms and, where the existing part
+// of each resolves, by their real paths (a symlink into the mount point counts). `dir` itself is
+// never resolved: a stale FUSE mount there cannot be.
+bool PathIsWithin(const std::string& path, const std::string& dir);
 // The filesystem type mounted at exactly `dir` according to /proc/self/mountinfo, if any.
 std::optional<std::string> MountedTypeAt(const std::string& dir);
 // Mount points of every kvfs filesystem visible to this process, in mount order.

@@ -68,7 +68,11 @@ Result<nlohmann::json> ParseStrictJson(std::string_view text, std::string_view w
     if (!duplicate.empty()) return InvalidArgument(what + " has a duplicate key " + ClipForMessage(duplicate, 48, '"'));
     return j;
   } catch (const nlohmann::json::exception& e) {
-    return InvalidArgument(what + " is not valid JSON: " + e.what());
+    std::string why = e.what();
+    if (!limits.quote_text) {
+      if (const size_t at = why.find("; last read:"); at != std::string::npos) why.resize(at);
+    }
+    return InvalidArgument(what + " is not valid JSON: " + why);
   } catch (const TooManyEvents&) {
     return InvalidArgument(what + " holds more JSON values than a valid one can (" +
                            std::to_string(limits.max_events) + " parser events)");

@@ -21,6 +21,10 @@ namespace kvfs {
 struct JsonLimits {
   int max_depth = 64;       // arrays and objects inside each other, the top level counting 1
   int64_t max_events = 0;   // parser events at most; 0: no bound
+  // Whether an error message may quote the text near the error (the parser's "last read"): yes
+  // for what a user just wrote, no for stored files that hold conversations (their messages go
+  // to logs and status.json, which must never show an agent's text).
+  bool quote_text = true;
 };
 
 // Text from a file or a user, for a message (which may end up in status.json and logs): at

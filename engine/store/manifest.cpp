@@ -192,7 +192,7 @@ Result<std::string> SerializeManifest(const Manifest& m) {
 Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
   const std::string src(source);
   if (text.size() > kMaxManifestBytes) return Corrupt(src + ": manifest larger than the limit");
-  Result<Json> parsed = ParseStrictJson(text, src + ": the manifest", JsonLimits{kMaxJsonDepth});
+  Result<Json> parsed = ParseStrictJson(text, src + ": the manifest", JsonLimits{.max_depth = kMaxJsonDepth, .quote_text = false});
   if (!parsed.ok()) return Corrupt(parsed.status().message());
   const Json& j = *parsed;
   if (!j.is_object()) return Corrupt(src + ": top level is not a JSON object");

@@ -44,7 +44,7 @@ Result<PrefixRecord> ParsePrefix(std::string_view json, std::string_view source)
     return Corrupt(where + ": field \"" + std::string(field) + "\": " + std::string(why));
   };
   if (json.size() > kMaxManifestBytes) return Corrupt(where + ": larger than the limit");
-  Result<nlohmann::json> parsed = ParseStrictJson(json, where + ": the prefix record");
+  Result<nlohmann::json> parsed = ParseStrictJson(json, where + ": the prefix record", JsonLimits{.quote_text = false});
   if (!parsed.ok()) return Corrupt(parsed.status().message());
   const nlohmann::json& j = *parsed;
   if (!j.is_object()) return Corrupt(where + ": not a JSON object");

@@ -31,7 +31,7 @@ std::string Quoted(std::string_view s) { return ClipForMessage(s, 48, '"'); }
 // recursive code deep; no duplicate keys; at most `max_events` parser events: the caller knows
 // how many a valid text can have), its errors as this file's corruption.
 Result<Json> ParseJson(std::string_view text, int max_depth, int64_t max_events, const std::string& what) {
-  Result<Json> j = ParseStrictJson(text, what, JsonLimits{max_depth, max_events});
+  Result<Json> j = ParseStrictJson(text, what, JsonLimits{max_depth, max_events, /*quote_text=*/false});
   if (!j.ok()) return Malformed(j.status().message());
   return j;
 }

@@ -183,5 +183,24 @@ TEST(MountUtil, AbsolutePaths) {
   EXPECT_EQ(MountedTypeAt("/definitely/not/mounted"), std::nullopt);
 }
 
+// The store or log inside the mount point would hang kvfsd on its own mount: found by path, by
+// a symlink into the mount point, but not for a sibling whose name merely starts alike.
+TEST(MountUtil, PathIsWithinFollowsLinksToTheMountPoint) {
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / ("kvfs_within_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root / "mnt");
+  std::filesystem::create_directory_symlink(root / "mnt", root / "link");
+  const std::string mnt = (root / "mnt").string();
+  EXPECT_TRUE(PathIsWithin(mnt, mnt));
+  EXPECT_TRUE(PathIsWithin(mnt + "/store", mnt));
+  EXPECT_TRUE(PathIsWithin(mnt + "/a/b/kvfsd.log", mnt));
+  EXPECT_TRUE(PathIsWithin((root / "link" / "store").string(), mnt));  // through the link
+  EXPECT_TRUE(PathIsWithin(mnt + "/../mnt/store", mnt));
+  EXPECT_FALSE(PathIsWithin(mnt + "2/store", mnt));
+  EXPECT_FALSE(PathIsWithin((root / "store").string(), mnt));
+  EXPECT_FALSE(PathIsWithin(root.string(), mnt));  // the mount point inside the store is fine
+  std::filesystem::remove_all(root);
+}
+
 }  // namespace
 }  // namespace kvfs::daemon

@@ -69,6 +69,19 @@ TEST(StrictJson, InvalidTextSaysWhy) {
   }
 }
 
+// A stored file's error never quotes its text (a manifest holds a conversation); a user's own
+// text may be quoted back to them.
+TEST(StrictJson, StoredTextIsNotQuotedInErrors) {
+  const std::string bad = "{\"conversation\": [{\"text\": \"my password is hunter2\xff\"}]}";
+  auto quoted = ParseStrictJson(bad, "config.json");
+  ASSERT_FALSE(quoted.ok());
+  EXPECT_NE(quoted.status().message().find("hunter2"), std::string::npos) << quoted.status().message();
+  auto stored = ParseStrictJson(bad, "the manifest", JsonLimits{.quote_text = false});
+  ASSERT_FALSE(stored.ok());
+  EXPECT_EQ(stored.status().message().find("hunter2"), std::string::npos) << stored.status().message();
+  EXPECT_NE(stored.status().message().find("the manifest is not valid JSON: "), std::string::npos);
+}
+
 TEST(StrictJson, ClipForMessage) {
   EXPECT_EQ(ClipForMessage("abc"), "abc");
   EXPECT_EQ(ClipForMessage("abc", 48, '"'), "\"abc\"");

@@ -702,6 +702,12 @@ def daemon_modes(t):
     check(r.returncode == 2 and 'served by a running kvfsd' in r.stderr,
           'a second daemon on the mount point: %d %r' % (r.returncode, r.stderr))
     check(os.path.isdir(os.path.join(mnt, 'alice')), 'the first daemon still serves its mount')
+    # A store inside its own mount point would hang kvfsd on itself: refused before mounting.
+    inside = os.path.join(t.dir, 'inside')
+    r = subprocess.run([DAEMON, '--mount', inside, '--store', os.path.join(inside, 'store'), '-m', MODEL, '-t', '1'],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and 'is inside the mount point' in r.stderr and not os.path.ismount(inside),
+          'a store inside the mount point: %d %r' % (r.returncode, r.stderr))
     # logrotate: the log moved away, SIGHUP; the daemon serves on and logs to a new file.
     log = os.path.join(store, 'kvfsd.log')
     os.rename(log, log + '.1')
