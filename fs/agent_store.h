@@ -61,7 +61,8 @@ struct StoreConfig {
 struct Caller {
   uint32_t uid = 0;
   uint32_t gid = 0;
-  uint32_t pid = 0;  // the calling process (0: unknown)
+  uint32_t pid = 0;  // the calling thread (0: unknown)
+  uint32_t process = 0;  // its thread group, the process (0: unknown); for Open and Flush
 };
 
 enum class FileType : uint8_t { kDirectory, kRegular };
@@ -144,7 +145,12 @@ class AgentStore {
   Result<size_t> Write(HandleId handle, uint64_t offset, std::string_view data);
   // close(2): a prompt becomes a turn, system/config.json/kv.safetensors/prefix writes are
   // applied. The error is what close() returns.
-  Status Flush(HandleId handle);
+  //
+  // A prompt or kv.safetensors is submitted only at the close of the process that opened it
+  // (`process`: the closing one, 0 if unknown: taken as the opener) or at the last close: a
+  // child that inherited the descriptor (`{ cat ctx; echo question; } > prompt`) closes its copy
+  // before its parent has written everything, and must not cut the prompt in two turns.
+  Status Flush(HandleId handle, uint32_t process = 0);
   // Last close: anything not yet applied is applied now (errors are only logged: the kernel
   // ignores release's result).
   void Release(HandleId handle);
@@ -229,7 +235,7 @@ class AgentStore {
   Status ApplyWrites(Handle& handle);
   Status CheckWrittenSoFar(Handle& handle);  // early refusal of edits that cannot become valid
   Result<size_t> WriteLocked(Handle& handle, uint64_t offset, std::string_view bytes);
-  Status FlushLocked(Handle& handle);
+  Status FlushLocked(Handle& handle, uint32_t process);
   void UndoAppliedEdit(Handle& handle);  // a refused system edit: the text before the handle's first apply
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
   Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);

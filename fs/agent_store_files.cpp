@@ -100,6 +100,7 @@ Result<HandleId> AgentStore::Open(InodeId ino, OpenFlags flags, const Caller& ca
   handle->ino = ino;
   handle->node = std::move(node);
   handle->uid = caller.uid;
+  handle->opener_process = caller.process;
   handle->append = flags.append;
   return AddHandle(std::move(handle));
 }
@@ -384,19 +385,24 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
   }
 }
 
-Status AgentStore::Flush(HandleId id) {
+Status AgentStore::Flush(HandleId id, uint32_t process) {
   auto handle = FindHandle(id);
   if (handle == nullptr) return Status::Ok();
   std::lock_guard lock(handle->mu);
-  Status flushed = FlushLocked(*handle);
+  Status flushed = FlushLocked(*handle, process);
   if (!flushed.ok()) NoteRefusedWrite(*handle, flushed);
   return flushed;
 }
 
-Status AgentStore::FlushLocked(Handle& handle) {
+Status AgentStore::FlushLocked(Handle& handle, uint32_t process) {
   if (handle.writes_erased)
     return NotFound(fmt::format("agent '{}' was erased while this file was open: what was written to it is gone",
                                 handle.node.agent->name));
+  // Another process's close of a prompt or an import (a child's copy of the descriptor): the
+  // opener may write more. Its refusal so far, if any, is this close's error too.
+  if ((handle.kind == Kind::kPrompt || handle.kind == Kind::kImport) && process != 0 && handle.opener_process != 0 &&
+      process != handle.opener_process)
+    return handle.refused;
   if (handle.kind == Kind::kPrompt) {
     if (!handle.refused.ok()) return handle.refused;
     if (!handle.utf8.Complete()) {
@@ -468,7 +474,8 @@ void AgentStore::Release(HandleId id) {
     if (pending) DropPendingPrefix(handle->node.prefix, handle->ino);
   }
   if (!unapplied) return;
-  // Only reached when no flush came (the kernel normally flushes at every close).
+  // Reached when no flush applied it: none came, or only other processes' (the opener closed
+  // its descriptor before a child that inherited it wrote the rest).
   Status s = Status::Ok();
   {
     std::lock_guard lock(handle->mu);

@@ -3,6 +3,8 @@
 #include "fs/fuse_ops.h"
 
 #include <cerrno>
+#include <cstdlib>
+#include <fstream>
 #include <exception>
 #include <new>
 #include <string>
@@ -26,6 +28,19 @@ AgentStore& StoreOf(fuse_req_t req) { return StateOf(req).store; }
 Caller CallerOf(fuse_req_t req) {
   const fuse_ctx* ctx = fuse_req_ctx(req);
   return Caller{ctx->uid, ctx->gid, static_cast<uint32_t>(ctx->pid)};
+}
+
+// The process (thread group) of a request's thread: FUSE gives the thread's id. 0 when it is
+// unknown (the thread is gone, another pid namespace): then the caller counts as the opener.
+uint32_t ProcessOf(fuse_req_t req) {
+  const pid_t tid = fuse_req_ctx(req)->pid;
+  if (tid <= 0) return 0;
+  std::ifstream status("/proc/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Tgid:", 0) == 0) return static_cast<uint32_t>(std::strtoul(line.c_str() + 5, nullptr, 10));
+  }
+  return 0;
 }
 
 void ReplyError(fuse_req_t req, const Status& status, const char* op) {
@@ -180,7 +195,9 @@ void FillOpenInfo(fuse_file_info* fi, HandleId handle) {
 }
 
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  Result<HandleId> handle = StoreOf(req).Open(ino, DecodeOpenFlags(fi->flags), CallerOf(req));
+  Caller caller = CallerOf(req);
+  caller.process = ProcessOf(req);
+  Result<HandleId> handle = StoreOf(req).Open(ino, DecodeOpenFlags(fi->flags), caller);
   if (!handle.ok()) return ReplyError(req, handle.status(), "open");
   FillOpenInfo(fi, *handle);
   if (fuse_reply_open(req, fi) != 0) StoreOf(req).Release(*handle);  // the opener was interrupted
@@ -241,7 +258,7 @@ void OnWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off
 
 // close(2) gets flush's error (the kernel ignores release's), so prompts and edits apply here.
 void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  Status s = StoreOf(req).Flush(fi->fh);
+  Status s = StoreOf(req).Flush(fi->fh, ProcessOf(req));
   if (!s.ok()) return ReplyError(req, s, "flush");
   fuse_reply_err(req, 0);
 }

@@ -31,6 +31,7 @@ struct AgentStore::Handle {
   InodeId ino = 0;
   Node node;        // copy of the node at open (kind, agent, prefix name)
   uint32_t uid = 0; // who opened it (for the audit log)
+  uint32_t opener_process = 0;  // the process that opened it (0: unknown); see AgentStore::Flush
 
   std::mutex mu;      // guards the fields below (writes to one fd may come concurrently)
   std::string data;   // snapshot or write buffer

@@ -103,6 +103,39 @@ TEST_F(StoreTest, PromptBecomesATurnAndResponseStreamsTheReply) {
   EXPECT_EQ(status["last_error_code"], nullptr);
 }
 
+// `{ cat context; echo question; } > prompt`: the child (cat) closes its copy of the descriptor
+// before the shell writes the question. Only the opener's close (or the last one) submits, so
+// the prompt is one turn; a child's close still reports a refusal already made.
+TEST_F(StoreTest, AChildsCloseDoesNotCutThePromptInTwo) {
+  Mkdir("alice");
+  Caller shell = kRoot;
+  shell.process = 100;
+  const InodeId prompt = *File("alice", "prompt");
+  HandleId h = *store_->Open(prompt, WriteTruncFlags(), shell);
+  ASSERT_EQ(*store_->Write(h, 0, "Context. "), 9u);
+  ASSERT_TRUE(store_->Flush(h, 200).ok());  // cat exits
+  EXPECT_EQ(engine_->Conversation("alice")->size(), 0u);
+  ASSERT_EQ(*store_->Write(h, 9, "Question?\n"), 10u);
+  ASSERT_TRUE(store_->Flush(h, 100).ok());  // the shell closes
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(1, "Context. Question?"));
+  EXPECT_EQ(engine_->Conversation("alice")->size(), 2u);
+  // The opener closes first, then the child writes the rest: the last close (release) submits.
+  h = *store_->Open(prompt, WriteTruncFlags(), shell);
+  ASSERT_TRUE(store_->Flush(h, 100).ok());
+  ASSERT_EQ(*store_->Write(h, 0, "Late."), 5u);
+  ASSERT_TRUE(store_->Flush(h, 200).ok());
+  EXPECT_EQ(engine_->Conversation("alice")->size(), 2u);
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(2, "Late."));
+  // A refused prompt: every close says so.
+  h = *store_->Open(prompt, WriteTruncFlags(), shell);
+  EXPECT_FALSE(store_->Write(h, 0, "\xff").ok());
+  EXPECT_EQ(store_->Flush(h, 200).code(), StatusCode::kIllegalSequence);
+  EXPECT_EQ(store_->Flush(h, 100).code(), StatusCode::kIllegalSequence);
+  store_->Release(h);
+}
+
 TEST_F(StoreTest, EmptyPromptIsNoTurn) {
   Mkdir("alice");
   ASSERT_TRUE(Echo("alice", "prompt", "").ok());

@@ -34,6 +34,13 @@ def basic_turn_and_files(t):
     check(reply in transcript, 'transcript holds the reply')
     check(user_turns(m, 'alice') == 1, 'one turn')
     check(int(jq(m + '/alice/status.json', '.turns')) >= 1, 'status.json counts it')
+    # A command inside a redirected group closes its copy of the descriptor before the group
+    # is done: still one turn, with all of the group's text.
+    sh('{ printf "Lily had a dog. "; /bin/true; printf "The dog ran."; } > %s/alice/prompt' % m, check_rc=0)
+    wait_idle(m, 'alice', turns=2)
+    transcript = sh('cat %s/alice/transcript' % m, check_rc=0).stdout
+    check(user_turns(m, 'alice') == 2 and 'Lily had a dog. The dog ran.' in transcript,
+          'a group\'s output is one prompt: %r' % transcript)
     check(jq(m + '/alice/status.json', '.state') in ('hot', 'warm', 'cold'), 'status.json state')
     xattr = sh('getfattr -d %s/alice' % m, check_rc=0).stdout
     for name in ('user.kvfs.state', 'user.kvfs.tokens', 'user.kvfs.bytes'):
