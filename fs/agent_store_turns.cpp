@@ -134,6 +134,11 @@ void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream
     agent.last_failure = Status::Ok();
     agent.last_stats = result.value();
   } else {
+    // Logged once, here: reads of `response` (any number, or none) answer EIO quietly.
+    if (result.status().code() == StatusCode::kCancelled)
+      spdlog::info("agent {}: a turn was cancelled: {}", agent.name, result.status().message());
+    else
+      spdlog::warn("agent {}: a turn failed: {}", agent.name, result.status().message());
     turn->failure = result.status();
     agent.last_failure = result.status();
     // The engine left the agent at its previous turn: render the transcript afresh.

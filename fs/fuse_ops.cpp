@@ -43,10 +43,10 @@ uint32_t ProcessOf(fuse_req_t req) {
   return 0;
 }
 
-void ReplyError(fuse_req_t req, const Status& status, const char* op) {
+void ReplyError(fuse_req_t req, const Status& status, const char* op, bool logged_already = false) {
   int err = ErrnoFromStatus(status);
   // Expected refusals (ENOENT of lookups, EACCES, ...) are routine: debug level only.
-  if (err == EIO) {
+  if (err == EIO && !logged_already) {
     spdlog::warn("{}: {}", op, status.message());
   } else {
     spdlog::debug("{}: {} ({})", op, status.message(), ErrnoName(err));
@@ -245,7 +245,8 @@ void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t offset, fuse_file_inf
                             std::lock_guard lock(state.interrupts_mu);
                             state.interrupts.erase(id);
                           }
-                          if (!data.ok()) return ReplyError(req, data.status(), "read");
+                          // (a failed turn was logged when it failed, not at each read)
+                          if (!data.ok()) return ReplyError(req, data.status(), "read", /*logged_already=*/true);
                           fuse_reply_buf(req, data->data(), data->size());
                         });
 }

@@ -19,7 +19,9 @@ void FsMetrics::ObserveTtft(double ms) {
 }
 
 std::string RenderTranscriptEntry(const std::string& role, const std::string& text) {
-  return "[" + role + "]\n" + text + "\n\n";
+  // A system prompt's one trailing newline (echo's) is not part of it (the model never sees it).
+  const bool echoed = role == "system" && !text.empty() && text.back() == '\n';
+  return "[" + role + "]\n" + text.substr(0, text.size() - (echoed ? 1 : 0)) + "\n\n";
 }
 
 std::string HumanBytes(int64_t bytes) {

@@ -45,6 +45,11 @@ struct TooManyEvents {};
 
 Result<nlohmann::json> ParseStrictJson(std::string_view text, std::string_view what_view, JsonLimits limits) {
   const std::string what(what_view);
+  // The parser takes a NUL byte for the end of the text: what follows one would go unread. No
+  // valid JSON holds one (a string escapes it as \u0000).
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return InvalidArgument(what + " is not valid JSON: a NUL byte at byte " + std::to_string(nul));
+  }
   if (!JsonDepthWithin(text, limits.max_depth)) {
     return InvalidArgument(what + " is nested deeper than " + std::to_string(limits.max_depth));
   }

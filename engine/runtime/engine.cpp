@@ -448,7 +448,9 @@ AgentInfo Engine::InfoOf(const AgentRecord& a) const {
   else if (a.running && a.generating) info.state = AgentState::kGenerating;
   else if (a.loading) info.state = AgentState::kWarm;
   else if (a.running && a.prefilling) info.state = AgentState::kGenerating;  // its prompt is being prefilled
-  else if (!a.queue.empty()) info.state = AgentState::kQueued;
+  // Queued: turns waiting to start, or one started that waits for KV memory (admitted when
+  // running turns free enough of the budget).
+  else if (!a.queue.empty() || a.running) info.state = AgentState::kQueued;
   else if (r.total > 0 && r.resident == r.total) info.state = AgentState::kHot;
   else if (r.resident > 0) info.state = AgentState::kWarm;
   else info.state = AgentState::kCold;

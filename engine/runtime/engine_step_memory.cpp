@@ -37,7 +37,7 @@ bool Engine::AdmitKv(ActiveTurn& turn) {
   }
   if (!turn.waiting_for_kv) {
     turn.waiting_for_kv = true;
-    spdlog::info("engine: turn of {} waits for KV memory: it may take {} bytes, running turns {} of the budget's {}",
+    spdlog::debug("engine: turn of {} waits for KV memory: it may take {} bytes, running turns {} of the budget's {}",
                  a.name, turn.kv_admitted_bytes, running, budget);
   }
   return false;
@@ -48,7 +48,7 @@ void Engine::NoteWaitingForKv(const std::vector<ActiveTurn*>& owners, const std:
     ActiveTurn& t = *owners[k];
     if (t.agent == nullptr || t.waiting_for_kv) continue;  // failed, or said already
     t.waiting_for_kv = true;
-    spdlog::info("engine: turn of {} waits for KV memory ({})", t.agent->name, t.kv_wait_status.message());
+    spdlog::debug("engine: turn of {} waits for KV memory ({})", t.agent->name, t.kv_wait_status.message());
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <future>
+#include <thread>
 
 #include "tests/engine/engine_test_util.h"
 
@@ -64,8 +65,22 @@ TEST_F(EngineKvWaitTest, TurnsOverTheBudgetTogetherWaitInsteadOfFailing) {
     r.on_done = [&done, i](const Result<TurnStats>& s) { done[i].set_value(s); };
     ASSERT_TRUE((*engine)->SubmitTurn(std::move(r)).ok());
   }
+  // A turn waiting for memory shows as queued (it once showed the agent idle: cold or hot).
+  std::vector<std::future<Result<TurnStats>>> finished;
+  for (auto& d : done) finished.push_back(d.get_future());
+  bool saw_queued = false;
+  for (bool all_done = false; !all_done;) {
+    all_done = true;
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (finished[i].wait_for(std::chrono::seconds(0)) == std::future_status::ready) continue;
+      all_done = false;
+      saw_queued |= (*engine)->GetAgent(agents[i])->state == AgentState::kQueued;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(saw_queued);
   for (size_t i = 0; i < agents.size(); ++i) {
-    Result<TurnStats> st = done[i].get_future().get();
+    Result<TurnStats> st = finished[i].get();
     ASSERT_TRUE(st.ok()) << agents[i] << ": " << st.status().message();
     EXPECT_EQ(replies[i], expected[i]) << agents[i];
     EXPECT_GT(st->generated_tokens, 100) << agents[i] << ": the turns must outgrow the budget together";

@@ -62,7 +62,9 @@ TEST(StrictJson, ParserEventsCanBeBounded) {
 }
 
 TEST(StrictJson, InvalidTextSaysWhy) {
-  for (std::string_view bad : {"", "{", "{\"a\": }", "[1,]", "\xff\xfe", "{\"a\": 1} x", "nan", "{'a': 1}"}) {
+  using namespace std::string_view_literals;
+  for (std::string_view bad : {""sv, "{"sv, "{\"a\": }"sv, "[1,]"sv, "\xff\xfe"sv, "{\"a\": 1} x"sv, "nan"sv, "{'a': 1}"sv,
+                               "{\"a\": 1}\0{\"b\": garbage"sv, "{\"a\": \"x\0y\"}"sv}) {
     const Status s = ErrorOf(bad);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ(s.message().rfind("the text is not valid JSON: ", 0), 0u) << s.message();

@@ -424,7 +424,7 @@ TEST_F(StoreTest, TranscriptReadsAtAnyOffsetMatchTheWholeFile) {
 // before stale) must show the turn once, and keep it once after the turn is done.
 TEST_F(StoreTest, TranscriptRenderedWhileATurnFinishesShowsItOnce) {
   Mkdir("alice");
-  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.\n").ok());  // (echo's newline: not shown)
   engine_->HoldBeforeDone(true);
   ASSERT_TRUE(Echo("alice", "prompt", "hi").ok());
   for (int i = 0; i < 2000 && engine_->Conversation("alice")->size() < 3; ++i)
