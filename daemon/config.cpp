@@ -296,6 +296,11 @@ std::optional<std::string> FindDefaultModel(const Environment& env, const std::s
 }
 
 Status ResolveDefaults(DaemonConfig& config, const Environment& env) {
+  // (0: the model's own context.) Below this no turn of any template fits.
+  constexpr int64_t kMinContext = 16;
+  if (config.context_tokens > 0 && config.context_tokens < kMinContext)
+    return InvalidArgument(fmt::format("context {}: too small for any turn (at least {}; 0 takes the model's)",
+                                       config.context_tokens, kMinContext));
   if (config.store_dir.empty()) config.store_dir = DefaultStoreDir(env);
   if (config.model_path.empty()) {
     std::optional<std::string> found = FindDefaultModel(env, config.store_dir);

@@ -192,23 +192,29 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   if (tokens.empty()) return InvalidArgument("the prompt encodes to no tokens");
   if (static_cast<int64_t>(tokens.size()) + 1 > n_ctx_) {
     // Say what the user can do: a conversation that no longer fits is the agent's whole memory,
-    // which kvfs does not cut on its own.
+    // which kvfs does not cut on its own. Counts include one position for the reply's first token.
+    std::string system_part;
+    if (!a.system.empty()) {
+      const size_t system_tokens = tok.Encode(Render(a, {}), true, true).size();
+      system_part = fmt::format(" (the system prompt takes {} of them: a shorter one frees them)", system_tokens);
+    }
     if (a.conversation.empty())
-      return OutOfRange(fmt::format("the prompt needs {} tokens but the context holds {}: write a shorter one, "
-                                    "or run kvfsd with a larger context (-c)",
-                                    tokens.size() + 1, n_ctx_));
+      return OutOfRange(fmt::format("the prompt needs {} tokens with the reply's first, but the context holds {}{}: "
+                                    "write a shorter one, or run kvfsd with a larger context (-c)",
+                                    tokens.size() + 1, n_ctx_, system_part));
     // A prompt too long on its own is not a full conversation: the agent takes shorter ones.
     std::vector<ConversationTurn> alone{ConversationTurn{"user", turn.request.text}};
     const size_t alone_tokens = tok.Encode(Render(a, alone), true, true).size();
     if (static_cast<int64_t>(alone_tokens) + 1 > n_ctx_)
-      return OutOfRange(fmt::format("this prompt alone needs {} tokens but the context holds {}: write a shorter "
-                                    "one (the conversation so far is kept), or run kvfsd with a larger context (-c)",
-                                    alone_tokens + 1, n_ctx_));
-    return OutOfRange(fmt::format("the conversation with this prompt needs {} tokens but the context holds {}, "
-                                  "{} of them taken by the conversation so far: write a shorter prompt, or, when the "
-                                  "conversation itself is full, go on in a new agent (mkdir, then cp this one's "
-                                  "system and config.json), or run kvfsd with a larger context (-c)",
-                                  tokens.size() + 1, n_ctx_, a.tokens.size()));
+      return OutOfRange(fmt::format("this prompt alone needs {} tokens with the reply's first, but the context "
+                                    "holds {}{}: write a shorter one (the conversation so far is kept), or run kvfsd "
+                                    "with a larger context (-c)",
+                                    alone_tokens + 1, n_ctx_, system_part));
+    return OutOfRange(fmt::format("the conversation with this prompt needs {} tokens with the reply's first, but the "
+                                  "context holds {}, {} of them taken by the conversation so far{}: write a shorter "
+                                  "prompt, or, when the conversation itself is full, go on in a new agent (mkdir, then "
+                                  "cp this one's system and config.json), or run kvfsd with a larger context (-c)",
+                                  tokens.size() + 1, n_ctx_, a.tokens.size(), system_part));
   }
   size_t keep = 0;
   while (keep < tokens.size() && keep < a.tokens.size() && tokens[keep] == a.tokens[keep]) ++keep;

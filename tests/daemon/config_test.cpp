@@ -171,6 +171,14 @@ TEST(DaemonConfig, DefaultStoreAndModel) {
       << cpu_device.message();
   device_cpu.backend = "vulkan";
   EXPECT_TRUE(ResolveDefaults(device_cpu, env).ok());
+  // A context in which no turn fits is refused at start, not at every turn.
+  DaemonConfig tiny;
+  tiny.mountpoint = "/m";
+  tiny.context_tokens = 2;
+  const Status too_small = ResolveDefaults(tiny, env);
+  EXPECT_NE(too_small.message().find("context 2: too small for any turn"), std::string::npos) << too_small.message();
+  tiny.context_tokens = 16;
+  EXPECT_TRUE(ResolveDefaults(tiny, env).ok());
   std::filesystem::remove_all(root);
 }
 

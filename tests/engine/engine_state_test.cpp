@@ -318,6 +318,14 @@ TEST_F(EngineStateTest, ATurnThatCannotFitFailsSayingWhatToDo) {
   ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
   ASSERT_TRUE((*engine)->SetSettings("bob", s).ok());
   EXPECT_TRUE(RunTurn(**engine, "bob", "And then?").stats.ok());
+  // A system prompt that takes the room: the message says so, and emptying it frees it.
+  ASSERT_TRUE((*engine)->CreateAgent("carol", 0).ok());
+  ASSERT_TRUE((*engine)->SetSystem("carol", big).ok());
+  out = RunTurn(**engine, "carol", "Once upon a time");
+  EXPECT_EQ(out.stats.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(out.stats.status().message().find("the system prompt takes"), std::string::npos) << out.stats.status().message();
+  ASSERT_TRUE((*engine)->SetSystem("carol", "").ok());
+  EXPECT_TRUE(RunTurn(**engine, "carol", "Once upon a time").stats.ok());
 }
 
 // A cached block that cannot be had when a turn starts (here a read that fails twice: the
