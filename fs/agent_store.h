@@ -239,6 +239,7 @@ class AgentStore {
   void UndoAppliedEdit(Handle& handle);  // a refused system edit: the text before the handle's first apply
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
   Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
+  void AuditExportRead(Handle& handle);  // handle.mu held
   Result<std::string> RenderFile(const Node& node);
   Status ApplyPrefix(Handle& handle);
   void DropPendingPrefix(const std::string& name, InodeId ino);

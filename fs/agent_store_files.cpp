@@ -182,7 +182,9 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
           ++metrics_->values.exports;
           metrics_->values.export_bytes += file.size();
         }
-        Audit(AuditEvent{.uid = caller.uid, .agent = agent->name, .action = "export", .bytes = file.size()});
+        // Audited at the first read: an open that reads nothing (ls, a close without reads, an
+        // open for writing) exports nothing.
+        handle->export_to_audit = file.size();
         return file;
       };
       if (writes) {
@@ -226,14 +228,22 @@ Result<std::string> AgentStore::Read(HandleId id, uint64_t offset, size_t size, 
     case Kind::kImport: {
       std::lock_guard lock(handle->mu);
       if (handle->erased) return ErasedUnderHandle(*handle);
+      AuditExportRead(*handle);
       return handle->import->Read(offset, size);
     }
     default: {
       std::lock_guard lock(handle->mu);
       if (handle->erased) return ErasedUnderHandle(*handle);
+      AuditExportRead(*handle);
       return Slice(handle->data, offset, size);
     }
   }
+}
+
+void AgentStore::AuditExportRead(Handle& handle) {
+  if (!handle.export_to_audit) return;
+  Audit(AuditEvent{.uid = handle.uid, .agent = handle.node.agent->name, .action = "export", .bytes = *handle.export_to_audit});
+  handle.export_to_audit.reset();
 }
 
 Status AgentStore::ErasedUnderHandle(const Handle& handle) {

@@ -32,6 +32,7 @@ struct AgentStore::Handle {
   Node node;        // copy of the node at open (kind, agent, prefix name)
   uint32_t uid = 0; // who opened it (for the audit log)
   uint32_t opener_process = 0;  // the process that opened it (0: unknown); see AgentStore::Flush
+  std::optional<uint64_t> export_to_audit;  // kv.safetensors: the export's bytes, audited at its first read
 
   std::mutex mu;      // guards the fields below (writes to one fd may come concurrently)
   std::string data;   // snapshot or write buffer

@@ -597,6 +597,23 @@ TEST_F(StoreTest, KvExportImportAndEraseCache) {
   EXPECT_EQ(audit.find("remember"), std::string::npos);  // never any text
   EXPECT_EQ(store_->Metrics().imports, 1u);
   EXPECT_EQ(store_->Metrics().imports_refused, 2u);
+  // An export is audited when it is read, once per open: an open closed unread exports nothing.
+  auto exports = [&] {
+    const std::string log = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+    size_t n = 0;
+    for (size_t at = log.find("\"action\":\"export\""); at != std::string::npos; at = log.find("\"action\":\"export\"", at + 1)) ++n;
+    return n;
+  };
+  const size_t before = exports();
+  const InodeId bobs = *File("bob", "kv.safetensors");
+  HandleId unread = *store_->Open(bobs, ReadFlags(), kRoot);
+  store_->Release(unread);
+  EXPECT_EQ(exports(), before);
+  HandleId read = *store_->Open(bobs, ReadFlags(), kRoot);
+  ASSERT_TRUE(store_->Read(read, 0, 10, nullptr).ok());
+  ASSERT_TRUE(store_->Read(read, 10, 10, nullptr).ok());
+  store_->Release(read);
+  EXPECT_EQ(exports(), before + 1);
 }
 
 // tar and rsync copy as many bytes as a file's size says: the files an agent is backed up by
