@@ -14,6 +14,10 @@ int Inspect(int argc, char** argv) {
     std::fputs("usage: kvfs inspect MODEL.gguf\n", argc == 2 ? stdout : stderr);
     return argc == 2 ? 0 : 2;
   }
+  if (argv[1][0] == '-' && argv[1][1] != '\0') {  // (a file named so: ./-x)
+    std::fprintf(stderr, "kvfs inspect: unknown option %s (usage: kvfs inspect MODEL.gguf)\n", argv[1]);
+    return 2;
+  }
   auto file = GgufFile::Open(argv[1]);
   if (!file.ok()) {
     std::fprintf(stderr, "kvfs inspect: %s\n", file.status().message().c_str());

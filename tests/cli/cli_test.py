@@ -108,6 +108,7 @@ with tempfile.TemporaryDirectory() as tmp:
     long_prompt = 'Once upon a time ' * 50
     bad('prompt longer than context', ['run', '-m', stories, '-p', long_prompt, '-c', '16'], 'context')
     bad('unknown option', ['run', '-m', stories, '-p', 'x', '--bogus'], 'unknown option')
+    bad('inspect: an unknown option is not a file name', ['inspect', '--bogus'], 'unknown option --bogus')
     bad('bad number', ['run', '-m', stories, '-p', 'x', '-n', 'many'], '-n')
     bad('--tuning without the Vulkan backend', ['run', '-m', stories, '-p', 'x', '--tuning', tmp],
         '--tuning is for --backend vulkan')
