@@ -151,6 +151,11 @@ class AgentStore {
   // child that inherited the descriptor (`{ cat ctx; echo question; } > prompt`) closes its copy
   // before its parent has written everything, and must not cut the prompt in two turns.
   Status Flush(HandleId handle, uint32_t process = 0);
+  // Whether the process that opens (an inode) or closes (a handle) a file matters: only for a
+  // prompt or kv.safetensors, which Flush submits at the opener's close. The FUSE layer looks
+  // the process up only then.
+  bool OpeningProcessMatters(InodeId ino);
+  bool ClosingProcessMatters(HandleId handle);
   // Last close: anything not yet applied is applied now (errors are only logged: the kernel
   // ignores release's result).
   void Release(HandleId handle);

@@ -265,12 +265,13 @@ std::optional<Result<std::string>> ResponseNow(const AgentRecord& agent, const T
 
 AnsweredReads TakeAnsweredReads(AgentRecord& agent, bool shutting_down) {
   AnsweredReads answered;
-  std::erase_if(agent.parked, [&](ParkedRead& read) {
+  std::vector<ParkedRead> still;
+  for (ParkedRead& read : agent.parked) {
     std::optional<Result<std::string>> now = ResponseNow(agent, *read.turn, read.offset, read.size, false, shutting_down);
-    if (!now) return false;
-    answered.emplace_back(std::move(read.reply), std::move(*now));
-    return true;
-  });
+    if (now) answered.emplace_back(std::move(read.reply), std::move(*now));
+    else still.push_back(std::move(read));
+  }
+  agent.parked = std::move(still);
   return answered;
 }
 
@@ -311,20 +312,27 @@ void AgentStore::ReadAsync(HandleId id, uint64_t offset, size_t size, const std:
     agent->parked.push_back(ParkedRead{parked_id, offset, size, handle->turn, std::move(reply)});
   }
   if (interrupt == nullptr) return;
+  // Takes the park back; null when it was answered already.
+  auto unpark = [agent, parked_id]() -> ReadReply {
+    std::lock_guard lock(agent->mu);
+    auto it = std::find_if(agent->parked.begin(), agent->parked.end(),
+                           [&](const ParkedRead& r) { return r.id == parked_id; });
+    if (it == agent->parked.end()) return nullptr;
+    ReadReply reply = std::move(it->reply);
+    agent->parked.erase(it);
+    return reply;
+  };
   // Set after the park is visible (and with the agent's mutex released: the cancel takes it); an
   // interrupt that came in between runs it at once.
-  interrupt->OnTrigger([agent, parked_id] {
-    ReadReply cancelled;
-    {
-      std::lock_guard lock(agent->mu);
-      auto it = std::find_if(agent->parked.begin(), agent->parked.end(),
-                             [&](const ParkedRead& r) { return r.id == parked_id; });
-      if (it == agent->parked.end()) return;  // answered already
-      cancelled = std::move(it->reply);
-      agent->parked.erase(it);
-    }
-    cancelled(Cancelled("read of response interrupted"));
-  });
+  try {
+    interrupt->OnTrigger([unpark] {
+      if (ReadReply cancelled = unpark()) cancelled(Cancelled("read of response interrupted"));
+    });
+  } catch (...) {
+    // (bad_alloc) The caller answers the request from the exception, so the park must go; if
+    // it was answered meanwhile, the request is done and the exception must not answer it again.
+    if (unpark()) throw;
+  }
 }
 
 Result<size_t> AgentStore::Write(HandleId id, uint64_t offset, std::string_view bytes) {
@@ -393,6 +401,18 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
     default:
       return PermissionDenied("file is read-only");
   }
+}
+
+bool AgentStore::OpeningProcessMatters(InodeId ino) {
+  std::lock_guard lock(mu_);
+  const Node* node = inodes_.Find(ino);
+  return node != nullptr && node->kind == NodeKind::kAgentFile &&
+         (node->agent_file == AgentFile::kPrompt || node->agent_file == AgentFile::kKvCache);
+}
+
+bool AgentStore::ClosingProcessMatters(HandleId id) {
+  auto handle = FindHandle(id);
+  return handle != nullptr && (handle->kind == Kind::kPrompt || handle->kind == Kind::kImport);
 }
 
 Status AgentStore::Flush(HandleId id, uint32_t process) {

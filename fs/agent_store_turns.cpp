@@ -84,11 +84,18 @@ Status AgentStore::SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::
   };
   Status submitted = engine_.SubmitTurn(std::move(request));
   if (!submitted.ok()) {
+    AnsweredReads answered;
     {
       std::lock_guard lock(agent->mu);
       RemovePending(*agent, turn);
       if (agent->latest == turn) agent->latest = previous_latest;
+      // A `response` opened meanwhile bound to this turn: it ends, failed, for its readers.
+      turn->done = true;
+      turn->failure = submitted;
+      answered = TakeAnsweredReads(*agent, false);
+      agent->changed.notify_all();
     }
+    DeliverReads(answered);
     std::lock_guard m(metrics_->mu);
     if (submitted.code() == StatusCode::kResourceExhausted) ++metrics_->values.turns_rejected_queue_full;
     return submitted;

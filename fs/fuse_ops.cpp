@@ -196,7 +196,7 @@ void FillOpenInfo(fuse_file_info* fi, HandleId handle) {
 
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Caller caller = CallerOf(req);
-  caller.process = ProcessOf(req);
+  if (StoreOf(req).OpeningProcessMatters(static_cast<InodeId>(ino))) caller.process = ProcessOf(req);
   Result<HandleId> handle = StoreOf(req).Open(ino, DecodeOpenFlags(fi->flags), caller);
   if (!handle.ok()) return ReplyError(req, handle.status(), "open");
   FillOpenInfo(fi, *handle);
@@ -259,7 +259,8 @@ void OnWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off
 
 // close(2) gets flush's error (the kernel ignores release's), so prompts and edits apply here.
 void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  Status s = StoreOf(req).Flush(fi->fh, ProcessOf(req));
+  AgentStore& store = StoreOf(req);
+  Status s = store.Flush(fi->fh, store.ClosingProcessMatters(static_cast<HandleId>(fi->fh)) ? ProcessOf(req) : 0);
   if (!s.ok()) return ReplyError(req, s, "flush");
   fuse_reply_err(req, 0);
 }
@@ -350,7 +351,8 @@ void OnRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
 
 // No exception leaves a callback: one that escapes an op (std::bad_alloc from a buffer a caller
 // asked to grow, say) fails that request with an errno instead of terminating the daemon and
-// every mount user with it. Every op replies as its last step, so none has replied yet.
+// every mount user with it. Every op replies as its last step, so none has replied yet (OnRead
+// may also have parked its reply: ReadAsync takes the park back before it lets an exception out).
 template <auto Op>
 struct Guarded;
 template <typename... Args, void (*Op)(fuse_req_t, Args...)>

@@ -234,8 +234,7 @@ Status CacheStore::ScanBlocks() {
       }
     }
     if (shredded == files.size()) {  // empty: left by a crash after an erasure's last block went
-      KVFS_RETURN_IF_ERROR(fs_.RemoveDir(path));
-      continue;
+      if (fs_.RemoveDir(path).ok()) continue;  // (best effort: a directory left costs nothing)
     }
     KVFS_RETURN_IF_ERROR(fs_.SyncDir(path));
     block_subdirs_.insert(e.name);
@@ -487,12 +486,15 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
       if (fs_.FileSize(old_tail).ok()) KVFS_RETURN_IF_ERROR(ShredFile(old_tail, &bytes, &files));
       prev_it->second.tail.reset();  // no later commit keeps it
     }
+    std::set<std::string> touched;
     for (const BlockHash& h : prev->blocks) {
       auto ref = refs_.find(h);
       if (ref == refs_.end() || ref->second != 1 || !present_.count(h)) continue;  // kept for others
       KVFS_RETURN_IF_ERROR(ShredFile(BlockPath(h), &bytes, &files));
       present_.erase(h);
+      touched.insert(BlockSubdir(h));
     }
+    (void)SettleBlockSubdirs(touched);
   }
   std::optional<std::vector<uint8_t>> previous;
   if (prev || was_broken) {

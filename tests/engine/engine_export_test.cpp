@@ -1,0 +1,472 @@
+// kv.safetensors through the Engine on the real stories260K model: exports (cold agents read
+// from the store, sizes as promised, racing erasures), imports (round trips, format changes,
+// text that the tokens must spell, metadata no export would have).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/runtime/engine.h"
+#include "engine/store/manifest.h"
+#include "engine/store/safetensors.h"
+#include "tests/engine/engine_test_util.h"
+#include "tests/test_support.h"
+
+namespace kvfs {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::FileExists;
+using testing::ReadManifest;
+using testing::RunTurn;
+using testing::TurnOutcome;
+using testing::kTurns;
+
+using EngineExportTest = testing::EngineTestBase;
+
+// An export of a cold agent reads its blocks from the store without loading them into the KV
+// pool (a backup of every agent must not evict the ones at work, and a full pool must not make
+// an export short); a block that cannot be read fails the export instead of shortening it.
+TEST_F(EngineExportTest, ExportOfAColdAgentLoadsNothingAndNeverComesOutShort) {
+  std::string before;
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1] + kTurns[2]).stats.ok());
+    before = (*engine)->ExportCache("alice").value();
+  }
+  const store::Manifest m = ReadManifest(Options().store_dir, "alice");
+  ASSERT_GE(m.blocks.size(), 2u);
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    auto file = (*engine)->ExportCache("alice");
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    EXPECT_EQ(*file, before);
+    EXPECT_EQ((*engine)->GetAgent("alice")->memory_bytes, 0);
+    EXPECT_EQ((*engine)->GetAgent("alice")->state, AgentState::kCold);
+  }
+  const std::string hex = store::ToHex(m.blocks[1]);
+  {
+    std::fstream f(dir_ / "store" / "blocks" / hex.substr(0, 2) / (hex + ".kvb"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x5a');
+  }
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->ExportSize("alice").value(), before.size());
+  auto file = (*engine)->ExportCache("alice");
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("exporting agent alice: block 1"), std::string::npos) << file.status().message();
+  // Dropped as corrupt by that read, the block is missing now: still no short file.
+  file = (*engine)->ExportCache("alice");
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), StatusCode::kIoError) << file.status().message();
+}
+
+// The file with one metadata entry of its header replaced (the tensors' bytes unchanged; the
+// header padded with spaces to 8 bytes, as the format allows).
+std::string WithMetadata(const std::string& file, const std::string& key, const std::string& value) {
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(file.substr(8, n));
+  header["__metadata__"][key] = value;
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const uint64_t m = text.size();
+  std::string out(reinterpret_cast<const char*>(&m), 8);
+  return out + text + file.substr(8 + n);
+}
+
+// The file with one metadata entry removed (an export from before that entry existed).
+std::string WithoutMetadata(const std::string& file, const std::string& key) {
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(file.substr(8, n));
+  header["__metadata__"].erase(key);
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const uint64_t m = text.size();
+  std::string out(reinterpret_cast<const char*>(&m), 8);
+  return out + text + file.substr(8 + n);
+}
+
+// An import believes the text behind its tokens only where the tokens spell it: a file edited to
+// show one story over the attention state of another (its text and conversation changed, or one
+// token changed under the same text), or one without token_ends (an older export), imports
+// without its text, and the next turn keeps only the tokens that the conversation the agent shows
+// encodes to. The file as exported keeps everything.
+TEST_F(EngineExportTest, ImportBelievesTheTextOnlyWhereItsTokensSpellIt) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[1]).stats.ok());
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  uint64_t n = 0;
+  std::memcpy(&n, exported->data(), 8);
+  const nlohmann::json meta = nlohmann::json::parse(exported->substr(8, n))["__metadata__"];
+  const std::string text = meta["context_text"].get<std::string>();
+  const size_t n_tokens = nlohmann::json::parse(meta["token_ids"].get<std::string>()).size();
+  ASSERT_NE(text.find("Lily"), std::string::npos);
+  ASSERT_TRUE(meta.contains("token_ends"));
+  // Tokens up to the name: all a forged file's next turn may keep.
+  const int64_t before_name =
+      static_cast<int64_t>(model_->tokenizer().Encode(text.substr(0, text.find("Lily")), true, true).size());
+
+  // Another name over the same tokens, in the text and the conversation alike.
+  std::string other = text;
+  other.replace(other.find("Lily"), 4, "Anna");
+  nlohmann::json conversation = nlohmann::json::parse(meta["conversation"].get<std::string>());
+  std::string said = conversation[0]["text"].get<std::string>();
+  said.replace(said.find("Lily"), 4, "Anna");
+  conversation[0]["text"] = said;
+  const std::string forged = WithMetadata(WithMetadata(*exported, "context_text", other), "conversation", conversation.dump());
+  // One token changed under the same text.
+  nlohmann::json ids = nlohmann::json::parse(meta["token_ids"].get<std::string>());
+  ids[ids.size() - 2] = ids[ids.size() - 2].get<int>() == 5 ? 6 : 5;
+  const std::string swapped = WithMetadata(*exported, "token_ids", ids.dump());
+
+  // (Each importer of its own uid: no blocks shared with the others' turns.)
+  struct Case {
+    const char* agent;
+    std::string file;
+    bool believed;
+    uint32_t uid;
+  };
+  for (const Case& c : {Case{"bob", *exported, true, 1001}, Case{"carol", forged, false, 1002},
+                        Case{"dave", WithoutMetadata(forged, "token_ends"), false, 1003}}) {
+    SCOPED_TRACE(c.agent);
+    ASSERT_TRUE((*engine)->CreateAgent(c.agent, c.uid).ok());
+    Greedy(**engine, c.agent);
+    ASSERT_TRUE((*engine)->ImportCache(c.agent, c.file).ok());
+    TurnOutcome next = RunTurn(**engine, c.agent, kTurns[2]);
+    ASSERT_TRUE(next.stats.ok());
+    if (c.believed) {
+      EXPECT_EQ(next.stats->match, "extend");
+      EXPECT_EQ(next.stats->reused_tokens, static_cast<int64_t>(n_tokens));
+    } else {
+      EXPECT_LE(next.stats->reused_tokens, before_name);
+    }
+    EXPECT_EQ(next.reply, Reference(ReadManifest(Options().store_dir, c.agent), *next.stats, 20));
+  }
+  // The swapped token: the text is dropped, and the next turn keeps nothing past that token.
+  ASSERT_TRUE((*engine)->CreateAgent("erin", 1004).ok());
+  Greedy(**engine, "erin");
+  ASSERT_TRUE((*engine)->ImportCache("erin", swapped).ok());
+  TurnOutcome next = RunTurn(**engine, "erin", kTurns[2]);
+  ASSERT_TRUE(next.stats.ok());
+  EXPECT_LE(next.stats->reused_tokens, static_cast<int64_t>(n_tokens) - 2);
+  EXPECT_EQ(next.reply, Reference(ReadManifest(Options().store_dir, "erin"), *next.stats, 20));
+}
+
+// An import whose token ids or conversation no export of this model would have is refused,
+// naming the entry, and the agent keeps its cache (its export is unchanged).
+TEST_F(EngineExportTest, ImportRefusesTokensOutsideTheVocabularyAndUnknownRoles) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  // The unchanged file through the same rewrite still imports: the edits below are the cause.
+  uint64_t n = 0;
+  std::memcpy(&n, exported->data(), 8);
+  const nlohmann::json meta = nlohmann::json::parse(exported->substr(8, n))["__metadata__"];
+  ASSERT_TRUE((*engine)->ImportCache("alice", WithMetadata(*exported, "conversation", meta["conversation"])).ok());
+
+  nlohmann::json ids = nlohmann::json::parse(meta["token_ids"].get<std::string>());
+  ASSERT_GT(ids.size(), 3u);
+  ids[3] = model_->hparams().n_vocab;  // one past the last token
+  Status s = (*engine)->ImportCache("alice", WithMetadata(*exported, "token_ids", ids.dump()));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("position 3"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("vocabulary"), std::string::npos) << s.message();
+
+  nlohmann::json conversation = nlohmann::json::parse(meta["conversation"].get<std::string>());
+  ASSERT_FALSE(conversation.empty());
+  conversation[0]["role"] = "hacker";
+  s = (*engine)->ImportCache("alice", WithMetadata(*exported, "conversation", conversation.dump()));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("hacker"), std::string::npos) << s.message();
+  EXPECT_EQ((*engine)->ExportCache("alice").value(), *exported);
+}
+
+// kv.safetensors: export, erase the cache, import it back: the next turn reuses the imported
+// KV and still matches an uncached run. Bad files change nothing.
+TEST_F(EngineExportTest, ExportImportRoundTrip) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", std::string(kTurns[0]) + kTurns[1]).stats.ok());
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  const HParams& hp = model_->hparams();
+  const KvFormat f16 = MakeKvFormat("f16", "", hp.n_head_kv, hp.head_dim).value();
+  const store::KvGeometry geometry{hp.n_layer, hp.n_head_kv, hp.head_dim, "f16", f16.group, false};
+  const std::string fp = (*engine)->ModelInfo()["fingerprint"];
+  auto parsed = store::ReadKvSafetensors(*exported, fp, geometry, 16);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  const store::Manifest before = ReadManifest(Options().store_dir, "alice");
+  EXPECT_EQ(parsed->info.n_cached, static_cast<int64_t>(before.tokens.size()));
+  EXPECT_EQ(parsed->info.conversation, before.conversation);
+
+  // Garbage and truncated files: refused, nothing changes.
+  EXPECT_FALSE((*engine)->ImportCache("alice", "not a safetensors file").ok());
+  EXPECT_FALSE((*engine)->ImportCache("alice", std::string_view(*exported).substr(0, exported->size() / 2)).ok());
+  EXPECT_EQ((*engine)->ExportCache("alice").value(), *exported);
+
+  auto erased = (*engine)->EraseCache("alice");
+  ASSERT_TRUE(erased.ok());
+  EXPECT_GT(erased->blocks_freed, 0u);
+  EXPECT_EQ((*engine)->Conversation("alice")->size(), 2u);  // the transcript stays
+  EXPECT_TRUE(ReadManifest(Options().store_dir, "alice").blocks.empty());
+
+  ASSERT_TRUE((*engine)->ImportCache("alice", *exported).ok());
+  EXPECT_EQ(ReadManifest(Options().store_dir, "alice").blocks, before.blocks);
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[2]);
+  ASSERT_TRUE(out.stats.ok());
+  EXPECT_GE(out.stats->reused_tokens, 32);
+  EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, "alice"), *out.stats, 20));
+
+  // Another model's engine refuses the file.
+  const std::string other = testing::TestModelsDir() + "/tiny-llama-F16.gguf";
+  if (FileExists(other)) {
+    EngineOptions o = Options();
+    o.model_path = other;
+    o.store_dir = (dir_ / "other").string();
+    auto e2 = CreateEngine(o);
+    ASSERT_TRUE(e2.ok());
+    ASSERT_TRUE((*e2)->CreateAgent("x", 0).ok());
+    Greedy(**e2, "x");
+    Status s = (*e2)->ImportCache("x", *exported);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  }
+}
+
+// kv.safetensors's size in `ls -l` (ExportSize) is the size of the file an export makes, in
+// every state its cache goes through: none yet, after turns (a tail, then more blocks), in
+// another agent after an import, erased, after a change of KV format with and without a cache,
+// and cold after a restart. An unknown agent has none.
+TEST_F(EngineExportTest, ExportSizeIsTheSizeOfTheExport) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  auto expect_sizes_agree = [&](const std::string& agent, const char* when) {
+    auto file = (*engine)->ExportCache(agent);
+    auto size = (*engine)->ExportSize(agent);
+    ASSERT_TRUE(file.ok() && size.ok()) << when;
+    EXPECT_EQ(*size, file->size()) << agent << " " << when;
+  };
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  expect_sizes_agree("alice", "new");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  expect_sizes_agree("alice", "after a turn");
+  const uint64_t after_one = (*engine)->ExportSize("alice").value();
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[1]).stats.ok());
+  expect_sizes_agree("alice", "after two turns");
+  EXPECT_GT((*engine)->ExportSize("alice").value(), after_one);
+  ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
+  Greedy(**engine, "bob");
+  ASSERT_TRUE((*engine)->ImportCache("bob", *(*engine)->ExportCache("alice")).ok());
+  expect_sizes_agree("bob", "imported");
+  Greedy(**engine, "bob", "q8");
+  expect_sizes_agree("bob", "q8 settings, f16 cache");
+  ASSERT_TRUE((*engine)->EraseCache("bob").ok());
+  expect_sizes_agree("bob", "erased, q8 settings");
+  ASSERT_TRUE(RunTurn(**engine, "bob", kTurns[2]).stats.ok());
+  expect_sizes_agree("bob", "a q8 turn");
+  EXPECT_EQ((*engine)->ExportSize("carol").status().code(), StatusCode::kNotFound);
+  // No cache: the file's tensors are in the format of the settings, whose change alone changes
+  // its size (ExportSize keeps its answer until what it depends on changes).
+  ASSERT_TRUE((*engine)->CreateAgent("dave", 0).ok());
+  Greedy(**engine, "dave", "f16");
+  expect_sizes_agree("dave", "f16 settings, no cache");
+  Greedy(**engine, "dave", "q4");
+  expect_sizes_agree("dave", "q4 settings, no cache");
+  const uint64_t alice_size = (*engine)->ExportSize("alice").value();
+  (*engine)->Shutdown();
+  engine->reset();
+  engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->ExportSize("alice").value(), alice_size);  // cold: nothing loaded yet
+  expect_sizes_agree("alice", "after a restart");
+  expect_sizes_agree("bob", "after a restart");
+}
+
+// While a turn runs, the agent names only the blocks it reuses (none here: a new system prompt
+// made the context diverge) and still has its old tokens: the export holds those blocks alone,
+// and ExportSize says so (it once counted every token). Sampled while the reply streams, at
+// moments when the size is the same before and after the export.
+TEST_F(EngineExportTest, ExportSizeIsTheSizeOfTheExportDuringATurn) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  AgentSettings s;
+  s.sampling.temperature = 0;
+  s.max_tokens = 300;
+  s.kv = "f16";
+  ASSERT_TRUE((*engine)->SetSettings("alice", s).ok());
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  const uint64_t committed = (*engine)->ExportSize("alice").value();
+  ASSERT_TRUE((*engine)->SetSystem("alice", "Tom had a red car.").ok());
+  std::promise<void> finished;
+  TurnRequest r;
+  r.agent = "alice";
+  r.text = kTurns[1];
+  r.on_done = [&](const Result<TurnStats>&) { finished.set_value(); };
+  ASSERT_TRUE((*engine)->SubmitTurn(std::move(r)).ok());
+  auto done = finished.get_future();
+  int sampled = 0;
+  bool smaller = false;
+  while (done.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
+    if ((*engine)->GetAgent("alice")->state != AgentState::kGenerating) continue;
+    auto before = (*engine)->ExportSize("alice");
+    auto file = (*engine)->ExportCache("alice");
+    auto after = (*engine)->ExportSize("alice");
+    if (!before.ok() || !file.ok() || !after.ok() || *before != *after) continue;
+    if ((*engine)->GetAgent("alice")->state != AgentState::kGenerating) continue;
+    EXPECT_EQ(*before, file->size());
+    smaller = smaller || *before < committed;
+    ++sampled;
+  }
+  EXPECT_GT(sampled, 0) << "the turn ended before a sample";
+  std::printf("[export size] %d samples during the turn\n", sampled);
+  EXPECT_TRUE(smaller) << "the export during the turn holds fewer blocks than the committed one";
+}
+
+// Cloning: alice's file imported into a new agent with the same settings. The file carries the
+// text behind its tokens, so bob's next turn extends the imported cache by characters (all of it
+// reused, where re-encoding the text would not give back the sampled tokens) and replies
+// exactly as alice does to the same message.
+TEST_F(EngineExportTest, ImportIntoAnotherAgentExtendsTheImportedText) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[1]).stats.ok());
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  const int64_t n_tokens = (*engine)->GetAgent("alice")->context_tokens;
+  ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
+  Greedy(**engine, "bob");
+  ASSERT_TRUE((*engine)->ImportCache("bob", *exported).ok());
+  TurnOutcome bob = RunTurn(**engine, "bob", kTurns[2]);
+  ASSERT_TRUE(bob.stats.ok()) << bob.stats.status().message();
+  EXPECT_EQ(bob.stats->match, "extend");
+  EXPECT_EQ(bob.stats->reused_tokens, n_tokens);
+  TurnOutcome alice = RunTurn(**engine, "alice", kTurns[2]);
+  ASSERT_TRUE(alice.stats.ok());
+  EXPECT_EQ(alice.stats->match, "extend");
+  EXPECT_EQ(bob.reply, alice.reply);
+  EXPECT_EQ(bob.reply, Reference(ReadManifest(Options().store_dir, "bob"), *bob.stats, 20));
+  // Another system prompt renders another text: the import is then matched on tokens.
+  ASSERT_TRUE((*engine)->CreateAgent("carol", 0).ok());
+  Greedy(**engine, "carol");
+  ASSERT_TRUE((*engine)->SetSystem("carol", "Tom had a red car.").ok());
+  ASSERT_TRUE((*engine)->ImportCache("carol", *exported).ok());
+  TurnOutcome carol = RunTurn(**engine, "carol", kTurns[2]);
+  ASSERT_TRUE(carol.stats.ok());
+  EXPECT_EQ(carol.stats->match, "diverge");
+  EXPECT_EQ(carol.reply, Reference(ReadManifest(Options().store_dir, "carol"), *carol.stats, 20));
+}
+
+// After a settings change to another KV format, the cache stays in the old one until the next
+// turn: exporting it and importing the file back restores it (the round trip of a backup), a
+// file in a third format is refused, and the next turn recomputes in the new format. An agent
+// without a cache exports in its settings' format, which imports back.
+TEST_F(EngineExportTest, ExportImportRoundTripAfterAFormatChange) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice");
+  ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  auto f16_file = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(f16_file.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());  // a q4 file, from another agent
+  Greedy(**engine, "bob", "q4");
+  ASSERT_TRUE(RunTurn(**engine, "bob", kTurns[0]).stats.ok());
+  auto q4_file = (*engine)->ExportCache("bob");
+  ASSERT_TRUE(q4_file.ok());
+
+  Greedy(**engine, "alice", "q8");
+  auto still_f16 = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(still_f16.ok());
+  EXPECT_EQ(*still_f16, *f16_file);  // the cache is unchanged until the next turn
+  const store::Manifest before = ReadManifest(Options().store_dir, "alice");
+  Status back = (*engine)->ImportCache("alice", *still_f16);
+  ASSERT_TRUE(back.ok()) << back.message();
+  EXPECT_EQ((*engine)->ExportCache("alice").value(), *f16_file);
+  EXPECT_EQ(ReadManifest(Options().store_dir, "alice").blocks, before.blocks);
+  EXPECT_EQ((*engine)->ImportCache("alice", *q4_file).code(), StatusCode::kInvalidArgument);
+
+  TurnOutcome out = RunTurn(**engine, "alice", kTurns[1]);
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->reused_tokens, 0);  // an f16 cache is no use to a q8 agent
+  EXPECT_EQ(ReadManifest(Options().store_dir, "alice").kv_format, "q8");
+
+  // With no cache (erased), the file is in the format of the settings, and comes back too.
+  ASSERT_TRUE((*engine)->EraseCache("bob").ok());
+  Greedy(**engine, "bob", "q8");
+  auto empty = (*engine)->ExportCache("bob");
+  ASSERT_TRUE(empty.ok());
+  const HParams& hp = model_->hparams();
+  const KvFormat q8_format = Format("q8");
+  const store::KvGeometry q8_geometry{hp.n_layer, hp.n_head_kv, hp.head_dim, "q8", q8_format.group, q8_format.rotate};
+  const std::string fp = (*engine)->ModelInfo()["fingerprint"];
+  auto parsed = store::ReadKvSafetensors(*empty, fp, q8_geometry, 16);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->info.n_cached, 0);
+  EXPECT_EQ(parsed->info.conversation.size(), 2u);
+  Status empty_back = (*engine)->ImportCache("bob", *empty);
+  EXPECT_TRUE(empty_back.ok()) << empty_back.message();
+}
+
+// An export running while its agent is erased holds the agent's blocks for a moment, so the
+// erasure cannot drop them then; they must still be gone from memory once both are done.
+TEST_F(EngineExportTest, ExportRacingAnErasureLeavesNoBlockInMemory) {
+  // Without a store the erasure reaches its drops within microseconds, as long as an export
+  // takes to copy out a cache of this model: the two overlap often.
+  EngineOptions options = Options();
+  options.store_dir.clear();
+  auto engine = CreateEngine(options);
+  ASSERT_TRUE(engine.ok());
+  for (int round = 0; round < 40; ++round) {
+    const std::string name = "r" + std::to_string(round);
+    ASSERT_TRUE((*engine)->CreateAgent(name, 1000).ok());
+    Greedy(**engine, name);
+    TurnOutcome out = RunTurn(**engine, name, std::string(kTurns[0]) + kTurns[1] + kTurns[2]);
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    std::atomic<bool> erased{false};
+    std::atomic<int> exports{0};
+    std::thread exporter([&] {
+      while (!erased.load()) {
+        (void)(*engine)->ExportCache(name);
+        ++exports;
+      }
+    });
+    while (exports.load() < 2) std::this_thread::yield();
+    const auto removed = (*engine)->EraseAgent(name);
+    erased = true;
+    exporter.join();
+    ASSERT_TRUE(removed.ok()) << removed.status().message();
+    EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0) << "round " << round;
+  }
+}
+
+
+}  // namespace
+}  // namespace kvfs
