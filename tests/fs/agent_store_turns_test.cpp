@@ -1,0 +1,317 @@
+// AgentStore: turns as their files show them: response reads (blocking, parked without a
+// thread, interrupted, bound to a turn), prompts closed by another process, the transcript as
+// turns stream, failed turns, shutdown.
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
+
+#include "tests/fs/store_test_util.h"
+
+namespace kvfs::fs {
+namespace {
+
+using testing::FakeEngine;
+
+// `{ cat context; echo question; } > prompt`: the child (cat) closes its copy of the descriptor
+// before the shell writes the question. Only the opener's close (or the last one) submits, so
+// the prompt is one turn; a child's close still reports a refusal already made.
+TEST_F(StoreTest, AChildsCloseDoesNotCutThePromptInTwo) {
+  Mkdir("alice");
+  Caller shell = kRoot;
+  shell.process = 100;
+  const InodeId prompt = *File("alice", "prompt");
+  HandleId h = *store_->Open(prompt, WriteTruncFlags(), shell);
+  ASSERT_EQ(*store_->Write(h, 0, "Context. "), 9u);
+  ASSERT_TRUE(store_->Flush(h, 200).ok());  // cat exits
+  EXPECT_EQ(engine_->Conversation("alice")->size(), 0u);
+  ASSERT_EQ(*store_->Write(h, 9, "Question?\n"), 10u);
+  ASSERT_TRUE(store_->Flush(h, 100).ok());  // the shell closes
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(1, "Context. Question?"));
+  EXPECT_EQ(engine_->Conversation("alice")->size(), 2u);
+  // The opener closes first, then the child writes the rest: the last close (release) submits.
+  h = *store_->Open(prompt, WriteTruncFlags(), shell);
+  ASSERT_TRUE(store_->Flush(h, 100).ok());
+  ASSERT_EQ(*store_->Write(h, 0, "Late."), 5u);
+  ASSERT_TRUE(store_->Flush(h, 200).ok());
+  EXPECT_EQ(engine_->Conversation("alice")->size(), 2u);
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(2, "Late."));
+  // A refused prompt: every close says so.
+  h = *store_->Open(prompt, WriteTruncFlags(), shell);
+  EXPECT_FALSE(store_->Write(h, 0, "\xff").ok());
+  EXPECT_EQ(store_->Flush(h, 200).code(), StatusCode::kIllegalSequence);
+  EXPECT_EQ(store_->Flush(h, 100).code(), StatusCode::kIllegalSequence);
+  store_->Release(h);
+}
+
+TEST_F(StoreTest, ResponseReadBlocksUntilTextAndCanBeInterrupted) {
+  Mkdir("alice");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "wait").ok());
+  Interrupt interrupt;
+  std::atomic<bool> finished{false};
+  Result<std::string> result = Status(StatusCode::kInternal, "not run");
+  std::thread reader([&] {
+    result = Cat("alice", "response", kRoot, &interrupt);
+    finished = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(finished.load());  // blocked: no text yet
+  // ls, status and another agent are not blocked meanwhile.
+  EXPECT_TRUE(store_->OpenDir(kRootInode, kRoot).ok());
+  EXPECT_TRUE(Cat("alice", "status.json").ok());
+  Mkdir("bob");
+  auto t0 = std::chrono::steady_clock::now();
+  interrupt.Trigger();
+  reader.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+  EXPECT_EQ(result.status().code(), StatusCode::kCancelled);
+  engine_->HoldTurns(false);
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(1, "wait"));
+}
+
+// ReadAsync parks a read of `response` that must wait, holding no thread: hundreds wait at once,
+// each answered once, by the turn's text, an interrupt, an erasure or the shutdown.
+TEST_F(StoreTest, ParkedResponseReadsAreAnsweredOnceByWhatEndsTheirWait) {
+  Mkdir("alice");
+  Mkdir("bob");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "wait").ok());
+  ASSERT_TRUE(Echo("bob", "prompt", "wait too").ok());
+  std::mutex mu;
+  std::map<int, std::vector<Result<std::string>>> answers;  // by reader
+  auto reply_to = [&](int reader) {
+    return [&, reader](Result<std::string> r) {
+      std::lock_guard lock(mu);
+      answers[reader].push_back(std::move(r));
+    };
+  };
+  auto answered = [&](int reader) {
+    std::lock_guard lock(mu);
+    return answers[reader].size();
+  };
+  auto open = [&](const std::string& agent) {
+    auto ino = File(agent, "response");
+    EXPECT_TRUE(ino.ok());
+    auto h = store_->Open(*ino, ReadFlags(), kRoot);
+    EXPECT_TRUE(h.ok());
+    return *h;
+  };
+  constexpr int kReaders = 300;
+  std::vector<HandleId> handles;
+  for (int i = 0; i < kReaders; ++i) {
+    handles.push_back(open("alice"));
+    store_->ReadAsync(handles.back(), 0, 4096, std::make_shared<Interrupt>(), reply_to(i));
+  }
+  for (int i = 0; i < kReaders; ++i) EXPECT_EQ(answered(i), 0u) << i;
+  // The caller's thread came back: other requests go on.
+  EXPECT_TRUE(Cat("alice", "status.json").ok());
+  // An interrupt answers its read at once (EINTR), and only it; one that came before the read
+  // answers it at the read.
+  auto interrupt = std::make_shared<Interrupt>();
+  const HandleId interrupted = open("alice");
+  store_->ReadAsync(interrupted, 0, 4096, interrupt, reply_to(-1));
+  EXPECT_EQ(answered(-1), 0u);
+  interrupt->Trigger();
+  ASSERT_EQ(answered(-1), 1u);
+  EXPECT_EQ(answers[-1][0].status().code(), StatusCode::kCancelled);
+  store_->ReadAsync(interrupted, 0, 4096, interrupt, reply_to(-2));
+  ASSERT_EQ(answered(-2), 1u);
+  EXPECT_EQ(answers[-2][0].status().code(), StatusCode::kCancelled);
+  store_->Release(interrupted);
+  // The turn's text answers every parked read of alice, once each, with the reply's start.
+  engine_->HoldTurns(false);
+  const std::string reply = *Cat("alice", "response");
+  ASSERT_EQ(reply, FakeEngine::ReplyFor(1, "wait"));
+  for (int i = 0; i < kReaders; ++i) {
+    ASSERT_EQ(answered(i), 1u) << i;
+    ASSERT_TRUE(answers[i][0].ok()) << answers[i][0].status().message();
+    EXPECT_FALSE(answers[i][0]->empty());
+    EXPECT_TRUE(reply.starts_with(*answers[i][0])) << *answers[i][0];
+    // At the end of the reply a read is answered at once: EOF.
+    store_->ReadAsync(handles[i], reply.size(), 4096, nullptr, reply_to(i));
+    ASSERT_EQ(answered(i), 2u);
+    EXPECT_EQ(answers[i][1].value(), "");
+    store_->Release(handles[i]);
+  }
+  interrupt->Trigger();  // again, after its read was answered: nothing more
+  EXPECT_EQ(answered(-1), 1u);
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(*Cat("bob", "response") == FakeEngine::ReplyFor(1, "wait too"));
+  ASSERT_TRUE(Echo("bob", "prompt", "held").ok());
+  // A reader of bob's held turn is answered by bob's erasure (which cancels the turn first: EIO).
+  const HandleId bobs_held = open("bob");
+  store_->ReadAsync(bobs_held, 0, 4096, nullptr, reply_to(-4));
+  EXPECT_EQ(answered(-4), 0u);
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "bob", kRoot).ok());
+  ASSERT_EQ(answered(-4), 1u);
+  EXPECT_EQ(answers[-4][0].status().code(), StatusCode::kIoError);
+  store_->Release(bobs_held);
+  // A read parked at shutdown is answered once the readers are released (EIO).
+  ASSERT_TRUE(Echo("alice", "prompt", "last").ok());
+  const HandleId last = open("alice");
+  store_->ReadAsync(last, 0, 4096, nullptr, reply_to(-5));
+  EXPECT_EQ(answered(-5), 0u);
+  store_->BeginShutdown();
+  EXPECT_EQ(answered(-5), 0u);
+  store_->WakeAllReaders();
+  ASSERT_EQ(answered(-5), 1u);
+  EXPECT_EQ(answers[-5][0].status().code(), StatusCode::kIoError);
+  store_->Release(last);
+  engine_->HoldTurns(false);
+}
+
+TEST_F(StoreTest, ResponseBindsToTheTurnCurrentAtOpen) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "one").ok());
+  InodeId ino = *File("alice", "response");
+  HandleId first = *store_->Open(ino, ReadFlags(), kRoot);
+  ASSERT_TRUE(Echo("alice", "prompt", "two").ok());
+  std::string got;
+  while (true) {
+    auto chunk = store_->Read(first, got.size(), 3, nullptr);
+    ASSERT_TRUE(chunk.ok());
+    if (chunk->empty()) break;
+    got += *chunk;
+  }
+  store_->Release(first);
+  EXPECT_EQ(got, FakeEngine::ReplyFor(1, "one"));
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(2, "two"));
+}
+
+TEST_F(StoreTest, FailedTurnGivesEioAndTheReasonInStatusJson) {
+  testing::FakeEngineOptions options;
+  options.n_ctx = 64;
+  Start(options);
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", std::string(100, 'x')).ok());  // accepted, then fails in the engine
+  EXPECT_EQ(Cat("alice", "response").status().code(), StatusCode::kIoError);
+  auto status = nlohmann::json::parse(*Cat("alice", "status.json"));
+  EXPECT_EQ(status["state"], "error");
+  EXPECT_NE(status["last_error"].get<std::string>().find("context"), std::string::npos) << status.dump();
+  EXPECT_EQ(*Cat("alice", "transcript"), "");
+  engine_->FailNextTurn(Status(StatusCode::kNoSpace, "store: no space left on device"));
+  ASSERT_TRUE(Echo("alice", "prompt", "hi").ok());
+  EXPECT_EQ(Cat("alice", "response").status().code(), StatusCode::kIoError);
+  status = nlohmann::json::parse(*Cat("alice", "status.json"));
+  EXPECT_EQ(status["last_error_code"], "ENOSPC");
+}
+
+TEST_F(StoreTest, TranscriptOnlyGrowsWhileTurnsStream) {
+  Mkdir("alice");
+  engine_->SetPieceDelay(std::chrono::milliseconds(2));
+  ASSERT_TRUE(Echo("alice", "prompt", "a long enough prompt to stream in many pieces").ok());
+  std::string previous;
+  for (int i = 0; i < 20; ++i) {
+    std::string now = *Cat("alice", "transcript");
+    EXPECT_EQ(now.substr(0, previous.size()), previous);
+    EXPECT_GE(store_->GetAttr(*File("alice", "transcript"))->size, now.size());  // tail -f sees it grow
+    previous = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  }
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  std::string final_text = *Cat("alice", "transcript");
+  EXPECT_EQ(final_text.substr(0, previous.size()), previous);
+  EXPECT_EQ(store_->GetAttr(*File("alice", "transcript"))->size, final_text.size());
+}
+
+// Reads copy only the window asked for, out of pieces (the committed conversation, then the turn
+// still streaming): every window at every offset must equal that slice of the whole file.
+TEST_F(StoreTest, TranscriptReadsAtAnyOffsetMatchTheWholeFile) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "first turn").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  engine_->HoldAfterFirstPiece(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "second turn, held after its first piece").ok());
+  const std::string committed = "[user]\nfirst turn\n\n[assistant]\n" + FakeEngine::ReplyFor(1, "first turn") + "\n\n";
+  const std::string second = "second turn, held after its first piece";
+  const std::string expected = committed + "[user]\n" + second + "\n\n[assistant]\n" + FakeEngine::ReplyFor(2, second).substr(0, 4);
+  std::string whole;
+  for (int i = 0; i < 2000 && whole != expected; ++i) {
+    whole = *Cat("alice", "transcript");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(whole, expected);
+  InodeId ino = *File("alice", "transcript");
+  EXPECT_EQ(store_->GetAttr(ino)->size, whole.size());
+  HandleId h = *store_->Open(ino, ReadFlags(), kRoot);
+  for (size_t window : {size_t{1}, size_t{3}, size_t{17}, size_t{4096}}) {
+    for (size_t offset = 0; offset <= whole.size() + 2; ++offset) {
+      Result<std::string> got = store_->Read(h, offset, window, nullptr);
+      ASSERT_TRUE(got.ok()) << got.status().message();
+      EXPECT_EQ(*got, offset < whole.size() ? whole.substr(offset, window) : "") << offset << " " << window;
+    }
+  }
+  EXPECT_EQ(*store_->Read(h, UINT64_MAX - 1, 4096, nullptr), "");
+  store_->Release(h);
+  engine_->HoldAfterFirstPiece(false);
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  EXPECT_EQ(*Cat("alice", "transcript"),
+            committed + "[user]\n" + second + "\n\n[assistant]\n" + FakeEngine::ReplyFor(2, second) + "\n\n");
+}
+
+// The engine's conversation holds a finished turn before the turn is done here (its commit is
+// still being written). A transcript rendered in that window (a system change made the one
+// before stale) must show the turn once, and keep it once after the turn is done.
+TEST_F(StoreTest, TranscriptRenderedWhileATurnFinishesShowsItOnce) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.\n").ok());  // (echo's newline: not shown)
+  engine_->HoldBeforeDone(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "hi").ok());
+  for (int i = 0; i < 2000 && engine_->Conversation("alice")->size() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(engine_->Conversation("alice")->size(), 3u);  // the system entry and the turn's two
+  const std::string once = "[system]\nBe brief.\n\n[user]\nhi\n\n[assistant]\n" + FakeEngine::ReplyFor(1, "hi") + "\n\n";
+  EXPECT_EQ(store_->GetAttr(*File("alice", "transcript"))->size, once.size());  // ls -l renders it
+  EXPECT_EQ(*Cat("alice", "transcript"), once);
+  engine_->HoldBeforeDone(false);
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  EXPECT_EQ(*Cat("alice", "transcript"), once);
+}
+
+// The daemon's sequence: BeginShutdown refuses new turns but answers no reader yet; the engine's
+// Shutdown finishes the running turn (its reader gets the whole reply, not EIO: it committed)
+// and cancels the queued one (EIO); WakeAllReaders then ends any read still waiting.
+TEST_F(StoreTest, ShutdownEndsEachWaitingReadAsItsTurnEnded) {
+  Mkdir("alice");
+  engine_->HoldAfterFirstPiece(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "never").ok());  // runs, then waits after its first piece
+  Result<std::string> finished = Status(StatusCode::kInternal, "not run");
+  std::thread reader([&] { finished = Cat("alice", "response"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_TRUE(Echo("alice", "prompt", "queued").ok());  // behind it; `response` now binds to it
+  Result<std::string> cancelled = Status(StatusCode::kInternal, "not run");
+  std::thread second_reader([&] { cancelled = Cat("alice", "response"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  store_->BeginShutdown();
+  EXPECT_EQ(Echo("alice", "prompt", "more").code(), StatusCode::kIoError);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(finished.status().code(), StatusCode::kInternal) << "answered before the engine stopped";
+  EXPECT_EQ(cancelled.status().code(), StatusCode::kInternal) << "answered before the engine stopped";
+  engine_->Shutdown();
+  reader.join();
+  second_reader.join();
+  engine_->HoldAfterFirstPiece(false);
+  ASSERT_TRUE(finished.ok()) << finished.status().message();
+  EXPECT_EQ(*finished, FakeEngine::ReplyFor(1, "never"));
+  EXPECT_EQ(cancelled.status().code(), StatusCode::kIoError);
+  store_->WakeAllReaders();
+}
+
+TEST_F(StoreTest, TurnsMayFinishAfterTheStoreIsGone) {
+  Mkdir("alice");
+  engine_->HoldTurns(true);
+  ASSERT_TRUE(Echo("alice", "prompt", "late").ok());
+  store_.reset();              // the callbacks hold the agent and the metrics, not the store
+  engine_->HoldTurns(false);   // the turn runs and finishes now
+  engine_->Shutdown();
+}
+
+}  // namespace
+}  // namespace kvfs::fs
