@@ -72,31 +72,32 @@ TEST_F(EngineExportTest, ExportOfAColdAgentLoadsNothingAndNeverComesOutShort) {
   EXPECT_EQ(file.status().code(), StatusCode::kIoError) << file.status().message();
 }
 
-// The file with one metadata entry of its header replaced (the tensors' bytes unchanged; the
-// header padded with spaces to 8 bytes, as the format allows).
-std::string WithMetadata(const std::string& file, const std::string& key, const std::string& value) {
+// A kv.safetensors file's header (JSON), and the file with its header edited (the tensors'
+// bytes unchanged; the header padded with spaces to 8 bytes, as the format allows).
+nlohmann::json HeaderOf(const std::string& file) {
   uint64_t n = 0;
   std::memcpy(&n, file.data(), 8);
-  nlohmann::json header = nlohmann::json::parse(file.substr(8, n));
-  header["__metadata__"][key] = value;
-  std::string text = header.dump();
-  text.resize((text.size() + 7) / 8 * 8, ' ');
-  const uint64_t m = text.size();
-  std::string out(reinterpret_cast<const char*>(&m), 8);
-  return out + text + file.substr(8 + n);
+  return nlohmann::json::parse(file.substr(8, n));
 }
 
-// The file with one metadata entry removed (an export from before that entry existed).
-std::string WithoutMetadata(const std::string& file, const std::string& key) {
+template <typename Edit>
+std::string WithHeader(const std::string& file, Edit edit) {
   uint64_t n = 0;
   std::memcpy(&n, file.data(), 8);
-  nlohmann::json header = nlohmann::json::parse(file.substr(8, n));
-  header["__metadata__"].erase(key);
+  nlohmann::json header = HeaderOf(file);
+  edit(header["__metadata__"]);
   std::string text = header.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');
   const uint64_t m = text.size();
-  std::string out(reinterpret_cast<const char*>(&m), 8);
-  return out + text + file.substr(8 + n);
+  return std::string(reinterpret_cast<const char*>(&m), 8) + text + file.substr(8 + n);
+}
+
+// One metadata entry replaced, or removed (an export from before that entry existed).
+std::string WithMetadata(const std::string& file, const std::string& key, const std::string& value) {
+  return WithHeader(file, [&](nlohmann::json& meta) { meta[key] = value; });
+}
+std::string WithoutMetadata(const std::string& file, const std::string& key) {
+  return WithHeader(file, [&](nlohmann::json& meta) { meta.erase(key); });
 }
 
 // An import believes the text behind its tokens only where the tokens spell it: a file edited to
@@ -113,9 +114,7 @@ TEST_F(EngineExportTest, ImportBelievesTheTextOnlyWhereItsTokensSpellIt) {
   ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[1]).stats.ok());
   auto exported = (*engine)->ExportCache("alice");
   ASSERT_TRUE(exported.ok()) << exported.status().message();
-  uint64_t n = 0;
-  std::memcpy(&n, exported->data(), 8);
-  const nlohmann::json meta = nlohmann::json::parse(exported->substr(8, n))["__metadata__"];
+  const nlohmann::json meta = HeaderOf(*exported)["__metadata__"];
   const std::string text = meta["context_text"].get<std::string>();
   const size_t n_tokens = nlohmann::json::parse(meta["token_ids"].get<std::string>()).size();
   ASSERT_NE(text.find("Lily"), std::string::npos);
@@ -181,9 +180,7 @@ TEST_F(EngineExportTest, ImportRefusesTokensOutsideTheVocabularyAndUnknownRoles)
   auto exported = (*engine)->ExportCache("alice");
   ASSERT_TRUE(exported.ok()) << exported.status().message();
   // The unchanged file through the same rewrite still imports: the edits below are the cause.
-  uint64_t n = 0;
-  std::memcpy(&n, exported->data(), 8);
-  const nlohmann::json meta = nlohmann::json::parse(exported->substr(8, n))["__metadata__"];
+  const nlohmann::json meta = HeaderOf(*exported)["__metadata__"];
   ASSERT_TRUE((*engine)->ImportCache("alice", WithMetadata(*exported, "conversation", meta["conversation"])).ok());
 
   nlohmann::json ids = nlohmann::json::parse(meta["token_ids"].get<std::string>());
