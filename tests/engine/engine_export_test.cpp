@@ -148,7 +148,8 @@ TEST_F(EngineExportTest, ImportBelievesTheTextOnlyWhereItsTokensSpellIt) {
     SCOPED_TRACE(c.agent);
     ASSERT_TRUE((*engine)->CreateAgent(c.agent, c.uid).ok());
     Greedy(**engine, c.agent);
-    ASSERT_TRUE((*engine)->ImportCache(c.agent, c.file).ok());
+    const Status imported = (*engine)->ImportCache(c.agent, c.file);
+    ASSERT_TRUE(imported.ok()) << imported.message();
     TurnOutcome next = RunTurn(**engine, c.agent, kTurns[2]);
     ASSERT_TRUE(next.stats.ok());
     if (c.believed) {
