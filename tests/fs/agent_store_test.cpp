@@ -462,7 +462,8 @@ TEST_F(StoreTest, KvCacheOpenedForReadAndWriteStartsAsTheExport) {
   // The same byte written back: the file is whole again and imports.
   h = *store_->Open(kv, read_write, kRoot);
   ASSERT_TRUE(store_->Write(h, 0, exported.substr(0, 1)).ok());
-  EXPECT_TRUE(store_->Flush(h).ok());
+  const Status imported = store_->Flush(h);
+  EXPECT_TRUE(imported.ok()) << imported.message();
   store_->Release(h);
   EXPECT_EQ(store_->Metrics().imports, 1u);
   EXPECT_EQ(*Cat("alice", "transcript"), transcript);

@@ -310,6 +310,15 @@ void FakeEngine::Worker() {
     agent->running = true;
     agent->info.state = AgentState::kGenerating;
     lock.unlock();
+    // As the real engine: the agent is no longer busy when its turn's on_done runs (a reader of
+    // `response` woken by it may import or edit at once).
+    request.on_done = [this, agent, done = std::move(request.on_done)](const Result<TurnStats>& result) {
+      {
+        std::lock_guard relock(mu_);
+        agent->running = false;
+      }
+      if (done) done(result);
+    };
     RunTurn(agent, std::move(request));
     lock.lock();
     agent->running = false;
