@@ -1,9 +1,8 @@
 // Per-agent state the filesystem keeps beside the engine's: the turns submitted through this
 // mount and their streamed replies (what `response` and the tail of `transcript` show), the
-// rendered transcript of committed turns, and the condition variable readers block on.
+// rendered transcript of committed turns, and the reads of `response` waiting for text.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -71,10 +70,9 @@ struct AgentRecord {
   // hold it too, and an erasure waits on it (AgentStore::CheckStillLive).
   std::mutex submit_mu;
   std::mutex mu;
-  std::condition_variable changed;  // any reply text, turn end, erasure or shutdown
   bool erased = false;
-  // Reads of `response` waiting without a thread; whoever notifies `changed` answers the ones
-  // that became ready (TakeAnsweredReads).
+  // Reads of `response` waiting for text; whatever changes what they wait on (reply text, turn
+  // end, erasure, shutdown) answers the ones it made ready (AnswerReadyReads).
   std::vector<ParkedRead> parked;
   uint64_t next_parked_id = 1;
 
@@ -97,9 +95,9 @@ struct AgentRecord {
 // (agent.mu held).
 std::optional<Result<std::string>> ResponseNow(const AgentRecord& agent, const TurnStream& turn, uint64_t offset,
                                                size_t size, bool interrupted, bool shutting_down);
-// Takes the agent's parked reads that can be answered now (agent.mu held); the caller runs
-// DeliverReads after releasing it.
-AnsweredReads TakeAnsweredReads(AgentRecord& agent, bool shutting_down);
+// Takes the agent's parked reads that can be answered now (agent.mu held, after any change they
+// wait on); the caller runs DeliverReads after releasing it.
+AnsweredReads AnswerReadyReads(AgentRecord& agent, bool shutting_down);
 void DeliverReads(AnsweredReads& answered);
 
 // Transcript text of one conversation entry.

@@ -497,8 +497,7 @@ void AgentStore::WakeAllReaders() {
     AnsweredReads answered;
     {
       std::lock_guard lock(agent->mu);
-      answered = TakeAnsweredReads(*agent, readers_released_.load());
-      agent->changed.notify_all();
+      answered = AnswerReadyReads(*agent, readers_released_.load());
     }
     DeliverReads(answered);
   }

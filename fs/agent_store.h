@@ -133,7 +133,8 @@ class AgentStore {
   Result<HandleId> Open(InodeId ino, OpenFlags flags, const Caller& caller);
   // O_CREAT of a name that does not exist: only prefix files can be created.
   Result<std::pair<Attr, HandleId>> Create(InodeId parent, std::string_view name, OpenFlags flags, const Caller& caller);
-  // Blocks on `response` while its turn generates; `interrupt` (may be null) cancels the wait.
+  // Blocks on `response` while its turn generates (ReadAsync, waited for); `interrupt` (may be
+  // null) cancels the wait.
   Result<std::string> Read(HandleId handle, uint64_t offset, size_t size, Interrupt* interrupt);
   // Read without holding the caller's thread: a read of `response` that would block is parked
   // and `reply` runs later, once, on the thread that makes it ready (new text, the turn's end,
@@ -243,7 +244,6 @@ class AgentStore {
   Status FlushLocked(Handle& handle, uint32_t process);
   void UndoAppliedEdit(Handle& handle);  // a refused system edit: the text before the handle's first apply
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
-  Result<std::string> ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt);
   void AuditExportRead(Handle& handle);  // handle.mu held
   Result<std::string> RenderFile(const Node& node);
   Status ApplyPrefix(Handle& handle);

@@ -110,8 +110,7 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
     ShredString(agent->transcript);
     for (const std::shared_ptr<TurnStream>& turn : agent->pending) ShredString(turn->reply), ShredString(turn->user_text);
     if (agent->latest) ShredString(agent->latest->reply), ShredString(agent->latest->user_text);
-    answered = TakeAnsweredReads(*agent, readers_released_.load());
-    agent->changed.notify_all();
+    answered = AnswerReadyReads(*agent, readers_released_.load());
   }
   DeliverReads(answered);
   ShredOpenFiles(*agent, /*cache_only=*/false);

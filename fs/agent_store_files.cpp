@@ -1,5 +1,6 @@
 // AgentStore: open files: open/create, read, write, flush (close), release.
 #include <algorithm>
+#include <future>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -216,7 +217,15 @@ Result<std::string> AgentStore::Read(HandleId id, uint64_t offset, size_t size, 
   auto handle = FindHandle(id);
   if (handle == nullptr) return InvalidArgument("bad file handle");
   switch (handle->kind) {
-    case Kind::kResponse: return ReadResponse(*handle, offset, size, interrupt);
+    case Kind::kResponse: {
+      // The blocking form of ReadAsync (tests, callers without FUSE): the same wait. `interrupt`
+      // is borrowed: it outlives the read, which returns only once answered.
+      std::promise<Result<std::string>> answer;
+      std::future<Result<std::string>> answered = answer.get_future();
+      ReadAsync(id, offset, size, std::shared_ptr<Interrupt>(std::shared_ptr<Interrupt>(), interrupt),
+                [&answer](Result<std::string> r) { answer.set_value(std::move(r)); });
+      return answered.get();
+    }
     case Kind::kTranscript: {
       std::string bytes;
       KVFS_RETURN_IF_ERROR(TranscriptRange(handle->node.agent, offset, size, &bytes).status());
@@ -263,7 +272,7 @@ std::optional<Result<std::string>> ResponseNow(const AgentRecord& agent, const T
   return std::nullopt;
 }
 
-AnsweredReads TakeAnsweredReads(AgentRecord& agent, bool shutting_down) {
+AnsweredReads AnswerReadyReads(AgentRecord& agent, bool shutting_down) {
   AnsweredReads answered;
   std::vector<ParkedRead> still;
   for (ParkedRead& read : agent.parked) {
@@ -278,20 +287,6 @@ AnsweredReads TakeAnsweredReads(AgentRecord& agent, bool shutting_down) {
 void DeliverReads(AnsweredReads& answered) {
   for (auto& [reply, result] : answered) reply(std::move(result));
   answered.clear();
-}
-
-Result<std::string> AgentStore::ReadResponse(Handle& handle, uint64_t offset, size_t size, Interrupt* interrupt) {
-  AgentRecord& agent = *handle.node.agent;
-  const TurnStream& turn = *handle.turn;
-  // Registered before the agent mutex is taken (see Interrupt::Register).
-  InterruptRegistration registration(interrupt, &agent.mu, &agent.changed);
-  std::unique_lock lock(agent.mu);
-  std::optional<Result<std::string>> now;
-  agent.changed.wait(lock, [&] {
-    now = ResponseNow(agent, turn, offset, size, interrupt != nullptr && interrupt->triggered(), readers_released_.load());
-    return now.has_value();
-  });
-  return std::move(*now);
 }
 
 void AgentStore::ReadAsync(HandleId id, uint64_t offset, size_t size, const std::shared_ptr<Interrupt>& interrupt,

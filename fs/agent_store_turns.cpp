@@ -92,8 +92,7 @@ Status AgentStore::SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::
       // A `response` opened meanwhile bound to this turn: it ends, failed, for its readers.
       turn->done = true;
       turn->failure = submitted;
-      answered = TakeAnsweredReads(*agent, false);
-      agent->changed.notify_all();
+      answered = AnswerReadyReads(*agent, false);
     }
     DeliverReads(answered);
     std::lock_guard m(metrics_->mu);
@@ -111,8 +110,7 @@ void AgentStore::OnTurnText(AgentRecord& agent, TurnStream& turn, std::string_vi
     std::lock_guard lock(agent.mu);
     turn.started = true;
     turn.reply.append(text);
-    answered = TakeAnsweredReads(agent, false);
-    agent.changed.notify_all();
+    answered = AnswerReadyReads(agent, false);
   }
   DeliverReads(answered);
 }
@@ -152,8 +150,7 @@ void AgentStore::OnTurnDone(AgentRecord& agent, const std::shared_ptr<TurnStream
     InvalidateTranscript(agent);
   }
   RemovePending(agent, turn);
-  answered = TakeAnsweredReads(agent, false);
-  agent.changed.notify_all();
+  answered = AnswerReadyReads(agent, false);
   lock.unlock();
   DeliverReads(answered);
 }

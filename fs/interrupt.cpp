@@ -9,12 +9,6 @@ void Interrupt::Trigger() {
   {
     std::lock_guard self(self_mu_);
     triggered_.store(true, std::memory_order_release);
-    if (waiter_cv_ != nullptr) {
-      // Taking the waiter's mutex orders this notify after its predicate check: it is either
-      // about to see the flag or already waiting.
-      std::lock_guard waiter(*waiter_mu_);
-      waiter_cv_->notify_all();
-    }
     cancel = std::exchange(on_trigger_, nullptr);
   }
   if (cancel) cancel();
@@ -29,18 +23,6 @@ void Interrupt::OnTrigger(std::function<void()> cancel) {
     }
   }
   cancel();
-}
-
-void Interrupt::Register(std::mutex* mu, std::condition_variable* cv) {
-  std::lock_guard self(self_mu_);
-  waiter_mu_ = mu;
-  waiter_cv_ = cv;
-}
-
-void Interrupt::Unregister() {
-  std::lock_guard self(self_mu_);
-  waiter_mu_ = nullptr;
-  waiter_cv_ = nullptr;
 }
 
 }  // namespace kvfs::fs
