@@ -281,15 +281,19 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     const KvLayout layout = KvLayoutFor(model_->hparams(), a->format, B);
     Snapshot s;
     s.block_bytes = layout.block_bytes();
+    // Never a shorter file than ExportSize promised (tar would pad it with zeros): what cannot be
+    // had fails the export, giving back what was held.
+    auto fail = [&](Status why) {
+      for (PoolBlock* held : s.blocks)
+        if (held != nullptr) pool_->Release(held);
+      return why;
+    };
     for (size_t i = 0; i < a->blocks.size(); ++i) {
       const BlockHash& h = a->blocks[i];
       PoolBlock* b = pool_->Acquire(h);
       if (b == nullptr && !(store_ && store_->HasBlock(h))) {
-        // Never a shorter file than ExportSize promised (tar would pad it with zeros).
-        for (PoolBlock* held : s.blocks)
-          if (held != nullptr) pool_->Release(held);
-        return IoError(fmt::format("exporting agent {}: block {} of {} is missing (the next turn recomputes it)",
-                                   name, i, a->blocks.size()));
+        return fail(IoError(fmt::format("exporting agent {}: block {} of {} is missing (the next turn recomputes it)",
+                                        name, i, a->blocks.size())));
       }
       s.blocks.push_back(b);
       s.hashes.push_back(h);
@@ -318,11 +322,9 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
           tail_status = bytes.status();
         }
       }
-      if (counted && s.tail_tokens == 0) {  // never a shorter file than ExportSize promised
-        for (PoolBlock* held : s.blocks)
-          if (held != nullptr) pool_->Release(held);
-        return IoError(fmt::format("exporting agent {}: its last {} tokens' rows could not be had{}", name, rest,
-                                   tail_status.ok() ? std::string() : " (" + tail_status.message() + ")"));
+      if (counted && s.tail_tokens == 0) {
+        return fail(IoError(fmt::format("exporting agent {}: its last {} tokens' rows could not be had{}", name, rest,
+                                        tail_status.ok() ? std::string() : " (" + tail_status.message() + ")")));
       }
     }
     std::lock_guard lock(mu_);
@@ -331,43 +333,41 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     return s;
   });
   if (!snap.ok()) return snap.status();
-  // The pool's blocks are given back however this ends (an allocation below may throw).
-  struct HeldBlocks {
-    BlockPool& pool;
-    std::vector<PoolBlock*>& blocks;
-    ~HeldBlocks() {
-      for (PoolBlock*& b : blocks)
-        if (b != nullptr) pool.Release(std::exchange(b, nullptr));
-    }
-  };
-  HeldBlocks release_at_end{*pool_, snap->blocks};
   std::vector<BlockHash> held;
   for (PoolBlock* b : snap->blocks)
     if (b != nullptr) held.push_back(b->key);
-  // The blocks not in memory, read here (off the engine thread) from the store: named by their
-  // content, they cannot have changed; one erased or damaged since fails its checksum.
-  std::vector<std::vector<uint8_t>> read(snap->blocks.size());
-  Status read_status = Status::Ok();
-  for (size_t i = 0; i < snap->blocks.size() && read_status.ok(); ++i) {
-    if (snap->blocks[i] != nullptr) continue;
-    read[i].resize(static_cast<size_t>(snap->block_bytes));
-    read_status = store_->ReadBlockInto(snap->hashes[i], read[i]);
-    if (!read_status.ok())
-      read_status = read_status.WithContext(fmt::format("exporting agent {}: block {} of {}", name, i, read.size()));
+  Result<std::string> file = Internal("the export was not assembled");
+  {
+    // The pool's blocks are given back at the end of this scope, however it ends (an allocation
+    // may throw).
+    struct HeldBlocks {
+      BlockPool& pool;
+      std::vector<PoolBlock*>& blocks;
+      ~HeldBlocks() {
+        for (PoolBlock* b : blocks)
+          if (b != nullptr) pool.Release(b);
+      }
+    } release_at_end{*pool_, snap->blocks};
+    // The blocks not in memory, read here (off the engine thread) from the store: named by their
+    // content, they cannot have changed; one erased or damaged since fails its checksum.
+    std::vector<std::vector<uint8_t>> read(snap->blocks.size());
+    std::vector<store::KvChunk> chunks;
+    Status read_status = Status::Ok();
+    for (size_t i = 0; i < snap->blocks.size() && read_status.ok(); ++i) {
+      const uint8_t* data = snap->blocks[i] != nullptr ? snap->blocks[i]->data : nullptr;
+      if (data == nullptr) {
+        read[i].resize(static_cast<size_t>(snap->block_bytes));
+        read_status = store_->ReadBlockInto(snap->hashes[i], read[i]);
+        if (!read_status.ok())
+          read_status = read_status.WithContext(fmt::format("exporting agent {}: block {} of {}", name, i, read.size()));
+        data = read[i].data();
+      }
+      chunks.push_back(store::KvChunk{std::span<const uint8_t>(data, static_cast<size_t>(snap->block_bytes)),
+                                      options_.block_tokens});
+    }
+    if (snap->tail_tokens > 0) chunks.push_back(store::KvChunk{snap->tail, snap->tail_tokens});
+    file = read_status.ok() ? store::WriteKvSafetensors(snap->info, chunks) : Result<std::string>(read_status);
   }
-  std::vector<store::KvChunk> chunks;
-  for (size_t i = 0; i < snap->blocks.size(); ++i) {
-    const uint8_t* data = snap->blocks[i] != nullptr ? snap->blocks[i]->data : read[i].data();
-    chunks.push_back(store::KvChunk{std::span<const uint8_t>(data, static_cast<size_t>(snap->block_bytes)), options_.block_tokens});
-  }
-  if (snap->tail_tokens > 0) chunks.push_back(store::KvChunk{snap->tail, snap->tail_tokens});
-  Result<std::string> file = read_status.ok() ? store::WriteKvSafetensors(snap->info, chunks) : Result<std::string>(read_status);
-  for (std::vector<uint8_t>& r : read) {  // KV data: zeroed when it goes, as the pool's is
-    std::fill(r.begin(), r.end(), 0);
-    asm volatile("" : : "r"(r.data()) : "memory");  // (not a dead store before the free)
-  }
-  for (PoolBlock*& b : snap->blocks)
-    if (b != nullptr) pool_->Release(std::exchange(b, nullptr));
   // An erasure that began while these blocks were held here could not drop them (they were in
   // use): drop now, zeroed, those nothing names any more, as it would have.
   bool erased_meanwhile = false;
