@@ -319,10 +319,10 @@ void FakeEngine::Worker() {
       }
       if (done) done(result);
     };
-    RunTurn(agent, std::move(request));
+    RunTurn(agent, std::move(request));  // (every path ends in on_done: running is false again)
     lock.lock();
-    agent->running = false;
-    if (!agent->queue.empty()) {
+    // Another worker may have started the agent's next turn since on_done: it is not ours to end.
+    if (!agent->running && !agent->queue.empty()) {
       ready_.push_back(agent);
       agent->info.state = AgentState::kQueued;
       work_cv_.notify_one();
