@@ -350,7 +350,7 @@ std::string DaemonUsage() {
          "                      of the device's); a step whose blocks do not fit runs on the CPU\n"
          "  --vulkan-tuning FILE  the settings kvfs tune found for this device and model (ignored,\n"
          "                      with a warning, when made for another device or model)\n"
-         "  -t THREADS          engine threads (default: all hardware threads)\n"
+         "  -t THREADS          engine threads (default, or 0: all hardware threads)\n"
          "  --kv F              KV format of new agents (default q4k; q4 when --block-tokens is not a\n"
          "                      multiple of 64)\n"
          "  --kv-budget BYTES   KV memory, e.g. 2G (default: a quarter of the machine's memory)\n"

@@ -197,15 +197,18 @@ store::Manifest Engine::ManifestOf(const AgentRecord& a) const {
   m.model_fingerprint = fingerprint_;
   m.kv_format = a.format.Name();
   m.block_size = static_cast<uint32_t>(options_.block_tokens);
-  m.tokens.assign(a.tokens.begin(), a.tokens.end());
+  // A dropped cache's context: its tokens, with no blocks (restored as dropped again).
+  const bool dropped = a.tokens.empty() && !a.dropped.tokens.empty();
+  const std::vector<TokenId>& tokens = dropped ? a.dropped.tokens : a.tokens;
+  m.tokens.assign(tokens.begin(), tokens.end());
   m.conversation = a.conversation;
   m.blocks = a.blocks;
   m.created_ms = a.created_ms;
   m.config = nlohmann::json{{"owner_uid", a.owner_uid},
                             {"system", a.system},
                             {"settings", AgentSettingsToJson(a.settings)},
-                            {"context_text", a.cached_text},
-                            {"token_ends", TokenEndsToJson(a.token_ends)},
+                            {"context_text", dropped ? a.dropped.text : a.cached_text},
+                            {"token_ends", TokenEndsToJson(dropped ? a.dropped.ends : a.token_ends)},
                             {"kv_format_id", KvFormatId(a.format)}};
   return m;
 }
@@ -228,6 +231,7 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   a.tokens.clear();
   a.cached_text.clear();
   a.token_ends.clear();
+  a.dropped = {};
   a.blocks.clear();
   a.disk_tail.reset();
   a.parked_tail.reset();
@@ -237,25 +241,39 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   // one, as without the restart: it still exports, and its files are counted and erased.
   std::optional<KvFormat> stored = format.ok() && m.kv_format == format->Name() ? std::optional<KvFormat>(*format)
                                                                                   : StoredFormat(m);
-  const bool usable = stored.has_value() && m.model_fingerprint == fingerprint_ &&
-                      m.block_size == static_cast<uint32_t>(options_.block_tokens) && c.is_object() &&
-                      c.contains("context_text") && c["context_text"].is_string();
+  const bool has_text = c.is_object() && c.contains("context_text") && c["context_text"].is_string();
+  const bool same_model = m.model_fingerprint == fingerprint_;
+  const bool usable = stored.has_value() && same_model &&
+                      m.block_size == static_cast<uint32_t>(options_.block_tokens) && has_text;
   if (usable) a.format = *stored;
-  if (!usable) {
-    if (!m.tokens.empty())
-      spdlog::info("engine: agent {} was cached for another model or format; its cache is rebuilt on its next turn", a.name);
-    return;
-  }
-  // The cache is exactly the committed blocks plus the tail.
-  const size_t cached = m.blocks.size() * m.block_size + (m.tail ? m.tail->n_tokens : 0);
-  if (cached != m.tokens.size()) return;
-  a.tokens.assign(m.tokens.begin(), m.tokens.end());
-  a.cached_text = c["context_text"].get<std::string>();
+  std::string text = has_text ? c["context_text"].get<std::string>() : std::string();
   // Written before the ends were kept (or not fitting): the text as one run, which still
   // extends, and diverges as before.
-  std::optional<std::vector<uint32_t>> ends =
-      c.contains("token_ends") ? TokenEndsFromJson(c["token_ends"], a.tokens.size(), a.cached_text.size()) : std::nullopt;
-  a.token_ends = ends ? std::move(*ends) : OneRunEnds(a.tokens.size(), a.cached_text.size());
+  std::optional<std::vector<uint32_t>> token_ends =
+      c.contains("token_ends") ? TokenEndsFromJson(c["token_ends"], m.tokens.size(), text.size()) : std::nullopt;
+  std::vector<uint32_t> ends = token_ends ? std::move(*token_ends) : OneRunEnds(m.tokens.size(), text.size());
+  // The cache is exactly the committed blocks plus the tail; else, made by this model, its
+  // tokens are what the next turn recomputes (another model's ids mean nothing here).
+  const size_t cached = m.blocks.size() * m.block_size + (m.tail ? m.tail->n_tokens : 0);
+  if (!usable || cached != m.tokens.size()) {
+    if (!same_model || !has_text) {
+      if (!m.tokens.empty())
+        spdlog::info("engine: agent {} was cached by another model; its cache is rebuilt from its text on its next turn",
+                     a.name);
+      return;
+    }
+    a.dropped.tokens.assign(m.tokens.begin(), m.tokens.end());
+    a.dropped.text = std::move(text);
+    a.dropped.ends = std::move(ends);
+    if (cached > 0)
+      spdlog::info("engine: agent {} was cached in another format or block size; its cache is rebuilt from its tokens "
+                   "on its next turn",
+                   a.name);
+    return;
+  }
+  a.tokens.assign(m.tokens.begin(), m.tokens.end());
+  a.cached_text = std::move(text);
+  a.token_ends = std::move(ends);
   a.blocks = m.blocks;
   a.disk_tail = m.tail;
   const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
@@ -297,7 +315,7 @@ Status Engine::RestoreAgents() {
       continue;
     }
     if (!m->tokens.empty() && m->model_fingerprint != fingerprint_) ++other_model;
-    else if (!m->tokens.empty() && m->block_size != static_cast<uint32_t>(options_.block_tokens))
+    else if ((!m->blocks.empty() || m->tail) && m->block_size != static_cast<uint32_t>(options_.block_tokens))
       ++other_block_size[m->block_size];
     ApplyManifest(*a, *m);
     if (Result<KvFormat> f = FormatFor(a->settings); !f.ok())
@@ -311,7 +329,7 @@ Status Engine::RestoreAgents() {
   }
   for (const auto& [block_size, n] : other_block_size)
     spdlog::warn("engine: {} agents' caches were stored in blocks of {} tokens, and this daemon uses {} "
-                 "(--block-tokens): each is recomputed from its text on its next turn (restart with "
+                 "(--block-tokens): each is recomputed from its tokens on its next turn (restart with "
                  "--block-tokens {} to use them as they are)",
                  n, block_size, options_.block_tokens, block_size);
   if (other_model > 0)
@@ -557,7 +575,9 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     seq = ++a.commits_built;
     j.agent = name;
     j.manifest = ManifestOf(a);
-    j.keep_tail = true;  // the cache is unchanged: its stored tail stays
+    // The cache is unchanged: its stored tail stays. (A dropped cache's tail, of another block
+    // size or format, goes with it.)
+    j.keep_tail = !a.tokens.empty() || a.dropped.tokens.empty();
     return j;
   });
   KVFS_RETURN_IF_ERROR(found);
@@ -627,9 +647,20 @@ Status Engine::SubmitTurn(TurnRequest request) {
 void Engine::Post(std::function<void()> task) {
   {
     std::lock_guard lock(mu_);
-    tasks_.push_back(std::move(task));
+    if (!engine_loop_ended_) {
+      tasks_.push_back(std::move(task));
+      task = nullptr;
+    }
   }
-  engine_cv_.notify_all();
+  if (task == nullptr) {
+    engine_cv_.notify_all();
+    return;
+  }
+  // After the engine loop has ended (shutdown), a commit or load that finishes still reports
+  // back: run here, one at a time, or whoever waits on it (an import's writer, a FUSE thread
+  // that the shutdown then waits for) would wait forever.
+  std::lock_guard ended(after_loop_mu_);
+  task();
 }
 
 std::set<BlockHash> Engine::NamedBlocks(const AgentRecord* except, bool with_prefixes) {

@@ -520,6 +520,7 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       // next turn matches on tokens only (DIVERGE).
       a->cached_text = std::move(context_text);
       a->token_ends = std::move(context_ends);
+      a->dropped = {};
       a->updated_ms = Now();
     }
     // Then, on the engine thread: a failed commit puts the agent back at its committed state;

@@ -123,6 +123,11 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
 void Engine::ReleaseCache(AgentRecord& a) {
   NoteKeys(a);
   std::lock_guard lock(mu_);
+  if (!a.tokens.empty()) {
+    a.dropped.tokens = std::move(a.tokens);
+    a.dropped.text = std::move(a.cached_text);
+    a.dropped.ends = std::move(a.token_ends);
+  }
   a.tokens.clear();
   a.cached_text.clear();
   a.token_ends.clear();
@@ -225,7 +230,10 @@ void Engine::LoaderLoop() {
     {
       std::unique_lock lock(load_mu_);
       load_cv_.wait(lock, [&] { return load_stopping_ || !load_queue_.empty(); });
-      if (load_queue_.empty()) return;
+      if (load_queue_.empty()) {
+        loader_ended_ = true;
+        return;
+      }
       job = std::move(load_queue_.front());
       load_queue_.pop_front();
     }
@@ -259,6 +267,7 @@ void Engine::DrainLoader() {
   barrier.done = [&drained](std::optional<BlockHash>) { drained.set_value(); };
   {
     std::lock_guard lock(load_mu_);
+    if (loader_ended_) return;  // (shutdown) nothing loads any more, and nobody would answer
     load_queue_.push_back(std::move(barrier));
   }
   load_cv_.notify_all();

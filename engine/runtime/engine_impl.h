@@ -80,6 +80,16 @@ struct AgentRecord {
                                  // that is no UTF-8, which only a generated token makes)
   std::vector<uint32_t> token_ends;  // per token: the end of its text in cached_text (context_text.h)
   std::vector<BlockHash> blocks; // names of the cache's full blocks, in order
+  // The context of a cache dropped whole (rm kv.safetensors, another KV format, a restart with
+  // another --block-tokens): its tokens and their text, while `tokens` is empty. The next turn
+  // recomputes these tokens instead of encoding the conversation again, which would lose those
+  // with no text (a generated BOS) and give the model another context. Kept in the manifest
+  // (tokens without blocks); cleared when a turn or an import gives the agent a cache again.
+  struct DroppedContext {
+    std::vector<TokenId> tokens;
+    std::string text;             // as cached_text
+    std::vector<uint32_t> ends;   // as token_ends
+  } dropped;
   std::optional<BlockHash> parked_tail;      // key of the partial tail cached in the pool
   std::optional<store::TailRef> disk_tail;   // the committed tail on disk
   uint64_t tail_generation = 0;
@@ -275,6 +285,7 @@ class Engine final : public AgentEngine {
   void FailTurn(ActiveTurn& turn, const kvfs::Status& error);
   // Names full blocks, parks the tail, queues the commit; completes the turn after it.
   void CommitAgent(AgentRecord& agent, SequenceKv* seq, std::function<void(const kvfs::Status&)> done);
+  // Forgets the agent's cache; its context stays as AgentRecord::dropped.
   void ReleaseCache(AgentRecord& agent);
   // Engine thread: the agent's record, after failing its running, loading and queued turns.
   Result<AgentRecord*> StopTurnsOf(const std::string& name, const kvfs::Status& why);
@@ -357,7 +368,9 @@ class Engine final : public AgentEngine {
   std::vector<std::unique_ptr<AgentRecord>> erased_;
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;
-  bool engine_loop_ended_ = false;  // RunOnEngine then runs its task on the caller's thread
+  bool engine_loop_ended_ = false;  // RunOnEngine and Post then run tasks on the caller's thread
+  // Held by a task run so (engine-thread state: one at a time; recursive: a task may post one).
+  std::recursive_mutex after_loop_mu_;
   bool store_stopping_ = false;
   EngineStatus counters_;  // the cumulative fields; the rest is filled by Status()
   // Erasures (of an agent or of its cache) begun so far: an export that held blocks while one
@@ -380,6 +393,7 @@ class Engine final : public AgentEngine {
   std::condition_variable load_cv_;
   std::deque<engine_internal::LoadJob> load_queue_;
   bool load_stopping_ = false;
+  bool loader_ended_ = false;  // the loader thread has returned: its queue is read no more
 
   std::thread engine_thread_, store_thread_, loader_thread_;
   std::thread reserve_thread_;  // fills the pool's free list at start (EngineOptions::kv_reserve_bytes)
@@ -396,8 +410,12 @@ inline T Engine::RunOnEngine(std::function<T()> task) {
     if (engine_loop_ended_) inline_run = true;
     else tasks_.push_back([&packaged] { packaged(); });
   }
-  if (inline_run) packaged();
-  else engine_cv_.notify_all();
+  if (inline_run) {
+    std::lock_guard ended(after_loop_mu_);
+    packaged();
+  } else {
+    engine_cv_.notify_all();
+  }
   return result.get();
 }
 

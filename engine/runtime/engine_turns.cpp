@@ -185,7 +185,11 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   const Tokenizer& tok = model_->tokenizer();
   // By characters against the text behind the cache (context_text.h): only what changed is
   // encoded and computed again.
-  ContextMatch matched = MatchContext(tok, turn.rendered_prompt, a.tokens, a.cached_text, a.token_ends);
+  // A dropped cache's context is matched alike: its tokens are then recomputed as they were.
+  const bool dropped = a.tokens.empty() && !a.dropped.tokens.empty();
+  const std::vector<TokenId>& before = dropped ? a.dropped.tokens : a.tokens;
+  ContextMatch matched = dropped ? MatchContext(tok, turn.rendered_prompt, before, a.dropped.text, a.dropped.ends)
+                                 : MatchContext(tok, turn.rendered_prompt, before, a.cached_text, a.token_ends);
   turn.stats.match = matched.match;
   std::vector<TokenId> tokens = std::move(matched.tokens);
   turn.context_ends = std::move(matched.ends);
@@ -217,7 +221,7 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
                                   tokens.size() + 1, n_ctx_, a.tokens.size(), system_part));
   }
   size_t keep = 0;
-  while (keep < tokens.size() && keep < a.tokens.size() && tokens[keep] == a.tokens[keep]) ++keep;
+  while (keep < tokens.size() && keep < before.size() && tokens[keep] == before[keep]) ++keep;
   keep = std::min(keep, tokens.size() - 1);  // the last token runs again for its logits
   // q4k: resume only from what an uncached run would hold too: complete K chunks, and the
   // committed tail's staged f16 rows. A cut inside a complete chunk would stage its kept keys
@@ -452,6 +456,7 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     a.tokens = turn.context;
     a.cached_text = turn.rendered_prompt + turn.fed_text;
     a.token_ends = turn.context_ends;
+    a.dropped = {};
     // Byte tokens can leave the fed text invalid UTF-8 (a character cut by max_tokens, bytes
     // that form none). The reply shows U+FFFD there, and the manifest (JSON) cannot hold such
     // bytes: the text stops before them and the tokens from there on have no known text, so

@@ -437,6 +437,18 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   }
 
   std::unique_lock lock(mu_);
+  // An edit (a manifest and no KV data) names the blocks the agent had when it was made. One
+  // dropped since (it failed its checksum, or its file was gone) ends the stored cache there:
+  // the tokens stay, and the next turn recomputes the rest from them. (Refusing would refuse
+  // every edit of the agent until a turn rebuilt its cache.)
+  if (keep_tail && new_blocks.empty() && !tail) {
+    auto gone = std::find_if(manifest.blocks.begin(), manifest.blocks.end(),
+                             [&](const BlockHash& h) { return !present_.count(h); });
+    if (gone != manifest.blocks.end()) {
+      manifest.blocks.erase(gone, manifest.blocks.end());
+      keep_tail = false;
+    }
+  }
   std::set<BlockHash> incoming;
   for (const NewBlock& b : new_blocks) incoming.insert(b.hash);
   for (const BlockHash& h : manifest.blocks)
@@ -461,12 +473,14 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   const std::string adir = AgentDir(agent);
   // Refuse early, before writing anything, when the new files clearly cannot fit (an upper
   // bound: blocks not yet stored, the tail, the manifest, with the manifest's temp copy).
-  uint64_t needed = 0;
+  // Each file counted in whole 4 KiB allocation units, plus one for the directories. (The old
+  // manifest and tail stay until the new ones are in place: their room is not counted free.)
+  auto in_units = [](uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  uint64_t needed = 4096;
   for (const NewBlock& b : new_blocks)
-    if (!present_.count(b.hash)) needed += kBlockHeaderBytes + b.payload.size();
-  if (tail) needed += kBlockHeaderBytes + tail->payload.size();
-  needed += 2 * (64 * manifest.tokens.size() + 4096);
-  for (const auto& t : manifest.conversation) needed += 2 * (2 * t.text.size() + t.role.size());
+    if (!present_.count(b.hash)) needed += in_units(kBlockHeaderBytes + b.payload.size());
+  if (tail) needed += in_units(kBlockHeaderBytes + tail->payload.size());
+  needed += in_units(manifest_bytes.size());
   if (auto free = fs_.FreeBytes(dir_); free.ok() && *free < needed) {
     if (!manifest.blocks.empty() || manifest.tail || !prev || keep_tail) {  // (keep_tail: an edit)
       const bool edit = keep_tail || (new_blocks.empty() && !tail);  // a manifest and no KV data

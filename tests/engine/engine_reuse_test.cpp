@@ -139,5 +139,64 @@ TEST_F(EngineReuseTest, AStopStringOfSeveralTokensCostsOnlyItsOwnTokens) {
   }
 }
 
+// A cache dropped whole (rm kv.safetensors, another kv format in config.json, a restart with
+// another --block-tokens) is recomputed from the tokens it held, not from the conversation's text
+// encoded again: the <s> the model generated inside its reply has no text, so the text alone
+// would give the model another context (one token fewer) and other replies.
+TEST_F(EngineReuseTest, ADroppedCacheIsRecomputedFromItsTokens) {
+  const TokenId bos = model_->tokenizer().bos();
+  store::Manifest original;
+  uint32_t uid = 0;  // one per agent: agents of one uid share blocks of the same tokens
+  auto first_turn = [&](AgentEngine& e, const std::string& name) {
+    ASSERT_TRUE(e.CreateAgent(name, ++uid).ok());
+    Greedy(e, name, "f16", 360);
+    ASSERT_TRUE(RunTurn(e, name, "Once upon a time").stats.ok());
+    original = ReadManifest(Options().store_dir, name);
+    ASSERT_GT(std::count(original.tokens.begin() + 1, original.tokens.end(), bos), 0)
+        << "the reply holds no <s>: pick another prompt";
+  };
+  auto expect_rebuilt = [&](AgentEngine& e, const std::string& name, const char* how) {
+    SCOPED_TRACE(how);
+    TurnOutcome next = RunTurn(e, name, " The end.");
+    ASSERT_TRUE(next.stats.ok()) << next.stats.status().message();
+    EXPECT_EQ(next.stats->match, "rebuild");
+    EXPECT_EQ(next.stats->reused_tokens, 0);
+    const store::Manifest m = ReadManifest(Options().store_dir, name);
+    ASSERT_GT(m.tokens.size(), original.tokens.size());
+    EXPECT_TRUE(std::equal(original.tokens.begin(), original.tokens.end(), m.tokens.begin()))
+        << "the context the model sees changed";
+  };
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    first_turn(**engine, "erased");
+    ASSERT_TRUE((*engine)->EraseCache("erased").ok());
+    EXPECT_EQ((*engine)->GetAgent("erased")->context_tokens, 0);  // nothing cached
+    expect_rebuilt(**engine, "erased", "rm kv.safetensors");
+
+    first_turn(**engine, "reformatted");
+    AgentSettings s = (*engine)->GetAgent("reformatted")->settings;
+    s.kv = "q8";
+    ASSERT_TRUE((*engine)->SetSettings("reformatted", s).ok());
+    expect_rebuilt(**engine, "reformatted", "another kv format");
+
+    // Dropped and then restarted before the next turn: the tokens are in the manifest.
+    first_turn(**engine, "erased_then_restarted");
+    ASSERT_TRUE((*engine)->EraseCache("erased_then_restarted").ok());
+    first_turn(**engine, "reblocked");
+  }
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  original = ReadManifest(Options().store_dir, "erased_then_restarted");
+  EXPECT_TRUE(original.blocks.empty() && !original.tail);
+  expect_rebuilt(**engine, "erased_then_restarted", "rm kv.safetensors, then a restart");
+  engine->reset();
+  original = ReadManifest(Options().store_dir, "reblocked");
+  block_tokens_ *= 2;
+  engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  expect_rebuilt(**engine, "reblocked", "a restart with another block size");
+}
+
 }  // namespace
 }  // namespace kvfs

@@ -252,6 +252,31 @@ TEST_F(EngineStateTest, EditsAfterShutdownFailAndDoNotHang) {
   ASSERT_EQ(erase.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "EraseCache hangs after Shutdown";
 }
 
+// The same for an agent with a cache on disk, and for an import and an erasure, which wait for
+// the loader and for the commit's report on the engine thread (`rm -r` or `cp x
+// agent/kv.safetensors` while the daemon stopped hung it for good: the FUSE thread never
+// returned, and kill -9 left a zombie).
+TEST_F(EngineStateTest, ImportsAndErasuresAfterShutdownReturn) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  for (const char* name : {"alice", "bob"}) {
+    ASSERT_TRUE((*engine)->CreateAgent(name, 0).ok());
+    Greedy(**engine, name);
+    ASSERT_TRUE(RunTurn(**engine, name, kStory).stats.ok());
+  }
+  auto exported = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  (*engine)->Shutdown();
+  auto import = std::async(std::launch::async, [&] { return (*engine)->ImportCache("bob", *exported); });
+  ASSERT_EQ(import.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "ImportCache hangs after Shutdown";
+  EXPECT_FALSE(import.get().ok());  // nothing is stored any more
+  auto erase_cache = std::async(std::launch::async, [&] { return (*engine)->EraseCache("bob").status(); });
+  ASSERT_EQ(erase_cache.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "EraseCache hangs after Shutdown";
+  auto erase = std::async(std::launch::async, [&] { return (*engine)->EraseAgent("alice").status(); });
+  ASSERT_EQ(erase.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "EraseAgent hangs after Shutdown";
+}
+
 // An edit of the settings (config.json) keeps the stored tail: after a restart the next turn
 // reuses every cached token, as it does without the edit.
 TEST_F(EngineStateTest, SettingsEditKeepsTheStoredTail) {
