@@ -264,9 +264,19 @@ Result<DaemonConfig> ParseDaemonArgs(const std::vector<std::string>& args) {
     if (!s.ok()) return s.WithContext(config_file);
   }
   // The command line overrides the config file.
+  std::set<std::string> on_command_line;
   for (const auto& [option, value] : given) {
     const std::string& key = Options().at(option).first;
     KVFS_RETURN_IF_ERROR(ApplyText(key, value, "option " + option, config));
+    on_command_line.insert(key);
+  }
+  // `--backend cpu` on the command line (a GPU problem being looked into) overrides the config
+  // file's backend with its Vulkan settings, which the command line did not give again.
+  if (on_command_line.count("backend") && config.backend != "vulkan" && !config_file.empty()) {
+    const DaemonConfig defaults;
+    if (!on_command_line.count("device")) config.device = defaults.device;
+    if (!on_command_line.count("vulkan_tuning")) config.vulkan_tuning = defaults.vulkan_tuning;
+    if (!on_command_line.count("kv_device_budget")) config.kv_device_budget_bytes = defaults.kv_device_budget_bytes;
   }
   if (config.mountpoint.empty()) return InvalidArgument("--mount DIR is required (or \"mount\" in the config file)");
   return config;
@@ -314,12 +324,13 @@ Status ResolveDefaults(DaemonConfig& config, const Environment& env) {
   }
   if (!IsFile(config.model_path)) return InvalidArgument("model not found: " + config.model_path);
   if (!config.vulkan_tuning.empty() && config.backend != "vulkan") {
-    return InvalidArgument("--vulkan-tuning applies to --backend vulkan only");
+    return InvalidArgument("--vulkan-tuning (vulkan_tuning) applies to --backend vulkan only");
   }
   if (config.kv_device_budget_bytes > 0 && config.backend != "vulkan") {
-    return InvalidArgument("--kv-device-budget applies to --backend vulkan only");
+    return InvalidArgument("--kv-device-budget (kv_device_budget) applies to --backend vulkan only");
   }
-  if (config.device >= 0 && config.backend != "vulkan") return InvalidArgument("--device applies to --backend vulkan only");
+  if (config.device >= 0 && config.backend != "vulkan")
+    return InvalidArgument("--device (device) applies to --backend vulkan only");
   if (config.log_file.empty()) config.log_file = config.store_dir + "/kvfsd.log";
   return Status::Ok();
 }
@@ -366,7 +377,7 @@ std::string DaemonUsage() {
          "                      must exist, and neither it nor the store may be inside the mount)\n"
          "SIGTERM or SIGINT: finish or cancel running turns, flush the store, unmount, exit 0.\n"
          "SIGHUP: in the background, reopen the log file (after logrotate moved it); in the\n"
-         "foreground (a terminal hung up), as SIGTERM.\n";
+         "foreground (a terminal hung up), as SIGTERM. SIGUSR1, SIGUSR2, SIGALRM: logged, ignored.\n";
 }
 
 }  // namespace kvfs::daemon

@@ -1,5 +1,6 @@
 #include "daemon/daemon.h"
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -26,14 +27,15 @@ namespace kvfs::daemon {
 
 namespace {
 
-// Signals that stop the daemon. SIGUSR1 is internal: the main thread sends it to the signal
-// thread when the loop ended by an external unmount.
-constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
+// Signals the signal thread takes: those that stop the daemon, SIGHUP, and stray ones whose
+// default action would kill it without unmounting (logged and ignored). SIGUSR1 is also
+// internal: the main thread sends it to the signal thread when an external unmount ended the loop.
+constexpr int kHandledSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGALRM};
 
-sigset_t StopSignalSet() {
+sigset_t HandledSignalSet() {
   sigset_t set;
   sigemptyset(&set);
-  for (int s : kStopSignals) sigaddset(&set, s);
+  for (int s : kHandledSignals) sigaddset(&set, s);
   return set;
 }
 
@@ -181,8 +183,12 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
     std::fprintf(stderr, "kvfsd: %s\n", resolved.message().c_str());
     return 2;
   }
+  // Absolute before a background daemon's chdir("/"): a SIGHUP reopens the log by this path.
   config.mountpoint = AbsolutePath(config.mountpoint);
   config.store_dir = AbsolutePath(config.store_dir);
+  config.log_file = AbsolutePath(config.log_file);
+  config.model_path = AbsolutePath(config.model_path);
+  if (!config.vulkan_tuning.empty()) config.vulkan_tuning = AbsolutePath(config.vulkan_tuning);
   // kvfsd writes its store and its log while it serves the mount: inside the mount, each write
   // would wait on kvfsd itself (a hang in D state that only kill -9 ends).
   for (const auto& [what, path] : {std::pair<const char*, std::string>{"store", config.store_dir},
@@ -228,8 +234,8 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
 
   // Every thread created from here on (engine, FUSE workers) inherits the blocked stop
   // signals; only the signal thread receives them, with sigwait.
-  sigset_t stop_signals = StopSignalSet();
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  sigset_t handled_signals = HandledSignalSet();
+  pthread_sigmask(SIG_BLOCK, &handled_signals, nullptr);
 
   Result<bool> created_mountpoint = PrepareMountpoint(config.mountpoint);
   if (!created_mountpoint.ok()) return fail(2, created_mountpoint.status());
@@ -286,10 +292,17 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   // The shutdown sequence runs on the signal thread: refuse new turns, let the engine finish or
   // cancel the running ones and flush the store, wake blocked readers, then end the FUSE loop
   // (unmounting happens when the server is destroyed).
+  std::atomic<bool> loop_ended{false};
   std::thread signal_thread([&] {
     int signal = 0;
     for (;;) {
-      sigwait(&stop_signals, &signal);
+      sigwait(&handled_signals, &signal);
+      if (signal == SIGUSR1 && loop_ended.load()) break;
+      if (signal == SIGUSR1 || signal == SIGUSR2 || signal == SIGALRM) {
+        spdlog::warn("{}: ignored (SIGTERM stops kvfsd{})", strsignal(signal),
+                     config.foreground ? "" : ", SIGHUP reopens its log file");
+        continue;
+      }
       // A background daemon has no terminal to hang up: its SIGHUP is logrotate's, or a user's.
       if (signal != SIGHUP || config.foreground) break;
       logging.ReopenFile();
@@ -302,6 +315,7 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   });
   Status served = (*server)->Run();
   // An external unmount ends the loop without a signal: run the same sequence.
+  loop_ended.store(true);
   pthread_kill(signal_thread.native_handle(), SIGUSR1);
   signal_thread.join();
   server->reset();  // unmount

@@ -90,7 +90,8 @@ void AgentStore::Audit(AuditEvent event) {
   if (!s.ok()) spdlog::error("audit log: {} (event {} of {})", s.message(), event.action, event.agent);
 }
 
-std::string AgentStore::IntendAudit(const AuditEvent& event) {
+std::string AgentStore::IntendAudit(AuditEvent event) {
+  event.time_ms = Now();
   Result<std::string> id = audit_->Intend(event);
   if (id.ok()) return *id;
   spdlog::error("audit log: {} ({} of {}: its line is written when it is done, but a crash before that would "
@@ -122,11 +123,12 @@ void AgentStore::SettleAuditIntents(const std::vector<AgentInfo>& agents, const 
     if (happened && audit_->HasLineOf(intent)) {  // logged, and the crash came before the intent went
       audit_->Drop(intent.id);
     } else if (happened) {
-      AuditEvent line = e;
+      AuditEvent line = e;  // at the time the erasure began
       line.completed_at_start = true;
       spdlog::warn("audit log: {} of {} (uid {}) was interrupted by a crash and is done: logged now", e.action, e.agent,
                    e.uid);
-      CompleteAudit(intent.id, std::move(line));
+      if (Status s = audit_->Complete(intent.id, line); !s.ok())
+        spdlog::error("audit log: {} (event {} of {})", s.message(), line.action, line.agent);
     } else {
       spdlog::info("audit log: {} of {} was interrupted before it erased anything", e.action, e.agent);
       audit_->Drop(intent.id);

@@ -209,7 +209,7 @@ class AgentStore {
   void Audit(AuditEvent event);
   // Erasures: the intent first (AuditLog::Intend; "" when it could not be written, which is
   // logged: the erasure goes on, as it must on a full disk), the line when it is done.
-  std::string IntendAudit(const AuditEvent& event);
+  std::string IntendAudit(AuditEvent event);
   void CompleteAudit(const std::string& intent, AuditEvent event);
   // An erasure that failed: when what it erases is still there (`intact`) nothing happened and
   // the intent goes; else it happened in part and the next start, which finishes it, logs it.

@@ -61,6 +61,14 @@ Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
   }
   auto log = std::unique_ptr<AuditLog>(new AuditLog(fd, path + ".intents"));
   log->size_ = static_cast<uint64_t>(st.st_size);
+  // A log cut inside its last line (a crash while it was appended elsewhere, a copy): the next
+  // line starts a line of its own, not the end of that one.
+  char last = '\n';
+  if (st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n') {
+    spdlog::warn("audit log {}: its last line is incomplete; the next starts on a line of its own", path);
+    std::lock_guard lock(log->mu_);
+    KVFS_RETURN_IF_ERROR(log->WriteLines("\n"));
+  }
   KVFS_RETURN_IF_ERROR(log->LoadIntents());
   return log;
 }
@@ -83,6 +91,9 @@ Status AuditLog::LoadIntents() {
         event.agent = j["agent"].get<std::string>();
         event.action = j["action"].get<std::string>();
         event.uid = j["uid"].get<uint32_t>();
+        // When the erasure began (intents before this field: the time in the name).
+        event.time_ms = j.value("time_ms", nlohmann::json()).is_number_integer() ? j["time_ms"].get<int64_t>() : 0;
+        if (event.time_ms <= 0) event.time_ms = std::strtoll(e.name.c_str(), nullptr, 10);
         intent = AuditIntent{e.name.substr(0, e.name.size() - 5), std::move(event)};
       }
     }
@@ -102,20 +113,24 @@ Result<std::string> AuditLog::Intend(const AuditEvent& event) {
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
   std::string id = fmt::format("{}-{:06d}", now, next_intent_++);
+  AuditEvent begun = event;
+  if (begun.time_ms == 0) begun.time_ms = now;
   if (intents_dir_.empty()) {
-    memory_intents_[id] = event;
+    memory_intents_[id] = begun;
     return id;
   }
   // Written whole and synced before its name appears: a crash leaves a whole intent or a
   // temporary file.
-  const std::string text = FormatAuditLine(event);
+  const std::string text = FormatAuditLine(begun);
   KVFS_RETURN_IF_ERROR(store::WriteFileAtomic(
       fs_, intents_dir_, id + ".json", std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size())));
   return id;
 }
 
 bool AuditLog::HasLineOf(const AuditIntent& intent) const {
-  const int64_t since = std::strtoll(intent.id.c_str(), nullptr, 10);
+  // (A line completed at start carries the time the erasure began, at most the intent's.)
+  int64_t since = std::strtoll(intent.id.c_str(), nullptr, 10);
+  if (intent.event.time_ms > 0) since = std::min(since, intent.event.time_ms);
   // Lines written after the intent are the last ones before the crash: the log's tail holds them.
   constexpr uint64_t kTail = uint64_t{1} << 20;
   const uint64_t size = Size();
@@ -154,7 +169,14 @@ void AuditLog::Drop(const std::string& intent_id) {
 }
 
 AuditLog::~AuditLog() {
-  if (fd_ >= 0) ::close(fd_);
+  std::lock_guard lock(mu_);
+  if (fd_ < 0) return;
+  if (!pending_.empty()) {
+    if (Status s = WriteLines(pending_); !s.ok())
+      spdlog::error("audit log: {} lines were never written: {}",
+                    std::count(pending_.begin(), pending_.end(), '\n'), s.message());
+  }
+  ::close(fd_);
 }
 
 Status AuditLog::Append(const AuditEvent& event) {
@@ -165,9 +187,22 @@ Status AuditLog::Append(const AuditEvent& event) {
     size_ += line.size();
     return Status::Ok();
   }
+  // After those that could not be written before, in order.
+  const bool kept = pending_.size() + line.size() <= kMaxPendingBytes;
+  if (kept) pending_ += line;
+  Status written = WriteLines(kept ? pending_ : pending_ + line);
+  if (written.ok()) {
+    pending_.clear();
+  } else if (kept) {
+    written = written.WithContext("kept in memory until it can be written");
+  }
+  return written;
+}
+
+Status AuditLog::WriteLines(const std::string& text) {
   size_t done = 0;
-  while (done < line.size()) {
-    ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+  while (done < text.size()) {
+    ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       Status failed = ErrnoStatus("cannot append to the audit log");
@@ -178,7 +213,7 @@ Status AuditLog::Append(const AuditEvent& event) {
     }
     done += static_cast<size_t>(n);
   }
-  size_ += line.size();
+  size_ += text.size();
   if (::fsync(fd_) != 0) return ErrnoStatus("cannot fsync the audit log");
   return Status::Ok();
 }

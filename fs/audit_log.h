@@ -46,8 +46,10 @@ class AuditLog {
   static Result<std::unique_ptr<AuditLog>> Open(const std::string& path);
 
   // Appends and fsyncs one line. A failure is returned (and logged by the caller); the
-  // operation it records has already happened.
+  // operation it records has already happened, so the line is kept and written before the next
+  // one that can be (a full disk freed), or at the close (up to kMaxPendingBytes of such lines).
   Status Append(const AuditEvent& event);
+  static constexpr size_t kMaxPendingBytes = size_t{1} << 20;
   // Erasures are logged in two steps, so that a crash between an erasure and its line cannot
   // leave it off the log: an intent, written and fsynced before the erasure starts, and the
   // line, whose Complete drops the intent (Drop: the erasure did not happen). Intents left by a
@@ -69,7 +71,10 @@ class AuditLog {
  private:
   AuditLog(int fd, std::string intents_dir) : fd_(fd), intents_dir_(std::move(intents_dir)) {}
   Status LoadIntents();
+  // Writes and fsyncs `text` (whole lines) at the end of the file, or leaves none of it (mu_).
+  Status WriteLines(const std::string& text);
   mutable std::mutex mu_;
+  std::string pending_;   // lines whose append failed, oldest first (mu_)
   int fd_ = -1;           // -1: in memory
   std::string memory_;
   uint64_t size_ = 0;

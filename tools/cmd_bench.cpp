@@ -358,30 +358,35 @@ int Bench(int argc, char** argv) {
     return Status::Ok();
   };
 
-  if (layouts.size() > 1) return BenchInterleaved(args.has("--json"), model, layouts, kv_types, depth, n_pp, n_tg, reps,
-                                                  n_threads, kernels.c_str(), fill, random_tokens, *backend);
-
-  std::vector<double> pp_rates, tg_rates;
+  // Untimed warm-up on the Vulkan backend, per KV format: a prompt batch and decode steps make
+  // the pipelines of every shader variant the timed runs use (compiled on first use), and the
+  // decode steps go on for a second: an H200 timed the first of two tg128 runs at depth 0, right
+  // after the model's load, up to 3x slower than the second (its clocks rising, or first uses not
+  // told apart), where after the fill of depth 3500 they were 0.1-17% apart.
   Logits logits;
-  // Untimed warm-up on the Vulkan backend: a prompt batch and decode steps make the pipelines
-  // of every shader variant the timed runs use (compiled on first use), and the decode steps go
-  // on for a second: an H200 timed the first of two tg128 runs at depth 0, right after the
-  // model's load, up to 3x slower than the second (its clocks rising, or first uses not told
-  // apart), where after the fill of depth 3500 they were 0.1-17% apart.
-  if (!on_cpu) {
+  auto warm_up = [&](const KvLayout& l) -> Status {
     constexpr int kMaxWarmSteps = 1024;
     constexpr double kWarmSeconds = 1.0;
-    SequenceKv kv(layout, std::max<int64_t>(n_pp, 1) + kMaxWarmSteps);
+    SequenceKv kv(l, std::max<int64_t>(n_pp, 1) + kMaxWarmSteps);
     auto toks = random_tokens(std::max<int64_t>(n_pp, 1));
     SequenceStep step{&kv, toks, false};
-    if (Status s = backend->Forward(std::span<const SequenceStep>(&step, 1), logits); !s.ok()) return Fail(s.message());
+    KVFS_RETURN_IF_ERROR(backend->Forward(std::span<const SequenceStep>(&step, 1), logits));
     const auto warm_start = Clock::now();
     for (int i = 0; i < kMaxWarmSteps && (i < 2 || Seconds(warm_start, Clock::now()) < kWarmSeconds); ++i) {
       TokenId tok = static_cast<TokenId>(rng() % hp.n_vocab);
       SequenceStep one{&kv, std::span<const TokenId>(&tok, 1), false};
-      if (Status s = backend->Forward(std::span<const SequenceStep>(&one, 1), logits); !s.ok()) return Fail(s.message());
+      KVFS_RETURN_IF_ERROR(backend->Forward(std::span<const SequenceStep>(&one, 1), logits));
     }
+    return Status::Ok();
+  };
+  if (!on_cpu) {
+    for (const KvLayout& l : layouts)
+      if (Status s = warm_up(l); !s.ok()) return Fail(s.message());
   }
+  if (layouts.size() > 1) return BenchInterleaved(args.has("--json"), model, layouts, kv_types, depth, n_pp, n_tg, reps,
+                                                  n_threads, kernels.c_str(), fill, random_tokens, *backend);
+
+  std::vector<double> pp_rates, tg_rates;
   // --profile: the last repetition's pp and tg, each without the fill before it.
   std::string pp_profile, tg_profile;
   for (int r = 0; r < reps; ++r) {

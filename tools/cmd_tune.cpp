@@ -179,9 +179,15 @@ int Tune(int argc, char** argv) {
   }
   fmt::print("default: {}\n", Describe(outcome->start));
   fmt::print("tuned:   {}\n", Describe(outcome->best));
-  fmt::print("decode step {:.3f} ms default, {:.3f} ms tuned ({:.3f}x the default's time{})\n",
-             record.default_step_ms, record.tuned_step_ms, outcome->final_ratio,
-             outcome->best == outcome->start && outcome->final_ratio != 1 ? "; not confirmed, default kept" : "");
+  if (outcome->best == outcome->start && outcome->final_ratio != 1) {
+    // The search's best lost the final comparison: the defaults are kept, and so is their time.
+    fmt::print("decode step {:.3f} ms default; the search's best took {:.3f}x that in the final comparison: not "
+               "confirmed, default kept\n",
+               record.default_step_ms, outcome->final_ratio);
+  } else {
+    fmt::print("decode step {:.3f} ms default, {:.3f} ms tuned ({:.3f}x the default's time)\n", record.default_step_ms,
+               record.tuned_step_ms, outcome->final_ratio);
+  }
   if (auto out = args.get("-o")) fmt::print("wrote {}\n", *out);
   return 0;
 }

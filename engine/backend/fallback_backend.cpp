@@ -130,7 +130,17 @@ Status FallbackBackend::RunOnCpu(std::span<const SequenceStep> steps, Logits& ou
     }
   }
   KVFS_ASSIGN_OR_RETURN(Backend * cpu, Cpu());
-  if (device_ != nullptr) spdlog::warn("backend: {} step(s) on the CPU: {}", steps.size(), why);  // (a loss is logged once)
+  if (device_ != nullptr) {  // (a loss is logged once, by DropDevice)
+    cpu_steps_unsaid_ += static_cast<int64_t>(steps.size());
+    const int64_t now = NowMs();
+    if (why != cpu_steps_said_why_ || !cpu_steps_said_at_ms_ || now - *cpu_steps_said_at_ms_ >= kCpuStepsLogEveryMs) {
+      spdlog::warn("backend: {} step(s) on the CPU{}: {} (said at most once a minute)", cpu_steps_unsaid_,
+                   cpu_steps_said_at_ms_ ? " since last said" : "", why);
+      cpu_steps_said_why_ = why;
+      cpu_steps_said_at_ms_ = now;
+      cpu_steps_unsaid_ = 0;
+    }
+  }
   KVFS_RETURN_IF_ERROR(cpu->Forward(steps, out));
   ++stats_.cpu_passes;
   stats_.cpu_steps += static_cast<int64_t>(steps.size());

@@ -84,6 +84,28 @@ TEST(DaemonConfig, ConfigFileThenCommandLine) {
   std::filesystem::remove(path);
 }
 
+// `--backend cpu` on the command line overrides a config file's Vulkan backend with its Vulkan
+// settings (a GPU problem being looked into, without editing the service's file); those given
+// again on the command line still say they need --backend vulkan.
+TEST(DaemonConfig, BackendCpuOnTheCommandLineOverridesTheConfigFilesVulkanSettings) {
+  std::string path = WriteTemp("kvfsd_vulkan.json", R"({"mount": "/mnt/a", "backend": "vulkan", "device": 1,
+      "kv_device_budget": "1G", "vulkan_tuning": "/etc/kvfs/tuning.json"})");
+  auto c = Parse({"--config", path, "--backend", "cpu"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->backend, "cpu");
+  EXPECT_EQ(c->device, -1);
+  EXPECT_EQ(c->kv_device_budget_bytes, 0);
+  EXPECT_EQ(c->vulkan_tuning, "");
+  auto with_device = Parse({"--config", path, "--backend", "cpu", "--device", "0"});
+  ASSERT_TRUE(with_device.ok());
+  EXPECT_EQ(with_device->device, 0);  // given: ResolveDefaults refuses it with the CPU backend
+  auto vulkan = Parse({"--config", path});
+  ASSERT_TRUE(vulkan.ok());
+  EXPECT_EQ(vulkan->device, 1);
+  EXPECT_EQ(vulkan->vulkan_tuning, "/etc/kvfs/tuning.json");
+  std::filesystem::remove(path);
+}
+
 TEST(DaemonConfig, ConfigFileErrorsNameTheKey) {
   DaemonConfig c;
   auto expect_error = [&](const std::string& json, const std::string& needle) {
@@ -150,7 +172,7 @@ TEST(DaemonConfig, DefaultStoreAndModel) {
   tuned_cpu.vulkan_tuning = "/etc/kvfs/h100.json";
   const Status cpu_tuned = ResolveDefaults(tuned_cpu, env);
   EXPECT_EQ(cpu_tuned.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(cpu_tuned.message().find("--vulkan-tuning applies to --backend vulkan only"), std::string::npos);
+  EXPECT_NE(cpu_tuned.message().find("--vulkan-tuning (vulkan_tuning) applies to --backend vulkan only"), std::string::npos);
   tuned_cpu.backend = "vulkan";
   EXPECT_TRUE(ResolveDefaults(tuned_cpu, env).ok());
   // So is a device KV budget.
@@ -158,7 +180,7 @@ TEST(DaemonConfig, DefaultStoreAndModel) {
   budget_cpu.mountpoint = "/m";
   budget_cpu.kv_device_budget_bytes = int64_t{1} << 30;
   const Status cpu_budget = ResolveDefaults(budget_cpu, env);
-  EXPECT_NE(cpu_budget.message().find("--kv-device-budget applies to --backend vulkan only"), std::string::npos)
+  EXPECT_NE(cpu_budget.message().find("--kv-device-budget (kv_device_budget) applies to --backend vulkan only"), std::string::npos)
       << cpu_budget.message();
   budget_cpu.backend = "vulkan";
   EXPECT_TRUE(ResolveDefaults(budget_cpu, env).ok());
@@ -167,7 +189,7 @@ TEST(DaemonConfig, DefaultStoreAndModel) {
   device_cpu.mountpoint = "/m";
   device_cpu.device = 0;
   const Status cpu_device = ResolveDefaults(device_cpu, env);
-  EXPECT_NE(cpu_device.message().find("--device applies to --backend vulkan only"), std::string::npos)
+  EXPECT_NE(cpu_device.message().find("--device (device) applies to --backend vulkan only"), std::string::npos)
       << cpu_device.message();
   device_cpu.backend = "vulkan";
   EXPECT_TRUE(ResolveDefaults(device_cpu, env).ok());

@@ -1,6 +1,8 @@
 // Utf8Validator, AuditLog, InodeTable.
 #include <filesystem>
 #include <fstream>
+#include <csignal>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -78,6 +80,69 @@ TEST(AuditLog, AppendsJsonLinesToAFileThatSurvivesReopening) {
   std::filesystem::remove(path);
 }
 
+// A log whose last line was cut (a crash while another program appended, a partial copy): the
+// next line starts on a line of its own, and parses.
+TEST(AuditLog, ALineAfterACutLineStartsALineOfItsOwn) {
+  const std::string path = ::testing::TempDir() + "/kvfs_audit_cut_" + std::to_string(::getpid()) + ".log";
+  std::ofstream(path, std::ios::trunc) << "{\"action\":\"erase\",\"agent\":\"tor";
+  {
+    auto log = AuditLog::Open(path);
+    ASSERT_TRUE(log.ok());
+    AuditEvent e;
+    e.time_ms = 1700000000123;
+    e.agent = "g10";
+    e.action = "erase_cache";
+    ASSERT_TRUE((*log)->Append(e).ok());
+    EXPECT_EQ((*log)->Size(), std::filesystem::file_size(path));
+  }
+  std::ifstream in(path);
+  std::string cut, line;
+  std::getline(in, cut);
+  std::getline(in, line);
+  EXPECT_EQ(cut, "{\"action\":\"erase\",\"agent\":\"tor");
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << line;
+  EXPECT_EQ(j["agent"], "g10");
+  std::filesystem::remove(path);
+}
+
+// A line that cannot be appended (the disk is full: here the process's file size limit) is kept
+// and written, in order, before the next one once there is room, not lost.
+TEST(AuditLog, ALineThatCouldNotBeWrittenIsWrittenWithTheNext) {
+  const std::string path = ::testing::TempDir() + "/kvfs_audit_full_" + std::to_string(::getpid()) + ".log";
+  std::filesystem::remove(path);
+  auto log = AuditLog::Open(path);
+  ASSERT_TRUE(log.ok());
+  auto event = [](const char* agent) {
+    AuditEvent e;
+    e.time_ms = 1700000000000;
+    e.agent = agent;
+    e.action = "export";
+    return e;
+  };
+  ASSERT_TRUE((*log)->Append(event("first")).ok());
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit full = before;
+  full.rlim_cur = std::filesystem::file_size(path);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &full), 0);
+  const Status failed = (*log)->Append(event("while_full"));
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &before), 0);
+  std::signal(SIGXFSZ, previous_handler);
+  EXPECT_FALSE(failed.ok());
+  ASSERT_TRUE((*log)->Append(event("after")).ok());
+  const std::string text = *(*log)->Read(0, 1 << 20);
+  std::vector<std::string> agents;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find('\n', at);
+    agents.push_back(nlohmann::json::parse(text.substr(at, end - at))["agent"].get<std::string>());
+    at = end + 1;
+  }
+  EXPECT_EQ(agents, (std::vector<std::string>{"first", "while_full", "after"}));
+  std::filesystem::remove(path);
+}
+
 TEST(InodeTable, CountsReferencesAndDropsRemovedNodes) {
   InodeTable table;
   size_t fixed = table.size();
@@ -130,6 +195,7 @@ TEST(AuditLog, IntentsOutliveACrashUntilCompletedOrDropped) {
   EXPECT_EQ(intent.event.agent, "carol");
   EXPECT_EQ(intent.event.action, "prefix_remove");
   EXPECT_EQ(intent.event.uid, 1000u);
+  EXPECT_GT(intent.event.time_ms, 1700000000000);  // when it began: the line written now says so
   EXPECT_FALSE(std::filesystem::exists(dir + "/audit.log.intents/99-000000.tmp"));
   AuditEvent late = intent.event;
   late.completed_at_start = true;

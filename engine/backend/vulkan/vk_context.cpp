@@ -73,6 +73,11 @@ Status CreateInstance(ScopedInstance& out) {
 Result<std::vector<VkPhysicalDevice>> PhysicalDevices(VkInstance instance) {
   uint32_t n = 0;
   VkResult r = vkEnumeratePhysicalDevices(instance, &n, nullptr);
+  // The drivers installed found no hardware of theirs (e.g. Mesa's radeon driver without an
+  // AMD GPU): as no device at all.
+  if (r == VK_ERROR_INITIALIZATION_FAILED)
+    return NotFound("no Vulkan device: the installed Vulkan drivers found no device of theirs "
+                    "(vkEnumeratePhysicalDevices: VK_ERROR_INITIALIZATION_FAILED)");
   if (r != VK_SUCCESS) return VkError("vkEnumeratePhysicalDevices", r);
   std::vector<VkPhysicalDevice> devices(n);
   r = vkEnumeratePhysicalDevices(instance, &n, devices.data());
