@@ -118,7 +118,8 @@ void AgentStore::SettleAuditIntents(const std::vector<AgentInfo>& agents, const 
     // start finished it) when what it erases is gone.
     bool happened = false;
     if (e.action == "erase") happened = agent == agents.end();
-    if (e.action == "erase_cache") happened = agent == agents.end() || agent->context_tokens == 0;
+    if (e.action == "erase_cache")
+      happened = agent == agents.end() || (agent->context_tokens == 0 && !agent->stored_cache);
     if (e.action == "prefix_remove") happened = std::find(prefixes.begin(), prefixes.end(), e.agent) == prefixes.end();
     if (happened && audit_->HasLineOf(intent)) {  // logged, and the crash came before the intent went
       audit_->Drop(intent.id);

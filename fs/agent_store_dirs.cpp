@@ -1,5 +1,6 @@
 // AgentStore: creating and erasing agents (mkdir, rmdir), unlink, truncation.
 #include <algorithm>
+#include <tuple>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
@@ -206,7 +207,8 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
         IntendAudit(AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache"});
     auto cache_of = [&] {
       Result<AgentInfo> info = engine_.GetAgent(dir.agent->name);
-      return info.ok() ? std::pair{info->context_tokens, info->disk_bytes} : std::pair<int64_t, int64_t>{-1, -1};
+      return info.ok() ? std::tuple{info->context_tokens, info->disk_bytes, info->stored_cache}
+                       : std::tuple<int64_t, int64_t, bool>{-1, -1, false};
     };
     const auto cache_before = cache_of();
     Result<store::EraseReport> erased = engine_.EraseCache(dir.agent->name);

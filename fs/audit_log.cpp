@@ -43,6 +43,7 @@ std::string FormatAuditLine(const AuditEvent& e) {
     line["blocks_freed"] = e.erased->blocks_freed;
     line["blocks_kept_shared"] = e.erased->blocks_kept_shared;
     line["files_removed"] = e.erased->files_removed;
+    if (e.erased->blocks_kept_unattributed > 0) line["blocks_kept_unattributed"] = e.erased->blocks_kept_unattributed;
   }
   if (e.bytes) line["bytes"] = *e.bytes;
   if (e.completed_at_start) line["completed_at_start"] = true;
@@ -67,7 +68,7 @@ Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
   if (st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n') {
     spdlog::warn("audit log {}: its last line is incomplete; the next starts on a line of its own", path);
     std::lock_guard lock(log->mu_);
-    KVFS_RETURN_IF_ERROR(log->WriteLines("\n"));
+    if (Status s = log->WriteLines("\n"); !s.ok()) log->pending_ = "\n";  // (a full disk: with the next line)
   }
   KVFS_RETURN_IF_ERROR(log->LoadIntents());
   return log;
@@ -190,12 +191,12 @@ Status AuditLog::Append(const AuditEvent& event) {
   // After those that could not be written before, in order.
   const bool kept = pending_.size() + line.size() <= kMaxPendingBytes;
   if (kept) pending_ += line;
-  Status written = WriteLines(kept ? pending_ : pending_ + line);
-  if (written.ok()) {
-    pending_.clear();
-  } else if (kept) {
-    written = written.WithContext("kept in memory until it can be written");
-  }
+  const std::string& text = kept ? pending_ : pending_ + line;
+  const uint64_t before = size_;
+  Status written = WriteLines(text);
+  // In the file (even when only the fsync failed: written again, they would be there twice).
+  if (size_ == before + text.size()) pending_.clear();
+  else if (kept) written = written.WithContext("kept in memory until it can be written");
   return written;
 }
 

@@ -18,6 +18,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/cpu_features.h"
 #include "engine/backend/cpu/kernel_select.h"
+#include "engine/backend/vulkan_tuning.h"
 #include "engine/core/thread_pool.h"
 #include "tools/args.h"
 #include "tools/backend_choice.h"
@@ -283,6 +284,7 @@ int Bench(int argc, char** argv) {
                            "--copy-kv-rows", "--contract-floats", "--shared-trees", "--untiled-attention"});
   const std::vector<std::string> kv_types = SplitList(kv_type);
   const int64_t attention_split = args.get_int("--attn-split", 0, 0, 1 << 20);
+  if (Status s = CheckAttentionSplit(attention_split); !s.ok()) return Fail("--attn-split: " + s.message());
   const VulkanMatvecShape matvec{.group = args.get_int("--matvec-group", 0, 0, 1024),
                                  .lanes = args.get_int("--matvec-lanes", 0, 0, 1024),
                                  .min_groups = args.get_int("--matvec-min-groups", 0, 0, 1 << 24),

@@ -133,10 +133,10 @@ Status FallbackBackend::RunOnCpu(std::span<const SequenceStep> steps, Logits& ou
   if (device_ != nullptr) {  // (a loss is logged once, by DropDevice)
     cpu_steps_unsaid_ += static_cast<int64_t>(steps.size());
     const int64_t now = NowMs();
-    if (why != cpu_steps_said_why_ || !cpu_steps_said_at_ms_ || now - *cpu_steps_said_at_ms_ >= kCpuStepsLogEveryMs) {
-      spdlog::warn("backend: {} step(s) on the CPU{}: {} (said at most once a minute)", cpu_steps_unsaid_,
-                   cpu_steps_said_at_ms_ ? " since last said" : "", why);
-      cpu_steps_said_why_ = why;
+    if (!cpu_steps_said_at_ms_ || now - *cpu_steps_said_at_ms_ >= kCpuStepsLogEveryMs) {
+      spdlog::warn("backend: {} step(s) on the CPU{}, the last because {} (said at most once a minute; "
+                   "status.json counts them all)",
+                   cpu_steps_unsaid_, cpu_steps_said_at_ms_ ? " since last said" : "", why);
       cpu_steps_said_at_ms_ = now;
       cpu_steps_unsaid_ = 0;
     }

@@ -110,10 +110,9 @@ class FallbackBackend final : public Backend {
   std::optional<int64_t> remade_at_ms_;  // when the device was last made again
   std::optional<VulkanTuning> tuning_;   // the last tuning set: a remade device gets it too
   FallbackStats stats_;
-  // Steps run on the CPU are logged at most once a minute per reason (a device KV budget too
-  // small for the load would log every step): what has not been said yet, and when it was.
+  // Steps run on the CPU are logged at most once a minute (a device KV budget too small for the
+  // load would log every step): how many have not been said yet, and when it was last.
   static constexpr int64_t kCpuStepsLogEveryMs = 60'000;
-  std::string cpu_steps_said_why_;
   std::optional<int64_t> cpu_steps_said_at_ms_;
   int64_t cpu_steps_unsaid_ = 0;
 };

@@ -177,6 +177,8 @@ Result<TuningRecord> ParseTuningJson(std::string_view text) {
       t, {"attention_split", "fuse_softmax", "swiglu_in_matvec", "subgroup_trees", "prefetch_mib", "matvec"},
       "\"tuning\""));
   KVFS_ASSIGN_OR_RETURN(r.tuning.attention_split, IntField(t, "attention_split", 0, 1 << 20));
+  if (Status s = CheckAttentionSplit(r.tuning.attention_split); !s.ok())
+    return InvalidArgument("tuning file: \"attention_split\": " + s.message());
   KVFS_ASSIGN_OR_RETURN(r.tuning.fuse_softmax, BoolField(t, "fuse_softmax"));
   KVFS_ASSIGN_OR_RETURN(r.tuning.swiglu_in_matvec, BoolField(t, "swiglu_in_matvec"));
   KVFS_ASSIGN_OR_RETURN(r.tuning.subgroup_trees, BoolField(t, "subgroup_trees"));
@@ -203,6 +205,12 @@ Result<TuningRecord> ParseTuningJson(std::string_view text) {
   KVFS_ASSIGN_OR_RETURN(r.default_step_ms, NumberField(ms, "default"));
   KVFS_ASSIGN_OR_RETURN(r.tuned_step_ms, NumberField(ms, "tuned"));
   return r;
+}
+
+Status CheckAttentionSplit(int64_t split) {
+  if (split == 0 || (split >= 8 && split <= 65536 && (split & (split - 1)) == 0)) return Status::Ok();
+  return InvalidArgument(
+      fmt::format("the attention split {} is not 0 (the default) or a power of two from 8 to 65536", split));
 }
 
 Result<TuningRecord> ReadTuningFile(const std::string& path) {

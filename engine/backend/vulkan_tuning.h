@@ -51,6 +51,8 @@ std::string TuningModelKey(const Model& model);
 std::string TuningToJson(const TuningRecord& record);
 // Strict: unknown keys, missing keys, wrong types and out-of-range values are refused.
 Result<TuningRecord> ParseTuningJson(std::string_view text);
+// Decode attention's positions per workgroup: 0 (the default) or a power of two from 8 to 65536.
+Status CheckAttentionSplit(int64_t split);
 Result<TuningRecord> ReadTuningFile(const std::string& path);
 // Crash-safe (write temp, fsync, rename, fsync the directory).
 Status WriteTuningFile(const std::string& path, const TuningRecord& record);

@@ -278,6 +278,14 @@ PoolBlock* BlockPool::Acquire(const BlockHash& key) {
   return b;
 }
 
+PoolBlock* BlockPool::Hold(const BlockHash& key) {
+  std::lock_guard lock(mu_);
+  auto it = index_.find(key);
+  if (it == index_.end()) return nullptr;
+  ++it->second->refs;
+  return it->second;
+}
+
 bool BlockPool::Contains(const BlockHash& key) const {
   std::lock_guard lock(mu_);
   return index_.count(key) != 0;

@@ -96,6 +96,9 @@ class BlockPool {
   int64_t Reserve(int64_t bytes, int64_t count);
   // A cached named block (refs + 1, counts a hit) or nullptr (counts a miss).
   PoolBlock* Acquire(const BlockHash& key);
+  // As Acquire, for a reader outside the turns (an export): no hit or miss is counted, so that
+  // backups do not show as the turns' cache hits (Release as for Acquire).
+  PoolBlock* Hold(const BlockHash& key);
   // Whether a named block is in memory (no accounting).
   bool Contains(const BlockHash& key) const;
   void Retain(PoolBlock* b);

@@ -56,6 +56,7 @@ struct AgentInfo {
   int64_t context_tokens = 0;     // tokens of the conversation as last committed
   int64_t memory_bytes = 0;       // KV bytes resident in the pool
   int64_t disk_bytes = 0;         // KV bytes in the store (blocks it references + tail)
+  bool stored_cache = false;      // the store names cache files of it (a dropped cache's too)
   int64_t created_ms = 0;         // unix milliseconds
   int64_t updated_ms = 0;         // last turn (or creation)
   uint64_t turns = 0;

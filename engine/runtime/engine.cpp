@@ -258,16 +258,18 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   if (!usable || cached != m.tokens.size()) {
     if (!same_model || !has_text) {
       if (!m.tokens.empty())
-        spdlog::info("engine: agent {} was cached by another model; its cache is rebuilt from its text on its next turn",
-                     a.name);
+        spdlog::info("engine: agent {}'s cache was made by another model{}; it is rebuilt from its text on its next turn",
+                     a.name, same_model ? " (or without its text)" : "");
       return;
     }
     a.dropped.tokens.assign(m.tokens.begin(), m.tokens.end());
     a.dropped.text = std::move(text);
     a.dropped.ends = std::move(ends);
+    // Its files stay until the next commit: counted (and erased by rm kv.safetensors) as its.
+    if (stored) a.disk_bytes = CacheDiskBytes(KvLayoutFor(model_->hparams(), *stored, m.block_size), m);
     if (cached > 0)
-      spdlog::info("engine: agent {} was cached in another format or block size; its cache is rebuilt from its tokens "
-                   "on its next turn",
+      spdlog::info("engine: agent {}'s stored cache cannot be used as it is (another format or block size, or blocks "
+                   "lost); it is rebuilt from its tokens on its next turn",
                    a.name);
     return;
   }
@@ -473,6 +475,7 @@ AgentInfo Engine::InfoOf(const AgentRecord& a) const {
   else if (r.resident > 0) info.state = AgentState::kWarm;
   else info.state = AgentState::kCold;
   info.context_tokens = static_cast<int64_t>(a.tokens.size());
+  info.stored_cache = store_ != nullptr && store_->NamesCache(a.name);
   info.memory_bytes = r.bytes;
   info.disk_bytes = a.disk_bytes;
   info.created_ms = a.created_ms;
@@ -575,9 +578,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     seq = ++a.commits_built;
     j.agent = name;
     j.manifest = ManifestOf(a);
-    // The cache is unchanged: its stored tail stays. (A dropped cache's tail, of another block
-    // size or format, goes with it.)
-    j.keep_tail = !a.tokens.empty() || a.dropped.tokens.empty();
+    j.keep_tail = true;  // an edit: the cache is unchanged, its stored tail stays (CommitTurn)
     return j;
   });
   KVFS_RETURN_IF_ERROR(found);

@@ -96,7 +96,6 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   }
   const Status why(StatusCode::kNotFound, "the cache of agent " + name + " was erased");
   struct Taken {
-    std::vector<BlockHash> keys;         // the cache's blocks and tail now (for the report)
     std::vector<BlockHash> memory_keys;  // every key it has had in the pool
     CommitJob job;
     bool had_tail = false;  // a tail file on disk (ReleaseCache forgets it)
@@ -105,7 +104,6 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   auto taken = RunOnEngine<Result<Taken>>([&]() -> Result<Taken> {
     KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why));
     Taken t;
-    t.keys = AgentBlockKeys(*a);
     NoteKeys(*a);
     t.memory_keys.assign(a->pool_keys.begin(), a->pool_keys.end());
     {
@@ -132,7 +130,8 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
       // No cache on disk (never made, or erased already): nothing to write, so rm -r's unlink of
       // kv.safetensors succeeds on a full disk too.
       if (!store_->NamesCache(name)) return Status::Ok();
-      for (const BlockHash& h : taken->keys)
+      // What the store names (a dropped cache's blocks are no longer the agent's in memory).
+      for (const BlockHash& h : store_->CacheBlocks(name))
         if (store_->HasBlock(h)) on_disk_before.insert(h);
       // A manifest without blocks makes the store shred every block only this agent named, and
       // the old tail.
@@ -290,7 +289,7 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     };
     for (size_t i = 0; i < a->blocks.size(); ++i) {
       const BlockHash& h = a->blocks[i];
-      PoolBlock* b = pool_->Acquire(h);
+      PoolBlock* b = pool_->Hold(h);
       if (b == nullptr && !(store_ && store_->HasBlock(h))) {
         return fail(IoError(fmt::format("exporting agent {}: block {} of {} is missing (the next turn recomputes it)",
                                         name, i, a->blocks.size())));
@@ -309,7 +308,7 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     if (rest > 0 && rest < B && s.blocks.size() == a->blocks.size()) {
       const bool counted = a->parked_tail || (disk_tail && disk_tail->n_tokens == rest);  // by ExportSize
       Status tail_status = Status::Ok();
-      if (PoolBlock* t = a->parked_tail ? pool_->Acquire(*a->parked_tail) : nullptr) {
+      if (PoolBlock* t = a->parked_tail ? pool_->Hold(*a->parked_tail) : nullptr) {
         CompactTail(layout, t->data, rest, s.tail);
         pool_->Release(t);
         s.tail_tokens = rest;

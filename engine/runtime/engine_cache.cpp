@@ -123,10 +123,14 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
 void Engine::ReleaseCache(AgentRecord& a) {
   NoteKeys(a);
   std::lock_guard lock(mu_);
-  if (!a.tokens.empty()) {
+  // (Tokens whose text is unknown, an import's that did not spell it, are of no use to the next
+  // turn, which encodes the conversation then: not kept.)
+  if (!a.tokens.empty() && !a.cached_text.empty()) {
     a.dropped.tokens = std::move(a.tokens);
     a.dropped.text = std::move(a.cached_text);
     a.dropped.ends = std::move(a.token_ends);
+  } else if (!a.tokens.empty()) {
+    a.dropped = {};
   }
   a.tokens.clear();
   a.cached_text.clear();
@@ -188,6 +192,10 @@ std::vector<BlockHash> Engine::AgentBlockKeys(const AgentRecord& a) const {
 
 bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
   if (!store_) return false;
+  {
+    std::lock_guard lock(load_mu_);
+    if (loader_ended_) return false;  // (shutdown) nothing loads any more: not marked loading
+  }
   LoadJob job;
   job.agent = a.name;
   job.layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);

@@ -218,7 +218,7 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
                                   "context holds {}, {} of them taken by the conversation so far{}: write a shorter "
                                   "prompt, or, when the conversation itself is full, go on in a new agent (mkdir, then "
                                   "cp this one's system and config.json), or run kvfsd with a larger context (-c)",
-                                  tokens.size() + 1, n_ctx_, a.tokens.size(), system_part));
+                                  tokens.size() + 1, n_ctx_, before.size(), system_part));
   }
   size_t keep = 0;
   while (keep < tokens.size() && keep < before.size() && tokens[keep] == before[keep]) ++keep;
@@ -229,7 +229,7 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   // values; recomputing those at most C - 1 tokens keeps the turn's output identical.
   if (format.KeysByChannel()) {
     const size_t C = static_cast<size_t>(format.chunk);
-    if (keep < a.tokens.size() / C * C) keep = keep / C * C;
+    if (keep < before.size() / C * C) keep = keep / C * C;
   }
   const int64_t have = AssembleCache(turn, tokens, static_cast<int64_t>(keep));
   if (have < static_cast<int64_t>(keep)) turn.stats.match = "rebuild";

@@ -175,7 +175,7 @@ Status CacheStore::ScanAgentDir(const std::string& name, const std::string& path
     broken_[name] = m.status().message();
     open_report_.broken_agents.push_back(name + ": " + m.status().message());
   } else {
-    agents_[name] = AgentInfo{m->blocks, m->tail, m->turn, m->created_ms};
+    agents_[name] = AgentInfo{m->blocks, m->tail, m->turn, m->created_ms, m->kv_format, m->block_size};
     AddRefs(m->blocks);
   }
   for (const DirEntry& f : files_in) {
@@ -414,6 +414,7 @@ Status CacheStore::KeepPreviousManifest(const std::string& agent_dir, const std:
   if (!ParseManifest(AsString(previous), JoinPath(agent_dir, kManifestName)).ok()) return Status::Ok();
   Status linked = LinkPreviousManifest(agent_dir);
   if (linked.code() != StatusCode::kUnsupported) return linked;
+  copies_previous_manifest_ = true;
   KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, agent_dir, std::string(kPrevManifestName), previous));
   *bytes_written += previous.size();
   return Status::Ok();
@@ -444,10 +445,7 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   if (keep_tail && new_blocks.empty() && !tail) {
     auto gone = std::find_if(manifest.blocks.begin(), manifest.blocks.end(),
                              [&](const BlockHash& h) { return !present_.count(h); });
-    if (gone != manifest.blocks.end()) {
-      manifest.blocks.erase(gone, manifest.blocks.end());
-      keep_tail = false;
-    }
+    if (gone != manifest.blocks.end()) manifest.blocks.erase(gone, manifest.blocks.end());  // (and the tail)
   }
   std::set<BlockHash> incoming;
   for (const NewBlock& b : new_blocks) incoming.insert(b.hash);
@@ -464,8 +462,10 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   manifest.updated_ms = now;
   manifest.tail.reset();
   if (tail) manifest.tail = TailRef{TailFileName(manifest.turn), tail->n_tokens};
-  // An edit that leaves the cache as it is keeps the tail file, while the tokens still end with it.
-  const bool keeps_tail = !tail && keep_tail && prev && prev->tail &&
+  // An edit that leaves the cache as it is keeps the tail file, while the tokens still end with it
+  // and it is of the cache's format and block size (not that of a cache dropped since).
+  const bool keeps_tail = !tail && keep_tail && prev && prev->tail && prev->kv_format == manifest.kv_format &&
+                          prev->block_size == manifest.block_size &&
                           manifest.blocks.size() * manifest.block_size + prev->tail->n_tokens == manifest.tokens.size();
   if (keeps_tail) manifest.tail = prev->tail;
   KVFS_ASSIGN_OR_RETURN(std::string manifest_bytes, SerializeManifest(manifest));
@@ -477,10 +477,19 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   // manifest and tail stay until the new ones are in place: their room is not counted free.)
   auto in_units = [](uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
   uint64_t needed = 4096;
-  for (const NewBlock& b : new_blocks)
-    if (!present_.count(b.hash)) needed += in_units(kBlockHeaderBytes + b.payload.size());
+  std::set<std::string> new_subdirs;  // blocks/<hh> made for the new blocks
+  for (const NewBlock& b : new_blocks) {
+    if (present_.count(b.hash)) continue;
+    needed += in_units(kBlockHeaderBytes + b.payload.size());
+    if (const std::string hh = ToHex(b.hash).substr(0, 2); !block_subdirs_.count(hh)) new_subdirs.insert(hh);
+  }
+  needed += 4096 * (new_subdirs.size() + (prev ? 0 : 1));  // and the agent's directory
   if (tail) needed += in_units(kBlockHeaderBytes + tail->payload.size());
   needed += in_units(manifest_bytes.size());
+  // Without hard links the previous manifest is kept as a copy (KeepPreviousManifest).
+  if (prev && copies_previous_manifest_) {
+    if (auto old = fs_.FileSize(JoinPath(adir, kManifestName)); old.ok()) needed += in_units(*old);
+  }
   if (auto free = fs_.FreeBytes(dir_); free.ok() && *free < needed) {
     if (!manifest.blocks.empty() || manifest.tail || !prev || keep_tail) {  // (keep_tail: an edit)
       const bool edit = keep_tail || (new_blocks.empty() && !tail);  // a manifest and no KV data
@@ -596,7 +605,8 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
       if (m.ok() && m->turn == manifest.turn) {
         if (prev) DropRefs(prev->blocks);
         AddRefs(manifest.blocks);
-        agents_[agent] = AgentInfo{manifest.blocks, manifest.tail, manifest.turn, manifest.created_ms};
+        agents_[agent] = AgentInfo{manifest.blocks, manifest.tail, manifest.turn, manifest.created_ms,
+                               manifest.kv_format, manifest.block_size};
         broken_.erase(agent);
         new_tail.clear();  // the visible manifest names it
       }
@@ -609,7 +619,8 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   // failure or crash here only leaves garbage that Open collects).
   AddRefs(manifest.blocks);
   std::vector<BlockHash> unreferenced = prev ? DropRefs(prev->blocks) : std::vector<BlockHash>{};
-  agents_[agent] = AgentInfo{manifest.blocks, manifest.tail, manifest.turn, manifest.created_ms};
+  agents_[agent] = AgentInfo{manifest.blocks, manifest.tail, manifest.turn, manifest.created_ms,
+                               manifest.kv_format, manifest.block_size};
   broken_.erase(agent);
   uint64_t bytes = 0;
   size_t files = 0;

@@ -121,6 +121,10 @@ struct EraseReport {
   size_t blocks_freed = 0;
   size_t blocks_kept_shared = 0;
   size_t files_removed = 0;
+  // The erasure of an agent whose record was unreadable, while other unreadable records remain:
+  // blocks that no readable record names, which may have been its own or theirs (none can tell),
+  // kept until the last unreadable record is erased, whose erasure frees them.
+  size_t blocks_kept_unattributed = 0;
 };
 
 struct StoreStats {
@@ -171,6 +175,8 @@ class CacheStore {
   bool HasBlock(const BlockHash& hash) const;
   // Whether an agent's committed manifest names blocks or a tail (false for a broken one).
   bool NamesCache(const std::string& agent) const;
+  // The blocks an agent's committed manifest names (none for a broken one).
+  std::vector<BlockHash> CacheBlocks(const std::string& agent) const;
 
   // Every agent with a manifest, including those whose manifest is broken; sorted.
   std::vector<std::string> ListAgents() const;
@@ -205,6 +211,8 @@ class CacheStore {
     std::optional<TailRef> tail;
     uint64_t turn = 0;
     int64_t created_ms = 0;
+    std::string kv_format;    // of the blocks and tail (an edit keeps a tail of its own format only)
+    uint32_t block_size = 0;
   };
 
   CacheStore(std::string dir, FileSystem& fs, StoreOptions options);
@@ -278,6 +286,7 @@ class CacheStore {
   std::map<BlockHash, uint32_t> refs_;         // agents and prefixes referencing each block
   std::map<BlockHash, uint64_t> present_;      // stored block files and their sizes
   std::set<std::string> block_subdirs_;        // blocks/<hh> known to exist durably
+  bool copies_previous_manifest_ = false;      // the file system has no hard links (seen once)
 };
 
 }  // namespace kvfs::store

@@ -173,6 +173,12 @@ bool CacheStore::NamesCache(const std::string& agent) const {
   return it != agents_.end() && (!it->second.blocks.empty() || it->second.tail.has_value());
 }
 
+std::vector<BlockHash> CacheStore::CacheBlocks(const std::string& agent) const {
+  std::shared_lock lock(mu_);
+  auto it = agents_.find(agent);
+  return it != agents_.end() ? it->second.blocks : std::vector<BlockHash>{};
+}
+
 std::vector<std::string> CacheStore::ListAgents() const {
   std::shared_lock lock(mu_);
   std::vector<std::string> out;
@@ -237,6 +243,13 @@ Result<EraseReport> CacheStore::EraseAgent(const std::string& name) {
   // Blocks only a broken manifest could have named were held back from collection; with the
   // last unreadable record gone they are garbage.
   if (was_broken && NothingUnreadable() && first_error.ok()) first_error = CollectOrphanBlocks(&report);
+  if (was_broken && !NothingUnreadable()) {
+    for (const auto& [h, unused] : present_) report.blocks_kept_unattributed += refs_.count(h) ? 0 : 1;
+    if (report.blocks_kept_unattributed > 0)
+      spdlog::warn("cache store {}: erased agent {}, whose record was unreadable: {} blocks that no readable record "
+                   "names may have been its own and stay until the other unreadable records are erased",
+                   dir_, name, report.blocks_kept_unattributed);
+  }
   if (!first_error.ok())
     return first_error.WithContext("erasing agent " + name + " (the agent is gone; the next Open removes what is left)");
   spdlog::info("cache store {}: erased agent {}: {} files, {} bytes, {} blocks freed, {} shared blocks kept", dir_,

@@ -63,6 +63,14 @@ TEST(BlockPool, NamingSharesAndCountsHits) {
   PoolStats s = pool.Stats();
   EXPECT_EQ(s.hits, 1u);
   EXPECT_EQ(s.misses, 1u);
+  // A reader outside the turns (an export) holds it without counting.
+  PoolBlock* held = pool.Hold(Key(1));
+  ASSERT_EQ(held, a);
+  EXPECT_EQ(held->refs, 4);  // two names, the Acquire, the Hold
+  EXPECT_EQ(pool.Hold(Key(2)), nullptr);
+  EXPECT_EQ(pool.Stats().hits, 1u);
+  EXPECT_EQ(pool.Stats().misses, 1u);
+  pool.Release(held);
   for (int i = 0; i < 3; ++i) pool.Release(a);
   // Unreferenced named blocks stay cached.
   EXPECT_TRUE(pool.Contains(Key(1)));

@@ -277,6 +277,32 @@ TEST_F(EngineStateTest, ImportsAndErasuresAfterShutdownReturn) {
   ASSERT_EQ(erase.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "EraseAgent hangs after Shutdown";
 }
 
+// A cache that a restart with another block size drops keeps its files until the next commit:
+// they are counted as the agent's, and rm kv.safetensors erases them and says so (the audit
+// at start tells an erasure that happened from one that did not by them).
+TEST_F(EngineStateTest, ADroppedCachesFilesAreTheAgentsUntilErased) {
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice", "f16", 60);
+    ASSERT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
+  }
+  block_tokens_ *= 2;
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  const AgentInfo dropped = *(*engine)->GetAgent("alice");
+  EXPECT_EQ(dropped.context_tokens, 0);
+  EXPECT_TRUE(dropped.stored_cache);
+  EXPECT_GT(dropped.disk_bytes, 0);
+  auto erased = (*engine)->EraseCache("alice");
+  ASSERT_TRUE(erased.ok()) << erased.status().message();
+  EXPECT_GT(erased->blocks_freed, 0u);
+  EXPECT_GT(erased->bytes_freed, 0u);
+  EXPECT_FALSE((*engine)->GetAgent("alice")->stored_cache);
+  EXPECT_TRUE(ReadManifest(Options().store_dir, "alice").blocks.empty());
+}
+
 // An edit of the settings (config.json) keeps the stored tail: after a restart the next turn
 // reuses every cached token, as it does without the edit.
 TEST_F(EngineStateTest, SettingsEditKeepsTheStoredTail) {

@@ -498,6 +498,34 @@ TEST(StoreCache, BothManifestsDamagedIsBroken) {
   EXPECT_EQ(fs.released_unzeroed().size(), freed_before) << testing::Join(fs.released_unzeroed());
 }
 
+// Two agents with unreadable records: the first erasure cannot tell which unnamed blocks were its
+// own, keeps them and says how many (the audit line carries it); the last frees them all.
+TEST(StoreCache, ErasingOneOfTwoUnreadableAgentsCountsTheBlocksItMustKeep) {
+  testing::QuietLogs quiet;
+  FaultInjectingFileSystem fs;
+  SimAgent a("a"), c("c"), ok("ok");
+  const AgentState ok_state = ok.Extend(Range(200, 4), "one block");
+  {
+    auto store = OpenOk("/store", fs);
+    ASSERT_TRUE(Commit(*store, a.Extend(Range(1, 8), "two blocks")).ok());
+    ASSERT_TRUE(Commit(*store, c.Extend(Range(100, 12), "three blocks")).ok());
+    ASSERT_TRUE(Commit(*store, ok_state).ok());
+  }
+  for (const char* f : {"/store/agents/a/manifest.json", "/store/agents/c/manifest.json"})
+    ASSERT_TRUE(fs.WriteFile(f, std::vector<uint8_t>{'{', '}'}).ok());
+  auto store = OpenOk("/store", fs);
+  ASSERT_EQ(store->open_report().broken_agents.size(), 2u);
+  auto first = store->EraseAgent("a");
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_EQ(first->blocks_freed, 0u);
+  EXPECT_EQ(first->blocks_kept_unattributed, 5u);  // a's 2 and c's 3; ok's is named
+  auto last = store->EraseAgent("c");
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->blocks_freed, 5u);
+  EXPECT_EQ(last->blocks_kept_unattributed, 0u);
+  EXPECT_TRUE(LoadedIs(*store->LoadAgent("ok", kFingerprint), ok_state));  // untouched
+}
+
 // A manifest this build cannot read because a newer kvfs wrote it is not damage: it must not be
 // replaced by the older copy (that would lose the newer turn for good after a downgrade).
 TEST(StoreCache, NewerManifestIsNotReplacedByTheOlderCopy) {

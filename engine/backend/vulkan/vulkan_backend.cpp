@@ -290,11 +290,7 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
 Status VulkanBackend::SetVulkanTuning(const VulkanTuning& tuning) {
   // The matrix-vector shape is the one setting the device may refuse: checked first, so that a
   // refused tuning changes nothing.
-  // Positions per decode attention workgroup: 0 (the default) or a power of two, as kvfs tune tries.
-  const int64_t split = tuning.attention_split;
-  if (split != 0 && (split < 8 || split > 65536 || (split & (split - 1)) != 0))
-    return InvalidArgument(fmt::format("the attention split {} is not 0 (the default) or a power of two from 8 to 65536",
-                                       split));
+  KVFS_RETURN_IF_ERROR(CheckAttentionSplit(tuning.attention_split));
   const VulkanTuning t = ResolvedTuning(tuning, ctx_->info().type);  // 0s as the defaults they stand for
   KVFS_RETURN_IF_ERROR(ops_->set_matvec_shape(vk::MatvecShapeFor(t)));
   swiglu_in_matvec_ = fuse_ops_ && t.swiglu_in_matvec;
