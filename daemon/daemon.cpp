@@ -98,13 +98,15 @@ class Daemonizer {
   bool active_ = false;
 };
 
-// Logs go to stderr; a background kvfsd also writes them to its log file, and stops writing to
-// the terminal once it has detached (Logging::Detach).
+// Logs go to stderr; a background kvfsd writes them to its log file, and shows on the terminal
+// only its warnings and errors until it has detached (Logging::Detach): the start's progress is
+// in the file, what went wrong on both.
 class Logging {
  public:
   Status SetUp(const DaemonConfig& config) {
     dist_ = std::make_shared<spdlog::sinks::dist_sink_mt>();
     terminal_ = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    if (!config.foreground) terminal_->set_level(spdlog::level::warn);
     dist_->add_sink(terminal_);
     if (!config.foreground) {
       // spdlog reports a file it cannot open by throwing: caught here, returned as a value.
