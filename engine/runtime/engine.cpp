@@ -198,17 +198,16 @@ store::Manifest Engine::ManifestOf(const AgentRecord& a) const {
   m.kv_format = a.format.Name();
   m.block_size = static_cast<uint32_t>(options_.block_tokens);
   // A dropped cache's context: its tokens, with no blocks (restored as dropped again).
-  const bool dropped = a.tokens.empty() && !a.dropped.tokens.empty();
-  const std::vector<TokenId>& tokens = dropped ? a.dropped.tokens : a.tokens;
-  m.tokens.assign(tokens.begin(), tokens.end());
+  const AgentRecord::ContextRef context = a.Context();
+  m.tokens.assign(context.tokens.begin(), context.tokens.end());
   m.conversation = a.conversation;
   m.blocks = a.blocks;
   m.created_ms = a.created_ms;
   m.config = nlohmann::json{{"owner_uid", a.owner_uid},
                             {"system", a.system},
                             {"settings", AgentSettingsToJson(a.settings)},
-                            {"context_text", dropped ? a.dropped.text : a.cached_text},
-                            {"token_ends", TokenEndsToJson(dropped ? a.dropped.ends : a.token_ends)},
+                            {"context_text", context.text},
+                            {"token_ends", TokenEndsToJson(context.ends)},
                             {"kv_format_id", KvFormatId(a.format)}};
   return m;
 }

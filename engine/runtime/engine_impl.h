@@ -90,6 +90,17 @@ struct AgentRecord {
     std::string text;             // as cached_text
     std::vector<uint32_t> ends;   // as token_ends
   } dropped;
+  // The context the next turn starts from, and the manifest stores: the cache's, or while there
+  // is none, the dropped one's.
+  struct ContextRef {
+    const std::vector<TokenId>& tokens;
+    const std::string& text;
+    const std::vector<uint32_t>& ends;
+  };
+  ContextRef Context() const {
+    if (tokens.empty() && !dropped.tokens.empty()) return {dropped.tokens, dropped.text, dropped.ends};
+    return {tokens, cached_text, token_ends};
+  }
   std::optional<BlockHash> parked_tail;      // key of the partial tail cached in the pool
   std::optional<store::TailRef> disk_tail;   // the committed tail on disk
   uint64_t tail_generation = 0;

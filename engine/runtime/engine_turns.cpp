@@ -186,10 +186,9 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   // By characters against the text behind the cache (context_text.h): only what changed is
   // encoded and computed again.
   // A dropped cache's context is matched alike: its tokens are then recomputed as they were.
-  const bool dropped = a.tokens.empty() && !a.dropped.tokens.empty();
-  const std::vector<TokenId>& before = dropped ? a.dropped.tokens : a.tokens;
-  ContextMatch matched = dropped ? MatchContext(tok, turn.rendered_prompt, before, a.dropped.text, a.dropped.ends)
-                                 : MatchContext(tok, turn.rendered_prompt, before, a.cached_text, a.token_ends);
+  const AgentRecord::ContextRef context = a.Context();
+  const std::vector<TokenId>& before = context.tokens;
+  ContextMatch matched = MatchContext(tok, turn.rendered_prompt, before, context.text, context.ends);
   turn.stats.match = matched.match;
   std::vector<TokenId> tokens = std::move(matched.tokens);
   turn.context_ends = std::move(matched.ends);
