@@ -1,6 +1,7 @@
 #include "tests/test_support.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -33,6 +34,20 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+TempDir::TempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "kvfs-test-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) != nullptr) {
+    path_ = pattern;
+  } else {
+    ADD_FAILURE() << "mkdtemp " << pattern << " failed";
+  }
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
 }
 
 std::string VulkanUnavailable(const Status& made) {

@@ -19,6 +19,22 @@ bool InCi();
 bool FileExists(const std::string& path);
 std::string ReadFile(const std::string& path);
 
+// A new directory under the temporary directory (mkdtemp: unique even when test binaries run in
+// parallel), removed with everything in it when the object goes.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  // A path inside it.
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
 // Why a Vulkan test cannot run, or "" when `made` (the status of making a Vulkan backend or
 // context) is not about a missing backend or device: a build without Vulkan, or a machine
 // without a Vulkan driver or device.

@@ -37,5 +37,18 @@ struct ScratchDir {
 Result<ScratchDir> MakeScratchDir(const std::optional<std::string>& given, const std::string& name);
 // Removes what is in the directory (best effort), and the directory itself when `remove_dir`.
 void ClearScratchDir(const ScratchDir& dir, bool remove_dir);
+// Clears the scratch directory (removing it when made here) when it goes out of scope, so that a
+// benchmark that fails half-way leaves nothing behind. Declare it before the mounts and engines
+// that use the directory: it then runs after them.
+class ScratchDirCleanup {
+ public:
+  explicit ScratchDirCleanup(const ScratchDir& dir) : dir_(dir) {}
+  ScratchDirCleanup(const ScratchDirCleanup&) = delete;
+  ScratchDirCleanup& operator=(const ScratchDirCleanup&) = delete;
+  ~ScratchDirCleanup() { ClearScratchDir(dir_, /*remove_dir=*/true); }
+
+ private:
+  const ScratchDir& dir_;
+};
 
 }  // namespace kvfs::cli

@@ -40,8 +40,9 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kUsage =
     "usage: kvfs bench fs -m MODEL [--turns 20] [--tokens 16] [--agents 10000] [--export-tokens 1500]\n"
     "                     [-t THREADS] [--dir DIR] [--with-store] [--json]\n"
-    "  turn overhead: median time per turn through the mount (write prompt, read response) minus the\n"
-    "  median through the engine API (same engine, same prompts, greedy, --tokens reply tokens);\n"
+    "  turn overhead: per turn, the time through the mount (write prompt, read response) minus that of\n"
+    "  the same turn through the engine API just before it, median of those pairs (same engine, same\n"
+    "  prompts, greedy, --tokens reply tokens);\n"
     "  ls -l of --agents agents; cat of the kv.safetensors export of an agent with --export-tokens of\n"
     "  context (MB/s). Targets: <= 2 ms, <= 0.5 s, >= 1 GB/s. The engine runs without a store unless\n"
     "  --with-store (then every turn's commit, fsyncs included, is in both timings).\n"
@@ -138,6 +139,7 @@ int BenchFs(int argc, char** argv) {
 
   auto scratch = MakeScratchDir(args.get("--dir"), "kvfs-bench-fs");
   if (!scratch.ok()) return Fail(scratch.status().message());
+  const ScratchDirCleanup cleanup(*scratch);
   const std::string base = scratch->path.string();
   nlohmann::json result = {{"model", *args.get("-m")}, {"turns", turns}, {"reply_tokens", tokens}};
 
@@ -254,7 +256,6 @@ int BenchFs(int argc, char** argv) {
     e2.Shutdown();
   }
   e.Shutdown();
-  ClearScratchDir(*scratch, /*remove_dir=*/true);
 
   if (args.has("--json")) {
     std::printf("%s\n", result.dump(2).c_str());

@@ -122,6 +122,7 @@ int BenchResume(int argc, char** argv) {
   }
   auto scratch = MakeScratchDir(args.get("--store"), "kvfs-bench-resume");
   if (!scratch.ok()) return Fail(scratch.status().message());
+  const ScratchDirCleanup cleanup(*scratch);
   const fs::path store = scratch->path;
   const Tokenizer& tok = (*model)->tokenizer();
 

@@ -20,6 +20,7 @@
 
 #include "engine/store/cache_store.h"
 #include "engine/store/fault_fs.h"
+#include "tests/test_support.h"
 
 namespace kvfs::store::testing {
 
@@ -213,22 +214,7 @@ inline std::set<std::string> ExpectedFiles(const std::string& root, const std::v
   return out;
 }
 
-// A fresh directory under $TMPDIR, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kvfs-store-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using kvfs::testing::TempDir;
 
 inline std::set<std::string> ListTree(const std::string& root) {
   std::set<std::string> out;

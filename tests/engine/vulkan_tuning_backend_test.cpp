@@ -161,7 +161,8 @@ TEST_F(VulkanTuningBackendTest, ATuningFileAppliesToItsDeviceAndModelOnly) {
   record.model = TuningModelKey(*model_);
   record.kv = "q4k";
   record.tuning.matvec = {.group = 32, .lanes = 16, .min_groups = 0, .rows = 16};
-  const std::string path = ::testing::TempDir() + "/kvfs_tuning_backend.json";
+  const testing::TempDir dir;
+  const std::string path = dir / "tuning.json";
   ASSERT_TRUE(WriteTuningFile(path, record).ok());
 
   BackendRequest request;

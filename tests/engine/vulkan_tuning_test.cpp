@@ -216,7 +216,8 @@ TEST(VulkanTuningFile, RoundTrips) {
   EXPECT_EQ(back->default_step_ms, r.default_step_ms);
   EXPECT_EQ(back->tuned_step_ms, r.tuned_step_ms);
 
-  const std::string path = ::testing::TempDir() + "/kvfs_tuning_roundtrip.json";
+  const testing::TempDir dir;
+  const std::string path = dir / "tuning.json";
   ASSERT_TRUE(WriteTuningFile(path, r).ok());
   auto read = ReadTuningFile(path);
   ASSERT_TRUE(read.ok()) << read.status().message();
@@ -258,7 +259,8 @@ TEST(VulkanTuningFile, BadContentIsRefusedWithItsReason) {
     EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message() << " / want: " << why;
   }
   // A huge file is not read into a tuning at all.
-  const std::string path = ::testing::TempDir() + "/kvfs_tuning_huge.json";
+  const testing::TempDir dir;
+  const std::string path = dir / "tuning.json";
   {
     std::ofstream out(path);
     out << good << std::string(2 << 20, ' ');

@@ -11,6 +11,7 @@
 #include "fs/audit_log.h"
 #include "fs/inode_table.h"
 #include "fs/utf8.h"
+#include "tests/test_support.h"
 
 namespace kvfs::fs {
 namespace {
@@ -45,8 +46,8 @@ TEST(Utf8Validator, CharactersMaySpanFeeds) {
 }
 
 TEST(AuditLog, AppendsJsonLinesToAFileThatSurvivesReopening) {
-  std::string path = ::testing::TempDir() + "/kvfs_audit_" + std::to_string(::getpid()) + ".log";
-  std::filesystem::remove(path);
+  const kvfs::testing::TempDir dir;  // with the log's intents directory
+  const std::string path = dir / "audit.log";
   {
     auto log = AuditLog::Open(path);
     ASSERT_TRUE(log.ok());
@@ -77,13 +78,13 @@ TEST(AuditLog, AppendsJsonLinesToAFileThatSurvivesReopening) {
   auto second = nlohmann::json::parse(text.substr(text.find('\n') + 1));
   EXPECT_EQ(second["action"], "export");
   EXPECT_EQ(second["bytes"], 77);
-  std::filesystem::remove(path);
 }
 
 // A log whose last line was cut (a crash while another program appended, a partial copy): the
 // next line starts on a line of its own, and parses.
 TEST(AuditLog, ALineAfterACutLineStartsALineOfItsOwn) {
-  const std::string path = ::testing::TempDir() + "/kvfs_audit_cut_" + std::to_string(::getpid()) + ".log";
+  const kvfs::testing::TempDir dir;
+  const std::string path = dir / "audit.log";
   std::ofstream(path, std::ios::trunc) << "{\"action\":\"erase\",\"agent\":\"tor";
   {
     auto log = AuditLog::Open(path);
@@ -103,14 +104,13 @@ TEST(AuditLog, ALineAfterACutLineStartsALineOfItsOwn) {
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
   ASSERT_TRUE(j.is_object()) << line;
   EXPECT_EQ(j["agent"], "g10");
-  std::filesystem::remove(path);
 }
 
 // A line that cannot be appended (the disk is full: here the process's file size limit) is kept
 // and written, in order, before the next one once there is room, not lost.
 TEST(AuditLog, ALineThatCouldNotBeWrittenIsWrittenWithTheNext) {
-  const std::string path = ::testing::TempDir() + "/kvfs_audit_full_" + std::to_string(::getpid()) + ".log";
-  std::filesystem::remove(path);
+  const kvfs::testing::TempDir dir;
+  const std::string path = dir / "audit.log";
   auto log = AuditLog::Open(path);
   ASSERT_TRUE(log.ok());
   auto event = [](const char* agent) {
@@ -140,7 +140,6 @@ TEST(AuditLog, ALineThatCouldNotBeWrittenIsWrittenWithTheNext) {
     at = end + 1;
   }
   EXPECT_EQ(agents, (std::vector<std::string>{"first", "while_full", "after"}));
-  std::filesystem::remove(path);
 }
 
 TEST(InodeTable, CountsReferencesAndDropsRemovedNodes) {
