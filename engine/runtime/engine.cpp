@@ -277,8 +277,16 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   a.token_ends = std::move(ends);
   a.blocks = m.blocks;
   a.disk_tail = m.tail;
+  if (m.tail && store_ && !store_->HasTail(a.name, *m.tail)) {
+    // (A manifest put back from manifest.prev.json: the commit after it removed that tail.) The
+    // tokens stay; the last ones are recomputed from them at the next turn, and an export until
+    // then holds the full blocks.
+    spdlog::info("engine: agent {}'s tail file {} is missing; its last {} tokens are recomputed at its next turn",
+                 a.name, m.tail->file, m.tail->n_tokens);
+    a.disk_tail.reset();
+  }
   const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
-  a.disk_bytes = CacheDiskBytes(layout, m);
+  a.disk_bytes = CacheDiskBytes(layout, m) - (m.tail && !a.disk_tail ? KvPayloadOf(layout).bytes(m.tail->n_tokens) : 0);
 }
 
 std::optional<KvFormat> Engine::StoredFormat(const store::Manifest& m) const {
@@ -413,16 +421,21 @@ void Engine::StoreLoop() {
       auto report = store_->CommitTurn(job.agent, job.manifest, job.new_blocks, job.tail, job.keep_tail);
       status = report.status();
       if (report.ok()) {
+        // The tail on disk is the new one before the pool may evict the parked tail it copies
+        // (MarkPersisted): a turn or export that finds no parked tail must not read the tail
+        // file of the commit before, which holds other positions' rows.
+        {
+          std::lock_guard lock(mu_);
+          if (auto it = agents_.find(job.agent); it != agents_.end()) {
+            AgentRecord& a = *it->second;
+            a.disk_tail = report->manifest.tail;
+            const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
+            a.disk_bytes = CacheDiskBytes(layout, report->manifest);
+          }
+        }
         for (const store::NewBlock& b : job.new_blocks) pool_->MarkPersisted(b.hash);
         for (const BlockHash& h : report->manifest.blocks) pool_->MarkPersisted(h);
         if (job.tail_key) pool_->MarkPersisted(*job.tail_key);
-        std::lock_guard lock(mu_);
-        if (auto it = agents_.find(job.agent); it != agents_.end()) {
-          AgentRecord& a = *it->second;
-          a.disk_tail = report->manifest.tail;
-          const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
-          a.disk_bytes = CacheDiskBytes(layout, report->manifest);
-        }
       } else {
         spdlog::warn("engine: committing agent {} failed: {}", job.agent, status.message());
       }
@@ -668,15 +681,22 @@ std::set<BlockHash> Engine::NamedBlocks(const AgentRecord* except, bool with_pre
   std::lock_guard lock(mu_);
   for (auto& [n, a] : agents_)
     if (a.get() != except) named.insert(a->blocks.begin(), a->blocks.end());
-  if (with_prefixes)
-    for (auto& [n, p] : prefixes_) named.insert(p.blocks.begin(), p.blocks.end());
+  if (with_prefixes) {
+    for (auto& [n, p] : prefixes_) {
+      named.insert(p.blocks.begin(), p.blocks.end());
+      for (const auto& [id, blocks] : p.other_formats) named.insert(blocks.begin(), blocks.end());
+    }
+  }
   return named;
 }
 
 bool Engine::PinnedByPrefix(const BlockHash& h) {
   std::lock_guard lock(mu_);
-  for (auto& [n, p] : prefixes_)
+  for (auto& [n, p] : prefixes_) {
     if (std::find(p.blocks.begin(), p.blocks.end(), h) != p.blocks.end()) return true;
+    for (const auto& [id, blocks] : p.other_formats)
+      if (std::find(blocks.begin(), blocks.end(), h) != blocks.end()) return true;
+  }
   return false;
 }
 

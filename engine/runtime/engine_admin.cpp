@@ -1,4 +1,4 @@
-// Engine: erasure, cache export/import and shared prefixes.
+// Engine: erasure, cache export and import.
 #include <algorithm>
 #include <cstring>
 #include <future>
@@ -19,8 +19,6 @@ namespace kvfs {
 using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
-
-using engine_internal::kPrefixDomain;
 
 // Cancels the agent's running and queued turns (engine thread). Their on_done get `why`.
 static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, AgentRecord& a,
@@ -199,19 +197,35 @@ Result<uint64_t> Engine::ExportSize(const std::string& name) {
   const int64_t B = options_.block_tokens;
   store::CacheExportInfo info;
   XXH128_hash_t key{};
+  std::vector<BlockHash> blocks;
+  {
+    std::lock_guard lock(mu_);
+    auto it = agents_.find(name);
+    if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
+    KVFS_RETURN_IF_ERROR(RefuseIfUnreadable(*it->second));
+    blocks = it->second->blocks;
+  }
+  // (Outside mu_: the store's lock may wait for a commit.)
+  size_t available = ExportableBlocks(blocks);
   {
     std::lock_guard lock(mu_);
     auto it = agents_.find(name);
     if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
     AgentRecord& a = *it->second;
     KVFS_RETURN_IF_ERROR(RefuseIfUnreadable(a));
+    for (size_t i = 0; i < available; ++i) {
+      if (i >= a.blocks.size() || a.blocks[i] != blocks[i]) available = i;  // changed since: as far as the same
+    }
     // The tokens ExportCache exports: the full blocks the agent names (during a turn, or after
-    // one that failed, only those it reuses), then the tail when the rest of the tokens is one
-    // that is kept (in the pool, or on disk). More blocks than tokens (blocks reused from
-    // another agent, past its tokens, during a turn) make ExportCache fail, and this too.
+    // one that failed, only those it reuses) up to the first that cannot be had, then the tail
+    // when all of them can and the rest of the tokens is one that is kept (in the pool, or on
+    // disk). More blocks than tokens (blocks reused from another agent, past its tokens, during
+    // a turn) make ExportCache fail, and this too.
     const int64_t n_tokens = static_cast<int64_t>(a.tokens.size());
-    const int64_t full = static_cast<int64_t>(a.blocks.size()) * B, rest = n_tokens - full;
-    const bool tail_kept = a.parked_tail || (a.disk_tail && static_cast<int64_t>(a.disk_tail->n_tokens) == rest);
+    const int64_t full = static_cast<int64_t>(available) * B;
+    const int64_t rest = n_tokens - static_cast<int64_t>(a.blocks.size()) * B;
+    const bool tail_kept = available == a.blocks.size() &&
+                           (a.parked_tail || (a.disk_tail && static_cast<int64_t>(a.disk_tail->n_tokens) == rest));
     const int64_t n_cached = full + (rest > 0 && rest < B && tail_kept ? rest : 0);
     // The key: what ExportInfoOf gives the header (the geometry, the tokens, the conversation
     // and the text behind the tokens; the fingerprint is the engine's), lengths before strings.
@@ -251,7 +265,28 @@ Result<uint64_t> Engine::ExportSize(const std::string& name) {
   return bytes;
 }
 
+size_t Engine::ExportableBlocks(std::span<const BlockHash> blocks) const {
+  size_t n = 0;
+  while (n < blocks.size() && (pool_->Contains(blocks[n]) || (store_ && store_->HasBlock(blocks[n])))) ++n;
+  return n;
+}
+
 Result<std::string> Engine::ExportCache(const std::string& name) {
+  // A snapshot names the committed cache; the blocks it holds only on disk are read after it,
+  // and the agent's next commit may shred those it no longer names (a diverging turn) or replace
+  // the tail on disk meanwhile. The export of the cache as it is then is what a reader wants,
+  // not EIO: take a new snapshot (a few times: each try is one commit behind at most).
+  Result<std::string> file = Internal("not exported");
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    bool moved_on = false;
+    file = ExportCacheOnce(name, &moved_on);
+    if (file.ok() || !moved_on) break;
+    spdlog::debug("engine: exporting agent {}: its cache changed during the export; again", name);
+  }
+  return file;
+}
+
+Result<std::string> Engine::ExportCacheOnce(const std::string& name, bool* moved_on) {
   // Engine thread: a consistent snapshot of the committed cache, held by references (blocks are
   // immutable once named); the file is assembled on the calling thread.
   struct Snapshot {
@@ -266,7 +301,13 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     int64_t tail_tokens = 0;
     int64_t block_bytes = 0;
     uint64_t erasures_begun = 0;
+    // What the agent's cache was: it moved on when either changed.
+    uint64_t commits_built = 0;
+    std::optional<store::TailRef> disk_tail;
   };
+  // The agent's commits and tail on disk as the snapshot saw them, for a snapshot that fails.
+  std::optional<std::pair<uint64_t, std::optional<store::TailRef>>> snap_commits_seen;
+  bool tail_lost = false;
   auto snap = RunOnEngine<Result<Snapshot>>([&]() -> Result<Snapshot> {
     AgentRecord* a = nullptr;
     {
@@ -290,10 +331,9 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     for (size_t i = 0; i < a->blocks.size(); ++i) {
       const BlockHash& h = a->blocks[i];
       PoolBlock* b = pool_->Hold(h);
-      if (b == nullptr && !(store_ && store_->HasBlock(h))) {
-        return fail(IoError(fmt::format("exporting agent {}: block {} of {} is missing (the next turn recomputes it)",
-                                        name, i, a->blocks.size())));
-      }
+      // A block lost (a damaged file dropped, a missing one) ends the export before it, as
+      // ExportSize counted: the next turn recomputes from there.
+      if (b == nullptr && !(store_ && store_->HasBlock(h))) break;
       s.blocks.push_back(b);
       s.hashes.push_back(h);
     }
@@ -303,6 +343,7 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     {
       std::lock_guard lock(mu_);
       disk_tail = a->disk_tail;
+      snap_commits_seen.emplace(a->commits_built, disk_tail);
     }
     // The tail belongs to the snapshot only when it continues exactly the full blocks.
     if (rest > 0 && rest < B && s.blocks.size() == a->blocks.size()) {
@@ -322,16 +363,37 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
         }
       }
       if (counted && s.tail_tokens == 0) {
+        if (!a->parked_tail && disk_tail && store_ && !store_->HasTail(a->name, *disk_tail)) {
+          // Gone (found damaged by this read, and dropped): the agent has no tail any more, and
+          // an export of its full blocks is what ExportSize now says.
+          std::lock_guard lock(mu_);
+          if (a->disk_tail == disk_tail) a->disk_tail.reset();
+          tail_lost = true;
+        }
         return fail(IoError(fmt::format("exporting agent {}: its last {} tokens' rows could not be had{}", name, rest,
                                         tail_status.ok() ? std::string() : " (" + tail_status.message() + ")")));
       }
     }
     std::lock_guard lock(mu_);
     s.erasures_begun = erasures_begun_;
+    s.commits_built = a->commits_built;
+    s.disk_tail = disk_tail;
     s.info = ExportInfoOf(*a, full + s.tail_tokens);
     return s;
   });
-  if (!snap.ok()) return snap.status();
+  // Whether the agent committed (or its store commit replaced the tail on disk) since `commits`
+  // and `tail`: a failed read may then be of what that commit removed.
+  auto changed_since = [&](uint64_t commits, const std::optional<store::TailRef>& tail) {
+    std::lock_guard lock(mu_);
+    auto it = agents_.find(name);
+    return it != agents_.end() && (it->second->commits_built != commits || it->second->disk_tail != tail);
+  };
+  if (!snap.ok()) {
+    // The tail read inside the snapshot: its file replaced by a commit that ended meanwhile.
+    if (snap.status().code() == StatusCode::kIoError && snap_commits_seen.has_value())
+      *moved_on = tail_lost || changed_since(snap_commits_seen->first, snap_commits_seen->second);
+    return snap.status();
+  }
   std::vector<BlockHash> held;
   for (PoolBlock* b : snap->blocks)
     if (b != nullptr) held.push_back(b->key);
@@ -352,13 +414,16 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     std::vector<std::vector<uint8_t>> read(snap->blocks.size());
     std::vector<store::KvChunk> chunks;
     Status read_status = Status::Ok();
+    size_t failed_block = snap->blocks.size();
     for (size_t i = 0; i < snap->blocks.size() && read_status.ok(); ++i) {
       const uint8_t* data = snap->blocks[i] != nullptr ? snap->blocks[i]->data : nullptr;
       if (data == nullptr) {
         read[i].resize(static_cast<size_t>(snap->block_bytes));
         read_status = store_->ReadBlockInto(snap->hashes[i], read[i]);
-        if (!read_status.ok())
+        if (!read_status.ok()) {
+          failed_block = i;
           read_status = read_status.WithContext(fmt::format("exporting agent {}: block {} of {}", name, i, read.size()));
+        }
         data = read[i].data();
       }
       chunks.push_back(store::KvChunk{std::span<const uint8_t>(data, static_cast<size_t>(snap->block_bytes)),
@@ -366,6 +431,10 @@ Result<std::string> Engine::ExportCache(const std::string& name) {
     }
     if (snap->tail_tokens > 0) chunks.push_back(store::KvChunk{snap->tail, snap->tail_tokens});
     file = read_status.ok() ? store::WriteKvSafetensors(snap->info, chunks) : Result<std::string>(read_status);
+    // A block the read found damaged is dropped from the store: a new snapshot ends before it.
+    if (!read_status.ok())
+      *moved_on = changed_since(snap->commits_built, snap->disk_tail) ||
+                  (failed_block < snap->hashes.size() && !store_->HasBlock(snap->hashes[failed_block]));
   }
   // An erasure that began while these blocks were held here could not drop them (they were in
   // use): drop now, zeroed, those nothing names any more, as it would have.
@@ -535,237 +604,6 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
   });
   if (!started.ok()) return started;
   return done.get();
-}
-
-Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sources) {
-  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
-  p.tokens = model_->tokenizer().Encode(p.text, true, true);
-  p.blocks.clear();
-  const int64_t B = options_.block_tokens;
-  const int64_t full = static_cast<int64_t>(p.tokens.size()) / B;
-  if (static_cast<int64_t>(p.tokens.size()) > n_ctx_) return OutOfRange("the prefix is longer than the context");
-  if (full == 0) {
-    spdlog::warn("engine: a prefix of {} tokens is shorter than one KV block ({} tokens): agents share whole "
-                 "blocks, so it saves no prefill",
-                 p.tokens.size(), B);
-  }
-  const KvLayout layout = KvLayoutFor(model_->hparams(), format, B);
-  std::optional<SequenceKv> seq(std::in_place, layout, n_ctx_, *pool_);
-  std::vector<PoolBlock*> held;
-  auto undo = [&](kvfs::Status why) -> kvfs::Status {
-    seq.reset();  // its references go first, so the blocks can be dropped
-    for (PoolBlock* b : held) pool_->Release(b);
-    UnpinPrefix(p);
-    p.blocks.clear();
-    return why;
-  };
-  BlockHash parent;
-  for (int64_t i = 0; i < full; ++i) {
-    const std::span<const TokenId> span(p.tokens.data() + i * B, static_cast<size_t>(B));
-    const BlockHash h = ChainHash(parent, span, fingerprint_, format, kPrefixDomain);
-    PoolBlock* b = pool_->Acquire(h);
-    if (b != nullptr) {
-      if (sources) ++sources->cached;
-    } else if ((b = LoadBlock(h, layout)) != nullptr) {  // stored by an earlier run
-      if (sources) ++sources->loaded;
-    }
-    if (b != nullptr) {
-      seq->SetBlock(i, b);
-      seq->SetTokens((i + 1) * B);
-    } else {
-      SequenceStep step{&*seq, span, false};
-      Logits logits;
-      const kvfs::Status st = backend_->Forward(std::span<const SequenceStep>(&step, 1), logits);
-      NoteBackendHealth();
-      if (!st.ok()) return undo(st);
-      seq->NameBlock(i, h);
-      if (sources) ++sources->prefilled;
-    }
-    pool_->Pin(h);
-    p.blocks.push_back(h);
-    PoolBlock* mine = seq->block(i);
-    pool_->Retain(mine);
-    held.push_back(mine);
-    parent = h;
-  }
-  return held;
-}
-
-store::EraseReport Engine::UnpinPrefix(const Prefix& p) {
-  store::EraseReport report;
-  const std::set<BlockHash> others = NamedBlocks(nullptr, /*with_prefixes=*/false);
-  for (const BlockHash& h : p.blocks) {
-    pool_->Unpin(h);
-    if (others.count(h)) ++report.blocks_kept_shared;
-    else if (pool_->Drop(h)) ++report.blocks_freed;
-  }
-  return report;
-}
-
-Status Engine::PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held,
-                             store::EraseReport* replaced) {
-  CommitJob job;
-  job.held = std::move(held);  // released by the store thread after the write
-  auto format = FormatFor(DefaultSettings());
-  if (!store_ || !format.ok()) {
-    for (PoolBlock* b : job.held) pool_->Release(b);
-    return format.status();
-  }
-  const KvLayout layout = KvLayoutFor(model_->hparams(), *format, options_.block_tokens);
-  store::PrefixRecord record;
-  record.name = name;
-  record.owner_uid = p.owner_uid;
-  record.text = p.text;
-  record.model_fingerprint = fingerprint_;
-  record.kv_format = format->Name();
-  record.block_size = static_cast<uint32_t>(options_.block_tokens);
-  record.blocks = p.blocks;
-  std::vector<store::NewBlock> fresh;
-  for (size_t i = 0; i < p.blocks.size(); ++i) {
-    if (store_->HasBlock(p.blocks[i])) continue;
-    // Pinned and retained: immutable and alive until the store thread is done with them.
-    fresh.push_back(store::NewBlock{p.blocks[i], KvFormatId(*format), record.block_size,
-                                    std::span<const uint8_t>(job.held[i]->data, static_cast<size_t>(layout.block_bytes()))});
-  }
-  job.run = [this, &record, &fresh, replaced]() -> kvfs::Status {
-    kvfs::Status st = store_->CommitPrefix(record, fresh, replaced);
-    if (st.ok())
-      for (const BlockHash& h : record.blocks) pool_->MarkPersisted(h);
-    return st;
-  };
-  return CommitNow(std::move(job));
-}
-
-Result<Engine::Prefix> Engine::PinAndPersistPrefix(const std::string& name, std::string text, uint32_t owner_uid,
-                                                   store::EraseReport* replaced) {
-  Prefix p;
-  p.text = std::move(text);
-  p.owner_uid = owner_uid;
-  KVFS_ASSIGN_OR_RETURN(std::vector<PoolBlock*> held,
-                        RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, nullptr); }));
-  if (kvfs::Status st = PersistPrefix(name, p, std::move(held), replaced); !st.ok()) {
-    (void)RunOnEngine<kvfs::Status>([&] {
-      UnpinPrefix(p);
-      ForgetFreedBlocks();
-      return kvfs::Status::Ok();
-    });
-    return st.WithContext("storing prefix " + name);
-  }
-  return p;
-}
-
-Status Engine::AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) {
-  if (!store::IsValidPrefixName(name)) return InvalidArgument("invalid prefix name \"" + name + "\"");
-  std::lock_guard serial(prefix_mu_);
-  {
-    std::lock_guard lock(mu_);
-    if (prefixes_.count(name)) return InvalidArgument("prefix \"" + name + "\" exists");
-  }
-  KVFS_ASSIGN_OR_RETURN(Prefix p, PinAndPersistPrefix(name, std::move(text), owner_uid, nullptr));
-  std::lock_guard lock(mu_);
-  prefixes_[name] = std::move(p);
-  return kvfs::Status::Ok();
-}
-
-Result<store::EraseReport> Engine::ReplacePrefix(const std::string& name, std::string text, uint32_t owner_uid) {
-  std::lock_guard serial(prefix_mu_);
-  {
-    std::lock_guard lock(mu_);
-    if (!prefixes_.count(name)) return NotFound("no prefix \"" + name + "\"");
-  }
-  // Blocks the old text shares with the new one are pinned twice for a while: the old
-  // prefix's unpinning below leaves them to the new one. The store swaps the record in one
-  // rename and erases the blocks only the old one named.
-  store::EraseReport stored;
-  KVFS_ASSIGN_OR_RETURN(Prefix p, PinAndPersistPrefix(name, std::move(text), owner_uid, &stored));
-  return RunOnEngine<Result<store::EraseReport>>([&]() -> Result<store::EraseReport> {
-    Prefix old;
-    {
-      std::lock_guard lock(mu_);
-      old = std::exchange(prefixes_[name], std::move(p));
-    }
-    store::EraseReport r = UnpinPrefix(old);
-    ForgetFreedBlocks();  // device copies of the dropped blocks, before the call returns
-    r.bytes_freed += stored.bytes_freed;
-    r.files_removed += stored.files_removed;
-    return r;
-  });
-}
-
-Status Engine::RestorePrefixes() {
-  if (!store_) return kvfs::Status::Ok();
-  std::lock_guard serial(prefix_mu_);
-  for (const store::PrefixRecord& r : store_->ListPrefixes()) {
-    Prefix p;
-    p.text = r.text;
-    p.owner_uid = r.owner_uid;
-    PrefixSources sources;
-    auto held = RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, &sources); });
-    if (!held.ok()) {
-      // Kept, record and text: it is the user's, and only rm erases it (with an audit line). With
-      // no tokens or blocks, no agent shares it until a daemon that can hold it starts.
-      spdlog::warn("engine: prefix {} is kept but not shared: this daemon cannot hold it ({}); a daemon that can "
-                   "(a larger --ctx, say) uses it again",
-                   r.name, held.status().message());
-      Prefix kept;
-      kept.text = r.text;
-      kept.owner_uid = r.owner_uid;
-      std::lock_guard lock(mu_);
-      prefixes_[r.name] = std::move(kept);
-      continue;
-    }
-    if (sources.prefilled > 0 || p.blocks != r.blocks) {
-      // Another model or format, or blocks gone from the store: the record follows what is pinned now.
-      if (kvfs::Status st = PersistPrefix(r.name, p, std::move(*held)); !st.ok())
-        spdlog::warn("engine: prefix {}: storing its new blocks failed: {}", r.name, st.message());
-    } else {
-      for (PoolBlock* b : *held) pool_->Release(b);
-    }
-    spdlog::info("engine: prefix {} restored ({} tokens; blocks: {} loaded, {} prefilled, {} cached)", r.name,
-                 p.tokens.size(), sources.loaded, sources.prefilled, sources.cached);
-    std::lock_guard lock(mu_);
-    prefixes_[r.name] = std::move(p);
-  }
-  for (auto& [name, why] : store_->UnreadablePrefixes()) {
-    spdlog::warn("engine: prefix {} is unreadable and can only be erased or written anew: {}", name, why);
-    Prefix p;
-    p.unreadable = std::move(why);
-    std::lock_guard lock(mu_);
-    prefixes_[name] = std::move(p);
-  }
-  return kvfs::Status::Ok();
-}
-
-Result<store::EraseReport> Engine::RemovePrefix(const std::string& name) {
-  std::lock_guard serial(prefix_mu_);
-  auto report = RunOnEngine<Result<store::EraseReport>>([&]() -> Result<store::EraseReport> {
-    Prefix p;
-    {
-      std::lock_guard lock(mu_);
-      auto it = prefixes_.find(name);
-      if (it == prefixes_.end()) return NotFound("no prefix \"" + name + "\"");
-      p = std::move(it->second);
-      prefixes_.erase(it);
-    }
-    store::EraseReport r = UnpinPrefix(p);
-    ForgetFreedBlocks();  // device copies of the dropped blocks, before the erasure returns
-    return r;
-  });
-  if (!report.ok() || !store_) return report;
-  // The persisted record and the blocks only it named (store thread, after any queued commit).
-  Result<store::EraseReport> erased = NotFound("");
-  CommitJob job;
-  job.run = [&]() -> kvfs::Status {
-    erased = store_->ErasePrefix(name);
-    return erased.ok() || erased.status().code() == StatusCode::kNotFound ? kvfs::Status::Ok() : erased.status();
-  };
-  kvfs::Status st = CommitNow(std::move(job));
-  if (!st.ok()) return st.WithContext("erasing prefix " + name);
-  if (erased.ok()) {
-    report->bytes_freed += erased->bytes_freed;
-    report->files_removed += erased->files_removed;
-  }
-  return report;
 }
 
 }  // namespace kvfs

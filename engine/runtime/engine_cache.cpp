@@ -72,7 +72,10 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
       b = pool_->TakeWritable(*a.parked_tail);
       if (b != nullptr) ++hits;
     }
-    if (b == nullptr && chain.size() == a.blocks.size() && disk_tail && store_) {
+    // The tail on disk only when it is the one continuing the full blocks.
+    const int64_t rest = static_cast<int64_t>(a.tokens.size()) - static_cast<int64_t>(a.blocks.size()) * B;
+    if (b == nullptr && chain.size() == a.blocks.size() && disk_tail && store_ &&
+        static_cast<int64_t>(disk_tail->n_tokens) == rest && rest >= keep - have) {
       auto tail = store_->ReadTail(a.name, *disk_tail);
       if (tail.ok()) {
         auto fresh = pool_->Allocate(layout.tail_block_bytes());
@@ -92,6 +95,7 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
   }
   // Past the agent's own cache: blocks another agent of the same uid, or a shared prefix, has
   // already computed for the same tokens.
+  if (chain.empty()) PinPrefixesFor(a.format, tokens);
   if (have == static_cast<int64_t>(chain.size()) * B) {
     const int64_t last = static_cast<int64_t>(tokens.size()) - 1;
     while (have + B <= last) {

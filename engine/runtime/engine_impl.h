@@ -182,6 +182,13 @@ class Engine final : public AgentEngine {
   Result<store::EraseReport> EraseAgent(const std::string& name) override;
   Result<store::EraseReport> EraseCache(const std::string& name) override;
   Result<std::string> ExportCache(const std::string& name) override;
+  // One try of ExportCache. Sets *moved_on when it failed because the agent's cache changed
+  // under it (its own commit shredded a block or replaced the tail being read): a new snapshot
+  // then succeeds.
+  Result<std::string> ExportCacheOnce(const std::string& name, bool* moved_on);
+  // How many of `blocks`, from the first, an export can have: each in the pool or on disk (not
+  // mu_: the store's lock may wait for a commit).
+  size_t ExportableBlocks(std::span<const BlockHash> blocks) const;
   Result<uint64_t> ExportSize(const std::string& name) override;
   Status ImportCache(const std::string& name, std::string_view safetensors_bytes) override;
   void Prefetch(const std::string& name) override;
@@ -205,7 +212,11 @@ class Engine final : public AgentEngine {
     std::string text;
     uint32_t owner_uid = 0;
     std::vector<TokenId> tokens;
-    std::vector<BlockHash> blocks;  // pinned
+    std::vector<BlockHash> blocks;  // pinned, in the daemon's KV format
+    // Pinned too: its full blocks in other KV formats (KvFormatId), made for the first agent in
+    // that format whose context starts with it (PinPrefixesFor). Not in its record: after a
+    // restart they are loaded again, from the commits of the agents that used them, or prefilled.
+    std::map<uint32_t, std::vector<BlockHash>> other_formats;
     // Why its saved record cannot be read (a damaged or newer-format file), else empty. Such a
     // prefix has no text or blocks; it is listed, owned by root (its owner is unknown), so that
     // it can be erased or written anew.
@@ -239,8 +250,20 @@ class Engine final : public AgentEngine {
   // else prefilled) and fills p.tokens and p.blocks. Returns each block retained once, for
   // PersistPrefix; on an error nothing stays pinned.
   Result<std::vector<PoolBlock*>> PinPrefix(Prefix& p, PrefixSources* sources);
-  // Engine thread: unpins p's blocks and drops those no agent holds (erasure of memory).
+  // Engine thread: pins the prefix-domain blocks of the full blocks of `tokens` in `format` (from
+  // the pool, else the store, else prefilled), appending their hashes to `blocks`; returns each
+  // retained once. On an error nothing stays pinned.
+  Result<std::vector<PoolBlock*>> PinPrefixBlocks(std::span<const TokenId> tokens, const KvFormat& format,
+                                                  std::vector<BlockHash>* blocks, PrefixSources* sources);
+  // Engine thread, before a turn: each prefix whose full blocks start `context` and that has no
+  // blocks yet in `format` (not the daemon's) gets them, so that agents in every KV format share
+  // it, as the design says.
+  void PinPrefixesFor(const KvFormat& format, std::span<const TokenId> context);
+  // Engine thread: unpins p's blocks, in every format, and drops those no agent holds (erasure of memory).
   store::EraseReport UnpinPrefix(const Prefix& p);
+  // Engine thread: unpins `blocks` and drops those no agent names (`others`: the blocks agents
+  // name, when known), counting them in `report`.
+  void UnpinBlocks(std::span<const BlockHash> blocks, const std::set<BlockHash>* others, store::EraseReport* report);
   // Writes p's record and the blocks the store lacks (store thread); releases `held`. A record
   // of the same name is replaced; `replaced` (optional) counts the erasure of its blocks.
   kvfs::Status PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held,

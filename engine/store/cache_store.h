@@ -173,6 +173,9 @@ class CacheStore {
   // The same straight into caller memory (e.g. the KV pool), exactly the block's raw size.
   Status ReadBlockInto(const BlockHash& hash, std::span<uint8_t> dst);
   bool HasBlock(const BlockHash& hash) const;
+  // Whether the agent's tail file is there (not whether it is sound: ReadTail checks that). A
+  // manifest put back from manifest.prev.json names a tail that the commit after it removed.
+  bool HasTail(const std::string& name, const TailRef& tail) const;
   // Whether an agent's committed manifest names blocks or a tail (false for a broken one).
   bool NamesCache(const std::string& agent) const;
   // The blocks an agent's committed manifest names (none for a broken one).

@@ -167,6 +167,12 @@ bool CacheStore::HasBlock(const BlockHash& hash) const {
   return present_.count(hash) > 0;
 }
 
+bool CacheStore::HasTail(const std::string& name, const TailRef& tail) const {
+  if (!IsValidAgentName(name) || !IsTailFileName(tail.file)) return false;
+  std::shared_lock lock(mu_);
+  return fs_.FileSize(JoinPath(AgentDir(name), tail.file)).ok();
+}
+
 bool CacheStore::NamesCache(const std::string& agent) const {
   std::shared_lock lock(mu_);
   auto it = agents_.find(agent);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 namespace kvfs::store {
 namespace {
@@ -332,6 +333,28 @@ void FaultInjectingFileSystem::FailReads(const std::string& part, uint32_t times
   failing_reads_left_ = times;
 }
 
+void FaultInjectingFileSystem::SlowReads(const std::string& part, std::chrono::milliseconds delay) {
+  std::lock_guard lock(mu_);
+  slow_reads_part_ = part;
+  slow_reads_delay_ = delay;
+}
+
+uint64_t FaultInjectingFileSystem::SlowReadsBegun() const {
+  std::lock_guard lock(mu_);
+  return slow_reads_begun_;
+}
+
+void FaultInjectingFileSystem::WaitIfSlow(const std::string& path) {
+  std::chrono::milliseconds delay{0};
+  {
+    std::lock_guard lock(mu_);
+    if (slow_reads_delay_.count() == 0 || path.find(slow_reads_part_) == std::string::npos) return;
+    ++slow_reads_begun_;
+    delay = slow_reads_delay_;
+  }
+  std::this_thread::sleep_for(delay);
+}
+
 Status FaultInjectingFileSystem::CheckReadable(const std::string& path) {
   KVFS_RETURN_IF_ERROR(CheckAlive(path));
   if (failing_reads_left_ > 0 && path.find(failing_reads_part_) != std::string::npos) {
@@ -342,6 +365,7 @@ Status FaultInjectingFileSystem::CheckReadable(const std::string& path) {
 }
 
 Result<std::vector<uint8_t>> FaultInjectingFileSystem::ReadFile(const std::string& path) {
+  WaitIfSlow(path);
   std::lock_guard lock(mu_);
   KVFS_RETURN_IF_ERROR(CheckReadable(path));
   KVFS_ASSIGN_OR_RETURN(uint64_t ino, Lookup(path));
@@ -351,6 +375,7 @@ Result<std::vector<uint8_t>> FaultInjectingFileSystem::ReadFile(const std::strin
 }
 
 Status FaultInjectingFileSystem::ReadAt(const std::string& path, uint64_t offset, std::span<uint8_t> dst) {
+  WaitIfSlow(path);
   std::lock_guard lock(mu_);
   KVFS_RETURN_IF_ERROR(CheckReadable(path));
   KVFS_ASSIGN_OR_RETURN(uint64_t ino, Lookup(path));

@@ -22,6 +22,7 @@
 // Thread-safe: one mutex around the whole model.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -80,6 +81,11 @@ class FaultInjectingFileSystem final : public FileSystem {
   // The next `times` reads (ReadFile, ReadAt) of files whose path contains `part` fail with
   // kIoError, as a flaky medium's would; reads are not counted ops, so FailAt cannot reach them.
   void FailReads(const std::string& part, uint32_t times);
+  // Reads of files whose path contains `part` wait `delay` first (outside this file system's
+  // lock), as a slow medium's would, so that tests can order other threads' work between reads.
+  // How many such reads have begun: SlowReadsBegun.
+  void SlowReads(const std::string& part, std::chrono::milliseconds delay);
+  uint64_t SlowReadsBegun() const;
   // The log of mutating operations so far ("write /s/x.tmp", ...), for test failure messages.
   std::vector<std::string> op_log() const;
   // Files whose bytes an operation gave back to the free space while any of them (current or
@@ -123,6 +129,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   Gate Admit(OpKind kind, const std::string& what, Status* failure);
   Status CheckAlive(const std::string& path) const;
   Status CheckReadable(const std::string& path);  // CheckAlive, then FailReads
+  void WaitIfSlow(const std::string& path);       // SlowReads; without the lock
   Result<Resolved> Resolve(const std::string& path) const;
   Result<uint64_t> Lookup(const std::string& path) const;  // existing inode or kNotFound
   uint64_t NewInode(bool is_dir);
@@ -142,6 +149,9 @@ class FaultInjectingFileSystem final : public FileSystem {
   bool fired_ = false;
   std::string failing_reads_part_;  // FailReads
   uint32_t failing_reads_left_ = 0;
+  std::string slow_reads_part_;  // SlowReads
+  std::chrono::milliseconds slow_reads_delay_{0};
+  uint64_t slow_reads_begun_ = 0;
   enum class FaultType { kNone, kFail, kCrash } fault_ = FaultType::kNone;
   uint64_t fault_at_ = 0;
   StatusCode fault_code_ = StatusCode::kIoError;

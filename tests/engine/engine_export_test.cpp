@@ -30,10 +30,18 @@ using testing::kTurns;
 
 using EngineExportTest = testing::EngineTestBase;
 
+// A kv.safetensors file's header (JSON).
+nlohmann::json HeaderOf(const std::string& file) {
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  return nlohmann::json::parse(file.substr(8, n));
+}
+
 // An export of a cold agent reads its blocks from the store without loading them into the KV
 // pool (a backup of every agent must not evict the ones at work, and a full pool must not make
-// an export short); a block that cannot be read fails the export instead of shortening it.
-TEST_F(EngineExportTest, ExportOfAColdAgentLoadsNothingAndNeverComesOutShort) {
+// an export short). A block found damaged by that read is dropped: the export then holds the
+// blocks before it, as stat says from then on, not EIO until the next turn.
+TEST_F(EngineExportTest, ExportOfAColdAgentLoadsNothingAndEndsBeforeALostBlock) {
   std::string before;
   {
     auto engine = CreateEngine(Options());
@@ -62,23 +70,59 @@ TEST_F(EngineExportTest, ExportOfAColdAgentLoadsNothingAndNeverComesOutShort) {
   }
   auto engine = CreateEngine(Options());
   ASSERT_TRUE(engine.ok());
-  EXPECT_EQ((*engine)->ExportSize("alice").value(), before.size());
+  EXPECT_EQ((*engine)->ExportSize("alice").value(), before.size());  // not known to be damaged yet
+  // The read finds the block damaged and the store drops it: the export holds what is left, the
+  // first block, and says so; the next turn recomputes from there. Its size is what stat says now.
   auto file = (*engine)->ExportCache("alice");
-  ASSERT_FALSE(file.ok());
-  EXPECT_NE(file.status().message().find("exporting agent alice: block 1"), std::string::npos) << file.status().message();
-  // Dropped as corrupt by that read, the block is missing now: still no short file.
-  file = (*engine)->ExportCache("alice");
-  ASSERT_FALSE(file.ok());
-  EXPECT_EQ(file.status().code(), StatusCode::kIoError) << file.status().message();
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_LT(file->size(), before.size());
+  EXPECT_EQ((*engine)->ExportSize("alice").value(), file->size());
+  auto header = HeaderOf(*file);
+  EXPECT_EQ(header["__metadata__"]["n_cached"], std::to_string(block_tokens_)) << header.dump();
+  EXPECT_EQ((*engine)->ExportCache("alice").value(), *file);
 }
 
-// A kv.safetensors file's header (JSON), and the file with its header edited (the tensors'
-// bytes unchanged; the header padded with spaces to 8 bytes, as the format allows).
-nlohmann::json HeaderOf(const std::string& file) {
-  uint64_t n = 0;
-  std::memcpy(&n, file.data(), 8);
-  return nlohmann::json::parse(file.substr(8, n));
+// A tail file that is gone at a start (a manifest put back from manifest.prev.json names the tail
+// that the commit after it removed) or found damaged by an export: the agent exports its full
+// blocks, as stat says, and its next turn recomputes the last tokens from their ids.
+TEST_F(EngineExportTest, AnAgentWhoseTailIsLostExportsItsFullBlocks) {
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+  }
+  const store::Manifest m = ReadManifest(Options().store_dir, "alice");
+  ASSERT_TRUE(m.tail.has_value());
+  ASSERT_GE(m.blocks.size(), 1u);
+  for (const bool damaged : {false, true}) {
+    SCOPED_TRACE(damaged ? "a damaged tail" : "a missing tail");
+    const fs::path tail = dir_ / "store" / "agents" / "alice" / m.tail->file;
+    const std::string kept = testing::ReadFile(tail.string());
+    if (damaged) {
+      std::fstream f(tail, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(kept.size() / 2));
+      f.put(static_cast<char>(kept[kept.size() / 2] ^ 0x5a));
+    } else {
+      fs::remove(tail);
+    }
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    const uint64_t size = (*engine)->ExportSize("alice").value();
+    auto file = (*engine)->ExportCache("alice");
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    EXPECT_EQ(HeaderOf(*file)["__metadata__"]["n_cached"], std::to_string(m.blocks.size() * block_tokens_));
+    if (!damaged) {
+      EXPECT_EQ(file->size(), size);  // known at the start
+    }
+    EXPECT_EQ((*engine)->ExportSize("alice").value(), file->size());
+    std::ofstream(tail, std::ios::binary | std::ios::trunc) << kept;  // for the next case
+  }
 }
+
+// The file with its header edited (the tensors' bytes unchanged; the header padded with spaces
+// to 8 bytes, as the format allows).
 
 template <typename Edit>
 std::string WithHeader(const std::string& file, Edit edit) {

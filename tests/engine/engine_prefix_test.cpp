@@ -94,6 +94,43 @@ TEST_F(EngineTest, PrefixesPersistAcrossRestart) {
   EXPECT_TRUE((*engine)->ListPrefixes().empty());
 }
 
+// Agents whose KV format is not the daemon's share a prefix too: the first one whose context
+// starts with it has the prefix's blocks made in that format (pinned like the prefix's own), and
+// the next, of another uid, reuses them; both reply as an uncached run in that format does.
+// Erasing the agents leaves on disk only the prefix's own blocks; removing the prefix unpins it
+// in every format, leaving no memory in use.
+TEST_F(EngineTest, AgentsInAnotherKvFormatSharePrefixes) {
+  const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // 2+ blocks of 16
+  const fs::path store = dir_ / "store";
+  auto engine = CreateEngine(Options());  // the daemon's format: f16
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 1000).ok());
+  const size_t prefix_blocks = BlockFiles(store);
+  ASSERT_GE(prefix_blocks, 2u);
+  int64_t reused[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const std::string agent = i == 0 ? "bob" : "carol";
+    ASSERT_TRUE((*engine)->CreateAgent(agent, 2000 + i).ok());
+    Greedy(**engine, agent, "q8");
+    TurnOutcome out = RunTurn(**engine, agent, prefix + " The dog ran away.");
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    reused[i] = out.stats->reused_tokens;
+    kv_ = "q8";  // the reference runs in the agents' format
+    EXPECT_EQ(out.reply, Reference(ReadManifest(Options().store_dir, agent), *out.stats, 20)) << agent;
+    kv_ = "f16";
+  }
+  EXPECT_GE(reused[0], static_cast<int64_t>(16 * prefix_blocks));
+  EXPECT_EQ(reused[1], reused[0]);
+  ASSERT_TRUE((*engine)->EraseAgent("bob").ok());
+  ASSERT_TRUE((*engine)->EraseAgent("carol").ok());
+  EXPECT_EQ(BlockFiles(store), prefix_blocks);
+  auto removed = (*engine)->RemovePrefix("story.txt");
+  ASSERT_TRUE(removed.ok()) << removed.status().message();
+  EXPECT_GE(removed->blocks_freed, 2 * prefix_blocks);  // f16 and q8
+  EXPECT_EQ(BlockFiles(store), 0u);
+  EXPECT_EQ((*engine)->Stats().memory_used_bytes, 0);
+}
+
 // Rewriting a prefix puts the new text in place only once it is stored: a text that cannot be
 // added (longer than the context) leaves the old prefix, its record and its blocks as they were;
 // a good one replaces the record, erases the blocks only the old text had, and is what a

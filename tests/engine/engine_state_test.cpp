@@ -413,5 +413,43 @@ TEST_F(EngineStateTest, ACachedBlockThatCannotBeReadWhenATurnStartsEndsTheReuseT
   EXPECT_EQ(replies[1], replies[0]);
 }
 
+// An export reads the blocks it holds only on disk after its snapshot, and a commit of the agent
+// may shred them meanwhile (a turn that diverged, an erasure of the cache). The export is then
+// of the cache as that commit left it, not EIO. Here the first block's read is slow, the cache
+// is erased (rm kv.safetensors) during it, and the second block's read fails as a shredded
+// block's would (the store's lock lets the erasure wait for the reads: a failure injected).
+TEST_F(EngineStateTest, AnExportRacingTheAgentsOwnCommitExportsTheCacheAfterIt) {
+  FaultInjectingFileSystem disk;
+  EngineOptions o = OnDisk(Options(), disk);
+  {
+    auto engine = CreateEngine(o);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
+  }
+  auto manifest = disk.ReadFile("/s/agents/alice/manifest.json");
+  ASSERT_TRUE(manifest.ok()) << manifest.status().message();
+  auto m = store::ParseManifest(std::string_view(reinterpret_cast<const char*>(manifest->data()), manifest->size()), "m");
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  ASSERT_GE(m->blocks.size(), 2u);
+  auto engine = CreateEngine(o);  // a restart: the blocks are on disk only
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  disk.SlowReads(store::ToHex(m->blocks[0]), std::chrono::milliseconds(500));
+  disk.FailReads(store::ToHex(m->blocks[1]), 1);
+  auto exported = std::async(std::launch::async, [&] { return (*engine)->ExportCache("alice"); });
+  for (int i = 0; i < 5000 && disk.SlowReadsBegun() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(disk.SlowReadsBegun(), 1u) << "the export did not read the first block from disk";
+  auto erased = (*engine)->EraseCache("alice");
+  ASSERT_TRUE(erased.ok()) << erased.status().message();
+  EXPECT_GT(erased->blocks_freed, 0u);
+  auto file = exported.get();
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  // Of the cache after the erasure: what an export now gives, byte for byte (no K/V rows).
+  auto now = (*engine)->ExportCache("alice");
+  ASSERT_TRUE(now.ok()) << now.status().message();
+  EXPECT_EQ(*file, *now);
+}
+
 }  // namespace
 }  // namespace kvfs

@@ -1,17 +1,17 @@
 // Scalar reference attention kernels: decode each row's head slice, then plain loops. The f16
 // path accumulates the weighted sum of V in 16 interleaved partial sums reduced pairwise
 // (the order of the reference engine's f16 GEMM), which keeps long contexts closest to it.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <span>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "engine/backend/cpu/attention.h"
 #include "engine/backend/cpu/cpu_features.h"
-
-#include <algorithm>
-
 #include "engine/backend/cpu/ops.h"
 #include "engine/model/quants.h"
 
@@ -331,6 +331,8 @@ const AttentionKernels* AttentionKernelsByName(const std::string& name) {
 const AttentionKernels& AttentionKernelsFor(const std::string& table_name) {
   if (const char* forced = std::getenv("KVFS_ATTN"); forced != nullptr && *forced != '\0') {
     if (const AttentionKernels* table = AttentionKernelsByName(forced)) return *table;
+    spdlog::warn("KVFS_ATTN={} is unknown or not supported by this CPU; using the {} attention kernels", forced,
+                 AttentionKernelsByName(table_name) != nullptr ? table_name : std::string("scalar"));
   }
   const AttentionKernels* table = AttentionKernelsByName(table_name);
   return table != nullptr ? *table : ScalarAttentionKernels();

@@ -1,0 +1,309 @@
+// Engine: shared prefixes (.prefixes/): pinned once in the pool, recorded in the store, shared
+// by every agent whose context starts with them.
+#include <set>
+#include <utility>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/runtime/engine_impl.h"
+
+namespace kvfs {
+
+using engine_internal::kPrefixDomain;
+
+Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sources) {
+  KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
+  p.tokens = model_->tokenizer().Encode(p.text, true, true);
+  p.blocks.clear();
+  p.other_formats.clear();
+  const int64_t B = options_.block_tokens;
+  if (static_cast<int64_t>(p.tokens.size()) > n_ctx_) return OutOfRange("the prefix is longer than the context");
+  if (static_cast<int64_t>(p.tokens.size()) < B) {
+    spdlog::warn("engine: a prefix of {} tokens is shorter than one KV block ({} tokens): agents share whole "
+                 "blocks, so it saves no prefill",
+                 p.tokens.size(), B);
+  }
+  return PinPrefixBlocks(p.tokens, format, &p.blocks, sources);
+}
+
+Result<std::vector<PoolBlock*>> Engine::PinPrefixBlocks(std::span<const TokenId> tokens, const KvFormat& format,
+                                                        std::vector<BlockHash>* blocks, PrefixSources* sources) {
+  const int64_t B = options_.block_tokens;
+  const int64_t full = static_cast<int64_t>(tokens.size()) / B;
+  const KvLayout layout = KvLayoutFor(model_->hparams(), format, B);
+  std::optional<SequenceKv> seq(std::in_place, layout, n_ctx_, *pool_);
+  std::vector<PoolBlock*> held;
+  auto undo = [&](kvfs::Status why) -> kvfs::Status {
+    seq.reset();  // its references go first, so the blocks can be dropped
+    for (PoolBlock* b : held) pool_->Release(b);
+    UnpinBlocks(*blocks, nullptr, nullptr);
+    blocks->clear();
+    return why;
+  };
+  BlockHash parent;
+  for (int64_t i = 0; i < full; ++i) {
+    const std::span<const TokenId> span(tokens.data() + i * B, static_cast<size_t>(B));
+    const BlockHash h = ChainHash(parent, span, fingerprint_, format, kPrefixDomain);
+    PoolBlock* b = pool_->Acquire(h);
+    if (b != nullptr) {
+      if (sources) ++sources->cached;
+    } else if ((b = LoadBlock(h, layout)) != nullptr) {  // stored by an earlier run
+      if (sources) ++sources->loaded;
+    }
+    if (b != nullptr) {
+      seq->SetBlock(i, b);
+      seq->SetTokens((i + 1) * B);
+    } else {
+      SequenceStep step{&*seq, span, false};
+      Logits logits;
+      const kvfs::Status st = backend_->Forward(std::span<const SequenceStep>(&step, 1), logits);
+      NoteBackendHealth();
+      if (!st.ok()) return undo(st);
+      seq->NameBlock(i, h);
+      if (sources) ++sources->prefilled;
+    }
+    pool_->Pin(h);
+    blocks->push_back(h);
+    PoolBlock* mine = seq->block(i);
+    pool_->Retain(mine);
+    held.push_back(mine);
+    parent = h;
+  }
+  return held;
+}
+
+void Engine::PinPrefixesFor(const KvFormat& format, std::span<const TokenId> context) {
+  auto default_format = FormatFor(DefaultSettings());
+  const uint32_t id = KvFormatId(format);
+  if (!default_format.ok() || KvFormatId(*default_format) == id) return;  // pinned with the prefix
+  const size_t B = static_cast<size_t>(options_.block_tokens);
+  auto starts_context = [&](const std::vector<TokenId>& tokens) {
+    const size_t full = tokens.size() / B * B;  // (the context's last token is always computed)
+    return full > 0 && full < context.size() && std::equal(tokens.begin(), tokens.begin() + full, context.begin());
+  };
+  std::vector<std::pair<std::string, std::vector<TokenId>>> wanted;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [name, p] : prefixes_) {
+      if (p.blocks.empty() || p.other_formats.count(id) || !starts_context(p.tokens)) continue;
+      wanted.emplace_back(name, std::vector<TokenId>(p.tokens.begin(), p.tokens.begin() + p.tokens.size() / B * B));
+    }
+  }
+  for (auto& [name, tokens] : wanted) {
+    std::vector<BlockHash> blocks;
+    auto held = PinPrefixBlocks(tokens, format, &blocks, nullptr);
+    if (!held.ok()) {
+      spdlog::warn("engine: prefix {} could not be prefilled in KV format {} ({}); its agents in that format compute "
+                   "their own",
+                   name, format.Name(), held.status().message());
+      continue;
+    }
+    for (PoolBlock* b : *held) pool_->Release(b);  // pinned; stored by the commits of the agents that use them
+    bool kept = false;
+    {
+      std::lock_guard lock(mu_);
+      auto it = prefixes_.find(name);
+      if (it != prefixes_.end() && !it->second.other_formats.count(id) && starts_context(it->second.tokens) &&
+          it->second.tokens.size() / B * B == tokens.size()) {
+        it->second.other_formats[id] = std::move(blocks);
+        kept = true;
+      }
+    }
+    if (!kept) UnpinBlocks(blocks, nullptr, nullptr);  // replaced or removed meanwhile
+    else spdlog::info("engine: prefix {} prefilled in KV format {} for the agents that use it", name, format.Name());
+  }
+}
+
+void Engine::UnpinBlocks(std::span<const BlockHash> blocks, const std::set<BlockHash>* others,
+                         store::EraseReport* report) {
+  std::set<BlockHash> named;
+  if (others == nullptr) {
+    named = NamedBlocks(nullptr, /*with_prefixes=*/false);
+    others = &named;
+  }
+  for (const BlockHash& h : blocks) {
+    pool_->Unpin(h);
+    if (others->count(h)) {
+      if (report) ++report->blocks_kept_shared;
+    } else if (pool_->Drop(h)) {
+      if (report) ++report->blocks_freed;
+    }
+  }
+}
+
+store::EraseReport Engine::UnpinPrefix(const Prefix& p) {
+  store::EraseReport report;
+  const std::set<BlockHash> others = NamedBlocks(nullptr, /*with_prefixes=*/false);
+  UnpinBlocks(p.blocks, &others, &report);
+  for (const auto& [id, blocks] : p.other_formats) UnpinBlocks(blocks, &others, &report);
+  return report;
+}
+
+Status Engine::PersistPrefix(const std::string& name, const Prefix& p, std::vector<PoolBlock*> held,
+                             store::EraseReport* replaced) {
+  CommitJob job;
+  job.held = std::move(held);  // released by the store thread after the write
+  auto format = FormatFor(DefaultSettings());
+  if (!store_ || !format.ok()) {
+    for (PoolBlock* b : job.held) pool_->Release(b);
+    return format.status();
+  }
+  const KvLayout layout = KvLayoutFor(model_->hparams(), *format, options_.block_tokens);
+  store::PrefixRecord record;
+  record.name = name;
+  record.owner_uid = p.owner_uid;
+  record.text = p.text;
+  record.model_fingerprint = fingerprint_;
+  record.kv_format = format->Name();
+  record.block_size = static_cast<uint32_t>(options_.block_tokens);
+  record.blocks = p.blocks;
+  std::vector<store::NewBlock> fresh;
+  for (size_t i = 0; i < p.blocks.size(); ++i) {
+    if (store_->HasBlock(p.blocks[i])) continue;
+    // Pinned and retained: immutable and alive until the store thread is done with them.
+    fresh.push_back(store::NewBlock{p.blocks[i], KvFormatId(*format), record.block_size,
+                                    std::span<const uint8_t>(job.held[i]->data, static_cast<size_t>(layout.block_bytes()))});
+  }
+  job.run = [this, &record, &fresh, replaced]() -> kvfs::Status {
+    kvfs::Status st = store_->CommitPrefix(record, fresh, replaced);
+    if (st.ok())
+      for (const BlockHash& h : record.blocks) pool_->MarkPersisted(h);
+    return st;
+  };
+  return CommitNow(std::move(job));
+}
+
+Result<Engine::Prefix> Engine::PinAndPersistPrefix(const std::string& name, std::string text, uint32_t owner_uid,
+                                                   store::EraseReport* replaced) {
+  Prefix p;
+  p.text = std::move(text);
+  p.owner_uid = owner_uid;
+  KVFS_ASSIGN_OR_RETURN(std::vector<PoolBlock*> held,
+                        RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, nullptr); }));
+  if (kvfs::Status st = PersistPrefix(name, p, std::move(held), replaced); !st.ok()) {
+    (void)RunOnEngine<kvfs::Status>([&] {
+      UnpinPrefix(p);
+      ForgetFreedBlocks();
+      return kvfs::Status::Ok();
+    });
+    return st.WithContext("storing prefix " + name);
+  }
+  return p;
+}
+
+Status Engine::AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) {
+  if (!store::IsValidPrefixName(name)) return InvalidArgument("invalid prefix name \"" + name + "\"");
+  std::lock_guard serial(prefix_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (prefixes_.count(name)) return InvalidArgument("prefix \"" + name + "\" exists");
+  }
+  KVFS_ASSIGN_OR_RETURN(Prefix p, PinAndPersistPrefix(name, std::move(text), owner_uid, nullptr));
+  std::lock_guard lock(mu_);
+  prefixes_[name] = std::move(p);
+  return kvfs::Status::Ok();
+}
+
+Result<store::EraseReport> Engine::ReplacePrefix(const std::string& name, std::string text, uint32_t owner_uid) {
+  std::lock_guard serial(prefix_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (!prefixes_.count(name)) return NotFound("no prefix \"" + name + "\"");
+  }
+  // Blocks the old text shares with the new one are pinned twice for a while: the old
+  // prefix's unpinning below leaves them to the new one. The store swaps the record in one
+  // rename and erases the blocks only the old one named.
+  store::EraseReport stored;
+  KVFS_ASSIGN_OR_RETURN(Prefix p, PinAndPersistPrefix(name, std::move(text), owner_uid, &stored));
+  return RunOnEngine<Result<store::EraseReport>>([&]() -> Result<store::EraseReport> {
+    Prefix old;
+    {
+      std::lock_guard lock(mu_);
+      old = std::exchange(prefixes_[name], std::move(p));
+    }
+    store::EraseReport r = UnpinPrefix(old);
+    ForgetFreedBlocks();  // device copies of the dropped blocks, before the call returns
+    r.bytes_freed += stored.bytes_freed;
+    r.files_removed += stored.files_removed;
+    return r;
+  });
+}
+
+Status Engine::RestorePrefixes() {
+  if (!store_) return kvfs::Status::Ok();
+  std::lock_guard serial(prefix_mu_);
+  for (const store::PrefixRecord& r : store_->ListPrefixes()) {
+    Prefix p;
+    p.text = r.text;
+    p.owner_uid = r.owner_uid;
+    PrefixSources sources;
+    auto held = RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, &sources); });
+    if (!held.ok()) {
+      // Kept, record and text: it is the user's, and only rm erases it (with an audit line). With
+      // no tokens or blocks, no agent shares it until a daemon that can hold it starts.
+      spdlog::warn("engine: prefix {} is kept but not shared: this daemon cannot hold it ({}); a daemon that can "
+                   "(a larger -c, say) uses it again",
+                   r.name, held.status().message());
+      Prefix kept;
+      kept.text = r.text;
+      kept.owner_uid = r.owner_uid;
+      std::lock_guard lock(mu_);
+      prefixes_[r.name] = std::move(kept);
+      continue;
+    }
+    if (sources.prefilled > 0 || p.blocks != r.blocks) {
+      // Another model or format, or blocks gone from the store: the record follows what is pinned now.
+      if (kvfs::Status st = PersistPrefix(r.name, p, std::move(*held)); !st.ok())
+        spdlog::warn("engine: prefix {}: storing its new blocks failed: {}", r.name, st.message());
+    } else {
+      for (PoolBlock* b : *held) pool_->Release(b);
+    }
+    spdlog::info("engine: prefix {} restored ({} tokens; blocks: {} loaded, {} prefilled, {} cached)", r.name,
+                 p.tokens.size(), sources.loaded, sources.prefilled, sources.cached);
+    std::lock_guard lock(mu_);
+    prefixes_[r.name] = std::move(p);
+  }
+  for (auto& [name, why] : store_->UnreadablePrefixes()) {
+    spdlog::warn("engine: prefix {} is unreadable and can only be erased or written anew: {}", name, why);
+    Prefix p;
+    p.unreadable = std::move(why);
+    std::lock_guard lock(mu_);
+    prefixes_[name] = std::move(p);
+  }
+  return kvfs::Status::Ok();
+}
+
+Result<store::EraseReport> Engine::RemovePrefix(const std::string& name) {
+  std::lock_guard serial(prefix_mu_);
+  auto report = RunOnEngine<Result<store::EraseReport>>([&]() -> Result<store::EraseReport> {
+    Prefix p;
+    {
+      std::lock_guard lock(mu_);
+      auto it = prefixes_.find(name);
+      if (it == prefixes_.end()) return NotFound("no prefix \"" + name + "\"");
+      p = std::move(it->second);
+      prefixes_.erase(it);
+    }
+    store::EraseReport r = UnpinPrefix(p);
+    ForgetFreedBlocks();  // device copies of the dropped blocks, before the erasure returns
+    return r;
+  });
+  if (!report.ok() || !store_) return report;
+  // The persisted record and the blocks only it named (store thread, after any queued commit).
+  Result<store::EraseReport> erased = NotFound("");
+  CommitJob job;
+  job.run = [&]() -> kvfs::Status {
+    erased = store_->ErasePrefix(name);
+    return erased.ok() || erased.status().code() == StatusCode::kNotFound ? kvfs::Status::Ok() : erased.status();
+  };
+  kvfs::Status st = CommitNow(std::move(job));
+  if (!st.ok()) return st.WithContext("erasing prefix " + name);
+  if (erased.ok()) {
+    report->bytes_freed += erased->bytes_freed;
+    report->files_removed += erased->files_removed;
+  }
+  return report;
+}
+
+}  // namespace kvfs
