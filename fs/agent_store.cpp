@@ -61,7 +61,9 @@ Result<std::unique_ptr<AgentStore>> AgentStore::Create(AgentEngine& engine, Stor
   for (const AgentInfo& info : agents) {
     store->agents_[info.name] = std::make_shared<AgentRecord>(info.name, info.owner_uid, PrimaryGroupOf(info.owner_uid));
   }
-  for (const auto& [name, owner] : prefixes) store->prefixes_[name] = PrefixRecord{store->inodes_.AddPrefix(name), owner};
+  const int64_t start_ms = store->root_mtime_ms_.load();
+  for (const auto& [name, owner] : prefixes)
+    store->prefixes_[name] = PrefixRecord{store->inodes_.AddPrefix(name), owner, false, start_ms, PrimaryGroupOf(owner)};
   return store;
 }
 
@@ -206,7 +208,7 @@ Result<Attr> AgentStore::AttrOf(InodeId ino, const Node& node, const AgentInfo* 
         std::lock_guard lock(mu_);
         auto it = prefixes_.find(node.prefix);
         if (it != prefixes_.end()) {
-          a.uid = it->second.uid, pending = it->second.pending;
+          a.uid = it->second.uid, a.gid = it->second.gid, pending = it->second.pending;
           if (it->second.mtime_ms != 0) a.mtime_ms = it->second.mtime_ms;
         }
       }

@@ -196,7 +196,8 @@ class AgentStore {
     InodeId ino = 0;
     uint32_t uid = 0;
     bool pending = false;  // created, its text not yet written (the engine does not know it)
-    int64_t mtime_ms = 0;  // its last write through this mount (0: the mount's start, as after a restart)
+    int64_t mtime_ms = 0;  // its last write through this mount (after a restart: the mount's start)
+    uint32_t gid = 0;      // its writer's group (after a restart: the owner's primary group)
   };
 
   AgentStore(AgentEngine& engine, StoreConfig config, std::unique_ptr<AuditLog> audit);
@@ -266,6 +267,9 @@ class AgentStore {
   std::unique_ptr<AuditLog> audit_;
   std::atomic<bool> shutting_down_{false};
   std::atomic<bool> readers_released_{false};  // WakeAllReaders ran: waiting reads end (EIO)
+  // Prefix writes are applied one at a time (ApplyPrefix), so that a close which finds a new
+  // prefix still pending sees what an earlier close of the same name made of it; taken before mu_.
+  std::mutex prefix_writes_mu_;
 
   std::mutex mu_;  // guards everything below
   InodeTable inodes_;

@@ -272,25 +272,48 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
         handle->dirty = true;
       }
     }
-  } else if (size != 0) {
-    // Without an open file there is no buffer to resize.
-    return InvalidArgument("only truncation to 0 is supported without an open file");
-  } else if (node.kind == NodeKind::kAgentFile &&
-             (node.agent_file == AgentFile::kSystem || node.agent_file == AgentFile::kConfig)) {
-    // truncate(2) by path: the file as an open with O_TRUNC and no writes leaves it (system
-    // empty; config.json as it was: an empty file merges nothing).
-    Handle emptied;
-    emptied.kind = Handle::Kind::kEditable;
-    emptied.ino = ino;
-    emptied.node = node;
-    emptied.uid = caller.uid;
-    Status applied = ApplyWrites(emptied);
+  } else if (node.kind == NodeKind::kPrefixFile ||
+             (node.kind == NodeKind::kAgentFile &&
+              (node.agent_file == AgentFile::kSystem || node.agent_file == AgentFile::kConfig))) {
+    // truncate(2) by path: the file as an open without O_TRUNC, an ftruncate to `size` and a
+    // close leave it: the text cut to `size` bytes (or padded with NULs), applied at once or
+    // refused with nothing changed. Emptied, system is empty and config.json as it was (an empty
+    // file merges nothing).
+    if (size > config_.max_text_bytes) return TooLarge(fmt::format("this file is limited to {} bytes", config_.max_text_bytes));
+    Handle edited;
+    edited.kind = Handle::Kind::kEditable;
+    edited.ino = ino;
+    edited.node = node;
+    edited.uid = caller.uid;
+    if (node.kind == NodeKind::kPrefixFile) {
+      bool pending = false;
+      {
+        std::lock_guard lock(mu_);
+        auto it = prefixes_.find(node.prefix);
+        if (it == prefixes_.end() || it->second.ino != ino) return NotFound(fmt::format("prefix '{}' is gone", node.prefix));
+        pending = it->second.pending;
+      }
+      // Emptied, a prefix stays as it was, as after `: >` (rm it instead); a new one is applied
+      // when its creator closes it, from what that one wrote.
+      if (size == 0) return AttrOf(ino, node, nullptr);
+      if (pending) {
+        return Status(StatusCode::kResourceExhausted,
+                      fmt::format("prefix '{}' is being written: try again once it is", node.prefix));
+      }
+      KVFS_ASSIGN_OR_RETURN(edited.data, engine_.PrefixText(node.prefix));
+    } else if (size != 0) {
+      KVFS_ASSIGN_OR_RETURN(edited.data, RenderFile(node));
+    }
+    edited.data.resize(size);
+    Status applied = ApplyWrites(edited);
     if (!applied.ok()) {
-      NoteRefusedWrite(emptied, applied);
+      NoteRefusedWrite(edited, applied);
       return applied;
     }
   } else if (node.kind == NodeKind::kAgentFile && node.agent_file == AgentFile::kKvCache) {
     return InvalidArgument("kv.safetensors is not emptied by truncation: rm it to erase the cache");
+  } else if (size != 0) {
+    return InvalidArgument("a prompt can only be truncated to 0");
   }
   KVFS_ASSIGN_OR_RETURN(Attr attr, AttrOf(ino, node, nullptr));
   // A file being written has the size it was cut to until it is closed (fstat after ftruncate),

@@ -87,7 +87,7 @@ Result<std::pair<Attr, HandleId>> AgentStore::Create(InodeId parent, std::string
     std::lock_guard lock(mu_);
     if (prefixes_.count(name)) return AlreadyExists(fmt::format("prefix '{}' exists", name));
     ino = inodes_.AddPrefix(name);
-    prefixes_[name] = PrefixRecord{ino, caller.uid, /*pending=*/true};
+    prefixes_[name] = PrefixRecord{ino, caller.uid, /*pending=*/true, /*mtime_ms=*/Now(), caller.gid};
     inodes_.Ref(ino);
   }
   Node node = *NodeCopy(ino);
@@ -96,6 +96,7 @@ Result<std::pair<Attr, HandleId>> AgentStore::Create(InodeId parent, std::string
   handle->ino = ino;
   handle->node = node;
   handle->uid = caller.uid;
+  handle->opener_process = caller.process;
   handle->append = flags.append;
   Attr attr = *AttrOf(ino, node, nullptr);
   return std::make_pair(attr, AddHandle(std::move(handle)));
@@ -204,6 +205,10 @@ Status AgentStore::ApplyWrites(Handle& handle) {
 
 Status AgentStore::ApplyPrefix(Handle& handle) {
   const std::string& name = handle.node.prefix;
+  // Two writers of a new name closing at once: the first adds it, the second then replaces it
+  // (the last close wins, as on any file). Concurrently, the second found it pending, failed to
+  // add it again and dropped the name the first had just added: an unlisted, unerasable prefix.
+  std::lock_guard writes(prefix_writes_mu_);
   bool pending = false;
   uint32_t owner = handle.uid;
   {
@@ -258,7 +263,7 @@ void AgentStore::MarkPrefixWritten(const std::string& name, InodeId ino) {
 void AgentStore::DropPendingPrefix(const std::string& name, InodeId ino) {
   std::lock_guard lock(mu_);
   auto it = prefixes_.find(name);
-  if (it == prefixes_.end() || it->second.ino != ino) return;
+  if (it == prefixes_.end() || it->second.ino != ino || !it->second.pending) return;
   prefixes_.erase(it);
   inodes_.RemovePrefix(ino);
 }

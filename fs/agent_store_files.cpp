@@ -165,7 +165,11 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
     case AgentFile::kSystem:
     case AgentFile::kConfig: {
       handle->kind = writes ? Kind::kEditable : Kind::kSnapshot;
-      if (!flags.truncate) {
+      // config.json merges the JSON written, so `echo '{...}' >> config.json` (O_APPEND, write
+      // only) is a merge of what it appends: its text is all the handle holds. Appended to the
+      // rendered file, it would be invalid JSON, refused at a close the shell ignores.
+      const bool merge_appended = file == AgentFile::kConfig && flags.append && !flags.read;
+      if (!flags.truncate && !merge_appended) {
         KVFS_ASSIGN_OR_RETURN(handle->data, RenderFile(node));
       }
       handle->holds_only_writes = handle->data.empty();
@@ -401,13 +405,17 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
 bool AgentStore::OpeningProcessMatters(InodeId ino) {
   std::lock_guard lock(mu_);
   const Node* node = inodes_.Find(ino);
-  return node != nullptr && node->kind == NodeKind::kAgentFile &&
-         (node->agent_file == AgentFile::kPrompt || node->agent_file == AgentFile::kKvCache);
+  if (node == nullptr) return false;
+  if (node->kind == NodeKind::kPrefixFile) return true;
+  return node->kind == NodeKind::kAgentFile &&
+         (node->agent_file == AgentFile::kPrompt || node->agent_file == AgentFile::kKvCache ||
+          node->agent_file == AgentFile::kSystem || node->agent_file == AgentFile::kConfig);
 }
 
 bool AgentStore::ClosingProcessMatters(HandleId id) {
   auto handle = FindHandle(id);
-  return handle != nullptr && (handle->kind == Kind::kPrompt || handle->kind == Kind::kImport);
+  return handle != nullptr &&
+         (handle->kind == Kind::kPrompt || handle->kind == Kind::kImport || handle->kind == Kind::kEditable);
 }
 
 Status AgentStore::Flush(HandleId id, uint32_t process) {
@@ -425,8 +433,8 @@ Status AgentStore::FlushLocked(Handle& handle, uint32_t process) {
                                 handle.node.agent->name));
   // Another process's close of a prompt or an import (a child's copy of the descriptor): the
   // opener may write more. Its refusal so far, if any, is this close's error too.
-  if ((handle.kind == Kind::kPrompt || handle.kind == Kind::kImport) && process != 0 && handle.opener_process != 0 &&
-      process != handle.opener_process)
+  if ((handle.kind == Kind::kPrompt || handle.kind == Kind::kImport || handle.kind == Kind::kEditable) && process != 0 &&
+      handle.opener_process != 0 && process != handle.opener_process)
     return handle.refused;
   if (handle.kind == Kind::kPrompt) {
     if (!handle.refused.ok()) return handle.refused;
@@ -489,7 +497,9 @@ void AgentStore::Release(HandleId id) {
                  handle->refused.ok());
   }
   if (handle->node.kind == NodeKind::kPrefixFile && !unapplied) {
-    // A prefix created and closed without text (touch) is no prefix.
+    // A prefix created and closed without text (touch) is no prefix. (Not while another
+    // writer's close is adding it: ApplyPrefix.)
+    std::lock_guard writes(prefix_writes_mu_);
     bool pending = false;
     {
       std::lock_guard lock(mu_);

@@ -204,7 +204,9 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t, fuse_file_info* fi) {
-  auto created = StoreOf(req).Create(parent, name, DecodeOpenFlags(fi->flags), CallerOf(req));
+  Caller caller = CallerOf(req);
+  caller.process = ProcessOf(req);  // a new prefix file is applied at its opener's close (Flush)
+  auto created = StoreOf(req).Create(parent, name, DecodeOpenFlags(fi->flags), caller);
   if (!created.ok()) return ReplyError(req, created.status(), "create");
   FillOpenInfo(fi, created->second);
   fuse_entry_param e = EntryOf(created->first);

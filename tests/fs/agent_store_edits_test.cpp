@@ -87,25 +87,72 @@ TEST_F(StoreTest, ARefusedWriteAfterAShellsTruncatingFlushPutsTheTextBack) {
   EXPECT_EQ(*Cat("alice", "system"), "Someone else's.");
 }
 
-// truncate(2) by path (no open file) does to system and config.json what `: >` does; other
-// sizes have no buffer to cut and fail.
-TEST_F(StoreTest, TruncatingByPathActsAsATruncatingOpen) {
+// truncate(2) by path (no open file) does what an open without O_TRUNC, an ftruncate to that
+// size and a close do: system cut (or padded with NULs) and applied; config.json cut and applied
+// if still valid JSON, else EINVAL with nothing changed, and emptied merging nothing; a prefix cut
+// and prefilled again, and left as it was when emptied (as by `: >`). kv.safetensors is not truncated; a prompt only to 0.
+TEST_F(StoreTest, TruncatingByPathActsAsAnOpenFtruncateAndClose) {
   Mkdir("alice");
   ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
   const InodeId system = *File("alice", "system");
-  EXPECT_EQ(store_->Truncate(system, 2, std::nullopt, kRoot).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(*Cat("alice", "system"), "Be brief.");
+  Result<Attr> cut = store_->Truncate(system, 2, std::nullopt, kRoot);
+  ASSERT_TRUE(cut.ok()) << cut.status().message();
+  EXPECT_EQ(cut->size, 2u);
+  EXPECT_EQ(*Cat("alice", "system"), "Be");
+  EXPECT_EQ(engine_->GetAgent("alice")->system, "Be");
+  ASSERT_TRUE(store_->Truncate(system, 4, std::nullopt, kRoot).ok());
+  EXPECT_EQ(engine_->GetAgent("alice")->system, std::string("Be\0\0", 4));
+  EXPECT_EQ(store_->Truncate(system, uint64_t{1} << 40, std::nullopt, kRoot).status().code(), StatusCode::kTooLarge);
   ASSERT_TRUE(store_->Truncate(system, 0, std::nullopt, kRoot).ok());
   EXPECT_EQ(*Cat("alice", "system"), "");
   EXPECT_EQ(engine_->GetAgent("alice")->system, "");
   ASSERT_TRUE(Echo("alice", "config.json", "{\"max_tokens\": 7}").ok());
   const std::string config = *Cat("alice", "config.json");
-  ASSERT_TRUE(store_->Truncate(*File("alice", "config.json"), 0, std::nullopt, kRoot).ok());  // merges nothing
+  const InodeId config_ino = *File("alice", "config.json");
+  ASSERT_TRUE(store_->Truncate(config_ino, 0, std::nullopt, kRoot).ok());  // merges nothing
   EXPECT_EQ(*Cat("alice", "config.json"), config);
   EXPECT_EQ(engine_->GetAgent("alice")->settings.max_tokens, 7);
+  EXPECT_EQ(store_->Truncate(config_ino, 5, std::nullopt, kRoot).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*Cat("alice", "config.json"), config);  // nothing changed
+  EXPECT_EQ(nlohmann::json::parse(*Cat("alice", "status.json"))["last_refused_write"]["file"], "config.json");
   EXPECT_EQ(store_->Truncate(*File("alice", "kv.safetensors"), 0, std::nullopt, kRoot).status().code(),
             StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Truncate(*File("alice", "prompt"), 3, std::nullopt, kRoot).status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Truncate(system, 0, std::nullopt, kBob).status().code(), StatusCode::kPermissionDenied);
+
+  const InodeId prefixes = store_->Lookup(kRootInode, ".prefixes")->ino;
+  auto created = store_->Create(prefixes, "story.txt", WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  ASSERT_TRUE(store_->Write(created->second, 0, "Once upon a time").ok());
+  ASSERT_TRUE(store_->Flush(created->second).ok());
+  store_->Release(created->second);
+  const InodeId story = store_->Lookup(prefixes, "story.txt")->ino;
+  ASSERT_TRUE(store_->Truncate(story, 9, std::nullopt, kRoot).ok());
+  EXPECT_EQ(*engine_->PrefixText("story.txt"), "Once upon");
+  ASSERT_TRUE(store_->Truncate(story, 0, std::nullopt, kRoot).ok());  // as `: >`: rm it instead
+  EXPECT_EQ(*engine_->PrefixText("story.txt"), "Once upon");
+}
+
+// `echo '{...}' >> config.json` (write-only, O_APPEND) merges what it appends, as a write to an
+// emptied file does; the rendered settings are not part of what it holds.
+TEST_F(StoreTest, AppendingToConfigMergesTheAppendedJson) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "config.json", R"({"max_tokens": 7, "temperature": 0.5})").ok());
+  const OpenFlags append{false, true, false, true};
+  HandleId h = *store_->Open(*File("alice", "config.json"), append, kRoot);
+  ASSERT_TRUE(store_->Write(h, 0, "{\"max_tokens\": 9}\n").ok());
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  const AgentSettings settings = engine_->GetAgent("alice")->settings;
+  EXPECT_EQ(settings.max_tokens, 9);
+  EXPECT_FLOAT_EQ(settings.sampling.temperature, 0.5f);
+  // Invalid appended JSON is refused at the write, and changes nothing.
+  h = *store_->Open(*File("alice", "config.json"), append, kRoot);
+  EXPECT_EQ(store_->Write(h, 0, "x y").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(engine_->GetAgent("alice")->settings.max_tokens, 9);
 }
 
 // However config.json is emptied (an open with O_TRUNC and no write, ftruncate on the open file,

@@ -205,6 +205,35 @@ TEST_F(StoreTest, AnAgentFileUnlinkedAgainAtOnceByOneProcessIsRefused) {
   EXPECT_TRUE(store_->Unlink(dir, "response", tar).ok());
 }
 
+// An edit of system or config.json is applied at the close of the process that opened it (or at
+// the last close), not at a child's (a fork that inherited the descriptor and exited): so an
+// erasure between the two fails the opener's close with ENOENT, as for prompt and kv.safetensors,
+// instead of a success whose edit had gone with the agent.
+TEST_F(StoreTest, AnEditIsAppliedAtItsOpenersCloseNotAtAChilds) {
+  Caller shell = kRoot;
+  shell.process = 100;
+  const OpenFlags write{false, true, true, false};  // O_WRONLY | O_TRUNC, as `cat x > system`
+  for (const auto& [file, text] : {std::pair<const char*, const char*>{"system", "Be brief."},
+                                   std::pair<const char*, const char*>{"config.json", R"({"max_tokens": 7})"}}) {
+    SCOPED_TRACE(file);
+    Mkdir("alice");
+    const std::string before = *Cat("alice", file);
+    HandleId h = *store_->Open(*File("alice", file), write, shell);
+    ASSERT_TRUE(store_->Write(h, 0, text).ok());
+    ASSERT_TRUE(store_->Flush(h, 200).ok());  // a child exits
+    EXPECT_EQ(*Cat("alice", file), before);
+    ASSERT_TRUE(store_->Flush(h, 100).ok());  // the opener closes
+    store_->Release(h);
+    EXPECT_NE(*Cat("alice", file), before);
+    h = *store_->Open(*File("alice", file), write, shell);
+    ASSERT_TRUE(store_->Write(h, 0, " ").ok());
+    ASSERT_TRUE(store_->Flush(h, 200).ok());
+    ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kRoot).ok());
+    EXPECT_EQ(store_->Flush(h, 100).code(), StatusCode::kNotFound);
+    store_->Release(h);
+  }
+}
+
 TEST_F(StoreTest, InodesOfErasedAgentsLiveUntilForgotten) {
   InodeId dir = Mkdir("alice");  // one kernel reference
   size_t before = store_->InodeCount();

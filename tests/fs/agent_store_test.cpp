@@ -13,6 +13,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "tests/fs/store_test_util.h"
+#include "tests/test_support.h"
 
 namespace kvfs::fs {
 namespace {
@@ -479,6 +480,38 @@ TEST_F(StoreTest, KvCacheOpenedForReadAndWriteStartsAsTheExport) {
   EXPECT_EQ(*Cat("bob", "transcript"), transcript);
 }
 
+// Two writers of a new prefix name closing at once (two `cp` of it): the first close adds it and
+// the second replaces it, as the last close of a file wins. The second used to fail to add it
+// again and drop the name the first had added: a prefix neither listed nor erasable, yet shared.
+TEST_F(StoreTest, TwoWritersOfANewPrefixClosingAtOnceLeaveOneListedPrefix) {
+  testing::FakeEngineOptions options;
+  options.prefix_delay = std::chrono::milliseconds(50);
+  Start(options);
+  const InodeId prefixes = store_->Lookup(kRootInode, ".prefixes")->ino;
+  auto created = store_->Create(prefixes, "story.txt", WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  const HandleId first = created->second;
+  Result<HandleId> second = store_->Open(created->first.ino, WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  ASSERT_TRUE(store_->Write(first, 0, "Once upon a time").ok());
+  ASSERT_TRUE(store_->Write(*second, 0, "Long ago").ok());
+  Status closed[2];
+  std::thread other([&] { closed[1] = store_->Flush(*second); });
+  closed[0] = store_->Flush(first);
+  other.join();
+  store_->Release(first);
+  store_->Release(*second);
+  EXPECT_TRUE(closed[0].ok()) << closed[0].message();
+  EXPECT_TRUE(closed[1].ok()) << closed[1].message();
+  Result<Attr> listed = store_->Lookup(prefixes, "story.txt");
+  ASSERT_TRUE(listed.ok()) << listed.status().message();
+  const std::string text = *CatInode(listed->ino);
+  EXPECT_TRUE(text == "Once upon a time" || text == "Long ago") << text;
+  EXPECT_EQ(*engine_->PrefixText("story.txt"), text);
+  ASSERT_TRUE(store_->Unlink(prefixes, "story.txt", kRoot).ok());
+  EXPECT_TRUE(engine_->ListPrefixes().empty());
+}
+
 TEST_F(StoreTest, PrefixFilesAreAddedAndRemoved) {
   InodeId prefixes = store_->Lookup(kRootInode, ".prefixes")->ino;
   auto created = store_->Create(prefixes, "story.txt", WriteTruncFlags(), kAlice);
@@ -574,6 +607,30 @@ TEST_F(StoreTest, RootStatusFilesRender) {
   }
   auto model = nlohmann::json::parse(*CatInode(store_->Lookup(kRootInode, ".model.json")->ino));
   EXPECT_EQ(model["fingerprint"], engine_->fingerprint());
+}
+
+// After a restart a prefix's mtime is the mount's start, not the root's (which every mkdir and
+// rmdir moves: rsync and `cp -u` would see every prefix changed), and its group is its owner's.
+TEST_F(StoreTest, RestoredPrefixesKeepTheMountsStartAsMtime) {
+  const kvfs::testing::TempDir dir;
+  testing::FakeEngineOptions options;
+  options.store_dir = dir.path();
+  Start(options);
+  const InodeId prefixes = store_->Lookup(kRootInode, ".prefixes")->ino;
+  auto created = store_->Create(prefixes, "story.txt", WriteTruncFlags(), kAlice);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  ASSERT_TRUE(store_->Write(created->second, 0, "Once upon a time").ok());
+  ASSERT_TRUE(store_->Flush(created->second).ok());
+  store_->Release(created->second);
+  EXPECT_EQ(store_->Lookup(prefixes, "story.txt")->gid, kAlice.gid);
+  Start(options);
+  const InodeId restarted = store_->Lookup(kRootInode, ".prefixes")->ino;
+  const Attr before = *store_->Lookup(restarted, "story.txt");
+  EXPECT_EQ(before.uid, kAlice.uid);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  Mkdir("bob");
+  EXPECT_GT(store_->Lookup(kRootInode, "bob")->mtime_ms, before.mtime_ms);
+  EXPECT_EQ(store_->Lookup(restarted, "story.txt")->mtime_ms, before.mtime_ms);
 }
 
 TEST_F(StoreTest, AgentsOfTheEngineAppearAfterARestart) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -542,6 +543,7 @@ void FakeEngine::Prefetch(const std::string& name) {
 }
 
 kvfs::Status FakeEngine::AddPrefix(const std::string& name, std::string text, uint32_t owner_uid) {
+  std::this_thread::sleep_for(options_.prefix_delay);
   std::lock_guard lock(mu_);
   if (prefixes_.count(name)) return InvalidArgument("prefix exists: " + name);
   if (static_cast<int64_t>(text.size()) > options_.n_ctx) return OutOfRange("the prefix is longer than the context");

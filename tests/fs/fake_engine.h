@@ -30,6 +30,7 @@ struct FakeEngineOptions {
   std::chrono::milliseconds piece_delay{0};  // between streamed pieces
   int64_t kv_bytes_per_token = 64; // size of the fake cache (persisted, exported)
   std::vector<std::string> refused_kv;  // kv formats refused, as the engine refuses q4k with odd blocks
+  std::chrono::milliseconds prefix_delay{0};  // what AddPrefix takes before it adds (a prefill)
 };
 
 class FakeEngine : public AgentEngine {
