@@ -39,7 +39,8 @@ constexpr const char* kUsage =
     "  then one after another), so the runs a ratio compares are seconds apart.\n"
     "  --repeat R runs the whole --agents list R times, interleaved, and ends with the medians: each\n"
     "  vs_1 is taken against the one-agent run of its own repetition (the host's memory bandwidth\n"
-    "  drifts by tens of percent between minutes, and every ratio with it).\n";
+    "  drifts by tens of percent between minutes, and every ratio with it). That run comes first, and\n"
+    "  is added when --agents lacks 1.\n";
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "kvfs bench agents: %s\n", m.c_str());
@@ -175,7 +176,10 @@ int BenchAgents(int argc, char** argv) {
   if (!args.has("-m")) return Fail("-m MODEL is required");
   auto counts_list = ParseIntList(args.get("--agents").value_or("1,2,4,8"), "--agents", 1, 256);
   if (!counts_list.ok()) return Fail(counts_list.status().message());
-  const std::vector<int64_t> counts = *counts_list;
+  std::vector<int64_t> counts = *counts_list;
+  // The ratios (vs_1) are taken against the one-agent run of each repetition: it runs first.
+  std::erase(counts, 1);
+  counts.insert(counts.begin(), 1);
   const int64_t ctx = args.get_int("--ctx", 1024, 1, 131072);
   const int64_t n_gen = args.get_int("-n", 64, 1, 65536);
   const int64_t stagger = args.get_int("--stagger-ms", 0, 0, 600000);
