@@ -33,6 +33,13 @@ EngineOptions OnDisk(EngineOptions o, FaultInjectingFileSystem& disk) {
   return o;
 }
 
+// The agent's committed manifest on the model disk of OnDisk.
+Result<store::Manifest> ManifestOn(FaultInjectingFileSystem& disk, const std::string& agent) {
+  const std::string path = "/s/agents/" + agent + "/manifest.json";
+  KVFS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, disk.ReadFile(path));
+  return store::ParseManifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path);
+}
+
 const char* kStory = "Once upon a time, there was a little girl named Lily. She liked to play outside.";
 
 // An agent whose second turn diverged from its first (a system change between them): the
@@ -398,9 +405,7 @@ TEST_F(EngineStateTest, ACachedBlockThatCannotBeReadWhenATurnStartsEndsTheReuseT
       ASSERT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
       ASSERT_TRUE(RunTurn(**engine, "alice", " Then they played in the park all day.").stats.ok());
     }
-    auto manifest = disk.ReadFile("/s/agents/alice/manifest.json");
-    ASSERT_TRUE(manifest.ok()) << manifest.status().message();
-    auto m = store::ParseManifest(std::string_view(reinterpret_cast<const char*>(manifest->data()), manifest->size()), "m");
+    Result<store::Manifest> m = ManifestOn(disk, "alice");
     ASSERT_TRUE(m.ok()) << m.status().message();
     ASSERT_GE(m->blocks.size(), 3u) << "the test needs a block after the one that fails";
     if (flaky) disk.FailReads(store::ToHex(m->blocks[1]), 2);
@@ -428,9 +433,7 @@ TEST_F(EngineStateTest, AnExportRacingTheAgentsOwnCommitExportsTheCacheAfterIt) 
     Greedy(**engine, "alice");
     ASSERT_TRUE(RunTurn(**engine, "alice", kStory).stats.ok());
   }
-  auto manifest = disk.ReadFile("/s/agents/alice/manifest.json");
-  ASSERT_TRUE(manifest.ok()) << manifest.status().message();
-  auto m = store::ParseManifest(std::string_view(reinterpret_cast<const char*>(manifest->data()), manifest->size()), "m");
+  Result<store::Manifest> m = ManifestOn(disk, "alice");
   ASSERT_TRUE(m.ok()) << m.status().message();
   ASSERT_GE(m->blocks.size(), 2u);
   auto engine = CreateEngine(o);  // a restart: the blocks are on disk only

@@ -121,13 +121,9 @@ TEST_F(StoreTest, TruncatingByPathActsAsAnOpenFtruncateAndClose) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Truncate(system, 0, std::nullopt, kBob).status().code(), StatusCode::kPermissionDenied);
 
-  const InodeId prefixes = store_->Lookup(kRootInode, ".prefixes")->ino;
-  auto created = store_->Create(prefixes, "story.txt", WriteTruncFlags(), kRoot);
-  ASSERT_TRUE(created.ok()) << created.status().message();
-  ASSERT_TRUE(store_->Write(created->second, 0, "Once upon a time").ok());
-  ASSERT_TRUE(store_->Flush(created->second).ok());
-  store_->Release(created->second);
-  const InodeId story = store_->Lookup(prefixes, "story.txt")->ino;
+  Result<InodeId> written = WritePrefix("story.txt", "Once upon a time", kRoot);
+  ASSERT_TRUE(written.ok()) << written.status().message();
+  const InodeId story = *written;
   ASSERT_TRUE(store_->Truncate(story, 9, std::nullopt, kRoot).ok());
   EXPECT_EQ(*engine_->PrefixText("story.txt"), "Once upon");
   ASSERT_TRUE(store_->Truncate(story, 0, std::nullopt, kRoot).ok());  // as `: >`: rm it instead

@@ -617,11 +617,8 @@ TEST_F(StoreTest, RestoredPrefixesKeepTheMountsStartAsMtime) {
   options.store_dir = dir.path();
   Start(options);
   const InodeId prefixes = store_->Lookup(kRootInode, ".prefixes")->ino;
-  auto created = store_->Create(prefixes, "story.txt", WriteTruncFlags(), kAlice);
-  ASSERT_TRUE(created.ok()) << created.status().message();
-  ASSERT_TRUE(store_->Write(created->second, 0, "Once upon a time").ok());
-  ASSERT_TRUE(store_->Flush(created->second).ok());
-  store_->Release(created->second);
+  Result<InodeId> written = WritePrefix("story.txt", "Once upon a time", kAlice);
+  ASSERT_TRUE(written.ok()) << written.status().message();
   EXPECT_EQ(store_->Lookup(prefixes, "story.txt")->gid, kAlice.gid);
   Start(options);
   const InodeId restarted = store_->Lookup(kRootInode, ".prefixes")->ino;

@@ -83,6 +83,18 @@ class StoreTest : public ::testing::Test {
     return result.ok() ? flushed : result;
   }
 
+  // echo TEXT > .prefixes/NAME for a new prefix: create, write, close. Its inode.
+  Result<InodeId> WritePrefix(const std::string& name, const std::string& text, Caller caller = kRoot) {
+    KVFS_ASSIGN_OR_RETURN(Attr prefixes, store_->Lookup(kRootInode, ".prefixes"));
+    KVFS_ASSIGN_OR_RETURN(auto created, store_->Create(prefixes.ino, name, WriteTruncFlags(), caller));
+    Result<size_t> written = store_->Write(created.second, 0, text);
+    Status flushed = store_->Flush(created.second);
+    store_->Release(created.second);
+    if (!written.ok()) return written.status();
+    KVFS_RETURN_IF_ERROR(flushed);
+    return created.first.ino;
+  }
+
   // cat agent/file (reads until EOF).
   Result<std::string> Cat(const std::string& agent, const std::string& file, Caller caller = kRoot,
                           Interrupt* interrupt = nullptr) {
