@@ -151,6 +151,8 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
     return NotFound(fmt::format("no file '{}'", name));
   }
   if (dir.kind == NodeKind::kPrefixDir) {
+    // Not while a close applies a write of it: that close would add back what this erases.
+    std::lock_guard writes(prefix_writes_mu_);
     InodeId ino = 0;
     {
       std::lock_guard lock(mu_);

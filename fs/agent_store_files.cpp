@@ -496,15 +496,18 @@ void AgentStore::Release(HandleId id) {
                 ((handle->kind == Kind::kEditable || handle->kind == Kind::kImport) && handle->dirty &&
                  handle->refused.ok());
   }
-  if (handle->node.kind == NodeKind::kPrefixFile && !unapplied) {
-    // A prefix created and closed without text (touch) is no prefix. (Not while another
-    // writer's close is adding it: ApplyPrefix.)
+  if (handle->node.kind == NodeKind::kPrefixFile && handle->kind == Kind::kEditable && !unapplied) {
+    // A prefix created and closed without text (touch) is no prefix, once no other writer has it
+    // open. (Not while another writer's close is adding it: ApplyPrefix.)
     std::lock_guard writes(prefix_writes_mu_);
     bool pending = false;
     {
       std::lock_guard lock(mu_);
       auto it = prefixes_.find(handle->node.prefix);
-      pending = it != prefixes_.end() && it->second.ino == handle->ino && it->second.pending;
+      pending = it != prefixes_.end() && it->second.ino == handle->ino && it->second.pending &&
+                std::none_of(handles_.begin(), handles_.end(), [&](const auto& open) {
+                  return open.second->ino == handle->ino && open.second->kind == Kind::kEditable;
+                });
     }
     if (pending) DropPendingPrefix(handle->node.prefix, handle->ino);
   }

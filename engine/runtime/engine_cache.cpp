@@ -95,7 +95,6 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
   }
   // Past the agent's own cache: blocks another agent of the same uid, or a shared prefix, has
   // already computed for the same tokens.
-  if (chain.empty()) PinPrefixesFor(a.format, tokens);
   if (have == static_cast<int64_t>(chain.size()) * B) {
     const int64_t last = static_cast<int64_t>(tokens.size()) - 1;
     while (have + B <= last) {
@@ -117,6 +116,7 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
     }
   }
   seq.SetTokens(have);
+  if (have == 0) turn.prefix_copies = PrefixesToCopy(a.format, tokens);
   std::lock_guard lock(mu_);
   a.blocks = std::move(chain);
   a.parked_tail.reset();

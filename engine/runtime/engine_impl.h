@@ -128,6 +128,7 @@ struct ActiveTurn {
   std::string fed_text;              // text of the generated tokens fed back, as the reply shows it
   TokenId pending = kNoToken;        // sampled, to be fed next step
   std::string domain;
+  std::vector<std::string> prefix_copies;  // prefixes its blocks are copied for at its end (PrefixesToCopy)
   TurnStats stats;
   Clock::time_point submitted, first_token, decode_start;
   bool cancelled = false;
@@ -213,9 +214,9 @@ class Engine final : public AgentEngine {
     uint32_t owner_uid = 0;
     std::vector<TokenId> tokens;
     std::vector<BlockHash> blocks;  // pinned, in the daemon's KV format
-    // Pinned too: its full blocks in other KV formats (KvFormatId), made for the first agent in
-    // that format whose context starts with it (PinPrefixesFor). Not in its record: after a
-    // restart they are loaded again, from the commits of the agents that used them, or prefilled.
+    // Pinned too: its full blocks in other KV formats (KvFormatId), copied from the first turn in
+    // that format that computed them (PrefixesToCopy). Not in its record or the store: after a
+    // restart, the first such turn makes them again.
     std::map<uint32_t, std::vector<BlockHash>> other_formats;
     // Why its saved record cannot be read (a damaged or newer-format file), else empty. Such a
     // prefix has no text or blocks; it is listed, owned by root (its owner is unknown), so that
@@ -255,10 +256,15 @@ class Engine final : public AgentEngine {
   // retained once. On an error nothing stays pinned.
   Result<std::vector<PoolBlock*>> PinPrefixBlocks(std::span<const TokenId> tokens, const KvFormat& format,
                                                   std::vector<BlockHash>* blocks, PrefixSources* sources);
-  // Engine thread, before a turn: each prefix whose full blocks start `context` and that has no
-  // blocks yet in `format` (not the daemon's) gets them, so that agents in every KV format share
-  // it, as the design says.
-  void PinPrefixesFor(const KvFormat& format, std::span<const TokenId> context);
+  // Engine thread, before a turn that reuses nothing: the prefixes whose full blocks start
+  // `context` and that have none yet in `format` (not the daemon's). The turn computes those
+  // blocks itself, and at its end CopyBlocksToPrefixes pins copies of them in the prefix's
+  // domain, so that later agents in that format, of any uid, share the prefix as the design
+  // says. Only a turn that reused nothing is copied from: its blocks are what this engine computed
+  // from the prefix's tokens (never imported ones, whoever wrote them).
+  std::vector<std::string> PrefixesToCopy(const KvFormat& format, std::span<const TokenId> context);
+  // Engine thread, at the end of a successful turn (its full blocks named): see PrefixesToCopy.
+  void CopyBlocksToPrefixes(const ActiveTurn& turn, const AgentRecord& agent);
   // Engine thread: unpins p's blocks, in every format, and drops those no agent holds (erasure of memory).
   store::EraseReport UnpinPrefix(const Prefix& p);
   // Engine thread: unpins `blocks` and drops those no agent names (`others`: the blocks agents

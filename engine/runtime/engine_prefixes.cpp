@@ -1,5 +1,7 @@
 // Engine: shared prefixes (.prefixes/): pinned once in the pool, recorded in the store, shared
 // by every agent whose context starts with them.
+#include <algorithm>
+#include <cstring>
 #include <set>
 #include <utility>
 
@@ -73,45 +75,80 @@ Result<std::vector<PoolBlock*>> Engine::PinPrefixBlocks(std::span<const TokenId>
   return held;
 }
 
-void Engine::PinPrefixesFor(const KvFormat& format, std::span<const TokenId> context) {
+std::vector<std::string> Engine::PrefixesToCopy(const KvFormat& format, std::span<const TokenId> context) {
+  std::vector<std::string> names;
   auto default_format = FormatFor(DefaultSettings());
   const uint32_t id = KvFormatId(format);
-  if (!default_format.ok() || KvFormatId(*default_format) == id) return;  // pinned with the prefix
+  if (!default_format.ok() || KvFormatId(*default_format) == id) return names;  // pinned with the prefix
   const size_t B = static_cast<size_t>(options_.block_tokens);
-  auto starts_context = [&](const std::vector<TokenId>& tokens) {
-    const size_t full = tokens.size() / B * B;  // (the context's last token is always computed)
-    return full > 0 && full < context.size() && std::equal(tokens.begin(), tokens.begin() + full, context.begin());
-  };
-  std::vector<std::pair<std::string, std::vector<TokenId>>> wanted;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [name, p] : prefixes_) {
-      if (p.blocks.empty() || p.other_formats.count(id) || !starts_context(p.tokens)) continue;
-      wanted.emplace_back(name, std::vector<TokenId>(p.tokens.begin(), p.tokens.begin() + p.tokens.size() / B * B));
-    }
-  }
-  for (auto& [name, tokens] : wanted) {
-    std::vector<BlockHash> blocks;
-    auto held = PinPrefixBlocks(tokens, format, &blocks, nullptr);
-    if (!held.ok()) {
-      spdlog::warn("engine: prefix {} could not be prefilled in KV format {} ({}); its agents in that format compute "
-                   "their own",
-                   name, format.Name(), held.status().message());
+  std::lock_guard lock(mu_);
+  for (const auto& [name, p] : prefixes_) {
+    const size_t full = p.tokens.size() / B * B;  // (the context's last token is always computed)
+    if (p.blocks.empty() || p.other_formats.count(id) || full == 0 || full >= context.size() ||
+        !std::equal(p.tokens.begin(), p.tokens.begin() + static_cast<std::ptrdiff_t>(full), context.begin()))
       continue;
-    }
-    for (PoolBlock* b : *held) pool_->Release(b);  // pinned; stored by the commits of the agents that use them
-    bool kept = false;
+    names.push_back(name);
+  }
+  return names;
+}
+
+void Engine::CopyBlocksToPrefixes(const ActiveTurn& turn, const AgentRecord& a) {
+  if (turn.prefix_copies.empty()) return;
+  const uint32_t id = KvFormatId(a.format);
+  const size_t B = static_cast<size_t>(options_.block_tokens);
+  for (const std::string& name : turn.prefix_copies) {
+    std::vector<TokenId> tokens;
+    auto same_prefix = [&](const Prefix& p) {
+      return !p.other_formats.count(id) && p.tokens.size() / B * B == tokens.size() &&
+             std::equal(tokens.begin(), tokens.end(), p.tokens.begin());
+    };
     {
       std::lock_guard lock(mu_);
       auto it = prefixes_.find(name);
-      if (it != prefixes_.end() && !it->second.other_formats.count(id) && starts_context(it->second.tokens) &&
-          it->second.tokens.size() / B * B == tokens.size()) {
-        it->second.other_formats[id] = std::move(blocks);
+      if (it == prefixes_.end() || it->second.other_formats.count(id)) continue;
+      tokens.assign(it->second.tokens.begin(), it->second.tokens.begin() + it->second.tokens.size() / B * B);
+    }
+    if (tokens.size() > turn.context.size() || tokens.size() > static_cast<size_t>(turn.seq->n_tokens()) ||
+        !std::equal(tokens.begin(), tokens.end(), turn.context.begin()))
+      continue;  // (replaced meanwhile)
+    // Copies, named in the prefix's domain: the turn's own blocks stay the agent's.
+    std::vector<BlockHash> blocks;
+    BlockHash parent;
+    bool copied = true;
+    for (size_t i = 0; i < tokens.size() / B && copied; ++i) {
+      const BlockHash h =
+          ChainHash(parent, std::span<const TokenId>(tokens.data() + i * B, B), fingerprint_, a.format, kPrefixDomain);
+      parent = h;
+      if (PoolBlock* cached = pool_->Acquire(h)) {
+        pool_->Release(cached);
+      } else {
+        const PoolBlock* source = turn.seq->block(static_cast<int64_t>(i));
+        auto fresh = pool_->Allocate(source->bytes);
+        if (!fresh.ok()) {
+          copied = false;  // no room now: the next agent in this format that computes it copies it
+          break;
+        }
+        std::memcpy((*fresh)->data, source->data, static_cast<size_t>(source->bytes));
+        pool_->Release(pool_->Name(*fresh, h));
+      }
+      pool_->Pin(h);
+      blocks.push_back(h);
+    }
+    bool kept = false;
+    if (copied) {
+      std::lock_guard lock(mu_);
+      auto it = prefixes_.find(name);
+      if (it != prefixes_.end() && same_prefix(it->second)) {
+        it->second.other_formats[id] = blocks;
         kept = true;
       }
     }
-    if (!kept) UnpinBlocks(blocks, nullptr, nullptr);  // replaced or removed meanwhile
-    else spdlog::info("engine: prefix {} prefilled in KV format {} for the agents that use it", name, format.Name());
+    if (!kept) {
+      UnpinBlocks(blocks, nullptr, nullptr);
+      continue;
+    }
+    spdlog::info("engine: prefix {} is shared in KV format {} from now on ({} blocks, computed by agent {})", name,
+                 a.format.Name(), blocks.size(), a.name);
   }
 }
 

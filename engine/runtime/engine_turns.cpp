@@ -471,6 +471,7 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     counters_.tokens_generated += static_cast<uint64_t>(stats.generated_tokens);
     PushBounded(counters_.ttft_ms, stats.ttft_ms);
   }
+  CopyBlocksToPrefixes(turn, a);
   CommitAgent(a, turn.seq.get(), [this, &a, stats, on_done = std::move(on_done)](const kvfs::Status& committed) {
     if (!committed.ok()) {
       // The turn is not on disk, so it did not happen: back to the previous commit (whose cache

@@ -466,7 +466,8 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   // and it is of the cache's format and block size (not that of a cache dropped since).
   const bool keeps_tail = !tail && keep_tail && prev && prev->tail && prev->kv_format == manifest.kv_format &&
                           prev->block_size == manifest.block_size &&
-                          manifest.blocks.size() * manifest.block_size + prev->tail->n_tokens == manifest.tokens.size();
+                          manifest.blocks.size() * manifest.block_size + prev->tail->n_tokens == manifest.tokens.size() &&
+                          fs_.FileSize(JoinPath(AgentDir(agent), prev->tail->file)).ok();  // not lost meanwhile
   if (keeps_tail) manifest.tail = prev->tail;
   KVFS_ASSIGN_OR_RETURN(std::string manifest_bytes, SerializeManifest(manifest));
 
