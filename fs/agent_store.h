@@ -249,6 +249,7 @@ class AgentStore {
   Result<std::string> RenderFile(const Node& node);
   Status ApplyPrefix(Handle& handle);
   void DropPendingPrefix(const std::string& name, InodeId ino);
+  void DropPendingPrefixLocked(std::map<std::string, PrefixRecord>::iterator it);  // mu_ held
 
   // Turns and transcripts (agent_store_turns.cpp).
   Status SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::string text);

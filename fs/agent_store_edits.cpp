@@ -264,6 +264,11 @@ void AgentStore::DropPendingPrefix(const std::string& name, InodeId ino) {
   std::lock_guard lock(mu_);
   auto it = prefixes_.find(name);
   if (it == prefixes_.end() || it->second.ino != ino || !it->second.pending) return;
+  DropPendingPrefixLocked(it);
+}
+
+void AgentStore::DropPendingPrefixLocked(std::map<std::string, PrefixRecord>::iterator it) {
+  const InodeId ino = it->second.ino;
   prefixes_.erase(it);
   inodes_.RemovePrefix(ino);
 }

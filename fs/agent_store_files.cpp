@@ -500,16 +500,13 @@ void AgentStore::Release(HandleId id) {
     // A prefix created and closed without text (touch) is no prefix, once no other writer has it
     // open. (Not while another writer's close is adding it: ApplyPrefix.)
     std::lock_guard writes(prefix_writes_mu_);
-    bool pending = false;
-    {
-      std::lock_guard lock(mu_);
-      auto it = prefixes_.find(handle->node.prefix);
-      pending = it != prefixes_.end() && it->second.ino == handle->ino && it->second.pending &&
-                std::none_of(handles_.begin(), handles_.end(), [&](const auto& open) {
-                  return open.second->ino == handle->ino && open.second->kind == Kind::kEditable;
-                });
-    }
-    if (pending) DropPendingPrefix(handle->node.prefix, handle->ino);
+    std::lock_guard lock(mu_);  // the check and the drop at once: an open may come between them
+    auto it = prefixes_.find(handle->node.prefix);
+    const bool drop = it != prefixes_.end() && it->second.ino == handle->ino && it->second.pending &&
+                      std::none_of(handles_.begin(), handles_.end(), [&](const auto& open) {
+                        return open.second->ino == handle->ino && open.second->kind == Kind::kEditable;
+                      });
+    if (drop) DropPendingPrefixLocked(it);
   }
   if (!unapplied) return;
   // Reached when no flush applied it: none came, or only other processes' (the opener closed

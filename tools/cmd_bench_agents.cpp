@@ -39,8 +39,8 @@ constexpr const char* kUsage =
     "  then one after another), so the runs a ratio compares are seconds apart.\n"
     "  --repeat R runs the whole --agents list R times, interleaved, and ends with the medians: each\n"
     "  vs_1 is taken against the one-agent run of its own repetition (the host's memory bandwidth\n"
-    "  drifts by tens of percent between minutes, and every ratio with it). That run comes first, and\n"
-    "  is added when --agents lacks 1.\n";
+    "  drifts by tens of percent between minutes, and every ratio with it); the counts run in increasing\n"
+    "  order, and without 1 among them vs_1 is \"-\" (null in --json).\n";
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "kvfs bench agents: %s\n", m.c_str());
@@ -177,9 +177,11 @@ int BenchAgents(int argc, char** argv) {
   auto counts_list = ParseIntList(args.get("--agents").value_or("1,2,4,8"), "--agents", 1, 256);
   if (!counts_list.ok()) return Fail(counts_list.status().message());
   std::vector<int64_t> counts = *counts_list;
-  // The ratios (vs_1) are taken against the one-agent run of each repetition: it runs first.
-  std::erase(counts, 1);
-  counts.insert(counts.begin(), 1);
+  // In increasing order: the ratios (vs_1) are taken against the one-agent run of each
+  // repetition, which then comes first. Without 1 in the list there is no ratio ("-", null).
+  std::sort(counts.begin(), counts.end());
+  counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+  const bool has_one = counts.front() == 1;
   const int64_t ctx = args.get_int("--ctx", 1024, 1, 131072);
   const int64_t n_gen = args.get_int("-n", 64, 1, 65536);
   const int64_t stagger = args.get_int("--stagger-ms", 0, 0, 600000);
@@ -260,11 +262,13 @@ int BenchAgents(int argc, char** argv) {
       const double tput = together.generated / together.wall_s, serial_tput = serial.generated / serial.wall_s;
       if (n == counts.front() && n == 1) one_agent_throughput = tput;
       const double vs1 = one_agent_throughput > 0 ? tput / one_agent_throughput : 0;
+      const nlohmann::json vs1_json = has_one ? nlohmann::json(vs1) : nlohmann::json(nullptr);
+      const std::string vs1_text = has_one ? fmt::format("{:8.2f}", vs1) : fmt::format("{:>8}", "-");
       const double ttft_max = *std::max_element(together.ttft_ms.begin(), together.ttft_ms.end());
       nlohmann::json row = {{"agents", n},
                             {"repetition", rep},
                             {"system_tokens_per_s", tput},
-                            {"vs_one_agent", vs1},
+                            {"vs_one_agent", vs1_json},
                             {"agent_tokens_per_s_median", Median(together.decode_tps)},
                             {"ttft_ms_median", Median(together.ttft_ms)},
                             {"ttft_ms_max", ttft_max},
@@ -289,8 +293,8 @@ int BenchAgents(int argc, char** argv) {
       }
       rows.push_back(row);
       if (!args.has("--json")) {
-        std::printf("%7lld %12.2f %8.2f %14.2f %14.1f %13.1f %13.2f %12.1f %10.2f %8llu %10.1f %9.2f\n", static_cast<long long>(n),
-                    tput, vs1, Median(together.decode_tps), Median(together.ttft_ms), ttft_max, serial_tput, Median(serial.ttft_ms),
+        std::printf("%7lld %12.2f %s %14.2f %14.1f %13.1f %13.2f %12.1f %10.2f %8llu %10.1f %9.2f\n", static_cast<long long>(n),
+                    tput, vs1_text.c_str(), Median(together.decode_tps), Median(together.ttft_ms), ttft_max, serial_tput, Median(serial.ttft_ms),
                     tput / serial_tput, static_cast<unsigned long long>(together.passes),
                     together.passes ? together.forward_ms / together.passes : 0.0, together.forward_ms / (1000.0 * together.wall_s));
         if (!stagger_figures.is_null()) std::printf("        staggered arrivals: %s\n", stagger_figures.dump().c_str());
@@ -310,13 +314,18 @@ int BenchAgents(int argc, char** argv) {
       for (const auto& row : rows) {
         if (row["agents"].get<int64_t>() != n) continue;
         tput.push_back(row["system_tokens_per_s"].get<double>());
-        vs1.push_back(row["vs_one_agent"].get<double>());
+        if (has_one) vs1.push_back(row["vs_one_agent"].get<double>());
       }
-      const auto [lo, hi] = std::minmax_element(vs1.begin(), vs1.end());
-      nlohmann::json entry = {{"agents", n}, {"system_tokens_per_s_median", Median(tput)}, {"vs_one_agent_median", Median(vs1)},
-                              {"vs_one_agent_min", *lo}, {"vs_one_agent_max", *hi}};
-      if (!args.has("--json")) {
-        std::printf("%7lld %12.2f %8.2f %8.2f..%-8.2f\n", static_cast<long long>(n), Median(tput), Median(vs1), *lo, *hi);
+      nlohmann::json entry = {{"agents", n}, {"system_tokens_per_s_median", Median(tput)}};
+      if (has_one) {
+        const auto [lo, hi] = std::minmax_element(vs1.begin(), vs1.end());
+        entry["vs_one_agent_median"] = Median(vs1);
+        entry["vs_one_agent_min"] = *lo;
+        entry["vs_one_agent_max"] = *hi;
+        if (!args.has("--json"))
+          std::printf("%7lld %12.2f %8.2f %8.2f..%-8.2f\n", static_cast<long long>(n), Median(tput), Median(vs1), *lo, *hi);
+      } else if (!args.has("--json")) {
+        std::printf("%7lld %12.2f %8s %18s\n", static_cast<long long>(n), Median(tput), "-", "-");
       }
       // Staggered arrivals: each criterion's median over the repetitions (one run's margins are
       // smaller than the bandwidth noise between the together and serial runs).

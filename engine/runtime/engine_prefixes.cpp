@@ -119,9 +119,9 @@ void Engine::CopyBlocksToPrefixes(const ActiveTurn& turn, const AgentRecord& a) 
       const BlockHash h =
           ChainHash(parent, std::span<const TokenId>(tokens.data() + i * B, B), fingerprint_, a.format, kPrefixDomain);
       parent = h;
-      if (PoolBlock* cached = pool_->Acquire(h)) {
-        pool_->Release(cached);
-      } else {
+      // Pinned while held: an unreferenced block may be evicted or erased by another thread.
+      PoolBlock* held = pool_->Hold(h);  // (no hit counted: this is no turn's lookup)
+      if (held == nullptr) {
         const PoolBlock* source = turn.seq->block(static_cast<int64_t>(i));
         auto fresh = pool_->Allocate(source->bytes);
         if (!fresh.ok()) {
@@ -129,9 +129,10 @@ void Engine::CopyBlocksToPrefixes(const ActiveTurn& turn, const AgentRecord& a) 
           break;
         }
         std::memcpy((*fresh)->data, source->data, static_cast<size_t>(source->bytes));
-        pool_->Release(pool_->Name(*fresh, h));
+        held = pool_->Name(*fresh, h);
       }
       pool_->Pin(h);
+      pool_->Release(held);
       blocks.push_back(h);
     }
     bool kept = false;

@@ -324,6 +324,9 @@ rows, summary = j.get('results', []), j.get('summary', [])
 def stagger_ok():
     if len(rows) != 3 or len(summary) != 1 or not all('stagger' in x for x in rows):
         return False
+    # No one-agent run in the list: no ratio against it (it printed 0.00 before).
+    if any(x['vs_one_agent'] is not None for x in rows) or 'vs_one_agent_median' in summary[0]:
+        return False
     margins = sorted(x['stagger']['second_ttft_if_served_after_first_ms'] - x['stagger']['second_ttft_ms'] for x in rows)
     delays = sorted(x['stagger']['first_ttft_ms'] - x['stagger']['first_ttft_alone_ms'] for x in rows)
     if any(x['stagger']['first_ttft_ms'] != x['ttft_ms'][0] for x in rows):
