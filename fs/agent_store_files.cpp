@@ -27,6 +27,10 @@ Status CheckWriteLimit(AgentStore::Handle& handle, uint64_t end, size_t limit) {
 
 Status ReadOnly(std::string_view name) { return PermissionDenied(fmt::format("{} is read-only", name)); }
 
+// Handles whose writes are applied at the close of the process that opened them (or the last
+// close), not at a child's close of an inherited copy (Flush).
+bool AppliedAtOpenersClose(Kind kind) { return kind == Kind::kPrompt || kind == Kind::kImport || kind == Kind::kEditable; }
+
 std::string Slice(const std::string& data, uint64_t offset, size_t size) {
   if (offset >= data.size()) return {};
   return data.substr(static_cast<size_t>(offset), size);
@@ -414,8 +418,7 @@ bool AgentStore::OpeningProcessMatters(InodeId ino) {
 
 bool AgentStore::ClosingProcessMatters(HandleId id) {
   auto handle = FindHandle(id);
-  return handle != nullptr &&
-         (handle->kind == Kind::kPrompt || handle->kind == Kind::kImport || handle->kind == Kind::kEditable);
+  return handle != nullptr && AppliedAtOpenersClose(handle->kind);
 }
 
 Status AgentStore::Flush(HandleId id, uint32_t process) {
@@ -431,10 +434,10 @@ Status AgentStore::FlushLocked(Handle& handle, uint32_t process) {
   if (handle.writes_erased)
     return NotFound(fmt::format("agent '{}' was erased while this file was open: what was written to it is gone",
                                 handle.node.agent->name));
-  // Another process's close of a prompt or an import (a child's copy of the descriptor): the
-  // opener may write more. Its refusal so far, if any, is this close's error too.
-  if ((handle.kind == Kind::kPrompt || handle.kind == Kind::kImport || handle.kind == Kind::kEditable) && process != 0 &&
-      handle.opener_process != 0 && process != handle.opener_process)
+  // Another process's close of a prompt, an import or an edit (a child's copy of the descriptor):
+  // the opener may write more. Its refusal so far, if any, is this close's error too.
+  if (AppliedAtOpenersClose(handle.kind) && process != 0 && handle.opener_process != 0 &&
+      process != handle.opener_process)
     return handle.refused;
   if (handle.kind == Kind::kPrompt) {
     if (!handle.refused.ok()) return handle.refused;

@@ -301,13 +301,9 @@ Result<std::string> Engine::ExportCacheOnce(const std::string& name, bool* moved
     int64_t tail_tokens = 0;
     int64_t block_bytes = 0;
     uint64_t erasures_begun = 0;
-    // What the agent's cache was: it moved on when either changed.
-    uint64_t commits_built = 0;
-    std::optional<store::TailRef> disk_tail;
   };
-  // The agent's commits and tail on disk as the snapshot saw them, for a snapshot that fails.
-  std::optional<std::pair<uint64_t, std::optional<store::TailRef>>> snap_commits_seen;
-  bool tail_lost = false;
+  // The agent's commits and tail on disk as the snapshot saw them: it moved on when either changed.
+  std::optional<std::pair<uint64_t, std::optional<store::TailRef>>> seen;
   auto snap = RunOnEngine<Result<Snapshot>>([&]() -> Result<Snapshot> {
     AgentRecord* a = nullptr;
     {
@@ -343,7 +339,7 @@ Result<std::string> Engine::ExportCacheOnce(const std::string& name, bool* moved
     {
       std::lock_guard lock(mu_);
       disk_tail = a->disk_tail;
-      snap_commits_seen.emplace(a->commits_built, disk_tail);
+      seen.emplace(a->commits_built, disk_tail);
     }
     // The tail belongs to the snapshot only when it continues exactly the full blocks.
     if (rest > 0 && rest < B && s.blocks.size() == a->blocks.size()) {
@@ -365,10 +361,9 @@ Result<std::string> Engine::ExportCacheOnce(const std::string& name, bool* moved
       if (counted && s.tail_tokens == 0) {
         if (!a->parked_tail && disk_tail && store_ && !store_->HasTail(a->name, *disk_tail)) {
           // Gone (found damaged by this read, and dropped): the agent has no tail any more, and
-          // an export of its full blocks is what ExportSize now says.
+          // an export of its full blocks is what ExportSize now says (the try after this one).
           std::lock_guard lock(mu_);
           if (a->disk_tail == disk_tail) a->disk_tail.reset();
-          tail_lost = true;
         }
         return fail(IoError(fmt::format("exporting agent {}: its last {} tokens' rows could not be had{}", name, rest,
                                         tail_status.ok() ? std::string() : " (" + tail_status.message() + ")")));
@@ -376,22 +371,20 @@ Result<std::string> Engine::ExportCacheOnce(const std::string& name, bool* moved
     }
     std::lock_guard lock(mu_);
     s.erasures_begun = erasures_begun_;
-    s.commits_built = a->commits_built;
-    s.disk_tail = disk_tail;
     s.info = ExportInfoOf(*a, full + s.tail_tokens);
     return s;
   });
-  // Whether the agent committed (or its store commit replaced the tail on disk) since `commits`
-  // and `tail`: a failed read may then be of what that commit removed.
-  auto changed_since = [&](uint64_t commits, const std::optional<store::TailRef>& tail) {
+  // Whether the agent committed, or its tail on disk was replaced or lost, since the snapshot: a
+  // failed read may then be of what that removed.
+  auto moved_since_snapshot = [&] {
+    if (!seen) return false;
     std::lock_guard lock(mu_);
     auto it = agents_.find(name);
-    return it != agents_.end() && (it->second->commits_built != commits || it->second->disk_tail != tail);
+    return it != agents_.end() && (it->second->commits_built != seen->first || it->second->disk_tail != seen->second);
   };
   if (!snap.ok()) {
-    // The tail read inside the snapshot: its file replaced by a commit that ended meanwhile.
-    if (snap.status().code() == StatusCode::kIoError && snap_commits_seen.has_value())
-      *moved_on = tail_lost || changed_since(snap_commits_seen->first, snap_commits_seen->second);
+    // The tail read inside the snapshot: its file replaced by a commit that ended meanwhile, or lost.
+    if (snap.status().code() == StatusCode::kIoError) *moved_on = moved_since_snapshot();
     return snap.status();
   }
   std::vector<BlockHash> held;
@@ -433,7 +426,7 @@ Result<std::string> Engine::ExportCacheOnce(const std::string& name, bool* moved
     file = read_status.ok() ? store::WriteKvSafetensors(snap->info, chunks) : Result<std::string>(read_status);
     // A block the read found damaged is dropped from the store: a new snapshot ends before it.
     if (!read_status.ok())
-      *moved_on = changed_since(snap->commits_built, snap->disk_tail) ||
+      *moved_on = moved_since_snapshot() ||
                   (failed_block < snap->hashes.size() && !store_->HasBlock(snap->hashes[failed_block]));
   }
   // An erasure that began while these blocks were held here could not drop them (they were in

@@ -115,7 +115,7 @@ void Engine::CopyBlocksToPrefixes(const ActiveTurn& turn, const AgentRecord& a) 
     std::vector<BlockHash> blocks;
     BlockHash parent;
     bool copied = true;
-    for (size_t i = 0; i < tokens.size() / B && copied; ++i) {
+    for (size_t i = 0; i < tokens.size() / B; ++i) {
       const BlockHash h =
           ChainHash(parent, std::span<const TokenId>(tokens.data() + i * B, B), fingerprint_, a.format, kPrefixDomain);
       parent = h;

@@ -467,7 +467,7 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   const bool keeps_tail = !tail && keep_tail && prev && prev->tail && prev->kv_format == manifest.kv_format &&
                           prev->block_size == manifest.block_size &&
                           manifest.blocks.size() * manifest.block_size + prev->tail->n_tokens == manifest.tokens.size() &&
-                          fs_.FileSize(JoinPath(AgentDir(agent), prev->tail->file)).ok();  // not lost meanwhile
+                          TailFileExistsLocked(agent, *prev->tail);  // not lost meanwhile
   if (keeps_tail) manifest.tail = prev->tail;
   KVFS_ASSIGN_OR_RETURN(std::string manifest_bytes, SerializeManifest(manifest));
 

@@ -243,6 +243,7 @@ class CacheStore {
   bool NothingUnreadable() const { return broken_.empty() && broken_prefixes_.empty(); }
 
   std::string AgentDir(const std::string& name) const;
+  bool TailFileExistsLocked(const std::string& name, const TailRef& tail) const;  // HasTail; mu_ held
   std::string BlockSubdir(const BlockHash& hash) const;
   std::string BlockPath(const BlockHash& hash) const;
   int64_t Now() const;

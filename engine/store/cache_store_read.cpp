@@ -168,8 +168,12 @@ bool CacheStore::HasBlock(const BlockHash& hash) const {
 }
 
 bool CacheStore::HasTail(const std::string& name, const TailRef& tail) const {
-  if (!IsValidAgentName(name) || !IsTailFileName(tail.file)) return false;
   std::shared_lock lock(mu_);
+  return TailFileExistsLocked(name, tail);
+}
+
+bool CacheStore::TailFileExistsLocked(const std::string& name, const TailRef& tail) const {
+  if (!IsValidAgentName(name) || !IsTailFileName(tail.file)) return false;
   return fs_.FileSize(JoinPath(AgentDir(name), tail.file)).ok();
 }
 
