@@ -46,8 +46,14 @@ struct TurnStats {
   int64_t generated_tokens = 0;
   double ttft_ms = 0;             // submit -> first reply token
   double decode_tokens_per_s = 0;
-  std::string stop_reason;        // "eog", "max_tokens", "stop_string", "context_full", "cancelled"
+  std::string stop_reason;        // "end_of_generation", "max_tokens", "stop_string", "context_full", "cancelled"
 };
+
+// TurnStats in the agent's manifest (its config, opaque to the store), so status.json still shows
+// the last turn after a restart. The reader is lenient: a missing or odd field is left at its
+// default (the record is informative; a turn never depends on it), and a non-object gives none.
+nlohmann::json TurnStatsToJson(const TurnStats& stats);
+std::optional<TurnStats> TurnStatsFromJson(const nlohmann::json& j);
 
 struct AgentInfo {
   std::string name;

@@ -1,4 +1,4 @@
-// AgentSettings <-> config.json. The parser is strict so that a typo in a user's config.json
+// AgentSettings <-> config.json, and TurnStats <-> the manifest's record of the last turn. The parser is strict so that a typo in a user's config.json
 // fails loudly (EINVAL naming the key) instead of silently keeping a default.
 #include <cmath>
 #include <cstdlib>
@@ -126,6 +126,41 @@ nlohmann::json AgentSettingsToJson(const AgentSettings& s) {
   j["stop"] = s.stop;
   j["kv"] = s.kv;
   return j;
+}
+
+nlohmann::json TurnStatsToJson(const TurnStats& t) {
+  return {{"match", t.match},
+          {"reused_tokens", t.reused_tokens},
+          {"prefilled_tokens", t.prefilled_tokens},
+          {"generated_tokens", t.generated_tokens},
+          {"ttft_ms", t.ttft_ms},
+          {"decode_tokens_per_s", t.decode_tokens_per_s},
+          {"stop_reason", t.stop_reason}};
+}
+
+std::optional<TurnStats> TurnStatsFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return std::nullopt;
+  auto text = [&](const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  auto count = [&](const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0 ? it->get<int64_t>() : int64_t{0};
+  };
+  auto real = [&](const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_number() && std::isfinite(it->get<double>()) ? it->get<double>() : 0.0;
+  };
+  TurnStats t;
+  t.match = text("match");
+  t.reused_tokens = count("reused_tokens");
+  t.prefilled_tokens = count("prefilled_tokens");
+  t.generated_tokens = count("generated_tokens");
+  t.ttft_ms = real("ttft_ms");
+  t.decode_tokens_per_s = real("decode_tokens_per_s");
+  t.stop_reason = text("stop_reason");
+  return t;
 }
 
 std::string_view AgentStateName(AgentState state) {

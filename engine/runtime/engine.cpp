@@ -209,6 +209,7 @@ store::Manifest Engine::ManifestOf(const AgentRecord& a) const {
                             {"context_text", context.text},
                             {"token_ends", TokenEndsToJson(context.ends)},
                             {"kv_format_id", KvFormatId(a.format)}};
+  if (a.last_turn) m.config["last_turn"] = TurnStatsToJson(*a.last_turn);
   return m;
 }
 
@@ -220,6 +221,7 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   if (c.is_object()) {
     a.owner_uid = c.value("owner_uid", 0u);
     a.system = c.value("system", std::string());
+    a.last_turn = c.contains("last_turn") ? TurnStatsFromJson(c["last_turn"]) : std::nullopt;
     if (c.contains("settings")) {
       auto s = ParseAgentSettings(c["settings"].dump(), DefaultSettings());
       if (s.ok()) a.settings = *s;

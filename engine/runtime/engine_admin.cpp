@@ -583,10 +583,11 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       a->token_ends = std::move(context_ends);
       a->dropped = {};
       a->updated_ms = Now();
+      a->last_turn.reset();  // the record was of the conversation the import replaced
     }
     // Then, on the engine thread: a failed commit puts the agent back at its committed state;
     // either way what it no longer names leaves the pool.
-    CommitAgent(*a, &seq, [this, a, &committed](const kvfs::Status& s) {
+    CommitAgent(*a, &seq, nullptr, [this, a, &committed](const kvfs::Status& s) {
       Post([this, a, s, &committed] {
         if (s.ok()) DropStaleKeys(*a);
         else RollBackToCommitted(*a);

@@ -324,7 +324,10 @@ class Engine final : public AgentEngine {
   void FinishTurn(ActiveTurn& turn, kvfs::Status error);
   void FailTurn(ActiveTurn& turn, const kvfs::Status& error);
   // Names full blocks, parks the tail, queues the commit; completes the turn after it.
-  void CommitAgent(AgentRecord& agent, SequenceKv* seq, std::function<void(const kvfs::Status&)> done);
+  // turn_stats: the record of the turn being committed (null for other commits: the agent's
+  // last turn stays as it is).
+  void CommitAgent(AgentRecord& agent, SequenceKv* seq, const TurnStats* turn_stats,
+                   std::function<void(const kvfs::Status&)> done);
   // Forgets the agent's cache; its context stays as AgentRecord::dropped.
   void ReleaseCache(AgentRecord& agent);
   // Engine thread: the agent's record, after failing its running, loading and queued turns.

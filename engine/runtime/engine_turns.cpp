@@ -472,7 +472,7 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     PushBounded(counters_.ttft_ms, stats.ttft_ms);
   }
   CopyBlocksToPrefixes(turn, a);
-  CommitAgent(a, turn.seq.get(), [this, &a, stats, on_done = std::move(on_done)](const kvfs::Status& committed) {
+  CommitAgent(a, turn.seq.get(), &stats, [this, &a, stats, on_done = std::move(on_done)](const kvfs::Status& committed) {
     if (!committed.ok()) {
       // The turn is not on disk, so it did not happen: back to the previous commit (whose cache
       // the next turn reloads), on the engine thread, before anyone hears of the failure.
@@ -502,7 +502,8 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
   turn.seq.reset();
 }
 
-void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(const kvfs::Status&)> done) {
+void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, const TurnStats* turn_stats,
+                         std::function<void(const kvfs::Status&)> done) {
   const KvLayout& layout = seq->layout();
   const int64_t B = layout.block_tokens, n = seq->n_tokens();
   CommitJob job;
@@ -539,6 +540,8 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, std::function<void(con
     }
     NoteKeys(a);
     job.manifest = ManifestOf(a);
+    // The turn's record goes in its manifest; the agent shows it once that is committed.
+    if (turn_stats != nullptr) job.manifest.config["last_turn"] = TurnStatsToJson(*turn_stats);
     ++a.commits_built;
   }
   // job.tail's payload points into job.tail_bytes, whose heap buffer moves with the job.

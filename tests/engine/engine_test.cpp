@@ -279,6 +279,69 @@ TEST_F(EngineTest, DamagedManifestResumesFromThePreviousTurn) {
   EXPECT_EQ((*engine)->Conversation("alice")->size(), after_first.size() + 2);
 }
 
+// status.json's last_turn is the last committed turn's record, also after a restart (it is kept
+// in the manifest), after an edit (which commits a manifest of its own), and after the manifest
+// is lost (the turn before's record, with its conversation); an import, whose conversation is
+// another, has none.
+TEST_F(EngineTest, LastTurnRecordSurvivesRestartsAndEdits) {
+  auto same = [](const TurnStats& a, const TurnStats& b) {
+    EXPECT_EQ(a.match, b.match);
+    EXPECT_EQ(a.reused_tokens, b.reused_tokens);
+    EXPECT_EQ(a.prefilled_tokens, b.prefilled_tokens);
+    EXPECT_EQ(a.generated_tokens, b.generated_tokens);
+    EXPECT_EQ(a.ttft_ms, b.ttft_ms);
+    EXPECT_EQ(a.decode_tokens_per_s, b.decode_tokens_per_s);
+    EXPECT_EQ(a.stop_reason, b.stop_reason);
+  };
+  TurnStats first, second;
+  std::string exported;
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    EXPECT_FALSE((*engine)->GetAgent("alice")->last_turn.has_value());
+    Greedy(**engine, "alice", "", 12);
+    TurnOutcome a = RunTurn(**engine, "alice", kTurns[0]);
+    ASSERT_TRUE(a.stats.ok());
+    first = *a.stats;
+    Greedy(**engine, "alice", "", 7);
+    TurnOutcome b = RunTurn(**engine, "alice", kTurns[1]);
+    ASSERT_TRUE(b.stats.ok());
+    second = *b.stats;
+    ASSERT_EQ(second.stop_reason, "max_tokens");
+    ASSERT_EQ(second.generated_tokens, 7);
+    ASSERT_EQ(second.match, "extend");
+    ASSERT_NE(first.generated_tokens, second.generated_tokens);
+    ASSERT_TRUE((*engine)->SetSystem("alice", "A story.").ok());  // an edit: a manifest without a turn
+    same(*(*engine)->GetAgent("alice")->last_turn, second);
+    auto file = (*engine)->ExportCache("alice");
+    ASSERT_TRUE(file.ok());
+    exported = *file;
+  }
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    auto info = (*engine)->GetAgent("alice");
+    ASSERT_TRUE(info.ok());
+    ASSERT_TRUE(info->last_turn.has_value()) << "not kept across the restart";
+    same(*info->last_turn, second);
+    ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
+    ASSERT_TRUE((*engine)->ImportCache("bob", exported).ok());
+    EXPECT_FALSE((*engine)->GetAgent("bob")->last_turn.has_value());
+  }
+  // The latest manifest lost: the turn before comes back, with its record.
+  const fs::path agent_dir = dir_ / "store" / "agents" / "alice";
+  fs::remove(agent_dir / "manifest.json");
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  auto info = (*engine)->GetAgent("alice");
+  ASSERT_TRUE(info.ok());
+  ASSERT_TRUE(info->last_turn.has_value());
+  same(*info->last_turn, second);  // the turn before the edit is the second turn
+  EXPECT_FALSE((*engine)->GetAgent("bob")->last_turn.has_value());
+}
+
+
 // With both manifests damaged nothing of the agent can be read. It is still listed (owned by
 // root, its owner being unknown), so that it can be erased and is not made anew over what is left
 // of it; everything else is refused without touching its files.
