@@ -113,7 +113,9 @@ int Run(int argc, char** argv) {
     std::vector<ChatMessage> messages;
     if (auto sys = args.get("--system")) messages.push_back({"system", *sys});
     messages.push_back({"user", prompt});
-    tokens = model.tokenizer().Encode(chat.Format(messages, true), true, true);
+    std::vector<TextSpan> content;  // the messages' "</s>" stays text, as kvfsd encodes it
+    const std::string text = chat.Format(messages, true, &content);
+    tokens = model.tokenizer().Encode(text, true, SpecialParsing(content));
     gen.stop_strings = chat.StopStrings();
   } else {
     tokens = model.tokenizer().Encode(prompt, true, false);

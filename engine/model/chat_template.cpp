@@ -14,7 +14,9 @@
 #include <cstddef>
 #include <initializer_list>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace kvfs {
 namespace {
@@ -121,21 +123,45 @@ std::string_view SpecialText(const Tokenizer* tok, TokenId id, std::string_view 
   return tok->token_text(id);
 }
 
-void FormatChatml(std::span<const ChatMessage> msgs, bool gen, std::string& out) {
+// The rendered text, and the spans of it that are messages' contents (TextSpan: encoded with
+// their control-token spellings left as text).
+struct Rendering {
+  std::string text;
+  std::vector<TextSpan> content;
+  void Markup(std::string_view s) { text.append(s); }
+  void Content(std::string_view s) {
+    if (s.empty()) return;
+    if (!content.empty() && content.back().end == text.size()) content.back().end += s.size();  // (adjacent)
+    else content.push_back({text.size(), text.size() + s.size()});
+    text.append(s);
+  }
+};
+
+void FormatChatml(std::span<const ChatMessage> msgs, bool gen, Rendering& out) {
   // Qwen/Hermes/Yi chatml templates: content untrimmed, newline after <|im_end|>.
-  for (const ChatMessage& m : msgs) AppendAll(out, {"<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n"});
-  if (gen) out += "<|im_start|>assistant\n";
+  for (const ChatMessage& m : msgs) {
+    out.Markup("<|im_start|>");
+    out.Markup(m.role);
+    out.Markup("\n");
+    out.Content(m.content);
+    out.Markup("<|im_end|>\n");
+  }
+  if (gen) out.Markup("<|im_start|>assistant\n");
 }
 
-void FormatLlama3(std::span<const ChatMessage> msgs, bool gen, std::string& out) {
+void FormatLlama3(std::span<const ChatMessage> msgs, bool gen, Rendering& out) {
   // Meta-Llama-3-*-Instruct: message['content'] | trim, no newline after <|eot_id|>.
   for (const ChatMessage& m : msgs) {
-    AppendAll(out, {"<|start_header_id|>", m.role, "<|end_header_id|>\n\n", Trim(m.content), "<|eot_id|>"});
+    out.Markup("<|start_header_id|>");
+    out.Markup(m.role);
+    out.Markup("<|end_header_id|>\n\n");
+    out.Content(Trim(m.content));
+    out.Markup("<|eot_id|>");
   }
-  if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  if (gen) out.Markup("<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
-void FormatPhi3(std::span<const ChatMessage> msgs, bool gen, std::string& out) {
+void FormatPhi3(std::span<const ChatMessage> msgs, bool gen, Rendering& out) {
   // The system-aware Phi-3/3.5 template (empty system messages are skipped, as there). The
   // first Phi-3-mini template dropped system messages and put <|assistant|>\n after every user
   // turn; for user/assistant conversations both render the same text. The eos_token that
@@ -143,19 +169,30 @@ void FormatPhi3(std::span<const ChatMessage> msgs, bool gen, std::string& out) {
   // EOS is never useful to generate from.
   for (const ChatMessage& m : msgs) {
     if (m.role == "system" && m.content.empty()) continue;
-    AppendAll(out, {"<|", m.role, "|>\n", m.content, "<|end|>\n"});
+    out.Markup("<|");
+    out.Markup(m.role);
+    out.Markup("|>\n");
+    out.Content(m.content);
+    out.Markup("<|end|>\n");
   }
-  if (gen) out += "<|assistant|>\n";
+  if (gen) out.Markup("<|assistant|>\n");
 }
 
-void FormatZephyr(std::span<const ChatMessage> msgs, bool gen, std::string_view eos, std::string& out) {
+void FormatZephyr(std::span<const ChatMessage> msgs, bool gen, std::string_view eos, Rendering& out) {
   // HuggingFaceH4/zephyr: '<|role|>\n' + content + eos_token, each followed by the newline
   // that the template's layout leaves after the expression.
-  for (const ChatMessage& m : msgs) AppendAll(out, {"<|", m.role, "|>\n", m.content, eos, "\n"});
-  if (gen) out += "<|assistant|>\n";
+  for (const ChatMessage& m : msgs) {
+    out.Markup("<|");
+    out.Markup(m.role);
+    out.Markup("|>\n");
+    out.Content(m.content);
+    out.Markup(eos);
+    out.Markup("\n");
+  }
+  if (gen) out.Markup("<|assistant|>\n");
 }
 
-void FormatGemma(std::span<const ChatMessage> msgs, bool gen, std::string& out) {
+void FormatGemma(std::span<const ChatMessage> msgs, bool gen, Rendering& out) {
   // Gemma has no system role: its system text goes in front of the next user message,
   // separated by a blank line (llama.cpp, and Gemma 3's own template, do the same). Contents
   // are trimmed as in the template; the assistant is called "model".
@@ -170,28 +207,34 @@ void FormatGemma(std::span<const ChatMessage> msgs, bool gen, std::string& out) 
         pending_system.append(Trim(m.content));
       } else {
         // Nothing to attach it to: keep the text as a user turn rather than lose it.
-        AppendAll(out, {"<start_of_turn>user\n", Trim(m.content), "<end_of_turn>\n"});
+        out.Markup("<start_of_turn>user\n");
+        out.Content(Trim(m.content));
+        out.Markup("<end_of_turn>\n");
       }
       continue;
     }
     const std::string_view role = m.role == "assistant" ? std::string_view("model") : m.role;
-    AppendAll(out, {"<start_of_turn>", role, "\n"});
+    out.Markup("<start_of_turn>");
+    out.Markup(role);
+    out.Markup("\n");
     if (role == "user" && !pending_system.empty()) {
-      AppendAll(out, {pending_system, "\n\n"});
+      out.Content(pending_system);
+      out.Content("\n\n");
       pending_system.clear();
     }
-    AppendAll(out, {Trim(m.content), "<end_of_turn>\n"});
+    out.Content(Trim(m.content));
+    out.Markup("<end_of_turn>\n");
   }
-  if (gen) out += "<start_of_turn>model\n";
+  if (gen) out.Markup("<start_of_turn>model\n");
 }
 
-void FormatLlama2(std::span<const ChatMessage> msgs, std::string_view bos, std::string_view eos,
-                  std::string& out) {
+void FormatLlama2(std::span<const ChatMessage> msgs, std::string_view bos, std::string_view eos, Rendering& out) {
   // Meta's Llama-2-chat template: bos + '[INST] ' + content.strip() + ' [/INST]' per user
   // turn, where the first user turn's content is prefixed with the <<SYS>> block before the
   // strip; assistant turns are ' ' + content.strip() + ' ' + eos. There is no assistant
   // header, so add_generation_prompt has nothing to add. As in the template, a system prompt
-  // with no user message to attach to is dropped.
+  // with no user message to attach to is dropped. (The <<SYS>> markers are no vocabulary
+  // entries: inside the content span they are text either way.)
   std::string system = JoinedSystem(msgs);
   bool first_user = true;
   for (const ChatMessage& m : msgs) {
@@ -200,15 +243,21 @@ void FormatLlama2(std::span<const ChatMessage> msgs, std::string_view bos, std::
       std::string content;
       if (first_user && !system.empty()) AppendAll(content, {"<<SYS>>\n", system, "\n<</SYS>>\n\n"});
       content += m.content;
-      AppendAll(out, {first_user ? std::string_view() : bos, "[INST] ", Trim(content), " [/INST]"});
+      if (!first_user) out.Markup(bos);
+      out.Markup("[INST] ");
+      out.Content(Trim(content));
+      out.Markup(" [/INST]");
       first_user = false;
     } else {
-      AppendAll(out, {" ", Trim(m.content), " ", eos});
+      out.Markup(" ");
+      out.Content(Trim(m.content));
+      out.Markup(" ");
+      out.Markup(eos);
     }
   }
 }
 
-void FormatMistral(std::span<const ChatMessage> msgs, std::string_view eos, std::string& out) {
+void FormatMistral(std::span<const ChatMessage> msgs, std::string_view eos, Rendering& out) {
   // Mistral's tokenizer versions differ in spacing: v1 (Mistral-7B v0.1/v0.2, Mixtral-8x7B)
   // renders " [INST] user [/INST] answer</s>", v2/v3 (Mistral-7B v0.3, Mixtral-8x22B,
   // Mistral-Large-2, Codestral) "[INST] user[/INST] answer</s>", v7 adds [SYSTEM_PROMPT].
@@ -226,30 +275,37 @@ void FormatMistral(std::span<const ChatMessage> msgs, std::string_view eos, std:
     const ChatMessage& m = msgs[i];
     if (m.role == "system") continue;
     if (m.role == "user") {
-      out += "[INST] ";
-      if (i == last_user && !system.empty()) AppendAll(out, {system, "\n\n"});
-      AppendAll(out, {m.content, "[/INST]"});
+      out.Markup("[INST] ");
+      if (i == last_user && !system.empty()) {
+        out.Content(system);
+        out.Content("\n\n");
+      }
+      out.Content(m.content);
+      out.Markup("[/INST]");
     } else {
-      AppendAll(out, {" ", Trim(m.content), eos});
+      out.Markup(" ");
+      out.Content(Trim(m.content));
+      out.Markup(eos);
     }
   }
 }
 
-void FormatRaw(std::span<const ChatMessage> msgs, std::string& out) {
+void FormatRaw(std::span<const ChatMessage> msgs, Rendering& out) {
   for (const ChatMessage& m : msgs) {
-    if (m.role == "system") out += m.content;
+    if (m.role == "system") out.Content(m.content);
   }
   for (const ChatMessage& m : msgs) {
-    if (m.role != "system") out += m.content;
+    if (m.role != "system") out.Content(m.content);
   }
 }
 
 }  // namespace
 
-std::string ChatTemplate::Format(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+std::string ChatTemplate::Format(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                 std::vector<TextSpan>* content) const {
   const std::string_view bos = SpecialText(tokenizer_, tokenizer_ ? tokenizer_->bos() : kNoToken, "<s>");
   const std::string_view eos = SpecialText(tokenizer_, tokenizer_ ? tokenizer_->eos() : kNoToken, "</s>");
-  std::string out;
+  Rendering out;
   switch (family_) {
     case ChatFamily::kRaw: FormatRaw(messages, out); break;
     case ChatFamily::kChatml: FormatChatml(messages, add_generation_prompt, out); break;
@@ -260,7 +316,8 @@ std::string ChatTemplate::Format(std::span<const ChatMessage> messages, bool add
     case ChatFamily::kPhi3: FormatPhi3(messages, add_generation_prompt, out); break;
     case ChatFamily::kZephyr: FormatZephyr(messages, add_generation_prompt, eos, out); break;
   }
-  return out;
+  if (content != nullptr) *content = std::move(out.content);
+  return std::move(out.text);
 }
 
 namespace {

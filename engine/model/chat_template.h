@@ -34,10 +34,14 @@ class ChatTemplate {
   bool unrecognised() const { return unrecognised_; }
   // The prompt text for these messages; with add_generation_prompt the assistant header for
   // the next reply is appended. Raw mode concatenates contents (system first) unchanged.
-  // The text contains the family's special tokens as text: encode it with parse_special=true.
+  // The text contains the family's special tokens as text. `content`, when given, receives the
+  // spans of the text that are the messages' contents (sorted; adjacent ones merged): encode it
+  // with SpecialParsing(*content), so that the markup's control tokens are parsed and the
+  // contents' spellings of them stay text.
   // The leading BOS is not part of it (Encode's add_special adds it); see chat_template.cpp
   // for each family's exact layout and the Mistral spacing variant chosen.
-  std::string Format(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  std::string Format(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                     std::vector<TextSpan>* content = nullptr) const;
   // Tokens that end an assistant turn for this family (e.g. <|im_end|>, <|eot_id|>), plus EOS.
   std::vector<TokenId> EndOfTurnTokens() const;
   // Textual end-of-turn markers, for models whose vocab lacks them as single tokens.

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -22,6 +23,25 @@ enum class TokenAttr : int32_t {
   kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6,
 };
 
+// A byte range [begin, end) of a text.
+struct TextSpan {
+  size_t begin = 0, end = 0;
+  friend bool operator==(const TextSpan&, const TextSpan&) = default;
+};
+
+// Where text spelling a control token becomes that token: nowhere (false), everywhere (true), or
+// everywhere but inside the `literal` spans (sorted, of the text being encoded). A rendered chat
+// is encoded the third way: its template's markup is parsed, and the messages' contents, which a
+// user wrote (or the model generated as text), stay text, so a prompt spelling "</s>" or
+// "<|im_start|>" cannot end a turn or forge one. Implicit from bool: most callers want one of
+// the first two.
+struct SpecialParsing {
+  SpecialParsing(bool parse) : parse(parse) {}  // NOLINT(google-explicit-constructor)
+  explicit SpecialParsing(std::span<const TextSpan> literal) : parse(true), literal(literal) {}
+  bool parse = false;
+  std::span<const TextSpan> literal;
+};
+
 class Tokenizer {
  public:
   // Errors: missing or inconsistent tokenizer metadata, unsupported model or pre-tokenizer.
@@ -29,15 +49,16 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // add_special: prepend BOS / append EOS as the metadata says (add_bos_token/add_eos_token,
-  // with the llama.cpp defaults when absent). parse_special: text spelling a control or
-  // user-defined token becomes that token instead of being split.
+  // with the llama.cpp defaults when absent). parse_special: where text spelling a control
+  // token becomes that token instead of being split (user-defined tokens always do).
   virtual std::vector<TokenId> Encode(std::string_view text, bool add_special,
-                                      bool parse_special) const = 0;
+                                      SpecialParsing parse_special) const = 0;
 
   // The tokens of `text` continuing a context whose last token is `previous` (kNoToken: none):
   // no BOS, and SPM's space prefix only where an encoding of the whole context puts one (at its
   // start and after a special token), so that a context encoded in pieces gives its text.
-  virtual std::vector<TokenId> EncodeContinuation(std::string_view text, TokenId previous, bool parse_special) const {
+  virtual std::vector<TokenId> EncodeContinuation(std::string_view text, TokenId previous,
+                                                  SpecialParsing parse_special) const {
     (void)previous;
     return Encode(text, /*add_special=*/false, parse_special);
   }

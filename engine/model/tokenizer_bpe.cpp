@@ -30,7 +30,7 @@ class BpeTokenizer final : public VocabTokenizer {
   }
 
   std::vector<TokenId> Encode(std::string_view text, bool add_special,
-                              bool parse_special) const override {
+                              SpecialParsing parse_special) const override {
     std::vector<TokenId> out;
     if (add_special && add_bos_) out.push_back(bos_);
     std::vector<std::string> words;

@@ -59,7 +59,7 @@ VocabTokenizer::VocabTokenizer(VocabData& data) {
 }
 
 std::vector<VocabTokenizer::Fragment> VocabTokenizer::Partition(std::string_view text,
-                                                                bool parse_special) const {
+                                                                SpecialParsing parse_special) const {
   std::vector<Fragment> frags;
   if (text.empty()) return frags;
   frags.push_back({text, kNoToken});
@@ -68,10 +68,20 @@ std::vector<VocabTokenizer::Fragment> VocabTokenizer::Partition(std::string_view
   std::array<bool, 256> present{};
   for (char c : text) present[static_cast<uint8_t>(c)] = true;
 
+  // Whether an occurrence of a control token at text[at, at + size) may become the token.
+  const std::span<const TextSpan> literal = parse_special.literal;
+  auto outside_literal = [&](size_t at, size_t size) {
+    // The first span ending after `at` is the only one that can overlap it (spans are sorted).
+    auto it = std::upper_bound(literal.begin(), literal.end(), at,
+                               [](size_t pos, const TextSpan& s) { return pos < s.end; });
+    return it == literal.end() || it->begin >= at + size || it->begin >= it->end;
+  };
+
   std::vector<Fragment> next;
   for (TokenId id : special_) {
     const uint16_t attr = attr_bits_[id];
-    if (!parse_special && (attr & (kAttrControl | kAttrUnknown))) continue;
+    const bool control = (attr & (kAttrControl | kAttrUnknown)) != 0;
+    if (!parse_special.parse && control) continue;
     const std::string_view tok = tokens_[id];
     if (!present[static_cast<uint8_t>(tok[0])]) continue;
 
@@ -83,7 +93,12 @@ std::vector<VocabTokenizer::Fragment> VocabTokenizer::Partition(std::string_view
         continue;
       }
       std::string_view rest = frag.text;
-      for (size_t at = rest.find(tok); at != std::string_view::npos; at = rest.find(tok)) {
+      for (size_t at = rest.find(tok); at != std::string_view::npos; at = rest.find(tok, at)) {
+        const size_t offset = static_cast<size_t>(rest.data() - text.data()) + at;
+        if (control && !literal.empty() && !outside_literal(offset, tok.size())) {
+          ++at;  // text here: look further on in the same fragment
+          continue;
+        }
         found = true;
         std::string_view left = rest.substr(0, at);
         if (attr & kAttrLstrip) {
@@ -95,6 +110,7 @@ std::vector<VocabTokenizer::Fragment> VocabTokenizer::Partition(std::string_view
         if (attr & kAttrRstrip) {
           while (!rest.empty() && IsCSpace(rest.front())) rest.remove_prefix(1);
         }
+        at = 0;
       }
       if (!rest.empty()) next.push_back({rest, kNoToken});
     }

@@ -60,8 +60,9 @@ class VocabTokenizer : public Tokenizer {
   };
   // llama.cpp's tokenizer_st_partition: every special token, longest first, is cut out of
   // the raw fragments left so far. Without parse_special only user-defined tokens are cut
-  // (control and unknown ones stay text), as Hugging Face tokenizers do.
-  std::vector<Fragment> Partition(std::string_view text, bool parse_special) const;
+  // (control and unknown ones stay text), as Hugging Face tokenizers do; nor are control and
+  // unknown ones cut where they overlap a literal span.
+  std::vector<Fragment> Partition(std::string_view text, SpecialParsing parse_special) const;
 
   bool HasAttr(TokenId id, uint16_t bits) const { return (attr_bits_[id] & bits) != 0; }
   // The bytes of a normal token (algorithm specific).

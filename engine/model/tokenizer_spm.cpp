@@ -45,7 +45,7 @@ class SpmTokenizer final : public VocabTokenizer {
   }
 
   std::vector<TokenId> Encode(std::string_view text, bool add_special,
-                              bool parse_special) const override {
+                              SpecialParsing parse_special) const override {
     std::vector<TokenId> out;
     if (add_special && add_bos_) out.push_back(bos_);
     EncodeInto(text, /*after_special=*/true, parse_special, out);
@@ -53,7 +53,8 @@ class SpmTokenizer final : public VocabTokenizer {
     return out;
   }
 
-  std::vector<TokenId> EncodeContinuation(std::string_view text, TokenId previous, bool parse_special) const override {
+  std::vector<TokenId> EncodeContinuation(std::string_view text, TokenId previous,
+                                          SpecialParsing parse_special) const override {
     const bool after_special = previous == kNoToken || token_attr(previous) == TokenAttr::kControl ||
                                token_attr(previous) == TokenAttr::kUserDefined;
     std::vector<TokenId> out;
@@ -64,7 +65,8 @@ class SpmTokenizer final : public VocabTokenizer {
  private:
   // The space prefix goes before the text and after every special token, as in llama.cpp
   // (SentencePiece adds it at the start of each piece it is given).
-  void EncodeInto(std::string_view text, bool after_special, bool parse_special, std::vector<TokenId>& out) const {
+  void EncodeInto(std::string_view text, bool after_special, SpecialParsing parse_special,
+                  std::vector<TokenId>& out) const {
     for (const Fragment& frag : Partition(text, parse_special)) {
       if (frag.token != kNoToken) {
         out.push_back(frag.token);

@@ -24,8 +24,15 @@ std::vector<uint32_t> OneRunEnds(size_t n, size_t text_bytes) {
   return std::vector<uint32_t>(n, static_cast<uint32_t>(text_bytes));
 }
 
-ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendered, std::span<const TokenId> tokens,
-                          std::string_view text, std::span<const uint32_t> ends) {
+std::vector<TextSpan> SpansFrom(std::span<const TextSpan> literal, size_t from) {
+  std::vector<TextSpan> out;
+  for (const TextSpan& s : literal)
+    if (s.end > from) out.push_back({std::max(s.begin, from) - from, s.end - from});
+  return out;
+}
+
+ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendered, std::span<const TextSpan> literal,
+                          std::span<const TokenId> tokens, std::string_view text, std::span<const uint32_t> ends) {
   ContextMatch m;
   // The tokens of cache[0, kept) and then the encoding of rendered[from, end) as one run.
   auto build = [&](const char* match, size_t kept, size_t from) {
@@ -36,8 +43,10 @@ ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendere
     if (from < rendered.size() || kept == 0) {
       // Encoded as it continues the kept tokens: the text the model sees is the rendered text.
       const std::string_view rest = std::string_view(rendered).substr(from);
-      const std::vector<TokenId> more = kept == 0 ? tokenizer.Encode(rest, /*add_special=*/true, /*parse_special=*/true)
-                                                  : tokenizer.EncodeContinuation(rest, tokens[kept - 1], true);
+      const std::vector<TextSpan> rest_literal = SpansFrom(literal, from);
+      const SpecialParsing special(rest_literal);
+      const std::vector<TokenId> more = kept == 0 ? tokenizer.Encode(rest, /*add_special=*/true, special)
+                                                  : tokenizer.EncodeContinuation(rest, tokens[kept - 1], special);
       m.tokens.insert(m.tokens.end(), more.begin(), more.end());
       m.ends.resize(m.tokens.size(), static_cast<uint32_t>(rendered.size()));
     }

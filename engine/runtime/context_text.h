@@ -44,9 +44,13 @@ struct ContextMatch {
 
 // Matches `rendered` against a cache of `tokens` (with `ends`) over `text`. An empty `text`
 // with tokens is a cache whose text is unknown (an imported one): the whole prompt is encoded,
-// and the caller keeps the tokens it shares with the cache.
-ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendered, std::span<const TokenId> tokens,
-                          std::string_view text, std::span<const uint32_t> ends);
+// and the caller keeps the tokens it shares with the cache. `literal`: the spans of `rendered`
+// whose control-token spellings stay text (ChatTemplate::Format's contents).
+ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendered, std::span<const TextSpan> literal,
+                          std::span<const TokenId> tokens, std::string_view text, std::span<const uint32_t> ends);
+
+// The spans of `literal` (of a text) that lie past `from`, as spans of the text's rest from there.
+std::vector<TextSpan> SpansFrom(std::span<const TextSpan> literal, size_t from);
 
 // Persisted form of the ends (the manifest's "token_ends"): differences from the previous end,
 // -1 for kNoTextEnd. FromJson checks them against the tokens and the text: nullopt when they do

@@ -121,6 +121,7 @@ struct ActiveTurn {
   size_t prefill_at = 0;             // next context token to run
   size_t prefill_waited = 0;         // prefill steps in a row it was passed over (PlanPrefill)
   std::string rendered_prompt;
+  std::vector<TextSpan> rendered_content;  // its messages' contents (ChatTemplate::Format)
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StopChecker> stop;
   std::unique_ptr<StreamDecoder> decoder;
@@ -364,7 +365,12 @@ class Engine final : public AgentEngine {
     s.kv = options_.kv;
     return s;
   }
-  std::string Render(const AgentRecord& agent, const std::vector<ConversationTurn>& conversation) const;
+  // The agent's context as its chat template renders it; `content` receives the spans that are
+  // messages' contents (ChatTemplate::Format), to be encoded with SpecialParsing(*content).
+  std::string Render(const AgentRecord& agent, const std::vector<ConversationTurn>& conversation,
+                     std::vector<TextSpan>* content) const;
+  // The number of tokens that rendering encodes to.
+  size_t RenderedTokens(const AgentRecord& agent, const std::vector<ConversationTurn>& conversation) const;
   AgentInfo InfoOf(const AgentRecord& agent) const;  // mu_ held
   // How much of the agent's cache is in the pool now (mu_ held): its bytes there, and whether
   // all of it is (hot) or none (cold).

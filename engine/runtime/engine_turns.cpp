@@ -41,14 +41,21 @@ void PushBounded(std::vector<T>& v, T x) {
 
 
 
-std::string Engine::Render(const AgentRecord& a, const std::vector<ConversationTurn>& conversation) const {
+std::string Engine::Render(const AgentRecord& a, const std::vector<ConversationTurn>& conversation,
+                           std::vector<TextSpan>* content) const {
   std::vector<ChatMessage> messages;
   // As for a prompt, one trailing newline (echo's) is not part of the message; the file keeps it.
   std::string_view system = a.system;
   if (!system.empty() && system.back() == '\n') system.remove_suffix(1);
   if (!system.empty()) messages.push_back(ChatMessage{"system", std::string(system)});
   for (const ConversationTurn& t : conversation) messages.push_back(ChatMessage{t.role, t.text});
-  return model_->chat_template().Format(messages, /*add_generation_prompt=*/true);
+  return model_->chat_template().Format(messages, /*add_generation_prompt=*/true, content);
+}
+
+size_t Engine::RenderedTokens(const AgentRecord& a, const std::vector<ConversationTurn>& conversation) const {
+  std::vector<TextSpan> content;
+  const std::string text = Render(a, conversation, &content);
+  return model_->tokenizer().Encode(text, /*add_special=*/true, SpecialParsing(content)).size();
 }
 
 void Engine::EngineLoop() {
@@ -175,7 +182,7 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   turn.domain = DomainOf(a.owner_uid);
   std::vector<ConversationTurn> conversation = a.conversation;
   conversation.push_back(ConversationTurn{"user", turn.request.text});
-  turn.rendered_prompt = Render(a, conversation);
+  turn.rendered_prompt = Render(a, conversation, &turn.rendered_content);
   KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(a.settings));
   if (!(format == a.format)) {
     ReleaseCache(a);
@@ -188,7 +195,8 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   // A dropped cache's context is matched alike: its tokens are then recomputed as they were.
   const AgentRecord::ContextRef context = a.Context();
   const std::vector<TokenId>& before = context.tokens;
-  ContextMatch matched = MatchContext(tok, turn.rendered_prompt, before, context.text, context.ends);
+  ContextMatch matched =
+      MatchContext(tok, turn.rendered_prompt, turn.rendered_content, before, context.text, context.ends);
   turn.stats.match = matched.match;
   std::vector<TokenId> tokens = std::move(matched.tokens);
   turn.context_ends = std::move(matched.ends);
@@ -198,7 +206,7 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
     // which kvfs does not cut on its own. Counts include one position for the reply's first token.
     std::string system_part;
     if (!a.system.empty()) {
-      const size_t system_tokens = tok.Encode(Render(a, {}), true, true).size();
+      const size_t system_tokens = RenderedTokens(a, {});
       system_part = fmt::format(" (the system prompt takes {} of them: a shorter one frees them)", system_tokens);
     }
     if (a.conversation.empty())
@@ -207,7 +215,7 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
                                     tokens.size() + 1, n_ctx_, system_part));
     // A prompt too long on its own is not a full conversation: the agent takes shorter ones.
     std::vector<ConversationTurn> alone{ConversationTurn{"user", turn.request.text}};
-    const size_t alone_tokens = tok.Encode(Render(a, alone), true, true).size();
+    const size_t alone_tokens = RenderedTokens(a, alone);
     if (static_cast<int64_t>(alone_tokens) + 1 > n_ctx_)
       return OutOfRange(fmt::format("this prompt alone needs {} tokens with the reply's first, but the context "
                                     "holds {}{}: write a shorter one (the conversation so far is kept), or run kvfsd "

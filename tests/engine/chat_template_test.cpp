@@ -39,7 +39,7 @@ class FakeTokenizer : public Tokenizer {
     eog_ = {eos_};
     BuildIndex();
   }
-  std::vector<TokenId> Encode(std::string_view, bool, bool) const override { return {}; }
+  std::vector<TokenId> Encode(std::string_view, bool, SpecialParsing) const override { return {}; }
   std::string TokenToPiece(TokenId id, bool) const override { return std::string(token_text(id)); }
 };
 

@@ -342,6 +342,32 @@ TEST_F(EngineTest, LastTurnRecordSurvivesRestartsAndEdits) {
 }
 
 
+// A prompt or system text spelling the model's control tokens ("</s>", "<s>") is text: the
+// model sees the characters, not an end of sequence (a user must not end or forge turns), and
+// the next turn extends the cache over it as usual.
+TEST_F(EngineTest, SpelledControlTokensInPromptsAreText) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+  Greedy(**engine, "alice", "", 4);
+  ASSERT_TRUE((*engine)->SetSystem("alice", "Once</s> upon").ok());
+  TurnOutcome first = RunTurn(**engine, "alice", " a time<s> there was</s>");
+  ASSERT_TRUE(first.stats.ok()) << first.stats.status().message();
+  const Tokenizer& tok = model_->tokenizer();
+  const store::Manifest m = ReadManifest(Options().store_dir, "alice");
+  ASSERT_FALSE(m.tokens.empty());
+  EXPECT_EQ(m.tokens.front(), tok.bos());  // the one the encoding adds
+  EXPECT_EQ(std::count(m.tokens.begin(), m.tokens.end(), tok.bos()), 1);
+  EXPECT_EQ(std::count(m.tokens.begin(), m.tokens.end(), tok.eos()), 0);
+  std::string spelled;
+  for (size_t i = 0; i < m.tokens.size(); ++i) spelled += tok.TokenToPiece(m.tokens[i]);
+  EXPECT_NE(spelled.find("Once</s> upon a time<s> there was</s>"), std::string::npos) << spelled;
+  TurnOutcome second = RunTurn(**engine, "alice", " a cat.");
+  ASSERT_TRUE(second.stats.ok());
+  EXPECT_EQ(second.stats->match, "extend");
+}
+
+
 // With both manifests damaged nothing of the agent can be read. It is still listed (owned by
 // root, its owner being unknown), so that it can be erased and is not made anew over what is left
 // of it; everything else is refused without touching its files.
