@@ -20,12 +20,15 @@ using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
 
-// Cancels the agent's running and queued turns (engine thread). Their on_done get `why`.
+// Cancels the agent's running turns, and its queued ones unless keep_queued (engine thread).
+// Their on_done get `why`.
 static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, AgentRecord& a,
-                          const std::function<void(ActiveTurn&)>& fail, std::mutex& mu, const Status& why) {
+                          const std::function<void(ActiveTurn&)>& fail, std::mutex& mu, const Status& why,
+                          bool keep_queued) {
   for (auto& t : active)
     if (t && t->agent == &a) fail(*t);
   std::erase_if(active, [](const std::unique_ptr<ActiveTurn>& t) { return t && t->agent == nullptr && t->loaded; });
+  if (keep_queued) return;
   std::deque<TurnRequest> queued;
   {
     std::lock_guard lock(mu);
@@ -35,7 +38,7 @@ static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, Agen
     if (r.on_done) r.on_done(why);
 }
 
-Result<AgentRecord*> Engine::StopTurnsOf(const std::string& name, const kvfs::Status& why) {
+Result<AgentRecord*> Engine::StopTurnsOf(const std::string& name, const kvfs::Status& why, bool keep_queued) {
   AgentRecord* a = nullptr;
   {
     std::lock_guard lock(mu_);
@@ -43,8 +46,8 @@ Result<AgentRecord*> Engine::StopTurnsOf(const std::string& name, const kvfs::St
     if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
     a = it->second.get();
   }
-  CancelTurnsOf(active_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
-  CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
+  CancelTurnsOf(active_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why, keep_queued);
+  CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why, keep_queued);
   return a;
 }
 
@@ -93,6 +96,16 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     if (it != agents_.end() && !it->second->unreadable.empty()) return store::EraseReport{};
   }
   const Status why(StatusCode::kNotFound, "the cache of agent " + name + " was erased");
+  // The running turn builds on the cache: it is cancelled. Queued turns wait until the erasure is
+  // done (behind the store's jobs and the memory's zeroing), then rebuild the cache from the
+  // token ids, so none of them can commit blocks this erasure then drops.
+  auto resume_queued = [this, &name] {
+    {
+      std::lock_guard lock(mu_);
+      if (auto it = agents_.find(name); it != agents_.end()) it->second->erasing_cache = false;
+    }
+    engine_cv_.notify_all();
+  };
   struct Taken {
     std::vector<BlockHash> memory_keys;  // every key it has had in the pool
     CommitJob job;
@@ -100,7 +113,11 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     int64_t block_bytes = 0;
   };
   auto taken = RunOnEngine<Result<Taken>>([&]() -> Result<Taken> {
-    KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why));
+    KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why, /*keep_queued=*/true));
+    {
+      std::lock_guard lock(mu_);
+      a->erasing_cache = true;
+    }
     Taken t;
     NoteKeys(*a);
     t.memory_keys.assign(a->pool_keys.begin(), a->pool_keys.end());
@@ -118,6 +135,10 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     return t;
   });
   if (!taken.ok()) return taken.status();
+  struct ResumeQueued {
+    std::function<void()> run;
+    ~ResumeQueued() { run(); }
+  } resume{resume_queued};
   store::EraseReport report;
   if (store_) {
     // On the store thread, behind every commit queued before it (a turn that ended just now).

@@ -57,6 +57,7 @@ struct AgentRecord {
   bool generating = false;  // the running turn has produced its first token
   bool prefilling = false;  // the running turn was admitted (memory for its KV) and is prefilling
   bool loading = false;     // its cache is being read from disk (state "warm")
+  bool erasing_cache = false;  // EraseCache is at work: its queued turns wait, then rebuild
   // Commit jobs built from this record so far: a failed edit is undone in memory only when no
   // later job (which carries the edit to disk) was built after it.
   uint64_t commits_built = 0;
@@ -331,8 +332,9 @@ class Engine final : public AgentEngine {
                    std::function<void(const kvfs::Status&)> done);
   // Forgets the agent's cache; its context stays as AgentRecord::dropped.
   void ReleaseCache(AgentRecord& agent);
-  // Engine thread: the agent's record, after failing its running, loading and queued turns.
-  Result<AgentRecord*> StopTurnsOf(const std::string& name, const kvfs::Status& why);
+  // Engine thread: the agent's record, after failing its running and loading turns, and its
+  // queued ones too unless keep_queued.
+  Result<AgentRecord*> StopTurnsOf(const std::string& name, const kvfs::Status& why, bool keep_queued = false);
   // Engine thread: queues a load of the agent's cache files that are not in the pool; false if
   // everything is resident (or there is no store).
   bool QueueLoad(AgentRecord& agent, std::function<void()> on_loaded);

@@ -66,7 +66,7 @@ void Engine::EngineLoop() {
       std::unique_lock lock(mu_);
       auto startable = [&] {
         for (auto& [name, a] : agents_)
-          if (!a->running && !a->queue.empty()) return true;
+          if (!a->running && !a->erasing_cache && !a->queue.empty()) return true;
         return false;
       };
       // A loaded turn that AdmitKv held while others ran starts once they are gone (they may
@@ -138,7 +138,7 @@ void Engine::StartTurns() {
   {
     std::lock_guard lock(mu_);
     for (auto& [name, a] : agents_) {
-      if (a->running || a->queue.empty()) continue;
+      if (a->running || a->erasing_cache || a->queue.empty()) continue;
       auto turn = std::make_unique<ActiveTurn>();
       turn->agent = a.get();
       turn->request = std::move(a->queue.front());

@@ -3,6 +3,7 @@
 // hold the budget for good), and an edit of an agent's settings keeps its stored tail, so it
 // resumes after a restart without recomputing. On the real stories260K model, with the store on
 // the fault-injecting file system where a test needs a full disk.
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -243,6 +244,56 @@ TEST_F(EngineStateTest, ACacheInTheFormerFormatStaysTheAgentsOverARestart) {
   ASSERT_TRUE(erased.ok());
   EXPECT_GT(erased->files_removed, 0u);
   EXPECT_GT(erased->bytes_freed, 0u);
+}
+
+// rm kv.safetensors during a turn cancels that turn only: the turns queued behind it wait for the
+// erasure, then run on a cache rebuilt from the token ids, and reply as an agent with the same
+// conversation that was never erased does.
+TEST_F(EngineStateTest, CacheErasureCancelsTheRunningTurnAndKeepsTheQueuedOnes) {
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  for (const char* name : {"alice", "bob"}) {
+    ASSERT_TRUE((*engine)->CreateAgent(name, 0).ok());
+    Greedy(**engine, name, "", 200);
+    ASSERT_TRUE(RunTurn(**engine, name, kStory).stats.ok());
+  }
+  // alice: a slow turn (its text callback sleeps), and two more queued behind it.
+  std::promise<void> first_text;
+  std::atomic<bool> texted{false};
+  std::vector<std::promise<Result<TurnStats>>> done(3);
+  std::vector<std::string> replies(3);
+  const char* texts[3] = {" One day", " Then she saw a dog.", " The end."};
+  for (int i = 0; i < 3; ++i) {
+    TurnRequest r;
+    r.agent = "alice";
+    r.text = texts[i];
+    r.on_text = [&, i](std::string_view s) {
+      replies[i] += s;
+      if (i == 0) {
+        if (!texted.exchange(true)) first_text.set_value();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    };
+    r.on_done = [&, i](const Result<TurnStats>& st) { done[i].set_value(st); };
+    ASSERT_TRUE((*engine)->SubmitTurn(std::move(r)).ok());
+  }
+  ASSERT_EQ(first_text.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  ASSERT_TRUE((*engine)->EraseCache("alice").ok());
+  Result<TurnStats> first = done[0].get_future().get();
+  EXPECT_FALSE(first.ok());
+  EXPECT_EQ(first.status().code(), StatusCode::kNotFound) << first.status().message();
+  Result<TurnStats> second = done[1].get_future().get();
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(second->match, "rebuild");
+  Result<TurnStats> third = done[2].get_future().get();
+  ASSERT_TRUE(third.ok()) << third.status().message();
+  EXPECT_EQ(third->match, "extend");
+  // bob has the same conversation, without the cancelled turn and the erasure.
+  TurnOutcome bob2 = RunTurn(**engine, "bob", texts[1]);
+  TurnOutcome bob3 = RunTurn(**engine, "bob", texts[2]);
+  EXPECT_EQ(replies[1], bob2.reply);
+  EXPECT_EQ(replies[2], bob3.reply);
+  EXPECT_EQ(*(*engine)->Conversation("alice"), *(*engine)->Conversation("bob"));
 }
 
 // Calls that reach the engine after its shutdown fail instead of waiting for threads that have
