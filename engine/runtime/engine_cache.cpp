@@ -1,6 +1,8 @@
 // An agent's cache on the engine side: assembling it for a turn from the pool and the disk,
 // loading a cold agent's blocks (the loader thread), releasing it, and the pool keys it holds.
 #include <algorithm>
+#include <chrono>
+#include <mutex>
 
 #include <spdlog/spdlog.h>
 
@@ -14,9 +16,27 @@ using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::kPrefixDomain;
 
+Result<PoolBlock*> Engine::AllocateToReload(int64_t bytes) {
+  auto b = pool_->Allocate(bytes);
+  // A full budget may be held by blocks of turns that just ended, evictable once the store has
+  // written them (within milliseconds): wait for that, for a second at most, rather than
+  // recompute what the disk holds (a turn that waited for memory, resuming).
+  const auto until = engine_internal::Clock::now() + std::chrono::seconds(1);
+  while (!b.ok() && b.status().code() == StatusCode::kResourceExhausted) {
+    {
+      std::unique_lock lock(store_mu_);
+      if (store_jobs_ == 0) break;
+      const size_t before = store_jobs_;
+      if (!store_job_done_cv_.wait_until(lock, until, [&] { return store_jobs_ < before; })) break;
+    }
+    b = pool_->Allocate(bytes);
+  }
+  return b;
+}
+
 PoolBlock* Engine::LoadBlock(const BlockHash& hash, const KvLayout& layout) {
   if (!store_ || !store_->HasBlock(hash)) return nullptr;
-  auto b = pool_->Allocate(layout.block_bytes());
+  auto b = AllocateToReload(layout.block_bytes());
   if (!b.ok()) return nullptr;
   kvfs::Status read = store_->ReadBlockInto(hash, std::span<uint8_t>((*b)->data, static_cast<size_t>(layout.block_bytes())));
   if (!read.ok()) {
@@ -78,7 +98,7 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
         static_cast<int64_t>(disk_tail->n_tokens) == rest && rest >= keep - have) {
       auto tail = store_->ReadTail(a.name, *disk_tail);
       if (tail.ok()) {
-        auto fresh = pool_->Allocate(layout.tail_block_bytes());
+        auto fresh = AllocateToReload(layout.tail_block_bytes());
         if (fresh.ok() && ExpandTail(layout, *tail, disk_tail->n_tokens, (*fresh)->data)) {
           b = *fresh;
           std::lock_guard lock(mu_);
@@ -257,7 +277,7 @@ void Engine::LoaderLoop() {
     if (job.disk_tail) {
       auto tail = store_->ReadTail(job.agent, *job.disk_tail);
       if (tail.ok()) {
-        auto b = pool_->Allocate(job.layout.tail_block_bytes());
+        auto b = AllocateToReload(job.layout.tail_block_bytes());
         if (b.ok() && ExpandTail(job.layout, *tail, job.disk_tail->n_tokens, (*b)->data)) {
           pool_->Release(pool_->Name(*b, job.tail_key));
           pool_->MarkPersisted(job.tail_key);

@@ -303,6 +303,9 @@ class Engine final : public AgentEngine {
   // Makes the first `keep` tokens of `tokens` resident in turn.seq from the agent's own blocks,
   // shared blocks of the same domain or prefixes, and the disk; returns how many it got.
   int64_t AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& tokens, int64_t keep);
+  // pool_->Allocate for a block read back from disk; when the budget is full, waits (briefly)
+  // for the store to write blocks that then become evictable.
+  Result<PoolBlock*> AllocateToReload(int64_t bytes);
   PoolBlock* LoadBlock(const BlockHash& hash, const KvLayout& layout);
   void Step();
   // Whether a prepared turn may start now: under a KV budget, the most memory it can take (its

@@ -78,6 +78,46 @@ TEST_F(EngineTest, TurnsMatchUncachedRunsAcrossRestartAndEviction) {
   }
 }
 
+// Turns that arrive together under a budget for one of them at a time: the one that waits for
+// memory finds its blocks and tail evicted by the other, and the budget held by the other's
+// blocks until the store has written them. It waits for that and reads its cache back, so both
+// resume from their caches ("extend", every cached token reused) instead of recomputing.
+TEST_F(EngineTest, ATurnThatWaitedForMemoryReloadsWhatWasEvicted) {
+  const int64_t budget = 4 * 10240;  // 4 blocks: a running turn evicts the other agent's
+  auto engine = CreateEngine(Options(budget));
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  std::map<std::string, int64_t> cached;
+  for (const char* name : {"carol", "dave"}) {
+    ASSERT_TRUE((*engine)->CreateAgent(name, 0).ok());
+    Greedy(**engine, name, "", 8);
+    ASSERT_TRUE(RunTurn(**engine, name, std::string(kTurns[0]) + " " + name).stats.ok());
+    cached[name] = (*engine)->GetAgent(name)->context_tokens;
+    ASSERT_GT(cached[name] % 16, 0) << "the test wants a tail";
+  }
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    std::map<std::string, std::promise<Result<TurnStats>>> done;
+    for (const char* name : {"carol", "dave"}) done[name];  // (no insertion once turns run)
+    for (const char* name : {"carol", "dave"}) {
+      TurnRequest r;
+      r.agent = name;
+      r.text = " And then?";
+      auto* p = &done[name];
+      r.on_done = [p](const Result<TurnStats>& st) { p->set_value(st); };
+      ASSERT_TRUE((*engine)->SubmitTurn(std::move(r)).ok());
+    }
+    for (const char* name : {"carol", "dave"}) {
+      Result<TurnStats> st = done[name].get_future().get();
+      ASSERT_TRUE(st.ok()) << name << ": " << st.status().message();
+      EXPECT_EQ(st->match, "extend") << name;
+      EXPECT_EQ(st->reused_tokens, cached[name]) << name;
+      cached[name] = (*engine)->GetAgent(name)->context_tokens;
+    }
+  }
+  EXPECT_GT((*engine)->Stats().evictions, 0u);
+}
+
+
 TEST_F(EngineTest, AgentsOfOneUidShareBlocks) {
   auto engine = CreateEngine(Options());
   ASSERT_TRUE(engine.ok());
