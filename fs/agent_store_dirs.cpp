@@ -257,8 +257,18 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
       resized = true;
       std::lock_guard lock(handle->mu);
       if (handle->kind == Handle::Kind::kPrompt) {
-        // The UTF-8 state covers the whole buffer: only a restart from empty keeps it exact.
-        if (size != 0) return InvalidArgument("a prompt can only be truncated to 0");
+        // The UTF-8 state covers the whole buffer: only a restart from empty keeps it exact. A
+        // refused cut refuses the prompt, as a refused write does: its text is not what the
+        // writer meant any more.
+        if (size != 0) {
+          if (handle->refused.ok()) {
+            handle->refused = InvalidArgument("a prompt can only be truncated to 0");
+            std::lock_guard m(metrics_->mu);
+            ++metrics_->values.prompts_refused;
+          }
+          NoteRefusedWrite(*handle, handle->refused);
+          return handle->refused;
+        }
         handle->data.clear();
         handle->utf8 = Utf8Validator();
         handle->refused = Status::Ok();

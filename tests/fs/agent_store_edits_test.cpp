@@ -186,8 +186,24 @@ TEST_F(StoreTest, PromptWritesOutOfOrderRefuseThePrompt) {
     EXPECT_EQ(store_->Flush(h).code(), StatusCode::kInvalidArgument);
     store_->Release(h);
   }
+  // An ftruncate to anything but 0 refuses it too (the text would not be what was meant).
+  HandleId h = *store_->Open(*File("alice", "prompt"), WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(store_->Write(h, 0, "hello world").ok());
+  EXPECT_EQ(store_->Truncate(*File("alice", "prompt"), 5, h, kRoot).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Flush(h).code(), StatusCode::kInvalidArgument);
+  store_->Release(h);
   EXPECT_EQ(engine_->GetAgent("alice")->turns, turns);
   EXPECT_EQ(nlohmann::json::parse(*Cat("alice", "status.json"))["last_refused_write"]["file"], "prompt");
+  // Emptied, it starts again: what is written next (at the writer's offset, which ftruncate
+  // does not move) is the turn.
+  h = *store_->Open(*File("alice", "prompt"), WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(store_->Write(h, 0, "discarded").ok());
+  ASSERT_TRUE(store_->Truncate(*File("alice", "prompt"), 0, h, kRoot).ok());
+  ASSERT_TRUE(store_->Write(h, 9, "kept").ok());
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  EXPECT_EQ(engine_->GetAgent("alice")->turns, turns + 1);
 }
 
 TEST_F(StoreTest, ConfigIsValidatedAtCloseAndBadInputChangesNothing) {
