@@ -100,10 +100,13 @@ size_t Engine::ReserveStepKv(std::vector<SequenceStep>& steps, std::vector<Activ
     kvfs::Status why = owners[youngest]->kv_wait_status;
     if (steps.size() == 1) {
       // It ran alone: no other turn's finishing would make room, so the budget is too small for it.
+      const SequenceKv& kv = *steps[youngest].kv;
       why = kvfs::Status(StatusCode::kResourceExhausted,
-                         fmt::format("this turn needs more KV memory than the budget leaves it: {} (raise --kv-budget, "
-                                     "or go on in a new agent)",
-                                     why.message()));
+                         fmt::format("this turn alone needs more KV memory than the budget of {} bytes holds: its "
+                                     "context reached {} tokens, in blocks of {} tokens ({}) (raise --kv-budget, or "
+                                     "go on in a new agent)",
+                                     counters_.memory_budget_bytes, kv.n_tokens() + static_cast<int64_t>(steps[youngest].tokens.size()),
+                                     kv.layout().block_tokens, why.message()));
     }
     FailTurn(*owners[youngest], why);
   }

@@ -201,31 +201,33 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   std::vector<TokenId> tokens = std::move(matched.tokens);
   turn.context_ends = std::move(matched.ends);
   if (tokens.empty()) return InvalidArgument("the prompt encodes to no tokens");
-  if (static_cast<int64_t>(tokens.size()) + 1 > n_ctx_) {
+  // A context of exactly n_ctx tokens still gives the reply's first token (from the last
+  // position's logits; it is not fed back): a one-token reply, stopped as context_full.
+  if (static_cast<int64_t>(tokens.size()) > n_ctx_) {
     // Say what the user can do: a conversation that no longer fits is the agent's whole memory,
-    // which kvfs does not cut on its own. Counts include one position for the reply's first token.
+    // which kvfs does not cut on its own.
     std::string system_part;
     if (!a.system.empty()) {
       const size_t system_tokens = RenderedTokens(a, {});
       system_part = fmt::format(" (the system prompt takes {} of them: a shorter one frees them)", system_tokens);
     }
     if (a.conversation.empty())
-      return OutOfRange(fmt::format("the prompt needs {} tokens with the reply's first, but the context holds {}{}: "
+      return OutOfRange(fmt::format("the prompt needs {} tokens, but the context holds {}{}: "
                                     "write a shorter one, or run kvfsd with a larger context (-c)",
-                                    tokens.size() + 1, n_ctx_, system_part));
+                                    tokens.size(), n_ctx_, system_part));
     // A prompt too long on its own is not a full conversation: the agent takes shorter ones.
     std::vector<ConversationTurn> alone{ConversationTurn{"user", turn.request.text}};
     const size_t alone_tokens = RenderedTokens(a, alone);
-    if (static_cast<int64_t>(alone_tokens) + 1 > n_ctx_)
-      return OutOfRange(fmt::format("this prompt alone needs {} tokens with the reply's first, but the context "
+    if (static_cast<int64_t>(alone_tokens) > n_ctx_)
+      return OutOfRange(fmt::format("this prompt alone needs {} tokens, but the context "
                                     "holds {}{}: write a shorter one (the conversation so far is kept), or run kvfsd "
                                     "with a larger context (-c)",
-                                    alone_tokens + 1, n_ctx_, system_part));
-    return OutOfRange(fmt::format("the conversation with this prompt needs {} tokens with the reply's first, but the "
+                                    alone_tokens, n_ctx_, system_part));
+    return OutOfRange(fmt::format("the conversation with this prompt needs {} tokens, but the "
                                   "context holds {}, {} of them taken by the conversation so far{}: write a shorter "
                                   "prompt, or, when the conversation itself is full, go on in a new agent (mkdir, then "
                                   "cp this one's system and config.json), or run kvfsd with a larger context (-c)",
-                                  tokens.size() + 1, n_ctx_, before.size(), system_part));
+                                  tokens.size(), n_ctx_, before.size(), system_part));
   }
   size_t keep = 0;
   while (keep < tokens.size() && keep < before.size() && tokens[keep] == before[keep]) ++keep;

@@ -435,6 +435,20 @@ TEST_F(EngineStateTest, ATurnThatCannotFitFailsSayingWhatToDo) {
   EXPECT_NE(out.stats.status().message().find("the system prompt takes"), std::string::npos) << out.stats.status().message();
   ASSERT_TRUE((*engine)->SetSystem("carol", "").ok());
   EXPECT_TRUE(RunTurn(**engine, "carol", "Once upon a time").stats.ok());
+  // A prompt of exactly the context's size still gets the reply's first token; one more fails.
+  const Tokenizer& tok = model_->tokenizer();
+  std::string exact = "Once";
+  while (static_cast<int64_t>(tok.Encode(exact, true, false).size()) < o.n_ctx) exact += " a";
+  ASSERT_EQ(static_cast<int64_t>(tok.Encode(exact, true, false).size()), o.n_ctx);
+  ASSERT_TRUE((*engine)->CreateAgent("dora", 0).ok());
+  ASSERT_TRUE((*engine)->SetSettings("dora", s).ok());
+  out = RunTurn(**engine, "dora", exact);
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->generated_tokens, 1);
+  EXPECT_EQ(out.stats->stop_reason, "context_full");
+  ASSERT_TRUE((*engine)->CreateAgent("eve", 0).ok());
+  out = RunTurn(**engine, "eve", exact + " a");
+  EXPECT_EQ(out.stats.status().code(), StatusCode::kOutOfRange);
 }
 
 // A cached block that cannot be had when a turn starts (here a read that fails twice: the
