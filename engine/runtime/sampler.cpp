@@ -211,21 +211,25 @@ TokenId Sampler::Sample(std::span<const float> logits, std::span<const TokenId> 
     sorted = true;
   }
 
-  // Temperature and softmax, stabilised by subtracting the maximum. The weights stay
-  // unnormalised (the maximum has weight exactly 1) and are overwritten into the logit slot:
-  // from here on candidates_[i].first is a weight and Better compares weights. exp is
-  // monotone, so that is the logit order, except that logits which round to the same weight
-  // then rank by id.
+  // Softmax, stabilised by subtracting the maximum. The weights stay unnormalised (the maximum
+  // has weight exactly 1) and are overwritten into the logit slot: from here on
+  // candidates_[i].first is a weight and Better compares weights. exp is monotone, so that is
+  // the logit order, except that logits which round to the same weight then rank by id.
+  // top_p and min_p judge the probabilities before the temperature, as llama.cpp's default
+  // chain does (top_k, top_p, min_p, temperature); without them the weights are made at the
+  // temperature at once.
+  const bool filters = params_.min_p > 0.0f || params_.top_p < 1.0f;
   float max_logit = -std::numeric_limits<float>::infinity();
   for (const Candidate& c : candidates_) max_logit = std::max(max_logit, c.first);
   // Float exp: the weights are stored as float anyway, and it is several times cheaper than
   // double over a whole vocabulary; the sum is kept in double.
   const float inv_temp = 1.0f / params_.temperature;
+  const float scale = filters ? 1.0f : inv_temp;
   double total = 0.0;
   for (Candidate& c : candidates_) {
     // Equal to the maximum -> weight 1 exactly; this also covers an all -inf row, which then
     // samples uniformly instead of dividing 0 by 0.
-    c.first = c.first == max_logit ? 1.0f : std::exp((c.first - max_logit) * inv_temp);
+    c.first = c.first == max_logit ? 1.0f : std::exp((c.first - max_logit) * scale);
     total += static_cast<double>(c.first);
   }
 
@@ -266,6 +270,11 @@ TokenId Sampler::Sample(std::span<const float> logits, std::span<const TokenId> 
       }
     }
   }
+
+  // The survivors' weights at the temperature: exp((l - max) / T) = w^(1/T), in the same order.
+  if (filters && inv_temp != 1.0f)
+    for (Candidate& c : candidates_)
+      if (c.first != 1.0f) c.first = std::pow(c.first, inv_temp);
 
   // Draw. The kept weights need no explicit renormalisation: scaling u by their sum does it.
   double kept_total = 0.0;

@@ -52,13 +52,15 @@ std::vector<TokenId> SortedIds(const std::vector<float>& logits) {
   return ids;
 }
 
-// The documented pipeline written naively: top-k, softmax(T), top-p prefix, min-p. Fails the
+// The documented pipeline (llama.cpp's default chain) written naively: top-k, then top-p's
+// prefix and min-p over softmax at temperature 1; the temperature only shapes the draw among
+// those (FrequenciesMatchSoftmax). Fails the
 // test if a top-p or min-p boundary is too close to call (the sampler keeps weights in
 // float), so the expected set is unambiguous.
 std::set<TokenId> ReferenceAllowed(const std::vector<float>& logits, const SamplerParams& sp) {
   std::vector<TokenId> ids = SortedIds(logits);
   if (sp.top_k > 0 && static_cast<size_t>(sp.top_k) < ids.size()) ids.resize(static_cast<size_t>(sp.top_k));
-  std::vector<double> p = ReferenceProbs(logits, ids, sp.temperature);
+  std::vector<double> p = ReferenceProbs(logits, ids, 1.0);
   size_t keep = ids.size();
   if (sp.top_p < 1.0f) {
     double cum = 0.0;
@@ -169,7 +171,7 @@ TEST(Sampler, MinPNeverKeepsUnlikelyTokens) {
 TEST(Sampler, CombinedFiltersMatchTheDocumentedOrder) {
   ExpectOnlyAllowed(Params(0.8f, 40, 0.95f, 0.05f), 32000, 31, 6.0f);
   ExpectOnlyAllowed(Params(1.2f, 100, 0.7f, 0.02f), 32000, 32, 6.0f);
-  ExpectOnlyAllowed(Params(2.0f, 0, 0.8f, 0.01f), 5000, 33, 6.0f);
+  ExpectOnlyAllowed(Params(2.0f, 0, 0.8f, 0.01f), 5000, 36, 6.0f);
 }
 
 // Chi-square goodness of fit of empirical frequencies against the expected distribution.
@@ -226,6 +228,23 @@ TEST(Sampler, FrequenciesMatchSoftmax) {
     }
     // 3 or 2 degrees of freedom: P(chi2 > 16.27 / 13.82) = 0.001.
     EXPECT_LT(ChiSquare(counts, ReferenceProbs(logits, ids, 1.0), n), ids.size() == 4 ? 16.27 : 13.82);
+  }
+  // At another temperature top-p keeps the same set (judged at temperature 1, as llama.cpp's
+  // chain does), and the draw among it is softmax(logits / T) renormalised over it.
+  for (float temp : {0.5f, 2.0f}) {
+    SamplerParams sp = Params(temp, 0, 0.8f, 0.0f, 45);
+    std::set<TokenId> allowed = ReferenceAllowed(logits, sp);
+    ASSERT_EQ(allowed.size(), 4u);
+    std::vector<TokenId> ids(allowed.begin(), allowed.end());
+    Sampler s(sp);
+    std::vector<int> counts(ids.size());
+    for (int i = 0; i < n; ++i) {
+      TokenId t = s.Sample(logits, {});
+      auto it = std::find(ids.begin(), ids.end(), t);
+      ASSERT_NE(it, ids.end()) << "temp " << temp << ": token " << t << " outside the nucleus at temperature 1";
+      ++counts[static_cast<size_t>(it - ids.begin())];
+    }
+    EXPECT_LT(ChiSquare(counts, ReferenceProbs(logits, ids, temp), n), 16.27) << "temp " << temp;
   }
 }
 
