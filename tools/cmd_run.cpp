@@ -11,6 +11,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/read_file.h"
 #include "engine/runtime/generate.h"
+#include "engine/store/manifest.h"
 #include "tools/args.h"
 #include "tools/backend_choice.h"
 #include "tools/commands.h"
@@ -96,6 +97,9 @@ int Run(int argc, char** argv) {
     if (!prompt.empty() && prompt.back() == '\n') prompt.pop_back();
   }
   if (args.has("--raw") && args.has("--system")) return Fail("--system has no place with --raw (the prompt is the input as is)");
+  // As the mount's prompt and system files: text is UTF-8 (the replies and the templates are).
+  if (!store::ValidUtf8(prompt)) return Fail("the prompt is not valid UTF-8");
+  if (auto sys = args.get("--system"); sys && !store::ValidUtf8(*sys)) return Fail("--system is not valid UTF-8");
 
   spdlog::set_level(args.has("--verbose") ? spdlog::level::info : spdlog::level::warn);
   auto model_or = Model::Load(*args.get("-m"));

@@ -114,6 +114,8 @@ with tempfile.TemporaryDirectory() as tmp:
         '--tuning is for --backend vulkan')
     bad('prompt file that is a directory', ['run', '-m', stories, '-f', tmp], 'is a directory')
     bad('text file that is a directory', ['perplexity', '-m', stories, '-f', tmp], 'is a directory')
+    latin1 = os.path.join(tmp, 'latin1.txt'); open(latin1, 'wb').write(b'caf\xe9 au lait\n')
+    bad('a prompt that is not UTF-8 (as the mount refuses it)', ['run', '-m', stories, '-f', latin1], 'not valid UTF-8')
     bad('bad --kv before any output', ['bench', 'resume', '-m', stories, '--kv', 'bogus'], 'bogus')
     bad('--logits-out that cannot be written, before generating',
         ['run', '-m', stories, '-p', 'hi', '-n', '4', '--logits-out', tmp], tmp)
