@@ -380,6 +380,26 @@ std::string Drain(std::string& pending, bool final) {
 
 }  // namespace
 
+std::string ShowAsText(std::string_view bytes, bool final, std::vector<std::pair<size_t, size_t>>* unit_ends) {
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  std::string out;
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const int st = Utf8Status(bytes, i);
+    if (st > 0) {
+      out.append(bytes.substr(i, static_cast<size_t>(st)));
+      i += static_cast<size_t>(st);
+    } else if (st < 0 || final) {
+      out += kReplacement;
+      i = st < 0 ? i + static_cast<size_t>(-st) : bytes.size();
+    } else {
+      break;  // an unfinished character at the end
+    }
+    if (unit_ends != nullptr) unit_ends->emplace_back(i, out.size());
+  }
+  return out;
+}
+
 std::string StreamDecoder::Push(TokenId id) {
   pending_ += tokenizer_.TokenToPiece(id);
   return Drain(pending_, /*final=*/false);

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -93,6 +94,13 @@ class Tokenizer {
   void BuildIndex();
   // Implementations add their own state (merges, scores).
 };
+
+// `bytes` as StreamDecoder shows them: whole characters as they are, each invalid sequence as one
+// U+FFFD; an unfinished character at the end is left out unless `final` (then U+FFFD too).
+// `unit_ends`, when given, receives the end of each unit (character or replaced sequence) in
+// `bytes` and in the result, in order.
+std::string ShowAsText(std::string_view bytes, bool final,
+                       std::vector<std::pair<size_t, size_t>>* unit_ends = nullptr);
 
 // Decodes a token stream incrementally without ever emitting half a UTF-8 character: bytes of
 // an incomplete sequence are held back until it completes (or Flush()).

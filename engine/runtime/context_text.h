@@ -72,6 +72,15 @@ std::optional<std::vector<uint32_t>> TokenEndsFromDeltas(std::span<const int64_t
 std::optional<size_t> FirstTokenNotSpellingText(const Tokenizer& tokenizer, std::span<const TokenId> tokens,
                                                 std::string_view text, std::span<const uint32_t> ends);
 
+// A turn's context text (its rendered prompt and the bytes of the tokens it generated) as the
+// next turn renders it, with the reply as the reply shows it: bytes that form no UTF-8 as
+// U+FFFD (ShowAsText), so that the next turn finds the text and extends the cache over them
+// rather than diverging there. Each token's end moves onto that text: one inside a replaced
+// sequence or a character goes to its end (the tokens are kept or dropped together). An
+// unfinished character at the end (the turn's last, unfed token would have completed it) is
+// left out, and its tokens get kNoTextEnd. Valid text is left as it is.
+void ShowContextAsRendered(std::string& text, std::vector<uint32_t>& ends);
+
 // Ends for `n` tokens encoded from a text of `text_bytes` bytes as one run.
 std::vector<uint32_t> OneRunEnds(size_t n, size_t text_bytes);
 

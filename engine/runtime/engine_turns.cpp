@@ -467,14 +467,10 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     a.token_ends = turn.context_ends;
     a.dropped = {};
     // Byte tokens can leave the fed text invalid UTF-8 (a character cut by max_tokens, bytes
-    // that form none). The reply shows U+FFFD there, and the manifest (JSON) cannot hold such
-    // bytes: the text stops before them and the tokens from there on have no known text, so
-    // the next turn keeps the cache up to them.
-    if (const size_t valid = store::ValidUtf8Prefix(a.cached_text); valid < a.cached_text.size()) {
-      a.cached_text.resize(valid);
-      for (uint32_t& end : a.token_ends)
-        if (end > valid) end = kNoTextEnd;
-    }
+    // that form none). The reply shows U+FFFD there, and so will the next turn's rendering of
+    // it; the manifest (JSON) cannot hold such bytes either. The text behind the cache says
+    // U+FFFD too, so the next turn extends the cache over the bytes the model generated.
+    ShowContextAsRendered(a.cached_text, a.token_ends);
     a.updated_ms = Now();
     counters_.tokens_reused += static_cast<uint64_t>(stats.reused_tokens);
     counters_.tokens_computed += static_cast<uint64_t>(stats.prefilled_tokens + std::max<int64_t>(0, stats.generated_tokens - 1));
