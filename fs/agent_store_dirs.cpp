@@ -260,7 +260,9 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
         // The UTF-8 state covers the whole buffer: only a restart from empty keeps it exact. A
         // refused cut refuses the prompt, as a refused write does: its text is not what the
         // writer meant any more.
-        if (size != 0) {
+        if (size != 0 && size == handle->data.size()) {
+          // (Python's f.truncate() after its writes: a cut to where it is changes nothing.)
+        } else if (size != 0) {
           if (handle->refused.ok()) {
             handle->refused = InvalidArgument("a prompt can only be truncated to 0");
             std::lock_guard m(metrics_->mu);
@@ -268,10 +270,11 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
           }
           NoteRefusedWrite(*handle, handle->refused);
           return handle->refused;
+        } else {
+          handle->data.clear();
+          handle->utf8 = Utf8Validator();
+          handle->refused = Status::Ok();
         }
-        handle->data.clear();
-        handle->utf8 = Utf8Validator();
-        handle->refused = Status::Ok();
       } else {
         const size_t limit = handle->kind == Handle::Kind::kImport ? config_.max_import_bytes : config_.max_text_bytes;
         if (size > limit) return TooLarge(fmt::format("this file is limited to {} bytes", limit));

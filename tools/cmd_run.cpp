@@ -119,7 +119,8 @@ int Run(int argc, char** argv) {
     messages.push_back({"user", prompt});
     std::vector<TextSpan> content;  // the messages' "</s>" stays text, as kvfsd encodes it
     const std::string text = chat.Format(messages, true, &content);
-    tokens = model.tokenizer().Encode(text, true, SpecialParsing(content));
+    const std::vector<TokenId> markers = chat.MarkupTokens();
+    tokens = model.tokenizer().Encode(text, true, SpecialParsing(content, markers));
     gen.stop_strings = chat.StopStrings();
   } else {
     tokens = model.tokenizer().Encode(prompt, true, false);

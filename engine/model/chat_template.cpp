@@ -340,6 +340,27 @@ bool EndsTurnWithEos(ChatFamily family) {
 
 }  // namespace
 
+std::vector<TokenId> ChatTemplate::MarkupTokens() const {
+  std::vector<TokenId> ids;
+  if (tokenizer_ == nullptr) return ids;
+  std::vector<std::string_view> markers;
+  switch (family_) {
+    case ChatFamily::kRaw: break;
+    case ChatFamily::kChatml: markers = {"<|im_start|>", "<|im_end|>"}; break;
+    case ChatFamily::kLlama3: markers = {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}; break;
+    case ChatFamily::kGemma: markers = {"<start_of_turn>", "<end_of_turn>"}; break;
+    case ChatFamily::kPhi3: markers = {"<|system|>", "<|user|>", "<|assistant|>", "<|end|>"}; break;
+    case ChatFamily::kZephyr: markers = {"<|system|>", "<|user|>", "<|assistant|>"}; break;
+    case ChatFamily::kLlama2:
+    case ChatFamily::kMistral: markers = {"[INST]", "[/INST]"}; break;
+  }
+  for (std::string_view m : markers)
+    if (TokenId id = tokenizer_->Find(m); id != kNoToken) ids.push_back(id);
+  for (TokenId id : {tokenizer_->bos(), tokenizer_->eos()})
+    if (id != kNoToken && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  return ids;
+}
+
 std::vector<TokenId> ChatTemplate::EndOfTurnTokens() const {
   std::vector<TokenId> ids;
   if (tokenizer_ == nullptr) return ids;

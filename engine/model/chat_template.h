@@ -42,6 +42,9 @@ class ChatTemplate {
   // for each family's exact layout and the Mistral spacing variant chosen.
   std::string Format(std::span<const ChatMessage> messages, bool add_generation_prompt,
                      std::vector<TextSpan>* content = nullptr) const;
+  // The vocabulary's tokens that spell this family's markup (turn markers, BOS, EOS), for
+  // SpecialParsing's markers: those typed user-defined would otherwise be cut out of contents.
+  std::vector<TokenId> MarkupTokens() const;
   // Tokens that end an assistant turn for this family (e.g. <|im_end|>, <|eot_id|>), plus EOS.
   std::vector<TokenId> EndOfTurnTokens() const;
   // Textual end-of-turn markers, for models whose vocab lacks them as single tokens.

@@ -38,9 +38,14 @@ struct TextSpan {
 // the first two.
 struct SpecialParsing {
   SpecialParsing(bool parse) : parse(parse) {}  // NOLINT(google-explicit-constructor)
-  explicit SpecialParsing(std::span<const TextSpan> literal) : parse(true), literal(literal) {}
+  // `markers`: user-defined tokens (which are parsed even without parse_special) that are a chat
+  // template's markup, so text too inside the spans (some GGUFs type <start_of_turn> so).
+  explicit SpecialParsing(std::span<const TextSpan> literal, std::span<const TokenId> markers = {})
+      : parse(true), literal(literal), markers(markers) {}
+  SpecialParsing(const void*) = delete;  // a pointer would convert to bool: "parse everywhere"
   bool parse = false;
   std::span<const TextSpan> literal;
+  std::span<const TokenId> markers;
 };
 
 class Tokenizer {

@@ -71,17 +71,23 @@ std::vector<VocabTokenizer::Fragment> VocabTokenizer::Partition(std::string_view
   // Whether an occurrence of a control token at text[at, at + size) may become the token.
   const std::span<const TextSpan> literal = parse_special.literal;
   auto outside_literal = [&](size_t at, size_t size) {
-    // The first span ending after `at` is the only one that can overlap it (spans are sorted).
+    // Spans are sorted: those ending after `at` and beginning before its end overlap it (empty
+    // ones overlap nothing).
     auto it = std::upper_bound(literal.begin(), literal.end(), at,
                                [](size_t pos, const TextSpan& s) { return pos < s.end; });
-    return it == literal.end() || it->begin >= at + size || it->begin >= it->end;
+    for (; it != literal.end() && it->begin < at + size; ++it)
+      if (it->begin < it->end) return false;
+    return true;
   };
 
   std::vector<Fragment> next;
   for (TokenId id : special_) {
     const uint16_t attr = attr_bits_[id];
-    const bool control = (attr & (kAttrControl | kAttrUnknown)) != 0;
-    if (!parse_special.parse && control) continue;
+    // Text inside the literal spans: control and unknown tokens, and the template's markers.
+    const bool control = (attr & (kAttrControl | kAttrUnknown)) != 0 ||
+                         std::find(parse_special.markers.begin(), parse_special.markers.end(), id) !=
+                             parse_special.markers.end();
+    if (!parse_special.parse && (attr & (kAttrControl | kAttrUnknown))) continue;
     const std::string_view tok = tokens_[id];
     if (!present[static_cast<uint8_t>(tok[0])]) continue;
 

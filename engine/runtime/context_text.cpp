@@ -33,7 +33,7 @@ std::vector<TextSpan> SpansFrom(std::span<const TextSpan> literal, size_t from) 
   return out;
 }
 
-ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendered, std::span<const TextSpan> literal,
+ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendered, SpecialParsing special_all,
                           std::span<const TokenId> tokens, std::string_view text, std::span<const uint32_t> ends) {
   ContextMatch m;
   // The tokens of cache[0, kept) and then the encoding of rendered[from, end) as one run.
@@ -45,8 +45,9 @@ ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendere
     if (from < rendered.size() || kept == 0) {
       // Encoded as it continues the kept tokens: the text the model sees is the rendered text.
       const std::string_view rest = std::string_view(rendered).substr(from);
-      const std::vector<TextSpan> rest_literal = SpansFrom(literal, from);
-      const SpecialParsing special(rest_literal);
+      const std::vector<TextSpan> rest_literal = SpansFrom(special_all.literal, from);
+      const SpecialParsing special = special_all.parse ? SpecialParsing(rest_literal, special_all.markers)
+                                                       : SpecialParsing(false);
       const std::vector<TokenId> more = kept == 0 ? tokenizer.Encode(rest, /*add_special=*/true, special)
                                                   : tokenizer.EncodeContinuation(rest, tokens[kept - 1], special);
       m.tokens.insert(m.tokens.end(), more.begin(), more.end());

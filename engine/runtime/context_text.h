@@ -44,9 +44,9 @@ struct ContextMatch {
 
 // Matches `rendered` against a cache of `tokens` (with `ends`) over `text`. An empty `text`
 // with tokens is a cache whose text is unknown (an imported one): the whole prompt is encoded,
-// and the caller keeps the tokens it shares with the cache. `literal`: the spans of `rendered`
-// whose control-token spellings stay text (ChatTemplate::Format's contents).
-ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendered, std::span<const TextSpan> literal,
+// and the caller keeps the tokens it shares with the cache. `special`: how `rendered` is
+// encoded (with the spans of its messages' contents, ChatTemplate::Format's).
+ContextMatch MatchContext(const Tokenizer& tokenizer, const std::string& rendered, SpecialParsing special,
                           std::span<const TokenId> tokens, std::string_view text, std::span<const uint32_t> ends);
 
 // The spans of `literal` (of a text) that lie past `from`, as spans of the text's rest from there.

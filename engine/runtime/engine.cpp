@@ -69,6 +69,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
 Status Engine::Init() {
   KVFS_ASSIGN_OR_RETURN(model_, Model::Load(options_.model_path));
   fingerprint_ = ModelFingerprint(model_->gguf());
+  markup_tokens_ = model_->chat_template().MarkupTokens();
   const HParams& hp = model_->hparams();
   n_ctx_ = options_.n_ctx > 0 ? options_.n_ctx : std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, kMaxDefaultContext);
   if (hp.n_ctx_train > 0 && n_ctx_ > hp.n_ctx_train)
@@ -209,7 +210,7 @@ store::Manifest Engine::ManifestOf(const AgentRecord& a) const {
                             {"context_text", context.text},
                             {"token_ends", TokenEndsToJson(context.ends)},
                             {"kv_format_id", KvFormatId(a.format)}};
-  if (a.last_turn) m.config["last_turn"] = TurnStatsToJson(*a.last_turn);
+  if (a.last_turn_queued) m.config["last_turn"] = TurnStatsToJson(*a.last_turn_queued);
   return m;
 }
 
@@ -221,7 +222,7 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   if (c.is_object()) {
     a.owner_uid = c.value("owner_uid", 0u);
     a.system = c.value("system", std::string());
-    a.last_turn = c.contains("last_turn") ? TurnStatsFromJson(c["last_turn"]) : std::nullopt;
+    a.last_turn = a.last_turn_queued = c.contains("last_turn") ? TurnStatsFromJson(c["last_turn"]) : std::nullopt;
     if (c.contains("settings")) {
       auto s = ParseAgentSettings(c["settings"].dump(), DefaultSettings());
       if (s.ok()) a.settings = *s;
@@ -447,6 +448,7 @@ void Engine::StoreLoop() {
     {
       std::lock_guard lock(store_mu_);
       --store_jobs_;
+      ++store_jobs_finished_;
     }
     store_job_done_cv_.notify_all();
   }

@@ -102,7 +102,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   auto resume_queued = [this, &name] {
     {
       std::lock_guard lock(mu_);
-      if (auto it = agents_.find(name); it != agents_.end()) it->second->erasing_cache = false;
+      if (auto it = agents_.find(name); it != agents_.end()) --it->second->erasing_cache;
     }
     engine_cv_.notify_all();
   };
@@ -116,7 +116,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why, /*keep_queued=*/true));
     {
       std::lock_guard lock(mu_);
-      a->erasing_cache = true;
+      ++a->erasing_cache;
     }
     Taken t;
     NoteKeys(*a);
@@ -605,6 +605,7 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       a->dropped = {};
       a->updated_ms = Now();
       a->last_turn.reset();  // the record was of the conversation the import replaced
+      a->last_turn_queued.reset();
     }
     // Then, on the engine thread: a failed commit puts the agent back at its committed state;
     // either way what it no longer names leaves the pool.

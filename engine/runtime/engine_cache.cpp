@@ -19,15 +19,21 @@ using engine_internal::kPrefixDomain;
 Result<PoolBlock*> Engine::AllocateToReload(int64_t bytes) {
   auto b = pool_->Allocate(bytes);
   // A full budget may be held by blocks of turns that just ended, evictable once the store has
-  // written them (within milliseconds): wait for that, for a second at most, rather than
-  // recompute what the disk holds (a turn that waited for memory, resuming).
-  const auto until = engine_internal::Clock::now() + std::chrono::seconds(1);
+  // written them (within milliseconds): wait for that, a quarter of a second at most, rather
+  // than recompute what the disk holds (a turn that waited for memory, resuming). Not while the
+  // engine has tasks queued: one of them may be what frees memory (and the engine thread, which
+  // runs them, may be the one waiting here).
+  const auto until = engine_internal::Clock::now() + std::chrono::milliseconds(250);
   while (!b.ok() && b.status().code() == StatusCode::kResourceExhausted) {
+    {
+      std::lock_guard lock(mu_);
+      if (!tasks_.empty()) break;
+    }
     {
       std::unique_lock lock(store_mu_);
       if (store_jobs_ == 0) break;
-      const size_t before = store_jobs_;
-      if (!store_job_done_cv_.wait_until(lock, until, [&] { return store_jobs_ < before; })) break;
+      const uint64_t finished = store_jobs_finished_;
+      if (!store_job_done_cv_.wait_until(lock, until, [&] { return store_jobs_finished_ > finished; })) break;
     }
     b = pool_->Allocate(bytes);
   }

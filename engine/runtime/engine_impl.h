@@ -57,11 +57,14 @@ struct AgentRecord {
   bool generating = false;  // the running turn has produced its first token
   bool prefilling = false;  // the running turn was admitted (memory for its KV) and is prefilling
   bool loading = false;     // its cache is being read from disk (state "warm")
-  bool erasing_cache = false;  // EraseCache is at work: its queued turns wait, then rebuild
+  int erasing_cache = 0;  // EraseCache calls at work: its queued turns wait, then rebuild
   // Commit jobs built from this record so far: a failed edit is undone in memory only when no
   // later job (which carries the edit to disk) was built after it.
   uint64_t commits_built = 0;
   std::optional<TurnStats> last_turn;
+  // The record the newest commit job carries (ManifestOf): last_turn once that commit is done. An
+  // edit's manifest built meanwhile carries it too, so the disk never goes back to an older one.
+  std::optional<TurnStats> last_turn_queued;
   std::string last_error;
   // Why its saved state could not be read (both manifests damaged, or written by a newer kvfs).
   // Such an agent is listed, owned by root, so that it can be erased, and refuses everything
@@ -408,6 +411,7 @@ class Engine final : public AgentEngine {
   // and dropped (before every pass, and before an erasure returns).
   void ForgetFreedBlocks();
   std::string fingerprint_;
+  std::vector<TokenId> markup_tokens_;  // the chat template's (ChatTemplate::MarkupTokens)
   int64_t n_ctx_ = 0;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<store::FileSystem> owned_fs_;  // when EngineOptions::file_system is null
@@ -442,6 +446,7 @@ class Engine final : public AgentEngine {
   std::deque<CommitJob> store_queue_;
   size_t store_jobs_ = 0;                     // store_mu_: queued or running
   std::condition_variable store_job_done_cv_;  // a job finished (ReserveStepKv waits on it)
+  uint64_t store_jobs_finished_ = 0;           // store_mu_: jobs finished so far
 
   std::mutex load_mu_;
   std::condition_variable load_cv_;

@@ -55,7 +55,7 @@ std::string Engine::Render(const AgentRecord& a, const std::vector<ConversationT
 size_t Engine::RenderedTokens(const AgentRecord& a, const std::vector<ConversationTurn>& conversation) const {
   std::vector<TextSpan> content;
   const std::string text = Render(a, conversation, &content);
-  return model_->tokenizer().Encode(text, /*add_special=*/true, SpecialParsing(content)).size();
+  return model_->tokenizer().Encode(text, /*add_special=*/true, SpecialParsing(content, markup_tokens_)).size();
 }
 
 void Engine::EngineLoop() {
@@ -66,7 +66,7 @@ void Engine::EngineLoop() {
       std::unique_lock lock(mu_);
       auto startable = [&] {
         for (auto& [name, a] : agents_)
-          if (!a->running && !a->erasing_cache && !a->queue.empty()) return true;
+          if (!a->running && a->erasing_cache == 0 && !a->queue.empty()) return true;
         return false;
       };
       // A loaded turn that AdmitKv held while others ran starts once they are gone (they may
@@ -138,7 +138,7 @@ void Engine::StartTurns() {
   {
     std::lock_guard lock(mu_);
     for (auto& [name, a] : agents_) {
-      if (a->running || a->erasing_cache || a->queue.empty()) continue;
+      if (a->running || a->erasing_cache > 0 || a->queue.empty()) continue;
       auto turn = std::make_unique<ActiveTurn>();
       turn->agent = a.get();
       turn->request = std::move(a->queue.front());
@@ -196,7 +196,8 @@ Status Engine::PrepareTurn(ActiveTurn& turn) {
   const AgentRecord::ContextRef context = a.Context();
   const std::vector<TokenId>& before = context.tokens;
   ContextMatch matched =
-      MatchContext(tok, turn.rendered_prompt, turn.rendered_content, before, context.text, context.ends);
+      MatchContext(tok, turn.rendered_prompt, SpecialParsing(turn.rendered_content, markup_tokens_), before,
+                   context.text, context.ends);
   turn.stats.match = matched.match;
   std::vector<TokenId> tokens = std::move(matched.tokens);
   turn.context_ends = std::move(matched.ends);
@@ -545,9 +546,10 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, const TurnStats* turn_
       a.parked_tail.reset();
     }
     NoteKeys(a);
+    // The turn's record goes in its manifest (and in any built after it); the agent shows it once
+    // that is committed.
+    if (turn_stats != nullptr) a.last_turn_queued = *turn_stats;
     job.manifest = ManifestOf(a);
-    // The turn's record goes in its manifest; the agent shows it once that is committed.
-    if (turn_stats != nullptr) job.manifest.config["last_turn"] = TurnStatsToJson(*turn_stats);
     ++a.commits_built;
   }
   // job.tail's payload points into job.tail_bytes, whose heap buffer moves with the job.

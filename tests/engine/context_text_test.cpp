@@ -90,18 +90,18 @@ TEST_F(ContextMatchTest, KeepsTheCacheUpToTheFirstDifference) {
   ASSERT_EQ(text, "Once upon a time there was a dog.");
   ASSERT_EQ(tok().TokenToPiece(tokens.back(), false), ".");
 
-  ContextMatch same = MatchContext(tok(), text, {}, tokens, text, ends);
+  ContextMatch same = MatchContext(tok(), text, true, tokens, text, ends);
   EXPECT_STREQ(same.match, "exact");
   EXPECT_EQ(same.tokens, tokens);
 
-  ContextMatch more = MatchContext(tok(), text + " The end.", {}, tokens, text, ends);
+  ContextMatch more = MatchContext(tok(), text + " The end.", true, tokens, text, ends);
   EXPECT_STREQ(more.match, "extend");
   EXPECT_EQ(more.kept, tokens.size());
   EXPECT_EQ(more.ends.back(), text.size() + 9);
 
   // The reply shows "... a dog" (the "." was a stop string's first token): all but the "." kept.
   const std::string cut = "Once upon a time there was a dog! Hi";
-  ContextMatch diverged = MatchContext(tok(), cut, {}, tokens, text, ends);
+  ContextMatch diverged = MatchContext(tok(), cut, true, tokens, text, ends);
   EXPECT_STREQ(diverged.match, "diverge");
   EXPECT_EQ(diverged.kept, tokens.size() - 1);
   EXPECT_TRUE(std::equal(tokens.begin(), tokens.end() - 1, diverged.tokens.begin()));
@@ -112,7 +112,7 @@ TEST_F(ContextMatchTest, KeepsTheCacheUpToTheFirstDifference) {
   EXPECT_EQ(diverged.ends.back(), cut.size());
 
   // A change inside the prompt's run keeps nothing: the whole context is encoded anew.
-  ContextMatch early = MatchContext(tok(), "Once upon a day", {}, tokens, text, ends);
+  ContextMatch early = MatchContext(tok(), "Once upon a day", true, tokens, text, ends);
   EXPECT_STREQ(early.match, "diverge");
   EXPECT_EQ(early.kept, 0u);
   EXPECT_EQ(early.tokens, tok().Encode("Once upon a day", true, true));
@@ -122,12 +122,12 @@ TEST_F(ContextMatchTest, KeepsTheCacheUpToTheFirstDifference) {
   std::vector<uint32_t> unknown_tail = ends;
   unknown_tail.back() = kNoTextEnd;
   const std::string known = text.substr(0, text.size() - 1);
-  ContextMatch past = MatchContext(tok(), known + "\xEF\xBF\xBD Hi", {}, tokens, known, unknown_tail);
+  ContextMatch past = MatchContext(tok(), known + "\xEF\xBF\xBD Hi", true, tokens, known, unknown_tail);
   EXPECT_STREQ(past.match, "diverge");
   EXPECT_EQ(past.kept, tokens.size() - 1);
 
   // A cache whose text is unknown (an import) is matched by the caller on tokens.
-  ContextMatch imported = MatchContext(tok(), text, {}, tokens, "", {});
+  ContextMatch imported = MatchContext(tok(), text, true, tokens, "", {});
   EXPECT_EQ(imported.kept, 0u);
   EXPECT_EQ(imported.tokens, tok().Encode(text, true, true));
 }
@@ -160,7 +160,7 @@ TEST_F(ContextMatchTest, TokensMustSpellTheTextTheirEndsClaim) {
   EXPECT_EQ(FirstTokenNotSpellingText(tok(), tokens, text, ends), std::nullopt);
   // As a continuation, the next prompt must not get a BOS or a second space prefix; the first
   // prompt's run must be encoded as a start (BOS).
-  EXPECT_EQ(MatchContext(tok(), text, {}, tokens, text, ends).kept, tokens.size());
+  EXPECT_EQ(MatchContext(tok(), text, true, tokens, text, ends).kept, tokens.size());
 
   // The same tokens claiming other text: a word changed in the reply, in the first prompt, in the
   // last; a token changed under the same text; the text shorter than the ends.

@@ -34,9 +34,10 @@ void LoadVocab(const std::string& path, Vocab& v) {
   v.tok = std::move(*tok);
 }
 
+// Control and user-defined tokens: either kind would be a turn marker taken from the text.
 size_t ControlTokens(const Tokenizer& tok, const std::vector<TokenId>& ids) {
   return static_cast<size_t>(std::count_if(ids.begin(), ids.end(), [&](TokenId id) {
-    return tok.token_attr(id) == TokenAttr::kControl;
+    return tok.token_attr(id) == TokenAttr::kControl || tok.token_attr(id) == TokenAttr::kUserDefined;
   }));
 }
 
@@ -64,7 +65,7 @@ void CheckVocab(const Tokenizer& tok, const std::vector<std::string>& spellings)
       if (i > 0) EXPECT_LT(clean_spans[i - 1].end, clean_spans[i].begin);  // sorted, adjacent ones merged
     }
     const std::vector<TokenId> parsed = tok.Encode(clean, true, true);
-    EXPECT_EQ(tok.Encode(clean, true, SpecialParsing(clean_spans)), parsed);
+    EXPECT_EQ(tok.Encode(clean, true, SpecialParsing(clean_spans, chat.MarkupTokens())), parsed);
     // Every content is inside a span: each message's distinctive word is.
     for (const char* word : {"brief", "there", "Hello", "story"}) {
       const size_t at = clean.find(word);
@@ -77,7 +78,7 @@ void CheckVocab(const Tokenizer& tok, const std::vector<std::string>& spellings)
       SCOPED_TRACE(spelled);
       std::vector<TextSpan> spans;
       const std::string text = chat.Format(Conversation(spelled), true, &spans);
-      const std::vector<TokenId> literal = tok.Encode(text, true, SpecialParsing(spans));
+      const std::vector<TokenId> literal = tok.Encode(text, true, SpecialParsing(spans, chat.MarkupTokens()));
       EXPECT_EQ(ControlTokens(tok, literal), ControlTokens(tok, parsed)) << text;
       // Parsed everywhere, the spellings would have become control tokens (what this guards).
       EXPECT_GT(ControlTokens(tok, tok.Encode(text, true, true)), ControlTokens(tok, parsed));

@@ -100,6 +100,28 @@ TEST(SpmTokenizer, MergesByScoreAndFallsBackToBytes) {
   EXPECT_TRUE(t.Encode("", false, false).empty());
 }
 
+// User-defined tokens are cut out of any text, but one that is a chat template's markup
+// (SpecialParsing's markers) stays text inside the literal spans, as control tokens do.
+TEST(SpmTokenizer, MarkerTokensStayTextInsideLiteralSpans) {
+  SpmVocab v;
+  Built keep;
+  auto tok = Build(v.Writer(), keep);
+  ASSERT_TRUE(tok.ok());
+  const Tokenizer& t = **tok;
+  const TokenId tool = v.Id("<tool>");
+  const std::string text = "ab<tool>ab<tool>";  // occurrences at [2, 8) and [10, 16)
+  const std::vector<TextSpan> first{{0, 9}};
+  const std::vector<TokenId> markers{tool};
+  auto count = [&](SpecialParsing special) {
+    const std::vector<TokenId> ids = t.Encode(text, false, special);
+    return std::count(ids.begin(), ids.end(), tool);
+  };
+  EXPECT_EQ(count(false), 2);                            // user-defined: cut without parse_special too
+  EXPECT_EQ(count(SpecialParsing(first)), 2);            // not a marker: cut inside the span as well
+  EXPECT_EQ(count(SpecialParsing(first, markers)), 1);   // a marker: text inside the span only
+  EXPECT_EQ(count(SpecialParsing(std::vector<TextSpan>{{0, 16}}, markers)), 0);
+}
+
 TEST(SpmTokenizer, SpecialTokensAndSpacePrefix) {
   SpmVocab v;
   Built keep;
