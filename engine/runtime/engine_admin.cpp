@@ -20,9 +20,12 @@ using engine_internal::ActiveTurn;
 using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
 
-// Cancels the agent's running and queued turns (engine thread). Their on_done get `why`.
+// Cancels the agent's running and queued turns (engine thread). Their on_done get `why`. The
+// queued ones, which never started, count as cancelled (*cancelled, guarded by mu) before their
+// writers hear of it, so that turns submitted add up to ok + failed + cancelled.
 static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, AgentRecord& a,
-                          const std::function<void(ActiveTurn&)>& fail, std::mutex& mu, const Status& why) {
+                          const std::function<void(ActiveTurn&)>& fail, std::mutex& mu, uint64_t* cancelled,
+                          const Status& why) {
   for (auto& t : active)
     if (t && t->agent == &a) fail(*t);
   std::erase_if(active, [](const std::unique_ptr<ActiveTurn>& t) { return t && t->agent == nullptr && t->loaded; });
@@ -30,6 +33,7 @@ static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, Agen
   {
     std::lock_guard lock(mu);
     queued.swap(a.queue);
+    *cancelled += queued.size();
   }
   for (auto& r : queued)
     if (r.on_done) r.on_done(why);
@@ -43,14 +47,49 @@ Result<AgentRecord*> Engine::StopTurnsOf(const std::string& name, const kvfs::St
     if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
     a = it->second.get();
   }
-  CancelTurnsOf(active_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
-  CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why);
+  auto fail = [&](ActiveTurn& t) { FailTurn(t, why); };
+  CancelTurnsOf(active_, *a, fail, mu_, &counters_.turns_cancelled, why);
+  CancelTurnsOf(warming_, *a, fail, mu_, &counters_.turns_cancelled, why);
   return a;
+}
+
+// Zeroes what the record holds of the agent's conversation before its memory is freed: erased
+// text must not linger on the heap (the filesystem shreds its copies likewise).
+template <typename Container>
+static void Zero(Container& c) {
+  std::fill(c.begin(), c.end(), typename Container::value_type{});
+}
+
+static void ShredRecord(AgentRecord& a) {
+  for (ConversationTurn& t : a.conversation) Zero(t.text);
+  Zero(a.system);
+  Zero(a.cached_text);
+  Zero(a.tokens);
+  Zero(a.dropped.text);
+  Zero(a.dropped.tokens);
+  Zero(a.last_error);
+}
+
+void Engine::ForgetErasedRecord(const AgentRecord* record) {
+  // Called after the erasure's store job and DrainLoader. Whatever refers to the record was
+  // queued before the erasure took it out of agents_: commits (whose done callbacks ran before
+  // that store job and posted their engine tasks then), loads (whose done callbacks post theirs,
+  // drained) and engine tasks. This task runs after all of those, on the engine thread.
+  RunOnEngine<bool>([&] {
+    std::lock_guard lock(mu_);
+    std::erase_if(erased_, [&](const std::unique_ptr<AgentRecord>& r) {
+      if (r.get() != record) return false;
+      ShredRecord(*r);
+      return true;
+    });
+    return true;
+  });
 }
 
 Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
   const Status why(StatusCode::kNotFound, "agent " + name + " was erased");
   // Engine thread: stop its turns, take it out of the registry, collect its memory blocks.
+  const AgentRecord* record = nullptr;
   auto keys = RunOnEngine<Result<std::vector<BlockHash>>>([&]() -> Result<std::vector<BlockHash>> {
     KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why));
     NoteKeys(*a);
@@ -58,6 +97,7 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
     std::lock_guard lock(mu_);
     // A turn whose commit is still queued keeps the record alive until the store thread is done
     // with it: the erasure job below runs after that commit.
+    record = a;
     erased_.push_back(std::move(agents_[name]));
     agents_.erase(name);
     ++erasures_begun_;
@@ -73,12 +113,19 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
       if (r.ok()) report = *r;
       return r.ok() || r.status().code() == StatusCode::kNotFound ? Status::Ok() : r.status();
     };
-    KVFS_RETURN_IF_ERROR(CommitNow(std::move(job)));
+    if (Status erased = CommitNow(std::move(job)); !erased.ok()) {
+      DrainLoader();
+      ForgetErasedRecord(record);
+      return erased;
+    }
   }
   // Memory: zero and free every block no other agent names (those are still someone's state),
   // after any load of this agent's files has finished (it would put them back).
   DrainLoader();
   DropUnnamedBlocks(*keys);  // device copies of the turn's own blocks go too
+  // And its record, text and tokens included: kept, every create-and-erase of an agent would
+  // leave ~1.4 KB behind for good (kvfsd's memory grew with agent churn).
+  ForgetErasedRecord(record);
   std::lock_guard lock(mu_);
   ++counters_.erasures;
   return report;
