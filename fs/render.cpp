@@ -92,7 +92,13 @@ nlohmann::json EngineStatusJson(const EngineStatus& s) {
   }
   return {{"memory_used_bytes", s.memory_used_bytes},
           {"memory_budget_bytes", s.memory_budget_bytes},
-          {"agents", {{"hot", s.agents_hot}, {"warm", s.agents_warm}, {"cold", s.agents_cold}}},
+          {"agents",
+           {{"hot", s.agents_hot},
+            {"warm", s.agents_warm},
+            {"cold", s.agents_cold},
+            {"queued", s.agents_queued},
+            {"generating", s.agents_generating},
+            {"error", s.agents_error}}},
           {"block_hits", s.block_hits},
           {"block_misses", s.block_misses},
           {"hit_rate", HitRate(s)},
@@ -100,6 +106,8 @@ nlohmann::json EngineStatusJson(const EngineStatus& s) {
           {"tokens_computed", s.tokens_computed},
           {"turns_completed", s.turns_completed},
           {"turns_failed", s.turns_failed},
+          {"turns_cancelled", s.turns_cancelled},
+          {"turns_in_flight", s.turns_in_flight},
           {"tokens_generated", s.tokens_generated},
           {"evictions", s.evictions},
           {"reload_bytes", s.reload_bytes},
@@ -120,13 +128,15 @@ std::string EngineStatusText(const EngineStatus& s) {
                      s.memory_budget_bytes > 0 ? 100.0 * static_cast<double>(s.memory_used_bytes) /
                                                      static_cast<double>(s.memory_budget_bytes)
                                                : 0.0);
-  out += fmt::format("agents     {} hot, {} warm, {} cold\n", s.agents_hot, s.agents_warm, s.agents_cold);
+  out += fmt::format("agents     {} hot, {} warm, {} cold, {} queued, {} generating, {} error\n", s.agents_hot,
+                     s.agents_warm, s.agents_cold, s.agents_queued, s.agents_generating, s.agents_error);
   out += fmt::format("hit rate   {:.1f}% ({} block hits, {} misses)\n", 100.0 * HitRate(s), s.block_hits,
                      s.block_misses);
   out += fmt::format("tokens     {} reused, {} computed ({:.1f}% reused), {} generated\n", s.tokens_reused,
                      s.tokens_computed, Percent(s.tokens_reused, s.tokens_reused + s.tokens_computed),
                      s.tokens_generated);
-  out += fmt::format("turns      {} completed, {} failed\n", s.turns_completed, s.turns_failed);
+  out += fmt::format("turns      {} completed, {} failed, {} cancelled, {} queued or running\n", s.turns_completed,
+                     s.turns_failed, s.turns_cancelled, s.turns_in_flight);
   out += fmt::format("evictions  {} blocks; reloaded {} from disk; {} erasures\n", s.evictions,
                      HumanBytes(static_cast<int64_t>(s.reload_bytes)), s.erasures);
   if (s.device_lost || s.device_losses > 0 || s.cpu_fallback_steps > 0) {
@@ -169,14 +179,22 @@ std::string Quantile(std::vector<size_t> values, double q) {
 
 std::string MetricsText(const EngineStatus& s, const FsMetrics& fs, size_t agents) {
   std::string out;
-  Metric(out, "kvfs_agents", "gauge", "Agents, by cache state.");
+  Metric(out, "kvfs_agents", "gauge", "Agents, by the state their status.json shows.");
   out += fmt::format("kvfs_agents{{state=\"hot\"}} {}\nkvfs_agents{{state=\"warm\"}} {}\nkvfs_agents{{state=\"cold\"}} {}\n",
                      s.agents_hot, s.agents_warm, s.agents_cold);
+  out += fmt::format("kvfs_agents{{state=\"queued\"}} {}\nkvfs_agents{{state=\"generating\"}} {}\n"
+                     "kvfs_agents{{state=\"error\"}} {}\n",
+                     s.agents_queued, s.agents_generating, s.agents_error);
   Metric(out, "kvfs_agents_listed", "gauge", "Agents shown in the mount.");
   out += fmt::format("kvfs_agents_listed {}\n", agents);
-  Metric(out, "kvfs_turns_total", "counter", "Turns finished by the engine, by result.");
+  // Every turn taken ends as one of these, so that the turns submitted through the mount are
+  // ok + failed + cancelled + kvfs_turns_in_flight (cancelled: dropped from the queue unstarted).
+  Metric(out, "kvfs_turns_total", "counter", "Turns finished by the engine, by result (cancelled: never started).");
   out += fmt::format("kvfs_turns_total{{result=\"ok\"}} {}\nkvfs_turns_total{{result=\"failed\"}} {}\n",
                      s.turns_completed, s.turns_failed);
+  out += fmt::format("kvfs_turns_total{{result=\"cancelled\"}} {}\n", s.turns_cancelled);
+  Metric(out, "kvfs_turns_in_flight", "gauge", "Turns submitted and not finished: queued or running.");
+  out += fmt::format("kvfs_turns_in_flight {}\n", s.turns_in_flight);
   Metric(out, "kvfs_cpu_fallback_steps_total", "counter",
          "Forward steps meant for the Vulkan device that ran on the CPU (KV over the device budget, device lost).");
   out += fmt::format("kvfs_cpu_fallback_steps_total {}\n", s.cpu_fallback_steps);

@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kStatusUsage =
     "usage: kvfs status [--mount DIR] [--json]\n"
     "  prints the cache status of the kvfs mounted at DIR (default: $KVFS_MOUNT, else the first kvfs\n"
-    "  mount listed in /proc/self/mountinfo): memory used/budget, agents hot/warm/cold, hit rate,\n"
+    "  mount listed in /proc/self/mountinfo): memory used/budget, agents by state, hit rate, turns,\n"
     "  tokens reused vs computed and the top entries. --json prints .status.json instead.\n";
 
 }  // namespace

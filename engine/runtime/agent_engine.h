@@ -98,10 +98,18 @@ struct CacheEntryStatus {
 struct EngineStatus {
   int64_t memory_used_bytes = 0;
   int64_t memory_budget_bytes = 0;
+  // Agents by the state their status.json shows (AgentState): hot, warm and cold are idle ones
+  // by how much of their cache is in memory; an agent whose turn runs or waits is generating or
+  // queued, whatever its cache; error: its last turn failed.
   size_t agents_hot = 0, agents_warm = 0, agents_cold = 0;
+  size_t agents_queued = 0, agents_generating = 0, agents_error = 0;
   uint64_t block_hits = 0, block_misses = 0;  // hit rate = hits / (hits + misses)
   uint64_t tokens_reused = 0, tokens_computed = 0;
   uint64_t turns_completed = 0, turns_failed = 0;
+  // Turns dropped before they started: queued when their agent or its cache was erased, or at
+  // shutdown. Every turn SubmitTurn took is completed, failed, cancelled or in flight.
+  uint64_t turns_cancelled = 0;
+  size_t turns_in_flight = 0;  // submitted and not finished: queued or running (gauge)
   uint64_t tokens_generated = 0;
   uint64_t evictions = 0;      // blocks dropped from memory under the budget
   uint64_t reload_bytes = 0;   // KV bytes read back from disk
@@ -122,6 +130,9 @@ struct EngineStatus {
   bool backend_warming_up = false;  // Vulkan: the backend's warm-up (EngineOptions::warm_up) has
                                     // passes left; turns may still compile kernels meanwhile
   std::vector<CacheEntryStatus> top_entries;  // largest agents first, at most 10
+  // Agent records the engine holds: its agents', and erased ones' while their erasure runs (a
+  // record left behind would be memory that agent churn never gives back). Not rendered.
+  size_t agent_records = 0;
 };
 
 class AgentEngine {

@@ -1,5 +1,6 @@
 // Engine: set-up, the API called from other threads, and the store thread. The turn scheduler
-// and the cache assembly are in engine_turns.cpp.
+// and the cache assembly are in engine_turns.cpp; what it reports (status, agent info) in
+// engine_status.cpp.
 #include "engine/runtime/engine.h"
 
 #include <unistd.h>
@@ -456,71 +457,6 @@ void Engine::StoreLoop() {
 
 // ---- API ----
 
-Engine::Residency Engine::ResidencyOf(const AgentRecord& a) const {
-  Residency r;
-  const KvLayout layout = KvLayoutFor(model_->hparams(), a.format, options_.block_tokens);
-  // A parked q4k tail carries its staging area (sequence_kv.h).
-  const int64_t block_bytes = (layout.block_bytes() + 63) / 64 * 64;
-  const int64_t tail_bytes = (layout.tail_block_bytes() + 63) / 64 * 64;
-  auto count = [&](const BlockHash& h, int64_t bytes) {
-    ++r.total;
-    if (pool_->Contains(h)) {
-      ++r.resident;
-      r.bytes += bytes;
-    }
-  };
-  for (const BlockHash& h : a.blocks) count(h, block_bytes);
-  if (a.parked_tail) count(*a.parked_tail, tail_bytes);
-  else if (a.disk_tail) ++r.total;  // on disk only
-  return r;
-}
-
-AgentInfo Engine::InfoOf(const AgentRecord& a) const {
-  const Residency r = ResidencyOf(a);
-  AgentInfo info;
-  info.name = a.name;
-  info.owner_uid = a.owner_uid;
-  if (!a.last_error.empty() && !a.running && a.queue.empty()) info.state = AgentState::kError;
-  else if (a.running && a.generating) info.state = AgentState::kGenerating;
-  else if (a.loading) info.state = AgentState::kWarm;
-  else if (a.running && a.prefilling) info.state = AgentState::kGenerating;  // its prompt is being prefilled
-  // Queued: turns waiting to start, or one started that waits for KV memory (admitted when
-  // running turns free enough of the budget).
-  else if (!a.queue.empty() || a.running) info.state = AgentState::kQueued;
-  else if (r.total > 0 && r.resident == r.total) info.state = AgentState::kHot;
-  else if (r.resident > 0) info.state = AgentState::kWarm;
-  else info.state = AgentState::kCold;
-  info.context_tokens = static_cast<int64_t>(a.tokens.size());
-  info.stored_cache = store_ != nullptr && store_->NamesCache(a.name);
-  info.memory_bytes = r.bytes;
-  info.disk_bytes = a.disk_bytes;
-  info.created_ms = a.created_ms;
-  info.updated_ms = a.updated_ms;
-  info.turns = static_cast<uint64_t>(std::count_if(a.conversation.begin(), a.conversation.end(),
-                                                   [](const ConversationTurn& t) { return t.role == "user"; }));
-  info.queued_turns = a.queue.size() + (a.running ? 1 : 0);
-  info.system = a.system;
-  info.settings = a.settings;
-  info.last_turn = a.last_turn;
-  info.last_error = a.last_error;
-  return info;
-}
-
-std::vector<AgentInfo> Engine::ListAgents() {
-  std::lock_guard lock(mu_);
-  std::vector<AgentInfo> out;
-  out.reserve(agents_.size());
-  for (auto& [name, a] : agents_) out.push_back(InfoOf(*a));
-  return out;
-}
-
-Result<AgentInfo> Engine::GetAgent(const std::string& name) {
-  std::lock_guard lock(mu_);
-  auto it = agents_.find(name);
-  if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
-  return InfoOf(*it->second);
-}
-
 Status Engine::CreateAgent(const std::string& name, uint32_t owner_uid) {
   if (!store::IsValidAgentName(name)) return InvalidArgument("invalid agent name \"" + name + "\"");
   CommitJob job;
@@ -571,7 +507,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     int64_t updated_ms = 0;
   };
   Editable before, after;
-  const AgentRecord* record = nullptr;
+  uint64_t record = 0;  // its serial: the record may be erased, and its address reused, meanwhile
   uint64_t seq = 0;
   Status found;
   CommitJob job = RunOnEngine<CommitJob>([&] {
@@ -590,7 +526,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     // The agent's files show it as their mtime, so that `cp -u` and rsync see the edit.
     a.updated_ms = Now();
     after = Editable{a.system, a.settings, a.updated_ms};
-    record = &a;
+    record = a.serial;
     seq = ++a.commits_built;
     j.agent = name;
     j.manifest = ManifestOf(a);
@@ -598,7 +534,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     return j;
   });
   KVFS_RETURN_IF_ERROR(found);
-  if (!store_ || record == nullptr) return Status::Ok();
+  if (!store_ || record == 0) return Status::Ok();
   Status committed = CommitNow(std::move(job));
   if (!committed.ok() && committed.code() != StatusCode::kInternal) {
     // Not on disk, so not made (a full disk): the agent goes back to what it had, unless a job
@@ -609,7 +545,7 @@ Status Engine::EditAgent(const std::string& name, const std::function<void(Agent
     RunOnEngine<bool>([&] {
       std::lock_guard lock(mu_);
       auto it = agents_.find(name);
-      if (it == agents_.end() || it->second.get() != record || it->second->commits_built != seq) return false;
+      if (it == agents_.end() || it->second->serial != record || it->second->commits_built != seq) return false;
       if (it->second->system == after.system) it->second->system = std::move(before.system);
       if (it->second->settings == after.settings) it->second->settings = std::move(before.settings);
       if (it->second->updated_ms == after.updated_ms) it->second->updated_ms = before.updated_ms;
@@ -738,31 +674,6 @@ uint32_t Engine::PrefixOwner(const std::string& name) {
   std::lock_guard lock(mu_);
   auto it = prefixes_.find(name);
   return it == prefixes_.end() ? 0 : it->second.owner_uid;
-}
-
-EngineStatus Engine::Stats() {
-  const PoolStats ps = pool_->Stats();
-  std::lock_guard lock(mu_);
-  EngineStatus s = counters_;
-  s.memory_used_bytes = ps.used_bytes;
-  s.memory_budget_bytes = ps.budget_bytes;
-  s.block_hits = ps.hits;
-  s.block_misses = ps.misses;
-  s.evictions = ps.evictions;
-  std::vector<CacheEntryStatus> entries;
-  for (auto& [name, a] : agents_) {
-    const Residency r = ResidencyOf(*a);
-    if (r.total > 0 && r.resident == r.total) ++s.agents_hot;
-    else if (r.resident > 0 || a->loading) ++s.agents_warm;
-    else ++s.agents_cold;
-    entries.push_back(CacheEntryStatus{name, r.bytes, a->disk_bytes, a->hits});
-  }
-  std::sort(entries.begin(), entries.end(), [](const CacheEntryStatus& x, const CacheEntryStatus& y) {
-    return std::max(x.memory_bytes, x.disk_bytes) > std::max(y.memory_bytes, y.disk_bytes);
-  });
-  if (entries.size() > 10) entries.resize(10);
-  s.top_entries = std::move(entries);
-  return s;
 }
 
 std::string Engine::BackendName() {

@@ -21,10 +21,12 @@ using engine_internal::AgentRecord;
 using engine_internal::CommitJob;
 
 // Cancels the agent's running turns, and its queued ones unless keep_queued (engine thread).
-// Their on_done get `why`.
+// Their on_done get `why`. The queued ones, which never started, count as cancelled
+// (*cancelled, guarded by mu) before their writers hear of it, so that turns submitted add up
+// to ok + failed + cancelled.
 static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, AgentRecord& a,
-                          const std::function<void(ActiveTurn&)>& fail, std::mutex& mu, const Status& why,
-                          bool keep_queued) {
+                          const std::function<void(ActiveTurn&)>& fail, std::mutex& mu, uint64_t* cancelled,
+                          const Status& why, bool keep_queued) {
   for (auto& t : active)
     if (t && t->agent == &a) fail(*t);
   std::erase_if(active, [](const std::unique_ptr<ActiveTurn>& t) { return t && t->agent == nullptr && t->loaded; });
@@ -33,6 +35,7 @@ static void CancelTurnsOf(std::vector<std::unique_ptr<ActiveTurn>>& active, Agen
   {
     std::lock_guard lock(mu);
     queued.swap(a.queue);
+    *cancelled += queued.size();
   }
   for (auto& r : queued)
     if (r.on_done) r.on_done(why);
@@ -46,14 +49,49 @@ Result<AgentRecord*> Engine::StopTurnsOf(const std::string& name, const kvfs::St
     if (it == agents_.end()) return NotFound("no agent \"" + name + "\"");
     a = it->second.get();
   }
-  CancelTurnsOf(active_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why, keep_queued);
-  CancelTurnsOf(warming_, *a, [&](ActiveTurn& t) { FailTurn(t, why); }, mu_, why, keep_queued);
+  auto fail = [&](ActiveTurn& t) { FailTurn(t, why); };
+  CancelTurnsOf(active_, *a, fail, mu_, &counters_.turns_cancelled, why, keep_queued);
+  CancelTurnsOf(warming_, *a, fail, mu_, &counters_.turns_cancelled, why, keep_queued);
   return a;
+}
+
+// Zeroes what the record holds of the agent's conversation before its memory is freed: erased
+// text must not linger on the heap (the filesystem shreds its copies likewise).
+template <typename Container>
+static void Zero(Container& c) {
+  std::fill(c.begin(), c.end(), typename Container::value_type{});
+}
+
+static void ShredRecord(AgentRecord& a) {
+  for (ConversationTurn& t : a.conversation) Zero(t.text);
+  Zero(a.system);
+  Zero(a.cached_text);
+  Zero(a.tokens);
+  Zero(a.dropped.text);
+  Zero(a.dropped.tokens);
+  Zero(a.last_error);
+}
+
+void Engine::ForgetErasedRecord(const AgentRecord* record) {
+  // Called after the erasure's store job and DrainLoader. Whatever refers to the record was
+  // queued before the erasure took it out of agents_: commits (whose done callbacks ran before
+  // that store job and posted their engine tasks then), loads (whose done callbacks post theirs,
+  // drained) and engine tasks. This task runs after all of those, on the engine thread.
+  RunOnEngine<bool>([&] {
+    std::lock_guard lock(mu_);
+    std::erase_if(erased_, [&](const std::unique_ptr<AgentRecord>& r) {
+      if (r.get() != record) return false;
+      ShredRecord(*r);
+      return true;
+    });
+    return true;
+  });
 }
 
 Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
   const Status why(StatusCode::kNotFound, "agent " + name + " was erased");
   // Engine thread: stop its turns, take it out of the registry, collect its memory blocks.
+  const AgentRecord* record = nullptr;
   auto keys = RunOnEngine<Result<std::vector<BlockHash>>>([&]() -> Result<std::vector<BlockHash>> {
     KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why));
     NoteKeys(*a);
@@ -61,6 +99,7 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
     std::lock_guard lock(mu_);
     // A turn whose commit is still queued keeps the record alive until the store thread is done
     // with it: the erasure job below runs after that commit.
+    record = a;
     erased_.push_back(std::move(agents_[name]));
     agents_.erase(name);
     ++erasures_begun_;
@@ -76,12 +115,19 @@ Result<store::EraseReport> Engine::EraseAgent(const std::string& name) {
       if (r.ok()) report = *r;
       return r.ok() || r.status().code() == StatusCode::kNotFound ? Status::Ok() : r.status();
     };
-    KVFS_RETURN_IF_ERROR(CommitNow(std::move(job)));
+    if (Status erased = CommitNow(std::move(job)); !erased.ok()) {
+      DrainLoader();
+      ForgetErasedRecord(record);
+      return erased;
+    }
   }
   // Memory: zero and free every block no other agent names (those are still someone's state),
   // after any load of this agent's files has finished (it would put them back).
   DrainLoader();
   DropUnnamedBlocks(*keys);  // device copies of the turn's own blocks go too
+  // And its record, text and tokens included: kept, every create-and-erase of an agent would
+  // leave ~1.4 KB behind for good (kvfsd's memory grew with agent churn).
+  ForgetErasedRecord(record);
   std::lock_guard lock(mu_);
   ++counters_.erasures;
   return report;
@@ -99,10 +145,12 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   // The running turn builds on the cache: it is cancelled. Queued turns wait until the erasure is
   // done (behind the store's jobs and the memory's zeroing), then rebuild the cache from the
   // token ids, so none of them can commit blocks this erasure then drops.
-  auto resume_queued = [this, &name] {
+  uint64_t record = 0;  // the serial of the record marked: an agent of the name made since is another
+  auto resume_queued = [this, &name, &record] {
     {
       std::lock_guard lock(mu_);
-      if (auto it = agents_.find(name); it != agents_.end()) --it->second->erasing_cache;
+      if (auto it = agents_.find(name); it != agents_.end() && it->second->serial == record)
+        --it->second->erasing_cache;
     }
     engine_cv_.notify_all();
   };
@@ -117,6 +165,7 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     {
       std::lock_guard lock(mu_);
       ++a->erasing_cache;
+      record = a->serial;
     }
     Taken t;
     NoteKeys(*a);

@@ -44,7 +44,16 @@ using Clock = std::chrono::steady_clock;
 inline std::string DomainOf(uint32_t uid) { return "uid:" + std::to_string(uid); }
 inline constexpr std::string_view kPrefixDomain = "prefix";
 
+// Unique per agent record for the life of the process. An erased agent's record is freed once
+// nothing refers to it (EraseAgent), so a later record may have its address: identity checks
+// made across an engine call compare this instead.
+inline uint64_t NextAgentSerial() {
+  static std::atomic<uint64_t> next{0};
+  return ++next;
+}
+
 struct AgentRecord {
+  const uint64_t serial = NextAgentSerial();
   // Guarded by Engine::mu_.
   std::string name;
   uint32_t owner_uid = 0;
@@ -58,6 +67,11 @@ struct AgentRecord {
   bool prefilling = false;  // the running turn was admitted (memory for its KV) and is prefilling
   bool loading = false;     // its cache is being read from disk (state "warm")
   int erasing_cache = 0;  // EraseCache calls at work: its queued turns wait, then rebuild
+  // KV bytes its running turn holds that ResidencyOf does not count (past the chain of named
+  // blocks it reuses: the tail it resumed, the blocks it writes), so that status.json's
+  // memory_bytes covers a generating agent's memory (NoteTurnMemory; 0 once its commit names them
+  // the agent's, or when no turn runs).
+  int64_t turn_bytes = 0;
   // Commit jobs built from this record so far: a failed edit is undone in memory only when no
   // later job (which carries the edit to disk) was built after it.
   uint64_t commits_built = 0;
@@ -387,6 +401,13 @@ class Engine final : public AgentEngine {
     size_t resident = 0, total = 0;
   };
   Residency ResidencyOf(const AgentRecord& agent) const;
+  // The state status.json shows (mu_ held); Stats counts agents by it too.
+  static AgentState StateOf(const AgentRecord& agent, const Residency& residency);
+  // Engine thread: the bytes of turn.seq's blocks that ResidencyOf does not count, published as
+  // the agent's turn_bytes (takes mu_).
+  void NoteTurnMemory(ActiveTurn& turn);
+  // After an erasure: frees the record once every task that may still refer to it has run.
+  void ForgetErasedRecord(const AgentRecord* record);
   int64_t Now() const;
 
   const EngineOptions options_;
@@ -422,7 +443,8 @@ class Engine final : public AgentEngine {
   std::map<std::string, std::unique_ptr<AgentRecord>> agents_;
   std::map<std::string, Prefix> prefixes_;
   std::mutex prefix_mu_;  // serializes AddPrefix and RemovePrefix (their pool and store steps)
-  // Erased agents' records: a commit queued before the erasure may still refer to them.
+  // Erased agents' records while their erasure runs: a commit or load queued before it may still
+  // refer to them. EraseAgent frees each once those are done (ForgetErasedRecord).
   std::vector<std::unique_ptr<AgentRecord>> erased_;
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;

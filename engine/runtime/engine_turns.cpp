@@ -113,6 +113,7 @@ void Engine::EngineLoop() {
           for (auto& r : a->queue) dropped.push_back(std::move(r));
           a->queue.clear();
         }
+        counters_.turns_cancelled += dropped.size();
       }
       if (running + dropped.size() > 0) {
         // Accepted turns that will never run: their writers saw their close succeed, so say so.
@@ -171,6 +172,7 @@ void Engine::StartTurns() {
       std::lock_guard lock(mu_);
       turn->agent->prefilling = true;
     }
+    NoteTurnMemory(*turn);  // a resumed tail
     active_.push_back(std::move(turn));
   }
   // A cancelled turn whose load is still running stays until the load reports back.
@@ -305,6 +307,7 @@ void Engine::Step() {
     }
   }
   decode_count = ReserveStepKv(steps, owners, chunk);  // a prefill it holds back counts as passed over
+  for (ActiveTurn* t : owners) NoteTurnMemory(*t);  // what this step's blocks add
   prefill_tokens = 0;
   for (size_t k = 0; k < chunk.size(); ++k) {
     prefill_tokens += chunk[k];
@@ -451,6 +454,7 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
     {
       std::lock_guard lock(mu_);
       a.running = a.generating = false;
+      a.turn_bytes = 0;
       a.last_error = error.message();
       ++counters_.turns_failed;
     }
@@ -509,6 +513,24 @@ void Engine::FinishTurn(ActiveTurn& turn, kvfs::Status error) {
   turn.seq.reset();
 }
 
+void Engine::NoteTurnMemory(ActiveTurn& turn) {
+  if (turn.agent == nullptr || turn.seq == nullptr) return;
+  const AgentRecord& a = *turn.agent;
+  // AssembleCache made a.blocks the chain of named blocks the turn reuses (its own, another
+  // agent's of its uid, a prefix's), which ResidencyOf counts. The rest of the sequence (the tail
+  // it resumed, the blocks it writes, copies made before writing to a shared one) is memory only
+  // the turn shows until its commit names it. Engine thread: it alone names and swaps them.
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < turn.seq->n_blocks(); ++i) {
+    const PoolBlock* b = turn.seq->block(i);
+    if (b == nullptr) continue;
+    const bool counted = b->named && static_cast<size_t>(i) < a.blocks.size() && b->key == a.blocks[static_cast<size_t>(i)];
+    if (!counted) bytes += (b->bytes + 63) / 64 * 64;  // as the pool counts it
+  }
+  std::lock_guard lock(mu_);
+  turn.agent->turn_bytes = bytes;
+}
+
 void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, const TurnStats* turn_stats,
                          std::function<void(const kvfs::Status&)> done) {
   const KvLayout& layout = seq->layout();
@@ -545,6 +567,9 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, const TurnStats* turn_
     } else {
       a.parked_tail.reset();
     }
+    // Named, the running turn's blocks are the agent's, which ResidencyOf counts: from this
+    // moment (mu_ held throughout) they are no longer the turn's own.
+    a.turn_bytes = 0;
     NoteKeys(a);
     // The turn's record goes in its manifest (and in any built after it); the agent shows it once
     // that is committed.

@@ -245,6 +245,26 @@ TEST_F(StoreTest, InodesOfErasedAgentsLiveUntilForgotten) {
   EXPECT_FALSE(store_->CountLookup(dir));
 }
 
+// Agent churn leaves nothing behind here: once agents made, used and erased are forgotten by the
+// kernel, the inode and handle tables are as they were (the engine's records: its own test).
+TEST_F(StoreTest, ErasedAgentsLeaveNoNodesOrHandlesOnceForgotten) {
+  Mkdir("keeper");
+  const size_t inodes = store_->InodeCount(), handles = store_->HandleCount();
+  for (int i = 0; i < 20; ++i) {
+    const std::string name = i % 2 == 0 ? "same" : "agent" + std::to_string(i);
+    const InodeId dir = Mkdir(name);            // the kernel's references: mkdir,
+    ASSERT_TRUE(Echo(name, "prompt", "hi").ok());  // a lookup of dir and prompt,
+    ASSERT_TRUE(Cat(name, "response").ok());       // and of dir and response
+    EXPECT_GT(store_->InodeCount(), inodes);
+    ASSERT_TRUE(store_->RemoveAgent(kRootInode, name, kRoot).ok());
+    store_->Forget(dir, 3);
+    store_->Forget(InodeTable::AgentFileInode(dir, AgentFile::kPrompt), 1);
+    store_->Forget(InodeTable::AgentFileInode(dir, AgentFile::kResponse), 1);
+    EXPECT_EQ(store_->InodeCount(), inodes) << name;
+    EXPECT_EQ(store_->HandleCount(), handles) << name;
+  }
+}
+
 TEST_F(StoreTest, ForgettingMoreThanWasLookedUpAborts) {
   InodeId dir = Mkdir("alice");
   EXPECT_DEATH(store_->Forget(dir, 2), "broken invariant");

@@ -313,5 +313,54 @@ TEST_F(StoreTest, TurnsMayFinishAfterTheStoreIsGone) {
   engine_->Shutdown();
 }
 
+// The value of a sample line of .metrics ("NAME VALUE"), or -1.
+double MetricValue(const std::string& metrics, const std::string& name) {
+  const std::string line = name + " ";
+  for (size_t at = metrics.find(line); at != std::string::npos; at = metrics.find(line, at + 1)) {
+    if (at == 0 || metrics[at - 1] == '\n') return std::stod(metrics.substr(at + line.size()));
+  }
+  return -1;
+}
+
+// Every turn submitted through the mount ends completed, failed or cancelled (dropped from the
+// queue unstarted, here by rm -r), or is in flight, in .metrics, .status.json and .status alike;
+// and an agent whose turn runs is counted by the state its status.json shows.
+TEST_F(StoreTest, TurnCountsAddUpWhenAnErasureCancelsQueuedTurns) {
+  Mkdir("alice");
+  engine_->HoldAfterFirstPiece(true);
+  for (const char* prompt : {"one", "two", "three"}) ASSERT_TRUE(Echo("alice", "prompt", prompt).ok());
+  for (int i = 0; i < 1000 && engine_->GetAgent("alice")->state != AgentState::kGenerating; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const InodeId status_json = store_->Lookup(kRootInode, ".status.json")->ino;
+  const InodeId metrics_file = store_->Lookup(kRootInode, ".metrics")->ino;
+  nlohmann::json status = nlohmann::json::parse(*CatInode(status_json));
+  EXPECT_EQ(nlohmann::json::parse(*Cat("alice", "status.json"))["state"], "generating");
+  EXPECT_EQ(status["agents"]["generating"], 1);
+  EXPECT_EQ(status["agents"]["hot"], 0);
+  EXPECT_EQ(status["turns_in_flight"], 3);
+  std::string metrics = *CatInode(metrics_file);
+  EXPECT_EQ(MetricValue(metrics, "kvfs_agents{state=\"generating\"}"), 1);
+  EXPECT_EQ(MetricValue(metrics, "kvfs_agents{state=\"hot\"}"), 0);
+  EXPECT_EQ(MetricValue(metrics, "kvfs_turns_in_flight"), 3);
+
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "alice", kRoot).ok());
+  metrics = *CatInode(metrics_file);
+  const double submitted = MetricValue(metrics, "kvfs_fs_turns_submitted_total");
+  const double ok = MetricValue(metrics, "kvfs_turns_total{result=\"ok\"}");
+  const double failed = MetricValue(metrics, "kvfs_turns_total{result=\"failed\"}");
+  const double cancelled = MetricValue(metrics, "kvfs_turns_total{result=\"cancelled\"}");
+  EXPECT_EQ(submitted, 3);
+  EXPECT_EQ(failed, 1);     // the running turn
+  EXPECT_EQ(cancelled, 2);  // the queued ones
+  EXPECT_EQ(MetricValue(metrics, "kvfs_turns_in_flight"), 0);
+  EXPECT_EQ(submitted, ok + failed + cancelled);
+  status = nlohmann::json::parse(*CatInode(status_json));
+  EXPECT_EQ(status["turns_cancelled"], 2);
+  EXPECT_EQ(status["turns_in_flight"], 0);
+  const std::string text = *CatInode(store_->Lookup(kRootInode, ".status")->ino);
+  EXPECT_NE(text.find("0 completed, 1 failed, 2 cancelled, 0 queued or running"), std::string::npos) << text;
+  engine_->HoldAfterFirstPiece(false);
+}
+
 }  // namespace
 }  // namespace kvfs::fs

@@ -434,6 +434,7 @@ Result<store::EraseReport> FakeEngine::EraseAgent(const std::string& name) {
   work_cv_.notify_all();  // a turn held after its first piece sees the cancel
   std::deque<TurnRequest> queued = std::move(agent->queue);
   agent->queue.clear();
+  counters_.turns_cancelled += queued.size();  // as the engine: dropped unstarted
   idle_cv_.wait(lock, [&] { return !agent->running; });
   store::EraseReport report;
   report.bytes_freed = static_cast<uint64_t>(agent->info.context_tokens * options_.kv_bytes_per_token);
@@ -612,18 +613,23 @@ EngineStatus FakeEngine::Stats() {
   s.memory_budget_bytes = 1 << 30;
   for (const auto& [name, agent] : agents_) {
     int64_t bytes = agent->has_cache ? agent->info.context_tokens * options_.kv_bytes_per_token : 0;
-    if (agent->info.state == AgentState::kCold) {
-      ++s.agents_cold;
-    } else {
-      ++s.agents_hot;
-      s.memory_used_bytes += bytes;
+    switch (agent->info.state) {  // as the engine: by the state status.json shows
+      case AgentState::kHot: ++s.agents_hot; break;
+      case AgentState::kWarm: ++s.agents_warm; break;
+      case AgentState::kCold: ++s.agents_cold; break;
+      case AgentState::kQueued: ++s.agents_queued; break;
+      case AgentState::kGenerating: ++s.agents_generating; break;
+      case AgentState::kError: ++s.agents_error; break;
     }
+    if (agent->info.state != AgentState::kCold) s.memory_used_bytes += bytes;
+    s.turns_in_flight += agent->queue.size() + (agent->running ? 1 : 0);
     s.top_entries.push_back({name, agent->info.state == AgentState::kCold ? 0 : bytes, bytes, agent->info.turns});
   }
   std::sort(s.top_entries.begin(), s.top_entries.end(),
             [](const CacheEntryStatus& a, const CacheEntryStatus& b) { return a.disk_bytes > b.disk_bytes; });
   if (s.top_entries.size() > 10) s.top_entries.resize(10);
   s.batch_sizes = {1, 1, 2};
+  s.agent_records = agents_.size();
   return s;
 }
 
@@ -643,6 +649,7 @@ void FakeEngine::Shutdown() {
       for (auto& r : agent->queue) dropped.push_back(std::move(r));
       agent->queue.clear();
     }
+    counters_.turns_cancelled += dropped.size();
     ready_.clear();
     work_cv_.notify_all();
   }

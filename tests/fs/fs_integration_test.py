@@ -62,7 +62,7 @@ def basic_turn_and_files(t):
     found = sh('find %s -name status.json' % m, check_rc=0).stdout.split()
     check(found == [m + '/alice/status.json'], 'find: %s' % found)
     check('hit rate' in sh('cat %s/.status' % m, check_rc=0).stdout, '.status')
-    check(jq(m + '/.status.json', '.agents | keys | join(",")') == 'cold,hot,warm', '.status.json agents')
+    check(jq(m + '/.status.json', '.agents | keys | join(",")') == 'cold,error,generating,hot,queued,warm', '.status.json agents')
     check('kvfs_turns_total' in sh('cat %s/.metrics' % m, check_rc=0).stdout, '.metrics')
     check(len(jq(m + '/.model.json', '.fingerprint')) > 0, '.model.json fingerprint')
     # df of the mount: the store's file system (where the agents' caches go), not zeros.
