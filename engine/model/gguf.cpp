@@ -11,6 +11,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/message_text.h"
 #include "engine/model/gguf_format.h"
 
 namespace kvfs {
@@ -127,7 +128,7 @@ class GgufParser {
 Status GgufParser::ReadValue(GgufValueType type, GgufValue& out, std::string_view key,
                              int depth) {
   out.type = type;
-  const std::string what = fmt::format("value of '{}'", key);
+  const std::string what = fmt::format("value of {}", QuoteForMessage(key));
   switch (type) {
     case GgufValueType::kU8: { uint8_t v; KVFS_RETURN_IF_ERROR(Read(v, what)); out.value = uint64_t{v}; break; }
     case GgufValueType::kU16: { uint16_t v; KVFS_RETURN_IF_ERROR(Read(v, what)); out.value = uint64_t{v}; break; }
@@ -236,13 +237,13 @@ Status GgufParser::Run(GgufFile& file) {
     uint32_t type_raw = 0;
     KVFS_RETURN_IF_ERROR(Read(type_raw, "metadata value type"));
     if (!KnownValueType(type_raw)) {
-      return Corrupt(fmt::format("metadata '{}' at byte {}: unknown value type {}", key, at, type_raw));
+      return Corrupt(fmt::format("metadata {} at byte {}: unknown value type {}", QuoteForMessage(key), at, type_raw));
     }
     GgufValue value;
     KVFS_RETURN_IF_ERROR(ReadValue(static_cast<GgufValueType>(type_raw), value, key, 0));
     std::string key_str(key);
     if (file.kv_index_.count(key_str)) {
-      return Corrupt(fmt::format("metadata key '{}' at byte {} appears twice", key, at));
+      return Corrupt(fmt::format("metadata key {} at byte {} appears twice", QuoteForMessage(key), at));
     }
     file.kv_index_.emplace(key_str, file.kvs_.size());
     file.kvs_.emplace_back(std::move(key_str), std::move(value));
@@ -271,7 +272,7 @@ Status GgufParser::Run(GgufFile& file) {
     KVFS_RETURN_IF_ERROR(ReadString(t.name, fmt::format("name of tensor {}", i)));
     KVFS_RETURN_IF_ERROR(Read(t.n_dims, "tensor dimension count"));
     if (t.n_dims == 0 || t.n_dims > gguf::kMaxDims) {
-      return Corrupt(fmt::format("tensor '{}' at byte {}: {} dimensions (1..{} allowed)", t.name,
+      return Corrupt(fmt::format("tensor {} at byte {}: {} dimensions (1..{} allowed)", QuoteForMessage(t.name),
                                  t.at, t.n_dims, gguf::kMaxDims));
     }
     for (int d = 0; d < 4; ++d) t.ne[d] = 1;
@@ -293,31 +294,32 @@ Status GgufParser::Run(GgufFile& file) {
   for (const RawTensor& t : raw) {
     const GgmlTypeTraits* traits = GgmlTypeInfo(t.type);
     if (traits == nullptr) {
-      return Corrupt(fmt::format("tensor '{}' at byte {}: unknown ggml type {}", t.name, t.at, t.type));
+      return Corrupt(fmt::format("tensor {} at byte {}: unknown ggml type {}", QuoteForMessage(t.name), t.at, t.type));
     }
     uint64_t n_elem = 1;
     for (int d = 0; d < 4; ++d) {
       // Each dimension below 2^40 keeps the product check simple and exact.
       if (t.ne[d] == 0 || t.ne[d] >= (1ull << 40)) {
-        return Corrupt(fmt::format("tensor '{}' at byte {}: dimension {} is {}", t.name, t.at, d, t.ne[d]));
+        return Corrupt(fmt::format("tensor {} at byte {}: dimension {} is {}", QuoteForMessage(t.name), t.at, d,
+                                   t.ne[d]));
       }
       if (n_elem > (1ull << 48) / t.ne[d]) {
-        return Corrupt(fmt::format("tensor '{}' at byte {}: element count overflows", t.name, t.at));
+        return Corrupt(fmt::format("tensor {} at byte {}: element count overflows", QuoteForMessage(t.name), t.at));
       }
       n_elem *= t.ne[d];
     }
     if (t.ne[0] % traits->block_elems != 0) {
-      return Corrupt(fmt::format("tensor '{}': row length {} is not a multiple of the {} block size {}",
-                                 t.name, t.ne[0], traits->name, traits->block_elems));
+      return Corrupt(fmt::format("tensor {}: row length {} is not a multiple of the {} block size {}",
+                                 QuoteForMessage(t.name), t.ne[0], traits->name, traits->block_elems));
     }
     uint64_t n_bytes = n_elem / traits->block_elems * traits->block_bytes;
     if (t.offset % file.alignment_ != 0) {
-      return Corrupt(fmt::format("tensor '{}': data offset {} is not a multiple of the alignment {}",
-                                 t.name, t.offset, file.alignment_));
+      return Corrupt(fmt::format("tensor {}: data offset {} is not a multiple of the alignment {}",
+                                 QuoteForMessage(t.name), t.offset, file.alignment_));
     }
     if (t.offset > data_size || n_bytes > data_size - t.offset) {
-      return Corrupt(fmt::format("tensor '{}': data [{}, {}) lies outside the {}-byte data section "
-                                 "(file truncated?)", t.name, t.offset, t.offset + n_bytes, data_size));
+      return Corrupt(fmt::format("tensor {}: data [{}, {}) lies outside the {}-byte data section (file truncated?)",
+                                 QuoteForMessage(t.name), t.offset, t.offset + n_bytes, data_size));
     }
     GgufTensor out;
     out.name = std::string(t.name);
@@ -328,7 +330,7 @@ Status GgufParser::Run(GgufFile& file) {
     out.n_bytes = n_bytes;
     out.data = bytes_.data() + out.file_offset;
     if (file.tensor_index_.count(out.name)) {
-      return Corrupt(fmt::format("tensor name '{}' appears twice", out.name));
+      return Corrupt(fmt::format("tensor name {} appears twice", QuoteForMessage(out.name)));
     }
     file.tensor_index_.emplace(out.name, file.tensors_.size());
     file.tensors_.push_back(std::move(out));

@@ -4,6 +4,8 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/message_text.h"
+
 namespace kvfs {
 
 std::string_view ArchitectureName(Architecture arch) {
@@ -57,7 +59,7 @@ Result<HParams> ReadHParams(const GgufFile& f) {
     hp.rope_style = RopeStyle::kNeox;
     hp.has_qkv_bias = true;
   } else {
-    return Unsupported(fmt::format("unsupported architecture {} (supported: llama, qwen2)", arch));
+    return Unsupported(fmt::format("unsupported architecture {} (supported: llama, qwen2)", QuoteForMessage(arch)));
   }
 
   KVFS_ASSIGN_OR_RETURN(hp.n_embd, RequireInt(f, arch + ".embedding_length", 1, kMaxDim));
@@ -103,7 +105,7 @@ Result<HParams> ReadHParams(const GgufFile& f) {
     if (!(factor > 0.0f)) return Corrupt("rope scaling is linear but its factor is not positive");
     hp.rope_freq_scale = 1.0f / factor;
   } else if (scaling != "none" && !(scaling == "yarn" && factor <= 1.0f)) {
-    return Unsupported(fmt::format("rope scaling type {} is not supported (none, linear)", scaling));
+    return Unsupported(fmt::format("rope scaling type {} is not supported (none, linear)", QuoteForMessage(scaling)));
   }
   return hp;
 }

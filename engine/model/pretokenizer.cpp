@@ -5,6 +5,7 @@
 #include <array>
 #include <span>
 
+#include "engine/core/message_text.h"
 #include "engine/model/pretokenizer_split.h"
 #include "engine/model/unicode.h"
 
@@ -111,7 +112,7 @@ Result<PreTokenizerConfig> PreTokenizerFromName(std::string_view name) {
   for (const auto& entry : kNames) {
     if (entry.name == name) return entry.config;
   }
-  return Unsupported("unsupported pre-tokenizer '" + std::string(name) + "' (tokenizer.ggml.pre)");
+  return Unsupported("unsupported pre-tokenizer " + QuoteForMessage(name) + " (tokenizer.ggml.pre)");
 }
 
 void PreTokenize(PreTokenizerKind kind, std::string_view text, std::vector<std::string>& out) {

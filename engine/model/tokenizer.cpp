@@ -9,6 +9,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/message_text.h"
 #include "engine/model/tokenizer_internal.h"
 
 namespace kvfs {
@@ -295,7 +296,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& gguf) {
   if (!model) return Corrupt("tokenizer.ggml.model is missing or not a string");
   const bool spm = *model == "llama";
   if (!spm && *model != "gpt2") {
-    return Unsupported(fmt::format("unsupported tokenizer model {}", *model));
+    return Unsupported(fmt::format("unsupported tokenizer model {}", QuoteForMessage(*model)));
   }
 
   VocabData v;

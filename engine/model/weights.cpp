@@ -4,6 +4,8 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/message_text.h"
+
 namespace kvfs {
 
 namespace {
@@ -109,8 +111,8 @@ Result<ModelWeights> BindWeights(const GgufFile& gguf, const HParams& hp) {
     const char* first = t.name.data() + 4;
     const char* last = t.name.data() + (dot == std::string::npos ? t.name.size() : dot);
     if (std::from_chars(first, last, layer).ptr == last && layer >= hp.n_layer) {
-      return Corrupt(fmt::format("tensor {} is of layer {}, but the metadata's block_count is {}", t.name, layer,
-                                 hp.n_layer));
+      return Corrupt(fmt::format("tensor {} is of layer {}, but the metadata's block_count is {}",
+                                 QuoteForMessage(t.name), layer, hp.n_layer));
     }
   }
   w.total_bytes = b.total();

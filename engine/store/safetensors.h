@@ -38,16 +38,17 @@
 // model's K/V must rotate back.
 //
 // __metadata__ (all values are strings, as safetensors requires):
-//   format "kvfs-kv", format_version "1", model_fingerprint (32 hex), kv_format ("f16", "q8",
-//   "q4", "q4k"), group_size, rotation ("on"/"off"), n_layer, n_head_kv, head_dim, n_cached (decimal),
-//   token_ids (a JSON array of ints, as a string), conversation (a JSON array of
-//   {"role", "text"}, as a string); q4k adds k_chunk_tokens (decimal); context_text (optional:
-//   the text the token ids were made from, as the model saw it, when known); token_ends
-//   (optional, with context_text: a JSON array, per token id the difference of its text's end in
-//   context_text from the previous one's, -1 when it has none).
+//   format "kvfs-kv", format_version "2" (read: "1" too, whose payload_xxh3_64 is optional),
+//   payload_xxh3_64 (XXH3-64 of the data buffer, 16 lowercase hex digits), model_fingerprint
+//   (32 hex), kv_format ("f16", "q8", "q4", "q4k"), group_size, rotation ("on"/"off"), n_layer,
+//   n_head_kv, head_dim, n_cached (decimal), token_ids (a JSON array of ints, as a string),
+//   conversation (a JSON array of {"role", "text"}, as a string); q4k adds k_chunk_tokens
+//   (decimal); context_text (optional: the text the token ids were made from, as the model saw
+//   it, when known); token_ends (optional, with context_text: a JSON array, per token id the
+//   difference of its text's end in context_text from the previous one's, -1 when it has none).
 // Readers ignore metadata keys they do not know (tools such as safetensors' save_file let users
-// annotate a file; format_version is what gates the meaning of the tensors), but reject unknown
-// tensors, since the tensors must cover the data buffer exactly.
+// annotate a file; format_version is what gates the meaning of the tensors and which keys are
+// required), but reject unknown tensors, since the tensors must cover the data buffer exactly.
 // Reader limits (parsed JSON costs far more memory than its text): header <= 100 MiB, nesting as
 // deep as the format needs, at most ~4096 metadata entries, conversation turns <= token ids + 1024.
 //

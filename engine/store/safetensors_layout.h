@@ -19,7 +19,11 @@ namespace kvfs::store::st {
 
 inline constexpr std::string_view kSource = "kv.safetensors";
 inline constexpr std::string_view kFormat = "kvfs-kv";
-inline constexpr std::string_view kFormatVersion = "1";
+// The version written. "2" differs from "1" in one thing only: its data's checksum
+// (kPayloadHashKey) is required. Exports of version 1 (before 2026-12-01) carry it since
+// 2026-11-29 and lack it before; they are still read, the checksum checked where present.
+inline constexpr std::string_view kFormatVersion = "2";
+inline constexpr std::string_view kFormatVersionOptionalHash = "1";
 inline constexpr std::string_view kMetadataKey = "__metadata__";
 // Every key the writer emits and the reader requires.
 inline constexpr std::string_view kMetaKeys[] = {
@@ -79,9 +83,9 @@ inline constexpr std::string_view kContextTextKey = "context_text";
 // own in the text); a JSON array of integers. Lets an importer match a changed context by
 // characters token by token, as the agent that exported it would.
 inline constexpr std::string_view kTokenEndsKey = "token_ends";
-// Optional: XXH3-64 of the data buffer, 16 lowercase hex digits. Written by every export since
-// 2026-11-29 and checked on import when present, so a damaged copy is refused instead of
-// imported as attention state; files without it (hand-made, older) import as before.
+// XXH3-64 of the data buffer, 16 lowercase hex digits, so that a damaged copy is refused instead
+// of imported as attention state. Required from format_version 2 on (a file that lost the key
+// would otherwise import damaged data unchecked); in version 1 files, checked when present.
 inline constexpr std::string_view kPayloadHashKey = "payload_xxh3_64";
 inline constexpr int kPayloadHashDigits = 16;
 inline constexpr int64_t kQ4kMaxChunk = 4096;

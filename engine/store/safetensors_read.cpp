@@ -161,8 +161,14 @@ Result<CacheExportInfo> ReadMetadata(const Json& header, std::string_view expect
   };
 
   if (get("format") != st::kFormat) return Mismatch("format " + Quoted(get("format")) + " is not \"kvfs-kv\"");
-  if (get("format_version") != st::kFormatVersion)
-    return Mismatch("format_version " + Quoted(get("format_version")) + " is not supported (this build reads 1)");
+  const std::string& version = get("format_version");
+  if (version != st::kFormatVersion && version != st::kFormatVersionOptionalHash)
+    return Mismatch("format_version " + Quoted(version) + " is not supported (this build reads 1 and 2)");
+  // Malformed, as any missing key (EINVAL at the import's close): without it the data, damaged
+  // or not, would be imported unchecked.
+  if (version != st::kFormatVersionOptionalHash && !it->contains(std::string(st::kPayloadHashKey)))
+    return Malformed("__metadata__ is missing \"" + std::string(st::kPayloadHashKey) +
+                     "\", the checksum of the data, which format_version " + version + " requires");
   CacheExportInfo info;
   info.model_fingerprint = get("model_fingerprint");
   if (!IsHex128(info.model_fingerprint)) return Malformed("model_fingerprint is not 32 lowercase hex digits");
@@ -286,8 +292,8 @@ Result<ImportedCache> ReadKvSafetensors(std::string_view bytes, std::string_view
   if (too_many || pg.bytes(n_cached) != data_size)
     return Malformed("data buffer is " + std::to_string(data_size) + " bytes, n_cached " + std::to_string(n_cached) +
                      " needs " + (too_many ? "more" : std::to_string(pg.bytes(n_cached))) + " (truncated or padded?)");
-  // The data's checksum, where the file has one (every export does): a damaged copy is refused
-  // here rather than imported as attention state.
+  // The data's checksum (every export has one; ReadMetadata required it unless the file is of
+  // version 1): a damaged copy is refused here rather than imported as attention state.
   if (const auto meta = header.find(std::string(st::kMetadataKey)); meta->contains(std::string(st::kPayloadHashKey))) {
     const std::string& want = (*meta)[std::string(st::kPayloadHashKey)].get_ref<const std::string&>();
     if (want.size() != st::kPayloadHashDigits ||

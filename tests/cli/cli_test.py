@@ -82,7 +82,7 @@ with tempfile.TemporaryDirectory() as tmp:
     bad('truncated model', ['run', '-m', trunc, '-p', 'hi'], 'outside')
     bad('garbage model', ['run', '-m', garbage, '-p', 'hi'], 'not a GGUF file')
     bad('empty model', ['run', '-m', empty, '-p', 'hi'], 'empty')
-    bad('unsupported architecture', ['run', '-m', arch, '-p', 'hi'], 'unsupported architecture gemmx')
+    bad('unsupported architecture', ['run', '-m', arch, '-p', 'hi'], "unsupported architecture 'gemmx'")
     # block_count one below the layers the tensors have: corrupt, not a model one layer short.
     key = b'llama.block_count'
     at = blob.find(struct.pack('<Q', len(key)) + key) + 8 + len(key)

@@ -1,5 +1,6 @@
 #include "engine/model/gguf.h"
 
+#include <algorithm>
 #include <random>
 
 #include "tests/gguf_builder.h"
@@ -147,6 +148,51 @@ TEST(GgufReader, SurvivesTruncationAndCorruption) {
       }
     }
   }
+}
+
+// True when `s` holds a byte a terminal or a C string would not show as text.
+bool HasControlBytes(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+}
+
+// A bit flip in a tensor name's length (one too long) makes the name take the next byte, the
+// 0x01 of its dimension count, which then reads as 0. The message quotes the name with that
+// byte escaped, and the reason follows it.
+TEST(GgufReader, DamagedNameIsEscapedAndTheReasonFollows) {
+  GgufBuilder g;
+  g.Tensor("blk.0.ffn_norm.weight", 0, {256}, std::vector<uint8_t>(1024, 0));
+  g.Tensor("blk.1.ffn_norm.weight", 0, {256}, std::vector<uint8_t>(1024, 0));
+  auto b = g.Bytes();
+  // The second entry: after the 24-byte file header and the first entry (name length, 21
+  // bytes of name, dimension count, one dimension, type, offset).
+  const size_t at = 24 + 8 + 21 + 4 + 8 + 4 + 8;
+  ASSERT_EQ(std::string(b.begin() + at + 8, b.begin() + at + 8 + 21), "blk.1.ffn_norm.weight");
+  Poke64(b, at, 22);
+  auto f = GgufFile::Parse(b);
+  ASSERT_FALSE(f.ok());
+  const std::string& m = f.status().message();
+  EXPECT_EQ(f.status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(m, "tensor 'blk.1.ffn_norm.weight\\x01' at byte " + std::to_string(at) + ": 0 dimensions (1..4 allowed)");
+  EXPECT_FALSE(HasControlBytes(m)) << m;
+}
+
+// A name of 300 bytes holding NULs and other control bytes (what a larger bit flip in a length
+// makes of the bytes that follow): the message shows its first 64 bytes escaped, says how long
+// it is, and ends with the reason.
+TEST(GgufReader, LongBinaryNameIsClippedInMessages) {
+  std::string key;
+  for (int i = 0; i < 300; ++i) key += static_cast<char>(i % 40);  // 0x00..0x27: controls, then text
+  GgufBuilder g;
+  g.U32(key, 1);
+  g.U32(key, 2);
+  auto f = GgufFile::Parse(g.Bytes());
+  ASSERT_FALSE(f.ok());
+  const std::string& m = f.status().message();
+  EXPECT_FALSE(HasControlBytes(m)) << m;
+  EXPECT_EQ(m.rfind("metadata key '\\x00\\x01\\x02", 0), 0u) << m;
+  EXPECT_NE(m.find("'... (300 bytes) at byte "), std::string::npos) << m;
+  EXPECT_TRUE(m.ends_with(" appears twice")) << m;
+  EXPECT_LT(m.size(), 64u * 4 + 80) << m;  // 64 bytes shown, each at most 4 characters escaped
 }
 
 TEST(GgufReader, OpenReportsMissingFileAndGarbage) {

@@ -67,7 +67,7 @@ TEST(ModelLoad, UnsupportedArchitectureIsNamed) {
   auto m = Model::Load(f.path());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(m.status().message().find("unsupported architecture mamba"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("unsupported architecture 'mamba'"), std::string::npos) << m.status().message();
 }
 
 TEST(ModelLoad, MissingTensorAndBadShapeAreNamed) {

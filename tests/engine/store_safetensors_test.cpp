@@ -400,7 +400,7 @@ TEST_F(StoreSafetensorsReject, OtherModelOrFormat) {
   other = g_;
   other.head_dim = 16;
   Expect(file_, StatusCode::kInvalidArgument, "geometry", &other);
-  Expect(WithMeta("format_version", "2"), StatusCode::kInvalidArgument, "format_version \"2\"");
+  Expect(WithMeta("format_version", "3"), StatusCode::kInvalidArgument, "format_version \"3\"");
   Expect(WithMeta("format", "pt"), StatusCode::kInvalidArgument, "format \"pt\"");
 }
 
@@ -509,7 +509,7 @@ TEST_F(StoreSafetensorsReject, SwappedOffsetsAreFollowed) {
 }
 
 // Every export carries XXH3-64 of its data buffer (checked here against the library directly): a
-// flipped bit anywhere in the data is refused. Files without the key (hand-made) still import.
+// flipped bit anywhere in the data is refused.
 TEST_F(StoreSafetensorsReject, DamagedDataFailsItsChecksum) {
   const Split s = SplitFile(file_);
   char hex[17];
@@ -522,7 +522,36 @@ TEST_F(StoreSafetensorsReject, DamagedDataFailsItsChecksum) {
   }
   Expect(WithMeta("payload_xxh3_64", "0123456789ABCDEF"), StatusCode::kCorrupt, "16 lowercase hex digits");
   Expect(WithMeta("payload_xxh3_64", "0"), StatusCode::kCorrupt, "16 lowercase hex digits");
-  EXPECT_TRUE(ReadKvSafetensors(Edit([](Json& h) { h["__metadata__"].erase("payload_xxh3_64"); }), kFingerprint, g_, 4).ok());
+}
+
+// Exports are of format_version 2, which requires the checksum: a file whose key was deleted is
+// refused (EINVAL at the import's close), its data damaged or not, instead of importing whatever
+// the data holds. Version 1 files (exports before 2026-12-01, without the key before 2026-11-29;
+// also the Python-written seeds of ReadsFilesWrittenByPython) import without it, and are
+// checked when they have it.
+TEST_F(StoreSafetensorsReject, ChecksumIsRequiredFromVersion2) {
+  EXPECT_EQ(SplitFile(file_).header["__metadata__"]["format_version"], "2");
+  auto without_checksum = [&](const std::string& version, bool damaged) {
+    std::string f = Edit([&](Json& h) {
+      h["__metadata__"].erase("payload_xxh3_64");
+      h["__metadata__"]["format_version"] = version;
+    });
+    if (damaged) f.back() = static_cast<char>(f.back() ^ 0x10);
+    return f;
+  };
+  for (bool damaged : {false, true}) {
+    SCOPED_TRACE(damaged ? "damaged" : "intact");
+    Expect(without_checksum("2", damaged), StatusCode::kCorrupt,
+           "__metadata__ is missing \"payload_xxh3_64\", the checksum of the data, which format_version 2 requires");
+  }
+  auto legacy = ReadKvSafetensors(without_checksum("1", false), kFingerprint, g_, 4);
+  ASSERT_TRUE(legacy.ok()) << legacy.status().message();
+  auto current = ReadKvSafetensors(file_, kFingerprint, g_, 4);
+  ASSERT_TRUE(current.ok());
+  EXPECT_EQ(legacy->chunks, current->chunks);
+  std::string damaged_v1 = WithMeta("format_version", "1");
+  damaged_v1.back() = static_cast<char>(damaged_v1.back() ^ 0x10);
+  Expect(damaged_v1, StatusCode::kCorrupt, "does not match its checksum");
 }
 
 TEST_F(StoreSafetensorsReject, Metadata) {

@@ -323,7 +323,7 @@ TEST(TokenizerMetadata, MalformedIsAnError) {
                    GgufBuilder()
                        .Str("tokenizer.ggml.model", "bert")
                        .StrArray("tokenizer.ggml.tokens", v.tokens),
-                   StatusCode::kUnsupported, "unsupported tokenizer model bert"});
+                   StatusCode::kUnsupported, "unsupported tokenizer model 'bert'"});
   cases.push_back({"no model", GgufBuilder().StrArray("tokenizer.ggml.tokens", v.tokens),
                    StatusCode::kCorrupt, "tokenizer.ggml.model"});
   cases.push_back({"no tokens", GgufBuilder().Str("tokenizer.ggml.model", "llama"),

@@ -170,7 +170,21 @@ def import_export_and_erase_cache(t):
     truncated = os.path.join(t.dir, 'truncated')
     with open(truncated, 'wb') as f:
         f.write(data[: len(data) * 2 // 3])
-    for bad in (garbage, truncated):
+    bads = [garbage, truncated]
+    if not FAKE:
+        # The export with its checksum deleted from the header and a data byte damaged: the
+        # checksum is required, so deleting it does not get damaged data in.
+        n = int.from_bytes(data[:8], 'little')
+        header = json.loads(data[8:8 + n])
+        check(header['__metadata__']['format_version'] == '2', 'exports are of format_version 2')
+        del header['__metadata__']['payload_xxh3_64']
+        text = json.dumps(header).encode()
+        text += b' ' * ((8 - len(text) % 8) % 8)
+        unchecked = os.path.join(t.dir, 'unchecked')
+        with open(unchecked, 'wb') as f:
+            f.write(len(text).to_bytes(8, 'little') + text + data[8 + n:-1] + bytes([data[-1] ^ 1]))
+        bads.append(unchecked)
+    for bad in bads:
         fails_with('cp %s %s/bob/kv.safetensors' % (bad, m), 'Invalid argument')
     check(sh('cat %s/bob/transcript' % m, check_rc=0).stdout == '', 'a refused import changes nothing')
     sh('cp %s %s/bob/kv.safetensors' % (export, m), check_rc=0)

@@ -8,7 +8,8 @@ naming (engine/store/safetensors.h) are re-implemented here from their descripti
 Checks: the 8-byte header length fits the file; the header is a UTF-8 JSON object without
 duplicate keys; every tensor has a known dtype, a shape of non-negative ints and data_offsets
 whose size is prod(shape) * dtype size; sorted by offset the tensors tile the data buffer
-exactly; __metadata__ maps strings to strings and holds every kvfs key; the tensor set and shapes
+exactly; __metadata__ maps strings to strings and holds every kvfs key (version 2: the
+payload_xxh3_64 checksum too, as 16 lowercase hex digits); the tensor set and shapes
 are the ones the metadata implies. Prints a summary.
 --pattern: every element equals the closed-form pattern of tests/store/make_safetensors_sample.cpp.
 --expect: the element at that index (offset computed here from shape and data_offsets) equals
@@ -93,7 +94,12 @@ def parse(blob):
         need(isinstance(k, str) and isinstance(v, str), 'metadata %r is not a string' % k)
     for k in META_KEYS:
         need(k in meta, 'metadata key %r missing' % k)
-    need(meta['format'] == 'kvfs-kv' and meta['format_version'] == '1', 'not kvfs-kv version 1')
+    need(meta['format'] == 'kvfs-kv' and meta['format_version'] in ('1', '2'), 'not kvfs-kv version 1 or 2')
+    # Version 2 requires the data's checksum (XXH3-64, which the standard library cannot compute:
+    # its form is checked here, its value by the C++ tests against libxxhash).
+    if meta['format_version'] == '2' or 'payload_xxh3_64' in meta:
+        h = meta.get('payload_xxh3_64', '')
+        need(len(h) == 16 and all(c in '0123456789abcdef' for c in h), 'payload_xxh3_64 %r' % h)
     need(meta['rotation'] in ('on', 'off'), 'rotation %r' % meta['rotation'])
     fp = meta['model_fingerprint']
     need(len(fp) == 32 and all(c in '0123456789abcdef' for c in fp), 'fingerprint %r' % fp)
