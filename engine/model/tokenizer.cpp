@@ -354,31 +354,6 @@ int Utf8Status(std::string_view s, size_t i) {
   return need;
 }
 
-// Moves the complete characters of `pending` to the result; invalid bytes become U+FFFD.
-// An unfinished sequence at the end stays in `pending` unless `final`.
-std::string Drain(std::string& pending, bool final) {
-  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
-  std::string out;
-  size_t i = 0;
-  while (i < pending.size()) {
-    const int st = Utf8Status(pending, i);
-    if (st > 0) {
-      out.append(pending, i, st);
-      i += st;
-    } else if (st < 0) {
-      out += kReplacement;
-      i += -st;
-    } else if (final) {
-      out += kReplacement;
-      i = pending.size();
-    } else {
-      break;
-    }
-  }
-  pending.erase(0, i);
-  return out;
-}
-
 }  // namespace
 
 std::string ShowAsText(std::string_view bytes, bool final, std::vector<std::pair<size_t, size_t>>* unit_ends) {
@@ -400,6 +375,19 @@ std::string ShowAsText(std::string_view bytes, bool final, std::vector<std::pair
   }
   return out;
 }
+
+namespace {
+
+// Moves the complete characters of `pending` to the result; invalid bytes become U+FFFD.
+// An unfinished sequence at the end stays in `pending` unless `final`.
+std::string Drain(std::string& pending, bool final) {
+  std::vector<std::pair<size_t, size_t>> units;
+  std::string out = ShowAsText(pending, final, &units);
+  pending.erase(0, units.empty() ? 0 : units.back().first);
+  return out;
+}
+
+}  // namespace
 
 std::string StreamDecoder::Push(TokenId id) {
   pending_ += tokenizer_.TokenToPiece(id);
