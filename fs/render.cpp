@@ -55,16 +55,7 @@ nlohmann::json AgentStatusJson(const AgentInfo& info, const Status& failure, con
                                {"code", ErrnoName(ErrnoFromStatus(refused->status))},
                                {"time_ms", refused->time_ms}};
   }
-  if (info.last_turn) {
-    const TurnStats& t = *info.last_turn;
-    j["last_turn"] = {{"match", t.match},
-                      {"reused_tokens", t.reused_tokens},
-                      {"new_tokens", t.prefilled_tokens},
-                      {"generated_tokens", t.generated_tokens},
-                      {"ttft_ms", t.ttft_ms},
-                      {"tokens_per_s", t.decode_tokens_per_s},
-                      {"stop_reason", t.stop_reason}};
-  }
+  if (info.last_turn) j["last_turn"] = TurnStatsToJson(*info.last_turn);
   if (!failure.ok()) {
     if (info.last_error.empty()) j["last_error"] = failure.message();
     j["last_error_code"] = ErrnoName(ErrnoFromStatus(failure));

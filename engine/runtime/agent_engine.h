@@ -49,8 +49,8 @@ struct TurnStats {
   std::string stop_reason;        // "end_of_generation", "max_tokens", "stop_string", "context_full", "cancelled"
 };
 
-// TurnStats in the agent's manifest (its config, opaque to the store), so status.json still shows
-// the last turn after a restart. The reader is lenient: a missing or odd field is left at its
+// TurnStats as status.json's last_turn shows it, and as the agent's manifest keeps it (in its
+// config, opaque to the store), so status.json still shows the last turn after a restart. The reader is lenient: a missing or odd field is left at its
 // default (the record is informative; a turn never depends on it), and a non-object gives none.
 nlohmann::json TurnStatsToJson(const TurnStats& stats);
 std::optional<TurnStats> TurnStatsFromJson(const nlohmann::json& j);
@@ -103,6 +103,8 @@ struct EngineStatus {
   // queued, whatever its cache; error: its last turn failed.
   size_t agents_hot = 0, agents_warm = 0, agents_cold = 0;
   size_t agents_queued = 0, agents_generating = 0, agents_error = 0;
+  // Counts an agent in the field of the state its status.json shows.
+  void CountAgent(AgentState state);
   uint64_t block_hits = 0, block_misses = 0;  // hit rate = hits / (hits + misses)
   uint64_t tokens_reused = 0, tokens_computed = 0;
   uint64_t turns_completed = 0, turns_failed = 0;

@@ -131,10 +131,10 @@ nlohmann::json AgentSettingsToJson(const AgentSettings& s) {
 nlohmann::json TurnStatsToJson(const TurnStats& t) {
   return {{"match", t.match},
           {"reused_tokens", t.reused_tokens},
-          {"prefilled_tokens", t.prefilled_tokens},
+          {"new_tokens", t.prefilled_tokens},
           {"generated_tokens", t.generated_tokens},
           {"ttft_ms", t.ttft_ms},
-          {"decode_tokens_per_s", t.decode_tokens_per_s},
+          {"tokens_per_s", t.decode_tokens_per_s},
           {"stop_reason", t.stop_reason}};
 }
 
@@ -155,12 +155,23 @@ std::optional<TurnStats> TurnStatsFromJson(const nlohmann::json& j) {
   TurnStats t;
   t.match = text("match");
   t.reused_tokens = count("reused_tokens");
-  t.prefilled_tokens = count("prefilled_tokens");
+  t.prefilled_tokens = count("new_tokens");
   t.generated_tokens = count("generated_tokens");
   t.ttft_ms = real("ttft_ms");
-  t.decode_tokens_per_s = real("decode_tokens_per_s");
+  t.decode_tokens_per_s = real("tokens_per_s");
   t.stop_reason = text("stop_reason");
   return t;
+}
+
+void EngineStatus::CountAgent(AgentState state) {
+  switch (state) {
+    case AgentState::kHot: ++agents_hot; break;
+    case AgentState::kWarm: ++agents_warm; break;
+    case AgentState::kCold: ++agents_cold; break;
+    case AgentState::kQueued: ++agents_queued; break;
+    case AgentState::kGenerating: ++agents_generating; break;
+    case AgentState::kError: ++agents_error; break;
+  }
 }
 
 std::string_view AgentStateName(AgentState state) {

@@ -90,14 +90,7 @@ EngineStatus Engine::Stats() {
   for (auto& [name, a] : agents_) {
     const Residency r = ResidencyOf(*a);
     // As status.json shows it: an agent whose turn runs is generating (or queued), not idle.
-    switch (StateOf(*a, r)) {
-      case AgentState::kHot: ++s.agents_hot; break;
-      case AgentState::kWarm: ++s.agents_warm; break;
-      case AgentState::kCold: ++s.agents_cold; break;
-      case AgentState::kQueued: ++s.agents_queued; break;
-      case AgentState::kGenerating: ++s.agents_generating; break;
-      case AgentState::kError: ++s.agents_error; break;
-    }
+    s.CountAgent(StateOf(*a, r));
     s.turns_in_flight += a->queue.size() + (a->running ? 1 : 0);
     entries.push_back(CacheEntryStatus{name, r.bytes + a->turn_bytes, a->disk_bytes, a->hits});
   }

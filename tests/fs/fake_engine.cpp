@@ -613,14 +613,7 @@ EngineStatus FakeEngine::Stats() {
   s.memory_budget_bytes = 1 << 30;
   for (const auto& [name, agent] : agents_) {
     int64_t bytes = agent->has_cache ? agent->info.context_tokens * options_.kv_bytes_per_token : 0;
-    switch (agent->info.state) {  // as the engine: by the state status.json shows
-      case AgentState::kHot: ++s.agents_hot; break;
-      case AgentState::kWarm: ++s.agents_warm; break;
-      case AgentState::kCold: ++s.agents_cold; break;
-      case AgentState::kQueued: ++s.agents_queued; break;
-      case AgentState::kGenerating: ++s.agents_generating; break;
-      case AgentState::kError: ++s.agents_error; break;
-    }
+    s.CountAgent(agent->info.state);  // as the engine: by the state status.json shows
     if (agent->info.state != AgentState::kCold) s.memory_used_bytes += bytes;
     s.turns_in_flight += agent->queue.size() + (agent->running ? 1 : 0);
     s.top_entries.push_back({name, agent->info.state == AgentState::kCold ? 0 : bytes, bytes, agent->info.turns});
