@@ -103,6 +103,11 @@ struct CpuOptions {
   // cheaper (see engine/backend/cpu/packed_weights.h). false: every matrix runs from the
   // mapped file.
   bool pack_weights = true;
+  // Whether the model's bytes of the matrices packed above may be given back to the system.
+  // A mapped file's pages come back from the file when read again; a private copy's come back
+  // as zeros, so for one (Model::gguf().private_copy()) this must stay false unless this
+  // backend is the only reader of the weights (no Vulkan device that may be made again).
+  bool release_private_weights = false;
 };
 std::unique_ptr<Backend> MakeCpuBackend(const Model& model, const CpuOptions& options);
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cerrno>
 #include <cstring>
@@ -346,7 +347,45 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Parse(std::span<const uint8_t> bytes
   return file;
 }
 
-Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+namespace {
+
+// Reads all `size` bytes of `fd` into fresh anonymous memory. The file must not change size or
+// modification time meanwhile: a copy of a file half rewritten would be neither model.
+Result<void*> ReadPrivateCopy(int fd, const std::string& path, const struct stat& before) {
+  const size_t size = static_cast<size_t>(before.st_size);
+  void* mem = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    return Status(StatusCode::kResourceExhausted,
+                  fmt::format("{}: no memory for a copy of the file's {} MiB", path, size >> 20));
+  }
+  madvise(mem, size, MADV_HUGEPAGE);  // a hint: fewer TLB misses when the weights stream
+  auto fail = [&](Status s) -> Result<void*> {
+    ::munmap(mem, size);
+    return s;
+  };
+  auto* out = static_cast<uint8_t*>(mem);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, out + done, std::min<size_t>(size - done, size_t{1} << 30), static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(IoError(fmt::format("{}: read failed at byte {}: {}", path, done, std::strerror(errno))));
+    if (n == 0) {
+      return fail(IoError(fmt::format("{}: the file shrank to {} bytes while being read (it was {}); "
+                                      "is it being rewritten?", path, done, size)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  struct stat after {};
+  if (::fstat(fd, &after) != 0 || after.st_size != before.st_size || after.st_mtim.tv_sec != before.st_mtim.tv_sec ||
+      after.st_mtim.tv_nsec != before.st_mtim.tv_nsec) {
+    return fail(IoError(fmt::format("{}: the file changed while being read; is it being rewritten?", path)));
+  }
+  return mem;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, GgufLoad how) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
@@ -363,15 +402,24 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
     ::close(fd);
     return Corrupt(fmt::format("{}: file is empty", path));
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int map_errno = errno;
-  ::close(fd);
-  if (map == MAP_FAILED) {
-    return IoError(fmt::format("{}: mmap failed: {}", path, std::strerror(map_errno)));
+  void* map = nullptr;
+  if (how == GgufLoad::kPrivateCopy) {
+    Result<void*> copy = ReadPrivateCopy(fd, path, st);
+    ::close(fd);
+    if (!copy.ok()) return copy.status();
+    map = *copy;
+  } else {
+    map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int map_errno = errno;
+    ::close(fd);
+    if (map == MAP_FAILED) {
+      return IoError(fmt::format("{}: mmap failed: {}", path, std::strerror(map_errno)));
+    }
   }
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->map_ = map;
   file->map_size_ = size;
+  file->private_copy_ = how == GgufLoad::kPrivateCopy;
   file->bytes_ = std::span<const uint8_t>(static_cast<const uint8_t*>(map), size);
   GgufParser parser(file->bytes_);
   Status s = parser.Run(*file);

@@ -64,10 +64,16 @@ struct GgufTensor {
   int64_t n_rows() const { return ne[1] * ne[2] * ne[3]; }
 };
 
+// How a file's bytes are held. kMapped maps the file: nothing is read until used and the page
+// cache is shared, but the bytes are the file's, so a file truncated or rewritten in place
+// under the process changes them (or faults with SIGBUS). kPrivateCopy reads the whole file
+// into anonymous memory once: what a long-running daemon needs, whatever happens to the file.
+enum class GgufLoad { kMapped, kPrivateCopy };
+
 class GgufFile {
  public:
-  // Maps and parses a file. Errors name the file and what is wrong, with byte offsets.
-  static Result<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  // Maps (or reads) and parses a file. Errors name the file and what is wrong, with byte offsets.
+  static Result<std::unique_ptr<GgufFile>> Open(const std::string& path, GgufLoad how = GgufLoad::kMapped);
   // Parses an in-memory image (the bytes must outlive the GgufFile). Used by the fuzzer.
   static Result<std::unique_ptr<GgufFile>> Parse(std::span<const uint8_t> bytes);
 
@@ -79,6 +85,9 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   std::span<const uint8_t> bytes() const { return bytes_; }
+  // True when the bytes are this process's own copy (GgufLoad::kPrivateCopy): pages given back
+  // with MADV_DONTNEED then read as zeros, not as the file.
+  bool private_copy() const { return private_copy_; }
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kvs_; }
@@ -98,8 +107,9 @@ class GgufFile {
   friend class GgufParser;
   GgufFile() = default;
 
-  void* map_ = nullptr;  // non-null when we own an mmap
+  void* map_ = nullptr;  // non-null when we own an mmap (of the file, or anonymous)
   size_t map_size_ = 0;
+  bool private_copy_ = false;
   std::span<const uint8_t> bytes_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

@@ -5,10 +5,10 @@
 
 namespace kvfs {
 
-Result<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+Result<std::unique_ptr<Model>> Model::Load(const std::string& path, GgufLoad how) {
   std::unique_ptr<Model> m(new Model());
   m->path_ = path;
-  KVFS_ASSIGN_OR_RETURN(m->gguf_, GgufFile::Open(path));
+  KVFS_ASSIGN_OR_RETURN(m->gguf_, GgufFile::Open(path, how));
   auto with_path = [&](const Status& s) { return s.WithContext(path); };
 
   auto hp = ReadHParams(*m->gguf_);

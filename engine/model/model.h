@@ -16,7 +16,8 @@ namespace kvfs {
 class Model {
  public:
   // Opens, validates and binds everything; errors name the file and the problem.
-  static Result<std::unique_ptr<Model>> Load(const std::string& path);
+  // `how`: see GgufLoad (kvfsd holds a private copy; one-shot tools map the file).
+  static Result<std::unique_ptr<Model>> Load(const std::string& path, GgufLoad how = GgufLoad::kMapped);
 
   const std::string& path() const { return path_; }
   const GgufFile& gguf() const { return *gguf_; }

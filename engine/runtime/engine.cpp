@@ -68,7 +68,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
 }
 
 Status Engine::Init() {
-  KVFS_ASSIGN_OR_RETURN(model_, Model::Load(options_.model_path));
+  // A private copy: the daemon runs for days, and a model file replaced in place under it
+  // (cp over it, a download resumed) must not change or fault its weights.
+  KVFS_ASSIGN_OR_RETURN(model_, Model::Load(options_.model_path, GgufLoad::kPrivateCopy));
   fingerprint_ = ModelFingerprint(model_->gguf());
   markup_tokens_ = model_->chat_template().MarkupTokens();
   const HParams& hp = model_->hparams();
@@ -116,7 +118,10 @@ Status Engine::MakeBackend() {
                                                                        .kv_device_bytes = options_.kv_device_bytes,
                                                                        .tuning = VulkanTuning{},
                                                                        .tuning_file = options_.vulkan_tuning,
-                                                                       .cpu = CpuOptions{options_.n_threads, nullptr}}));
+                                                                       .cpu = CpuOptions{.n_threads = options_.n_threads,
+                                                                                   // only reader of the weights: give back what it packs
+                                                                                   .release_private_weights =
+                                                                                       options_.backend == "cpu"}}));
     if (!chosen.warning.empty()) spdlog::warn("engine: {}", chosen.warning);
     if (chosen.tuned) spdlog::info("engine: Vulkan settings from {}", options_.vulkan_tuning);
     backend_ = std::move(chosen.backend);

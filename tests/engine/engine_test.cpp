@@ -602,5 +602,39 @@ TEST_F(EngineTest, InvalidUtf8FromByteTokensIsCommittedAndResumed) {
   EXPECT_EQ(out.reply, unbroken[1]);
 }
 
+// kvfsd holds its own copy of the model: a model file truncated or rewritten in place under a
+// running engine (cp over it, a download resumed) changes nothing it serves. With the file
+// mapped, a truncated file faults (SIGBUS) and a rewritten one changes the weights. The turns
+// after each change also check that giving back the bytes the CPU backend packed never takes
+// anything a pass still reads.
+TEST_F(EngineTest, ServesTheLoadedModelAfterItsFileIsTruncatedOrRewritten) {
+  const fs::path copy = dir_ / "model.gguf";
+  fs::copy_file(model_path_, copy);
+  const auto size = static_cast<size_t>(fs::file_size(copy));
+  EngineOptions o = Options();
+  o.model_path = copy.string();
+  auto engine = CreateEngine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  const char* const agents[] = {"alice", "bob"};
+  for (int change = 0; change < 2; ++change) {
+    SCOPED_TRACE(change == 0 ? "truncated to 0 bytes" : "rewritten in place with other bytes");
+    if (change == 0) {
+      fs::resize_file(copy, 0);
+    } else {
+      std::FILE* f = std::fopen(copy.c_str(), "r+b");
+      ASSERT_NE(f, nullptr);
+      const std::string junk(size, '\x5a');
+      ASSERT_EQ(std::fwrite(junk.data(), 1, junk.size(), f), junk.size());
+      std::fclose(f);
+    }
+    ASSERT_TRUE((*engine)->CreateAgent(agents[change], 1000).ok());
+    Greedy(**engine, agents[change]);
+    TurnOutcome out = RunTurn(**engine, agents[change], kTurns[0]);
+    ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+    EXPECT_GT(out.stats->generated_tokens, 0);
+    EXPECT_EQ(out.reply, Reference(ReadManifest(o.store_dir, agents[change]), *out.stats, 20));
+  }
+}
+
 }  // namespace
 }  // namespace kvfs

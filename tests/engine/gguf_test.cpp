@@ -200,6 +200,8 @@ TEST(GgufReader, OpenReportsMissingFileAndGarbage) {
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("/nonexistent/model.gguf"), std::string::npos);
+  EXPECT_EQ(GgufFile::Open("/nonexistent/model.gguf", GgufLoad::kPrivateCopy).status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(GgufFile::Open("/proc/self/status", GgufLoad::kPrivateCopy).ok());  // not a file with a size
 }
 
 TEST(GgufReader, OpensStories260K) {
@@ -210,6 +212,19 @@ TEST(GgufReader, OpensStories260K) {
   EXPECT_EQ((*f)->tensors().size(), 48u);
   EXPECT_EQ(*(*f)->GetInt("llama.block_count"), 5);
   EXPECT_EQ((*f)->GetArray("tokenizer.ggml.tokens")->size(), 512u);
+  EXPECT_FALSE((*f)->private_copy());
+  // A private copy holds the same bytes, parsed the same, at other addresses.
+  auto copy = GgufFile::Open(path, GgufLoad::kPrivateCopy);
+  ASSERT_TRUE(copy.ok()) << copy.status().message();
+  EXPECT_TRUE((*copy)->private_copy());
+  EXPECT_NE((*copy)->bytes().data(), (*f)->bytes().data());
+  ASSERT_EQ((*copy)->bytes().size(), (*f)->bytes().size());
+  EXPECT_TRUE(std::equal((*copy)->bytes().begin(), (*copy)->bytes().end(), (*f)->bytes().begin()));
+  ASSERT_EQ((*copy)->tensors().size(), (*f)->tensors().size());
+  for (size_t i = 0; i < (*f)->tensors().size(); ++i) {
+    EXPECT_EQ((*copy)->tensors()[i].name, (*f)->tensors()[i].name);
+    EXPECT_EQ((*copy)->tensors()[i].data - (*copy)->bytes().data(), (*f)->tensors()[i].data - (*f)->bytes().data());
+  }
 }
 
 }  // namespace

@@ -142,8 +142,10 @@ TEST_F(StoreTest, ParkedResponseReadsAreAnsweredOnceByWhatEndsTheirWait) {
   }
   interrupt->Trigger();  // again, after its read was answered: nothing more
   EXPECT_EQ(answered(-1), 1u);
-  engine_->HoldTurns(true);
+  // Bob's first turn ends before turns are held again (it may not have started yet: held
+  // then, it would never end, and the read would wait for ever).
   ASSERT_TRUE(*Cat("bob", "response") == FakeEngine::ReplyFor(1, "wait too"));
+  engine_->HoldTurns(true);
   ASSERT_TRUE(Echo("bob", "prompt", "held").ok());
   // A reader of bob's held turn is answered by bob's erasure (which cancels the turn first: EIO).
   const HandleId bobs_held = open("bob");
