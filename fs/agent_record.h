@@ -3,6 +3,7 @@
 // rendered transcript of committed turns, and the reads of `response` waiting for text.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -89,7 +90,17 @@ struct AgentRecord {
   Status last_failure;                              // of the latest finished turn
   std::optional<TurnStats> last_stats;
   std::optional<RefusedWrite> last_refused_write;
+  // The writable files (system, config.json, kv.safetensors) unlinked since the agent's last
+  // turn was submitted, as bits 1 << AgentFile: absent from lookups and listings until created
+  // again or that turn (AgentStore::Unlink says why).
+  std::atomic<uint32_t> unlinked_files{0};
 };
+
+inline uint32_t AgentFileBit(AgentFile f) { return uint32_t{1} << static_cast<int>(f); }
+// The files an unlink hides until they are created again (the others are views, or prompt).
+inline bool HiddenByUnlink(AgentFile f) {
+  return f == AgentFile::kSystem || f == AgentFile::kConfig || f == AgentFile::kKvCache;
+}
 
 // What a read of `response` of `turn` at `offset` returns now, or nullopt while it must wait
 // (agent.mu held).

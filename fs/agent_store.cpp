@@ -307,7 +307,11 @@ Result<Attr> AgentStore::Lookup(InodeId parent, std::string_view name_view) {
         break;
       case NodeKind::kAgentDir:
         for (AgentFile f : kAgentFiles) {
-          if (name == AgentFileName(f)) ino = InodeTable::AgentFileInode(parent, f);
+          if (name != AgentFileName(f)) continue;
+          if (dir->agent != nullptr && (dir->agent->unlinked_files.load() & AgentFileBit(f)) != 0) {
+            return NotFound(fmt::format("'{}' was unlinked; creating it writes it again", name));
+          }
+          ino = InodeTable::AgentFileInode(parent, f);
         }
         if (ino == 0) return NotFound(fmt::format("agents have no file '{}'", name));
         break;
@@ -379,7 +383,9 @@ std::vector<DirEntry> AgentStore::ListRoot() {
 std::vector<DirEntry> AgentStore::ListAgent(const std::shared_ptr<AgentRecord>& agent, InodeId dir) {
   std::vector<DirEntry> out;
   Result<AgentInfo> info = engine_.GetAgent(agent->name);
+  const uint32_t unlinked = agent->unlinked_files.load();
   for (AgentFile f : kAgentFiles) {
+    if ((unlinked & AgentFileBit(f)) != 0) continue;
     Node n;
     n.kind = NodeKind::kAgentFile;
     n.agent_file = f;

@@ -126,12 +126,14 @@ class AgentStore {
   // rmdir of an agent erases it (engine EraseAgent), returning when that is done.
   Status RemoveAgent(InodeId parent, std::string_view name, const Caller& caller);
   // unlink: kv.safetensors erases the agent's cache; a prefix file unpins and erases the
-  // prefix; the agent's other files are views of its state and stay (so `rm -r` works).
+  // prefix; the agent's other files are views of its state and stay (so `rm -r` works), but
+  // system, config.json and kv.safetensors are absent until created again or the next turn.
   Status Unlink(InodeId parent, std::string_view name, const Caller& caller);
 
   // --- Files.
   Result<HandleId> Open(InodeId ino, OpenFlags flags, const Caller& caller);
-  // O_CREAT of a name that does not exist: only prefix files can be created.
+  // O_CREAT of a name that does not exist: prefix files, and an agent's system, config.json or
+  // kv.safetensors after an unlink (opened for writing from empty).
   Result<std::pair<Attr, HandleId>> Create(InodeId parent, std::string_view name, OpenFlags flags, const Caller& caller);
   // Blocks on `response` while its turn generates (ReadAsync, waited for); `interrupt` (may be
   // null) cancels the wait.

@@ -186,6 +186,9 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
   const AgentFile* file = std::find_if(std::begin(kAgentFiles), std::end(kAgentFiles),
                                        [&](AgentFile f) { return name == AgentFileName(f); });
   if (file == std::end(kAgentFiles)) return NotFound(fmt::format("agents have no file '{}'", name));
+  if ((dir.agent->unlinked_files.load() & AgentFileBit(*file)) != 0) {
+    return NotFound(fmt::format("'{}' was unlinked already", name));
+  }
   // An agent's files exist as long as it does, so an unlink leaves the name in place. A process
   // that unlinks the same file again at once expected it gone: `tar -x` over an agent unlinks,
   // fails its O_EXCL create and unlinks again, forever. The repeat is refused, which ends that
@@ -227,7 +230,11 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
     CompleteAudit(intent, AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache", .erased = report});
   }
   // The other files are views of the agent's state: unlinking them succeeds and changes
-  // nothing, so that `rm -r agent` reaches the rmdir that erases it.
+  // nothing, so that `rm -r agent` reaches the rmdir that erases it. The writable ones are then
+  // absent until created again (or the agent's next turn): tools that replace a file by unlink
+  // and create (tar -x, mv from another filesystem, install, cp --remove-destination) expect
+  // the name free; their create writes the file (Create).
+  if (HiddenByUnlink(*file)) dir.agent->unlinked_files.fetch_or(AgentFileBit(*file));
   if (caller.pid != 0) {
     std::lock_guard lock(mu_);
     recent_unlinks_.push_back(RecentUnlink{caller.pid, ino, Now()});

@@ -73,6 +73,27 @@ Result<std::pair<Attr, HandleId>> AgentStore::Create(InodeId parent, std::string
   std::string name(name_view);
   KVFS_ASSIGN_OR_RETURN(Node dir, NodeCopy(parent));
   if (dir.kind == NodeKind::kAgentDir) {
+    // A writable file unlinked before (tar -x, mv from another filesystem, install and
+    // cp --remove-destination replace a file by unlink and create): created again, it opens
+    // for writing from empty, as `>` would (kv.safetensors: an import).
+    for (AgentFile f : kAgentFiles) {
+      if (name != AgentFileName(f) || dir.agent == nullptr) continue;
+      if ((dir.agent->unlinked_files.load() & AgentFileBit(f)) == 0) {
+        return AlreadyExists(fmt::format("'{}' exists", name));
+      }
+      const InodeId ino = InodeTable::AgentFileInode(parent, f);
+      OpenFlags as_new = flags;
+      as_new.write = true;
+      as_new.truncate = true;
+      KVFS_ASSIGN_OR_RETURN(HandleId handle, Open(ino, as_new, caller));
+      dir.agent->unlinked_files.fetch_and(~AgentFileBit(f));
+      Result<Attr> attr = Lookup(parent, name);  // the kernel's reference, as for any create
+      if (!attr.ok()) {
+        Release(handle);
+        return attr.status();
+      }
+      return std::make_pair(*attr, handle);
+    }
     return NotPermitted(fmt::format("agents have a fixed set of files; '{}' cannot be created", name));
   }
   if (dir.kind == NodeKind::kRoot) {

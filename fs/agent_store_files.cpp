@@ -205,10 +205,10 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
             .spill_bytes = config_.import_spill_bytes,
             .disk_total = import_disk_,
             .disk_limit = config_.max_import_spill_bytes});
-        if (flags.read && !flags.truncate) {
-          // Read and write without O_TRUNC, as on any file: it starts as the export, reads show
-          // it, writes change it in place, and a close after writes imports what it has become.
-          // A close without writes imports nothing.
+        if (!flags.truncate) {
+          // Opened for writing without O_TRUNC, as on any file: it starts as the export, reads
+          // show it, writes change it in place (dd conv=notrunc, truncate -s), and a close after
+          // writes imports what it has become. A close without writes imports nothing.
           KVFS_ASSIGN_OR_RETURN(std::string file, export_cache());
           KVFS_RETURN_IF_ERROR(handle->import->Write(0, file));
         }

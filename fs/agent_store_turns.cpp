@@ -83,6 +83,7 @@ Status AgentStore::SubmitPrompt(const std::shared_ptr<AgentRecord>& agent, std::
     OnTurnDone(*agent, turn, *metrics, result);
   };
   Status submitted = engine_.SubmitTurn(std::move(request));
+  if (submitted.ok()) agent->unlinked_files.store(0);  // the turn remakes the cache; the files show again
   if (!submitted.ok()) {
     AnsweredReads answered;
     {

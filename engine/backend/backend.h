@@ -71,6 +71,9 @@ class Backend {
   virtual Status ForgetBlocks(std::span<const uint64_t> serials) { return Status::Ok(); }
   // Copies of blocks held now (tests, status).
   virtual int64_t BlockCopies() const { return 0; }
+  // Whether passes read the model's matrices (token_embd, output, the layers' seven) from the
+  // model's bytes. A device that holds its own copies does not: those bytes may be given back.
+  virtual bool ReadsModelMatrices() const { return true; }
   // Whether the backend makes its kernels on first use (Vulkan compiles a pipeline for each
   // shader variant a pass needs): the first passes of each shape then take seconds, unless
   // WarmUpBackend (warm_up.h) ran them first.
@@ -101,13 +104,9 @@ struct CpuOptions {
   // tables: the 32-value block formats and the K-quants) into its row-interleaved layout at
   // load: decode streams the weights at the memory's speed and batched decode steps get much
   // cheaper (see engine/backend/cpu/packed_weights.h). false: every matrix runs from the
-  // mapped file.
+  // mapped file. The model's bytes of what was packed are given back (GgufFile::GiveBack): a
+  // backend made after this one calls GgufFile::Refill before reading the weights.
   bool pack_weights = true;
-  // Whether the model's bytes of the matrices packed above may be given back to the system.
-  // A mapped file's pages come back from the file when read again; a private copy's come back
-  // as zeros, so for one (Model::gguf().private_copy()) this must stay false unless this
-  // backend is the only reader of the weights (no Vulkan device that may be made again).
-  bool release_private_weights = false;
 };
 std::unique_ptr<Backend> MakeCpuBackend(const Model& model, const CpuOptions& options);
 

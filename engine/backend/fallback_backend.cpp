@@ -24,7 +24,22 @@ FallbackBackend::FallbackBackend(const Model& model, std::unique_ptr<Backend> de
       device_(std::move(device)),
       cpu_options_(cpu),
       keeps_copies_(device_->KeepsBlockCopies()),
-      recovery_(std::move(recovery)) {}
+      recovery_(std::move(recovery)) {
+  GiveBackMatrices();
+}
+
+void FallbackBackend::GiveBackMatrices() {
+  if (device_ == nullptr || device_->ReadsModelMatrices() || cpu_ != nullptr) return;
+  const ModelWeights& w = model_.weights();
+  auto give_back = [&](const Matrix& m) {
+    if (!m.empty()) model_.gguf().GiveBack(m.data, static_cast<size_t>(m.n_out * m.row_bytes));
+  };
+  give_back(w.token_embd);
+  give_back(w.output);  // (the same bytes when tied: given back once)
+  for (const LayerWeights& l : w.layers) {
+    for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) give_back(*m);
+  }
+}
 
 Status FallbackBackend::SetVulkanTuning(const VulkanTuning& tuning) {
   if (device_ == nullptr) {
@@ -50,7 +65,10 @@ Status FallbackBackend::ForgetBlocks(std::span<const uint64_t> serials) {
 }
 
 Result<Backend*> FallbackBackend::Cpu() {
-  if (cpu_ == nullptr) cpu_ = MakeCpuBackend(model_, cpu_options_);
+  if (cpu_ == nullptr) {
+    KVFS_RETURN_IF_ERROR(model_.gguf().Refill());
+    cpu_ = MakeCpuBackend(model_, cpu_options_);
+  }
   return cpu_.get();
 }
 
@@ -81,7 +99,10 @@ std::optional<int64_t> FallbackBackend::MaintenanceDueInMs() const {
 void FallbackBackend::TryRemakeDevice() {
   const int64_t now = NowMs();
   if (!Recovering() || now < next_remake_ms_) return;
-  Result<std::unique_ptr<Backend>> made = recovery_.make();
+  // The device is made from the model's bytes: the CPU's given-back ones are read back first.
+  const Status refilled = model_.gguf().Refill();
+  Result<std::unique_ptr<Backend>> made =
+      refilled.ok() ? recovery_.make() : Result<std::unique_ptr<Backend>>(refilled);
   Status why = made.ok() ? Status::Ok() : made.status();
   if (made.ok() && (*made)->KeepsBlockCopies() != keeps_copies_) {
     why = Internal("the remade device keeps KV copies differently");  // the engine fixed that at start
@@ -106,6 +127,7 @@ void FallbackBackend::TryRemakeDevice() {
   // The CPU backend may hold repacked weights (as large as the model): made again on need
   // (steps over the device's KV budget), at the cost of packing them again.
   cpu_.reset();
+  GiveBackMatrices();
   spdlog::info("backend: the {} device was made again; passes run on it (its KV copies are reloaded from host "
                "memory as passes need them)",
                device_->name());

@@ -8,7 +8,8 @@
 //     runs on the CPU until the device can be made again (DeviceRecovery: a GPU reset or a
 //     driver timeout usually leaves it usable); tries come at doubling intervals, so a device
 //     that stays gone costs little, at the start of a pass or between passes (Maintain).
-// The CPU backend is made on first need (it may pack the weights: memory and seconds).
+// The CPU backend is made on first need (it may pack the weights: memory and seconds); until
+// then the model's bytes of the matrices the device holds are given back (GgufFile::GiveBack).
 // Before the CPU writes rows into blocks the device holds copies of, those copies are dropped
 // (ForgetBlocks), so the device never trusts rows it did not write itself.
 // A pass is all-or-nothing when it runs whole on the device or the CPU (the usual case: it
@@ -86,7 +87,13 @@ class FallbackBackend final : public Backend {
   Backend* device() { return device_.get(); }
 
  private:
+  // The CPU backend, made on first need (after reading back the weights the device's made
+  // gave back: GiveBackMatrices).
   Result<Backend*> Cpu();
+  // With a device that holds its own copies of the matrices and no CPU backend made: gives the
+  // model's bytes of them back (a private copy of the model would otherwise hold a second copy
+  // of the weights in host memory for nothing). Cpu() and a remake read them back first.
+  void GiveBackMatrices();
   int64_t NowMs() const;
   // Lost, and to be made again.
   bool Recovering() const { return device_ == nullptr && recovery_.make; }

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include <spdlog/fmt/fmt.h>
+#include <xxhash.h>
 
 #include "engine/core/message_text.h"
 #include "engine/model/gguf_format.h"
@@ -405,8 +406,10 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, GgufLo
   void* map = nullptr;
   if (how == GgufLoad::kPrivateCopy) {
     Result<void*> copy = ReadPrivateCopy(fd, path, st);
-    ::close(fd);
-    if (!copy.ok()) return copy.status();
+    if (!copy.ok()) {
+      ::close(fd);
+      return copy.status();
+    }
     map = *copy;
   } else {
     map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -420,6 +423,8 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, GgufLo
   file->map_ = map;
   file->map_size_ = size;
   file->private_copy_ = how == GgufLoad::kPrivateCopy;
+  file->fd_ = file->private_copy_ ? fd : -1;
+  file->path_ = path;
   file->bytes_ = std::span<const uint8_t>(static_cast<const uint8_t*>(map), size);
   GgufParser parser(file->bytes_);
   Status s = parser.Run(*file);
@@ -429,6 +434,58 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, GgufLo
 
 GgufFile::~GgufFile() {
   if (map_ != nullptr) ::munmap(map_, map_size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void GgufFile::GiveBack(const uint8_t* p, size_t n) const {
+  if (map_ == nullptr || p < bytes_.data() || n > bytes_.size() || p - bytes_.data() > static_cast<ptrdiff_t>(bytes_.size() - n)) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (end <= begin) return;
+  if (!private_copy_) {
+    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // read back from the file
+    return;
+  }
+  const size_t offset = begin - reinterpret_cast<uintptr_t>(bytes_.data());
+  const size_t length = end - begin;
+  std::lock_guard lock(give_back_mu_);
+  // Overlapping a range given back already: those bytes are zeros now, not the file's.
+  auto next = given_back_.lower_bound(offset);
+  if (next != given_back_.end() && next->first < offset + length) return;
+  if (next != given_back_.begin() && std::prev(next)->first + std::prev(next)->second.length > offset) return;
+  given_back_.emplace(offset, GivenBack{length, XXH3_64bits(reinterpret_cast<const void*>(begin), length)});
+  madvise(reinterpret_cast<void*>(begin), length, MADV_DONTNEED);
+}
+
+Status GgufFile::Refill() const {
+  std::lock_guard lock(give_back_mu_);
+  auto* base = const_cast<uint8_t*>(bytes_.data());  // our own anonymous memory
+  for (auto it = given_back_.begin(); it != given_back_.end();) {
+    const size_t offset = it->first, length = it->second.length;
+    size_t done = 0;
+    while (done < length) {
+      const ssize_t n = ::pread(fd_, base + offset + done, length - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    if (done < length || XXH3_64bits(base + offset, length) != it->second.xxh3) {
+      madvise(base + offset, length, MADV_DONTNEED);  // not the model's bytes: zeros again
+      return IoError(fmt::format("{}: the model file changed since kvfsd read it (its bytes {}..{} differ or are "
+                                 "gone); restart kvfsd to serve the file as it is now",
+                                 path_, offset, offset + length));
+    }
+    it = given_back_.erase(it);
+  }
+  return Status::Ok();
+}
+
+int64_t GgufFile::given_back_bytes() const {
+  std::lock_guard lock(give_back_mu_);
+  int64_t total = 0;
+  for (const auto& [offset, range] : given_back_) total += static_cast<int64_t>(range.length);
+  return total;
 }
 
 const GgufValue* GgufFile::Find(std::string_view key) const {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <span>
@@ -85,9 +86,20 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   std::span<const uint8_t> bytes() const { return bytes_; }
-  // True when the bytes are this process's own copy (GgufLoad::kPrivateCopy): pages given back
-  // with MADV_DONTNEED then read as zeros, not as the file.
+  // True when the bytes are this process's own copy (GgufLoad::kPrivateCopy).
   bool private_copy() const { return private_copy_; }
+
+  // Gives the whole pages inside [p, p + n) back to the system: a backend that made its own
+  // copy of some weights (packed, or on a device) and never reads these bytes again. A mapped
+  // file's pages come back from the file when read. A private copy's read as zeros until
+  // Refill(): its hash is kept, and a range already given back is left alone. Thread-safe.
+  void GiveBack(const uint8_t* p, size_t n) const;
+  // Private copies: reads every range given back in again, from the file as opened at start
+  // (kept open: a file renamed over it does not matter), and checks each against its hash. A
+  // file rewritten in place since is an error naming it, and those ranges stay given back.
+  // Whoever reads weights that another backend may have given back calls this first.
+  Status Refill() const;
+  int64_t given_back_bytes() const;  // of a private copy, now
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kvs_; }
@@ -110,6 +122,14 @@ class GgufFile {
   void* map_ = nullptr;  // non-null when we own an mmap (of the file, or anonymous)
   size_t map_size_ = 0;
   bool private_copy_ = false;
+  int fd_ = -1;  // a private copy's file, for Refill
+  std::string path_;
+  struct GivenBack {
+    size_t length;
+    uint64_t xxh3;  // of the bytes before they were given back
+  };
+  mutable std::mutex give_back_mu_;
+  mutable std::map<size_t, GivenBack> given_back_;  // by offset in bytes_, whole pages
   std::span<const uint8_t> bytes_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

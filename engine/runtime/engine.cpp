@@ -118,10 +118,7 @@ Status Engine::MakeBackend() {
                                                                        .kv_device_bytes = options_.kv_device_bytes,
                                                                        .tuning = VulkanTuning{},
                                                                        .tuning_file = options_.vulkan_tuning,
-                                                                       .cpu = CpuOptions{.n_threads = options_.n_threads,
-                                                                                   // only reader of the weights: give back what it packs
-                                                                                   .release_private_weights =
-                                                                                       options_.backend == "cpu"}}));
+                                                                       .cpu = CpuOptions{options_.n_threads, nullptr}}));
     if (!chosen.warning.empty()) spdlog::warn("engine: {}", chosen.warning);
     if (chosen.tuned) spdlog::info("engine: Vulkan settings from {}", options_.vulkan_tuning);
     backend_ = std::move(chosen.backend);

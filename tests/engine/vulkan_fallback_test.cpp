@@ -7,7 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
+
+#include <unistd.h>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
@@ -317,6 +320,75 @@ TEST_F(VulkanFallbackTest, WithoutTheFallbackALostDeviceIsAnError) {
   EXPECT_TRUE((*device)->Lost());
   EXPECT_EQ(s.n_tokens(), 0);
   EXPECT_EQ((*device)->Forward(std::span<const SequenceStep>(&step, 1), lg).code(), StatusCode::kUnavailable);
+}
+
+// kvfsd holds a private copy of the model (GgufLoad::kPrivateCopy). While the device holds the
+// matrices and no CPU backend is made, the copy's bytes of them are given back; the CPU behind
+// the device and a remade device read them back from the file first, and the logits stay those
+// of backends made from the file. A file rewritten in place since cannot be read back: the CPU
+// then refuses, naming the file, instead of computing with other weights.
+TEST_F(VulkanFallbackTest, APrivateCopysMatricesAreGivenBackWhileTheDeviceHoldsThem) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("kvfs_give_back_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path copy = dir / "model.gguf";
+  std::filesystem::copy_file(testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf", copy,
+                             std::filesystem::copy_options::overwrite_existing);
+  auto loaded = Model::Load(copy.string(), GgufLoad::kPrivateCopy);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  const Model& model = **loaded;
+  int64_t matrix_bytes = model.weights().token_embd.n_out * model.weights().token_embd.row_bytes;
+  if (!model.weights().tied_output) matrix_bytes += model.weights().output.n_out * model.weights().output.row_bytes;
+  for (const LayerWeights& l : model.weights().layers)
+    for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrix_bytes += m->n_out * m->row_bytes;
+
+  auto device = MakeVulkanBackend(model, VulkanOptions{});
+  ASSERT_TRUE(device.ok()) << device.status().message();
+  ASSERT_TRUE(VulkanLoseDevice(**device, 2).ok());  // in the second pass
+  int64_t now_ms = 0;
+  DeviceRecovery recovery;
+  recovery.now_ms = [&] { return now_ms; };
+  recovery.make = [&] { return MakeVulkanBackend(model, VulkanOptions{}); };
+  FallbackBackend fb(model, std::move(*device), CpuOptions{2, nullptr}, std::move(recovery));
+  // Each matrix loses at most a page at either end to its neighbours.
+  const int64_t slack = 2 * 4096 * (2 + 7 * static_cast<int64_t>(model.weights().layers.size()));
+  EXPECT_GE(model.gguf().given_back_bytes(), matrix_bytes - slack);
+  EXPECT_LE(model.gguf().given_back_bytes(), matrix_bytes);
+
+  auto vulkan_ref = MakeVulkanBackend(*model_, VulkanOptions{});
+  auto cpu_ref = MakeCpuBackend(*model_, CpuOptions{2, nullptr});  // the table the fallback's CPU uses
+  ASSERT_TRUE(vulkan_ref.ok());
+  const TokenId next[3] = {42, 7, 1000};
+  auto one = [](const TokenId& t) { return std::span<const TokenId>(&t, 1); };
+  SequenceKv s(layout_, 256), r(layout_, 256);
+  EXPECT_EQ(Alone(fb, s, Prompt(39)), Alone(**vulkan_ref, r, Prompt(39)));
+  EXPECT_EQ(Alone(fb, s, one(next[0])), Alone(*cpu_ref, r, one(next[0])));  // lost: on the CPU
+  EXPECT_TRUE(fb.stats().device_lost);
+  EXPECT_LT(model.gguf().given_back_bytes(), matrix_bytes - slack);  // read back; the CPU gave back what it packed
+  now_ms = 1000;
+  auto vulkan_after = MakeVulkanBackend(*model_, VulkanOptions{});
+  ASSERT_TRUE(vulkan_after.ok());
+  EXPECT_EQ(Alone(fb, s, one(next[1])), Alone(**vulkan_after, r, one(next[1])));  // made again
+  EXPECT_EQ(fb.stats().device_remakes, 1);
+  EXPECT_GE(model.gguf().given_back_bytes(), matrix_bytes - slack);
+
+  // The file rewritten in place; the device lost again (at its next submission): the CPU
+  // cannot read the weights back.
+  ASSERT_TRUE(VulkanLoseDevice(fb, 1).ok());
+  {
+    std::FILE* f = std::fopen(copy.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    const std::string junk(static_cast<size_t>(std::filesystem::file_size(copy)), '\x5a');
+    ASSERT_EQ(std::fwrite(junk.data(), 1, junk.size(), f), junk.size());
+    std::fclose(f);
+  }
+  Logits lg;
+  const SequenceStep step{&s, one(next[2]), false};
+  const Status st = fb.Forward(std::span<const SequenceStep>(&step, 1), lg);
+  EXPECT_EQ(st.code(), StatusCode::kIoError) << st.message();
+  EXPECT_NE(st.message().find("model.gguf: the model file changed"), std::string::npos) << st.message();
+  EXPECT_GE(model.gguf().given_back_bytes(), matrix_bytes - slack);  // still given back, not the new bytes
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -196,11 +196,12 @@ TEST_F(StoreTest, AnAgentFileUnlinkedAgainAtOnceByOneProcessIsRefused) {
   EXPECT_TRUE(store_->Unlink(dir, "response", other).ok());
   EXPECT_TRUE(store_->Unlink(dir, "transcript", tar).ok());  // another file
   ASSERT_TRUE(store_->Unlink(dir, "kv.safetensors", tar).ok());
-  EXPECT_EQ(store_->Unlink(dir, "kv.safetensors", tar).code(), StatusCode::kNotPermitted);
+  EXPECT_EQ(store_->Unlink(dir, "kv.safetensors", tar).code(), StatusCode::kNotFound);  // absent until a turn
   EXPECT_EQ(store_->Unlink(dir, "nonsense", tar).code(), StatusCode::kNotFound);
   EXPECT_TRUE(store_->GetAttr(*File("alice", "response")).ok());
   // A later unlink by the same process (another cache erasure after a turn) is no repeat.
   now_ms += 300;
+  ASSERT_TRUE(Echo("alice", "prompt", "hi", kAlice).ok());
   EXPECT_TRUE(store_->Unlink(dir, "kv.safetensors", tar).ok());
   EXPECT_TRUE(store_->Unlink(dir, "response", tar).ok());
 }
@@ -277,6 +278,76 @@ TEST_F(StoreTest, EraseWakesReadersOfTheAgent) {
   reader.join();
   EXPECT_FALSE(result.ok());
   engine_->HoldTurns(false);
+}
+
+// Tools that replace a file by unlink and create (tar -x without --overwrite, mv from another
+// filesystem, install, cp --remove-destination) need the name free after the unlink, then a
+// create that succeeds (with O_EXCL too). system, config.json and kv.safetensors are absent
+// after an unlink until created again (opened from empty: kv.safetensors imports at close) or
+// the agent's next turn; the views (status.json, ...) stay, and a create of one is refused.
+TEST_F(StoreTest, AWritableFileUnlinkedIsAbsentUntilCreatedAgainOrTheNextTurn) {
+  const InodeId dir = Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "hello").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());  // the turn ended: an import may run
+  const std::string exported = *Cat("alice", "kv.safetensors");
+  ASSERT_FALSE(exported.empty());
+  auto listed = [&](const std::string& name) {
+    const HandleId h = *store_->OpenDir(dir, kRoot);
+    const auto entries = store_->DirEntries(h);
+    store_->ReleaseDir(h);
+    return std::any_of(entries->begin(), entries->end(), [&](const DirEntry& e) { return e.name == name; });
+  };
+  for (const char* f : {"kv.safetensors", "config.json", "system"}) {
+    SCOPED_TRACE(f);
+    ASSERT_TRUE(listed(f));
+    EXPECT_EQ(store_->Create(dir, f, WriteTruncFlags(), kRoot).status().code(), StatusCode::kAlreadyExists);
+    ASSERT_TRUE(store_->Unlink(dir, f, kRoot).ok());
+    EXPECT_EQ(store_->Lookup(dir, f).status().code(), StatusCode::kNotFound);
+    EXPECT_FALSE(listed(f));
+  }
+  // Created again: kv.safetensors imports what is written; config.json applies it.
+  auto create_and_write = [&](const std::string& name, const std::string& text) -> Status {
+    KVFS_ASSIGN_OR_RETURN(auto created, store_->Create(dir, name, WriteTruncFlags(), kRoot));
+    EXPECT_EQ(created.first.ino, *File("alice", name));
+    Result<size_t> written = store_->Write(created.second, 0, text);
+    Status flushed = store_->Flush(created.second);
+    store_->Release(created.second);
+    store_->Forget(created.first.ino, 1);
+    KVFS_RETURN_IF_ERROR(written.status());
+    return flushed;
+  };
+  const Status imported = create_and_write("kv.safetensors", exported);
+  ASSERT_TRUE(imported.ok()) << imported.message();
+  EXPECT_TRUE(listed("kv.safetensors"));
+  EXPECT_EQ(*Cat("alice", "kv.safetensors"), exported);  // the cache is back
+  ASSERT_TRUE(create_and_write("config.json", R"({"max_tokens": 7})").ok());
+  EXPECT_EQ(engine_->GetAgent("alice")->settings.max_tokens, 7);
+  EXPECT_TRUE(listed("config.json"));
+  EXPECT_FALSE(listed("system"));
+  // A view cannot be created; the next turn shows system again, as it was.
+  ASSERT_TRUE(store_->Unlink(dir, "status.json", kRoot).ok());
+  EXPECT_TRUE(listed("status.json"));
+  EXPECT_EQ(store_->Create(dir, "status.json", WriteTruncFlags(), kRoot).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->Create(dir, "notes.txt", WriteTruncFlags(), kRoot).status().code(), StatusCode::kNotPermitted);
+  ASSERT_TRUE(Echo("alice", "prompt", "again").ok());
+  EXPECT_TRUE(listed("system"));
+  EXPECT_TRUE(store_->Lookup(dir, "system").ok());
+}
+
+// kv.safetensors opened for writing without O_TRUNC (dd conv=notrunc, truncate -s) starts as the
+// export, as any file starts as what it holds: a write in place imports what it became.
+TEST_F(StoreTest, KvCacheOpenedWriteOnlyWithoutTruncStartsAsTheExport) {
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "hello").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  const std::string exported = *Cat("alice", "kv.safetensors");
+  const InodeId ino = *File("alice", "kv.safetensors");
+  const HandleId h = *store_->Open(ino, OpenFlags{false, true, false, false}, kRoot);
+  EXPECT_EQ(store_->GetAttr(ino, h)->size, exported.size());
+  ASSERT_EQ(*store_->Write(h, 0, exported.substr(0, 1)), 1u);  // the same byte: an import of the same cache
+  EXPECT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "kv.safetensors"), exported);
 }
 
 }  // namespace

@@ -259,9 +259,28 @@ def tar_backs_up_an_agent(t):
        '--exclude=alice/status.json' % (out, m), check_rc=0)
     restored = sh('cat %s/alice/transcript' % m, check_rc=0).stdout
     check(restored == a, 'alice restored from the archive:\n%r\n%r' % (restored, a))
+    # A plain tar -x over a live agent unlinks each file and creates it again: system,
+    # config.json and kv.safetensors are restored that way (absent after the unlink, created
+    # again); the views (response, transcript, status.json) stay and end tar's tries with errors.
+    sh('echo "Be verbose." > %s/alice/system' % m, check_rc=0)
     r = sh('tar -xf %s/a.tar -C %s' % (out, m), timeout=60)
-    check(r.returncode == 2 and 'File exists' in r.stderr, 'tar -x over a live agent ends: %r' % (r,))
-    check(sh('cat %s/alice/transcript' % m, check_rc=0).stdout == a, 'and changes nothing')
+    check(r.returncode == 2 and 'alice/status.json' in r.stderr and 'alice/kv.safetensors' not in r.stderr
+          and 'alice/config.json' not in r.stderr and 'alice/system' not in r.stderr,
+          'tar -x over a live agent ends, failing only on the views: %r' % (r,))
+    check(sh('cat %s/alice/system' % m, check_rc=0).stdout == 'Be brief.\n', 'tar -x restored system')
+    check(sh('cat %s/alice/transcript' % m, check_rc=0).stdout == a, 'and the cache, the same conversation')
+    check(json.loads(sh('cat %s/alice/status.json' % m, check_rc=0).stdout)['tokens'] > 0, 'a cache, not erased')
+    # Tools that replace a file by unlink and create: cp --remove-destination, and mv from
+    # another filesystem (the archive's directory), after the cache was erased too.
+    sh('cp --remove-destination %s/alice/kv.safetensors %s/alice/kv.safetensors' % (out, m), check_rc=0)
+    check(json.loads(sh('cat %s/alice/status.json' % m, check_rc=0).stdout)['tokens'] > 0, 'cp --remove-destination imports')
+    sh('rm %s/alice/kv.safetensors' % m, check_rc=0)
+    check(not os.path.exists('%s/alice/kv.safetensors' % m), 'kv.safetensors is absent after rm')
+    check(FAKE or json.loads(sh('cat %s/alice/status.json' % m, check_rc=0).stdout)['tokens'] == 0,
+          'rm erased the cache')  # (the fake engine's tokens count its conversation)
+    sh('mv %s/alice/kv.safetensors %s/alice/kv.safetensors' % (out, m), check_rc=0)
+    check(json.loads(sh('cat %s/alice/status.json' % m, check_rc=0).stdout)['tokens'] > 0, 'mv from another filesystem imports')
+    check(sh('cat %s/alice/transcript' % m, check_rc=0).stdout == a, 'the same conversation')
 
 
 @test

@@ -36,8 +36,7 @@ class CpuBackend final : public Backend {
       : model_(model), hp_(model.hparams()), kernels_(options.kernels != nullptr ? *options.kernels : cpu::DefaultKernelTable()),
         attn_(cpu::AttentionKernelsFor(kernels_.name)),
         pool_(options.n_threads),
-        packed_(model.weights(), kernels_, pool_, options.pack_weights,
-                /*release_sources=*/!model.gguf().private_copy() || options.release_private_weights) {}
+        packed_(model.weights(), kernels_, pool_, options.pack_weights, &model.gguf()) {}
 
   const char* name() const override { return "cpu"; }
   Status Forward(std::span<const SequenceStep> steps, Logits& out) override;

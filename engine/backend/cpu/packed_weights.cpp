@@ -1,7 +1,6 @@
 #include "engine/backend/cpu/packed_weights.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <vector>
@@ -16,19 +15,10 @@ namespace {
 constexpr int64_t kAlign = 64;
 constexpr int64_t kRowUnit = 32;  // threads pack whole units (a multiple of every row group)
 
-// Drops the whole pages inside [p, p + n) from this process (a file's come back from the file
-// when read again; anonymous ones as zeros).
-void ReleaseMappedPages(const uint8_t* p, int64_t n) {
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(n)) / page * page;
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
 }  // namespace
 
 PackedWeights::PackedWeights(const ModelWeights& weights, const cpu::KernelTable& table, ThreadPool& pool,
-                             bool enabled, bool release_sources) {
+                             bool enabled, const GgufFile* source) {
   if (!enabled) return;
   std::vector<const Matrix*> matrices;
   for (const LayerWeights& l : weights.layers) {
@@ -65,7 +55,8 @@ PackedWeights::PackedWeights(const ModelWeights& weights, const cpu::KernelTable
       if (r1 > r0) pk.pack(m->row(r0), m->row_bytes, r1 - r0, m->n_in, const_cast<uint8_t*>(e.data) + pk.bytes(r0, m->n_in));
     });
     // The tied output matrix is also the embedding table, read by token: keep its pages.
-    if (release_sources && !(weights.tied_output && m->data == weights.token_embd.data)) ReleaseMappedPages(m->data, m->n_out * m->row_bytes);
+    if (source != nullptr && !(weights.tied_output && m->data == weights.token_embd.data))
+      source->GiveBack(m->data, static_cast<size_t>(m->n_out * m->row_bytes));
   }
 }
 

@@ -1,15 +1,15 @@
 // Weight matrices repacked at load into the kernel table's own layout (PackedKernels in
 // kernels.h), for the matrices whose type the table packs. The packed copies live in anonymous
-// memory (huge pages where the kernel gives them); the model's pages of those matrices are
-// then released where allowed (MADV_DONTNEED: this backend never reads them again; a mapped
-// file's would fault back in from the file, a private copy's would read as zeros, which is why
-// the caller says), so the resident size stays that of one copy.
+// memory (huge pages where the kernel gives them); the model's bytes of those matrices are
+// then given back (GgufFile::GiveBack: this backend never reads them again), so the resident
+// size stays that of one copy.
 #pragma once
 
 #include <cstdint>
 #include <unordered_map>
 
 #include "engine/backend/cpu/kernels.h"
+#include "engine/model/gguf.h"
 #include "engine/model/weights.h"
 
 namespace kvfs {
@@ -25,10 +25,10 @@ class PackedWeights {
 
   PackedWeights() = default;
   // Packs every matmul weight of `weights` the table has packed kernels for (on the pool's
-  // threads). Nothing is packed when `enabled` is false. `release_sources`: give back the
-  // model's pages of what was packed.
+  // threads). Nothing is packed when `enabled` is false. The bytes of what was packed are
+  // given back to `source` (the file the weights point into) unless it is null.
   PackedWeights(const ModelWeights& weights, const cpu::KernelTable& table, ThreadPool& pool, bool enabled,
-                bool release_sources);
+                const GgufFile* source);
   ~PackedWeights();
   PackedWeights(const PackedWeights&) = delete;
   PackedWeights& operator=(const PackedWeights&) = delete;

@@ -71,6 +71,7 @@ class VulkanBackend final : public Backend {
   bool Fits(std::span<const SequenceStep> steps) const override { return kv_->Fits(steps); }
   bool Lost() const override { return ctx_->lost(); }
   bool KeepsBlockCopies() const override { return true; }
+  bool ReadsModelMatrices() const override { return false; }  // uploaded when made
   Status ForgetBlocks(std::span<const uint64_t> serials) override {
     if (serials.empty()) return Status::Ok();
     KVFS_RETURN_IF_ERROR(rec_->Begin());
