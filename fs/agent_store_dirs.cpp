@@ -292,6 +292,7 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
           if (size == 0) handle->holds_only_writes = true;
         }
         handle->dirty = true;
+        handle->empty_at_last_close = false;
       }
     }
   } else if (node.kind == NodeKind::kPrefixFile ||

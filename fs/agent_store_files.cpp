@@ -177,9 +177,9 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
         KVFS_ASSIGN_OR_RETURN(handle->data, RenderFile(node));
       }
       handle->holds_only_writes = handle->data.empty();
-      // `: > system` (O_TRUNC, no write) empties the system prompt at close, as on any file.
-      // An emptied config.json merges nothing (ApplyWrites), so there it changes nothing.
-      handle->dirty = flags.truncate && file == AgentFile::kSystem;
+      // `: > system` (O_TRUNC, no write) empties the system prompt at its last close, as on any
+      // file. An emptied config.json merges nothing (ApplyWrites), so there it changes nothing.
+      handle->empty_at_last_close = flags.truncate && file == AgentFile::kSystem;
       return handle;
     }
     case AgentFile::kKvCache: {
@@ -394,6 +394,7 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
       if (handle.data.size() < at + bytes.size()) handle.data.resize(static_cast<size_t>(at + bytes.size()));
       handle.data.replace(static_cast<size_t>(at), bytes.size(), bytes);
       handle.dirty = true;
+      handle.empty_at_last_close = false;  // a flush applies what it now holds
       Status early = handle.holds_only_writes ? CheckWrittenSoFar(handle) : Status::Ok();
       if (!early.ok()) {
         handle.refused = early;  // nothing of this file is applied
@@ -496,8 +497,8 @@ void AgentStore::Release(HandleId id) {
   {
     std::lock_guard lock(handle->mu);
     unapplied = (handle->kind == Kind::kPrompt && !handle->data.empty()) ||
-                ((handle->kind == Kind::kEditable || handle->kind == Kind::kImport) && handle->dirty &&
-                 handle->refused.ok());
+                ((handle->kind == Kind::kEditable || handle->kind == Kind::kImport) &&
+                 (handle->dirty || handle->empty_at_last_close) && handle->refused.ok());
   }
   if (handle->node.kind == NodeKind::kPrefixFile && handle->kind == Kind::kEditable && !unapplied) {
     // A prefix created and closed without text (touch) is no prefix, once no other writer has it

@@ -38,6 +38,11 @@ struct AgentStore::Handle {
   std::string data;   // snapshot or write buffer
   std::unique_ptr<ImportBuffer> import;  // kImport: the bytes written (not `data`)
   bool dirty = false; // written since the last apply
+  // Opened with O_TRUNC and not written since: the file is emptied at the last close (Release),
+  // not at a flush, since a shell's `echo x > system` closes a duplicate of its descriptor
+  // before it writes (the file would be emptied, then written: two edits, and a turn starting
+  // in between would run without its system prompt).
+  bool empty_at_last_close = false;
   // What it holds was erased (`rm -r`; `rm kv.safetensors` for an export): its bytes are zeroed
   // and reads fail with ENOENT, so nothing erased stays readable through a descriptor.
   bool erased = false;

@@ -52,9 +52,10 @@ TEST_F(StoreTest, TruncatingOpenWithoutWritesEmptiesTheSystemPrompt) {
 }
 
 // A shell's `> system` and dd open with O_TRUNC, dup2 and close the first descriptor (a flush
-// before any write, which applies the empty text), then write and close again. When a write is
-// then refused (too large, not UTF-8), the text from before the open comes back; when it is
-// not, the written text is applied. Another writer's edit made in between is not undone.
+// before any write, which changes nothing: the emptying waits for the last close), then write
+// and close again. When a write is then refused (too large, not UTF-8), the text from before the
+// open stays; when it is not, the written text is applied, as one edit. Another writer's edit
+// made in between is not undone.
 TEST_F(StoreTest, ARefusedWriteAfterAShellsTruncatingFlushPutsTheTextBack) {
   StoreConfig config;
   config.max_text_bytes = 64;
@@ -63,9 +64,10 @@ TEST_F(StoreTest, ARefusedWriteAfterAShellsTruncatingFlushPutsTheTextBack) {
   ASSERT_TRUE(Echo("alice", "system", "Keep me.").ok());
   const InodeId system = *File("alice", "system");
   auto shell_write = [&](const std::string& text, StatusCode expected, const std::string& between = "") {
+    const std::string before = *Cat("alice", "system");
     HandleId h = *store_->Open(system, WriteTruncFlags(), kRoot);
     ASSERT_TRUE(store_->Flush(h).ok());  // close(3) after dup2(3, 1)
-    EXPECT_EQ(*Cat("alice", "system"), "");
+    EXPECT_EQ(*Cat("alice", "system"), before);  // not emptied: a turn now still has it
     if (!between.empty()) {
       ASSERT_TRUE(Echo("alice", "system", between).ok());
     }
