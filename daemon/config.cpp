@@ -1,5 +1,6 @@
 #include "daemon/config.h"
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -129,8 +130,12 @@ Status ApplyText(const std::string& key, const std::string& value, std::string_v
     }
     case Setter::Type::kBytes: {
       Result<int64_t> v = ParseByteSize(value);
-      if (!v.ok() || *v < s.lo || *v > s.hi) {
-        return InvalidArgument(fmt::format("{} must be a size in bytes (e.g. 1048576, 512M, 2G), got '{}'", what, value));
+      if (!v.ok()) {
+        return InvalidArgument(fmt::format("{} must be a size in bytes (e.g. 1048576, 512M, 1.5G, 2GiB), got '{}'", what, value));
+      }
+      if (*v < s.lo || *v > s.hi) {
+        return InvalidArgument(s.hi == INT64_MAX ? fmt::format("{} must be at least {} bytes, got '{}'", what, s.lo, value)
+                                                 : fmt::format("{} must be from {} to {} bytes, got '{}'", what, s.lo, s.hi, value));
       }
       return Apply(key, value, *v, false, what, c);
     }
@@ -181,19 +186,39 @@ Environment Environment::FromProcess() {
 }
 
 Result<int64_t> ParseByteSize(std::string_view text) {
+  // Digits, an optional fraction, then an optional binary unit: K, M, G or T, alone or as KiB,
+  // KB (every unit is a power of 1024, as in --kv-budget's examples) and B.
   std::string s(text);
   if (s.empty()) return InvalidArgument("empty size");
-  int shift = 0;
-  switch (s.back()) {
-    case 'K': case 'k': shift = 10; break;
-    case 'M': case 'm': shift = 20; break;
-    case 'G': case 'g': shift = 30; break;
-    case 'T': case 't': shift = 40; break;
-    default: break;
+  size_t unit = s.find_first_not_of("0123456789.");
+  std::string number = s.substr(0, unit), suffix = unit == std::string::npos ? "" : s.substr(unit);
+  for (char& ch : suffix) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  int shift = -1;
+  for (const auto& [name, bits] : std::initializer_list<std::pair<const char*, int>>{
+           {"", 0}, {"B", 0}, {"K", 10}, {"KB", 10}, {"KIB", 10}, {"M", 20}, {"MB", 20}, {"MIB", 20},
+           {"G", 30}, {"GB", 30}, {"GIB", 30}, {"T", 40}, {"TB", 40}, {"TIB", 40}}) {
+    if (suffix == name) shift = bits;
   }
-  if (shift != 0) s.pop_back();
-  KVFS_ASSIGN_OR_RETURN(int64_t v, ParseInteger(s, "size", 0, INT64_MAX >> shift));
-  return v << shift;
+  const size_t dot = number.find('.');
+  if (shift < 0 || number.empty() || number == "." || number.find('.', dot == std::string::npos ? 0 : dot + 1) != std::string::npos) {
+    return InvalidArgument(fmt::format("'{}' is not a size (digits with an optional fraction, then K, M, G or T)", text));
+  }
+  const std::string whole = number.substr(0, dot), fraction = dot == std::string::npos ? "" : number.substr(dot + 1);
+  KVFS_ASSIGN_OR_RETURN(int64_t v, ParseInteger(whole.empty() ? "0" : whole, "size", 0, INT64_MAX >> shift));
+  int64_t bytes = v << shift;
+  // The fraction of the unit, exactly for up to 18 digits: round down to a whole byte.
+  if (!fraction.empty()) {
+    const std::string digits = fraction.substr(0, 18);
+    int64_t num = 0, den = 1;
+    for (char ch : digits) {
+      num = num * 10 + (ch - '0');
+      den *= 10;
+    }
+    const __int128 part = (static_cast<__int128>(num) << shift) / den;
+    if (part > INT64_MAX - bytes) return InvalidArgument(fmt::format("'{}' is too large", text));
+    bytes += static_cast<int64_t>(part);
+  }
+  return bytes;
 }
 
 Status ApplyConfigJson(std::string_view json_text, DaemonConfig& config) {

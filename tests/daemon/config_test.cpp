@@ -130,7 +130,18 @@ TEST(DaemonConfig, ByteSizes) {
   EXPECT_EQ(*ParseByteSize("3g"), int64_t{3} << 30);
   EXPECT_FALSE(ParseByteSize("").ok());
   EXPECT_FALSE(ParseByteSize("-5").ok());
-  EXPECT_FALSE(ParseByteSize("1.5G").ok());
+  EXPECT_EQ(*ParseByteSize("1.5G"), int64_t{3} << 29);
+  EXPECT_EQ(*ParseByteSize("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(*ParseByteSize("512MB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("100b"), 100);
+  EXPECT_EQ(*ParseByteSize(".5k"), 512);
+  EXPECT_EQ(*ParseByteSize("0.001K"), 1);  // rounded down to whole bytes
+  EXPECT_FALSE(ParseByteSize("1.2.3G").ok());
+  EXPECT_FALSE(ParseByteSize("G").ok());
+  EXPECT_FALSE(ParseByteSize(".").ok());
+  EXPECT_FALSE(ParseByteSize("5X").ok());
+  EXPECT_FALSE(ParseByteSize("1 G").ok());
+  EXPECT_FALSE(ParseByteSize("99999999999T").ok());  // past int64
 }
 
 TEST(DaemonConfig, DefaultStoreAndModel) {
