@@ -138,7 +138,16 @@ int Run(int argc, char** argv) {
   auto backend_or = MakeChosenBackend(model, backend_choice, "run", &backend_used);
   if (!backend_or.ok()) return Fail(backend_or.status().message());
   std::unique_ptr<Backend> backend = std::move(*backend_or);
-  if (args.has("--verbose")) std::fprintf(stderr, "backend: %s\n", backend_used.c_str());
+  if (args.has("--verbose")) {
+    std::fprintf(stderr, "model: %s | %lld layers, width %lld, %lld heads (%lld KV), vocab %lld, trained context %lld | "
+                 "%.1f MiB of weights | chat template %s | context %lld, KV %s\n",
+                 model.name().c_str(), static_cast<long long>(hp.n_layer), static_cast<long long>(hp.n_embd),
+                 static_cast<long long>(hp.n_head), static_cast<long long>(hp.n_head_kv),
+                 static_cast<long long>(hp.n_vocab), static_cast<long long>(hp.n_ctx_train),
+                 model.weights().total_bytes / 1048576.0, std::string(ChatFamilyName(chat.family())).c_str(),
+                 static_cast<long long>(n_ctx), args.get("--kv").value_or("f16").c_str());
+    std::fprintf(stderr, "backend: %s\n", backend_used.c_str());
+  }
   gen.prompt_all_logits = args.has("--logits-out");
   const bool ids_only = args.has("--token-ids");
 
