@@ -400,7 +400,7 @@ std::string DaemonUsage() {
          "  --log-level L       trace|debug|info|warn|error|critical|off (default info)\n"
          "  --log-file FILE     log of a background kvfsd (default STORE/kvfsd.log; its directory\n"
          "                      must exist, and neither it nor the store may be inside the mount)\n"
-         "SIGTERM or SIGINT: finish or cancel running turns, flush the store, unmount, exit 0.\n"
+         "SIGTERM or SIGINT: cancel running and queued turns (none is committed), flush the store, unmount, exit 0.\n"
          "SIGHUP: in the background, reopen the log file (after logrotate moved it); in the\n"
          "foreground (a terminal hung up), as SIGTERM. SIGUSR1, SIGUSR2, SIGALRM: logged, ignored.\n";
 }
