@@ -127,6 +127,9 @@ class Logging {
     auto logger = std::make_shared<spdlog::logger>("kvfsd", dist_);
     logger->set_level(spdlog::level::from_str(config.log_level));
     logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [kvfsd] [%l] %v");
+    // A background start shows on the terminal what went wrong as the command's message, as
+    // its other errors read; the log file keeps the timestamps.
+    if (!config.foreground) terminal_->set_pattern("kvfsd: %v");
     logger->flush_on(spdlog::level::info);
     spdlog::set_default_logger(logger);
     return Status::Ok();
@@ -199,6 +202,18 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
       std::fprintf(stderr, "kvfsd: the %s %s is inside the mount point %s: kvfsd would wait on its own mount; "
                    "choose a %s outside it (--%s)\n",
                    what, path.c_str(), config.mountpoint.c_str(), what, what == std::string("store") ? "store" : "log-file");
+      return 2;
+    }
+  }
+  // Nor inside another kvfsd's mount: a directory made there is an agent (the store's, or a
+  // mount point's), and writes there are turns and edits, not files.
+  for (const std::string& other : KvfsMountpoints()) {
+    for (const auto& [what, path] : {std::pair<const char*, std::string>{"mount point", config.mountpoint},
+                                     std::pair<const char*, std::string>{"store", config.store_dir},
+                                     std::pair<const char*, std::string>{"log file", config.log_file}}) {
+      if (path.empty() || path == other || !PathIsWithin(path, other)) continue;
+      std::fprintf(stderr, "kvfsd: the %s %s is inside the kvfs mount at %s (a running kvfsd's): choose one outside it\n",
+                   what, path.c_str(), other.c_str());
       return 2;
     }
   }

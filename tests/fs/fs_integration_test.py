@@ -748,6 +748,13 @@ def daemon_modes(t):
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 2 and 'is inside the mount point' in r.stderr and not os.path.ismount(inside),
           'a store inside the mount point: %d %r' % (r.returncode, r.stderr))
+    # Nor a store or mount point inside the running daemon's mount: no agent is made there.
+    for args in (['--mount', os.path.join(t.dir, 'm3'), '--store', os.path.join(mnt, 'st')],
+                 ['--mount', os.path.join(mnt, 'alice', 'm'), '--store', os.path.join(t.dir, 'store3')]):
+        r = subprocess.run([DAEMON] + args + ['-m', MODEL, '-t', '1'], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 2 and 'is inside the kvfs mount at %s' % mnt in r.stderr,
+              'inside a running kvfsd\'s mount: %d %r' % (r.returncode, r.stderr))
+    check(not os.path.exists(os.path.join(mnt, 'st')), 'and no agent was made there')
     # logrotate: the log moved away, SIGHUP; the daemon serves on and logs to a new file.
     log = os.path.join(store, 'kvfsd.log')
     os.rename(log, log + '.1')
