@@ -102,7 +102,7 @@ Status AuditLog::LoadIntents() {
       left_intents_.push_back(std::move(*intent));
     } else if (!e.is_dir) {  // a temporary file, or one a crash cut short: no erasure had started
       spdlog::warn("audit log: dropping {}, which is no complete intent", path);
-      (void)fs_.Unlink(path);
+      ZeroAndUnlink(path);
     }
   }
   return Status::Ok();
@@ -166,7 +166,14 @@ void AuditLog::Drop(const std::string& intent_id) {
     return;
   }
   // Durably gone, or a restart would log the erasure a second time.
-  if (fs_.Unlink(intents_dir_ + "/" + intent_id + ".json").ok()) (void)fs_.SyncDir(intents_dir_);
+  if (ZeroAndUnlink(intents_dir_ + "/" + intent_id + ".json")) (void)fs_.SyncDir(intents_dir_);
+}
+
+bool AuditLog::ZeroAndUnlink(const std::string& path) {
+  // An intent names an agent and its owner: overwritten before it goes, as every file an
+  // erasure removes. (A zeroed intent left by a crash before the unlink is no intent: dropped.)
+  if (fs_.OverwriteWithZeros(path).ok()) (void)fs_.SyncFile(path);
+  return fs_.Unlink(path).ok();
 }
 
 AuditLog::~AuditLog() {

@@ -71,6 +71,8 @@ class AuditLog {
  private:
   AuditLog(int fd, std::string intents_dir) : fd_(fd), intents_dir_(std::move(intents_dir)) {}
   Status LoadIntents();
+  // Overwrites an intent file with zeros, then unlinks it: whether the unlink succeeded.
+  bool ZeroAndUnlink(const std::string& path);
   // Writes and fsyncs `text` (whole lines) at the end of the file; on a failed write leaves none
   // of it (size_ unchanged) where it can; a failed fsync leaves it written (mu_).
   Status WriteLines(const std::string& text);

@@ -1,6 +1,7 @@
 // Utf8Validator, AuditLog, InodeTable.
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <csignal>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -183,8 +184,16 @@ TEST(AuditLog, IntentsOutliveACrashUntilCompletedOrDropped) {
     Result<std::string> left = (*log)->Intend(event("carol", "prefix_remove"));
     ASSERT_TRUE(done.ok() && dropped.ok() && left.ok());
     EXPECT_NE(*done, *dropped);
+    // A second name for bob's intent shows what its bytes were when it went: zeros.
+    const std::string second_name = dir + "/bob-intent.link";
+    std::filesystem::create_hard_link(dir + "/audit.log.intents/" + *dropped + ".json", second_name);
     ASSERT_TRUE((*log)->Complete(*done, event("alice", "erase")).ok());
     (*log)->Drop(*dropped);
+    std::ifstream linked(second_name, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(linked)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(bytes.empty());
+    EXPECT_EQ(bytes, std::string(bytes.size(), '\0')) << "an intent names its agent: zeroed before it goes";
+    std::filesystem::remove(second_name);
     std::ofstream(dir + "/audit.log.intents/99-000000.tmp") << "{\"agent\": \"da";  // cut short by the crash
   }  // the crash: carol's intent stays
   auto log = AuditLog::Open(path);
