@@ -162,6 +162,9 @@ class AgentStore {
   // Last close: anything not yet applied is applied now (errors are only logged: the kernel
   // ignores release's result).
   void Release(HandleId handle);
+  // Releases a handle whose opener never got it (a create whose reply failed): nothing written
+  // or truncated through it is applied.
+  void Discard(HandleId handle);
 
   // Extended attributes of agent directories: user.kvfs.state, user.kvfs.tokens, user.kvfs.bytes.
   // nullopt: no such attribute.
@@ -246,6 +249,8 @@ class AgentStore {
   Result<size_t> WriteLocked(Handle& handle, uint64_t offset, std::string_view bytes);
   Status FlushLocked(Handle& handle, uint32_t process);
   void UndoAppliedEdit(Handle& handle);  // a refused system edit: the text before the handle's first apply
+  // system opened with O_TRUNC and never written: emptied, unless another writer changed it since the open.
+  Status ApplyEmptying(Handle& handle);
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
   void AuditExportRead(Handle& handle);  // handle.mu held
   Result<std::string> RenderFile(const Node& node);

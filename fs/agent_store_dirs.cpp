@@ -234,7 +234,10 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
   // absent until created again (or the agent's next turn): tools that replace a file by unlink
   // and create (tar -x, mv from another filesystem, install, cp --remove-destination) expect
   // the name free; their create writes the file (Create).
-  if (HiddenByUnlink(*file)) dir.agent->unlinked_files.fetch_or(AgentFileBit(*file));
+  if (HiddenByUnlink(*file)) {
+    std::lock_guard submit(dir.agent->submit_mu);  // ordered with a turn's submission, which shows them again
+    dir.agent->unlinked_files.fetch_or(AgentFileBit(*file));
+  }
   if (caller.pid != 0) {
     std::lock_guard lock(mu_);
     recent_unlinks_.push_back(RecentUnlink{caller.pid, ino, Now()});

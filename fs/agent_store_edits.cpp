@@ -78,21 +78,26 @@ Result<std::pair<Attr, HandleId>> AgentStore::Create(InodeId parent, std::string
     // for writing from empty, as `>` would (kv.safetensors: an import).
     for (AgentFile f : kAgentFiles) {
       if (name != AgentFileName(f) || dir.agent == nullptr) continue;
-      if ((dir.agent->unlinked_files.load() & AgentFileBit(f)) == 0) {
+      // Shown again by this create, once: of two creates at once, the second finds it there.
+      const uint32_t bit = AgentFileBit(f);
+      if ((dir.agent->unlinked_files.fetch_and(~bit) & bit) == 0) {
         return AlreadyExists(fmt::format("'{}' exists", name));
       }
       const InodeId ino = InodeTable::AgentFileInode(parent, f);
       OpenFlags as_new = flags;
       as_new.write = true;
       as_new.truncate = true;
-      KVFS_ASSIGN_OR_RETURN(HandleId handle, Open(ino, as_new, caller));
-      dir.agent->unlinked_files.fetch_and(~AgentFileBit(f));
+      Result<HandleId> handle = Open(ino, as_new, caller);
+      if (!handle.ok()) {
+        dir.agent->unlinked_files.fetch_or(bit);  // still absent
+        return handle.status();
+      }
       Result<Attr> attr = Lookup(parent, name);  // the kernel's reference, as for any create
       if (!attr.ok()) {
-        Release(handle);
+        Discard(*handle);
         return attr.status();
       }
-      return std::make_pair(*attr, handle);
+      return std::make_pair(*attr, *handle);
     }
     return NotPermitted(fmt::format("agents have a fixed set of files; '{}' cannot be created", name));
   }

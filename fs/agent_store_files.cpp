@@ -180,6 +180,9 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
       // `: > system` (O_TRUNC, no write) empties the system prompt at its last close, as on any
       // file. An emptied config.json merges nothing (ApplyWrites), so there it changes nothing.
       handle->empty_at_last_close = flags.truncate && file == AgentFile::kSystem;
+      if (handle->empty_at_last_close) {
+        KVFS_ASSIGN_OR_RETURN(handle->system_at_open, RenderFile(node));
+      }
       return handle;
     }
     case AgentFile::kKvCache: {
@@ -205,10 +208,11 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
             .spill_bytes = config_.import_spill_bytes,
             .disk_total = import_disk_,
             .disk_limit = config_.max_import_spill_bytes});
-        if (!flags.truncate) {
+        if (!flags.truncate && !flags.append) {
           // Opened for writing without O_TRUNC, as on any file: it starts as the export, reads
           // show it, writes change it in place (dd conv=notrunc, truncate -s), and a close after
-          // writes imports what it has become. A close without writes imports nothing.
+          // writes imports what it has become. A close without writes imports nothing. (Opened
+          // to append, `cat x >> kv.safetensors`, it holds what is written: an import of x.)
           KVFS_ASSIGN_OR_RETURN(std::string file, export_cache());
           KVFS_RETURN_IF_ERROR(handle->import->Write(0, file));
         }
@@ -456,6 +460,11 @@ Status AgentStore::FlushLocked(Handle& handle, uint32_t process) {
     if (text.empty()) return Status::Ok();  // an empty prompt is no turn
     return SubmitPrompt(handle.node.agent, std::move(text));
   }
+  // `: > system` closes twice without a write (a shell's dup2 and its restore): the second
+  // is the command's own close, so the emptying is applied there, before close returns.
+  if (handle.kind == Kind::kEditable && handle.empty_at_last_close && !handle.dirty &&
+      ++handle.flushes_without_writes >= 2)
+    return ApplyEmptying(handle);
   if ((handle.kind == Kind::kEditable || handle.kind == Kind::kImport) && handle.dirty) {
     handle.dirty = false;  // applied once, whatever the outcome: release must not repeat it
     if (handle.refused.ok()) {
@@ -482,6 +491,27 @@ void AgentStore::UndoAppliedEdit(Handle& handle) {
   Status undone = ApplyWrites(restore);
   if (!undone.ok()) spdlog::warn("{}: the system prompt before a refused write was not put back: {}",
                                  handle.node.agent->name, undone.message());
+}
+
+Status AgentStore::ApplyEmptying(Handle& handle) {
+  handle.empty_at_last_close = false;
+  Handle empty;
+  empty.kind = Kind::kEditable;
+  empty.ino = handle.ino;
+  empty.node = handle.node;
+  empty.uid = handle.uid;
+  empty.only_if_system_is = handle.system_at_open;  // another writer's edit since the open stands
+  return ApplyWrites(empty);
+}
+
+void AgentStore::Discard(HandleId id) {
+  if (auto handle = FindHandle(id)) {
+    std::lock_guard lock(handle->mu);
+    handle->dirty = false;
+    handle->empty_at_last_close = false;
+    handle->data.clear();
+  }
+  Release(id);
 }
 
 void AgentStore::Release(HandleId id) {
@@ -522,6 +552,8 @@ void AgentStore::Release(HandleId id) {
       std::string text = std::move(handle->data);
       if (!text.empty() && text.back() == '\n') text.pop_back();
       if (!text.empty()) s = SubmitPrompt(handle->node.agent, std::move(text));
+    } else if (handle->kind != Kind::kPrompt && !handle->dirty) {
+      s = ApplyEmptying(*handle);  // opened with O_TRUNC, never written
     } else if (handle->kind != Kind::kPrompt) {
       handle->dirty = false;
       s = ApplyWrites(*handle);

@@ -211,7 +211,7 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t, fuse_
   FillOpenInfo(fi, created->second);
   fuse_entry_param e = EntryOf(created->first);
   if (fuse_reply_create(req, &e, fi) != 0) {
-    StoreOf(req).Release(created->second);
+    StoreOf(req).Discard(created->second);  // the opener was interrupted: it wrote nothing
     StoreOf(req).Forget(created->first.ino, 1);
   }
 }

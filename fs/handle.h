@@ -43,6 +43,8 @@ struct AgentStore::Handle {
   // before it writes (the file would be emptied, then written: two edits, and a turn starting
   // in between would run without its system prompt).
   bool empty_at_last_close = false;
+  std::string system_at_open;      // with empty_at_last_close: emptied only if still this text
+  int flushes_without_writes = 0;  // `: > system` closes twice without writing: the second empties
   // What it holds was erased (`rm -r`; `rm kv.safetensors` for an export): its bytes are zeroed
   // and reads fail with ENOENT, so nothing erased stays readable through a descriptor.
   bool erased = false;
@@ -57,10 +59,9 @@ struct AgentStore::Handle {
   uint64_t prompt_end = 0;  // prompt: the offset the next write must start at (bytes accepted)
   Utf8Validator utf8;
   Status refused;     // prompt: the first error; this prompt never becomes a turn
-  // system: the text before this handle's first applied edit, and what it applied. A shell's
-  // `> system` (and dd) opens with O_TRUNC, dup2s and closes the first descriptor, so the empty
-  // text is applied at that flush, before any write; a later write refused (too large, not
-  // UTF-8) puts the earlier text back: nothing of a refused file stays applied.
+  // system: the text before this handle's first applied edit, and what it applied: a write
+  // refused after an edit was applied (too large, not UTF-8) puts the earlier text back, so
+  // nothing of a refused file stays applied.
   struct AppliedEdit {
     std::string before, applied;
   };

@@ -49,6 +49,22 @@ TEST_F(StoreTest, TruncatingOpenWithoutWritesEmptiesTheSystemPrompt) {
   store_->Release(h);
   EXPECT_EQ(*Cat("alice", "system"), "");
   EXPECT_EQ(engine_->GetAgent("alice")->system, "");
+  // A shell's `: > system` closes twice (its dup2, then its restore of stdout): emptied at the
+  // second, before the command returns, not at the release the kernel sends later.
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  h = *store_->Open(*File("alice", "system"), WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(store_->Flush(h).ok());
+  EXPECT_EQ(*Cat("alice", "system"), "Be brief.");
+  ASSERT_TRUE(store_->Flush(h).ok());
+  EXPECT_EQ(*Cat("alice", "system"), "");
+  store_->Release(h);
+  // Another writer's edit after the O_TRUNC open stands (POSIX truncates at the open).
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
+  h = *store_->Open(*File("alice", "system"), WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(Echo("alice", "system", "Theirs.").ok());
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "system"), "Theirs.");
 }
 
 // A shell's `> system` and dd open with O_TRUNC, dup2 and close the first descriptor (a flush

@@ -287,6 +287,7 @@ TEST_F(StoreTest, EraseWakesReadersOfTheAgent) {
 // the agent's next turn; the views (status.json, ...) stay, and a create of one is refused.
 TEST_F(StoreTest, AWritableFileUnlinkedIsAbsentUntilCreatedAgainOrTheNextTurn) {
   const InodeId dir = Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "system", "Be brief.").ok());
   ASSERT_TRUE(Echo("alice", "prompt", "hello").ok());
   ASSERT_TRUE(Cat("alice", "response").ok());  // the turn ended: an import may run
   const std::string exported = *Cat("alice", "kv.safetensors");
@@ -332,6 +333,7 @@ TEST_F(StoreTest, AWritableFileUnlinkedIsAbsentUntilCreatedAgainOrTheNextTurn) {
   ASSERT_TRUE(Echo("alice", "prompt", "again").ok());
   EXPECT_TRUE(listed("system"));
   EXPECT_TRUE(store_->Lookup(dir, "system").ok());
+  EXPECT_EQ(*Cat("alice", "system"), "Be brief.");
 }
 
 // kv.safetensors opened for writing without O_TRUNC (dd conv=notrunc, truncate -s) starts as the
