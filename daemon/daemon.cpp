@@ -211,9 +211,10 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
     for (const auto& [what, path] : {std::pair<const char*, std::string>{"mount point", config.mountpoint},
                                      std::pair<const char*, std::string>{"store", config.store_dir},
                                      std::pair<const char*, std::string>{"log file", config.log_file}}) {
-      if (path.empty() || path == other || !PathIsWithin(path, other)) continue;
-      std::fprintf(stderr, "kvfsd: the %s %s is inside the kvfs mount at %s (a running kvfsd's): choose one outside it\n",
-                   what, path.c_str(), other.c_str());
+      // (The mount point itself: PrepareMountpoint says whether a kvfsd still serves it.)
+      if (path.empty() || (path == other && what == std::string("mount point")) || !PathIsWithin(path, other)) continue;
+      std::fprintf(stderr, "kvfsd: the %s %s is inside the kvfs mount at %s: choose one outside it\n", what,
+                   path.c_str(), other.c_str());
       return 2;
     }
   }

@@ -99,8 +99,10 @@ std::optional<int64_t> FallbackBackend::MaintenanceDueInMs() const {
 void FallbackBackend::TryRemakeDevice() {
   const int64_t now = NowMs();
   if (!Recovering() || now < next_remake_ms_) return;
-  // The device is made from the model's bytes: the CPU's given-back ones are read back first.
-  const Status refilled = model_.gguf().Refill();
+  // The device is made from the model's bytes: the CPU's given-back ones are read back first,
+  // and given back again when the device cannot be made (the CPU goes on with its own copies).
+  std::vector<std::span<const uint8_t>> restored;
+  const Status refilled = model_.gguf().Refill(&restored);
   Result<std::unique_ptr<Backend>> made =
       refilled.ok() ? recovery_.make() : Result<std::unique_ptr<Backend>>(refilled);
   Status why = made.ok() ? Status::Ok() : made.status();
@@ -108,6 +110,7 @@ void FallbackBackend::TryRemakeDevice() {
     why = Internal("the remade device keeps KV copies differently");  // the engine fixed that at start
   }
   if (!why.ok()) {
+    for (std::span<const uint8_t> r : restored) model_.gguf().GiveBack(r.data(), r.size());
     ++stats_.remake_failures;
     remake_delay_ms_ = std::min(2 * remake_delay_ms_, recovery_.max_delay_ms);
     next_remake_ms_ = now + remake_delay_ms_;

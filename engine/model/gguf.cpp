@@ -359,7 +359,9 @@ Result<void*> ReadPrivateCopy(int fd, const std::string& path, const struct stat
     return Status(StatusCode::kResourceExhausted,
                   fmt::format("{}: no memory for a copy of the file's {} MiB", path, size >> 20));
   }
-  madvise(mem, size, MADV_HUGEPAGE);  // a hint: fewer TLB misses when the weights stream
+  // No huge pages: the bytes given back later (GiveBack) are whole 4 KiB pages, and khugepaged
+  // would fill a given-back 2 MiB span in again around any page still resident.
+  madvise(mem, size, MADV_NOHUGEPAGE);
   auto fail = [&](Status s) -> Result<void*> {
     ::munmap(mem, size);
     return s;
@@ -458,8 +460,9 @@ void GgufFile::GiveBack(const uint8_t* p, size_t n) const {
   madvise(reinterpret_cast<void*>(begin), length, MADV_DONTNEED);
 }
 
-Status GgufFile::Refill() const {
+Status GgufFile::Refill(std::vector<std::span<const uint8_t>>* restored) const {
   std::lock_guard lock(give_back_mu_);
+  if (!refill_failure_.ok()) return refill_failure_;
   auto* base = const_cast<uint8_t*>(bytes_.data());  // our own anonymous memory
   for (auto it = given_back_.begin(); it != given_back_.end();) {
     const size_t offset = it->first, length = it->second.length;
@@ -472,10 +475,12 @@ Status GgufFile::Refill() const {
     }
     if (done < length || XXH3_64bits(base + offset, length) != it->second.xxh3) {
       madvise(base + offset, length, MADV_DONTNEED);  // not the model's bytes: zeros again
-      return IoError(fmt::format("{}: the model file changed since kvfsd read it (its bytes {}..{} differ or are "
-                                 "gone); restart kvfsd to serve the file as it is now",
-                                 path_, offset, offset + length));
+      refill_failure_ = IoError(fmt::format("{}: the model file changed since kvfsd read it (its bytes {}..{} differ "
+                                            "or are gone); restart kvfsd to serve the file as it is now",
+                                            path_, offset, offset + length));
+      return refill_failure_;
     }
+    if (restored != nullptr) restored->emplace_back(base + offset, length);
     it = given_back_.erase(it);
   }
   return Status::Ok();

@@ -97,8 +97,10 @@ class GgufFile {
   // Private copies: reads every range given back in again, from the file as opened at start
   // (kept open: a file renamed over it does not matter), and checks each against its hash. A
   // file rewritten in place since is an error naming it, and those ranges stay given back.
-  // Whoever reads weights that another backend may have given back calls this first.
-  Status Refill() const;
+  // Whoever reads weights that another backend may have given back calls this first. A failure
+  // is final (the file will not turn back): later calls return it at once. `restored`, when
+  // given, gets the ranges read back (to be given back again if they turn out not needed).
+  Status Refill(std::vector<std::span<const uint8_t>>* restored = nullptr) const;
   int64_t given_back_bytes() const;  // of a private copy, now
 
   // Metadata in file order.
@@ -130,6 +132,7 @@ class GgufFile {
   };
   mutable std::mutex give_back_mu_;
   mutable std::map<size_t, GivenBack> given_back_;  // by offset in bytes_, whole pages
+  mutable Status refill_failure_;                   // the first failed Refill's
   std::span<const uint8_t> bytes_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

@@ -1,5 +1,10 @@
 #include "engine/model/model.h"
 
+#include <sys/stat.h>
+
+#include <fstream>
+#include <limits>
+
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
@@ -31,6 +36,25 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, GgufLoad how
   }
   m->chat_template_ = std::make_unique<ChatTemplate>(ChatTemplate::FromGguf(*m->gguf_, *m->tokenizer_));
   return m;
+}
+
+GgufLoad Model::PrivateCopyIfItFits(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return GgufLoad::kPrivateCopy;  // Load says what is wrong
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") break;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    kib = 0;
+  }
+  if (kib <= 0 || st.st_size <= kib * 1024) return GgufLoad::kPrivateCopy;
+  spdlog::warn("engine: the model ({} MiB) is larger than the memory available now ({} MiB): it is mapped, not "
+               "copied, so replacing it in place (cp over it, truncate) while kvfsd runs would fault; write a new "
+               "file and rename it over the old one instead",
+               st.st_size >> 20, kib >> 10);
+  return GgufLoad::kMapped;
 }
 
 std::string Model::name() const {

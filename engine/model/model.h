@@ -18,6 +18,9 @@ class Model {
   // Opens, validates and binds everything; errors name the file and the problem.
   // `how`: see GgufLoad (kvfsd holds a private copy; one-shot tools map the file).
   static Result<std::unique_ptr<Model>> Load(const std::string& path, GgufLoad how = GgufLoad::kMapped);
+  // kPrivateCopy, unless the file is larger than the memory available now (MemAvailable): then
+  // kMapped, with a warning that the file must not be changed in place while kvfsd runs.
+  static GgufLoad PrivateCopyIfItFits(const std::string& path);
 
   const std::string& path() const { return path_; }
   const GgufFile& gguf() const { return *gguf_; }

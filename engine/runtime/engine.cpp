@@ -70,7 +70,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
 Status Engine::Init() {
   // A private copy: the daemon runs for days, and a model file replaced in place under it
   // (cp over it, a download resumed) must not change or fault its weights.
-  KVFS_ASSIGN_OR_RETURN(model_, Model::Load(options_.model_path, GgufLoad::kPrivateCopy));
+  KVFS_ASSIGN_OR_RETURN(model_, Model::Load(options_.model_path, Model::PrivateCopyIfItFits(options_.model_path)));
   fingerprint_ = ModelFingerprint(model_->gguf());
   markup_tokens_ = model_->chat_template().MarkupTokens();
   const HParams& hp = model_->hparams();

@@ -348,10 +348,14 @@ TEST_F(VulkanFallbackTest, APrivateCopysMatricesAreGivenBackWhileTheDeviceHoldsT
   int64_t now_ms = 0;
   DeviceRecovery recovery;
   recovery.now_ms = [&] { return now_ms; };
-  recovery.make = [&] { return MakeVulkanBackend(model, VulkanOptions{}); };
+  bool fail_make = false;
+  recovery.make = [&]() -> Result<std::unique_ptr<Backend>> {
+    if (fail_make) return Unavailable("the device is still gone");
+    return MakeVulkanBackend(model, VulkanOptions{});
+  };
   FallbackBackend fb(model, std::move(*device), CpuOptions{2, nullptr}, std::move(recovery));
   // Each matrix loses at most a page at either end to its neighbours.
-  const int64_t slack = 2 * 4096 * (2 + 7 * static_cast<int64_t>(model.weights().layers.size()));
+  const int64_t slack = 2 * ::sysconf(_SC_PAGESIZE) * (2 + 7 * static_cast<int64_t>(model.weights().layers.size()));
   EXPECT_GE(model.gguf().given_back_bytes(), matrix_bytes - slack);
   EXPECT_LE(model.gguf().given_back_bytes(), matrix_bytes);
 
@@ -364,8 +368,17 @@ TEST_F(VulkanFallbackTest, APrivateCopysMatricesAreGivenBackWhileTheDeviceHoldsT
   EXPECT_EQ(Alone(fb, s, Prompt(39)), Alone(**vulkan_ref, r, Prompt(39)));
   EXPECT_EQ(Alone(fb, s, one(next[0])), Alone(*cpu_ref, r, one(next[0])));  // lost: on the CPU
   EXPECT_TRUE(fb.stats().device_lost);
-  EXPECT_LT(model.gguf().given_back_bytes(), matrix_bytes - slack);  // read back; the CPU gave back what it packed
+  const int64_t cpu_gave_back = model.gguf().given_back_bytes();
+  EXPECT_LT(cpu_gave_back, matrix_bytes - slack);  // read back; the CPU gave back what it packed
+  // A remake that fails reads the CPU's given-back bytes back for nothing: they go again.
+  fail_make = true;
   now_ms = 1000;
+  SequenceKv t(layout_, 256), rt(layout_, 256);
+  EXPECT_EQ(Alone(fb, t, Prompt(5)), Alone(*cpu_ref, rt, Prompt(5)));
+  EXPECT_EQ(fb.stats().remake_failures, 1);
+  EXPECT_EQ(model.gguf().given_back_bytes(), cpu_gave_back);
+  fail_make = false;
+  now_ms = 3000;  // the wait doubled
   auto vulkan_after = MakeVulkanBackend(*model_, VulkanOptions{});
   ASSERT_TRUE(vulkan_after.ok());
   EXPECT_EQ(Alone(fb, s, one(next[1])), Alone(**vulkan_after, r, one(next[1])));  // made again
