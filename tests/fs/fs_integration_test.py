@@ -759,10 +759,12 @@ def daemon_modes(t):
     log = os.path.join(store, 'kvfsd.log')
     os.rename(log, log + '.1')
     os.kill(pids[0], signal.SIGHUP)
+    # (The new file exists before its first line is written: wait for the line, not the file.)
+    reopened = lambda: os.path.exists(log) and 'reopened' in open(log).read()
     deadline = time.time() + 10
-    while time.time() < deadline and not os.path.exists(log):
+    while time.time() < deadline and not reopened():
         time.sleep(0.05)
-    check(os.path.exists(log) and 'reopened' in open(log).read(), 'SIGHUP reopens the log file')
+    check(reopened(), 'SIGHUP reopens the log file')
     sh('mkdir %s/carol' % mnt, check_rc=0)
     os.kill(pids[0], signal.SIGTERM)
     deadline = time.time() + 30
