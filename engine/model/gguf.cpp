@@ -350,6 +350,20 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Parse(std::span<const uint8_t> bytes
 
 namespace {
 
+// Reads up to `n` bytes of `fd` at `offset` into `out`, through EINTR and short reads: the bytes
+// read (fewer at the end of the file), or -1 with errno set.
+ssize_t PreadFully(int fd, uint8_t* out, size_t n, size_t offset) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, out + done, std::min<size_t>(n - done, size_t{1} << 30), static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -1;
+    if (got == 0) break;
+    done += static_cast<size_t>(got);
+  }
+  return static_cast<ssize_t>(done);
+}
+
 // Reads all `size` bytes of `fd` into fresh anonymous memory. The file must not change size or
 // modification time meanwhile: a copy of a file half rewritten would be neither model.
 Result<void*> ReadPrivateCopy(int fd, const std::string& path, const struct stat& before) {
@@ -366,17 +380,11 @@ Result<void*> ReadPrivateCopy(int fd, const std::string& path, const struct stat
     ::munmap(mem, size);
     return s;
   };
-  auto* out = static_cast<uint8_t*>(mem);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(fd, out + done, std::min<size_t>(size - done, size_t{1} << 30), static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return fail(IoError(fmt::format("{}: read failed at byte {}: {}", path, done, std::strerror(errno))));
-    if (n == 0) {
-      return fail(IoError(fmt::format("{}: the file shrank to {} bytes while being read (it was {}); "
-                                      "is it being rewritten?", path, done, size)));
-    }
-    done += static_cast<size_t>(n);
+  const ssize_t done = PreadFully(fd, static_cast<uint8_t*>(mem), size, 0);
+  if (done < 0) return fail(IoError(fmt::format("{}: read failed: {}", path, std::strerror(errno))));
+  if (static_cast<size_t>(done) < size) {
+    return fail(IoError(fmt::format("{}: the file shrank to {} bytes while being read (it was {}); "
+                                    "is it being rewritten?", path, done, size)));
   }
   struct stat after {};
   if (::fstat(fd, &after) != 0 || after.st_size != before.st_size || after.st_mtim.tv_sec != before.st_mtim.tv_sec ||
@@ -466,14 +474,8 @@ Status GgufFile::Refill(std::vector<std::span<const uint8_t>>* restored) const {
   auto* base = const_cast<uint8_t*>(bytes_.data());  // our own anonymous memory
   for (auto it = given_back_.begin(); it != given_back_.end();) {
     const size_t offset = it->first, length = it->second.length;
-    size_t done = 0;
-    while (done < length) {
-      const ssize_t n = ::pread(fd_, base + offset + done, length - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    if (done < length || XXH3_64bits(base + offset, length) != it->second.xxh3) {
+    const ssize_t done = PreadFully(fd_, base + offset, length, offset);
+    if (done != static_cast<ssize_t>(length) || XXH3_64bits(base + offset, length) != it->second.xxh3) {
       madvise(base + offset, length, MADV_DONTNEED);  // not the model's bytes: zeros again
       refill_failure_ = IoError(fmt::format("{}: the model file changed since kvfsd read it (its bytes {}..{} differ "
                                             "or are gone); restart kvfsd to serve the file as it is now",
