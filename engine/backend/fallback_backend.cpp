@@ -37,7 +37,7 @@ void FallbackBackend::GiveBackMatrices() {
   give_back(w.token_embd);
   give_back(w.output);  // (the same bytes when tied: given back once)
   for (const LayerWeights& l : w.layers) {
-    for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) give_back(*m);
+    for (const Matrix* m : l.Matrices()) give_back(*m);
   }
 }
 

@@ -3,6 +3,7 @@
 // contiguous elements (in the tensor's block format); y = W x computes one dot per row.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -40,6 +41,12 @@ struct LayerWeights {
   Matrix w_gate;      // [n_embd -> n_ff]
   Matrix w_up;        // [n_embd -> n_ff]
   Matrix w_down;      // [n_ff -> n_embd]
+
+  // The layer's seven matrices, in the order a forward pass multiplies by them.
+  std::array<const Matrix*, 7> Matrices() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
+  // Their GGUF names inside a layer ("blk.N." + name + ".weight"), in the same order.
+  static constexpr std::array<const char*, 7> kMatrixNames = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                              "ffn_gate", "ffn_up", "ffn_down"};
 };
 
 struct ModelWeights {

@@ -458,7 +458,9 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   const bool was_broken = broken_.count(agent) > 0;
   const int64_t now = Now();
   manifest.turn = prev ? prev->turn + 1 : 1;
-  manifest.created_ms = prev ? prev->created_ms : now;
+  // The first commit keeps the creation time the caller gives (the engine stamps an agent when
+  // it makes it, and reports that time until the restart that reads this manifest).
+  manifest.created_ms = prev ? prev->created_ms : manifest.created_ms > 0 ? manifest.created_ms : now;
   manifest.updated_ms = now;
   manifest.tail.reset();
   if (tail) manifest.tail = TailRef{TailFileName(manifest.turn), tail->n_tokens};

@@ -26,6 +26,36 @@ using testing::OpenOk;
 using testing::Range;
 using testing::StoryPrefix;
 
+// The engine stamps an agent when it makes it; the first commit must keep that time, not the
+// store's own clock at the commit (a restart would otherwise move created_ms).
+TEST(StoreCache, FirstCommitKeepsTheCallersCreationTime) {
+  testing::TempDir tmp;
+  PosixFileSystem fs;
+  const std::string dir = tmp.path() + "/store";
+  SimAgent bob("bob");
+  AgentState t1 = bob.Extend(Range(100, 10), "hello");
+  t1.manifest.created_ms = 1600000000123;  // before the store's fixed clock (1700000000000 on)
+  AgentState t2 = bob.Extend(Range(200, 7), "more");
+  t2.manifest.created_ms = 1650000000000;  // a later turn cannot move it
+  SimAgent carol("carol");
+  AgentState c1 = carol.Extend(Range(300, 3), "hi");  // no time given: the store's clock
+  auto store = OpenOk(dir, fs);
+  auto r1 = Commit(*store, t1);
+  ASSERT_TRUE(r1.ok()) << r1.status().message();
+  EXPECT_EQ(r1->manifest.created_ms, 1600000000123);
+  EXPECT_GE(r1->manifest.updated_ms, 1700000000000);
+  auto r2 = Commit(*store, t2);
+  ASSERT_TRUE(r2.ok()) << r2.status().message();
+  EXPECT_EQ(r2->manifest.created_ms, 1600000000123);
+  auto c = Commit(*store, c1);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_GE(c->manifest.created_ms, 1700000000000);
+  auto reopened = OpenOk(dir, fs);
+  auto loaded = reopened->LoadAgent("bob", kFingerprint);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  EXPECT_EQ(loaded->manifest.created_ms, 1600000000123);
+}
+
 TEST(StoreCache, RoundTripOnDisk) {
   testing::TempDir tmp;
   PosixFileSystem fs;

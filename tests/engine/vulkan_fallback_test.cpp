@@ -340,7 +340,7 @@ TEST_F(VulkanFallbackTest, APrivateCopysMatricesAreGivenBackWhileTheDeviceHoldsT
   int64_t matrix_bytes = model.weights().token_embd.n_out * model.weights().token_embd.row_bytes;
   if (!model.weights().tied_output) matrix_bytes += model.weights().output.n_out * model.weights().output.row_bytes;
   for (const LayerWeights& l : model.weights().layers)
-    for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrix_bytes += m->n_out * m->row_bytes;
+    for (const Matrix* m : l.Matrices()) matrix_bytes += m->n_out * m->row_bytes;
 
   auto device = MakeVulkanBackend(model, VulkanOptions{});
   ASSERT_TRUE(device.ok()) << device.status().message();

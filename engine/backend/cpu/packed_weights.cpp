@@ -22,7 +22,7 @@ PackedWeights::PackedWeights(const ModelWeights& weights, const cpu::KernelTable
   if (!enabled) return;
   std::vector<const Matrix*> matrices;
   for (const LayerWeights& l : weights.layers) {
-    for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrices.push_back(m);
+    for (const Matrix* m : l.Matrices()) matrices.push_back(m);
   }
   matrices.push_back(&weights.output);
   std::vector<std::pair<const Matrix*, int64_t>> todo;  // matrix, offset in the mapping

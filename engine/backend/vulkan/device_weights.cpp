@@ -142,10 +142,9 @@ Status CheckWeightTypes(const ModelWeights& w) {
   KVFS_RETURN_IF_ERROR(check(w.output, "output"));
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const LayerWeights& l = w.layers[i];
-    const std::pair<const Matrix*, const char*> mats[] = {{&l.wq, "attn_q"},      {&l.wk, "attn_k"},  {&l.wv, "attn_v"},
-                                                          {&l.wo, "attn_output"}, {&l.w_gate, "ffn_gate"},
-                                                          {&l.w_up, "ffn_up"},    {&l.w_down, "ffn_down"}};
-    for (const auto& [m, name] : mats) KVFS_RETURN_IF_ERROR(check(*m, fmt::format("blk.{}.{}", i, name)));
+    const auto matrices = l.Matrices();
+    for (size_t k = 0; k < matrices.size(); ++k)
+      KVFS_RETURN_IF_ERROR(check(*matrices[k], fmt::format("blk.{}.{}", i, LayerWeights::kMatrixNames[k])));
   }
   return Status::Ok();
 }
