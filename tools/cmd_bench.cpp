@@ -278,10 +278,11 @@ int Bench(int argc, char** argv) {
   const std::string kv_type = args.get("--kv").value_or("f16");
   const BackendChoice backend_choice = ReadBackendChoice(args, n_threads);
   RefuseVulkanOnlyOptions(args, backend_choice,
-                          {"--attn-split", "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows",
+                          {"--profile", "--attn-split", "--matvec-group", "--matvec-lanes", "--matvec-min-groups", "--matvec-rows",
                            "--matvec-ahead", "--matvec-norm-group", "--prefetch", "--phases", "--separate-ops",
                            "--gguf-rows", "--separate-softmax", "--separate-swiglu", "--separate-matrices",
                            "--copy-kv-rows", "--contract-floats", "--shared-trees", "--untiled-attention"});
+  if (n_pp == 0 && n_tg == 0) args.set_error("-p 0 and -n 0: nothing to measure");
   const std::vector<std::string> kv_types = SplitList(kv_type);
   const int64_t attention_split = args.get_int("--attn-split", 0, 0, 1 << 20);
   if (Status s = CheckAttentionSplit(attention_split); !s.ok()) return Fail("--attn-split: " + s.message());

@@ -31,7 +31,8 @@ constexpr const char* kUsage =
     "                          [--dispatch-per-sequence] [--copy-kv-rows] [--no-warmup] [--json]\n"
     "  per batch size (--npl): prefill --npp tokens into each sequence (all together), then\n"
     "  --ntg steps decoding one token of every sequence per forward pass; tokens/s of all\n"
-    "  sequences, decode speed-up over one sequence, medians over -r repetitions.\n"
+    "  sequences, decode speed-up over one sequence (\"-\" without --npl 1), medians over -r\n"
+    "  repetitions. Batch sizes run in ascending order.\n"
     "  --profile (vulkan): times every dispatch and prints, on stderr, where the device time of\n"
     "  each batch size's last decode steps went.\n"
     "  Vulkan compiles a shader variant when a pass first needs it (some only at a depth the\n"
@@ -73,7 +74,7 @@ int BenchBatched(int argc, char** argv) {
   const int threads = static_cast<int>(args.get_int("-t", 2, 1, 1024));
   const int reps = static_cast<int>(args.get_int("-r", 1, 1, 1000));
   BackendChoice choice = ReadBackendChoice(args, threads);
-  RefuseVulkanOnlyOptions(args, choice, {"--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows"});
+  RefuseVulkanOnlyOptions(args, choice, {"--profile", "--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows"});
   choice.cpu_fallback = false;  // the figures are the device's or an error, never the CPU's
   choice.profile = args.has("--profile");
   choice.batch_attention = !args.has("--serial-attention");
@@ -82,6 +83,10 @@ int BenchBatched(int argc, char** argv) {
   if (!args.error().empty()) return Fail(args.error());
   auto npl_list = ParseIntList(args.get("--npl").value_or("1,4,8"), "--npl", 1, 256);
   if (!npl_list.ok()) return Fail(npl_list.status().message());
+  // Ascending and once each, so the one-sequence run (when asked for) comes first and every
+  // larger batch's speed-up is against it.
+  std::sort(npl_list->begin(), npl_list->end());
+  npl_list->erase(std::unique(npl_list->begin(), npl_list->end()), npl_list->end());
   const std::string kv_type = args.get("--kv").value_or("q4");
   spdlog::set_level(spdlog::level::warn);
 
@@ -152,11 +157,14 @@ int BenchBatched(int argc, char** argv) {
     const double pp = Median(pp_rates), tg = Median(tg_rates);
     if (npl == 1) tg_one = tg;
     const double step_ms = 1000.0 * static_cast<double>(npl) / tg;
+    // Without a one-sequence run there is nothing to compare with: null and "-".
+    const nlohmann::json vs_one = tg_one > 0 ? nlohmann::json(tg / tg_one) : nlohmann::json(nullptr);
     rows.push_back({{"npl", npl}, {"pp_tokens_per_s", pp}, {"tg_tokens_per_s", tg}, {"step_ms", step_ms},
-                    {"tg_vs_one", tg_one > 0 ? tg / tg_one : 0.0}, {"pp_runs", pp_rates}, {"tg_runs", tg_rates}});
+                    {"tg_vs_one", vs_one}, {"pp_runs", pp_rates}, {"tg_runs", tg_rates}});
     if (!json) {
-      std::printf("%5lld %12.1f %12.2f %12.2f %10.2f\n", static_cast<long long>(npl), pp, tg, step_ms,
-                  tg_one > 0 ? tg / tg_one : 0.0);
+      const std::string vs_one_text = tg_one > 0 ? fmt::format("{:.2f}", tg / tg_one) : "-";
+      std::printf("%5lld %12.1f %12.2f %12.2f %10s\n", static_cast<long long>(npl), pp, tg, step_ms,
+                  vs_one_text.c_str());
       std::fflush(stdout);
     }
   }

@@ -19,6 +19,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/read_file.h"
 #include "engine/runtime/logit_stats.h"
+#include "engine/store/manifest.h"
 #include "tools/args.h"
 #include "tools/backend_choice.h"
 #include "tools/commands.h"
@@ -80,6 +81,8 @@ int Perplexity(int argc, char** argv) {
     if (!read.ok()) return Fail("text file: " + read.status().message());
     text = std::move(*read);
   }
+  // As kvfs run and the mount: text is UTF-8 (the tokenizers' pre-splitting assumes it).
+  if (!store::ValidUtf8(text)) return Fail("text file: " + text_path + " is not valid UTF-8");
   // The reference's -f drops one trailing newline; do the same so the token streams agree.
   if (!text.empty() && text.back() == '\n') text.pop_back();
 

@@ -171,6 +171,7 @@ int Run(int argc, char** argv) {
   } else {
     std::fputc('\n', stdout);
   }
+  std::fflush(stdout);  // before anything on stderr: the --verbose line starts on a line of its own
   if (auto path = args.get("--logits-out")) {
     logits_out.write(reinterpret_cast<const char*>(result->prompt_logits.data()),
                      static_cast<std::streamsize>(result->prompt_logits.size() * sizeof(float)));

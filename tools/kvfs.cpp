@@ -3,6 +3,9 @@
 #include <cstring>
 #include <string>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include "tools/commands.h"
 
 namespace {
@@ -29,6 +32,9 @@ void Usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Diagnostics go to stderr: stdout carries what a command prints for programs (generated text,
+  // --token-ids, --json), which a warning must not break.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kvfs"));
   if (argc < 2) {
     Usage(stderr);
     return 2;

@@ -5,7 +5,7 @@ Checks the golden greedy text, --token-ids, --logits-out, and that bad input giv
 with one clear line on stderr; with a Vulkan device, the same greedy text from --backend vulkan
 and `kvfs devices` (skipped without one); the CPU fallback when no Vulkan driver is found. Missing shared data: skip (exit 0 with a
 message), except under CI=true where it fails."""
-import json, os, struct, subprocess, sys, tempfile
+import json, os, re, struct, subprocess, sys, tempfile
 
 kvfs, shared, models = sys.argv[1], sys.argv[2], sys.argv[3]
 stories = os.path.join(shared, 'models', 'stories260K.gguf')
@@ -345,6 +345,31 @@ check('bench batched', ok and [x['npl'] for x in rows] == [1, 3] and rows[0]['tg
       all(x['pp_tokens_per_s'] > 0 and abs(x['step_ms'] * x['tg_tokens_per_s'] - 1000 * x['npl']) < 1e-6 * x['step_ms'] * x['tg_tokens_per_s']
           for x in rows), f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 bad('bench batched bad list', ['bench', 'batched', '-m', stories, '--npl', '0'], '--npl')
+# Sizes run ascending and once each; without a one-sequence run the speed-up is null, not 0.
+r = run(['bench', 'batched', '-m', stories, '--npp', '8', '--ntg', '2', '--npl', '3,2,3', '-t', '1', '--json'])
+rows = json.loads(r.stdout).get('results', []) if r.returncode == 0 else []
+check('bench batched without 1', [x['npl'] for x in rows] == [2, 3] and all(x['tg_vs_one'] is None for x in rows),
+      f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+r = run(['bench', 'batched', '-m', stories, '--npp', '8', '--ntg', '2', '--npl', '2,1', '-t', '1'])
+table = [l.split() for l in r.stdout.splitlines() if l.split() and l.split()[0].isdigit()]
+check('bench batched 1 listed last', r.returncode == 0 and [t[0] for t in table] == ['1', '2'] and table[0][-1] == '1.00'
+      and float(table[1][-1]) > 0, f'rc={r.returncode} out={r.stdout!r}')
+bad('bench nothing to measure', ['bench', '-m', stories, '-p', '0', '-n', '0'], 'nothing to measure')
+bad('bench profile on the cpu', ['bench', '-m', stories, '-p', '4', '-n', '2', '--profile'], '--profile is for --backend vulkan')
+bad('bench batched profile on the cpu', ['bench', 'batched', '-m', stories, '--profile'], '--profile is for --backend vulkan')
+# Warnings go to stderr: stdout stays what programs parse (--token-ids lines, --json).
+r = run(['run', '-m', stories, '-p', 'Hi', '-n', '4', '--temp', '0', '--token-ids'], env=dict(os.environ, KVFS_CPU='no-such-table'))
+check('warnings on stderr', r.returncode == 0 and len(r.stdout.splitlines()) == 2 and
+      all(re.fullmatch(r'[0-9 ]+', l) for l in r.stdout.splitlines()) and 'KVFS_CPU=no-such-table' in r.stderr,
+      f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+# --verbose's last line starts a line of its own where stdout and stderr meet (a terminal).
+r = subprocess.run([kvfs, 'run', '-m', stories, '-p', 'Hi', '-n', '4', '--temp', '0', '--verbose'],
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+check('verbose stats on their own line', r.returncode == 0 and re.search(r'(^|\n)prompt \d+ tokens', r.stdout) is not None,
+      f'rc={r.returncode} out={r.stdout!r}')
+with tempfile.TemporaryDirectory() as tmp:
+    bad_text = os.path.join(tmp, 'bad.txt'); open(bad_text, 'wb').write(b'ab\xffcd' * 20)
+    bad('perplexity non-UTF-8', ['perplexity', '-m', stories, '-f', bad_text, '-c', '4'], 'not valid UTF-8')
 
 print(f'{len(failures)} failed' if failures else 'all passed')
 sys.exit(1 if failures else 0)
