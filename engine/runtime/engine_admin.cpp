@@ -575,6 +575,17 @@ Status Engine::CheckImportedText(const store::CacheExportInfo& info, std::string
   return Status::Ok();
 }
 
+bool Engine::HoldsBlockBytes(const BlockHash& name, std::span<const uint8_t> bytes) {
+  if (PoolBlock* b = pool_->Hold(name)) {
+    const bool same = b->bytes >= static_cast<int64_t>(bytes.size()) && std::memcmp(b->data, bytes.data(), bytes.size()) == 0;
+    pool_->Release(b);
+    return same;
+  }
+  if (!store_ || !store_->HasBlock(name)) return false;
+  std::vector<uint8_t> stored(bytes.size());
+  return store_->ReadBlockInto(name, stored).ok() && std::equal(stored.begin(), stored.end(), bytes.begin());
+}
+
 Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
   // The file must be in the format the agent's settings ask for, or in the one the cache it
   // holds is still in after a settings change (until its next turn recomputes it): a file just
@@ -609,6 +620,15 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
   std::string context_text;
   std::vector<uint32_t> context_ends;
   KVFS_RETURN_IF_ERROR(CheckImportedText(imported.info, &context_text, &context_ends));
+  // Nothing ties the file's K/V to the token ids it claims (whoever writes the file decides
+  // what this agent attends to), so its blocks must never stand in for the ones the engine
+  // computes for those tokens, for another agent of the uid or for a later import of other
+  // bytes. A block takes the computed name only while every block up to it is byte for byte the
+  // block of that name the engine holds (a backup of a cache still stored, a clone); from the
+  // first that is not, the blocks are named in a domain of this file's bytes, and the blocks the
+  // agent computes after them chain from those names, so they stay apart too. The same file
+  // imported again shares them.
+  const XXH128_hash_t file_hash = XXH3_128bits(bytes.data(), bytes.size());
   std::promise<kvfs::Status> committed;
   auto done = committed.get_future();
   kvfs::Status started = RunOnEngine<kvfs::Status>([&]() -> kvfs::Status {
@@ -647,6 +667,18 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       a->format = format;
       a->conversation = imported.info.conversation;
       a->tokens.assign(imported.info.tokens.begin(), imported.info.tokens.begin() + imported.info.n_cached);
+      const std::string domain = engine_internal::DomainOf(a->owner_uid);
+      const std::string import_domain = fmt::format("{}:import:{:016x}{:016x}", domain, file_hash.high64, file_hash.low64);
+      bool verified = true;
+      for (int64_t i = 0; i < imported.info.n_cached / B; ++i) {
+        const BlockHash parent = i > 0 ? a->blocks[static_cast<size_t>(i - 1)] : BlockHash{};
+        const std::span<const TokenId> span(a->tokens.data() + i * B, static_cast<size_t>(B));
+        const BlockHash computed = ChainHash(parent, span, fingerprint_, format, domain);
+        verified = verified && HoldsBlockBytes(computed, imported.chunks[static_cast<size_t>(i)]);
+        const BlockHash h = verified ? computed : ChainHash(parent, span, fingerprint_, format, import_domain);
+        seq.NameBlock(i, h);
+        a->blocks.push_back(h);
+      }
       // Unknown unless the file says it, and its tokens spell it (CheckImportedText): then the
       // next turn matches on tokens only (DIVERGE).
       a->cached_text = std::move(context_text);

@@ -258,6 +258,8 @@ class Engine final : public AgentEngine {
   // (the next turn then keeps only the tokens that the visible conversation encodes to).
   kvfs::Status CheckImportedText(const store::CacheExportInfo& info, std::string* text,
                                  std::vector<uint32_t>* ends) const;
+  // ImportCache, engine thread: whether the block of this name, in memory or stored, is `bytes`.
+  bool HoldsBlockBytes(const BlockHash& name, std::span<const uint8_t> bytes);
   // What kv.safetensors records of the agent besides its K/V rows, for the first n_cached of its
   // tokens (ExportCache, ExportSize). Under mu_, or on the engine thread.
   store::CacheExportInfo ExportInfoOf(const AgentRecord& a, int64_t n_cached) const;

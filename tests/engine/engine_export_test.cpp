@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "engine/runtime/engine.h"
 #include "engine/store/manifest.h"
@@ -214,6 +215,95 @@ TEST_F(EngineExportTest, ImportBelievesTheTextOnlyWhereItsTokensSpellIt) {
   EXPECT_EQ(next.reply, Reference(ReadManifest(Options().store_dir, "erin"), *next.stats, 20));
 }
 
+// The data buffer of a kv.safetensors file (after its header).
+std::string DataOf(const std::string& file) {
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  return file.substr(8 + n);
+}
+
+// Block files in a store.
+size_t BlockFiles(const std::string& store_dir) {
+  size_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(fs::path(store_dir) / "blocks"))
+    n += e.is_regular_file() && e.path().extension() == ".kvb";
+  return n;
+}
+
+// The same file with its data buffer's first half inverted and the checksum made to match: K/V
+// rows that no forward pass over its token ids gave, in a file the import cannot tell from a
+// genuine one.
+std::string WithForgedData(const std::string& file) {
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  std::string forged = file;
+  for (size_t i = 8 + n; i < 8 + n + (file.size() - 8 - n) / 2; ++i) forged[i] = static_cast<char>(~forged[i]);
+  const std::string data = DataOf(forged);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(data.data(), data.size())));
+  return WithMetadata(forged, "payload_xxh3_64", hex);
+}
+
+// Nothing ties an imported file's K/V to the token ids it claims, so its blocks must never stand
+// in for the ones the engine computes for those tokens: not for a new agent of the same uid
+// whose context starts with them (it computes its own, and replies as an uncached run), not for
+// a later import of other bytes for the same tokens (it keeps its own bytes), and not after a
+// restart. The same file imported twice still shares its blocks.
+TEST_F(EngineExportTest, AnImportsBlocksNeverStandInForComputedOnes) {
+  std::string genuine, forged;
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    TurnOutcome alice = RunTurn(**engine, "alice", kTurns[0]);
+    ASSERT_TRUE(alice.stats.ok());
+    auto exported = (*engine)->ExportCache("alice");
+    ASSERT_TRUE(exported.ok()) << exported.status().message();
+    genuine = *exported;
+    forged = WithForgedData(genuine);
+    ASSERT_TRUE(DataOf(forged) != DataOf(genuine));
+    // alice's own blocks would win over the file's by name; the case is a uid whose computed
+    // blocks are gone (erased, or never made on this machine).
+    ASSERT_TRUE((*engine)->EraseAgent("alice").ok());
+    ASSERT_TRUE((*engine)->CreateAgent("mallory", 0).ok());
+    Greedy(**engine, "mallory");
+    ASSERT_TRUE((*engine)->ImportCache("mallory", forged).ok());
+    ASSERT_TRUE((*engine)->CreateAgent("victim", 0).ok());
+    Greedy(**engine, "victim");
+    TurnOutcome victim = RunTurn(**engine, "victim", kTurns[0]);
+    ASSERT_TRUE(victim.stats.ok());
+    EXPECT_EQ(victim.stats->reused_tokens, 0);
+    EXPECT_EQ(victim.reply, alice.reply);
+    EXPECT_EQ(victim.reply, Reference(ReadManifest(Options().store_dir, "victim"), *victim.stats, 20));
+    ASSERT_TRUE((*engine)->EraseAgent("victim").ok());
+    // A genuine backup of the same tokens keeps its bytes.
+    ASSERT_TRUE((*engine)->CreateAgent("restore", 0).ok());
+    ASSERT_TRUE((*engine)->ImportCache("restore", genuine).ok());
+    auto restored = (*engine)->ExportCache("restore");
+    ASSERT_TRUE(restored.ok());
+    EXPECT_TRUE(DataOf(*restored) == DataOf(genuine)) << "the restored cache holds other K/V than the backup";
+    // The forged file imported again is the same file: its blocks are shared, not stored twice.
+    const size_t blocks_before = BlockFiles(Options().store_dir);
+    ASSERT_GT(blocks_before, 0u);
+    ASSERT_TRUE((*engine)->CreateAgent("mallory2", 0).ok());
+    ASSERT_TRUE((*engine)->ImportCache("mallory2", forged).ok());
+    EXPECT_EQ(BlockFiles(Options().store_dir), blocks_before);
+  }
+  // After a restart: the same.
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->CreateAgent("victim2", 0).ok());
+  Greedy(**engine, "victim2");
+  TurnOutcome victim2 = RunTurn(**engine, "victim2", kTurns[0]);
+  ASSERT_TRUE(victim2.stats.ok());
+  EXPECT_EQ(victim2.stats->reused_tokens, 0);
+  EXPECT_EQ(victim2.reply, Reference(ReadManifest(Options().store_dir, "victim2"), *victim2.stats, 20));
+  auto restored = (*engine)->ExportCache("restore");
+  ASSERT_TRUE(restored.ok());
+  EXPECT_TRUE(DataOf(*restored) == DataOf(genuine)) << "the restored cache holds other K/V than the backup";
+}
+
 // An import whose token ids or conversation no export of this model would have is refused,
 // naming the entry, and the agent keeps its cache (its export is unchanged).
 TEST_F(EngineExportTest, ImportRefusesTokensOutsideTheVocabularyAndUnknownRoles) {
@@ -277,7 +367,12 @@ TEST_F(EngineExportTest, ExportImportRoundTrip) {
   EXPECT_TRUE(ReadManifest(Options().store_dir, "alice").blocks.empty());
 
   ASSERT_TRUE((*engine)->ImportCache("alice", *exported).ok());
-  EXPECT_EQ(ReadManifest(Options().store_dir, "alice").blocks, before.blocks);
+  // The erased blocks are gone, so nothing vouches for the file's: they are named apart from
+  // the computed ones (AnImportsBlocksNeverStandInForComputedOnes), as many as before.
+  const std::vector<BlockHash> imported = ReadManifest(Options().store_dir, "alice").blocks;
+  EXPECT_EQ(imported.size(), before.blocks.size());
+  for (size_t i = 0; i < std::min(imported.size(), before.blocks.size()); ++i) EXPECT_NE(imported[i], before.blocks[i]);
+  EXPECT_TRUE((*engine)->ExportCache("alice").value() == *exported);
   TurnOutcome out = RunTurn(**engine, "alice", kTurns[2]);
   ASSERT_TRUE(out.stats.ok());
   EXPECT_GE(out.stats->reused_tokens, 32);
@@ -406,6 +501,8 @@ TEST_F(EngineExportTest, ImportIntoAnotherAgentExtendsTheImportedText) {
   ASSERT_TRUE((*engine)->CreateAgent("bob", 0).ok());
   Greedy(**engine, "bob");
   ASSERT_TRUE((*engine)->ImportCache("bob", *exported).ok());
+  // A clone of a cache the engine holds shares its blocks (byte for byte the same).
+  EXPECT_EQ(ReadManifest(Options().store_dir, "bob").blocks, ReadManifest(Options().store_dir, "alice").blocks);
   TurnOutcome bob = RunTurn(**engine, "bob", kTurns[2]);
   ASSERT_TRUE(bob.stats.ok()) << bob.stats.status().message();
   EXPECT_EQ(bob.stats->match, "extend");
