@@ -19,6 +19,7 @@
 #include "daemon/config.h"
 #include "daemon/mount_util.h"
 #include "daemon/store_lock.h"
+#include "engine/core/read_file.h"
 #include "engine/kv/kv_format.h"
 #include "fs/agent_store.h"
 #include "fs/fuse_server.h"
@@ -215,6 +216,26 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
       if (path.empty() || (path == other && what == std::string("mount point")) || !PathIsWithin(path, other)) continue;
       std::fprintf(stderr, "kvfsd: the %s %s is inside the kvfs mount at %s: choose one outside it\n", what,
                    path.c_str(), other.c_str());
+      return 2;
+    }
+  }
+  // The log is appended to: inside the store it may only be a file of its own at the top (the
+  // default STORE/kvfsd.log), never one of the store's files or directories (an agent's
+  // manifest, the audit trail), and never the model.
+  if (!config.log_file.empty()) {
+    const std::filesystem::path log(config.log_file);
+    const std::string name = log.filename().string();
+    const bool own_file_at_top = AbsolutePath(log.parent_path().string()) == AbsolutePath(config.store_dir) &&
+                                 log.extension() == ".log" && name != "audit.log";
+    if (PathIsWithin(config.log_file, config.store_dir) && !own_file_at_top) {
+      std::fprintf(stderr, "kvfsd: the log file %s is inside the store %s, among the files kvfsd keeps there; "
+                   "choose another path (--log-file; STORE/kvfsd.log, the default, is fine)\n",
+                   config.log_file.c_str(), config.store_dir.c_str());
+      return 2;
+    }
+    if (SameFile(config.log_file, config.model_path)) {
+      std::fprintf(stderr, "kvfsd: the log file %s is the model file: choose another path (--log-file)\n",
+                   config.log_file.c_str());
       return 2;
     }
   }

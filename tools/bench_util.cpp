@@ -24,7 +24,8 @@ Result<ScratchDir> MakeScratchDir(const std::optional<std::string>& given, const
                                          "puts there, so it takes a new or an empty directory",
                                          out.path.string()));
     }
-  } else if (!fs::create_directories(out.path, ec) || ec) {
+  } else if (!fs::create_directory(out.path, ec) || ec) {
+    // Only the directory named: missing parents are a mistyped path, not a tree to leave behind.
     return IoError(fmt::format("cannot create {}: {}", out.path.string(), ec ? ec.message() : "unknown error"));
   }
   out.created = !fs::exists(st);

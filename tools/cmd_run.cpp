@@ -154,6 +154,10 @@ int Run(int argc, char** argv) {
   // The logits file is opened first: a path that cannot be written fails before any output.
   std::ofstream logits_out;
   if (auto path = args.get("--logits-out")) {
+    if (SameFile(*path, *args.get("-m"))) return Fail("--logits-out " + *path + " is the model file");
+    if (auto prompt_file = args.get("-f"); prompt_file && SameFile(*path, *prompt_file)) {
+      return Fail("--logits-out " + *path + " is the prompt file (-f)");
+    }
     logits_out.open(*path, std::ios::binary | std::ios::trunc);
     if (!logits_out) return Fail(fmt::format("cannot write --logits-out {}", *path));
   }

@@ -1,9 +1,12 @@
 // kvfs status: prints a mounted kvfs's cache status (its .status file, or .status.json).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "daemon/mount_util.h"
 #include "tools/args.h"
@@ -42,6 +45,16 @@ int ShowStatus(int argc, char** argv) {
       return 1;
     }
     mount = mounts.front();
+  }
+  // Only a kvfs mount's status file is read: elsewhere `.status` may be anything (a FIFO that
+  // would block forever, some other program's file).
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::canonical(mount, ec);
+  const std::vector<std::string> mounts = daemon::KvfsMountpoints();
+  const auto is_mount = [&](const std::string& dir) { return std::find(mounts.begin(), mounts.end(), dir) != mounts.end(); };
+  if (!is_mount(daemon::AbsolutePath(mount)) && (ec || !is_mount(real.string()))) {
+    std::fprintf(stderr, "kvfs status: %s is not a kvfs mount (is kvfsd running there?)\n", mount.c_str());
+    return 1;
   }
   std::string path = mount + (args.has("--json") ? "/.status.json" : "/.status");
   std::ifstream in(path);

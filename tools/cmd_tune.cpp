@@ -15,6 +15,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/vulkan_tuning.h"
 #include "engine/kv/sequence_kv.h"
+#include "engine/core/read_file.h"
 #include "tools/args.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
@@ -90,6 +91,7 @@ int Tune(int argc, char** argv) {
   }
   const std::string kv_type = args.get("--kv").value_or("q4k");
   if (!args.error().empty()) return Fail(2, args.error());
+  if (auto out = args.get("-o"); out && SameFile(*out, *args.get("-m"))) return Fail(2, "-o " + *out + " is the model file");
   spdlog::set_level(spdlog::level::warn);
 
   auto devices = ListVulkanDevices();

@@ -12,4 +12,9 @@ namespace kvfs {
 // pipes and devices (/dev/stdin) are read to their end.
 Result<std::string> ReadWholeFile(const std::string& path);
 
+// Whether both paths exist and name the same file (device and inode, links followed): an output
+// a user named that is one of the inputs (the model, a prompt file) is refused before it is
+// truncated.
+bool SameFile(const std::string& a, const std::string& b);
+
 }  // namespace kvfs

@@ -5,7 +5,7 @@ Checks the golden greedy text, --token-ids, --logits-out, and that bad input giv
 with one clear line on stderr; with a Vulkan device, the same greedy text from --backend vulkan
 and `kvfs devices` (skipped without one); the CPU fallback when no Vulkan driver is found. Missing shared data: skip (exit 0 with a
 message), except under CI=true where it fails."""
-import json, os, re, struct, subprocess, sys, tempfile
+import json, os, re, shutil, struct, subprocess, sys, tempfile
 
 kvfs, shared, models = sys.argv[1], sys.argv[2], sys.argv[3]
 stories = os.path.join(shared, 'models', 'stories260K.gguf')
@@ -368,6 +368,25 @@ r = subprocess.run([kvfs, 'run', '-m', stories, '-p', 'Hi', '-n', '4', '--temp',
 check('verbose stats on their own line', r.returncode == 0 and re.search(r'(^|\n)prompt \d+ tokens', r.stdout) is not None,
       f'rc={r.returncode} out={r.stdout!r}')
 with tempfile.TemporaryDirectory() as tmp:
+    # An output that is one of the inputs is refused before it is truncated.
+    model_copy = os.path.join(tmp, 'model.gguf'); shutil.copy(stories, model_copy)
+    prompt_file = os.path.join(tmp, 'prompt.txt'); open(prompt_file, 'w').write('Once upon')
+    bad('logits over the model', ['run', '-m', model_copy, '-p', 'Hi', '-n', '1', '--logits-out', model_copy],
+        'is the model file')
+    bad('logits over the prompt', ['run', '-m', stories, '-f', prompt_file, '-n', '1', '--logits-out', prompt_file],
+        'is the prompt file')
+    check('inputs intact', open(model_copy, 'rb').read() == open(stories, 'rb').read() and
+          open(prompt_file).read() == 'Once upon')
+    # kvfs status reads only a kvfs mount's file: a FIFO named .status elsewhere does not block it.
+    fake = os.path.join(tmp, 'fake'); os.mkdir(fake); os.mkfifo(os.path.join(fake, '.status'))
+    r = run(['status', '--mount', fake])
+    check('status of a non-mount', r.returncode == 1 and 'not a kvfs mount' in r.stderr and r.stdout == '',
+          f'rc={r.returncode} err={r.stderr!r}')
+    # bench fs makes the directory it is given, not its missing parents.
+    nested = os.path.join(tmp, 'no', 'such')
+    r = run(['bench', 'fs', '-m', stories, '--dir', nested, '--turns', '1', '--agents', '1'])
+    check('bench fs makes no parents', r.returncode != 0 and not os.path.exists(os.path.join(tmp, 'no')),
+          f'rc={r.returncode} err={r.stderr!r}')
     bad_text = os.path.join(tmp, 'bad.txt'); open(bad_text, 'wb').write(b'ab\xffcd' * 20)
     bad('perplexity non-UTF-8', ['perplexity', '-m', stories, '-f', bad_text, '-c', '4'], 'not valid UTF-8')
 

@@ -755,6 +755,16 @@ def daemon_modes(t):
         check(r.returncode == 2 and 'is inside the kvfs mount at %s' % mnt in r.stderr,
               'inside a running kvfsd\'s mount: %d %r' % (r.returncode, r.stderr))
     check(not os.path.exists(os.path.join(mnt, 'st')), 'and no agent was made there')
+    # The log is appended to: never one of the store's files (an agent's manifest, the audit
+    # trail) nor the model. (The store is the running daemon's: refused before its lock.)
+    manifest = os.path.join(store, 'agents', 'alice', 'manifest.json')
+    for log_file, what in ((manifest, 'inside the store'), (os.path.join(store, 'audit.log'), 'inside the store'),
+                           (MODEL, 'is the model file')):
+        before = open(log_file, 'rb').read() if os.path.exists(log_file) else None
+        r = subprocess.run([DAEMON, '--mount', os.path.join(t.dir, 'm4'), '--store', store, '-m', MODEL, '-t', '1',
+                            '--log-file', log_file], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 2 and what in r.stderr, '--log-file %s: %d %r' % (log_file, r.returncode, r.stderr))
+        check(before is None or open(log_file, 'rb').read() == before, 'and %s is unchanged' % log_file)
     # logrotate: the log moved away, SIGHUP; the daemon serves on and logs to a new file.
     log = os.path.join(store, 'kvfsd.log')
     os.rename(log, log + '.1')
