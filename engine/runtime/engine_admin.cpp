@@ -542,6 +542,26 @@ Status Engine::CheckImportedText(const store::CacheExportInfo& info, std::string
                                          i, ClipForMessage(role, 32)));
     }
   }
+  // A conversation that no context holds could never be followed by a turn: every later turn
+  // would fail. Its turns' texts, each encoded alone, may take a token more than together at each
+  // boundary (merges across it are lost), hence the slack; the byte bound first, so that a huge
+  // text is refused without encoding it.
+  const Tokenizer& vocab = model_->tokenizer();
+  size_t longest = 1;
+  for (TokenId t = 0; t < vocab.n_vocab(); ++t) longest = std::max(longest, vocab.token_text(t).size());
+  const int64_t slack = 2 * static_cast<int64_t>(info.conversation.size());
+  size_t conversation_bytes = 0;
+  for (const ConversationTurn& turn : info.conversation) conversation_bytes += turn.text.size();
+  int64_t conversation_tokens = 0;
+  if (conversation_bytes <= static_cast<size_t>(n_ctx_ + slack) * longest) {
+    for (const ConversationTurn& turn : info.conversation)
+      conversation_tokens += static_cast<int64_t>(vocab.Encode(turn.text, false, false).size());
+  }
+  if (conversation_bytes > static_cast<size_t>(n_ctx_ + slack) * longest || conversation_tokens > n_ctx_ + slack) {
+    return InvalidArgument(fmt::format("kv.safetensors: its conversation ({} bytes) is longer than the context of {} "
+                                       "tokens holds: no turn could follow it",
+                                       conversation_bytes, n_ctx_));
+  }
   text->clear();
   ends->clear();
   // The text is believed only for a cache of every token whose file says where each token's

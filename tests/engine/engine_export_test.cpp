@@ -332,7 +332,19 @@ TEST_F(EngineExportTest, ImportRefusesTokensOutsideTheVocabularyAndUnknownRoles)
   s = (*engine)->ImportCache("alice", WithMetadata(*exported, "conversation", conversation.dump()));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("hacker"), std::string::npos) << s.message();
-  EXPECT_EQ((*engine)->ExportCache("alice").value(), *exported);
+  // A conversation no context holds (no later turn could run): refused, whether its bytes alone
+  // say so or its tokens do.
+  const int64_t n_ctx = (*engine)->ModelInfo()["n_ctx"].get<int64_t>();
+  std::string many_tokens;
+  for (int64_t i = 0; i < n_ctx; ++i) many_tokens += " Lily ran";
+  for (const std::string& text : {std::string(5000000, 'a'), many_tokens}) {
+    conversation = nlohmann::json::parse(meta["conversation"].get<std::string>());
+    conversation[0]["text"] = text;
+    s = (*engine)->ImportCache("alice", WithMetadata(*exported, "conversation", conversation.dump()));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("no turn could follow it"), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE((*engine)->ExportCache("alice").value() == *exported);
 }
 
 // kv.safetensors: export, erase the cache, import it back: the next turn reuses the imported
