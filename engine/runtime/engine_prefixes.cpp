@@ -16,7 +16,16 @@ using engine_internal::kPrefixDomain;
 
 Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sources) {
   KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
-  p.tokens = model_->tokenizer().Encode(p.text, true, true);
+  // A chat template's markup starts with the BOS token's text ("<s>[INST] ..."), which an agent's
+  // context gets from the tokenizer, not from its text: a prefix spelled with it is the same
+  // prefix, encoded as the context is.
+  const Tokenizer& tok = model_->tokenizer();
+  std::string_view text = p.text;
+  if (tok.add_bos() && tok.bos() != kNoToken) {
+    const std::string_view bos_text = tok.token_text(tok.bos());
+    if (!bos_text.empty() && text.starts_with(bos_text)) text.remove_prefix(bos_text.size());
+  }
+  p.tokens = tok.Encode(text, true, true);
   p.blocks.clear();
   p.other_formats.clear();
   const int64_t B = options_.block_tokens;

@@ -256,6 +256,23 @@ TEST_F(EngineTest, APrefixTheDaemonCannotHoldIsKeptUntilOneCan) {
 
 // Blocks computed for a prefix live on in the agents that used it, but once the prefix is removed
 // they are shared no more: an agent of another uid with the same text computes its own.
+// A prefix spelled with the BOS token's text in front, as a chat template's markup starts, is
+// the prefix the context gets (the tokenizer adds BOS to contexts): shared across uids.
+TEST_F(EngineTest, APrefixSpelledWithItsBosTextIsShared) {
+  const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];
+  const Tokenizer& tok = model_->tokenizer();
+  ASSERT_TRUE(tok.add_bos());
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->AddPrefix("story.txt", std::string(tok.token_text(tok.bos())) + prefix, 0).ok());
+  ASSERT_TRUE((*engine)->CreateAgent("user", 2000).ok());
+  Greedy(**engine, "user");
+  TurnOutcome used = RunTurn(**engine, "user", prefix + " The dog ran away.");
+  ASSERT_TRUE(used.stats.ok()) << used.stats.status().message();
+  EXPECT_GE(used.stats->reused_tokens, 32);
+  EXPECT_EQ(used.reply, Reference(ReadManifest(Options().store_dir, "user"), *used.stats, 20));
+}
+
 TEST_F(EngineTest, ARemovedPrefixIsNoLongerSharedAcrossUids) {
   const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // > 32 tokens: 2+ blocks of 16
   auto engine = CreateEngine(Options());
