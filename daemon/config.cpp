@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <sys/stat.h>
@@ -346,6 +347,9 @@ Status ResolveDefaults(DaemonConfig& config, const Environment& env) {
           config.store_dir + "/models/default.gguf");
     }
     config.model_path = *found;
+  }
+  if (std::error_code ec; std::filesystem::is_directory(config.model_path, ec)) {
+    return InvalidArgument("the model " + config.model_path + " is a directory, not a GGUF file");
   }
   if (!IsFile(config.model_path)) return InvalidArgument("model not found: " + config.model_path);
   if (!config.vulkan_tuning.empty() && config.backend != "vulkan") {

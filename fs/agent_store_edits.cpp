@@ -206,6 +206,11 @@ Status AgentStore::ApplyWrites(Handle& handle) {
       std::lock_guard m(metrics_->mu);
       if (!imported.ok()) {
         ++metrics_->values.imports_refused;
+        if (!handle.import_write_failure.ok()) {
+          return Status(handle.import_write_failure.code(),
+                        "not imported: a write to it failed (" + handle.import_write_failure.message() +
+                            "), so the file lacks those bytes");
+        }
         // A bad file is the user's input: EINVAL whatever the engine called it.
         if (imported.code() == StatusCode::kCorrupt || imported.code() == StatusCode::kOutOfRange) {
           return InvalidArgument(imported.message());

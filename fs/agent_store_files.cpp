@@ -388,7 +388,10 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
       const uint64_t at = handle.append ? handle.import->size() : offset;
       KVFS_RETURN_IF_ERROR(CheckWriteLimit(handle, at + bytes.size(), config_.max_import_bytes));
       // Out of memory budget or disk: the write fails, not the file (it can be tried again).
-      KVFS_RETURN_IF_ERROR(handle.import->Write(at, bytes));
+      if (Status written = handle.import->Write(at, bytes); !written.ok()) {
+        handle.import_write_failure = written;
+        return written;
+      }
       handle.dirty = true;
       return bytes.size();
     }

@@ -37,6 +37,9 @@ struct AgentStore::Handle {
   std::mutex mu;      // guards the fields below (writes to one fd may come concurrently)
   std::string data;   // snapshot or write buffer
   std::unique_ptr<ImportBuffer> import;  // kImport: the bytes written (not `data`)
+  // kImport: the last write refused for want of memory or disk; should the import then fail at
+  // close, that is why (the file lacks those bytes), not what the incomplete file looks like.
+  Status import_write_failure;
   bool dirty = false; // written since the last apply
   // Opened with O_TRUNC and not written since: the file is emptied at the last close (Release),
   // not at a flush, since a shell's `echo x > system` closes a duplicate of its descriptor

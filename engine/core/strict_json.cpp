@@ -74,6 +74,10 @@ Result<nlohmann::json> ParseStrictJson(std::string_view text, std::string_view w
     return j;
   } catch (const nlohmann::json::exception& e) {
     std::string why = e.what();
+    // The library's own tag ("[json.exception.parse_error.101] ") says nothing to a user.
+    if (why.starts_with("[json.exception.")) {
+      if (const size_t end = why.find("] "); end != std::string::npos) why.erase(0, end + 2);
+    }
     if (!limits.quote_text) {
       if (const size_t at = why.find("; last read:"); at != std::string::npos) why.resize(at);
     }

@@ -271,6 +271,27 @@ TEST_F(StoreTest, ImportBuffersShareAMemoryBudget) {
   store_->Release(c);
 }
 
+// A kv.safetensors whose write failed for want of room, closed anyway, is refused for that
+// reason (ENOSPC, naming the failed write), not as the incomplete file it then is; the agent's
+// cache is unchanged.
+TEST_F(StoreTest, AnImportWhoseWriteFailedIsRefusedForThatReason) {
+  StoreConfig config;
+  config.max_import_memory_bytes = 1000;
+  Start(testing::FakeEngineOptions{}, config);
+  Mkdir("alice");
+  ASSERT_TRUE(Echo("alice", "prompt", "hello").ok());
+  ASSERT_TRUE(Cat("alice", "response").ok());
+  const std::string before = *Cat("alice", "kv.safetensors");
+  const HandleId h = *store_->Open(*File("alice", "kv.safetensors"), WriteTruncFlags(), kRoot);
+  ASSERT_TRUE(store_->Write(h, 0, std::string(600, 'a')).ok());
+  EXPECT_EQ(store_->Write(h, 600, std::string(600, 'a')).status().code(), StatusCode::kNoSpace);
+  const Status flushed = store_->Flush(h);
+  EXPECT_EQ(flushed.code(), StatusCode::kNoSpace) << flushed.message();
+  EXPECT_NE(flushed.message().find("a write to it failed"), std::string::npos) << flushed.message();
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "kv.safetensors"), before);
+}
+
 // With a spill directory, a kv.safetensors being written holds disk, not memory, past
 // import_spill_bytes: two imports that would not fit the memory budget together are written at
 // the same time, and each imports at its close, when it needs its size in memory for a while.
