@@ -138,6 +138,11 @@ int Run(int argc, char** argv) {
   auto backend_or = MakeChosenBackend(model, backend_choice, "run", &backend_used);
   if (!backend_or.ok()) return Fail(backend_or.status().message());
   std::unique_ptr<Backend> backend = std::move(*backend_or);
+  if (std::string_view marker = chat.MissingTurnMarker(); !marker.empty() && !args.has("--raw")) {
+    std::fprintf(stderr, "kvfs run: warning: the chat template is %s, but the vocabulary has no %.*s token: its "
+                 "markup reaches the model as plain text\n",
+                 std::string(ChatFamilyName(chat.family())).c_str(), static_cast<int>(marker.size()), marker.data());
+  }
   if (args.has("--verbose")) {
     std::fprintf(stderr, "model: %s | %lld layers, width %lld, %lld heads (%lld KV), vocab %lld, trained context %lld | "
                  "%.1f MiB of weights | chat template %s | context %lld, KV %s\n",

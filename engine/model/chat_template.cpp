@@ -375,6 +375,11 @@ std::vector<TokenId> ChatTemplate::EndOfTurnTokens() const {
   return ids;
 }
 
+std::string_view ChatTemplate::MissingTurnMarker() const {
+  const std::string_view marker = TurnEndMarker(family_);
+  return !marker.empty() && tokenizer_ != nullptr && tokenizer_->Find(marker) == kNoToken ? marker : std::string_view();
+}
+
 std::vector<std::string> ChatTemplate::StopStrings() const {
   if (std::string_view marker = TurnEndMarker(family_); !marker.empty()) return {std::string(marker)};
   if (EndsTurnWithEos(family_)) {

@@ -49,6 +49,9 @@ class ChatTemplate {
   std::vector<TokenId> EndOfTurnTokens() const;
   // Textual end-of-turn markers, for models whose vocab lacks them as single tokens.
   std::vector<std::string> StopStrings() const;
+  // The family's end-of-turn marker when the vocabulary has no token for it (a template put on
+  // a model not trained with it: its markup is then plain text), else empty.
+  std::string_view MissingTurnMarker() const;
 
  private:
   ChatFamily family_;

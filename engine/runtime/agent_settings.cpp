@@ -26,7 +26,7 @@ Result<double> NumberIn(const nlohmann::json& v, std::string_view key, double lo
   if (!v.is_number()) return BadValue(key, "must be a number");
   double x = v.get<double>();
   if (!std::isfinite(x) || x < lo || x > hi) return BadValue(key, fmt::format("must be in [{}, {}]", lo, hi));
-  return x;
+  return x + 0.0;  // -0 is 0 (config.json would show it as -0.0)
 }
 
 Result<int64_t> IntegerIn(const nlohmann::json& v, std::string_view key, int64_t lo, int64_t hi) {

@@ -101,6 +101,10 @@ Status Engine::Init() {
     spdlog::warn("engine: the model's chat template is none of the families kvfs renders (chatml, llama2, llama3, "
                  "mistral, gemma, phi3, zephyr): agents' conversations go to it as raw text, which it was not "
                  "trained on; replies may be poor (.model.json: chat_template_recognised false)");
+  if (std::string_view marker = model_->chat_template().MissingTurnMarker(); !marker.empty())
+    spdlog::warn("engine: the model's chat template is {}, but its vocabulary has no {} token: the template's "
+                 "markup reaches the model as plain text, which it was not trained on; replies may be poor",
+                 ChatFamilyName(model_->chat_template().family()), marker);
   return Status::Ok();
 }
 

@@ -319,6 +319,18 @@ TEST(ChatTemplateGguf, NoTemplateIsRaw) {
   EXPECT_EQ(ChatTemplate::FromGguf(**gguf, tok).family(), ChatFamily::kRaw);
 }
 
+// A family's turn marker missing from the vocabulary (a template put on a model not trained
+// with it) is reported; present, or a family without one, is not.
+TEST(ChatTemplateGguf, AMissingTurnMarkerIsReported) {
+  FakeTokenizer plain({"<s>", "</s>"}, "<s>", "</s>");
+  FakeTokenizer chatml({"<s>", "</s>", "<|im_start|>", "<|im_end|>"}, "<s>", "</s>");
+  EXPECT_EQ(ChatTemplate(ChatFamily::kChatml, &plain).MissingTurnMarker(), "<|im_end|>");
+  EXPECT_EQ(ChatTemplate(ChatFamily::kLlama3, &plain).MissingTurnMarker(), "<|eot_id|>");
+  EXPECT_EQ(ChatTemplate(ChatFamily::kChatml, &chatml).MissingTurnMarker(), "");
+  EXPECT_EQ(ChatTemplate(ChatFamily::kLlama2, &plain).MissingTurnMarker(), "");  // ends turns with EOS
+  EXPECT_EQ(ChatTemplate(ChatFamily::kRaw, &plain).MissingTurnMarker(), "");
+}
+
 // A template that is none of the families renders raw, and says so (the engine warns about it);
 // a missing template, an empty one, one that names "raw", and a recognised one do not.
 TEST(ChatTemplateGguf, AnUnrecognisedTemplateIsFlagged) {
