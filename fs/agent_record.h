@@ -72,6 +72,8 @@ struct AgentRecord {
   std::mutex submit_mu;
   std::mutex mu;
   bool erased = false;
+  // rmdir is erasing it: a turn it cancels fails its readers with ENOENT (erased), not EIO.
+  bool erasing = false;
   // Reads of `response` waiting for text; whatever changes what they wait on (reply text, turn
   // end, erasure, shutdown) answers the ones it made ready (AnswerReadyReads).
   std::vector<ParkedRead> parked;

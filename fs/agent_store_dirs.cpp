@@ -89,8 +89,16 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
   { std::lock_guard in_flight(agent->submit_mu); }
   // Returns once the erasure is complete (the engine cancels the running turn first).
   const std::string intent = IntendAudit(AuditEvent{.uid = caller.uid, .agent = name, .action = "erase"});
+  {
+    std::lock_guard lock(agent->mu);
+    agent->erasing = true;
+  }
   Result<store::EraseReport> report = engine_.EraseAgent(name);
-  if (!report.ok()) SettleFailedErasure(intent, engine_.GetAgent(name).ok());
+  if (!report.ok()) {
+    SettleFailedErasure(intent, engine_.GetAgent(name).ok());
+    std::lock_guard lock(agent->mu);
+    agent->erasing = false;
+  }
   {
     std::lock_guard lock(mu_);
     agents_in_transition_.erase(name);

@@ -276,6 +276,7 @@ std::optional<Result<std::string>> ResponseNow(const AgentRecord& agent, const T
   if (agent.erased) return NotFound(fmt::format("agent '{}' was erased", agent.name));
   if (turn.reply.size() > offset) return Slice(turn.reply, offset, size);
   if (turn.done) {
+    if (!turn.failure.ok() && agent.erasing) return NotFound(fmt::format("agent '{}' was erased", agent.name));
     if (!turn.failure.ok()) return IoError("the turn failed: " + turn.failure.message());
     return std::string();
   }

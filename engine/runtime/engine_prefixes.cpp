@@ -14,18 +14,35 @@ namespace kvfs {
 
 using engine_internal::kPrefixDomain;
 
+std::vector<TokenId> Engine::PrefixTokens(std::string_view text) const {
+  // A chat template's markup starts with the BOS token's text ("<s>[INST] ..."), which an agent's
+  // context gets from the tokenizer, not from its text: a prefix spelled with it is the same
+  // prefix, encoded as the context is.
+  const Tokenizer& tok = model_->tokenizer();
+  if (tok.add_bos() && tok.bos() != kNoToken) {
+    const std::string_view bos_text = tok.token_text(tok.bos());
+    if (!bos_text.empty() && text.starts_with(bos_text)) text.remove_prefix(bos_text.size());
+  }
+  return tok.Encode(text, true, true);
+}
+
+int64_t Engine::PinnedPrefixBytes(const std::string& except) {
+  auto format = FormatFor(DefaultSettings());
+  if (!format.ok()) return 0;
+  const int64_t block_bytes = KvLayoutFor(model_->hparams(), *format, options_.block_tokens).block_bytes();
+  int64_t blocks = 0;
+  std::lock_guard lock(mu_);
+  for (const auto& [name, p] : prefixes_)
+    if (name != except) blocks += static_cast<int64_t>(p.blocks.size());
+  return blocks * block_bytes;
+}
+
 Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sources) {
   KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
   // A chat template's markup starts with the BOS token's text ("<s>[INST] ..."), which an agent's
   // context gets from the tokenizer, not from its text: a prefix spelled with it is the same
   // prefix, encoded as the context is.
-  const Tokenizer& tok = model_->tokenizer();
-  std::string_view text = p.text;
-  if (tok.add_bos() && tok.bos() != kNoToken) {
-    const std::string_view bos_text = tok.token_text(tok.bos());
-    if (!bos_text.empty() && text.starts_with(bos_text)) text.remove_prefix(bos_text.size());
-  }
-  p.tokens = tok.Encode(text, true, true);
+  p.tokens = PrefixTokens(p.text);
   p.blocks.clear();
   p.other_formats.clear();
   const int64_t B = options_.block_tokens;
@@ -223,6 +240,20 @@ Status Engine::PersistPrefix(const std::string& name, const Prefix& p, std::vect
 
 Result<Engine::Prefix> Engine::PinAndPersistPrefix(const std::string& name, std::string text, uint32_t owner_uid,
                                                    store::EraseReport* replaced) {
+  // Pinned blocks are never evicted: prefixes may take at most half the KV budget, so that turns
+  // always have room (a prefix that took it all made every turn of every agent fail).
+  if (const int64_t budget = counters_.memory_budget_bytes; budget > 0) {
+    KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
+    const int64_t B = options_.block_tokens;
+    const int64_t block_bytes = KvLayoutFor(model_->hparams(), format, B).block_bytes();
+    const int64_t pinned = PinnedPrefixBytes(name) + static_cast<int64_t>(PrefixTokens(text).size()) / B * block_bytes;
+    if (pinned > budget / 2) {
+      return kvfs::Status(StatusCode::kNoSpace,
+                          fmt::format("prefixes would pin {} bytes of the KV budget of {} bytes: at most half of it "
+                                      "may be pinned, so that turns have room (raise --kv-budget, or remove a prefix)",
+                                      pinned, budget));
+    }
+  }
   Prefix p;
   p.text = std::move(text);
   p.owner_uid = owner_uid;

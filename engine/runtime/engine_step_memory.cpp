@@ -101,11 +101,14 @@ size_t Engine::ReserveStepKv(std::vector<SequenceStep>& steps, std::vector<Activ
     if (steps.size() == 1) {
       // It ran alone: no other turn's finishing would make room, so the budget is too small for it.
       const SequenceKv& kv = *steps[youngest].kv;
+      const int64_t pinned = PinnedPrefixBytes();
       why = kvfs::Status(StatusCode::kResourceExhausted,
-                         fmt::format("this turn alone needs more KV memory than the budget of {} bytes holds: its "
+                         fmt::format("this turn alone needs more KV memory than the budget of {} bytes holds{}: its "
                                      "context reached {} tokens, in blocks of {} tokens ({}) (raise --kv-budget, or "
                                      "go on in a new agent)",
-                                     counters_.memory_budget_bytes, kv.n_tokens() + static_cast<int64_t>(steps[youngest].tokens.size()),
+                                     counters_.memory_budget_bytes,
+                                     pinned > 0 ? fmt::format(" besides the {} bytes .prefixes/ pins", pinned) : "",
+                                     kv.n_tokens() + static_cast<int64_t>(steps[youngest].tokens.size()),
                                      kv.layout().block_tokens, why.message()));
     }
     FailTurn(*owners[youngest], why);

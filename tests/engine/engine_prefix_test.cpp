@@ -273,6 +273,40 @@ TEST_F(EngineTest, APrefixSpelledWithItsBosTextIsShared) {
   EXPECT_EQ(used.reply, Reference(ReadManifest(Options().store_dir, "user"), *used.stats, 20));
 }
 
+// Prefixes pin their blocks: they may take at most half the KV budget (ENOSPC past it), so that
+// turns always have room; the turn that cannot fit says what the prefixes pin.
+TEST_F(EngineTest, PrefixesPinAtMostHalfTheKvBudget) {
+  const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // 2+ blocks of 16
+  const int64_t block_bytes = KvLayoutFor(model_->hparams(), Format(kv_), block_tokens_).block_bytes();
+  const int64_t blocks = static_cast<int64_t>(model_->tokenizer().Encode(prefix, true, true).size()) / block_tokens_;
+  ASSERT_GE(blocks, 2);
+  {
+    auto engine = CreateEngine(Options(2 * blocks * block_bytes - 1));  // half is one byte short
+    ASSERT_TRUE(engine.ok());
+    const Status refused = (*engine)->AddPrefix("story.txt", prefix, 0);
+    EXPECT_EQ(refused.code(), StatusCode::kNoSpace) << refused.message();
+    EXPECT_NE(refused.message().find("at most half"), std::string::npos) << refused.message();
+    EXPECT_TRUE((*engine)->ListPrefixes().empty());
+  }
+  auto engine = CreateEngine(Options(2 * blocks * block_bytes));
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->AddPrefix("story.txt", prefix, 0).ok());
+  // Replacing it counts the new text only (not the old one besides); a second prefix as large
+  // does not fit.
+  const auto replaced = (*engine)->ReplacePrefix("story.txt", prefix, 0);
+  ASSERT_TRUE(replaced.ok()) << replaced.status().message();
+  EXPECT_EQ((*engine)->AddPrefix("again.txt", prefix, 0).code(), StatusCode::kNoSpace);
+  ASSERT_TRUE((*engine)->CreateAgent("user", 0).ok());
+  Greedy(**engine, "user");
+  // A turn longer than what the prefix leaves fails, saying what the prefix pins.
+  TurnOutcome too_long = RunTurn(**engine, "user", prefix + " The dog ran away to the park and played.");
+  ASSERT_FALSE(too_long.stats.ok());
+  EXPECT_NE(too_long.stats.status().message().find("besides the " + std::to_string(blocks * block_bytes) +
+                                                   " bytes .prefixes/ pins"),
+            std::string::npos)
+      << too_long.stats.status().message();
+}
+
 TEST_F(EngineTest, ARemovedPrefixIsNoLongerSharedAcrossUids) {
   const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // > 32 tokens: 2+ blocks of 16
   auto engine = CreateEngine(Options());
