@@ -239,6 +239,12 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
       return 2;
     }
   }
+  // A mount point another kvfsd serves is refused before the store is made: a new store
+  // directory would be left behind.
+  if (Status s = CheckMountpointFree(config.mountpoint); !s.ok()) {
+    std::fprintf(stderr, "kvfsd: %s\n", s.message().c_str());
+    return 2;
+  }
   if (Status s = MakeDirs(config.store_dir); !s.ok()) {
     std::fprintf(stderr, "kvfsd: %s\n", s.message().c_str());
     return 1;

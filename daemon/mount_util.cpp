@@ -159,6 +159,18 @@ std::vector<std::string> KvfsMountpoints() {
   return out;
 }
 
+Status CheckMountpointFree(const std::string& dir_in) {
+  std::string dir = AbsolutePath(dir_in);
+  if (char resolved[PATH_MAX]; ::realpath(dir.c_str(), resolved) != nullptr) dir = resolved;
+  const std::optional<std::string> type = MountedTypeAt(dir);
+  if (!type) return Status::Ok();
+  struct statfs fs_stat {};
+  if (::statfs(dir.c_str(), &fs_stat) != 0 && errno == ENOTCONN) return Status::Ok();  // stale: detached later
+  if (*type != "fuse.kvfs") return InvalidArgument(dir + " already has a " + *type + " filesystem mounted on it");
+  return InvalidArgument(dir + " is served by a running kvfsd: stop it first (fusermount3 -u " + dir +
+                         "), or mount this one elsewhere");
+}
+
 Result<bool> PrepareMountpoint(const std::string& dir_in) {
   std::string dir = AbsolutePath(dir_in);
   // mountinfo lists resolved paths: a path through a symbolic link must be compared resolved

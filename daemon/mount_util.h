@@ -22,6 +22,9 @@ bool PathIsWithin(const std::string& path, const std::string& dir);
 std::optional<std::string> MountedTypeAt(const std::string& dir);
 // Mount points of every kvfs filesystem visible to this process, in mount order.
 std::vector<std::string> KvfsMountpoints();
+// Before anything is made (the store): InvalidArgument when `dir` has a filesystem mounted that
+// answers (a running kvfsd's, or another kind), as PrepareMountpoint would find.
+Status CheckMountpointFree(const std::string& dir);
 // Detaches a stale kvfs mount at `dir` (its kvfsd was killed) and creates `dir` if missing
 // (then true). A kvfs mount that still answers (a running kvfsd's), or another kind of
 // filesystem, is an error.

@@ -741,6 +741,7 @@ def daemon_modes(t):
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 2 and 'served by a running kvfsd' in r.stderr,
           'a second daemon on the mount point: %d %r' % (r.returncode, r.stderr))
+    check(not os.path.exists(os.path.join(t.dir, 'store2')), 'and it made no store')
     check(os.path.isdir(os.path.join(mnt, 'alice')), 'the first daemon still serves its mount')
     # A store inside its own mount point would hang kvfsd on itself: refused before mounting.
     inside = os.path.join(t.dir, 'inside')
