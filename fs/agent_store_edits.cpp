@@ -206,7 +206,10 @@ Status AgentStore::ApplyWrites(Handle& handle) {
       std::lock_guard m(metrics_->mu);
       if (!imported.ok()) {
         ++metrics_->values.imports_refused;
-        if (!handle.import_write_failure.ok()) {
+        // (Only when the file looks broken: an agent busy with a turn is still EAGAIN.)
+        const bool looks_incomplete = imported.code() == StatusCode::kCorrupt || imported.code() == StatusCode::kOutOfRange ||
+                                      imported.code() == StatusCode::kInvalidArgument;
+        if (!handle.import_write_failure.ok() && looks_incomplete) {
           return Status(handle.import_write_failure.code(),
                         "not imported: a write to it failed (" + handle.import_write_failure.message() +
                             "), so the file lacks those bytes");

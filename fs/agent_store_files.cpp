@@ -391,8 +391,12 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
       // Out of memory budget or disk: the write fails, not the file (it can be tried again).
       if (Status written = handle.import->Write(at, bytes); !written.ok()) {
         handle.import_write_failure = written;
+        handle.import_failed_at = at;
         return written;
       }
+      // A retry that wrote the bytes the failed write was for makes the file whole again.
+      if (!handle.import_write_failure.ok() && at <= handle.import_failed_at && at + bytes.size() > handle.import_failed_at)
+        handle.import_write_failure = Status::Ok();
       handle.dirty = true;
       return bytes.size();
     }

@@ -40,6 +40,7 @@ struct AgentStore::Handle {
   // kImport: the last write refused for want of memory or disk; should the import then fail at
   // close, that is why (the file lacks those bytes), not what the incomplete file looks like.
   Status import_write_failure;
+  uint64_t import_failed_at = 0;  // its offset
   bool dirty = false; // written since the last apply
   // Opened with O_TRUNC and not written since: the file is emptied at the last close (Release),
   // not at a flush, since a shell's `echo x > system` closes a duplicate of its descriptor

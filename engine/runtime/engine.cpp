@@ -218,6 +218,10 @@ store::Manifest Engine::ManifestOf(const AgentRecord& a) const {
                             {"token_ends", TokenEndsToJson(context.ends)},
                             {"kv_format_id", KvFormatId(a.format)}};
   if (a.last_turn_queued) m.config["last_turn"] = TurnStatsToJson(*a.last_turn_queued);
+  if (!a.import_domain.empty()) {
+    m.config["import_domain"] = a.import_domain;
+    m.config["verified_tokens"] = a.verified_tokens;
+  }
   return m;
 }
 
@@ -242,6 +246,8 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   a.token_ends.clear();
   a.dropped = {};
   a.blocks.clear();
+  a.import_domain.clear();
+  a.verified_tokens = 0;
   a.disk_tail.reset();
   a.parked_tail.reset();
   a.disk_bytes = 0;
@@ -286,6 +292,11 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   a.cached_text = std::move(text);
   a.token_ends = std::move(ends);
   a.blocks = m.blocks;
+  if (c.contains("import_domain") && c["import_domain"].is_string() && c.contains("verified_tokens") &&
+      c["verified_tokens"].is_number_integer()) {
+    a.import_domain = c["import_domain"].get<std::string>();
+    a.verified_tokens = c["verified_tokens"].get<int64_t>();
+  }
   a.disk_tail = m.tail;
   if (m.tail && store_ && !store_->HasTail(a.name, *m.tail)) {
     // (A manifest put back from manifest.prev.json: the commit after it removed that tail.) The

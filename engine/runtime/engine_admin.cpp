@@ -543,15 +543,20 @@ Status Engine::CheckImportedText(const store::CacheExportInfo& info, std::string
     }
   }
   // A conversation that no context holds could never be followed by a turn: every later turn
-  // would fail. Its turns' texts, each encoded alone, may take a token more than together at each
-  // boundary (merges across it are lost), hence the slack; the byte bound first, so that a huge
-  // text is refused without encoding it.
+  // would fail. Its turns' texts, each encoded alone, may take a token or two more than together
+  // (merges across a boundary are lost, a leading space marker), hence the slack, per turn that
+  // has text and at most an eighth of the context (empty turns would otherwise buy any amount);
+  // the byte bound first, so that a huge text is refused without encoding it.
   const Tokenizer& vocab = model_->tokenizer();
   size_t longest = 1;
   for (TokenId t = 0; t < vocab.n_vocab(); ++t) longest = std::max(longest, vocab.token_text(t).size());
-  const int64_t slack = 2 * static_cast<int64_t>(info.conversation.size());
+  int64_t turns_with_text = 0;
   size_t conversation_bytes = 0;
-  for (const ConversationTurn& turn : info.conversation) conversation_bytes += turn.text.size();
+  for (const ConversationTurn& turn : info.conversation) {
+    conversation_bytes += turn.text.size();
+    turns_with_text += !turn.text.empty();
+  }
+  const int64_t slack = std::min(2 * turns_with_text, n_ctx_ / 8);
   int64_t conversation_tokens = 0;
   if (conversation_bytes <= static_cast<size_t>(n_ctx_ + slack) * longest) {
     for (const ConversationTurn& turn : info.conversation)
@@ -613,6 +618,7 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
   AgentSettings settings;
   KvFormat cache_format;
   bool holds_cache = false;
+  uint32_t owner_uid = 0;
   {
     std::lock_guard lock(mu_);
     auto it = agents_.find(name);
@@ -621,6 +627,7 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
     settings = it->second->settings;
     cache_format = it->second->format;
     holds_cache = !it->second->tokens.empty();
+    owner_uid = it->second->owner_uid;
   }
   KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(settings));
   // Validate everything before touching the agent.
@@ -648,7 +655,27 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
   // first that is not, the blocks are named in a domain of this file's bytes, and the blocks the
   // agent computes after them chain from those names, so they stay apart too. The same file
   // imported again shares them.
+  // (Off the engine lock: the checks may read blocks from the store.)
   const XXH128_hash_t file_hash = XXH3_128bits(bytes.data(), bytes.size());
+  const std::string uid_domain = engine_internal::DomainOf(owner_uid);
+  const std::string import_domain = fmt::format("{}:import:{:016x}{:016x}", uid_domain, file_hash.high64, file_hash.low64);
+  const int64_t B = options_.block_tokens;
+  std::vector<BlockHash> names;
+  int64_t verified_tokens = 0;
+  for (int64_t i = 0; i < imported.info.n_cached / B; ++i) {
+    const BlockHash parent = i > 0 ? names.back() : BlockHash{};
+    const std::span<const TokenId> span(imported.info.tokens.data() + i * B, static_cast<size_t>(B));
+    const BlockHash computed = ChainHash(parent, span, fingerprint_, format, uid_domain);
+    if (verified_tokens == i * B && HoldsBlockBytes(computed, imported.chunks[static_cast<size_t>(i)])) {
+      names.push_back(computed);
+      verified_tokens += B;
+    } else {
+      names.push_back(ChainHash(parent, span, fingerprint_, format, import_domain));
+    }
+  }
+  // Rows past the verified blocks (unchecked blocks, and the tail, which is never checked) taint
+  // every block the agent names from them on, until its cache keeps none of them.
+  const bool tainted = verified_tokens < imported.info.n_cached;
   std::promise<kvfs::Status> committed;
   auto done = committed.get_future();
   kvfs::Status started = RunOnEngine<kvfs::Status>([&]() -> kvfs::Status {
@@ -666,7 +693,6 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
         return InvalidArgument("kv.safetensors: the agent's KV format changed");
       }
     }
-    const int64_t B = options_.block_tokens;
     const KvLayout layout = KvLayoutFor(model_->hparams(), format, B);
     SequenceKv seq(layout, n_ctx_, *pool_);
     for (size_t i = 0; i < imported.chunks.size(); ++i) {
@@ -687,18 +713,10 @@ Status Engine::ImportCache(const std::string& name, std::string_view bytes) {
       a->format = format;
       a->conversation = imported.info.conversation;
       a->tokens.assign(imported.info.tokens.begin(), imported.info.tokens.begin() + imported.info.n_cached);
-      const std::string domain = engine_internal::DomainOf(a->owner_uid);
-      const std::string import_domain = fmt::format("{}:import:{:016x}{:016x}", domain, file_hash.high64, file_hash.low64);
-      bool verified = true;
-      for (int64_t i = 0; i < imported.info.n_cached / B; ++i) {
-        const BlockHash parent = i > 0 ? a->blocks[static_cast<size_t>(i - 1)] : BlockHash{};
-        const std::span<const TokenId> span(a->tokens.data() + i * B, static_cast<size_t>(B));
-        const BlockHash computed = ChainHash(parent, span, fingerprint_, format, domain);
-        verified = verified && HoldsBlockBytes(computed, imported.chunks[static_cast<size_t>(i)]);
-        const BlockHash h = verified ? computed : ChainHash(parent, span, fingerprint_, format, import_domain);
-        seq.NameBlock(i, h);
-        a->blocks.push_back(h);
-      }
+      for (size_t i = 0; i < names.size(); ++i) seq.NameBlock(static_cast<int64_t>(i), names[i]);
+      a->blocks = names;
+      a->import_domain = tainted ? import_domain : std::string();
+      a->verified_tokens = tainted ? verified_tokens : 0;
       // Unknown unless the file says it, and its tokens spell it (CheckImportedText): then the
       // next turn matches on tokens only (DIVERGE).
       a->cached_text = std::move(context_text);

@@ -119,6 +119,14 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
       have = keep;
     }
   }
+  // An unchecked import's rows kept no more: the blocks from here on are named in the uid's
+  // domain again (and looked up there).
+  if (!a.import_domain.empty() && have <= a.verified_tokens) {
+    std::lock_guard lock(mu_);
+    a.import_domain.clear();
+    a.verified_tokens = 0;
+  }
+  turn.domain = NamingDomain(a);
   // Past the agent's own cache: blocks another agent of the same uid, or a shared prefix, has
   // already computed for the same tokens.
   if (have == static_cast<int64_t>(chain.size()) * B) {
@@ -166,6 +174,8 @@ void Engine::ReleaseCache(AgentRecord& a) {
   a.cached_text.clear();
   a.token_ends.clear();
   a.blocks.clear();
+  a.import_domain.clear();
+  a.verified_tokens = 0;
   a.parked_tail.reset();
   a.disk_tail.reset();
 }

@@ -98,6 +98,13 @@ struct AgentRecord {
                                  // that is no UTF-8, which only a generated token makes)
   std::vector<uint32_t> token_ends;  // per token: the end of its text in cached_text (context_text.h)
   std::vector<BlockHash> blocks; // names of the cache's full blocks, in order
+  // An imported cache whose rows past `verified_tokens` are the file's, unchecked (ImportCache:
+  // not byte for byte blocks kvfsd holds, or its tail): the blocks the agent names hold such rows
+  // or rows computed over them, so they are named in this domain (the file's), never in the
+  // uid's, where other agents would take them for computed ones. Empty when no row is the file's
+  // unchecked; cleared when the cache keeps none of them, or is dropped. In the manifest.
+  std::string import_domain;
+  int64_t verified_tokens = 0;
   // The context of a cache dropped whole (rm kv.safetensors, another KV format, a restart with
   // another --block-tokens): its tokens and their text, while `tokens` is empty. The next turn
   // recomputes these tokens instead of encoding the conversation again, which would lose those
@@ -128,6 +135,11 @@ struct AgentRecord {
   // persisted, holds the budget for good.
   std::set<BlockHash> pool_keys;
 };
+
+// The domain an agent's new blocks are named in: its uid's, or its unchecked import's.
+inline std::string NamingDomain(const AgentRecord& a) {
+  return a.import_domain.empty() ? DomainOf(a.owner_uid) : a.import_domain;
+}
 
 struct ActiveTurn {
   AgentRecord* agent = nullptr;

@@ -542,7 +542,7 @@ void Engine::CommitAgent(AgentRecord& a, SequenceKv* seq, const TurnStats* turn_
     for (int64_t i = static_cast<int64_t>(a.blocks.size()); i < n / B; ++i) {
       const BlockHash parent = i > 0 ? a.blocks[i - 1] : BlockHash{};
       const BlockHash h = ChainHash(parent, std::span<const TokenId>(a.tokens.data() + i * B, static_cast<size_t>(B)),
-                                    fingerprint_, a.format, DomainOf(a.owner_uid));
+                                    fingerprint_, a.format, NamingDomain(a));
       seq->NameBlock(i, h);
       a.blocks.push_back(h);
     }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
+#include "engine/kv/block_pool.h"
 #include "engine/runtime/engine.h"
 #include "engine/store/manifest.h"
 #include "engine/store/safetensors.h"
@@ -302,6 +303,65 @@ TEST_F(EngineExportTest, AnImportsBlocksNeverStandInForComputedOnes) {
   auto restored = (*engine)->ExportCache("restore");
   ASSERT_TRUE(restored.ok());
   EXPECT_TRUE(DataOf(*restored) == DataOf(genuine)) << "the restored cache holds other K/V than the backup";
+}
+
+// An imported cache's rows that kvfsd could not check (here all of them: the agent that made
+// them is erased, and a cache shorter than a block is only a tail) taint the blocks the agent
+// computes over them: those are named apart from the uid's computed names, after a restart too,
+// until the cache keeps none of those rows (rm kv.safetensors: then the rebuilt blocks take the
+// computed names again, which the expected names below must match).
+TEST_F(EngineExportTest, AnUncheckedImportsRowsTaintTheBlocksComputedAfterThem) {
+  block_tokens_ = 64;
+  const std::string fp = [&] {
+    auto e = CreateEngine(Options());
+    return e.ok() ? (*e)->ModelInfo()["fingerprint"].get<std::string>() : std::string();
+  }();
+  const KvFormat format = Format(kv_);
+  // The names the uid's agents compute for a manifest's tokens.
+  auto computed_names = [&](const store::Manifest& m) {
+    std::vector<BlockHash> names;
+    for (size_t i = 0; i + 64 <= m.tokens.size(); i += 64)
+      names.push_back(ChainHash(names.empty() ? BlockHash{} : names.back(),
+                                std::span<const TokenId>(m.tokens.data() + i, 64), fp, format, "uid:0"));
+    return names;
+  };
+  std::string file;
+  {
+    auto engine = CreateEngine(Options());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->CreateAgent("alice", 0).ok());
+    Greedy(**engine, "alice");
+    ASSERT_TRUE(RunTurn(**engine, "alice", kTurns[0]).stats.ok());
+    file = (*engine)->ExportCache("alice").value();
+    ASSERT_LT(ReadManifest(Options().store_dir, "alice").tokens.size(), 64u);  // a tail only
+    ASSERT_TRUE((*engine)->EraseAgent("alice").ok());
+    ASSERT_TRUE((*engine)->CreateAgent("mallory", 0).ok());
+    Greedy(**engine, "mallory");
+    ASSERT_TRUE((*engine)->ImportCache("mallory", file).ok());
+    TurnOutcome next = RunTurn(**engine, "mallory", std::string(kTurns[1]) + kTurns[2]);
+    ASSERT_TRUE(next.stats.ok()) << next.stats.status().message();
+    EXPECT_EQ(next.stats->match, "extend");
+    const store::Manifest m = ReadManifest(Options().store_dir, "mallory");
+    ASSERT_GE(m.blocks.size(), 1u);
+    const std::vector<BlockHash> names = computed_names(m);
+    for (size_t i = 0; i < m.blocks.size(); ++i) EXPECT_NE(m.blocks[i], names[i]) << "block " << i;
+  }
+  // After a restart: still apart.
+  auto engine = CreateEngine(Options());
+  ASSERT_TRUE(engine.ok());
+  TurnOutcome again = RunTurn(**engine, "mallory", " The end.");
+  ASSERT_TRUE(again.stats.ok()) << again.stats.status().message();
+  store::Manifest m = ReadManifest(Options().store_dir, "mallory");
+  std::vector<BlockHash> names = computed_names(m);
+  for (size_t i = 0; i < m.blocks.size(); ++i) EXPECT_NE(m.blocks[i], names[i]) << "block " << i;
+  // The cache dropped and rebuilt from its tokens: computed rows, computed names.
+  ASSERT_TRUE((*engine)->EraseCache("mallory").ok());
+  TurnOutcome rebuilt = RunTurn(**engine, "mallory", " Bye.");
+  ASSERT_TRUE(rebuilt.stats.ok()) << rebuilt.stats.status().message();
+  m = ReadManifest(Options().store_dir, "mallory");
+  names = computed_names(m);
+  ASSERT_GE(m.blocks.size(), 1u);
+  for (size_t i = 0; i < m.blocks.size(); ++i) EXPECT_EQ(m.blocks[i], names[i]) << "block " << i;
 }
 
 // An import whose token ids or conversation no export of this model would have is refused,
