@@ -225,8 +225,12 @@ int RunDaemon(int argc, char** argv, const EngineFactory& make_engine) {
   if (!config.log_file.empty()) {
     const std::filesystem::path log(config.log_file);
     const std::string name = log.filename().string();
-    const bool own_file_at_top = AbsolutePath(log.parent_path().string()) == AbsolutePath(config.store_dir) &&
-                                 log.extension() == ".log" && name != "audit.log";
+    // Compared resolved (a store reached through a link), and the log itself must be no link
+    // (STORE/x.log -> an agent's manifest).
+    std::error_code ec1, ec2, ec3;
+    const bool own_file_at_top =
+        std::filesystem::weakly_canonical(log.parent_path(), ec1) == std::filesystem::weakly_canonical(config.store_dir, ec2) &&
+        !ec1 && !ec2 && log.extension() == ".log" && name != "audit.log" && !std::filesystem::is_symlink(log, ec3);
     if (PathIsWithin(config.log_file, config.store_dir) && !own_file_at_top) {
       std::fprintf(stderr, "kvfsd: the log file %s is inside the store %s, among the files kvfsd keeps there; "
                    "choose another path (--log-file; STORE/kvfsd.log, the default, is fine)\n",

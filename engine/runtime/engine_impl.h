@@ -287,7 +287,8 @@ class Engine final : public AgentEngine {
   // A prefix's tokens: its text encoded as a context is (a leading BOS text is the BOS the
   // tokenizer adds).
   std::vector<TokenId> PrefixTokens(std::string_view text) const;
-  // Bytes the prefixes' blocks in the daemon's KV format pin, but for the prefix `except` (takes mu_).
+  // Bytes the prefixes' blocks in the daemon's KV format pin, but for the prefix `except` (takes
+  // mu_). Copies in other formats (other_formats) are not counted.
   int64_t PinnedPrefixBytes(const std::string& except = {});
   // Engine thread: pins the prefix-domain blocks of the full blocks of `tokens` in `format` (from
   // the pool, else the store, else prefilled), appending their hashes to `blocks`; returns each

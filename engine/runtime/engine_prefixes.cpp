@@ -30,11 +30,11 @@ int64_t Engine::PinnedPrefixBytes(const std::string& except) {
   auto format = FormatFor(DefaultSettings());
   if (!format.ok()) return 0;
   const int64_t block_bytes = KvLayoutFor(model_->hparams(), *format, options_.block_tokens).block_bytes();
-  int64_t blocks = 0;
+  std::set<BlockHash> blocks;  // (prefixes with a common start share their first blocks)
   std::lock_guard lock(mu_);
   for (const auto& [name, p] : prefixes_)
-    if (name != except) blocks += static_cast<int64_t>(p.blocks.size());
-  return blocks * block_bytes;
+    if (name != except) blocks.insert(p.blocks.begin(), p.blocks.end());
+  return static_cast<int64_t>(blocks.size()) * block_bytes;
 }
 
 Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sources) {
