@@ -547,22 +547,24 @@ Status Engine::CheckImportedText(const store::CacheExportInfo& info, std::string
   // (merges across a boundary are lost, a leading space marker), hence the slack, per turn that
   // has text and at most an eighth of the context (empty turns would otherwise buy any amount);
   // the byte bound first, so that a huge text is refused without encoding it.
-  const Tokenizer& vocab = model_->tokenizer();
-  size_t longest = 1;
-  for (TokenId t = 0; t < vocab.n_vocab(); ++t) longest = std::max(longest, vocab.token_text(t).size());
+  // (No token stands for more text than its vocabulary's longest piece.)
+  const Tokenizer& tok = model_->tokenizer();
+  size_t longest_piece = 1;
+  for (TokenId t = 0; t < tok.n_vocab(); ++t) longest_piece = std::max(longest_piece, tok.token_text(t).size());
   int64_t turns_with_text = 0;
   size_t conversation_bytes = 0;
   for (const ConversationTurn& turn : info.conversation) {
     conversation_bytes += turn.text.size();
     turns_with_text += !turn.text.empty();
   }
-  const int64_t slack = std::min(2 * turns_with_text, n_ctx_ / 8);
+  const int64_t most_tokens = n_ctx_ + std::min(2 * turns_with_text, n_ctx_ / 8);
+  bool fits = conversation_bytes <= static_cast<size_t>(most_tokens) * longest_piece;
   int64_t conversation_tokens = 0;
-  if (conversation_bytes <= static_cast<size_t>(n_ctx_ + slack) * longest) {
-    for (const ConversationTurn& turn : info.conversation)
-      conversation_tokens += static_cast<int64_t>(vocab.Encode(turn.text, false, false).size());
+  for (size_t i = 0; fits && i < info.conversation.size(); ++i) {
+    conversation_tokens += static_cast<int64_t>(tok.Encode(info.conversation[i].text, false, false).size());
+    fits = conversation_tokens <= most_tokens;
   }
-  if (conversation_bytes > static_cast<size_t>(n_ctx_ + slack) * longest || conversation_tokens > n_ctx_ + slack) {
+  if (!fits) {
     return InvalidArgument(fmt::format("kv.safetensors: its conversation ({} bytes) is longer than the context of {} "
                                        "tokens holds: no turn could follow it",
                                        conversation_bytes, n_ctx_));
@@ -579,11 +581,8 @@ Status Engine::CheckImportedText(const store::CacheExportInfo& info, std::string
   if (info.context_text.empty() || info.n_cached != static_cast<int64_t>(info.tokens.size()) ||
       info.token_end_deltas.empty())
     return Status::Ok();
-  // No token stands for more text than its vocabulary's longest piece: a longer text is not the
-  // tokens' (and encoding it to check would take as long as the file makes it).
-  const Tokenizer& tok = model_->tokenizer();
-  size_t longest_piece = 0;
-  for (TokenId t = 0; t < tok.n_vocab(); ++t) longest_piece = std::max(longest_piece, tok.token_text(t).size());
+  // A text longer than its tokens' longest pieces is not the tokens' (and encoding it to check
+  // would take as long as the file makes it).
   if (info.context_text.size() > info.tokens.size() * (longest_piece + 4)) return Status::Ok();
   std::optional<std::vector<uint32_t>> read =
       TokenEndsFromDeltas(info.token_end_deltas, info.tokens.size(), info.context_text.size());
