@@ -280,16 +280,16 @@ class Engine final : public AgentEngine {
   kvfs::Status EditAgent(const std::string& name, const std::function<void(AgentRecord&)>& edit);
   // The prefixes of the store's records, pinned again (after the engine threads started).
   kvfs::Status RestorePrefixes();
-  // Engine thread: makes p's full blocks resident and pinned (from the pool, else the store,
-  // else prefilled) and fills p.tokens and p.blocks. Returns each block retained once, for
+  // Engine thread: makes the full blocks of p.tokens (PrefixTokens of its text) resident and
+  // pinned (from the pool, else the store, else prefilled) and fills p.blocks. Returns each block retained once, for
   // PersistPrefix; on an error nothing stays pinned.
   Result<std::vector<PoolBlock*>> PinPrefix(Prefix& p, PrefixSources* sources);
   // A prefix's tokens: its text encoded as a context is (a leading BOS text is the BOS the
   // tokenizer adds).
   std::vector<TokenId> PrefixTokens(std::string_view text) const;
-  // Bytes the prefixes' blocks in the daemon's KV format pin, but for the prefix `except` (takes
-  // mu_). Copies in other formats (other_formats) are not counted.
-  int64_t PinnedPrefixBytes(const std::string& except = {});
+  // Bytes the prefixes' blocks in the daemon's KV format pin, but for the prefix `except`, with
+  // `more_blocks` besides (takes mu_). Copies in other formats (other_formats) are not counted.
+  int64_t PinnedPrefixBytes(const std::string& except = {}, int64_t more_blocks = 0);
   // Engine thread: pins the prefix-domain blocks of the full blocks of `tokens` in `format` (from
   // the pool, else the store, else prefilled), appending their hashes to `blocks`; returns each
   // retained once. On an error nothing stays pinned.

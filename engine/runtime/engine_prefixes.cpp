@@ -26,7 +26,7 @@ std::vector<TokenId> Engine::PrefixTokens(std::string_view text) const {
   return tok.Encode(text, true, true);
 }
 
-int64_t Engine::PinnedPrefixBytes(const std::string& except) {
+int64_t Engine::PinnedPrefixBytes(const std::string& except, int64_t more_blocks) {
   auto format = FormatFor(DefaultSettings());
   if (!format.ok()) return 0;
   const int64_t block_bytes = KvLayoutFor(model_->hparams(), *format, options_.block_tokens).block_bytes();
@@ -34,15 +34,11 @@ int64_t Engine::PinnedPrefixBytes(const std::string& except) {
   std::lock_guard lock(mu_);
   for (const auto& [name, p] : prefixes_)
     if (name != except) blocks.insert(p.blocks.begin(), p.blocks.end());
-  return static_cast<int64_t>(blocks.size()) * block_bytes;
+  return (static_cast<int64_t>(blocks.size()) + more_blocks) * block_bytes;
 }
 
 Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sources) {
   KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
-  // A chat template's markup starts with the BOS token's text ("<s>[INST] ..."), which an agent's
-  // context gets from the tokenizer, not from its text: a prefix spelled with it is the same
-  // prefix, encoded as the context is.
-  p.tokens = PrefixTokens(p.text);
   p.blocks.clear();
   p.other_formats.clear();
   const int64_t B = options_.block_tokens;
@@ -240,13 +236,14 @@ Status Engine::PersistPrefix(const std::string& name, const Prefix& p, std::vect
 
 Result<Engine::Prefix> Engine::PinAndPersistPrefix(const std::string& name, std::string text, uint32_t owner_uid,
                                                    store::EraseReport* replaced) {
+  Prefix p;
+  p.tokens = PrefixTokens(text);
+  p.text = std::move(text);
+  p.owner_uid = owner_uid;
   // Pinned blocks are never evicted: prefixes may take at most half the KV budget, so that turns
   // always have room (a prefix that took it all made every turn of every agent fail).
   if (const int64_t budget = counters_.memory_budget_bytes; budget > 0) {
-    KVFS_ASSIGN_OR_RETURN(KvFormat format, FormatFor(DefaultSettings()));
-    const int64_t B = options_.block_tokens;
-    const int64_t block_bytes = KvLayoutFor(model_->hparams(), format, B).block_bytes();
-    const int64_t pinned = PinnedPrefixBytes(name) + static_cast<int64_t>(PrefixTokens(text).size()) / B * block_bytes;
+    const int64_t pinned = PinnedPrefixBytes(name, static_cast<int64_t>(p.tokens.size()) / options_.block_tokens);
     if (pinned > budget / 2) {
       return kvfs::Status(StatusCode::kNoSpace,
                           fmt::format("prefixes would pin {} bytes of the KV budget of {} bytes: at most half of it "
@@ -254,9 +251,6 @@ Result<Engine::Prefix> Engine::PinAndPersistPrefix(const std::string& name, std:
                                       pinned, budget));
     }
   }
-  Prefix p;
-  p.text = std::move(text);
-  p.owner_uid = owner_uid;
   KVFS_ASSIGN_OR_RETURN(std::vector<PoolBlock*> held,
                         RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, nullptr); }));
   if (kvfs::Status st = PersistPrefix(name, p, std::move(held), replaced); !st.ok()) {
@@ -314,6 +308,7 @@ Status Engine::RestorePrefixes() {
   for (const store::PrefixRecord& r : store_->ListPrefixes()) {
     Prefix p;
     p.text = r.text;
+    p.tokens = PrefixTokens(p.text);
     p.owner_uid = r.owner_uid;
     PrefixSources sources;
     auto held = RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, &sources); });
