@@ -24,6 +24,7 @@ namespace kvfs {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::BlockFiles;
 using testing::FileExists;
 using testing::ReadManifest;
 using testing::RunTurn;
@@ -221,14 +222,6 @@ std::string DataOf(const std::string& file) {
   uint64_t n = 0;
   std::memcpy(&n, file.data(), 8);
   return file.substr(8 + n);
-}
-
-// Block files in a store.
-size_t BlockFiles(const std::string& store_dir) {
-  size_t n = 0;
-  for (const auto& e : fs::recursive_directory_iterator(fs::path(store_dir) / "blocks"))
-    n += e.is_regular_file() && e.path().extension() == ".kvb";
-  return n;
 }
 
 // The same file with its data buffer's first half inverted and the checksum made to match: K/V

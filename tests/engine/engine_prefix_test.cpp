@@ -16,18 +16,13 @@ namespace kvfs {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::BlockFiles;
 using testing::kTurns;
 using testing::ReadManifest;
 using testing::RunTurn;
 using testing::TurnOutcome;
 
 using EngineTest = testing::EngineTestBase;
-
-size_t BlockFiles(const fs::path& store) {
-  size_t n = 0;
-  for (auto& e : fs::recursive_directory_iterator(store / "blocks")) n += e.is_regular_file();
-  return n;
-}
 
 // .prefixes/ entries persist: a restarted engine lists them with their text and owner, loads
 // their blocks from the store (no prefill), and an agent of any uid reuses them; a prefix whose

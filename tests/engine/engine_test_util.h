@@ -49,6 +49,13 @@ inline TurnOutcome RunTurn(AgentEngine& engine, const std::string& agent, const 
   return out;
 }
 
+// The files under a store's blocks/ directory.
+inline size_t BlockFiles(const fs::path& store) {
+  size_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(store / "blocks")) n += e.is_regular_file();
+  return n;
+}
+
 inline store::Manifest ReadManifest(const std::string& store_dir, const std::string& agent) {
   const std::string path = store_dir + "/agents/" + agent + "/manifest.json";
   auto m = store::ParseManifest(ReadFile(path), path);
