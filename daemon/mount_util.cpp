@@ -159,43 +159,53 @@ std::vector<std::string> KvfsMountpoints() {
   return out;
 }
 
-Status CheckMountpointFree(const std::string& dir_in) {
-  std::string dir = AbsolutePath(dir_in);
-  if (char resolved[PATH_MAX]; ::realpath(dir.c_str(), resolved) != nullptr) dir = resolved;
-  const std::optional<std::string> type = MountedTypeAt(dir);
-  if (!type) return Status::Ok();
+namespace {
+
+// What is mounted at a mount point, by its resolved path.
+struct MountpointState {
+  std::string dir;                  // absolute, resolved where it resolves
+  std::optional<std::string> type;  // the filesystem mounted there, if any
+  bool disconnected = false;        // a dead FUSE daemon's mount (ENOTCONN)
+};
+
+MountpointState InspectMountpoint(const std::string& dir_in) {
+  MountpointState m;
+  m.dir = AbsolutePath(dir_in);
+  // mountinfo lists resolved paths: a path through a symbolic link must be compared resolved
+  // (a stale mount cannot be resolved, ENOTCONN: its lexical path is what was mounted).
+  if (char resolved[PATH_MAX]; ::realpath(m.dir.c_str(), resolved) != nullptr) m.dir = resolved;
+  m.type = MountedTypeAt(m.dir);
+  // stat may be answered from the kernel's attribute cache after the daemon died; statfs always
+  // asks the daemon, so a dead one's mount says ENOTCONN there.
+  struct stat st {};
   struct statfs fs_stat {};
-  if (::statfs(dir.c_str(), &fs_stat) != 0 && errno == ENOTCONN) return Status::Ok();  // stale: detached later
-  if (*type != "fuse.kvfs") return InvalidArgument(dir + " already has a " + *type + " filesystem mounted on it");
-  return InvalidArgument(dir + " is served by a running kvfsd: stop it first (fusermount3 -u " + dir +
+  m.disconnected = (::stat(m.dir.c_str(), &st) != 0 && errno == ENOTCONN) ||
+                   (m.type && ::statfs(m.dir.c_str(), &fs_stat) != 0 && errno == ENOTCONN);
+  return m;
+}
+
+Status RefuseIfMounted(const MountpointState& m) {
+  if (!m.type || m.disconnected) return Status::Ok();  // (a stale mount is detached)
+  if (*m.type != "fuse.kvfs") return InvalidArgument(m.dir + " already has a " + *m.type + " filesystem mounted on it");
+  // A mount that answers is a running kvfsd's (a killed one's says ENOTCONN): taking it over
+  // would pull its agents from under its users.
+  return InvalidArgument(m.dir + " is served by a running kvfsd: stop it first (fusermount3 -u " + m.dir +
                          "), or mount this one elsewhere");
 }
 
+}  // namespace
+
+Status CheckMountpointFree(const std::string& dir) { return RefuseIfMounted(InspectMountpoint(dir)); }
+
 Result<bool> PrepareMountpoint(const std::string& dir_in) {
-  std::string dir = AbsolutePath(dir_in);
-  // mountinfo lists resolved paths: a path through a symbolic link must be compared resolved
-  // (a stale mount cannot be resolved, ENOTCONN: its lexical path is what was mounted).
-  if (char resolved[PATH_MAX]; ::realpath(dir.c_str(), resolved) != nullptr) dir = resolved;
-  std::optional<std::string> type = MountedTypeAt(dir);
-  struct stat st {};
-  // stat may be answered from the kernel's attribute cache after the daemon died; statfs always
-  // asks the daemon, so a dead one's mount says ENOTCONN there.
-  struct statfs fs_stat {};
-  const bool disconnected = (::stat(dir.c_str(), &st) != 0 && errno == ENOTCONN) ||
-                            (type && ::statfs(dir.c_str(), &fs_stat) != 0 && errno == ENOTCONN);
-  if (type && *type != "fuse.kvfs" && !disconnected) {
-    return InvalidArgument(dir + " already has a " + *type + " filesystem mounted on it");
-  }
-  if (type && !disconnected) {
-    // A mount that answers is a running kvfsd's (a killed one's says ENOTCONN): taking it over
-    // would pull its agents from under its users.
-    return InvalidArgument(dir + " is served by a running kvfsd: stop it first (fusermount3 -u " + dir +
-                           "), or mount this one elsewhere");
-  }
-  if (disconnected) {
+  const MountpointState m = InspectMountpoint(dir_in);
+  KVFS_RETURN_IF_ERROR(RefuseIfMounted(m));
+  const std::string& dir = m.dir;
+  if (m.disconnected) {
     spdlog::warn("{}: detaching a stale kvfs mount left by a kvfsd that was killed", dir);
     KVFS_RETURN_IF_ERROR(RunFusermountDetach(dir));
   }
+  struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     if (errno != ENOENT) return IoError(dir + ": " + std::strerror(errno));
     if (::mkdir(dir.c_str(), 0755) != 0) return IoError("cannot create " + dir + ": " + std::strerror(errno));
