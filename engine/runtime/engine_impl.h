@@ -362,6 +362,7 @@ class Engine final : public AgentEngine {
   void NoteBackendHealth();
   void NoteBackendHealthLocked(const BackendHealth& health);
   size_t SharedPrefillChunk() const;
+  size_t SoloPrefillChunk() const;
   void OnLogits(ActiveTurn& turn, const float* logits);
   void FinishTurn(ActiveTurn& turn, kvfs::Status error);
   void FailTurn(ActiveTurn& turn, const kvfs::Status& error);

@@ -26,8 +26,10 @@ double MsSince(engine_internal::Clock::time_point t0) {
 }
 
 // Prefill chunk: long prompts run in pieces so that generating agents keep decoding between
-// them (SharedPrefillChunk sizes them while others decode).
+// them (SharedPrefillChunk sizes them while others decode), and so that an erasure or a
+// shutdown, which wait for the running piece, wait at most about a second (SoloPrefillChunk).
 constexpr size_t kPrefillChunkAlone = 512;
+constexpr size_t kPrefillChunkAloneMin = 128;  // the CPU's panel passes are 128 tokens
 constexpr size_t kPrefillChunkShared = 32;  // until step costs are measured
 constexpr size_t kRecentSamples = 1024;
 
@@ -292,7 +294,7 @@ void Engine::Step() {
     wants.reserve(prefilling.size());
     for (const ActiveTurn* t : prefilling) wants.push_back({t->context.size() - t->prefill_at, t->prefill_waited});
     const std::vector<size_t> plan =
-        PlanPrefill(wants, steps.empty() ? kPrefillChunkAlone : SharedPrefillChunk(), kPrefillChunkAlone);
+        PlanPrefill(wants, steps.empty() ? SoloPrefillChunk() : SharedPrefillChunk(), kPrefillChunkAlone);
     for (size_t k = 0; k < prefilling.size(); ++k) {
       ActiveTurn* t = prefilling[k];
       const size_t n = plan[k];
@@ -399,6 +401,17 @@ size_t Engine::SharedPrefillChunk() const {
   if (decode_step_ms_ <= 0 || prefill_ms_per_token_ <= 0) return kPrefillChunkShared;
   const double n = kDecodeSlowdown * decode_step_ms_ / prefill_ms_per_token_;
   return static_cast<size_t>(std::clamp(n, 4.0, static_cast<double>(kPrefillChunkAlone)));
+}
+
+// Alone, a chunk takes up to kPieceMs at the measured cost: 512 tokens on a GPU or a small
+// model, down to 128 for a large model on a CPU (~30 ms a token for 8B on two cores: ~4 s
+// instead of 15), whose matrix passes take 128 tokens at a time anyway.
+size_t Engine::SoloPrefillChunk() const {
+  constexpr double kPieceMs = 1000;
+  if (prefill_ms_per_token_ <= 0) return kPrefillChunkAlone;
+  const double n = kPieceMs / prefill_ms_per_token_;
+  return static_cast<size_t>(
+      std::clamp(n, static_cast<double>(kPrefillChunkAloneMin), static_cast<double>(kPrefillChunkAlone)));
 }
 
 void Engine::OnLogits(ActiveTurn& turn, const float* row) {
