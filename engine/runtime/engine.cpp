@@ -641,7 +641,7 @@ std::set<BlockHash> Engine::NamedBlocks(const AgentRecord* except, bool with_pre
   if (with_prefixes) {
     for (auto& [n, p] : prefixes_) {
       named.insert(p.blocks.begin(), p.blocks.end());
-      for (const auto& [id, blocks] : p.other_formats) named.insert(blocks.begin(), blocks.end());
+      for (const auto& [id, copy] : p.other_formats) named.insert(copy.blocks.begin(), copy.blocks.end());
     }
   }
   return named;
@@ -651,8 +651,8 @@ bool Engine::PinnedByPrefix(const BlockHash& h) {
   std::lock_guard lock(mu_);
   for (auto& [n, p] : prefixes_) {
     if (std::find(p.blocks.begin(), p.blocks.end(), h) != p.blocks.end()) return true;
-    for (const auto& [id, blocks] : p.other_formats)
-      if (std::find(blocks.begin(), blocks.end(), h) != blocks.end()) return true;
+    for (const auto& [id, copy] : p.other_formats)
+      if (std::find(copy.blocks.begin(), copy.blocks.end(), h) != copy.blocks.end()) return true;
   }
   return false;
 }

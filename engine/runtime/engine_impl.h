@@ -246,9 +246,15 @@ class Engine final : public AgentEngine {
     std::vector<TokenId> tokens;
     std::vector<BlockHash> blocks;  // pinned, in the daemon's KV format
     // Pinned too: its full blocks in other KV formats (KvFormatId), copied from the first turn in
-    // that format that computed them (PrefixesToCopy). Not in its record or the store: after a
-    // restart, the first such turn makes them again.
-    std::map<uint32_t, std::vector<BlockHash>> other_formats;
+    // that format that computed them (PrefixesToCopy), while all prefixes' pinned blocks stay
+    // within half the KV budget. Not in its record or the store: after a restart, the first such
+    // turn makes them again.
+    struct FormatCopy {
+      std::vector<BlockHash> blocks;
+      int64_t block_bytes = 0;  // of that format
+    };
+    std::map<uint32_t, FormatCopy> other_formats;
+    std::set<uint32_t> formats_not_copied;  // formats whose copy would not fit (warned once)
     // Why its saved record cannot be read (a damaged or newer-format file), else empty. Such a
     // prefix has no text or blocks; it is listed, owned by root (its owner is unknown), so that
     // it can be erased or written anew.
@@ -287,9 +293,13 @@ class Engine final : public AgentEngine {
   // A prefix's tokens: its text encoded as a context is (a leading BOS text is the BOS the
   // tokenizer adds).
   std::vector<TokenId> PrefixTokens(std::string_view text) const;
-  // Bytes the prefixes' blocks in the daemon's KV format pin, but for the prefix `except`, with
-  // `more_blocks` besides (takes mu_). Copies in other formats (other_formats) are not counted.
+  // Bytes the prefixes' blocks pin (in the daemon's KV format and their copies in others), but
+  // for the prefix `except`'s, with `more_blocks` in the daemon's format besides (takes mu_).
   int64_t PinnedPrefixBytes(const std::string& except = {}, int64_t more_blocks = 0);
+  // Whether `more_bytes` more pinned by prefixes would keep them within half the KV budget
+  // (pinned blocks are never evicted: a prefix that took it all made every turn of every agent
+  // fail). The error says how far over; `except` as in PinnedPrefixBytes.
+  kvfs::Status PrefixPinFits(const std::string& except, int64_t more_blocks, int64_t more_bytes = 0);
   // Engine thread: pins the prefix-domain blocks of the full blocks of `tokens` in `format` (from
   // the pool, else the store, else prefilled), appending their hashes to `blocks`; returns each
   // retained once. On an error nothing stays pinned.

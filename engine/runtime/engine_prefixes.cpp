@@ -30,11 +30,32 @@ int64_t Engine::PinnedPrefixBytes(const std::string& except, int64_t more_blocks
   auto format = FormatFor(DefaultSettings());
   if (!format.ok()) return 0;
   const int64_t block_bytes = KvLayoutFor(model_->hparams(), *format, options_.block_tokens).block_bytes();
-  std::set<BlockHash> blocks;  // (prefixes with a common start share their first blocks)
+  // Sets: prefixes with a common start share their first blocks.
+  std::set<BlockHash> blocks;
+  std::map<uint32_t, std::pair<std::set<BlockHash>, int64_t>> copies;  // format -> blocks, bytes of one
   std::lock_guard lock(mu_);
-  for (const auto& [name, p] : prefixes_)
-    if (name != except) blocks.insert(p.blocks.begin(), p.blocks.end());
-  return (static_cast<int64_t>(blocks.size()) + more_blocks) * block_bytes;
+  for (const auto& [name, p] : prefixes_) {
+    if (name == except) continue;
+    blocks.insert(p.blocks.begin(), p.blocks.end());
+    for (const auto& [id, copy] : p.other_formats) {
+      copies[id].first.insert(copy.blocks.begin(), copy.blocks.end());
+      copies[id].second = copy.block_bytes;
+    }
+  }
+  int64_t bytes = (static_cast<int64_t>(blocks.size()) + more_blocks) * block_bytes;
+  for (const auto& [id, copy] : copies) bytes += static_cast<int64_t>(copy.first.size()) * copy.second;
+  return bytes;
+}
+
+kvfs::Status Engine::PrefixPinFits(const std::string& except, int64_t more_blocks, int64_t more_bytes) {
+  const int64_t budget = counters_.memory_budget_bytes;
+  if (budget <= 0) return kvfs::Status::Ok();
+  const int64_t pinned = PinnedPrefixBytes(except, more_blocks) + more_bytes;
+  if (pinned <= budget / 2) return kvfs::Status::Ok();
+  return kvfs::Status(StatusCode::kNoSpace,
+                      fmt::format("prefixes would pin {} bytes of the KV budget of {} bytes: at most half of it may be "
+                                  "pinned, so that turns have room (raise --kv-budget, or remove a prefix)",
+                                  pinned, budget));
 }
 
 Result<std::vector<PoolBlock*>> Engine::PinPrefix(Prefix& p, PrefixSources* sources) {
@@ -103,14 +124,36 @@ std::vector<std::string> Engine::PrefixesToCopy(const KvFormat& format, std::spa
   const uint32_t id = KvFormatId(format);
   if (!default_format.ok() || KvFormatId(*default_format) == id) return names;  // pinned with the prefix
   const size_t B = static_cast<size_t>(options_.block_tokens);
-  std::lock_guard lock(mu_);
-  for (const auto& [name, p] : prefixes_) {
-    const size_t full = p.tokens.size() / B * B;  // (the context's last token is always computed)
-    if (p.blocks.empty() || p.other_formats.count(id) || full == 0 || full >= context.size() ||
-        !std::equal(p.tokens.begin(), p.tokens.begin() + static_cast<std::ptrdiff_t>(full), context.begin()))
-      continue;
-    names.push_back(name);
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [name, p] : prefixes_) {
+      const size_t full = p.tokens.size() / B * B;  // (the context's last token is always computed)
+      if (p.blocks.empty() || p.other_formats.count(id) || full == 0 || full >= context.size() ||
+          !std::equal(p.tokens.begin(), p.tokens.begin() + static_cast<std::ptrdiff_t>(full), context.begin()))
+        continue;
+      names.push_back(name);
+    }
   }
+  // Copies count against the prefixes' half of the budget too; one that would not fit is not
+  // made (agents in this format then prefill the prefix themselves), and not tried at each turn.
+  const int64_t block_bytes = KvLayoutFor(model_->hparams(), format, options_.block_tokens).block_bytes();
+  std::erase_if(names, [&](const std::string& name) {
+    int64_t blocks = 0;
+    {
+      std::lock_guard lock(mu_);
+      auto it = prefixes_.find(name);
+      if (it == prefixes_.end()) return true;
+      blocks = static_cast<int64_t>(it->second.tokens.size() / B);
+    }
+    kvfs::Status fits = PrefixPinFits({}, 0, blocks * block_bytes);
+    if (fits.ok()) return false;
+    std::lock_guard lock(mu_);
+    auto it = prefixes_.find(name);
+    if (it != prefixes_.end() && it->second.formats_not_copied.insert(id).second)
+      spdlog::warn("engine: prefix {} is not shared in KV format {}: its copy would not fit ({})", name, format.Name(),
+                   fits.message());
+    return true;
+  });
   return names;
 }
 
@@ -162,7 +205,7 @@ void Engine::CopyBlocksToPrefixes(const ActiveTurn& turn, const AgentRecord& a) 
       std::lock_guard lock(mu_);
       auto it = prefixes_.find(name);
       if (it != prefixes_.end() && same_prefix(it->second)) {
-        it->second.other_formats[id] = blocks;
+        it->second.other_formats[id] = Prefix::FormatCopy{blocks, turn.seq->block(0)->bytes};
         kept = true;
       }
     }
@@ -196,7 +239,7 @@ store::EraseReport Engine::UnpinPrefix(const Prefix& p) {
   store::EraseReport report;
   const std::set<BlockHash> others = NamedBlocks(nullptr, /*with_prefixes=*/false);
   UnpinBlocks(p.blocks, &others, &report);
-  for (const auto& [id, blocks] : p.other_formats) UnpinBlocks(blocks, &others, &report);
+  for (const auto& [id, copy] : p.other_formats) UnpinBlocks(copy.blocks, &others, &report);
   return report;
 }
 
@@ -240,17 +283,7 @@ Result<Engine::Prefix> Engine::PinAndPersistPrefix(const std::string& name, std:
   p.tokens = PrefixTokens(text);
   p.text = std::move(text);
   p.owner_uid = owner_uid;
-  // Pinned blocks are never evicted: prefixes may take at most half the KV budget, so that turns
-  // always have room (a prefix that took it all made every turn of every agent fail).
-  if (const int64_t budget = counters_.memory_budget_bytes; budget > 0) {
-    const int64_t pinned = PinnedPrefixBytes(name, static_cast<int64_t>(p.tokens.size()) / options_.block_tokens);
-    if (pinned > budget / 2) {
-      return kvfs::Status(StatusCode::kNoSpace,
-                          fmt::format("prefixes would pin {} bytes of the KV budget of {} bytes: at most half of it "
-                                      "may be pinned, so that turns have room (raise --kv-budget, or remove a prefix)",
-                                      pinned, budget));
-    }
-  }
+  KVFS_RETURN_IF_ERROR(PrefixPinFits(name, static_cast<int64_t>(p.tokens.size()) / options_.block_tokens));
   KVFS_ASSIGN_OR_RETURN(std::vector<PoolBlock*> held,
                         RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, nullptr); }));
   if (kvfs::Status st = PersistPrefix(name, p, std::move(held), replaced); !st.ok()) {
@@ -311,12 +344,17 @@ Status Engine::RestorePrefixes() {
     p.tokens = PrefixTokens(p.text);
     p.owner_uid = r.owner_uid;
     PrefixSources sources;
-    auto held = RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, &sources); });
+    // A daemon started with a smaller KV budget than the one that pinned them keeps prefixes
+    // within half of it too: the first ones in name order are shared, the rest kept unshared.
+    const kvfs::Status fits = PrefixPinFits(r.name, static_cast<int64_t>(p.tokens.size()) / options_.block_tokens);
+    Result<std::vector<PoolBlock*>> held =
+        fits.ok() ? RunOnEngine<Result<std::vector<PoolBlock*>>>([&] { return PinPrefix(p, &sources); })
+                  : Result<std::vector<PoolBlock*>>(fits);
     if (!held.ok()) {
       // Kept, record and text: it is the user's, and only rm erases it (with an audit line). With
       // no tokens or blocks, no agent shares it until a daemon that can hold it starts.
       spdlog::warn("engine: prefix {} is kept but not shared: this daemon cannot hold it ({}); a daemon that can "
-                   "(a larger -c, say) uses it again",
+                   "(a larger -c or --kv-budget) uses it again",
                    r.name, held.status().message());
       Prefix kept;
       kept.text = r.text;

@@ -302,6 +302,55 @@ TEST_F(EngineTest, PrefixesPinAtMostHalfTheKvBudget) {
       << too_long.stats.status().message();
 }
 
+// The half of the budget counts a prefix's copies in other KV formats too: a copy that would
+// not fit is not made (agents in that format prefill the prefix themselves). A daemon restarted
+// with a smaller budget pins the prefixes that fit in name order and keeps the rest unshared.
+TEST_F(EngineTest, PrefixCopiesAndARestartWithASmallerBudgetStayWithinHalfOfIt) {
+  const std::string first = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // 2+ blocks of 16
+  const std::string second =
+      "Tom had a red ball. He threw it high into the sky and ran after it all day long. At night he put it "
+      "under his bed and dreamed of the sky.";
+  const int64_t block_bytes = KvLayoutFor(model_->hparams(), Format(kv_), block_tokens_).block_bytes();
+  auto blocks_of = [&](const std::string& text) {
+    return static_cast<int64_t>(model_->tokenizer().Encode(text, true, true).size()) / block_tokens_;
+  };
+  ASSERT_GE(blocks_of(first), 2);
+  ASSERT_GE(blocks_of(second), 1);
+  // "a.txt" takes a third; its q8 copy or "b.txt" besides would take more than half.
+  const int64_t budget = 3 * blocks_of(first) * block_bytes;
+  const int64_t q8_block_bytes = KvLayoutFor(model_->hparams(), Format("q8"), block_tokens_).block_bytes();
+  ASSERT_GT(blocks_of(first) * (block_bytes + q8_block_bytes), budget / 2);
+  ASSERT_GT((blocks_of(first) + blocks_of(second)) * block_bytes, budget / 2);
+  {
+    auto engine = CreateEngine(Options(budget));
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->AddPrefix("a.txt", first, 0).ok());
+    EXPECT_EQ((*engine)->Stats().memory_used_bytes, blocks_of(first) * block_bytes);
+    for (const char* agent : {"bob", "carol"}) {
+      ASSERT_TRUE((*engine)->CreateAgent(agent, agent[0] == 'b' ? 2000 : 2001).ok());  // (uids share no blocks)
+      Greedy(**engine, agent, "q8");
+      TurnOutcome out = RunTurn(**engine, agent, first + " The dog ran away.");
+      ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+      EXPECT_EQ(out.stats->reused_tokens, 0) << agent << ": no q8 copy of the prefix fits beside it";
+    }
+  }
+  {
+    auto engine = CreateEngine(Options());  // no budget: both fit
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE((*engine)->AddPrefix("b.txt", second, 0).ok());
+  }
+  auto engine = CreateEngine(Options(budget));
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->ListPrefixes(), (std::vector<std::string>{"a.txt", "b.txt"}));
+  EXPECT_EQ(*(*engine)->PrefixText("b.txt"), second);
+  EXPECT_EQ((*engine)->Stats().memory_used_bytes, blocks_of(first) * block_bytes) << "a.txt pinned, b.txt kept";
+  ASSERT_TRUE((*engine)->CreateAgent("dave", 0).ok());
+  Greedy(**engine, "dave", "q8");  // (f16 would not fit beside a.txt)
+  TurnOutcome out = RunTurn(**engine, "dave", second + " The end.");
+  ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
+  EXPECT_EQ(out.stats->reused_tokens, 0) << "b.txt is not shared by this daemon";
+}
+
 TEST_F(EngineTest, ARemovedPrefixIsNoLongerSharedAcrossUids) {
   const std::string prefix = std::string(kTurns[0]) + kTurns[1] + kTurns[2];  // > 32 tokens: 2+ blocks of 16
   auto engine = CreateEngine(Options());
