@@ -72,7 +72,8 @@ struct AgentRecord {
   std::mutex submit_mu;
   std::mutex mu;
   bool erased = false;
-  // rmdir is erasing it: a turn it cancels fails its readers with ENOENT (erased), not EIO.
+  // rmdir is erasing it: readers of a turn it cancels wait for the erasure's outcome (ENOENT
+  // once erased, not EIO; EIO if the erasure fails and the agent stays).
   bool erasing = false;
   // Reads of `response` waiting for text; whatever changes what they wait on (reply text, turn
   // end, erasure, shutdown) answers the ones it made ready (AnswerReadyReads).

@@ -96,8 +96,13 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
   Result<store::EraseReport> report = engine_.EraseAgent(name);
   if (!report.ok()) {
     SettleFailedErasure(intent, engine_.GetAgent(name).ok());
-    std::lock_guard lock(agent->mu);
-    agent->erasing = false;
+    AnsweredReads answered;
+    {
+      std::lock_guard lock(agent->mu);
+      agent->erasing = false;
+      answered = AnswerReadyReads(*agent, readers_released_.load());  // a cancelled turn's: EIO
+    }
+    DeliverReads(answered);
   }
   {
     std::lock_guard lock(mu_);

@@ -275,8 +275,10 @@ std::optional<Result<std::string>> ResponseNow(const AgentRecord& agent, const T
                                                size_t size, bool interrupted, bool shutting_down) {
   if (agent.erased) return NotFound(fmt::format("agent '{}' was erased", agent.name));
   if (turn.reply.size() > offset) return Slice(turn.reply, offset, size);
-  if (turn.done) {
-    if (!turn.failure.ok() && agent.erasing) return NotFound(fmt::format("agent '{}' was erased", agent.name));
+  // A turn that rmdir cancelled: its readers wait for the erasure's end, then get ENOENT (erased)
+  // or, if the erasure failed and the agent stays, EIO (the turn failed) as any failed turn's do.
+  const bool cancelled_by_erasure = turn.done && !turn.failure.ok() && agent.erasing;
+  if (turn.done && !cancelled_by_erasure) {
     if (!turn.failure.ok()) return IoError("the turn failed: " + turn.failure.message());
     return std::string();
   }

@@ -283,6 +283,22 @@ TEST_F(StoreTest, EraseWakesReadersOfTheAgent) {
   engine_->HoldTurns(false);
 }
 
+// An erasure that fails after cancelling the running turn keeps the agent: its readers get
+// EIO (the turn failed), not the ENOENT that would tell them the agent is gone.
+TEST_F(StoreTest, ReadersOfATurnCancelledByAFailedErasureGetEio) {
+  Result<std::string> result = Status(StatusCode::kInternal, "not run");
+  std::thread reader = BlockedResponseReader("alice", &result);
+  engine_->FailNextErase(IoError("writing the erasure's record: Input/output error"));
+  const Status removed = store_->RemoveAgent(kRootInode, "alice", kRoot);
+  reader.join();
+  EXPECT_EQ(removed.code(), StatusCode::kIoError) << removed.message();
+  EXPECT_EQ(result.status().code(), StatusCode::kIoError) << result.status().message();
+  engine_->HoldTurns(false);
+  EXPECT_TRUE(Cat("alice", "status.json").ok()) << "the agent stays";
+  EXPECT_TRUE(Echo("alice", "prompt", "again").ok());
+  EXPECT_TRUE(Cat("alice", "response").ok());
+}
+
 // Tools that replace a file by unlink and create (tar -x without --overwrite, mv from another
 // filesystem, install, cp --remove-destination) need the name free after the unlink, then a
 // create that succeeds (with O_EXCL too). system, config.json and kv.safetensors are absent

@@ -436,6 +436,13 @@ Result<store::EraseReport> FakeEngine::EraseAgent(const std::string& name) {
   agent->queue.clear();
   counters_.turns_cancelled += queued.size();  // as the engine: dropped unstarted
   idle_cv_.wait(lock, [&] { return !agent->running; });
+  if (fail_next_erase_) {
+    const kvfs::Status failure = *std::exchange(fail_next_erase_, std::nullopt);
+    agent->cancel = false;
+    lock.unlock();
+    for (auto& request : queued) request.on_done(Cancelled("the turn was cancelled"));
+    return failure;
+  }
   store::EraseReport report;
   report.bytes_freed = static_cast<uint64_t>(agent->info.context_tokens * options_.kv_bytes_per_token);
   report.blocks_freed = agent->has_cache ? 1 : 0;
@@ -674,6 +681,11 @@ void FakeEngine::HoldAfterFirstPiece(bool hold) {
 void FakeEngine::FailNextTurn(kvfs::Status failure) {
   std::lock_guard lock(mu_);
   fail_next_ = std::move(failure);
+}
+
+void FakeEngine::FailNextErase(kvfs::Status failure) {
+  std::lock_guard lock(mu_);
+  fail_next_erase_ = std::move(failure);
 }
 
 void FakeEngine::SetPieceDelay(std::chrono::milliseconds delay) {

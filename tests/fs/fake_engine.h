@@ -69,6 +69,9 @@ class FakeEngine : public AgentEngine {
   // their commit is written).
   void HoldBeforeDone(bool hold);
   void FailNextTurn(kvfs::Status failure);   // the next turn to run fails with it
+  // The next EraseAgent cancels the agent's turns, then fails with it and keeps the agent (as
+  // the store's erasure failing on a disk error).
+  void FailNextErase(kvfs::Status failure);
   void SetPieceDelay(std::chrono::milliseconds delay);
   size_t PrefetchCount();
   const std::string& fingerprint() const { return fingerprint_; }
@@ -112,6 +115,7 @@ class FakeEngine : public AgentEngine {
   bool stopping_ = false;
   std::chrono::milliseconds piece_delay_;
   std::optional<kvfs::Status> fail_next_;
+  std::optional<kvfs::Status> fail_next_erase_;
   size_t prefetches_ = 0;
   EngineStatus counters_;
   std::vector<std::thread> workers_;
