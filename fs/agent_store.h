@@ -252,7 +252,9 @@ class AgentStore {
   // system opened with O_TRUNC and never written: emptied, unless another writer changed it since the open.
   Status ApplyEmptying(Handle& handle);
   void NoteRefusedWrite(const Handle& handle, const Status& status);  // for status.json
-  void AuditExportRead(Handle& handle);  // handle.mu held
+  // An export's line, at its first read: an export is not served unless its line is in the log
+  // (the error, e.g. ENOSPC on a full disk, fails the read; the next read tries again).
+  Status AuditExportRead(Handle& handle);  // handle.mu held
   Result<std::string> RenderFile(const Node& node);
   Status ApplyPrefix(Handle& handle);
   void DropPendingPrefix(const std::string& name, InodeId ino);

@@ -88,7 +88,7 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
   // this agent, which is then erased); later ones see the transition and fail.
   { std::lock_guard in_flight(agent->submit_mu); }
   // Returns once the erasure is complete (the engine cancels the running turn first).
-  const std::string intent = IntendAudit(AuditEvent{.uid = caller.uid, .agent = name, .action = "erase"});
+  const std::string intent = IntendAudit(AuditEvent{.uid = caller.uid, .agent = name, .action = "erase", .owner_uid = agent->uid});
   {
     std::lock_guard lock(agent->mu);
     agent->erasing = true;
@@ -128,7 +128,8 @@ Status AgentStore::RemoveAgent(InodeId parent, std::string_view name_view, const
   }
   DeliverReads(answered);
   ShredOpenFiles(*agent, /*cache_only=*/false);
-  CompleteAudit(intent, AuditEvent{.uid = caller.uid, .agent = name, .action = "erase", .erased = *report});
+  CompleteAudit(intent,
+                AuditEvent{.uid = caller.uid, .agent = name, .action = "erase", .erased = *report, .owner_uid = agent->uid});
   spdlog::info("erased agent '{}' for uid {}: {} bytes, {} blocks freed, {} kept shared", name, caller.uid,
                report->bytes_freed, report->blocks_freed, report->blocks_kept_shared);
   return Status::Ok();
@@ -222,7 +223,7 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
   }
   if (*file == AgentFile::kKvCache) {
     const std::string intent =
-        IntendAudit(AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache"});
+        IntendAudit(AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache", .owner_uid = dir.agent->uid});
     auto cache_of = [&] {
       Result<AgentInfo> info = engine_.GetAgent(dir.agent->name);
       return info.ok() ? std::tuple{info->context_tokens, info->disk_bytes, info->stored_cache}
@@ -240,7 +241,8 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
       std::lock_guard lock(metrics_->mu);
       ++metrics_->values.caches_erased;
     }
-    CompleteAudit(intent, AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache", .erased = report});
+    CompleteAudit(intent, AuditEvent{.uid = caller.uid, .agent = dir.agent->name, .action = "erase_cache",
+                                     .erased = report, .owner_uid = dir.agent->uid});
   }
   // The other files are views of the agent's state: unlinking them succeeds and changes
   // nothing, so that `rm -r agent` reaches the rmdir that erases it. The writable ones are then

@@ -249,22 +249,29 @@ Result<std::string> AgentStore::Read(HandleId id, uint64_t offset, size_t size, 
     case Kind::kImport: {
       std::lock_guard lock(handle->mu);
       if (handle->erased) return ErasedUnderHandle(*handle);
-      AuditExportRead(*handle);
+      KVFS_RETURN_IF_ERROR(AuditExportRead(*handle));
       return handle->import->Read(offset, size);
     }
     default: {
       std::lock_guard lock(handle->mu);
       if (handle->erased) return ErasedUnderHandle(*handle);
-      AuditExportRead(*handle);
+      KVFS_RETURN_IF_ERROR(AuditExportRead(*handle));
       return Slice(handle->data, offset, size);
     }
   }
 }
 
-void AgentStore::AuditExportRead(Handle& handle) {
-  if (!handle.export_to_audit) return;
-  Audit(AuditEvent{.uid = handle.uid, .agent = handle.node.agent->name, .action = "export", .bytes = *handle.export_to_audit});
+Status AgentStore::AuditExportRead(Handle& handle) {
+  if (!handle.export_to_audit) return Status::Ok();
+  const AuditEvent event{.time_ms = Now(), .uid = handle.uid, .agent = handle.node.agent->name, .action = "export",
+                         .bytes = *handle.export_to_audit};
+  if (Status s = audit_->AppendBefore(event); !s.ok()) {
+    spdlog::error("audit log: {} (export of {} refused: it is not served unless it is on record)", s.message(),
+                  event.agent);
+    return s.WithContext("the export of agent '" + event.agent + "' cannot be put on record");
+  }
   handle.export_to_audit.reset();
+  return Status::Ok();
 }
 
 Status AgentStore::ErasedUnderHandle(const Handle& handle) {

@@ -47,6 +47,7 @@ std::string FormatAuditLine(const AuditEvent& e) {
   }
   if (e.bytes) line["bytes"] = *e.bytes;
   if (e.completed_at_start) line["completed_at_start"] = true;
+  if (e.owner_uid) line["owner_uid"] = *e.owner_uid;
   return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
@@ -95,6 +96,7 @@ Status AuditLog::LoadIntents() {
         // When the erasure began (intents before this field: the time in the name).
         event.time_ms = j.value("time_ms", nlohmann::json()).is_number_integer() ? j["time_ms"].get<int64_t>() : 0;
         if (event.time_ms <= 0) event.time_ms = std::strtoll(e.name.c_str(), nullptr, 10);
+        if (j.value("owner_uid", nlohmann::json()).is_number_unsigned()) event.owner_uid = j["owner_uid"].get<uint32_t>();
         intent = AuditIntent{e.name.substr(0, e.name.size() - 5), std::move(event)};
       }
     }
@@ -187,8 +189,11 @@ AuditLog::~AuditLog() {
   ::close(fd_);
 }
 
-Status AuditLog::Append(const AuditEvent& event) {
-  std::string line = FormatAuditLine(event);
+Status AuditLog::Append(const AuditEvent& event) { return AppendLine(FormatAuditLine(event), /*keep=*/true); }
+
+Status AuditLog::AppendBefore(const AuditEvent& event) { return AppendLine(FormatAuditLine(event), /*keep=*/false); }
+
+Status AuditLog::AppendLine(const std::string& line, bool keep) {
   std::lock_guard lock(mu_);
   if (fd_ < 0) {
     memory_ += line;
@@ -196,7 +201,7 @@ Status AuditLog::Append(const AuditEvent& event) {
     return Status::Ok();
   }
   // After those that could not be written before, in order.
-  const bool kept = pending_.size() + line.size() <= kMaxPendingBytes;
+  const bool kept = keep && pending_.size() + line.size() <= kMaxPendingBytes;
   if (kept) pending_ += line;
   const std::string& text = kept ? pending_ : pending_ + line;
   const uint64_t before = size_;

@@ -30,6 +30,8 @@ struct AuditEvent {
   // The erasure was interrupted by a crash (kill -9, power loss) and its line is written by the
   // next start, which found it done (or finished it); its counts are not known then.
   bool completed_at_start = false;
+  // Erasures: whose agent it was (uid is who erased it: root may erase anyone's).
+  std::optional<uint32_t> owner_uid = std::nullopt;
 };
 
 // An erasure about to start, on disk until its line is written (AuditLog::Intend).
@@ -49,6 +51,9 @@ class AuditLog {
   // operation it records has already happened, so the line is kept and written before the next
   // one that can be (a full disk freed), or at the close (up to kMaxPendingBytes of such lines).
   Status Append(const AuditEvent& event);
+  // Appends and fsyncs one line for an operation that has not happened yet (an export's first
+  // read): on a failure the line is not kept, and the caller refuses the operation.
+  Status AppendBefore(const AuditEvent& event);
   static constexpr size_t kMaxPendingBytes = size_t{1} << 20;
   // Erasures are logged in two steps, so that a crash between an erasure and its line cannot
   // leave it off the log: an intent, written and fsynced before the erasure starts, and the
@@ -71,6 +76,8 @@ class AuditLog {
  private:
   AuditLog(int fd, std::string intents_dir) : fd_(fd), intents_dir_(std::move(intents_dir)) {}
   Status LoadIntents();
+  // Append's and AppendBefore's work: `keep` keeps a line that could not be written for later.
+  Status AppendLine(const std::string& line, bool keep);
   // Overwrites an intent file with zeros, then unlinks it: whether the unlink succeeded.
   bool ZeroAndUnlink(const std::string& path);
   // Writes and fsyncs `text` (whole lines) at the end of the file; on a failed write leaves none

@@ -155,6 +155,36 @@ TEST_F(StoreTest, ErasuresACrashLeftOffTheLogAreLoggedAtTheNextStart) {
   const auto last = nlohmann::json::parse(after.substr(audit.size()));
   EXPECT_EQ(last["agent"], "carol");
   EXPECT_EQ(last.count("completed_at_start"), 0u);
+  EXPECT_EQ(last["owner_uid"], 2000);
+  // root erasing another user's agent: the line names both.
+  ASSERT_TRUE(store_->RemoveAgent(kRootInode, "bob", kRoot).ok());
+  const std::string end = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  const auto by_root = nlohmann::json::parse(end.substr(after.size()));
+  EXPECT_EQ(by_root["uid"], 0);
+  EXPECT_EQ(by_root["owner_uid"], 2000);
+  std::filesystem::remove_all(dir);
+}
+
+// An export hands over the agent's conversation and cache: it is not served unless its line is
+// in the audit log. A log that cannot be written (here /dev/full: ENOSPC, as a full disk) fails
+// the read, and the log gets no line for an export that did not happen.
+TEST_F(StoreTest, AnExportIsNotServedUnlessItsLineIsInTheAuditLog) {
+  const std::string dir = ::testing::TempDir() + "/kvfs_audit_full_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_symlink("/dev/full", dir + "/audit.log");
+  StoreConfig config;
+  config.audit_log_path = dir + "/audit.log";
+  Start(testing::FakeEngineOptions{}, config);
+  Mkdir("alice", kAlice);
+  ASSERT_TRUE(Echo("alice", "prompt", "hello", kAlice).ok());
+  ASSERT_TRUE(Cat("alice", "response", kAlice).ok());
+  Result<std::string> exported = Cat("alice", "kv.safetensors", kAlice);
+  EXPECT_EQ(exported.status().code(), StatusCode::kNoSpace) << exported.status().message();
+  EXPECT_NE(exported.status().message().find("on record"), std::string::npos) << exported.status().message();
+  const std::string audit = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  EXPECT_EQ(audit.find("\"export\""), std::string::npos) << audit;
+  store_.reset();
   std::filesystem::remove_all(dir);
 }
 
