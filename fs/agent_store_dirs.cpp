@@ -207,10 +207,14 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
   // that unlinks the same file again at once expected it gone: `tar -x` over an agent unlinks,
   // fails its O_EXCL create and unlinks again, forever. The repeat is refused, which ends that
   // loop; `rm -r` unlinks each file once. "At once": within kRepeatMs of the end of the last
-  // unlink (an erasure of the cache takes time; tar's next try follows in microseconds).
+  // unlink (an erasure of the cache takes time; tar's next try follows in microseconds). Not
+  // for the files an unlink hides (system, config.json, kv.safetensors): tar's create of one
+  // succeeds, and a second unlink after it came back (a cache reset, a turn, then rm -r) is
+  // meant.
   constexpr int64_t kRepeatMs = 250;
   const InodeId ino = InodeTable::AgentFileInode(parent, *file);
-  if (caller.pid != 0) {
+  const bool repeat_refused = caller.pid != 0 && !HiddenByUnlink(*file);
+  if (repeat_refused) {
     const int64_t now = Now();
     std::lock_guard lock(mu_);
     std::erase_if(recent_unlinks_, [&](const RecentUnlink& u) { return now - u.time_ms > kRepeatMs; });
@@ -253,7 +257,7 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
     std::lock_guard submit(dir.agent->submit_mu);  // ordered with a turn's submission, which shows them again
     dir.agent->unlinked_files.fetch_or(AgentFileBit(*file));
   }
-  if (caller.pid != 0) {
+  if (repeat_refused) {
     std::lock_guard lock(mu_);
     recent_unlinks_.push_back(RecentUnlink{caller.pid, ino, Now()});
   }
@@ -297,6 +301,8 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
           return handle->refused;
         } else {
           handle->data.clear();
+          if (handle->prompt_end != 0) handle->prompt_cut_at = handle->prompt_end;
+          handle->prompt_end = 0;  // the next write starts the prompt again
           handle->utf8 = Utf8Validator();
           handle->refused = Status::Ok();
         }

@@ -382,6 +382,8 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
         ++metrics_->values.prompts_refused;
         return handle.refused;
       };
+      if (handle.prompt_cut_at && offset == *handle.prompt_cut_at) handle.prompt_end = offset;  // (see the field)
+      handle.prompt_cut_at.reset();
       if (!handle.append && offset != handle.prompt_end) {
         return refuse(InvalidArgument(fmt::format(
             "a prompt is written in order: this write starts at byte {}, the prompt has {}", offset, handle.prompt_end)));

@@ -61,6 +61,9 @@ struct AgentStore::Handle {
   bool holds_only_writes = true;
   bool append = false;
   uint64_t prompt_end = 0;  // prompt: the offset the next write must start at (bytes accepted)
+  // prompt: cut to 0 at this end (ftruncate), not written since: the next write may start at 0
+  // (Python's seek(0); truncate()) or here (C's ftruncate leaves the offset where it was).
+  std::optional<uint64_t> prompt_cut_at;
   Utf8Validator utf8;
   Status refused;     // prompt: the first error; this prompt never becomes a turn
   // system: the text before this handle's first applied edit, and what it applied: a write

@@ -50,6 +50,28 @@ TEST_F(StoreTest, AChildsCloseDoesNotCutThePromptInTwo) {
   store_->Release(h);
 }
 
+// Python's f.seek(0); f.truncate(); f.write(...) on an open prompt: the cut to 0 starts the
+// prompt again, at 0 (or at the old end, where C's ftruncate leaves the offset: the edits test);
+// the turn is what was written after the cut, and a write elsewhere is refused.
+TEST_F(StoreTest, APromptCutToZeroIsWrittenAgainFromZero) {
+  Mkdir("alice");
+  const InodeId prompt = *File("alice", "prompt");
+  HandleId h = *store_->Open(prompt, OpenFlags{false, true, false, false}, kRoot);
+  ASSERT_EQ(*store_->Write(h, 0, "draft"), 5u);
+  ASSERT_TRUE(store_->Truncate(prompt, 0, h, kRoot).ok());
+  ASSERT_EQ(*store_->Write(h, 0, "final text"), 10u);
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(1, "final text"));
+  h = *store_->Open(prompt, OpenFlags{false, true, false, false}, kRoot);
+  ASSERT_EQ(*store_->Write(h, 0, "0123456789"), 10u);
+  ASSERT_TRUE(store_->Truncate(prompt, 0, h, kRoot).ok());
+  EXPECT_EQ(store_->Write(h, 4, "XYZ").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Flush(h).code(), StatusCode::kInvalidArgument);
+  store_->Release(h);
+  EXPECT_EQ(engine_->Conversation("alice")->size(), 2u);
+}
+
 TEST_F(StoreTest, ResponseReadBlocksUntilTextAndCanBeInterrupted) {
   Mkdir("alice");
   engine_->HoldTurns(true);
