@@ -1,9 +1,13 @@
 // kvfs tune: measures which Vulkan settings decode fastest on this device with this model
 // (engine/backend/vulkan_tuning.h has the search) and writes them to a file that kvfsd
 // (--vulkan-tuning), kvfs run and kvfs bench (--tuning) read.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -91,7 +95,16 @@ int Tune(int argc, char** argv) {
   }
   const std::string kv_type = args.get("--kv").value_or("q4k");
   if (!args.error().empty()) return Fail(2, args.error());
-  if (auto out = args.get("-o"); out && SameFile(*out, *args.get("-m"))) return Fail(2, "-o " + *out + " is the model file");
+  if (auto out = args.get("-o")) {
+    if (SameFile(*out, *args.get("-m"))) return Fail(2, "-o " + *out + " is the model file");
+    // Checked before the search (minutes of it), not after: a file it cannot write loses it all.
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::path(*out).parent_path();
+    if (std::filesystem::is_directory(*out, ec)) return Fail(2, "-o " + *out + " is a directory");
+    if (::access(parent.empty() ? "." : parent.c_str(), W_OK) != 0)
+      return Fail(2, fmt::format("-o {}: cannot write in {}: {}", *out, parent.empty() ? "." : parent.string(),
+                                 std::strerror(errno)));
+  }
   spdlog::set_level(spdlog::level::warn);
 
   auto devices = ListVulkanDevices();

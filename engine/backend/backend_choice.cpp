@@ -62,6 +62,10 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
     if (!devices.ok()) {
       // Without cpu_fallback (benchmarks) the CPU would give figures that are not the device's.
       if (!request.cpu_fallback) return Unavailable(devices.status().message());
+      // A device named by its index is no fallback case: it does not exist.
+      if (request.device >= 0)
+        return InvalidArgument(fmt::format("no Vulkan device {} ({}; see kvfs devices)", request.device,
+                                           devices.status().message()));
       out.warning = devices.status().message() + "; running on the CPU";
     } else {
       if (request.device >= static_cast<int>(devices->size())) {

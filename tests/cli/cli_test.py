@@ -221,6 +221,9 @@ if r.returncode == 0:
         bad('bench --tuning with the options it sets',
             ['bench', '-m', stories, '--backend', 'vulkan', '--tuning', tuned, '--separate-swiglu'], 'exclude each other')
         bad('tune --skip of no knob', ['tune', '-m', stories, '--skip', 'warp_speed'], "no knob 'warp_speed'")
+        bad('tune -o into a missing directory (refused before the search)',
+            ['tune', '-m', stories, '-o', os.path.join(tmp, 'no-dir', 'x.json')], 'cannot write in')
+        bad('tune -o onto a directory', ['tune', '-m', stories, '-o', tmp], 'is a directory')
     # kvfs shaders: the matrix pipelines of a model, with the device compiler's statistics where
     # it reports them. Mesa's AMD driver compiles for a GPU that is not there (its null device),
     # and does report them; mesa-vulkan-drivers ships it beside lavapipe.
@@ -277,6 +280,9 @@ r = run(['run', '-m', stories, '-p', g['prompt']['text'], '-n', '32', '--temp', 
 check('no Vulkan device: CPU fallback with a warning',
       r.returncode == 0 and r.stdout == g['configs']['f16']['greedy_text'] + '\n' and 'running on the CPU' in r.stderr,
       f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+r = run(['run', '-m', stories, '-p', 'x', '-n', '1', '--backend', 'vulkan', '--device', '5'], env=no_icd)
+check('no Vulkan device: --device N is an error (exit 2), not a fallback',
+      r.returncode == 2 and r.stdout == '' and 'no Vulkan device 5' in r.stderr, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 r = run(['bench', '-m', stories, '-p', '4', '-n', '2', '-r', '1', '--backend', 'vulkan'], env=no_icd)
 check('no Vulkan device: bench fails instead of timing the CPU',
       r.returncode != 0 and r.stdout == '' and 'Vulkan' in r.stderr, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
