@@ -8,6 +8,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/core/shred.h"
 #include "engine/store/block_format.h"
 #include "engine/store/manifest.h"
 #include "fs/agent_store.h"
@@ -25,13 +26,6 @@ Status CheckAgentName(std::string_view name) {
     return InvalidArgument(fmt::format("'{}' is not a valid agent name ([A-Za-z0-9_-], 1 to 64 characters)", name));
   }
   return Status::Ok();
-}
-
-// Zeroes a string's bytes before it lets them go: erased text must not linger on the heap.
-void ShredString(std::string& s) {
-  std::fill(s.begin(), s.end(), '\0');
-  s.clear();
-  s.shrink_to_fit();
 }
 
 }  // namespace

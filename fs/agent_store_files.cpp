@@ -7,6 +7,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/core/shred.h"
 #include "fs/agent_store.h"
 #include "fs/handle.h"
 
@@ -392,6 +393,7 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
         return refuse(TooLarge(fmt::format("a prompt is limited to {} bytes", config_.max_prompt_bytes)));
       }
       if (!handle.utf8.Feed(bytes)) return refuse(IllegalSequence("the prompt is not valid UTF-8"));
+      GrowShredding(handle.data, handle.data.size() + bytes.size());  // (prompt text)
       handle.data.append(bytes);
       handle.prompt_end += bytes.size();
       return bytes.size();
@@ -414,7 +416,10 @@ Result<size_t> AgentStore::WriteLocked(Handle& handle, uint64_t offset, std::str
     case Kind::kEditable: {
       const uint64_t at = handle.append ? handle.data.size() : offset;
       KVFS_RETURN_IF_ERROR(CheckWriteLimit(handle, at + bytes.size(), config_.max_text_bytes));
-      if (handle.data.size() < at + bytes.size()) handle.data.resize(static_cast<size_t>(at + bytes.size()));
+      if (handle.data.size() < at + bytes.size()) {
+        GrowShredding(handle.data, static_cast<size_t>(at + bytes.size()));  // (system text, settings)
+        handle.data.resize(static_cast<size_t>(at + bytes.size()));
+      }
       handle.data.replace(static_cast<size_t>(at), bytes.size(), bytes);
       handle.dirty = true;
       handle.empty_at_last_close = false;  // a flush applies what it now holds

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/shred.h"
 #include "fs/agent_store.h"
 #include "fs/import_buffer.h"
 #include "fs/utf8.h"
@@ -16,6 +17,10 @@
 namespace kvfs::fs {
 
 struct AgentStore::Handle {
+  // What an open file held (an export, a prompt, system text) is zeroed when the last reference
+  // to the handle goes, not left in freed memory.
+  ~Handle() { ShredString(data); }
+
   enum class Kind {
     kDirectory,   // a snapshot of the entries
     kPrompt,      // write-only buffer; becomes a turn at close

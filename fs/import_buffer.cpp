@@ -13,6 +13,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/core/shred.h"
 #include "engine/store/fs.h"
 
 namespace kvfs::fs {
@@ -145,6 +146,7 @@ Status ImportBuffer::Write(uint64_t offset, std::string_view bytes) {
   }
   if (end > data_.size()) {
     if (!memory_.Resize(end, options_.memory_limit)) return NoMemory(end);
+    GrowShredding(data_, static_cast<size_t>(end));  // (the buffer it outgrows held KV data)
     data_.resize(static_cast<size_t>(end));
   }
   data_.replace(static_cast<size_t>(offset), bytes.size(), bytes);
@@ -174,6 +176,7 @@ Status ImportBuffer::Resize(uint64_t bytes) {
   }
   if (bytes > data_.size() && !memory_.Resize(bytes, options_.memory_limit)) return NoMemory(bytes);
   if (bytes < data_.size()) std::fill(data_.begin() + static_cast<std::ptrdiff_t>(bytes), data_.end(), '\0');
+  GrowShredding(data_, static_cast<size_t>(bytes));
   data_.resize(static_cast<size_t>(bytes));
   if (bytes < memory_.held()) memory_.Resize(bytes, options_.memory_limit);
   size_ = bytes;

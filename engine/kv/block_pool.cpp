@@ -50,7 +50,10 @@ uint8_t* AllocMemory(int64_t bytes) {
   if (bytes >= kMapThreshold) {
     void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+    if (p == MAP_FAILED) return nullptr;
+    // Agents' KV rows stay out of core dumps (best effort: a kernel without it dumps them).
+    (void)::madvise(p, static_cast<size_t>(bytes), MADV_DONTDUMP);
+    return static_cast<uint8_t*>(p);
   }
   auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes)));
   if (p != nullptr) std::memset(p, 0, static_cast<size_t>(bytes));  // as a fresh mapping is

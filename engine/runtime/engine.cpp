@@ -11,6 +11,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/core/shred.h"
 #include "engine/model/fingerprint.h"
 #include "engine/model/ggml_types.h"
 #include "engine/kv/kv_payload.h"
@@ -462,6 +463,7 @@ void Engine::StoreLoop() {
       }
     }
     for (PoolBlock* b : job.held) pool_->Release(b);
+    ShredVector(job.tail_bytes);  // KV rows: not left in freed memory (an erasure may follow)
     if (job.done) job.done(status);
     {
       std::lock_guard lock(store_mu_);

@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/core/shred.h"
 #include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
 #include "engine/store/manifest.h"
@@ -112,6 +113,7 @@ int64_t Engine::AssembleCache(ActiveTurn& turn, const std::vector<TokenId>& toke
         } else if (fresh.ok()) {
           pool_->Release(*fresh);
         }
+        ShredVector(*tail);
       }
     }
     if (b != nullptr) {
@@ -303,6 +305,7 @@ void Engine::LoaderLoop() {
         } else if (b.ok()) {
           pool_->Release(*b);
         }
+        ShredVector(*tail);
       }
     }
     if (job.done) job.done(tail_key);

@@ -6,6 +6,8 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include "engine/core/shred.h"
+
 namespace kvfs::store {
 namespace {
 
@@ -242,9 +244,11 @@ Status ReadBlockPayloadInto(FileSystem& fs, const std::string& path, const Block
     return VerifyStoredPayload(header, dst, path);
   }
   std::vector<uint8_t> stored(static_cast<size_t>(header.payload_bytes));
-  KVFS_RETURN_IF_ERROR(fs.ReadAt(path, kBlockHeaderBytes, stored));
-  KVFS_RETURN_IF_ERROR(VerifyStoredPayload(header, stored, path));
-  return DecodeVerified(header, stored, dst, path);
+  Status decoded = fs.ReadAt(path, kBlockHeaderBytes, stored);
+  if (decoded.ok()) decoded = VerifyStoredPayload(header, stored, path);
+  if (decoded.ok()) decoded = DecodeVerified(header, stored, dst, path);
+  ShredVector(stored);  // KV rows, compressed: not left in freed memory
+  return decoded;
 }
 
 Result<BlockHeader> ReadBlockFileInto(FileSystem& fs, const std::string& path, BlockKind kind,

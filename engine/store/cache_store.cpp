@@ -6,6 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/core/shred.h"
+
 namespace kvfs::store {
 namespace {
 
@@ -346,9 +348,12 @@ Status CacheStore::WriteBlock(const NewBlock& block, uint64_t* bytes_written) {
   }
   KVFS_ASSIGN_OR_RETURN(std::vector<uint8_t> image, EncodeBlockFile(BlockKind::kBlock, block.hash, block.kv_format,
                                                                     block.n_tokens, block.payload, options_.encode));
-  KVFS_RETURN_IF_ERROR(WriteFileAtomic(fs_, subdir, ToHex(block.hash) + std::string(kBlockSuffix), image));
-  present_[block.hash] = image.size();
-  *bytes_written += image.size();
+  Status written = WriteFileAtomic(fs_, subdir, ToHex(block.hash) + std::string(kBlockSuffix), image);
+  const size_t size = image.size();
+  ShredVector(image);  // KV rows: not left in freed memory
+  KVFS_RETURN_IF_ERROR(written);
+  present_[block.hash] = size;
+  *bytes_written += size;
   return Status::Ok();
 }
 
@@ -578,8 +583,9 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
       if (Status st = ShredFile(new_tail, &bytes, &files); !st.ok()) return abandon(st);
     }
     Status st = WriteFileAtomic(fs_, adir, manifest.tail->file, *image);
+    report.bytes_written += st.ok() ? image->size() : 0;
+    ShredVector(*image);  // KV rows: not left in freed memory
     if (!st.ok()) return abandon(st.WithContext("writing the tail of " + agent));
-    report.bytes_written += image->size();
   }
   if (prev && previous) {
     Status st = KeepPreviousManifest(adir, *previous, &report.bytes_written);

@@ -1,0 +1,42 @@
+// Zeroing buffers that held an agent's text or KV bytes before the heap gets them back, so that
+// an erased agent's data does not linger in freed memory (a core dump, swap, a debugger), and
+// growing such buffers without leaving unzeroed copies behind.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace kvfs {
+
+// Zeros the bytes, then frees them.
+inline void ShredString(std::string& s) {
+  std::fill(s.begin(), s.end(), '\0');
+  // (the compiler may not drop the fill: the bytes are still owned and read by no one after,
+  // so make the write observable)
+  asm volatile("" : : "r"(s.data()) : "memory");
+  s.clear();
+  s.shrink_to_fit();
+}
+
+template <typename T>
+void ShredVector(std::vector<T>& v) {
+  if (!v.empty()) std::memset(static_cast<void*>(v.data()), 0, v.size() * sizeof(T));
+  asm volatile("" : : "r"(v.data()) : "memory");
+  v.clear();
+  v.shrink_to_fit();
+}
+
+// Makes room for `size` bytes in `s`, moving its bytes to a larger buffer itself (zeroing the old
+// one) instead of letting the string reallocate: capacity at least doubles, as std::string's does.
+inline void GrowShredding(std::string& s, size_t size) {
+  if (size <= s.capacity()) return;
+  std::string bigger;
+  bigger.reserve(std::max(size, 2 * s.capacity()));
+  bigger.assign(s);
+  ShredString(s);
+  s.swap(bigger);
+}
+
+}  // namespace kvfs
