@@ -109,6 +109,10 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
         out.tuned = false;
         return out;
       }
+      // A setting the device cannot run, from a tuning file: the file is what to fix.
+      if (!made.ok() && out.tuned &&
+          (made.status().code() == StatusCode::kUnsupported || made.status().code() == StatusCode::kInvalidArgument))
+        return made.status().WithContext("tuning file " + request.tuning_file);
       KVFS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, std::move(made));
       // What the device cannot run (KV over its budget, a full or lost device) runs on the CPU.
       // A lost device is made again (the same device and options) once the wait is over.

@@ -207,6 +207,14 @@ if r.returncode == 0:
         check('run --tuning: the same greedy text, no warning',
               r.returncode == 0 and r.stdout == g['configs']['f16']['greedy_text'] + '\n' and 'warning' not in r.stderr,
               f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+        if f and 'llvmpipe' in default_name:  # (32 KiB of shared memory: a GPU may have room for it)
+            huge = dict(f, tuning=dict(f['tuning'], matvec=dict(f['tuning']['matvec'], group=256, rows=16)))
+            json.dump(huge, open(os.path.join(tmp, 'huge.json'), 'w'))
+            r = run(['run', '-m', stories, '-p', 'x', '-n', '1', '--backend', 'vulkan', '--tuning',
+                     os.path.join(tmp, 'huge.json')])
+            check('run --tuning with a shape the device cannot run: the error names the file',
+                  r.returncode == 2 and 'tuning file ' + os.path.join(tmp, 'huge.json') in r.stderr and
+                  'shared memory' in r.stderr, f'rc={r.returncode} err={r.stderr!r}')
         other = os.path.join(tmp, 'other.json')
         f['device'] = 'Some Other GPU'
         json.dump(f, open(other, 'w'))
