@@ -164,9 +164,9 @@ int64_t ResidentBytes() {
   return 0;
 }
 
-int Fail(const std::string& m) {
+int Fail(const std::string& m, int exit_code = 2) {
   std::fprintf(stderr, "kvfs bench: %s\n", m.c_str());
-  return 2;
+  return exit_code;
 }
 
 // --kv A,B,...: the formats measured interleaved (see the usage). Caches are filled once and
@@ -331,7 +331,9 @@ int Bench(int argc, char** argv) {
   const auto t_backend = Clock::now();
   auto backend_or = MakeChosenBackend(model, choice, "bench", &backend_used);
   const double backend_seconds = Seconds(t_backend, Clock::now());  // Vulkan: weight upload, pipelines
-  if (!backend_or.ok()) return Fail(backend_or.status().message());
+  // No device to time (exit 1, as kvfs tune, shaders and devices) is not a bad option (exit 2).
+  if (!backend_or.ok())
+    return Fail(backend_or.status().message(), backend_or.status().code() == StatusCode::kUnavailable ? 1 : 2);
   std::unique_ptr<Backend> backend = std::move(*backend_or);
   const bool on_cpu = backend_used == "cpu";
   const std::string kernels = on_cpu ? table.name : backend_used;
@@ -445,8 +447,9 @@ int Bench(int argc, char** argv) {
                         {"pp", {{"tokens", n_pp}, {"median", pp.median}, {"min", pp.min}, {"max", pp.max}}},
                         {"tg", {{"tokens", n_tg}, {"median", tg.median}, {"min", tg.min}, {"max", tg.max}}},
                         {"decode_bytes_per_token", weight_bytes + kv_bytes}, {"decode_gbs", decode_gbs},
-                        {"read_bandwidth_gbs", read_gbs},
-                        {"decode_bandwidth_fraction", on_cpu ? decode_gbs / read_gbs : 0.0}};
+                        // (the host's read bandwidth is not measured for a device run: null)
+                        {"read_bandwidth_gbs", on_cpu ? nlohmann::json(read_gbs) : nlohmann::json()},
+                        {"decode_bandwidth_fraction", on_cpu ? nlohmann::json(decode_gbs / read_gbs) : nlohmann::json()}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }

@@ -49,9 +49,9 @@ constexpr const char* kUsage =
 
 using Clock = std::chrono::steady_clock;
 
-int Fail(const std::string& m) {
+int Fail(const std::string& m, int exit_code = 2) {
   std::fprintf(stderr, "kvfs bench batched: %s\n", m.c_str());
-  return 2;
+  return exit_code;
 }
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -96,7 +96,9 @@ int BenchBatched(int argc, char** argv) {
   const HParams& hp = model.hparams();
   std::string used;
   auto backend_or = MakeChosenBackend(model, choice, "bench batched", &used);
-  if (!backend_or.ok()) return Fail(backend_or.status().message());
+  // No device to time (exit 1, as kvfs tune, shaders and devices) is not a bad option (exit 2).
+  if (!backend_or.ok())
+    return Fail(backend_or.status().message(), backend_or.status().code() == StatusCode::kUnavailable ? 1 : 2);
   Backend& backend = **backend_or;
   auto fmt = MakeKvFormat(kv_type, args.get("--kv-rotate").value_or(""), hp.n_head_kv, hp.head_dim);
   if (!fmt.ok()) return Fail(fmt.status().message());

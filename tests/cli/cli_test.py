@@ -293,7 +293,7 @@ check('no Vulkan device: --device N is an error (exit 2), not a fallback',
       r.returncode == 2 and r.stdout == '' and 'no Vulkan device 5' in r.stderr, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 r = run(['bench', '-m', stories, '-p', '4', '-n', '2', '-r', '1', '--backend', 'vulkan'], env=no_icd)
 check('no Vulkan device: bench fails instead of timing the CPU',
-      r.returncode != 0 and r.stdout == '' and 'Vulkan' in r.stderr, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
+      r.returncode == 1 and r.stdout == '' and 'Vulkan' in r.stderr, f'rc={r.returncode} out={r.stdout!r} err={r.stderr!r}')
 bad('bad backend', ['run', '-m', stories, '-p', 'x', '--backend', 'tpu'], '--backend must be cpu or vulkan')
 
 # 6. Engine-level benchmarks run end to end and report consistent figures.

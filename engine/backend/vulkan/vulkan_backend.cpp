@@ -282,9 +282,16 @@ Status VulkanBackend::Init(const VulkanOptions& options) {
   KVFS_ASSIGN_OR_RETURN(tokens_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
   KVFS_ASSIGN_OR_RETURN(rope_, ctx_->CreateBuffer(U * std::max<int64_t>(1, hp_.n_rot / 2) * 8, MemoryKind::kDeviceUpload));
   KVFS_ASSIGN_OR_RETURN(row_ids_, ctx_->CreateBuffer(U * 4, MemoryKind::kUpload));
-  spdlog::info("vulkan: {} ({}), {:.1f} MiB of weights, micro-batch {} tokens, KV budget {:.1f} MiB, {}",
-               ctx_->info().name, ctx_->info().type, weights_->bytes / 1048576.0, max_ubatch_, kv_budget / 1048576.0,
-               ops_->subgroup_trees() ? "subgroup trees" : "shared-memory trees");
+  spdlog::info("vulkan: {} ({}), {:.1f} MiB of weights, micro-batch {} tokens, KV budget {} bytes ({:.1f} MiB), {}",
+               ctx_->info().name, ctx_->info().type, weights_->bytes / 1048576.0, max_ubatch_, kv_budget,
+               kv_budget / 1048576.0, ops_->subgroup_trees() ? "subgroup trees" : "shared-memory trees");
+  // A budget past what the device has left is not refused (the blocks that do not fit run on
+  // the CPU, as for a full device), but it is not what the user meant either.
+  const int64_t room = ctx_->info().memory_bytes - weights_->bytes;
+  if (options.kv_device_bytes > 0 && options.kv_device_bytes > room)
+    spdlog::warn("vulkan: the KV budget of {} bytes is more than the {} bytes {} has beside the weights: KV blocks "
+                 "that find no room there run on the CPU",
+                 options.kv_device_bytes, std::max<int64_t>(0, room), ctx_->info().name);
   return Status::Ok();
 }
 
