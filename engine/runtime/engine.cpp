@@ -273,6 +273,8 @@ void Engine::ApplyManifest(AgentRecord& a, const store::Manifest& m) const {
   const size_t cached = m.blocks.size() * m.block_size + (m.tail ? m.tail->n_tokens : 0);
   if (!usable || cached != m.tokens.size()) {
     if (!same_model || !has_text) {
+      // Its files stay until the next commit or rm kv.safetensors: status.json counts them.
+      if (store_) a.disk_bytes = static_cast<int64_t>(store_->CacheFileBytes(a.name));
       if (!m.tokens.empty())
         spdlog::info("engine: agent {}'s cache was made by another model{}; it is rebuilt from its text on its next turn",
                      a.name, same_model ? " (or without its text)" : "");

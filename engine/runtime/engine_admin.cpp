@@ -157,8 +157,6 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
   struct Taken {
     std::vector<BlockHash> memory_keys;  // every key it has had in the pool
     CommitJob job;
-    bool had_tail = false;  // a tail file on disk (ReleaseCache forgets it)
-    int64_t block_bytes = 0;
   };
   auto taken = RunOnEngine<Result<Taken>>([&]() -> Result<Taken> {
     KVFS_ASSIGN_OR_RETURN(AgentRecord* a, StopTurnsOf(name, why, /*keep_queued=*/true));
@@ -170,11 +168,6 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     Taken t;
     NoteKeys(*a);
     t.memory_keys.assign(a->pool_keys.begin(), a->pool_keys.end());
-    {
-      std::lock_guard lock(mu_);
-      t.had_tail = a->disk_tail.has_value();
-      t.block_bytes = KvLayoutFor(model_->hparams(), a->format, options_.block_tokens).block_bytes();
-    }
     ReleaseCache(*a);
     std::lock_guard lock(mu_);
     ++erasures_begun_;
@@ -205,12 +198,12 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
       // the old tail.
       auto r = store_->CommitTurn(name, taken->job.manifest, {}, std::nullopt);
       if (!r.ok()) return r.status();
+      // The files it zeroed and removed, at their sizes on disk (shared blocks stay: not this
+      // erasure's), whatever made them (another model's or format's cache included).
+      report.bytes_freed = r->cache_bytes_shredded;
+      report.files_removed = r->cache_files_shredded;
       std::lock_guard lock(mu_);
       if (auto it = agents_.find(name); it != agents_.end()) {
-        // What the last commit stored (the release keeps disk_bytes; a commit queued before this
-        // one sets both again).
-        report.bytes_freed = static_cast<uint64_t>(it->second->disk_bytes);
-        report.files_removed = taken->had_tail || it->second->disk_tail ? 1 : 0;
         it->second->disk_tail.reset();
         it->second->disk_bytes = 0;
       }
@@ -219,11 +212,8 @@ Result<store::EraseReport> Engine::EraseCache(const std::string& name) {
     KVFS_RETURN_IF_ERROR(CommitNow(std::move(job)));
     for (const BlockHash& h : on_disk_before) {
       if (store_->HasBlock(h)) ++report.blocks_kept_shared;
-      else ++report.blocks_freed, ++report.files_removed;
+      else ++report.blocks_freed;
     }
-    // Shared blocks stay on disk: they are not this erasure's bytes.
-    const uint64_t kept = report.blocks_kept_shared * static_cast<uint64_t>(taken->block_bytes);
-    report.bytes_freed = report.bytes_freed > kept ? report.bytes_freed - kept : 0;
   }
   DrainLoader();
   DropUnnamedBlocks(taken->memory_keys);

@@ -642,6 +642,8 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
     }
   }
   (void)SettleBlockSubdirs(touched);
+  report.cache_bytes_shredded = bytes;
+  report.cache_files_shredded = files;
   report.manifest = std::move(manifest);
   return report;
 }

@@ -96,6 +96,10 @@ struct CommitReport {
   size_t blocks_written = 0;
   size_t blocks_already_present = 0;  // named in new_blocks but stored before (shared or retried)
   uint64_t bytes_written = 0;         // block, tail and manifest files
+  // Files of the cache before it that the commit zeroed and removed (its old tail, blocks no one
+  // names any more), with their sizes on disk: what an erasure of the cache freed.
+  uint64_t cache_bytes_shredded = 0;
+  size_t cache_files_shredded = 0;
   Manifest manifest;                  // as committed (turn, timestamps and tail filled in)
 };
 
@@ -180,6 +184,9 @@ class CacheStore {
   bool NamesCache(const std::string& agent) const;
   // The blocks an agent's committed manifest names (none for a broken one).
   std::vector<BlockHash> CacheBlocks(const std::string& agent) const;
+  // The sizes on disk of the files of the agent's stored cache (its blocks, shared ones too, and
+  // its tail): what it holds on disk whatever made it (another model's cache, say).
+  uint64_t CacheFileBytes(const std::string& agent) const;
 
   // Every agent with a manifest, including those whose manifest is broken; sorted.
   std::vector<std::string> ListAgents() const;

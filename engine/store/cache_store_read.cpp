@@ -1,6 +1,7 @@
 // CacheStore: loading, reading, listing and erasure (open and commit are in cache_store.cpp).
 #include <algorithm>
 #include <mutex>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -187,6 +188,18 @@ std::vector<BlockHash> CacheStore::CacheBlocks(const std::string& agent) const {
   std::shared_lock lock(mu_);
   auto it = agents_.find(agent);
   return it != agents_.end() ? it->second.blocks : std::vector<BlockHash>{};
+}
+
+uint64_t CacheStore::CacheFileBytes(const std::string& agent) const {
+  std::shared_lock lock(mu_);
+  auto it = agents_.find(agent);
+  if (it == agents_.end()) return 0;
+  uint64_t bytes = 0;
+  for (const BlockHash& h : std::set<BlockHash>(it->second.blocks.begin(), it->second.blocks.end()))
+    if (auto p = present_.find(h); p != present_.end()) bytes += p->second;
+  if (it->second.tail)
+    if (auto size = fs_.FileSize(JoinPath(AgentDir(agent), it->second.tail->file)); size.ok()) bytes += *size;
+  return bytes;
 }
 
 std::vector<std::string> CacheStore::ListAgents() const {

@@ -30,7 +30,9 @@ TEST_F(EngineAccountingTest, ErasedAgentsLeaveNoRecordBehind) {
     const std::string name = i % 2 == 0 ? "same" : "agent" + std::to_string(i);
     ASSERT_TRUE(e.CreateAgent(name, 0).ok());
     Greedy(e, name);
-    if (i % 3 == 1) ASSERT_TRUE(RunTurn(e, name, kTurns[0]).stats.ok());
+    if (i % 3 == 1) {
+      ASSERT_TRUE(RunTurn(e, name, kTurns[0]).stats.ok());
+    }
     if (i % 3 == 2) {
       // Erased while its turn runs or its commit is queued: both refer to the record.
       TurnRequest r;

@@ -490,6 +490,21 @@ TEST_F(EngineTest, OtherModelsCacheIsNotLoaded) {
   auto conv = (*engine)->Conversation("alice");
   ASSERT_TRUE(conv.ok());
   EXPECT_EQ(conv->size(), 2u);
+  // Its files are still on disk until the next turn: counted at their sizes, and an erasure of
+  // the cache reports every one of them (the tail included).
+  uint64_t file_bytes = 0;
+  size_t files = 0;
+  for (const fs::path& d : {dir_ / "store" / "blocks", dir_ / "store" / "agents" / "alice"})
+    for (const auto& e : fs::recursive_directory_iterator(d))
+      if (e.is_regular_file() && (e.path().extension() == ".kvb" || e.path().extension() == ".kvt"))
+        file_bytes += e.file_size(), ++files;
+  ASSERT_GE(files, 2u);
+  EXPECT_EQ((*engine)->GetAgent("alice")->disk_bytes, static_cast<int64_t>(file_bytes));
+  auto erased = (*engine)->EraseCache("alice");
+  ASSERT_TRUE(erased.ok()) << erased.status().message();
+  EXPECT_EQ(erased->files_removed, files);
+  EXPECT_EQ(erased->bytes_freed, file_bytes);
+  EXPECT_EQ((*engine)->GetAgent("alice")->disk_bytes, 0);
   TurnOutcome out = RunTurn(**engine, "alice", kTurns[1]);
   ASSERT_TRUE(out.stats.ok()) << out.stats.status().message();
   EXPECT_EQ(out.stats->match, "new");
