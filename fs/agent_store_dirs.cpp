@@ -283,7 +283,7 @@ Result<Attr> AgentStore::Truncate(InodeId ino, uint64_t size, std::optional<Hand
         // The UTF-8 state covers the whole buffer: only a restart from empty keeps it exact. A
         // refused cut refuses the prompt, as a refused write does: its text is not what the
         // writer meant any more.
-        if (size != 0 && size == handle->data.size()) {
+        if (size != 0 && size == handle->prompt_end) {
           // (Python's f.truncate() after its writes: a cut to where it is changes nothing.)
         } else if (size != 0) {
           if (handle->refused.ok()) {

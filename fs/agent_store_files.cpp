@@ -215,7 +215,9 @@ Result<std::shared_ptr<AgentStore::Handle>> AgentStore::OpenAgentFile(const Node
           // writes imports what it has become. A close without writes imports nothing. (Opened
           // to append, `cat x >> kv.safetensors`, it holds what is written: an import of x.)
           KVFS_ASSIGN_OR_RETURN(std::string file, export_cache());
-          KVFS_RETURN_IF_ERROR(handle->import->Write(0, file));
+          Status copied = handle->import->Write(0, file);
+          ShredString(file);  // (the agent's cache and conversation)
+          KVFS_RETURN_IF_ERROR(copied);
         }
         return handle;
       }

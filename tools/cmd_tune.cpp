@@ -35,7 +35,8 @@ constexpr const char* kTuneUsage =
     "  compared with the best so far by timing -n decode steps after -d tokens of context,\n"
     "  alternating the two settings -r times and taking the median of the time ratios; it\n"
     "  is kept when it is --min-gain faster. -o writes the result for kvfsd --vulkan-tuning\n"
-    "  and kvfs run/bench --tuning. The settings change only speed, not what is computed.\n"
+    "  and kvfs run/bench --tuning. The settings change speed; all but attention's split\n"
+    "  compute the same values (the split changes the order of its sums: last bits).\n"
     "  --skip: knobs not to try, of: matvec_group, matvec_lanes, matvec_rows, matvec_ahead,\n"
     "  matvec_norm_group, matvec_min_groups, swiglu_in_matvec, fuse_softmax, subgroup_trees,\n"
     "  attention_split, prefetch_mib.\n";
@@ -101,6 +102,8 @@ int Tune(int argc, char** argv) {
     std::error_code ec;
     const std::filesystem::path parent = std::filesystem::path(*out).parent_path();
     if (std::filesystem::is_directory(*out, ec)) return Fail(2, "-o " + *out + " is a directory");
+    if (std::filesystem::exists(*out, ec) && ::access(out->c_str(), W_OK) != 0)
+      return Fail(2, fmt::format("-o {}: cannot write it: {}", *out, std::strerror(errno)));
     if (::access(parent.empty() ? "." : parent.c_str(), W_OK) != 0)
       return Fail(2, fmt::format("-o {}: cannot write in {}: {}", *out, parent.empty() ? "." : parent.string(),
                                  std::strerror(errno)));

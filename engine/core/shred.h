@@ -10,8 +10,10 @@
 
 namespace kvfs {
 
-// Zeros the bytes, then frees them.
+// Zeros the bytes, the whole buffer's (a string cut or cleared before keeps its old bytes past
+// its end), then frees them.
 inline void ShredString(std::string& s) {
+  s.resize(s.capacity());
   std::fill(s.begin(), s.end(), '\0');
   // (the compiler may not drop the fill: the bytes are still owned and read by no one after,
   // so make the write observable)
@@ -22,6 +24,7 @@ inline void ShredString(std::string& s) {
 
 template <typename T>
 void ShredVector(std::vector<T>& v) {
+  v.resize(v.capacity());
   if (!v.empty()) std::memset(static_cast<void*>(v.data()), 0, v.size() * sizeof(T));
   asm volatile("" : : "r"(v.data()) : "memory");
   v.clear();

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include "engine/core/shred.h"
 #include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
 #include "engine/core/strict_json.h"
@@ -484,6 +485,8 @@ Result<std::string> Engine::ExportCacheOnce(const std::string& name, bool* moved
     }
     if (snap->tail_tokens > 0) chunks.push_back(store::KvChunk{snap->tail, snap->tail_tokens});
     file = read_status.ok() ? store::WriteKvSafetensors(snap->info, chunks) : Result<std::string>(read_status);
+    for (std::vector<uint8_t>& bytes : read) ShredVector(bytes);  // KV rows: not left in freed memory
+    ShredVector(snap->tail);
     // A block the read found damaged is dropped from the store: a new snapshot ends before it.
     if (!read_status.ok())
       *moved_on = moved_since_snapshot() ||

@@ -135,7 +135,7 @@ std::vector<std::string> Engine::PrefixesToCopy(const KvFormat& format, std::spa
     }
   }
   // Copies count against the prefixes' half of the budget too; one that would not fit is not
-  // made (agents in this format then prefill the prefix themselves), and not tried at each turn.
+  // made (agents in this format then prefill the prefix themselves), and warned of once.
   const int64_t block_bytes = KvLayoutFor(model_->hparams(), format, options_.block_tokens).block_bytes();
   std::erase_if(names, [&](const std::string& name) {
     int64_t blocks = 0;
@@ -200,6 +200,9 @@ void Engine::CopyBlocksToPrefixes(const ActiveTurn& turn, const AgentRecord& a) 
       pool_->Release(held);
       blocks.push_back(h);
     }
+    // Checked again: another turn's copy or a new prefix may have been pinned since it began.
+    if (copied && !blocks.empty())
+      copied = PrefixPinFits({}, 0, static_cast<int64_t>(blocks.size()) * turn.seq->block(0)->bytes).ok();
     bool kept = false;
     if (copied) {
       std::lock_guard lock(mu_);

@@ -408,7 +408,7 @@ size_t Engine::SharedPrefillChunk() const {
 // instead of 15), whose matrix passes take 128 tokens at a time anyway.
 size_t Engine::SoloPrefillChunk() const {
   constexpr double kPieceMs = 1000;
-  if (prefill_ms_per_token_ <= 0) return kPrefillChunkAlone;
+  if (prefill_ms_per_token_ <= 0) return kPrefillChunkAloneMin;  // until measured (a GPU: one pass)
   const double n = kPieceMs / prefill_ms_per_token_;
   return static_cast<size_t>(
       std::clamp(n, static_cast<double>(kPrefillChunkAloneMin), static_cast<double>(kPrefillChunkAlone)));

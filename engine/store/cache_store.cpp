@@ -498,6 +498,8 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   if (prev && copies_previous_manifest_) {
     if (auto old = fs_.FileSize(JoinPath(adir, kManifestName)); old.ok()) needed += in_units(*old);
   }
+  uint64_t early_bytes = 0;  // the cache's files a full disk made go first (below)
+  size_t early_files = 0;
   if (auto free = fs_.FreeBytes(dir_); free.ok() && *free < needed) {
     if (!manifest.blocks.empty() || manifest.tail || !prev || keep_tail) {  // (keep_tail: an edit)
       const bool edit = keep_tail || (new_blocks.empty() && !tail);  // a manifest and no KV data
@@ -526,6 +528,8 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
       touched.insert(BlockSubdir(h));
     }
     (void)SettleBlockSubdirs(touched);
+    early_bytes = bytes;
+    early_files = files;
   }
   std::optional<std::vector<uint8_t>> previous;
   if (prev || was_broken) {
@@ -538,6 +542,8 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
   }
 
   CommitReport report;
+  report.cache_bytes_shredded = early_bytes;
+  report.cache_files_shredded = early_files;
   // On an error from here on, the blocks this call wrote that nothing references are shredded at
   // once: they hold the agent's attention state, and an erasure only finds what a record names.
   std::vector<BlockHash> written;
@@ -642,8 +648,8 @@ Result<CommitReport> CacheStore::CommitTurn(const std::string& agent, Manifest m
     }
   }
   (void)SettleBlockSubdirs(touched);
-  report.cache_bytes_shredded = bytes;
-  report.cache_files_shredded = files;
+  report.cache_bytes_shredded += bytes;
+  report.cache_files_shredded += files;
   report.manifest = std::move(manifest);
   return report;
 }

@@ -31,7 +31,11 @@ class SlowBackend final : public Backend {
       std::lock_guard lock(mu_);
       pass_tokens_.push_back(tokens);
     }
-    passes_started.fetch_add(1);
+    const int pass = passes_started.fetch_add(1);
+    // The held pass waits for the test's erasure to be on its way: a stalled test thread cannot
+    // let the prompt run to its end first.
+    for (int waited = 0; pass == hold_pass.load() && !released.load() && waited < 20000; ++waited)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::this_thread::sleep_for(std::chrono::milliseconds(kMsPerToken * static_cast<int64_t>(tokens)));
     return cpu_->Forward(steps, out);
   }
@@ -40,6 +44,8 @@ class SlowBackend final : public Backend {
     return pass_tokens_;
   }
   std::atomic<int> passes_started{0};
+  std::atomic<int> hold_pass{-1};  // this pass (0-based) waits for `released`
+  std::atomic<bool> released{false};
 
  private:
   std::unique_ptr<Backend> cpu_;
@@ -89,9 +95,11 @@ TEST_F(EnginePrefillPieceTest, ALongPromptRunsInPiecesOfAboutASecondAndItsErasur
   r.text = Words(300);
   r.on_done = [&](const Result<TurnStats>& s) { done.set_value(s); };
   const int before = backend_seen_->passes_started.load();
+  backend_seen_->hold_pass = before;  // bob's first piece
   ASSERT_TRUE((*engine)->SubmitTurn(std::move(r)).ok());
   while (backend_seen_->passes_started.load() < before + 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const int at_erase = backend_seen_->passes_started.load();
+  backend_seen_->released = true;  // (the piece still takes ~0.6 s: the erasure comes within it)
   auto erased = (*engine)->EraseAgent("bob");
   const int after_erase = backend_seen_->passes_started.load();
   ASSERT_TRUE(erased.ok()) << erased.status().message();

@@ -137,10 +137,15 @@ TEST_F(EngineStateTest, CacheErasureOnAFullDiskMakesRoomFirst) {
     const uint64_t used = kLarge - *disk.FreeBytes("/s");
     disk.SetCapacity(used + 64);  // full: no room for another manifest
     EXPECT_EQ(RunTurn(**engine, "alice", " One day, she saw a big dog.").stats.status().code(), StatusCode::kNoSpace);
+    const std::vector<std::string> files_before = cache_files();
+    uint64_t bytes_before = 0;
+    for (const std::string& f : files_before) bytes_before += *disk.FileSize(f);
 
     auto erased = (*engine)->EraseCache("alice");
     ASSERT_TRUE(erased.ok()) << erased.status().message();
     EXPECT_GT(erased->blocks_freed, 0u);
+    EXPECT_EQ(erased->files_removed, files_before.size());  // (went first, to make room)
+    EXPECT_EQ(erased->bytes_freed, bytes_before);
     EXPECT_EQ(cache_files(), std::vector<std::string>{});
     EXPECT_EQ(disk.released_unzeroed(), std::vector<std::string>{});
     EXPECT_EQ((*engine)->GetAgent("alice")->disk_bytes, 0);

@@ -70,6 +70,15 @@ TEST_F(StoreTest, APromptCutToZeroIsWrittenAgainFromZero) {
   EXPECT_EQ(store_->Flush(h).code(), StatusCode::kInvalidArgument);
   store_->Release(h);
   EXPECT_EQ(engine_->Conversation("alice")->size(), 2u);
+  // C's way, then Python's f.truncate() at the writer's offset: a cut to where it is.
+  h = *store_->Open(prompt, OpenFlags{false, true, false, false}, kRoot);
+  ASSERT_EQ(*store_->Write(h, 0, "draft"), 5u);
+  ASSERT_TRUE(store_->Truncate(prompt, 0, h, kRoot).ok());
+  ASSERT_EQ(*store_->Write(h, 5, "abc"), 3u);
+  ASSERT_TRUE(store_->Truncate(prompt, 8, h, kRoot).ok());
+  ASSERT_TRUE(store_->Flush(h).ok());
+  store_->Release(h);
+  EXPECT_EQ(*Cat("alice", "response"), FakeEngine::ReplyFor(2, "abc"));
 }
 
 TEST_F(StoreTest, ResponseReadBlocksUntilTextAndCanBeInterrupted) {
