@@ -286,6 +286,7 @@ void Engine::LoaderLoop() {
       }
       job = std::move(load_queue_.front());
       load_queue_.pop_front();
+      loader_busy_ = true;
     }
     for (const BlockHash& h : job.blocks) {
       PoolBlock* b = pool_->Contains(h) ? nullptr : LoadBlock(h, job.layout);
@@ -309,7 +310,16 @@ void Engine::LoaderLoop() {
       }
     }
     if (job.done) job.done(tail_key);
+    {
+      std::lock_guard lock(load_mu_);
+      loader_busy_ = false;
+    }
   }
+}
+
+bool Engine::LoaderBusy() {
+  std::lock_guard lock(load_mu_);
+  return loader_busy_ || !load_queue_.empty();
 }
 
 void Engine::DrainLoader() {

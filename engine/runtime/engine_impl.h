@@ -392,6 +392,8 @@ class Engine final : public AgentEngine {
   void LoaderLoop();
   // Waits until the loader has finished every job queued so far.
   void DrainLoader();
+  // Whether the loader has a job queued or running (takes load_mu_).
+  bool LoaderBusy();
   std::vector<BlockHash> AgentBlockKeys(const AgentRecord& agent) const;
   // Engine thread: adds the agent's current keys to agent.pool_keys (before they change).
   void NoteKeys(AgentRecord& agent) const;
@@ -506,6 +508,7 @@ class Engine final : public AgentEngine {
   std::deque<engine_internal::LoadJob> load_queue_;
   bool load_stopping_ = false;
   bool loader_ended_ = false;  // the loader thread has returned: its queue is read no more
+  bool loader_busy_ = false;   // load_mu_: a job is being loaded (its blocks held meanwhile)
 
   std::thread engine_thread_, store_thread_, loader_thread_;
   std::thread reserve_thread_;  // fills the pool's free list at start (EngineOptions::kv_reserve_bytes)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -76,15 +77,22 @@ size_t Engine::ReserveStepKv(std::vector<SequenceStep>& steps, std::vector<Activ
       std::lock_guard lock(mu_);
       tasks_pending = !tasks_.empty();
     }
+    // A load holds the blocks it reads until it ends (then they are idle, evictable): no reason
+    // to fail a turn either.
+    const bool loading = LoaderBusy();
     std::unique_lock lock(store_mu_);
-    if (store_jobs_ > 0 || tasks_pending) {
+    if (store_jobs_ > 0 || tasks_pending || loading) {
       // Blocks of finished turns become evictable once the store has written them: while it has
       // work, wait for a job (briefly: the engine loop comes back here) instead of failing. The
       // engine's own tasks run first too.
       const size_t before = store_jobs_;
-      if (!tasks_pending)
+      if (!tasks_pending && !loading)
         store_job_done_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return store_jobs_ < before; });
-      lock.unlock();
+      if (loading && !tasks_pending) {
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // (the load takes milliseconds)
+      }
+      if (lock.owns_lock()) lock.unlock();
       NoteWaitingForKv(owners, short_of_memory);
       steps.clear();
       owners.clear();
