@@ -115,8 +115,7 @@ Status ImportBuffer::Spill(uint64_t new_size) {
   if (::ftruncate(fd, static_cast<off_t>(file_size)) != 0) return give_up(errno, "size a large import in");
   fd_ = fd;
   size_ = file_size;
-  std::fill(data_.begin(), data_.end(), '\0');  // KV data: not left in freed memory either
-  std::string().swap(data_);
+  ShredString(data_);  // KV data: not left in freed memory either
   memory_.Resize(0, options_.memory_limit);
   return Status::Ok();
 }
@@ -242,8 +241,7 @@ void ImportBuffer::Wipe() {
 void ImportBuffer::Clear() {
   Wipe();
   poisoned_ = false;
-  std::fill(data_.begin(), data_.end(), '\0');
-  std::string().swap(data_);
+  ShredString(data_);
   memory_.Resize(0, options_.memory_limit);
   size_ = 0;
 }

@@ -124,6 +124,7 @@ std::vector<std::string> Engine::PrefixesToCopy(const KvFormat& format, std::spa
   const uint32_t id = KvFormatId(format);
   if (!default_format.ok() || KvFormatId(*default_format) == id) return names;  // pinned with the prefix
   const size_t B = static_cast<size_t>(options_.block_tokens);
+  std::vector<std::pair<std::string, int64_t>> candidates;  // name, full blocks
   {
     std::lock_guard lock(mu_);
     for (const auto& [name, p] : prefixes_) {
@@ -131,29 +132,24 @@ std::vector<std::string> Engine::PrefixesToCopy(const KvFormat& format, std::spa
       if (p.blocks.empty() || p.other_formats.count(id) || full == 0 || full >= context.size() ||
           !std::equal(p.tokens.begin(), p.tokens.begin() + static_cast<std::ptrdiff_t>(full), context.begin()))
         continue;
-      names.push_back(name);
+      candidates.emplace_back(name, static_cast<int64_t>(full / B));
     }
   }
   // Copies count against the prefixes' half of the budget too; one that would not fit is not
   // made (agents in this format then prefill the prefix themselves), and warned of once.
   const int64_t block_bytes = KvLayoutFor(model_->hparams(), format, options_.block_tokens).block_bytes();
-  std::erase_if(names, [&](const std::string& name) {
-    int64_t blocks = 0;
-    {
-      std::lock_guard lock(mu_);
-      auto it = prefixes_.find(name);
-      if (it == prefixes_.end()) return true;
-      blocks = static_cast<int64_t>(it->second.tokens.size() / B);
+  for (const auto& [name, blocks] : candidates) {
+    const kvfs::Status fits = PrefixPinFits({}, 0, blocks * block_bytes);
+    if (fits.ok()) {
+      names.push_back(name);
+      continue;
     }
-    kvfs::Status fits = PrefixPinFits({}, 0, blocks * block_bytes);
-    if (fits.ok()) return false;
     std::lock_guard lock(mu_);
     auto it = prefixes_.find(name);
     if (it != prefixes_.end() && it->second.formats_not_copied.insert(id).second)
       spdlog::warn("engine: prefix {} is not shared in KV format {}: its copy would not fit ({})", name, format.Name(),
                    fits.message());
-    return true;
-  });
+  }
   return names;
 }
 

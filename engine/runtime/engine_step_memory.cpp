@@ -88,11 +88,8 @@ size_t Engine::ReserveStepKv(std::vector<SequenceStep>& steps, std::vector<Activ
       const size_t before = store_jobs_;
       if (!tasks_pending && !loading)
         store_job_done_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return store_jobs_ < before; });
-      if (loading && !tasks_pending) {
-        lock.unlock();
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // (the load takes milliseconds)
-      }
-      if (lock.owns_lock()) lock.unlock();
+      lock.unlock();
+      if (loading && !tasks_pending) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // (a load: ms)
       NoteWaitingForKv(owners, short_of_memory);
       steps.clear();
       owners.clear();
