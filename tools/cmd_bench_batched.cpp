@@ -28,7 +28,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: kvfs bench batched -m MODEL [--npp 1024] [--ntg 64] [--npl 1,4,8] [--kv q4] [-t 2] [-r 1]\n"
     "                          [--backend cpu|vulkan] [--device N] [--profile] [--serial-attention]\n"
-    "                          [--dispatch-per-sequence] [--copy-kv-rows] [--no-warmup] [--json]\n"
+    "                          [--dispatch-per-sequence] [--copy-kv-rows] [--batch-variant] [--no-warmup] [--json]\n"
     "  per batch size (--npl): prefill --npp tokens into each sequence (all together), then\n"
     "  --ntg steps decoding one token of every sequence per forward pass; tokens/s of all\n"
     "  sequences, decode speed-up over one sequence (\"-\" without --npl 1), medians over -r\n"
@@ -45,7 +45,12 @@ constexpr const char* kUsage =
     "  (softmax: of all layouts), to measure what merging them saves.\n"
     "  --copy-kv-rows (vulkan): the new K/V rows copied into the host's write-back buffer at the\n"
     "  end of each pass (a copy per sequence, layer and plane) instead of written there by\n"
-    "  kv_store, to measure what that saves.\n";
+    "  kv_store, to measure what that saves.\n"
+    "  --batch-variant (vulkan): a pass of more than 8 rows multiplies them all with the tiled\n"
+    "  matrix shaders (weights read once per 64 rows) instead of each sequence's rows with the\n"
+    "  shader its own length picks (decode rows: the matrix-vector shaders, weights read once per\n"
+    "  16 rows), to measure what batch invariance costs (a sequence's logits then depend on what\n"
+    "  shares its pass).\n";
 
 using Clock = std::chrono::steady_clock;
 
@@ -60,7 +65,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 int BenchBatched(int argc, char** argv) {
   Args args(argc, argv, {"-m", "--npp", "--ntg", "--npl", "--kv", "--kv-rotate", "-t", "-r", "--backend", "--device", "--tuning"},
-            {"--json", "--profile", "--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows", "--no-warmup",
+            {"--json", "--profile", "--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows", "--batch-variant", "--no-warmup",
              "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kUsage, stdout);
@@ -74,12 +79,14 @@ int BenchBatched(int argc, char** argv) {
   const int threads = static_cast<int>(args.get_int("-t", 2, 1, 1024));
   const int reps = static_cast<int>(args.get_int("-r", 1, 1, 1000));
   BackendChoice choice = ReadBackendChoice(args, threads);
-  RefuseVulkanOnlyOptions(args, choice, {"--profile", "--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows"});
+  RefuseVulkanOnlyOptions(args, choice,
+                          {"--profile", "--serial-attention", "--dispatch-per-sequence", "--copy-kv-rows", "--batch-variant"});
   choice.cpu_fallback = false;  // the figures are the device's or an error, never the CPU's
   choice.profile = args.has("--profile");
   choice.batch_attention = !args.has("--serial-attention");
   choice.kv_rows_by_kv_store = !args.has("--copy-kv-rows");
   choice.merge_sequences = !args.has("--dispatch-per-sequence");
+  choice.batch_invariant = !args.has("--batch-variant");
   if (!args.error().empty()) return Fail(args.error());
   auto npl_list = ParseIntList(args.get("--npl").value_or("1,4,8"), "--npl", 1, 256);
   if (!npl_list.ok()) return Fail(npl_list.status().message());

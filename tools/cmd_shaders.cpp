@@ -22,7 +22,7 @@ namespace {
 
 constexpr const char* kShadersUsage =
     "usage: kvfs shaders -m MODEL [--device N] [-t 1,512] [--kv f16,q4k] [-d 4096] [--block N]\n"
-    "                    [--tuning FILE] [--stat NAME,...] [--json]\n"
+    "                    [--tuning FILE] [--stat NAME,...] [--short-steps] [--json]\n"
     "  For each distinct weight matrix of the model (type and shape, stacked as the Vulkan\n"
     "  backend stacks them), the pipeline that multiplies it by -t activation rows (1: decode,\n"
     "  512: a prompt) and the device compiler's statistics of that pipeline: registers,\n"
@@ -37,7 +37,8 @@ constexpr const char* kShadersUsage =
     "    RADV_FORCE_FAMILY=gfx1100 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json \\\n"
     "    RADV_DEBUG=nocache kvfs shaders -m MODEL\n"
     "  --stat: the statistics to print (default all); --tuning: plan with the settings kvfs\n"
-    "  tune found.\n";
+    "  tune found; --short-steps: -t counts over 8 are the rows of as many short steps (a decode\n"
+    "  step of that many agents, on the matrix-vector shaders), not one prompt's.\n";
 
 int Fail(int code, const std::string& m) {
   std::fprintf(stderr, "kvfs shaders: %s\n", m.c_str());
@@ -77,7 +78,7 @@ std::string StatisticsText(const std::vector<ShaderStatistic>& all, const std::v
 
 int Shaders(int argc, char** argv) {
   Args args(argc, argv, {"-m", "--device", "-t", "--kv", "-d", "--block", "--tuning", "--stat"},
-            {"--json", "-h", "--help"});
+            {"--json", "--short-steps", "-h", "--help"});
   if (args.has("-h") || args.has("--help")) {
     std::fputs(kShadersUsage, stdout);
     return 0;
@@ -95,6 +96,7 @@ int Shaders(int argc, char** argv) {
   if (auto kv = args.get("--kv")) options.kv = *kv == "none" ? std::vector<std::string>{} : SplitList(*kv);
   options.depth = args.get_int("-d", 4096, 0, 1 << 24);
   options.block_tokens = args.get_int("--block", 256, 1, 1 << 16);
+  options.short_steps = args.has("--short-steps");
   const std::vector<std::string> stats =
       args.has("--stat") ? SplitList(*args.get("--stat")) : std::vector<std::string>{};
   if (!args.error().empty()) return Fail(2, args.error() + " (see kvfs shaders --help)");
@@ -147,6 +149,7 @@ int Shaders(int argc, char** argv) {
                        {"rows_per_group", s.rows_per_group},
                        {"tokens_per_group", s.tokens_per_group},
                        {"norm", s.norm},
+                       {"short_steps", s.short_steps},
                        {"statistics", StatisticsJson(s.statistics, stats)}});
     }
     nlohmann::json attention = nlohmann::json::array();
@@ -182,7 +185,8 @@ int Shaders(int argc, char** argv) {
   for (const MatrixShader& s : report.shaders) {
     std::string line = fmt::format("{:<8} {:<5} {:>6} -> {:<7} x{:<3} t{:<4} {} [{}] {}x{} per group{}", s.matrices,
                                    s.type, s.n_in, s.n_out, s.layers, s.tokens, s.shader, Constants(s.constants),
-                                   s.rows_per_group, s.tokens_per_group, s.norm ? ", its norm inside" : "");
+                                   s.rows_per_group, s.tokens_per_group,
+                                   s.norm ? ", its norm inside" : (s.short_steps ? ", short steps' rows" : ""));
     std::printf("%s%s\n", line.c_str(), StatisticsText(s.statistics, stats).c_str());
   }
   for (const AttentionShader& s : report.attention) {

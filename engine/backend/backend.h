@@ -227,6 +227,11 @@ struct VulkanOptions {
   bool contract_floats = false;    // let the device fuse a float multiply and add into one
                                    // rounding (off: each rounds as on the CPU, whose bits the
                                    // pass then gives on any device; vk/spirv_no_contraction.h)
+  bool batch_invariant = true;     // each step's rows on the matrix shader its own length picks
+                                   // (step_order.h), so a sequence's logits are the same bits
+                                   // whatever shares its pass; off: a pass of more than 8 rows
+                                   // takes the tiled shaders for all (decode of more than 16
+                                   // agents then reads the weights fewer times)
   VulkanTuning tuning;
   int64_t device_local_limit = 0;  // fault injection (tests): device-local memory beyond this many
                                    // bytes fails as a full device's (vk::Context); 0: none
@@ -257,6 +262,7 @@ struct BackendRequest {
   bool kv_rows_by_kv_store = true;  // Vulkan: VulkanOptions::kv_rows_by_kv_store
   bool merge_sequences = true;      // Vulkan: VulkanOptions::merge_sequences
   bool contract_floats = false;     // Vulkan: VulkanOptions::contract_floats
+  bool batch_invariant = true;      // Vulkan: VulkanOptions::batch_invariant
   VulkanTuning tuning;            // Vulkan: VulkanOptions::tuning
   std::string tuning_file;        // Vulkan: a file of kvfs tune's; its tuning replaces `tuning`
                                   // when it was made for this device and model (else a warning)

@@ -97,6 +97,7 @@ Result<ChosenBackend> MakeRequestedBackend(const Model& model, const BackendRequ
                                   .merge_sequences = request.merge_sequences,
                                   .kv_rows_by_kv_store = request.kv_rows_by_kv_store,
                                   .contract_floats = request.contract_floats,
+                                  .batch_invariant = request.batch_invariant,
                                   .tuning = tuning,
                                   .device_local_limit = request.device_local_limit};
       Result<std::unique_ptr<Backend>> made = MakeVulkanBackend(model, options);

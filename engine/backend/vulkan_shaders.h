@@ -34,12 +34,14 @@ struct MatrixShader {
   int64_t n_in = 0;
   int64_t n_out = 0;     // rows (of all stacked matrices)
   int64_t layers = 0;    // layers with a matrix of this kind, type and shape (1 for "output")
-  int64_t tokens = 0;    // activation rows multiplied at once
+  int64_t tokens = 0;    // activation rows multiplied at once (the output matrix of a prompt of
+                         // more than 8: its last row only, on the tiled shader as the prompt's)
   std::string shader;    // the pipeline's shader (e.g. "matvec_quant_idot_sg")
   std::vector<uint32_t> constants;  // its specialization constants, ids 0.. in order
   uint32_t rows_per_group = 0;      // outputs each workgroup computes: rows by tokens
   uint32_t tokens_per_group = 0;
   bool norm = false;  // makes its input's RMSNorm itself (VulkanMatvecShape::norm_group)
+  bool short_steps = false;  // the rows of that many short steps (ShaderReportOptions::short_steps)
   std::vector<ShaderStatistic> statistics;  // empty when the device reports none
 };
 
@@ -82,6 +84,8 @@ struct ShaderReportOptions {
   std::vector<std::string> kv = {"f16", "q4k"};  // KV formats whose attention to plan (none: skip)
   int64_t depth = 4096;                          // positions cached before the tokens
   int64_t block_tokens = 256;                    // tokens per KV block (as the engine's default)
+  bool short_steps = false;  // more than 8 tokens as the rows of as many short steps (a busy
+                             // decode step: the matrix-vector shaders), not of one prompt
 };
 
 // Unsupported without the Vulkan backend; the device's errors otherwise.

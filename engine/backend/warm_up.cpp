@@ -24,7 +24,7 @@ struct WarmUpPass {
 // attention takes query tiles of 1, 2, 4, ... tokens, makes the new keys itself for up to 4,
 // merges the calls of sequences in one pass, splits decode past 128 positions, and q4k
 // encodes key chunks of 64 positions when a step completes one. The passes below cover those
-// for prompts alone and together, and decode alone, in twos and fours.
+// for prompts alone and together, decode alone, in twos and fours, and beside a prompt.
 constexpr WarmUpPass kPasses[] = {
     {"a 140-token prompt", {140, 0, 0, 0}},  // tiles of 64; sequence 0 is deep enough to split
     {"a 24-token prompt", {0, 24, 0, 0}},
@@ -44,6 +44,11 @@ constexpr WarmUpPass kPasses[] = {
     {"a 6-token prompt", {0, 6, 0, 0}},
     {"a 50-token prompt", {0, 0, 0, 50}},  // sequence 3: 77 -> 127 tokens
     {"decoding four sequences, one into a new chunk", {1, 1, 1, 1}},
+    // A prompt beside decoding sequences: their rows on the matrix-vector shaders (1, 2 and 4 a
+    // workgroup) without the fusions a pass of short steps alone has (step_order.h).
+    {"a prompt beside one sequence decoding", {1, 0, 12, 0}},
+    {"a prompt beside two sequences decoding", {1, 1, 12, 0}},
+    {"a prompt beside three sequences decoding", {1, 1, 12, 1}},
 };
 
 // Token ids spread over the vocabulary (any ids do: only the shapes of the passes matter).

@@ -47,7 +47,16 @@ PoolBlock* Engine::LoadBlock(const BlockHash& hash, const KvLayout& layout) {
   if (!b.ok()) return nullptr;
   kvfs::Status read = store_->ReadBlockInto(hash, std::span<uint8_t>((*b)->data, static_cast<size_t>(layout.block_bytes())));
   if (!read.ok()) {
-    spdlog::warn("engine: block {} could not be loaded ({}); recomputing from there", store::ToHex(hash), read.message());
+    // Gone since HasBlock: an erasure (or a commit dropping it) came first, which is no fault (a
+    // background load of an agent being erased meets it). Any other failure is worth a warning.
+    // Either way the turn that needs the block computes it again.
+    if (read.code() == StatusCode::kNotFound) {
+      spdlog::info("engine: block {} was removed before it could be loaded; a turn that needs it recomputes it",
+                   store::ToHex(hash));
+    } else {
+      spdlog::warn("engine: block {} could not be loaded ({}); a turn that needs it recomputes it",
+                   store::ToHex(hash), read.message());
+    }
     pool_->Release(*b);
     return nullptr;
   }

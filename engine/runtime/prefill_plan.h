@@ -16,6 +16,8 @@
 #include <span>
 #include <vector>
 
+#include "engine/backend/step_order.h"
+
 namespace kvfs::engine_internal {
 
 struct PrefillWant {
@@ -27,6 +29,11 @@ struct PrefillWant {
 // beyond the step's budget but within its short budget, so agents that arrive together start
 // decoding together.
 constexpr size_t kShortPrefill = 64;
+// The shortest piece of a prompt cut in several, and the shortest rest it leaves: one token more
+// than a backend's short steps (kShortStepTokens), which may take other kernels, whose sums
+// come out in other bits. Cut so, a prompt's tokens take the same kernels however it is cut,
+// alone or beside other agents. A prompt of at most kShortStepTokens tokens is never cut.
+constexpr size_t kMinPrefillPiece = static_cast<size_t>(kShortStepTokens) + 1;
 // Steps in a row a prefilling turn may be passed over before it goes first.
 constexpr size_t kMaxPrefillWait = 8;
 
@@ -34,7 +41,8 @@ constexpr size_t kMaxPrefillWait = 8;
 // order: those passed over kMaxPrefillWait steps or more (the longest waiting first), then the
 // least left first (ties: the given order, which is arrival order). A short remainder
 // (<= kShortPrefill) that fits what is left of `short_budget` is taken whole; any other turn
-// takes what is left of `budget`. Once a turn's prompt ends in the step, the turns after it
+// takes what is left of `budget` (a partial piece at least kMinPrefillPiece, leaving as much or
+// taking the whole when it cannot). Once a turn's prompt ends in the step, the turns after it
 // join only if they end in it too (several agents' turns arriving together still start
 // decoding together), never with a partial chunk: in the staggered case the first prompt's
 // last token shared a pass with 511 tokens of the second's, which put ~1 s on the first agent's

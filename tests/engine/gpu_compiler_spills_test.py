@@ -9,7 +9,8 @@ it makes a null device whose compiler reports each pipeline's registers and spil
 anything. A spilled register lives in device memory, so each use waits a memory latency: in
 decode's chains of short dispatches that costs more than any setting gains. So the test holds
 every pipeline of a prompt and a decode step (the matrices of every type a model mix uses,
-attention, alone and merged, for every KV format, and the norms) to zero spilled vector and scalar registers.
+attention, alone and merged, for every KV format, and the norms) and the matrices of a decode
+step of 32 agents (the matrix-vector shaders' wide groups) to zero spilled vector and scalar registers.
 Raising matvec_quant's units ahead to 8, for one, spills 56 registers there.
 
 The models are llama3.1-8b (head_dim 128, 4 query heads a KV head; Q4_0 and the q4_k_m mix) and
@@ -60,10 +61,18 @@ def main():
         path = model(preset, kind)
         run = subprocess.run([KVFS, 'shaders', '-m', path, '-t', '1,512', '--kv', ','.join(KV_FORMATS), '--stat',
                               ','.join(SPILLS), '--json'], env=env, capture_output=True, text=True, timeout=600)
-        if run.returncode != 0:
-            failures.append('%s: kvfs shaders exited %d: %s' % (path, run.returncode, run.stderr[-2000:]))
+        # And a decode step of 32 agents (batch-invariant: the matrix-vector shaders' wide groups).
+        busy = subprocess.run([KVFS, 'shaders', '-m', path, '-t', '32', '--short-steps', '--kv', 'none', '--stat',
+                               ','.join(SPILLS), '--json'], env=env, capture_output=True, text=True, timeout=600)
+        if run.returncode != 0 or busy.returncode != 0:
+            failures.append('%s: kvfs shaders exited %d, %d: %s' % (path, run.returncode, busy.returncode,
+                                                                    (run.stderr + busy.stderr)[-2000:]))
             continue
         report = json.loads(run.stdout)
+        wide = [m for m in json.loads(busy.stdout)['shaders'] if m['short_steps'] and m['tokens_per_group'] > 4]
+        if not wide:
+            failures.append('%s: no matrix-vector pipeline of more than 4 rows for 32 short steps' % path)
+        report['shaders'] += wide
         # The null device answered, not lavapipe (whose compiler reports no spills at all).
         if 'RADV' not in report['device'] or not report['statistics']:
             failures.append('%s: device %r, statistics %r' % (path, report['device'], report['statistics']))
@@ -77,7 +86,7 @@ def main():
                         failures.append('%s: no %s %s pipeline for %d tokens' % (path, kv, step, tokens))
         if {n['norm'] for n in report.get('norms', [])} != {'attention', 'feed-forward', 'output'}:
             failures.append('%s: norm pipelines %s' % (path, [n['norm'] for n in report.get('norms', [])]))
-        if {m['tokens'] for m in report['shaders']} != {1, 512}:
+        if {m['tokens'] for m in report['shaders']} != {1, 512, 32}:
             failures.append('%s: matrix pipelines for tokens %s' % (path, sorted({m['tokens'] for m in report['shaders']})))
         for entry in report['shaders'] + report['attention'] + report.get('norms', []):
             what = '%s %s %s' % (entry['shader'], entry['constants'],

@@ -34,7 +34,23 @@ TEST(PrefillPlan, LeastLeftFirst) {
   // Ties keep the given (arrival) order.
   EXPECT_EQ(Plan({{700, 0}, {700, 0}}, 512), (std::vector<size_t>{512, 0}));
   EXPECT_EQ(Plan({{4, 0}, {9, 0}}, 5, 0), (std::vector<size_t>{4, 0}));
-  EXPECT_EQ(Plan({{9, 0}, {12, 0}}, 5, 0), (std::vector<size_t>{5, 0}));
+  EXPECT_EQ(Plan({{40, 0}, {52, 0}}, 20, 0), (std::vector<size_t>{20, 0}));
+}
+
+// A prompt cut in pieces is cut where both sides are longer than a backend's short steps
+// (step_order.h): its tokens then take the same kernels however the budget falls. A prompt of
+// at most kShortStepTokens is never cut, nor a piece left that short.
+TEST(PrefillPlan, PiecesLongerThanShortSteps) {
+  static_assert(kMinPrefillPiece == kShortStepTokens + 1);
+  EXPECT_EQ(Plan({{9, 0}, {12, 0}}, 5, 0), (std::vector<size_t>{9, 0}));     // 5 + 4 would be two short steps
+  EXPECT_EQ(Plan({{17, 0}}, 8, 0), (std::vector<size_t>{17}));              // 9 + 8 would leave a short one
+  EXPECT_EQ(Plan({{18, 0}}, 8, 0), (std::vector<size_t>{9}));               // 9 + 9
+  EXPECT_EQ(Plan({{100, 0}}, 95, 0), (std::vector<size_t>{91}));            // not 95 + 5
+  EXPECT_EQ(Plan({{100, 0}}, 3, 0), (std::vector<size_t>{9}));              // not 3 + 97
+  EXPECT_EQ(Plan({{6, 0}}, 2, 0), (std::vector<size_t>{6}));                // never cut
+  EXPECT_EQ(Plan({{300, 0}, {400, 0}}, 295, 0), (std::vector<size_t>{291, 0}));  // no crumbs of 4 for the second
+  EXPECT_EQ(Plan({{300, 0}, {400, 0}}, 320, 0), (std::vector<size_t>{300, 0}));  // (one prompt ends: no partial)
+  EXPECT_EQ(Plan({{30, 0}, {400, 0}}, 45, 0), (std::vector<size_t>{30, 0}));
 }
 
 // Cached agents' new turns (tens of tokens) are taken whole beyond the budget, within the short
@@ -42,7 +58,7 @@ TEST(PrefillPlan, LeastLeftFirst) {
 TEST(PrefillPlan, ShortRemaindersWhole) {
   EXPECT_EQ(Plan({{4000, 0}, {17, 0}, {17, 0}}, 5), (std::vector<size_t>{0, 17, 17}));
   EXPECT_EQ(Plan({{64, 0}, {65, 0}}, 8), (std::vector<size_t>{64, 0}));
-  EXPECT_EQ(Plan({{65, 0}}, 8), (std::vector<size_t>{8}));
+  EXPECT_EQ(Plan({{65, 0}}, 8), (std::vector<size_t>{kMinPrefillPiece}));
   std::vector<PrefillWant> many(10, PrefillWant{60, 0});
   const std::vector<size_t> plan = Plan(many, 100, 512);
   // 8 x 60 = 480 whole within 512; the 9th does not fit whole and the budget is used up.
@@ -91,13 +107,19 @@ TEST(PrefillPlan, BoundsAndNoStarvation) {
     size_t shared = 0, whole = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       ASSERT_LE(plan[i], wants[i].left);
+      if (plan[i] > 0 && plan[i] < wants[i].left) {  // a cut: both sides longer than short steps
+        ASSERT_GE(plan[i], kMinPrefillPiece);
+        ASSERT_GE(wants[i].left - plan[i], kMinPrefillPiece);
+      }
       if (plan[i] == wants[i].left && wants[i].left <= kShortPrefill) {
         whole += plan[i];
       } else {
         shared += plan[i];
       }
     }
-    ASSERT_LE(shared, budget);
+    // (over only for the first turn, by less than two short pieces: a cut's sides are at least
+    // kMinPrefillPiece long)
+    ASSERT_LE(shared, std::max(budget, 2 * kMinPrefillPiece - 1));
     ASSERT_LE(whole, short_budget);
     for (size_t i = 0; i < turns.size(); ++i) {
       Turn& t = turns[i];

@@ -4,6 +4,7 @@
 // for stacked and unstacked layers and under a tuning with another matrix-vector shape. Runs on
 // lavapipe in CI; skips without a device.
 #include <map>
+#include <memory>
 #include <set>
 
 #include "engine/backend/backend.h"
@@ -25,12 +26,12 @@ std::string Joined(const std::vector<uint32_t>& constants) {
 }
 
 // Dispatch counts the report's lines predict for one pass: each matrix's dispatch per layer,
-// under the profile's label (matrix shaders by grid width). `tokens` picks the lines; the
-// output matrix multiplies only the rows whose logits are wanted (output_tokens).
-std::map<std::string, int> Predicted(const ShaderReport& report, int64_t tokens, int64_t output_tokens) {
+// under the profile's label (matrix shaders by grid width). `tokens` picks the lines (a
+// prompt's output line is its last row's, as the pass multiplies it).
+std::map<std::string, int> Predicted(const ShaderReport& report, int64_t tokens) {
   std::map<std::string, int> out;
   for (const MatrixShader& s : report.shaders) {
-    if (s.tokens != (s.matrices == "output" ? output_tokens : tokens)) continue;
+    if (s.tokens != tokens) continue;
     const int64_t groups = (s.n_out + s.rows_per_group - 1) / s.rows_per_group;
     out[s.shader + " [" + std::to_string(groups) + "]"] += static_cast<int>(s.layers);
   }
@@ -46,10 +47,10 @@ std::map<std::string, int> MatrixDispatches(const std::string& profile) {
 }
 
 // The same per pipeline: the report's shader and specialization constants.
-std::map<std::string, int> PredictedPipelines(const ShaderReport& report, int64_t tokens, int64_t output_tokens) {
+std::map<std::string, int> PredictedPipelines(const ShaderReport& report, int64_t tokens) {
   std::map<std::string, int> out;
   for (const MatrixShader& s : report.shaders) {
-    if (s.tokens != (s.matrices == "output" ? output_tokens : tokens)) continue;
+    if (s.tokens != tokens) continue;
     out[s.shader + " [" + Joined(s.constants) + "]"] += static_cast<int>(s.layers);
   }
   return out;
@@ -127,14 +128,14 @@ void CheckPlan(const std::string& model_file, const VulkanTuning& tuning) {
   SequenceStep step{&kv, prompt, false};
   ASSERT_TRUE((*backend)->Forward(std::span<const SequenceStep>(&step, 1), logits).ok());
   const std::string prompt_profile = (*backend)->TakeProfileReport();
-  EXPECT_EQ(MatrixDispatches(prompt_profile), Predicted(*report, kPrompt, 1));
-  EXPECT_EQ(MatrixPipelines(prompt_profile), PredictedPipelines(*report, kPrompt, 1));
+  EXPECT_EQ(MatrixDispatches(prompt_profile), Predicted(*report, kPrompt));
+  EXPECT_EQ(MatrixPipelines(prompt_profile), PredictedPipelines(*report, kPrompt));
   const TokenId next = 42;
   SequenceStep decode{&kv, std::span<const TokenId>(&next, 1), false};
   ASSERT_TRUE((*backend)->Forward(std::span<const SequenceStep>(&decode, 1), logits).ok());
   const std::string decode_profile = (*backend)->TakeProfileReport();
-  EXPECT_EQ(MatrixDispatches(decode_profile), Predicted(*report, 1, 1));
-  EXPECT_EQ(MatrixPipelines(decode_profile), PredictedPipelines(*report, 1, 1));
+  EXPECT_EQ(MatrixDispatches(decode_profile), Predicted(*report, 1));
+  EXPECT_EQ(MatrixPipelines(decode_profile), PredictedPipelines(*report, 1));
   // A decode step's norms are the report's (the attention, feed-forward and output norms), but
   // for those its matrices make (all, in these Q4_0 models, with a norm group).
   EXPECT_EQ(report->norms.size(), tuning.matvec.norm_group != 0 ? 0u : 3u);
@@ -142,6 +143,27 @@ void CheckPlan(const std::string& model_file, const VulkanTuning& tuning) {
   for (const MatrixShader& s : report->shaders) norm_lines += s.norm;
   EXPECT_EQ(norm_lines > 0, tuning.matvec.norm_group != 0);
   EXPECT_EQ(NormPipelines(decode_profile), PlannedNorms(*report));
+
+  // A decode step of 12 agents (--short-steps): their rows on the matrix-vector shader's wide
+  // groups, the output's too.
+  constexpr int64_t kAgents = 12;
+  auto busy = VulkanShaderReport(**model, {.tokens = {kAgents}, .tuning = tuning, .kv = {}, .short_steps = true});
+  ASSERT_TRUE(busy.ok()) << busy.status().message();
+  std::vector<std::unique_ptr<SequenceKv>> kvs;
+  std::vector<SequenceStep> steps;
+  for (int64_t i = 0; i < kAgents; ++i) {
+    kvs.push_back(std::make_unique<SequenceKv>(kv.layout(), 64));
+    steps.push_back({kvs.back().get(), std::span<const TokenId>(&next, 1), false});
+  }
+  ASSERT_TRUE((*backend)->Forward(steps, logits).ok());
+  const std::string busy_profile = (*backend)->TakeProfileReport();
+  EXPECT_EQ(MatrixDispatches(busy_profile), Predicted(*busy, kAgents));
+  EXPECT_EQ(MatrixPipelines(busy_profile), PredictedPipelines(*busy, kAgents));
+  for (const MatrixShader& s : busy->shaders) {
+    EXPECT_TRUE(s.short_steps && s.shader.rfind("matvec", 0) == 0) << s.matrices << " " << s.shader;
+    // (wide groups where the slots' sums leave room: not at FollowsATuning's 16 rows a slot)
+    if (tuning == VulkanTuning{}) EXPECT_GT(s.tokens_per_group, 4u) << s.matrices;
+  }
 }
 
 TEST(VulkanShaderReport, PlansThePipelinesAPassRecords) {

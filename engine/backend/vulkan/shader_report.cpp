@@ -211,7 +211,14 @@ Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOp
       }
       vk::Ops::SwiGluCodes swiglu;
       const vk::Ops::SwiGluCodes* glu = GluOf(pm, tokens, tuning, *ops, swiglu);
-      KVFS_ASSIGN_OR_RETURN(const vk::Ops::MatMulPlan plan, ops->PlanMatMul(m, m.parts.front().n_rows, tokens, glu, norm));
+      const bool short_steps = options.short_steps && tokens > vk::Ops::kMatvecMaxTokens;
+      // A prompt's logits are its last row's, on the tiled shader as its other rows (a step's
+      // rows keep to the shader its length picks: step_order.h).
+      const bool prompt_output = pm.matrices == "output" && tokens > vk::Ops::kMatvecMaxTokens && !short_steps;
+      const std::optional<bool> matvec =
+          short_steps ? std::optional<bool>(true) : prompt_output ? std::optional<bool>(false) : std::nullopt;
+      KVFS_ASSIGN_OR_RETURN(const vk::Ops::MatMulPlan plan,
+                            ops->PlanMatMul(m, m.parts.front().n_rows, prompt_output ? 1 : tokens, glu, norm, matvec));
       MatrixShader line;
       line.matrices = pm.matrices;
       line.type = TypeName(m.type);
@@ -224,6 +231,7 @@ Result<ShaderReport> VulkanShaderReport(const Model& model, const ShaderReportOp
       line.rows_per_group = plan.rows_per_group;
       line.tokens_per_group = plan.tokens_per_group;
       line.norm = norm;
+      line.short_steps = short_steps;
       if (report.statistics) {
         KVFS_ASSIGN_OR_RETURN(std::vector<vk::PipelineStatistic> stats, pipelines.Statistics(*plan.pipeline));
         for (const vk::PipelineStatistic& s : stats) line.statistics.push_back({s.name, s.value});

@@ -31,10 +31,11 @@ struct MatQuantParams {
   uint32_t n_units, row_bytes, n_rows, row_begin, n_tokens, y_stride, y_col0, flags, seg1, seg2, y1_stride, y2_stride;
   uint32_t x_stride, x_row0;  // matvec_quant with its norm (NORM_UNITS): x's rows and the norm's epsilon
   float eps;
+  uint32_t t_begin;  // first activation row of the dispatch
 };
 struct MatFloatParams {
   uint32_t n_in, row_bytes, n_rows, row_begin, n_tokens, x_stride, y_stride, y_col0, flags, seg1, seg2, y1_stride,
-      y2_stride;
+      y2_stride, t_begin;
 };
 struct RopeParams {
   uint32_t n_heads, head_dim, n_rot, x_stride, n_tokens;
@@ -89,6 +90,8 @@ uint32_t MatvecRowsPerSlot(int64_t n_rows, uint32_t slots_per_group, const Matve
 }
 // The most tokens a matrix-vector dispatch takes (its TOKENS), and what it takes for n_tokens.
 constexpr uint32_t kMatvecTokens = 4;
+// The most a dispatch of many rows on the matrix-vector shader takes (loaded as used there).
+constexpr int64_t kMatvecWideTokens = 16;
 uint32_t MatvecTokensPerGroup(int64_t n_tokens) { return n_tokens == 1 ? 1 : (n_tokens == 2 ? 2 : kMatvecTokens); }
 // matvec_quant's KIND when it has no SwiGLU epilogue.
 constexpr uint32_t kNoSwiGlu = 3;
@@ -287,7 +290,18 @@ Status Ops::MatMul(Recorder& rec, const DeviceMatrix& w, const MatMulArgs& a) {
   if (a.norm != nullptr && !FusesNorm(w, a.n_tokens, a.swiglu)) {
     return Internal("this matrix product cannot make its input's norm");
   }
-  for (const DeviceMatrixPart& part : w.parts) KVFS_RETURN_IF_ERROR(MatMulPart(rec, w, part, a));
+  // Rows [0, mv) on the matrix-vector shader, [mv, n_tokens) on the tiled one (F32 weights have
+  // one shader, whose order is the reference's, for any number of rows).
+  const int64_t mv = w.type == GgmlType::kF32 ? a.n_tokens
+                     : a.matvec_tokens < 0    ? (a.n_tokens <= kMatvecMaxTokens ? a.n_tokens : 0)
+                                              : std::min(a.matvec_tokens, a.n_tokens);
+  if ((a.swiglu != nullptr || a.norm != nullptr) && (mv != a.n_tokens || a.n_tokens > kMatvecMaxTokens)) {
+    return Internal("a matrix product's SwiGLU codes or norm need all its rows on the matrix-vector shader");
+  }
+  for (const DeviceMatrixPart& part : w.parts) {
+    if (mv > 0) KVFS_RETURN_IF_ERROR(MatMulPart(rec, w, part, a, 0, mv, true));
+    if (mv < a.n_tokens) KVFS_RETURN_IF_ERROR(MatMulPart(rec, w, part, a, mv, a.n_tokens, false));
+  }
   return Status::Ok();
 }
 
@@ -331,9 +345,9 @@ Ops::QuantShape Ops::MatvecQuantShape(const DeviceMatrix& w, int64_t part_rows, 
 }
 
 Result<Ops::MatMulPlan> Ops::PlanMatMul(const DeviceMatrix& w, int64_t part_rows, int64_t n_tokens,
-                                        const SwiGluCodes* swiglu, bool norm) {
+                                        const SwiGluCodes* swiglu, bool norm, std::optional<bool> matvec_shader) {
   const bool quantized = ActKindFor(w.type) != ActKind::kFloat;
-  const bool matvec = n_tokens <= kMatvecMaxTokens;
+  const bool matvec = matvec_shader.value_or(n_tokens <= kMatvecMaxTokens);
   const uint32_t type = static_cast<uint32_t>(w.type);
   const uint32_t layout = static_cast<uint32_t>(w.layout);
   MatMulPlan plan;
@@ -345,10 +359,20 @@ Result<Ops::MatMulPlan> Ops::PlanMatMul(const DeviceMatrix& w, int64_t part_rows
     KVFS_ASSIGN_OR_RETURN(plan.pipeline, pipelines_.Get(kMatmulF32, spec));
   } else if (matvec) {
     const bool sg = subgroup_trees();
-    plan.tokens_per_group = MatvecTokensPerGroup(n_tokens);
+    plan.tokens_per_group = MatvecTokensPerGroup(std::min(n_tokens, kMatvecMaxTokens));
     if (quantized) {
       const QuantShape q = MatvecQuantShape(w, part_rows, norm);
       plan.rows_per_group = q.group / q.lanes * q.rows;
+      // Many rows (a busy step's decode rows, batch-invariant): up to 16 a workgroup, their
+      // activation units loaded as used, so that the weights are read once per 16 rows, not 4;
+      // at most 64 sums an invocation, and the shared memory of their tree within the device's.
+      for (int64_t wide = std::min<int64_t>(64 / q.rows, kMatvecWideTokens);
+           n_tokens > kMatvecMaxTokens && swiglu == nullptr && !norm && wide > kMatvecTokens; wide /= 2) {
+        if (MatvecQuantSharedBytes(q.rows, wide, q.group, q.group / q.lanes, false) <= ctx_.limits().max_shared_bytes) {
+          plan.tokens_per_group = static_cast<uint32_t>(wide);
+          break;
+        }
+      }
       const uint32_t glu = swiglu != nullptr ? static_cast<uint32_t>(swiglu->kind) : kNoSwiGlu;
       const uint32_t norm_units = norm ? static_cast<uint32_t>(w.n_in / 32) : 0u;
       const uint32_t spec[] = {q.group, type,  q.lanes,       plan.tokens_per_group, q.rows, layout, glu, matvec_.ahead,
@@ -371,10 +395,12 @@ Result<Ops::MatMulPlan> Ops::PlanMatMul(const DeviceMatrix& w, int64_t part_rows
   return plan;
 }
 
-Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a) {
+Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a,
+                       int64_t t_begin, int64_t t_end, bool matvec) {
   const bool quantized = ActKindFor(w.type) != ActKind::kFloat;
-  const bool matvec = a.n_tokens <= kMatvecMaxTokens;
-  KVFS_ASSIGN_OR_RETURN(const MatMulPlan plan, PlanMatMul(w, part.n_rows, a.n_tokens, a.swiglu, a.norm != nullptr));
+  const int64_t n_tokens = t_end - t_begin;
+  KVFS_ASSIGN_OR_RETURN(const MatMulPlan plan,
+                        PlanMatMul(w, part.n_rows, n_tokens, a.swiglu, a.norm != nullptr, matvec));
   const Pipeline* p = plan.pipeline;
   const uint32_t rows_per_group = plan.rows_per_group, tokens_per_group = plan.tokens_per_group;
   const uint32_t flags = (a.accumulate ? 1u : 0u) | (a.bias != nullptr ? 2u : 0u);
@@ -388,7 +414,7 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
   const uint32_t y2_stride = seg.size() < 2 ? 0u : U32(w.n_out - seg[1]);
   const Buffer* y1 = a.y1 != nullptr ? a.y1 : &unused_;
   const Buffer* y2 = a.y2 != nullptr ? a.y2 : &unused_;
-  const uint32_t group_y = CeilDiv(a.n_tokens, tokens_per_group);
+  const uint32_t group_y = CeilDiv(n_tokens, tokens_per_group);
   // The grid's x dimension is limited (65535 groups on many devices): long matrices (output
   // layers of large vocabularies) take several dispatches over consecutive row ranges.
   const int64_t max_groups = ctx_.limits().max_group_count[0];
@@ -398,7 +424,7 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
                                 U32(w.row_bytes),
                                 U32(part.n_rows),
                                 U32(r0),
-                                U32(a.n_tokens),
+                                U32(t_end),
                                 y_stride,
                                 U32(part.row0),
                                 flags,
@@ -408,7 +434,8 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
                                 y2_stride,
                                 a.norm != nullptr ? U32(a.norm->x_stride) : 0u,
                                 a.norm != nullptr ? U32(a.norm->row0) : 0u,
-                                a.norm != nullptr ? a.norm->eps : 0.0f};
+                                a.norm != nullptr ? a.norm->eps : 0.0f,
+                                U32(t_begin)};
     if (quantized && matvec) {
       const SwiGluCodes* g = a.swiglu;
       // With the norm, bindings 1 and 2 take its input rows and weight (matvec_quant.comp).
@@ -423,9 +450,9 @@ Status Ops::MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixP
       KVFS_RETURN_IF_ERROR(
           rec.Dispatch(*p, {&part.buffer, a.acts.codes, a.acts.aux, a.y, bias, y1, y2}, &params, groups, group_y));
     } else {
-      const MatFloatParams params{U32(w.n_in), U32(w.row_bytes), U32(part.n_rows), U32(r0),   U32(a.n_tokens),
+      const MatFloatParams params{U32(w.n_in), U32(w.row_bytes), U32(part.n_rows), U32(r0),   U32(t_end),
                                   U32(a.x_stride), y_stride, U32(part.row0), flags, seg1, seg2, y1_stride,
-                                  y2_stride};
+                                  y2_stride, U32(t_begin)};
       KVFS_RETURN_IF_ERROR(rec.Dispatch(*p, {&part.buffer, a.x, a.y, bias, y1, y2}, &params, groups, group_y));
     }
   }

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -189,6 +190,13 @@ class Ops {
     bool accumulate = false;    // y += W x instead of y = W x
     const SwiGluCodes* swiglu = nullptr;  // with it, also SwiGLU(y, y1) quantized (FusesSwiGlu)
     const NormInput* norm = nullptr;      // with it, the input is that norm of x (acts unused; FusesNorm)
+    // Rows [0, matvec_tokens) go to the matrix-vector shader and the rest to the tiled one,
+    // whatever their numbers; -1: all to one, the matrix-vector shader for at most
+    // kMatvecMaxTokens rows. The two add a row's products in different orders, so a backend that
+    // keeps each step's rows on the shader its own length picks gives every sequence the same
+    // bits whatever else shares its pass. A split (0 < matvec_tokens < n_tokens) takes neither
+    // swiglu nor norm.
+    int64_t matvec_tokens = -1;
   };
   // y[t][r] = W.row(r) . x[t] (+ bias[r]) (+ old y[t][r]) for every part of W (the rows of
   // stacked matrices going to y, y1, y2; bias indexed by the stacked row).
@@ -201,8 +209,11 @@ class Ops {
     uint32_t rows_per_group = 0;
     uint32_t tokens_per_group = 0;
   };
+  // `matvec`: the matrix-vector shader (in groups of rows) or the tiled one; by default, the
+  // matrix-vector shader for at most kMatvecMaxTokens rows.
   Result<MatMulPlan> PlanMatMul(const DeviceMatrix& w, int64_t part_rows, int64_t n_tokens,
-                                const SwiGluCodes* swiglu = nullptr, bool norm = false);
+                                const SwiGluCodes* swiglu = nullptr, bool norm = false,
+                                std::optional<bool> matvec = std::nullopt);
   // Whether MatMul can hand on SwiGLU codes of `kind` for n_tokens rows: w is gate|up stacked
   // (two halves of a quantized type, each a whole number of kind's blocks), the rows go to the
   // matrix-vector shader, whose workgroups have room for the quantizer (at least 32
@@ -470,7 +481,9 @@ class Ops {
 
  private:
   Ops(Context& ctx, PipelineCache& pipelines) : ctx_(ctx), pipelines_(pipelines) {}
-  Status MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a);
+  // Rows [t_begin, t_end) of a's through one part of w, on the matrix-vector or the tiled shader.
+  Status MatMulPart(Recorder& rec, const DeviceMatrix& w, const DeviceMatrixPart& part, const MatMulArgs& a,
+                    int64_t t_begin, int64_t t_end, bool matvec);
   // matvec_quant's workgroup for a part of w of part_rows rows (with the norm, or not):
   // invocations, invocations a slot (row), rows a slot.
   struct QuantShape {

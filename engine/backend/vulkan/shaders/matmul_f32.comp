@@ -26,6 +26,8 @@ layout(push_constant) uniform Params {
   uint seg2;
   uint y1_stride;
   uint y2_stride;
+  uint t_begin;   // first activation row of this dispatch (rows [t_begin, n_tokens)): a pass's
+                  // short steps and its long ones take different shaders (Ops::MatMulArgs)
 } p;
 
 layout(binding = 0) readonly buffer Weights { float w[]; };   // n_rows rows of n_in floats
@@ -47,7 +49,7 @@ float Tree16(float lanes[16]) {
 
 void main() {
   const uint r = p.row_begin + gl_GlobalInvocationID.x;
-  const uint t = gl_GlobalInvocationID.y;
+  const uint t = p.t_begin + gl_GlobalInvocationID.y;
   if (r >= p.n_rows || t >= p.n_tokens) return;
   const uint wr = r * (p.row_bytes / 4u), xr = t * p.x_stride;
   const uint n = p.n_in;

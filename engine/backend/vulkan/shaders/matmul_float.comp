@@ -28,6 +28,8 @@ layout(push_constant) uniform Params {
   uint seg2;
   uint y1_stride;
   uint y2_stride;
+  uint t_begin;   // first activation row of this dispatch (rows [t_begin, n_tokens)): a pass's
+                  // short steps and its long ones take different shaders (Ops::MatMulArgs)
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
@@ -53,7 +55,7 @@ void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint tx = tid % 16u, ty = tid / 16u;
   const uint tile_r = p.row_begin + gl_WorkGroupID.x * BM;
-  const uint tile_t = gl_WorkGroupID.y * BN;
+  const uint tile_t = p.t_begin + gl_WorkGroupID.y * BN;
   float acc[TM * TN];
   for (uint i = 0u; i < TM * TN; ++i) acc[i] = 0.0;
 

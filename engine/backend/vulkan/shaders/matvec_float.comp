@@ -32,6 +32,8 @@ layout(push_constant) uniform Params {
   uint seg2;
   uint y1_stride;
   uint y2_stride;
+  uint t_begin;   // first activation row of this dispatch (rows [t_begin, n_tokens)): a pass's
+                  // short steps and its long ones take different shaders (Ops::MatMulArgs)
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
@@ -58,7 +60,7 @@ void main() {
   const uint tid = TreeTid(subgroup);
   const uint lane = tid % LANES;
   const uint r = p.row_begin + gl_WorkGroupID.x * ROWS + tid / LANES;
-  const uint t0 = gl_WorkGroupID.y * TOKENS;
+  const uint t0 = p.t_begin + gl_WorkGroupID.y * TOKENS;
   float acc[TOKENS];
   for (uint t = 0u; t < TOKENS; ++t) acc[t] = 0.0;
 

@@ -64,6 +64,8 @@ layout(push_constant) uniform Params {
   uint x_stride;  // NORM_UNITS > 0: floats between rows of x,
   uint x_row0;    // the row of x of token 0
   float eps;      // and the norm's epsilon
+  uint t_begin;   // first activation row of this dispatch (rows [t_begin, n_tokens)): a pass's
+                  // short steps and its long ones take different shaders (Ops::MatMulArgs)
 } p;
 
 layout(binding = 0) readonly buffer Weights { uint weight_words[]; };  // n_rows rows of row_bytes
@@ -87,6 +89,9 @@ layout(binding = 2) readonly buffer NormWeight { float norm_w[]; };    // [NORM_
 #include "weight_units.glsl"
 
 const uint SLOTS = WG / LANES;
+// Activation units loaded a round ahead (up to 4 tokens); else token by token (the wide groups
+// of a busy step's decode rows; never with the norm or the SwiGLU epilogue: Ops::PlanMatMul).
+const bool ACTS_AHEAD = TOKENS <= 4u;
 const uint OUTPUTS = ROWS_PER_SLOT * TOKENS;  // per slot: output k * TOKENS + t is row k, token t
 
 shared float partial[OUTPUTS * WG];
@@ -253,7 +258,7 @@ void main() {
   const uint tid = TreeTid(subgroup);
   const uint lane = tid % LANES, slot = tid / LANES;
   const uint r0 = p.row_begin + (gl_WorkGroupID.x * SLOTS + slot) * ROWS_PER_SLOT;
-  const uint t0 = gl_WorkGroupID.y * TOKENS;
+  const uint t0 = p.t_begin + gl_WorkGroupID.y * TOKENS;
   float acc[OUTPUTS];
   for (uint o = 0u; o < OUTPUTS; ++o) acc[o] = 0.0;
 
@@ -270,9 +275,13 @@ void main() {
     // flight). Units past the row load its last unit again and are not added. Each lane adds its
     // units in order, as one at a time: the same sums whatever AHEAD is.
     for (uint u0 = lane; u0 < p.n_units; u0 += LANES * AHEAD) {
-      uint a[AHEAD * TOKENS * 8u];  // unit j of the round, token t: a[(j * TOKENS + t) * 8 + i]
-      vec4 aux[AHEAD * TOKENS];
-      for (uint j = 0u; j < AHEAD; ++j) {
+      // Up to 4 tokens, the round's activation units are loaded with its weights, before any is
+      // used; more (a busy step's decode rows) are loaded token by token as they are used (from
+      // the cache: the slots of a workgroup read the same units), or they would not fit in
+      // registers. Each output adds its units in the same order either way.
+      uint a[ACTS_AHEAD ? AHEAD * TOKENS * 8u : 1u];  // unit j of the round, token t: a[(j * TOKENS + t) * 8 + i]
+      vec4 aux[ACTS_AHEAD ? AHEAD * TOKENS : 1u];
+      for (uint j = 0u; ACTS_AHEAD && j < AHEAD; ++j) {
         const uint u = min(u0 + j * LANES, p.n_units - 1u);
         for (uint t = 0u; t < TOKENS; ++t) {
           if (NORM_UNITS > 0u) {  // the prologue's codes (tokens past the last: a copy there)
@@ -295,12 +304,29 @@ void main() {
       }
       if (NORM_UNITS == 0u || u0 != lane) LoadWeights(u0, r0);  // (the first round's: loaded above)
       for (uint j = 0u; j < AHEAD; ++j) {
-        if (u0 + j * LANES >= p.n_units) break;  // after the loads: they stay in flight together
-        for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
-          for (uint t = 0u; t < TOKENS; ++t) {
-            uint at[8];
-            for (uint i = 0u; i < 8u; ++i) at[i] = a[(j * TOKENS + t) * 8u + i];
-            acc[k * TOKENS + t] += UnitDot(wu[j * ROWS_PER_SLOT + k], at, aux[j * TOKENS + t]);
+        const uint u = u0 + j * LANES;
+        if (u >= p.n_units) break;  // after the loads: they stay in flight together
+        if (ACTS_AHEAD) {
+          for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
+            for (uint t = 0u; t < TOKENS; ++t) {
+              uint at[8];
+              for (uint i = 0u; i < 8u; ++i) at[i] = a[(j * TOKENS + t) * 8u + i];
+              acc[k * TOKENS + t] += UnitDot(wu[j * ROWS_PER_SLOT + k], at, aux[j * TOKENS + t]);
+            }
+          }
+          continue;
+        }
+        for (uint t = 0u; t < TOKENS; ++t) {
+          const uint tt = min(t0 + t, p.n_tokens - 1u);  // past the last token: a copy, not stored
+          const uvec4 lo = act_code4[(tt * p.n_units + u) * 2u], hi = act_code4[(tt * p.n_units + u) * 2u + 1u];
+          uint at[8];
+          for (uint i = 0u; i < 4u; ++i) {
+            at[i] = lo[i];
+            at[4u + i] = hi[i];
+          }
+          const vec4 at_aux = act_aux[tt * p.n_units + u];
+          for (uint k = 0u; k < ROWS_PER_SLOT; ++k) {
+            acc[k * TOKENS + t] += UnitDot(wu[j * ROWS_PER_SLOT + k], at, at_aux);
           }
         }
       }
