@@ -1,9 +1,10 @@
-// Batch invariance on the Vulkan backend (engine/backend/step_order.h): a sequence's logits are
-// the same bits alone and beside any other sequences in a pass, however many, short or long,
-// in whatever order, and across micro-batches. Without it, the rows of a pass of more than 8
-// tokens took the tiled matrix shaders, which add a row's products in another order than the
-// matrix-vector ones: a decode token's logits then moved with the number of agents decoding
-// beside it. Runs on lavapipe in CI; skips without a Vulkan device.
+// Batch invariance (engine/backend/step_order.h): a sequence's logits are the same bits alone and
+// beside any other sequences in a pass, however many, short or long, in whatever order, and
+// across micro-batches, on the CPU backend and on the Vulkan one. Without it, on Vulkan, the
+// rows of a pass of more than 8 tokens took the tiled matrix shaders, which add a row's products
+// in another order than the matrix-vector ones: a decode token's logits then moved with the
+// number of agents decoding beside it. The Vulkan cases run on lavapipe in CI and skip without
+// a Vulkan device.
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -11,12 +12,10 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/step_order.h"
 #include "engine/model/model.h"
-#include "tests/engine/vulkan_backend_fixture.h"
+#include "tests/test_support.h"
 
 namespace kvfs {
 namespace {
-
-using testing::VulkanBackendTest;
 
 struct Sequence {
   const char* kv;
@@ -29,9 +28,40 @@ using Rows = std::vector<std::vector<float>>;
 
 constexpr TokenId kDecodeTokens[3] = {42, 1000, 7};
 
-class VulkanBatchInvarianceTest : public VulkanBackendTest {
+class BatchInvarianceTest : public ::testing::Test {
  protected:
+  void SetUp() override {
+    const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
+    KVFS_REQUIRE_DATA(path);
+    auto model = Model::Load(path);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    model_ = std::move(*model);
+    prompt_ = model_->tokenizer().Encode(
+        "An agent's reply must not depend on how busy the daemon is: the same prompt, the same "
+        "seed, the same tokens, whether it runs alone or beside fifty others.",
+        true, false);
+  }
+  const HParams& hp() const { return model_->hparams(); }
+  KvLayout Layout(const char* type, int64_t block_tokens) const {
+    return KvLayoutFor(hp(), *MakeKvFormat(type, "", hp().n_head_kv, hp().head_dim), block_tokens);
+  }
+  // Runs tokens through `backend` on kv; returns the last row's logits.
+  static std::vector<float> Step(Backend& backend, SequenceKv& kv, std::span<const TokenId> tokens) {
+    Logits lg;
+    SequenceStep s{&kv, tokens, false};
+    const Status st = backend.Forward(std::span<const SequenceStep>(&s, 1), lg);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return lg.data;
+  }
+  // A Vulkan backend as the tests of the Vulkan backend make it: decode attention split as on a
+  // CPU device unless `options` says otherwise (vulkan_backend_fixture.h).
+  Result<std::unique_ptr<Backend>> Vulkan(VulkanOptions options, const Model* model = nullptr) const {
+    if (options.tuning.attention_split == 0) options.tuning.attention_split = VulkanTuning::kDefaultAttentionSplit;
+    return MakeVulkanBackend(model != nullptr ? *model : *model_, options);
+  }
+
   std::vector<Sequence> Sequences() const {
+    EXPECT_GT(prompt_.size(), 16u);  // a long step, in more than one 16-token micro-batch
     std::vector<TokenId> longer = prompt_;
     while (longer.size() < 70) longer.insert(longer.end(), prompt_.begin() + 1, prompt_.end());
     return {
@@ -106,12 +136,11 @@ class VulkanBatchInvarianceTest : public VulkanBackendTest {
     }
     return true;
   }
-};
 
-TEST_F(VulkanBatchInvarianceTest, ASequencesLogitsDoNotDependOnWhatSharesItsPass) {
-  const std::vector<Sequence> seqs = Sequences();
-  // Every row must be the same bits as alone on the same backend.
-  auto check = [&](Backend& backend, Backend& alone_on, const std::vector<int>& fillers, const std::string& what) {
+  // Every row must be the same bits as alone on `alone_on` (the same backend, or one that
+  // differs only in what should not matter).
+  void Check(Backend& backend, Backend& alone_on, const std::vector<int>& fillers, const std::string& what) {
+    const std::vector<Sequence> seqs = Sequences();
     std::vector<Rows> alone;
     for (const Sequence& s : seqs) alone.push_back(Alone(alone_on, s));
     for (int n : fillers) {
@@ -123,43 +152,49 @@ TEST_F(VulkanBatchInvarianceTest, ASequencesLogitsDoNotDependOnWhatSharesItsPass
                                                           << " others";
       }
     }
-  };
+  }
+
+  std::unique_ptr<Model> model_;
+  std::vector<TokenId> prompt_;
+};
+
+// The CPU backend's kernel tables add a row's products in the same order for any number of rows.
+TEST_F(BatchInvarianceTest, CpuBackend) {
+  auto cpu = MakeCpuBackend(*model_, CpuOptions{2});
+  Check(*cpu, *cpu, {0, 12, 29, 70}, "cpu");
+}
+
+TEST_F(BatchInvarianceTest, VulkanBackend) {
+  auto vulkan = Vulkan({});
+  KVFS_REQUIRE_VULKAN(vulkan.status());
   // 0 fillers: 4 decode rows (matrix-vector either way); 12: 16 decode rows and a prompt pass of
   // 45 short rows and 2 long prompts, the long ones given among the short ones; 29: 33 rows.
-  check(*vulkan_, *vulkan_, {0, 12, 29}, "Q4_0");
+  Check(**vulkan, **vulkan, {0, 12, 29}, "Q4_0");
   // Micro-batches of 16 tokens (2 MiB bindings: 32000 logits a row): the long prompts span
   // several, one of them beginning with the short steps' rows.
-  VulkanOptions small;
-  small.max_binding_bytes = 2 << 20;
-  small.tuning.attention_split = VulkanTuning::kDefaultAttentionSplit;
-  auto split = MakeVulkanBackend(*model_, small);
+  auto split = Vulkan({.max_binding_bytes = 2 << 20});
   ASSERT_TRUE(split.ok()) << split.status().message();
-  check(**split, *vulkan_, {12}, "Q4_0, micro-batches of 16 tokens");
+  Check(**split, **vulkan, {12}, "Q4_0, micro-batches of 16 tokens");
   // Decode attention in splits of 32 positions (a GPU's default): the 83-token prompt's decode
   // adds 3 splits' sums, alone and among others.
   VulkanOptions fine;
   fine.tuning.attention_split = 32;
-  auto fine_splits = MakeVulkanBackend(*model_, fine);
+  auto fine_splits = Vulkan(fine);
   ASSERT_TRUE(fine_splits.ok()) << fine_splits.status().message();
-  check(**fine_splits, **fine_splits, {12}, "Q4_0, attention splits of 32");
+  Check(**fine_splits, **fine_splits, {12}, "Q4_0, attention splits of 32");
   // F16 weights: the float matrix shaders (matvec_float, matmul_float).
   auto f16 = Model::Load(testing::TestModelsDir() + "/tiny-llama-F16.gguf");
   ASSERT_TRUE(f16.ok()) << f16.status().message();
-  VulkanOptions plain;
-  plain.tuning.attention_split = VulkanTuning::kDefaultAttentionSplit;
-  auto on_f16 = MakeVulkanBackend(**f16, plain);
+  auto on_f16 = Vulkan({}, f16->get());
   ASSERT_TRUE(on_f16.ok()) << on_f16.status().message();
-  check(**on_f16, **on_f16, {12}, "F16");
+  Check(**on_f16, **on_f16, {12}, "F16");
 }
 
 // The comparison above can fail: without batch invariance, 16 decode rows take the tiled
 // shaders, and some sequence's logits come out in other bits than alone.
-TEST_F(VulkanBatchInvarianceTest, WithoutItABusyPassChangesTheBits) {
-  VulkanOptions options;
-  options.batch_invariant = false;
-  options.tuning.attention_split = VulkanTuning::kDefaultAttentionSplit;
-  auto variant = MakeVulkanBackend(*model_, options);
-  ASSERT_TRUE(variant.ok()) << variant.status().message();
+TEST_F(BatchInvarianceTest, WithoutItABusyVulkanPassChangesTheBits) {
+  auto variant = Vulkan({.batch_invariant = false});
+  KVFS_REQUIRE_VULKAN(variant.status());
   const std::vector<Sequence> seqs = Sequences();
   int differ = 0;
   const std::vector<Rows> together = Together(**variant, seqs, 12);
