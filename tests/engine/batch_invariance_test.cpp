@@ -12,6 +12,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/step_order.h"
 #include "engine/model/model.h"
+#include "tests/engine/vulkan_backend_fixture.h"
 #include "tests/test_support.h"
 
 namespace kvfs {
@@ -28,31 +29,8 @@ using Rows = std::vector<std::vector<float>>;
 
 constexpr TokenId kDecodeTokens[3] = {42, 1000, 7};
 
-class BatchInvarianceTest : public ::testing::Test {
+class BatchInvarianceTest : public testing::TinyLlamaTest {
  protected:
-  void SetUp() override {
-    const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
-    KVFS_REQUIRE_DATA(path);
-    auto model = Model::Load(path);
-    ASSERT_TRUE(model.ok()) << model.status().message();
-    model_ = std::move(*model);
-    prompt_ = model_->tokenizer().Encode(
-        "An agent's reply must not depend on how busy the daemon is: the same prompt, the same "
-        "seed, the same tokens, whether it runs alone or beside fifty others.",
-        true, false);
-  }
-  const HParams& hp() const { return model_->hparams(); }
-  KvLayout Layout(const char* type, int64_t block_tokens) const {
-    return KvLayoutFor(hp(), *MakeKvFormat(type, "", hp().n_head_kv, hp().head_dim), block_tokens);
-  }
-  // Runs tokens through `backend` on kv; returns the last row's logits.
-  static std::vector<float> Step(Backend& backend, SequenceKv& kv, std::span<const TokenId> tokens) {
-    Logits lg;
-    SequenceStep s{&kv, tokens, false};
-    const Status st = backend.Forward(std::span<const SequenceStep>(&s, 1), lg);
-    EXPECT_TRUE(st.ok()) << st.message();
-    return lg.data;
-  }
   // A Vulkan backend as the tests of the Vulkan backend make it: decode attention split as on a
   // CPU device unless `options` says otherwise (vulkan_backend_fixture.h).
   Result<std::unique_ptr<Backend>> Vulkan(VulkanOptions options, const Model* model = nullptr) const {
@@ -154,8 +132,6 @@ class BatchInvarianceTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<Model> model_;
-  std::vector<TokenId> prompt_;
 };
 
 // The CPU backend's kernel tables add a row's products in the same order for any number of rows.

@@ -1,6 +1,7 @@
-// The fixture of the Vulkan backend's tests (vulkan_backend_test.cpp, vulkan_write_back_test.cpp):
-// tiny-llama Q4_0 on the default Vulkan device, a prompt, KV layouts, and one step through a
-// backend. Skips without the model or a device (fails under CI=true).
+// The fixtures of the backend tests on tiny-llama Q4_0: TinyLlamaTest (the model, a prompt, KV
+// layouts, one step through a backend; batch_invariance_test.cpp) and VulkanBackendTest (that on
+// the default Vulkan device; vulkan_backend_test.cpp, vulkan_write_back_test.cpp and others).
+// Skip without the model or a device (fail under CI=true).
 #pragma once
 
 #include <memory>
@@ -27,7 +28,8 @@ inline double Nmse(const float* got, const float* want, int64_t n) {
   return den > 0 ? num / den : num;
 }
 
-class VulkanBackendTest : public ::testing::Test {
+// tiny-llama Q4_0, a 42-token prompt, KV layouts and one step through any backend.
+class TinyLlamaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string path = testing::TestModelsDir() + "/tiny-llama-Q4_0.gguf";
@@ -35,15 +37,6 @@ class VulkanBackendTest : public ::testing::Test {
     auto model = Model::Load(path);
     ASSERT_TRUE(model.ok()) << model.status().message();
     model_ = std::move(*model);
-    // Decode attention split as on a CPU device (128 positions a workgroup, more than these
-    // tests' contexts) on every device: a GPU's default splits them finer, and a split adds its
-    // partial sums in another order than the CPU's (VulkanAttentionTest checks splits), which
-    // the tests' bit-for-bit comparisons with the CPU backend would see.
-    VulkanOptions options;
-    options.tuning.attention_split = VulkanTuning::kDefaultAttentionSplit;
-    auto backend = MakeVulkanBackend(*model_, options);
-    KVFS_REQUIRE_VULKAN(backend.status());
-    vulkan_ = std::move(*backend);
     prompt_ = model_->tokenizer().Encode(
         "The quick brown fox jumps over the lazy dog, twice, and then it sleeps under the old oak tree "
         "until the farmer comes home with a basket of apples for the children.",
@@ -54,7 +47,7 @@ class VulkanBackendTest : public ::testing::Test {
     return KvLayoutFor(hp(), *MakeKvFormat(type, "", hp().n_head_kv, hp().head_dim), block_tokens);
   }
   // Runs tokens through `backend` on kv; returns the last row's logits.
-  std::vector<float> Step(Backend& backend, SequenceKv& kv, std::span<const TokenId> tokens) {
+  static std::vector<float> Step(Backend& backend, SequenceKv& kv, std::span<const TokenId> tokens) {
     Logits lg;
     SequenceStep s{&kv, tokens, false};
     const Status st = backend.Forward(std::span<const SequenceStep>(&s, 1), lg);
@@ -63,8 +56,27 @@ class VulkanBackendTest : public ::testing::Test {
   }
 
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Backend> vulkan_;
   std::vector<TokenId> prompt_;
+};
+
+// The same with a Vulkan backend on the default device.
+class VulkanBackendTest : public TinyLlamaTest {
+ protected:
+  void SetUp() override {
+    TinyLlamaTest::SetUp();
+    if (HasFatalFailure() || IsSkipped()) return;
+    // Decode attention split as on a CPU device (128 positions a workgroup, more than these
+    // tests' contexts) on every device: a GPU's default splits them finer, and a split adds its
+    // partial sums in another order than the CPU's (VulkanAttentionTest checks splits), which
+    // the tests' bit-for-bit comparisons with the CPU backend would see.
+    VulkanOptions options;
+    options.tuning.attention_split = VulkanTuning::kDefaultAttentionSplit;
+    auto backend = MakeVulkanBackend(*model_, options);
+    KVFS_REQUIRE_VULKAN(backend.status());
+    vulkan_ = std::move(*backend);
+  }
+
+  std::unique_ptr<Backend> vulkan_;
 };
 
 }  // namespace kvfs::testing
