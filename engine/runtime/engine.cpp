@@ -430,6 +430,7 @@ Status Engine::CommitNow(CommitJob job) {
 
 void Engine::StoreLoop() {
   for (;;) {
+    ScrubStack();  // the last commit's manifest (the agent's text) serialized below this frame
     CommitJob job;
     {
       std::unique_lock lock(store_mu_);

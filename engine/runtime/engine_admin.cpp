@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "engine/core/shred.h"
+#include "engine/core/xxh3_stream.h"
 #include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
 #include "engine/core/strict_json.h"
@@ -257,7 +258,7 @@ store::CacheExportInfo Engine::ExportInfoOf(const AgentRecord& a, int64_t n_cach
 Result<uint64_t> Engine::ExportSize(const std::string& name) {
   const int64_t B = options_.block_tokens;
   store::CacheExportInfo info;
-  XXH128_hash_t key{};
+  Xxh3Hash128 key;
   std::vector<BlockHash> blocks;
   {
     std::lock_guard lock(mu_);
@@ -290,9 +291,8 @@ Result<uint64_t> Engine::ExportSize(const std::string& name) {
     const int64_t n_cached = full + (rest > 0 && rest < B && tail_kept ? rest : 0);
     // The key: what ExportInfoOf gives the header (the geometry, the tokens, the conversation
     // and the text behind the tokens; the fingerprint is the engine's), lengths before strings.
-    XXH3_state_t* state = XXH3_createState();
-    XXH3_128bits_reset(state);
-    auto add = [&](const void* p, size_t n) { XXH3_128bits_update(state, p, n); };
+    Xxh3Stream state(Xxh3Stream::Width::k128);  // it sees the agent's text: a state kvfs zeros
+    auto add = [&](const void* p, size_t n) { state.Update(p, n); };
     auto add_string = [&](const std::string& s) {
       const uint64_t n = s.size();
       add(&n, sizeof n);
@@ -310,8 +310,7 @@ Result<uint64_t> Engine::ExportSize(const std::string& name) {
     }
     add_string(a.cached_text);
     add(a.token_ends.data(), a.token_ends.size() * sizeof(uint32_t));  // (the header's token_ends)
-    key = XXH3_128bits_digest(state);
-    XXH3_freeState(state);
+    key = state.Digest128();
     if (a.export_key[0] == key.low64 && a.export_key[1] == key.high64 && a.export_bytes > 0) return a.export_bytes;
     info = ExportInfoOf(a, n_cached);
   }

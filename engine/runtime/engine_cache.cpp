@@ -285,6 +285,7 @@ bool Engine::QueueLoad(AgentRecord& a, std::function<void()> on_loaded) {
 
 void Engine::LoaderLoop() {
   for (;;) {
+    ScrubStack();  // the last load's manifest and tail parsed below this frame
     LoadJob job;
     {
       std::unique_lock lock(load_mu_);

@@ -5,6 +5,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include "engine/core/shred.h"
 #include "engine/kv/kv_payload.h"
 #include "engine/runtime/engine_impl.h"
 #include "engine/runtime/prefill_plan.h"
@@ -62,6 +63,7 @@ size_t Engine::RenderedTokens(const AgentRecord& a, const std::vector<Conversati
 
 void Engine::EngineLoop() {
   for (;;) {
+    ScrubStack();  // what the last round's steps (tokens, text) left below this frame
     std::deque<std::function<void()>> tasks;
     bool stop = false;
     {

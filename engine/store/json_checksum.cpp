@@ -1,8 +1,8 @@
 #include "engine/store/json_checksum.h"
 
 #include <spdlog/fmt/fmt.h>
-#include <xxhash.h>
 
+#include "engine/core/xxh3_stream.h"
 #include "engine/store/manifest.h"
 
 namespace kvfs::store {
@@ -13,13 +13,10 @@ std::string ChecksumSuffix(std::string_view hex) { return fmt::format(",\"{}\":\
 
 // XXH3-64 of `body` (a JSON object text without its closing brace) followed by '}'.
 std::string ChecksumOfBody(std::string_view body) {
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, body.data(), body.size());
-  XXH3_64bits_update(state, "}", 1);
-  const uint64_t h = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return fmt::format("{:016x}", h);
+  Xxh3Stream state(Xxh3Stream::Width::k64);  // the body is an agent's text: a state kvfs zeros
+  state.Update(body.data(), body.size());
+  state.Update("}", 1);
+  return fmt::format("{:016x}", state.Digest64());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "engine/core/shred.h"
 #include "engine/store/manifest.h"
 
 namespace kvfs::testing {
@@ -300,6 +301,7 @@ kvfs::Status FakeEngine::SubmitTurn(TurnRequest request) {
 void FakeEngine::Worker() {
   std::unique_lock lock(mu_);
   while (true) {
+    ScrubStack();  // as the real engine's threads: the last turn's text left below this frame
     work_cv_.wait(lock, [&] { return stopping_ || (!hold_ && !ready_.empty()); });
     if (ready_.empty() && stopping_) return;
     if (ready_.empty()) continue;

@@ -706,6 +706,7 @@ def kill_during_generation(t):
 
 import fs_daemon_tests  # noqa: E402,F401 (registers the test of kvfsd's options and modes)
 import fs_disk_tests  # noqa: E402,F401 (registers the tests on real disks: full, erased)
+import fs_memory_tests  # noqa: E402,F401 (registers the test of erasure in the daemon's memory)
 import fs_vulkan_tests  # noqa: E402,F401 (registers the test of the daemon on the Vulkan backend)
 
 run_tests()

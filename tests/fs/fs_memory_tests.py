@@ -1,0 +1,97 @@
+"""fs integration test of erasure inside kvfsd's own memory (imported by fs_integration_test.py,
+which runs it). DESIGN: rm -r removes the agent's text and "freed memory is zeroed". The test
+reads the daemon's whole address space (/proc/PID/mem, as root) after the erasure and looks for
+the erased agent's text; another agent's text, still live, must be found by the same scan."""
+import os, time
+
+from fs_harness import CI, Failure, Skip, check, say, sh, shquote, small_replies, test, wait_idle
+
+CHUNK = 16 << 20
+
+
+def memory_hits(pid, needles):
+    """{needle: [each region holding it: its maps line, the first offset and the bytes around it]} over every readable region of `pid`."""
+    hits = {n: [] for n in needles}
+    longest = max(len(n) for n in needles)
+    with open('/proc/%d/maps' % pid) as maps, open('/proc/%d/mem' % pid, 'rb', 0) as mem:
+        for line in maps:
+            fields = line.split()
+            if 'r' not in fields[1] or (len(fields) > 5 and fields[5] in ('[vvar]', '[vsyscall]')):
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split('-'))
+            found = set()  # needles seen in this region
+            at, tail = lo, b''
+            while at < hi:
+                size = min(CHUNK, hi - at)
+                try:
+                    mem.seek(at)
+                    data = tail + mem.read(size)
+                except OSError:
+                    break  # a region the kernel will not hand out (a device mapping, a guard page)
+                for n in needles:
+                    i = data.find(n)
+                    if i >= 0 and n not in found:
+                        found.add(n)
+                        # Where, and the bytes around it: what held the text.
+                        where = at - len(tail) + i
+                        hits[n].append('%s at +0x%x: %r' % (line.strip(), where - lo, data[max(0, i - 48):i + len(n) + 48]))
+                tail = data[-(longest - 1):]
+                at += size
+    return hits
+
+
+@test
+def erased_text_leaves_no_trace_in_memory(t):
+    """Two agents hold text that occurs nowhere else (random words in the prompt, the system
+    prompt, a stop string, and so in the transcript, the replies, the export and a re-import).
+    After rm -r of one, its words must be nowhere in kvfsd's memory: not in a freed heap block,
+    a FUSE request buffer, a compression buffer or a cache. The other agent's words must still be
+    found, so a scan that cannot see the heap fails too."""
+    if os.geteuid() != 0:
+        if CI:
+            raise Failure('CI=true: reading /proc/PID/mem of the daemon needs root')
+        raise Skip('reading /proc/PID/mem of the daemon needs root')
+    d = t.daemon()
+    m = d.mnt
+    words = {}
+    for agent in ('keep', 'gone'):
+        tag = os.urandom(10).hex()
+        # Text the tokenizer splits into many pieces, so no vocabulary entry holds a whole word.
+        words[agent] = {'prompt': 'prompt%sword' % tag, 'system': 'system%sword' % tag,
+                        'stop': 'stop%sword' % tag}
+        sh('mkdir %s/%s' % (m, agent), check_rc=0)
+        small_replies(m, agent)
+        sh("printf '%%s' %s > %s/%s/system" % (shquote('You know ' + words[agent]['system']), m, agent), check_rc=0)
+        sh("""echo '{"max_tokens": 16, "temperature": 0, "stop": ["%s"]}' > %s/%s/config.json"""
+           % (words[agent]['stop'], m, agent), check_rc=0)
+        for i in range(3):
+            say(m, agent, 'Turn %d says %s. Once upon a time' % (i, words[agent]['prompt']))
+        wait_idle(m, agent, 3)
+        sh('cat %s/%s/transcript %s/%s/status.json > /dev/null' % (m, agent, m, agent), check_rc=0)
+    export = os.path.join(t.dir, 'gone.safetensors')
+    sh('cp %s/gone/kv.safetensors %s' % (m, export), check_rc=0)
+    with open(export, 'rb') as f:
+        check(words['gone']['prompt'].encode() in f.read(), 'the export holds the text (so the import carries it)')
+    sh('cp %s %s/gone/kv.safetensors' % (export, m), check_rc=0)
+    os.unlink(export)
+    say(m, 'gone', 'One more turn with %s' % words['gone']['prompt'])
+    sh('rm -r %s/gone' % m, check_rc=0)
+    check(sh('ls %s' % m, check_rc=0).stdout.split() == ['keep'], 'only keep is left')
+
+    needles = {}
+    for agent in words:
+        for what, text in words[agent].items():
+            needles[text.encode()] = (agent, what)
+    # The threads scrub their stacks between units of work: one may still be finishing the
+    # erasure's when rm returns. So a few scans, a fifth of a second apart; the last must be clean.
+    for attempt in range(10):
+        hits = memory_hits(d.proc.pid, list(needles))
+        for needle, (agent, what) in needles.items():
+            if agent == 'keep' and what in ('prompt', 'system'):
+                check(hits[needle], "the scan finds keep's live %s text (%s): it reads the heap" % (what, needle))
+        left = ['%s %s: %s' % (needles[n][0], needles[n][1], '\n  '.join(where)) for n, where in hits.items()
+                if needles[n][0] == 'gone' and where]
+        if not left:
+            break
+        time.sleep(0.2)
+    check(not left, 'the erased agent left its text in kvfsd memory:\n' + '\n'.join(left))
