@@ -51,7 +51,7 @@ std::string FormatAuditLine(const AuditEvent& e) {
   return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
-Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
+Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path, SyncFunction sync) {
   if (path.empty()) return std::unique_ptr<AuditLog>(new AuditLog(-1, ""));
   int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus("cannot open the audit log " + path);
@@ -63,6 +63,7 @@ Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
   }
   auto log = std::unique_ptr<AuditLog>(new AuditLog(fd, path + ".intents"));
   log->size_ = static_cast<uint64_t>(st.st_size);
+  log->sync_ = sync;
   // A log cut inside its last line (a crash while it was appended elsewhere, a copy): the next
   // line starts a line of its own, not the end of that one.
   char last = '\n';
@@ -206,8 +207,21 @@ Status AuditLog::AppendLine(const std::string& line, bool keep) {
   const std::string& text = kept ? pending_ : pending_ + line;
   const uint64_t before = size_;
   Status written = WriteLines(text);
+  const bool in_file = size_ == before + text.size();
+  if (!written.ok() && in_file && !keep) {
+    // Only the fsync failed. The caller refuses the operation this line announces, and a retry
+    // appends it again: cut it off, so that the log never holds a line for an export that was
+    // refused, nor two for one. The lines before it (kept from earlier failures) stay written.
+    const uint64_t without = before + text.size() - line.size();
+    if (::ftruncate(fd_, static_cast<off_t>(without)) == 0) {
+      size_ = without;
+    } else {
+      spdlog::error("audit log: a line whose fsync failed could not be cut off again ({}): a retry adds another",
+                    std::strerror(errno));
+    }
+  }
   // In the file (even when only the fsync failed: written again, they would be there twice).
-  if (size_ == before + text.size()) pending_.clear();
+  if (in_file) pending_.clear();
   else if (kept) written = written.WithContext("kept in memory until it can be written");
   return written;
 }
@@ -227,7 +241,7 @@ Status AuditLog::WriteLines(const std::string& text) {
     done += static_cast<size_t>(n);
   }
   size_ += text.size();
-  if (::fsync(fd_) != 0) return ErrnoStatus("cannot fsync the audit log");
+  if (sync_(fd_) != 0) return ErrnoStatus("cannot fsync the audit log");
   return Status::Ok();
 }
 

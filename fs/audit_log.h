@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/core/status.h"
@@ -44,15 +46,19 @@ std::string FormatAuditLine(const AuditEvent& event);  // one JSON object and '\
 
 class AuditLog {
  public:
-  // Opens (creating if needed) `path` for appending; empty path: in memory.
-  static Result<std::unique_ptr<AuditLog>> Open(const std::string& path);
+  // Opens (creating if needed) `path` for appending; empty path: in memory. `sync` makes the
+  // appended lines durable (fsync; tests inject its failures).
+  using SyncFunction = int (*)(int fd);
+  static Result<std::unique_ptr<AuditLog>> Open(const std::string& path, SyncFunction sync = ::fsync);
 
   // Appends and fsyncs one line. A failure is returned (and logged by the caller); the
   // operation it records has already happened, so the line is kept and written before the next
   // one that can be (a full disk freed), or at the close (up to kMaxPendingBytes of such lines).
   Status Append(const AuditEvent& event);
   // Appends and fsyncs one line for an operation that has not happened yet (an export's first
-  // read): on a failure the line is not kept, and the caller refuses the operation.
+  // read): on a failure the line is not kept, and the caller refuses the operation. Not kept
+  // in the file either: a line written whose fsync failed is cut off again, so that the retry
+  // that follows does not leave two lines for one export.
   Status AppendBefore(const AuditEvent& event);
   static constexpr size_t kMaxPendingBytes = size_t{1} << 20;
   // Erasures are logged in two steps, so that a crash between an erasure and its line cannot
@@ -86,6 +92,7 @@ class AuditLog {
   mutable std::mutex mu_;
   std::string pending_;   // lines whose append failed, oldest first (mu_)
   int fd_ = -1;           // -1: in memory
+  SyncFunction sync_ = ::fsync;
   std::string memory_;
   uint64_t size_ = 0;
   std::string intents_dir_;                        // empty: in memory

@@ -143,6 +143,52 @@ TEST(AuditLog, ALineThatCouldNotBeWrittenIsWrittenWithTheNext) {
   EXPECT_EQ(agents, (std::vector<std::string>{"first", "while_full", "after"}));
 }
 
+// The audit log's fsync, failing while `g_failing_syncs` > 0 (EIO, as a disk's write error).
+int g_failing_syncs = 0;
+int FlakySync(int fd) {
+  if (g_failing_syncs > 0) {
+    --g_failing_syncs;
+    errno = EIO;
+    return -1;
+  }
+  return ::fsync(fd);
+}
+
+// A line whose write went through but whose fsync failed: an export's (AppendBefore), whose
+// export is then refused and retried, is cut off, so the log holds one line for the one export
+// that happened; a line of a change already made (Append) stays, once, not again with the next.
+TEST(AuditLog, AFailedFsyncLeavesOneLinePerOperation) {
+  const kvfs::testing::TempDir dir;
+  const std::string path = dir / "audit.log";
+  auto log = AuditLog::Open(path, FlakySync);
+  ASSERT_TRUE(log.ok());
+  auto event = [](const char* agent, const char* action) {
+    AuditEvent e;
+    e.time_ms = 1700000000000;
+    e.agent = agent;
+    e.action = action;
+    return e;
+  };
+  auto agents = [&] {
+    std::string text;
+    std::ifstream in(path);
+    std::vector<std::string> out;
+    while (std::getline(in, text)) out.push_back(nlohmann::json::parse(text)["agent"].get<std::string>());
+    return out;
+  };
+  ASSERT_TRUE((*log)->Append(event("config_a", "config")).ok());
+  g_failing_syncs = 1;
+  EXPECT_FALSE((*log)->AppendBefore(event("export_x", "export")).ok());
+  EXPECT_EQ(agents(), (std::vector<std::string>{"config_a"}));
+  EXPECT_EQ((*log)->Size(), std::filesystem::file_size(path));
+  ASSERT_TRUE((*log)->AppendBefore(event("export_x", "export")).ok());  // the retry
+  g_failing_syncs = 1;
+  EXPECT_FALSE((*log)->Append(event("config_b", "config")).ok());
+  ASSERT_TRUE((*log)->Append(event("config_c", "config")).ok());
+  EXPECT_EQ(agents(), (std::vector<std::string>{"config_a", "export_x", "config_b", "config_c"}));
+  EXPECT_EQ((*log)->Size(), std::filesystem::file_size(path));
+}
+
 TEST(InodeTable, CountsReferencesAndDropsRemovedNodes) {
   InodeTable table;
   size_t fixed = table.size();
