@@ -9,8 +9,11 @@
 // it (docs/performance.md, "Erased text in the daemon's memory").
 //
 // Linked into the daemons (kvfsd, kvfsd_fake) only, as the program's replacement of the global
-// operators: the library and the CLI keep the default ones. Memory that C code mallocs (libfuse's
-// request buffers) is not covered; fs/fuse_ops.cpp zeroes the data of a write where it arrives.
+// operators: the library and the CLI keep the default ones; and not into AddressSanitizer builds,
+// whose own operators check that new[] meets delete[] (the memory test has ASan fill freed
+// memory with zeros instead). Memory that C code mallocs is not covered: fs/fuse_ops.cpp zeroes
+// a write's data in libfuse's request buffer, and zstd's contexts get a zeroing allocator
+// (engine/store/block_file.cpp).
 #include <malloc.h>
 
 #include <cstdlib>
@@ -39,6 +42,7 @@ void* AllocateAligned(std::size_t size, std::align_val_t align) {
   std::size_t alignment = static_cast<std::size_t>(align);
   if (alignment < sizeof(void*)) alignment = sizeof(void*);
   if (size == 0) size = 1;
+  if ((alignment & (alignment - 1)) != 0) throw std::bad_alloc();  // not a power of two: no retry helps
   return AllocateOrThrow([size, alignment]() -> void* {
     void* p = nullptr;
     return posix_memalign(&p, alignment, size) == 0 ? p : nullptr;

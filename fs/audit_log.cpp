@@ -70,7 +70,9 @@ Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path, SyncFu
   if (st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n') {
     spdlog::warn("audit log {}: its last line is incomplete; the next starts on a line of its own", path);
     std::lock_guard lock(log->mu_);
-    if (Status s = log->WriteLines("\n"); !s.ok()) log->pending_ = "\n";  // (a full disk: with the next line)
+    const uint64_t before = log->size_;
+    // (A full disk: with the next line. A failed fsync left it written: not again.)
+    if (Status s = log->WriteLines("\n"); !s.ok() && log->size_ == before) log->pending_ = "\n";
   }
   KVFS_RETURN_IF_ERROR(log->LoadIntents());
   return log;
@@ -212,12 +214,20 @@ Status AuditLog::AppendLine(const std::string& line, bool keep) {
     // Only the fsync failed. The caller refuses the operation this line announces, and a retry
     // appends it again: cut it off, so that the log never holds a line for an export that was
     // refused, nor two for one. The lines before it (kept from earlier failures) stay written.
-    const uint64_t without = before + text.size() - line.size();
-    if (::ftruncate(fd_, static_cast<off_t>(without)) == 0) {
+    // Where the write ended is the file's end (O_APPEND), which is size_ unless something else
+    // cut or extended the file; the line must be there, byte for byte, to be cut.
+    struct stat st {};
+    std::string tail(line.size(), '\0');
+    const bool found = ::fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) >= line.size() &&
+                       ::pread(fd_, tail.data(), tail.size(), st.st_size - static_cast<off_t>(line.size())) ==
+                           static_cast<ssize_t>(line.size()) &&
+                       tail == line;
+    const uint64_t without = found ? static_cast<uint64_t>(st.st_size) - line.size() : 0;
+    if (found && ::ftruncate(fd_, static_cast<off_t>(without)) == 0) {
       size_ = without;
     } else {
       spdlog::error("audit log: a line whose fsync failed could not be cut off again ({}): a retry adds another",
-                    std::strerror(errno));
+                    found ? std::strerror(errno) : "it is not at the end of the file");
     }
   }
   // In the file (even when only the fsync failed: written again, they would be there twice).

@@ -255,13 +255,17 @@ void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t offset, fuse_file_inf
 }
 
 void OnWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t offset, fuse_file_info* fi) {
-  Result<size_t> written = StoreOf(req).Write(fi->fh, static_cast<uint64_t>(offset), std::string_view(buf, size));
   // The data sits in this worker's request buffer (libfuse's, malloc'd and reused, never freed
   // through the zeroing heap) until a later request overwrites it; a short one would not. Those
   // bytes may be an agent's text, which an erasure must leave nowhere (DESIGN: freed memory is
-  // zeroed), so they go now that the store holds its own copy. The buffer is libfuse's writable
-  // heap memory; only the parameter is const.
-  explicit_bzero(const_cast<char*>(buf), size);
+  // zeroed), so they go once the store has its own copy (or refused them, or threw). The buffer
+  // is libfuse's writable heap memory; only the parameter is const.
+  struct ZeroOnExit {
+    char* data;
+    size_t size;
+    ~ZeroOnExit() { explicit_bzero(data, size); }
+  } zero_on_exit{const_cast<char*>(buf), size};
+  Result<size_t> written = StoreOf(req).Write(fi->fh, static_cast<uint64_t>(offset), std::string_view(buf, size));
   if (!written.ok()) return ReplyError(req, written.status(), "write");
   fuse_reply_write(req, *written);
 }

@@ -1,9 +1,16 @@
 #include "engine/store/block_file.h"
 
+#include <malloc.h>
+
 #include <array>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include <xxhash.h>
+// ZSTD_customMem and the contexts made with it: zstd's "static linking only" section, exported
+// by the shared library as well (its experimental API; the struct has not changed since 1.3).
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
 #include "engine/core/shred.h"
@@ -22,6 +29,25 @@ T Get(std::span<const uint8_t> in, size_t off) {
   std::memcpy(&v, in.data() + off, sizeof(T));
   return v;
 }
+
+// zstd's working memory holds copies of what it codes (literals, the window): a block's KV
+// bytes. zstd mallocs it, out of reach of kvfsd's zeroing operator delete, so its contexts get
+// an allocator that zeros a buffer before freeing it, as every other copy of an erased agent's
+// data is (DESIGN: freed memory is zeroed).
+void* ZstdAllocate(void*, size_t size) { return std::malloc(size); }
+void ZstdZeroAndFree(void*, void* p) {
+  if (p == nullptr) return;
+  explicit_bzero(p, malloc_usable_size(p));
+  std::free(p);
+}
+constexpr ZSTD_customMem kZeroingMemory{ZstdAllocate, ZstdZeroAndFree, nullptr};
+
+struct CompressContextFree {
+  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+};
+struct DecompressContextFree {
+  void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
+};
 
 void PutHash(std::vector<uint8_t>& out, size_t off, const BlockHash& h) {
   XXH128_canonical_t c;
@@ -78,8 +104,10 @@ Result<std::vector<uint8_t>> EncodeBlockFile(BlockKind kind, const BlockHash& ha
     // Compress straight after the header; fall back to raw if it does not save enough.
     const size_t bound = ZSTD_compressBound(payload.size());
     out.resize(kBlockHeaderBytes + bound);
-    size_t n = ZSTD_compress(out.data() + kBlockHeaderBytes, bound, payload.data(), payload.size(),
-                             options.zstd_level);
+    const std::unique_ptr<ZSTD_CCtx, CompressContextFree> context(ZSTD_createCCtx_advanced(kZeroingMemory));
+    if (context == nullptr) return Status(StatusCode::kResourceExhausted, "zstd: no memory for a compression context");
+    size_t n = ZSTD_compressCCtx(context.get(), out.data() + kBlockHeaderBytes, bound, payload.data(),
+                                 payload.size(), options.zstd_level);
     if (ZSTD_isError(n)) return Internal(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
     if (static_cast<double>(n) <= static_cast<double>(payload.size()) * (1.0 - options.min_saving)) {
       out.resize(kBlockHeaderBytes + n);
@@ -172,7 +200,9 @@ Status DecodeVerified(const BlockHeader& header, std::span<const uint8_t> stored
     if (!stored.empty()) std::memcpy(dst.data(), stored.data(), stored.size());
     return Status::Ok();
   }
-  const size_t n = ZSTD_decompress(dst.data(), dst.size(), stored.data(), stored.size());
+  const std::unique_ptr<ZSTD_DCtx, DecompressContextFree> context(ZSTD_createDCtx_advanced(kZeroingMemory));
+  if (context == nullptr) return Status(StatusCode::kResourceExhausted, "zstd: no memory for a decompression context");
+  const size_t n = ZSTD_decompressDCtx(context.get(), dst.data(), dst.size(), stored.data(), stored.size());
   if (ZSTD_isError(n)) return Corrupt(Where(name) + "zstd: " + ZSTD_getErrorName(n));
   if (n != header.raw_bytes)
     return Corrupt(Where(name) + "decompressed to " + std::to_string(n) + " bytes, header says " +
