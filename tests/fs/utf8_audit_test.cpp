@@ -22,6 +22,25 @@ bool Valid(std::string_view s) {
   return v.Feed(s) && v.Complete();
 }
 
+AuditEvent EventAt1700000000000(const char* agent, const char* action) {
+  AuditEvent e;
+  e.time_ms = 1700000000000;
+  e.agent = agent;
+  e.action = action;
+  return e;
+}
+
+// The "agent" of each line of an audit log's text.
+std::vector<std::string> AgentsOfLines(const std::string& text) {
+  std::vector<std::string> agents;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find('\n', at);
+    agents.push_back(nlohmann::json::parse(text.substr(at, end - at))["agent"].get<std::string>());
+    at = end + 1;
+  }
+  return agents;
+}
+
 TEST(Utf8Validator, AcceptsValidText) {
   EXPECT_TRUE(Valid(""));
   EXPECT_TRUE(Valid("plain ascii\n"));
@@ -114,13 +133,7 @@ TEST(AuditLog, ALineThatCouldNotBeWrittenIsWrittenWithTheNext) {
   const std::string path = dir / "audit.log";
   auto log = AuditLog::Open(path);
   ASSERT_TRUE(log.ok());
-  auto event = [](const char* agent) {
-    AuditEvent e;
-    e.time_ms = 1700000000000;
-    e.agent = agent;
-    e.action = "export";
-    return e;
-  };
+  auto event = [](const char* agent) { return EventAt1700000000000(agent, "export"); };
   ASSERT_TRUE((*log)->Append(event("first")).ok());
   rlimit before{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
@@ -133,14 +146,7 @@ TEST(AuditLog, ALineThatCouldNotBeWrittenIsWrittenWithTheNext) {
   std::signal(SIGXFSZ, previous_handler);
   EXPECT_FALSE(failed.ok());
   ASSERT_TRUE((*log)->Append(event("after")).ok());
-  const std::string text = *(*log)->Read(0, 1 << 20);
-  std::vector<std::string> agents;
-  for (size_t at = 0; at < text.size();) {
-    const size_t end = text.find('\n', at);
-    agents.push_back(nlohmann::json::parse(text.substr(at, end - at))["agent"].get<std::string>());
-    at = end + 1;
-  }
-  EXPECT_EQ(agents, (std::vector<std::string>{"first", "while_full", "after"}));
+  EXPECT_EQ(AgentsOfLines(*(*log)->Read(0, 1 << 20)), (std::vector<std::string>{"first", "while_full", "after"}));
 }
 
 // The audit log's fsync, failing while `g_failing_syncs` > 0 (EIO, as a disk's write error).
@@ -162,19 +168,10 @@ TEST(AuditLog, AFailedFsyncLeavesOneLinePerOperation) {
   const std::string path = dir / "audit.log";
   auto log = AuditLog::Open(path, FlakySync);
   ASSERT_TRUE(log.ok());
-  auto event = [](const char* agent, const char* action) {
-    AuditEvent e;
-    e.time_ms = 1700000000000;
-    e.agent = agent;
-    e.action = action;
-    return e;
-  };
-  auto agents = [&] {
-    std::string text;
+  auto event = EventAt1700000000000;
+  auto agents = [&] {  // of the file itself
     std::ifstream in(path);
-    std::vector<std::string> out;
-    while (std::getline(in, text)) out.push_back(nlohmann::json::parse(text)["agent"].get<std::string>());
-    return out;
+    return AgentsOfLines(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
   };
   ASSERT_TRUE((*log)->Append(event("config_a", "config")).ok());
   g_failing_syncs = 1;
