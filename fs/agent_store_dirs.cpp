@@ -184,6 +184,10 @@ Status AgentStore::Unlink(InodeId parent, std::string_view name_view, const Call
         inodes_.RemovePrefix(ino);
       }
     }
+    {
+      std::lock_guard lock(metrics_->mu);
+      ++metrics_->values.prefixes_erased;
+    }
     CompleteAudit(intent, AuditEvent{.uid = caller.uid, .agent = name, .action = "prefix_remove", .erased = report});
     return Status::Ok();
   }

@@ -272,6 +272,10 @@ Status AgentStore::ApplyPrefix(Handle& handle) {
       // In the order they happened: the new text added, then the old one erased.
       Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_add", .bytes = bytes});
       Audit(AuditEvent{.uid = handle.uid, .agent = name, .action = "prefix_remove", .erased = *replaced});
+      {
+        std::lock_guard lock(metrics_->mu);
+        ++metrics_->values.prefixes_erased;
+      }
       return Status::Ok();
     }
     if (replaced.status().code() != StatusCode::kNotFound) return replaced.status();

@@ -363,7 +363,13 @@ PoolBlock* BlockPool::Name(PoolBlock* b, const BlockHash& key) {
 PoolBlock* BlockPool::TakeWritable(const BlockHash& key) {
   std::lock_guard lock(mu_);
   auto it = index_.find(key);
-  if (it == index_.end() || it->second->refs != 0 || it->second->pins != 0) return nullptr;
+  // A turn's lookup of its parked tail, counted as Acquire's are (.status's hit rate and the
+  // per-agent hits agree): not there, or in use, the turn reads it from disk.
+  if (it == index_.end() || it->second->refs != 0 || it->second->pins != 0) {
+    ++misses_;
+    return nullptr;
+  }
+  ++hits_;
   PoolBlock* b = it->second;
   index_.erase(it);
   b->named = false;

@@ -117,6 +117,7 @@ class BlockPool {
   PoolBlock* Name(PoolBlock* b, const BlockHash& key);
   // Takes a named block back as writable (used to resume a parked tail): succeeds only if its
   // refs == 0 and no pins; it leaves the index and comes back with refs = 1. Else nullptr.
+  // Counted in Stats() as a hit or a miss, as Acquire.
   PoolBlock* TakeWritable(const BlockHash& key);
 
   void MarkPersisted(const BlockHash& key);

@@ -70,8 +70,16 @@ Status ApplyKey(const std::string& key, const nlohmann::json& v, AgentSettings& 
     KVFS_ASSIGN_OR_RETURN(int64_t x, IntegerIn(v, key, -1, 1 << 20));
     p.repeat_last_n = static_cast<int>(x);
   } else if (key == "seed") {
-    if (!v.is_number_unsigned()) return BadValue(key, "must be a non-negative integer");
-    p.seed = v.get<uint64_t>();
+    if (v.is_number_float()) {
+      // 7.0 is 7, as for the other integers; up to the largest double below 2^64.
+      const double x = v.get<double>();
+      if (!std::isfinite(x) || x != std::floor(x) || x < 0.0 || x >= 18446744073709551616.0)
+        return BadValue(key, "must be a non-negative integer");
+      p.seed = static_cast<uint64_t>(x);
+    } else {
+      if (!v.is_number_unsigned()) return BadValue(key, "must be a non-negative integer");
+      p.seed = v.get<uint64_t>();
+    }
   } else if (key == "max_tokens") {
     KVFS_ASSIGN_OR_RETURN(int64_t x, IntegerIn(v, key, 1, kMaxReplyTokens));
     s.max_tokens = static_cast<int>(x);

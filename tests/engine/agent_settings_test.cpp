@@ -35,10 +35,16 @@ TEST(AgentSettings, MissingKeysKeepTheBase) {
 
 // JSON has one number type: 48.0 (as Python's json.dumps(48.0) writes it) is the integer 48.
 TEST(AgentSettings, IntegralFloatsAreIntegers) {
-  auto s = ParseAgentSettings(R"({"max_tokens": 48.0, "top_k": 4e1})", AgentSettings{});
+  auto s = ParseAgentSettings(R"({"max_tokens": 48.0, "top_k": 4e1, "seed": 7.0})", AgentSettings{});
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s->max_tokens, 48);
   EXPECT_EQ(s->sampling.top_k, 40);
+  EXPECT_EQ(s->sampling.seed, 7u);
+  // The largest double below 2^64 is a seed; 2^64 is not.
+  s = ParseAgentSettings(R"({"seed": 1.8446744073709550e19})", AgentSettings{});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->sampling.seed, 18446744073709549568u);
+  EXPECT_FALSE(ParseAgentSettings(R"({"seed": 1.8446744073709552e19})", AgentSettings{}).ok());
 }
 
 TEST(AgentSettings, BadInputNamesTheKey) {
@@ -56,6 +62,8 @@ TEST(AgentSettings, BadInputNamesTheKey) {
   expect_error(R"({"top_p": 2})", "top_p");
   expect_error(R"({"max_tokens": 0})", "max_tokens");
   expect_error(R"({"seed": -3})", "seed");
+  expect_error(R"({"seed": 1.5})", "seed");
+  expect_error(R"({"seed": -1.0})", "seed");
   expect_error(R"({"stop": "x"})", "stop");
   expect_error(R"({"stop": [""]})", "stop");
   expect_error(R"({"kv": "q5"})", "kv");

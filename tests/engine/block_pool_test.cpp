@@ -112,6 +112,10 @@ TEST(BlockPool, TakeWritableOnlyWhenIdle) {
   ASSERT_EQ(w, t);
   EXPECT_TRUE(pool.IsWritable(w));
   EXPECT_FALSE(pool.Contains(TailKey("a", 1)));
+  // A turn's lookups of its tail, as Acquire's: the held one and now the gone one missed.
+  EXPECT_EQ(pool.TakeWritable(TailKey("a", 1)), nullptr);
+  EXPECT_EQ(pool.Stats().hits, 1u);
+  EXPECT_EQ(pool.Stats().misses, 2u);
   pool.Release(w);
   EXPECT_EQ(pool.Stats().blocks, 0);
 }

@@ -571,6 +571,20 @@ TEST_F(StoreTest, PrefixFilesAreAddedAndRemoved) {
   ASSERT_TRUE(store_->Unlink(prefixes, "story.txt", kAlice).ok());
   EXPECT_TRUE(engine_->ListPrefixes().empty());
   EXPECT_EQ(store_->Lookup(prefixes, "story.txt").status().code(), StatusCode::kNotFound);
+  // Every prefix_remove line of the audit log (the rewrite's, the rm's) is an erasure in the
+  // status files too.
+  const std::string log = *CatInode(store_->Lookup(kRootInode, ".audit.log")->ino);
+  size_t removes = 0;
+  for (size_t at = log.find("\"prefix_remove\""); at != std::string::npos; at = log.find("\"prefix_remove\"", at + 1))
+    ++removes;
+  EXPECT_EQ(removes, 2u) << log;
+  const nlohmann::json status = nlohmann::json::parse(*CatInode(store_->Lookup(kRootInode, ".status.json")->ino));
+  EXPECT_EQ(status["erasures"], removes);
+  EXPECT_EQ(status["erasures_by_kind"], nlohmann::json({{"agent", 0}, {"cache", 0}, {"prefix", removes}}));
+  EXPECT_NE(CatInode(store_->Lookup(kRootInode, ".status")->ino)->find("2 erasures (0 agents, 0 caches, 2 prefixes)"),
+            std::string::npos);
+  EXPECT_NE(CatInode(store_->Lookup(kRootInode, ".metrics")->ino)->find("kvfs_erasures_total{what=\"prefix\"} 2\n"),
+            std::string::npos);
 }
 
 TEST_F(StoreTest, OpeningAnAgentFileSchedulesAPrefetch) {
