@@ -14,11 +14,10 @@
 // memory with zeros instead). Memory that C code mallocs is not covered: fs/fuse_ops.cpp zeroes
 // a write's data in libfuse's request buffer, and zstd's contexts get a zeroing allocator
 // (engine/store/block_file.cpp).
-#include <malloc.h>
-
 #include <cstdlib>
-#include <cstring>  // explicit_bzero
 #include <new>
+
+#include "engine/core/shred.h"
 
 namespace {
 
@@ -49,15 +48,9 @@ void* AllocateAligned(std::size_t size, std::align_val_t align) {
   });
 }
 
-// The whole usable block, not just the size asked for: a string's bytes may sit anywhere in
-// its capacity. explicit_bzero, so that the compiler cannot drop the stores as dead before free.
-void ZeroAndFree(void* p) noexcept {
-  if (p == nullptr) return;
-  explicit_bzero(p, malloc_usable_size(p));
-  std::free(p);
-}
-
 }  // namespace
+
+using kvfs::ZeroAndFree;
 
 void* operator new(std::size_t size) { return Allocate(size); }
 void* operator new[](std::size_t size) { return Allocate(size); }

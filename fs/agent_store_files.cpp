@@ -42,14 +42,8 @@ std::string Slice(const std::string& data, uint64_t offset, size_t size) {
 Result<std::string> AgentStore::RenderFile(const Node& node) {
   if (node.kind == NodeKind::kSpecialFile) {
     switch (node.special) {
-      case SpecialFile::kStatusText: {
-        const FsMetrics fs = Metrics();
-        return EngineStatusText(engine_.Stats(), &fs);
-      }
-      case SpecialFile::kStatusJson: {
-        const FsMetrics fs = Metrics();
-        return JsonFileText(EngineStatusJson(engine_.Stats(), &fs));
-      }
+      case SpecialFile::kStatusText: return EngineStatusText(engine_.Stats(), Metrics());
+      case SpecialFile::kStatusJson: return JsonFileText(EngineStatusJson(engine_.Stats(), Metrics()));
       case SpecialFile::kMetrics: {
         EngineStatus status = engine_.Stats();
         size_t agents = 0;

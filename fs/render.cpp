@@ -76,7 +76,7 @@ double Percent(uint64_t part, uint64_t whole) {
 
 }  // namespace
 
-nlohmann::json EngineStatusJson(const EngineStatus& s, const FsMetrics* fs) {
+nlohmann::json EngineStatusJson(const EngineStatus& s, const FsMetrics& fs) {
   nlohmann::json top = nlohmann::json::array();
   for (const CacheEntryStatus& e : s.top_entries) {
     top.push_back({{"agent", e.agent}, {"memory_bytes", e.memory_bytes}, {"disk_bytes", e.disk_bytes}, {"hits", e.hits}});
@@ -102,11 +102,8 @@ nlohmann::json EngineStatusJson(const EngineStatus& s, const FsMetrics* fs) {
           {"tokens_generated", s.tokens_generated},
           {"evictions", s.evictions},
           {"reload_bytes", s.reload_bytes},
-          {"erasures", fs != nullptr ? fs->agents_erased + fs->caches_erased + fs->prefixes_erased : s.erasures},
-          {"erasures_by_kind",
-           fs != nullptr ? nlohmann::json{{"agent", fs->agents_erased}, {"cache", fs->caches_erased},
-                                          {"prefix", fs->prefixes_erased}}
-                         : nlohmann::json(nullptr)},
+          {"erasures", fs.Erasures()},
+          {"erasures_by_kind", {{"agent", fs.agents_erased}, {"cache", fs.caches_erased}, {"prefix", fs.prefixes_erased}}},
           {"cpu_fallback_steps", s.cpu_fallback_steps},
           {"device_lost", s.device_lost},
           {"device_losses", s.device_losses},
@@ -116,7 +113,7 @@ nlohmann::json EngineStatusJson(const EngineStatus& s, const FsMetrics* fs) {
           {"top_entries", top}};
 }
 
-std::string EngineStatusText(const EngineStatus& s, const FsMetrics* fs) {
+std::string EngineStatusText(const EngineStatus& s, const FsMetrics& fs) {
   std::string out = "kvfs cache status\n";
   out += fmt::format("memory     {} used of {} budget ({:.1f}%)\n", HumanBytes(s.memory_used_bytes),
                      HumanBytes(s.memory_budget_bytes),
@@ -132,14 +129,9 @@ std::string EngineStatusText(const EngineStatus& s, const FsMetrics* fs) {
                      s.tokens_generated);
   out += fmt::format("turns      {} completed, {} failed, {} cancelled, {} queued or running\n", s.turns_completed,
                      s.turns_failed, s.turns_cancelled, s.turns_in_flight);
-  std::string erasures = fmt::format("{} erasures", s.erasures);
-  if (fs != nullptr) {
-    erasures = fmt::format("{} erasures ({} agents, {} caches, {} prefixes)",
-                           fs->agents_erased + fs->caches_erased + fs->prefixes_erased, fs->agents_erased,
-                           fs->caches_erased, fs->prefixes_erased);
-  }
-  out += fmt::format("evictions  {} blocks; reloaded {} from disk; {}\n", s.evictions,
-                     HumanBytes(static_cast<int64_t>(s.reload_bytes)), erasures);
+  out += fmt::format("evictions  {} blocks; reloaded {} from disk; {} erasures ({} agents, {} caches, {} prefixes)\n",
+                     s.evictions, HumanBytes(static_cast<int64_t>(s.reload_bytes)), fs.Erasures(), fs.agents_erased,
+                     fs.caches_erased, fs.prefixes_erased);
   if (s.device_lost || s.device_losses > 0 || s.cpu_fallback_steps > 0) {
     std::string losses;
     if (s.device_losses > 0) {

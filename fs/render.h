@@ -25,6 +25,7 @@ struct FsMetrics {
   uint64_t exports = 0, export_bytes = 0;
   uint64_t imports = 0, import_bytes = 0, imports_refused = 0;
   uint64_t agents_erased = 0, caches_erased = 0, prefixes_erased = 0;  // as .audit.log's erase, erase_cache, prefix_remove
+  uint64_t Erasures() const { return agents_erased + caches_erased + prefixes_erased; }
   // Cumulative TTFT histogram of the turns finished through this mount.
   std::array<uint64_t, kTtftBucketsSeconds.size()> ttft_bucket_counts{};
   uint64_t ttft_count = 0;
@@ -36,10 +37,9 @@ struct FsMetrics {
 // is shown as last_error_code); `refused`, when not null, the latest refused write.
 nlohmann::json AgentStatusJson(const AgentInfo& info, const Status& failure, const RefusedWrite* refused = nullptr);
 
-// .status.json and .status. With `fs`, the erasures are the filesystem's, by kind (the lines of
-// .audit.log); without, the engine's count of agents erased.
-nlohmann::json EngineStatusJson(const EngineStatus& status, const FsMetrics* fs = nullptr);
-std::string EngineStatusText(const EngineStatus& status, const FsMetrics* fs = nullptr);
+// .status.json and .status; their erasures are the filesystem's, by kind (the lines of .audit.log).
+nlohmann::json EngineStatusJson(const EngineStatus& status, const FsMetrics& fs);
+std::string EngineStatusText(const EngineStatus& status, const FsMetrics& fs);
 std::string MetricsText(const EngineStatus& status, const FsMetrics& fs, size_t agents);
 
 std::string HumanBytes(int64_t bytes);

@@ -51,4 +51,8 @@ inline void GrowShredding(std::string& s, size_t size) {
 inline constexpr size_t kStackScrubBytes = 64 * 1024;
 void ScrubStack();
 
+// Zeros a block from malloc (its whole usable size) and frees it: for memory that C code
+// allocates through kvfs's hooks (zstd's contexts) and for kvfsd's operator delete.
+void ZeroAndFree(void* p) noexcept;
+
 }  // namespace kvfs

@@ -1,7 +1,5 @@
 #include "engine/store/block_file.h"
 
-#include <malloc.h>
-
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -35,11 +33,7 @@ T Get(std::span<const uint8_t> in, size_t off) {
 // an allocator that zeros a buffer before freeing it, as every other copy of an erased agent's
 // data is (DESIGN: freed memory is zeroed).
 void* ZstdAllocate(void*, size_t size) { return std::malloc(size); }
-void ZstdZeroAndFree(void*, void* p) {
-  if (p == nullptr) return;
-  explicit_bzero(p, malloc_usable_size(p));
-  std::free(p);
-}
+void ZstdZeroAndFree(void*, void* p) { ZeroAndFree(p); }
 constexpr ZSTD_customMem kZeroingMemory{ZstdAllocate, ZstdZeroAndFree, nullptr};
 
 struct CompressContextFree {

@@ -17,28 +17,28 @@ TEST(Render, JsonFileTextReplacesBytesThatAreNotUtf8) {
 
 TEST(Render, DeviceFallbackIsReported) {
   EngineStatus s;
-  EXPECT_EQ(EngineStatusText(s).find("device"), std::string::npos);
-  EXPECT_EQ(EngineStatusJson(s)["device_lost"], false);
-  EXPECT_EQ(EngineStatusJson(s)["device_losses"], 0);
-  EXPECT_EQ(EngineStatusJson(s)["backend_warming_up"], false);
+  EXPECT_EQ(EngineStatusText(s, FsMetrics{}).find("device"), std::string::npos);
+  EXPECT_EQ(EngineStatusJson(s, FsMetrics{})["device_lost"], false);
+  EXPECT_EQ(EngineStatusJson(s, FsMetrics{})["device_losses"], 0);
+  EXPECT_EQ(EngineStatusJson(s, FsMetrics{})["backend_warming_up"], false);
   s.backend_warming_up = true;
-  EXPECT_EQ(EngineStatusJson(s)["backend_warming_up"], true);
+  EXPECT_EQ(EngineStatusJson(s, FsMetrics{})["backend_warming_up"], true);
   s.backend_warming_up = false;
   EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_cpu_fallback_steps_total 0\n"), std::string::npos);
   EXPECT_NE(MetricsText(s, FsMetrics{}, 0).find("kvfs_device_losses_total 0\n"), std::string::npos);
 
   s.cpu_fallback_steps = 3;
-  EXPECT_NE(EngineStatusText(s).find("device     3 steps ran on the CPU instead\n"), std::string::npos)
-      << EngineStatusText(s);
+  EXPECT_NE(EngineStatusText(s, FsMetrics{}).find("device     3 steps ran on the CPU instead\n"), std::string::npos)
+      << EngineStatusText(s, FsMetrics{});
   s.device_lost = true;
   s.device_losses = 1;
   s.device_remake_failures = 1;
   s.cpu_fallback_steps = 17;
-  EXPECT_NE(EngineStatusText(s).find("device     lost, every pass runs on the CPU (1 loss, 1 failed try to make it "
+  EXPECT_NE(EngineStatusText(s, FsMetrics{}).find("device     lost, every pass runs on the CPU (1 loss, 1 failed try to make it "
                                      "again); 17 steps ran on the CPU instead\n"),
             std::string::npos)
-      << EngineStatusText(s);
-  const nlohmann::json j = EngineStatusJson(s);
+      << EngineStatusText(s, FsMetrics{});
+  const nlohmann::json j = EngineStatusJson(s, FsMetrics{});
   EXPECT_EQ(j["device_lost"], true);
   EXPECT_EQ(j["device_losses"], 1);
   EXPECT_EQ(j["cpu_fallback_steps"], 17);
@@ -51,12 +51,12 @@ TEST(Render, DeviceFallbackIsReported) {
   s.device_losses = 2;
   s.device_remakes = 2;
   s.device_remake_failures = 3;
-  EXPECT_NE(EngineStatusText(s).find("device     made again (2 losses, 3 failed tries to make it again); 17 steps "
+  EXPECT_NE(EngineStatusText(s, FsMetrics{}).find("device     made again (2 losses, 3 failed tries to make it again); 17 steps "
                                      "ran on the CPU instead\n"),
             std::string::npos)
-      << EngineStatusText(s);
-  EXPECT_EQ(EngineStatusJson(s)["device_lost"], false);
-  EXPECT_EQ(EngineStatusJson(s)["device_remakes"], 2);
+      << EngineStatusText(s, FsMetrics{});
+  EXPECT_EQ(EngineStatusJson(s, FsMetrics{})["device_lost"], false);
+  EXPECT_EQ(EngineStatusJson(s, FsMetrics{})["device_remakes"], 2);
   const std::string metrics = MetricsText(s, FsMetrics{}, 0);
   EXPECT_NE(metrics.find("kvfs_device_losses_total 2\n"), std::string::npos);
   EXPECT_NE(metrics.find("kvfs_device_remakes_total{result=\"ok\"} 2\n"), std::string::npos) << metrics;
